@@ -1,0 +1,87 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class BackendKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    BACKEND_KIND_UNSPECIFIED: _ClassVar[BackendKind]
+    BACKEND_KIND_VLLM: _ClassVar[BackendKind]
+    BACKEND_KIND_SGLANG: _ClassVar[BackendKind]
+    BACKEND_KIND_EMBEDDED: _ClassVar[BackendKind]
+BACKEND_KIND_UNSPECIFIED: BackendKind
+BACKEND_KIND_VLLM: BackendKind
+BACKEND_KIND_SGLANG: BackendKind
+BACKEND_KIND_EMBEDDED: BackendKind
+
+class Backend(_message.Message):
+    __slots__ = ("id", "url", "kind", "max_concurrency", "healthy", "draining", "inflight_trajectories", "inflight_requests", "assigned_total", "policy_version", "model")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_TRAJECTORIES_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    url: str
+    kind: BackendKind
+    max_concurrency: int
+    healthy: bool
+    draining: bool
+    inflight_trajectories: int
+    inflight_requests: int
+    assigned_total: int
+    policy_version: int
+    model: str
+    def __init__(self, id: _Optional[str] = ..., url: _Optional[str] = ..., kind: _Optional[_Union[BackendKind, str]] = ..., max_concurrency: _Optional[int] = ..., healthy: _Optional[bool] = ..., draining: _Optional[bool] = ..., inflight_trajectories: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., assigned_total: _Optional[int] = ..., policy_version: _Optional[int] = ..., model: _Optional[str] = ...) -> None: ...
+
+class AddBackendRequest(_message.Message):
+    __slots__ = ("url", "kind", "max_concurrency", "id", "model")
+    URL_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    url: str
+    kind: BackendKind
+    max_concurrency: int
+    id: str
+    model: str
+    def __init__(self, url: _Optional[str] = ..., kind: _Optional[_Union[BackendKind, str]] = ..., max_concurrency: _Optional[int] = ..., id: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
+
+class AddBackendResponse(_message.Message):
+    __slots__ = ("backend",)
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    backend: Backend
+    def __init__(self, backend: _Optional[_Union[Backend, _Mapping]] = ...) -> None: ...
+
+class RemoveBackendRequest(_message.Message):
+    __slots__ = ("id", "drain")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    drain: bool
+    def __init__(self, id: _Optional[str] = ..., drain: _Optional[bool] = ...) -> None: ...
+
+class RemoveBackendResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListBackendsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListBackendsResponse(_message.Message):
+    __slots__ = ("backends",)
+    BACKENDS_FIELD_NUMBER: _ClassVar[int]
+    backends: _containers.RepeatedCompositeFieldContainer[Backend]
+    def __init__(self, backends: _Optional[_Iterable[_Union[Backend, _Mapping]]] = ...) -> None: ...
