@@ -1,0 +1,50 @@
+import type { ChatMessage } from '../tokens/types.js';
+import type { Sandbox } from '../sandboxes/types.js';
+import type { Tool } from '../tools/types.js';
+
+export interface EnvironmentContext<I> {
+  instance: I;
+  /** The sample's sandbox (environments that need none still get one; the pipeline owns its life). */
+  sandbox: Sandbox;
+  signal: AbortSignal;
+}
+
+export interface EpisodeOutcome {
+  /** The whole conversation, assistant turns decoded from the sampled ids. */
+  messages: readonly ChatMessage[];
+  /** Answer passed to the finish tool, if it was called. */
+  finishAnswer?: string;
+  /** Why the run ended: 'finish_tool', 'answer', 'max_turns', 'max_total_tokens'. */
+  finishReason: string;
+}
+
+export interface Evaluation {
+  reward: number;
+  details: Record<string, number>;
+  report: Record<string, unknown>;
+}
+
+/**
+ * An environment plugin: validate instance → init (sandbox setup and first messages) → tools → evaluate.
+ * `validate` throws RolloutError.invalid('instance.<field>', reason). `init` and `evaluate` failures are
+ * reported as ENVIRONMENT_ERROR, never as reward 0.
+ *
+ * @example
+ * const echo: Environment<{ text: string }> = {
+ *   name: 'echo', description: 'says it back', instanceSchema: { type: 'object' },
+ *   validate: (x) => x as { text: string },
+ *   init: async ({ instance }) => ({ messages: [{ role: 'user', content: instance.text }] }),
+ *   tools: () => [],
+ *   evaluate: async () => ({ reward: 1, details: {}, report: {} }),
+ * };
+ */
+export interface Environment<I = unknown> {
+  readonly name: string;
+  readonly description: string;
+  /** JSON Schema of the instance. */
+  readonly instanceSchema: Record<string, unknown>;
+  validate(instance: unknown): I;
+  init(context: EnvironmentContext<I>): Promise<{ messages: ChatMessage[] }>;
+  tools(instance: I): Tool[];
+  evaluate(context: EnvironmentContext<I> & { outcome: EpisodeOutcome }): Promise<Evaluation>;
+}

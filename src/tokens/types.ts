@@ -1,0 +1,31 @@
+/** A chat message as the chat template sees it. */
+export interface ChatMessage {
+  role: 'system' | 'user' | 'assistant' | 'tool';
+  content: string;
+  /** Tool name, for role "tool". */
+  name?: string;
+}
+
+/** JSON-schema description of a tool, as passed to the chat template's `tools` variable (OpenAI function form). */
+export interface ToolSchema {
+  type: 'function';
+  function: { name: string; description: string; parameters: Record<string, unknown> };
+}
+
+/**
+ * A tokenizer loaded from a Hugging Face tokenizer.json. Special tokens in text (e.g. <|im_start|>) are parsed
+ * as special tokens by `encode`; no BOS/EOS is added implicitly.
+ */
+export interface Tokenizer {
+  encode(text: string): number[];
+  decode(ids: readonly number[], options?: { skipSpecialTokens?: boolean }): string;
+  /** Id of a token string (special or not), undefined if absent. */
+  tokenId(token: string): number | undefined;
+  /** Ids that end an assistant turn (e.g. <|im_end|>, <|endoftext|>). */
+  readonly stopTokenIds: readonly number[];
+}
+
+/** Renders a conversation with the model's own chat template. */
+export interface ChatTemplate {
+  render(messages: readonly ChatMessage[], options: { addGenerationPrompt: boolean; tools?: readonly ToolSchema[] }): string;
+}
