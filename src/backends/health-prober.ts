@@ -1,0 +1,96 @@
+import type { Logger } from '../observability/logger.js';
+import type { EngineClient } from './types.js';
+
+export interface HealthProberOptions {
+  /** Time between the end of one probe round and the start of the next. */
+  intervalMs: number;
+  /** Budget of one probe; a probe that does not answer in time counts as a failure. */
+  timeoutMs: number;
+  /** Consecutive failed probes before a backend is reported unhealthy (one success reports it healthy). */
+  failureThreshold: number;
+  logger: Logger;
+}
+
+/** A backend as the prober sees it. */
+export interface ProbeTarget {
+  readonly id: string;
+  readonly client: EngineClient;
+  readonly healthy: boolean;
+}
+
+/**
+ * Periodically asks every engine its health endpoint and reports transitions. Rounds never overlap (the next
+ * round is scheduled when the previous one ends), and the timer is unref'd so it never keeps a process alive.
+ * A single slow probe does not flip a backend: it takes `failureThreshold` failures in a row, because marking a
+ * backend unhealthy moves its trajectories and throws away their prefix caches.
+ */
+export class HealthProber {
+  readonly #failures = new Map<string, number>();
+  #timer: NodeJS.Timeout | undefined;
+  #running = false;
+  #round: Promise<void> | undefined;
+
+  constructor(
+    private readonly targets: () => readonly ProbeTarget[],
+    private readonly report: (id: string, healthy: boolean) => void,
+    private readonly options: HealthProberOptions,
+  ) {}
+
+  get running(): boolean {
+    return this.#running;
+  }
+
+  start(): void {
+    if (this.#running) return;
+    this.#running = true;
+    this.#schedule(0);
+  }
+
+  stop(): void {
+    this.#running = false;
+    if (this.#timer !== undefined) clearTimeout(this.#timer);
+    this.#timer = undefined;
+  }
+
+  /** Probes every backend once, now (also what the timer runs). Concurrent calls share one round. */
+  probeOnce(): Promise<void> {
+    this.#round ??= this.#probeAll().finally(() => {
+      this.#round = undefined;
+    });
+    return this.#round;
+  }
+
+  #schedule(delayMs: number): void {
+    this.#timer = setTimeout(() => {
+      void this.probeOnce().finally(() => {
+        if (this.#running) this.#schedule(this.options.intervalMs);
+      });
+    }, delayMs);
+    this.#timer.unref();
+  }
+
+  async #probeAll(): Promise<void> {
+    const targets = this.targets();
+    const live = new Set(targets.map((t) => t.id));
+    for (const id of this.#failures.keys()) if (!live.has(id)) this.#failures.delete(id);
+    await Promise.all(targets.map((t) => this.#probe(t)));
+  }
+
+  async #probe(target: ProbeTarget): Promise<void> {
+    let ok: boolean;
+    try {
+      ok = await target.client.health(AbortSignal.timeout(this.options.timeoutMs));
+    } catch (err) {
+      this.options.logger.debug({ backend: target.id, err }, 'health probe threw');
+      ok = false;
+    }
+    if (ok) {
+      this.#failures.delete(target.id);
+      if (!target.healthy) this.report(target.id, true);
+      return;
+    }
+    const failures = (this.#failures.get(target.id) ?? 0) + 1;
+    this.#failures.set(target.id, failures);
+    if (target.healthy && failures >= this.options.failureThreshold) this.report(target.id, false);
+  }
+}

@@ -1,0 +1,126 @@
+import { RolloutError, throwIfAborted } from '../errors.js';
+import { BackendGone, type BackendState } from './backend-state.js';
+import type { GenerateRequest, GenerateResult } from './types.js';
+
+/** A completion plus where it came from, for the trajectory's turn record (backend, policy_version). */
+export interface LeaseResult extends GenerateResult {
+  backendId: string;
+  policyVersion: number;
+}
+
+/**
+ * One trajectory's hold on a backend, from its first LLM call to its end. Every `generate` goes to the same
+ * engine so the conversation prefix stays in that engine's KV cache; the lease moves (fails over) only when
+ * its backend is removed or marked unhealthy. `release` must be called exactly when the trajectory ends
+ * (the pipeline's finalize); calling it again is a no-op.
+ *
+ * @example
+ * const lease = await pool.acquire(`${taskId}/${sampleIndex}`, { signal });
+ * try {
+ *   const turn = await lease.generate({ promptIds, maxTokens: 512, signal });
+ * } finally {
+ *   lease.release();
+ * }
+ */
+export interface BackendLease {
+  readonly trajectoryKey: string;
+  /** The backend serving the trajectory now (changes only on failover). */
+  readonly backendId: string;
+  /** How many times the trajectory moved to another backend. */
+  readonly failovers: number;
+  readonly released: boolean;
+  generate(request: GenerateRequest): Promise<LeaseResult>;
+  release(): void;
+}
+
+/** What a lease needs from its pool; implemented privately by BackendPool. */
+export interface LeaseHost {
+  readonly maxFailoversPerRequest: number;
+  /** A new backend for a trajectory (counted on it), waiting like `acquire` when none is eligible. */
+  assign(signal: AbortSignal | undefined): Promise<BackendState>;
+  /** Runs one request on the backend: slot, counters, abort on forced removal (throws BackendGone). */
+  send(backend: BackendState, request: GenerateRequest): Promise<GenerateResult>;
+  /** The trajectory leaves the backend (release or failover). */
+  leave(backend: BackendState, lease: PoolLease): void;
+  failedOver(lease: PoolLease, from: BackendState, to: BackendState, why: string): void;
+}
+
+/** The pool's lease. Internal: callers see BackendLease. */
+export class PoolLease implements BackendLease {
+  #backend: BackendState;
+  #failovers = 0;
+  #released = false;
+  #moving: Promise<BackendState> | undefined;
+
+  constructor(
+    private readonly host: LeaseHost,
+    readonly trajectoryKey: string,
+    backend: BackendState,
+  ) {
+    this.#backend = backend;
+  }
+
+  get backendId(): string {
+    return this.#backend.id;
+  }
+
+  get failovers(): number {
+    return this.#failovers;
+  }
+
+  get released(): boolean {
+    return this.#released;
+  }
+
+  /** The backend currently holding the trajectory (for the pool's bookkeeping and tests). */
+  get backend(): BackendState {
+    return this.#backend;
+  }
+
+  async generate(request: GenerateRequest): Promise<LeaseResult> {
+    for (let attempt = 0; ; attempt++) {
+      if (this.#released) throw new RolloutError('failed_precondition', `lease ${this.trajectoryKey} was released`);
+      throwIfAborted(request.signal);
+      let backend = this.#backend;
+      if (!backend.usable) backend = await this.#failover(backend, request.signal);
+      try {
+        const result = await this.host.send(backend, request);
+        return { ...result, backendId: backend.id, policyVersion: backend.policyVersion };
+      } catch (err) {
+        if (!(err instanceof BackendGone)) throw err;
+        if (attempt >= this.host.maxFailoversPerRequest) {
+          throw new RolloutError('backend_error', `request of ${this.trajectoryKey} lost its backend ${attempt + 1} times`, {
+            cause: err,
+          });
+        }
+      }
+    }
+  }
+
+  release(): void {
+    if (this.#released) return;
+    this.#released = true;
+    this.host.leave(this.#backend, this);
+  }
+
+  /** Moves the trajectory off a backend that can no longer serve it; concurrent callers share one move. */
+  #failover(from: BackendState, signal: AbortSignal): Promise<BackendState> {
+    this.#moving ??= (async () => {
+      try {
+        const to = await this.host.assign(signal);
+        if (this.#released) {
+          this.host.leave(to, this);
+          throw new RolloutError('failed_precondition', `lease ${this.trajectoryKey} was released`);
+        }
+        this.#backend = to;
+        this.#failovers++;
+        this.host.leave(from, this);
+        this.host.failedOver(this, from, to, from.removed ? 'removed' : 'unhealthy');
+        return to;
+      } finally {
+        this.#moving = undefined;
+      }
+    })();
+    return this.#moving;
+  }
+}

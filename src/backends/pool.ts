@@ -1,0 +1,333 @@
+import { RolloutError, throwIfAborted } from '../errors.js';
+import { silentLogger, type Logger } from '../observability/logger.js';
+import { BackendGone, BackendState } from './backend-state.js';
+import { HealthProber } from './health-prober.js';
+import { PoolLease, type BackendLease, type LeaseHost } from './lease.js';
+import { LoadHeap, type PickResult } from './picker.js';
+import type { BackendKind, EngineClient, GenerateRequest, GenerateResult } from './types.js';
+
+export interface BackendPoolOptions {
+  /** Root logger; the pool logs through a child `{ component: 'backend-pool' }`. */
+  logger?: Logger;
+  /** How long `acquire` (and a failover) waits for an eligible backend before failing with backend_error. */
+  acquireTimeoutMs?: number;
+  /** Health probe period, probe budget and consecutive failures before a backend is marked unhealthy. */
+  healthIntervalMs?: number;
+  healthTimeoutMs?: number;
+  healthFailureThreshold?: number;
+  /** How many times one `generate` may lose its backend and retry elsewhere before giving up. */
+  maxFailoversPerRequest?: number;
+}
+
+export interface AddBackendOptions {
+  /** Unique id; defaults to `backend-<n>`. */
+  id?: string;
+  /** Requests run at once on this engine; more wait in a FIFO queue. */
+  maxConcurrency: number;
+  /** Model name the engine serves (sent as `model` by clients that need it). */
+  model: string;
+  policyVersion?: number;
+  /** Starts healthy unless told otherwise (e.g. when the caller wants the first probe to decide). */
+  healthy?: boolean;
+}
+
+/** A read-only view of one backend, as ListBackends reports it. */
+export interface BackendInfo {
+  readonly id: string;
+  readonly url: string;
+  readonly kind: BackendKind;
+  readonly model: string;
+  readonly maxConcurrency: number;
+  readonly healthy: boolean;
+  readonly draining: boolean;
+  readonly inflightTrajectories: number;
+  /** Requests routed here and not finished: running plus `queuedRequests`. */
+  readonly inflightRequests: number;
+  readonly queuedRequests: number;
+  readonly assignedTotal: number;
+  /** Trajectories that had to move off this backend. */
+  readonly failovers: number;
+  readonly policyVersion: number;
+}
+
+export interface PoolStats {
+  backends: number;
+  healthy: number;
+  /** Backends that may take new trajectories (healthy, not draining). */
+  eligible: number;
+  inflightTrajectories: number;
+  inflightRequests: number;
+  queuedRequests: number;
+  assignedTotal: number;
+  failovers: number;
+  /** Leases not yet released (a leak shows here). */
+  leases: number;
+  /** `acquire` calls waiting for an eligible backend. */
+  waitingAcquires: number;
+}
+
+interface AcquireWaiter {
+  resolve: (backend: BackendState) => void;
+  reject: (err: unknown) => void;
+  cleanup: () => void;
+}
+
+const eligible = (b: BackendState): boolean => b.eligible;
+
+/**
+ * The set of engines and the routing between them. A trajectory is placed once, on the least-loaded eligible
+ * backend (heap order: in-flight trajectories, in-flight requests, id), and stays there for its whole life so
+ * its prefix stays cached; it moves only when its backend is removed or goes unhealthy. When no backend is
+ * eligible, `acquire` waits (abortable, bounded by `acquireTimeoutMs`) instead of failing at once, so a
+ * restarting engine or a weight update does not fail every task in flight.
+ *
+ * Invariants: a backend's `inflightTrajectories` equals the leases pinned to it; counters return to zero when
+ * every lease is released; a draining backend receives no new trajectory.
+ */
+export class BackendPool {
+  readonly #log: Logger;
+  readonly #backends = new Map<string, BackendState>();
+  readonly #heap = new LoadHeap<BackendState>();
+  readonly #leases = new Set<PoolLease>();
+  readonly #waiters: AcquireWaiter[] = [];
+  readonly #acquireTimeoutMs: number;
+  readonly #prober: HealthProber;
+  readonly #host: LeaseHost;
+  #nextId = 0;
+  #failovers = 0;
+
+  constructor(options: BackendPoolOptions = {}) {
+    this.#log = (options.logger ?? silentLogger()).child({ component: 'backend-pool' });
+    this.#acquireTimeoutMs = options.acquireTimeoutMs ?? 30_000;
+    this.#prober = new HealthProber(
+      () => [...this.#backends.values()],
+      (id, healthy) => this.setHealthy(id, healthy),
+      {
+        intervalMs: options.healthIntervalMs ?? 5_000,
+        timeoutMs: options.healthTimeoutMs ?? 2_000,
+        failureThreshold: options.healthFailureThreshold ?? 2,
+        logger: this.#log,
+      },
+    );
+    this.#host = {
+      maxFailoversPerRequest: options.maxFailoversPerRequest ?? 3,
+      assign: (signal) => this.#assign(signal),
+      send: (backend, request) => this.#send(backend, request),
+      leave: (backend, lease) => this.#leave(backend, lease),
+      failedOver: (lease, from, to, why) => {
+        this.#failovers++;
+        from.failoversOut++;
+        this.#log.warn({ trajectory: lease.trajectoryKey, from: from.id, to: to.id, why }, 'trajectory failed over');
+      },
+    };
+  }
+
+  /** Registers an engine; it takes trajectories at once if healthy. Throws already_exists on a duplicate id. */
+  add(client: EngineClient, options: AddBackendOptions): BackendInfo {
+    const id = options.id ?? `backend-${this.#nextId++}`;
+    if (this.#backends.has(id)) throw new RolloutError('already_exists', `backend ${id} already exists`);
+    if (!Number.isInteger(options.maxConcurrency) || options.maxConcurrency < 1) {
+      throw RolloutError.invalid('max_concurrency', 'must be a positive integer');
+    }
+    const backend = new BackendState(id, client, options.maxConcurrency, options.model, options.policyVersion ?? 0);
+    backend.healthy = options.healthy ?? true;
+    this.#backends.set(id, backend);
+    this.#heap.update(backend, eligible);
+    this.#log.info({ backend: id, url: client.url, kind: client.kind, maxConcurrency: backend.maxConcurrency }, 'backend added');
+    this.#wake();
+    return info(backend);
+  }
+
+  /**
+   * Takes a backend out. With `drain`, it stops receiving trajectories and the promise resolves when its last
+   * trajectory has ended; without, it goes at once: its running requests are aborted and their trajectories
+   * fail over to other backends on the spot.
+   */
+  async remove(id: string, options: { drain: boolean }): Promise<void> {
+    const backend = this.#get(id);
+    if (options.drain && backend.inflightTrajectories > 0) {
+      this.#heap.update(backend, eligible, (b) => (b.draining = true));
+      this.#log.info({ backend: id, trajectories: backend.inflightTrajectories }, 'backend draining');
+      await new Promise<void>((resolve) => backend.drainWaiters.push(resolve));
+    }
+    if (backend.removed) return;
+    backend.removed = true;
+    this.#backends.delete(id);
+    this.#heap.delete(backend);
+    const gone = new BackendGone(id, 'removed');
+    backend.slots.rejectAll(gone);
+    for (const request of backend.requests) request.abort(gone);
+    for (const resolve of backend.drainWaiters.splice(0)) resolve();
+    this.#log.info({ backend: id, drained: options.drain, movedTrajectories: backend.inflightTrajectories }, 'backend removed');
+  }
+
+  /** Marks a backend (un)healthy: unhealthy ones take no trajectories and their trajectories move on next use. */
+  setHealthy(id: string, healthy: boolean): void {
+    const backend = this.#get(id);
+    if (backend.healthy === healthy) return;
+    this.#heap.update(backend, eligible, (b) => (b.healthy = healthy));
+    this.#log.warn({ backend: id, healthy }, healthy ? 'backend healthy again' : 'backend unhealthy');
+    if (healthy) this.#wake();
+    else backend.slots.rejectAll(new BackendGone(id, 'unhealthy'));
+  }
+
+  /** Records the policy (weights) version a backend serves, for every backend when `id` is omitted. */
+  setPolicyVersion(version: number, id?: string): void {
+    for (const backend of id === undefined ? this.#backends.values() : [this.#get(id)]) backend.policyVersion = version;
+  }
+
+  /**
+   * Pins a new trajectory to the least-loaded eligible backend. Waits for one if none is eligible; fails with
+   * backend_error after `acquireTimeoutMs`, or with the signal's reason if aborted first.
+   */
+  async acquire(trajectoryKey: string, options: { signal?: AbortSignal } = {}): Promise<BackendLease> {
+    const backend = await this.#assign(options.signal);
+    const lease = new PoolLease(this.#host, trajectoryKey, backend);
+    this.#leases.add(lease);
+    return lease;
+  }
+
+  /** What acquire would choose now, without assigning anything. */
+  pick(): PickResult<BackendInfo> {
+    const result = this.#heap.pick(this.#backends.size);
+    return result.type === 'pick' ? { type: 'pick', backend: info(result.backend) } : result;
+  }
+
+  list(): BackendInfo[] {
+    return [...this.#backends.values()].map(info);
+  }
+
+  stats(): PoolStats {
+    const s: PoolStats = { backends: this.#backends.size, healthy: 0, eligible: this.#heap.size, inflightTrajectories: 0, inflightRequests: 0,
+      queuedRequests: 0, assignedTotal: 0, failovers: this.#failovers, leases: this.#leases.size, waitingAcquires: this.#waiters.length };
+    for (const b of this.#backends.values()) {
+      if (b.healthy) s.healthy++;
+      s.inflightTrajectories += b.inflightTrajectories;
+      s.inflightRequests += b.inflightRequests;
+      s.queuedRequests += b.slots.waiting;
+      s.assignedTotal += b.assignedTotal;
+    }
+    return s;
+  }
+
+  /** Starts the background health prober (idempotent). */
+  startHealthChecks(): void {
+    this.#prober.start();
+  }
+
+  stopHealthChecks(): void {
+    this.#prober.stop();
+  }
+
+  /** Runs one probe round now (what the background prober does each interval). */
+  probeHealth(): Promise<void> {
+    return this.#prober.probeOnce();
+  }
+
+  /** Stops probing and fails waiting acquires; leases in flight keep working until released. */
+  close(): void {
+    this.#prober.stop();
+    for (const waiter of this.#waiters.splice(0)) {
+      waiter.cleanup();
+      waiter.reject(new RolloutError('unavailable', 'backend pool closed'));
+    }
+  }
+
+  #get(id: string): BackendState {
+    const backend = this.#backends.get(id);
+    if (backend === undefined) throw new RolloutError('not_found', `no backend ${id}`);
+    return backend;
+  }
+
+  #take(backend: BackendState): BackendState {
+    this.#heap.update(backend, eligible, (b) => {
+      b.inflightTrajectories++;
+      b.assignedTotal++;
+    });
+    return backend;
+  }
+
+  #assign(signal: AbortSignal | undefined): Promise<BackendState> {
+    throwIfAborted(signal);
+    const now = this.#waiters.length === 0 ? this.#heap.pick(this.#backends.size) : undefined;
+    if (now?.type === 'pick') return Promise.resolve(this.#take(now.backend));
+    return new Promise<BackendState>((resolve, reject) => {
+      const fail = (err: unknown): void => {
+        const i = this.#waiters.indexOf(waiter);
+        if (i < 0) return;
+        this.#waiters.splice(i, 1);
+        waiter.cleanup();
+        reject(err);
+      };
+      const onAbort = (): void => fail(RolloutError.from(signal?.reason, 'cancelled'));
+      const timer = Number.isFinite(this.#acquireTimeoutMs)
+        ? setTimeout(() => {
+            const reason = now?.type === 'queue' ? now.reason : 'queued';
+            fail(new RolloutError('backend_error', `no eligible backend within ${this.#acquireTimeoutMs} ms (${reason})`));
+          }, this.#acquireTimeoutMs)
+        : undefined;
+      const waiter: AcquireWaiter = {
+        resolve,
+        reject,
+        cleanup: () => {
+          clearTimeout(timer);
+          signal?.removeEventListener('abort', onAbort);
+        },
+      };
+      signal?.addEventListener('abort', onAbort, { once: true });
+      this.#waiters.push(waiter);
+    });
+  }
+
+  /** Hands eligible backends to waiting acquires, oldest first, re-reading the heap after each placement. */
+  #wake(): void {
+    while (this.#waiters.length > 0) {
+      const result = this.#heap.pick(this.#backends.size);
+      if (result.type !== 'pick') return;
+      const waiter = this.#waiters.shift()!;
+      waiter.cleanup();
+      waiter.resolve(this.#take(result.backend));
+    }
+  }
+
+  #leave(backend: BackendState, lease: PoolLease): void {
+    if (lease.released) this.#leases.delete(lease);
+    this.#heap.update(backend, eligible, (b) => b.inflightTrajectories--);
+    if (backend.inflightTrajectories === 0) for (const resolve of backend.drainWaiters.splice(0)) resolve();
+  }
+
+  async #send(backend: BackendState, request: GenerateRequest): Promise<GenerateResult> {
+    const { signal } = request;
+    this.#heap.update(backend, eligible, (b) => b.inflightRequests++);
+    try {
+      await backend.slots.acquire(signal);
+      const controller = new AbortController();
+      const onAbort = (): void => controller.abort(signal.reason);
+      signal.addEventListener('abort', onAbort, { once: true });
+      backend.requests.add(controller);
+      try {
+        throwIfAborted(signal);
+        if (!backend.usable) throw new BackendGone(backend.id, backend.removed ? 'removed' : 'unhealthy');
+        return await backend.client.generate({ ...request, signal: controller.signal });
+      } catch (err) {
+        if (signal.aborted) throw RolloutError.from(signal.reason, 'cancelled');
+        if (controller.signal.reason instanceof BackendGone) throw controller.signal.reason;
+        throw err instanceof BackendGone ? err : RolloutError.from(err, 'backend_error');
+      } finally {
+        signal.removeEventListener('abort', onAbort);
+        backend.requests.delete(controller);
+        backend.slots.release();
+      }
+    } finally {
+      this.#heap.update(backend, eligible, (b) => b.inflightRequests--);
+    }
+  }
+}
+
+function info(b: BackendState): BackendInfo {
+  return Object.freeze({
+    id: b.id, url: b.client.url, kind: b.client.kind, model: b.model, maxConcurrency: b.maxConcurrency, healthy: b.healthy,
+    draining: b.draining, inflightTrajectories: b.inflightTrajectories, inflightRequests: b.inflightRequests,
+    queuedRequests: b.slots.waiting, assignedTotal: b.assignedTotal, failovers: b.failoversOut, policyVersion: b.policyVersion,
+  });
+}

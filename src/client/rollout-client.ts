@@ -1,0 +1,218 @@
+import { credentials, Metadata, type ClientDuplexStream, type ServiceError } from '@grpc/grpc-js';
+import {
+  RolloutServiceClient,
+  TaskSpec,
+  type GetTrajectoryResponse,
+  type ListEnvironmentsResponse,
+  type RolloutRequest,
+  type RolloutResponse,
+  type SessionOpened,
+  type TaskAccepted,
+  type Trajectory,
+  type WatchRequest,
+  type WatchResponse,
+} from '../../gen/ts/rollout/v1/rollout.js';
+import { BackendServiceClient, type AddBackendRequest, type Backend } from '../../gen/ts/rollout/v1/backend.js';
+import { AsyncQueue } from './async-queue.js';
+
+/** A task spec as a caller writes it: only task_id, environment, instance and num_samples are needed. */
+export type TaskInput = Partial<TaskSpec> & Pick<TaskSpec, 'taskId' | 'environment'> & { instance: Record<string, unknown> };
+
+/** The server rejected a task; `field` names what to fix. */
+export class TaskRejectedError extends Error {
+  constructor(
+    readonly taskId: string,
+    readonly field: string,
+    readonly reason: string,
+  ) {
+    super(`task ${taskId} rejected: ${reason}`);
+    this.name = 'TaskRejectedError';
+  }
+}
+
+export interface SessionOptions {
+  sessionId?: string;
+  resume?: boolean;
+  stageEvents?: boolean;
+  /** Trajectories buffered before the client stops reading (gRPC flow control reaches the server). */
+  highWater?: number;
+}
+
+/**
+ * One Rollout stream: submit tasks, iterate trajectories as they finish (completion order). Call `close()`
+ * after the last submit; iteration ends once the server has delivered every trajectory of the session.
+ *
+ * @example
+ * const session = client.openSession();
+ * await session.submit({ taskId: 't1', environment: 'math', numSamples: 4, instance: { problem: '1+1?', answer: '2' } });
+ * session.close();
+ * for await (const t of session.trajectories()) console.log(t.sampleIndex, t.reward);
+ */
+export class RolloutSession {
+  readonly opened: Promise<SessionOpened>;
+  private readonly call: ClientDuplexStream<RolloutRequest, RolloutResponse>;
+  private readonly queue: AsyncQueue<Trajectory>;
+  private readonly pending = new Map<string, { resolve: (a: TaskAccepted) => void; reject: (e: Error) => void }[]>();
+  /** Stage events, when the session asked for them. */
+  onStage: ((event: NonNullable<Extract<RolloutResponse['kind'], { $case: 'stage' }>>['value']) => void) | undefined;
+
+  constructor(client: RolloutServiceClient, options: SessionOptions = {}) {
+    this.call = client.rollout();
+    this.queue = new AsyncQueue<Trajectory>(options.highWater ?? 1024, () => this.call.pause(), () => this.call.resume());
+    let opened!: (s: SessionOpened) => void;
+    let failed!: (e: Error) => void;
+    this.opened = new Promise((resolve, reject) => {
+      opened = resolve;
+      failed = reject;
+    });
+    this.opened.catch(() => undefined);
+    this.call.on('data', (response: RolloutResponse) => {
+      const kind = response.kind;
+      if (!kind) return;
+      switch (kind.$case) {
+        case 'opened':
+          opened(kind.value);
+          break;
+        case 'accepted':
+          this.settle(kind.value.taskId, (p) => p.resolve(kind.value));
+          break;
+        case 'rejected':
+          this.settle(kind.value.taskId, (p) => p.reject(new TaskRejectedError(kind.value.taskId, kind.value.field, kind.value.reason)));
+          break;
+        case 'stage':
+          this.onStage?.(kind.value);
+          break;
+        case 'trajectory':
+          this.queue.push(kind.value);
+          break;
+      }
+    });
+    const fail = (err: ServiceError | Error): void => {
+      failed(err);
+      for (const waiters of this.pending.values()) for (const w of waiters) w.reject(err);
+      this.pending.clear();
+      this.queue.end(err);
+    };
+    this.call.on('error', fail);
+    this.call.on('end', () => {
+      const err = new Error('rollout stream ended');
+      failed(err);
+      for (const waiters of this.pending.values()) for (const w of waiters) w.reject(err);
+      this.queue.end();
+    });
+    this.call.write({
+      kind: { $case: 'open', value: { sessionId: options.sessionId ?? '', resume: options.resume ?? false, stageEvents: options.stageEvents ?? false } },
+    });
+  }
+
+  /** Queues a task; resolves when the server accepts it, rejects with TaskRejectedError naming the field. */
+  submit(task: TaskInput): Promise<TaskAccepted> {
+    const spec = TaskSpec.fromPartial({ numSamples: 1, ...task });
+    return new Promise((resolve, reject) => {
+      const list = this.pending.get(spec.taskId) ?? [];
+      list.push({ resolve, reject });
+      this.pending.set(spec.taskId, list);
+      this.call.write({ kind: { $case: 'task', value: spec } });
+    });
+  }
+
+  cancel(taskId: string): void {
+    this.call.write({ kind: { $case: 'cancel', value: { taskId } } });
+  }
+
+  /** Tells the server these trajectories are safely received (a resumed session will not get them again). */
+  ack(refs: { taskId: string; sampleIndex: number }[]): void {
+    this.call.write({ kind: { $case: 'ack', value: { taskIds: [], trajectories: refs } } });
+  }
+
+  /** No more submits: the server ends the stream after the last trajectory of the session. */
+  close(): void {
+    this.call.end();
+  }
+
+  /** Drops the stream at once (the session stays resumable on the server for a while). */
+  abort(): void {
+    this.call.cancel();
+  }
+
+  trajectories(): AsyncIterable<Trajectory> {
+    return this.queue;
+  }
+
+  private settle(taskId: string, fn: (p: { resolve: (a: TaskAccepted) => void; reject: (e: Error) => void }) => void): void {
+    const list = this.pending.get(taskId);
+    const first = list?.shift();
+    if (list && list.length === 0) this.pending.delete(taskId);
+    if (first) fn(first);
+  }
+}
+
+/** The TypeScript client over the generated grpc-js stubs. */
+export class RolloutClient {
+  readonly rollout: RolloutServiceClient;
+  readonly backends: BackendServiceClient;
+  private readonly adminMetadata = new Metadata();
+
+  constructor(address: string, options: { adminToken?: string } = {}) {
+    const opts = { 'grpc.max_receive_message_length': 64 << 20 };
+    this.rollout = new RolloutServiceClient(address, credentials.createInsecure(), opts);
+    this.backends = new BackendServiceClient(address, credentials.createInsecure(), opts);
+    if (options.adminToken) this.adminMetadata.set('authorization', `Bearer ${options.adminToken}`);
+  }
+
+  openSession(options: SessionOptions = {}): RolloutSession {
+    return new RolloutSession(this.rollout, options);
+  }
+
+  submit(task: TaskInput): Promise<{ taskId: string; numSamples: number; duplicate: boolean }> {
+    return promisify((cb) => this.rollout.submit({ task: TaskSpec.fromPartial({ numSamples: 1, ...task }) }, cb));
+  }
+
+  getTrajectory(taskId: string, options: { sampleIndex?: number; wait?: boolean; deadlineMs?: number } = {}): Promise<GetTrajectoryResponse> {
+    const deadline = new Date(Date.now() + (options.deadlineMs ?? 600_000));
+    return promisify((cb) =>
+      this.rollout.getTrajectory({ taskId, wait: options.wait ?? false, ...(options.sampleIndex !== undefined && { sampleIndex: options.sampleIndex }) }, new Metadata(), { deadline }, cb),
+    );
+  }
+
+  cancel(taskId: string): Promise<{ cancelled: number }> {
+    return promisify((cb) => this.rollout.cancel({ taskId }, cb));
+  }
+
+  listEnvironments(): Promise<ListEnvironmentsResponse> {
+    return promisify((cb) => this.rollout.listEnvironments({}, cb));
+  }
+
+  /** Dashboard tail; iterate, and `return` (break) to stop. */
+  watch(request: Partial<WatchRequest> = {}): AsyncIterable<WatchResponse> & { cancel: () => void } {
+    const call = this.rollout.watch({ environments: [], groupIds: [], fullTrajectories: false, stageEvents: false, statsIntervalMs: 0, ...request });
+    const queue = new AsyncQueue<WatchResponse>(1024, () => call.pause(), () => call.resume());
+    call.on('data', (m: WatchResponse) => queue.push(m));
+    call.on('error', (err: ServiceError) => queue.end(err.code === 1 ? undefined : err));
+    call.on('end', () => queue.end());
+    return Object.assign(queue, { cancel: () => call.cancel() });
+  }
+
+  addBackend(request: Partial<AddBackendRequest> & { url: string }): Promise<Backend | undefined> {
+    return promisify<{ backend?: Backend | undefined }>((cb) =>
+      this.backends.addBackend({ kind: 0, maxConcurrency: 0, id: '', model: '', ...request }, this.adminMetadata, cb),
+    ).then((r) => r.backend);
+  }
+
+  listBackends(): Promise<Backend[]> {
+    return promisify<{ backends: Backend[] }>((cb) => this.backends.listBackends({}, this.adminMetadata, cb)).then((r) => r.backends);
+  }
+
+  removeBackend(id: string, drain = false): Promise<void> {
+    return promisify((cb) => this.backends.removeBackend({ id, drain }, this.adminMetadata, cb)).then(() => undefined);
+  }
+
+  close(): void {
+    this.rollout.close();
+    this.backends.close();
+  }
+}
+
+function promisify<T>(start: (cb: (err: ServiceError | null, value?: T) => void) => void): Promise<T> {
+  return new Promise((resolve, reject) => start((err, value) => (err ? reject(err) : resolve(value as T))));
+}

@@ -1,0 +1,65 @@
+import { z } from 'zod';
+
+/** Per-stage worker pool settings: concurrency and the default timeout of one sample in that stage. */
+const stageSchema = z.object({
+  concurrency: z.number().int().min(1).max(100_000),
+  timeoutMs: z.number().int().min(1),
+});
+
+const backendSchema = z.object({
+  url: z.string().url(),
+  kind: z.enum(['vllm', 'sglang', 'embedded']).default('vllm'),
+  maxConcurrency: z.number().int().min(1).default(256),
+  id: z.string().optional(),
+  model: z.string().optional(),
+});
+
+/**
+ * Server configuration, validated once at start-up with zod so a typo fails loudly instead of running with a
+ * silent default. Every field has a default that runs the demo on one machine.
+ */
+export const serverConfigSchema = z.object({
+  host: z.string().default('127.0.0.1'),
+  port: z.number().int().min(0).max(65_535).default(50_051),
+  /** Model name sent to engines. */
+  model: z.string().default('policy'),
+  init: stageSchema.default({ concurrency: 64, timeoutMs: 60_000 }),
+  run: stageSchema.default({ concurrency: 1024, timeoutMs: 600_000 }),
+  eval: stageSchema.default({ concurrency: 64, timeoutMs: 60_000 }),
+  /** Samples admitted (queued + in flight) before the server stops reading request streams. */
+  maxAdmitted: z.number().int().min(1).default(20_000),
+  maxNumSamples: z.number().int().min(1).default(256),
+  /** Serialized size limit of TaskSpec.instance, bytes. */
+  maxInstanceBytes: z.number().int().min(1).default(1 << 20),
+  /** gRPC message size limit, bytes. */
+  maxMessageBytes: z.number().int().min(1024).default(64 << 20),
+  defaults: z
+    .object({
+      maxTurns: z.number().int().min(1).default(8),
+      maxTokensPerTurn: z.number().int().min(1).default(1024),
+      maxTotalTokens: z.number().int().min(1).default(16_384),
+      totalTimeoutMs: z.number().int().min(1).default(900_000),
+    })
+    .default({ maxTurns: 8, maxTokensPerTurn: 1024, maxTotalTokens: 16_384, totalTimeoutMs: 900_000 }),
+  sandbox: z
+    .object({
+      driver: z.enum(['bwrap']).default('bwrap'),
+      memoryMb: z.number().int().min(16).default(1024),
+      maxProcesses: z.number().int().min(1).default(64),
+      wallClockMs: z.number().int().min(1).default(900_000),
+      outputLimitBytes: z.number().int().min(256).default(16_384),
+    })
+    .default({ driver: 'bwrap', memoryMb: 1024, maxProcesses: 64, wallClockMs: 900_000, outputLimitBytes: 16_384 }),
+  backends: z.array(backendSchema).default([]),
+  /** Finished tasks kept for GetTrajectory before the oldest are dropped. */
+  retainFinishedTasks: z.number().int().min(0).default(100_000),
+  /** Bearer token required on BackendService calls when set. */
+  adminToken: z.string().optional(),
+});
+
+export type ServerConfig = z.infer<typeof serverConfigSchema>;
+export type ServerConfigInput = z.input<typeof serverConfigSchema>;
+
+export function parseConfig(input: ServerConfigInput = {}): ServerConfig {
+  return serverConfigSchema.parse(input);
+}

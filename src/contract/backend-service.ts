@@ -1,0 +1,94 @@
+import type { Metadata, ServerUnaryCall, sendUnaryData } from '@grpc/grpc-js';
+import { timingSafeEqual } from 'node:crypto';
+import { RolloutError } from '../errors.js';
+import type { Logger } from '../observability/logger.js';
+import type { BackendPool, BackendInfo } from '../backends/pool.js';
+import { createEngineClient } from '../backends/factory.js';
+import { type Backend, BackendKind, type BackendServiceServer } from '../../gen/ts/rollout/v1/backend.js';
+import { toServiceError } from './status.js';
+
+export interface BackendServiceDeps {
+  pool: BackendPool;
+  logger: Logger;
+  /** When set, every call must carry `authorization: Bearer <token>`. */
+  adminToken?: string;
+  defaultMaxConcurrency: number;
+  defaultModel: string;
+}
+
+const KIND_NAME = { [BackendKind.BACKEND_KIND_VLLM]: 'vllm', [BackendKind.BACKEND_KIND_SGLANG]: 'sglang', [BackendKind.BACKEND_KIND_EMBEDDED]: 'embedded' } as const;
+
+/** BackendService (admin): add, remove and list the engines the pool routes to. */
+export function backendService(deps: BackendServiceDeps): BackendServiceServer {
+  const log = deps.logger.child({ component: 'backend-service' });
+  const admin = <Req, Res>(fn: (request: Req) => Promise<Res> | Res) =>
+    (call: ServerUnaryCall<Req, Res>, callback: sendUnaryData<Res>): void => {
+      Promise.resolve()
+        .then(() => {
+          authorize(call.metadata, deps.adminToken);
+          return fn(call.request);
+        })
+        .then(
+          (response) => callback(null, response),
+          (err: unknown) => callback(toServiceError(err, log)),
+        );
+    };
+
+  return {
+    addBackend: admin(async (request) => {
+      let url: URL;
+      try {
+        url = new URL(request.url);
+      } catch {
+        throw RolloutError.invalid('url', `not a URL: "${request.url}"`);
+      }
+      if (url.protocol !== 'http:' && url.protocol !== 'https:') throw RolloutError.invalid('url', 'must be http(s)');
+      if (request.maxConcurrency < 0) throw RolloutError.invalid('max_concurrency', 'must not be negative');
+      const kindName = request.kind === BackendKind.BACKEND_KIND_UNSPECIFIED ? 'vllm' : KIND_NAME[request.kind as keyof typeof KIND_NAME];
+      if (!kindName) throw RolloutError.invalid('kind', `unknown kind ${request.kind}`);
+      const client = createEngineClient(kindName, url.toString().replace(/\/$/, ''), request.model || deps.defaultModel);
+      const snapshot = deps.pool.add(client, {
+        id: request.id || url.toString().replace(/\/$/, ''),
+        maxConcurrency: request.maxConcurrency || deps.defaultMaxConcurrency,
+        model: request.model || deps.defaultModel,
+      });
+      log.info({ id: snapshot.id, url: snapshot.url }, 'backend added');
+      return { backend: toBackend(snapshot) };
+    }),
+    removeBackend: admin(async (request) => {
+      if (!request.id) throw RolloutError.invalid('id', 'required');
+      await deps.pool.remove(request.id, { drain: request.drain });
+      log.info({ id: request.id, drain: request.drain }, 'backend removed');
+      return {};
+    }),
+    listBackends: admin(() => ({ backends: deps.pool.list().map(toBackend) })),
+  };
+}
+
+function authorize(metadata: Metadata, token: string | undefined): void {
+  if (!token) return;
+  const header = String(metadata.get('authorization')[0] ?? '');
+  const expected = Buffer.from(`Bearer ${token}`);
+  const given = Buffer.from(header);
+  if (given.length !== expected.length || !timingSafeEqual(given, expected)) {
+    throw new RolloutError('unauthenticated', 'admin token required: authorization: Bearer <token>');
+  }
+}
+
+const KIND_ENUM = { vllm: BackendKind.BACKEND_KIND_VLLM, sglang: BackendKind.BACKEND_KIND_SGLANG, embedded: BackendKind.BACKEND_KIND_EMBEDDED } as const;
+
+function toBackend(b: BackendInfo): Backend {
+  return {
+    id: b.id,
+    url: b.url,
+    kind: KIND_ENUM[b.kind],
+    maxConcurrency: b.maxConcurrency,
+    healthy: b.healthy,
+    draining: b.draining,
+    inflightTrajectories: b.inflightTrajectories,
+    inflightRequests: b.inflightRequests,
+    assignedTotal: b.assignedTotal,
+    policyVersion: b.policyVersion,
+    model: b.model,
+  };
+}

@@ -1,0 +1,155 @@
+import type { ServerDuplexStream, ServerUnaryCall, sendUnaryData } from '@grpc/grpc-js';
+import { RolloutError } from '../errors.js';
+import type { Logger } from '../observability/logger.js';
+import type { EnvironmentRegistry } from '../environments/registry.js';
+import type { RolloutRuntime } from '../runtime.js';
+import type { Session } from './session.js';
+import type { SessionManager } from './sessions.js';
+import { StreamWriter } from './stream-writer.js';
+import { toServiceError } from './status.js';
+import { stageEventOf } from './events.js';
+import { handleWatch } from './watch.js';
+import {
+  type RolloutRequest,
+  type RolloutResponse,
+  type RolloutServiceServer,
+  type TaskSpec,
+} from '../../gen/ts/rollout/v1/rollout.js';
+
+export interface RolloutServiceDeps {
+  runtime: RolloutRuntime;
+  registry: EnvironmentRegistry;
+  sessions: SessionManager;
+  logger: Logger;
+  serverVersion: string;
+}
+
+/** Unary handler adapter: one try/catch, errors through the one status mapping. */
+function unary<Req, Res>(log: Logger, fn: (request: Req, call: ServerUnaryCall<Req, Res>) => Promise<Res> | Res) {
+  return (call: ServerUnaryCall<Req, Res>, callback: sendUnaryData<Res>): void => {
+    Promise.resolve()
+      .then(() => fn(call.request, call))
+      .then(
+        (response) => callback(null, response),
+        (err: unknown) => callback(toServiceError(err, log)),
+      );
+  };
+}
+
+/** The RolloutService handlers: the trainer's stream, the unary equivalents, Watch and ListEnvironments. */
+export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
+  const { runtime, registry, sessions } = deps;
+  const log = deps.logger.child({ component: 'rollout-service' });
+
+  return {
+    rollout: (call) => void handleRollout(call, deps, log),
+
+    submit: unary(log, async (request) => {
+      if (!request.task) throw RolloutError.invalid('task', 'required');
+      return runtime.submit(request.task, undefined, undefined);
+    }),
+
+    getTrajectory: unary(log, async (request, call) => {
+      const entry = runtime.store.get(request.taskId);
+      if (!entry) throw new RolloutError('not_found', `unknown task_id "${request.taskId}"`);
+      const n = entry.task.numSamples;
+      if (request.sampleIndex !== undefined && (request.sampleIndex < 0 || request.sampleIndex >= n)) {
+        throw RolloutError.invalid('sample_index', `must be in [0, ${n}), got ${request.sampleIndex}`);
+      }
+      const indices = request.sampleIndex === undefined ? [...Array(n).keys()] : [request.sampleIndex];
+      if (request.wait) {
+        const controller = new AbortController();
+        call.on('cancelled', () => controller.abort());
+        const deadline = call.getDeadline();
+        const ms = deadline instanceof Date ? deadline.getTime() - Date.now() : Number.isFinite(deadline) ? Number(deadline) - Date.now() : Infinity;
+        const timer = Number.isFinite(ms) ? setTimeout(() => controller.abort(), Math.max(0, ms - 50)) : undefined;
+        try {
+          await runtime.store.waitFor(entry, indices, controller.signal);
+        } finally {
+          if (timer) clearTimeout(timer);
+        }
+      }
+      const trajectories = indices.flatMap((i) => (entry.trajectories[i] ? [entry.trajectories[i]] : []));
+      return { trajectories, pending: indices.length - trajectories.length };
+    }),
+
+    cancel: unary(log, (request) => ({ cancelled: runtime.cancel(request.taskId) })),
+
+    watch: (call) => void handleWatch(call, runtime, log),
+
+    listEnvironments: unary(log, () => ({
+      environments: registry.list().map((e) => ({ name: e.name, description: e.description, instanceSchema: e.instanceSchema, tools: [...e.tools] })),
+    })),
+  };
+
+  async function handleRollout(call: ServerDuplexStream<RolloutRequest, RolloutResponse>, d: RolloutServiceDeps, slog: Logger): Promise<void> {
+    const writer = new StreamWriter<RolloutResponse>(call);
+    const aborted = new AbortController();
+    let session: Session | undefined;
+    let clean = false;
+    const unsubscribe = runtime.pipeline.events$.subscribe((event) => {
+      if (event.type === 'stage' && session?.stageEvents && session.owns(event.sample.task.taskId)) {
+        writer.send({ kind: { $case: 'stage', value: stageEventOf(event.sample, event.stage) } });
+      }
+    });
+    call.on('cancelled', () => aborted.abort());
+    call.on('error', () => aborted.abort());
+    const openSession = (sessionId: string, resume: boolean, stageEvents: boolean): Session => {
+      const s = sessions.open(sessionId, resume, stageEvents);
+      const redelivered = s.attach(writer, resume);
+      writer.send({ kind: { $case: 'opened', value: { sessionId: s.id, redelivered, serverVersion: d.serverVersion, maxNumSamples: runtime.deps.config.maxNumSamples } } });
+      return s;
+    };
+    try {
+      for await (const request of call as AsyncIterable<RolloutRequest>) {
+        const kind = request.kind;
+        if (!kind) continue;
+        if (kind.$case === 'open') {
+          if (session) throw new RolloutError('failed_precondition', 'open must be the first request of a stream, once');
+          session = openSession(kind.value.sessionId, kind.value.resume, kind.value.stageEvents);
+          continue;
+        }
+        session ??= openSession('', false, false);
+        if (kind.$case === 'task') await submitOnStream(session, kind.value, writer, aborted.signal);
+        else if (kind.$case === 'cancel') {
+          try {
+            runtime.cancel(kind.value.taskId);
+          } catch (err) {
+            slog.debug({ err, taskId: kind.value.taskId }, 'cancel of unknown task');
+          }
+        } else session.ack(kind.value);
+        // A slow reader: stop pulling requests until the outbox drains (bounded memory per stream).
+        await writer.below(runtime.deps.config.maxAdmitted);
+      }
+      // The client half-closed: finish delivering what it asked for, then end the stream.
+      if (session) {
+        await session.idle();
+        await writer.flushed();
+        clean = !writer.isClosed;
+      }
+      writer.end();
+    } catch (err) {
+      if (!aborted.signal.aborted) call.destroy(Object.assign(new Error('rollout stream failed'), toServiceError(err, slog)));
+    } finally {
+      unsubscribe.unsubscribe();
+      if (session) {
+        session.detach(writer);
+        if (clean) sessions.close(session);
+      }
+    }
+  }
+
+  async function submitOnStream(session: Session, spec: TaskSpec, writer: StreamWriter<RolloutResponse>, signal: AbortSignal): Promise<void> {
+    try {
+      const result = await runtime.submit(spec, session.sink, signal);
+      session.expect(result.taskId, result.numSamples);
+      writer.send({ kind: { $case: 'accepted', value: result } });
+    } catch (err) {
+      if (signal.aborted) return;
+      const e = err instanceof RolloutError ? err : RolloutError.from(err);
+      if (e.code === 'internal') log.error({ err, taskId: spec.taskId }, 'submit failed');
+      const reason = e.code === 'internal' ? 'internal error' : e.message;
+      writer.send({ kind: { $case: 'rejected', value: { taskId: spec.taskId, field: e.field ?? '', reason } } });
+    }
+  }
+}

@@ -1,0 +1,92 @@
+import { Server, ServerCredentials } from '@grpc/grpc-js';
+import { loadSync } from '@grpc/proto-loader';
+import { ReflectionService } from '@grpc/reflection';
+import { HealthImplementation } from 'grpc-health-check';
+import { fileURLToPath } from 'node:url';
+import type { Logger } from '../observability/logger.js';
+import type { EnvironmentRegistry } from '../environments/registry.js';
+import type { RolloutRuntime } from '../runtime.js';
+import { RolloutServiceService } from '../../gen/ts/rollout/v1/rollout.js';
+import { BackendServiceService } from '../../gen/ts/rollout/v1/backend.js';
+import { backendService } from './backend-service.js';
+import { rolloutService } from './rollout-service.js';
+import { SessionManager } from './sessions.js';
+
+export const SERVER_VERSION = '0.1.0';
+const PROTO_DIR = fileURLToPath(new URL('../../proto/', import.meta.url));
+
+export interface GrpcServerOptions {
+  runtime: RolloutRuntime;
+  registry: EnvironmentRegistry;
+  logger: Logger;
+  /** How long a broken stream's session stays resumable. */
+  sessionTtlMs?: number;
+}
+
+export interface RunningServer {
+  readonly port: number;
+  readonly address: string;
+  readonly health: HealthImplementation;
+  /** Stops accepting calls, cancels in-flight work, closes the server. */
+  shutdown(): Promise<void>;
+}
+
+/**
+ * Serves RolloutService, BackendService, grpc.health.v1 and server reflection on host:port (port 0 picks a free
+ * one). Message size limits come from the config so oversized requests are refused by the transport.
+ */
+export async function startGrpcServer(options: GrpcServerOptions): Promise<RunningServer> {
+  const { runtime, registry, logger } = options;
+  const config = runtime.deps.config;
+  const log = logger.child({ component: 'server' });
+  const server = new Server({
+    'grpc.max_receive_message_length': config.maxMessageBytes,
+    'grpc.max_send_message_length': config.maxMessageBytes,
+  });
+  const sessions = new SessionManager(options.sessionTtlMs ?? 10 * 60_000);
+  server.addService(RolloutServiceService, rolloutService({ runtime, registry, sessions, logger, serverVersion: SERVER_VERSION }));
+  server.addService(
+    BackendServiceService,
+    backendService({
+      pool: runtime.deps.pool,
+      logger,
+      ...(config.adminToken !== undefined && { adminToken: config.adminToken }),
+      defaultMaxConcurrency: 256,
+      defaultModel: config.model,
+    }),
+  );
+  const health = new HealthImplementation({ '': 'SERVING', 'rollout.v1.RolloutService': 'SERVING', 'rollout.v1.BackendService': 'SERVING' });
+  health.addToServer(server);
+  const definition = loadSync(['rollout/v1/rollout.proto', 'rollout/v1/backend.proto'], { includeDirs: [PROTO_DIR] });
+  new ReflectionService(definition).addToServer(server);
+
+  const port = await new Promise<number>((resolve, reject) =>
+    server.bindAsync(`${config.host}:${config.port}`, ServerCredentials.createInsecure(), (err, boundPort) => (err ? reject(err) : resolve(boundPort))),
+  );
+  runtime.start();
+  log.info({ host: config.host, port }, 'rollout server listening');
+
+  let stopping: Promise<void> | undefined;
+  return {
+    port,
+    address: `${config.host}:${port}`,
+    health,
+    shutdown: () =>
+      (stopping ??= (async () => {
+        health.setStatus('', 'NOT_SERVING');
+        await runtime.stop();
+        sessions.stop();
+        await new Promise<void>((resolve) => {
+          const timer = setTimeout(() => {
+            server.forceShutdown();
+            resolve();
+          }, 2_000);
+          server.tryShutdown(() => {
+            clearTimeout(timer);
+            resolve();
+          });
+        });
+        log.info('rollout server stopped');
+      })()),
+  };
+}

@@ -1,0 +1,68 @@
+import type { ServerWritableStream } from '@grpc/grpc-js';
+import { interval } from 'rxjs';
+import type { Logger } from '../observability/logger.js';
+import type { RolloutRuntime } from '../runtime.js';
+import type { WatchRequest, WatchResponse } from '../../gen/ts/rollout/v1/rollout.js';
+import { stageEventOf, stageOf, summaryOf } from './events.js';
+import { StreamWriter } from './stream-writer.js';
+
+/** Messages a slow watcher may have queued before stage events are dropped for it (finished events are kept). */
+const WATCH_QUEUE_LIMIT = 10_000;
+
+/**
+ * Read-only tail for dashboards: stage changes, finished-trajectory summaries (or full trajectories) and
+ * periodic pool statistics, filtered by environment and group. A slow watcher never slows the pipeline: past a
+ * queue limit its stage events are dropped and counted in the log.
+ */
+export async function handleWatch(call: ServerWritableStream<WatchRequest, WatchResponse>, runtime: RolloutRuntime, log: Logger): Promise<void> {
+  const request = call.request;
+  const writer = new StreamWriter<WatchResponse>(call);
+  const environments = new Set(request.environments);
+  const groups = new Set(request.groupIds);
+  const wanted = (environment: string, groupId: string): boolean =>
+    (environments.size === 0 || environments.has(environment)) && (groups.size === 0 || groups.has(groupId));
+  let dropped = 0;
+
+  const events = runtime.pipeline.events$.subscribe((event) => {
+    const task = event.sample.task;
+    if (!wanted(task.environment.name, task.groupId)) return;
+    if (event.type === 'stage') {
+      if (!request.stageEvents) return;
+      if (writer.queued >= WATCH_QUEUE_LIMIT) {
+        dropped++;
+        return;
+      }
+      writer.send({ kind: { $case: 'stage', value: stageEventOf(event.sample, event.stage) } });
+    } else if (request.fullTrajectories) {
+      writer.send({ kind: { $case: 'trajectory', value: event.trajectory } });
+    } else {
+      writer.send({ kind: { $case: 'finished', value: summaryOf(event.trajectory) } });
+    }
+  });
+  const stats =
+    request.statsIntervalMs > 0
+      ? interval(Math.max(100, request.statsIntervalMs)).subscribe(() => {
+          writer.send({
+            kind: {
+              $case: 'stats',
+              value: {
+                unixMs: Date.now(),
+                stages: runtime.pipeline.stageStats().map((s) => ({ stage: stageOf(s.stage), concurrency: s.concurrency, active: s.active, queued: s.queued })),
+                inFlight: runtime.pipeline.inFlight,
+                completedTotal: runtime.pipeline.completedTotal,
+                backends: runtime.deps.pool.list().length,
+              },
+            },
+          });
+        })
+      : undefined;
+
+  await new Promise<void>((resolve) => {
+    call.on('cancelled', resolve);
+    call.on('close', resolve);
+    call.on('error', resolve);
+  });
+  events.unsubscribe();
+  stats?.unsubscribe();
+  if (dropped > 0) log.info({ dropped }, 'watcher was slow: stage events dropped');
+}

@@ -1,0 +1,83 @@
+import type { ChatMessage } from '../../tokens/types.js';
+import type { Tool } from '../../tools/types.js';
+import type { Environment, Evaluation } from '../types.js';
+import { checkEquivalence } from './equivalence.js';
+import { findFinalAnswer } from './extract.js';
+import { mathInstanceJsonSchema, validateMathInstance, type MathInstance } from './instance.js';
+
+/** Tools the math environment offers, by name; the system prompt refers to them. */
+export const MATH_TOOL_NAMES = ['python', 'finish'] as const;
+
+export const MATH_SYSTEM_PROMPT = [
+  'You are solving a math problem. Reason step by step.',
+  'You may call the `python` tool to run Python code (for arithmetic, algebra or checking your work); its output is returned to you.',
+  'When you are done, give the final answer in one of two ways: call the `finish` tool with the answer, or end your reply with the answer in \\boxed{}, e.g. \\boxed{\\frac{1}{2}}.',
+  'Give the answer in simplest exact form (a fraction such as \\frac{1}{3}, not 0.333) unless the problem asks for a decimal.',
+].join('\n');
+
+export interface MathEnvironmentOptions {
+  /**
+   * Builds the tool set for one sample: a `python` tool and a `finish` tool, fresh per call so tools may keep
+   * per-sample state. Injected so that tests and alternative tool implementations need no sandbox.
+   */
+  createTools: () => Tool[];
+  /** Replaces {@link MATH_SYSTEM_PROMPT}, e.g. for a model trained on a different answer convention. */
+  systemPrompt?: string;
+}
+
+/**
+ * The "math" environment: a problem with a reference answer; the model may use Python and answers with the
+ * finish tool or \boxed{}. Reward is 1 when the answer is equivalent to the reference (see equivalence.ts),
+ * else 0. No answer at all is reward 0 with has_answer 0: that is the model's failure, not the
+ * infrastructure's, so it is a completed trajectory. The sandbox is only used by the python tool;
+ * evaluation never touches it.
+ *
+ * details: { correct: 0|1, has_answer: 0|1 }; report: { extracted, reference, method, comparison } where
+ * method is where the answer came from ('finish_tool' | 'boxed' | 'none') and comparison is the rule that
+ * decided ('rational' | 'tolerance' | 'elements' | 'text' | 'none').
+ *
+ * @example
+ * const math = createMathEnvironment({ createTools: () => [pythonTool(), finishTool()] });
+ * const instance = math.validate({ problem: 'What is 1/2 + 1/4?', answer: '\\frac34' });
+ */
+export function createMathEnvironment(options: MathEnvironmentOptions): Environment<MathInstance> {
+  const systemPrompt = options.systemPrompt ?? MATH_SYSTEM_PROMPT;
+  return {
+    name: 'math',
+    description: 'Math word problems with a reference answer; python tool; reward 1 if the final answer (finish tool or \\boxed{}) is equivalent.',
+    instanceSchema: mathInstanceJsonSchema,
+    toolNames: MATH_TOOL_NAMES,
+
+    validate: validateMathInstance,
+
+    async init({ instance }): Promise<{ messages: ChatMessage[] }> {
+      return {
+        messages: [
+          { role: 'system', content: systemPrompt },
+          { role: 'user', content: instance.problem },
+        ],
+      };
+    },
+
+    tools: () => options.createTools(),
+
+    async evaluate({ instance, outcome }): Promise<Evaluation> {
+      const reference = String(instance.answer);
+      const found = findFinalAnswer(outcome);
+      if (!found) {
+        return {
+          reward: 0,
+          details: { correct: 0, has_answer: 0 },
+          report: { extracted: null, reference, method: 'none', comparison: 'none' },
+        };
+      }
+      const result = checkEquivalence(found.answer, instance.answer);
+      const correct = result.equivalent ? 1 : 0;
+      return {
+        reward: correct,
+        details: { correct, has_answer: 1 },
+        report: { extracted: found.answer, reference, method: found.source, comparison: result.method },
+      };
+    },
+  };
+}

@@ -1,0 +1,165 @@
+import { defer, EMPTY, Subject, type OperatorFunction, type Subscription, catchError, mergeMap, tap, filter } from 'rxjs';
+import { RolloutError } from '../errors.js';
+import type { Logger } from '../observability/logger.js';
+import type { Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
+import { raceAbort, withDeadline } from './rx.js';
+import type { Sample } from './sample.js';
+import type { StageName } from './task.js';
+import { buildFailedTrajectory, buildTrajectory } from './trajectory.js';
+
+/** The work of one stage on one sample. It must honour `signal`; the pipeline also races it against the signal. */
+export type StageFn = (sample: Sample, signal: AbortSignal) => Promise<void>;
+
+export interface StageFns {
+  init: StageFn;
+  run: StageFn;
+  eval: StageFn;
+}
+
+export interface StageSettings {
+  concurrency: number;
+}
+
+export type PipelineEvent =
+  | { type: 'stage'; sample: Sample; stage: StageName }
+  | { type: 'finished'; sample: Sample; trajectory: Trajectory };
+
+export interface StageStats {
+  stage: 'init' | 'run' | 'eval';
+  concurrency: number;
+  active: number;
+  queued: number;
+}
+
+type WorkStage = 'init' | 'run' | 'eval';
+const STAGES: readonly WorkStage[] = ['init', 'run', 'eval'];
+
+/**
+ * The assembly line: init → run → eval, each a mergeMap with its own concurrency limit and per-sample timeout
+ * (from the task's limits). A sample that fails, times out or is cancelled leaves the line at once with its
+ * status; every path ends in `finish`, which releases the sample's sandbox before the trajectory is delivered.
+ * Samples are delivered in completion order.
+ */
+export class Pipeline {
+  readonly events$ = new Subject<PipelineEvent>();
+  private readonly input$ = new Subject<Sample>();
+  private readonly stats: Record<WorkStage, { active: number; queued: number }> = {
+    init: { active: 0, queued: 0 },
+    run: { active: 0, queued: 0 },
+    eval: { active: 0, queued: 0 },
+  };
+  private readonly live = new Set<Sample>();
+  private subscription: Subscription | undefined;
+  completedTotal = 0;
+
+  constructor(
+    private readonly fns: StageFns,
+    private readonly settings: Record<WorkStage, StageSettings>,
+    private readonly log: Logger,
+  ) {}
+
+  start(): void {
+    if (this.subscription) return;
+    this.subscription = this.input$
+      .pipe(this.stage$('init'), this.stage$('run'), this.stage$('eval'))
+      .subscribe((sample) => void this.finish(sample, buildTrajectory(sample)));
+  }
+
+  /** Queues samples; the caller has already passed admission. */
+  submit(samples: readonly Sample[]): void {
+    for (const sample of samples) {
+      this.live.add(sample);
+      this.events$.next({ type: 'stage', sample, stage: 'queued' });
+    }
+    for (const sample of samples) this.input$.next(sample);
+  }
+
+  /** Cancels a sample: aborts its running stage, or finishes it at once if it is waiting for a slot. */
+  cancel(sample: Sample, reason = 'cancelled by client'): void {
+    if (sample.finished) return;
+    sample.abort('cancelled', reason);
+    if (!sample.active) void this.finish(sample, buildFailedTrajectory(sample, RolloutError.from(sample.signal.reason)));
+  }
+
+  get inFlight(): number {
+    return this.live.size;
+  }
+
+  stageStats(): StageStats[] {
+    return STAGES.map((stage) => ({ stage, concurrency: this.settings[stage].concurrency, ...this.stats[stage] }));
+  }
+
+  /** Cancels everything in flight and stops the line. */
+  async stop(): Promise<void> {
+    for (const sample of [...this.live]) this.cancel(sample, 'server stopping');
+    this.subscription?.unsubscribe();
+    this.subscription = undefined;
+    this.input$.complete();
+  }
+
+  private stage$(name: WorkStage): OperatorFunction<Sample, Sample> {
+    const counters = this.stats[name];
+    const timeoutOf = (sample: Sample): number =>
+      name === 'init' ? sample.task.limits.initTimeoutMs : name === 'run' ? sample.task.limits.runTimeoutMs : sample.task.limits.evalTimeoutMs;
+    return (source) =>
+      source.pipe(
+        tap(() => counters.queued++),
+        mergeMap(
+          (sample) =>
+            defer(async () => {
+              counters.queued--;
+              if (sample.finished) return undefined;
+              counters.active++;
+              sample.active = true;
+              this.enter(sample, name);
+              const { signal, dispose } = withDeadline(sample.signal, timeoutOf(sample), `${name} stage`);
+              const started = performance.now();
+              try {
+                await raceAbort(this.fns[name](sample, signal), signal);
+                return sample;
+              } finally {
+                dispose();
+                sample.timing[`${name}Ms`] += performance.now() - started;
+                sample.active = false;
+                counters.active--;
+              }
+            }).pipe(
+              catchError((err: unknown) => {
+                void this.finish(sample, buildFailedTrajectory(sample, RolloutError.from(err)));
+                return EMPTY;
+              }),
+              filter((s): s is Sample => s !== undefined && !s.finished),
+            ),
+          this.settings[name].concurrency,
+        ),
+      );
+  }
+
+  private enter(sample: Sample, stage: StageName): void {
+    if (sample.stage === 'queued') sample.timing.queueMs = performance.now() - sample.createdAt;
+    sample.stage = stage;
+    this.events$.next({ type: 'stage', sample, stage });
+  }
+
+  private async finish(sample: Sample, trajectory: Trajectory): Promise<void> {
+    if (sample.finished) return;
+    sample.finished = true;
+    sample.stage = 'done';
+    this.live.delete(sample);
+    sample.abort('cancelled', 'sample finished');
+    try {
+      await sample.release();
+    } catch (err) {
+      this.log.error({ err, sample: sample.key }, 'releasing sandbox failed');
+    }
+    sample.timing.totalMs = performance.now() - sample.createdAt;
+    trajectory.timing = { ...sample.timing };
+    this.completedTotal++;
+    this.events$.next({ type: 'finished', sample, trajectory });
+    try {
+      sample.sink(trajectory);
+    } catch (err) {
+      this.log.error({ err, sample: sample.key }, 'trajectory sink failed');
+    }
+  }
+}

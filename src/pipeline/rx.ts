@@ -1,0 +1,47 @@
+import { RolloutError } from '../errors.js';
+
+/**
+ * Resolves or rejects with `work`, or rejects with the signal's reason as soon as it fires, whichever is first.
+ * Frees a stage slot even when the stage's code ignores its AbortSignal, so a stuck sample never stalls a pool.
+ */
+export function raceAbort<T>(work: Promise<T>, signal: AbortSignal): Promise<T> {
+  if (signal.aborted) {
+    work.catch(() => undefined);
+    return Promise.reject(RolloutError.from(signal.reason, 'cancelled'));
+  }
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = (): void => reject(RolloutError.from(signal.reason, 'cancelled'));
+    signal.addEventListener('abort', onAbort, { once: true });
+    work.then(
+      (value) => {
+        signal.removeEventListener('abort', onAbort);
+        resolve(value);
+      },
+      (err: unknown) => {
+        signal.removeEventListener('abort', onAbort);
+        reject(err);
+      },
+    );
+  });
+}
+
+/** A signal that fires on the parent's abort or after `ms`, with a deadline_exceeded reason naming `what`. */
+export function withDeadline(parent: AbortSignal, ms: number, what: string): { signal: AbortSignal; dispose: () => void } {
+  const controller = new AbortController();
+  const onParent = (): void => controller.abort(parent.reason);
+  if (parent.aborted) controller.abort(parent.reason);
+  else parent.addEventListener('abort', onParent, { once: true });
+  const timer = setTimeout(() => {
+    const reason = new Error(`${what} timed out after ${ms} ms`);
+    reason.name = 'TimeoutError';
+    controller.abort(reason);
+  }, ms);
+  timer.unref();
+  return {
+    signal: controller.signal,
+    dispose: () => {
+      clearTimeout(timer);
+      parent.removeEventListener('abort', onParent);
+    },
+  };
+}

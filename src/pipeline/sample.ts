@@ -1,0 +1,70 @@
+import type { Sandbox } from '../sandboxes/types.js';
+import type { ChatMessage } from '../tokens/types.js';
+import type { Evaluation, EpisodeOutcome } from '../environments/types.js';
+import type { ResolvedTask, SampleTiming, StageName, TrajectorySink } from './task.js';
+import type { LedgerSnapshot } from '../tokens/ledger.js';
+
+/** What the run stage hands to eval. */
+export interface RunResult {
+  outcome: EpisodeOutcome;
+  tokens: LedgerSnapshot;
+  /** True when a turn or token budget ended the episode (status TRUNCATED). */
+  truncated: boolean;
+  numTurns: number;
+}
+
+/**
+ * One sample (one trajectory) of a task moving through init → run → eval. Owns an AbortController that fires on
+ * cancel, total deadline and completion; `release` frees the sandbox exactly once, whatever path ends the sample.
+ */
+export class Sample {
+  readonly controller = new AbortController();
+  stage: StageName = 'queued';
+  finished = false;
+  /** True while a stage function is running for this sample. */
+  active = false;
+  readonly timing: SampleTiming = { queueMs: 0, initMs: 0, runMs: 0, llmMs: 0, toolMs: 0, evalMs: 0, totalMs: 0 };
+  readonly createdAt = performance.now();
+  stageStartedAt = performance.now();
+  sandbox: Sandbox | undefined;
+  initialMessages: ChatMessage[] = [];
+  run: RunResult | undefined;
+  evaluation: Evaluation | undefined;
+  private totalTimer: NodeJS.Timeout | undefined;
+
+  constructor(
+    readonly task: ResolvedTask,
+    readonly index: number,
+    readonly sink: TrajectorySink,
+  ) {
+    this.totalTimer = setTimeout(() => {
+      this.abort('deadline_exceeded', `total timeout of ${task.limits.totalTimeoutMs} ms exceeded`);
+    }, task.limits.totalTimeoutMs);
+    this.totalTimer.unref();
+  }
+
+  get key(): string {
+    return `${this.task.taskId}#${this.index}`;
+  }
+
+  get signal(): AbortSignal {
+    return this.controller.signal;
+  }
+
+  abort(code: 'deadline_exceeded' | 'cancelled', message: string): void {
+    if (!this.controller.signal.aborted) {
+      const reason = new Error(message);
+      reason.name = code === 'deadline_exceeded' ? 'TimeoutError' : 'AbortError';
+      this.controller.abort(reason);
+    }
+  }
+
+  /** Stops the sandbox and the total timer; idempotent. Errors are logged by the caller, never thrown. */
+  async release(): Promise<void> {
+    if (this.totalTimer) clearTimeout(this.totalTimer);
+    this.totalTimer = undefined;
+    const sandbox = this.sandbox;
+    this.sandbox = undefined;
+    if (sandbox) await sandbox.stop();
+  }
+}

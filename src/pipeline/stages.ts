@@ -1,0 +1,63 @@
+import { RolloutError } from '../errors.js';
+import type { RuntimeDeps } from '../runtime.js';
+import { runAgentLoop } from './agent-loop.js';
+import type { StageFns } from './pipeline.js';
+
+/**
+ * The three stage functions. Failures are classified here by where they happen: the sandbox driver's are
+ * sandbox errors, the environment's own code's are environment errors, the engines' are backend errors
+ * (classified by the backend client). Aborts keep their reason (timeout or cancel).
+ */
+export function createStages(deps: RuntimeDeps): StageFns {
+  const { config } = deps;
+  const classify = (err: unknown, code: 'sandbox_error' | 'environment_error', signal: AbortSignal): RolloutError =>
+    signal.aborted ? RolloutError.from(signal.reason, 'cancelled') : err instanceof RolloutError ? err : RolloutError.from(err, code);
+
+  return {
+    async init(sample, signal) {
+      try {
+        const sandbox = await deps.sandboxes.start(
+          {
+            network: false,
+            memoryMb: config.sandbox.memoryMb,
+            maxProcesses: config.sandbox.maxProcesses,
+            wallClockMs: Math.min(config.sandbox.wallClockMs, sample.task.limits.totalTimeoutMs),
+            outputLimitBytes: config.sandbox.outputLimitBytes,
+          },
+          signal,
+        );
+        // The stage may have been abandoned (timeout, cancel) while the sandbox was starting: never leak it.
+        if (sample.finished || signal.aborted) {
+          await sandbox.stop();
+          throw RolloutError.from(signal.reason, 'cancelled');
+        }
+        sample.sandbox = sandbox;
+      } catch (err) {
+        throw classify(err, 'sandbox_error', signal);
+      }
+      try {
+        const { messages } = await sample.task.environment.init({ instance: sample.task.instance, sandbox: sample.sandbox, signal });
+        sample.initialMessages = messages;
+      } catch (err) {
+        throw classify(err, 'environment_error', signal);
+      }
+    },
+
+    async run(sample, signal) {
+      sample.run = await runAgentLoop(sample, deps, signal);
+    },
+
+    async eval(sample, signal) {
+      const run = sample.run;
+      const sandbox = sample.sandbox;
+      if (!run || !sandbox) throw new RolloutError('internal', 'eval stage without a run result');
+      try {
+        const evaluation = await sample.task.environment.evaluate({ instance: sample.task.instance, sandbox, signal, outcome: run.outcome });
+        if (!Number.isFinite(evaluation.reward)) throw new RolloutError('environment_error', `reward is not a finite number: ${evaluation.reward}`);
+        sample.evaluation = evaluation;
+      } catch (err) {
+        throw classify(err, 'environment_error', signal);
+      }
+    },
+  };
+}

@@ -1,0 +1,81 @@
+import { RolloutError } from '../errors.js';
+import type { Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
+import type { Sample } from './sample.js';
+import type { ResolvedTask, TrajectorySink } from './task.js';
+
+/** A submitted task: its samples while they run, its trajectories once they finish. */
+export interface TaskEntry {
+  task: ResolvedTask;
+  samples: Sample[];
+  trajectories: (Trajectory | undefined)[];
+  pending: number;
+  waiters: Set<() => void>;
+  /** Where each finished trajectory goes: the sessions that submitted (or re-submitted) the task. */
+  sinks: Set<TrajectorySink>;
+}
+
+/**
+ * Tasks by task_id: the idempotency record behind Submit and the store behind GetTrajectory. Finished tasks are
+ * kept up to `retain` (oldest dropped first), so a long training run does not grow the server without bound.
+ */
+export class TaskStore {
+  private readonly tasks = new Map<string, TaskEntry>();
+  private readonly finishedOrder: string[] = [];
+
+  constructor(private readonly retain: number) {}
+
+  get(taskId: string): TaskEntry | undefined {
+    return this.tasks.get(taskId);
+  }
+
+  /** Returns the existing entry for a retry with the same spec; throws when the id is reused with another spec. */
+  existing(task: ResolvedTask): TaskEntry | undefined {
+    const entry = this.tasks.get(task.taskId);
+    if (entry && entry.task.fingerprint !== task.fingerprint) {
+      throw RolloutError.invalid('task_id', `"${task.taskId}" was already submitted with a different spec`);
+    }
+    return entry;
+  }
+
+  add(task: ResolvedTask): TaskEntry {
+    const entry: TaskEntry = { task, samples: [], trajectories: new Array<Trajectory | undefined>(task.numSamples).fill(undefined), pending: task.numSamples, waiters: new Set(), sinks: new Set() };
+    this.tasks.set(task.taskId, entry);
+    return entry;
+  }
+
+  /** Records a finished sample; wakes GetTrajectory waiters; evicts old finished tasks. */
+  record(trajectory: Trajectory): void {
+    const entry = this.tasks.get(trajectory.taskId);
+    if (!entry || entry.trajectories[trajectory.sampleIndex] !== undefined) return;
+    entry.trajectories[trajectory.sampleIndex] = trajectory;
+    entry.pending--;
+    for (const wake of entry.waiters) wake();
+    for (const sink of entry.sinks) sink(trajectory);
+    if (entry.pending === 0) {
+      entry.samples = [];
+      entry.sinks.clear();
+      this.finishedOrder.push(trajectory.taskId);
+      while (this.finishedOrder.length > this.retain) this.tasks.delete(this.finishedOrder.shift()!);
+    }
+  }
+
+  /** Resolves when the given samples have finished or the signal fires. */
+  async waitFor(entry: TaskEntry, indices: readonly number[], signal: AbortSignal): Promise<void> {
+    const done = (): boolean => indices.every((i) => entry.trajectories[i] !== undefined);
+    while (!done() && !signal.aborted) {
+      await new Promise<void>((resolve) => {
+        const wake = (): void => {
+          entry.waiters.delete(wake);
+          signal.removeEventListener('abort', wake);
+          resolve();
+        };
+        entry.waiters.add(wake);
+        signal.addEventListener('abort', wake, { once: true });
+      });
+    }
+  }
+
+  get size(): number {
+    return this.tasks.size;
+  }
+}

@@ -1,0 +1,52 @@
+import type { Environment } from '../environments/types.js';
+import type { Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
+
+/** Sampling settings after defaults are applied. */
+export interface ResolvedSampling {
+  temperature?: number;
+  topP?: number;
+  topK?: number;
+  seed?: number;
+  maxTokensPerTurn: number;
+  maxTotalTokens: number;
+  stop: string[];
+}
+
+export interface ResolvedLimits {
+  maxTurns: number;
+  initTimeoutMs: number;
+  runTimeoutMs: number;
+  evalTimeoutMs: number;
+  totalTimeoutMs: number;
+}
+
+/** A validated task: everything the pipeline needs, defaults applied. */
+export interface ResolvedTask {
+  taskId: string;
+  groupId: string;
+  numSamples: number;
+  environment: Environment;
+  instance: unknown;
+  sampling: ResolvedSampling;
+  limits: ResolvedLimits;
+  metadata: Record<string, string>;
+  includeMessages: boolean;
+  /** Canonical form of the spec, to tell a true retry from a conflicting reuse of the task_id. */
+  fingerprint: string;
+}
+
+export type StageName = 'queued' | 'init' | 'run' | 'eval' | 'done';
+
+/** Milliseconds per phase; filled in as the sample moves through the pipeline. */
+export interface SampleTiming {
+  queueMs: number;
+  initMs: number;
+  runMs: number;
+  llmMs: number;
+  toolMs: number;
+  evalMs: number;
+  totalMs: number;
+}
+
+/** Sink for finished trajectories; set by whoever submitted the task (a session, or the unary API). */
+export type TrajectorySink = (trajectory: Trajectory) => void;

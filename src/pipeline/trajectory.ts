@@ -1,0 +1,103 @@
+import type { RolloutError } from '../errors.js';
+import { Role, ToolOutcome, TrajectoryStatus, type Trajectory, type Turn } from '../../gen/ts/rollout/v1/rollout.js';
+import type { LedgerSnapshot, LedgerTurn } from '../tokens/ledger.js';
+import { finishReasonForError, statusForError } from './outcome.js';
+import type { Sample } from './sample.js';
+
+/** The trajectory of a sample that went through eval: COMPLETED, or TRUNCATED when a budget ended it. */
+export function buildTrajectory(sample: Sample): Trajectory {
+  const run = sample.run;
+  const evaluation = sample.evaluation;
+  const trajectory = base(sample);
+  if (!run || !evaluation) {
+    // Unreachable by construction (eval runs after run); reported as an environment error rather than reward 0.
+    return { ...trajectory, status: TrajectoryStatus.TRAJECTORY_STATUS_ENVIRONMENT_ERROR, finishReason: 'error', error: 'sample finished without run or eval result' };
+  }
+  return {
+    ...withTokens(trajectory, run.tokens, sample.task.includeMessages),
+    status: run.truncated ? TrajectoryStatus.TRAJECTORY_STATUS_TRUNCATED : TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED,
+    finishReason: run.outcome.finishReason,
+    reward: evaluation.reward,
+    rewardDetails: { ...evaluation.details },
+    evalReport: evaluation.report,
+    numTurns: run.numTurns,
+  };
+}
+
+/** The trajectory of a sample that failed, timed out or was cancelled; partial tokens are kept when the run got that far. */
+export function buildFailedTrajectory(sample: Sample, err: RolloutError): Trajectory {
+  const trajectory = {
+    ...base(sample),
+    status: statusForError(err),
+    finishReason: finishReasonForError(err),
+    error: `${err.code}: ${err.message}`,
+  };
+  return sample.run ? { ...withTokens(trajectory, sample.run.tokens, sample.task.includeMessages), numTurns: sample.run.numTurns } : trajectory;
+}
+
+function base(sample: Sample): Trajectory {
+  const task = sample.task;
+  return {
+    taskId: task.taskId,
+    sampleIndex: sample.index,
+    groupId: task.groupId,
+    environment: task.environment.name,
+    status: TrajectoryStatus.TRAJECTORY_STATUS_UNSPECIFIED,
+    finishReason: '',
+    error: '',
+    promptTokenIds: [],
+    responseTokenIds: [],
+    responseMask: [],
+    responseLogprobs: [],
+    turns: [],
+    reward: 0,
+    rewardDetails: {},
+    evalReport: undefined,
+    messages: [],
+    timing: undefined,
+    policyVersionMin: 0,
+    policyVersionMax: 0,
+    metadata: { ...task.metadata },
+    numTurns: 0,
+  };
+}
+
+function withTokens(trajectory: Trajectory, tokens: LedgerSnapshot, includeMessages: boolean): Trajectory {
+  return {
+    ...trajectory,
+    promptTokenIds: tokens.promptIds,
+    responseTokenIds: tokens.responseIds,
+    responseMask: tokens.mask,
+    responseLogprobs: tokens.logprobs,
+    turns: tokens.turns.map(toTurn),
+    messages: includeMessages ? tokens.messages.map((m) => ({ role: m.role, content: m.content, name: m.name ?? '' })) : [],
+    policyVersionMin: tokens.policyVersionMin,
+    policyVersionMax: tokens.policyVersionMax,
+  };
+}
+
+const ROLE: Record<LedgerTurn['role'], Role> = {
+  assistant: Role.ROLE_ASSISTANT,
+  tool: Role.ROLE_TOOL,
+  user: Role.ROLE_USER,
+};
+
+const OUTCOME: Record<NonNullable<LedgerTurn['toolOutcome']>, ToolOutcome> = {
+  ok: ToolOutcome.TOOL_OUTCOME_OK,
+  error: ToolOutcome.TOOL_OUTCOME_ERROR,
+  malformed: ToolOutcome.TOOL_OUTCOME_MALFORMED,
+  finish: ToolOutcome.TOOL_OUTCOME_FINISH,
+};
+
+function toTurn(turn: LedgerTurn): Turn {
+  return {
+    role: ROLE[turn.role],
+    start: turn.start,
+    end: turn.end,
+    backend: turn.backend ?? '',
+    policyVersion: turn.policyVersion ?? 0,
+    finishReason: turn.finishReason ?? '',
+    toolName: turn.toolName ?? '',
+    toolOutcome: turn.toolOutcome ? OUTCOME[turn.toolOutcome] : ToolOutcome.TOOL_OUTCOME_UNSPECIFIED,
+  };
+}

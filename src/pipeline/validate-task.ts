@@ -1,0 +1,103 @@
+import { RolloutError } from '../errors.js';
+import type { ServerConfig } from '../config.js';
+import type { EnvironmentRegistry } from '../environments/registry.js';
+import type { TaskSpec } from '../../gen/ts/rollout/v1/rollout.js';
+import type { ResolvedTask } from './task.js';
+
+const MAX_ID_LENGTH = 256;
+const MAX_STOP_SEQUENCES = 16;
+const MAX_METADATA_ENTRIES = 64;
+const MAX_METADATA_BYTES = 16_384;
+
+/**
+ * Validates a TaskSpec and applies server defaults. Throws RolloutError.invalid(field, reason) naming the first
+ * offending field, so the trainer can fix its spec; nothing here touches pipeline state.
+ */
+export function validateTask(spec: TaskSpec, registry: EnvironmentRegistry, config: ServerConfig): ResolvedTask {
+  const taskId = spec.taskId;
+  if (!taskId) throw RolloutError.invalid('task_id', 'required');
+  if (taskId.length > MAX_ID_LENGTH) throw RolloutError.invalid('task_id', `longer than ${MAX_ID_LENGTH} characters`);
+  if (spec.groupId.length > MAX_ID_LENGTH) throw RolloutError.invalid('group_id', `longer than ${MAX_ID_LENGTH} characters`);
+  if (spec.numSamples <= 0) throw RolloutError.invalid('num_samples', `must be at least 1, got ${spec.numSamples}`);
+  if (spec.numSamples > config.maxNumSamples) {
+    throw RolloutError.invalid('num_samples', `at most ${config.maxNumSamples}, got ${spec.numSamples}`);
+  }
+  if (!spec.environment) throw RolloutError.invalid('environment', 'required');
+  const environment = registry.get(spec.environment);
+
+  if (spec.instance === undefined) throw RolloutError.invalid('instance', 'required');
+  const instanceJson = JSON.stringify(spec.instance);
+  if (Buffer.byteLength(instanceJson) > config.maxInstanceBytes) {
+    throw RolloutError.invalid('instance', `too large: ${Buffer.byteLength(instanceJson)} bytes > ${config.maxInstanceBytes}`);
+  }
+  const instance = environment.validate(spec.instance);
+
+  const s = spec.sampling;
+  if (s?.temperature !== undefined && !(Number.isFinite(s.temperature) && s.temperature >= 0 && s.temperature <= 100)) {
+    throw RolloutError.invalid('sampling.temperature', `must be in [0, 100], got ${s.temperature}`);
+  }
+  if (s?.topP !== undefined && !(Number.isFinite(s.topP) && s.topP > 0 && s.topP <= 1)) {
+    throw RolloutError.invalid('sampling.top_p', `must be in (0, 1], got ${s.topP}`);
+  }
+  if (s?.topK !== undefined && (s.topK < -1 || s.topK === 0)) {
+    throw RolloutError.invalid('sampling.top_k', `must be -1 (off) or positive, got ${s.topK}`);
+  }
+  nonNegative('sampling.max_tokens_per_turn', s?.maxTokensPerTurn ?? 0);
+  nonNegative('sampling.max_total_tokens', s?.maxTotalTokens ?? 0);
+  const stop = s?.stop ?? [];
+  if (stop.length > MAX_STOP_SEQUENCES) throw RolloutError.invalid('sampling.stop', `at most ${MAX_STOP_SEQUENCES} sequences`);
+  if (stop.some((x) => x.length === 0 || x.length > 256)) throw RolloutError.invalid('sampling.stop', 'each stop sequence must be 1–256 characters');
+
+  const l = spec.limits;
+  for (const [field, value] of [
+    ['limits.max_turns', l?.maxTurns],
+    ['limits.init_timeout_ms', l?.initTimeoutMs],
+    ['limits.run_timeout_ms', l?.runTimeoutMs],
+    ['limits.eval_timeout_ms', l?.evalTimeoutMs],
+    ['limits.total_timeout_ms', l?.totalTimeoutMs],
+  ] as const) {
+    nonNegative(field, value ?? 0);
+  }
+
+  const metadataEntries = Object.entries(spec.metadata);
+  if (metadataEntries.length > MAX_METADATA_ENTRIES) throw RolloutError.invalid('metadata', `at most ${MAX_METADATA_ENTRIES} entries`);
+  if (Buffer.byteLength(JSON.stringify(spec.metadata)) > MAX_METADATA_BYTES) throw RolloutError.invalid('metadata', `larger than ${MAX_METADATA_BYTES} bytes`);
+
+  const d = config.defaults;
+  const maxTotalTokens = orDefault(s?.maxTotalTokens, d.maxTotalTokens);
+  const maxTokensPerTurn = Math.min(orDefault(s?.maxTokensPerTurn, d.maxTokensPerTurn), maxTotalTokens);
+  return {
+    taskId,
+    groupId: spec.groupId || taskId,
+    numSamples: spec.numSamples,
+    environment,
+    instance,
+    sampling: {
+      ...(s?.temperature !== undefined && { temperature: s.temperature }),
+      ...(s?.topP !== undefined && { topP: s.topP }),
+      ...(s?.topK !== undefined && { topK: s.topK }),
+      ...(s?.seed !== undefined && { seed: s.seed }),
+      maxTokensPerTurn,
+      maxTotalTokens,
+      stop: [...stop],
+    },
+    limits: {
+      maxTurns: orDefault(l?.maxTurns, d.maxTurns),
+      initTimeoutMs: orDefault(l?.initTimeoutMs, config.init.timeoutMs),
+      runTimeoutMs: orDefault(l?.runTimeoutMs, config.run.timeoutMs),
+      evalTimeoutMs: orDefault(l?.evalTimeoutMs, config.eval.timeoutMs),
+      totalTimeoutMs: orDefault(l?.totalTimeoutMs, d.totalTimeoutMs),
+    },
+    metadata: { ...spec.metadata },
+    includeMessages: spec.includeMessages,
+    fingerprint: JSON.stringify([spec.groupId, spec.numSamples, spec.environment, instanceJson, s ?? null, l ?? null, spec.metadata, spec.includeMessages]),
+  };
+}
+
+function nonNegative(field: string, value: number): void {
+  if (!Number.isFinite(value) || value < 0) throw RolloutError.invalid(field, `must not be negative, got ${value}`);
+}
+
+function orDefault(value: number | undefined, fallback: number): number {
+  return value !== undefined && value > 0 ? value : fallback;
+}

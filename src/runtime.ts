@@ -1,0 +1,113 @@
+import { RolloutError } from './errors.js';
+import type { ServerConfig } from './config.js';
+import type { Logger } from './observability/logger.js';
+import type { EnvironmentRegistry } from './environments/registry.js';
+import type { SandboxDriver } from './sandboxes/types.js';
+import type { BackendPool } from './backends/pool.js';
+import type { ChatTemplate, Tokenizer } from './tokens/types.js';
+import type { ToolCallParser } from './tools/types.js';
+import type { TaskSpec, Trajectory } from '../gen/ts/rollout/v1/rollout.js';
+import { Admission } from './pipeline/admission.js';
+import { Pipeline } from './pipeline/pipeline.js';
+import { Sample } from './pipeline/sample.js';
+import { createStages } from './pipeline/stages.js';
+import { TaskStore, type TaskEntry } from './pipeline/task-store.js';
+import type { TrajectorySink } from './pipeline/task.js';
+import { validateTask } from './pipeline/validate-task.js';
+
+export interface RuntimeDeps {
+  config: ServerConfig;
+  registry: EnvironmentRegistry;
+  sandboxes: SandboxDriver;
+  pool: BackendPool;
+  tokenizer: Tokenizer;
+  template: ChatTemplate;
+  parser: ToolCallParser;
+  logger: Logger;
+}
+
+export interface SubmitResult {
+  taskId: string;
+  numSamples: number;
+  duplicate: boolean;
+}
+
+/**
+ * The server's core, independent of gRPC: validates and admits tasks, expands them into samples, runs them
+ * through the pipeline and routes each finished trajectory to the task's sinks and store.
+ */
+export class RolloutRuntime {
+  readonly pipeline: Pipeline;
+  readonly store: TaskStore;
+  readonly admission: Admission;
+  private readonly log: Logger;
+
+  constructor(readonly deps: RuntimeDeps) {
+    this.log = deps.logger.child({ component: 'runtime' });
+    const { config } = deps;
+    this.store = new TaskStore(config.retainFinishedTasks);
+    this.admission = new Admission(config.maxAdmitted);
+    this.pipeline = new Pipeline(
+      createStages(deps),
+      { init: { concurrency: config.init.concurrency }, run: { concurrency: config.run.concurrency }, eval: { concurrency: config.eval.concurrency } },
+      deps.logger.child({ component: 'pipeline' }),
+    );
+  }
+
+  start(): void {
+    this.pipeline.start();
+  }
+
+  /**
+   * Validates, waits for admission (this is where a full server pushes back), and queues the task's samples.
+   * Idempotent on task_id: a retry with the same spec returns duplicate = true, and `sink` still receives every
+   * trajectory of the task (finished ones at once). Throws RolloutError('invalid_argument') naming the field.
+   */
+  async submit(spec: TaskSpec, sink?: TrajectorySink, signal?: AbortSignal): Promise<SubmitResult> {
+    const task = validateTask(spec, this.deps.registry, this.deps.config);
+    const known = this.store.existing(task);
+    if (known) return this.duplicate(known, sink);
+    await this.admission.admit(task.numSamples, signal);
+    const raced = this.store.existing(task);
+    if (raced) {
+      this.admission.release(task.numSamples);
+      return this.duplicate(raced, sink);
+    }
+    const entry = this.store.add(task);
+    if (sink) entry.sinks.add(sink);
+    const onFinished = (trajectory: Trajectory): void => {
+      this.admission.release(1);
+      this.store.record(trajectory);
+    };
+    entry.samples = Array.from({ length: task.numSamples }, (_, i) => new Sample(task, i, onFinished));
+    this.pipeline.submit(entry.samples);
+    this.log.debug({ taskId: task.taskId, numSamples: task.numSamples, environment: task.environment.name }, 'task accepted');
+    return { taskId: task.taskId, numSamples: task.numSamples, duplicate: false };
+  }
+
+  /** Cancels every unfinished sample of a task; returns how many were cancelled. */
+  cancel(taskId: string): number {
+    const entry = this.store.get(taskId);
+    if (!entry) throw new RolloutError('not_found', `unknown task_id "${taskId}"`);
+    let cancelled = 0;
+    for (const sample of entry.samples) {
+      if (!sample.finished) {
+        this.pipeline.cancel(sample);
+        cancelled++;
+      }
+    }
+    return cancelled;
+  }
+
+  /** Stops accepting work and cancels what is in flight. */
+  async stop(): Promise<void> {
+    await this.pipeline.stop();
+  }
+
+  private duplicate(entry: TaskEntry, sink: TrajectorySink | undefined): SubmitResult {
+    if (sink && entry.pending > 0) entry.sinks.add(sink);
+    // After the caller has answered `accepted`, so a stream sees the acceptance before the task's trajectories.
+    if (sink) setImmediate(() => entry.trajectories.forEach((t) => t && sink(t)));
+    return { taskId: entry.task.taskId, numSamples: entry.task.numSamples, duplicate: true };
+  }
+}

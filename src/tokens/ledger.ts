@@ -1,0 +1,248 @@
+import type { GenerateResult } from '../backends/types.js';
+import { RolloutError } from '../errors.js';
+import { environmentDelta, probeAssistantClosing, type DeltaMethod } from './template-delta.js';
+import type { ChatMessage, ChatTemplate, Tokenizer, ToolSchema } from './types.js';
+import { verifyLedgerSnapshot } from './verify.js';
+
+/** What came of a tool call, as the contract's ToolOutcome. */
+export type ToolOutcome = 'ok' | 'error' | 'malformed' | 'finish';
+
+/**
+ * A span [start, end) of the response. Assistant spans hold sampled tokens (mask 1); tool and user spans hold
+ * template and environment tokens (mask 0), including the closing of the previous assistant turn that the
+ * model did not sample itself (e.g. "\n" after <|im_end|>) and the next generation prompt.
+ */
+export interface LedgerTurn {
+  role: 'assistant' | 'tool' | 'user';
+  start: number;
+  end: number;
+  backend?: string;
+  policyVersion?: number;
+  finishReason?: GenerateResult['finishReason'];
+  toolName?: string;
+  toolOutcome?: ToolOutcome;
+}
+
+/**
+ * The token record of a trajectory, as the trainer consumes it. Invariants (checked by
+ * {@link verifyLedgerSnapshot}): responseIds, mask and logprobs have one entry per token; logprobs are 0 where
+ * the mask is 0; turns tile [0, responseIds.length); assistant turns are exactly the mask-1 spans.
+ */
+export interface LedgerSnapshot {
+  promptIds: number[];
+  responseIds: number[];
+  /** 1 = sampled by the policy (trained on), 0 = template or environment (never trained on). */
+  mask: number[];
+  /** The engine's logprob of each sampled token, 0 elsewhere. */
+  logprobs: number[];
+  turns: LedgerTurn[];
+  /** The conversation; assistant contents are decoded from the sampled ids (without the final stop token). */
+  messages: ChatMessage[];
+  /** Smallest and largest policy version that sampled a turn; both 0 when no turn was sampled. */
+  policyVersionMin: number;
+  policyVersionMax: number;
+  /** promptIds.length + responseIds.length: what the engine's context holds. */
+  totalTokens: number;
+}
+
+/** One engine completion to record. */
+export interface SampledTurn {
+  tokenIds: readonly number[];
+  /** One per token id. */
+  logprobs: readonly number[];
+  /** Which engine sampled it (id or URL). */
+  backend: string;
+  policyVersion: number;
+  finishReason: GenerateResult['finishReason'];
+}
+
+/** What the environment's messages answer. */
+export interface EnvironmentMeta {
+  toolName?: string;
+  toolOutcome?: ToolOutcome;
+}
+
+type LedgerState = 'awaiting_sample' | 'awaiting_environment' | 'finished';
+
+/** Construction of a {@link TokenLedger}. */
+export interface TokenLedgerOptions {
+  tokenizer: Tokenizer;
+  template: ChatTemplate;
+  /** The first messages (system, user) from the environment. */
+  messages: readonly ChatMessage[];
+  tools?: readonly ToolSchema[];
+}
+
+/**
+ * The token record of one trajectory: what the engine saw (prompt + response) and, for each response token,
+ * whether the policy sampled it.
+ *
+ * Why token-in/token-out: re-tokenizing sampled text can give different ids ("hello" sampled as h·e·l·l·o
+ * re-tokenizes to one token), so the trainer would compute logprobs of tokens the policy never sampled. The
+ * ledger therefore appends the engine's ids verbatim and only ever tokenizes template and environment text:
+ * "render the conversation, tokenize the delta" (see environmentDelta). The context sent to the engine for
+ * the next turn is exactly prompt + response, so the record is what the model was actually conditioned on.
+ *
+ * Invariants, held after every call (a violation would silently corrupt training, so they are checked):
+ * - responseIds, mask and logprobs have equal length;
+ * - logprobs are 0 where the mask is 0 (those tokens carry no policy gradient);
+ * - turns tile [0, responseIds.length) in order, assistant turns exactly at the mask-1 spans;
+ * - every sampled id appears verbatim, in order, inside its assistant turn; earlier tokens never change.
+ *
+ * Turns alternate: appendSampled, then appendEnvironment or finish; anything else is `failed_precondition`.
+ *
+ * @example
+ * const ledger = new TokenLedger({ tokenizer, template, messages, tools });
+ * const out = await engine.generate({ promptIds: ledger.contextIds(), maxTokens, signal });
+ * ledger.appendSampled({ ...out, backend: engine.url, policyVersion: 7 });
+ * ledger.appendEnvironment([{ role: 'tool', content: 'ok', name: 'bash' }], { toolName: 'bash', toolOutcome: 'ok' });
+ */
+export class TokenLedger {
+  readonly promptIds: readonly number[];
+  /** How often each delta method was used; `isolated` means the template could not be diffed (worth a look). */
+  readonly deltaMethods: Record<DeltaMethod, number> = { prefix: 0, anchor: 0, isolated: 0 };
+  private readonly ids: number[] = [];
+  private readonly mask: number[] = [];
+  private readonly logprobs: number[] = [];
+  private readonly turns: LedgerTurn[] = [];
+  private readonly messages: ChatMessage[];
+  private readonly tools: readonly ToolSchema[] | undefined;
+  private readonly tokenizer: Tokenizer;
+  private readonly template: ChatTemplate;
+  private readonly closing: string;
+  private state: LedgerState = 'awaiting_sample';
+  /** Decoded stop token that ended the last assistant turn, if it ended with one. */
+  private lastStopText: string | undefined;
+
+  constructor(options: TokenLedgerOptions) {
+    if (options.messages.length === 0) throw RolloutError.invalid('messages', 'a conversation needs a first message');
+    this.tokenizer = options.tokenizer;
+    this.template = options.template;
+    this.tools = options.tools;
+    this.messages = options.messages.map((m) => ({ ...m }));
+    const prompt = this.template.render(this.messages, this.renderOptions(true));
+    this.promptIds = Object.freeze(this.tokenizer.encode(prompt));
+    this.closing = probeAssistantClosing(this.template, this.tools);
+  }
+
+  /** Tokens in the engine's context: prompt + response. */
+  get totalTokens(): number {
+    return this.promptIds.length + this.ids.length;
+  }
+
+  /** The ids to send to the engine for the next assistant turn (a fresh array). */
+  contextIds(): number[] {
+    return [...this.promptIds, ...this.ids];
+  }
+
+  /**
+   * Records an engine completion: ids verbatim with mask 1 and the engine's logprobs, an assistant turn, and an
+   * assistant message decoded from the ids (a trailing stop token is not part of the content).
+   */
+  appendSampled(turn: SampledTurn): void {
+    this.expect('awaiting_sample', 'appendSampled');
+    if (turn.tokenIds.length !== turn.logprobs.length) {
+      throw new RolloutError(
+        'backend_error',
+        `engine returned ${turn.tokenIds.length} token ids but ${turn.logprobs.length} logprobs`,
+      );
+    }
+    if (!turn.tokenIds.every((id) => Number.isInteger(id) && id >= 0)) {
+      throw new RolloutError('backend_error', 'engine returned a token id that is not a non-negative integer');
+    }
+    const start = this.ids.length;
+    for (let i = 0; i < turn.tokenIds.length; i++) {
+      this.ids.push(turn.tokenIds[i]!);
+      this.mask.push(1);
+      this.logprobs.push(turn.logprobs[i]!);
+    }
+    const lastId = turn.tokenIds.at(-1);
+    const stopped = lastId !== undefined && this.tokenizer.stopTokenIds.includes(lastId);
+    const contentIds = stopped ? turn.tokenIds.slice(0, -1) : turn.tokenIds;
+    this.lastStopText = stopped ? this.tokenizer.decode([lastId]) : undefined;
+    this.messages.push({ role: 'assistant', content: this.tokenizer.decode(contentIds) });
+    this.turns.push({
+      role: 'assistant',
+      start,
+      end: this.ids.length,
+      backend: turn.backend,
+      policyVersion: turn.policyVersion,
+      finishReason: turn.finishReason,
+    });
+    this.state = 'awaiting_environment';
+  }
+
+  /**
+   * Records the environment's answer to the last assistant turn with mask 0 and logprob 0: the part of the
+   * assistant turn's closing the model did not sample (all of it after a length stop), the new messages as the
+   * template renders them, and the next generation prompt. The span is a 'tool' turn when a tool message is
+   * among `messages`, else a 'user' turn.
+   */
+  appendEnvironment(messages: readonly ChatMessage[], meta: EnvironmentMeta = {}): void {
+    this.expect('awaiting_environment', 'appendEnvironment');
+    if (messages.length === 0) throw RolloutError.invalid('messages', 'at least one environment message is needed');
+    if (messages.some((m) => m.role === 'assistant')) {
+      throw RolloutError.invalid('messages', 'assistant turns are sampled, not appended by the environment');
+    }
+    const added = messages.map((m) => ({ ...m }));
+    const delta = environmentDelta(this.template, {
+      history: this.messages,
+      added,
+      tools: this.tools,
+      closing: this.closing,
+    });
+    this.deltaMethods[delta.method]++;
+    const stop = this.lastStopText;
+    const text = stop !== undefined && delta.text.startsWith(stop) ? delta.text.slice(stop.length) : delta.text;
+    const start = this.ids.length;
+    for (const id of this.tokenizer.encode(text)) {
+      this.ids.push(id);
+      this.mask.push(0);
+      this.logprobs.push(0);
+    }
+    const turn: LedgerTurn = { role: added.some((m) => m.role === 'tool') ? 'tool' : 'user', start, end: this.ids.length };
+    if (meta.toolName !== undefined) turn.toolName = meta.toolName;
+    if (meta.toolOutcome !== undefined) turn.toolOutcome = meta.toolOutcome;
+    this.turns.push(turn);
+    this.messages.push(...added);
+    this.state = 'awaiting_sample';
+  }
+
+  /**
+   * Ends the record and returns it; later appends fail, finish() again returns the same record. The last
+   * assistant turn is left as sampled: its missing closing (e.g. <|im_end|> after a length stop) is not
+   * appended, because those tokens would be mask 0, teach nothing, and the engine never saw them.
+   */
+  finish(): LedgerSnapshot {
+    this.state = 'finished';
+    return this.snapshot();
+  }
+
+  /** A copy of the record so far, verified against the invariants. */
+  snapshot(): LedgerSnapshot {
+    const versions = this.turns.flatMap((t) => (t.policyVersion === undefined ? [] : [t.policyVersion]));
+    const snapshot: LedgerSnapshot = {
+      promptIds: [...this.promptIds],
+      responseIds: [...this.ids],
+      mask: [...this.mask],
+      logprobs: [...this.logprobs],
+      turns: this.turns.map((t) => ({ ...t })),
+      messages: this.messages.map((m) => ({ ...m })),
+      policyVersionMin: versions.length === 0 ? 0 : Math.min(...versions),
+      policyVersionMax: versions.length === 0 ? 0 : Math.max(...versions),
+      totalTokens: this.totalTokens,
+    };
+    verifyLedgerSnapshot(snapshot);
+    return snapshot;
+  }
+
+  private expect(state: LedgerState, operation: string): void {
+    if (this.state !== state) {
+      throw new RolloutError('failed_precondition', `${operation} is not allowed while the ledger is ${this.state}`);
+    }
+  }
+
+  private renderOptions(addGenerationPrompt: boolean): { addGenerationPrompt: boolean; tools?: readonly ToolSchema[] } {
+    return this.tools === undefined ? { addGenerationPrompt } : { addGenerationPrompt, tools: this.tools };
+  }
+}

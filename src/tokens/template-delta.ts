@@ -1,0 +1,86 @@
+import { RolloutError } from '../errors.js';
+import type { ChatMessage, ChatTemplate, ToolSchema } from './types.js';
+
+/** Stand-ins for message contents; no template prints these itself and none contains whitespace to trim. */
+const PROBE_USER = '\u27e6probe-user-3f9a\u27e7';
+const PROBE_ASSISTANT = '\u27e6probe-assistant-3f9a\u27e7';
+
+/**
+ * How {@link environmentDelta} found the text between turns:
+ * - `prefix`: render(history) is a prefix of render(history + new messages): the delta is the difference.
+ * - `anchor`: it is not (the template renders the last assistant message differently when it is last, or
+ *   rewrites earlier turns once a new user query arrives, as Qwen3 does with its <think> blocks), so the last
+ *   assistant content is replaced by a marker and the delta is everything rendered after that marker.
+ * - `isolated`: neither worked; only the new messages are rendered, on their own, without tools.
+ */
+export type DeltaMethod = 'prefix' | 'anchor' | 'isolated';
+
+/**
+ * The text a template writes after an assistant message's content to close the turn (ChatML: "<|im_end|>\n"),
+ * found by rendering a probe conversation, so no model's format is hard-coded. Empty when the template writes
+ * nothing after the content, or when the probe content cannot be found in the render.
+ */
+export function probeAssistantClosing(template: ChatTemplate, tools: readonly ToolSchema[] | undefined): string {
+  const probe: ChatMessage[] = [
+    { role: 'user', content: PROBE_USER },
+    { role: 'assistant', content: PROBE_ASSISTANT },
+  ];
+  const text = template.render(probe, withTools({ addGenerationPrompt: false }, tools));
+  const at = text.lastIndexOf(PROBE_ASSISTANT);
+  return at < 0 ? '' : text.slice(at + PROBE_ASSISTANT.length);
+}
+
+/** Input of {@link environmentDelta}. */
+export interface DeltaRequest {
+  /** The conversation so far; its last message is the assistant turn the model just sampled. */
+  history: readonly ChatMessage[];
+  /** The environment's messages (tool results, user follow-ups) to add after it. */
+  added: readonly ChatMessage[];
+  tools: readonly ToolSchema[] | undefined;
+  /** From {@link probeAssistantClosing}. */
+  closing: string;
+}
+
+/** The template text to append after an assistant turn: its closing, the new messages, the generation prompt. */
+export interface Delta {
+  /** Starts with the full closing of the assistant turn; the caller removes what the model sampled itself. */
+  text: string;
+  method: DeltaMethod;
+}
+
+/**
+ * "Render the conversation, tokenize the delta": the text the template writes after the last assistant
+ * content up to and including the next generation prompt. Sampled tokens are never re-rendered or
+ * re-tokenized; only this text is, so the record stays exactly what the model saw and sampled.
+ *
+ * The delta always describes the new messages as the template renders them in context; what `method` says is
+ * only how the boundary was located (see {@link DeltaMethod}).
+ */
+export function environmentDelta(template: ChatTemplate, request: DeltaRequest): Delta {
+  const { history, added, tools, closing } = request;
+  const last = history.at(-1);
+  if (last?.role !== 'assistant') {
+    throw new RolloutError('failed_precondition', 'environment messages must follow an assistant turn');
+  }
+  const full = template.render([...history, ...added], withTools({ addGenerationPrompt: true }, tools));
+  const base = template.render(history, withTools({ addGenerationPrompt: false }, tools));
+  if (full.startsWith(base) && base.endsWith(closing)) {
+    return { text: closing + full.slice(base.length), method: 'prefix' };
+  }
+  const anchored = [...history.slice(0, -1), { ...last, content: PROBE_ASSISTANT }, ...added];
+  const marked = template.render(anchored, withTools({ addGenerationPrompt: true }, tools));
+  const at = marked.lastIndexOf(PROBE_ASSISTANT);
+  if (at >= 0) {
+    const tail = marked.slice(at + PROBE_ASSISTANT.length);
+    if (full.endsWith(tail)) return { text: tail, method: 'anchor' };
+  }
+  const alone = template.render(added, { addGenerationPrompt: true });
+  return { text: closing + alone, method: 'isolated' };
+}
+
+function withTools(
+  options: { addGenerationPrompt: boolean },
+  tools: readonly ToolSchema[] | undefined,
+): { addGenerationPrompt: boolean; tools?: readonly ToolSchema[] } {
+  return tools === undefined ? options : { ...options, tools };
+}

@@ -1,0 +1,103 @@
+import { describe, expect, it } from 'vitest';
+import { answersEquivalent, checkEquivalence } from '../../../src/environments/math/equivalence.js';
+
+/** [predicted, reference, equivalent?, why] */
+const TABLE: ReadonlyArray<readonly [string, string | number, boolean, string]> = [
+  // integers and separators
+  ['1000', '1,000', true, 'thousands separator'],
+  ['1,000,000', 1000000, true, 'thousands separators, numeric reference'],
+  ['1{,}000', '1000', true, 'LaTeX thousands separator'],
+  ['1e3', '1000', true, 'scientific notation'],
+  ['1.5E-3', '0.0015', true, 'scientific notation, negative exponent'],
+  ['42', 42, true, 'number reference'],
+  ['042', '42', true, 'leading zero'],
+  ['42', '43', false, 'different integers'],
+  ['1, 2', '12', false, 'a list is not a thousands number'],
+  // decimals and fractions
+  ['0.5', '1/2', true, 'decimal vs slash fraction'],
+  ['0.5', '\\frac{1}{2}', true, 'decimal vs \\frac'],
+  ['\\dfrac12', '0.5', true, '\\dfrac with single-digit arguments'],
+  ['\\tfrac{2}{4}', '\\frac12', true, 'unreduced fraction'],
+  ['1/3', '\\frac{1}{3}', true, 'slash vs \\frac'],
+  ['0.333', '1/3', false, 'a rounded decimal is not the fraction'],
+  ['0.3333333', '\\frac13', false, 'exact comparison for rationals, however many digits'],
+  ['-\\frac12', '-0.5', true, 'negative fraction'],
+  ['\\frac{-1}{2}', '-1/2', true, 'sign inside the numerator'],
+  ['-0.5', '0.5', false, 'sign matters'],
+  ['2\\frac{1}{2}', '2.5', true, 'mixed number'],
+  ['3\\frac{\\sqrt{2}}{2}', '\\frac{3\\sqrt2}{2}', true, 'a \\frac after a number that is not a proper fraction is a product'],
+  ['.5', '0.5', true, 'leading dot'],
+  ['5.', '5', true, 'trailing period'],
+  ['1.50', '1.5', true, 'trailing zero'],
+  // percent (a % side matches both n and n/100)
+  ['10%', '0.1', true, 'percent as a rate'],
+  ['10\\%', '10', true, 'percent sign dropped'],
+  ['50%', '1/2', true, 'percent vs fraction'],
+  ['10%', '0.2', false, 'wrong percent'],
+  ['10', '0.1', false, 'no % sign: no percent reading'],
+  // expressions
+  ['2^3', '8', true, 'power'],
+  ['2^{10}', '1024', true, 'braced exponent'],
+  ['\\sqrt{4}', '2', true, 'perfect square root'],
+  ['\\sqrt{2}', '1.41421356', true, 'irrational vs decimal within 1e-6'],
+  ['\\sqrt{2}', '1.414', false, 'irrational vs a too-rough decimal'],
+  ['\\frac{\\sqrt{2}}{2}', '\\frac{1}{\\sqrt{2}}', true, 'rationalised denominator'],
+  ['2\\sqrt{3}', '\\sqrt{12}', true, 'implicit product'],
+  ['\\sqrt[3]{27}', '3', true, 'cube root'],
+  ['3\\cdot 4', '12', true, '\\cdot'],
+  ['3 \\times 4', '12', true, '\\times'],
+  ['3×4', '12', true, 'Unicode times'],
+  ['\\left(1+2\\right)\\cdot 3', '9', true, '\\left( \\right)'],
+  ['(1+2)(3+4)', '21', true, 'implicit product of groups'],
+  ['2\\pi', '6.283185307', true, 'pi within tolerance'],
+  ['\\pi', '3.14', false, 'pi is not 3.14'],
+  ['1/0', '1/0', true, 'division by zero falls back to identical text'],
+  ['2^-1', '0.5', true, 'negative exponent'],
+  ['−3', '-3', true, 'Unicode minus'],
+  // wrappers and decorations
+  ['$\\frac{1}{2}$', '0.5', true, 'inline math delimiters'],
+  ['\\(5\\)', '5', true, '\\( \\) delimiters'],
+  ['\\boxed{\\frac{1}{2}}', '0.5', true, 'boxed wrapper with nested braces'],
+  ['5\\text{ cm}', '5', true, 'unit in \\text'],
+  ['5 \\text{cm}^2', '5', true, 'squared unit'],
+  ['5 cm', '5', true, 'plain unit word'],
+  ['90^\\circ', '90', true, 'degrees'],
+  ['\\$5.00', '5', true, 'dollar sign'],
+  ['x = 5', '5', true, 'assignment'],
+  ['x_1 = \\frac12', '0.5', true, 'subscripted assignment'],
+  ['\\text{Yes}', 'yes', true, 'text answer, case-insensitive'],
+  ['\\text{(B)}', '(B)', true, 'multiple-choice letter'],
+  ['(B)', '(C)', false, 'different choices'],
+  ['x^2 + 1', 'x^{2}+1', true, 'whitespace and braces in a non-numeric answer'],
+  ['x^2+1', '1+x^2', false, 'no algebra on symbolic answers'],
+  ['\\infty', '\\infty', true, 'symbol'],
+  // tuples, intervals, sets
+  ['(1, \\frac{1}{2})', '(1,0.5)', true, 'ordered pair element-wise'],
+  ['(1, 2)', '(2, 1)', false, 'ordered pair order matters'],
+  ['[1, 2)', '[1,2)', true, 'half-open interval'],
+  ['[1, 2)', '(1, 2)', false, 'interval brackets matter'],
+  ['(-\\infty, 0.5]', '\\left(-\\infty, \\frac12\\right]', true, 'infinite interval'],
+  ['\\{1, 2, 3\\}', '\\{3, 2, 1\\}', true, 'sets ignore order'],
+  ['1, 2', '2, 1', true, 'bare list of solutions ignores order'],
+  ['1, 2', '1, 2, 3', false, 'different list lengths'],
+  ['(x=1, y=2)', '(y=1, x=2)', false, 'variables inside a tuple are kept'],
+  // junk
+  ['', '5', false, 'empty answer'],
+  ['five', '5', false, 'words are not numbers'],
+  ['\\frac{1}{2', '0.5', false, 'unbalanced braces'],
+];
+
+describe('answer equivalence table', () => {
+  it.each(TABLE)('%s vs %s → %s (%s)', (predicted, reference, expected) => {
+    expect(answersEquivalent(predicted, reference)).toBe(expected);
+    expect(answersEquivalent(reference, predicted)).toBe(expected);
+  });
+
+  it('reports which rule decided', () => {
+    expect(checkEquivalence('0.5', '\\frac12').method).toBe('rational');
+    expect(checkEquivalence('\\sqrt2', '1.41421356').method).toBe('tolerance');
+    expect(checkEquivalence('(1,2)', '(1, 2)').method).toBe('text');
+    expect(checkEquivalence('(1,0.5)', '(1, \\frac12)').method).toBe('elements');
+    expect(checkEquivalence('', '1').method).toBe('none');
+  });
+});

@@ -1,0 +1,64 @@
+import { beforeAll, describe, expect, it } from 'vitest';
+import { JinjaChatTemplate } from '../../src/tokens/chat-template.js';
+import { environmentDelta, probeAssistantClosing } from '../../src/tokens/template-delta.js';
+import { loadQwen3 } from '../../src/tokens/tokenizer.js';
+import type { ChatMessage, ChatTemplate } from '../../src/tokens/types.js';
+import { bashTool } from './fixtures.js';
+
+let qwen: ChatTemplate;
+beforeAll(async () => {
+  ({ template: qwen } = await loadQwen3());
+});
+
+const history: ChatMessage[] = [
+  { role: 'user', content: 'Q' },
+  { role: 'assistant', content: 'A' },
+];
+const toolReply: ChatMessage[] = [{ role: 'tool', content: 'R' }];
+
+/** A plain template that renders every turn the same wherever it is: render(history) is always a prefix. */
+const plain = new JinjaChatTemplate(
+  '{% for m in messages %}[{{ m.role }}]{{ m.content }}{{ eos_token }}\n{% endfor %}' +
+    '{% if add_generation_prompt %}[assistant]{% endif %}',
+  { specialTokens: { eos_token: '</s>' } },
+);
+
+describe('probeAssistantClosing', () => {
+  it('finds what the template writes after assistant content', () => {
+    expect(probeAssistantClosing(qwen, [bashTool])).toBe('<|im_end|>\n');
+    expect(probeAssistantClosing(plain, undefined)).toBe('</s>\n');
+  });
+});
+
+describe('environmentDelta', () => {
+  it('diffs the renders when the history render is a prefix of the full render', () => {
+    const delta = environmentDelta(plain, { history, added: toolReply, tools: undefined, closing: '</s>\n' });
+    expect(delta).toEqual({ text: '</s>\n[tool]R</s>\n[assistant]', method: 'prefix' });
+  });
+
+  it('anchors on the assistant content when Qwen3 renders the last assistant turn differently', () => {
+    const delta = environmentDelta(qwen, { history, added: toolReply, tools: [bashTool], closing: '<|im_end|>\n' });
+    expect(delta).toEqual({
+      text: '<|im_end|>\n<|im_start|>user\n<tool_response>\nR\n</tool_response><|im_end|>\n<|im_start|>assistant\n',
+      method: 'anchor',
+    });
+  });
+
+  it('renders the new messages alone, as a last resort, when even the text after the content changes', () => {
+    const chars = (ms: readonly ChatMessage[]): number => ms.reduce((n, m) => n + m.content.length, 0);
+    const rewriting: ChatTemplate = {
+      render: (messages, { addGenerationPrompt }) =>
+        `#${messages.length}\n` +
+        messages.map((m) => `<${m.role}>${m.content}</${m.role}>`).join('') +
+        (addGenerationPrompt ? `<assistant after=${chars(messages)}>` : ''),
+    };
+    const delta = environmentDelta(rewriting, { history, added: toolReply, tools: undefined, closing: '</assistant>' });
+    expect(delta).toEqual({ text: '</assistant>#1\n<tool>R</tool><assistant after=1>', method: 'isolated' });
+  });
+
+  it('refuses environment messages that do not follow an assistant turn', () => {
+    expect(() =>
+      environmentDelta(plain, { history: history.slice(0, 1), added: toolReply, tools: undefined, closing: '' }),
+    ).toThrow(expect.objectContaining({ code: 'failed_precondition' }));
+  });
+});
