@@ -99,13 +99,11 @@ export interface TokenLedgerOptions {
  */
 export class TokenLedger {
   readonly promptIds: readonly number[];
-  /** How often each delta method was used; `isolated` means the template could not be diffed (worth a look). */
-  readonly deltaMethods: Record<DeltaMethod, number> = { prefix: 0, anchor: 0, isolated: 0 };
   private readonly ids: number[] = [];
   private readonly mask: number[] = [];
   private readonly logprobs: number[] = [];
   private readonly turns: LedgerTurn[] = [];
-  private readonly messages: ChatMessage[];
+  private readonly history: ChatMessage[];
   private readonly tools: readonly ToolSchema[] | undefined;
   private readonly tokenizer: Tokenizer;
   private readonly template: ChatTemplate;
@@ -113,14 +111,15 @@ export class TokenLedger {
   private state: LedgerState = 'awaiting_sample';
   /** Decoded stop token that ended the last assistant turn, if it ended with one. */
   private lastStopText: string | undefined;
+  private readonly methods: Record<DeltaMethod, number> = { prefix: 0, anchor: 0, isolated: 0 };
 
   constructor(options: TokenLedgerOptions) {
     if (options.messages.length === 0) throw RolloutError.invalid('messages', 'a conversation needs a first message');
     this.tokenizer = options.tokenizer;
     this.template = options.template;
     this.tools = options.tools;
-    this.messages = options.messages.map((m) => ({ ...m }));
-    const prompt = this.template.render(this.messages, this.renderOptions(true));
+    this.history = options.messages.map((m) => ({ ...m }));
+    const prompt = this.template.render(this.history, this.renderOptions(true));
     this.promptIds = Object.freeze(this.tokenizer.encode(prompt));
     this.closing = probeAssistantClosing(this.template, this.tools);
   }
@@ -128,6 +127,19 @@ export class TokenLedger {
   /** Tokens in the engine's context: prompt + response. */
   get totalTokens(): number {
     return this.promptIds.length + this.ids.length;
+  }
+
+  /**
+   * How often each way of finding the between-turns text was used (see DeltaMethod). `anchor` is Qwen3's normal
+   * path; `isolated` means the template could not be diffed, worth a look when it shows up in metrics.
+   */
+  get deltaMethods(): Readonly<Record<DeltaMethod, number>> {
+    return { ...this.methods };
+  }
+
+  /** The conversation so far (a copy): assistant contents are decoded from the sampled ids. */
+  get messages(): ChatMessage[] {
+    return this.history.map((m) => ({ ...m }));
   }
 
   /** The ids to send to the engine for the next assistant turn (a fresh array). */
@@ -138,8 +150,10 @@ export class TokenLedger {
   /**
    * Records an engine completion: ids verbatim with mask 1 and the engine's logprobs, an assistant turn, and an
    * assistant message decoded from the ids (a trailing stop token is not part of the content).
+   *
+   * @returns that decoded content, for the tool-call parser.
    */
-  appendSampled(turn: SampledTurn): void {
+  appendSampled(turn: SampledTurn): string {
     this.expect('awaiting_sample', 'appendSampled');
     if (turn.tokenIds.length !== turn.logprobs.length) {
       throw new RolloutError(
@@ -150,6 +164,7 @@ export class TokenLedger {
     if (!turn.tokenIds.every((id) => Number.isInteger(id) && id >= 0)) {
       throw new RolloutError('backend_error', 'engine returned a token id that is not a non-negative integer');
     }
+    if (turn.logprobs.some((p) => Number.isNaN(p))) throw new RolloutError('backend_error', 'engine returned a NaN logprob');
     const start = this.ids.length;
     for (let i = 0; i < turn.tokenIds.length; i++) {
       this.ids.push(turn.tokenIds[i]!);
@@ -160,7 +175,8 @@ export class TokenLedger {
     const stopped = lastId !== undefined && this.tokenizer.stopTokenIds.includes(lastId);
     const contentIds = stopped ? turn.tokenIds.slice(0, -1) : turn.tokenIds;
     this.lastStopText = stopped ? this.tokenizer.decode([lastId]) : undefined;
-    this.messages.push({ role: 'assistant', content: this.tokenizer.decode(contentIds) });
+    const content = this.tokenizer.decode(contentIds);
+    this.history.push({ role: 'assistant', content });
     this.turns.push({
       role: 'assistant',
       start,
@@ -170,6 +186,7 @@ export class TokenLedger {
       finishReason: turn.finishReason,
     });
     this.state = 'awaiting_environment';
+    return content;
   }
 
   /**
@@ -186,12 +203,12 @@ export class TokenLedger {
     }
     const added = messages.map((m) => ({ ...m }));
     const delta = environmentDelta(this.template, {
-      history: this.messages,
+      history: this.history,
       added,
       tools: this.tools,
       closing: this.closing,
     });
-    this.deltaMethods[delta.method]++;
+    this.methods[delta.method]++;
     const stop = this.lastStopText;
     const text = stop !== undefined && delta.text.startsWith(stop) ? delta.text.slice(stop.length) : delta.text;
     const start = this.ids.length;
@@ -204,14 +221,15 @@ export class TokenLedger {
     if (meta.toolName !== undefined) turn.toolName = meta.toolName;
     if (meta.toolOutcome !== undefined) turn.toolOutcome = meta.toolOutcome;
     this.turns.push(turn);
-    this.messages.push(...added);
+    this.history.push(...added);
     this.state = 'awaiting_sample';
   }
 
   /**
    * Ends the record and returns it; later appends fail, finish() again returns the same record. The last
    * assistant turn is left as sampled: its missing closing (e.g. <|im_end|> after a length stop) is not
-   * appended, because those tokens would be mask 0, teach nothing, and the engine never saw them.
+   * appended, because those tokens would be mask 0, teach nothing, and the engine never saw them. Finishing
+   * after appendEnvironment leaves the environment's turn, generation prompt included, as the last span.
    */
   finish(): LedgerSnapshot {
     this.state = 'finished';
@@ -227,7 +245,7 @@ export class TokenLedger {
       mask: [...this.mask],
       logprobs: [...this.logprobs],
       turns: this.turns.map((t) => ({ ...t })),
-      messages: this.messages.map((m) => ({ ...m })),
+      messages: this.messages,
       policyVersionMin: versions.length === 0 ? 0 : Math.min(...versions),
       policyVersionMax: versions.length === 0 ? 0 : Math.max(...versions),
       totalTokens: this.totalTokens,

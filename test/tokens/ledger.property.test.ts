@@ -1,0 +1,133 @@
+import fc from 'fast-check';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { TokenLedger, type LedgerSnapshot, type SampledTurn } from '../../src/tokens/ledger.js';
+import { loadQwen3, type HfTokenizer } from '../../src/tokens/tokenizer.js';
+import type { ChatMessage, ChatTemplate, ToolSchema } from '../../src/tokens/types.js';
+import { bashTool, canonicalSample, toolCallText } from './fixtures.js';
+
+let tokenizer: HfTokenizer;
+let template: ChatTemplate;
+let maxId: number;
+beforeAll(async () => {
+  ({ tokenizer, template } = await loadQwen3());
+  maxId = tokenizer.tokenId('</think>')!;
+});
+
+const anyText = fc.string({ unit: 'binary', maxLength: 40 });
+const envMessage = fc.record({ role: fc.constantFrom('tool', 'user', 'system'), content: anyText }) as fc.Arbitrary<ChatMessage>;
+const envMessages = fc.array(envMessage, { minLength: 1, maxLength: 3 });
+const meta = fc.record(
+  { toolName: fc.constantFrom('bash', 'finish'), toolOutcome: fc.constantFrom('ok', 'error', 'malformed', 'finish') },
+  { requiredKeys: [] },
+) as fc.Arbitrary<{ toolName?: string; toolOutcome?: 'ok' | 'error' | 'malformed' | 'finish' }>;
+const opening = fc.tuple(fc.option(anyText, { nil: undefined }), anyText).map(([system, user]): ChatMessage[] => [
+  ...(system === undefined ? [] : [{ role: 'system' as const, content: system }]),
+  { role: 'user', content: user },
+]);
+
+/** Any ids the engine could return (any vocabulary id, stop tokens anywhere), with any logprobs. */
+function anySample(): fc.Arbitrary<SampledTurn> {
+  return fc
+    .record({
+      body: fc.array(fc.tuple(fc.integer({ min: 0, max: maxId }), fc.double({ min: -30, max: 0, noNaN: true })), { maxLength: 24 }),
+      stop: fc.constantFrom(undefined, '<|im_end|>', '<|endoftext|>'),
+      policyVersion: fc.nat(20),
+      finishReason: fc.constantFrom('stop', 'length', 'abort'),
+    })
+    .map(({ body, stop, policyVersion, finishReason }) => {
+      const pairs = stop === undefined ? body : [...body, [tokenizer.tokenId(stop)!, -0.25] as [number, number]];
+      return { tokenIds: pairs.map((p) => p[0]), logprobs: pairs.map((p) => p[1]), backend: 'b', policyVersion, finishReason };
+    });
+}
+
+/** Independent check of the invariants (not the ledger's own verifier). */
+function checkInvariants(s: LedgerSnapshot): void {
+  const n = s.responseIds.length;
+  expect(s.mask).toHaveLength(n);
+  expect(s.logprobs).toHaveLength(n);
+  s.mask.forEach((m, i) => {
+    if (m === 0) expect(s.logprobs[i]).toBe(0);
+  });
+  let at = 0;
+  for (const turn of s.turns) {
+    expect(turn.start).toBe(at);
+    expect(s.mask.slice(turn.start, turn.end).every((m) => m === (turn.role === 'assistant' ? 1 : 0))).toBe(true);
+    at = turn.end;
+  }
+  expect(at).toBe(n);
+  expect(s.totalTokens).toBe(s.promptIds.length + n);
+}
+
+describe('TokenLedger properties', () => {
+  it('holds its invariants and keeps sampled ids verbatim over random conversations', () => {
+    const episode = fc.record({
+      opening,
+      tools: fc.boolean(),
+      steps: fc.array(fc.tuple(anySample(), envMessages, meta), { minLength: 1, maxLength: 5 }),
+      endAfterSample: fc.boolean(),
+    });
+    fc.assert(
+      fc.property(episode, ({ opening, tools, steps, endAfterSample }) => {
+        const ledger = new TokenLedger({ tokenizer, template, messages: opening, ...(tools ? { tools: [bashTool] } : {}) });
+        let context = ledger.contextIds();
+        const grows = (): void => {
+          const next = ledger.contextIds();
+          expect(next.slice(0, context.length)).toEqual(context);
+          context = next;
+          checkInvariants(ledger.snapshot());
+        };
+        for (const [k, [sample, messages, info]] of steps.entries()) {
+          ledger.appendSampled(sample);
+          grows();
+          const turn = ledger.snapshot().turns.at(-1)!;
+          expect(context.slice(ledger.promptIds.length + turn.start, ledger.promptIds.length + turn.end)).toEqual(sample.tokenIds);
+          if (k < steps.length - 1 || !endAfterSample) {
+            ledger.appendEnvironment(messages, info);
+            grows();
+          }
+        }
+        const final = ledger.finish();
+        checkInvariants(final);
+        const assistantTurns = final.turns.filter((t) => t.role === 'assistant');
+        const assistantMessages = final.messages.filter((m) => m.role === 'assistant');
+        expect(assistantTurns).toHaveLength(steps.length);
+        for (const [k, [sample]] of steps.entries()) {
+          const turn = assistantTurns[k]!;
+          expect(final.responseIds.slice(turn.start, turn.end)).toEqual(sample.tokenIds);
+          expect(final.logprobs.slice(turn.start, turn.end)).toEqual(sample.logprobs);
+          const stopped = tokenizer.stopTokenIds.includes(sample.tokenIds.at(-1) ?? -1);
+          expect(assistantMessages[k]!.content).toBe(tokenizer.decode(stopped ? sample.tokenIds.slice(0, -1) : sample.tokenIds));
+        }
+        const versions = steps.map(([s]) => s.policyVersion);
+        expect(final.policyVersionMin).toBe(Math.min(...versions));
+        expect(final.policyVersionMax).toBe(Math.max(...versions));
+      }),
+      { numRuns: 100 },
+    );
+  });
+
+  it('equals a fresh tokenization of the rendered conversation when sampled ids are canonical', () => {
+    const chars = fc.constantFrom(...'abcXYZ019 .,;:!?{}[]"\'\n\té中🙂-_/'.split(/(?:)/u));
+    const prose = fc
+      .tuple(fc.constantFrom(...'AbcdQxyZ'), fc.string({ unit: chars, maxLength: 30 }))
+      .map(([first, rest]) => first + rest);
+    const assistantText = fc
+      .tuple(prose, fc.option(fc.string({ unit: chars, maxLength: 12 }), { nil: undefined }))
+      .map(([text, cmd]) => (cmd === undefined ? text : `${text}\n${toolCallText(cmd)}`));
+    const step = fc.tuple(assistantText, fc.constantFrom('stop' as const, 'length' as const), envMessages);
+    const episode = fc.record({ opening, tools: fc.boolean(), steps: fc.array(step, { minLength: 1, maxLength: 5 }) });
+    fc.assert(
+      fc.property(episode, ({ opening, tools, steps }) => {
+        const schemas: readonly ToolSchema[] | undefined = tools ? [bashTool] : undefined;
+        const ledger = new TokenLedger({ tokenizer, template, messages: opening, ...(schemas ? { tools: schemas } : {}) });
+        for (const [text, ending, messages] of steps) {
+          ledger.appendSampled(canonicalSample(tokenizer, text, ending));
+          ledger.appendEnvironment(messages);
+        }
+        const rendered = template.render(ledger.snapshot().messages, { addGenerationPrompt: true, ...(schemas ? { tools: schemas } : {}) });
+        expect(ledger.contextIds()).toEqual(tokenizer.encode(rendered));
+      }),
+      { numRuns: 100 },
+    );
+  });
+});
