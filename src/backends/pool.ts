@@ -6,6 +6,7 @@ import { PoolLease, type BackendLease, type LeaseHost } from './lease.js';
 import { LoadHeap, type PickResult } from './picker.js';
 import type { BackendKind, EngineClient, GenerateRequest, GenerateResult } from './types.js';
 
+/** Tuning of a BackendPool; every field has a default suited to a few engines on one cluster. */
 export interface BackendPoolOptions {
   /** Root logger; the pool logs through a child `{ component: 'backend-pool' }`. */
   logger?: Logger;
@@ -19,6 +20,7 @@ export interface BackendPoolOptions {
   maxFailoversPerRequest?: number;
 }
 
+/** How a new engine joins the pool (AddBackend's fields once the client is built). */
 export interface AddBackendOptions {
   /** Unique id; defaults to `backend-<n>`. */
   id?: string;
@@ -50,6 +52,7 @@ export interface BackendInfo {
   readonly policyVersion: number;
 }
 
+/** Pool-wide totals for Watch and metrics; `leases` and `waitingAcquires` make leaks and stalls visible. */
 export interface PoolStats {
   backends: number;
   healthy: number;

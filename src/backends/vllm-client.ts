@@ -1,6 +1,7 @@
 import { RolloutError } from '../errors.js';
 import type { EngineClient, GenerateRequest, GenerateResult } from './types.js';
 
+/** Where a vLLM server is and how long one request may take. */
 export interface VllmClientOptions {
   /** Base URL of the server, without `/v1` (e.g. `http://gpu-node-3:8000`). */
   url: string;

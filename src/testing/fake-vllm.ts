@@ -7,6 +7,7 @@ import { policyContext, scriptedMathPolicy, type FakePolicy } from './scripted-p
 /** A fault to inject into one completion request: an HTTP error, a dropped connection, or no answer at all. */
 export type InjectedFailure = { kind: 'status'; status: number; message?: string } | { kind: 'drop' } | { kind: 'hang' };
 
+/** Behaviour of a FakeVllmEngine: tokenizer, speed, policy and faults. */
 export interface FakeVllmOptions {
   /** The canonical tokenizer: prompts are decoded and answers encoded with it, as a real engine would. */
   tokenizer: Tokenizer;
@@ -22,6 +23,7 @@ export interface FakeVllmOptions {
   maxModelLen?: number;
 }
 
+/** Counters a test or benchmark reads to see what the engine was asked to do. */
 export interface FakeVllmStats {
   /** Completion requests received (including faulted ones). */
   received: number;
