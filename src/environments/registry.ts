@@ -1,4 +1,5 @@
 import { RolloutError } from '../errors.js';
+import { defaultToolRegistry, type ToolRegistry } from '../tools/registry.js';
 import { createMathEnvironment, type MathEnvironmentOptions } from './math/math-environment.js';
 import type { Environment } from './types.js';
 
@@ -56,12 +57,15 @@ export class EnvironmentRegistry {
   }
 }
 
-/** Options of {@link defaultRegistry}: per-environment overrides, mainly so tests can inject fake tools. */
+/** Options of {@link defaultRegistry}: shared tools and per-environment overrides (tests inject fake tools here). */
 export interface DefaultRegistryOptions {
-  math?: MathEnvironmentOptions;
+  /** Tool factories every built-in environment takes its tools from (default: the built-in tool registry). */
+  toolRegistry?: ToolRegistry;
+  math?: Omit<MathEnvironmentOptions, 'toolRegistry'>;
 }
 
 /** A registry holding the built-in environments (today: "math"). */
 export function defaultRegistry(options: DefaultRegistryOptions = {}): EnvironmentRegistry {
-  return new EnvironmentRegistry().register(createMathEnvironment(options.math));
+  const toolRegistry = options.toolRegistry ?? defaultToolRegistry();
+  return new EnvironmentRegistry().register(createMathEnvironment({ ...options.math, toolRegistry }));
 }

@@ -1,5 +1,6 @@
 import type { ChatMessage } from '../../tokens/types.js';
-import type { Tool } from '../../tools/types.js';
+import { RolloutError } from '../../errors.js';
+import { defaultToolRegistry, type ToolRegistry } from '../../tools/registry.js';
 import type { Environment, Evaluation } from '../types.js';
 import { checkEquivalence } from './equivalence.js';
 import { findFinalAnswer } from './extract.js';
@@ -17,10 +18,10 @@ export const MATH_SYSTEM_PROMPT = [
 
 export interface MathEnvironmentOptions {
   /**
-   * Builds the tool set for one sample: a `python` tool and a `finish` tool, fresh per call so tools may keep
-   * per-sample state. Injected so that tests and alternative tool implementations need no sandbox.
+   * Where the `python` and `finish` tools come from (default: the built-in tool registry). Injected so that
+   * tests and deployments can swap implementations; each sample gets fresh instances from the factories.
    */
-  createTools: () => Tool[];
+  toolRegistry?: ToolRegistry;
   /** Replaces {@link MATH_SYSTEM_PROMPT}, e.g. for a model trained on a different answer convention. */
   systemPrompt?: string;
 }
@@ -37,11 +38,14 @@ export interface MathEnvironmentOptions {
  * decided ('rational' | 'tolerance' | 'elements' | 'text' | 'none').
  *
  * @example
- * const math = createMathEnvironment({ createTools: () => [pythonTool(), finishTool()] });
+ * const math = createMathEnvironment(); // python and finish from defaultToolRegistry()
  * const instance = math.validate({ problem: 'What is 1/2 + 1/4?', answer: '\\frac34' });
  */
-export function createMathEnvironment(options: MathEnvironmentOptions): Environment<MathInstance> {
+export function createMathEnvironment(options: MathEnvironmentOptions = {}): Environment<MathInstance> {
   const systemPrompt = options.systemPrompt ?? MATH_SYSTEM_PROMPT;
+  const toolRegistry = options.toolRegistry ?? defaultToolRegistry();
+  const missing = MATH_TOOL_NAMES.filter((name) => !toolRegistry.has(name));
+  if (missing.length > 0) throw new RolloutError('failed_precondition', `math environment needs tools: ${missing.join(', ')}`);
   return {
     name: 'math',
     description: 'Math word problems with a reference answer; python tool; reward 1 if the final answer (finish tool or \\boxed{}) is equivalent.',
@@ -59,7 +63,7 @@ export function createMathEnvironment(options: MathEnvironmentOptions): Environm
       };
     },
 
-    tools: () => options.createTools(),
+    tools: () => toolRegistry.create(MATH_TOOL_NAMES),
 
     async evaluate({ instance, outcome }): Promise<Evaluation> {
       const reference = String(instance.answer);

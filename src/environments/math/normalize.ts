@@ -30,13 +30,16 @@ const TEXT_UNIT_SUFFIX = /\\(?:text|textrm|mathrm|mbox|textnormal)\s*\{[^{}]*\}(
 /** "x = 5", "x_1 = 5", "\theta = 5" → "5": the left side is a bare variable. */
 const ASSIGNMENT = /^\s*(?:[a-zA-Z]|\\[a-zA-Z]+)(?:_\{?[a-zA-Z0-9]{1,4}\}?)?\s*=([^=]*)$/;
 
+/** "= 5", "\approx 3.14": a relation left over from "x \approx 3.14" once the model boxed only its right side. */
+const LEADING_RELATION = /^(?:=|\\approx|\u2248)\s*/;
+
 /** 1,000 or 12,345.67 — whole string only, no spaces, so "1, 234" stays a list. */
 const THOUSANDS = /^[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$/;
 
 function stripDelimiters(s: string): string {
   for (let i = 0; i < 8; i++) {
     const before = s;
-    s = s.trim();
+    s = stripTrailingPunctuation(s.trim()).replace(LEADING_RELATION, '');
     if (s.startsWith('$$') && s.endsWith('$$') && s.length >= 4) s = s.slice(2, -2);
     else if (s.startsWith('$') && s.endsWith('$') && s.length >= 2) s = s.slice(1, -1);
     else if (s.startsWith('$') && !s.includes('$', 1)) s = s.slice(1); // a currency sign: $5
@@ -63,7 +66,7 @@ function handleText(s: string): string {
 /**
  * Normalises one answer: strips $…$, \(…\), \[…\], \boxed{…}; maps Unicode math symbols to LaTeX; removes
  * \left/\right, \!, \, and friends; \dfrac/\tfrac → \frac; \% → %; drops degree signs, \$ and units in \text{}
- * ending a numeric answer; drops a trailing period; "x = 5" → "5" (unless `stripAssignment` is false);
+ * ending a numeric answer; drops a trailing period and a leading "=" or \approx; "x = 5" → "5" (unless `stripAssignment` is false);
  * "1,000" → "1000".
  */
 export function normalizeAnswer(raw: string, options: { stripAssignment?: boolean } = {}): string {
@@ -75,7 +78,7 @@ export function normalizeAnswer(raw: string, options: { stripAssignment?: boolea
   s = s.replace(/\\%/g, '%').replace(/\\\$/g, '').replace(/\{,\}/g, ',');
   s = s.replace(/\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|\\degree/g, '');
   s = handleText(s);
-  s = stripTrailingPunctuation(stripDelimiters(s));
+  s = stripDelimiters(s);
   const assignment = options.stripAssignment === false ? null : ASSIGNMENT.exec(s);
   if (assignment) s = assignment[1]!.trim();
   if (THOUSANDS.test(s)) s = s.replace(/,/g, '');
@@ -83,9 +86,10 @@ export function normalizeAnswer(raw: string, options: { stripAssignment?: boolea
 }
 
 /**
- * The form used when answers are compared as text: normalised, then whitespace removed, lower-cased and
+ * The form used when answers are compared as text: normalised, then whitespace removed, lower-cased,
  * braces around one-character exponents and subscripts (x^{2} → x^2) and redundant outer braces dropped,
- * \frac12 spelled \frac{1}{2}. "\{a, b\}" and "\{a,b\}" meet here; "x+1" and "1+x" do not.
+ * \frac12 spelled \frac{1}{2}, a parenthesised choice letter "(B)" read as "B".
+ * "\{a, b\}" and "\{a,b\}" meet here; "x+1" and "1+x" do not (no algebra).
  */
 export function canonicalText(normalized: string): string {
   let s = normalized
@@ -94,7 +98,8 @@ export function canonicalText(normalized: string): string {
     .replace(/\\frac([a-zA-Z0-9])([a-zA-Z0-9])/g, '\\frac{$1}{$2}')
     .toLowerCase();
   while (s.startsWith('{') && s.endsWith('}') && matchingClose(s, 0) === s.length - 1) s = s.slice(1, -1);
-  return s;
+  // A multiple-choice letter: "(B)" and "B" are the same choice.
+  return /^\([a-z]\)$/.test(s) ? s.slice(1, 2) : s;
 }
 
 /** Index of the bracket closing the one at `open`, honouring nesting and backslash escapes; -1 if none. */

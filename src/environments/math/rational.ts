@@ -49,6 +49,7 @@ export function rational(n: bigint, d: bigint = ONE): Num {
   return { exact: true, n, d };
 }
 
+/** A float value: the result of anything irrational, or of an exact value that outgrew {@link MAX_BITS}. */
 export function real(x: number): Num {
   return { exact: false, x };
 }
@@ -59,31 +60,38 @@ function ratioToFloat(n: bigint, d: bigint): number {
   return (Number(n >> BigInt(sn)) / Number(d >> BigInt(sd))) * 2 ** (sn - sd);
 }
 
+/** The nearest float (about 60 significant bits are used even for huge rationals, so no spurious Infinity). */
 export function toFloat(a: Num): number {
   return a.exact ? ratioToFloat(a.n, a.d) : a.x;
 }
 
+/** Whether the value is zero (division guards on it). */
 export function isZero(a: Num): boolean {
   return a.exact ? a.n === ZERO : a.x === 0;
 }
 
+/** Whether the value is an exact integer: only those make exact powers, root indices and mixed numbers. */
 export function isInteger(a: Num): a is { exact: true; n: bigint; d: bigint } {
   return a.exact && a.d === ONE;
 }
 
+/** −a; exact stays exact. */
 export function neg(a: Num): Num {
   return a.exact ? { exact: true, n: -a.n, d: a.d } : real(-a.x);
 }
 
+/** a + b; exact when both are exact, a float otherwise (the same holds for sub and mul). */
 export function add(a: Num, b: Num): Num {
   if (a.exact && b.exact) return rational(a.n * b.d + b.n * a.d, a.d * b.d);
   return real(toFloat(a) + toFloat(b));
 }
 
+/** a − b. */
 export function sub(a: Num, b: Num): Num {
   return add(a, neg(b));
 }
 
+/** a · b. */
 export function mul(a: Num, b: Num): Num {
   if (a.exact && b.exact) return rational(a.n * b.n, a.d * b.d);
   return real(toFloat(a) * toFloat(b));

@@ -1,0 +1,143 @@
+import { describe, expect, it } from 'vitest';
+import { RolloutError } from '../../../src/errors.js';
+import { createMathEnvironment } from '../../../src/environments/math/math-environment.js';
+import type { MathInstance } from '../../../src/environments/math/instance.js';
+import type { EpisodeOutcome } from '../../../src/environments/types.js';
+import type { ChatMessage } from '../../../src/tokens/types.js';
+import { ToolRegistry } from '../../../src/tools/registry.js';
+import type { Tool } from '../../../src/tools/types.js';
+import { FakeSandbox } from '../fake-sandbox.js';
+
+function fakeTool(name: string): Tool {
+  return { name, description: name, parameters: { type: 'object' }, run: async () => ({ output: '', outcome: 'ok' }) };
+}
+
+const math = createMathEnvironment({
+  toolRegistry: new ToolRegistry().register('python', () => fakeTool('python')).register('finish', () => fakeTool('finish')),
+});
+
+function invalidField(instance: unknown): string | undefined {
+  try {
+    math.validate(instance);
+    return undefined;
+  } catch (err: unknown) {
+    expect(err).toBeInstanceOf(RolloutError);
+    expect((err as RolloutError).code).toBe('invalid_argument');
+    expect((err as RolloutError).message.startsWith(`${(err as RolloutError).field}: `)).toBe(true);
+    return (err as RolloutError).field;
+  }
+}
+
+async function evaluate(instance: MathInstance, outcome: Partial<EpisodeOutcome> & { messages: ChatMessage[] }) {
+  const sandbox = new FakeSandbox();
+  const result = await math.evaluate({ instance, sandbox, signal: new AbortController().signal, outcome: { finishReason: 'answer', ...outcome } });
+  expect(sandbox.calls).toEqual([]); // evaluation never needs the sandbox
+  return result;
+}
+
+const assistant = (content: string): ChatMessage => ({ role: 'assistant', content });
+
+describe('math environment: validation', () => {
+  it('accepts string and number answers, trims, and drops extra fields', () => {
+    expect(math.validate({ problem: ' 1+1? ', answer: ' 2 ', level: 'Level 1' })).toEqual({ problem: '1+1?', answer: '2' });
+    expect(math.validate({ problem: '1+1?', answer: 2 })).toEqual({ problem: '1+1?', answer: 2 });
+  });
+
+  it.each([
+    [undefined, 'instance'],
+    ['a string', 'instance'],
+    [[1, 2], 'instance'],
+    [{ answer: '2' }, 'instance.problem'],
+    [{ problem: '', answer: '2' }, 'instance.problem'],
+    [{ problem: '   ', answer: '2' }, 'instance.problem'],
+    [{ problem: 7, answer: '2' }, 'instance.problem'],
+    [{ problem: 'p' }, 'instance.answer'],
+    [{ problem: 'p', answer: '' }, 'instance.answer'],
+    [{ problem: 'p', answer: Number.NaN }, 'instance.answer'],
+    [{ problem: 'p', answer: { value: 2 } }, 'instance.answer'],
+    [{ problem: 'p', answer: 'x'.repeat(1001) }, 'instance.answer'],
+  ])('%j is rejected naming %s', (instance, field) => {
+    expect(invalidField(instance)).toBe(field);
+  });
+
+  it('says "required" for a missing field', () => {
+    expect(() => math.validate({ problem: 'p' })).toThrow('instance.answer: required');
+  });
+
+  it('publishes a JSON Schema and its tool names', () => {
+    expect(math.instanceSchema).toMatchObject({ type: 'object', required: ['problem', 'answer'], additionalProperties: true });
+    expect(math.toolNames).toEqual(['python', 'finish']);
+  });
+});
+
+describe('math environment: construction', () => {
+  it('refuses a tool registry without python and finish', () => {
+    expect(() => createMathEnvironment({ toolRegistry: new ToolRegistry().register('python', () => fakeTool('python')) })).toThrow(/needs tools: finish/);
+  });
+
+  it('uses the built-in tools by default', () => {
+    const builtIn = createMathEnvironment();
+    expect(builtIn.tools(builtIn.validate({ problem: 'p', answer: 1 })).map((t) => t.name)).toEqual(['python', 'finish']);
+  });
+});
+
+describe('math environment: episode', () => {
+  it('starts with a system prompt naming the tools and the problem as the user message', async () => {
+    const instance = math.validate({ problem: 'What is 2+2?', answer: 4 });
+    const { messages } = await math.init({ instance, sandbox: new FakeSandbox(), signal: new AbortController().signal });
+    expect(messages).toHaveLength(2);
+    expect(messages[0]!.role).toBe('system');
+    expect(messages[0]!.content).toContain('`python`');
+    expect(messages[0]!.content).toContain('`finish`');
+    expect(messages[0]!.content).toContain('\\boxed{}');
+    expect(messages[1]).toEqual({ role: 'user', content: 'What is 2+2?' });
+  });
+
+  it('offers fresh python and finish tools per sample', () => {
+    const instance = math.validate({ problem: 'p', answer: 1 });
+    const first = math.tools(instance);
+    expect(first.map((t) => t.name)).toEqual(['python', 'finish']);
+    expect(math.tools(instance)[0]).not.toBe(first[0]);
+  });
+});
+
+describe('math environment: evaluate', () => {
+  const instance: MathInstance = { problem: 'Half of one?', answer: '\\frac{1}{2}' };
+
+  it('rewards a correct boxed answer with nested braces', async () => {
+    const result = await evaluate(instance, { messages: [assistant('So it is \\boxed{\\dfrac{1}{2}}.')] });
+    expect(result).toEqual({
+      reward: 1,
+      details: { correct: 1, has_answer: 1 },
+      report: { extracted: '\\dfrac{1}{2}', reference: '\\frac{1}{2}', method: 'boxed', comparison: 'rational' },
+    });
+  });
+
+  it('prefers the finish tool answer over a box', async () => {
+    const result = await evaluate(instance, { messages: [assistant('\\boxed{0.5}')], finishAnswer: '0.25', finishReason: 'finish_tool' });
+    expect(result.reward).toBe(0);
+    expect(result.details).toEqual({ correct: 0, has_answer: 1 });
+    expect(result.report).toMatchObject({ extracted: '0.25', method: 'finish_tool' });
+  });
+
+  it('rewards a correct finish answer against a numeric reference', async () => {
+    const result = await evaluate({ problem: 'p', answer: 1000 }, { messages: [], finishAnswer: '1,000' });
+    expect(result.reward).toBe(1);
+    expect(result.report).toMatchObject({ reference: '1000', method: 'finish_tool' });
+  });
+
+  it('gives 0 for a wrong answer', async () => {
+    const result = await evaluate(instance, { messages: [assistant('\\boxed{0.333}')] });
+    expect(result.reward).toBe(0);
+    expect(result.details).toEqual({ correct: 0, has_answer: 1 });
+  });
+
+  it('gives 0 with has_answer 0 when there is no answer (a model failure, not an error)', async () => {
+    const result = await evaluate(instance, { messages: [assistant('\\boxed{1/2}'), { role: 'tool', content: 'ok' }, assistant('I am not sure.')], finishReason: 'max_turns' });
+    expect(result).toEqual({
+      reward: 0,
+      details: { correct: 0, has_answer: 0 },
+      report: { extracted: null, reference: '\\frac{1}{2}', method: 'none', comparison: 'none' },
+    });
+  });
+});

@@ -1,0 +1,64 @@
+import { describe, expect, it } from 'vitest';
+import { RolloutError } from '../../src/errors.js';
+import { EnvironmentRegistry, defaultRegistry } from '../../src/environments/registry.js';
+import type { Environment } from '../../src/environments/types.js';
+
+function env(name: string, toolNames?: readonly string[]): Environment<{ text: string }> {
+  return {
+    name,
+    description: `the ${name} environment`,
+    instanceSchema: { type: 'object' },
+    ...(toolNames ? { toolNames } : {}),
+    validate: (x) => x as { text: string },
+    init: async ({ instance }) => ({ messages: [{ role: 'user', content: instance.text }] }),
+    tools: () => [],
+    evaluate: async () => ({ reward: 1, details: {}, report: {} }),
+  };
+}
+
+describe('EnvironmentRegistry', () => {
+  it('finds registered environments by name', () => {
+    const echo = env('echo');
+    const registry = new EnvironmentRegistry().register(echo);
+    expect(registry.get('echo')).toBe(echo);
+    expect(registry.has('echo')).toBe(true);
+    expect(registry.has('other')).toBe(false);
+  });
+
+  it('rejects an unknown name with the known ones, as an invalid "environment" field', () => {
+    const registry = new EnvironmentRegistry().register(env('b')).register(env('a'));
+    try {
+      registry.get('x');
+      expect.unreachable();
+    } catch (err: unknown) {
+      expect(err).toBeInstanceOf(RolloutError);
+      expect(err).toMatchObject({ code: 'invalid_argument', field: 'environment', message: 'environment: unknown environment "x"; known: a, b' });
+    }
+  });
+
+  it('refuses duplicate and malformed names', () => {
+    const registry = new EnvironmentRegistry().register(env('a'));
+    expect(() => registry.register(env('a'))).toThrow(expect.objectContaining({ code: 'already_exists' }));
+    expect(() => registry.register(env('has space'))).toThrow(RolloutError);
+    expect(() => registry.register(env(''))).toThrow(RolloutError);
+  });
+
+  it('lists environments sorted by name with schema and tool names', () => {
+    const registry = new EnvironmentRegistry().register(env('zeta', ['bash'])).register(env('alpha'));
+    expect(registry.list()).toEqual([
+      { name: 'alpha', description: 'the alpha environment', instanceSchema: { type: 'object' }, tools: [] },
+      { name: 'zeta', description: 'the zeta environment', instanceSchema: { type: 'object' }, tools: ['bash'] },
+    ]);
+  });
+});
+
+describe('defaultRegistry', () => {
+  it('holds the built-in math environment with python and finish tools', () => {
+    const registry = defaultRegistry();
+    const [math] = registry.list();
+    expect(math).toMatchObject({ name: 'math', tools: ['python', 'finish'] });
+    expect(math!.instanceSchema).toMatchObject({ type: 'object', required: ['problem', 'answer'] });
+    const instance = registry.get('math').validate({ problem: '1+1?', answer: 2 });
+    expect(registry.get('math').tools(instance).map((t) => t.name)).toEqual(['python', 'finish']);
+  });
+});
