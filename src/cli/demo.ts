@@ -1,0 +1,81 @@
+import cliProgress from 'cli-progress';
+import { startRolloutServer } from '../app.js';
+import { RolloutClient } from '../client/rollout-client.js';
+import { createLogger } from '../observability/logger.js';
+import { FakeVllmEngine } from '../testing/fake-vllm.js';
+import { makeMathProblem } from '../testing/arithmetic.js';
+import { loadQwen3 } from '../tokens/tokenizer.js';
+import { TrajectoryStatus, type Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
+
+export interface DemoOptions {
+  groups: number;
+  groupSize: number;
+  latencyMs: number;
+  seed: number;
+  messages?: boolean;
+}
+
+const statusName = (s: TrajectoryStatus): string => TrajectoryStatus[s]?.replace('TRAJECTORY_STATUS_', '') ?? String(s);
+
+/**
+ * `rollout demo`: starts the fake vLLM engine (test double), a server with bubblewrap sandboxes on a free
+ * port, and a client that submits GRPO groups of math problems and prints each trajectory as it streams in.
+ * Returns the exit code: 0 when every trajectory arrived and none was an infrastructure failure.
+ */
+export async function runDemo(opts: DemoOptions): Promise<number> {
+  const logger = createLogger({ level: process.env.ROLLOUT_LOG_LEVEL ?? 'warn' });
+  const { tokenizer } = await loadQwen3();
+  const engine = await FakeVllmEngine.start({ tokenizer, tokenLatencyMs: opts.latencyMs });
+  const server = await startRolloutServer({ port: 0, model: engine.model, backends: [{ url: engine.url }] }, { logger });
+  const client = new RolloutClient(server.address);
+  const total = opts.groups * opts.groupSize;
+  console.log(`demo: server ${server.address}, fake vLLM engine ${engine.url}, ${opts.groups} groups × ${opts.groupSize} samples`);
+  const bar = process.stderr.isTTY
+    ? new cliProgress.SingleBar({ format: 'trajectories {bar} {value}/{total} | {eta_formatted} left', stream: process.stderr, hideCursor: true }, cliProgress.Presets.shades_classic)
+    : undefined;
+  const started = performance.now();
+  const received: Trajectory[] = [];
+  try {
+    const session = client.openSession({ sessionId: `demo-${opts.seed}` });
+    await session.opened;
+    for (let g = 0; g < opts.groups; g++) {
+      const problem = makeMathProblem(opts.seed * 1_000 + g);
+      await session.submit({
+        taskId: `demo-${g}`,
+        groupId: `group-${g}`,
+        environment: 'math',
+        numSamples: opts.groupSize,
+        instance: { problem: problem.question, answer: String(problem.answer) },
+        sampling: { temperature: 1, seed: opts.seed * 1_000 + g, maxTokensPerTurn: 256, maxTotalTokens: 4_096, stop: [] },
+        includeMessages: opts.messages ?? false,
+      });
+    }
+    session.close();
+    bar?.start(total, 0);
+    for await (const t of session.trajectories()) {
+      received.push(t);
+      const line =
+        `[${String(received.length).padStart(String(total).length)}/${total}] ${t.taskId}#${t.sampleIndex} ${statusName(t.status).padEnd(9)} ` +
+        `reward ${t.reward.toFixed(1)}  turns ${t.numTurns}  tokens ${t.promptTokenIds.length}+${t.responseTokenIds.length}  ` +
+        `${Math.round(t.timing?.totalMs ?? 0)} ms  ${t.finishReason}${t.error ? `  (${t.error})` : ''}`;
+      if (bar) {
+        bar.update(received.length);
+        process.stderr.write('\r\x1b[2K');
+      }
+      console.log(line);
+      if (opts.messages && received.length === 1) for (const m of t.messages) console.log(`    ${m.role}: ${m.content.replace(/\n/g, '\n      ')}`);
+    }
+    bar?.stop();
+  } finally {
+    client.close();
+    await server.shutdown();
+    await engine.close();
+  }
+  const seconds = (performance.now() - started) / 1000;
+  const infra = received.filter((t) => t.status !== TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED && t.status !== TrajectoryStatus.TRAJECTORY_STATUS_TRUNCATED);
+  const groups = new Map<string, number[]>();
+  for (const t of received) groups.set(t.groupId, [...(groups.get(t.groupId) ?? []), t.reward]);
+  console.log(`\n${received.length}/${total} trajectories in ${seconds.toFixed(1)} s (${(received.length / seconds).toFixed(1)}/s); ${infra.length} infrastructure failures`);
+  for (const [group, rewards] of groups) console.log(`  ${group}: mean reward ${(rewards.reduce((a, b) => a + b, 0) / rewards.length).toFixed(2)} over ${rewards.length}`);
+  return received.length === total && infra.length === 0 ? 0 : 1;
+}

@@ -1,0 +1,65 @@
+import { Command, InvalidArgumentError } from 'commander';
+import { readFileSync } from 'node:fs';
+import { runDemo } from './demo.js';
+import { runServe } from './serve.js';
+import { RolloutClient } from '../client/rollout-client.js';
+
+const int = (value: string): number => {
+  const n = Number(value);
+  if (!Number.isInteger(n)) throw new InvalidArgumentError(`not an integer: ${value}`);
+  return n;
+};
+const collect = (value: string, previous: string[] = []): string[] => [...previous, value];
+
+const program = new Command()
+  .name('rollout')
+  .description('Multi-turn LLM agent rollouts for RL training, as a gRPC service')
+  .version('0.1.0');
+
+program
+  .command('serve')
+  .description('run the rollout server')
+  .option('--config <file>', 'JSON config file (flags override it)')
+  .option('--host <host>', 'address to bind', '127.0.0.1')
+  .option('--port <port>', 'port (0 = any free port)', int, 50051)
+  .option('--backend <url>', 'vLLM engine base URL (repeatable)', collect, [])
+  .option('--model <name>', 'model name sent to engines')
+  .option('--init-concurrency <n>', 'init stage workers', int)
+  .option('--run-concurrency <n>', 'run stage workers (concurrent agent loops)', int)
+  .option('--eval-concurrency <n>', 'eval stage workers', int)
+  .option('--max-admitted <n>', 'samples admitted before request streams are paused', int)
+  .option('--admin-token <token>', 'require this bearer token on BackendService (or ROLLOUT_ADMIN_TOKEN)')
+  .option('--fake-engine', 'also start the fake vLLM engine (a test double) and route to it')
+  .option('--fake-latency-ms <ms>', 'fake engine per-token latency', int, 1)
+  .action(async (opts) => {
+    const file = opts.config ? (JSON.parse(readFileSync(opts.config, 'utf8')) as Record<string, unknown>) : {};
+    await runServe({ ...opts, file });
+  });
+
+program
+  .command('demo')
+  .description('server + fake vLLM engine + bubblewrap sandboxes + a client streaming GRPO groups of math trajectories')
+  .option('--groups <n>', 'GRPO groups (tasks)', int, 6)
+  .option('--group-size <n>', 'samples per group', int, 4)
+  .option('--latency-ms <ms>', 'fake engine per-token latency', int, 2)
+  .option('--seed <n>', 'seed for problems and sampling', int, 7)
+  .option('--messages', 'print the decoded transcript of the first trajectory')
+  .action(async (opts) => {
+    process.exitCode = await runDemo(opts);
+  });
+
+program
+  .command('envs')
+  .description('list the environments a server offers')
+  .option('--address <host:port>', 'server address', '127.0.0.1:50051')
+  .action(async (opts: { address: string }) => {
+    const client = new RolloutClient(opts.address);
+    try {
+      const { environments } = await client.listEnvironments();
+      for (const e of environments) console.log(`${e.name}\t${e.description}\ttools: ${e.tools.join(', ')}`);
+    } finally {
+      client.close();
+    }
+  });
+
+await program.parseAsync(process.argv);

@@ -1,0 +1,53 @@
+import { startRolloutServer } from '../app.js';
+import type { ServerConfigInput } from '../config.js';
+import { createLogger } from '../observability/logger.js';
+import { FakeVllmEngine } from '../testing/fake-vllm.js';
+import { loadQwen3 } from '../tokens/tokenizer.js';
+
+export interface ServeOptions {
+  file: Record<string, unknown>;
+  host: string;
+  port: number;
+  backend: string[];
+  model?: string;
+  initConcurrency?: number;
+  runConcurrency?: number;
+  evalConcurrency?: number;
+  maxAdmitted?: number;
+  adminToken?: string;
+  fakeEngine?: boolean;
+  fakeLatencyMs: number;
+}
+
+/** `rollout serve`: runs until SIGINT/SIGTERM, then shuts down cleanly (in-flight samples are cancelled). */
+export async function runServe(opts: ServeOptions): Promise<void> {
+  const logger = createLogger();
+  const config: ServerConfigInput = { ...(opts.file as ServerConfigInput), host: opts.host, port: opts.port };
+  const backends = [...(config.backends ?? []), ...opts.backend.map((url) => ({ url }))];
+  let engine: FakeVllmEngine | undefined;
+  if (opts.fakeEngine) {
+    engine = await FakeVllmEngine.start({ tokenizer: (await loadQwen3()).tokenizer, tokenLatencyMs: opts.fakeLatencyMs });
+    backends.push({ url: engine.url });
+    config.model = engine.model;
+    logger.warn({ url: engine.url }, 'routing to the fake vLLM engine (a test double)');
+  }
+  if (opts.model) config.model = opts.model;
+  const stage = (key: 'init' | 'run' | 'eval', n: number | undefined): void => {
+    if (n !== undefined) config[key] = { timeoutMs: key === 'run' ? 600_000 : 60_000, ...config[key], concurrency: n };
+  };
+  stage('init', opts.initConcurrency);
+  stage('run', opts.runConcurrency);
+  stage('eval', opts.evalConcurrency);
+  if (opts.maxAdmitted !== undefined) config.maxAdmitted = opts.maxAdmitted;
+  const adminToken = opts.adminToken ?? process.env.ROLLOUT_ADMIN_TOKEN;
+  if (adminToken) config.adminToken = adminToken;
+  config.backends = backends;
+  const server = await startRolloutServer(config, { logger });
+  console.error(`rollout server listening on ${server.address}`);
+  await new Promise<void>((resolve) => {
+    process.once('SIGINT', resolve);
+    process.once('SIGTERM', resolve);
+  });
+  await server.shutdown();
+  await engine?.close();
+}
