@@ -1,0 +1,71 @@
+import { RolloutError, throwIfAborted } from '../errors.js';
+import { isValidatedTool } from './define-tool.js';
+import type { ParsedToolCalls, Tool, ToolCall, ToolContext, ToolResult } from './types.js';
+
+/** A tool result, or 'malformed' when the call itself was unusable (bad JSON, unknown tool, bad arguments). */
+export type ToolOutcome = ToolResult['outcome'] | 'malformed';
+
+/** What one tool call (or one malformed call) shows the model. */
+export interface ToolObservation {
+  /** The called tool's name; empty when the call could not be parsed far enough to have one. */
+  toolName: string;
+  outcome: ToolOutcome;
+  output: string;
+  /** For outcome 'finish': the submitted answer. */
+  answer?: string;
+}
+
+/**
+ * Runs the parsed calls of one assistant message, in order, one after another (they share a sandbox, so a later
+ * call may depend on an earlier one), and returns one observation per call, then one per parse error.
+ *
+ * The model's mistakes become observations, never throws: an unknown tool name ('malformed', listing the
+ * available tools), arguments that do not fit the tool's schema ('malformed', with the reason), a failing
+ * program ('error'). Infrastructure failures (sandbox stopped, wall clock used up, abort) do throw, as a
+ * RolloutError, so they are never scored as the model's fault. Calls after a `finish` are not run: the episode
+ * is over.
+ */
+export async function executeToolCalls(parsed: ParsedToolCalls, tools: readonly Tool[], context: ToolContext): Promise<ToolObservation[]> {
+  const byName = new Map(tools.map((t) => [t.name, t]));
+  const observations: ToolObservation[] = [];
+  let finished = false;
+  for (const call of parsed.calls) {
+    if (finished) {
+      observations.push({ toolName: call.name, outcome: 'error', output: 'Not run: finish was already called in this message.' });
+      continue;
+    }
+    throwIfAborted(context.signal);
+    const observation = await executeOne(call, byName, context);
+    finished = observation.outcome === 'finish';
+    observations.push(observation);
+  }
+  for (const error of parsed.errors) observations.push({ toolName: '', outcome: 'malformed', output: `Error: ${error}` });
+  return observations;
+}
+
+async function executeOne(call: ToolCall, byName: ReadonlyMap<string, Tool>, context: ToolContext): Promise<ToolObservation> {
+  const tool = byName.get(call.name);
+  if (!tool) {
+    const available = [...byName.keys()].join(', ') || '(none)';
+    return { toolName: call.name, outcome: 'malformed', output: `Error: unknown tool "${call.name}". Available tools: ${available}.` };
+  }
+  let args = call.arguments;
+  if (isValidatedTool(tool)) {
+    const check = tool.validate(args);
+    if (!check.ok) return { toolName: call.name, outcome: 'malformed', output: `Error: ${check.reason}` };
+    args = check.args;
+  }
+  let result: ToolResult;
+  try {
+    result = await tool.run(args, context);
+  } catch (err) {
+    // Not the model's fault: a tool that throws is broken or its sandbox is; the trajectory must fail loudly.
+    throw RolloutError.from(err, 'environment_error');
+  }
+  return {
+    toolName: call.name,
+    outcome: result.outcome,
+    output: result.output,
+    ...(result.answer !== undefined && { answer: result.answer }),
+  };
+}

@@ -1,0 +1,96 @@
+import type { ParsedToolCalls, ToolCall, ToolCallParser } from './types.js';
+
+const OPEN = '<tool_call>';
+const CLOSE = '</tool_call>';
+const EXPECTED = `write ${OPEN}{"name": "<tool name>", "arguments": {...}}${CLOSE}`;
+
+/**
+ * Parses the Hermes/Qwen tool-call form, as Qwen2.5/Qwen3 chat templates teach it:
+ *
+ *     <tool_call>
+ *     {"name": "python", "arguments": {"code": "print(1)"}}
+ *     </tool_call>
+ *
+ * Several calls per message are allowed. `arguments` may also be a JSON string holding the object (some models
+ * emit OpenAI-style encoded arguments) or be called `parameters`; missing arguments mean `{}`. Every problem
+ * (unterminated tag, bad JSON, missing name, non-object arguments) becomes one entry in `errors`, numbered by
+ * the call's position and phrased so the model can fix its next call. Never throws.
+ * Text outside the tags, and a stray `</tool_call>` with no opening tag, are ignored.
+ */
+export class HermesToolCallParser implements ToolCallParser {
+  readonly name = 'hermes';
+
+  parse(text: string): ParsedToolCalls {
+    const calls: ToolCall[] = [];
+    const errors: string[] = [];
+    let pos = 0;
+    for (let index = 1; ; index++) {
+      const start = text.indexOf(OPEN, pos);
+      if (start === -1) break;
+      const bodyStart = start + OPEN.length;
+      const end = text.indexOf(CLOSE, bodyStart);
+      const nextOpen = text.indexOf(OPEN, bodyStart);
+      if (end === -1 || (nextOpen !== -1 && nextOpen < end)) {
+        errors.push(`tool call ${index}: ${OPEN} is not closed by ${CLOSE}; ${EXPECTED}`);
+        if (nextOpen === -1) break;
+        pos = nextOpen;
+        continue;
+      }
+      const parsed = parseCallBody(text.slice(bodyStart, end));
+      if (typeof parsed === 'string') errors.push(`tool call ${index}: ${parsed}`);
+      else calls.push(parsed);
+      pos = end + CLOSE.length;
+    }
+    return { calls, errors };
+  }
+}
+
+/** One call's JSON body → a call, or the reason it is unusable. */
+function parseCallBody(raw: string): ToolCall | string {
+  const body = raw.trim();
+  if (body === '') return `empty ${OPEN}; ${EXPECTED}`;
+  let value: unknown;
+  try {
+    value = JSON.parse(body);
+  } catch (err) {
+    return `invalid JSON (${shortReason(err)}); ${EXPECTED}, with double-quoted keys and strings and no trailing text`;
+  }
+  if (!isPlainObject(value)) return `expected one JSON object, got ${describe(value)}; ${EXPECTED}`;
+  const name = value.name;
+  if (typeof name !== 'string' || name.trim() === '') return `missing "name" (the tool name as a string); ${EXPECTED}`;
+  const args = parseArguments(value.arguments ?? value.parameters);
+  if (typeof args === 'string') return `${name}: ${args}`;
+  return { name: name.trim(), arguments: args };
+}
+
+function parseArguments(value: unknown): Record<string, unknown> | string {
+  if (value === undefined || value === null) return {};
+  if (isPlainObject(value)) return value;
+  if (typeof value === 'string') {
+    if (value.trim() === '') return {};
+    let inner: unknown;
+    try {
+      inner = JSON.parse(value);
+    } catch (err) {
+      return `"arguments" is a string that is not valid JSON (${shortReason(err)}); pass a JSON object`;
+    }
+    if (isPlainObject(inner)) return inner;
+    return `"arguments" must be a JSON object of named arguments, got a string holding ${describe(inner)}`;
+  }
+  return `"arguments" must be a JSON object of named arguments, got ${describe(value)}`;
+}
+
+function isPlainObject(value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
+}
+
+function describe(value: unknown): string {
+  if (value === null) return 'null';
+  if (Array.isArray(value)) return 'an array';
+  return `a ${typeof value}`;
+}
+
+function shortReason(err: unknown): string {
+  const message = err instanceof Error ? err.message : String(err);
+  return message.length > 120 ? `${message.slice(0, 117)}...` : message;
+}

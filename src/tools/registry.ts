@@ -1,0 +1,56 @@
+import { RolloutError } from '../errors.js';
+import type { ToolSchema } from '../tokens/types.js';
+import { createFinishTool } from './finish-tool.js';
+import { createPythonTool } from './python-tool.js';
+import type { Tool } from './types.js';
+
+/** Makes a fresh tool instance (tools may keep per-trajectory state, e.g. a cell counter). */
+export type ToolFactory = () => Tool;
+
+/**
+ * Tool factories by name, so environments can ask for tools by name ("python", "finish") and deployments can
+ * add their own. Why factories and not instances: each trajectory gets its own tool objects.
+ *
+ * @example
+ * const registry = defaultToolRegistry().register('echo', () => myEchoTool);
+ * const tools = registry.create(['python', 'echo', 'finish']);
+ */
+export class ToolRegistry {
+  private readonly factories = new Map<string, ToolFactory>();
+
+  register(name: string, factory: ToolFactory): this {
+    if (this.factories.has(name)) throw new RolloutError('already_exists', `tool ${name} is already registered`);
+    this.factories.set(name, factory);
+    return this;
+  }
+
+  has(name: string): boolean {
+    return this.factories.has(name);
+  }
+
+  names(): string[] {
+    return [...this.factories.keys()];
+  }
+
+  /** New instances of the named tools, in the given order; an unknown name is an invalid_argument. */
+  create(names: readonly string[]): Tool[] {
+    return names.map((name) => {
+      const factory = this.factories.get(name);
+      if (!factory) throw RolloutError.invalid('tools', `unknown tool ${name}; registered: ${this.names().join(', ')}`);
+      return factory();
+    });
+  }
+}
+
+/** The built-in tools: `python` (10 s per call) and `finish`. */
+export function defaultToolRegistry(): ToolRegistry {
+  return new ToolRegistry().register('python', () => createPythonTool()).register('finish', () => createFinishTool());
+}
+
+/** The tools' descriptions in the OpenAI function form the chat template's `tools` variable expects. */
+export function toolSchemas(tools: readonly Tool[]): ToolSchema[] {
+  return tools.map((tool) => ({
+    type: 'function',
+    function: { name: tool.name, description: tool.description, parameters: tool.parameters },
+  }));
+}

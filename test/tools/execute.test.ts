@@ -1,0 +1,104 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { BubblewrapDriver, type BubblewrapSandbox } from '../../src/sandboxes/bwrap.js';
+import { executeToolCalls } from '../../src/tools/execute.js';
+import { HermesToolCallParser } from '../../src/tools/hermes-parser.js';
+import { defaultToolRegistry, toolSchemas, ToolRegistry } from '../../src/tools/registry.js';
+import type { Tool, ToolContext } from '../../src/tools/types.js';
+import { testLimits } from '../sandboxes/helpers.js';
+
+const parser = new HermesToolCallParser();
+const call = (name: string, args: unknown): string => `<tool_call>\n${JSON.stringify({ name, arguments: args })}\n</tool_call>`;
+
+describe('executeToolCalls', () => {
+  let sandbox: BubblewrapSandbox;
+  let context: ToolContext;
+  let tools: Tool[];
+
+  beforeAll(async () => {
+    sandbox = await new BubblewrapDriver().start(testLimits());
+    context = { sandbox, signal: new AbortController().signal };
+    tools = defaultToolRegistry().create(['python', 'finish']);
+  });
+
+  afterAll(async () => {
+    await sandbox?.stop();
+  });
+
+  it('runs calls in order in the same sandbox', async () => {
+    const text = call('python', { code: 'open("n.txt", "w").write("7")' }) + call('python', { code: 'print(open("n.txt").read())' });
+    const observations = await executeToolCalls(parser.parse(text), tools, context);
+    expect(observations).toEqual([
+      { toolName: 'python', outcome: 'ok', output: '(no output)' },
+      { toolName: 'python', outcome: 'ok', output: '7' },
+    ]);
+  });
+
+  it('ends with finish and its answer, skipping later calls', async () => {
+    const text = call('finish', { answer: '42' }) + call('python', { code: 'print(1)' });
+    const observations = await executeToolCalls(parser.parse(text), tools, context);
+    expect(observations).toEqual([
+      { toolName: 'finish', outcome: 'finish', output: 'Answer submitted.', answer: '42' },
+      { toolName: 'python', outcome: 'error', output: 'Not run: finish was already called in this message.' },
+    ]);
+  });
+
+  it('answers an unknown tool with the list of available tools', async () => {
+    const [observation] = await executeToolCalls(parser.parse(call('bash', { cmd: 'ls' })), tools, context);
+    expect(observation).toEqual({ toolName: 'bash', outcome: 'malformed', output: 'Error: unknown tool "bash". Available tools: python, finish.' });
+  });
+
+  it('answers invalid arguments with the reason, without running the tool', async () => {
+    const observations = await executeToolCalls(parser.parse(call('python', { source: 'print(1)' }) + call('finish', { answer: 5 })), tools, context);
+    expect(observations.map((o) => o.outcome)).toEqual(['malformed', 'malformed']);
+    expect(observations[0]?.output).toBe('Error: invalid arguments for python: missing required argument "code" (string)');
+    expect(observations[1]?.output).toMatch(/^Error: invalid arguments for finish: "answer": .*expected string/);
+  });
+
+  it('turns parse errors into malformed observations after the calls', async () => {
+    const text = call('python', { code: 'print(3)' }) + '<tool_call>{"name": python}</tool_call>';
+    const observations = await executeToolCalls(parser.parse(text), tools, context);
+    expect(observations[0]).toEqual({ toolName: 'python', outcome: 'ok', output: '3' });
+    expect(observations[1]).toMatchObject({ toolName: '', outcome: 'malformed', output: expect.stringMatching(/^Error: tool call 2: invalid JSON/) });
+  });
+
+  it('throws infrastructure failures instead of showing them to the model', async () => {
+    const dead = await new BubblewrapDriver().start(testLimits());
+    await dead.stop();
+    await expect(executeToolCalls(parser.parse(call('python', { code: 'print(1)' })), tools, { sandbox: dead, signal: context.signal })).rejects.toMatchObject({
+      code: 'sandbox_error',
+    });
+    const aborted = new AbortController();
+    aborted.abort();
+    await expect(executeToolCalls(parser.parse(call('python', { code: 'print(1)' })), tools, { sandbox, signal: aborted.signal })).rejects.toMatchObject({
+      code: 'cancelled',
+    });
+  });
+});
+
+describe('tool registry', () => {
+  it('creates fresh tools by name and describes them for the chat template', () => {
+    const registry = defaultToolRegistry();
+    expect(registry.names()).toEqual(['python', 'finish']);
+    const [a, b] = [registry.create(['python'])[0], registry.create(['python'])[0]];
+    expect(a).not.toBe(b);
+    expect(toolSchemas(registry.create(['finish']))).toEqual([
+      {
+        type: 'function',
+        function: {
+          name: 'finish',
+          description: expect.any(String),
+          parameters: { type: 'object', properties: { answer: { type: 'string', description: 'Your final answer.' } }, required: ['answer'], additionalProperties: false },
+        },
+      },
+    ]);
+  });
+
+  it('rejects unknown and duplicate names', () => {
+    expect(() => defaultToolRegistry().create(['nope'])).toThrow(/unknown tool nope; registered: python, finish/);
+    expect(() => new ToolRegistry().register('x', () => nullTool()).register('x', () => nullTool())).toThrow(/already registered/);
+  });
+});
+
+function nullTool(): Tool {
+  return { name: 'x', description: '', parameters: {}, run: async () => ({ output: '', outcome: 'ok' }) };
+}

@@ -1,0 +1,59 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { BubblewrapDriver, type BubblewrapSandbox } from '../../src/sandboxes/bwrap.js';
+import { createPythonTool } from '../../src/tools/python-tool.js';
+import type { ToolContext } from '../../src/tools/types.js';
+import { testLimits } from '../sandboxes/helpers.js';
+
+describe('python tool', () => {
+  let sandbox: BubblewrapSandbox;
+  let context: ToolContext;
+  const python = createPythonTool({ timeoutMs: 1_500 });
+
+  beforeAll(async () => {
+    sandbox = await new BubblewrapDriver().start(testLimits({ outputLimitBytes: 4096 }));
+    context = { sandbox, signal: new AbortController().signal };
+  });
+
+  afterAll(async () => {
+    await sandbox?.stop();
+  });
+
+  it('declares a `code` string argument', () => {
+    expect(python.parameters).toMatchObject({ type: 'object', properties: { code: { type: 'string' } }, required: ['code'] });
+    expect(python.parameters).not.toHaveProperty('$schema');
+  });
+
+  it('returns stdout for a program that succeeds', async () => {
+    expect(await python.run({ code: 'print(6 * 7)' }, context)).toEqual({ output: '42', outcome: 'ok' });
+    expect(await python.run({ code: 'x = 1' }, context)).toEqual({ output: '(no output)', outcome: 'ok' });
+  });
+
+  it('shows stderr and the exit code of a failing program, as an error outcome', async () => {
+    const result = await python.run({ code: 'print("before")\nraise ValueError("boom")' }, context);
+    expect(result.outcome).toBe('error');
+    expect(result.output).toMatch(/^before\n\[stderr\]\nTraceback[\s\S]*cell_\d+\.py", line 2[\s\S]*ValueError: boom\n\[exit code 1\]$/);
+  });
+
+  it('notes a timeout and kills the program', async () => {
+    const result = await python.run({ code: 'import time\nprint("start", flush=True)\nwhile True: time.sleep(0.05)' }, context);
+    expect(result.outcome).toBe('error');
+    expect(result.output).toMatch(/^start\n\[timed out after 1\.\d s; the program was killed\]$/);
+  });
+
+  it('notes truncated output', async () => {
+    const result = await python.run({ code: 'print("y" * 100_000)' }, context);
+    expect(result.outcome).toBe('ok');
+    expect(result.output).toMatch(/^y{4096}\n\[output truncated/);
+  });
+
+  it('can import modules the model wrote in the work dir, and files persist between calls', async () => {
+    await python.run({ code: 'open("helper.py", "w").write("def f():\\n    return 5\\n")' }, context);
+    expect(await python.run({ code: 'import helper\nprint(helper.f())' }, context)).toEqual({ output: '5', outcome: 'ok' });
+  });
+
+  it('reports wrong argument types as an error result when called directly', async () => {
+    const result = await python.run({ code: 3 }, context);
+    expect(result.outcome).toBe('error');
+    expect(result.output).toMatch(/invalid arguments for python: "code"/);
+  });
+});
