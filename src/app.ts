@@ -34,7 +34,7 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
   const logger = options.logger ?? createLogger();
   const registry = options.registry ?? defaultRegistry();
   const { tokenizer, template } = await loadQwen3();
-  const pool = new BackendPool({ logger });
+  const pool = new BackendPool({ logger, acquireTimeoutMs: config.backendAcquireTimeoutMs });
   for (const b of config.backends) {
     pool.add(createEngineClient(b.kind, b.url, b.model ?? config.model), { id: b.id ?? b.url, maxConcurrency: b.maxConcurrency, model: b.model ?? config.model });
   }

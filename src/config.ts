@@ -51,6 +51,8 @@ export const serverConfigSchema = z.object({
     })
     .default({ driver: 'bwrap', memoryMb: 1024, maxProcesses: 64, wallClockMs: 900_000, outputLimitBytes: 16_384 }),
   backends: z.array(backendSchema).default([]),
+  /** How long a trajectory waits for an eligible backend before failing with BACKEND_ERROR. */
+  backendAcquireTimeoutMs: z.number().int().min(1).default(30_000),
   /** Finished tasks kept for GetTrajectory before the oldest are dropped. */
   retainFinishedTasks: z.number().int().min(0).default(100_000),
   /** Bearer token required on BackendService calls when set. */

@@ -36,6 +36,8 @@ export interface SessionOptions {
   stageEvents?: boolean;
   /** Trajectories buffered before the client stops reading (gRPC flow control reaches the server). */
   highWater?: number;
+  /** Ack each trajectory once the consumer has taken it from the iterator (default true). */
+  autoAck?: boolean;
 }
 
 /**
@@ -52,12 +54,20 @@ export class RolloutSession {
   readonly opened: Promise<SessionOpened>;
   private readonly call: ClientDuplexStream<RolloutRequest, RolloutResponse>;
   private readonly queue: AsyncQueue<Trajectory>;
+  private readonly autoAck: boolean;
+  private ended = false;
+  private closing = false;
+  private halfClosed = false;
+  private readonly expectedByTask = new Map<string, number>();
+  private readonly received = new Set<string>();
+  private consumed = 0;
   private readonly pending = new Map<string, { resolve: (a: TaskAccepted) => void; reject: (e: Error) => void }[]>();
   /** Stage events, when the session asked for them. */
   onStage: ((event: NonNullable<Extract<RolloutResponse['kind'], { $case: 'stage' }>>['value']) => void) | undefined;
 
   constructor(client: RolloutServiceClient, options: SessionOptions = {}) {
     this.call = client.rollout();
+    this.autoAck = options.autoAck ?? true;
     this.queue = new AsyncQueue<Trajectory>(options.highWater ?? 1024, () => this.call.pause(), () => this.call.resume());
     let opened!: (s: SessionOpened) => void;
     let failed!: (e: Error) => void;
@@ -74,20 +84,25 @@ export class RolloutSession {
           opened(kind.value);
           break;
         case 'accepted':
+          this.expectedByTask.set(kind.value.taskId, kind.value.numSamples);
           this.settle(kind.value.taskId, (p) => p.resolve(kind.value));
+          this.maybeHalfClose();
           break;
         case 'rejected':
           this.settle(kind.value.taskId, (p) => p.reject(new TaskRejectedError(kind.value.taskId, kind.value.field, kind.value.reason)));
+          this.maybeHalfClose();
           break;
         case 'stage':
           this.onStage?.(kind.value);
           break;
         case 'trajectory':
+          this.received.add(`${kind.value.taskId}\u0000${kind.value.sampleIndex}`);
           this.queue.push(kind.value);
           break;
       }
     });
     const fail = (err: ServiceError | Error): void => {
+      this.ended = true;
       failed(err);
       for (const waiters of this.pending.values()) for (const w of waiters) w.reject(err);
       this.pending.clear();
@@ -95,6 +110,7 @@ export class RolloutSession {
     };
     this.call.on('error', fail);
     this.call.on('end', () => {
+      this.ended = true;
       const err = new Error('rollout stream ended');
       failed(err);
       for (const waiters of this.pending.values()) for (const w of waiters) w.reject(err);
@@ -122,12 +138,17 @@ export class RolloutSession {
 
   /** Tells the server these trajectories are safely received (a resumed session will not get them again). */
   ack(refs: { taskId: string; sampleIndex: number }[]): void {
+    if (this.halfClosed || this.ended) return;
     this.call.write({ kind: { $case: 'ack', value: { taskIds: [], trajectories: refs } } });
   }
 
-  /** No more submits: the server ends the stream after the last trajectory of the session. */
+  /**
+   * No more submits. The stream is half-closed once every accepted sample has been received and consumed
+   * (so the last acks still reach the server); the server then ends it and iteration finishes.
+   */
   close(): void {
-    this.call.end();
+    this.closing = true;
+    this.maybeHalfClose();
   }
 
   /** Drops the stream at once (the session stays resumable on the server for a while). */
@@ -135,8 +156,23 @@ export class RolloutSession {
     this.call.cancel();
   }
 
-  trajectories(): AsyncIterable<Trajectory> {
-    return this.queue;
+  /** Trajectories in completion order; ends when the server has delivered all of the session's. */
+  async *trajectories(): AsyncGenerator<Trajectory> {
+    for await (const t of this.queue) {
+      yield t;
+      this.consumed++;
+      if (this.autoAck) this.ack([{ taskId: t.taskId, sampleIndex: t.sampleIndex }]);
+      this.maybeHalfClose();
+    }
+  }
+
+  private maybeHalfClose(): void {
+    if (!this.closing || this.halfClosed || this.ended || this.pending.size > 0) return;
+    let expected = 0;
+    for (const n of this.expectedByTask.values()) expected += n;
+    if (this.received.size < expected || this.consumed < this.received.size) return;
+    this.halfClosed = true;
+    this.call.end();
   }
 
   private settle(taskId: string, fn: (p: { resolve: (a: TaskAccepted) => void; reject: (e: Error) => void }) => void): void {

@@ -92,8 +92,17 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
         writer.send({ kind: { $case: 'stage', value: stageEventOf(event.sample, event.stage) } });
       }
     });
-    call.on('cancelled', () => aborted.abort());
-    call.on('error', () => aborted.abort());
+    // A client that goes away (cancel, broken connection): detach at once so the session can be resumed, and
+    // destroy the call so a pending read or idle wait ends.
+    let failing = false;
+    const gone = (): void => {
+      if (failing || aborted.signal.aborted) return;
+      aborted.abort();
+      session?.detach(writer);
+      call.destroy();
+    };
+    call.on('cancelled', gone);
+    call.on('error', gone);
     const openSession = (sessionId: string, resume: boolean, stageEvents: boolean): Session => {
       const s = sessions.open(sessionId, resume, stageEvents);
       const redelivered = s.attach(writer, resume);
@@ -101,7 +110,9 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
       return s;
     };
     try {
-      for await (const request of call as AsyncIterable<RolloutRequest>) {
+      // destroyOnReturn: false — the default iterator destroys the stream when the client half-closes, which
+      // would close our (still needed) writing side.
+      for await (const request of call.iterator({ destroyOnReturn: false }) as AsyncIterable<RolloutRequest>) {
         const kind = request.kind;
         if (!kind) continue;
         if (kind.$case === 'open') {
@@ -125,16 +136,22 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
       if (session) {
         await session.idle();
         await writer.flushed();
-        clean = !writer.isClosed;
+        clean = !aborted.signal.aborted && !writer.isClosed;
       }
       writer.end();
     } catch (err) {
-      if (!aborted.signal.aborted) call.destroy(Object.assign(new Error('rollout stream failed'), toServiceError(err, slog)));
+      if (!aborted.signal.aborted) {
+        // grpc-js sends the status of an 'error' emitted on the call.
+        failing = true;
+        call.emit('error', toServiceError(err, slog));
+      }
     } finally {
       unsubscribe.unsubscribe();
       if (session) {
         session.detach(writer);
-        if (clean) sessions.close(session);
+        // Closed only when the client holds everything: a stream that ended because the connection dropped can
+        // look clean here, so unacked trajectories keep the session resumable until its TTL.
+        if (clean && session.unackedCount === 0) sessions.close(session);
       }
     }
   }

@@ -70,6 +70,10 @@ export class Session {
     for (const ref of ack.trajectories) this.unacked.delete(key(ref.taskId, ref.sampleIndex));
   }
 
+  get unackedCount(): number {
+    return this.unacked.size;
+  }
+
   /** Samples accepted on this session that have not finished yet. */
   get pending(): number {
     return this.expected - this.delivered.size;

@@ -1,0 +1,129 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { TaskRejectedError } from '../../src/client/rollout-client.js';
+import { TrajectoryStatus } from '../../gen/ts/rollout/v1/rollout.js';
+import { collect, invariantViolations, mathTask, startHarness, type Harness } from '../support/harness.js';
+
+const OK = new Set([TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED, TrajectoryStatus.TRAJECTORY_STATUS_TRUNCATED]);
+
+describe('Rollout stream against a real server, bubblewrap sandboxes and the fake vLLM engine', () => {
+  let h: Harness;
+  beforeAll(async () => {
+    h = await startHarness();
+  });
+  afterAll(async () => h?.close());
+
+  it('streams every sample of every GRPO group exactly once, with the token invariants', async () => {
+    const session = h.client.openSession();
+    const opened = await session.opened;
+    expect(opened.sessionId).not.toBe('');
+    const groups = 4;
+    const n = 3;
+    const accepted = await Promise.all(Array.from({ length: groups }, (_, g) => session.submit(mathTask(`grpo-${g}`, n, 100 + g, { groupId: `g${g}`, metadata: { step: '7' } }))));
+    expect(accepted.map((a) => a.numSamples)).toEqual([n, n, n, n]);
+    session.close();
+    const trajectories = await collect(session.trajectories());
+
+    expect(trajectories).toHaveLength(groups * n);
+    const keys = trajectories.map((t) => `${t.taskId}#${t.sampleIndex}`);
+    expect(new Set(keys).size).toBe(keys.length);
+    for (let g = 0; g < groups; g++) {
+      const group = trajectories.filter((t) => t.taskId === `grpo-${g}`);
+      expect(group.map((t) => t.sampleIndex).sort()).toEqual([0, 1, 2]);
+      expect(new Set(group.map((t) => t.groupId))).toEqual(new Set([`g${g}`]));
+    }
+    for (const t of trajectories) {
+      expect(invariantViolations(t)).toEqual([]);
+      expect(OK.has(t.status), `${t.taskId}#${t.sampleIndex}: ${TrajectoryStatus[t.status]} ${t.error}`).toBe(true);
+      expect(t.metadata).toEqual({ step: '7' });
+      expect(t.promptTokenIds.length).toBeGreaterThan(0);
+      expect(t.numTurns).toBeGreaterThanOrEqual(1);
+      expect([0, 1]).toContain(t.reward);
+      expect(t.timing!.totalMs).toBeGreaterThan(0);
+      expect(t.timing!.llmMs).toBeGreaterThanOrEqual(0);
+      expect(t.rewardDetails).toHaveProperty('correct');
+    }
+    // The scripted policy calls python first: a sandboxed tool ran and its output came back as mask-0 tokens.
+    const multiTurn = trajectories.filter((t) => t.numTurns >= 2);
+    expect(multiTurn.length).toBeGreaterThan(0);
+    expect(trajectories.some((t) => t.reward === 1)).toBe(true);
+  });
+
+  it('rejects bad specs naming the field, keeps serving, and completes the good tasks on the same stream', async () => {
+    const session = h.client.openSession();
+    const base = mathTask('bad-base', 1, 5);
+    const bad: [string, Parameters<typeof session.submit>[0]][] = [
+      ['environment', { ...base, taskId: 'bad-env', environment: 'no-such-env' }],
+      ['instance.answer', { ...base, taskId: 'bad-answer', instance: { problem: 'What is 1 + 1?' } }],
+      ['instance.problem', { ...base, taskId: 'bad-problem', instance: { problem: '', answer: '2' } }],
+      ['num_samples', { ...base, taskId: 'bad-n0', numSamples: 0 }],
+      ['num_samples', { ...base, taskId: 'bad-nbig', numSamples: 100_000 }],
+      ['limits.max_turns', { ...base, taskId: 'bad-limits', limits: { maxTurns: -1, initTimeoutMs: 0, runTimeoutMs: 0, evalTimeoutMs: 0, totalTimeoutMs: 0 } }],
+      ['sampling.top_p', { ...base, taskId: 'bad-topp', sampling: { topP: 1.5, maxTokensPerTurn: 0, maxTotalTokens: 0, stop: [] } }],
+      ['instance', { ...base, taskId: 'bad-huge', instance: { problem: 'x'.repeat(2 << 20), answer: '1' } }],
+      ['task_id', { ...base, taskId: '' }],
+    ];
+    const good = session.submit(mathTask('good-after-bad', 2, 9));
+    for (const [field, spec] of bad) {
+      const err = await session.submit(spec).then(
+        () => undefined,
+        (e: unknown) => e,
+      );
+      expect(err, field).toBeInstanceOf(TaskRejectedError);
+      expect((err as TaskRejectedError).field).toBe(field);
+      expect((err as TaskRejectedError).reason).toContain(field);
+    }
+    const good2 = session.submit(mathTask('good-after-bad-2', 1, 10));
+    await Promise.all([good, good2]);
+    session.close();
+    const trajectories = await collect(session.trajectories());
+    expect(trajectories.map((t) => `${t.taskId}#${t.sampleIndex}`).sort()).toEqual(['good-after-bad#0', 'good-after-bad#1', 'good-after-bad-2#0']);
+    expect(trajectories.every((t) => OK.has(t.status))).toBe(true);
+  });
+
+  it('delivers a task re-submitted on a new stream (idempotent task_id) without running it twice', async () => {
+    const first = h.client.openSession();
+    await first.submit(mathTask('idem-1', 2, 21));
+    first.close();
+    const run1 = await collect(first.trajectories());
+    const served = h.engine.requestsServed;
+
+    const second = h.client.openSession();
+    const again = await second.submit(mathTask('idem-1', 2, 21));
+    expect(again.duplicate).toBe(true);
+    second.close();
+    const run2 = await collect(second.trajectories());
+    expect(run2.map((t) => t.sampleIndex).sort()).toEqual([0, 1]);
+    expect(run2.map((t) => t.responseTokenIds)).toEqual(expect.arrayContaining(run1.map((t) => t.responseTokenIds)));
+    expect(h.engine.requestsServed).toBe(served);
+
+    const third = h.client.openSession();
+    const conflict = await third.submit(mathTask('idem-1', 3, 21)).catch((e: unknown) => e);
+    expect((conflict as TaskRejectedError).field).toBe('task_id');
+    third.close();
+  });
+
+  it('resumes a broken session: unacked trajectories come again, acked ones do not', async () => {
+    const s1 = h.client.openSession({ sessionId: 'resume-me', autoAck: false });
+    await s1.submit(mathTask('resume-a', 2, 31));
+    await s1.submit(mathTask('resume-b', 2, 32));
+    const got: string[] = [];
+    for await (const t of s1.trajectories()) {
+      got.push(`${t.taskId}#${t.sampleIndex}`);
+      if (got.length === 1) s1.ack([{ taskId: t.taskId, sampleIndex: t.sampleIndex }]);
+      if (got.length === 2) break;
+    }
+    // Give the ack time to reach the server, then drop the connection without closing cleanly.
+    await new Promise((r) => setTimeout(r, 200));
+    s1.abort();
+    await new Promise((r) => setTimeout(r, 200));
+
+    const s2 = h.client.openSession({ sessionId: 'resume-me', resume: true });
+    const opened = await s2.opened;
+    s2.close();
+    const rest = (await collect(s2.trajectories())).map((t) => `${t.taskId}#${t.sampleIndex}`);
+    expect(opened.redelivered).toBeGreaterThanOrEqual(1);
+    expect(rest).not.toContain(got[0]);
+    expect(rest).toContain(got[1]);
+    expect(new Set([...got, ...rest])).toEqual(new Set(['resume-a#0', 'resume-a#1', 'resume-b#0', 'resume-b#1']));
+  });
+});
