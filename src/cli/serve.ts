@@ -1,5 +1,5 @@
 import { startRolloutServer } from '../app.js';
-import type { ServerConfigInput } from '../config.js';
+import { parseConfig, type ServerConfigInput } from '../config.js';
 import { createLogger } from '../observability/logger.js';
 import { FakeVllmEngine } from '../testing/fake-vllm.js';
 import { loadQwen3 } from '../tokens/tokenizer.js';
@@ -13,6 +13,9 @@ export interface ServeOptions {
   initConcurrency?: number;
   runConcurrency?: number;
   evalConcurrency?: number;
+  initTimeoutMs?: number;
+  runTimeoutMs?: number;
+  evalTimeoutMs?: number;
   maxAdmitted?: number;
   adminToken?: string;
   fakeEngine?: boolean;
@@ -32,18 +35,25 @@ export async function runServe(opts: ServeOptions): Promise<void> {
     logger.warn({ url: engine.url }, 'routing to the fake vLLM engine (a test double)');
   }
   if (opts.model) config.model = opts.model;
-  const stage = (key: 'init' | 'run' | 'eval', n: number | undefined): void => {
-    if (n !== undefined) config[key] = { timeoutMs: key === 'run' ? 600_000 : 60_000, ...config[key], concurrency: n };
+  const defaults = parseConfig({});
+  const stage = (key: 'init' | 'run' | 'eval', concurrency: number | undefined, timeoutMs: number | undefined): void => {
+    config[key] = {
+      ...defaults[key],
+      ...config[key],
+      ...(concurrency !== undefined && { concurrency }),
+      ...(timeoutMs !== undefined && { timeoutMs }),
+    };
   };
-  stage('init', opts.initConcurrency);
-  stage('run', opts.runConcurrency);
-  stage('eval', opts.evalConcurrency);
+  stage('init', opts.initConcurrency, opts.initTimeoutMs);
+  stage('run', opts.runConcurrency, opts.runTimeoutMs);
+  stage('eval', opts.evalConcurrency, opts.evalTimeoutMs);
   if (opts.maxAdmitted !== undefined) config.maxAdmitted = opts.maxAdmitted;
   const adminToken = opts.adminToken ?? process.env.ROLLOUT_ADMIN_TOKEN;
   if (adminToken) config.adminToken = adminToken;
   config.backends = backends;
   const server = await startRolloutServer(config, { logger });
-  console.error(`rollout server listening on ${server.address}`);
+  // A plain line scripts and tests can wait for, beside the JSON logs.
+  console.log(`rollout server listening on ${server.address}`);
   await new Promise<void>((resolve) => {
     process.once('SIGINT', resolve);
     process.once('SIGTERM', resolve);

@@ -1,0 +1,63 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { describe, expect, it } from 'vitest';
+import { RolloutClient } from '../../src/client/rollout-client.js';
+import { TrajectoryStatus } from '../../gen/ts/rollout/v1/rollout.js';
+import { collect, mathTask } from '../support/harness.js';
+
+const root = fileURLToPath(new URL('../../', import.meta.url));
+
+function rollout(args: string[]): { child: ChildProcess; output: () => string; exited: Promise<number | null> } {
+  const child = spawn(process.execPath, ['bin/rollout.js', ...args], { cwd: root, stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ROLLOUT_LOG_LEVEL: 'warn' } });
+  let out = '';
+  child.stdout!.on('data', (d: Buffer) => (out += d.toString()));
+  child.stderr!.on('data', (d: Buffer) => (out += d.toString()));
+  const exited = new Promise<number | null>((resolve) => child.on('close', (code) => resolve(code)));
+  return { child, output: () => out, exited };
+}
+
+async function waitFor(predicate: () => RegExpMatchArray | null, ms: number): Promise<RegExpMatchArray> {
+  const until = Date.now() + ms;
+  for (;;) {
+    const m = predicate();
+    if (m) return m;
+    if (Date.now() > until) throw new Error('timed out waiting');
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+describe('the rollout CLI', () => {
+  it('`rollout demo` streams every trajectory with progress and exits 0', async () => {
+    const demo = rollout(['demo', '--groups', '3', '--group-size', '2', '--latency-ms', '0']);
+    const code = await demo.exited;
+    const out = demo.output();
+    expect(code, out).toBe(0);
+    const lines = out.split('\n').filter((l) => /^\[\s*\d+\/6\]/.test(l));
+    expect(lines).toHaveLength(6);
+    expect(out).toContain('6/6 trajectories');
+    expect(out).toContain('0 infrastructure failures');
+  });
+
+  it('`rollout serve --fake-engine` serves a client and shuts down cleanly on SIGTERM', async () => {
+    const serve = rollout(['serve', '--port', '0', '--fake-engine', '--fake-latency-ms', '0', '--run-timeout-ms', '60000']);
+    try {
+      const [, address] = await waitFor(() => serve.output().match(/rollout server listening on (\S+)/), 30_000);
+      const client = new RolloutClient(address!);
+      const session = client.openSession();
+      await session.submit(mathTask('cli-1', 2, 4));
+      session.close();
+      const trajectories = await collect(session.trajectories());
+      client.close();
+      expect(trajectories.map((t) => t.status)).toEqual([TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED, TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED]);
+    } finally {
+      serve.child.kill('SIGTERM');
+    }
+    expect(await serve.exited).toBe(0);
+  });
+
+  it('rejects a bad flag with a message, not a stack trace', async () => {
+    const bad = rollout(['serve', '--port', 'abc']);
+    expect(await bad.exited).not.toBe(0);
+    expect(bad.output()).toContain('not an integer');
+  });
+});
