@@ -53,8 +53,8 @@ export const serverConfigSchema = z.object({
   backends: z.array(backendSchema).default([]),
   /** How long a trajectory waits for an eligible backend before failing with BACKEND_ERROR. */
   backendAcquireTimeoutMs: z.number().int().min(1).default(30_000),
-  /** Finished tasks kept for GetTrajectory before the oldest are dropped. */
-  retainFinishedTasks: z.number().int().min(0).default(100_000),
+  /** Finished tasks kept for GetTrajectory and re-submits before the oldest are dropped (they hold full token arrays). */
+  retainFinishedTasks: z.number().int().min(0).default(2_000),
   /** Bearer token required on BackendService calls when set. */
   adminToken: z.string().optional(),
 });

@@ -41,6 +41,7 @@ export class RolloutRuntime {
   readonly store: TaskStore;
   readonly admission: Admission;
   private readonly log: Logger;
+  private stopped = false;
 
   constructor(readonly deps: RuntimeDeps) {
     this.log = deps.logger.child({ component: 'runtime' });
@@ -64,10 +65,15 @@ export class RolloutRuntime {
    * trajectory of the task (finished ones at once). Throws RolloutError('invalid_argument') naming the field.
    */
   async submit(spec: TaskSpec, sink?: TrajectorySink, signal?: AbortSignal): Promise<SubmitResult> {
+    if (this.stopped) throw new RolloutError('unavailable', 'server is stopping');
     const task = validateTask(spec, this.deps.registry, this.deps.config);
     const known = this.store.existing(task);
     if (known) return this.duplicate(known, sink);
     await this.admission.admit(task.numSamples, signal);
+    if (this.stopped) {
+      this.admission.release(task.numSamples);
+      throw new RolloutError('unavailable', 'server is stopping');
+    }
     const raced = this.store.existing(task);
     if (raced) {
       this.admission.release(task.numSamples);
@@ -101,6 +107,7 @@ export class RolloutRuntime {
 
   /** Stops accepting work and cancels what is in flight. */
   async stop(): Promise<void> {
+    this.stopped = true;
     await this.pipeline.stop();
   }
 
