@@ -1,5 +1,5 @@
 import type { Environment } from '../environments/types.js';
-import type { Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
+import type { Timing, Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 
 /** Sampling settings after defaults are applied. */
 export interface ResolvedSampling {
@@ -37,16 +37,8 @@ export interface ResolvedTask {
 
 export type StageName = 'queued' | 'init' | 'run' | 'eval' | 'done';
 
-/** Milliseconds per phase; filled in as the sample moves through the pipeline. */
-export interface SampleTiming {
-  queueMs: number;
-  initMs: number;
-  runMs: number;
-  llmMs: number;
-  toolMs: number;
-  evalMs: number;
-  totalMs: number;
-}
+/** Milliseconds per phase (the contract's Timing); filled in as the sample moves through the pipeline. */
+export type SampleTiming = Timing;
 
 /** Sink for finished trajectories; set by whoever submitted the task (a session, or the unary API). */
 export type TrajectorySink = (trajectory: Trajectory) => void;

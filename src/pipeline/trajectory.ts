@@ -1,5 +1,5 @@
 import type { RolloutError } from '../errors.js';
-import { Role, ToolOutcome, TrajectoryStatus, type Trajectory, type Turn } from '../../gen/ts/rollout/v1/rollout.js';
+import { Role, ToolOutcome, Trajectory, TrajectoryStatus, type Turn } from '../../gen/ts/rollout/v1/rollout.js';
 import type { LedgerSnapshot, LedgerTurn } from '../tokens/ledger.js';
 import { finishReasonForError, statusForError } from './outcome.js';
 import type { Sample } from './sample.js';
@@ -37,29 +37,13 @@ export function buildFailedTrajectory(sample: Sample, err: RolloutError): Trajec
 
 function base(sample: Sample): Trajectory {
   const task = sample.task;
-  return {
+  return Trajectory.fromPartial({
     taskId: task.taskId,
     sampleIndex: sample.index,
     groupId: task.groupId,
     environment: task.environment.name,
-    status: TrajectoryStatus.TRAJECTORY_STATUS_UNSPECIFIED,
-    finishReason: '',
-    error: '',
-    promptTokenIds: [],
-    responseTokenIds: [],
-    responseMask: [],
-    responseLogprobs: [],
-    turns: [],
-    reward: 0,
-    rewardDetails: {},
-    evalReport: undefined,
-    messages: [],
-    timing: undefined,
-    policyVersionMin: 0,
-    policyVersionMax: 0,
     metadata: { ...task.metadata },
-    numTurns: 0,
-  };
+  });
 }
 
 function withTokens(trajectory: Trajectory, tokens: LedgerSnapshot, includeMessages: boolean): Trajectory {

@@ -3,21 +3,14 @@ import { stat } from 'node:fs/promises';
 import { constants } from 'node:os';
 import { RolloutError, throwIfAborted } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
-import { buildExecArgs, resolveCwd, type SandboxIdentity } from './bwrap-command.js';
+import { buildExecArgs, resolveCwd, type ExecCommandSpec } from './bwrap-command.js';
 import { spawnContained, type ContainedProcess } from './contained-process.js';
-import type { HostPython } from './host-python.js';
 import { removeTree } from './remove-tree.js';
-import type { ExecOptions, ExecResult, Sandbox, SandboxLimits } from './types.js';
+import type { ExecOptions, ExecResult, Sandbox } from './types.js';
 import { WorkDir } from './work-dir.js';
 
-export interface BubblewrapSandboxInit {
-  bwrapPath: string;
-  systemLayout: readonly string[];
-  python: HostPython | undefined;
-  identity: SandboxIdentity;
-  limits: SandboxLimits;
-  hostWorkdir: string;
-  workdir: string;
+/** What every exec of the sandbox shares: the exec command spec less the per-call parts. */
+export interface BubblewrapSandboxInit extends Omit<ExecCommandSpec, 'cwd' | 'env' | 'argv'> {
   logger: Logger;
   onStopped: () => void;
 }
