@@ -70,11 +70,16 @@ export class RolloutRuntime {
     const known = this.store.existing(task);
     if (known) return this.duplicate(known, sink);
     await this.admission.admit(task.numSamples, signal);
-    if (this.stopped) {
+    // While we waited, the server may have begun stopping or the same task_id may have arrived (as a retry, or
+    // with another spec): give the capacity back on every such path.
+    let raced: TaskEntry | undefined;
+    try {
+      if (this.stopped) throw new RolloutError('unavailable', 'server is stopping');
+      raced = this.store.existing(task);
+    } catch (err) {
       this.admission.release(task.numSamples);
-      throw new RolloutError('unavailable', 'server is stopping');
+      throw err;
     }
-    const raced = this.store.existing(task);
     if (raced) {
       this.admission.release(task.numSamples);
       return this.duplicate(raced, sink);

@@ -20,6 +20,7 @@ export class Admission {
 
   /** Resolves once n samples fit. A request larger than capacity is admitted alone when nothing else is in. */
   admit(n: number, signal?: AbortSignal): Promise<void> {
+    if (signal?.aborted) return Promise.reject(signal.reason);
     if (this.waiters.length === 0 && this.fits(n)) {
       this.admitted += n;
       return Promise.resolve();

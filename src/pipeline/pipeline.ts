@@ -69,6 +69,15 @@ export class Pipeline {
   submit(samples: readonly Sample[]): void {
     for (const sample of samples) {
       this.live.add(sample);
+      // A sample waiting for a slot (queued, or between stages) has no stage to reject: its cancel or total
+      // deadline finishes it here, at once. A running one is finished by its stage's rejection.
+      sample.signal.addEventListener(
+        'abort',
+        () => {
+          if (!sample.active) void this.finish(sample, buildFailedTrajectory(sample, RolloutError.from(sample.signal.reason)));
+        },
+        { once: true },
+      );
       this.events$.next({ type: 'stage', sample, stage: 'queued' });
     }
     for (const sample of samples) this.input$.next(sample);
@@ -76,9 +85,7 @@ export class Pipeline {
 
   /** Cancels a sample: aborts its running stage, or finishes it at once if it is waiting for a slot. */
   cancel(sample: Sample, reason = 'cancelled by client'): void {
-    if (sample.finished) return;
     sample.abort('cancelled', reason);
-    if (!sample.active) void this.finish(sample, buildFailedTrajectory(sample, RolloutError.from(sample.signal.reason)));
   }
 
   get inFlight(): number {
@@ -91,7 +98,11 @@ export class Pipeline {
 
   /** Cancels everything in flight and stops the line. */
   async stop(): Promise<void> {
-    for (const sample of [...this.live]) this.cancel(sample, 'server stopping');
+    const live = [...this.live];
+    for (const sample of live) sample.abort('cancelled', 'server stopping');
+    // Running samples are finished here too (not left to their stage's rejection, which the unsubscribe below
+    // would drop), so every sandbox is released and every sink hears CANCELLED before stop resolves.
+    await Promise.all(live.map((sample) => this.finish(sample, buildFailedTrajectory(sample, RolloutError.from(sample.signal.reason)))));
     this.subscription?.unsubscribe();
     this.subscription = undefined;
     this.input$.complete();
@@ -103,11 +114,17 @@ export class Pipeline {
       name === 'init' ? sample.task.limits.initTimeoutMs : name === 'run' ? sample.task.limits.runTimeoutMs : sample.task.limits.evalTimeoutMs;
     return (source) =>
       source.pipe(
-        tap(() => counters.queued++),
+        tap((sample) => {
+          counters.queued++;
+          sample.queuedIn = name;
+        }),
         mergeMap(
           (sample) =>
             defer(async () => {
-              counters.queued--;
+              if (sample.queuedIn === name) {
+                counters.queued--;
+                sample.queuedIn = undefined;
+              }
               if (sample.finished) return undefined;
               counters.active++;
               sample.active = true;
@@ -146,6 +163,11 @@ export class Pipeline {
     sample.finished = true;
     sample.stage = 'done';
     this.live.delete(sample);
+    if (sample.queuedIn) {
+      // Finished while waiting for a slot: it no longer counts as queued (it leaves the mergeMap buffer later).
+      this.stats[sample.queuedIn].queued--;
+      sample.queuedIn = undefined;
+    }
     sample.abort('cancelled', 'sample finished');
     try {
       await sample.release();
@@ -155,6 +177,7 @@ export class Pipeline {
     sample.timing.totalMs = performance.now() - sample.createdAt;
     trajectory.timing = { ...sample.timing };
     this.completedTotal++;
+    this.events$.next({ type: 'stage', sample, stage: 'done' });
     this.events$.next({ type: 'finished', sample, trajectory });
     try {
       sample.sink(trajectory);

@@ -23,6 +23,8 @@ export class Sample {
   finished = false;
   /** True while a stage function is running for this sample. */
   active = false;
+  /** The stage whose queue holds this sample, while it waits for a slot there. */
+  queuedIn: 'init' | 'run' | 'eval' | undefined;
   readonly timing: SampleTiming = { queueMs: 0, initMs: 0, runMs: 0, llmMs: 0, toolMs: 0, evalMs: 0, totalMs: 0 };
   readonly createdAt = performance.now();
   stageStartedAt = performance.now();

@@ -1,0 +1,119 @@
+import { mkdtemp, readdir, rm } from 'node:fs/promises';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { startRolloutServer, type RolloutServer } from '../../src/app.js';
+import type { ServerConfigInput } from '../../src/config.js';
+import { RolloutClient, type RolloutSession } from '../../src/client/rollout-client.js';
+import { silentLogger } from '../../src/observability/logger.js';
+import { BubblewrapDriver } from '../../src/sandboxes/bwrap.js';
+import type { SandboxDriver } from '../../src/sandboxes/types.js';
+import { FakeVllmEngine, type FakeVllmOptions } from '../../src/testing/fake-vllm.js';
+import { loadQwen3 } from '../../src/tokens/tokenizer.js';
+import type { TaskLimits, Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
+
+export interface ServerHarnessOptions {
+  /** Server config; `backends` defaults to the fake engine. */
+  config?: ServerConfigInput;
+  engine?: Partial<FakeVllmOptions>;
+  /**
+   * Sandbox driver. Default: a real BubblewrapDriver whose work dirs live under a private temp root, so a test
+   * can count the `rollout-sbx-*` dirs it leaves behind without seeing other test files' sandboxes.
+   */
+  sandboxes?: SandboxDriver;
+}
+
+export interface ServerHarness {
+  engine: FakeVllmEngine;
+  server: RolloutServer;
+  client: RolloutClient;
+  /** Host dir holding the bubblewrap work dirs (undefined when a custom driver was given). */
+  sandboxRoot: string | undefined;
+  /** Stops client, server and engine (idempotent), and removes the private sandbox root. */
+  close(): Promise<void>;
+}
+
+/**
+ * Like test/support/harness.ts's startHarness — a real server on 127.0.0.1:0 routed to the fake vLLM engine —
+ * with the seams failure tests need: any sandbox driver, any backends, bubblewrap work dirs kept apart.
+ */
+export async function startServerHarness(options: ServerHarnessOptions = {}): Promise<ServerHarness> {
+  const { tokenizer } = await loadQwen3();
+  const engine = await FakeVllmEngine.start({ tokenizer, tokenLatencyMs: 0, ...options.engine });
+  const sandboxRoot = options.sandboxes ? undefined : await mkdtemp(join(tmpdir(), 'rollout-test-root-'));
+  const sandboxes = options.sandboxes ?? new BubblewrapDriver({ logger: silentLogger(), tmpRoot: sandboxRoot! });
+  const server = await startRolloutServer(
+    { port: 0, model: engine.model, backends: [{ url: engine.url, maxConcurrency: 256 }], ...options.config },
+    { logger: silentLogger(), sandboxes },
+  );
+  const client = new RolloutClient(server.address, options.config?.adminToken ? { adminToken: options.config.adminToken } : {});
+  let closing: Promise<void> | undefined;
+  return {
+    engine,
+    server,
+    client,
+    sandboxRoot,
+    close: () =>
+      (closing ??= (async () => {
+        client.close();
+        await server.shutdown();
+        await engine.close();
+        if (sandboxRoot) await rm(sandboxRoot, { recursive: true, force: true });
+      })()),
+  };
+}
+
+/** The bubblewrap work dirs (`rollout-sbx-*`) currently under `root`. */
+export async function workDirsUnder(root: string): Promise<string[]> {
+  const entries = await readdir(root).catch(() => [] as string[]);
+  return entries.filter((name) => name.startsWith('rollout-sbx-'));
+}
+
+/** An http URL on 127.0.0.1 where nothing listens (a port that was just free). */
+export async function deadUrl(): Promise<string> {
+  const server = createServer();
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address() as { port: number };
+  await new Promise<void>((resolve) => server.close(() => resolve()));
+  return `http://127.0.0.1:${port}`;
+}
+
+/** TaskLimits with only the given fields set (0 means "server default"). */
+export function limits(set: Partial<TaskLimits>): TaskLimits {
+  return { maxTurns: 0, initTimeoutMs: 0, runTimeoutMs: 0, evalTimeoutMs: 0, totalTimeoutMs: 0, ...set };
+}
+
+/**
+ * Reads trajectories from a session one at a time, so a test can wait for some, submit more on the same
+ * stream, and only then close it.
+ */
+export class TrajectoryReader {
+  private readonly iterator: AsyncIterator<Trajectory>;
+  readonly received: Trajectory[] = [];
+
+  constructor(session: RolloutSession) {
+    this.iterator = session.trajectories()[Symbol.asyncIterator]();
+  }
+
+  /** The next `n` trajectories (fails if the stream ends first). */
+  async take(n: number): Promise<Trajectory[]> {
+    const out: Trajectory[] = [];
+    while (out.length < n) {
+      const next = await this.iterator.next();
+      if (next.done) throw new Error(`stream ended after ${out.length} of ${n} trajectories`);
+      out.push(next.value);
+      this.received.push(next.value);
+    }
+    return out;
+  }
+
+  /** Everything until the stream ends (call after `session.close()`). */
+  async rest(): Promise<Trajectory[]> {
+    const out: Trajectory[] = [];
+    for (let next = await this.iterator.next(); !next.done; next = await this.iterator.next()) {
+      out.push(next.value);
+      this.received.push(next.value);
+    }
+    return out;
+  }
+}
