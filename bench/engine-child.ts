@@ -1,0 +1,117 @@
+/**
+ * Benchmark child: the fake vLLM engine (src/testing/fake-vllm.ts, a TEST DOUBLE speaking vLLM's HTTP API) in its
+ * own process at zero token latency, driven by bench/orchestration.ts over IPC (see child-rpc.ts). It can
+ * record the completion requests it receives (to replay them straight at the engine, without the server) and
+ * hold second-turn requests unanswered (to keep trajectories in flight for the memory measurement).
+ */
+import { FakeVllmEngine } from '../src/testing/fake-vllm.js';
+import { calcPolicy } from '../src/testing/calc-environment.js';
+import { scriptedMathPolicy, type FakePolicy } from '../src/testing/scripted-policy.js';
+import { loadQwen3 } from '../src/tokens/tokenizer.js';
+import { serveChild } from './child-rpc.js';
+
+/** The sampling fields of one completion request, as the server sent them. */
+export interface RecordedRequest {
+  prompt: number[];
+  max_tokens: number;
+  temperature?: number;
+  top_p?: number;
+  top_k?: number;
+  seed?: number;
+  stop?: string[];
+}
+
+export type EngineMode = 'calc' | 'math';
+
+export interface EngineStats {
+  received: number;
+  served: number;
+  failed: number;
+  inflight: number;
+  maxInflight: number;
+  /** Requests left unanswered by `hold`. */
+  held: number;
+  cpu: NodeJS.CpuUsage;
+  memory: NodeJS.MemoryUsage;
+}
+
+export type EngineApi = {
+  setMode: (mode: EngineMode) => void;
+  record: (on: boolean) => void;
+  takeRecorded: () => RecordedRequest[];
+  /** While on, every request whose prompt already holds a tool response (turn 2 and later) gets no answer. */
+  hold: (on: boolean) => void;
+  stats: () => EngineStats;
+  shutdown: () => Promise<void>;
+};
+
+export interface EngineInfo {
+  url: string;
+  model: string;
+}
+
+const POLICIES: Record<EngineMode, FakePolicy> = { calc: calcPolicy, math: scriptedMathPolicy };
+
+async function main(): Promise<void> {
+  const { tokenizer } = await loadQwen3();
+  let mode: EngineMode = 'calc';
+  let recording = false;
+  let recorded: RecordedRequest[] = [];
+  let holding = false;
+  let held = 0;
+  const toolResponseId = tokenizer.tokenId('<tool_response>');
+  const isLaterTurn = (prompt: unknown): boolean =>
+    Array.isArray(prompt) && (toolResponseId !== undefined ? prompt.includes(toolResponseId) : tokenizer.decode(prompt as number[]).includes('<tool_response>'));
+
+  const engine = await FakeVllmEngine.start({
+    tokenizer,
+    tokenLatencyMs: 0,
+    policy: (prompt, ctx) => POLICIES[mode](prompt, ctx),
+    inject: ({ body }) => {
+      if (recording) recorded.push(pick(body));
+      if (holding && isLaterTurn(body.prompt)) {
+        held++;
+        return { kind: 'hang' };
+      }
+      return undefined;
+    },
+  });
+
+  const api: EngineApi = {
+    setMode: (m) => void (mode = m),
+    record: (on) => void (recording = on),
+    takeRecorded: () => {
+      const out = recorded;
+      recorded = [];
+      return out;
+    },
+    hold: (on) => {
+      holding = on;
+      if (!on) held = 0;
+    },
+    stats: () => {
+      const s = engine.stats();
+      return { received: s.received, served: s.served, failed: s.failed, inflight: s.inflight, maxInflight: s.maxInflight, held, cpu: process.cpuUsage(), memory: process.memoryUsage() };
+    },
+    shutdown: async () => {
+      await engine.close();
+      setImmediate(() => process.exit(0));
+    },
+  };
+  await serveChild<EngineInfo>(Promise.resolve({ url: engine.url, model: engine.model }), api);
+}
+
+function pick(body: Record<string, unknown>): RecordedRequest {
+  const out: RecordedRequest = { prompt: body.prompt as number[], max_tokens: body.max_tokens as number };
+  if (typeof body.temperature === 'number') out.temperature = body.temperature;
+  if (typeof body.top_p === 'number') out.top_p = body.top_p;
+  if (typeof body.top_k === 'number') out.top_k = body.top_k;
+  if (typeof body.seed === 'number') out.seed = body.seed;
+  if (Array.isArray(body.stop)) out.stop = body.stop as string[];
+  return out;
+}
+
+void main().catch((err: unknown) => {
+  console.error('engine child failed:', err);
+  process.exit(1);
+});

@@ -1,0 +1,269 @@
+/**
+ * Orchestration benchmark: how close the rollout server gets to the engine-bound limit, and what an in-flight
+ * trajectory costs it. Prints figures (never asserts timings); exits 1 only when trajectories or requests failed.
+ *
+ *   npx tsx bench/orchestration.ts [--trajectories 4000] [--concurrency 1000] [--hold 1000] ...
+ *
+ * Three processes: this one (the TS gRPC client and the direct VllmClient), an engine child (the fake vLLM
+ * engine, a test double, at zero token latency) and a server child (startRolloutServer), so the server's memory
+ * and CPU are measured alone. See bench/README.md for what each figure means.
+ */
+import { Command, InvalidArgumentError } from 'commander';
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { cpus, loadavg, platform, release, totalmem } from 'node:os';
+import { dirname } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { RolloutClient } from '../src/client/rollout-client.js';
+import { CALC_ENVIRONMENT } from '../src/testing/calc-environment.js';
+import { ChildHandle } from './child-rpc.js';
+import { driveServer, percentile, replayDirect, type DriveResult, type ReplayResult } from './drive.js';
+import type { EngineApi, EngineInfo, EngineStats } from './engine-child.js';
+import { holdInFlight, type HoldResult } from './memory.js';
+import { note } from './progress.js';
+import type { EventLoopStats, ServerApi, ServerChildOptions, ServerInfo, ServerStats } from './server-child.js';
+import { renderReport } from './report.js';
+import { sampleInFlight, type InFlightSamples } from './sampler.js';
+import { machineBusyMicros } from './system-load.js';
+
+export interface BenchOptions {
+  trajectories: number;
+  concurrency: number;
+  groupSize: number;
+  warmup: number;
+  hold: number;
+  sandboxTrajectories: number;
+  sandboxConcurrency: number;
+  sandboxPass: boolean;
+  output: string;
+  phaseTimeout: number;
+}
+
+type Engine = ChildHandle<EngineApi, EngineInfo>;
+type Server = ChildHandle<ServerApi, ServerInfo>;
+
+const positive = (value: string): number => {
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < 1) throw new InvalidArgumentError('must be a positive integer');
+  return n;
+};
+
+function parseOptions(argv: readonly string[]): BenchOptions {
+  const program = new Command()
+    .name('orchestration')
+    .description('Rollout server throughput vs the engine-bound limit, and server memory per in-flight trajectory (fake vLLM engine).')
+    .option('--trajectories <n>', 'trajectories in the measured server pass', positive, 4000)
+    .option('--concurrency <n>', 'trajectories in flight (server pass) and requests in flight (direct pass)', positive, 1000)
+    .option('--group-size <n>', 'samples per task (GRPO group size)', positive, 1)
+    .option('--warmup <n>', 'trajectories (and replayed requests) to warm up before measuring', positive, 500)
+    .option('--hold <n>', 'trajectories held in flight for the memory measurement', positive, 1000)
+    .option('--sandbox-trajectories <n>', 'trajectories in the real-sandbox pass', positive, 64)
+    .option('--sandbox-concurrency <n>', 'concurrency of the real-sandbox pass', positive, 16)
+    .option('--no-sandbox-pass', 'skip the bubblewrap pass')
+    .option('--output <path>', 'JSON results file', fileURLToPath(new URL('./results/orchestration.json', import.meta.url)))
+    .option('--phase-timeout <s>', 'give up on a phase after this many seconds', positive, 180)
+    .parse([...argv]);
+  const o = program.opts<Omit<BenchOptions, 'phaseTimeout'> & { phaseTimeout: number }>();
+  return { ...o, phaseTimeout: o.phaseTimeout * 1000 };
+}
+
+const cpuMicros = (c: NodeJS.CpuUsage): number => c.user + c.system;
+
+/** CPU time (µs) each process spent between two snapshots, and what the rest of the machine spent meanwhile. */
+export interface CpuSpent {
+  client: number;
+  server: number;
+  engine: number;
+  /** Other processes on the machine (from /proc/stat); NaN where unknown. */
+  others: number;
+  wallMicros: number;
+}
+
+interface CpuSnapshot {
+  client: number;
+  server: number;
+  engine: number;
+  machine: number | undefined;
+  at: number;
+}
+
+async function cpuSnapshot(engine: Engine, server?: Server): Promise<CpuSnapshot> {
+  const [e, s] = await Promise.all([engine.call('stats'), server?.call('stats')]);
+  return { client: cpuMicros(process.cpuUsage()), server: s ? cpuMicros(s.cpu) : 0, engine: cpuMicros(e.cpu), machine: machineBusyMicros(), at: performance.now() };
+}
+
+function spent(a: CpuSnapshot, b: CpuSnapshot): CpuSpent {
+  const ours = b.client - a.client + (b.server - a.server) + (b.engine - a.engine);
+  const machine = a.machine !== undefined && b.machine !== undefined ? b.machine - a.machine : NaN;
+  return { client: b.client - a.client, server: b.server - a.server, engine: b.engine - a.engine, others: Math.max(0, machine - ours), wallMicros: (b.at - a.at) * 1000 };
+}
+
+/**
+ * The server under test: defaults except what the load needs (run-stage concurrency and the backend's request
+ * slots at least the load, admission well above it). `retainFinishedTasks` is set only for the memory server.
+ */
+function serverConfig(engine: Engine, sandbox: ServerChildOptions['sandbox'], concurrency: number, retainFinishedTasks?: number): ServerChildOptions {
+  return {
+    sandbox,
+    config: {
+      model: engine.info.model,
+      backends: [{ url: engine.info.url, maxConcurrency: Math.max(concurrency, 256) }],
+      run: { concurrency: Math.max(concurrency, 1024), timeoutMs: 600_000 },
+      maxAdmitted: Math.max(20_000, concurrency * 2),
+      ...(retainFinishedTasks !== undefined && { retainFinishedTasks }),
+    },
+  };
+}
+
+const SERVER_CHILD = new URL('./server-child.ts', import.meta.url);
+const ENGINE_CHILD = new URL('./engine-child.ts', import.meta.url);
+
+async function startServer(engine: Engine, sandbox: ServerChildOptions['sandbox'], concurrency: number, retainFinishedTasks?: number): Promise<{ server: Server; client: RolloutClient }> {
+  const options = serverConfig(engine, sandbox, concurrency, retainFinishedTasks);
+  const server = await ChildHandle.spawn<ServerApi, ServerInfo>(`server-child(${sandbox})`, SERVER_CHILD, [JSON.stringify(options)]);
+  children.add(server);
+  return { server, client: new RolloutClient(server.info.address) };
+}
+
+async function stopServer(s: { server: Server; client: RolloutClient }): Promise<void> {
+  s.client.close();
+  await s.server.stop('shutdown');
+  children.delete(s.server);
+}
+
+const children = new Set<{ kill(): void }>();
+
+/** Everything the benchmark measured, as written to the JSON file. */
+export interface BenchResults {
+  options: BenchOptions;
+  machine: Record<string, unknown>;
+  server: DriveResult & { cpu: CpuSpent; inFlight: InFlightSamples; eventLoop: EventLoopStats; retained: { tasks: number; trajectories: number; heapBytes: number }; after: ServerStats };
+  direct: ReplayResult & { cpu: CpuSpent; engine: EngineStats };
+  hold: HoldResult;
+  nullSmall: DriveResult | undefined;
+  bwrap: DriveResult | undefined;
+}
+
+async function run(o: BenchOptions): Promise<BenchResults> {
+  const t = o.phaseTimeout;
+  const engine = await ChildHandle.spawn<EngineApi, EngineInfo>('engine-child', ENGINE_CHILD, []);
+  children.add(engine);
+  note(`fake vLLM engine ${engine.info.url} (pid ${engine.pid}); starting server child (null sandboxes, ${CALC_ENVIRONMENT})`);
+
+  // 1. Through the server: warm up, then the measured pass with the engine recording every request.
+  const a = await startServer(engine, 'null', o.concurrency);
+  const base = { environment: CALC_ENVIRONMENT, groupSize: o.groupSize, timeoutMs: t };
+  await driveServer(a.client, { ...base, label: 'server warm-up', prefix: 'warm', trajectories: o.warmup, concurrency: Math.min(o.concurrency, o.warmup), seed: 1 });
+  await engine.call('record', true);
+  const c0 = await cpuSnapshot(engine, a.server);
+  await a.server.call('eventLoop');
+  const live = { submitted: 0, received: 0 };
+  const sampler = await sampleInFlight(a.server, live);
+  const serverPass = await driveServer(a.client, { ...base, label: 'server pass', prefix: 'run', trajectories: o.trajectories, concurrency: o.concurrency, seed: 100_000, live });
+  const inFlight = await sampler.stop();
+  const eventLoop = await a.server.call('eventLoop');
+  const c1 = await cpuSnapshot(engine, a.server);
+  await engine.call('record', false);
+  const recorded = await engine.call('takeRecorded');
+  const serverAfter = await a.server.call('stats');
+  const retained = await a.server.call('dropTaskStore');
+  let nullSmall: DriveResult | undefined;
+  if (o.sandboxPass) {
+    nullSmall = await driveServer(a.client, { ...base, label: 'null sandboxes, small load', prefix: 'small', groupSize: 1,
+      trajectories: o.sandboxTrajectories, concurrency: o.sandboxConcurrency, seed: 500_000 });
+  }
+  await stopServer(a);
+
+  // 2. Directly: the same requests, straight to the engine with VllmClient, at the same concurrency.
+  await replayDirect(engine.info.url, engine.info.model, recorded.slice(0, Math.min(recorded.length, o.warmup * 2)), o.concurrency, 'direct warm-up');
+  const d0 = await cpuSnapshot(engine);
+  const direct = await replayDirect(engine.info.url, engine.info.model, recorded, o.concurrency, 'direct pass (VllmClient)');
+  const d1 = await cpuSnapshot(engine);
+  const engineStats = await engine.call('stats');
+
+  // 3. Memory per in-flight trajectory, on a fresh server that keeps no finished task (so what is left after the
+  // held trajectories end is a leak, not the task store).
+  const b = await startServer(engine, 'null', o.hold, 0);
+  await driveServer(b.client, { ...base, label: 'memory warm-up', prefix: 'mwarm', trajectories: Math.min(o.warmup, 200), concurrency: Math.min(o.warmup, 200), seed: 700_000 });
+  const hold = await holdInFlight(b.client, engine, b.server, o.hold, t);
+  await stopServer(b);
+
+  // 4. Real sandboxes: the math environment, its python tool in bubblewrap.
+  let bwrap: DriveResult | undefined;
+  if (o.sandboxPass) {
+    await engine.call('setMode', 'math');
+    const s = await startServer(engine, 'bwrap', o.sandboxConcurrency);
+    const bw = { environment: 'math', groupSize: 1, timeoutMs: t, concurrency: o.sandboxConcurrency };
+    await driveServer(s.client, { ...bw, label: 'bwrap warm-up', prefix: 'bwarm', trajectories: Math.min(8, o.sandboxTrajectories), seed: 800_000 });
+    bwrap = await driveServer(s.client, { ...bw, label: 'bwrap sandboxes (math + python)', prefix: 'bw', trajectories: o.sandboxTrajectories, seed: 810_000 });
+    await stopServer(s);
+    await engine.call('setMode', 'calc');
+  }
+  await engine.stop('shutdown');
+  children.delete(engine);
+
+  return {
+    options: o,
+    machine: {
+      cpus: cpus().length,
+      cpuModel: cpus()[0]?.model ?? 'unknown',
+      totalMemoryBytes: totalmem(),
+      node: process.version,
+      platform: `${platform()} ${release()}`,
+      loadavg: loadavg(),
+      date: new Date().toISOString(),
+    },
+    server: { ...serverPass, cpu: spent(c0, c1), inFlight, eventLoop, retained, after: serverAfter },
+    direct: { ...direct, cpu: spent(d0, d1), engine: engineStats },
+    hold,
+    nullSmall,
+    bwrap,
+  };
+}
+
+async function main(): Promise<number> {
+  const options = parseOptions(process.argv);
+  const kill = (): void => children.forEach((c) => c.kill());
+  process.once('SIGINT', () => {
+    kill();
+    process.exit(130);
+  });
+  let results: BenchResults;
+  try {
+    results = await run(options);
+  } catch (err) {
+    kill();
+    throw err;
+  }
+  const { table, figures, problems } = renderReport(results);
+  console.log(table);
+  mkdirSync(dirname(options.output), { recursive: true });
+  writeFileSync(options.output, `${JSON.stringify({ figures, problems, machine: results.machine, options: results.options, raw: summarizeRaw(results) }, null, 2)}\n`);
+  note(`wrote ${options.output}`);
+  for (const p of problems) note(`PROBLEM: ${p}`);
+  return problems.length === 0 ? 0 : 1;
+}
+
+/** The JSON keeps distributions as percentiles, not every sample. */
+function summarizeRaw(r: BenchResults): Record<string, unknown> {
+  const drive = (d: DriveResult | undefined) =>
+    d && { trajectories: d.trajectories, turns: d.turns, wallMs: d.wallMs, statuses: d.statuses, meanReward: d.meanReward, rejected: d.rejected.slice(0, 10),
+      latencyMs: { p50: percentile(d.latenciesMs, 50), p90: percentile(d.latenciesMs, 90), p99: percentile(d.latenciesMs, 99), max: percentile(d.latenciesMs, 100) },
+      acceptMs: { p50: percentile(d.acceptMs, 50), p99: percentile(d.acceptMs, 99) },
+      serverTotalMs: { p50: percentile(d.serverTotalMs, 50), p99: percentile(d.serverTotalMs, 99) } };
+  const { latenciesMs, ...direct } = r.direct;
+  return {
+    server: { ...drive(r.server), cpuMicros: r.server.cpu, inFlight: r.server.inFlight, eventLoop: r.server.eventLoop, retained: r.server.retained, after: r.server.after },
+    direct: { ...direct, latencyMs: { p50: percentile(latenciesMs, 50), p99: percentile(latenciesMs, 99) } },
+    hold: r.hold,
+    nullSmall: drive(r.nullSmall),
+    bwrap: drive(r.bwrap),
+  };
+}
+
+main().then(
+  (code) => process.exit(code),
+  (err: unknown) => {
+    console.error(err);
+    process.exit(1);
+  },
+);

@@ -1,0 +1,158 @@
+import type { BenchResults, CpuSpent } from './orchestration.js';
+import { percentile, type DriveResult } from './drive.js';
+
+/** Figures of one run, flat, for the JSON file and for comparing runs. */
+export type Figures = Record<string, number | string>;
+
+const KIB = 1024;
+
+/** Renders rows as aligned columns: the first left-aligned, the others right-aligned. */
+function table(rows: readonly (readonly string[])[]): string {
+  const widths: number[] = [];
+  for (const row of rows) row.forEach((cell, i) => (widths[i] = Math.max(widths[i] ?? 0, cell.length)));
+  return rows.map((row) => row.map((cell, i) => (i === 0 ? cell.padEnd(widths[i]!) : cell.padStart(widths[i]!))).join('  ').trimEnd()).join('\n');
+}
+
+const f0 = (x: number): string => x.toFixed(0);
+const f1 = (x: number): string => x.toFixed(1);
+const f2 = (x: number): string => x.toFixed(2);
+const kib = (bytes: number): string => `${(bytes / KIB).toFixed(1)} KiB`;
+const signedKib = (bytes: number): string => `${bytes >= 0 ? '+' : '-'}${kib(Math.abs(bytes))}`;
+/** Mean number of cores other processes kept busy during a pass (they compete with ours for the 2 cores). */
+const cores = (c: CpuSpent): string => (Number.isNaN(c.others) ? 'n/a' : (c.others / c.wallMicros).toFixed(2));
+const statusList = (s: Record<string, number>): string => Object.entries(s).map(([k, v]) => `${k} ${v}`).join(', ') || '-';
+const notCompleted = (d: DriveResult): number => d.trajectories - (d.statuses.COMPLETED ?? 0);
+const infraFailures = (d: DriveResult): number => d.trajectories - (d.statuses.COMPLETED ?? 0) - (d.statuses.TRUNCATED ?? 0);
+
+/**
+ * The report: one table (stdout), the flat figures (JSON) and the problems found (failed trajectories, leaked
+ * sandboxes or leases, request count mismatches). Timings are printed, never judged.
+ */
+export function renderReport(r: BenchResults): { table: string; figures: Figures; problems: string[] } {
+  const { server: s, direct: d, hold: h, options: o } = r;
+  const problems: string[] = [];
+  const sec = (ms: number): number => ms / 1000;
+
+  const serverTrajPerS = s.trajectories / sec(s.wallMs);
+  const serverTurnsPerS = s.turns / sec(s.wallMs);
+  const directReqPerS = d.requests / sec(d.wallMs);
+  const ratio = serverTurnsPerS / directReqPerS;
+
+  if (s.trajectories !== o.trajectories) problems.push(`server pass delivered ${s.trajectories}/${o.trajectories} trajectories`);
+  if (notCompleted(s) > 0) problems.push(`server pass: ${notCompleted(s)} trajectories not COMPLETED (${statusList(s.statuses)})`);
+  if (s.rejected.length > 0) problems.push(`server pass: ${s.rejected.length} tasks rejected, e.g. ${s.rejected[0]}`);
+  if (d.requests !== s.turns) problems.push(`engine recorded ${d.requests} requests for ${s.turns} turns`);
+  if (d.errors > 0) problems.push(`direct pass: ${d.errors} failed requests, e.g. ${d.firstError}`);
+  for (const [when, st] of [['after the server pass', s.after], ['after the memory phase', h.serverAfter]] as const) {
+    if (st.inFlight !== 0 || st.admitted !== 0) problems.push(`${when}: ${st.inFlight} samples still in the pipeline, ${st.admitted} admitted`);
+    if (st.liveSandboxes) problems.push(`${when}: ${st.liveSandboxes} sandboxes not stopped`);
+    if (st.pool.leases !== 0 || st.pool.inflightRequests !== 0) problems.push(`${when}: ${st.pool.leases} backend leases, ${st.pool.inflightRequests} requests not released`);
+  }
+  if ((h.statuses.CANCELLED ?? 0) !== h.held) problems.push(`memory phase: held trajectories ended as ${statusList(h.statuses)}, expected ${h.held} CANCELLED`);
+  if (h.serverDuring.inFlight !== h.held) problems.push(`memory phase: server had ${h.serverDuring.inFlight} in flight, expected ${h.held}`);
+  for (const [name, pass, strict] of [['null-sandbox small pass', r.nullSmall, true], ['bwrap pass', r.bwrap, false]] as const) {
+    if (!pass) continue;
+    if (pass.trajectories !== o.sandboxTrajectories) problems.push(`${name} delivered ${pass.trajectories}/${o.sandboxTrajectories}`);
+    const bad = strict ? notCompleted(pass) : infraFailures(pass);
+    if (bad > 0) problems.push(`${name}: ${bad} ${strict ? 'not COMPLETED' : 'infrastructure failures'} (${statusList(pass.statuses)})`);
+  }
+
+  const perHeld = (key: 'heapUsed' | 'rss'): number => (h.during[key] - h.base[key]) / h.held;
+  const offHeap = (m: NodeJS.MemoryUsage): number => m.external + m.arrayBuffers;
+  const figures: Figures = {
+    cpus: Number(r.machine.cpus),
+    serverTrajectories: s.trajectories,
+    concurrency: o.concurrency,
+    groupSize: o.groupSize,
+    serverWallS: sec(s.wallMs),
+    serverTrajectoriesPerS: serverTrajPerS,
+    serverTurnsPerS,
+    serverLatencyP50Ms: percentile(s.latenciesMs, 50),
+    serverLatencyP99Ms: percentile(s.latenciesMs, 99),
+    serverAcceptP50Ms: percentile(s.acceptMs, 50),
+    serverPipelineP50Ms: percentile(s.serverTotalMs, 50),
+    serverMeanInFlight: s.inFlight.meanTrajectories,
+    serverMaxInFlight: s.inFlight.maxTrajectories,
+    serverMeanEngineRequests: s.inFlight.meanEngineRequests,
+    serverEventLoopUtilization: s.eventLoop.utilization,
+    serverEventLoopDelayP99Ms: s.eventLoop.delayP99Ms,
+    serverMeanInboundBacklog: s.inFlight.meanInbound,
+    serverMeanOutboundBacklog: s.inFlight.meanOutbound,
+    directRequests: d.requests,
+    directWallS: sec(d.wallMs),
+    directRequestsPerS: directReqPerS,
+    directLatencyP50Ms: percentile(d.latenciesMs, 50),
+    directLatencyP99Ms: percentile(d.latenciesMs, 99),
+    ratioServerTurnsToDirectRequests: ratio,
+    serverCpuMicrosPerTurn: s.cpu.server / s.turns,
+    otherProcessesCoresDuringServerPass: s.cpu.others / s.cpu.wallMicros,
+    otherProcessesCoresDuringDirectPass: d.cpu.others / d.cpu.wallMicros,
+    engineCpuMicrosPerRequestViaServer: s.cpu.engine / s.turns,
+    clientCpuMicrosPerTrajectory: s.cpu.client / s.trajectories,
+    engineCpuMicrosPerRequestDirect: d.cpu.engine / d.requests,
+    directClientCpuMicrosPerRequest: d.cpu.client / d.requests,
+    heldInFlight: h.held,
+    heapBytesPerInFlightTrajectory: perHeld('heapUsed'),
+    rssBytesPerInFlightTrajectory: perHeld('rss'),
+    offHeapBytesPerInFlightTrajectory: (offHeap(h.during) - offHeap(h.base)) / h.held,
+    heapBytesLeftAfterEnd: h.after.heapUsed - h.base.heapUsed,
+    heapBytesLeftAfterSettle: h.settled.heapUsed - h.base.heapUsed,
+    retainedHeapBytesPerFinishedTrajectory: s.retained.heapBytes / s.retained.trajectories,
+  };
+  const small = (name: string, pass: DriveResult | undefined): string[][] => {
+    if (!pass) return [];
+    figures[`${name}TrajectoriesPerS`] = pass.trajectories / sec(pass.wallMs);
+    figures[`${name}TurnsPerS`] = pass.turns / sec(pass.wallMs);
+    figures[`${name}LatencyP50Ms`] = percentile(pass.latenciesMs, 50);
+    return [[name === 'bwrap' ? 'bwrap sandboxes + math (python tool)' : 'null sandboxes + bench-calc (in-process tool)', String(pass.trajectories), String(o.sandboxConcurrency),
+      f1(sec(pass.wallMs)), f1(pass.trajectories / sec(pass.wallMs)), f1(pass.turns / sec(pass.wallMs)), f0(percentile(pass.latenciesMs, 50)),
+      f0(percentile(pass.latenciesMs, 99)), statusList(pass.statuses)]];
+  };
+  const sandboxRows = [...small('nullSmall', r.nullSmall), ...small('bwrap', r.bwrap)];
+  if (r.nullSmall && r.bwrap) figures.sandboxSlowdown = Number(figures.nullSmallTrajectoriesPerS) / Number(figures.bwrapTrajectoriesPerS);
+
+  const m = r.machine;
+  const out = [
+    `Orchestration benchmark: fake vLLM engine (test double) at zero token latency`,
+    `machine: ${String(m.cpus)} × ${String(m.cpuModel)}, ${f1(Number(m.totalMemoryBytes) / KIB ** 3)} GiB, node ${String(m.node)}, ${String(m.platform)}`,
+    `processes: client (this one) | server child | engine child; null sandboxes + bench-calc (2 LLM turns per trajectory)`,
+    '',
+    table([
+      ['throughput', 'items', 'conc', 'wall s', 'traj/s', 'turns/s', 'req/s', 'p50 ms', 'p99 ms', 'failed'],
+      ['server (gRPC session -> pipeline -> engine)', `${s.trajectories} traj`, String(o.concurrency), f1(sec(s.wallMs)), f0(serverTrajPerS), f0(serverTurnsPerS), '-',
+        f0(percentile(s.latenciesMs, 50)), f0(percentile(s.latenciesMs, 99)), String(notCompleted(s))],
+      ['direct (VllmClient -> engine, same requests)', `${d.requests} req`, String(o.concurrency), f1(sec(d.wallMs)), '-', '-', f0(directReqPerS),
+        f0(percentile(d.latenciesMs, 50)), f0(percentile(d.latenciesMs, 99)), String(d.errors)],
+      ['ratio: server turns/s / direct req/s', '', '', '', '', '', f2(ratio), '', '', ''],
+    ]),
+    `where the server pass's latency goes: submit -> accepted p50 ${f0(percentile(s.acceptMs, 50))} ms (p99 ${f0(percentile(s.acceptMs, 99))}), ` +
+      `accepted -> trajectory sent (server timing.totalMs) p50 ${f0(percentile(s.serverTotalMs, 50))} ms (p99 ${f0(percentile(s.serverTotalMs, 99))})`,
+    `requests: mean ${f0(d.promptTokens / d.requests)} prompt tokens, ${f0(d.completionTokens / d.requests)} completion tokens`,
+    `server event loop during the pass: utilization ${f2(s.eventLoop.utilization)}, delay p50 ${f0(s.eventLoop.delayP50Ms)} ms, ` +
+      `p99 ${f0(s.eventLoop.delayP99Ms)} ms, max ${f0(s.eventLoop.delayMaxMs)} ms`,
+    `the client's ${o.concurrency} outstanding trajectories, on average over ${s.inFlight.samples} samples of the server's counters: ` +
+      `${f0(s.inFlight.meanInbound)} not yet read by the server, ${f0(s.inFlight.meanTrajectories)} in its pipeline (max ${s.inFlight.maxTrajectories}; ` +
+      `${f0(s.inFlight.meanEngineRequests)} engine requests open), ${f0(s.inFlight.meanOutbound)} finished but not yet received`,
+    '',
+    table([
+      ['cpu time (µs)', 'server', 'engine', 'client', 'other processes (cores)'],
+      ['server pass, per LLM turn', f0(s.cpu.server / s.turns), f0(s.cpu.engine / s.turns), f0(s.cpu.client / s.turns), cores(s.cpu)],
+      ['direct pass, per request', '-', f0(d.cpu.engine / d.requests), f0(d.cpu.client / d.requests), cores(d.cpu)],
+    ]),
+    '',
+    table([
+      ['server memory (own process, after full GC)', 'count', 'heap', 'rss', 'external+ab'],
+      ['per in-flight trajectory (turn 2 pending)', String(h.held), kib(perHeld('heapUsed')), kib(perHeld('rss')),
+        kib(Number(figures.offHeapBytesPerInFlightTrajectory))],
+      [`retained per finished trajectory (task store, ${s.retained.tasks} tasks)`, String(s.retained.trajectories), kib(Number(figures.retainedHeapBytesPerFinishedTrajectory)), '', ''],
+    ]),
+    `heap after the ${h.held} held trajectories were cancelled, vs before them: ${signedKib(h.after.heapUsed - h.base.heapUsed)} at once, ` +
+      `${signedKib(h.settled.heapUsed - h.base.heapUsed)} ${f1(h.settleMs / 1000)} s later (idle engine connections closed)`,
+  ];
+  if (sandboxRows.length > 0) {
+    out.push('', table([['sandboxes (same load)', 'traj', 'conc', 'wall s', 'traj/s', 'turns/s', 'p50 ms', 'p99 ms', 'statuses'], ...sandboxRows]));
+    if (figures.sandboxSlowdown !== undefined) out.push(`real sandboxes: ${f1(Number(figures.sandboxSlowdown))}× fewer trajectories/s than null sandboxes`);
+  }
+  out.push('', problems.length === 0 ? 'status: every trajectory and request succeeded; no leaked sandboxes, leases or samples' : `status: ${problems.length} problem(s), see stderr`);
+  return { table: out.join('\n'), figures, problems };
+}

@@ -1,0 +1,148 @@
+/**
+ * Benchmark child: one real rollout server (startRolloutServer, silent logger) in its own process, so its memory
+ * and CPU are measured alone, driven by bench/orchestration.ts over IPC (see child-rpc.ts). Started with
+ * `--expose-gc`, so `memory` measures after full collections.
+ *
+ * argv[2] is a JSON {@link ServerChildOptions}. The registry is the default one plus the benchmark double
+ * `bench-calc` (src/testing/calc-environment.ts); with sandbox 'null' the TEST DOUBLE NullSandboxDriver
+ * (src/testing/null-sandbox.ts) replaces bubblewrap, so no process is spawned per trajectory.
+ */
+import { join } from 'node:path';
+import { writeHeapSnapshot } from 'node:v8';
+import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
+import { startRolloutServer } from '../src/app.js';
+import type { ServerConfigInput } from '../src/config.js';
+import { defaultRegistry } from '../src/environments/registry.js';
+import { silentLogger } from '../src/observability/logger.js';
+import type { PoolStats } from '../src/backends/pool.js';
+import type { StageStats } from '../src/pipeline/pipeline.js';
+import { createCalcEnvironment } from '../src/testing/calc-environment.js';
+import { NullSandboxDriver } from '../src/testing/null-sandbox.js';
+import { serveChild } from './child-rpc.js';
+
+export interface ServerChildOptions {
+  sandbox: 'null' | 'bwrap';
+  config: ServerConfigInput;
+}
+
+export interface ServerStats {
+  cpu: NodeJS.CpuUsage;
+  inFlight: number;
+  admitted: number;
+  completedTotal: number;
+  storedTasks: number;
+  stages: StageStats[];
+  pool: PoolStats;
+  /** Null sandboxes not stopped yet (undefined with bwrap). */
+  liveSandboxes: number | undefined;
+  /** Ref'ed TCP sockets (getActiveResourcesInfo): connections with a request or stream open; idle pooled ones are unref'ed. */
+  tcpSockets: number;
+}
+
+/** How busy the server's event loop was since the previous call. */
+export interface EventLoopStats {
+  /** Fraction of wall time the loop was running code (performance.eventLoopUtilization); 1 = saturated. */
+  utilization: number;
+  delayP50Ms: number;
+  delayP99Ms: number;
+  delayMaxMs: number;
+}
+
+export type ServerApi = {
+  /** Event-loop utilization and delay since the previous call (the first call starts the window). */
+  eventLoop: () => EventLoopStats;
+  /** process.memoryUsage() after full garbage collections. */
+  memory: () => Promise<NodeJS.MemoryUsage>;
+  stats: () => ServerStats;
+  /**
+   * Heap held by the task store: measures, empties the store, measures again (after full GCs both times). Destroys
+   * GetTrajectory's record, so call it only when the server's finished tasks are no longer needed.
+   */
+  dropTaskStore: () => Promise<{ tasks: number; trajectories: number; heapBytes: number }>;
+  /** Writes a V8 heap snapshot into `dir` (after full GCs); returns its path. */
+  heapSnapshot: (dir: string) => Promise<string>;
+  shutdown: () => Promise<void>;
+};
+
+export interface ServerInfo {
+  address: string;
+  pid: number;
+}
+
+const gc = (globalThis as { gc?: () => void }).gc;
+
+async function collect(): Promise<void> {
+  if (!gc) throw new Error('server child needs --expose-gc');
+  // Several rounds, yielding between them, so objects freed by finalizers and weak maps are collected too.
+  for (let i = 0; i < 4; i++) {
+    gc();
+    await new Promise((resolve) => setImmediate(resolve));
+  }
+}
+
+async function main(): Promise<void> {
+  const options = JSON.parse(process.argv[2] ?? '{}') as ServerChildOptions;
+  const registry = defaultRegistry().register(createCalcEnvironment());
+  const nullSandboxes = options.sandbox === 'null' ? new NullSandboxDriver() : undefined;
+  const server = await startRolloutServer(
+    { ...options.config, port: 0 },
+    { logger: silentLogger(), registry, ...(nullSandboxes && { sandboxes: nullSandboxes }) },
+  );
+  const { runtime, pool } = server;
+  const delay = monitorEventLoopDelay({ resolution: 10 });
+  delay.enable();
+  let elu = performance.eventLoopUtilization();
+  const api: ServerApi = {
+    memory: async () => {
+      await collect();
+      return process.memoryUsage();
+    },
+    eventLoop: () => {
+      const out: EventLoopStats = {
+        utilization: performance.eventLoopUtilization(elu).utilization,
+        delayP50Ms: delay.percentile(50) / 1e6,
+        delayP99Ms: delay.percentile(99) / 1e6,
+        delayMaxMs: delay.max / 1e6,
+      };
+      elu = performance.eventLoopUtilization();
+      delay.reset();
+      return out;
+    },
+    stats: () => ({
+      cpu: process.cpuUsage(),
+      inFlight: runtime.pipeline.inFlight,
+      admitted: runtime.admission.inFlight,
+      completedTotal: runtime.pipeline.completedTotal,
+      storedTasks: runtime.store.size,
+      stages: runtime.pipeline.stageStats(),
+      pool: pool.stats(),
+      liveSandboxes: nullSandboxes?.live,
+      tcpSockets: process.getActiveResourcesInfo().filter((r) => r === 'TCPSocketWrap').length,
+    }),
+    dropTaskStore: async () => {
+      // TaskStore has no public clear(): the benchmark reaches into its private map (see bench/README.md).
+      const map = (runtime.store as unknown as { tasks: Map<string, { trajectories: unknown[] }> }).tasks;
+      let trajectories = 0;
+      for (const entry of map.values()) trajectories += entry.trajectories.length;
+      const tasks = map.size;
+      const before = (await api.memory()).heapUsed;
+      map.clear();
+      const after = (await api.memory()).heapUsed;
+      return { tasks, trajectories, heapBytes: before - after };
+    },
+    heapSnapshot: async (dir) => {
+      await collect();
+      return writeHeapSnapshot(join(dir, `server-${process.pid}-${Date.now()}.heapsnapshot`));
+    },
+    shutdown: async () => {
+      await server.shutdown();
+      setImmediate(() => process.exit(0));
+    },
+  };
+  await serveChild<ServerInfo>(Promise.resolve({ address: server.address, pid: process.pid }), api);
+}
+
+void main().catch((err: unknown) => {
+  console.error('server child failed:', err);
+  process.exit(1);
+});
