@@ -49,7 +49,7 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
     pool,
     shutdown: async () => {
       await server.shutdown();
-      pool.stopHealthChecks();
+      pool.close();
     },
   };
 }

@@ -161,6 +161,7 @@ export class BackendPool {
     backend.slots.rejectAll(gone);
     for (const request of backend.requests) request.abort(gone);
     for (const resolve of backend.drainWaiters.splice(0)) resolve();
+    backend.client.close?.();
     this.#log.info({ backend: id, drained: options.drain, movedTrajectories: backend.inflightTrajectories }, 'backend removed');
   }
 
@@ -234,6 +235,7 @@ export class BackendPool {
       waiter.cleanup();
       waiter.reject(new RolloutError('unavailable', 'backend pool closed'));
     }
+    for (const backend of this.#backends.values()) backend.client.close?.();
   }
 
   #get(id: string): BackendState {

@@ -33,4 +33,6 @@ export interface EngineClient {
   generate(request: GenerateRequest): Promise<GenerateResult>;
   /** True when the engine answers its health endpoint. */
   health(signal: AbortSignal): Promise<boolean>;
+  /** Releases connections; called once the pool has removed the backend. */
+  close?(): void;
 }

@@ -106,7 +106,7 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
     const openSession = (sessionId: string, resume: boolean, stageEvents: boolean): Session => {
       const s = sessions.open(sessionId, resume, stageEvents);
       const redelivered = s.attach(writer, resume);
-      writer.send({ kind: { $case: 'opened', value: { sessionId: s.id, redelivered, serverVersion: d.serverVersion, maxNumSamples: runtime.deps.config.maxNumSamples } } });
+      writer.sendUrgent({ kind: { $case: 'opened', value: { sessionId: s.id, redelivered, serverVersion: d.serverVersion, maxNumSamples: runtime.deps.config.maxNumSamples } } });
       return s;
     };
     try {
@@ -160,13 +160,13 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
     try {
       const result = await runtime.submit(spec, session.sink, signal);
       session.expect(result.taskId, result.numSamples);
-      writer.send({ kind: { $case: 'accepted', value: result } });
+      writer.sendUrgent({ kind: { $case: 'accepted', value: result } });
     } catch (err) {
       if (signal.aborted) return;
       const e = err instanceof RolloutError ? err : RolloutError.from(err);
       if (e.code === 'internal') log.error({ err, taskId: spec.taskId }, 'submit failed');
       const reason = e.code === 'internal' ? 'internal error' : e.message;
-      writer.send({ kind: { $case: 'rejected', value: { taskId: spec.taskId, field: e.field ?? '', reason } } });
+      writer.sendUrgent({ kind: { $case: 'rejected', value: { taskId: spec.taskId, field: e.field ?? '', reason } } });
     }
   }
 }

@@ -9,6 +9,8 @@ type WritableCall<T> = ServerWritableStream<unknown, T> | ServerDuplexStream<unk
  */
 export class StreamWriter<T> {
   private readonly queue: T[] = [];
+  /** Small control messages (opened, accepted, rejected) that go ahead of queued trajectories. */
+  private readonly urgent: T[] = [];
   private pumping = false;
   private closed = false;
   private readonly idleWaiters: (() => void)[] = [];
@@ -17,6 +19,7 @@ export class StreamWriter<T> {
     const close = (): void => {
       this.closed = true;
       this.queue.length = 0;
+      this.urgent.length = 0;
       this.wakeIdle();
     };
     call.on('close', close);
@@ -38,9 +41,19 @@ export class StreamWriter<T> {
     if (!this.pumping) void this.pump();
   }
 
+  /**
+   * Sends ahead of everything queued but other urgent messages: a trainer waiting on `accepted` should not wait
+   * behind thousands of trajectories when the server is busy.
+   */
+  sendUrgent(message: T): void {
+    if (this.closed) return;
+    this.urgent.push(message);
+    if (!this.pumping) void this.pump();
+  }
+
   /** Resolves when everything queued has been handed to the transport (or the call closed). */
   async flushed(): Promise<void> {
-    while (!this.closed && (this.queue.length > 0 || this.pumping)) {
+    while (!this.closed && (this.queue.length > 0 || this.urgent.length > 0 || this.pumping)) {
       await new Promise<void>((resolve) => this.idleWaiters.push(resolve));
     }
   }
@@ -61,8 +74,8 @@ export class StreamWriter<T> {
   private async pump(): Promise<void> {
     this.pumping = true;
     try {
-      while (this.queue.length > 0 && !this.closed) {
-        const message = this.queue.shift()!;
+      while ((this.urgent.length > 0 || this.queue.length > 0) && !this.closed) {
+        const message = this.urgent.length > 0 ? this.urgent.shift()! : this.queue.shift()!;
         if (!this.call.write(message)) await this.drained();
         if (this.queue.length < 64) this.wakeIdle();
       }

@@ -32,6 +32,9 @@ export interface StageStats {
 }
 
 type WorkStage = 'init' | 'run' | 'eval';
+
+/** Abort reason for leftovers of a finished sample; one shared object (an Error per sample costs a stack trace). */
+const SAMPLE_FINISHED: Error = Object.assign(new Error('sample finished'), { name: 'AbortError' });
 const STAGES: readonly WorkStage[] = ['init', 'run', 'eval'];
 
 /**
@@ -168,7 +171,7 @@ export class Pipeline {
       this.stats[sample.queuedIn].queued--;
       sample.queuedIn = undefined;
     }
-    sample.abort('cancelled', 'sample finished');
+    if (!sample.signal.aborted) sample.controller.abort(SAMPLE_FINISHED);
     try {
       await sample.release();
     } catch (err) {

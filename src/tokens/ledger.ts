@@ -3,6 +3,7 @@ import { RolloutError } from '../errors.js';
 import { environmentDelta, probeAssistantClosing, type DeltaMethod } from './template-delta.js';
 import type { ChatMessage, ChatTemplate, Tokenizer, ToolSchema } from './types.js';
 import { verifyLedgerSnapshot } from './verify.js';
+import { encodePrompt } from './encode-cache.js';
 
 /** What came of a tool call, as the contract's ToolOutcome. */
 export type ToolOutcome = 'ok' | 'error' | 'malformed' | 'finish';
@@ -120,7 +121,7 @@ export class TokenLedger {
     this.tools = options.tools;
     this.history = options.messages.map((m) => ({ ...m }));
     const prompt = this.template.render(this.history, this.renderOptions(true));
-    this.promptIds = Object.freeze(this.tokenizer.encode(prompt));
+    this.promptIds = encodePrompt(this.tokenizer, prompt);
     this.closing = probeAssistantClosing(this.template, this.tools);
   }
 

@@ -21,6 +21,21 @@ export type DeltaMethod = 'prefix' | 'anchor' | 'isolated';
  * nothing after the content, or when the probe content cannot be found in the render.
  */
 export function probeAssistantClosing(template: ChatTemplate, tools: readonly ToolSchema[] | undefined): string {
+  // Depends only on the template and the tools: cached, since every trajectory asks.
+  let byTools = closingCache.get(template);
+  if (!byTools) closingCache.set(template, (byTools = new Map()));
+  const key = tools ? JSON.stringify(tools) : '';
+  let closing = byTools.get(key);
+  if (closing === undefined) {
+    closing = renderProbeClosing(template, tools);
+    if (byTools.size < 256) byTools.set(key, closing);
+  }
+  return closing;
+}
+
+const closingCache = new WeakMap<ChatTemplate, Map<string, string>>();
+
+function renderProbeClosing(template: ChatTemplate, tools: readonly ToolSchema[] | undefined): string {
   const probe: ChatMessage[] = [
     { role: 'user', content: PROBE_USER },
     { role: 'assistant', content: PROBE_ASSISTANT },
