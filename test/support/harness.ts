@@ -1,39 +1,15 @@
-import { startRolloutServer, type RolloutServer } from '../../src/app.js';
 import type { ServerConfigInput } from '../../src/config.js';
-import { RolloutClient } from '../../src/client/rollout-client.js';
-import { silentLogger } from '../../src/observability/logger.js';
-import { FakeVllmEngine, type FakeVllmOptions } from '../../src/testing/fake-vllm.js';
+import type { FakeVllmOptions } from '../../src/testing/fake-vllm.js';
 import { makeMathProblem } from '../../src/testing/arithmetic.js';
-import { loadQwen3 } from '../../src/tokens/tokenizer.js';
+import { startServerHarness, type ServerHarness } from './server-harness.js';
 import type { TaskInput } from '../../src/client/rollout-client.js';
 import { Role, type Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 
-export interface Harness {
-  engine: FakeVllmEngine;
-  server: RolloutServer;
-  client: RolloutClient;
-  close(): Promise<void>;
-}
+export type Harness = ServerHarness;
 
 /** A real server on 127.0.0.1:0 with bubblewrap sandboxes, routed to the fake vLLM engine (test double). */
-export async function startHarness(config: ServerConfigInput = {}, engineOptions: Partial<FakeVllmOptions> = {}): Promise<Harness> {
-  const { tokenizer } = await loadQwen3();
-  const engine = await FakeVllmEngine.start({ tokenizer, tokenLatencyMs: 0, ...engineOptions });
-  const server = await startRolloutServer(
-    { port: 0, model: engine.model, backends: [{ url: engine.url, maxConcurrency: 256 }], ...config },
-    { logger: silentLogger() },
-  );
-  const client = new RolloutClient(server.address, config.adminToken ? { adminToken: config.adminToken } : {});
-  return {
-    engine,
-    server,
-    client,
-    close: async () => {
-      client.close();
-      await server.shutdown();
-      await engine.close();
-    },
-  };
+export function startHarness(config: ServerConfigInput = {}, engineOptions: Partial<FakeVllmOptions> = {}): Promise<Harness> {
+  return startServerHarness({ config, engine: engineOptions });
 }
 
 /** A math task on a generated arithmetic problem. */

@@ -34,8 +34,9 @@ export interface ServerHarness {
 }
 
 /**
- * Like test/support/harness.ts's startHarness — a real server on 127.0.0.1:0 routed to the fake vLLM engine —
- * with the seams failure tests need: any sandbox driver, any backends, bubblewrap work dirs kept apart.
+ * A real server on 127.0.0.1:0 routed to the fake vLLM engine (test double), with the seams failure tests
+ * need: any sandbox driver, any backends, bubblewrap work dirs kept apart. (harness.ts's startHarness is this
+ * with defaults.)
  */
 export async function startServerHarness(options: ServerHarnessOptions = {}): Promise<ServerHarness> {
   const { tokenizer } = await loadQwen3();
