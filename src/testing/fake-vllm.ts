@@ -21,6 +21,13 @@ export interface FakeVllmOptions {
   inject?: (request: { index: number; body: Record<string, unknown> }) => InjectedFailure | undefined;
   /** Context length; prompt + max_tokens beyond it is a 400, as in vLLM. */
   maxModelLen?: number;
+  /**
+   * Turns the policy's text into token ids (default: the canonical tokenizer). Tests pass a non-canonical
+   * splitting to prove the server never re-tokenizes what the policy sampled.
+   */
+  tokenize?: (text: string) => number[];
+  /** Sees every completion the engine returns, so tests can compare trajectories with what was sampled. */
+  onCompletion?: (completion: { promptIds: readonly number[]; tokenIds: readonly number[]; logprobs: readonly number[]; finishReason: 'stop' | 'length' }) => void;
 }
 
 /** Counters a test or benchmark reads to see what the engine was asked to do. */
@@ -211,7 +218,7 @@ export class FakeVllmEngine {
       if (stop !== '' && at >= 0 && (stopReason === null || at < text.indexOf(stopReason))) stopReason = stop;
     }
     if (stopReason !== null) text = text.slice(0, text.indexOf(stopReason));
-    let ids = tokenizer.encode(text);
+    let ids = this.options.tokenize ? this.options.tokenize(text) : tokenizer.encode(text);
     if (stopReason === null) ids.push(this.#stopId);
     let finish: 'stop' | 'length' = 'stop';
     if (ids.length > maxTokens) {
@@ -220,6 +227,7 @@ export class FakeVllmEngine {
       stopReason = null;
     }
     const logprobs = ids.map((id, i) => -(0.001 + (hashInts(seed, promptIds.length + i, id) % 4000) / 1000));
+    this.options.onCompletion?.({ promptIds, tokenIds: ids, logprobs, finishReason: finish });
     // vLLM leaves the terminating stop token out of the text; other special tokens stay unless skipped.
     const textIds = finish === 'stop' && stopReason === null ? ids.slice(0, -1) : ids;
     const outText = tokenizer.decode(textIds, { skipSpecialTokens: body.skip_special_tokens !== false });
