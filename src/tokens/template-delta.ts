@@ -6,11 +6,12 @@ const PROBE_USER = '\u27e6probe-user-3f9a\u27e7';
 const PROBE_ASSISTANT = '\u27e6probe-assistant-3f9a\u27e7';
 
 /**
- * How {@link environmentDelta} found the text between turns:
- * - `prefix`: render(history) is a prefix of render(history + new messages): the delta is the difference.
- * - `anchor`: it is not (the template renders the last assistant message differently when it is last, or
- *   rewrites earlier turns once a new user query arrives, as Qwen3 does with its <think> blocks), so the last
- *   assistant content is replaced by a marker and the delta is everything rendered after that marker.
+ * How {@link environmentDelta} found the text between turns, tried in this order:
+ * - `anchor`: the last assistant content is replaced by a marker and the delta is everything rendered after that
+ *   marker, checked to end the real render. Works whether or not the template renders the last assistant message
+ *   differently when it is last, or rewrites earlier turns (as Qwen3 does with its <think> blocks).
+ * - `prefix`: the template rewrites the content itself (the marker is not found), but render(history) is a prefix
+ *   of render(history + new messages): the delta is the difference.
  * - `isolated`: neither worked; only the new messages are rendered, on their own, without tools.
  */
 export type DeltaMethod = 'prefix' | 'anchor' | 'isolated';
@@ -78,16 +79,18 @@ export function environmentDelta(template: ChatTemplate, request: DeltaRequest):
     throw new RolloutError('failed_precondition', 'environment messages must follow an assistant turn');
   }
   const full = template.render([...history, ...added], withTools({ addGenerationPrompt: true }, tools));
-  const base = template.render(history, withTools({ addGenerationPrompt: false }, tools));
-  if (full.startsWith(base) && base.endsWith(closing)) {
-    return { text: closing + full.slice(base.length), method: 'prefix' };
-  }
+  // Anchor first: it is Qwen3's normal path (see DeltaMethod) and, checked against `full`, as exact as the prefix
+  // diff; trying it first saves one whole-conversation render per environment turn on such templates.
   const anchored = [...history.slice(0, -1), { ...last, content: PROBE_ASSISTANT }, ...added];
   const marked = template.render(anchored, withTools({ addGenerationPrompt: true }, tools));
   const at = marked.lastIndexOf(PROBE_ASSISTANT);
   if (at >= 0) {
     const tail = marked.slice(at + PROBE_ASSISTANT.length);
     if (full.endsWith(tail)) return { text: tail, method: 'anchor' };
+  }
+  const base = template.render(history, withTools({ addGenerationPrompt: false }, tools));
+  if (full.startsWith(base) && base.endsWith(closing)) {
+    return { text: closing + full.slice(base.length), method: 'prefix' };
   }
   const alone = template.render(added, { addGenerationPrompt: true });
   return { text: closing + alone, method: 'isolated' };

@@ -104,7 +104,7 @@ describe('TokenLedger', () => {
     ledger.appendSampled(canonicalSample(tokenizer, '<think>\nOne file.\n</think>\n\nOne file.', 'stop'));
     ledger.appendEnvironment([{ role: 'tool', content: 'b.txt' }]);
     expect(ledger.contextIds()).toEqual(retokenized(ledger));
-    expect(ledger.deltaMethods.prefix).toBe(2);
+    expect(ledger.deltaMethods.anchor).toBe(2);
   });
 
   it('keeps the reasoning the model saw after a new user query, where a re-render would drop it', () => {

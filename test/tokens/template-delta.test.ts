@@ -31,9 +31,22 @@ describe('probeAssistantClosing', () => {
 });
 
 describe('environmentDelta', () => {
-  it('diffs the renders when the history render is a prefix of the full render', () => {
+  it('finds the text after the assistant content by anchoring on it, when the template renders turns alike', () => {
     const delta = environmentDelta(plain, { history, added: toolReply, tools: undefined, closing: '</s>\n' });
-    expect(delta).toEqual({ text: '</s>\n[tool]R</s>\n[assistant]', method: 'prefix' });
+    expect(delta).toEqual({ text: '</s>\n[tool]R</s>\n[assistant]', method: 'anchor' });
+  });
+
+  it('diffs the renders when the anchor cannot be found but the history render is a prefix of the full render', () => {
+    // Rewrites assistant content (upper-cases it), so the probe marker never appears verbatim.
+    const shouting: ChatTemplate = {
+      render: (messages, { addGenerationPrompt }) =>
+        messages.map((m) => `[${m.role}]${m.role === 'assistant' ? m.content.toUpperCase() : m.content}</s>\n`).join('') +
+        (addGenerationPrompt ? '[assistant]' : ''),
+    };
+    const closing = probeAssistantClosing(shouting, undefined);
+    expect(closing).toBe('');
+    const delta = environmentDelta(shouting, { history, added: toolReply, tools: undefined, closing });
+    expect(delta).toEqual({ text: '[tool]R</s>\n[assistant]', method: 'prefix' });
   });
 
   it('anchors on the assistant content when Qwen3 renders the last assistant turn differently', () => {
