@@ -48,6 +48,7 @@ export function createCalcTool(): ValidatedTool {
  */
 export function createCalcEnvironment(): Environment<MathInstance> {
   const math = createMathEnvironment();
+  const tools = [createCalcTool(), createFinishTool()];
   return {
     name: CALC_ENVIRONMENT,
     description: 'Benchmark double: arithmetic problems, in-process calc tool, graded like math.',
@@ -62,7 +63,7 @@ export function createCalcEnvironment(): Environment<MathInstance> {
         ],
       };
     },
-    tools: () => [createCalcTool(), createFinishTool()],
+    tools: () => tools,
     evaluate: (context) => math.evaluate(context),
   };
 }

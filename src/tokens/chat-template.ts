@@ -73,7 +73,7 @@ export class JinjaChatTemplate implements ChatTemplate {
     messages: readonly ChatMessage[],
     options: { addGenerationPrompt: boolean; tools?: readonly ToolSchema[] },
   ): string {
-    const tools = options.tools !== undefined && options.tools.length > 0 ? options.tools.map(plainTool) : null;
+    const tools = options.tools !== undefined && options.tools.length > 0 ? plainTools(options.tools) : null;
     try {
       return this.template.render({
         ...this.fixed,
@@ -97,10 +97,17 @@ function plainMessage(message: ChatMessage): Record<string, unknown> {
   return plain;
 }
 
-/** Deep copy through JSON: the template sees plain data, and tojson prints exactly what the caller gave. */
-function plainTool(tool: ToolSchema): unknown {
-  return JSON.parse(JSON.stringify(tool)) as unknown;
+/**
+ * Deep copy through JSON: the template sees plain data, and tojson prints exactly what the caller gave. Cached
+ * per tools array (an environment passes the same one every turn), since this ran on every render.
+ */
+function plainTools(tools: readonly ToolSchema[]): unknown[] {
+  let plain = plainToolsCache.get(tools);
+  if (!plain) plainToolsCache.set(tools, (plain = JSON.parse(JSON.stringify(tools)) as unknown[]));
+  return plain;
 }
+
+const plainToolsCache = new WeakMap<readonly ToolSchema[], unknown[]>();
 
 function describe(err: unknown): string {
   return err instanceof Error ? err.message : String(err);

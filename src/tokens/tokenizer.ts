@@ -19,6 +19,9 @@ const CHATML_STOP_TOKENS = ['<|im_end|>', '<|endoftext|>'] as const;
 export class HfTokenizer implements Tokenizer {
   readonly stopTokenIds: readonly number[];
   private readonly impl: HfTokenizerImpl;
+  /** Splits text at added tokens, as the tokenizer itself does first; undefined when segments are not independent. */
+  private readonly splitter: RegExp | undefined;
+  private readonly segments = new Map<string, readonly number[]>();
 
   constructor(
     tokenizerJson: Record<string, unknown>,
@@ -32,10 +35,43 @@ export class HfTokenizer implements Tokenizer {
     const candidates = [specialTokenString(config.eos_token), ...CHATML_STOP_TOKENS];
     const ids = candidates.flatMap((token) => (token === undefined ? [] : (this.tokenId(token) ?? [])));
     this.stopTokenIds = Object.freeze([...new Set(ids)]);
+    this.splitter = addedTokenSplitter(tokenizerJson);
   }
 
+  /**
+   * Encodes text; special tokens in it are parsed. The tokenizer cuts text at added tokens (<|im_start|>, ...)
+   * before anything else, so each piece between them encodes on its own; the pieces are cached, because a
+   * rendered conversation repeats them (the system prompt and tool schemas of every task, earlier turns):
+   * tokenizing was a fifth of server CPU in bench/orchestration. Exactly `encodeUncached` (property-tested).
+   */
   encode(text: string): number[] {
+    if (!this.splitter) return this.encodeUncached(text);
+    const out: number[] = [];
+    let at = 0;
+    for (const match of text.matchAll(this.splitter)) {
+      if (match.index > at) this.pushSegment(out, text.slice(at, match.index));
+      out.push(this.impl.token_to_id(match[0])!);
+      at = match.index + match[0].length;
+    }
+    if (at < text.length) this.pushSegment(out, text.slice(at));
+    return out;
+  }
+
+  /** The library's encode of the whole text, without the segment cache. */
+  encodeUncached(text: string): number[] {
     return this.impl.encode(text, { add_special_tokens: false }).ids;
+  }
+
+  private pushSegment(out: number[], segment: string): void {
+    let ids = this.segments.get(segment);
+    if (!ids) {
+      ids = this.encodeUncached(segment);
+      if (segment.length >= MIN_CACHED_SEGMENT && segment.length <= MAX_CACHED_SEGMENT) {
+        if (this.segments.size >= MAX_CACHED_SEGMENTS) this.segments.delete(this.segments.keys().next().value!);
+        this.segments.set(segment, ids);
+      }
+    }
+    for (const id of ids) out.push(id);
   }
 
   /** Decodes ids to text; [] is "" (the library itself refuses an empty array). */
@@ -47,6 +83,32 @@ export class HfTokenizer implements Tokenizer {
   tokenId(token: string): number | undefined {
     return this.impl.token_to_id(token);
   }
+}
+
+const MIN_CACHED_SEGMENT = 64;
+const MAX_CACHED_SEGMENT = 64 * 1024;
+const MAX_CACHED_SEGMENTS = 4096;
+
+interface AddedTokenJson {
+  content: string;
+  lstrip?: boolean;
+  rstrip?: boolean;
+  normalized?: boolean;
+  single_word?: boolean;
+}
+
+/**
+ * A regex matching the added tokens, longest first — or undefined when an added token strips whitespace around
+ * it or is matched after normalization, since then the text between added tokens does not encode on its own.
+ */
+function addedTokenSplitter(tokenizerJson: Record<string, unknown>): RegExp | undefined {
+  const added = (tokenizerJson.added_tokens ?? []) as AddedTokenJson[];
+  if (added.length === 0 || added.some((t) => t.lstrip || t.rstrip || t.normalized || t.single_word)) return undefined;
+  const escaped = added
+    .map((t) => t.content)
+    .sort((a, b) => b.length - a.length)
+    .map((c) => c.replace(/[.*+?^${}()|[\]\\]/g, '\\$&'));
+  return new RegExp(escaped.join('|'), 'g');
 }
 
 /** A tokenizer together with the model's own chat template. */

@@ -48,9 +48,20 @@ export function defaultToolRegistry(): ToolRegistry {
 }
 
 /** The tools' descriptions in the OpenAI function form the chat template's `tools` variable expects. */
-export function toolSchemas(tools: readonly Tool[]): ToolSchema[] {
-  return tools.map((tool) => ({
-    type: 'function',
-    function: { name: tool.name, description: tool.description, parameters: tool.parameters },
-  }));
+export function toolSchemas(tools: readonly Tool[]): readonly ToolSchema[] {
+  // The same array for the same tools: an environment that builds its tools once gets one schema list, which
+  // the chat template and ledger caches then recognise on every render of every trajectory.
+  let schemas = schemaCache.get(tools);
+  if (!schemas) {
+    schemas = Object.freeze(
+      tools.map((tool) => ({
+        type: 'function' as const,
+        function: { name: tool.name, description: tool.description, parameters: tool.parameters },
+      })),
+    );
+    schemaCache.set(tools, schemas);
+  }
+  return schemas;
 }
+
+const schemaCache = new WeakMap<readonly Tool[], readonly ToolSchema[]>();
