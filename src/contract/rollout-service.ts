@@ -157,11 +157,13 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
   }
 
   async function submitOnStream(session: Session, spec: TaskSpec, writer: StreamWriter<RolloutResponse>, signal: AbortSignal): Promise<void> {
+    session.claim(spec.taskId);
     try {
       const result = await runtime.submit(spec, session.sink, signal);
       session.expect(result.taskId, result.numSamples);
       writer.sendUrgent({ kind: { $case: 'accepted', value: result } });
     } catch (err) {
+      session.unclaim(spec.taskId);
       if (signal.aborted) return;
       const e = err instanceof RolloutError ? err : RolloutError.from(err);
       if (e.code === 'internal') log.error({ err, taskId: spec.taskId }, 'submit failed');

@@ -12,6 +12,7 @@ export class Session {
   private readonly unacked = new Map<string, Trajectory>();
   private readonly delivered = new Set<string>();
   private readonly taskIds = new Set<string>();
+  private readonly claimed = new Set<string>();
   private expected = 0;
   private writer: StreamWriter<RolloutResponse> | undefined;
   private readonly idleWaiters = new Set<() => void>();
@@ -32,15 +33,26 @@ export class Session {
     this.wakeIdle();
   };
 
+  /** Marks a task as being submitted on this session, so its first stage events (queued, init) reach it. */
+  claim(taskId: string): void {
+    this.claimed.add(taskId);
+  }
+
   /** Records a task accepted on this session (idempotent per task id). */
   expect(taskId: string, numSamples: number): void {
+    this.claimed.delete(taskId);
     if (this.taskIds.has(taskId)) return;
     this.taskIds.add(taskId);
     this.expected += numSamples;
   }
 
+  /** The submit was rejected: drop the claim. */
+  unclaim(taskId: string): void {
+    this.claimed.delete(taskId);
+  }
+
   owns(taskId: string): boolean {
-    return this.taskIds.has(taskId);
+    return this.taskIds.has(taskId) || this.claimed.has(taskId);
   }
 
   /** Attaches a stream; on resume re-sends what was not acked. Returns how many were re-sent. */

@@ -127,3 +127,32 @@ describe('Rollout stream against a real server, bubblewrap sandboxes and the fak
     expect(new Set([...got, ...rest])).toEqual(new Set(['resume-a#0', 'resume-a#1', 'resume-b#0', 'resume-b#1']));
   });
 });
+
+describe('Rollout stream controls', () => {
+  let h: Harness;
+  beforeAll(async () => {
+    // Slow enough that a cancel arrives while the samples are still running.
+    h = await startHarness({}, { tokenLatencyMs: 20 });
+  });
+  afterAll(async () => h?.close());
+
+  it('sends stage events to a session that asks, and a cancel on the stream ends the task as CANCELLED', async () => {
+    const session = h.client.openSession({ stageEvents: true });
+    const stages: string[] = [];
+    session.onStage = (e) => stages.push(`${e.taskId}#${e.sampleIndex}:${e.stage}`);
+    await session.submit(mathTask('stream-fast', 1, 61));
+    await session.submit(mathTask('stream-cancel', 2, 62, { sampling: { maxTokensPerTurn: 256, maxTotalTokens: 4096, stop: [] } }));
+    session.cancel('stream-cancel');
+    session.close();
+    const trajectories = await collect(session.trajectories());
+    const byKey = new Map(trajectories.map((t) => [`${t.taskId}#${t.sampleIndex}`, t]));
+    expect([...byKey.keys()].sort()).toEqual(['stream-cancel#0', 'stream-cancel#1', 'stream-fast#0']);
+    expect(byKey.get('stream-cancel#0')!.status).toBe(TrajectoryStatus.TRAJECTORY_STATUS_CANCELLED);
+    expect(byKey.get('stream-cancel#1')!.status).toBe(TrajectoryStatus.TRAJECTORY_STATUS_CANCELLED);
+    expect(OK.has(byKey.get('stream-fast#0')!.status)).toBe(true);
+    // Stage enum values: QUEUED 1, INIT 2, RUN 3, EVAL 4, DONE 5.
+    const fast = stages.filter((s) => s.startsWith('stream-fast#0:')).map((s) => Number(s.split(':')[1]));
+    expect(fast).toEqual([1, 2, 3, 4, 5]);
+    expect(stages.filter((s) => s.startsWith('stream-cancel#0:')).at(-1)).toBe('stream-cancel#0:5');
+  });
+});
