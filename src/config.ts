@@ -55,6 +55,8 @@ export const serverConfigSchema = z.object({
   backendAcquireTimeoutMs: z.number().int().min(1).default(30_000),
   /** Finished tasks kept for GetTrajectory and re-submits before the oldest are dropped (they hold full token arrays). */
   retainFinishedTasks: z.number().int().min(0).default(2_000),
+  /** ...and at most about this many bytes of their trajectories. */
+  retainFinishedBytes: z.number().int().min(0).default(512 << 20),
   /** Bearer token required on BackendService calls when set. */
   adminToken: z.string().optional(),
 });

@@ -46,7 +46,7 @@ export class RolloutRuntime {
   constructor(readonly deps: RuntimeDeps) {
     this.log = deps.logger.child({ component: 'runtime' });
     const { config } = deps;
-    this.store = new TaskStore(config.retainFinishedTasks);
+    this.store = new TaskStore(config.retainFinishedTasks, config.retainFinishedBytes);
     this.admission = new Admission(config.maxAdmitted);
     this.pipeline = new Pipeline(
       createStages(deps),

@@ -16,13 +16,19 @@ export interface TaskEntry {
 
 /**
  * Tasks by task_id: the idempotency record behind Submit and the store behind GetTrajectory. Finished tasks are
- * kept up to `retain` (oldest dropped first), so a long training run does not grow the server without bound.
+ * kept up to `retain` tasks and about `retainBytes` of trajectories (oldest dropped first), so a long training
+ * run with long trajectories does not grow the server without bound.
  */
 export class TaskStore {
   private readonly tasks = new Map<string, TaskEntry>();
-  private readonly finishedOrder: string[] = [];
+  /** Finished task ids, oldest first, with their estimated size. */
+  private readonly finished = new Map<string, number>();
+  private finishedBytes = 0;
 
-  constructor(private readonly retain: number) {}
+  constructor(
+    private readonly retain: number,
+    private readonly retainBytes: number = Number.POSITIVE_INFINITY,
+  ) {}
 
   get(taskId: string): TaskEntry | undefined {
     return this.tasks.get(taskId);
@@ -54,9 +60,34 @@ export class TaskStore {
     if (entry.pending === 0) {
       entry.samples = [];
       entry.sinks.clear();
-      this.finishedOrder.push(trajectory.taskId);
-      while (this.finishedOrder.length > this.retain) this.tasks.delete(this.finishedOrder.shift()!);
+      const bytes = estimateBytes(entry);
+      this.finished.set(trajectory.taskId, bytes);
+      this.finishedBytes += bytes;
+      while (this.finished.size > 0 && (this.finished.size > this.retain || this.finishedBytes > this.retainBytes)) {
+        const [oldest, size] = this.finished.entries().next().value!;
+        this.finished.delete(oldest);
+        this.finishedBytes -= size;
+        this.tasks.delete(oldest);
+      }
     }
+  }
+
+  /** Drops every finished task (running ones stay); returns what was dropped. For benchmarks and admin tools. */
+  dropFinished(): { tasks: number; trajectories: number } {
+    let trajectories = 0;
+    for (const taskId of this.finished.keys()) {
+      trajectories += this.tasks.get(taskId)?.trajectories.length ?? 0;
+      this.tasks.delete(taskId);
+    }
+    const tasks = this.finished.size;
+    this.finished.clear();
+    this.finishedBytes = 0;
+    return { tasks, trajectories };
+  }
+
+  /** Estimated bytes held by finished tasks. */
+  get retainedBytes(): number {
+    return this.finishedBytes;
   }
 
   /** Resolves when the given samples have finished or the signal fires. */
@@ -78,4 +109,15 @@ export class TaskStore {
   get size(): number {
     return this.tasks.size;
   }
+}
+
+/** A rough size of a finished task in memory: token arrays (8 bytes an element), message text, the spec. */
+function estimateBytes(entry: TaskEntry): number {
+  let bytes = 512 + 2 * entry.task.fingerprint.length;
+  for (const t of entry.trajectories) {
+    if (!t) continue;
+    bytes += 256 + 8 * (t.promptTokenIds.length + 3 * t.responseTokenIds.length) + 48 * t.turns.length;
+    for (const m of t.messages) bytes += 2 * m.content.length + 64;
+  }
+  return bytes;
 }
