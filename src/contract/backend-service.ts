@@ -77,7 +77,8 @@ function authorize(metadata: Metadata, token: string | undefined): void {
 
 const KIND_ENUM = { vllm: BackendKind.BACKEND_KIND_VLLM, sglang: BackendKind.BACKEND_KIND_SGLANG, embedded: BackendKind.BACKEND_KIND_EMBEDDED } as const;
 
-function toBackend(b: BackendInfo): Backend {
+/** The contract's view of a pool backend (ListBackends, Watch stats). */
+export function toBackend(b: BackendInfo): Backend {
   return {
     id: b.id,
     url: b.url,

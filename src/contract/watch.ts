@@ -5,6 +5,7 @@ import type { RolloutRuntime } from '../runtime.js';
 import type { WatchRequest, WatchResponse } from '../../gen/ts/rollout/v1/rollout.js';
 import { stageEventOf, stageOf, summaryOf } from './events.js';
 import { StreamWriter } from './stream-writer.js';
+import { toBackend } from './backend-service.js';
 
 /** Messages a slow watcher may have queued before stage events are dropped for it (finished events are kept). */
 const WATCH_QUEUE_LIMIT = 10_000;
@@ -42,6 +43,7 @@ export async function handleWatch(call: ServerWritableStream<WatchRequest, Watch
   const stats =
     request.statsIntervalMs > 0
       ? interval(Math.max(100, request.statsIntervalMs)).subscribe(() => {
+          const backends = runtime.deps.pool.list();
           writer.send({
             kind: {
               $case: 'stats',
@@ -50,7 +52,10 @@ export async function handleWatch(call: ServerWritableStream<WatchRequest, Watch
                 stages: runtime.pipeline.stageStats().map((s) => ({ stage: stageOf(s.stage), concurrency: s.concurrency, active: s.active, queued: s.queued })),
                 inFlight: runtime.pipeline.inFlight,
                 completedTotal: runtime.pipeline.completedTotal,
-                backends: runtime.deps.pool.list().length,
+                backends: backends.length,
+                backendDetails: backends.map(toBackend),
+                admitted: runtime.admission.inFlight,
+                maxAdmitted: runtime.admission.capacity,
               },
             },
           });

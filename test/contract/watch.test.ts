@@ -130,8 +130,13 @@ describe('Watch: the read-only tail for dashboards', () => {
         expect(x.queued).toBeGreaterThanOrEqual(0);
       }
       expect(s.backends).toBe(1);
+      expect(s.backendDetails).toHaveLength(1);
+      expect(s.backendDetails[0]!.healthy).toBe(true);
+      expect(s.admitted).toBeLessThanOrEqual(s.maxAdmitted);
       expect(Number(s.unixMs)).toBeGreaterThan(0);
     }
+    // Some tick saw the backend carrying trajectories (sticky leases are counted per backend).
+    expect(w.stats.some((s) => s.backendDetails[0]!.inflightTrajectories > 0)).toBe(true);
     // Some tick caught the batch in flight, with the run stage busy and bounded by its concurrency of 2.
     const busy = w.stats.filter((s) => s.inFlight > 0);
     expect(busy.length).toBeGreaterThan(0);

@@ -1,4 +1,5 @@
 from google.protobuf import struct_pb2 as _struct_pb2
+from rollout.v1 import backend_pb2 as _backend_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -456,18 +457,24 @@ class StagePoolStats(_message.Message):
     def __init__(self, stage: _Optional[_Union[Stage, str]] = ..., concurrency: _Optional[int] = ..., active: _Optional[int] = ..., queued: _Optional[int] = ...) -> None: ...
 
 class PoolStats(_message.Message):
-    __slots__ = ("unix_ms", "stages", "in_flight", "completed_total", "backends")
+    __slots__ = ("unix_ms", "stages", "in_flight", "completed_total", "backends", "backend_details", "admitted", "max_admitted")
     UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     STAGES_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     BACKENDS_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_DETAILS_FIELD_NUMBER: _ClassVar[int]
+    ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    MAX_ADMITTED_FIELD_NUMBER: _ClassVar[int]
     unix_ms: int
     stages: _containers.RepeatedCompositeFieldContainer[StagePoolStats]
     in_flight: int
     completed_total: int
     backends: int
-    def __init__(self, unix_ms: _Optional[int] = ..., stages: _Optional[_Iterable[_Union[StagePoolStats, _Mapping]]] = ..., in_flight: _Optional[int] = ..., completed_total: _Optional[int] = ..., backends: _Optional[int] = ...) -> None: ...
+    backend_details: _containers.RepeatedCompositeFieldContainer[_backend_pb2.Backend]
+    admitted: int
+    max_admitted: int
+    def __init__(self, unix_ms: _Optional[int] = ..., stages: _Optional[_Iterable[_Union[StagePoolStats, _Mapping]]] = ..., in_flight: _Optional[int] = ..., completed_total: _Optional[int] = ..., backends: _Optional[int] = ..., backend_details: _Optional[_Iterable[_Union[_backend_pb2.Backend, _Mapping]]] = ..., admitted: _Optional[int] = ..., max_admitted: _Optional[int] = ...) -> None: ...
 
 class ListEnvironmentsRequest(_message.Message):
     __slots__ = ()

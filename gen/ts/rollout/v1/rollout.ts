@@ -23,6 +23,7 @@ import {
   type UntypedServiceImplementation,
 } from "@grpc/grpc-js";
 import { Struct } from "../../google/protobuf/struct.js";
+import { Backend } from "./backend.js";
 
 export const protobufPackage = "rollout.v1";
 
@@ -553,6 +554,11 @@ export interface PoolStats {
   inFlight: number;
   completedTotal: number;
   backends: number;
+  /** Per-backend load and health, as ListBackends reports it. */
+  backendDetails: Backend[];
+  /** Samples admitted (queued or in a stage) and the admission bound. */
+  admitted: number;
+  maxAdmitted: number;
 }
 
 export interface ListEnvironmentsRequest {
@@ -4889,7 +4895,16 @@ export const StagePoolStats: MessageFns<StagePoolStats> = {
 };
 
 function createBasePoolStats(): PoolStats {
-  return { unixMs: 0, stages: [], inFlight: 0, completedTotal: 0, backends: 0 };
+  return {
+    unixMs: 0,
+    stages: [],
+    inFlight: 0,
+    completedTotal: 0,
+    backends: 0,
+    backendDetails: [],
+    admitted: 0,
+    maxAdmitted: 0,
+  };
 }
 
 export const PoolStats: MessageFns<PoolStats> = {
@@ -4908,6 +4923,15 @@ export const PoolStats: MessageFns<PoolStats> = {
     }
     if (message.backends !== 0) {
       writer.uint32(40).int32(message.backends);
+    }
+    for (const v of message.backendDetails) {
+      Backend.encode(v!, writer.uint32(50).fork()).join();
+    }
+    if (message.admitted !== 0) {
+      writer.uint32(56).int32(message.admitted);
+    }
+    if (message.maxAdmitted !== 0) {
+      writer.uint32(64).int32(message.maxAdmitted);
     }
     return writer;
   },
@@ -4965,6 +4989,30 @@ export const PoolStats: MessageFns<PoolStats> = {
             message.backends = reader.int32();
             continue;
           }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.backendDetails.push(Backend.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.admitted = reader.int32();
+            continue;
+          }
+          case 8: {
+            if (tag !== 64) {
+              break;
+            }
+
+            message.maxAdmitted = reader.int32();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4996,6 +5044,17 @@ export const PoolStats: MessageFns<PoolStats> = {
         ? globalThis.Number(object.completed_total)
         : 0,
       backends: isSet(object.backends) ? globalThis.Number(object.backends) : 0,
+      backendDetails: globalThis.Array.isArray(object?.backendDetails)
+        ? object.backendDetails.map((e: any) => Backend.fromJSON(e))
+        : globalThis.Array.isArray(object?.backend_details)
+        ? object.backend_details.map((e: any) => Backend.fromJSON(e))
+        : [],
+      admitted: isSet(object.admitted) ? globalThis.Number(object.admitted) : 0,
+      maxAdmitted: isSet(object.maxAdmitted)
+        ? globalThis.Number(object.maxAdmitted)
+        : isSet(object.max_admitted)
+        ? globalThis.Number(object.max_admitted)
+        : 0,
     };
   },
 
@@ -5016,6 +5075,15 @@ export const PoolStats: MessageFns<PoolStats> = {
     if (message.backends !== 0) {
       obj.backends = Math.round(message.backends);
     }
+    if (message.backendDetails?.length) {
+      obj.backendDetails = message.backendDetails.map((e) => Backend.toJSON(e));
+    }
+    if (message.admitted !== 0) {
+      obj.admitted = Math.round(message.admitted);
+    }
+    if (message.maxAdmitted !== 0) {
+      obj.maxAdmitted = Math.round(message.maxAdmitted);
+    }
     return obj;
   },
 
@@ -5029,6 +5097,9 @@ export const PoolStats: MessageFns<PoolStats> = {
     message.inFlight = object.inFlight ?? 0;
     message.completedTotal = object.completedTotal ?? 0;
     message.backends = object.backends ?? 0;
+    message.backendDetails = object.backendDetails?.map((e) => Backend.fromPartial(e)) || [];
+    message.admitted = object.admitted ?? 0;
+    message.maxAdmitted = object.maxAdmitted ?? 0;
     return message;
   },
 };
