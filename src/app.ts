@@ -36,7 +36,7 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
   const { tokenizer, template } = await loadQwen3();
   const pool = new BackendPool({ logger, acquireTimeoutMs: config.backendAcquireTimeoutMs });
   for (const b of config.backends) {
-    pool.add(createEngineClient(b.kind, b.url, b.model ?? config.model), { id: b.id ?? b.url, maxConcurrency: b.maxConcurrency, model: b.model ?? config.model });
+    pool.add(createEngineClient(b.kind, b.url, b.model ?? config.model, { requestTimeoutMs: config.backendRequestTimeoutMs }), { id: b.id ?? b.url, maxConcurrency: b.maxConcurrency, model: b.model ?? config.model });
   }
   pool.startHealthChecks();
   const sandboxes = options.sandboxes ?? new BubblewrapDriver({ logger });

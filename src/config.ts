@@ -51,6 +51,8 @@ export const serverConfigSchema = z.object({
     })
     .default({ driver: 'bwrap', memoryMb: 1024, maxProcesses: 64, wallClockMs: 900_000, outputLimitBytes: 16_384 }),
   backends: z.array(backendSchema).default([]),
+  /** Budget of one engine request (one turn); past it the request fails with BACKEND_ERROR. 0 = none. */
+  backendRequestTimeoutMs: z.number().int().min(0).default(300_000),
   /** How long a trajectory waits for an eligible backend before failing with BACKEND_ERROR. */
   backendAcquireTimeoutMs: z.number().int().min(1).default(30_000),
   /** Finished tasks kept for GetTrajectory and re-submits before the oldest are dropped (they hold full token arrays). */

@@ -62,9 +62,11 @@ export class HealthProber {
 
   #schedule(delayMs: number): void {
     this.#timer = setTimeout(() => {
-      void this.probeOnce().finally(() => {
-        if (this.#running) this.#schedule(this.options.intervalMs);
-      });
+      this.probeOnce()
+        .catch((err: unknown) => this.options.logger.error({ err }, 'health probe round failed'))
+        .finally(() => {
+          if (this.#running) this.#schedule(this.options.intervalMs);
+        });
     }, delayMs);
     this.#timer.unref();
   }
@@ -73,7 +75,11 @@ export class HealthProber {
     const targets = this.targets();
     const live = new Set(targets.map((t) => t.id));
     for (const id of this.#failures.keys()) if (!live.has(id)) this.#failures.delete(id);
-    await Promise.all(targets.map((t) => this.#probe(t)));
+    await Promise.all(
+      targets.map((t) =>
+        this.#probe(t).catch((err: unknown) => this.options.logger.error({ backend: t.id, err }, 'health probe report failed')),
+      ),
+    );
   }
 
   async #probe(target: ProbeTarget): Promise<void> {

@@ -104,7 +104,10 @@ export class BackendPool {
     this.#acquireTimeoutMs = options.acquireTimeoutMs ?? 30_000;
     this.#prober = new HealthProber(
       () => [...this.#backends.values()],
-      (id, healthy) => this.setHealthy(id, healthy),
+      // A probe can finish after its backend was removed: such a report is moot, never an error.
+      (id, healthy) => {
+        if (this.#backends.has(id)) this.setHealthy(id, healthy);
+      },
       {
         intervalMs: options.healthIntervalMs ?? 5_000,
         timeoutMs: options.healthTimeoutMs ?? 2_000,
@@ -172,7 +175,13 @@ export class BackendPool {
     this.#heap.update(backend, eligible, (b) => (b.healthy = healthy));
     this.#log.warn({ backend: id, healthy }, healthy ? 'backend healthy again' : 'backend unhealthy');
     if (healthy) this.#wake();
-    else backend.slots.rejectAll(new BackendGone(id, 'unhealthy'));
+    else {
+      // Queued and running requests both move: an engine that stopped answering must not hold its trajectories
+      // until their run timeout.
+      const gone = new BackendGone(id, 'unhealthy');
+      backend.slots.rejectAll(gone);
+      for (const request of backend.requests) request.abort(gone);
+    }
   }
 
   /** Records the policy (weights) version a backend serves, for every backend when `id` is omitted. */

@@ -1,11 +1,11 @@
-import type { Metadata, ServerUnaryCall, sendUnaryData } from '@grpc/grpc-js';
+import type { Metadata } from '@grpc/grpc-js';
 import { timingSafeEqual } from 'node:crypto';
 import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
 import type { BackendPool, BackendInfo } from '../backends/pool.js';
 import { createEngineClient } from '../backends/factory.js';
 import { type Backend, BackendKind, type BackendServiceServer } from '../../gen/ts/rollout/v1/backend.js';
-import { toServiceError } from './status.js';
+import { unary } from './unary.js';
 
 export interface BackendServiceDeps {
   pool: BackendPool;
@@ -14,6 +14,7 @@ export interface BackendServiceDeps {
   adminToken?: string;
   defaultMaxConcurrency: number;
   defaultModel: string;
+  requestTimeoutMs: number;
 }
 
 const KIND_NAME = { [BackendKind.BACKEND_KIND_VLLM]: 'vllm', [BackendKind.BACKEND_KIND_SGLANG]: 'sglang', [BackendKind.BACKEND_KIND_EMBEDDED]: 'embedded' } as const;
@@ -22,17 +23,10 @@ const KIND_NAME = { [BackendKind.BACKEND_KIND_VLLM]: 'vllm', [BackendKind.BACKEN
 export function backendService(deps: BackendServiceDeps): BackendServiceServer {
   const log = deps.logger.child({ component: 'backend-service' });
   const admin = <Req, Res>(fn: (request: Req) => Promise<Res> | Res) =>
-    (call: ServerUnaryCall<Req, Res>, callback: sendUnaryData<Res>): void => {
-      Promise.resolve()
-        .then(() => {
-          authorize(call.metadata, deps.adminToken);
-          return fn(call.request);
-        })
-        .then(
-          (response) => callback(null, response),
-          (err: unknown) => callback(toServiceError(err, log)),
-        );
-    };
+    unary<Req, Res>(log, (request, _signal, call) => {
+      authorize(call.metadata, deps.adminToken);
+      return fn(request);
+    });
 
   return {
     addBackend: admin(async (request) => {
@@ -46,7 +40,9 @@ export function backendService(deps: BackendServiceDeps): BackendServiceServer {
       if (request.maxConcurrency < 0) throw RolloutError.invalid('max_concurrency', 'must not be negative');
       const kindName = request.kind === BackendKind.BACKEND_KIND_UNSPECIFIED ? 'vllm' : KIND_NAME[request.kind as keyof typeof KIND_NAME];
       if (!kindName) throw RolloutError.invalid('kind', `unknown kind ${request.kind}`);
-      const client = createEngineClient(kindName, url.toString().replace(/\/$/, ''), request.model || deps.defaultModel);
+      const client = createEngineClient(kindName, url.toString().replace(/\/$/, ''), request.model || deps.defaultModel, {
+        requestTimeoutMs: deps.requestTimeoutMs,
+      });
       const snapshot = deps.pool.add(client, {
         id: request.id || url.toString().replace(/\/$/, ''),
         maxConcurrency: request.maxConcurrency || deps.defaultMaxConcurrency,

@@ -1,4 +1,4 @@
-import type { ServerDuplexStream, ServerUnaryCall, sendUnaryData } from '@grpc/grpc-js';
+import type { ServerDuplexStream } from '@grpc/grpc-js';
 import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
 import type { EnvironmentRegistry } from '../environments/registry.js';
@@ -7,6 +7,7 @@ import type { Session } from './session.js';
 import type { SessionManager } from './sessions.js';
 import { StreamWriter } from './stream-writer.js';
 import { toServiceError } from './status.js';
+import { unary } from './unary.js';
 import { stageEventOf } from './events.js';
 import { handleWatch } from './watch.js';
 import {
@@ -24,18 +25,6 @@ export interface RolloutServiceDeps {
   serverVersion: string;
 }
 
-/** Unary handler adapter: one try/catch, errors through the one status mapping. */
-function unary<Req, Res>(log: Logger, fn: (request: Req, call: ServerUnaryCall<Req, Res>) => Promise<Res> | Res) {
-  return (call: ServerUnaryCall<Req, Res>, callback: sendUnaryData<Res>): void => {
-    Promise.resolve()
-      .then(() => fn(call.request, call))
-      .then(
-        (response) => callback(null, response),
-        (err: unknown) => callback(toServiceError(err, log)),
-      );
-  };
-}
-
 /** The RolloutService handlers: the trainer's stream, the unary equivalents, Watch and ListEnvironments. */
 export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
   const { runtime, registry, sessions } = deps;
@@ -44,12 +33,12 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
   return {
     rollout: (call) => void handleRollout(call, deps, log),
 
-    submit: unary(log, async (request) => {
+    submit: unary(log, async (request, signal) => {
       if (!request.task) throw RolloutError.invalid('task', 'required');
-      return runtime.submit(request.task, undefined, undefined);
+      return runtime.submit(request.task, undefined, signal);
     }),
 
-    getTrajectory: unary(log, async (request, call) => {
+    getTrajectory: unary(log, async (request, signal) => {
       const entry = runtime.store.get(request.taskId);
       if (!entry) throw new RolloutError('not_found', `unknown task_id "${request.taskId}"`);
       const n = entry.task.numSamples;
@@ -57,18 +46,8 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
         throw RolloutError.invalid('sample_index', `must be in [0, ${n}), got ${request.sampleIndex}`);
       }
       const indices = request.sampleIndex === undefined ? [...Array(n).keys()] : [request.sampleIndex];
-      if (request.wait) {
-        const controller = new AbortController();
-        call.on('cancelled', () => controller.abort());
-        const deadline = call.getDeadline();
-        const ms = deadline instanceof Date ? deadline.getTime() - Date.now() : Number.isFinite(deadline) ? Number(deadline) - Date.now() : Infinity;
-        const timer = Number.isFinite(ms) ? setTimeout(() => controller.abort(), Math.max(0, ms - 50)) : undefined;
-        try {
-          await runtime.store.waitFor(entry, indices, controller.signal);
-        } finally {
-          if (timer) clearTimeout(timer);
-        }
-      }
+      // Waits until done or the call's cancel/deadline; then answers with what has finished (pending says the rest).
+      if (request.wait) await runtime.store.waitFor(entry, indices, signal);
       const trajectories = indices.flatMap((i) => (entry.trajectories[i] ? [entry.trajectories[i]] : []));
       return { trajectories, pending: indices.length - trajectories.length };
     }),

@@ -53,6 +53,7 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
       ...(config.adminToken !== undefined && { adminToken: config.adminToken }),
       defaultMaxConcurrency: 256,
       defaultModel: config.model,
+      requestTimeoutMs: config.backendRequestTimeoutMs,
     }),
   );
   const health = new HealthImplementation({ '': 'SERVING', 'rollout.v1.RolloutService': 'SERVING', 'rollout.v1.BackendService': 'SERVING' });

@@ -7,13 +7,15 @@ import { stageEventOf, stageOf, summaryOf } from './events.js';
 import { StreamWriter } from './stream-writer.js';
 import { toBackend } from './backend-service.js';
 
-/** Messages a slow watcher may have queued before stage events are dropped for it (finished events are kept). */
+/** Messages a slow watcher may have queued; past it, new messages for it are dropped and counted. */
 const WATCH_QUEUE_LIMIT = 10_000;
+/** The same for watchers of full trajectories, which are large (token arrays). */
+const FULL_TRAJECTORY_QUEUE_LIMIT = 256;
 
 /**
  * Read-only tail for dashboards: stage changes, finished-trajectory summaries (or full trajectories) and
- * periodic pool statistics, filtered by environment and group. A slow watcher never slows the pipeline: past a
- * queue limit its stage events are dropped and counted in the log.
+ * periodic pool statistics, filtered by environment and group. A slow watcher never slows the pipeline nor grows
+ * the server: past a queue limit its messages are dropped and counted in the log.
  */
 export async function handleWatch(call: ServerWritableStream<WatchRequest, WatchResponse>, runtime: RolloutRuntime, log: Logger): Promise<void> {
   const request = call.request;
@@ -23,28 +25,30 @@ export async function handleWatch(call: ServerWritableStream<WatchRequest, Watch
   const wanted = (environment: string, groupId: string): boolean =>
     (environments.size === 0 || environments.has(environment)) && (groups.size === 0 || groups.has(groupId));
   let dropped = 0;
+  // Every message kind is bounded: a watcher that stops reading loses messages (counted), the server never buffers
+  // without limit for it.
+  const limit = request.fullTrajectories ? FULL_TRAJECTORY_QUEUE_LIMIT : WATCH_QUEUE_LIMIT;
+  const send = (message: WatchResponse): void => {
+    if (writer.queued >= limit) dropped++;
+    else writer.send(message);
+  };
 
   const events = runtime.pipeline.events$.subscribe((event) => {
     const task = event.sample.task;
     if (!wanted(task.environment.name, task.groupId)) return;
     if (event.type === 'stage') {
-      if (!request.stageEvents) return;
-      if (writer.queued >= WATCH_QUEUE_LIMIT) {
-        dropped++;
-        return;
-      }
-      writer.send({ kind: { $case: 'stage', value: stageEventOf(event.sample, event.stage) } });
+      if (request.stageEvents) send({ kind: { $case: 'stage', value: stageEventOf(event.sample, event.stage) } });
     } else if (request.fullTrajectories) {
-      writer.send({ kind: { $case: 'trajectory', value: event.trajectory } });
+      send({ kind: { $case: 'trajectory', value: event.trajectory } });
     } else {
-      writer.send({ kind: { $case: 'finished', value: summaryOf(event.trajectory) } });
+      send({ kind: { $case: 'finished', value: summaryOf(event.trajectory) } });
     }
   });
   const stats =
     request.statsIntervalMs > 0
       ? interval(Math.max(100, request.statsIntervalMs)).subscribe(() => {
           const backends = runtime.deps.pool.list();
-          writer.send({
+          send({
             kind: {
               $case: 'stats',
               value: {
@@ -69,5 +73,5 @@ export async function handleWatch(call: ServerWritableStream<WatchRequest, Watch
   });
   events.unsubscribe();
   stats?.unsubscribe();
-  if (dropped > 0) log.info({ dropped }, 'watcher was slow: stage events dropped');
+  if (dropped > 0) log.info({ dropped }, 'watcher was slow: messages dropped');
 }

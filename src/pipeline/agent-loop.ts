@@ -60,6 +60,10 @@ export async function runAgentLoop(sample: Sample, deps: AgentLoopDeps, signal: 
         signal,
       });
       sample.timing.llmMs += performance.now() - started;
+      if (result.finishReason === 'abort') {
+        // The engine dropped the request (e.g. during a weight update): not an answer, never scored.
+        throw new RolloutError('backend_error', `engine ${result.backendId} aborted the generation`);
+      }
       numTurns++;
       const text = ledger.appendSampled({
         tokenIds: result.tokenIds,

@@ -52,6 +52,7 @@ export class Pipeline {
     eval: { active: 0, queued: 0 },
   };
   private readonly live = new Set<Sample>();
+  private readonly finishing = new Map<Sample, Promise<void>>();
   private subscription: Subscription | undefined;
   completedTotal = 0;
 
@@ -104,8 +105,10 @@ export class Pipeline {
     const live = [...this.live];
     for (const sample of live) sample.abort('cancelled', 'server stopping');
     // Running samples are finished here too (not left to their stage's rejection, which the unsubscribe below
-    // would drop), so every sandbox is released and every sink hears CANCELLED before stop resolves.
-    await Promise.all(live.map((sample) => this.finish(sample, buildFailedTrajectory(sample, RolloutError.from(sample.signal.reason)))));
+    // would drop); then every finish under way — including those the aborts just started — is awaited, so every
+    // sandbox is released and every sink hears CANCELLED before stop resolves.
+    for (const sample of live) void this.finish(sample, buildFailedTrajectory(sample, RolloutError.from(sample.signal.reason)));
+    await Promise.all(this.finishing.values());
     this.subscription?.unsubscribe();
     this.subscription = undefined;
     this.input$.complete();
@@ -161,8 +164,15 @@ export class Pipeline {
     this.events$.next({ type: 'stage', sample, stage });
   }
 
-  private async finish(sample: Sample, trajectory: Trajectory): Promise<void> {
-    if (sample.finished) return;
+  /** Ends a sample exactly once: releases its sandbox, then delivers. Returns the one finish under way. */
+  private finish(sample: Sample, trajectory: Trajectory): Promise<void> {
+    if (sample.finished) return this.finishing.get(sample) ?? Promise.resolve();
+    const done = this.deliver(sample, trajectory).finally(() => this.finishing.delete(sample));
+    this.finishing.set(sample, done);
+    return done;
+  }
+
+  private async deliver(sample: Sample, trajectory: Trajectory): Promise<void> {
     sample.finished = true;
     sample.stage = 'done';
     this.live.delete(sample);

@@ -1,0 +1,44 @@
+import type { ServerUnaryCall, sendUnaryData } from '@grpc/grpc-js';
+import type { Logger } from '../observability/logger.js';
+import { toServiceError } from './status.js';
+
+/**
+ * Unary handler adapter: one try/catch, errors through the one status mapping, and an AbortSignal that fires
+ * when the client cancels or the call's deadline passes — so work a client gave up on (waiting for admission,
+ * waiting for trajectories) is dropped instead of outliving the call.
+ */
+export function unary<Req, Res>(
+  log: Logger,
+  fn: (request: Req, signal: AbortSignal, call: ServerUnaryCall<Req, Res>) => Promise<Res> | Res,
+) {
+  return (call: ServerUnaryCall<Req, Res>, callback: sendUnaryData<Res>): void => {
+    const { signal, dispose } = callSignal(call);
+    Promise.resolve()
+      .then(() => fn(call.request, signal, call))
+      .then(
+        (response) => callback(null, response),
+        (err: unknown) => callback(toServiceError(err, log)),
+      )
+      .finally(dispose);
+  };
+}
+
+/** Fires on client cancel or at the deadline (a little before, so the answer can still reach the client). */
+function callSignal(call: ServerUnaryCall<unknown, unknown>): { signal: AbortSignal; dispose: () => void } {
+  const controller = new AbortController();
+  const onCancel = (): void => controller.abort(Object.assign(new Error('client cancelled the call'), { name: 'AbortError' }));
+  call.on('cancelled', onCancel);
+  const deadline = call.getDeadline();
+  const ms = deadline instanceof Date ? deadline.getTime() - Date.now() : Number.isFinite(deadline) ? Number(deadline) - Date.now() : Infinity;
+  const timer = Number.isFinite(ms)
+    ? setTimeout(() => controller.abort(Object.assign(new Error('call deadline reached'), { name: 'TimeoutError' })), Math.max(0, ms - 50))
+    : undefined;
+  timer?.unref();
+  return {
+    signal: controller.signal,
+    dispose: () => {
+      clearTimeout(timer);
+      call.off('cancelled', onCancel);
+    },
+  };
+}
