@@ -48,8 +48,9 @@ export const serverConfigSchema = z.object({
       maxProcesses: z.number().int().min(1).default(64),
       wallClockMs: z.number().int().min(1).default(900_000),
       outputLimitBytes: z.number().int().min(256).default(16_384),
+      maxFileMb: z.number().int().min(1).default(256),
     })
-    .default({ driver: 'bwrap', memoryMb: 1024, maxProcesses: 64, wallClockMs: 900_000, outputLimitBytes: 16_384 }),
+    .default({ driver: 'bwrap', memoryMb: 1024, maxProcesses: 64, wallClockMs: 900_000, outputLimitBytes: 16_384, maxFileMb: 256 }),
   backends: z.array(backendSchema).default([]),
   /** Budget of one engine request (one turn); past it the request fails with BACKEND_ERROR. 0 = none. */
   backendRequestTimeoutMs: z.number().int().min(0).default(300_000),

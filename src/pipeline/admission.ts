@@ -26,20 +26,25 @@ export class Admission {
       return Promise.resolve();
     }
     return new Promise<void>((resolve, reject) => {
-      const waiter = { n, resolve, reject };
-      this.waiters.push(waiter);
-      signal?.addEventListener(
-        'abort',
-        () => {
-          const i = this.waiters.indexOf(waiter);
-          if (i >= 0) {
-            this.waiters.splice(i, 1);
-            reject(signal.reason);
-            this.drain();
-          }
+      const onAbort = (): void => {
+        const i = this.waiters.indexOf(waiter);
+        if (i >= 0) {
+          this.waiters.splice(i, 1);
+          reject(signal!.reason);
+          this.drain();
+        }
+      };
+      // The listener goes when the waiter is admitted, so a long-lived stream signal does not collect them.
+      const waiter = {
+        n,
+        resolve: () => {
+          signal?.removeEventListener('abort', onAbort);
+          resolve();
         },
-        { once: true },
-      );
+        reject,
+      };
+      this.waiters.push(waiter);
+      signal?.addEventListener('abort', onAbort, { once: true });
     });
   }
 

@@ -23,6 +23,7 @@ export function createStages(deps: RuntimeDeps): StageFns {
             maxProcesses: config.sandbox.maxProcesses,
             wallClockMs: Math.min(config.sandbox.wallClockMs, sample.task.limits.totalTimeoutMs),
             outputLimitBytes: config.sandbox.outputLimitBytes,
+            maxFileMb: config.sandbox.maxFileMb,
           },
           signal,
         );

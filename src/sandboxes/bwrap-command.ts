@@ -52,6 +52,9 @@ export function systemLayoutArgs(): string[] {
   return args;
 }
 
+/** RLIMIT_FSIZE when the limits do not say: one file may not fill the host's disk. */
+export const DEFAULT_MAX_FILE_MB = 256;
+
 export interface ExecCommandSpec {
   bwrapPath: string;
   systemLayout: readonly string[];
@@ -133,7 +136,8 @@ export function wrapperArgv(identity: SandboxIdentity, limits: SandboxLimits): s
     );
   }
   argv.push(
-    'prlimit', `--as=${limits.memoryMb * 1024 * 1024}`, `--nproc=${limits.maxProcesses}`, '--core=0', '--',
+    'prlimit', `--as=${limits.memoryMb * 1024 * 1024}`, `--nproc=${limits.maxProcesses}`,
+    `--fsize=${(limits.maxFileMb ?? DEFAULT_MAX_FILE_MB) * 1024 * 1024}`, '--core=0', '--',
     '/bin/sh', '-c', `printf 1 >&${STARTED_FD}; exec "$@" ${STARTED_FD}>&-`, 'sandbox-exec',
   );
   return argv;

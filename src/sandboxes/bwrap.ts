@@ -166,4 +166,7 @@ function validateLimits(limits: SandboxLimits): void {
     const value = limits[key];
     if (!Number.isInteger(value) || value <= 0) throw RolloutError.invalid(`limits.${key}`, `must be a positive integer, got ${value}`);
   }
+  if (limits.maxFileMb !== undefined && !(Number.isInteger(limits.maxFileMb) && limits.maxFileMb > 0)) {
+    throw RolloutError.invalid('limits.maxFileMb', `must be a positive integer, got ${limits.maxFileMb}`);
+  }
 }

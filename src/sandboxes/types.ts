@@ -10,6 +10,8 @@ export interface SandboxLimits {
   wallClockMs: number;
   /** Bytes kept of each of stdout/stderr per exec; the rest is dropped and `truncated` is set. */
   outputLimitBytes: number;
+  /** Largest file a sandbox process may write, MiB (RLIMIT_FSIZE); default 256. Per file, not a disk quota. */
+  maxFileMb?: number;
 }
 
 export interface ExecOptions {

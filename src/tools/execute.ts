@@ -1,4 +1,4 @@
-import { RolloutError, throwIfAborted } from '../errors.js';
+import { RolloutError, throwIfAborted, type ErrorCode } from '../errors.js';
 import { isValidatedTool } from './define-tool.js';
 import type { ParsedToolCalls, Tool, ToolCall, ToolContext, ToolResult } from './types.js';
 
@@ -43,6 +43,8 @@ export async function executeToolCalls(parsed: ParsedToolCalls, tools: readonly 
   return observations;
 }
 
+const INFRASTRUCTURE = new Set<ErrorCode>(['cancelled', 'deadline_exceeded', 'sandbox_error', 'backend_error', 'environment_error', 'resource_exhausted']);
+
 async function executeOne(call: ToolCall, byName: ReadonlyMap<string, Tool>, context: ToolContext): Promise<ToolObservation> {
   const tool = byName.get(call.name);
   if (!tool) {
@@ -60,7 +62,10 @@ async function executeOne(call: ToolCall, byName: ReadonlyMap<string, Tool>, con
     result = await tool.run(args, context);
   } catch (err) {
     // Not the model's fault: a tool that throws is broken or its sandbox is; the trajectory must fail loudly.
-    throw RolloutError.from(err, 'environment_error');
+    // Aborts and infrastructure codes keep their meaning; anything else is the environment's failure (never
+    // INVALID_TASK: the task was valid, a tool broke).
+    const e = RolloutError.from(err, 'environment_error');
+    throw INFRASTRUCTURE.has(e.code) ? e : new RolloutError('environment_error', `tool ${call.name} failed: ${e.message}`, { cause: e });
   }
   return {
     toolName: call.name,

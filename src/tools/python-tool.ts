@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { RolloutError } from '../errors.js';
 import type { ExecResult, Sandbox } from '../sandboxes/types.js';
 import { defineTool, type ValidatedTool } from './define-tool.js';
 
@@ -35,7 +36,16 @@ export function createPythonTool(options: PythonToolOptions = {}): ValidatedTool
       const n = (cells.get(sandbox) ?? 0) + 1;
       cells.set(sandbox, n);
       const file = `${sandbox.workdir}/${CELL_DIR}/cell_${n}.py`;
-      await sandbox.writeFile(file, code);
+      try {
+        await sandbox.writeFile(file, code);
+      } catch (err) {
+        // The model can break the cell directory (replace it with a file, plant a symlink): its own doing, so an
+        // observation it can react to — not a failed task. Sandbox failures stay errors.
+        if (err instanceof RolloutError && (err.code === 'invalid_argument' || err.code === 'not_found')) {
+          return { output: `Error: could not write the code cell ${file}: ${err.message}`, outcome: 'error' };
+        }
+        throw err;
+      }
       const result = await sandbox.exec([interpreter, file], { timeoutMs, signal, env: { PYTHONPATH: sandbox.workdir } });
       const failed = result.timedOut || result.exitCode !== 0;
       return { output: formatExecObservation(result, timeoutMs), outcome: failed ? 'error' : 'ok' };

@@ -214,3 +214,29 @@ describe('Admission', () => {
     );
   });
 });
+
+describe('Admission listeners', () => {
+  it('removes its abort listener once a waiter is admitted (a stream-long signal does not collect them)', async () => {
+    const admission = new Admission(1);
+    const controller = new AbortController();
+    let listeners = 0;
+    const signal = controller.signal;
+    const add = signal.addEventListener.bind(signal);
+    const remove = signal.removeEventListener.bind(signal);
+    signal.addEventListener = ((...args: Parameters<typeof add>) => {
+      listeners++;
+      add(...args);
+    }) as typeof add;
+    signal.removeEventListener = ((...args: Parameters<typeof remove>) => {
+      listeners--;
+      remove(...args);
+    }) as typeof remove;
+    await admission.admit(1, signal);
+    for (let i = 0; i < 20; i++) {
+      const waiting = admission.admit(1, signal);
+      admission.release(1);
+      await waiting;
+    }
+    expect(listeners).toBe(0);
+  });
+});

@@ -57,6 +57,25 @@ describe('bubblewrap sandbox limits', () => {
     expect(r.exitCode).toBe(1);
   });
 
+  it('stops a file from growing past maxFileMb, so one sandbox cannot fill the host disk with it', async () => {
+    const sandbox = await start({ maxFileMb: 8 });
+    const code = [
+      'chunk = b"x" * (1024 * 1024)',
+      'try:',
+      '    with open("/work/big", "wb") as f:',
+      '        for _ in range(64):',
+      '            f.write(chunk)',
+      '            f.flush()',
+      '    print("wrote 64 MiB")',
+      'except OSError as e:',
+      '    print("refused", e.errno)',
+    ].join('\n');
+    const r = await sandbox.exec(['python3', '-c', code]);
+    expect(r.stdout.trim()).toBe('refused 27'); // EFBIG
+    const { size } = await import('node:fs/promises').then((fs) => fs.stat(join(sandbox.hostWorkdir, 'big')));
+    expect(size).toBeLessThanOrEqual(8 * 1024 * 1024);
+  });
+
   it('stops a bounded fork bomb at the process limit', async () => {
     const sandbox = await start({ maxProcesses: 12 });
     const code = `

@@ -57,3 +57,23 @@ describe('python tool', () => {
     expect(result.output).toMatch(/invalid arguments for python: "code"/);
   });
 });
+
+describe('python tool: a model that breaks its own cell directory', () => {
+  it('gets an error observation, not a failed task', async () => {
+    const driver = new BubblewrapDriver();
+    const sandbox = await driver.start({ network: false, memoryMb: 512, maxProcesses: 32, wallClockMs: 60_000, outputLimitBytes: 16_384 });
+    try {
+      const tool = createPythonTool();
+      const signal = new AbortController().signal;
+      // The model replaces the hidden cell directory with a file...
+      const first = await tool.run({ code: "import shutil, os\nshutil.rmtree('/work/.rollout')\nopen('/work/.rollout', 'w').write('x')\nprint('done')" }, { sandbox, signal });
+      expect(first.outcome).toBe('ok');
+      // ...so the next cell cannot be written: an observation it can act on.
+      const second = await tool.run({ code: 'print(1)' }, { sandbox, signal });
+      expect(second.outcome).toBe('error');
+      expect(second.output).toMatch(/could not write the code cell/);
+    } finally {
+      await sandbox.stop();
+    }
+  });
+});
