@@ -6,8 +6,8 @@ import { loadQwen3 } from '../tokens/tokenizer.js';
 
 export interface ServeOptions {
   file: Record<string, unknown>;
-  host: string;
-  port: number;
+  host?: string;
+  port?: number;
   backend: string[];
   model?: string;
   initConcurrency?: number;
@@ -25,7 +25,12 @@ export interface ServeOptions {
 /** `rollout serve`: runs until SIGINT/SIGTERM, then shuts down cleanly (in-flight samples are cancelled). */
 export async function runServe(opts: ServeOptions): Promise<void> {
   const logger = createLogger();
-  const config: ServerConfigInput = { ...(opts.file as ServerConfigInput), host: opts.host, port: opts.port };
+  // Flags override the config file; the file overrides the built-in defaults.
+  const config: ServerConfigInput = {
+    ...(opts.file as ServerConfigInput),
+    ...(opts.host !== undefined && { host: opts.host }),
+    ...(opts.port !== undefined && { port: opts.port }),
+  };
   const backends = [...(config.backends ?? []), ...opts.backend.map((url) => ({ url }))];
   let engine: FakeVllmEngine | undefined;
   if (opts.fakeEngine) {

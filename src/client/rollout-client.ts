@@ -59,6 +59,9 @@ export class RolloutSession {
   private closing = false;
   private halfClosed = false;
   private readonly expectedByTask = new Map<string, number>();
+  /** Trajectories a resumed session owes us from before this stream. */
+  private inherited = 0;
+  private isOpen = false;
   private readonly received = new Set<string>();
   private consumed = 0;
   private readonly pending = new Map<string, { resolve: (a: TaskAccepted) => void; reject: (e: Error) => void }[]>();
@@ -81,7 +84,11 @@ export class RolloutSession {
       if (!kind) return;
       switch (kind.$case) {
         case 'opened':
+          // A resumed session's earlier tasks deliver here too: what was re-sent plus what is still running.
+          this.inherited = kind.value.redelivered + kind.value.pending;
+          this.isOpen = true;
           opened(kind.value);
+          this.maybeHalfClose();
           break;
         case 'accepted':
           this.expectedByTask.set(kind.value.taskId, kind.value.numSamples);
@@ -167,8 +174,8 @@ export class RolloutSession {
   }
 
   private maybeHalfClose(): void {
-    if (!this.closing || this.halfClosed || this.ended || this.pending.size > 0) return;
-    let expected = 0;
+    if (!this.closing || !this.isOpen || this.halfClosed || this.ended || this.pending.size > 0) return;
+    let expected = this.inherited;
     for (const n of this.expectedByTask.values()) expected += n;
     if (this.received.size < expected || this.consumed < this.received.size) return;
     this.halfClosed = true;

@@ -85,7 +85,12 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
     const openSession = (sessionId: string, resume: boolean, stageEvents: boolean): Session => {
       const s = sessions.open(sessionId, resume, stageEvents);
       const redelivered = s.attach(writer, resume);
-      writer.sendUrgent({ kind: { $case: 'opened', value: { sessionId: s.id, redelivered, serverVersion: d.serverVersion, maxNumSamples: runtime.deps.config.maxNumSamples } } });
+      writer.sendUrgent({
+        kind: {
+          $case: 'opened',
+          value: { sessionId: s.id, redelivered, serverVersion: d.serverVersion, maxNumSamples: runtime.deps.config.maxNumSamples, pending: s.pending },
+        },
+      });
       return s;
     };
     try {

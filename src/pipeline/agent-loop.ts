@@ -33,6 +33,7 @@ export async function runAgentLoop(sample: Sample, deps: AgentLoopDeps, signal: 
     messages: sample.initialMessages,
     tools: toolSchemas(tools),
   });
+  sample.ledger = ledger;
   const lease = await deps.pool.acquire(sample.key, { signal });
   const { sampling, limits } = task;
   let finishReason = 'max_turns';

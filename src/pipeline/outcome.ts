@@ -36,8 +36,3 @@ export function finishReasonForError(err: RolloutError): string {
       return 'error';
   }
 }
-
-/** A stage failure tagged with the stage it happened in, so environment code failing is told from our own. */
-export function stageError(err: unknown, fallback: ErrorCode): RolloutError {
-  return RolloutError.from(err, fallback);
-}

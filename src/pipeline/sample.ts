@@ -2,7 +2,7 @@ import type { Sandbox } from '../sandboxes/types.js';
 import type { ChatMessage } from '../tokens/types.js';
 import type { Evaluation, EpisodeOutcome } from '../environments/types.js';
 import type { ResolvedTask, SampleTiming, StageName, TrajectorySink } from './task.js';
-import type { LedgerSnapshot } from '../tokens/ledger.js';
+import type { LedgerSnapshot, TokenLedger } from '../tokens/ledger.js';
 
 /** What the run stage hands to eval. */
 export interface RunResult {
@@ -27,10 +27,11 @@ export class Sample {
   queuedIn: 'init' | 'run' | 'eval' | undefined;
   readonly timing: SampleTiming = { queueMs: 0, initMs: 0, runMs: 0, llmMs: 0, toolMs: 0, evalMs: 0, totalMs: 0 };
   readonly createdAt = performance.now();
-  stageStartedAt = performance.now();
   sandbox: Sandbox | undefined;
   initialMessages: ChatMessage[] = [];
   run: RunResult | undefined;
+  /** The run stage's token ledger, kept so a sample that fails mid-run still reports the tokens it got to. */
+  ledger: TokenLedger | undefined;
   evaluation: Evaluation | undefined;
   private totalTimer: NodeJS.Timeout | undefined;
 

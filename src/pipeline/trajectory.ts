@@ -32,7 +32,18 @@ export function buildFailedTrajectory(sample: Sample, err: RolloutError): Trajec
     finishReason: finishReasonForError(err),
     error: `${err.code}: ${err.message}`,
   };
-  return sample.run ? { ...withTokens(trajectory, sample.run.tokens, sample.task.includeMessages), numTurns: sample.run.numTurns } : trajectory;
+  if (sample.run) return { ...withTokens(trajectory, sample.run.tokens, sample.task.includeMessages), numTurns: sample.run.numTurns };
+  const partial = partialTokens(sample);
+  return partial ? { ...withTokens(trajectory, partial, sample.task.includeMessages), numTurns: partial.turns.filter((t) => t.role === 'assistant').length } : trajectory;
+}
+
+/** The tokens a sample got to before its run failed (for debugging; trainers filter the status out). */
+function partialTokens(sample: Sample): LedgerSnapshot | undefined {
+  try {
+    return sample.ledger?.snapshot();
+  } catch {
+    return undefined;
+  }
 }
 
 function base(sample: Sample): Trajectory {

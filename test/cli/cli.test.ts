@@ -61,3 +61,22 @@ describe('the rollout CLI', () => {
     expect(bad.output()).toContain('not an integer');
   });
 });
+
+describe('rollout serve --config', () => {
+  it('takes host and port from the config file unless flags say otherwise', async () => {
+    const { mkdtemp, writeFile, rm } = await import('node:fs/promises');
+    const { tmpdir } = await import('node:os');
+    const dir = await mkdtemp(`${tmpdir()}/rollout-cli-`);
+    const file = `${dir}/config.json`;
+    await writeFile(file, JSON.stringify({ host: '127.0.0.2', port: 0, maxNumSamples: 4 }));
+    const serve = rollout(['serve', '--config', file, '--fake-engine']);
+    try {
+      const [, address] = await waitFor(() => serve.output().match(/rollout server listening on (\S+)/), 30_000);
+      expect(address).toMatch(/^127\.0\.0\.2:\d+$/);
+    } finally {
+      serve.child.kill('SIGTERM');
+      await serve.exited;
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+});

@@ -71,6 +71,19 @@ describe('the agent loop (run stage) end to end', () => {
     expect(t.messages.find((m) => m.role === 'tool')?.content.toLowerCase()).toContain('json');
   });
 
+  it('a run that fails mid-way is BACKEND_ERROR, keeps the tokens it got to, and is never scored', async () => {
+    const alwaysTool: FakePolicy = () => hermesToolCall('python', { code: 'print(1)' });
+    h = await startHarness({}, { policy: alwaysTool, inject: ({ index }) => (index >= 1 ? { kind: 'status', status: 500 } : undefined) });
+    const t = await runOne(h, 'loop-partial', { limits: limits(4) });
+    expect(t.status).toBe(TrajectoryStatus.TRAJECTORY_STATUS_BACKEND_ERROR);
+    expect(t.error).toMatch(/backend_error/);
+    expect(t.reward).toBe(0);
+    expect(t.rewardDetails).toEqual({});
+    expect(t.promptTokenIds.length).toBeGreaterThan(0);
+    expect(t.turns.map((x) => x.role)).toEqual([Role.ROLE_ASSISTANT, Role.ROLE_TOOL]);
+    expect(t.numTurns).toBe(1);
+  });
+
   it('runs python in the sandbox, not on the host: no network, host files invisible', async () => {
     const probe: FakePolicy = (prompt) =>
       prompt.includes('<tool_response>')

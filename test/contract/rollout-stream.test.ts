@@ -125,6 +125,12 @@ describe('Rollout stream against a real server, bubblewrap sandboxes and the fak
     expect(rest).not.toContain(got[0]);
     expect(rest).toContain(got[1]);
     expect(new Set([...got, ...rest])).toEqual(new Set(['resume-a#0', 'resume-a#1', 'resume-b#0', 'resume-b#1']));
+
+    // The resumed stream acked what it received before half-closing, so the session ended cleanly: nothing is
+    // owed any more and it cannot be resumed again.
+    const s3 = h.client.openSession({ sessionId: 'resume-me', resume: true });
+    const gone = (await s3.opened.catch((e: unknown) => e)) as { code?: number };
+    expect(gone.code).toBe(5); // NOT_FOUND
   });
 });
 

@@ -130,16 +130,18 @@ class TrajectoryRef(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., sample_index: _Optional[int] = ...) -> None: ...
 
 class SessionOpened(_message.Message):
-    __slots__ = ("session_id", "redelivered", "server_version", "max_num_samples")
+    __slots__ = ("session_id", "redelivered", "server_version", "max_num_samples", "pending")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     REDELIVERED_FIELD_NUMBER: _ClassVar[int]
     SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     redelivered: int
     server_version: str
     max_num_samples: int
-    def __init__(self, session_id: _Optional[str] = ..., redelivered: _Optional[int] = ..., server_version: _Optional[str] = ..., max_num_samples: _Optional[int] = ...) -> None: ...
+    pending: int
+    def __init__(self, session_id: _Optional[str] = ..., redelivered: _Optional[int] = ..., server_version: _Optional[str] = ..., max_num_samples: _Optional[int] = ..., pending: _Optional[int] = ...) -> None: ...
 
 class TaskAccepted(_message.Message):
     __slots__ = ("task_id", "num_samples", "duplicate")

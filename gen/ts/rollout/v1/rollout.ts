@@ -318,6 +318,8 @@ export interface SessionOpened {
   serverVersion: string;
   /** Upper bound on num_samples per task. */
   maxNumSamples: number;
+  /** On resume: samples accepted on this session that have not finished yet (they will arrive on this stream). */
+  pending: number;
 }
 
 export interface TaskAccepted {
@@ -1250,7 +1252,7 @@ export const TrajectoryRef: MessageFns<TrajectoryRef> = {
 };
 
 function createBaseSessionOpened(): SessionOpened {
-  return { sessionId: "", redelivered: 0, serverVersion: "", maxNumSamples: 0 };
+  return { sessionId: "", redelivered: 0, serverVersion: "", maxNumSamples: 0, pending: 0 };
 }
 
 export const SessionOpened: MessageFns<SessionOpened> = {
@@ -1266,6 +1268,9 @@ export const SessionOpened: MessageFns<SessionOpened> = {
     }
     if (message.maxNumSamples !== 0) {
       writer.uint32(32).int32(message.maxNumSamples);
+    }
+    if (message.pending !== 0) {
+      writer.uint32(40).int32(message.pending);
     }
     return writer;
   },
@@ -1315,6 +1320,14 @@ export const SessionOpened: MessageFns<SessionOpened> = {
             message.maxNumSamples = reader.int32();
             continue;
           }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.pending = reader.int32();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1345,6 +1358,7 @@ export const SessionOpened: MessageFns<SessionOpened> = {
         : isSet(object.max_num_samples)
         ? globalThis.Number(object.max_num_samples)
         : 0,
+      pending: isSet(object.pending) ? globalThis.Number(object.pending) : 0,
     };
   },
 
@@ -1362,6 +1376,9 @@ export const SessionOpened: MessageFns<SessionOpened> = {
     if (message.maxNumSamples !== 0) {
       obj.maxNumSamples = Math.round(message.maxNumSamples);
     }
+    if (message.pending !== 0) {
+      obj.pending = Math.round(message.pending);
+    }
     return obj;
   },
 
@@ -1374,6 +1391,7 @@ export const SessionOpened: MessageFns<SessionOpened> = {
     message.redelivered = object.redelivered ?? 0;
     message.serverVersion = object.serverVersion ?? "";
     message.maxNumSamples = object.maxNumSamples ?? 0;
+    message.pending = object.pending ?? 0;
     return message;
   },
 };
