@@ -1,4 +1,5 @@
-import { RolloutError, type ErrorCode } from '../errors.js';
+import type { RolloutError} from '../errors.js';
+import { type ErrorCode } from '../errors.js';
 import { TrajectoryStatus } from '../../gen/ts/rollout/v1/rollout.js';
 
 /**
