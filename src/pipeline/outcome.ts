@@ -1,5 +1,4 @@
-import type { RolloutError} from '../errors.js';
-import { type ErrorCode } from '../errors.js';
+import type { ErrorCode, RolloutError } from '../errors.js';
 import { TrajectoryStatus } from '../../gen/ts/rollout/v1/rollout.js';
 
 /**
