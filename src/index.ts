@@ -1,0 +1,33 @@
+/**
+ * The public API of rollout-service: start a server, talk to one, and the extension points (environments,
+ * tools, sandbox drivers, engine clients). Everything else under src/ is internal.
+ */
+export { startRolloutServer, type RolloutServer, type RolloutServerOptions } from './app.js';
+export { parseConfig, serverConfigSchema, type ServerConfig, type ServerConfigInput } from './config.js';
+export { RolloutError, type ErrorCode } from './errors.js';
+export { RolloutClient, RolloutSession, TaskRejectedError, type SessionOptions, type TaskInput } from './client/rollout-client.js';
+
+// Environments
+export type { Environment, EnvironmentContext, EpisodeOutcome, Evaluation } from './environments/types.js';
+export { EnvironmentRegistry, defaultRegistry } from './environments/registry.js';
+export { createMathEnvironment } from './environments/math/math-environment.js';
+
+// Tools
+export type { Tool, ToolCall, ToolCallParser, ToolContext, ToolResult, ParsedToolCalls } from './tools/types.js';
+export { defineTool } from './tools/define-tool.js';
+export { ToolRegistry, defaultToolRegistry } from './tools/registry.js';
+export { HermesToolCallParser } from './tools/hermes-parser.js';
+
+// Sandboxes
+export type { Sandbox, SandboxDriver, SandboxLimits, ExecOptions, ExecResult } from './sandboxes/types.js';
+export { BubblewrapDriver } from './sandboxes/bwrap.js';
+
+// Engines and routing
+export type { EngineClient, GenerateRequest, GenerateResult, BackendKind } from './backends/types.js';
+export { VllmClient } from './backends/vllm-client.js';
+export { BackendPool } from './backends/pool.js';
+
+// Tokens
+export type { ChatMessage, ChatTemplate, Tokenizer, ToolSchema } from './tokens/types.js';
+export { TokenLedger } from './tokens/ledger.js';
+export { loadQwen3, loadTokenizerBundle } from './tokens/tokenizer.js';
