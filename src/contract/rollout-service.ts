@@ -66,6 +66,8 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
     const aborted = new AbortController();
     let session: Session | undefined;
     let clean = false;
+    /** The task of this stream now waiting for admission, if any. */
+    let waiting: { taskId: string; controller: AbortController; done: Promise<void> } | undefined;
     const unsubscribe = runtime.pipeline.events$.subscribe((event) => {
       if (event.type === 'stage' && session?.stageEvents && session.owns(event.sample.task.taskId)) {
         writer.send({ kind: { $case: 'stage', value: stageEventOf(event.sample, event.stage) } });
@@ -105,8 +107,25 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
           continue;
         }
         session ??= openSession('', false, false);
-        if (kind.$case === 'task') await submitOnStream(session, kind.value, writer, aborted.signal);
-        else if (kind.$case === 'cancel') {
+        if (kind.$case === 'task') {
+          // One task may wait for admission while the stream keeps reading, so a cancel or ack right behind it is
+          // not stuck; a second task waits for the first (flow control: the server reads no further).
+          if (waiting) await waiting.done;
+          const controller = new AbortController();
+          const onStreamAbort = (): void => controller.abort(aborted.signal.reason);
+          aborted.signal.addEventListener('abort', onStreamAbort, { once: true });
+          const entry = { taskId: kind.value.taskId, controller, done: Promise.resolve() };
+          entry.done = submitOnStream(session, kind.value, writer, controller.signal, aborted.signal).finally(() => {
+            aborted.signal.removeEventListener('abort', onStreamAbort);
+            if (waiting === entry) waiting = undefined;
+          });
+          waiting = entry;
+        } else if (kind.$case === 'cancel') {
+          if (waiting?.taskId === kind.value.taskId) {
+            // Still waiting for admission: it never starts (answered as rejected).
+            waiting.controller.abort(new RolloutError('cancelled', 'cancelled before it was admitted'));
+            continue;
+          }
           try {
             runtime.cancel(kind.value.taskId);
           } catch (err) {
@@ -117,6 +136,7 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
         await writer.below(runtime.deps.config.maxAdmitted);
       }
       // The client half-closed: finish delivering what it asked for, then end the stream.
+      if (waiting) await waiting.done;
       if (session) {
         await session.idle();
         await writer.flushed();
@@ -140,7 +160,13 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
     }
   }
 
-  async function submitOnStream(session: Session, spec: TaskSpec, writer: StreamWriter<RolloutResponse>, signal: AbortSignal): Promise<void> {
+  async function submitOnStream(
+    session: Session,
+    spec: TaskSpec,
+    writer: StreamWriter<RolloutResponse>,
+    signal: AbortSignal,
+    stream: AbortSignal,
+  ): Promise<void> {
     session.claim(spec.taskId);
     try {
       const result = await runtime.submit(spec, session.sink, signal);
@@ -148,8 +174,8 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
       writer.sendUrgent({ kind: { $case: 'accepted', value: result } });
     } catch (err) {
       session.unclaim(spec.taskId);
-      if (signal.aborted) return;
-      const e = err instanceof RolloutError ? err : RolloutError.from(err);
+      if (stream.aborted || writer.isClosed) return;
+      const e = err instanceof RolloutError ? err : RolloutError.from(signal.aborted ? signal.reason : err);
       if (e.code === 'internal') log.error({ err, taskId: spec.taskId }, 'submit failed');
       const reason = e.code === 'internal' ? 'internal error' : e.message;
       writer.sendUrgent({ kind: { $case: 'rejected', value: { taskId: spec.taskId, field: e.field ?? '', reason } } });

@@ -131,4 +131,28 @@ describe('bounded admission end to end: a full server stops reading the stream i
     await eventually(() => runtime.admission.inFlight === 0, 'admission to be back to zero', 3_000).catch(() => undefined);
     expect(runtime.admission.inFlight).toBe(0);
   });
+
+  it('a cancel right behind a task waiting for admission is read at once: the running task is cancelled, the waiting one never starts', async () => {
+    const { runtime } = h.server;
+    h.engine.failNext(MAX_ADMITTED, { kind: 'hang' });
+    const session = h.client.openSession();
+    await session.submit(mathTask('full-blocker', MAX_ADMITTED, 6_000));
+    await eventually(() => runtime.admission.inFlight === MAX_ADMITTED, 'the blocker to fill the server');
+    const waiting = session.submit(mathTask('full-waiter', 1, 6_001)).then(
+      () => undefined,
+      (err: unknown) => err,
+    );
+    await eventually(() => runtime.admission.waiting === 1, 'the second task to wait for admission');
+    // Both cancels arrive behind the waiting task on the same stream.
+    session.cancel('full-waiter');
+    const err = await waiting;
+    expect(err).toBeInstanceOf(TaskRejectedError);
+    expect((err as TaskRejectedError).reason).toMatch(/cancelled before it was admitted/);
+    expect(runtime.store.get('full-waiter')).toBeUndefined();
+    session.cancel('full-blocker');
+    session.close();
+    const trajectories = await collect(session.trajectories());
+    expect(trajectories.map((t) => t.status)).toEqual(new Array(MAX_ADMITTED).fill(TrajectoryStatus.TRAJECTORY_STATUS_CANCELLED));
+    await eventually(() => runtime.admission.inFlight === 0, 'admission to be back to zero');
+  });
 });
