@@ -8,6 +8,7 @@ import { RolloutClient, type RolloutSession } from '../../src/client/rollout-cli
 import { silentLogger } from '../../src/observability/logger.js';
 import { BubblewrapDriver } from '../../src/sandboxes/bwrap.js';
 import type { SandboxDriver } from '../../src/sandboxes/types.js';
+import type { EnvironmentRegistry } from '../../src/environments/registry.js';
 import { FakeVllmEngine, type FakeVllmOptions } from '../../src/testing/fake-vllm.js';
 import { loadQwen3 } from '../../src/tokens/tokenizer.js';
 import type { TaskLimits, Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
@@ -21,6 +22,8 @@ export interface ServerHarnessOptions {
    * can count the `rollout-sbx-*` dirs it leaves behind without seeing other test files' sandboxes.
    */
   sandboxes?: SandboxDriver;
+  /** Environments the server offers (default: the built-ins). */
+  registry?: EnvironmentRegistry;
 }
 
 export interface ServerHarness {
@@ -45,7 +48,7 @@ export async function startServerHarness(options: ServerHarnessOptions = {}): Pr
   const sandboxes = options.sandboxes ?? new BubblewrapDriver({ logger: silentLogger(), tmpRoot: sandboxRoot! });
   const server = await startRolloutServer(
     { port: 0, model: engine.model, backends: [{ url: engine.url, maxConcurrency: 256 }], ...options.config },
-    { logger: silentLogger(), sandboxes },
+    { logger: silentLogger(), sandboxes, ...(options.registry && { registry: options.registry }) },
   );
   const client = new RolloutClient(server.address, options.config?.adminToken ? { adminToken: options.config.adminToken } : {});
   let closing: Promise<void> | undefined;
