@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TrajectoryStatus } from '../../gen/ts/rollout/v1/rollout.js';
-import { TaskRejectedError } from '../../src/client/rollout-client.js';
+import type { TaskRejectedError } from '../../src/client/rollout-client.js';
 import { defaultRegistry } from '../../src/environments/registry.js';
 import { hermesToolCall, latestToolResponse, type FakePolicy } from '../../src/testing/scripted-policy.js';
 import { echoEnvironment } from '../../examples/ts/echo-environment.js';
