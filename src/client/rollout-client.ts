@@ -58,7 +58,9 @@ export class RolloutSession {
   private ended = false;
   private closing = false;
   private halfClosed = false;
-  private readonly expectedByTask = new Map<string, number>();
+  /** Tasks accepted on this stream; their samples are what the stream owes (counted once per task). */
+  private readonly acceptedTasks = new Set<string>();
+  private expected = 0;
   /** Trajectories a resumed session owes us from before this stream. */
   private inherited = 0;
   private isOpen = false;
@@ -91,7 +93,10 @@ export class RolloutSession {
           this.maybeHalfClose();
           break;
         case 'accepted':
-          this.expectedByTask.set(kind.value.taskId, kind.value.numSamples);
+          if (!this.acceptedTasks.has(kind.value.taskId)) {
+            this.acceptedTasks.add(kind.value.taskId);
+            this.expected += kind.value.numSamples;
+          }
           this.settle(kind.value.taskId, (p) => p.resolve(kind.value));
           this.maybeHalfClose();
           break;
@@ -175,8 +180,8 @@ export class RolloutSession {
 
   private maybeHalfClose(): void {
     if (!this.closing || !this.isOpen || this.halfClosed || this.ended || this.pending.size > 0) return;
-    let expected = this.inherited;
-    for (const n of this.expectedByTask.values()) expected += n;
+    // Checked after every trajectory consumed: kept O(1) with running counts.
+    const expected = this.inherited + this.expected;
     if (this.received.size < expected || this.consumed < this.received.size) return;
     this.halfClosed = true;
     this.call.end();

@@ -10,6 +10,7 @@ import { toServiceError } from './status.js';
 import { unary } from './unary.js';
 import { stageEventOf } from './events.js';
 import { handleWatch } from './watch.js';
+import { linkedController } from '../pipeline/rx.js';
 import {
   type RolloutRequest,
   type RolloutResponse,
@@ -31,7 +32,7 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
   const log = deps.logger.child({ component: 'rollout-service' });
 
   return {
-    rollout: (call) => void handleRollout(call, deps, log),
+    rollout: (call) => void handleRollout(call),
 
     submit: unary(log, async (request, signal) => {
       if (!request.task) throw RolloutError.invalid('task', 'required');
@@ -61,7 +62,7 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
     })),
   };
 
-  async function handleRollout(call: ServerDuplexStream<RolloutRequest, RolloutResponse>, d: RolloutServiceDeps, slog: Logger): Promise<void> {
+  async function handleRollout(call: ServerDuplexStream<RolloutRequest, RolloutResponse>): Promise<void> {
     const writer = new StreamWriter<RolloutResponse>(call);
     const aborted = new AbortController();
     let session: Session | undefined;
@@ -90,7 +91,7 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
       writer.sendUrgent({
         kind: {
           $case: 'opened',
-          value: { sessionId: s.id, redelivered, serverVersion: d.serverVersion, maxNumSamples: runtime.deps.config.maxNumSamples, pending: s.pending },
+          value: { sessionId: s.id, redelivered, serverVersion: deps.serverVersion, maxNumSamples: runtime.deps.config.maxNumSamples, pending: s.pending },
         },
       });
       return s;
@@ -111,12 +112,10 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
           // One task may wait for admission while the stream keeps reading, so a cancel or ack right behind it is
           // not stuck; a second task waits for the first (flow control: the server reads no further).
           if (waiting) await waiting.done;
-          const controller = new AbortController();
-          const onStreamAbort = (): void => controller.abort(aborted.signal.reason);
-          aborted.signal.addEventListener('abort', onStreamAbort, { once: true });
+          const { controller, dispose } = linkedController(aborted.signal);
           const entry = { taskId: kind.value.taskId, controller, done: Promise.resolve() };
           entry.done = submitOnStream(session, kind.value, writer, controller.signal, aborted.signal).finally(() => {
-            aborted.signal.removeEventListener('abort', onStreamAbort);
+            dispose();
             if (waiting === entry) waiting = undefined;
           });
           waiting = entry;
@@ -129,7 +128,7 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
           try {
             runtime.cancel(kind.value.taskId);
           } catch (err) {
-            slog.debug({ err, taskId: kind.value.taskId }, 'cancel of unknown task');
+            log.debug({ err, taskId: kind.value.taskId }, 'cancel of unknown task');
           }
         } else session.ack(kind.value);
         // A slow reader: stop pulling requests until the outbox drains (bounded memory per stream).
@@ -147,7 +146,7 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
       if (!aborted.signal.aborted) {
         // grpc-js sends the status of an 'error' emitted on the call.
         failing = true;
-        call.emit('error', toServiceError(err, slog));
+        call.emit('error', toServiceError(err, log));
       }
     } finally {
       unsubscribe.unsubscribe();

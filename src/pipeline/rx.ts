@@ -25,12 +25,21 @@ export function raceAbort<T>(work: Promise<T>, signal: AbortSignal): Promise<T> 
   });
 }
 
-/** A signal that fires on the parent's abort or after `ms`, with a deadline_exceeded reason naming `what`. */
-export function withDeadline(parent: AbortSignal, ms: number, what: string): { signal: AbortSignal; dispose: () => void } {
+/**
+ * A controller that also aborts (with the parent's reason) when `parent` does, so one unit of work can be
+ * aborted on its own or with everything under the parent. `dispose` detaches it from the parent.
+ */
+export function linkedController(parent: AbortSignal): { controller: AbortController; dispose: () => void } {
   const controller = new AbortController();
   const onParent = (): void => controller.abort(parent.reason);
   if (parent.aborted) controller.abort(parent.reason);
   else parent.addEventListener('abort', onParent, { once: true });
+  return { controller, dispose: () => parent.removeEventListener('abort', onParent) };
+}
+
+/** A signal that fires on the parent's abort or after `ms`, with a deadline_exceeded reason naming `what`. */
+export function withDeadline(parent: AbortSignal, ms: number, what: string): { signal: AbortSignal; dispose: () => void } {
+  const { controller, dispose } = linkedController(parent);
   const timer = setTimeout(() => {
     const reason = new Error(`${what} timed out after ${ms} ms`);
     reason.name = 'TimeoutError';
@@ -41,7 +50,7 @@ export function withDeadline(parent: AbortSignal, ms: number, what: string): { s
     signal: controller.signal,
     dispose: () => {
       clearTimeout(timer);
-      parent.removeEventListener('abort', onParent);
+      dispose();
     },
   };
 }
