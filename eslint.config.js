@@ -1,13 +1,24 @@
-// Lint: typescript-eslint's recommended rules; generated code and dependencies excluded.
+// Lint: typescript-eslint's recommended rules plus type-aware promise rules (a floating or misused promise can
+// take the process down with an unhandled rejection); generated code and dependencies excluded.
 import tseslint from 'typescript-eslint';
 
 export default tseslint.config(
-  { ignores: ['gen/**', 'node_modules/**', '.venv/**', 'dist/**', '.cache/**', 'examples/python/**'] },
+  { ignores: ['gen/**', 'node_modules/**', '.venv*/**', 'dist/**', '.cache/**', 'examples/python/**'] },
   ...tseslint.configs.recommended,
   {
+    languageOptions: {
+      parserOptions: {
+        projectService: { allowDefaultProject: ['vitest.config.ts', 'eslint.config.js', 'bin/*.js'] },
+        tsconfigRootDir: import.meta.dirname,
+      },
+    },
     rules: {
       '@typescript-eslint/no-unused-vars': ['error', { argsIgnorePattern: '^_', varsIgnorePattern: '^_' }],
       '@typescript-eslint/consistent-type-imports': 'error',
+      '@typescript-eslint/no-floating-promises': 'error',
+      '@typescript-eslint/no-misused-promises': 'error',
+      '@typescript-eslint/await-thenable': 'error',
+      '@typescript-eslint/require-await': 'off',
     },
   },
 );
