@@ -10,6 +10,7 @@ import { toServiceError } from './status.js';
 import { unary } from './unary.js';
 import { stageEventOf } from './events.js';
 import { handleWatch } from './watch.js';
+import { undecodable } from './tolerant-decode.js';
 import { linkedController } from '../pipeline/rx.js';
 import {
   type RolloutRequest,
@@ -100,10 +101,22 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
       // destroyOnReturn: false — the default iterator destroys the stream when the client half-closes, which
       // would close our (still needed) writing side.
       for await (const request of call.iterator({ destroyOnReturn: false }) as AsyncIterable<RolloutRequest>) {
+        const bad = undecodable(request);
+        if (bad) {
+          // Bytes that did not decode: that one request is rejected by field, the stream and its tasks go on.
+          session ??= openSession('', false, false);
+          const field = bad.field.replace(/^task\./, '');
+          writer.sendUrgent({ kind: { $case: 'rejected', value: { taskId: bad.taskId, field, reason: field ? `${field}: ${bad.reason}` : bad.reason } } });
+          continue;
+        }
         const kind = request.kind;
         if (!kind) continue;
         if (kind.$case === 'open') {
-          if (session) throw new RolloutError('failed_precondition', 'open must be the first request of a stream, once');
+          if (session) {
+            // A client bug, not a reason to drop every delivery of the stream: answered, then ignored.
+            writer.sendUrgent({ kind: { $case: 'rejected', value: { taskId: '', field: 'open', reason: 'open must be the first request of a stream, once' } } });
+            continue;
+          }
           session = openSession(kind.value.sessionId, kind.value.resume, kind.value.stageEvents);
           continue;
         }

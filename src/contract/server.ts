@@ -11,6 +11,7 @@ import { BackendServiceService } from '../../gen/ts/rollout/v1/backend.js';
 import { backendService } from './backend-service.js';
 import { rolloutService } from './rollout-service.js';
 import { SessionManager } from './sessions.js';
+import { tolerantService } from './tolerant-decode.js';
 
 export const SERVER_VERSION = '0.1.0';
 const PROTO_DIR = fileURLToPath(new URL('../../proto/', import.meta.url));
@@ -44,9 +45,9 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
     'grpc.max_send_message_length': config.maxMessageBytes,
   });
   const sessions = new SessionManager(options.sessionTtlMs ?? 10 * 60_000);
-  server.addService(RolloutServiceService, rolloutService({ runtime, registry, sessions, logger, serverVersion: SERVER_VERSION }));
+  server.addService(tolerantService(RolloutServiceService), rolloutService({ runtime, registry, sessions, logger, serverVersion: SERVER_VERSION }));
   server.addService(
-    BackendServiceService,
+    tolerantService(BackendServiceService),
     backendService({
       pool: runtime.deps.pool,
       logger,

@@ -1,11 +1,12 @@
 import type { ServerUnaryCall, sendUnaryData } from '@grpc/grpc-js';
 import type { Logger } from '../observability/logger.js';
 import { toServiceError } from './status.js';
+import { undecodable, undecodableError } from './tolerant-decode.js';
 
 /**
- * Unary handler adapter: one try/catch, errors through the one status mapping, and an AbortSignal that fires
- * when the client cancels or the call's deadline passes — so work a client gave up on (waiting for admission,
- * waiting for trajectories) is dropped instead of outliving the call.
+ * Unary handler adapter: one try/catch, errors through the one status mapping, undecodable requests answered
+ * by field, and an AbortSignal that fires when the client cancels or the call's deadline passes — so work a
+ * client gave up on (waiting for admission, waiting for trajectories) is dropped instead of outliving the call.
  */
 export function unary<Req, Res>(
   log: Logger,
@@ -14,7 +15,12 @@ export function unary<Req, Res>(
   return (call: ServerUnaryCall<Req, Res>, callback: sendUnaryData<Res>): void => {
     const { signal, dispose } = callSignal(call);
     Promise.resolve()
-      .then(() => fn(call.request, signal, call))
+      .then(() => {
+        // A request whose bytes did not decode (see tolerantService): INVALID_ARGUMENT naming the field.
+        const bad = undecodable(call.request);
+        if (bad) throw undecodableError(bad);
+        return fn(call.request, signal, call);
+      })
       .then(
         (response) => callback(null, response),
         (err: unknown) => callback(toServiceError(err, log)),

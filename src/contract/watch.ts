@@ -6,6 +6,8 @@ import type { WatchRequest, WatchResponse } from '../../gen/ts/rollout/v1/rollou
 import { stageEventOf, stageOf, summaryOf } from './events.js';
 import { StreamWriter } from './stream-writer.js';
 import { toBackend } from './backend-service.js';
+import { toServiceError } from './status.js';
+import { undecodable, undecodableError } from './tolerant-decode.js';
 
 /** Messages a slow watcher may have queued; past it, new messages for it are dropped and counted. */
 const WATCH_QUEUE_LIMIT = 10_000;
@@ -19,6 +21,11 @@ const FULL_TRAJECTORY_QUEUE_LIMIT = 256;
  */
 export async function handleWatch(call: ServerWritableStream<WatchRequest, WatchResponse>, runtime: RolloutRuntime, log: Logger): Promise<void> {
   const request = call.request;
+  const bad = undecodable(request);
+  if (bad) {
+    call.emit('error', toServiceError(undecodableError(bad), log));
+    return;
+  }
   const writer = new StreamWriter<WatchResponse>(call);
   const environments = new Set(request.environments);
   const groups = new Set(request.groupIds);

@@ -7,6 +7,7 @@ import type { ToolCallParser } from '../tools/types.js';
 import { executeToolCalls } from '../tools/execute.js';
 import { toolSchemas } from '../tools/registry.js';
 import type { RunResult, Sample } from './sample.js';
+import { turnSeed } from './seeds.js';
 
 export interface AgentLoopDeps {
   pool: BackendPool;
@@ -56,7 +57,7 @@ export async function runAgentLoop(sample: Sample, deps: AgentLoopDeps, signal: 
         ...(sampling.topP !== undefined && { topP: sampling.topP }),
         ...(sampling.topK !== undefined && { topK: sampling.topK }),
         // Samples of a group must differ: a task seed becomes one seed per sample and turn.
-        ...(sampling.seed !== undefined && { seed: sampling.seed + sample.index * 1_000 + turn }),
+        ...(sampling.seed !== undefined && { seed: turnSeed(sampling.seed, sample.index, turn) }),
         ...(sampling.stop.length > 0 && { stop: sampling.stop }),
         signal,
       });

@@ -1,0 +1,172 @@
+import { BinaryReader, WireType } from '@bufbuild/protobuf/wire';
+import protobuf from 'protobufjs';
+import { fileURLToPath } from 'node:url';
+
+const PROTO_DIR = fileURLToPath(new URL('../../proto/', import.meta.url));
+
+/**
+ * Why a request's bytes could not be decoded, by field: `field` is the proto path below the request
+ * (e.g. "task.sampling.seed", "task.instance"); empty when the bytes are not a valid message at all.
+ */
+export interface DecodeDiagnosis {
+  field: string;
+  reason: string;
+  /** The task_id found in the bytes (task.task_id), so the rejection can name the task. */
+  taskId: string;
+}
+
+/**
+ * The limits of the generated (ts-proto) decoders, restated so that a walk can say which field broke them:
+ * 64-bit integers must be exact as JS numbers (`forceLong=number`), and messages may nest at
+ * most 100 levels (ts-proto's recursion guard counts every message and map entry; one level of a Struct is
+ * three: Struct, its entry, Value).
+ */
+const MAX_SAFE = BigInt(Number.MAX_SAFE_INTEGER);
+const MAX_RECURSION = 100;
+/** A field holding one of these is named as a whole: its inner path says nothing to a trainer. */
+const STRUCT_TYPES = new Set(['.google.protobuf.Struct', '.google.protobuf.Value', '.google.protobuf.ListValue']);
+const INT64_TYPES = new Set(['int64', 'uint64', 'sint64', 'fixed64', 'sfixed64']);
+
+let root: protobuf.Root | undefined;
+
+/** The contract's schema (proto names, snake_case), parsed once from proto/ on first use. */
+export function contractSchema(): protobuf.Root {
+  if (root) return root;
+  const r = new protobuf.Root();
+  r.resolvePath = (_origin, target) => (target.startsWith('google/protobuf/') ? target : `${PROTO_DIR}${target}`);
+  r.loadSync(['rollout/v1/rollout.proto', 'rollout/v1/backend.proto'], { keepCase: true });
+  r.resolveAll();
+  root = r;
+  return r;
+}
+
+class Finding extends Error {
+  constructor(
+    readonly field: string,
+    readonly reason: string,
+  ) {
+    super(`${field}: ${reason}`);
+  }
+}
+
+/**
+ * Walks the wire bytes of a `typeName` message that failed to decode and names the first field that breaks the
+ * generated decoder's rules (an int64 outside ±(2^53−1), a Struct nested too deep, a truncated or malformed
+ * field). It runs only after a decode failed, so the happy path pays nothing. A Struct's inner path is not
+ * spelled out: the field that holds the Struct is named ("task.instance").
+ */
+export function diagnoseDecodeFailure(bytes: Uint8Array, typeName: string, error: unknown): DecodeDiagnosis {
+  const found = { taskId: '' };
+  try {
+    walk(new BinaryReader(bytes), bytes.length, contractSchema().lookupType(typeName), '', 0, undefined, found);
+  } catch (err) {
+    if (err instanceof Finding) return { field: err.field, reason: err.reason, taskId: found.taskId };
+    return { field: '', reason: `not a valid ${typeName}: ${message(err)}`, taskId: found.taskId };
+  }
+  return { field: '', reason: `not a valid ${typeName}: ${message(error)}`, taskId: found.taskId };
+}
+
+function walk(
+  reader: BinaryReader,
+  end: number,
+  type: protobuf.Type,
+  path: string,
+  depth: number,
+  structField: string | undefined,
+  found: { taskId: string },
+): void {
+  const level = enter(depth, structField ?? path);
+  while (reader.pos < end) {
+    const [number, wireType] = reader.tag();
+    const field = type.fieldsById[number];
+    if (!field) {
+      reader.skip(wireType, number);
+      continue;
+    }
+    const name = structField ?? (path ? `${path}.${field.name}` : field.name);
+    if (field.map) {
+      // A map entry is a message { 1: key, 2: value }, and a level of the guard.
+      const entryEnd = lengthDelimited(reader, wireType, name, end);
+      const entryLevel = enter(level, name);
+      while (reader.pos < entryEnd) {
+        const [n, wt] = reader.tag();
+        if (n === 2) value(reader, wt, field, name, entryEnd, entryLevel, structField, found);
+        else reader.skip(wt, n);
+      }
+      reader.pos = entryEnd;
+    } else {
+      value(reader, wireType, field, name, end, level, structField, found);
+    }
+  }
+  if (reader.pos > end) throw new Finding(structField ?? path, 'truncated');
+}
+
+/** Reads one value of `field` (scalar, message, or a packed run of 64-bit integers). */
+function value(
+  reader: BinaryReader,
+  wireType: WireType,
+  field: protobuf.Field,
+  name: string,
+  end: number,
+  level: number,
+  structField: string | undefined,
+  found: { taskId: string },
+): void {
+  const type = field.resolvedType;
+  if (type instanceof protobuf.Type) {
+    const innerEnd = lengthDelimited(reader, wireType, name, end);
+    const innerStruct = structField ?? (STRUCT_TYPES.has(type.fullName) ? name : undefined);
+    walk(reader, innerEnd, type, name, level, innerStruct, found);
+    reader.pos = innerEnd;
+  } else if (INT64_TYPES.has(field.type)) {
+    const values = wireType === WireType.LengthDelimited ? packed(reader, field.type) : [read64(reader, field.type)];
+    for (const v of values) {
+      if (v > MAX_SAFE || v < -MAX_SAFE) {
+        throw new Finding(name, `must be an integer within ±${Number.MAX_SAFE_INTEGER} (2^53−1) to be honoured exactly, got ${v}`);
+      }
+    }
+  } else if (name === 'task.task_id' && wireType === WireType.LengthDelimited) {
+    found.taskId = reader.string();
+  } else {
+    reader.skip(wireType);
+  }
+}
+
+/** Counts a level of ts-proto's recursion guard (every message and map entry is one); throws past its limit. */
+function enter(depth: number, field: string): number {
+  if (depth >= MAX_RECURSION) throw new Finding(field, 'nested too deeply (objects and lists at most about 32 levels deep)');
+  return depth + 1;
+}
+
+function lengthDelimited(reader: BinaryReader, wireType: WireType, name: string, end: number): number {
+  if (wireType !== WireType.LengthDelimited) throw new Finding(name, 'wrong wire type');
+  const length = reader.uint32();
+  if (reader.pos + length > end) throw new Finding(name, 'truncated');
+  return reader.pos + length;
+}
+
+function read64(reader: BinaryReader, type: string): bigint {
+  switch (type) {
+    case 'uint64':
+      return BigInt(reader.uint64());
+    case 'sint64':
+      return BigInt(reader.sint64());
+    case 'fixed64':
+      return BigInt(reader.fixed64());
+    case 'sfixed64':
+      return BigInt(reader.sfixed64());
+    default:
+      return BigInt(reader.int64());
+  }
+}
+
+function packed(reader: BinaryReader, type: string): bigint[] {
+  const end = reader.uint32() + reader.pos;
+  const out: bigint[] = [];
+  while (reader.pos < end) out.push(read64(reader, type));
+  return out;
+}
+
+function message(err: unknown): string {
+  return err instanceof Error ? err.message : String(err);
+}
