@@ -1,3 +1,4 @@
+import { config as rxConfig } from 'rxjs';
 import { RolloutError } from './errors.js';
 import type { ServerConfig } from './config.js';
 import type { Logger } from './observability/logger.js';
@@ -52,10 +53,14 @@ export class RolloutRuntime {
       createStages(deps),
       { init: { concurrency: config.init.concurrency }, run: { concurrency: config.run.concurrency }, eval: { concurrency: config.eval.concurrency } },
       deps.logger.child({ component: 'pipeline' }),
+      config.maxMessageBytes,
     );
   }
 
   start(): void {
+    // RxJS rethrows a subscriber's error on a timer, which would take the whole process down for one bad
+    // callback: log it instead (the callbacks themselves handle their own failures; this is the last net).
+    rxConfig.onUnhandledError = (err: unknown) => this.log.error({ err }, 'unhandled error in an RxJS subscriber');
     this.pipeline.start();
   }
 

@@ -12,6 +12,7 @@ import { backendService } from './backend-service.js';
 import { rolloutService } from './rollout-service.js';
 import { SessionManager } from './sessions.js';
 import { tolerantService } from './tolerant-decode.js';
+import { trajectorySerializers } from './response-encode.js';
 
 export const SERVER_VERSION = '0.1.0';
 const PROTO_DIR = fileURLToPath(new URL('../../proto/', import.meta.url));
@@ -45,7 +46,7 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
     'grpc.max_send_message_length': config.maxMessageBytes,
   });
   const sessions = new SessionManager(options.sessionTtlMs ?? 10 * 60_000);
-  server.addService(tolerantService(RolloutServiceService), rolloutService({ runtime, registry, sessions, logger, serverVersion: SERVER_VERSION }));
+  server.addService(trajectorySerializers(tolerantService(RolloutServiceService), config.maxMessageBytes), rolloutService({ runtime, registry, sessions, logger, serverVersion: SERVER_VERSION }));
   server.addService(
     tolerantService(BackendServiceService),
     backendService({

@@ -1,6 +1,7 @@
 import type { ChatMessage } from '../tokens/types.js';
 import type { Sandbox } from '../sandboxes/types.js';
 import type { Tool } from '../tools/types.js';
+import type { JsonObject } from './json.js';
 
 export interface EnvironmentContext<I> {
   instance: I;
@@ -20,8 +21,10 @@ export interface EpisodeOutcome {
 
 export interface Evaluation {
   reward: number;
+  /** Named finite numbers (e.g. { correct: 1 }); trainers log or shape rewards with them. */
   details: Record<string, number>;
-  report: Record<string, unknown>;
+  /** Free-form JSON (checked: no bigints, cycles, NaN, class instances; at most MAX_JSON_DEPTH deep). */
+  report: JsonObject;
 }
 
 /**

@@ -6,6 +6,7 @@ import { raceAbort, withDeadline } from './rx.js';
 import type { Sample } from './sample.js';
 import type { StageName } from './task.js';
 import { buildFailedTrajectory, buildTrajectory } from './trajectory.js';
+import { wireSafe } from './wire-safe.js';
 
 /** The work of one stage on one sample. It must honour `signal`; the pipeline also races it against the signal. */
 export type StageFn = (sample: Sample, signal: AbortSignal) => Promise<void>;
@@ -60,13 +61,28 @@ export class Pipeline {
     private readonly fns: StageFns,
     private readonly settings: Record<WorkStage, StageSettings>,
     private readonly log: Logger,
+    /** Largest encoded message the server may send (grpc max_send_message_length): trajectories are kept under it. */
+    private readonly maxMessageBytes: number = 64 << 20,
   ) {}
 
   start(): void {
     if (this.subscription) return;
-    this.subscription = this.input$
-      .pipe(this.stage$('init'), this.stage$('run'), this.stage$('eval'))
-      .subscribe((sample) => void this.finish(sample, buildTrajectory(sample)));
+    this.subscription = this.input$.pipe(this.stage$('init'), this.stage$('run'), this.stage$('eval')).subscribe({
+      next: (sample) => void this.finish(sample, this.completed(sample)),
+      // Unreachable by construction (every stage catches per sample); if it ever happens, the line is dead and
+      // must say so loudly rather than leave samples hanging silently.
+      error: (err: unknown) => this.log.fatal({ err }, 'pipeline stopped: a stage errored outside its per-sample handling'),
+    });
+  }
+
+  /** The trajectory of a sample that went through eval; a throw while building it fails that sample alone. */
+  private completed(sample: Sample): Trajectory {
+    try {
+      return buildTrajectory(sample);
+    } catch (err) {
+      this.log.error({ err, sample: sample.key }, 'building the trajectory failed');
+      return buildFailedTrajectory(sample, new RolloutError('environment_error', `building the trajectory failed: ${err instanceof Error ? err.message : String(err)}`, { cause: err }));
+    }
   }
 
   /** Queues samples; the caller has already passed admission. */
@@ -172,7 +188,7 @@ export class Pipeline {
     return done;
   }
 
-  private async deliver(sample: Sample, trajectory: Trajectory): Promise<void> {
+  private async deliver(sample: Sample, built: Trajectory): Promise<void> {
     sample.finished = true;
     sample.stage = 'done';
     this.live.delete(sample);
@@ -188,7 +204,9 @@ export class Pipeline {
       this.log.error({ err, sample: sample.key }, 'releasing sandbox failed');
     }
     sample.timing.totalMs = performance.now() - sample.createdAt;
-    trajectory.timing = { ...sample.timing };
+    // Encoded and size-checked once, before anything queues it: a trajectory that cannot go on the wire would end
+    // every stream it is written to (see wireSafe).
+    const trajectory = wireSafe({ ...built, timing: { ...sample.timing } }, this.maxMessageBytes);
     this.completedTotal++;
     this.events$.next({ type: 'stage', sample, stage: 'done' });
     this.events$.next({ type: 'finished', sample, trajectory });

@@ -1,6 +1,7 @@
 import { RolloutError } from '../errors.js';
 import type { RuntimeDeps } from '../runtime.js';
 import { runAgentLoop } from './agent-loop.js';
+import { jsonProblem } from '../environments/json.js';
 import type { StageFns } from './pipeline.js';
 
 /**
@@ -55,10 +56,21 @@ export function createStages(deps: RuntimeDeps): StageFns {
       try {
         const evaluation = await sample.task.environment.evaluate({ instance: sample.task.instance, sandbox, signal, outcome: run.outcome });
         if (!Number.isFinite(evaluation.reward)) throw new RolloutError('environment_error', `reward is not a finite number: ${evaluation.reward}`);
+        // What crosses to the trainer must be plain JSON and finite numbers: checked where it leaves the plugin.
+        const problem = jsonProblem(evaluation.report, 'report') ?? detailsProblem(evaluation.details);
+        if (problem) throw new RolloutError('environment_error', `evaluate returned an invalid ${problem}`);
         sample.evaluation = evaluation;
       } catch (err) {
         throw classify(err, 'environment_error', signal);
       }
     },
   };
+}
+
+function detailsProblem(details: unknown): string | undefined {
+  if (typeof details !== 'object' || details === null || Array.isArray(details)) return 'details: not an object of numbers';
+  for (const [key, value] of Object.entries(details)) {
+    if (typeof value !== 'number' || !Number.isFinite(value)) return `details.${key}: ${String(value)} is not a finite number`;
+  }
+  return undefined;
 }

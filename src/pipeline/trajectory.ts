@@ -32,9 +32,16 @@ export function buildFailedTrajectory(sample: Sample, err: RolloutError): Trajec
     finishReason: finishReasonForError(err),
     error: `${err.code}: ${err.message}`,
   };
-  if (sample.run) return { ...withTokens(trajectory, sample.run.tokens, sample.task.includeMessages), numTurns: sample.run.numTurns };
-  const partial = partialTokens(sample);
-  return partial ? { ...withTokens(trajectory, partial, sample.task.includeMessages), numTurns: partial.turns.filter((t) => t.role === 'assistant').length } : trajectory;
+  // The tokens are kept for debugging when they can be; a run result too broken to map is left out, so building
+  // the failure can never throw in turn.
+  try {
+    if (sample.run) return { ...withTokens(trajectory, sample.run.tokens, sample.task.includeMessages), numTurns: sample.run.numTurns };
+    const partial = partialTokens(sample);
+    if (partial) return { ...withTokens(trajectory, partial, sample.task.includeMessages), numTurns: partial.turns.filter((t) => t.role === 'assistant').length };
+  } catch {
+    return { ...trajectory, error: `${trajectory.error} (its tokens could not be read)` };
+  }
+  return trajectory;
 }
 
 /** The tokens a sample got to before its run failed (for debugging; trainers filter the status out). */

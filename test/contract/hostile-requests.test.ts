@@ -4,7 +4,6 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TaskRejectedError } from '../../src/client/rollout-client.js';
 import {
   RolloutRequest,
-  RolloutResponse,
   RolloutServiceClient,
   TaskSpec,
   TrajectoryStatus,
@@ -12,6 +11,7 @@ import {
   type Trajectory,
 } from '../../gen/ts/rollout/v1/rollout.js';
 import { collect, invariantViolations, mathTask, startHarness, type Harness } from '../support/harness.js';
+import { rawRollout } from '../support/raw-rollout.js';
 
 const OK = new Set([TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED, TrajectoryStatus.TRAJECTORY_STATUS_TRUNCATED]);
 
@@ -20,22 +20,6 @@ function nested(depth: number): Record<string, unknown> {
   let value: Record<string, unknown> = { a: 1 };
   for (let i = 1; i < depth; i++) value = { x: value };
   return value;
-}
-
-/** A raw Rollout stream: requests are bytes, answers are decoded, so a test can send what no stub would. */
-function rawRollout(address: string): { client: Client; send: (bytes: Uint8Array) => void; end: () => void; responses: Promise<RolloutResponse[]>; status: Promise<number> } {
-  const client = new Client(address, credentials.createInsecure());
-  const call = client.makeBidiStreamRequest(
-    '/rollout.v1.RolloutService/Rollout',
-    (bytes: Uint8Array) => Buffer.from(bytes),
-    (bytes: Buffer) => RolloutResponse.decode(bytes),
-  );
-  const out: RolloutResponse[] = [];
-  call.on('data', (r: RolloutResponse) => out.push(r));
-  const statusCode = new Promise<number>((resolve) => call.on('status', (s: { code: number }) => resolve(s.code)));
-  const responses = new Promise<RolloutResponse[]>((resolve) => call.on('end', () => resolve(out)));
-  call.on('error', () => undefined);
-  return { client, send: (bytes) => call.write(bytes), end: () => call.end(), responses, status: statusCode };
 }
 
 const taskBytes = (spec: Partial<TaskSpec>): Uint8Array => RolloutRequest.encode({ kind: { $case: 'task', value: TaskSpec.fromPartial(spec) } }).finish();

@@ -434,6 +434,28 @@ describe('Pipeline: failures map to trajectory statuses, never to COMPLETED with
     expect(t.reward).toBe(0);
   });
 
+  it('a throw while building one trajectory fails that sample (ENVIRONMENT_ERROR); the line goes on', async () => {
+    const r = rig({
+      run: async (sample) => {
+        const result = fakeRunResult();
+        // A run result whose turns cannot be mapped: buildTrajectory throws for this sample only.
+        if (sample.task.taskId === 'unbuildable') result.tokens.turns = null as unknown as typeof result.tokens.turns;
+        sample.run = result;
+      },
+    });
+    const [bad, good] = r.submit(r.sample('unbuildable'), r.sample('buildable'));
+    await delivered(r, [bad!, good!]);
+    const t = r.trajectoryOf(bad!)!;
+    expect(t.status).toBe(S.TRAJECTORY_STATUS_ENVIRONMENT_ERROR);
+    expect(t.error).toContain('building the trajectory failed');
+    expect(bad!.ownSandbox?.stops).toBe(1);
+    expect(r.trajectoryOf(good!)!.status).toBe(S.TRAJECTORY_STATUS_COMPLETED);
+    // The line still takes work after the failure.
+    const [later] = r.submit(r.sample('after-unbuildable'));
+    await delivered(r, [later!]);
+    expect(r.trajectoryOf(later!)!.status).toBe(S.TRAJECTORY_STATUS_COMPLETED);
+  });
+
   it('a success carries the run tokens, the reward, metadata and timing', async () => {
     const r = rig();
     const [sample] = r.submit(r.sample('ok'));

@@ -1,0 +1,78 @@
+import { Trajectory, TrajectoryStatus } from '../../gen/ts/rollout/v1/rollout.js';
+
+/** Room left in a message beside the trajectory (the response's oneof tag and length, a degraded error text). */
+const ENVELOPE_BYTES = 16 * 1024;
+/** A degraded trajectory's error text is bounded too. */
+const MAX_ERROR_CHARS = 4096;
+
+/** The encoded bytes of each trajectory made wire-safe, so every stream that sends it reuses one encode. */
+const encoded = new WeakMap<Trajectory, Uint8Array>();
+
+/** The bytes {@link wireSafe} encoded for this trajectory, if it went through it. */
+export function encodedTrajectory(trajectory: Trajectory): Uint8Array | undefined {
+  return encoded.get(trajectory);
+}
+
+/** What a trajectory loses, in order, until it encodes and fits. */
+const DEGRADE_STEPS: readonly [string, (t: Trajectory) => Trajectory][] = [
+  ['eval_report, reward_details', (t) => ({ ...t, evalReport: undefined, rewardDetails: {}, reward: 0 })],
+  ['messages', (t) => ({ ...t, messages: [] })],
+  ['token ids, mask, logprobs and turns', (t) => ({ ...t, promptTokenIds: [], responseTokenIds: [], responseMask: [], responseLogprobs: [], turns: [] })],
+  ['metadata', (t) => ({ ...t, metadata: {} })],
+];
+
+/**
+ * Makes a trajectory safe to put on the wire before anything queues it: it is encoded once here (the bytes are
+ * kept for the streams that send it) and checked against the message limit. One that cannot be encoded (an
+ * environment's report holding a bigint or a cycle) or is over the limit would otherwise end every stream it is
+ * written to — and, unacked, be re-sent first on resume, bricking the session for good. Such a trajectory is
+ * degraded instead: the offending fields are dropped (report first, then the transcript, then token arrays)
+ * until it fits, and a policy outcome (COMPLETED, TRUNCATED) becomes ENVIRONMENT_ERROR with an error saying what
+ * was dropped and why. Failure statuses keep their status; their error text says what was dropped.
+ */
+export function wireSafe(trajectory: Trajectory, maxBytes: number): Trajectory {
+  const limit = Math.max(1024, maxBytes - ENVELOPE_BYTES);
+  const first = tryEncode(trajectory);
+  if (first.bytes && first.bytes.length <= limit) {
+    encoded.set(trajectory, first.bytes);
+    return trajectory;
+  }
+  const problem = first.bytes ? `is ${first.bytes.length} bytes, over the ${limit}-byte limit of a message` : `could not be encoded (${first.error})`;
+  const policyOutcome =
+    trajectory.status === TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED || trajectory.status === TrajectoryStatus.TRAJECTORY_STATUS_TRUNCATED;
+  let current: Trajectory = policyOutcome ? { ...trajectory, status: TrajectoryStatus.TRAJECTORY_STATUS_ENVIRONMENT_ERROR, finishReason: 'error' } : trajectory;
+  const dropped: string[] = [];
+  for (const [name, drop] of DEGRADE_STEPS) {
+    current = drop(current);
+    dropped.push(name);
+    const before = trajectory.error ? `; before that: ${trajectory.error}` : '';
+    const error = `the trajectory ${problem}; dropped ${dropped.join(', ')}${before}`;
+    current = { ...current, error: error.length > MAX_ERROR_CHARS ? `${error.slice(0, MAX_ERROR_CHARS)}…` : error };
+    const attempt = tryEncode(current);
+    if (attempt.bytes && attempt.bytes.length <= limit) {
+      encoded.set(current, attempt.bytes);
+      return current;
+    }
+  }
+  // Every field that can fail or grow is gone; what is left (ids, enums, bounded strings) always encodes.
+  const bare = Trajectory.fromPartial({
+    taskId: trajectory.taskId,
+    sampleIndex: trajectory.sampleIndex,
+    groupId: trajectory.groupId,
+    environment: trajectory.environment,
+    status: current.status,
+    finishReason: current.finishReason,
+    error: `the trajectory ${problem}; only its identity is kept`,
+    timing: trajectory.timing,
+  });
+  encoded.set(bare, Trajectory.encode(bare).finish());
+  return bare;
+}
+
+function tryEncode(trajectory: Trajectory): { bytes?: Uint8Array; error?: string } {
+  try {
+    return { bytes: Trajectory.encode(trajectory).finish() };
+  } catch (err) {
+    return { error: err instanceof Error ? `${err.name}: ${err.message}` : String(err) };
+  }
+}
