@@ -3,6 +3,7 @@ import type { ServerConfig } from '../config.js';
 import type { EnvironmentRegistry } from '../environments/registry.js';
 import type { TaskSpec } from '../../gen/ts/rollout/v1/rollout.js';
 import type { ResolvedTask } from './task.js';
+import { canonicalJson } from './canonical-json.js';
 
 const MAX_ID_LENGTH = 256;
 const MAX_STOP_SEQUENCES = 16;
@@ -66,7 +67,7 @@ export function validateTask(spec: TaskSpec, registry: EnvironmentRegistry, conf
   const d = config.defaults;
   const maxTotalTokens = orDefault(s?.maxTotalTokens, d.maxTotalTokens);
   const maxTokensPerTurn = Math.min(orDefault(s?.maxTokensPerTurn, d.maxTokensPerTurn), maxTotalTokens);
-  return {
+  const resolved = {
     taskId,
     groupId: spec.groupId || taskId,
     numSamples: spec.numSamples,
@@ -90,8 +91,11 @@ export function validateTask(spec: TaskSpec, registry: EnvironmentRegistry, conf
     },
     metadata: { ...spec.metadata },
     includeMessages: spec.includeMessages,
-    fingerprint: JSON.stringify([spec.groupId, spec.numSamples, spec.environment, instanceJson, s ?? null, l ?? null, spec.metadata, spec.includeMessages]),
   };
+  // The task as the server will run it, keys sorted at every depth: a retry whose Struct or map entries arrive in
+  // another order (Go randomises map iteration), or that spells a default explicitly, is the same task.
+  const { environment: env, instance: _validated, ...rest } = resolved;
+  return { ...resolved, fingerprint: canonicalJson({ ...rest, environment: env.name, instance: spec.instance }) };
 }
 
 function nonNegative(field: string, value: number): void {
