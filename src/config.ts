@@ -1,12 +1,19 @@
 import { z } from 'zod';
+import { RolloutError } from './errors.js';
 
-/** Per-stage worker pool settings: concurrency and the default timeout of one sample in that stage. */
-const stageSchema = z.object({
-  concurrency: z.number().int().min(1).max(100_000),
-  timeoutMs: z.number().int().min(1),
-});
+/**
+ * Per-stage worker pool settings: concurrency and the default timeout of one sample in that stage. Each field has
+ * its stage's own default, so `{ "init": { "concurrency": 8 } }` keeps init's default timeout.
+ */
+const stageSchema = (defaults: { concurrency: number; timeoutMs: number }) =>
+  z
+    .strictObject({
+      concurrency: z.number().int().min(1).max(100_000).default(defaults.concurrency),
+      timeoutMs: z.number().int().min(1).default(defaults.timeoutMs),
+    })
+    .prefault({});
 
-const backendSchema = z.object({
+const backendSchema = z.strictObject({
   url: z.string().url(),
   kind: z.enum(['vllm', 'sglang', 'embedded']).default('vllm'),
   maxConcurrency: z.number().int().min(1).default(256),
@@ -16,16 +23,17 @@ const backendSchema = z.object({
 
 /**
  * Server configuration, validated once at start-up with zod so a typo fails loudly instead of running with a
- * silent default. Every field has a default that runs the demo on one machine.
+ * silent default: objects are strict at every depth (an unknown or misspelt key is an error naming it), and every
+ * field has its own default, so a partial object keeps the defaults of what it leaves out.
  */
-export const serverConfigSchema = z.object({
+export const serverConfigSchema = z.strictObject({
   host: z.string().default('127.0.0.1'),
   port: z.number().int().min(0).max(65_535).default(50_051),
   /** Model name sent to engines. */
   model: z.string().default('policy'),
-  init: stageSchema.default({ concurrency: 64, timeoutMs: 60_000 }),
-  run: stageSchema.default({ concurrency: 1024, timeoutMs: 600_000 }),
-  eval: stageSchema.default({ concurrency: 64, timeoutMs: 60_000 }),
+  init: stageSchema({ concurrency: 64, timeoutMs: 60_000 }),
+  run: stageSchema({ concurrency: 1024, timeoutMs: 600_000 }),
+  eval: stageSchema({ concurrency: 64, timeoutMs: 60_000 }),
   /** Samples admitted (queued + in flight) before the server stops reading request streams. */
   maxAdmitted: z.number().int().min(1).default(20_000),
   maxNumSamples: z.number().int().min(1).default(256),
@@ -34,15 +42,15 @@ export const serverConfigSchema = z.object({
   /** gRPC message size limit, bytes. */
   maxMessageBytes: z.number().int().min(1024).default(64 << 20),
   defaults: z
-    .object({
+    .strictObject({
       maxTurns: z.number().int().min(1).default(8),
       maxTokensPerTurn: z.number().int().min(1).default(1024),
       maxTotalTokens: z.number().int().min(1).default(16_384),
       totalTimeoutMs: z.number().int().min(1).default(900_000),
     })
-    .default({ maxTurns: 8, maxTokensPerTurn: 1024, maxTotalTokens: 16_384, totalTimeoutMs: 900_000 }),
+    .prefault({}),
   sandbox: z
-    .object({
+    .strictObject({
       driver: z.enum(['bwrap']).default('bwrap'),
       memoryMb: z.number().int().min(16).default(1024),
       maxProcesses: z.number().int().min(1).default(64),
@@ -50,7 +58,7 @@ export const serverConfigSchema = z.object({
       outputLimitBytes: z.number().int().min(256).default(16_384),
       maxFileMb: z.number().int().min(1).default(256),
     })
-    .default({ driver: 'bwrap', memoryMb: 1024, maxProcesses: 64, wallClockMs: 900_000, outputLimitBytes: 16_384, maxFileMb: 256 }),
+    .prefault({}),
   backends: z.array(backendSchema).default([]),
   /** Budget of one engine request (one turn); past it the request fails with BACKEND_ERROR. 0 = none. */
   backendRequestTimeoutMs: z.number().int().min(0).default(300_000),
@@ -67,6 +75,14 @@ export const serverConfigSchema = z.object({
 export type ServerConfig = z.infer<typeof serverConfigSchema>;
 export type ServerConfigInput = z.input<typeof serverConfigSchema>;
 
-export function parseConfig(input: ServerConfigInput = {}): ServerConfig {
-  return serverConfigSchema.parse(input);
+/**
+ * Validates a configuration and applies defaults. Throws RolloutError('invalid_argument') whose message lists
+ * every problem with its path (e.g. `Unrecognized key: "memroyMb" → at sandbox`), readable as it is on a terminal.
+ */
+export function parseConfig(input: unknown = {}): ServerConfig {
+  const result = serverConfigSchema.safeParse(input);
+  if (result.success) return result.data;
+  const first = result.error.issues[0];
+  const field = first ? first.path.map(String).join('.') : '';
+  throw new RolloutError('invalid_argument', `invalid configuration:\n${z.prettifyError(result.error)}`, { ...(field && { field }), cause: result.error });
 }

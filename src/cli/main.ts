@@ -3,6 +3,7 @@ import { readFileSync } from 'node:fs';
 import { runDemo } from './demo.js';
 import { runServe } from './serve.js';
 import { RolloutClient } from '../client/rollout-client.js';
+import { RolloutError } from '../errors.js';
 
 const int = (value: string): number => {
   const n = Number(value);
@@ -35,8 +36,7 @@ program
   .option('--fake-engine', 'also start the fake vLLM engine (a test double) and route to it')
   .option('--fake-latency-ms <ms>', 'fake engine per-token latency', int, 1)
   .action(async (opts) => {
-    const file = opts.config ? (JSON.parse(readFileSync(opts.config, 'utf8')) as Record<string, unknown>) : {};
-    await runServe({ ...opts, file });
+    await runServe({ ...opts, file: opts.config ? readConfigFile(opts.config as string) : {} });
   });
 
 program
@@ -65,4 +65,29 @@ program
     }
   });
 
-await program.parseAsync(process.argv);
+/** A JSON config file, or a RolloutError naming the file and what is wrong with it. */
+function readConfigFile(path: string): Record<string, unknown> {
+  let text: string;
+  try {
+    text = readFileSync(path, 'utf8');
+  } catch (err) {
+    throw new RolloutError('invalid_argument', `cannot read config file ${path}: ${(err as Error).message}`);
+  }
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(text);
+  } catch (err) {
+    throw new RolloutError('invalid_argument', `config file ${path} is not JSON: ${(err as Error).message}`);
+  }
+  if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed)) throw new RolloutError('invalid_argument', `config file ${path} must hold a JSON object`);
+  return parsed as Record<string, unknown>;
+}
+
+try {
+  await program.parseAsync(process.argv);
+} catch (err) {
+  // A configuration or usage mistake is a message for a person, not a stack trace.
+  if (!(err instanceof RolloutError) || err.code !== 'invalid_argument') throw err;
+  console.error(`rollout: ${err.message}`);
+  process.exitCode = 2;
+}

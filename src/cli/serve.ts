@@ -40,10 +40,10 @@ export async function runServe(opts: ServeOptions): Promise<void> {
     logger.warn({ url: engine.url }, 'routing to the fake vLLM engine (a test double)');
   }
   if (opts.model) config.model = opts.model;
-  const defaults = parseConfig({});
+  // Flags override single fields; what neither sets keeps its stage's default (applied by parseConfig).
   const stage = (key: 'init' | 'run' | 'eval', concurrency: number | undefined, timeoutMs: number | undefined): void => {
+    if (concurrency === undefined && timeoutMs === undefined) return;
     config[key] = {
-      ...defaults[key],
       ...config[key],
       ...(concurrency !== undefined && { concurrency }),
       ...(timeoutMs !== undefined && { timeoutMs }),
@@ -56,6 +56,8 @@ export async function runServe(opts: ServeOptions): Promise<void> {
   const adminToken = opts.adminToken ?? process.env.ROLLOUT_ADMIN_TOKEN;
   if (adminToken) config.adminToken = adminToken;
   config.backends = backends;
+  // Validated before anything starts (the fake engine aside), so a typo fails with its path, not a stack trace.
+  parseConfig(config);
   const server = await startRolloutServer(config, { logger });
   // A plain line scripts and tests can wait for, beside the JSON logs.
   console.log(`rollout server listening on ${server.address}`);

@@ -63,6 +63,27 @@ describe('the rollout CLI', () => {
 });
 
 describe('rollout serve --config', () => {
+  it('fails start-up on a misspelt key at any depth with a readable message naming it, not a stack trace', async () => {
+    const { mkdtemp, writeFile, rm } = await import('node:fs/promises');
+    const { tmpdir } = await import('node:os');
+    const dir = await mkdtemp(`${tmpdir()}/rollout-cli-`);
+    try {
+      const file = `${dir}/config.json`;
+      await writeFile(file, JSON.stringify({ port: 0, init: { concurrency: 8 }, sandbox: { memroyMb: 512 } }));
+      const bad = rollout(['serve', '--config', file]);
+      expect(await bad.exited).toBe(2);
+      expect(bad.output()).toContain('Unrecognized key: "memroyMb"');
+      expect(bad.output()).toContain('at sandbox');
+      expect(bad.output()).not.toMatch(/\n\s+at .*\.(ts|js):\d+/);
+      await writeFile(file, '{ "port": 0, ');
+      const broken = rollout(['serve', '--config', file]);
+      expect(await broken.exited).toBe(2);
+      expect(broken.output()).toContain(`config file ${file} is not JSON`);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
   it('takes host and port from the config file unless flags say otherwise', async () => {
     const { mkdtemp, writeFile, rm } = await import('node:fs/promises');
     const { tmpdir } = await import('node:os');

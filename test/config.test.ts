@@ -1,0 +1,45 @@
+import { describe, expect, it } from 'vitest';
+import { parseConfig } from '../src/config.js';
+import { RolloutError } from '../src/errors.js';
+
+const failure = (input: unknown): RolloutError => {
+  try {
+    parseConfig(input);
+  } catch (err) {
+    expect(err).toBeInstanceOf(RolloutError);
+    return err as RolloutError;
+  }
+  throw new Error('parseConfig accepted it');
+};
+
+describe('server configuration', () => {
+  it.each([
+    [{ prot: 50051 }, 'Unrecognized key: "prot"', ''],
+    [{ init: { concurency: 8 } }, 'Unrecognized key: "concurency"', 'init'],
+    [{ sandbox: { memroyMb: 512 } }, 'Unrecognized key: "memroyMb"', 'sandbox'],
+    [{ defaults: { maxTurn: 3 } }, 'Unrecognized key: "maxTurn"', 'defaults'],
+    [{ backends: [{ url: 'http://127.0.0.1:8000', maxConcurency: 4 }] }, 'Unrecognized key: "maxConcurency"', 'backends.0'],
+  ])('refuses an unknown key at any depth, naming it: %j', (input, message, field) => {
+    const err = failure(input);
+    expect(err.code).toBe('invalid_argument');
+    expect(err.message).toContain(message);
+    expect(err.field ?? '').toBe(field);
+  });
+
+  it('says what is wrong with a value, with its path', () => {
+    const err = failure({ run: { concurrency: 0 } });
+    expect(err.message).toContain('at run.concurrency');
+  });
+
+  it('keeps the other defaults of a partially overridden object', () => {
+    const defaults = parseConfig({});
+    const config = parseConfig({ init: { concurrency: 8 }, run: { timeoutMs: 5 }, sandbox: { memoryMb: 512 }, defaults: { maxTurns: 3 } });
+    expect(config.init).toEqual({ concurrency: 8, timeoutMs: defaults.init.timeoutMs });
+    expect(config.run).toEqual({ concurrency: defaults.run.concurrency, timeoutMs: 5 });
+    expect(config.eval).toEqual(defaults.eval);
+    expect(config.sandbox).toEqual({ ...defaults.sandbox, memoryMb: 512 });
+    expect(config.defaults).toEqual({ ...defaults.defaults, maxTurns: 3 });
+    expect(defaults.init).toEqual({ concurrency: 64, timeoutMs: 60_000 });
+    expect(defaults.run).toEqual({ concurrency: 1024, timeoutMs: 600_000 });
+  });
+});
