@@ -66,6 +66,44 @@ export function diagnoseDecodeFailure(bytes: Uint8Array, typeName: string, error
   return { field: '', reason: `not a valid ${typeName}: ${message(error)}`, taskId: found.taskId };
 }
 
+/**
+ * For a request that decodes but is over the size limit: the task_id in it and its largest field below the
+ * request (e.g. "task.metadata"), so the rejection can say what to shrink.
+ */
+export function largestField(bytes: Uint8Array, typeName: string): { field: string; bytes: number; taskId: string } {
+  const type = contractSchema().lookupType(typeName);
+  const reader = new BinaryReader(bytes);
+  let best = { field: '', bytes: 0 };
+  let taskId = '';
+  try {
+    while (reader.pos < bytes.length) {
+      const [number, wireType] = reader.tag();
+      const start = reader.pos;
+      const field = type.fieldsById[number];
+      if (field?.resolvedType instanceof protobuf.Type && wireType === WireType.LengthDelimited) {
+        // One level down (the task inside a request): its fields are what a client can shrink.
+        const end = reader.uint32() + reader.pos;
+        const inner = field.resolvedType;
+        while (reader.pos < end) {
+          const [n, wt] = reader.tag();
+          const at = reader.pos;
+          const innerField = inner.fieldsById[n];
+          if (innerField?.name === 'task_id' && wt === WireType.LengthDelimited) taskId = reader.string();
+          else reader.skip(wt, n);
+          const name = `${field.name}.${innerField?.name ?? n}`;
+          if (reader.pos - at > best.bytes) best = { field: name, bytes: reader.pos - at };
+        }
+      } else {
+        reader.skip(wireType, number);
+        if (reader.pos - start > best.bytes) best = { field: field?.name ?? String(number), bytes: reader.pos - start };
+      }
+    }
+  } catch {
+    // A malformed tail: what was found so far is the answer.
+  }
+  return { ...best, taskId };
+}
+
 function walk(
   reader: BinaryReader,
   end: number,

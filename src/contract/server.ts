@@ -11,7 +11,7 @@ import { BackendServiceService } from '../../gen/ts/rollout/v1/backend.js';
 import { backendService } from './backend-service.js';
 import { rolloutService } from './rollout-service.js';
 import { SessionManager } from './sessions.js';
-import { tolerantService } from './tolerant-decode.js';
+import { tolerantService, transportReceiveLimit } from './tolerant-decode.js';
 import { trajectorySerializers } from './response-encode.js';
 
 export const SERVER_VERSION = '0.1.0';
@@ -42,13 +42,13 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
   const config = runtime.deps.config;
   const log = logger.child({ component: 'server' });
   const server = new Server({
-    'grpc.max_receive_message_length': config.maxMessageBytes,
+    'grpc.max_receive_message_length': transportReceiveLimit(config.maxMessageBytes),
     'grpc.max_send_message_length': config.maxMessageBytes,
   });
   const sessions = new SessionManager(options.sessionTtlMs ?? 10 * 60_000);
-  server.addService(trajectorySerializers(tolerantService(RolloutServiceService), config.maxMessageBytes), rolloutService({ runtime, registry, sessions, logger, serverVersion: SERVER_VERSION }));
+  server.addService(trajectorySerializers(tolerantService(RolloutServiceService, config.maxMessageBytes), config.maxMessageBytes), rolloutService({ runtime, registry, sessions, logger, serverVersion: SERVER_VERSION }));
   server.addService(
-    tolerantService(BackendServiceService),
+    tolerantService(BackendServiceService, config.maxMessageBytes),
     backendService({
       pool: runtime.deps.pool,
       logger,

@@ -1,7 +1,7 @@
 import type { ServiceDefinition } from '@grpc/grpc-js';
 import type protobuf from 'protobufjs';
 import { RolloutError } from '../errors.js';
-import { contractSchema, diagnoseDecodeFailure, type DecodeDiagnosis } from './decode-diagnosis.js';
+import { contractSchema, diagnoseDecodeFailure, largestField, type DecodeDiagnosis } from './decode-diagnosis.js';
 
 const UNDECODABLE = Symbol('undecodable request');
 
@@ -15,9 +15,10 @@ interface UndecodableRequest {
  * "Error deserializing request" when a deserializer throws — for a bidi stream that is every other task's
  * delivery gone with one bad message (an int64 seed above 2^53, an instance nested too deep). Instead the bytes
  * are walked to name the offending field, and the handler gets a marker object ({@link undecodable}) to answer
- * by field: a `rejected` on the stream, INVALID_ARGUMENT on a unary call.
+ * by field: a `rejected` on the stream, INVALID_ARGUMENT on a unary call. A request over `maxRequestBytes` is
+ * refused the same way, naming its largest field, as long as the transport let it in (see transportReceiveLimit).
  */
-export function tolerantService<S extends ServiceDefinition>(service: S): S {
+export function tolerantService<S extends ServiceDefinition>(service: S, maxRequestBytes: number): S {
   const out: Record<string, unknown> = {};
   for (const [name, method] of Object.entries(service)) {
     const typeName = requestTypeOf(method.path);
@@ -25,6 +26,13 @@ export function tolerantService<S extends ServiceDefinition>(service: S): S {
     out[name] = {
       ...method,
       requestDeserialize: (bytes: Buffer): unknown => {
+        if (bytes.length > maxRequestBytes) {
+          // Over the request limit but under the transport's (see transportReceiveLimit): refused by field.
+          const largest = largestField(bytes, typeName);
+          const reason = `the request is ${bytes.length} bytes, over the ${maxRequestBytes}-byte limit (${largest.field || 'its largest field'} is ${largest.bytes} bytes)`;
+          const marker: UndecodableRequest = { [UNDECODABLE]: { field: largest.field, reason, taskId: largest.taskId } };
+          return marker;
+        }
         try {
           return decode(bytes);
         } catch (err) {
@@ -55,4 +63,14 @@ function requestTypeOf(path: string): string {
   if (!method) throw new Error(`no method ${path} in the contract`);
   method.resolve();
   return (method.resolvedRequestType as protobuf.Type).fullName.slice(1);
+}
+
+/**
+ * The transport's receive limit for a `maxRequestBytes` request limit: four times as much (at most 1 GiB), so a
+ * request somewhat over the limit is refused by field on a live stream. Only one beyond this still ends its
+ * stream (RESOURCE_EXHAUSTED, from grpc-js before any handler sees it): a session stays resumable, nothing
+ * accepted is lost.
+ */
+export function transportReceiveLimit(maxRequestBytes: number): number {
+  return Math.min(4 * maxRequestBytes, 1 << 30);
 }

@@ -23,10 +23,26 @@ describe('oversized input', () => {
     expect(t?.status).toBe(TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED);
   });
 
+  it('a request over the message limit is rejected naming its largest field; the stream and its tasks go on', async () => {
+    const session = h.client.openSession();
+    const before = session.submit(mathTask('before-big-message', 1, 6));
+    const err = await session.submit(mathTask('big-message', 1, 7, { metadata: { blob: 'z'.repeat(512 * 1024) } })).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(TaskRejectedError);
+    expect((err as TaskRejectedError).taskId).toBe('big-message');
+    expect((err as TaskRejectedError).field).toBe('metadata');
+    expect((err as TaskRejectedError).reason).toMatch(/over the 262144-byte limit/);
+    const after = session.submit(mathTask('after-big-message', 1, 8));
+    await Promise.all([before, after]);
+    session.close();
+    const done = (await collect(session.trajectories())).map((t) => `${t.taskId}#${TrajectoryStatus[t.status]}`).sort();
+    expect(done).toEqual(['after-big-message#TRAJECTORY_STATUS_COMPLETED', 'before-big-message#TRAJECTORY_STATUS_COMPLETED']);
+  });
+
   it('a message over the transport limit ends that stream with RESOURCE_EXHAUSTED, loses nothing accepted, and the server keeps serving', async () => {
     const s1 = h.client.openSession({ sessionId: 'oversize', autoAck: false });
     await s1.submit(mathTask('before-huge', 2, 3));
-    const huge = s1.submit(mathTask('huge', 1, 4, { metadata: { blob: 'z'.repeat(512 * 1024) } })).catch((e: unknown) => e);
+    // Four times the message limit is where the transport itself refuses (before any handler can answer).
+    const huge = s1.submit(mathTask('huge', 1, 4, { metadata: { blob: 'z'.repeat(1200 * 1024) } })).catch((e: unknown) => e);
     const received: string[] = [];
     const failure = await (async () => {
       try {
