@@ -189,7 +189,8 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
       if (stream.aborted || writer.isClosed) return;
       const e = err instanceof RolloutError ? err : RolloutError.from(signal.aborted ? signal.reason : err);
       if (e.code === 'internal') log.error({ err, taskId: spec.taskId }, 'submit failed');
-      const reason = e.code === 'internal' ? 'internal error' : e.message;
+      // Bounded: an environment's validation message may quote the (large) value it refused.
+      const reason = e.code === 'internal' ? 'internal error' : e.message.length > 4096 ? `${e.message.slice(0, 4096)}…` : e.message;
       writer.sendUrgent({ kind: { $case: 'rejected', value: { taskId: spec.taskId, field: e.field ?? '', reason } } });
     }
   }

@@ -1,5 +1,6 @@
 import { RolloutError } from '../errors.js';
 import type { Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
+import { encodedTrajectory } from './wire-safe.js';
 import type { Sample } from './sample.js';
 import type { ResolvedTask, TrajectorySink } from './task.js';
 
@@ -111,12 +112,13 @@ export class TaskStore {
   }
 }
 
-/** A rough size of a finished task in memory: token arrays (8 bytes an element), message text, the spec. */
+/** A rough size of a finished task in memory: token arrays (8 bytes an element), encoded bytes, message text, the spec. */
 function estimateBytes(entry: TaskEntry): number {
   let bytes = 512 + 2 * entry.task.fingerprint.length;
   for (const t of entry.trajectories) {
     if (!t) continue;
-    bytes += 256 + 8 * (t.promptTokenIds.length + 3 * t.responseTokenIds.length) + 48 * t.turns.length;
+    // Token arrays as JS numbers, plus the encoded bytes kept beside each trajectory for the streams (wireSafe).
+    bytes += 256 + 8 * (t.promptTokenIds.length + 3 * t.responseTokenIds.length) + 48 * t.turns.length + (encodedTrajectory(t)?.length ?? 0);
     for (const m of t.messages) bytes += 2 * m.content.length + 64;
   }
   return bytes;
