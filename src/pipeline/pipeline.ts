@@ -1,6 +1,7 @@
 import { defer, EMPTY, Subject, type OperatorFunction, type Subscription, catchError, mergeMap, tap, filter } from 'rxjs';
 import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
+import { FailureLog } from '../observability/failure-log.js';
 import type { Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { raceAbort, withDeadline } from './rx.js';
 import type { Sample } from './sample.js';
@@ -54,13 +55,16 @@ export class Pipeline {
   private readonly live = new Set<Sample>();
   private readonly finishing = new Map<Sample, Promise<void>>();
   private subscription: Subscription | undefined;
+  private readonly failures: FailureLog;
   completedTotal = 0;
 
   constructor(
     private readonly fns: StageFns,
     private readonly settings: Record<WorkStage, StageSettings>,
     private readonly log: Logger,
-  ) {}
+  ) {
+    this.failures = new FailureLog(log);
+  }
 
   start(): void {
     if (this.subscription) return;
@@ -192,6 +196,7 @@ export class Pipeline {
     this.completedTotal++;
     this.events$.next({ type: 'stage', sample, stage: 'done' });
     this.events$.next({ type: 'finished', sample, trajectory });
+    this.failures.record(trajectory);
     try {
       sample.sink(trajectory);
     } catch (err) {
