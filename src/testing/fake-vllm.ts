@@ -29,8 +29,13 @@ export interface FakeVllmOptions {
   policy?: FakePolicy;
   /** Called for every completion request (after `failNext` faults are used up); return a fault to inject it. */
   inject?: (request: { index: number; body: Record<string, unknown> }) => InjectedFailure | undefined;
-  /** Context length; prompt + max_tokens beyond it is a 400, as in vLLM. */
+  /**
+   * Context length (default 40960), served as `max_model_len` by GET /v1/models; prompt + max_tokens beyond it is
+   * vLLM's context-length 400.
+   */
   maxModelLen?: number;
+  /** False: GET /v1/models answers 404, so clients cannot learn the limit (default true; see `setModelsListed`). */
+  listModels?: boolean;
   /**
    * Turns the policy's text into token ids (default: the canonical tokenizer). Tests pass a non-canonical
    * splitting to prove the server never re-tokenizes what the policy sampled.
@@ -81,6 +86,7 @@ export class FakeVllmEngine {
   readonly #faults: InjectedFailure[] = [];
   readonly #stopId: number;
   #healthy = true;
+  #listModels: boolean;
   #url = '';
 
   private constructor(
@@ -88,6 +94,7 @@ export class FakeVllmEngine {
     private readonly server: Server,
   ) {
     this.model = options.model ?? 'fake-qwen3';
+    this.#listModels = options.listModels ?? true;
     const stopId = options.tokenizer.tokenId('<|im_end|>') ?? options.tokenizer.stopTokenIds[0];
     if (stopId === undefined) throw new Error('FakeVllmEngine: the tokenizer has no stop token');
     this.#stopId = stopId;
@@ -129,6 +136,11 @@ export class FakeVllmEngine {
     this.#healthy = healthy;
   }
 
+  /** Whether GET /v1/models answers (true) or is a 404 (false), e.g. to test learning the limit later. */
+  setModelsListed(listed: boolean): void {
+    this.#listModels = listed;
+  }
+
   /** Stops the server and drops every open connection (hanging requests included). */
   async close(): Promise<void> {
     const closed = new Promise<void>((resolve) => this.server.close(() => resolve()));
@@ -141,7 +153,7 @@ export class FakeVllmEngine {
     if (req.method === 'GET' && path === '/health') {
       this.#stats.healthChecks++;
       res.writeHead(this.#healthy ? 200 : 503).end();
-    } else if (req.method === 'GET' && path === '/v1/models') {
+    } else if (req.method === 'GET' && path === '/v1/models' && this.#listModels) {
       const card = { id: this.model, object: 'model', created: nowSeconds(), owned_by: 'vllm', root: this.model, parent: null,
         max_model_len: this.options.maxModelLen ?? 40960, permission: [] };
       res.writeHead(200, OK_JSON).end(JSON.stringify({ object: 'list', data: [card] }));
