@@ -124,7 +124,7 @@ export class BackendPool {
         // An engine whose limits could not be learned when it was added is asked again once it answers probes.
         onHealthy: (id) => {
           const backend = this.#backends.get(id);
-          if (backend !== undefined && backend.maxModelLen === undefined && backend.client.modelInfo !== undefined) void this.learn(id);
+          if (backend !== undefined && backend.maxModelLen === undefined && backend.client.modelInfo !== undefined) void this.learn(id).catch(() => undefined);
         },
         logger: this.#log,
       },
@@ -161,7 +161,7 @@ export class BackendPool {
     this.#heap.update(backend, eligible);
     this.#log.info({ backend: id, url: client.url, kind: client.kind, maxConcurrency: backend.maxConcurrency }, 'backend added');
     this.#wake();
-    if (backend.maxModelLen === undefined) void this.learn(id);
+    if (backend.maxModelLen === undefined) void this.learn(id).catch(() => undefined);
     return info(backend);
   }
 

@@ -59,8 +59,15 @@ interface HttpAnswer {
  * trainer sees the very tokens the policy sampled. `skip_special_tokens: false` keeps the stop token (e.g.
  * <|im_end|>) visible in the informational text.
  *
- * Errors: HTTP errors, timeouts, refused connections and malformed answers become RolloutError('backend_error')
- * with the cause attached; an abort of the caller's signal keeps its meaning (cancelled / deadline_exceeded).
+ * Every answer is checked where it enters, before it can become part of a trajectory: the body is bounded in bytes
+ * (see {@link defaultMaxResponseBytes}; reading stops and the connection is dropped once the cap is passed, so no
+ * engine answer can exhaust the server's memory), and {@link checkCompletion} checks ids (in the vocabulary, at
+ * most max_tokens of them), logprobs (one per token, finite, <= 0 up to float noise), finish_reason and text.
+ *
+ * Errors: HTTP errors, timeouts, refused connections and refused answers become RolloutError('backend_error')
+ * with the cause attached (an error body is kept, up to 64 KiB, as the cause's message); vLLM's context-length
+ * 400 becomes a {@link ContextOverflowError} (truncation for the agent loop); an abort of the caller's signal keeps
+ * its meaning (cancelled / deadline_exceeded).
  *
  * @example
  * const client = new VllmClient({ url: 'http://127.0.0.1:8000', model: 'Qwen/Qwen3-8B', requestTimeoutMs: 600_000 });

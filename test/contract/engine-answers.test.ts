@@ -163,7 +163,7 @@ describe('running out of context is truncation, not an infrastructure failure', 
   it('an engine that never stated its limit: its context-length 400 is TRUNCATED (max_model_len), and the pool learns the limit from it', async () => {
     const limit = (await calcPromptTokens()) + 300;
     const h = await calcServer({ ...endlessCalc, maxModelLen: limit, listModels: false });
-    expect((await h.client.listBackends())[0]!.maxModelLen).toBe(0);
+    expect(h.server.pool.list()[0]!.maxModelLen).toBeUndefined();
     const [t] = await runTask(h, calcTask('unknown-limit', { limits: limits({ maxTurns: 30 }) }));
     expect(TrajectoryStatus[t!.status], name(t!)).toBe('TRAJECTORY_STATUS_TRUNCATED');
     expect(t!.finishReason).toBe('max_model_len');
