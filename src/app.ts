@@ -34,10 +34,13 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
   const logger = options.logger ?? createLogger();
   const registry = options.registry ?? defaultRegistry();
   const { tokenizer, template } = await loadQwen3();
-  const pool = new BackendPool({ logger, acquireTimeoutMs: config.backendAcquireTimeoutMs });
-  for (const b of config.backends) {
-    pool.add(createEngineClient(b.kind, b.url, b.model ?? config.model, { requestTimeoutMs: config.backendRequestTimeoutMs }), { id: b.id ?? b.url, maxConcurrency: b.maxConcurrency, model: b.model ?? config.model });
-  }
+  const pool = new BackendPool({ logger, acquireTimeoutMs: config.backendAcquireTimeoutMs, modelInfoTimeoutMs: config.backendModelInfoTimeoutMs });
+  const clientOptions = { requestTimeoutMs: config.backendRequestTimeoutMs, maxResponseBytes: config.backendMaxResponseBytes };
+  const added = config.backends.map((b) =>
+    pool.add(createEngineClient(b.kind, b.url, b.model ?? config.model, clientOptions), { id: b.id ?? b.url, maxConcurrency: b.maxConcurrency, model: b.model ?? config.model }),
+  );
+  // Each engine's max_model_len is asked now (bounded; an engine that cannot say is retried by the prober).
+  await Promise.all(added.map((b) => pool.learn(b.id)));
   pool.startHealthChecks();
   const sandboxes = options.sandboxes ?? new BubblewrapDriver({ logger });
   const runtime = new RolloutRuntime({ config, registry, sandboxes, pool, tokenizer, template, parser: new HermesToolCallParser(), logger });

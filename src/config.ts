@@ -62,6 +62,14 @@ export const serverConfigSchema = z.strictObject({
   backends: z.array(backendSchema).default([]),
   /** Budget of one engine request (one turn); past it the request fails with BACKEND_ERROR. 0 = none. */
   backendRequestTimeoutMs: z.number().int().min(0).default(300_000),
+  /**
+   * Largest engine answer (completion body) accepted, in bytes; a larger one fails its trajectory with
+   * BACKEND_ERROR as soon as the cap is passed. 0 = derived per request from its prompt length and max_tokens
+   * (64 KiB + 1 KiB per requested token + 16 bytes per prompt token).
+   */
+  backendMaxResponseBytes: z.number().int().min(0).default(0),
+  /** Budget of asking an engine its limits (GET /v1/models → max_model_len) when it is added. */
+  backendModelInfoTimeoutMs: z.number().int().min(1).default(5_000),
   /** How long a trajectory waits for an eligible backend before failing with BACKEND_ERROR. */
   backendAcquireTimeoutMs: z.number().int().min(1).default(30_000),
   /** Finished tasks kept for GetTrajectory and re-submits before the oldest are dropped (they hold full token arrays). */

@@ -62,3 +62,55 @@ export function throwIfAborted(signal: AbortSignal | undefined): void {
 export function abortReason(code: 'deadline_exceeded' | 'cancelled', message: string): RolloutError {
   return new RolloutError(code, message);
 }
+
+/** Bound of a failure's text in Trajectory.error and failure logs: enough for an engine's error body. */
+export const MAX_ERROR_TEXT_BYTES = 2048;
+
+/**
+ * The whole story of a failure in one bounded line: "<code>: <message>: <cause's message>: ..." walking the
+ * `cause` chain (at most 8 links, cycles cut), skipping a cause whose text is already said — e.g.
+ * "backend_error: vLLM http://gpu-3:8000 answered HTTP 400: {"error":{"message":"..."}}". At most `maxBytes`
+ * bytes of UTF-8, cut at a code point (never inside a surrogate pair) and marked with "…"; lone surrogates
+ * become U+FFFD, so the text is valid UTF-8 for protobuf and JSON logs.
+ */
+export function describeError(err: unknown, maxBytes = MAX_ERROR_TEXT_BYTES): string {
+  const parts: string[] = [];
+  const seen = new Set<unknown>();
+  let current: unknown = err;
+  for (let depth = 0; current !== undefined && current !== null && depth < 8 && !seen.has(current); depth++) {
+    seen.add(current);
+    const text = depth === 0 && current instanceof RolloutError ? `${current.code}: ${current.message}` : messageOf(current);
+    if (text !== '' && !parts.some((p) => p.includes(text))) parts.push(text);
+    current = typeof current === 'object' ? (current as { cause?: unknown }).cause : undefined;
+  }
+  return truncateUtf8(wellFormed(parts.join(': ')), maxBytes);
+}
+
+function messageOf(value: unknown): string {
+  if (value instanceof Error) {
+    const code = (value as { code?: unknown }).code;
+    return value.message || (typeof code === 'string' ? code : value.name);
+  }
+  return typeof value === 'string' || typeof value === 'number' || typeof value === 'boolean' ? String(value) : '';
+}
+
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/g;
+
+function wellFormed(text: string): string {
+  return text.replace(LONE_SURROGATE, '\uFFFD');
+}
+
+/** `text` if it fits in `maxBytes` of UTF-8, else its longest code-point prefix that fits with a trailing "…". */
+function truncateUtf8(text: string, maxBytes: number): string {
+  if (text.length <= maxBytes / 3 || Buffer.byteLength(text) <= maxBytes) return text;
+  const room = maxBytes - 3; // "…" is 3 bytes
+  let bytes = 0;
+  let end = 0;
+  for (const ch of text) {
+    const size = Buffer.byteLength(ch);
+    if (bytes + size > room) break;
+    bytes += size;
+    end += ch.length;
+  }
+  return `${text.slice(0, end)}…`;
+}

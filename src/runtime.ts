@@ -71,7 +71,8 @@ export class RolloutRuntime {
    */
   async submit(spec: TaskSpec, sink?: TrajectorySink, signal?: AbortSignal): Promise<SubmitResult> {
     if (this.stopped) throw new RolloutError('unavailable', 'server is stopping');
-    const task = validateTask(spec, this.deps.registry, this.deps.config);
+    const { tokenizer, template, pool } = this.deps;
+    const task = validateTask(spec, this.deps.registry, this.deps.config, { tokenizer, template, maxModelLen: () => pool.minMaxModelLen() });
     const known = this.store.existing(task);
     if (known) return this.duplicate(known, sink);
     await this.admission.admit(task.numSamples, signal);

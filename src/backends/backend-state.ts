@@ -104,6 +104,10 @@ export class BackendState {
   assignedTotal = 0;
   /** Trajectories that had to leave this backend (removed or unhealthy under them). */
   failoversOut = 0;
+  /** The engine's context length (prompt + generated tokens), undefined until learned (see BackendPool.learn). */
+  maxModelLen: number | undefined;
+  /** A GET /v1/models under way, so concurrent attempts to learn the limit share one request. */
+  learning: Promise<void> | undefined;
   readonly slots: SlotQueue;
   /** Controllers of the requests now running here, aborted with BackendGone on a forced removal. */
   readonly requests = new Set<AbortController>();

@@ -5,6 +5,8 @@ import { VllmClient } from './vllm-client.js';
 export interface EngineClientOptions {
   /** Budget of one generate request (see VllmClientOptions.requestTimeoutMs). 0 = none. */
   requestTimeoutMs?: number;
+  /** Cap on a completion body in bytes (see VllmClientOptions.maxResponseBytes). 0 = derived per request. */
+  maxResponseBytes?: number;
 }
 
 /**
@@ -15,7 +17,7 @@ export interface EngineClientOptions {
 export function createEngineClient(kind: BackendKind, url: string, model: string, options: EngineClientOptions = {}): EngineClient {
   switch (kind) {
     case 'vllm':
-      return new VllmClient({ url, model, requestTimeoutMs: options.requestTimeoutMs ?? 0 });
+      return new VllmClient({ url, model, requestTimeoutMs: options.requestTimeoutMs ?? 0, maxResponseBytes: options.maxResponseBytes ?? 0 });
     case 'sglang':
     case 'embedded':
       throw RolloutError.invalid('kind', `${kind} backends are not supported yet`);

@@ -9,6 +9,8 @@ export interface HealthProberOptions {
   /** Consecutive failed probes before a backend is reported unhealthy (one success reports it healthy). */
   failureThreshold: number;
   logger: Logger;
+  /** Called after each successful probe of a backend (the pool uses it to retry learning a backend's limits). */
+  onHealthy?: (id: string) => void;
 }
 
 /** A backend as the prober sees it. */
@@ -93,6 +95,7 @@ export class HealthProber {
     if (ok) {
       this.#failures.delete(target.id);
       if (!target.healthy) this.report(target.id, true);
+      this.options.onHealthy?.(target.id);
       return;
     }
     const failures = (this.#failures.get(target.id) ?? 0) + 1;

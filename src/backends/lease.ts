@@ -28,6 +28,11 @@ export interface BackendLease {
   readonly backendId: string;
   /** How many times the trajectory moved to another backend. */
   readonly failovers: number;
+  /**
+   * The context length of the backend serving the trajectory now (it changes on failover, and engines in one
+   * pool may differ); undefined while unknown.
+   */
+  readonly maxModelLen: number | undefined;
   readonly released: boolean;
   generate(request: GenerateRequest): Promise<LeaseResult>;
   release(): void;
@@ -66,6 +71,10 @@ export class PoolLease implements BackendLease {
 
   get failovers(): number {
     return this.#failovers;
+  }
+
+  get maxModelLen(): number | undefined {
+    return this.#backend.maxModelLen;
   }
 
   get released(): boolean {

@@ -1,6 +1,7 @@
 import { RolloutError, throwIfAborted } from '../errors.js';
 import { silentLogger, type Logger } from '../observability/logger.js';
 import { BackendGone, BackendState } from './backend-state.js';
+import { ContextOverflowError } from './context-overflow.js';
 import { HealthProber } from './health-prober.js';
 import { PoolLease, type BackendLease, type LeaseHost } from './lease.js';
 import { LoadHeap, type PickResult } from './picker.js';
@@ -18,6 +19,8 @@ export interface BackendPoolOptions {
   healthFailureThreshold?: number;
   /** How many times one `generate` may lose its backend and retry elsewhere before giving up. */
   maxFailoversPerRequest?: number;
+  /** Budget of one attempt to learn an engine's limits (GET /v1/models) when it is added or probed. */
+  modelInfoTimeoutMs?: number;
 }
 
 /** How a new engine joins the pool (AddBackend's fields once the client is built). */
@@ -31,6 +34,8 @@ export interface AddBackendOptions {
   policyVersion?: number;
   /** Starts healthy unless told otherwise (e.g. when the caller wants the first probe to decide). */
   healthy?: boolean;
+  /** The engine's context length when already known; otherwise it is asked (see {@link BackendPool.learn}). */
+  maxModelLen?: number;
 }
 
 /** A read-only view of one backend, as ListBackends reports it. */
@@ -50,6 +55,8 @@ export interface BackendInfo {
   /** Trajectories that had to move off this backend. */
   readonly failovers: number;
   readonly policyVersion: number;
+  /** The engine's context length (prompt + generated tokens); undefined while unknown. */
+  readonly maxModelLen: number | undefined;
 }
 
 /** Pool-wide totals for Watch and metrics; `leases` and `waitingAcquires` make leaks and stalls visible. */
@@ -94,6 +101,7 @@ export class BackendPool {
   readonly #leases = new Set<PoolLease>();
   readonly #waiters: AcquireWaiter[] = [];
   readonly #acquireTimeoutMs: number;
+  readonly #modelInfoTimeoutMs: number;
   readonly #prober: HealthProber;
   readonly #host: LeaseHost;
   #nextId = 0;
@@ -102,6 +110,7 @@ export class BackendPool {
   constructor(options: BackendPoolOptions = {}) {
     this.#log = (options.logger ?? silentLogger()).child({ component: 'backend-pool' });
     this.#acquireTimeoutMs = options.acquireTimeoutMs ?? 30_000;
+    this.#modelInfoTimeoutMs = options.modelInfoTimeoutMs ?? 5_000;
     this.#prober = new HealthProber(
       () => [...this.#backends.values()],
       // A probe can finish after its backend was removed: such a report is moot, never an error.
@@ -112,6 +121,11 @@ export class BackendPool {
         intervalMs: options.healthIntervalMs ?? 5_000,
         timeoutMs: options.healthTimeoutMs ?? 2_000,
         failureThreshold: options.healthFailureThreshold ?? 2,
+        // An engine whose limits could not be learned when it was added is asked again once it answers probes.
+        onHealthy: (id) => {
+          const backend = this.#backends.get(id);
+          if (backend !== undefined && backend.maxModelLen === undefined && backend.client.modelInfo !== undefined) void this.learn(id).catch(() => undefined);
+        },
         logger: this.#log,
       },
     );
@@ -128,7 +142,12 @@ export class BackendPool {
     };
   }
 
-  /** Registers an engine; it takes trajectories at once if healthy. Throws already_exists on a duplicate id. */
+  /**
+   * Registers an engine; it takes trajectories at once if healthy. Throws already_exists on a duplicate id.
+   * Unless `maxModelLen` is given, the engine's context length is asked in the background (await
+   * {@link learn} to have it before going on); until known, trajectories on it are bounded by their token budgets
+   * only, and an engine's context-length refusal still ends them as truncation.
+   */
   add(client: EngineClient, options: AddBackendOptions): BackendInfo {
     const id = options.id ?? `backend-${this.#nextId++}`;
     if (this.#backends.has(id)) throw new RolloutError('already_exists', `backend ${id} already exists`);
@@ -137,11 +156,45 @@ export class BackendPool {
     }
     const backend = new BackendState(id, client, options.maxConcurrency, options.model, options.policyVersion ?? 0);
     backend.healthy = options.healthy ?? true;
+    backend.maxModelLen = options.maxModelLen;
     this.#backends.set(id, backend);
     this.#heap.update(backend, eligible);
     this.#log.info({ backend: id, url: client.url, kind: client.kind, maxConcurrency: backend.maxConcurrency }, 'backend added');
     this.#wake();
+    if (backend.maxModelLen === undefined) void this.learn(id).catch(() => undefined);
     return info(backend);
+  }
+
+  /**
+   * Learns a backend's limits from the engine (vLLM: GET /v1/models → max_model_len), within
+   * `modelInfoTimeoutMs`. Never throws for an engine that cannot answer: the limit stays unknown (logged) and is
+   * asked again after the backend's next successful health probe. Concurrent calls share one request; a known
+   * limit is not asked again (a context-length refusal from the engine updates it, see #send).
+   */
+  async learn(id: string): Promise<BackendInfo> {
+    const backend = this.#get(id);
+    const modelInfo = backend.client.modelInfo?.bind(backend.client);
+    if (backend.maxModelLen !== undefined || modelInfo === undefined) return info(backend);
+    backend.learning ??= (async () => {
+      try {
+        const { maxModelLen } = await modelInfo(AbortSignal.timeout(this.#modelInfoTimeoutMs));
+        if (maxModelLen !== undefined) this.#setMaxModelLen(backend, maxModelLen, 'GET /v1/models');
+        else this.#log.warn({ backend: id }, 'engine does not state max_model_len; context overflow is caught from its answers');
+      } catch (err) {
+        this.#log.warn({ backend: id, err }, 'could not learn max_model_len; retried after the next health probe');
+      } finally {
+        backend.learning = undefined;
+      }
+    })();
+    await backend.learning;
+    return info(backend);
+  }
+
+  /** The smallest context length among backends that state one (undefined when none does), for admission. */
+  minMaxModelLen(): number | undefined {
+    let min: number | undefined;
+    for (const b of this.#backends.values()) if (b.maxModelLen !== undefined && (min === undefined || b.maxModelLen < min)) min = b.maxModelLen;
+    return min;
   }
 
   /**
@@ -253,6 +306,12 @@ export class BackendPool {
     return backend;
   }
 
+  #setMaxModelLen(backend: BackendState, maxModelLen: number, source: string): void {
+    if (backend.maxModelLen === maxModelLen) return;
+    this.#log.info({ backend: backend.id, maxModelLen, previous: backend.maxModelLen, source }, 'backend max_model_len learned');
+    backend.maxModelLen = maxModelLen;
+  }
+
   #take(backend: BackendState): BackendState {
     this.#heap.update(backend, eligible, (b) => {
       b.inflightTrajectories++;
@@ -326,6 +385,10 @@ export class BackendPool {
       } catch (err) {
         if (signal.aborted) throw RolloutError.from(signal.reason, 'cancelled');
         if (controller.signal.reason instanceof BackendGone) throw controller.signal.reason;
+        // The engine's limit was unknown or has changed (restarted with another --max-model-len): learn it.
+        if (err instanceof ContextOverflowError && err.maxModelLen !== backend.maxModelLen) {
+          this.#setMaxModelLen(backend, err.maxModelLen, 'context-length answer');
+        }
         throw err instanceof BackendGone ? err : RolloutError.from(err, 'backend_error');
       } finally {
         signal.removeEventListener('abort', onAbort);
@@ -343,5 +406,6 @@ function info(b: BackendState): BackendInfo {
     id: b.id, url: b.client.url, kind: b.client.kind, model: b.model, maxConcurrency: b.maxConcurrency, healthy: b.healthy,
     draining: b.draining, inflightTrajectories: b.inflightTrajectories, inflightRequests: b.inflightRequests,
     queuedRequests: b.slots.waiting, assignedTotal: b.assignedTotal, failovers: b.failoversOut, policyVersion: b.policyVersion,
+    maxModelLen: b.maxModelLen,
   });
 }

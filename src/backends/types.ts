@@ -8,7 +8,18 @@ export interface GenerateRequest {
   topK?: number;
   seed?: number;
   stop?: readonly string[];
+  /**
+   * The tokenizer's vocabulary size: an answer with an id outside [0, vocabSize) is refused (backend_error).
+   * Unchecked when absent.
+   */
+  vocabSize?: number;
   signal: AbortSignal;
+}
+
+/** What an engine says about the model it serves (vLLM: GET /v1/models). */
+export interface EngineModelInfo {
+  /** Context length: prompt + generated tokens of one request. Undefined when the engine does not say. */
+  maxModelLen?: number;
 }
 
 /** One engine completion: token-out. Ids and logprobs are used exactly as the engine returned them. */
@@ -33,6 +44,11 @@ export interface EngineClient {
   generate(request: GenerateRequest): Promise<GenerateResult>;
   /** True when the engine answers its health endpoint. */
   health(signal: AbortSignal): Promise<boolean>;
+  /**
+   * Asks the engine about its model (context length). Throws backend_error when it cannot be learned; the pool
+   * then keeps the limit unknown and asks again after the next successful health probe.
+   */
+  modelInfo?(signal: AbortSignal): Promise<EngineModelInfo>;
   /** Releases connections; called once the pool has removed the backend. */
   close?(): void;
 }

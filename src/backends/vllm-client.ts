@@ -1,7 +1,9 @@
 import { Agent as HttpAgent, request as httpRequest, type IncomingMessage } from 'node:http';
 import { Agent as HttpsAgent, request as httpsRequest } from 'node:https';
 import { RolloutError } from '../errors.js';
-import type { EngineClient, GenerateRequest, GenerateResult } from './types.js';
+import { checkCompletion, CompletionRejected } from './completion.js';
+import { ContextOverflowError, parseContextOverflow } from './context-overflow.js';
+import type { EngineClient, EngineModelInfo, GenerateRequest, GenerateResult } from './types.js';
 
 /** Where a vLLM server is and how long one request may take. */
 export interface VllmClientOptions {
@@ -13,17 +15,41 @@ export interface VllmClientOptions {
   requestTimeoutMs?: number;
   /** Open connections kept to the engine (keep-alive); requests beyond wait for one. Default 1024. */
   maxSockets?: number;
+  /**
+   * Largest completion body accepted, in bytes; a bigger answer fails with backend_error as soon as the cap is
+   * passed (the connection is destroyed, the rest never read). Default (0 or absent): per request,
+   * {@link defaultMaxResponseBytes} of its prompt length and max_tokens.
+   */
+  maxResponseBytes?: number;
 }
 
-/** A non-2xx answer from the engine, kept as the cause of the backend_error (status and body for the log). */
+/** Error bodies (non-2xx) are read up to this many bytes; the rest is dropped with the connection. */
+export const MAX_ERROR_BODY_BYTES = 64 * 1024;
+/** GET /v1/models and /health bodies are small; more than this is refused. */
+const MAX_INFO_BODY_BYTES = 1 << 20;
+
+/**
+ * The default cap on a completion body: 64 KiB of envelope, 1 KiB per requested token (a token appears in
+ * `token_ids`, `token_logprobs`, `tokens`, `top_logprobs`, `text_offset` and `text`; ~50 bytes typically, a few
+ * hundred when its text is JSON-escaped) and 16 bytes per prompt token (vLLM echoes `prompt_token_ids`). Generous
+ * for any honest answer, and still far below the ~512 MiB at which Node cannot even hold the body as a string.
+ */
+export function defaultMaxResponseBytes(promptTokens: number, maxTokens: number): number {
+  return 64 * 1024 + 1024 * maxTokens + 16 * promptTokens;
+}
+
+/** A non-2xx answer from the engine, kept as the cause of the backend_error: its message is the engine's body. */
 export class VllmHttpError extends Error {
   constructor(readonly status: number, readonly body: string) {
-    super(`HTTP ${status}: ${body.slice(0, 500)}`);
+    super(body.trim() === '' ? '(empty body)' : body.slice(0, 4096));
     this.name = 'VllmHttpError';
   }
 }
 
-const FINISH_REASONS = new Set<GenerateResult['finishReason']>(['stop', 'length', 'abort']);
+interface HttpAnswer {
+  status: number;
+  text: string;
+}
 
 /**
  * Talks to a vLLM OpenAI-compatible server through `/v1/completions` with a token-id prompt ("token in, token
@@ -33,8 +59,15 @@ const FINISH_REASONS = new Set<GenerateResult['finishReason']>(['stop', 'length'
  * trainer sees the very tokens the policy sampled. `skip_special_tokens: false` keeps the stop token (e.g.
  * <|im_end|>) visible in the informational text.
  *
- * Errors: HTTP errors, timeouts, refused connections and malformed answers become RolloutError('backend_error')
- * with the cause attached; an abort of the caller's signal keeps its meaning (cancelled / deadline_exceeded).
+ * Every answer is checked where it enters, before it can become part of a trajectory: the body is bounded in bytes
+ * (see {@link defaultMaxResponseBytes}; reading stops and the connection is dropped once the cap is passed, so no
+ * engine answer can exhaust the server's memory), and {@link checkCompletion} checks ids (in the vocabulary, at
+ * most max_tokens of them), logprobs (one per token, finite, <= 0 up to float noise), finish_reason and text.
+ *
+ * Errors: HTTP errors, timeouts, refused connections and refused answers become RolloutError('backend_error')
+ * with the cause attached (an error body is kept, up to 64 KiB, as the cause's message); vLLM's context-length
+ * 400 becomes a {@link ContextOverflowError} (truncation for the agent loop); an abort of the caller's signal keeps
+ * its meaning (cancelled / deadline_exceeded).
  *
  * @example
  * const client = new VllmClient({ url: 'http://127.0.0.1:8000', model: 'Qwen/Qwen3-8B', requestTimeoutMs: 600_000 });
@@ -45,6 +78,7 @@ export class VllmClient implements EngineClient {
   readonly url: string;
   readonly model: string;
   readonly #timeoutMs: number;
+  readonly #maxResponseBytes: number;
   readonly #https: boolean;
   readonly #agent: HttpAgent;
 
@@ -52,6 +86,7 @@ export class VllmClient implements EngineClient {
     this.url = options.url.replace(/\/+$/, '');
     this.model = options.model;
     this.#timeoutMs = options.requestTimeoutMs ?? 0;
+    this.#maxResponseBytes = options.maxResponseBytes ?? 0;
     this.#https = this.url.startsWith('https:');
     // node:http with a keep-alive agent, not fetch: fetch cost ~0.5 ms of CPU per request in
     // bench/orchestration, a quarter of the server's whole per-turn budget.
@@ -80,42 +115,126 @@ export class VllmClient implements EngineClient {
     if (request.seed !== undefined) body.seed = request.seed;
     if (request.stop !== undefined && request.stop.length > 0) body.stop = request.stop;
 
-    const { status, text } = await this.#post('/v1/completions', JSON.stringify(body), request.signal);
+    const cap = this.#maxResponseBytes > 0 ? this.#maxResponseBytes : defaultMaxResponseBytes(request.promptIds.length, request.maxTokens);
+    const { status, text } = await this.#request('POST', '/v1/completions', JSON.stringify(body), request.signal, cap);
     if (status < 200 || status >= 300) {
-      throw new RolloutError('backend_error', `vLLM ${this.url} answered HTTP ${status}`, { cause: new VllmHttpError(status, text) });
+      const cause = new VllmHttpError(status, text);
+      const overflow = parseContextOverflow(status, text);
+      if (overflow) {
+        throw new ContextOverflowError(
+          overflow.maxModelLen,
+          overflow.promptTokens,
+          `vLLM ${this.url}: ${request.promptIds.length} context + ${request.maxTokens} max_tokens exceed max_model_len ${overflow.maxModelLen}`,
+          cause,
+        );
+      }
+      throw new RolloutError('backend_error', `vLLM ${this.url} answered HTTP ${status}`, { cause });
     }
-    return this.#parse(text);
+    let json: unknown;
+    try {
+      // V8's JSON.parse is iterative (no stack overflow on deep nesting) and the body is bounded by `cap`, so
+      // parsing is bounded too; checkCompletion copies out only the checked primitives.
+      json = JSON.parse(text);
+    } catch (err) {
+      throw this.#malformed('body is not JSON', err);
+    }
+    try {
+      return checkCompletion(json, { maxTokens: request.maxTokens, ...(request.vocabSize !== undefined && { vocabSize: request.vocabSize }) });
+    } catch (err) {
+      if (err instanceof CompletionRejected) throw this.#malformed(err.reason);
+      throw err;
+    }
   }
 
   /** GET /health: vLLM answers 200 with an empty body when the engine is alive, 503 when it is dead. */
   async health(signal: AbortSignal): Promise<boolean> {
     try {
-      const response = await fetch(`${this.url}/health`, { signal });
-      await response.arrayBuffer();
-      return response.ok;
+      const { status } = await this.#request('GET', '/health', undefined, signal, MAX_INFO_BODY_BYTES);
+      return status >= 200 && status < 300;
     } catch {
       return false;
     }
   }
 
-  async #post(path: string, body: string, signal: AbortSignal): Promise<{ status: number; text: string }> {
+  /**
+   * GET /v1/models: vLLM lists the served model names with their `max_model_len`. The card whose id is this
+   * client's model is used (or the only card, when the engine serves one under another name).
+   */
+  async modelInfo(signal: AbortSignal): Promise<EngineModelInfo> {
+    const { status, text } = await this.#request('GET', '/v1/models', undefined, signal, MAX_INFO_BODY_BYTES);
+    if (status < 200 || status >= 300) {
+      throw new RolloutError('backend_error', `vLLM ${this.url} answered HTTP ${status} to GET /v1/models`, { cause: new VllmHttpError(status, text) });
+    }
+    let data: unknown;
+    try {
+      data = (JSON.parse(text) as { data?: unknown } | null)?.data;
+    } catch (err) {
+      throw new RolloutError('backend_error', `vLLM ${this.url} sent a /v1/models answer that is not JSON`, { cause: err });
+    }
+    const cards = Array.isArray(data) ? data.filter((c): c is Record<string, unknown> => typeof c === 'object' && c !== null) : [];
+    const card = cards.find((c) => c.id === this.model) ?? (cards.length === 1 ? cards[0] : undefined);
+    if (card === undefined) throw new RolloutError('backend_error', `vLLM ${this.url} does not list model ${JSON.stringify(this.model)} in /v1/models`);
+    const len = card.max_model_len;
+    return typeof len === 'number' && Number.isSafeInteger(len) && len > 0 ? { maxModelLen: len } : {};
+  }
+
+  /**
+   * One HTTP exchange with bounded bodies: a 2xx body larger than `cap` fails at once (declared length) or as
+   * soon as the bytes read pass it — the connection is destroyed, nothing more is read or kept; an error body is
+   * kept up to {@link MAX_ERROR_BODY_BYTES} and the rest dropped the same way.
+   */
+  async #request(method: 'GET' | 'POST', path: string, body: string | undefined, signal: AbortSignal, cap: number): Promise<HttpAnswer> {
     if (signal.aborted) throw RolloutError.from(signal.reason, 'cancelled');
     let timedOut = false;
     let cleanup = (): void => undefined;
     try {
-      return await new Promise<{ status: number; text: string }>((resolve, reject) => {
+      return await new Promise<HttpAnswer>((resolve, reject) => {
         const send = this.#https ? httpsRequest : httpRequest;
-        const req = send(
-          `${this.url}${path}`,
-          { method: 'POST', agent: this.#agent, headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) } },
-          (res: IncomingMessage) => {
-            const chunks: Buffer[] = [];
-            res.on('data', (chunk: Buffer) => chunks.push(chunk));
-            res.on('end', () => resolve({ status: res.statusCode ?? 0, text: Buffer.concat(chunks).toString('utf8') }));
-            res.on('error', reject);
-            res.on('aborted', () => reject(new Error('response aborted')));
-          },
-        );
+        const headers: Record<string, string | number> = body === undefined ? {} : { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) };
+        const req = send(`${this.url}${path}`, { method, agent: this.#agent, headers }, (res: IncomingMessage) => {
+          const status = res.statusCode ?? 0;
+          const ok = status >= 200 && status < 300;
+          const limit = ok ? cap : Math.min(cap, MAX_ERROR_BODY_BYTES);
+          const chunks: Buffer[] = [];
+          let size = 0;
+          let done = false;
+          const tooLarge = (seen: number, declared: boolean): void => {
+            done = true;
+            reject(
+              new RolloutError(
+                'backend_error',
+                `vLLM ${this.url} sent a ${method} ${path} answer larger than the ${limit}-byte cap ` +
+                  `(${declared ? `content-length ${seen}` : `stopped reading at ${seen} bytes`})`,
+              ),
+            );
+            req.destroy();
+          };
+          const finish = (truncated: boolean): void => {
+            done = true;
+            resolve({ status, text: Buffer.concat(chunks, size).toString('utf8') });
+            if (truncated) req.destroy();
+          };
+          const declared = Number(res.headers['content-length']);
+          if (ok && Number.isFinite(declared) && declared > limit) return tooLarge(declared, true);
+          res.on('data', (chunk: Buffer) => {
+            if (done) return;
+            if (size + chunk.length <= limit) {
+              chunks.push(chunk);
+              size += chunk.length;
+            } else if (ok) {
+              tooLarge(size + chunk.length, false);
+            } else {
+              chunks.push(chunk.subarray(0, limit - size));
+              size = limit;
+              finish(true);
+            }
+          });
+          res.on('end', () => {
+            if (!done) finish(false);
+          });
+          res.on('error', reject);
+          res.on('aborted', () => reject(new Error('response aborted')));
+        });
         req.on('error', reject);
         const onAbort = (): void => {
           req.destroy();
@@ -137,6 +256,7 @@ export class VllmClient implements EngineClient {
       });
     } catch (err) {
       if (signal.aborted) throw RolloutError.from(signal.reason, 'cancelled');
+      if (err instanceof RolloutError) throw err;
       if (timedOut) {
         throw new RolloutError('backend_error', `vLLM ${this.url} did not answer within ${this.#timeoutMs} ms`, { cause: err });
       }
@@ -144,36 +264,6 @@ export class VllmClient implements EngineClient {
     } finally {
       cleanup();
     }
-  }
-
-  #parse(text: string): GenerateResult {
-    let json: unknown;
-    try {
-      json = JSON.parse(text);
-    } catch (err) {
-      throw this.#malformed('body is not JSON', err);
-    }
-    const choice = (json as { choices?: unknown[] } | null)?.choices?.[0] as Record<string, unknown> | undefined;
-    if (typeof choice !== 'object' || choice === null) throw this.#malformed('no choices[0]');
-    const tokenIds = choice.token_ids;
-    if (!Array.isArray(tokenIds) || !tokenIds.every(Number.isInteger)) {
-      throw this.#malformed('choices[0].token_ids missing or not integers (vLLM >= 0.10.2 with return_token_ids needed)');
-    }
-    const logprobs = (choice.logprobs as { token_logprobs?: unknown } | null | undefined)?.token_logprobs;
-    if (!Array.isArray(logprobs) || !logprobs.every((x) => typeof x === 'number' && Number.isFinite(x))) {
-      throw this.#malformed('choices[0].logprobs.token_logprobs missing or not numbers');
-    }
-    if (logprobs.length !== tokenIds.length) {
-      throw this.#malformed(`${tokenIds.length} token ids but ${logprobs.length} logprobs`);
-    }
-    const finishReason = choice.finish_reason as GenerateResult['finishReason'];
-    if (!FINISH_REASONS.has(finishReason)) throw this.#malformed(`unexpected finish_reason ${JSON.stringify(finishReason)}`);
-    return {
-      tokenIds: tokenIds as number[],
-      logprobs: logprobs as number[],
-      finishReason,
-      text: typeof choice.text === 'string' ? choice.text : '',
-    };
   }
 
   #malformed(what: string, cause?: unknown): RolloutError {

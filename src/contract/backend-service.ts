@@ -15,6 +15,8 @@ export interface BackendServiceDeps {
   defaultMaxConcurrency: number;
   defaultModel: string;
   requestTimeoutMs: number;
+  /** Cap on engine answers in bytes (0 or absent = derived per request). */
+  maxResponseBytes?: number;
 }
 
 const KIND_NAME = { [BackendKind.BACKEND_KIND_VLLM]: 'vllm', [BackendKind.BACKEND_KIND_SGLANG]: 'sglang', [BackendKind.BACKEND_KIND_EMBEDDED]: 'embedded' } as const;
@@ -42,12 +44,15 @@ export function backendService(deps: BackendServiceDeps): BackendServiceServer {
       if (!kindName) throw RolloutError.invalid('kind', `unknown kind ${request.kind}`);
       const client = createEngineClient(kindName, url.toString().replace(/\/$/, ''), request.model || deps.defaultModel, {
         requestTimeoutMs: deps.requestTimeoutMs,
+        maxResponseBytes: deps.maxResponseBytes ?? 0,
       });
-      const snapshot = deps.pool.add(client, {
+      const added = deps.pool.add(client, {
         id: request.id || url.toString().replace(/\/$/, ''),
         maxConcurrency: request.maxConcurrency || deps.defaultMaxConcurrency,
         model: request.model || deps.defaultModel,
       });
+      // Answer with the engine's max_model_len when it can be learned in time (bounded; never fails the call).
+      const snapshot = await deps.pool.learn(added.id).catch(() => added);
       log.info({ id: snapshot.id, url: snapshot.url }, 'backend added');
       return { backend: toBackend(snapshot) };
     }),
@@ -87,5 +92,6 @@ export function toBackend(b: BackendInfo): Backend {
     assignedTotal: b.assignedTotal,
     policyVersion: b.policyVersion,
     model: b.model,
+    maxModelLen: b.maxModelLen ?? 0,
   };
 }

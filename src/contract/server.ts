@@ -56,6 +56,7 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
       defaultMaxConcurrency: 256,
       defaultModel: config.model,
       requestTimeoutMs: config.backendRequestTimeoutMs,
+      maxResponseBytes: config.backendMaxResponseBytes,
     }),
   );
   const health = new HealthImplementation({ '': 'SERVING', 'rollout.v1.RolloutService': 'SERVING', 'rollout.v1.BackendService': 'SERVING' });

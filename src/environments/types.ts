@@ -52,6 +52,14 @@ export interface Environment<I = unknown> {
    */
   readonly toolNames?: readonly string[];
   validate(instance: unknown): I;
+  /**
+   * Optional: the first messages `init` will return, when they depend on the instance alone (no sandbox). With it
+   * the server measures the prompt at admission and rejects a task whose prompt leaves no room to generate
+   * (INVALID_ARGUMENT, field `instance`) instead of starting a sandbox for it; without it the same check happens
+   * before the first turn (INVALID_TASK). Must equal what `init` returns for the instance; must not throw for an
+   * instance `validate` accepted.
+   */
+  prompt?(instance: I): ChatMessage[];
   init(context: EnvironmentContext<I>): Promise<{ messages: ChatMessage[] }>;
   tools(instance: I): Tool[];
   evaluate(context: EnvironmentContext<I> & { outcome: EpisodeOutcome }): Promise<Evaluation>;

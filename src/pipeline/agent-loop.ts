@@ -1,5 +1,8 @@
 import { RolloutError, throwIfAborted } from '../errors.js';
 import type { BackendPool } from '../backends/pool.js';
+import type { LeaseResult } from '../backends/lease.js';
+import { ContextOverflowError } from '../backends/context-overflow.js';
+import { vocabSize } from '../tokens/vocab.js';
 import type { EpisodeOutcome } from '../environments/types.js';
 import type { ChatTemplate, Tokenizer } from '../tokens/types.js';
 import { TokenLedger } from '../tokens/ledger.js';
@@ -20,8 +23,13 @@ export interface AgentLoopDeps {
  * The run stage: the multi-turn agent loop of one sample. Each turn sends the ledger's ids (token-in) to the
  * trajectory's sticky backend, appends the sampled ids verbatim (token-out), parses tool calls, runs them in
  * the sample's sandbox and appends the observation as template tokens. Ends on the finish tool, a plain answer
- * (no tool call), or a budget (max_turns, max_total_tokens, a turn cut by max_tokens) — the latter TRUNCATED.
- * The backend lease is released in `finally`, whatever ends the loop.
+ * (no tool call), or a budget (max_turns, max_total_tokens, a turn cut by max_tokens, the engine's context
+ * length) — the latter TRUNCATED. Each turn asks for min(max_tokens_per_turn, max_total_tokens − context,
+ * max_model_len − context) tokens, max_model_len being the leased engine's; should the engine still refuse the
+ * context (its limit unknown or changed), that too ends the episode TRUNCATED with finish_reason "max_model_len".
+ * A prompt that leaves no room to generate fails the sample with invalid_argument (INVALID_TASK) before any turn.
+ * Every answer is checked by the engine client against the tokenizer's vocabulary. The backend lease is released
+ * in `finally`, whatever ends the loop.
  */
 export async function runAgentLoop(sample: Sample, deps: AgentLoopDeps, signal: AbortSignal): Promise<RunResult> {
   const { task } = sample;
@@ -37,6 +45,7 @@ export async function runAgentLoop(sample: Sample, deps: AgentLoopDeps, signal: 
   sample.ledger = ledger;
   const lease = await deps.pool.acquire(sample.key, { signal });
   const { sampling, limits } = task;
+  const vocab = vocabSize(deps.tokenizer);
   let finishReason = 'max_turns';
   let truncated = true;
   let finishAnswer: string | undefined;
@@ -44,23 +53,40 @@ export async function runAgentLoop(sample: Sample, deps: AgentLoopDeps, signal: 
   try {
     for (let turn = 0; turn < limits.maxTurns; turn++) {
       throwIfAborted(signal);
-      const budget = sampling.maxTotalTokens - ledger.totalTokens;
-      if (budget <= 0) {
-        finishReason = 'max_total_tokens';
+      const context = ledger.totalTokens;
+      const totalLeft = sampling.maxTotalTokens - context;
+      const modelLeft = lease.maxModelLen === undefined ? Infinity : lease.maxModelLen - context;
+      if (turn === 0 && Math.min(totalLeft, modelLeft) <= 0) throw promptTooLong(context, sampling.maxTotalTokens, lease.maxModelLen, lease.backendId);
+      if (totalLeft <= 0 || modelLeft <= 0) {
+        finishReason = totalLeft <= 0 ? 'max_total_tokens' : 'max_model_len';
         break;
       }
+      const maxTokens = Math.min(sampling.maxTokensPerTurn, totalLeft, modelLeft);
       const started = performance.now();
-      const result = await lease.generate({
-        promptIds: ledger.contextIds(),
-        maxTokens: Math.min(sampling.maxTokensPerTurn, budget),
-        ...(sampling.temperature !== undefined && { temperature: sampling.temperature }),
-        ...(sampling.topP !== undefined && { topP: sampling.topP }),
-        ...(sampling.topK !== undefined && { topK: sampling.topK }),
-        // Samples of a group must differ: a task seed becomes one seed per sample and turn.
-        ...(sampling.seed !== undefined && { seed: turnSeed(sampling.seed, sample.index, turn) }),
-        ...(sampling.stop.length > 0 && { stop: sampling.stop }),
-        signal,
-      });
+      let result: LeaseResult;
+      try {
+        result = await lease.generate({
+          promptIds: ledger.contextIds(),
+          maxTokens,
+          vocabSize: vocab,
+          ...(sampling.temperature !== undefined && { temperature: sampling.temperature }),
+          ...(sampling.topP !== undefined && { topP: sampling.topP }),
+          ...(sampling.topK !== undefined && { topK: sampling.topK }),
+          // Samples of a group must differ: a task seed becomes one seed per sample and turn.
+          ...(sampling.seed !== undefined && { seed: turnSeed(sampling.seed, sample.index, turn) }),
+          ...(sampling.stop.length > 0 && { stop: sampling.stop }),
+          signal,
+        });
+      } catch (err) {
+        if (!(err instanceof ContextOverflowError) || signal.aborted) throw err;
+        sample.timing.llmMs += performance.now() - started;
+        // The engine's context is full: the policy ran out of room (truncation), unless the prompt alone is too long.
+        if (turn === 0 && err.promptTokens !== undefined && err.promptTokens >= err.maxModelLen) {
+          throw promptTooLong(context, sampling.maxTotalTokens, err.maxModelLen, lease.backendId);
+        }
+        finishReason = 'max_model_len';
+        break;
+      }
       sample.timing.llmMs += performance.now() - started;
       if (result.finishReason === 'abort') {
         // The engine dropped the request (e.g. during a weight update): not an answer, never scored.
@@ -77,8 +103,9 @@ export async function runAgentLoop(sample: Sample, deps: AgentLoopDeps, signal: 
       const parsed = deps.parser.parse(text);
       if (parsed.calls.length === 0 && parsed.errors.length === 0) {
         // A plain answer ends the episode; one cut by max_tokens is a truncation, not an answer.
-        if (result.finishReason === 'length') finishReason = budget <= sampling.maxTokensPerTurn ? 'max_total_tokens' : 'max_tokens_per_turn';
-        else {
+        if (result.finishReason === 'length') {
+          finishReason = maxTokens === totalLeft ? 'max_total_tokens' : maxTokens === modelLeft ? 'max_model_len' : 'max_tokens_per_turn';
+        } else {
           finishReason = 'answer';
           truncated = false;
         }
@@ -109,6 +136,16 @@ export async function runAgentLoop(sample: Sample, deps: AgentLoopDeps, signal: 
     ...(finishAnswer !== undefined && { finishAnswer }),
   };
   return { outcome, tokens: ledger.snapshot(), truncated, numTurns };
+}
+
+/** A prompt that leaves no token to generate: the task cannot run as given (INVALID_TASK, field instance). */
+function promptTooLong(promptTokens: number, maxTotalTokens: number, maxModelLen: number | undefined, backend: string): RolloutError {
+  const budget = Math.min(maxTotalTokens, maxModelLen ?? Infinity);
+  const limit = maxModelLen === undefined ? '' : `, max_model_len ${maxModelLen} of backend ${backend}`;
+  return RolloutError.invalid(
+    'instance',
+    `prompt is ${promptTokens} tokens, budget is ${budget} = min(max_total_tokens ${maxTotalTokens}${limit}): no room left to generate`,
+  );
 }
 
 type Outcome = 'ok' | 'error' | 'malformed' | 'finish';

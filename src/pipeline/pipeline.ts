@@ -1,6 +1,7 @@
 import { defer, EMPTY, Subject, type OperatorFunction, type Subscription, catchError, mergeMap, tap, filter } from 'rxjs';
 import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
+import { FailureLog } from '../observability/failure-log.js';
 import type { Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { raceAbort, withDeadline } from './rx.js';
 import type { Sample } from './sample.js';
@@ -55,6 +56,7 @@ export class Pipeline {
   private readonly live = new Set<Sample>();
   private readonly finishing = new Map<Sample, Promise<void>>();
   private subscription: Subscription | undefined;
+  private readonly failures: FailureLog;
   completedTotal = 0;
 
   constructor(
@@ -63,7 +65,9 @@ export class Pipeline {
     private readonly log: Logger,
     /** Largest encoded message the server may send (grpc max_send_message_length): trajectories are kept under it. */
     private readonly maxMessageBytes: number = 64 << 20,
-  ) {}
+  ) {
+    this.failures = new FailureLog(log);
+  }
 
   start(): void {
     if (this.subscription) return;
@@ -210,6 +214,7 @@ export class Pipeline {
     this.completedTotal++;
     this.events$.next({ type: 'stage', sample, stage: 'done' });
     this.events$.next({ type: 'finished', sample, trajectory });
+    this.failures.record(trajectory);
     try {
       sample.sink(trajectory);
     } catch (err) {

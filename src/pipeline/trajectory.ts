@@ -1,4 +1,4 @@
-import type { RolloutError } from '../errors.js';
+import { describeError, type RolloutError } from '../errors.js';
 import { Role, ToolOutcome, Trajectory, TrajectoryStatus, type Turn } from '../../gen/ts/rollout/v1/rollout.js';
 import type { LedgerSnapshot, LedgerTurn } from '../tokens/ledger.js';
 import { finishReasonForError, statusForError } from './outcome.js';
@@ -24,13 +24,16 @@ export function buildTrajectory(sample: Sample): Trajectory {
   };
 }
 
-/** The trajectory of a sample that failed, timed out or was cancelled; partial tokens are kept when the run got that far. */
+/**
+ * The trajectory of a sample that failed, timed out or was cancelled; partial tokens are kept when the run got that
+ * far. `error` says why, cause chain included and bounded (see describeError).
+ */
 export function buildFailedTrajectory(sample: Sample, err: RolloutError): Trajectory {
   const trajectory = {
     ...base(sample),
     status: statusForError(err),
     finishReason: finishReasonForError(err),
-    error: `${err.code}: ${err.message}`,
+    error: describeError(err),
   };
   // The tokens are kept for debugging when they can be; a run result too broken to map is left out, so building
   // the failure can never throw in turn.

@@ -4,6 +4,17 @@ import type { EnvironmentRegistry } from '../environments/registry.js';
 import type { TaskSpec } from '../../gen/ts/rollout/v1/rollout.js';
 import type { ResolvedTask } from './task.js';
 import { canonicalJson } from './canonical-json.js';
+import type { ChatTemplate, Tokenizer } from '../tokens/types.js';
+import { encodePrompt } from '../tokens/encode-cache.js';
+import { toolSchemas } from '../tools/registry.js';
+
+/** What admission needs to measure a prompt against the token budget. */
+export interface PromptBudget {
+  tokenizer: Tokenizer;
+  template: ChatTemplate;
+  /** The smallest max_model_len among the backends that stated one (undefined when none did). */
+  maxModelLen(): number | undefined;
+}
 
 const MAX_ID_LENGTH = 256;
 const MAX_STOP_SEQUENCES = 16;
@@ -12,9 +23,11 @@ const MAX_METADATA_BYTES = 16_384;
 
 /**
  * Validates a TaskSpec and applies server defaults. Throws RolloutError.invalid(field, reason) naming the first
- * offending field, so the trainer can fix its spec; nothing here touches pipeline state.
+ * offending field, so the trainer can fix its spec; nothing here touches pipeline state. With `budget`, and an
+ * environment that can say its first messages without a sandbox (`Environment.prompt`), a prompt that leaves no
+ * token to generate is refused here (field `instance`) instead of running as a sample that cannot produce one.
  */
-export function validateTask(spec: TaskSpec, registry: EnvironmentRegistry, config: ServerConfig): ResolvedTask {
+export function validateTask(spec: TaskSpec, registry: EnvironmentRegistry, config: ServerConfig, budget?: PromptBudget): ResolvedTask {
   const taskId = spec.taskId;
   if (!taskId) throw RolloutError.invalid('task_id', 'required');
   if (taskId.length > MAX_ID_LENGTH) throw RolloutError.invalid('task_id', `longer than ${MAX_ID_LENGTH} characters`);
@@ -67,6 +80,7 @@ export function validateTask(spec: TaskSpec, registry: EnvironmentRegistry, conf
   const d = config.defaults;
   const maxTotalTokens = orDefault(s?.maxTotalTokens, d.maxTotalTokens);
   const maxTokensPerTurn = Math.min(orDefault(s?.maxTokensPerTurn, d.maxTokensPerTurn), maxTotalTokens);
+  if (budget && environment.prompt) checkPromptFits(environment, instance, maxTotalTokens, budget);
   const resolved = {
     taskId,
     groupId: spec.groupId || taskId,
@@ -96,6 +110,23 @@ export function validateTask(spec: TaskSpec, registry: EnvironmentRegistry, conf
   // another order (Go randomises map iteration), or that spells a default explicitly, is the same task.
   const { environment: env, instance: _validated, ...rest } = resolved;
   return { ...resolved, fingerprint: canonicalJson({ ...rest, environment: env.name, instance: spec.instance }) };
+}
+
+/**
+ * Renders and tokenizes the environment's first messages exactly as the run stage's ledger will (same template
+ * options, same encode cache, so the ledger's encode of this prompt is a cache hit) and refuses the task when
+ * the prompt alone fills the budget: min(max_total_tokens, smallest known max_model_len).
+ */
+function checkPromptFits(environment: ResolvedTask['environment'], instance: unknown, maxTotalTokens: number, budget: PromptBudget): void {
+  const messages = environment.prompt!(instance);
+  const text = budget.template.render(messages, { addGenerationPrompt: true, tools: toolSchemas(environment.tools(instance)) });
+  const promptTokens = encodePrompt(budget.tokenizer, text).length;
+  const maxModelLen = budget.maxModelLen();
+  const limit = Math.min(maxTotalTokens, maxModelLen ?? Infinity);
+  if (promptTokens >= limit) {
+    const model = maxModelLen === undefined ? '' : `, smallest known max_model_len ${maxModelLen}`;
+    throw RolloutError.invalid('instance', `prompt is ${promptTokens} tokens, budget is ${limit} = min(max_total_tokens ${maxTotalTokens}${model}): no room left to generate`);
+  }
 }
 
 function nonNegative(field: string, value: number): void {

@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import type { Environment } from '../environments/types.js';
+import type { ChatMessage } from '../tokens/types.js';
 import { createMathEnvironment } from '../environments/math/math-environment.js';
 import type { MathInstance } from '../environments/math/instance.js';
 import { createFinishTool } from '../tools/finish-tool.js';
@@ -49,19 +50,19 @@ export function createCalcTool(): ValidatedTool {
 export function createCalcEnvironment(): Environment<MathInstance> {
   const math = createMathEnvironment();
   const tools = [createCalcTool(), createFinishTool()];
+  const prompt = (instance: MathInstance): ChatMessage[] => [
+    { role: 'system', content: CALC_SYSTEM_PROMPT },
+    { role: 'user', content: instance.problem },
+  ];
   return {
     name: CALC_ENVIRONMENT,
     description: 'Benchmark double: arithmetic problems, in-process calc tool, graded like math.',
     instanceSchema: math.instanceSchema,
     toolNames: ['calc', 'finish'],
     validate: (instance) => math.validate(instance),
+    prompt,
     async init({ instance }) {
-      return {
-        messages: [
-          { role: 'system', content: CALC_SYSTEM_PROMPT },
-          { role: 'user', content: instance.problem },
-        ],
-      };
+      return { messages: prompt(instance) };
     },
     tools: () => tools,
     evaluate: (context) => math.evaluate(context),

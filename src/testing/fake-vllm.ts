@@ -4,8 +4,18 @@ import type { Tokenizer } from '../tokens/types.js';
 import { hashInts } from './arithmetic.js';
 import { policyContext, scriptedMathPolicy, type FakePolicy } from './scripted-policy.js';
 
-/** A fault to inject into one completion request: an HTTP error, a dropped connection, or no answer at all. */
-export type InjectedFailure = { kind: 'status'; status: number; message?: string } | { kind: 'drop' } | { kind: 'hang' };
+/**
+ * A fault to inject into one completion request: an HTTP error, a dropped connection, no answer at all, a
+ * completion tampered with before it is sent (ids out of vocabulary, positive logprobs, more tokens than asked
+ * for...), or a 200 answer of `bytes` bytes streamed as the client reads them (generated on the fly, never held in
+ * memory; it stops when the client goes away).
+ */
+export type InjectedFailure =
+  | { kind: 'status'; status: number; message?: string }
+  | { kind: 'drop' }
+  | { kind: 'hang' }
+  | { kind: 'tamper'; tamper: (choice: Record<string, unknown>) => void }
+  | { kind: 'oversized'; bytes: number };
 
 /** Behaviour of a FakeVllmEngine: tokenizer, speed, policy and faults. */
 export interface FakeVllmOptions {
@@ -19,8 +29,13 @@ export interface FakeVllmOptions {
   policy?: FakePolicy;
   /** Called for every completion request (after `failNext` faults are used up); return a fault to inject it. */
   inject?: (request: { index: number; body: Record<string, unknown> }) => InjectedFailure | undefined;
-  /** Context length; prompt + max_tokens beyond it is a 400, as in vLLM. */
+  /**
+   * Context length (default 40960), served as `max_model_len` by GET /v1/models; prompt + max_tokens beyond it is
+   * vLLM's context-length 400.
+   */
   maxModelLen?: number;
+  /** False: GET /v1/models answers 404, so clients cannot learn the limit (default true; see `setModelsListed`). */
+  listModels?: boolean;
   /**
    * Turns the policy's text into token ids (default: the canonical tokenizer). Tests pass a non-canonical
    * splitting to prove the server never re-tokenizes what the policy sampled.
@@ -43,6 +58,8 @@ export interface FakeVllmStats {
   inflight: number;
   maxInflight: number;
   healthChecks: number;
+  /** Bytes of `oversized` answers actually written to clients (a client that stops reading keeps this small). */
+  oversizedBytesSent: number;
 }
 
 const OK_JSON = { 'content-type': 'application/json' };
@@ -65,10 +82,11 @@ export class FakeVllmEngine {
   readonly model: string;
   /** The last completion request body, as parsed JSON (for tests of the client's wire format). */
   lastRequest: Record<string, unknown> | undefined;
-  readonly #stats: FakeVllmStats = { received: 0, served: 0, failed: 0, disconnected: 0, inflight: 0, maxInflight: 0, healthChecks: 0 };
+  readonly #stats: FakeVllmStats = { received: 0, served: 0, failed: 0, disconnected: 0, inflight: 0, maxInflight: 0, healthChecks: 0, oversizedBytesSent: 0 };
   readonly #faults: InjectedFailure[] = [];
   readonly #stopId: number;
   #healthy = true;
+  #listModels: boolean;
   #url = '';
 
   private constructor(
@@ -76,6 +94,7 @@ export class FakeVllmEngine {
     private readonly server: Server,
   ) {
     this.model = options.model ?? 'fake-qwen3';
+    this.#listModels = options.listModels ?? true;
     const stopId = options.tokenizer.tokenId('<|im_end|>') ?? options.tokenizer.stopTokenIds[0];
     if (stopId === undefined) throw new Error('FakeVllmEngine: the tokenizer has no stop token');
     this.#stopId = stopId;
@@ -117,6 +136,11 @@ export class FakeVllmEngine {
     this.#healthy = healthy;
   }
 
+  /** Whether GET /v1/models answers (true) or is a 404 (false), e.g. to test learning the limit later. */
+  setModelsListed(listed: boolean): void {
+    this.#listModels = listed;
+  }
+
   /** Stops the server and drops every open connection (hanging requests included). */
   async close(): Promise<void> {
     const closed = new Promise<void>((resolve) => this.server.close(() => resolve()));
@@ -129,7 +153,7 @@ export class FakeVllmEngine {
     if (req.method === 'GET' && path === '/health') {
       this.#stats.healthChecks++;
       res.writeHead(this.#healthy ? 200 : 503).end();
-    } else if (req.method === 'GET' && path === '/v1/models') {
+    } else if (req.method === 'GET' && path === '/v1/models' && this.#listModels) {
       const card = { id: this.model, object: 'model', created: nowSeconds(), owned_by: 'vllm', root: this.model, parent: null,
         max_model_len: this.options.maxModelLen ?? 40960, permission: [] };
       res.writeHead(200, OK_JSON).end(JSON.stringify({ object: 'list', data: [card] }));
@@ -154,10 +178,11 @@ export class FakeVllmEngine {
     }
     this.lastRequest = body;
     const fault = this.#faults.shift() ?? this.options.inject?.({ index, body });
-    if (fault !== undefined) {
+    if (fault !== undefined && fault.kind !== 'tamper') {
       stats.failed++;
       if (fault.kind === 'drop') return void req.socket.destroy();
       if (fault.kind === 'hang') return;
+      if (fault.kind === 'oversized') return this.#streamOversized(res, fault.bytes);
       return sendError(res, fault.status, 'InternalServerError', fault.message ?? 'injected failure');
     }
     const invalid = this.#validate(body);
@@ -165,7 +190,7 @@ export class FakeVllmEngine {
       stats.failed++;
       return sendError(res, invalid.status, invalid.status === 404 ? 'NotFoundError' : 'BadRequestError', invalid.message);
     }
-    const completion = this.#generate(body, index);
+    const completion = this.#generate(body, index, fault?.kind === 'tamper' ? fault.tamper : undefined);
     stats.inflight++;
     stats.maxInflight = Math.max(stats.maxInflight, stats.inflight);
     const delay = (this.options.tokenLatencyMs ?? 0) * completion.tokenCount;
@@ -196,6 +221,10 @@ export class FakeVllmEngine {
     const maxTokens = body.max_tokens ?? 16;
     if (!Number.isInteger(maxTokens) || (maxTokens as number) < 1) return { status: 400, message: 'max_tokens must be >= 1' };
     const limit = this.options.maxModelLen ?? 40960;
+    if (prompt.length >= limit) {
+      return { status: 400, message: `This model's maximum context length is ${limit} tokens. However, your request has ` +
+        `${prompt.length} input tokens. Please reduce the length of the input messages.` };
+    }
     if (prompt.length + (maxTokens as number) > limit) {
       return { status: 400, message: `This model's maximum context length is ${limit} tokens. However, you requested ` +
         `${prompt.length + (maxTokens as number)} tokens (${prompt.length} in the messages, ${String(maxTokens)} in the completion). ` +
@@ -204,8 +233,30 @@ export class FakeVllmEngine {
     return undefined;
   }
 
+  /**
+   * Streams a 200 answer of `bytes` bytes that starts like a completion and never ends being one: a 64 KiB chunk
+   * reused for every write, written only as fast as the client reads (backpressure), abandoned when it goes away.
+   */
+  #streamOversized(res: ServerResponse, bytes: number): void {
+    const chunk = Buffer.alloc(64 * 1024, 0x20);
+    Buffer.from('{"id":"cmpl-oversized","object":"text_completion","choices":[{"text":"').copy(chunk);
+    let left = bytes;
+    res.writeHead(200, OK_JSON);
+    const pump = (): void => {
+      while (left > 0 && !res.destroyed) {
+        const piece = left >= chunk.length ? chunk : chunk.subarray(0, left);
+        left -= piece.length;
+        this.#stats.oversizedBytesSent += piece.length;
+        if (!res.write(piece)) return void res.once('drain', pump);
+      }
+      if (!res.destroyed) res.end();
+    };
+    res.on('error', () => undefined);
+    pump();
+  }
+
   /** Runs the policy and shapes the answer the way vLLM's non-streaming completion endpoint does. */
-  #generate(body: Record<string, unknown>, index: number): { json: string; tokenCount: number } {
+  #generate(body: Record<string, unknown>, index: number, tamper?: (choice: Record<string, unknown>) => void): { json: string; tokenCount: number } {
     const { tokenizer } = this.options;
     const promptIds = body.prompt as number[];
     const maxTokens = (body.max_tokens as number | undefined) ?? 16;
@@ -242,6 +293,7 @@ export class FakeVllmEngine {
       prompt_logprobs: null,
       prompt_token_ids: wantIds ? promptIds : null,
     };
+    tamper?.(choice);
     const usage = { prompt_tokens: promptIds.length, total_tokens: promptIds.length + ids.length, completion_tokens: ids.length,
       prompt_tokens_details: null };
     const response = { id: `cmpl-fake-${index}`, object: 'text_completion', created: nowSeconds(), model: this.model,

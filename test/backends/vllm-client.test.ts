@@ -2,7 +2,8 @@ import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { abortReason, RolloutError } from '../../src/errors.js';
-import { VllmClient, VllmHttpError } from '../../src/backends/vllm-client.js';
+import { MAX_ERROR_BODY_BYTES, VllmClient, VllmHttpError } from '../../src/backends/vllm-client.js';
+import { ContextOverflowError } from '../../src/backends/context-overflow.js';
 import { FakeVllmEngine } from '../../src/testing/fake-vllm.js';
 import { loadQwen3 } from '../../src/tokens/tokenizer.js';
 import type { Tokenizer } from '../../src/tokens/types.js';
@@ -36,8 +37,9 @@ async function expectRolloutError(promise: Promise<unknown>, code: string): Prom
 }
 
 /** A one-route server answering every request with `body`, for answers the fake engine never gives. */
-async function rawServer(body: unknown): Promise<{ url: string; server: Server }> {
-  const server = createServer((_req, res) => res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(body)));
+async function rawServer(body: unknown, status = 200): Promise<{ url: string; server: Server }> {
+  const text = typeof body === 'string' ? body : JSON.stringify(body);
+  const server = createServer((_req, res) => res.writeHead(status, { 'content-type': 'application/json' }).end(text));
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
   return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, server };
 }
@@ -148,5 +150,153 @@ describe('VllmClient against the fake vLLM engine', () => {
     engine.setHealthy(true);
     const dead = new VllmClient({ url: 'http://127.0.0.1:1', model: 'm' });
     expect(await dead.health(AbortSignal.timeout(1_000))).toBe(false);
+  });
+
+  it('reads the served model\'s max_model_len from GET /v1/models', async () => {
+    const small = await FakeVllmEngine.start({ tokenizer, model: 'qwen3-test', maxModelLen: 3072 });
+    try {
+      expect(await new VllmClient({ url: small.url, model: 'qwen3-test' }).modelInfo(signal())).toEqual({ maxModelLen: 3072 });
+      small.setModelsListed(false);
+      await expectRolloutError(new VllmClient({ url: small.url, model: 'qwen3-test' }).modelInfo(signal()), 'backend_error');
+    } finally {
+      await small.close();
+    }
+  });
+});
+
+describe('VllmClient checks every engine answer before it becomes a trajectory', () => {
+  const ask = (c: VllmClient, extra: { maxTokens?: number; vocabSize?: number } = {}) =>
+    c.generate({ promptIds: prompt, maxTokens: extra.maxTokens ?? 64, vocabSize: extra.vocabSize ?? 151_669, seed: 5, signal: signal() });
+
+  it('refuses token ids outside the tokenizer\'s vocabulary', async () => {
+    engine.failNext(1, { kind: 'tamper', tamper: (choice) => ((choice.token_ids as number[])[1] = 9_999_999) });
+    const err = await expectRolloutError(ask(client), 'backend_error');
+    expect(err.message).toContain('token_ids[1] = 9999999 is not an integer in [0, 151669)');
+  });
+
+  it('refuses an answer with more tokens than max_tokens asked for', async () => {
+    engine.failNext(1, {
+      kind: 'tamper',
+      tamper: (choice) => {
+        choice.token_ids = Array.from({ length: 200_000 }, (_, i) => i % 1000);
+        (choice.logprobs as { token_logprobs: number[] }).token_logprobs = Array.from({ length: 200_000 }, () => -0.5);
+      },
+    });
+    const err = await expectRolloutError(ask(client, { maxTokens: 64 }), 'backend_error');
+    expect(err.message).toMatch(/200000 token ids for max_tokens 64|larger than the \d+-byte cap/);
+  });
+
+  it('refuses positive logprobs (+3.5) and NaN, which JSON cannot even carry', async () => {
+    engine.failNext(1, { kind: 'tamper', tamper: (choice) => ((choice.logprobs as { token_logprobs: number[] }).token_logprobs[0] = 3.5) });
+    expect((await expectRolloutError(ask(client), 'backend_error')).message).toContain('token_logprobs[0] = 3.5 is positive');
+    const nan = await rawServer('{"choices":[{"text":"a","token_ids":[1],"logprobs":{"token_logprobs":[NaN]},"finish_reason":"stop"}]}');
+    try {
+      const err = await expectRolloutError(ask(new VllmClient({ url: nan.url, model: 'm' })), 'backend_error');
+      expect(err.message).toContain('body is not JSON');
+    } finally {
+      nan.server.close();
+    }
+  });
+
+  it('refuses a text that is not a string', async () => {
+    engine.failNext(1, { kind: 'tamper', tamper: (choice) => (choice.text = ['not', 'text']) });
+    expect((await expectRolloutError(ask(client), 'backend_error')).message).toContain('text is an array, not a string');
+  });
+
+  it('survives an answer nested a million levels deep: refused where it matters, dropped where it does not', async () => {
+    const deep = `${'['.repeat(1_000_000)}${']'.repeat(1_000_000)}`;
+    const inIds = await rawServer(`{"choices":[{"text":"","token_ids":${deep},"logprobs":{"token_logprobs":[]},"finish_reason":"stop"}]}`);
+    const aside = await rawServer(`{"junk":${deep},"choices":[{"text":"a","token_ids":[7],"logprobs":{"token_logprobs":[-0.1]},"finish_reason":"stop"}]}`);
+    try {
+      const big = { maxResponseBytes: 4 << 20 };
+      await expectRolloutError(ask(new VllmClient({ url: inIds.url, model: 'm', ...big })), 'backend_error');
+      const out = await ask(new VllmClient({ url: aside.url, model: 'm', ...big }));
+      expect(out).toEqual({ tokenIds: [7], logprobs: [-0.1], finishReason: 'stop', text: 'a' });
+      expect(() => JSON.stringify(out)).not.toThrow();
+    } finally {
+      inIds.server.close();
+      aside.server.close();
+    }
+  });
+
+  it('stops reading an answer as soon as it passes the byte cap and drops the connection', async () => {
+    const capped = new VllmClient({ url: engine.url, model: 'qwen3-test', maxResponseBytes: 256 * 1024 });
+    const before = engine.stats().oversizedBytesSent;
+    engine.failNext(1, { kind: 'oversized', bytes: 256 << 20 });
+    const err = await expectRolloutError(ask(capped), 'backend_error');
+    expect(err.message).toContain('larger than the 262144-byte cap');
+    // The engine could only push what the socket buffers held before the client hung up, not 256 MiB.
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    expect(engine.stats().oversizedBytesSent - before).toBeLessThan(32 << 20);
+    // The client is still good for the next request.
+    expect((await ask(capped)).finishReason).toBe('stop');
+  });
+
+  it('a 600 MiB answer is refused under the default cap without ever being held (no ERR_STRING_TOO_LONG)', async () => {
+    const before = engine.stats().oversizedBytesSent;
+    engine.failNext(1, { kind: 'oversized', bytes: 600 << 20 });
+    const err = await expectRolloutError(ask(client, { maxTokens: 256 }), 'backend_error');
+    expect(err.message).toMatch(/larger than the \d+-byte cap/);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    expect(engine.stats().oversizedBytesSent - before).toBeLessThan(32 << 20);
+  });
+
+  it('refuses an answer whose content-length is over the cap before reading it', async () => {
+    const huge = createServer((_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/json', 'content-length': String(700 << 20) });
+      res.write('{"choices":');
+    });
+    await new Promise<void>((resolve) => huge.listen(0, '127.0.0.1', resolve));
+    try {
+      const url = `http://127.0.0.1:${(huge.address() as AddressInfo).port}`;
+      const err = await expectRolloutError(ask(new VllmClient({ url, model: 'm' })), 'backend_error');
+      expect(err.message).toContain(`content-length ${700 << 20}`);
+    } finally {
+      huge.closeAllConnections();
+      huge.close();
+    }
+  });
+
+  it('keeps at most 64 KiB of an error body', async () => {
+    engine.failNext(1, { kind: 'status', status: 500, message: 'x'.repeat(1 << 20) });
+    const err = await expectRolloutError(ask(client), 'backend_error');
+    expect((err.cause as VllmHttpError).body.length).toBe(MAX_ERROR_BODY_BYTES);
+    expect((await ask(client)).finishReason).toBe('stop');
+  });
+});
+
+describe('VllmClient recognises a context-length refusal, narrowly', () => {
+  it('the fake engine\'s (vLLM 0.10) 400 becomes a ContextOverflowError carrying the limit', async () => {
+    const small = await FakeVllmEngine.start({ tokenizer, model: 'qwen3-test', maxModelLen: prompt.length + 10 });
+    try {
+      const c = new VllmClient({ url: small.url, model: 'qwen3-test' });
+      const err = await expectRolloutError(c.generate({ promptIds: prompt, maxTokens: 64, signal: signal() }), 'backend_error');
+      expect(err).toBeInstanceOf(ContextOverflowError);
+      expect(err).toMatchObject({ maxModelLen: prompt.length + 10, promptTokens: prompt.length });
+      expect(err.cause).toBeInstanceOf(VllmHttpError);
+    } finally {
+      await small.close();
+    }
+  });
+
+  it('so does the newer phrasing, flat or nested; an unrelated 400 or a 500 mentioning context does not', async () => {
+    const newer = { error: { message: "'max_tokens' or 'max_completion_tokens' is too large: 8000. This model's maximum context length is 4096 tokens and your request has 2778 input tokens (8000 > 4096 - 2778). None", type: 'BadRequestError', param: null, code: 400 } };
+    const flat = { object: 'error', message: "This model's maximum context length is 2048 tokens. However, you requested 2100 tokens (100 in the messages, 2000 in the completion). Please reduce the length of the messages or completion.", type: 'BadRequestError', param: null, code: 400 };
+    const cases: Array<[unknown, number, number | undefined, number | undefined]> = [
+      [newer, 400, 4096, 2778],
+      [flat, 400, 2048, 100],
+      [{ error: { message: 'temperature must be non-negative', type: 'BadRequestError', code: 400 } }, 400, undefined, undefined],
+      [flat, 500, undefined, undefined],
+    ];
+    for (const [body, status, limit, promptTokens] of cases) {
+      const { url, server } = await rawServer(body, status);
+      try {
+        const err = await expectRolloutError(new VllmClient({ url, model: 'm' }).generate({ promptIds: [1], maxTokens: 1, signal: signal() }), 'backend_error');
+        if (limit === undefined) expect(err).not.toBeInstanceOf(ContextOverflowError);
+        else expect(err).toMatchObject({ maxModelLen: limit, promptTokens });
+      } finally {
+        server.close();
+      }
+    }
   });
 });

@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { startRolloutServer, type RolloutServer } from '../../src/app.js';
 import type { ServerConfigInput } from '../../src/config.js';
 import { RolloutClient, type RolloutSession } from '../../src/client/rollout-client.js';
-import { silentLogger } from '../../src/observability/logger.js';
+import { silentLogger, type Logger } from '../../src/observability/logger.js';
 import { BubblewrapDriver } from '../../src/sandboxes/bwrap.js';
 import type { SandboxDriver } from '../../src/sandboxes/types.js';
 import type { EnvironmentRegistry } from '../../src/environments/registry.js';
@@ -24,6 +24,8 @@ export interface ServerHarnessOptions {
   sandboxes?: SandboxDriver;
   /** Environments the server offers (default: the built-ins). */
   registry?: EnvironmentRegistry;
+  /** The server's root logger (default: silent); tests pass one writing to a buffer to read the logs. */
+  logger?: Logger;
 }
 
 export interface ServerHarness {
@@ -48,7 +50,7 @@ export async function startServerHarness(options: ServerHarnessOptions = {}): Pr
   const sandboxes = options.sandboxes ?? new BubblewrapDriver({ logger: silentLogger(), tmpRoot: sandboxRoot! });
   const server = await startRolloutServer(
     { port: 0, model: engine.model, backends: [{ url: engine.url, maxConcurrency: 256 }], ...options.config },
-    { logger: silentLogger(), sandboxes, ...(options.registry && { registry: options.registry }) },
+    { logger: options.logger ?? silentLogger(), sandboxes, ...(options.registry && { registry: options.registry }) },
   );
   const client = new RolloutClient(server.address, options.config?.adminToken ? { adminToken: options.config.adminToken } : {});
   let closing: Promise<void> | undefined;

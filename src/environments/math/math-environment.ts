@@ -47,6 +47,10 @@ export function createMathEnvironment(options: MathEnvironmentOptions = {}): Env
   const missing = MATH_TOOL_NAMES.filter((name) => !toolRegistry.has(name));
   if (missing.length > 0) throw new RolloutError('failed_precondition', `math environment needs tools: ${missing.join(', ')}`);
   const tools = toolRegistry.create(MATH_TOOL_NAMES);
+  const prompt = (instance: MathInstance): ChatMessage[] => [
+    { role: 'system', content: systemPrompt },
+    { role: 'user', content: instance.problem },
+  ];
   return {
     name: 'math',
     description: 'Math word problems with a reference answer; python tool; reward 1 if the final answer (finish tool or \\boxed{}) is equivalent.',
@@ -55,13 +59,10 @@ export function createMathEnvironment(options: MathEnvironmentOptions = {}): Env
 
     validate: validateMathInstance,
 
+    prompt,
+
     async init({ instance }): Promise<{ messages: ChatMessage[] }> {
-      return {
-        messages: [
-          { role: 'system', content: systemPrompt },
-          { role: 'user', content: instance.problem },
-        ],
-      };
+      return { messages: prompt(instance) };
     },
 
     // Built once: tools are stateless per call (per-sandbox state is keyed by the sandbox), and building them

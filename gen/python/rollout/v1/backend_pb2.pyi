@@ -19,7 +19,7 @@ BACKEND_KIND_SGLANG: BackendKind
 BACKEND_KIND_EMBEDDED: BackendKind
 
 class Backend(_message.Message):
-    __slots__ = ("id", "url", "kind", "max_concurrency", "healthy", "draining", "inflight_trajectories", "inflight_requests", "assigned_total", "policy_version", "model")
+    __slots__ = ("id", "url", "kind", "max_concurrency", "healthy", "draining", "inflight_trajectories", "inflight_requests", "assigned_total", "policy_version", "model", "max_model_len")
     ID_FIELD_NUMBER: _ClassVar[int]
     URL_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +31,7 @@ class Backend(_message.Message):
     ASSIGNED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     id: str
     url: str
     kind: BackendKind
@@ -42,7 +43,8 @@ class Backend(_message.Message):
     assigned_total: int
     policy_version: int
     model: str
-    def __init__(self, id: _Optional[str] = ..., url: _Optional[str] = ..., kind: _Optional[_Union[BackendKind, str]] = ..., max_concurrency: _Optional[int] = ..., healthy: _Optional[bool] = ..., draining: _Optional[bool] = ..., inflight_trajectories: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., assigned_total: _Optional[int] = ..., policy_version: _Optional[int] = ..., model: _Optional[str] = ...) -> None: ...
+    max_model_len: int
+    def __init__(self, id: _Optional[str] = ..., url: _Optional[str] = ..., kind: _Optional[_Union[BackendKind, str]] = ..., max_concurrency: _Optional[int] = ..., healthy: _Optional[bool] = ..., draining: _Optional[bool] = ..., inflight_trajectories: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., assigned_total: _Optional[int] = ..., policy_version: _Optional[int] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ...) -> None: ...
 
 class AddBackendRequest(_message.Message):
     __slots__ = ("url", "kind", "max_concurrency", "id", "model")

@@ -82,6 +82,11 @@ export interface Backend {
   assignedTotal: number;
   policyVersion: number;
   model: string;
+  /**
+   * The engine's context length (prompt + generated tokens), learned from it (vLLM: GET /v1/models);
+   * 0 while unknown.
+   */
+  maxModelLen: number;
 }
 
 export interface AddBackendRequest {
@@ -128,6 +133,7 @@ function createBaseBackend(): Backend {
     assignedTotal: 0,
     policyVersion: 0,
     model: "",
+    maxModelLen: 0,
   };
 }
 
@@ -165,6 +171,9 @@ export const Backend: MessageFns<Backend> = {
     }
     if (message.model !== "") {
       writer.uint32(90).string(message.model);
+    }
+    if (message.maxModelLen !== 0) {
+      writer.uint32(96).int32(message.maxModelLen);
     }
     return writer;
   },
@@ -270,6 +279,14 @@ export const Backend: MessageFns<Backend> = {
             message.model = reader.string();
             continue;
           }
+          case 12: {
+            if (tag !== 96) {
+              break;
+            }
+
+            message.maxModelLen = reader.int32();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -315,6 +332,11 @@ export const Backend: MessageFns<Backend> = {
         ? globalThis.Number(object.policy_version)
         : 0,
       model: isSet(object.model) ? globalThis.String(object.model) : "",
+      maxModelLen: isSet(object.maxModelLen)
+        ? globalThis.Number(object.maxModelLen)
+        : isSet(object.max_model_len)
+        ? globalThis.Number(object.max_model_len)
+        : 0,
     };
   },
 
@@ -353,6 +375,9 @@ export const Backend: MessageFns<Backend> = {
     if (message.model !== "") {
       obj.model = message.model;
     }
+    if (message.maxModelLen !== 0) {
+      obj.maxModelLen = Math.round(message.maxModelLen);
+    }
     return obj;
   },
 
@@ -372,6 +397,7 @@ export const Backend: MessageFns<Backend> = {
     message.assignedTotal = object.assignedTotal ?? 0;
     message.policyVersion = object.policyVersion ?? 0;
     message.model = object.model ?? "";
+    message.maxModelLen = object.maxModelLen ?? 0;
     return message;
   },
 };

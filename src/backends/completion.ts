@@ -1,0 +1,93 @@
+import type { GenerateResult } from './types.js';
+
+/**
+ * Largest logprob accepted. A logprob is log(p) with p <= 1, so it is <= 0; engines compute it in float32
+ * (log_softmax), which can leave rounding noise of about 1e-7 above 0 for a token of probability ~1. 1e-4 is far
+ * above that noise and far below anything a broken engine plausibly sends (+3.5 is rejected). Values within the
+ * tolerance are kept exactly as sent, never clamped: the trajectory carries what the engine said.
+ */
+export const LOGPROB_TOLERANCE = 1e-4;
+
+/** What the request asked for, against which the answer is checked. */
+export interface CompletionExpectation {
+  /** max_tokens of the request: an answer with more tokens ignored it. */
+  maxTokens: number;
+  /** The tokenizer's vocabulary size: every id must be an integer in [0, vocabSize). Unchecked when absent. */
+  vocabSize?: number;
+}
+
+/** Why an engine answer was refused; the engine client wraps it into a backend_error. */
+export class CompletionRejected extends Error {
+  constructor(readonly reason: string) {
+    super(reason);
+    this.name = 'CompletionRejected';
+  }
+}
+
+const FINISH_REASONS: ReadonlySet<unknown> = new Set<GenerateResult['finishReason']>(['stop', 'length', 'abort']);
+
+/**
+ * The one check of a parsed vLLM `/v1/completions` answer before it can become part of a trajectory: every
+ * field the rollout uses is typed and bounded, and only those fields are copied out (fresh arrays of numbers and
+ * a string), so nothing else of the engine's JSON — however large or deeply nested — lives on.
+ *
+ * Checked: `choices[0]` exists; `token_ids` is an array of at most `maxTokens` integers in [0, vocabSize);
+ * `logprobs.token_logprobs` holds one finite number <= {@link LOGPROB_TOLERANCE} per token; `finish_reason` is
+ * stop/length/abort; `text` is a string. Throws {@link CompletionRejected} naming the first violation.
+ */
+export function checkCompletion(json: unknown, expect: CompletionExpectation): GenerateResult {
+  if (!isRecord(json)) throw new CompletionRejected('body is not a JSON object');
+  const choices = json.choices;
+  if (!Array.isArray(choices) || choices.length === 0) throw new CompletionRejected('no choices[0]');
+  const choice: unknown = choices[0];
+  if (!isRecord(choice)) throw new CompletionRejected('choices[0] is not an object');
+
+  const ids = choice.token_ids;
+  if (!Array.isArray(ids)) {
+    throw new CompletionRejected('choices[0].token_ids missing (vLLM >= 0.10.2 with return_token_ids needed)');
+  }
+  if (ids.length > expect.maxTokens) {
+    throw new CompletionRejected(`${ids.length} token ids for max_tokens ${expect.maxTokens}`);
+  }
+  const vocab = expect.vocabSize ?? Number.MAX_SAFE_INTEGER;
+  const tokenIds = new Array<number>(ids.length);
+  for (let i = 0; i < ids.length; i++) {
+    const id: unknown = ids[i];
+    if (typeof id !== 'number' || !Number.isInteger(id) || id < 0 || id >= vocab) {
+      const range = expect.vocabSize === undefined ? 'a non-negative integer' : `an integer in [0, ${expect.vocabSize})`;
+      throw new CompletionRejected(`token_ids[${i}] = ${preview(id)} is not ${range}`);
+    }
+    tokenIds[i] = id;
+  }
+
+  const logprobsField = choice.logprobs;
+  const raw = isRecord(logprobsField) ? logprobsField.token_logprobs : undefined;
+  if (!Array.isArray(raw)) throw new CompletionRejected('choices[0].logprobs.token_logprobs missing');
+  if (raw.length !== tokenIds.length) throw new CompletionRejected(`${tokenIds.length} token ids but ${raw.length} logprobs`);
+  const logprobs = new Array<number>(raw.length);
+  for (let i = 0; i < raw.length; i++) {
+    const p: unknown = raw[i];
+    if (typeof p !== 'number' || !Number.isFinite(p)) throw new CompletionRejected(`token_logprobs[${i}] = ${preview(p)} is not a finite number`);
+    if (p > LOGPROB_TOLERANCE) throw new CompletionRejected(`token_logprobs[${i}] = ${p} is positive (a log-probability is <= 0)`);
+    logprobs[i] = p;
+  }
+
+  const finishReason = choice.finish_reason;
+  if (!FINISH_REASONS.has(finishReason)) throw new CompletionRejected(`unexpected finish_reason ${preview(finishReason)}`);
+  const text = choice.text;
+  if (typeof text !== 'string') throw new CompletionRejected(`choices[0].text is ${preview(text)}, not a string`);
+  return { tokenIds, logprobs, finishReason: finishReason as GenerateResult['finishReason'], text };
+}
+
+function isRecord(value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
+}
+
+/** A short, safe rendering of an offending value (never stringifies a whole structure). */
+function preview(value: unknown): string {
+  if (value === null || value === undefined) return String(value);
+  if (Array.isArray(value)) return 'an array';
+  if (typeof value === 'object') return 'an object';
+  if (typeof value === 'string') return JSON.stringify(value.length > 40 ? `${value.slice(0, 40)}…` : value);
+  return String(value);
+}

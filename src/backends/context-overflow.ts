@@ -1,0 +1,47 @@
+import { RolloutError } from '../errors.js';
+
+/**
+ * The engine refused a request because prompt + max_tokens exceed its context (max_model_len). That is the
+ * policy running out of room, not the infrastructure failing: the agent loop ends the trajectory TRUNCATED
+ * (finish_reason "max_model_len"), and the pool learns the limit from the message. Its code stays backend_error
+ * so that, should it ever escape the agent loop, it is still filtered out rather than scored.
+ */
+export class ContextOverflowError extends RolloutError {
+  constructor(
+    /** The engine's max_model_len, as its message states it. */
+    readonly maxModelLen: number,
+    /** Prompt tokens the engine counted, when its message says. */
+    readonly promptTokens: number | undefined,
+    message: string,
+    cause?: unknown,
+  ) {
+    super('backend_error', message, { cause });
+  }
+}
+
+const LIMIT = /maximum context length is (\d+) tokens/;
+const PROMPT = [/\((\d+) in the messages/, /request has (\d+) input tokens/, /requested (\d+) tokens in the messages/];
+
+/**
+ * Recognises vLLM's context-length refusal, narrowly: HTTP 400 whose JSON error message (`error.message` in
+ * vLLM >= 0.10, top-level `message` before) says "maximum context length is N tokens". Both phrasings vLLM uses
+ * are understood: "However, you requested M tokens (P in the messages, C in the completion)" and "'max_tokens'
+ * ... is too large: C. This model's maximum context length is N tokens and your request has P input tokens".
+ */
+export function parseContextOverflow(status: number, body: string): { maxModelLen: number; promptTokens: number | undefined } | undefined {
+  if (status !== 400 || !body.includes('maximum context length')) return undefined;
+  let message: unknown;
+  try {
+    const json = JSON.parse(body) as { message?: unknown; error?: { message?: unknown } } | null;
+    message = json?.error?.message ?? json?.message;
+  } catch {
+    return undefined;
+  }
+  if (typeof message !== 'string') return undefined;
+  const limit = LIMIT.exec(message);
+  if (!limit) return undefined;
+  const maxModelLen = Number(limit[1]);
+  if (!Number.isSafeInteger(maxModelLen) || maxModelLen <= 0) return undefined;
+  const prompt = PROMPT.map((re) => re.exec(message as string)).find((m) => m !== null);
+  return { maxModelLen, promptTokens: prompt ? Number(prompt[1]) : undefined };
+}

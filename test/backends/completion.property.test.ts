@@ -1,0 +1,93 @@
+import fc from 'fast-check';
+import { describe, expect, it } from 'vitest';
+import { checkCompletion, CompletionRejected, LOGPROB_TOLERANCE } from '../../src/backends/completion.js';
+
+const VOCAB = 1000;
+
+/** A vLLM completion answer as the engine sends it for `logprobs: 0, return_token_ids: true`. */
+const honest = fc
+  .record({
+    maxTokens: fc.integer({ min: 1, max: 64 }),
+    finish: fc.constantFrom('stop', 'length', 'abort'),
+    text: fc.string(),
+  })
+  .chain(({ maxTokens, finish, text }) =>
+    fc.record({
+      maxTokens: fc.constant(maxTokens),
+      finish: fc.constant(finish),
+      text: fc.constant(text),
+      ids: fc.array(fc.integer({ min: 0, max: VOCAB - 1 }), { maxLength: maxTokens }),
+    }),
+  )
+  .chain((a) =>
+    fc.record({
+      ...Object.fromEntries(Object.entries(a).map(([k, v]) => [k, fc.constant(v)])),
+      logprobs: fc.array(fc.double({ min: -30, max: LOGPROB_TOLERANCE, noNaN: true }), { minLength: a.ids.length, maxLength: a.ids.length }),
+    }) as fc.Arbitrary<typeof a & { logprobs: number[] }>,
+  );
+
+function body(a: { ids: unknown[]; logprobs: unknown[]; finish: unknown; text: unknown }): Record<string, unknown> {
+  return {
+    id: 'cmpl-1',
+    object: 'text_completion',
+    choices: [{ index: 0, text: a.text, token_ids: a.ids, logprobs: { token_logprobs: a.logprobs }, finish_reason: a.finish, stop_reason: null }],
+  };
+}
+
+type Corruption = (a: { ids: unknown[]; logprobs: unknown[]; finish: unknown; text: unknown; maxTokens: number }, at: number) => string;
+
+/** Ways an engine answer can be wrong, each with the words the rejection must say. */
+const corruptions: Record<string, Corruption> = {
+  'id out of vocabulary': (a, at) => ((a.ids[at] = VOCAB + at), 'is not an integer in [0, 1000)'),
+  'negative id': (a, at) => ((a.ids[at] = -1), 'is not an integer'),
+  'fractional id': (a, at) => ((a.ids[at] = 1.5), 'is not an integer'),
+  'id as a string': (a, at) => ((a.ids[at] = '7'), 'is not an integer'),
+  'positive logprob': (a, at) => ((a.logprobs[at] = 3.5), 'is positive'),
+  'null logprob': (a, at) => ((a.logprobs[at] = null), 'is not a finite number'),
+  'missing logprob': (a) => (a.logprobs.pop(), 'logprobs'),
+  'extra logprob': (a) => (a.logprobs.push(-0.1), 'logprobs'),
+  'more tokens than max_tokens': (a) => {
+    while (a.ids.length <= a.maxTokens) {
+      a.ids.push(1);
+      a.logprobs.push(-0.5);
+    }
+    return `for max_tokens ${a.maxTokens}`;
+  },
+  'unknown finish_reason': (a) => ((a.finish = 'tool_calls'), 'finish_reason'),
+  'text not a string': (a) => ((a.text = { nested: [1, 2] }), 'text'),
+};
+
+describe('checkCompletion, the one check of an engine answer', () => {
+  it('returns exactly the ids, logprobs, finish reason and text of any honest answer', () => {
+    fc.assert(
+      fc.property(honest, (a) => {
+        const out = checkCompletion(body(a), { maxTokens: a.maxTokens, vocabSize: VOCAB });
+        expect(out).toEqual({ tokenIds: a.ids, logprobs: a.logprobs, finishReason: a.finish, text: a.text });
+      }),
+    );
+  });
+
+  it('refuses every answer with one corrupted field, saying what is wrong', () => {
+    const nonEmpty = honest.filter((a) => a.ids.length > 0);
+    fc.assert(
+      fc.property(nonEmpty, fc.constantFrom(...Object.keys(corruptions)), fc.nat(), (a, kind, n) => {
+        const bad = { ...a, ids: [...a.ids] as unknown[], logprobs: [...a.logprobs] as unknown[] };
+        const words = corruptions[kind]!(bad, n % a.ids.length);
+        let thrown: unknown;
+        try {
+          checkCompletion(body(bad), { maxTokens: a.maxTokens, vocabSize: VOCAB });
+        } catch (err) {
+          thrown = err;
+        }
+        expect(thrown, kind).toBeInstanceOf(CompletionRejected);
+        expect((thrown as CompletionRejected).reason, kind).toContain(words);
+      }),
+    );
+  });
+
+  it('refuses shapes that are not a completion at all', () => {
+    for (const json of [null, [], 'text', { choices: [] }, { choices: [null] }, { choices: [{ token_ids: [1] }] }, { choices: [{ token_ids: [[[1]]], logprobs: { token_logprobs: [-1] } }] }]) {
+      expect(() => checkCompletion(json, { maxTokens: 8, vocabSize: VOCAB }), JSON.stringify(json)).toThrow(CompletionRejected);
+    }
+  });
+});
