@@ -168,7 +168,7 @@ export function verifyTemplateTokens(tokenizer: Tokenizer, parts: readonly TextP
   const { added, addedIds } = compiled(tokenizer);
   let written = 0;
   if (added) {
-    for (const part of parts) if (!part.literal) for (const _ of part.text.matchAll(added)) written++;
+    for (const part of coalesce(parts)) if (!part.literal) for (const _ of part.text.matchAll(added)) written++;
   }
   let found = 0;
   for (const id of ids) if (addedIds.has(id)) found++;
@@ -178,4 +178,15 @@ export function verifyTemplateTokens(tokenizer: Tokenizer, parts: readonly TextP
       `environment text encoded to added tokens: ${found} added-token ids where the template wrote ${written}`,
     );
   }
+}
+
+/** The parts with each run of neighbours of one kind joined into one part. */
+export function coalesce(parts: readonly TextPart[]): TextPart[] {
+  const out: TextPart[] = [];
+  for (const part of parts) {
+    const last = out.at(-1);
+    if (last !== undefined && last.literal === part.literal) last.text += part.text;
+    else out.push({ ...part });
+  }
+  return out;
 }

@@ -3,7 +3,7 @@ import { dirname, resolve } from 'node:path';
 import { Tokenizer as HfTokenizerImpl } from '@huggingface/tokenizers';
 import { RolloutError } from '../errors.js';
 import { JinjaChatTemplate } from './chat-template.js';
-import { alternation } from './opaque-content.js';
+import { alternation, coalesce } from './opaque-content.js';
 import { readModelFiles, specialTokenString, type TokenizerConfig } from './model-files.js';
 import type { ChatTemplate, TextPart, Tokenizer } from './types.js';
 
@@ -97,7 +97,7 @@ export class HfTokenizer implements Tokenizer {
   }
 
   /**
-   * See {@link Tokenizer.encodeParts}. Added tokens are found in each non-literal part on its own, so one can
+   * See {@link Tokenizer.encodeParts}. Added tokens are found in each run of non-literal parts on its own, so one can
    * never be formed across a literal; a run of text between two found tokens that includes a literal part is
    * encoded by `encodeText`, any other run exactly as `encode` does (through the segment cache). When the
    * tokenizer's pieces are not independent (an added token strips whitespace or is matched after
@@ -118,7 +118,7 @@ export class HfTokenizer implements Tokenizer {
       run = '';
       literal = false;
     };
-    for (const part of parts) {
+    for (const part of coalesce(parts)) {
       if (part.literal) {
         run += part.text;
         literal ||= part.text.length > 0;

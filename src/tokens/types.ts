@@ -28,9 +28,9 @@ export interface TextPart {
 export interface Tokenizer {
   encode(text: string): number[];
   /**
-   * Encodes the parts joined: added tokens are recognized in the non-literal parts only (a match never spans a
-   * literal part), and the text between two recognized added tokens is encoded as one piece, so text without
-   * literal parts encodes exactly as `encode(joined)`. Literal parts never yield an added-token id unless plain
+   * Encodes the parts joined: added tokens are recognized in the runs of non-literal parts only (a match never
+   * spans a literal part), and the text between two recognized added tokens is encoded as one piece, so text
+   * without literal parts encodes exactly as `encode(joined)`. Literal parts never yield an added-token id unless plain
    * BPE text does.
    */
   encodeParts(parts: readonly TextPart[]): number[];
