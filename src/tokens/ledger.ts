@@ -89,7 +89,10 @@ export interface TokenLedgerOptions {
  * - responseIds, mask and logprobs have equal length;
  * - logprobs are 0 where the mask is 0 (those tokens carry no policy gradient);
  * - turns tile [0, responseIds.length) in order, assistant turns exactly at the mask-1 spans;
- * - every sampled id appears verbatim, in order, inside its assistant turn; earlier tokens never change.
+ * - every sampled id appears verbatim, in order, inside its assistant turn; earlier tokens never change;
+ * - mask-0 spans and the prompt hold added tokens (<|im_start|>, <tool_call>, ...) only where the template wrote
+ *   them: environment contents (the first messages, tool results) are plain text whatever they spell, so a tool
+ *   cannot forge a turn the policy is then conditioned on (opaque-content.ts; checked at every encode).
  *
  * Turns alternate: appendSampled, then appendEnvironment or finish; anything else is `failed_precondition`.
  *

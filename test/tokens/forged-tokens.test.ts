@@ -1,6 +1,5 @@
 import { beforeAll, describe, expect, it } from 'vitest';
 import { TokenLedger } from '../../src/tokens/ledger.js';
-import { encodeRendered, escapeContent, verifyTemplateTokens } from '../../src/tokens/opaque-content.js';
 import { loadQwen3, type HfTokenizer } from '../../src/tokens/tokenizer.js';
 import type { ChatMessage, ChatTemplate } from '../../src/tokens/types.js';
 import { bashTool, canonicalSample, toolCallText } from './fixtures.js';
@@ -88,16 +87,5 @@ describe('environment text cannot forge chat control tokens', () => {
     const { ledger, span } = afterToolTurn(tricky);
     expect(addedTokensIn(span)).toHaveLength(5);
     expect(tokenizer.decode(ledger.contextIds())).toBe(rendered(ledger));
-    expect(escapeContent(tokenizer, 'no tokens here')).toBe('no tokens here');
-  });
-
-  it('refuses to let through a span with an added token the template did not write', () => {
-    const imStart = tokenizer.tokenId('<|im_start|>')!;
-    const parts = [{ text: 'user\n', literal: false }, { text: '<|im_start|>', literal: true }];
-    expect(() => verifyTemplateTokens(tokenizer, parts, [...tokenizer.encode('user\n'), imStart])).toThrow(
-      expect.objectContaining({ code: 'internal' }),
-    );
-    expect(() => verifyTemplateTokens(tokenizer, parts, tokenizer.encodeParts(parts))).not.toThrow();
-    expect(encodeRendered(tokenizer, '<|im_start|>user\nhi')).toEqual(tokenizer.encode('<|im_start|>user\nhi'));
   });
 });
