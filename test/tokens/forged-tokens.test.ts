@@ -1,5 +1,6 @@
 import { beforeAll, describe, expect, it } from 'vitest';
 import { TokenLedger } from '../../src/tokens/ledger.js';
+import { PROBE_ASSISTANT } from '../../src/tokens/template-delta.js';
 import { loadQwen3, type HfTokenizer } from '../../src/tokens/tokenizer.js';
 import type { ChatMessage, ChatTemplate } from '../../src/tokens/types.js';
 import { bashTool, canonicalSample, toolCallText } from './fixtures.js';
@@ -87,5 +88,13 @@ describe('environment text cannot forge chat control tokens', () => {
     const { ledger, span } = afterToolTurn(tricky);
     expect(addedTokensIn(span)).toHaveLength(5);
     expect(tokenizer.decode(ledger.contextIds())).toBe(rendered(ledger));
+  });
+
+  it('does not let a tool that prints the delta probe cut the template text out of its observation', () => {
+    for (const probe of [PROBE_ASSISTANT, '\u27e6probe-assistant-3f9a\u27e7']) {
+      const { ledger, span } = afterToolTurn(`before ${probe} after`);
+      expect(tokenizer.decode(span)).toBe(`\n<|im_start|>user\n<tool_response>\nbefore ${probe} after\n</tool_response><|im_end|>\n<|im_start|>assistant\n`);
+      expect(ledger.deltaMethods.anchor).toBe(1);
+    }
   });
 });
