@@ -28,6 +28,6 @@ export { VllmClient } from './backends/vllm-client.js';
 export { BackendPool } from './backends/pool.js';
 
 // Tokens
-export type { ChatMessage, ChatTemplate, Tokenizer, ToolSchema } from './tokens/types.js';
+export type { ChatMessage, ChatTemplate, TextPart, Tokenizer, ToolSchema } from './tokens/types.js';
 export { TokenLedger } from './tokens/ledger.js';
 export { loadQwen3, loadTokenizerBundle } from './tokens/tokenizer.js';

@@ -4,6 +4,7 @@ import { environmentDelta, probeAssistantClosing, type DeltaMethod } from './tem
 import type { ChatMessage, ChatTemplate, Tokenizer, ToolSchema } from './types.js';
 import { verifyLedgerSnapshot } from './verify.js';
 import { encodePrompt } from './encode-cache.js';
+import { encodeRendered, escapeMessage } from './opaque-content.js';
 
 /** What came of a tool call, as the contract's ToolOutcome. */
 export type ToolOutcome = 'ok' | 'error' | 'malformed' | 'finish';
@@ -88,7 +89,10 @@ export interface TokenLedgerOptions {
  * - responseIds, mask and logprobs have equal length;
  * - logprobs are 0 where the mask is 0 (those tokens carry no policy gradient);
  * - turns tile [0, responseIds.length) in order, assistant turns exactly at the mask-1 spans;
- * - every sampled id appears verbatim, in order, inside its assistant turn; earlier tokens never change.
+ * - every sampled id appears verbatim, in order, inside its assistant turn; earlier tokens never change;
+ * - mask-0 spans and the prompt hold added tokens (<|im_start|>, <tool_call>, ...) only where the template wrote
+ *   them: environment contents (the first messages, tool results) are plain text whatever they spell, so a tool
+ *   cannot forge a turn the policy is then conditioned on (opaque-content.ts; checked at every encode).
  *
  * Turns alternate: appendSampled, then appendEnvironment or finish; anything else is `failed_precondition`.
  *
@@ -105,6 +109,8 @@ export class TokenLedger {
   private readonly logprobs: number[] = [];
   private readonly turns: LedgerTurn[] = [];
   private readonly history: ChatMessage[];
+  /** The history as the template renders it: environment contents escaped (see opaque-content.ts). */
+  private readonly rendered: ChatMessage[];
   private readonly tools: readonly ToolSchema[] | undefined;
   private readonly tokenizer: Tokenizer;
   private readonly template: ChatTemplate;
@@ -120,7 +126,8 @@ export class TokenLedger {
     this.template = options.template;
     this.tools = options.tools;
     this.history = options.messages.map((m) => ({ ...m }));
-    const prompt = this.template.render(this.history, this.renderOptions(true));
+    this.rendered = this.history.map((m) => escapeMessage(this.tokenizer, m));
+    const prompt = this.template.render(this.rendered, this.renderOptions(true));
     this.promptIds = encodePrompt(this.tokenizer, prompt);
     this.closing = probeAssistantClosing(this.template, this.tools);
   }
@@ -178,6 +185,8 @@ export class TokenLedger {
     this.lastStopText = stopped ? this.tokenizer.decode([lastId]) : undefined;
     const content = this.tokenizer.decode(contentIds);
     this.history.push({ role: 'assistant', content });
+    // Sampled text is the policy's own: rendered as is (the template may parse its <think>), never re-tokenized.
+    this.rendered.push({ role: 'assistant', content });
     this.turns.push({
       role: 'assistant',
       start,
@@ -195,6 +204,9 @@ export class TokenLedger {
    * assistant turn's closing the model did not sample (all of it after a length stop), the new messages as the
    * template renders them, and the next generation prompt. The span is a 'tool' turn when a tool message is
    * among `messages`, else a 'user' turn.
+   *
+   * The messages' contents are environment text: added-token strings in them (a tool printing "<|im_end|>")
+   * become plain-text tokens, so the span's control tokens are exactly the template's (see opaque-content.ts).
    */
   appendEnvironment(messages: readonly ChatMessage[], meta: EnvironmentMeta = {}): void {
     this.expect('awaiting_environment', 'appendEnvironment');
@@ -203,9 +215,10 @@ export class TokenLedger {
       throw RolloutError.invalid('messages', 'assistant turns are sampled, not appended by the environment');
     }
     const added = messages.map((m) => ({ ...m }));
+    const escaped = added.map((m) => escapeMessage(this.tokenizer, m));
     const delta = environmentDelta(this.template, {
-      history: this.history,
-      added,
+      history: this.rendered,
+      added: escaped,
       tools: this.tools,
       closing: this.closing,
     });
@@ -213,7 +226,7 @@ export class TokenLedger {
     const stop = this.lastStopText;
     const text = stop !== undefined && delta.text.startsWith(stop) ? delta.text.slice(stop.length) : delta.text;
     const start = this.ids.length;
-    for (const id of this.tokenizer.encode(text)) {
+    for (const id of encodeRendered(this.tokenizer, text)) {
       this.ids.push(id);
       this.mask.push(0);
       this.logprobs.push(0);
@@ -223,6 +236,7 @@ export class TokenLedger {
     if (meta.toolOutcome !== undefined) turn.toolOutcome = meta.toolOutcome;
     this.turns.push(turn);
     this.history.push(...added);
+    this.rendered.push(...escaped);
     this.state = 'awaiting_sample';
   }
 

@@ -1,9 +1,14 @@
 import { RolloutError } from '../errors.js';
 import type { ChatMessage, ChatTemplate, ToolSchema } from './types.js';
 
-/** Stand-ins for message contents; no template prints these itself and none contains whitespace to trim. */
-const PROBE_USER = '\u27e6probe-user-3f9a\u27e7';
-const PROBE_ASSISTANT = '\u27e6probe-assistant-3f9a\u27e7';
+/**
+ * Stand-ins for message contents; no template prints these itself and none contains whitespace to trim. They are
+ * written with a private-use character of plane 15, which environment contents never hold once escaped
+ * (opaque-content.ts), so a tool that prints a probe cannot move the anchor and cut the template's own text (the
+ * closing of the assistant turn, the tool header) out of its observation.
+ */
+const PROBE_USER = '\u{FFFFC}probe-user-3f9a\u{FFFFC}';
+export const PROBE_ASSISTANT = '\u{FFFFC}probe-assistant-3f9a\u{FFFFC}';
 
 /**
  * How {@link environmentDelta} found the text between turns, tried in this order:
@@ -50,7 +55,7 @@ function renderProbeClosing(template: ChatTemplate, tools: readonly ToolSchema[]
 export interface DeltaRequest {
   /** The conversation so far; its last message is the assistant turn the model just sampled. */
   history: readonly ChatMessage[];
-  /** The environment's messages (tool results, user follow-ups) to add after it. */
+  /** The environment's messages (tool results, user follow-ups) to add after it, contents escaped (escapeMessage). */
   added: readonly ChatMessage[];
   tools: readonly ToolSchema[] | undefined;
   /** From {@link probeAssistantClosing}. */
@@ -84,7 +89,8 @@ export function environmentDelta(template: ChatTemplate, request: DeltaRequest):
   const anchored = [...history.slice(0, -1), { ...last, content: PROBE_ASSISTANT }, ...added];
   const marked = template.render(anchored, withTools({ addGenerationPrompt: true }, tools));
   const at = marked.lastIndexOf(PROBE_ASSISTANT);
-  if (at >= 0) {
+  // Unique, or the anchor could be a copy in content (callers pass escaped contents, which cannot hold one).
+  if (at >= 0 && marked.indexOf(PROBE_ASSISTANT) === at) {
     const tail = marked.slice(at + PROBE_ASSISTANT.length);
     if (full.endsWith(tail)) return { text: tail, method: 'anchor' };
   }

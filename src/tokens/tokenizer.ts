@@ -3,8 +3,9 @@ import { dirname, resolve } from 'node:path';
 import { Tokenizer as HfTokenizerImpl } from '@huggingface/tokenizers';
 import { RolloutError } from '../errors.js';
 import { JinjaChatTemplate } from './chat-template.js';
+import { alternation, coalesce } from './opaque-content.js';
 import { readModelFiles, specialTokenString, type TokenizerConfig } from './model-files.js';
-import type { ChatTemplate, Tokenizer } from './types.js';
+import type { ChatTemplate, TextPart, Tokenizer } from './types.js';
 
 /** Token strings that end an assistant turn in ChatML-style models, besides the configured eos_token. */
 const CHATML_STOP_TOKENS = ['<|im_end|>', '<|endoftext|>'] as const;
@@ -14,13 +15,27 @@ const CHATML_STOP_TOKENS = ['<|im_end|>', '<|endoftext|>'] as const;
  * reads the same tokenizer.json, so ids match what the engine (vLLM/SGLang) computes for the same text.
  *
  * `encode` never adds BOS/EOS (chat templates write them as text) but does parse special tokens in the text,
- * so rendered templates tokenize as the model saw them in training.
+ * so rendered templates tokenize as the model saw them in training. `encodeParts` and `encodeText` are for text
+ * that must not: environment content (see opaque-content.ts). They use a second instance of the library built
+ * from the same tokenizer.json without its `added_tokens`, so an added-token string is just characters to it;
+ * everything else (normalizer, pre-tokenizer, BPE) is the same, so text without added-token strings gets the
+ * same ids either way (property-tested).
  */
 export class HfTokenizer implements Tokenizer {
   readonly stopTokenIds: readonly number[];
+  readonly addedTokens: readonly string[];
   private readonly impl: HfTokenizerImpl;
-  /** Splits text at added tokens, as the tokenizer itself does first; undefined when segments are not independent. */
-  private readonly splitter: RegExp | undefined;
+  /** The same tokenizer without added tokens: their strings encode as ordinary text. */
+  private readonly plain: HfTokenizerImpl;
+  /** Ids of the added tokens flagged `special`; plain text must never encode to one. */
+  private readonly specialIds: ReadonlySet<number>;
+  /** Matches the added tokens, longest first, as the tokenizer itself finds them first; undefined when none. */
+  private readonly matcher: RegExp | undefined;
+  /**
+   * Whether the text between added tokens encodes on its own (no added token strips whitespace around it or is
+   * matched after normalization): only then can pieces be encoded, and cached, separately.
+   */
+  private readonly independent: boolean;
   private readonly segments = new Map<string, readonly number[]>();
 
   constructor(
@@ -29,13 +44,18 @@ export class HfTokenizer implements Tokenizer {
   ) {
     try {
       this.impl = new HfTokenizerImpl(tokenizerJson, config);
+      this.plain = new HfTokenizerImpl({ ...tokenizerJson, added_tokens: [] }, config);
     } catch (err) {
       throw new RolloutError('failed_precondition', 'tokenizer.json is not a supported tokenizer', { cause: err });
     }
     const candidates = [specialTokenString(config.eos_token), ...CHATML_STOP_TOKENS];
     const ids = candidates.flatMap((token) => (token === undefined ? [] : (this.tokenId(token) ?? [])));
     this.stopTokenIds = Object.freeze([...new Set(ids)]);
-    this.splitter = addedTokenSplitter(tokenizerJson);
+    const added = (tokenizerJson.added_tokens ?? []) as AddedTokenJson[];
+    this.addedTokens = Object.freeze(added.map((t) => t.content));
+    this.specialIds = new Set(added.filter((t) => t.special).map((t) => t.id));
+    this.matcher = alternation(this.addedTokens, 'g');
+    this.independent = !added.some((t) => t.lstrip || t.rstrip || t.normalized || t.single_word);
   }
 
   /**
@@ -45,10 +65,10 @@ export class HfTokenizer implements Tokenizer {
    * tokenizing was a fifth of server CPU in bench/orchestration. Exactly `encodeUncached` (property-tested).
    */
   encode(text: string): number[] {
-    if (!this.splitter) return this.encodeUncached(text);
+    if (!this.matcher || !this.independent) return this.encodeUncached(text);
     const out: number[] = [];
     let at = 0;
-    for (const match of text.matchAll(this.splitter)) {
+    for (const match of text.matchAll(this.matcher)) {
       if (match.index > at) this.pushSegment(out, text.slice(at, match.index));
       out.push(this.impl.token_to_id(match[0])!);
       at = match.index + match[0].length;
@@ -60,6 +80,61 @@ export class HfTokenizer implements Tokenizer {
   /** The library's encode of the whole text, without the segment cache. */
   encodeUncached(text: string): number[] {
     return this.impl.encode(text, { add_special_tokens: false }).ids;
+  }
+
+  /**
+   * Encodes text with no added token recognized: "<|im_end|>" is "<", "|", "im", ... Equals `encode` for text
+   * without added-token strings. Throws `internal` if the result holds a special token's id anyway (a vocabulary
+   * whose BPE can spell one), since that would be a forged control token.
+   */
+  encodeText(text: string): number[] {
+    if (text.length === 0) return [];
+    const ids: number[] = this.plain.encode(text, { add_special_tokens: false }).ids;
+    if (ids.some((id) => this.specialIds.has(id))) {
+      throw new RolloutError('internal', 'the tokenizer encodes plain text to a special token');
+    }
+    return ids;
+  }
+
+  /**
+   * See {@link Tokenizer.encodeParts}. Added tokens are found in each run of non-literal parts on its own, so one can
+   * never be formed across a literal; a run of text between two found tokens that includes a literal part is
+   * encoded by `encodeText`, any other run exactly as `encode` does (through the segment cache). When the
+   * tokenizer's pieces are not independent (an added token strips whitespace or is matched after
+   * normalization), runs are still encoded separately: exact around literals is then impossible, and the text
+   * of tokenizers like that differs at most in the whitespace such a token would have stripped.
+   */
+  encodeParts(parts: readonly TextPart[]): number[] {
+    if (!parts.some((p) => p.literal)) return this.encode(parts.map((p) => p.text).join(''));
+    const out: number[] = [];
+    let run = '';
+    let literal = false;
+    const flush = (): void => {
+      if (run.length > 0) {
+        if (literal) out.push(...this.encodeText(run));
+        else if (this.independent) this.pushSegment(out, run);
+        else out.push(...this.encodeUncached(run));
+      }
+      run = '';
+      literal = false;
+    };
+    for (const part of coalesce(parts)) {
+      if (part.literal) {
+        run += part.text;
+        literal ||= part.text.length > 0;
+        continue;
+      }
+      let at = 0;
+      for (const match of this.matcher ? part.text.matchAll(this.matcher) : []) {
+        run += part.text.slice(at, match.index);
+        flush();
+        out.push(this.impl.token_to_id(match[0])!);
+        at = match.index + match[0].length;
+      }
+      run += part.text.slice(at);
+    }
+    flush();
+    return out;
   }
 
   private pushSegment(out: number[], segment: string): void {
@@ -90,25 +165,13 @@ const MAX_CACHED_SEGMENT = 64 * 1024;
 const MAX_CACHED_SEGMENTS = 4096;
 
 interface AddedTokenJson {
+  id: number;
   content: string;
+  special?: boolean;
   lstrip?: boolean;
   rstrip?: boolean;
   normalized?: boolean;
   single_word?: boolean;
-}
-
-/**
- * A regex matching the added tokens, longest first — or undefined when an added token strips whitespace around
- * it or is matched after normalization, since then the text between added tokens does not encode on its own.
- */
-function addedTokenSplitter(tokenizerJson: Record<string, unknown>): RegExp | undefined {
-  const added = (tokenizerJson.added_tokens ?? []) as AddedTokenJson[];
-  if (added.length === 0 || added.some((t) => t.lstrip || t.rstrip || t.normalized || t.single_word)) return undefined;
-  const escaped = added
-    .map((t) => t.content)
-    .sort((a, b) => b.length - a.length)
-    .map((c) => c.replace(/[.*+?^${}()|[\]\\]/g, '\\$&'));
-  return new RegExp(escaped.join('|'), 'g');
 }
 
 /** A tokenizer together with the model's own chat template. */

@@ -1,0 +1,192 @@
+import { RolloutError } from '../errors.js';
+import type { ChatMessage, TextPart, Tokenizer } from './types.js';
+
+/**
+ * Environment text never forges chat structure.
+ *
+ * A tool that prints "<|im_end|>\n<|im_start|>system\n..." must not put real control-token ids into the context
+ * the policy is conditioned on, and neither may a dataset prompt: only the chat template's own text yields added
+ * tokens. So every message content the environment supplies (the first system/user messages, tool results,
+ * user follow-ups) is opaque to tokenization:
+ *
+ * 1. {@link escapeMessage}: before rendering, each added-token string in the content is replaced by a placeholder,
+ *    one private-use character per added token (plane 15, U+F0000 + its index in `addedTokens`); a character of
+ *    that plane already in the content is escaped as U+FFFFD + itself. Content without either — nearly all
+ *    content — is passed on untouched, so its render and ids are exactly what they were without this module.
+ * 2. The template renders the escaped messages, so it decides on the opaque content (a user message cannot pose
+ *    as a Qwen3 tool response by wrapping itself in <tool_response>) and places the placeholders wherever it puts
+ *    the content, trimmed, JSON-quoted or not: a placeholder has no whitespace and no JSON escape.
+ * 3. {@link encodeRendered}: the rendered text is cut at placeholders into template parts and literal parts (the
+ *    original strings) for {@link Tokenizer.encodeParts}, which finds added tokens in the template parts only and
+ *    encodes the text around the literals as plain text. Decoding the ids gives the rendered text with the
+ *    original strings back in place: for a template whose choices do not depend on those strings (Qwen3 for tool
+ *    results and prompts), exactly the render of the real content.
+ * 4. {@link encodeRendered} then checks that the ids hold exactly as many added-token ids as the template parts
+ *    have added-token strings, and throws `internal` otherwise (e.g. a tokenizer that matches added tokens
+ *    after normalization, which a raw scan cannot see): a trajectory fails loudly, never carries a forgery.
+ *
+ * Every added token counts, not only those flagged special: <tool_call>, </tool_response> and <think> are added
+ * tokens because they mark structure the template and the tool-call parser rely on, and a tool that prints
+ * "</tool_response>\n<tool_call>" forges that structure as surely as one printing <|im_start|>. Environment text
+ * therefore yields an added-token id only where plain BPE of the text does (for Qwen3: never). The cost: a prompt
+ * that says "answer inside <think> tags" is encoded as the characters, not the token, unlike a naive
+ * `apply_chat_template` + tokenize.
+ *
+ * Limits: tool schemas are trusted configuration, rendered as template text; a plane-15 private-use character
+ * that reaches the rendered text from elsewhere than environment content (an assistant content the template
+ * re-renders after the last turn, a tool schema) would be read as a placeholder — plain text either way, never
+ * an added token; an added token formed across the boundary of a content and the template's own text (content
+ * ending "<|im_" before template text "end|>") is not caught by the scan, since templates write whole tokens
+ * after and before content, and would be caught by the count check only if it changes the count.
+ */
+
+const FIRST_PLACEHOLDER = 0xf0000;
+const ESCAPE = '\u{FFFFD}';
+const MAX_ADDED_TOKENS = 0xffffd - FIRST_PLACEHOLDER;
+/** Any character of the placeholder plane, which is what marks rendered text as needing {@link literalParts}. */
+const PLANE = /[\u{F0000}-\u{FFFFD}]/u;
+/** What {@link literalParts} reads: an escaped character, or a placeholder. */
+const PLACEHOLDERS = /\u{FFFFD}[\s\S]|[\u{F0000}-\u{FFFFC}]/gu;
+
+interface Compiled {
+  /** Finds what must be escaped in content: added-token strings (longest first) and plane-15 characters. */
+  scan: RegExp;
+  /** Same, not global: for a stateless test. */
+  test: RegExp;
+  /** Finds added-token strings in template text, as the tokenizer does. */
+  added: RegExp | undefined;
+  index: Map<string, number>;
+  addedIds: Set<number>;
+}
+
+const compiledCache = new WeakMap<Tokenizer, Compiled>();
+
+function compiled(tokenizer: Tokenizer): Compiled {
+  let entry = compiledCache.get(tokenizer);
+  if (!entry) {
+    const tokens = tokenizer.addedTokens;
+    if (tokens.length > MAX_ADDED_TOKENS) {
+      throw new RolloutError('failed_precondition', `the tokenizer has more than ${MAX_ADDED_TOKENS} added tokens`);
+    }
+    const index = new Map<string, number>();
+    tokens.forEach((token, k) => {
+      if (!index.has(token)) index.set(token, k);
+    });
+    const plane = '[\\u{F0000}-\\u{FFFFD}]';
+    entry = {
+      scan: alternation(tokens, 'gu', plane)!,
+      test: alternation(tokens, 'u', plane)!,
+      added: alternation(tokens, 'g'),
+      index,
+      addedIds: new Set(tokens.flatMap((t) => tokenizer.tokenId(t) ?? [])),
+    };
+    compiledCache.set(tokenizer, entry);
+  }
+  return entry;
+}
+
+/**
+ * A regex matching any of the strings, longest first (so at one position the longest wins, as the tokenizer's
+ * own splitter does), with an optional extra alternative (regex source); undefined when there is nothing to match.
+ */
+export function alternation(strings: readonly string[], flags: string, extra?: string): RegExp | undefined {
+  const escaped = strings
+    .filter((s) => s.length > 0)
+    .sort((a, b) => b.length - a.length)
+    .map((s) => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&'));
+  if (extra !== undefined) escaped.push(extra);
+  return escaped.length === 0 ? undefined : new RegExp(escaped.join('|'), flags);
+}
+
+/**
+ * The content as the template must see it: added-token strings replaced by placeholders (see the module
+ * comment). The same string when there is nothing to replace.
+ */
+export function escapeContent(tokenizer: Tokenizer, content: string): string {
+  const { scan, test, index } = compiled(tokenizer);
+  if (!test.test(content)) return content;
+  return content.replace(scan, (found) => {
+    const k = index.get(found);
+    return k === undefined ? ESCAPE + found : String.fromCodePoint(FIRST_PLACEHOLDER + k);
+  });
+}
+
+/** {@link escapeContent} of a message's content; the message itself (not a copy) when nothing changes. */
+export function escapeMessage(tokenizer: Tokenizer, message: ChatMessage): ChatMessage {
+  const content = escapeContent(tokenizer, message.content);
+  return content === message.content ? message : { ...message, content };
+}
+
+/**
+ * Rendered text cut into template parts and literal parts (the strings the placeholders stand for), or
+ * undefined when the text has no placeholder. A plane-15 character that is no placeholder of this tokenizer
+ * stays template text (it is no added token either way).
+ */
+export function literalParts(tokenizer: Tokenizer, text: string): TextPart[] | undefined {
+  if (!PLANE.test(text)) return undefined;
+  const tokens = tokenizer.addedTokens;
+  const parts: TextPart[] = [];
+  let at = 0;
+  for (const match of text.matchAll(PLACEHOLDERS)) {
+    const found = match[0];
+    let literal: string | undefined;
+    if (found.startsWith(ESCAPE)) literal = found.slice(ESCAPE.length);
+    else literal = tokens[found.codePointAt(0)! - FIRST_PLACEHOLDER];
+    if (literal === undefined) continue;
+    if (match.index > at) parts.push({ text: text.slice(at, match.index), literal: false });
+    parts.push({ text: literal, literal: true });
+    at = match.index + found.length;
+  }
+  if (at < text.length) parts.push({ text: text.slice(at), literal: false });
+  return parts;
+}
+
+/** The text a rendered string stands for: placeholders replaced by their strings. */
+export function expandPlaceholders(tokenizer: Tokenizer, text: string): string {
+  const parts = literalParts(tokenizer, text);
+  return parts === undefined ? text : parts.map((p) => p.text).join('');
+}
+
+/**
+ * Encodes text rendered from escaped messages: the template's added tokens become their ids, environment
+ * content is plain text (see the module comment). Text without placeholders encodes exactly as
+ * `tokenizer.encode`. Throws `internal` when the ids hold an added token the template did not write.
+ */
+export function encodeRendered(tokenizer: Tokenizer, text: string): number[] {
+  const parts = literalParts(tokenizer, text) ?? [{ text, literal: false }];
+  const ids = tokenizer.encodeParts(parts);
+  verifyTemplateTokens(tokenizer, parts, ids);
+  return ids;
+}
+
+/**
+ * Throws `internal` unless `ids` (the encoding of `parts`) hold exactly as many added-token ids as the template
+ * parts hold added-token strings: a mask-0 span whose special tokens are not all the template's would condition
+ * the policy on a forged turn, so it must never reach a trainer.
+ */
+export function verifyTemplateTokens(tokenizer: Tokenizer, parts: readonly TextPart[], ids: readonly number[]): void {
+  const { added, addedIds } = compiled(tokenizer);
+  let written = 0;
+  if (added) {
+    for (const part of coalesce(parts)) if (!part.literal) for (const _ of part.text.matchAll(added)) written++;
+  }
+  let found = 0;
+  for (const id of ids) if (addedIds.has(id)) found++;
+  if (found !== written) {
+    throw new RolloutError(
+      'internal',
+      `environment text encoded to added tokens: ${found} added-token ids where the template wrote ${written}`,
+    );
+  }
+}
+
+/** The parts with each run of neighbours of one kind joined into one part. */
+export function coalesce(parts: readonly TextPart[]): TextPart[] {
+  const out: TextPart[] = [];
+  for (const part of parts) {
+    const last = out.at(-1);
+    if (last !== undefined && last.literal === part.literal) last.text += part.text;
+    else out.push({ ...part });
+  }
+  return out;
+}

@@ -1,0 +1,119 @@
+import fc from 'fast-check';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { TokenLedger } from '../../src/tokens/ledger.js';
+import { loadQwen3, type HfTokenizer } from '../../src/tokens/tokenizer.js';
+import type { ChatMessage, ChatTemplate, ToolSchema } from '../../src/tokens/types.js';
+import { bashTool, canonicalSample, toolCallText } from './fixtures.js';
+
+let tokenizer: HfTokenizer;
+let template: ChatTemplate;
+let addedIds: Set<number>;
+let addedPattern: RegExp;
+beforeAll(async () => {
+  ({ tokenizer, template } = await loadQwen3());
+  addedIds = new Set(tokenizer.addedTokens.map((t) => tokenizer.tokenId(t)!));
+  const escaped = [...tokenizer.addedTokens].sort((a, b) => b.length - a.length).map((t) => t.replace(/[.*+?^${}()|[\]\\]/g, '\\$&'));
+  addedPattern = new RegExp(escaped.join('|'), 'g');
+});
+
+/** Characters that are their own NFC form whatever surrounds them, so decoded text compares exactly. */
+const CHARS = [...'abcXYZ019 .,;:!?{}[]"\'\n\t\\/-_<>|é日🙂', '\u{F0000}', '\u{F0001}', '\u{FFFFD}'];
+const QWEN_ADDED = ['<|im_start|>', '<|im_end|>', '<|endoftext|>', '<tool_call>', '</tool_call>', '<tool_response>', '</tool_response>', '<think>', '</think>', '<|fim_pad|>', '<|vision_start|>'];
+const FRAGMENTS = ['<|im_', 'end|>', '<|', '|>', '</', 'tool_', 'system\n', 'assistant\n'];
+const piece = fc.oneof(
+  { weight: 3, arbitrary: fc.string({ unit: fc.constantFrom(...CHARS), maxLength: 12 }) },
+  { weight: 2, arbitrary: fc.constantFrom(...QWEN_ADDED) },
+  { weight: 1, arbitrary: fc.constantFrom(...FRAGMENTS) },
+);
+/** Environment text with added-token strings and fragments of them at random places. */
+const content = fc.array(piece, { maxLength: 8 }).map((pieces) => pieces.join(''));
+/** Environment text without any added-token string: the benign case that must not change at all. */
+const benignContent = fc.string({ unit: fc.constantFrom(...CHARS), maxLength: 30 });
+
+const envMessage = (text: fc.Arbitrary<string>): fc.Arbitrary<ChatMessage> =>
+  fc.record({ role: fc.constantFrom('tool' as const, 'user' as const), content: text });
+const prose = fc.string({ unit: fc.constantFrom(...'abc XYZ 019 .,!?\n'.split('')), maxLength: 20 }).map((s) => `Ok ${s}`);
+const assistantText = fc.tuple(prose, fc.boolean()).map(([text, call]) => (call ? `${text}\n${toolCallText('ls')}` : text));
+
+function episode(text: fc.Arbitrary<string>) {
+  return fc.record({
+    system: fc.option(text, { nil: undefined }),
+    user: text,
+    tools: fc.boolean(),
+    steps: fc.array(fc.tuple(assistantText, fc.constantFrom('stop' as const, 'length' as const), fc.array(envMessage(text), { minLength: 1, maxLength: 2 })), {
+      maxLength: 3,
+    }),
+  });
+}
+
+type Episode = { system: string | undefined; user: string; tools: boolean; steps: [string, 'stop' | 'length', ChatMessage[]][] };
+
+function run(e: Episode): { ledger: TokenLedger; messages: ChatMessage[]; tools: readonly ToolSchema[] | undefined } {
+  const tools = e.tools ? [bashTool] : undefined;
+  const messages: ChatMessage[] = [...(e.system === undefined ? [] : [{ role: 'system' as const, content: e.system }]), { role: 'user', content: e.user }];
+  const ledger = new TokenLedger({ tokenizer, template, messages, ...(tools ? { tools } : {}) });
+  for (const [text, ending, reply] of e.steps) {
+    ledger.appendSampled(canonicalSample(tokenizer, text, ending));
+    ledger.appendEnvironment(reply);
+  }
+  return { ledger, messages: ledger.snapshot().messages, tools };
+}
+
+/**
+ * The oracle: the conversation rendered with every environment content replaced by a sentinel the template
+ * cannot mistake for anything, then the real contents put back. The added tokens of the template's own text
+ * are the added-token strings outside the contents; returns the text and where those tokens are.
+ */
+function templateOwn(messages: readonly ChatMessage[], tools: readonly ToolSchema[] | undefined): { text: string; tokens: [number, string][] } {
+  const sentinel = (k: number): string => `\u27e6env-${k}\u27e7`;
+  const masked = messages.map((m, k) => (m.role === 'assistant' ? m : { ...m, content: sentinel(k) }));
+  const skeleton = template.render(masked, { addGenerationPrompt: true, ...(tools ? { tools } : {}) });
+  const pieces = skeleton.split(/(\u27e6env-\d+\u27e7)/);
+  let text = '';
+  const tokens: [number, string][] = [];
+  for (const p of pieces) {
+    const k = /^\u27e6env-(\d+)\u27e7$/.exec(p);
+    if (k) {
+      text += messages[Number(k[1])]!.content;
+      continue;
+    }
+    for (const m of p.matchAll(addedPattern)) tokens.push([text.length + m.index, m[0]]);
+    text += p;
+  }
+  return { text, tokens };
+}
+
+/** Where the added-token ids are in ids, as offsets into the decoded text, with their strings. */
+function addedTokensAt(ids: readonly number[]): [number, string][] {
+  const out: [number, string][] = [];
+  ids.forEach((id, i) => {
+    if (addedIds.has(id)) out.push([tokenizer.decode(ids.slice(0, i)).length, tokenizer.decode([id])]);
+  });
+  return out;
+}
+
+describe('environment text never yields added tokens (property)', () => {
+  it('puts added-token ids exactly where the template wrote them, and decodes to the rendered text', () => {
+    fc.assert(
+      fc.property(episode(content), (e) => {
+        const { ledger, messages, tools } = run(e);
+        const ids = ledger.contextIds();
+        const own = templateOwn(messages, tools);
+        expect(tokenizer.decode(ids)).toBe(own.text);
+        expect(addedTokensAt(ids)).toEqual(own.tokens);
+      }),
+      { numRuns: 120 },
+    );
+  });
+
+  it('encodes environment text without added-token strings exactly as a fresh tokenization of the render', () => {
+    fc.assert(
+      fc.property(episode(benignContent), (e) => {
+        const { ledger, messages, tools } = run(e);
+        const own = templateOwn(messages, tools);
+        expect(ledger.contextIds()).toEqual(tokenizer.encode(own.text));
+      }),
+      { numRuns: 80 },
+    );
+  });
+});
