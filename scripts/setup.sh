@@ -27,3 +27,19 @@ if [ ! -x .venv/bin/python ] || [ ! -f .venv/.rollout-stamp ] || [ "$(cat .venv/
   .venv/bin/python -m pip install -q --disable-pip-version-check -r python/requirements.txt
   echo "$req_sum" > .venv/.rollout-stamp
 fi
+
+# grpcurl for the reflection contract test (test/contract/reflection-grpcurl.test.ts), built from the Go module
+# proxy into .cache/bin with project-local module and build caches; skipped when already built at this version.
+grpcurl_version=v1.9.4
+if ! go version -m .cache/bin/grpcurl 2>/dev/null | grep -Eq "^[[:space:]]+mod[[:space:]]+github.com/fullstorydev/grpcurl[[:space:]]+$grpcurl_version[[:space:]]"; then
+  if command -v go >/dev/null 2>&1; then
+    log "building grpcurl $grpcurl_version (go install)"
+    GOBIN="$PWD/.cache/bin" GOPATH="$PWD/.cache/go" GOMODCACHE="$PWD/.cache/go/mod" GOCACHE="$PWD/.cache/go/build" \
+      GOFLAGS="-mod=mod -modcacherw" go install "github.com/fullstorydev/grpcurl/cmd/grpcurl@$grpcurl_version"
+  elif [ -n "${CI:-}" ]; then
+    echo "[setup] no Go toolchain: cannot build grpcurl for the reflection contract test" >&2
+    exit 1
+  else
+    log "warning: no Go toolchain, so no grpcurl: the reflection contract test will fail"
+  fi
+fi
