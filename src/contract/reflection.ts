@@ -21,24 +21,22 @@ const INFRASTRUCTURE_PROTOS = [
  * Why not proto-loader's output as is: it emits one file per package (`rollout_v1.proto`, `google_protobuf.proto`)
  * whose `dependency` lists are empty and whose type names are relative (grpc/grpc-node#2595, #2958), so strict
  * clients (grpcurl, Go's protodesc) fail with `"*.google.protobuf.Struct" not found`. Here every file lists the
- * files it references and every type name is fully qualified, as protoc writes them. Map entry types get protoc's
- * `<Field>Entry` names, which Go's protodesc requires.
+ * files it references and every type name is fully qualified, as protoc writes them; map entry types and proto3
+ * `optional` fields are repaired too (see below). Field names stay as in the .proto (keepCase).
  */
 export function reflectedDefinition(protoFiles: readonly string[], protoDir: string): PackageDefinition {
-  // keepCase: descriptors carry the proto's own field names (proto-loader would camelCase them).
   const definition = loadSync([...protoFiles, ...INFRASTRUCTURE_PROTOS], { includeDirs: [protoDir], keepCase: true });
-  const linked = new Map<Uint8Array, Buffer>();
-  const relink = (files: readonly Uint8Array[]): Buffer[] => {
-    const decoded = files.map((bytes) => fromBinary(FileDescriptorProtoSchema, bytes));
-    const fixed = linkFiles(decoded).map((file) => Buffer.from(toBinary(FileDescriptorProtoSchema, file)));
-    files.forEach((bytes, i) => linked.set(bytes, fixed[i]!));
-    return fixed;
-  };
+  // proto-loader gives every entry of one load the same file list: link each distinct list once.
+  const linked = new Map<readonly Uint8Array[], Buffer[]>();
   for (const entry of Object.values(definition)) {
     if (!('fileDescriptorProtos' in entry) || !Array.isArray(entry.fileDescriptorProtos)) continue;
-    const files = entry.fileDescriptorProtos as Buffer[];
-    const known = files.map((f) => linked.get(f));
-    entry.fileDescriptorProtos = known.every((f) => f !== undefined) ? known : relink(files);
+    const files = entry.fileDescriptorProtos as readonly Uint8Array[];
+    let fixed = linked.get(files);
+    if (fixed === undefined) {
+      fixed = linkFiles(files.map((bytes) => fromBinary(FileDescriptorProtoSchema, bytes))).map((file) => Buffer.from(toBinary(FileDescriptorProtoSchema, file)));
+      linked.set(files, fixed);
+    }
+    entry.fileDescriptorProtos = fixed;
   }
   return definition;
 }
