@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the project needs, idempotently: Debian packages (bubblewrap), npm packages (npm ci when the
-# lock file changed), and the Python client's packages into the project-local .venv.
+# lock file changed), the project-local Python venvs (uv), and grpcurl (go install).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,10 +20,52 @@ if [ ! -f node_modules/.rollout-stamp ] || [ "$(cat node_modules/.rollout-stamp)
   echo "$lock_sum" > node_modules/.rollout-stamp
 fi
 
-req_sum=$(sha256sum python/requirements.txt | cut -d' ' -f1)
-if [ ! -x .venv/bin/python ] || [ ! -f .venv/.rollout-stamp ] || [ "$(cat .venv/.rollout-stamp)" != "$req_sum" ]; then
-  log "installing Python packages into .venv"
-  [ -x .venv/bin/python ] || python3 -m venv .venv
-  .venv/bin/python -m pip install -q --disable-pip-version-check -r python/requirements.txt
-  echo "$req_sum" > .venv/.rollout-stamp
+# Python: uv (pinned; bootstrapped with pip into .venvs/uv) creates and fills every project venv, and its cache
+# makes re-creating them cheap. Interpreters are never downloaded: every venv uses this machine's python3.
+#   .venv                   the Python client's runtime (python/requirements.txt)
+#   .venvs/gen              the generator of gen/python, run by `buf generate` (python/requirements-gen.txt)
+#   .venvs/protobuf-<x.y>   the Python contract test's other runtimes (python/compat/protobuf-<x.y>.txt)
+uv_version=0.13.9
+export UV_PYTHON_DOWNLOADS=never
+if [ "$(.venvs/uv/bin/uv --version 2>/dev/null | cut -d' ' -f2)" != "$uv_version" ]; then
+  log "installing uv $uv_version into .venvs/uv (pip)"
+  [ -x .venvs/uv/bin/python ] || python3 -m venv .venvs/uv
+  .venvs/uv/bin/python -m pip install -q --disable-pip-version-check "uv==$uv_version"
+fi
+
+# python_venv DIR REQUIREMENTS [--exact]: DIR has REQUIREMENTS installed; with --exact nothing else, not even pip
+# (without it DIR keeps pip for whoever installs into it by hand). A stamp of the requirements, the mode and uv's
+# version skips the work when nothing changed.
+python_venv() {
+  local dir=$1 req=$2 exact=${3:-} sum
+  sum=$(cat "$req" <(echo "uv $uv_version $exact") | sha256sum | cut -d' ' -f1)
+  [ -x "$dir/bin/python" ] && [ "$(cat "$dir/.rollout-stamp" 2>/dev/null)" = "$sum" ] && return 0
+  log "installing $req into $dir (uv)"
+  if [ ! -x "$dir/bin/python" ]; then
+    local seed=--seed; [ -n "$exact" ] && seed=
+    .venvs/uv/bin/uv venv -q --clear --python python3 $seed "$dir"
+  fi
+  .venvs/uv/bin/uv pip install -q --python "$dir/bin/python" $exact -r "$req"
+  echo "$sum" > "$dir/.rollout-stamp"
+}
+python_venv .venv python/requirements.txt
+python_venv .venvs/gen python/requirements-gen.txt --exact
+for req in python/compat/*.txt; do
+  python_venv ".venvs/$(basename "$req" .txt)" "$req" --exact
+done
+
+# grpcurl for the reflection contract test (test/contract/reflection-grpcurl.test.ts), built from the Go module
+# proxy into .cache/bin with project-local module and build caches; skipped when already built at this version.
+grpcurl_version=v1.9.4
+if ! go version -m .cache/bin/grpcurl 2>/dev/null | grep -Eq "^[[:space:]]+mod[[:space:]]+github.com/fullstorydev/grpcurl[[:space:]]+$grpcurl_version[[:space:]]"; then
+  if command -v go >/dev/null 2>&1; then
+    log "building grpcurl $grpcurl_version (go install)"
+    GOBIN="$PWD/.cache/bin" GOPATH="$PWD/.cache/go" GOMODCACHE="$PWD/.cache/go/mod" GOCACHE="$PWD/.cache/go/build" \
+      GOFLAGS="-mod=mod -modcacherw" go install "github.com/fullstorydev/grpcurl/cmd/grpcurl@$grpcurl_version"
+  elif [ -n "${CI:-}" ]; then
+    echo "[setup] no Go toolchain: cannot build grpcurl for the reflection contract test" >&2
+    exit 1
+  else
+    log "warning: no Go toolchain, so no grpcurl: the reflection contract test will fail"
+  fi
 fi

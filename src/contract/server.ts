@@ -1,5 +1,4 @@
 import { Server, ServerCredentials } from '@grpc/grpc-js';
-import { loadSync } from '@grpc/proto-loader';
 import { ReflectionService } from '@grpc/reflection';
 import { HealthImplementation } from 'grpc-health-check';
 import { fileURLToPath } from 'node:url';
@@ -9,6 +8,7 @@ import type { RolloutRuntime } from '../runtime.js';
 import { RolloutServiceService } from '../../gen/ts/rollout/v1/rollout.js';
 import { BackendServiceService } from '../../gen/ts/rollout/v1/backend.js';
 import { backendService } from './backend-service.js';
+import { reflectedDefinition } from './reflection.js';
 import { rolloutService } from './rollout-service.js';
 import { SessionManager } from './sessions.js';
 import { tolerantService, transportReceiveLimit } from './tolerant-decode.js';
@@ -61,8 +61,7 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
   );
   const health = new HealthImplementation({ '': 'SERVING', 'rollout.v1.RolloutService': 'SERVING', 'rollout.v1.BackendService': 'SERVING' });
   health.addToServer(server);
-  const definition = loadSync(['rollout/v1/rollout.proto', 'rollout/v1/backend.proto'], { includeDirs: [PROTO_DIR] });
-  new ReflectionService(definition).addToServer(server);
+  new ReflectionService(reflectedDefinition(['rollout/v1/rollout.proto', 'rollout/v1/backend.proto'], PROTO_DIR)).addToServer(server);
 
   const port = await new Promise<number>((resolve, reject) =>
     server.bindAsync(`${config.host}:${config.port}`, ServerCredentials.createInsecure(), (err, boundPort) => (err ? reject(err) : resolve(boundPort))),

@@ -2,8 +2,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -44,7 +43,7 @@ class Backend(_message.Message):
     policy_version: int
     model: str
     max_model_len: int
-    def __init__(self, id: _Optional[str] = ..., url: _Optional[str] = ..., kind: _Optional[_Union[BackendKind, str]] = ..., max_concurrency: _Optional[int] = ..., healthy: _Optional[bool] = ..., draining: _Optional[bool] = ..., inflight_trajectories: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., assigned_total: _Optional[int] = ..., policy_version: _Optional[int] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., url: _Optional[str] = ..., kind: _Optional[_Union[BackendKind, str]] = ..., max_concurrency: _Optional[int] = ..., healthy: bool = ..., draining: bool = ..., inflight_trajectories: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., assigned_total: _Optional[int] = ..., policy_version: _Optional[int] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ...) -> None: ...
 
 class AddBackendRequest(_message.Message):
     __slots__ = ("url", "kind", "max_concurrency", "id", "model")
@@ -72,7 +71,7 @@ class RemoveBackendRequest(_message.Message):
     DRAIN_FIELD_NUMBER: _ClassVar[int]
     id: str
     drain: bool
-    def __init__(self, id: _Optional[str] = ..., drain: _Optional[bool] = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., drain: bool = ...) -> None: ...
 
 class RemoveBackendResponse(_message.Message):
     __slots__ = ()

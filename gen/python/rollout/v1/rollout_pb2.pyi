@@ -4,8 +4,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -105,7 +104,7 @@ class OpenSession(_message.Message):
     session_id: str
     resume: bool
     stage_events: bool
-    def __init__(self, session_id: _Optional[str] = ..., resume: _Optional[bool] = ..., stage_events: _Optional[bool] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., resume: bool = ..., stage_events: bool = ...) -> None: ...
 
 class CancelTask(_message.Message):
     __slots__ = ("task_id",)
@@ -151,7 +150,7 @@ class TaskAccepted(_message.Message):
     task_id: str
     num_samples: int
     duplicate: bool
-    def __init__(self, task_id: _Optional[str] = ..., num_samples: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+    def __init__(self, task_id: _Optional[str] = ..., num_samples: _Optional[int] = ..., duplicate: bool = ...) -> None: ...
 
 class TaskRejected(_message.Message):
     __slots__ = ("task_id", "field", "reason")
@@ -206,7 +205,7 @@ class TaskSpec(_message.Message):
     limits: TaskLimits
     metadata: _containers.ScalarMap[str, str]
     include_messages: bool
-    def __init__(self, task_id: _Optional[str] = ..., group_id: _Optional[str] = ..., num_samples: _Optional[int] = ..., environment: _Optional[str] = ..., instance: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., limits: _Optional[_Union[TaskLimits, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., include_messages: _Optional[bool] = ...) -> None: ...
+    def __init__(self, task_id: _Optional[str] = ..., group_id: _Optional[str] = ..., num_samples: _Optional[int] = ..., environment: _Optional[str] = ..., instance: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., limits: _Optional[_Union[TaskLimits, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., include_messages: bool = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "seed", "max_tokens_per_turn", "max_total_tokens", "stop")
@@ -362,7 +361,7 @@ class SubmitResponse(_message.Message):
     task_id: str
     num_samples: int
     duplicate: bool
-    def __init__(self, task_id: _Optional[str] = ..., num_samples: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+    def __init__(self, task_id: _Optional[str] = ..., num_samples: _Optional[int] = ..., duplicate: bool = ...) -> None: ...
 
 class GetTrajectoryRequest(_message.Message):
     __slots__ = ("task_id", "sample_index", "wait")
@@ -372,7 +371,7 @@ class GetTrajectoryRequest(_message.Message):
     task_id: str
     sample_index: int
     wait: bool
-    def __init__(self, task_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., wait: _Optional[bool] = ...) -> None: ...
+    def __init__(self, task_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., wait: bool = ...) -> None: ...
 
 class GetTrajectoryResponse(_message.Message):
     __slots__ = ("trajectories", "pending")
@@ -406,7 +405,7 @@ class WatchRequest(_message.Message):
     full_trajectories: bool
     stage_events: bool
     stats_interval_ms: int
-    def __init__(self, environments: _Optional[_Iterable[str]] = ..., group_ids: _Optional[_Iterable[str]] = ..., full_trajectories: _Optional[bool] = ..., stage_events: _Optional[bool] = ..., stats_interval_ms: _Optional[int] = ...) -> None: ...
+    def __init__(self, environments: _Optional[_Iterable[str]] = ..., group_ids: _Optional[_Iterable[str]] = ..., full_trajectories: bool = ..., stage_events: bool = ..., stats_interval_ms: _Optional[int] = ...) -> None: ...
 
 class WatchResponse(_message.Message):
     __slots__ = ("stage", "finished", "trajectory", "stats")
