@@ -23,6 +23,8 @@ const CHATML_STOP_TOKENS = ['<|im_end|>', '<|endoftext|>'] as const;
  */
 export class HfTokenizer implements Tokenizer {
   readonly stopTokenIds: readonly number[];
+  /** Ids are the integers in [0, vocabSize): one past the largest id of the vocabulary and its added tokens. */
+  readonly vocabSize: number;
   readonly addedTokens: readonly string[];
   private readonly impl: HfTokenizerImpl;
   /** The same tokenizer without added tokens: their strings encode as ordinary text. */
@@ -51,6 +53,9 @@ export class HfTokenizer implements Tokenizer {
     const candidates = [specialTokenString(config.eos_token), ...CHATML_STOP_TOKENS];
     const ids = candidates.flatMap((token) => (token === undefined ? [] : (this.tokenId(token) ?? [])));
     this.stopTokenIds = Object.freeze([...new Set(ids)]);
+    let largest = -1;
+    for (const id of this.impl.get_vocab(true).values()) if (id > largest) largest = id;
+    this.vocabSize = largest + 1;
     const added = (tokenizerJson.added_tokens ?? []) as AddedTokenJson[];
     this.addedTokens = Object.freeze(added.map((t) => t.content));
     this.specialIds = new Set(added.filter((t) => t.special).map((t) => t.id));

@@ -108,3 +108,15 @@ describe('loading a model directory', () => {
     await expect(loadTokenizerBundle(model)).rejects.toMatchObject({ code: 'failed_precondition' });
   });
 });
+
+describe('HfTokenizer.vocabSize', () => {
+  it('is one past the largest id, added tokens included, and agrees with decoding', async () => {
+    const { loadQwen3 } = await import('../../src/tokens/tokenizer.js');
+    const { vocabSize } = await import('../../src/tokens/vocab.js');
+    const { tokenizer } = await loadQwen3();
+    expect(tokenizer.vocabSize).toBe(151_669);
+    expect(tokenizer.tokenId('<|im_end|>')).toBeLessThan(tokenizer.vocabSize);
+    expect(tokenizer.decode([tokenizer.vocabSize - 1])).not.toBe('');
+    expect(vocabSize(tokenizer)).toBe(tokenizer.vocabSize);
+  });
+});
