@@ -51,12 +51,23 @@ export const serverConfigSchema = z.strictObject({
     .prefault({}),
   sandbox: z
     .strictObject({
-      driver: z.enum(['bwrap']).default('bwrap'),
+      /** Which driver runs sandboxes: bubblewrap (rootless; runs .sif images itself) or Apptainer/Singularity. */
+      driver: z.enum(['bwrap', 'apptainer']).default('bwrap'),
+      /** Default root file system when an environment names none: a .sif, a directory, or unset for the host's /usr. */
+      image: z.string().optional(),
+      /** Memory of a whole sandbox (processes + tmpfs workspace and /tmp), MiB. */
       memoryMb: z.number().int().min(16).default(1024),
+      /** Processes and threads of a whole sandbox. */
       maxProcesses: z.number().int().min(1).default(64),
+      /** Size quota of the workspace and of /tmp, MiB. */
+      diskMb: z.number().int().min(1).default(512),
       wallClockMs: z.number().int().min(1).default(900_000),
+      /** Default timeout of one command, ms. */
+      commandTimeoutMs: z.number().int().min(1).default(60_000),
       outputLimitBytes: z.number().int().min(256).default(16_384),
       maxFileMb: z.number().int().min(1).default(256),
+      /** Workspace path inside sandboxes. */
+      workdir: z.string().startsWith('/').default('/work'),
     })
     .prefault({}),
   backends: z.array(backendSchema).default([]),

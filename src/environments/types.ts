@@ -2,6 +2,7 @@ import type { ChatMessage } from '../tokens/types.js';
 import type { Sandbox } from '../sandboxes/types.js';
 import type { Tool } from '../tools/types.js';
 import type { JsonObject } from './json.js';
+import type { SandboxRequest } from '../sandboxes/spec.js';
 
 export interface EnvironmentContext<I> {
   instance: I;
@@ -52,6 +53,11 @@ export interface Environment<I = unknown> {
    */
   readonly toolNames?: readonly string[];
   validate(instance: unknown): I;
+  /**
+   * The sandbox this instance needs (image, network, mounts, env, limits); what it leaves out comes from the
+   * server's config. Omitted: the configured default sandbox, without network.
+   */
+  sandbox?(instance: I): SandboxRequest;
   /**
    * Optional: the first messages `init` will return, when they depend on the instance alone (no sandbox). With it
    * the server measures the prompt at admission and rejects a task whose prompt leaves no room to generate

@@ -3,6 +3,7 @@ import type { RuntimeDeps } from '../runtime.js';
 import { runAgentLoop } from './agent-loop.js';
 import { jsonProblem } from '../environments/json.js';
 import type { StageFns } from './pipeline.js';
+import { resolveSandboxSpec } from '../sandboxes/spec.js';
 
 /**
  * The three stage functions. Failures are classified here by where they happen: the sandbox driver's are
@@ -17,17 +18,9 @@ export function createStages(deps: RuntimeDeps): StageFns {
   return {
     async init(sample, signal) {
       try {
-        const sandbox = await deps.sandboxes.start(
-          {
-            network: false,
-            memoryMb: config.sandbox.memoryMb,
-            maxProcesses: config.sandbox.maxProcesses,
-            wallClockMs: Math.min(config.sandbox.wallClockMs, sample.task.limits.totalTimeoutMs),
-            outputLimitBytes: config.sandbox.outputLimitBytes,
-            maxFileMb: config.sandbox.maxFileMb,
-          },
-          signal,
-        );
+        const { environment, instance, limits } = sample.task;
+        const spec = resolveSandboxSpec(config.sandbox, environment.sandbox?.(instance), limits.totalTimeoutMs);
+        const sandbox = await deps.sandboxes.start(spec, signal);
         // The stage may have been abandoned (timeout, cancel) while the sandbox was starting: never leak it.
         if (sample.finished || signal.aborted) {
           await sandbox.stop();

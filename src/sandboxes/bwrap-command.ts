@@ -61,6 +61,7 @@ export interface ExecCommandSpec {
   python: HostPython | undefined;
   identity: SandboxIdentity;
   limits: SandboxLimits;
+  network: boolean;
   hostWorkdir: string;
   workdir: string;
   cwd: string;
@@ -73,9 +74,9 @@ export function buildExecArgs(spec: ExecCommandSpec): string[] {
   const { identity, limits, python } = spec;
   const args: string[] = [];
   if (identity.kind === 'userns') {
-    args.push('--unshare-all', ...(limits.network ? ['--share-net'] : []));
+    args.push('--unshare-all', ...(spec.network ? ['--share-net'] : []));
   } else {
-    args.push('--unshare-ipc', '--unshare-pid', '--unshare-uts', '--unshare-cgroup-try', ...(limits.network ? [] : ['--unshare-net']));
+    args.push('--unshare-ipc', '--unshare-pid', '--unshare-uts', '--unshare-cgroup-try', ...(spec.network ? [] : ['--unshare-net']));
   }
   args.push('--die-with-parent', '--new-session', '--hostname', 'sandbox');
   args.push(...spec.systemLayout, '--proc', '/proc', '--dev', '/dev');

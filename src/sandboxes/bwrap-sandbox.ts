@@ -6,11 +6,12 @@ import type { Logger } from '../observability/logger.js';
 import { buildExecArgs, resolveCwd, type ExecCommandSpec } from './bwrap-command.js';
 import { spawnContained, type ContainedProcess } from './contained-process.js';
 import { removeTree } from './remove-tree.js';
-import type { ExecOptions, ExecResult, Sandbox } from './types.js';
+import type { DirEntry, ExecOptions, ExecResult, PersistentShell, Sandbox, SandboxProcess, SandboxSpec } from './types.js';
 import { WorkDir } from './work-dir.js';
 
 /** What every exec of the sandbox shares: the exec command spec less the per-call parts. */
 export interface BubblewrapSandboxInit extends Omit<ExecCommandSpec, 'cwd' | 'env' | 'argv'> {
+  spec: SandboxSpec;
   logger: Logger;
   onStopped: () => void;
 }
@@ -36,6 +37,7 @@ const REAP_WAIT_MS = 5_000;
  */
 export class BubblewrapSandbox implements Sandbox {
   readonly id = `bwrap-${randomUUID().slice(0, 8)}`;
+  readonly spec: SandboxSpec;
   readonly workdir: string;
   /** The work dir on the host (for diagnostics and tests; it disappears on stop). */
   readonly hostWorkdir: string;
@@ -46,6 +48,7 @@ export class BubblewrapSandbox implements Sandbox {
   private stopping: Promise<void> | undefined;
 
   constructor(private readonly init: BubblewrapSandboxInit) {
+    this.spec = init.spec;
     this.workdir = init.workdir;
     this.hostWorkdir = init.hostWorkdir;
     this.files = new WorkDir(init.hostWorkdir, init.workdir, init.identity.kind === 'setuid' ? init.identity : undefined);
@@ -64,10 +67,10 @@ export class BubblewrapSandbox implements Sandbox {
     throwIfAborted(options.signal);
     const remaining = this.remainingMs;
     if (remaining <= 0) throw new RolloutError('deadline_exceeded', `sandbox ${this.id} used up its ${this.init.limits.wallClockMs} ms wall-clock budget`);
-    const timeoutMs = Math.min(options.timeoutMs ?? remaining, remaining);
+    const timeoutMs = Math.min(options.timeoutMs ?? this.init.limits.commandTimeoutMs, remaining);
     const cwd = resolveCwd(this.workdir, options.cwd);
     await this.checkCwd(cwd, options.cwd);
-    const env = options.env ?? {};
+    const env = { ...this.spec.env, ...options.env };
     for (const key of Object.keys(env)) if (!ENV_NAME.test(key)) throw RolloutError.invalid('env', `bad variable name ${JSON.stringify(key)}`);
 
     this.assertLive(); // stop() may have begun while we checked the cwd
@@ -99,6 +102,21 @@ export class BubblewrapSandbox implements Sandbox {
       truncated: r.truncated,
       durationMs: r.durationMs,
     };
+  }
+
+  spawn(): SandboxProcess {
+    this.assertLive();
+    throw new RolloutError('sandbox_error', 'long-lived processes need the long-lived bubblewrap sandbox (not built yet)');
+  }
+
+  shell(): PersistentShell {
+    this.assertLive();
+    throw new RolloutError('sandbox_error', 'the persistent shell needs the long-lived bubblewrap sandbox (not built yet)');
+  }
+
+  async listDir(path: string): Promise<DirEntry[]> {
+    this.assertLive();
+    return this.files.list(path);
   }
 
   async writeFile(path: string, content: string): Promise<void> {

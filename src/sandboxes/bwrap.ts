@@ -8,7 +8,7 @@ import { BubblewrapSandbox } from './bwrap-sandbox.js';
 import { spawnContained } from './contained-process.js';
 import { resolveHostPython, type HostPython } from './host-python.js';
 import { removeTree } from './remove-tree.js';
-import type { SandboxDriver, SandboxLimits } from './types.js';
+import type { SandboxDriver, SandboxLimits, SandboxSpec } from './types.js';
 
 export { BubblewrapSandbox } from './bwrap-sandbox.js';
 
@@ -70,8 +70,12 @@ export class BubblewrapDriver implements SandboxDriver {
     this.uidRange = options.uidRange ?? { first: 0x6000_0000, count: 1 << 24 };
   }
 
-  async start(limits: SandboxLimits, signal?: AbortSignal): Promise<BubblewrapSandbox> {
+  async start(spec: SandboxSpec, signal?: AbortSignal): Promise<BubblewrapSandbox> {
+    const { limits } = spec;
     validateLimits(limits);
+    if (spec.image !== undefined || spec.mounts.length > 0) {
+      throw new RolloutError('sandbox_error', 'this bubblewrap driver runs the host layout only: images and mounts are not supported yet');
+    }
     throwIfAborted(signal);
     const probe = await this.ensureProbe();
     throwIfAborted(signal);
@@ -86,13 +90,15 @@ export class BubblewrapDriver implements SandboxDriver {
       throw err instanceof RolloutError ? err : RolloutError.from(err, 'sandbox_error');
     }
     const sandbox = new BubblewrapSandbox({
+      spec,
+      network: spec.network,
       bwrapPath: this.bwrapPath,
       systemLayout: probe.layout,
       python: probe.python,
       identity,
       limits,
       hostWorkdir,
-      workdir: this.options.workdir ?? '/work',
+      workdir: spec.workdir,
       logger: this.log,
       onStopped: () => this.releaseIdentity(identity),
     });
@@ -119,9 +125,9 @@ export class BubblewrapDriver implements SandboxDriver {
       throw RolloutError.from(err, 'sandbox_error');
     });
     try {
-      const limits: SandboxLimits = { network: false, memoryMb: 256, maxProcesses: 16, wallClockMs: 30_000, outputLimitBytes: 4096 };
+      const limits: SandboxLimits = { memoryMb: 256, maxProcesses: 16, diskMb: 16, wallClockMs: 30_000, commandTimeoutMs: 30_000, outputLimitBytes: 4096, maxFileMb: 16 };
       const args = buildExecArgs({
-        bwrapPath: this.bwrapPath, systemLayout: layout, python, identity, limits, hostWorkdir,
+        bwrapPath: this.bwrapPath, systemLayout: layout, python, identity, limits, network: false, hostWorkdir,
         workdir: this.options.workdir ?? '/work', cwd: this.options.workdir ?? '/work', env: {}, argv: ['true'],
       });
       const result = await spawnContained(this.bwrapPath, args, { timeoutMs: 30_000, outputLimitBytes: 4096 }).result;
@@ -162,11 +168,8 @@ export class BubblewrapDriver implements SandboxDriver {
 }
 
 function validateLimits(limits: SandboxLimits): void {
-  for (const key of ['memoryMb', 'maxProcesses', 'wallClockMs', 'outputLimitBytes'] as const) {
+  for (const key of ['memoryMb', 'maxProcesses', 'diskMb', 'wallClockMs', 'commandTimeoutMs', 'outputLimitBytes', 'maxFileMb'] as const) {
     const value = limits[key];
     if (!Number.isInteger(value) || value <= 0) throw RolloutError.invalid(`limits.${key}`, `must be a positive integer, got ${value}`);
-  }
-  if (limits.maxFileMb !== undefined && !(Number.isInteger(limits.maxFileMb) && limits.maxFileMb > 0)) {
-    throw RolloutError.invalid('limits.maxFileMb', `must be a positive integer, got ${limits.maxFileMb}`);
   }
 }

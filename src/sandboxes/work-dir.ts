@@ -1,7 +1,8 @@
 import { constants } from 'node:fs';
-import { lstat, mkdir, chown, open, readlink, type FileHandle } from 'node:fs/promises';
+import { lstat, mkdir, chown, open, readdir, readlink, type FileHandle } from 'node:fs/promises';
 import { join, posix, sep } from 'node:path';
 import { RolloutError } from '../errors.js';
+import type { DirEntry } from './types.js';
 
 /** Largest file `read` returns; a sandbox can create files of any size, the host must not load them whole. */
 export const MAX_READ_BYTES = 32 * 1024 * 1024;
@@ -46,6 +47,22 @@ export class WorkDir {
     } finally {
       await handle.close();
     }
+  }
+
+  /** Lists a directory inside the work dir (the work dir itself included), without following symlinks. */
+  async list(path: string): Promise<DirEntry[]> {
+    const abs = posix.normalize(path.startsWith('/') ? path : posix.join(this.sandboxRoot, path));
+    const host = abs === this.sandboxRoot ? this.hostRoot : this.hostPath(path);
+    const st = await lstat(host).catch(() => undefined);
+    if (!st?.isDirectory()) throw RolloutError.invalid('path', `${path} is not a directory`);
+    const entries = await readdir(host, { withFileTypes: true });
+    const out: DirEntry[] = [];
+    for (const e of entries) {
+      const type = e.isFile() ? 'file' : e.isDirectory() ? 'dir' : e.isSymbolicLink() ? 'symlink' : 'other';
+      const size = type === 'file' ? ((await lstat(join(host, e.name)).catch(() => undefined))?.size ?? 0) : 0;
+      out.push({ name: e.name, type, size });
+    }
+    return out.sort((a, b) => a.name.localeCompare(b.name));
   }
 
   async write(path: string, content: string): Promise<void> {

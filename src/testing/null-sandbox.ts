@@ -1,5 +1,5 @@
 import { RolloutError } from '../errors.js';
-import type { ExecResult, Sandbox, SandboxDriver, SandboxLimits } from '../sandboxes/types.js';
+import type { DirEntry, ExecResult, PersistentShell, Sandbox, SandboxDriver, SandboxProcess, SandboxSpec } from '../sandboxes/types.js';
 
 /**
  * TEST DOUBLE: a sandbox that runs nothing. Files live in a Map (created on first write, so an unused sandbox
@@ -13,15 +13,18 @@ import type { ExecResult, Sandbox, SandboxDriver, SandboxLimits } from '../sandb
  * `startRolloutServer(config, { sandboxes: new NullSandboxDriver() })`.
  */
 export class NullSandbox implements Sandbox {
-  readonly workdir = '/work';
+  readonly workdir: string;
   #files: Map<string, string> | undefined;
   #stopped = false;
 
   /** `onStop` runs once, on the first `stop()`. */
   constructor(
     readonly id: string,
+    readonly spec: SandboxSpec,
     private readonly onStop: () => void = () => undefined,
-  ) {}
+  ) {
+    this.workdir = spec.workdir;
+  }
 
   get stopped(): boolean {
     return this.#stopped;
@@ -30,6 +33,27 @@ export class NullSandbox implements Sandbox {
   async exec(argv: readonly string[]): Promise<ExecResult> {
     this.#check();
     throw new RolloutError('sandbox_error', `NullSandbox ${this.id} runs no processes (asked to run ${argv[0] ?? '(nothing)'})`);
+  }
+
+  spawn(argv: readonly string[]): SandboxProcess {
+    this.#check();
+    throw new RolloutError('sandbox_error', `NullSandbox ${this.id} runs no processes (asked to spawn ${argv[0] ?? '(nothing)'})`);
+  }
+
+  shell(): PersistentShell {
+    this.#check();
+    throw new RolloutError('sandbox_error', `NullSandbox ${this.id} has no shell`);
+  }
+
+  async listDir(path: string): Promise<DirEntry[]> {
+    this.#check();
+    const prefix = path.endsWith('/') ? path : `${path}/`;
+    const names = new Set<string>();
+    for (const file of this.#files?.keys() ?? []) if (file.startsWith(prefix)) names.add(file.slice(prefix.length).split('/')[0]!);
+    return [...names].sort().map((name) => {
+      const content = this.#files?.get(`${prefix}${name}`);
+      return content === undefined ? { name, type: 'dir' as const, size: 0 } : { name, type: 'file' as const, size: Buffer.byteLength(content) };
+    });
   }
 
   async writeFile(path: string, content: string): Promise<void> {
@@ -80,8 +104,8 @@ export class NullSandboxDriver implements SandboxDriver {
     return this.#started;
   }
 
-  async start(_limits: SandboxLimits, signal?: AbortSignal): Promise<Sandbox> {
+  async start(spec: SandboxSpec, signal?: AbortSignal): Promise<Sandbox> {
     if (signal?.aborted) throw RolloutError.from(signal.reason, 'cancelled');
-    return new NullSandbox(`null-${++this.#started}`, () => this.#stopped++);
+    return new NullSandbox(`null-${++this.#started}`, spec, () => this.#stopped++);
   }
 }

@@ -158,8 +158,8 @@ describe('sandbox failures become SANDBOX_ERROR trajectories', () => {
     let killed = 0;
     const dying: SandboxDriver = {
       name: 'dying',
-      start: async (sandboxLimits, signal) => {
-        const sandbox = await real.start(sandboxLimits, signal);
+      start: async (spec, signal) => {
+        const sandbox = await real.start(spec, signal);
         await sandbox.stop(); // "OOM-killed" before the model's first tool call reaches it
         killed++;
         return sandbox;

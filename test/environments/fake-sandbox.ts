@@ -1,4 +1,5 @@
-import type { ExecOptions, ExecResult, Sandbox } from '../../src/sandboxes/types.js';
+import type { DirEntry, ExecOptions, ExecResult, PersistentShell, Sandbox, SandboxProcess } from '../../src/sandboxes/types.js';
+import { testSpec } from '../sandboxes/helpers.js';
 
 /**
  * An in-memory Sandbox: files live in a Map, exec answers from a script (default: exit 0, no output).
@@ -6,6 +7,7 @@ import type { ExecOptions, ExecResult, Sandbox } from '../../src/sandboxes/types
  */
 export class FakeSandbox implements Sandbox {
   readonly id = 'fake-sandbox';
+  readonly spec = testSpec();
   readonly workdir = '/work';
   readonly files = new Map<string, string>();
   readonly calls: string[] = [];
@@ -16,6 +18,19 @@ export class FakeSandbox implements Sandbox {
   async exec(argv: readonly string[], options?: ExecOptions): Promise<ExecResult> {
     this.calls.push(`exec ${argv.join(' ')}`);
     return { exitCode: 0, signal: null, stdout: '', stderr: '', timedOut: false, truncated: false, durationMs: 0, ...this.onExec(argv, options) };
+  }
+
+  spawn(): SandboxProcess {
+    throw new Error('FakeSandbox spawns nothing');
+  }
+
+  shell(): PersistentShell {
+    throw new Error('FakeSandbox has no shell');
+  }
+
+  async listDir(path: string): Promise<DirEntry[]> {
+    this.calls.push(`list ${path}`);
+    return [];
   }
 
   async writeFile(path: string, content: string): Promise<void> {

@@ -4,14 +4,14 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BubblewrapDriver, type BubblewrapSandbox } from '../../src/sandboxes/bwrap.js';
-import { testLimits } from './helpers.js';
+import { testSpec } from './helpers.js';
 
 describe('bubblewrap sandbox files', () => {
   let sandbox: BubblewrapSandbox;
   let outside: string;
 
   beforeAll(async () => {
-    sandbox = await new BubblewrapDriver().start(testLimits());
+    sandbox = await new BubblewrapDriver().start(testSpec());
     outside = await mkdtemp(join(tmpdir(), 'bwrap-outside-'));
     await writeFile(join(outside, 'host.txt'), 'host secret');
   });

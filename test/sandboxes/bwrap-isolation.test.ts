@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BubblewrapDriver, type BubblewrapSandbox } from '../../src/sandboxes/bwrap.js';
-import { testLimits } from './helpers.js';
+import { testSpec } from './helpers.js';
 
 const driver = new BubblewrapDriver();
 
@@ -16,7 +16,7 @@ describe('bubblewrap sandbox isolation', () => {
   let connections = 0;
 
   beforeAll(async () => {
-    sandbox = await driver.start(testLimits());
+    sandbox = await driver.start(testSpec());
     hostDir = await mkdtemp(join(tmpdir(), 'bwrap-isolation-'));
     server = createServer((socket) => {
       connections++;
@@ -75,7 +75,7 @@ except OSError as e:
   });
 
   it('reaches the host when the sandbox asks for network (the check above is not vacuous)', async () => {
-    const networked = await driver.start(testLimits({ network: true }));
+    const networked = await driver.start(testSpec({ network: true }));
     try {
       const code = `import socket; print(socket.create_connection(("127.0.0.1", ${port}), timeout=3).recv(100).decode().strip())`;
       const r = await networked.exec(['python3', '-c', code]);
@@ -111,7 +111,7 @@ except OSError as e:
 
   it('also works with a user namespace (the rootless mode of non-root hosts)', async () => {
     const userns = new BubblewrapDriver({ identity: 'userns' });
-    const s = await userns.start(testLimits());
+    const s = await userns.start(testSpec());
     try {
       const r = await s.exec(['python3', '-c', `import os; print(os.path.exists(${JSON.stringify(hostDir)}), len([p for p in os.listdir("/proc") if p.isdigit()]) <= 3)`]);
       expect(r.stdout).toBe('False True\n');

@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BubblewrapDriver } from '../../src/sandboxes/bwrap.js';
-import { findHostProcessesWithEnv, isAlive, testLimits, waitFor } from './helpers.js';
+import { findHostProcessesWithEnv, isAlive, testSpec, waitFor } from './helpers.js';
 
 const driver = new BubblewrapDriver();
 
@@ -21,7 +21,7 @@ describe('bubblewrap sandbox lifecycle', () => {
   });
 
   it('stop() kills a running exec with its background sleep and removes the work dir; it is idempotent', async () => {
-    const sandbox = await driver.start(testLimits());
+    const sandbox = await driver.start(testSpec());
     const token = randomUUID();
     const pending = sandbox.exec(['sh', '-c', 'sleep 300 & touch /work/ready; wait'], { env: { SBX_TEST_TOKEN: token } });
     const outcome = pending.then(() => 'resolved', (err: unknown) => err);
@@ -37,7 +37,7 @@ describe('bubblewrap sandbox lifecycle', () => {
   });
 
   it('fails exec, writeFile and readFile after stop with sandbox_error', async () => {
-    const sandbox = await driver.start(testLimits());
+    const sandbox = await driver.start(testSpec());
     await sandbox.stop();
     await expect(sandbox.exec(['true'])).rejects.toMatchObject({ code: 'sandbox_error' });
     await expect(sandbox.writeFile('a.txt', 'x')).rejects.toMatchObject({ code: 'sandbox_error' });
@@ -45,7 +45,7 @@ describe('bubblewrap sandbox lifecycle', () => {
   });
 
   it('removes a work dir the program made hard to delete', async () => {
-    const sandbox = await driver.start(testLimits());
+    const sandbox = await driver.start(testSpec());
     await sandbox.exec(['sh', '-c', 'mkdir -p locked/inner && echo x > locked/inner/f && chmod 000 locked/inner locked']);
     await sandbox.stop();
     expect(existsSync(sandbox.hostWorkdir)).toBe(false);
@@ -56,16 +56,16 @@ describe('bubblewrap sandbox lifecycle', () => {
     await writeFile(fake, '#!/bin/sh\necho "bwrap: setting up uid map: Permission denied" >&2\nexit 1\n');
     await chmod(fake, 0o755);
     const broken = new BubblewrapDriver({ bwrapPath: fake });
-    await expect(broken.start(testLimits())).rejects.toMatchObject({
+    await expect(broken.start(testSpec())).rejects.toMatchObject({
       code: 'sandbox_error',
       message: expect.stringContaining('setting up uid map: Permission denied'),
     });
     const missing = new BubblewrapDriver({ bwrapPath: join(fakes, 'no-such-bwrap') });
-    await expect(missing.start(testLimits())).rejects.toMatchObject({ code: 'sandbox_error', message: expect.stringContaining('ENOENT') });
+    await expect(missing.start(testSpec())).rejects.toMatchObject({ code: 'sandbox_error', message: expect.stringContaining('ENOENT') });
   });
 
   it('tells a program that exits 1 from a sandbox that failed to start, and reports deaths by signal', async () => {
-    const sandbox = await driver.start(testLimits());
+    const sandbox = await driver.start(testSpec());
     try {
       const r = await sandbox.exec(['sh', '-c', 'echo "bwrap: pretending to fail" >&2; exit 1']);
       expect(r).toMatchObject({ exitCode: 1, stderr: 'bwrap: pretending to fail\n' });
@@ -79,9 +79,9 @@ describe('bubblewrap sandbox lifecycle', () => {
   });
 
   it('rejects invalid limits and a start signal that already fired', async () => {
-    await expect(driver.start(testLimits({ memoryMb: 0 }))).rejects.toMatchObject({ code: 'invalid_argument', field: 'limits.memoryMb' });
+    await expect(driver.start(testSpec({ memoryMb: 0 }))).rejects.toMatchObject({ code: 'invalid_argument', field: 'limits.memoryMb' });
     const controller = new AbortController();
     controller.abort();
-    await expect(driver.start(testLimits(), controller.signal)).rejects.toMatchObject({ code: 'cancelled' });
+    await expect(driver.start(testSpec(), controller.signal)).rejects.toMatchObject({ code: 'cancelled' });
   });
 });

@@ -5,13 +5,13 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { abortReason } from '../../src/errors.js';
 import { BubblewrapDriver, type BubblewrapSandbox } from '../../src/sandboxes/bwrap.js';
 import type { SandboxLimits } from '../../src/sandboxes/types.js';
-import { findHostProcessesWithEnv, isAlive, testLimits, waitFor } from './helpers.js';
+import { findHostProcessesWithEnv, isAlive, testSpec, waitFor } from './helpers.js';
 
 const driver = new BubblewrapDriver();
 const started: BubblewrapSandbox[] = [];
 
 async function start(overrides: Partial<SandboxLimits> = {}): Promise<BubblewrapSandbox> {
-  const sandbox = await driver.start(testLimits(overrides));
+  const sandbox = await driver.start(testSpec(overrides));
   started.push(sandbox);
   return sandbox;
 }

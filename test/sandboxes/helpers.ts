@@ -1,10 +1,18 @@
 import { readdirSync, readFileSync } from 'node:fs';
 import { setTimeout as sleep } from 'node:timers/promises';
-import type { SandboxLimits } from '../../src/sandboxes/types.js';
+import type { SandboxLimits, SandboxSpec } from '../../src/sandboxes/types.js';
 
-/** Limits small enough for CI, large enough for a Python interpreter. */
-export function testLimits(overrides: Partial<SandboxLimits> = {}): SandboxLimits {
-  return { network: false, memoryMb: 512, maxProcesses: 64, wallClockMs: 30_000, outputLimitBytes: 64 * 1024, ...overrides };
+/** A host-layout sandbox spec with limits small enough for CI, large enough for a Python interpreter. */
+export function testSpec(overrides: Partial<SandboxLimits> & { network?: boolean; image?: string } = {}): SandboxSpec {
+  const { network, image, ...limits } = overrides;
+  return {
+    image,
+    network: network ?? false,
+    mounts: [],
+    env: {},
+    workdir: '/work',
+    limits: { memoryMb: 512, maxProcesses: 64, diskMb: 256, wallClockMs: 30_000, commandTimeoutMs: 30_000, outputLimitBytes: 64 * 1024, maxFileMb: 256, ...limits },
+  };
 }
 
 /** A host process identified by PID plus its start time (so a reused PID is not mistaken for it). */

@@ -3,7 +3,9 @@ import { silentLogger } from '../../src/observability/logger.js';
 import { Pipeline, type StageFns } from '../../src/pipeline/pipeline.js';
 import { Sample, type RunResult } from '../../src/pipeline/sample.js';
 import type { ResolvedLimits, ResolvedTask } from '../../src/pipeline/task.js';
-import type { ExecResult, Sandbox } from '../../src/sandboxes/types.js';
+import type { ExecResult } from '../../src/sandboxes/types.js';
+import { NullSandbox } from '../../src/testing/null-sandbox.js';
+import { testSpec } from '../sandboxes/helpers.js';
 import type { Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 
 type WorkStage = 'init' | 'run' | 'eval';
@@ -39,23 +41,18 @@ export function fakeTask(taskId: string, limits: Partial<ResolvedLimits> = {}, e
 }
 
 /** A sandbox that only counts `stop` calls (the resource the pipeline must release exactly once). */
-export class CountingSandbox implements Sandbox {
-  readonly workdir = '/work';
+export class CountingSandbox extends NullSandbox {
   stops = 0;
 
-  constructor(readonly id: string) {}
+  constructor(id: string) {
+    super(id, testSpec());
+  }
 
-  async exec(): Promise<ExecResult> {
+  override async exec(): Promise<ExecResult> {
     return { exitCode: 0, signal: null, stdout: '', stderr: '', timedOut: false, truncated: false, durationMs: 0 };
   }
 
-  async writeFile(): Promise<void> {}
-
-  async readFile(): Promise<string> {
-    return '';
-  }
-
-  async stop(): Promise<void> {
+  override async stop(): Promise<void> {
     this.stops++;
   }
 }

@@ -4,7 +4,7 @@ import { executeToolCalls } from '../../src/tools/execute.js';
 import { HermesToolCallParser } from '../../src/tools/hermes-parser.js';
 import { defaultToolRegistry, toolSchemas, ToolRegistry } from '../../src/tools/registry.js';
 import type { Tool, ToolContext } from '../../src/tools/types.js';
-import { testLimits } from '../sandboxes/helpers.js';
+import { testSpec } from '../sandboxes/helpers.js';
 
 const parser = new HermesToolCallParser();
 const call = (name: string, args: unknown): string => `<tool_call>\n${JSON.stringify({ name, arguments: args })}\n</tool_call>`;
@@ -15,7 +15,7 @@ describe('executeToolCalls', () => {
   let tools: Tool[];
 
   beforeAll(async () => {
-    sandbox = await new BubblewrapDriver().start(testLimits());
+    sandbox = await new BubblewrapDriver().start(testSpec());
     context = { sandbox, signal: new AbortController().signal };
     tools = defaultToolRegistry().create(['python', 'finish']);
   });
@@ -62,7 +62,7 @@ describe('executeToolCalls', () => {
   });
 
   it('throws infrastructure failures instead of showing them to the model', async () => {
-    const dead = await new BubblewrapDriver().start(testLimits());
+    const dead = await new BubblewrapDriver().start(testSpec());
     await dead.stop();
     await expect(executeToolCalls(parser.parse(call('python', { code: 'print(1)' })), tools, { sandbox: dead, signal: context.signal })).rejects.toMatchObject({
       code: 'sandbox_error',

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BubblewrapDriver, type BubblewrapSandbox } from '../../src/sandboxes/bwrap.js';
 import { createPythonTool } from '../../src/tools/python-tool.js';
 import type { ToolContext } from '../../src/tools/types.js';
-import { testLimits } from '../sandboxes/helpers.js';
+import { testSpec } from '../sandboxes/helpers.js';
 
 describe('python tool', () => {
   let sandbox: BubblewrapSandbox;
@@ -10,7 +10,7 @@ describe('python tool', () => {
   const python = createPythonTool({ timeoutMs: 1_500 });
 
   beforeAll(async () => {
-    sandbox = await new BubblewrapDriver().start(testLimits({ outputLimitBytes: 4096 }));
+    sandbox = await new BubblewrapDriver().start(testSpec({ outputLimitBytes: 4096 }));
     context = { sandbox, signal: new AbortController().signal };
   });
 
@@ -61,7 +61,7 @@ describe('python tool', () => {
 describe('python tool: a model that breaks its own cell directory', () => {
   it('gets an error observation, not a failed task', async () => {
     const driver = new BubblewrapDriver();
-    const sandbox = await driver.start({ network: false, memoryMb: 512, maxProcesses: 32, wallClockMs: 60_000, outputLimitBytes: 16_384 });
+    const sandbox = await driver.start(testSpec({ maxProcesses: 32, wallClockMs: 60_000, outputLimitBytes: 16_384 }));
     try {
       const tool = createPythonTool();
       const signal = new AbortController().signal;
