@@ -10,6 +10,8 @@ export interface ContainedRunOptions {
   timeoutMs: number;
   outputLimitBytes: number;
   signal?: AbortSignal;
+  /** Environment of the launcher; default only PATH and LANG (the launcher decides what the sandbox sees). */
+  env?: Readonly<Record<string, string>>;
 }
 
 export interface ContainedRunResult {
@@ -59,7 +61,7 @@ export function spawnContained(command: string, args: readonly string[], options
   const child = spawn(command, [...args], {
     detached: true,
     stdio: [options.stdin === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe', 'pipe'],
-    env: { PATH: process.env.PATH ?? '/usr/bin:/bin', LANG: 'C.UTF-8' },
+    env: options.env ?? { PATH: process.env.PATH ?? '/usr/bin:/bin', LANG: 'C.UTF-8' },
   });
 
   const killGroup = (): void => {

@@ -1,0 +1,70 @@
+import { RolloutError } from '../errors.js';
+import type { DirEntry } from './types.js';
+
+/**
+ * File operations of the Apptainer driver, done by small POSIX sh scripts run inside the instance (as the
+ * sandbox's user, through its mounts), never through host paths: the workspace is a host dir, but a program can
+ * plant symlinks in it, and inside the instance a symlink can only lead to what the sandbox may see anyway.
+ *
+ * Each script reports a problem by a distinct exit code (below) before touching anything; paths are positional
+ * parameters, never spliced into the script. Needs sh, cat, wc, mkdir, dirname and GNU find (-printf) in the
+ * image: Debian's required packages.
+ */
+export const FILE_EXIT = { missing: 3, notFile: 4, tooLarge: 5, notDir: 6 } as const;
+
+/** argv: path, maxBytes. Prints the file's bytes. */
+export const READ_FILE_SCRIPT = [
+  'p=$1; max=$2',
+  `[ -e "$p" ] || exit ${FILE_EXIT.missing}`,
+  `[ -f "$p" ] || exit ${FILE_EXIT.notFile}`,
+  'size=$(wc -c < "$p") || exit 1',
+  `[ "$size" -le "$max" ] || { echo "$size" >&2; exit ${FILE_EXIT.tooLarge}; }`,
+  'exec cat -- "$p"',
+].join('\n');
+
+/** argv: path. Writes stdin to the file, creating its parents. */
+export const WRITE_FILE_SCRIPT = [
+  'p=$1',
+  `[ -d "$p" ] && exit ${FILE_EXIT.notFile}`,
+  'mkdir -p -- "$(dirname -- "$p")" || exit 1',
+  'cat > "$p"',
+].join('\n');
+
+/** argv: path. Prints one NUL-terminated `<type> <size> <name>` record per entry (find's %y: f, d, l, ...). */
+export const LIST_DIR_SCRIPT = [
+  'p=$1',
+  `[ -e "$p" ] || exit ${FILE_EXIT.missing}`,
+  `[ -d "$p" ] || exit ${FILE_EXIT.notDir}`,
+  `exec find "$p" -mindepth 1 -maxdepth 1 -printf '%y %s %f\\0'`,
+].join('\n');
+
+/** Parses LIST_DIR_SCRIPT's output, sorted by name like the other drivers. Sizes are reported for files only. */
+export function parseDirListing(stdout: string): DirEntry[] {
+  const out: DirEntry[] = [];
+  for (const record of stdout.split('\0')) {
+    if (record === '') continue;
+    const m = /^(\S) (\d+) ([\s\S]+)$/.exec(record);
+    if (!m) throw new RolloutError('sandbox_error', `listDir: unexpected record ${JSON.stringify(record.slice(0, 100))}`);
+    const [, y, size, name] = m as unknown as [string, string, string, string];
+    const type: DirEntry['type'] = y === 'f' ? 'file' : y === 'd' ? 'dir' : y === 'l' ? 'symlink' : 'other';
+    out.push({ name, type, size: type === 'file' ? Number(size) : 0 });
+  }
+  return out.sort((a, b) => a.name.localeCompare(b.name));
+}
+
+/** Maps a file script's exit code to the error the Sandbox contract names (null: success). */
+export function fileScriptError(op: 'readFile' | 'writeFile' | 'listDir', path: string, exitCode: number | null, stderr: string, maxBytes?: number): RolloutError | null {
+  if (exitCode === 0) return null;
+  switch (exitCode) {
+    case FILE_EXIT.missing:
+      return new RolloutError('not_found', `no such file: ${path}`);
+    case FILE_EXIT.notFile:
+      return RolloutError.invalid('path', `${path} is not a regular file`);
+    case FILE_EXIT.notDir:
+      return RolloutError.invalid('path', `${path} is not a directory`);
+    case FILE_EXIT.tooLarge:
+      return RolloutError.invalid('path', `${path} is ${stderr.trim()} bytes, over the ${maxBytes ?? '?'}-byte limit`);
+    default:
+      return RolloutError.invalid('path', `${op} ${path} failed (exit code ${exitCode ?? 'signal'}): ${stderr.trim().slice(0, 500)}`);
+  }
+}
