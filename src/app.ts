@@ -3,7 +3,7 @@ import { createLogger, type Logger } from './observability/logger.js';
 import { defaultRegistry, type EnvironmentRegistry } from './environments/registry.js';
 import { BackendPool } from './backends/pool.js';
 import { createEngineClient } from './backends/factory.js';
-import { BubblewrapDriver } from './sandboxes/bwrap.js';
+import { createSandboxDriver } from './sandboxes/driver-factory.js';
 import type { SandboxDriver } from './sandboxes/types.js';
 import { loadQwen3 } from './tokens/tokenizer.js';
 import { HermesToolCallParser } from './tools/hermes-parser.js';
@@ -42,7 +42,7 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
   // Each engine's max_model_len is asked now (bounded; an engine that cannot say is retried by the prober).
   await Promise.all(added.map((b) => pool.learn(b.id)));
   pool.startHealthChecks();
-  const sandboxes = options.sandboxes ?? new BubblewrapDriver({ logger });
+  const sandboxes = options.sandboxes ?? createSandboxDriver(config.sandbox, logger);
   const runtime = new RolloutRuntime({ config, registry, sandboxes, pool, tokenizer, template, parser: new HermesToolCallParser(), logger });
   const server = await startGrpcServer({ runtime, registry, logger, ...(options.sessionTtlMs !== undefined && { sessionTtlMs: options.sessionTtlMs }) });
   return {

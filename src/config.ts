@@ -53,6 +53,8 @@ export const serverConfigSchema = z.strictObject({
     .strictObject({
       /** Which driver runs sandboxes: bubblewrap (rootless; runs .sif images itself) or Apptainer/Singularity. */
       driver: z.enum(['bwrap', 'apptainer']).default('bwrap'),
+      /** The Apptainer driver's binary: `apptainer`, `singularity` (SingularityCE takes the same flags) or a path. */
+      apptainerPath: z.string().min(1).default('apptainer'),
       /** Default root file system when an environment names none: a .sif, a directory, or unset for the host's /usr. */
       image: z.string().optional(),
       /** Memory of a whole sandbox (processes + tmpfs workspace and /tmp), MiB. */

@@ -1,4 +1,4 @@
-import { Command, InvalidArgumentError } from 'commander';
+import { Command, InvalidArgumentError, Option } from 'commander';
 import { readFileSync } from 'node:fs';
 import { runDemo } from './demo.js';
 import { runServe } from './serve.js';
@@ -33,6 +33,8 @@ program
   .option('--eval-timeout-ms <ms>', 'default eval stage timeout per sample', int)
   .option('--max-admitted <n>', 'samples admitted before request streams are paused', int)
   .option('--admin-token <token>', 'require this bearer token on BackendService (or ROLLOUT_ADMIN_TOKEN)')
+  .addOption(new Option('--sandbox-driver <driver>', 'sandbox driver (default bwrap)').choices(['bwrap', 'apptainer']))
+  .option('--apptainer-path <binary>', "the apptainer driver's binary: apptainer, singularity or a path")
   .option('--fake-engine', 'also start the fake vLLM engine (a test double) and route to it')
   .option('--fake-latency-ms <ms>', 'fake engine per-token latency', int, 1)
   .action(async (opts) => {

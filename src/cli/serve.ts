@@ -18,6 +18,8 @@ export interface ServeOptions {
   evalTimeoutMs?: number;
   maxAdmitted?: number;
   adminToken?: string;
+  sandboxDriver?: 'bwrap' | 'apptainer';
+  apptainerPath?: string;
   fakeEngine?: boolean;
   fakeLatencyMs: number;
 }
@@ -53,6 +55,13 @@ export async function runServe(opts: ServeOptions): Promise<void> {
   stage('run', opts.runConcurrency, opts.runTimeoutMs);
   stage('eval', opts.evalConcurrency, opts.evalTimeoutMs);
   if (opts.maxAdmitted !== undefined) config.maxAdmitted = opts.maxAdmitted;
+  if (opts.sandboxDriver !== undefined || opts.apptainerPath !== undefined) {
+    config.sandbox = {
+      ...config.sandbox,
+      ...(opts.sandboxDriver !== undefined && { driver: opts.sandboxDriver }),
+      ...(opts.apptainerPath !== undefined && { apptainerPath: opts.apptainerPath }),
+    };
+  }
   const adminToken = opts.adminToken ?? process.env.ROLLOUT_ADMIN_TOKEN;
   if (adminToken) config.adminToken = adminToken;
   config.backends = backends;

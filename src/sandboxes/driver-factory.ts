@@ -1,0 +1,20 @@
+import type { ServerConfig } from '../config.js';
+import type { Logger } from '../observability/logger.js';
+import { ApptainerDriver } from './apptainer.js';
+import { BubblewrapDriver } from './bwrap.js';
+import type { SandboxDriver } from './types.js';
+
+/**
+ * The sandbox driver the config names (`sandbox.driver`): bubblewrap (rootless, the default) or
+ * Apptainer/Singularity (`sandbox.apptainerPath`: `apptainer`, `singularity` or a path). Constructing a driver
+ * checks nothing on the host; a driver that cannot work here fails its first `start` (or `reap`) with a
+ * sandbox_error that says why.
+ */
+export function createSandboxDriver(config: ServerConfig['sandbox'], logger: Logger): SandboxDriver {
+  switch (config.driver) {
+    case 'bwrap':
+      return new BubblewrapDriver({ logger });
+    case 'apptainer':
+      return new ApptainerDriver({ logger, binary: config.apptainerPath });
+  }
+}
