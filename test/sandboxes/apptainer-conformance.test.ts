@@ -1,0 +1,30 @@
+import { spawnSync } from 'node:child_process';
+import { afterAll } from 'vitest';
+import { ApptainerDriver } from '../../src/sandboxes/apptainer.js';
+import { makeApptainerDouble } from './apptainer-double.js';
+import { describeSandboxConformance } from './conformance.js';
+
+/** `apptainer` or `singularity` when one is on PATH. */
+function installedBinary(): string | undefined {
+  for (const binary of ['apptainer', 'singularity']) {
+    if (spawnSync('sh', ['-c', `command -v ${binary}`]).status === 0) return binary;
+  }
+  return undefined;
+}
+
+// The real thing, wherever it is installed: any .sif or root file system directory with sh, coreutils and findutils.
+const binary = installedBinary();
+const image = process.env.ROLLOUT_TEST_APPTAINER_IMAGE;
+describeSandboxConformance(`apptainer (${binary ?? 'not installed'})`, () => new ApptainerDriver({ binary: binary ?? 'apptainer' }), {
+  ...(binary === undefined
+    ? { skip: 'neither apptainer nor singularity is on PATH' }
+    : image === undefined && { skip: 'set ROLLOUT_TEST_APPTAINER_IMAGE to a .sif or sandbox directory' }),
+  ...(image !== undefined && { image }),
+});
+
+// The same suite over the apptainer TEST DOUBLE (test/fixtures/apptainer-test-double.sh, bwrap-backed), so the
+// driver's own process handling runs here, where Apptainer is not installed. The double ignores the image and
+// runs the host's root read-only; `/` only has to exist.
+const double = makeApptainerDouble();
+afterAll(() => double.cleanup());
+describeSandboxConformance('apptainer driver over the apptainer test double', () => new ApptainerDriver({ binary: double.binary, tmpRoot: double.tmpRoot }), { image: '/' });

@@ -1,0 +1,178 @@
+import { existsSync, readFileSync } from 'node:fs';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { Sandbox, SandboxDriver, SandboxLimits, SandboxSpec } from '../../src/sandboxes/types.js';
+import { findHostProcessesWithEnv, isAlive, testSpec, waitFor } from './helpers.js';
+
+export interface ConformanceOptions {
+  /** Why the suite cannot run here (e.g. "apptainer is not on PATH"); the suite is then reported as skipped. */
+  skip?: string;
+  /** The root file system every sandbox of the suite uses (undefined: the driver's host layout). */
+  image?: string;
+}
+
+/**
+ * The behaviour every SandboxDriver promises (src/sandboxes/types.ts), as one vitest suite to run against each
+ * driver: exec (streams, exit code, stdin, env, cwd, timeout, cancel, output cap), files (write, read, list, errors),
+ * spawn, no network unless asked, no writes outside the workspace, the wall clock, and a stop that leaves no
+ * process alive. Driver-agnostic: it uses only the interface, `sh` and coreutils inside the sandbox, and host-side
+ * observation (/proc) — never a driver's internals.
+ *
+ * @example
+ * describeSandboxConformance('bubblewrap', () => new BubblewrapDriver());
+ * describeSandboxConformance('apptainer', () => new ApptainerDriver(), { skip: onPath ? undefined : 'apptainer is not on PATH', image });
+ */
+export function describeSandboxConformance(name: string, makeDriver: () => SandboxDriver, options: ConformanceOptions = {}): void {
+  const title = `sandbox conformance: ${name}${options.skip ? ` — SKIPPED: ${options.skip}` : ''}`;
+  const spec = (overrides: Partial<SandboxLimits> & { network?: boolean; env?: Record<string, string> } = {}): SandboxSpec => {
+    const { env, ...rest } = overrides;
+    return { ...testSpec({ ...rest, ...(options.image !== undefined && { image: options.image }) }), env: env ?? {} };
+  };
+
+  describe.skipIf(options.skip !== undefined)(title, () => {
+    let driver: SandboxDriver;
+    let sandbox: Sandbox;
+
+    beforeAll(async () => {
+      driver = makeDriver();
+      sandbox = await driver.start({ ...spec({ outputLimitBytes: 4096 }), env: { CONF_SPEC: 'a,b $HOME "q"' } });
+    });
+    afterAll(async () => {
+      await sandbox?.stop();
+    });
+
+    it('separates stdout, stderr and the exit code', async () => {
+      const r = await sandbox.exec(['sh', '-c', 'echo out; echo err >&2; exit 3']);
+      expect(r).toMatchObject({ exitCode: 3, signal: null, stdout: 'out\n', stderr: 'err\n', timedOut: false, truncated: false });
+    });
+
+    it('passes stdin, the spec env and per-call env byte for byte, and runs in the workspace (also HOME) by default', async () => {
+      const r = await sandbox.exec(['sh', '-c', 'cat; printf "|%s|%s|%s|%s" "$CONF_SPEC" "$CONF_CALL" "$PWD" "$HOME"'], { stdin: 'in\n', env: { CONF_CALL: '=x, y' } });
+      expect(r.stdout).toBe(`in\n|a,b $HOME "q"|=x, y|${sandbox.workdir}|${sandbox.workdir}`);
+    });
+
+    it('runs in a given directory of the workspace', async () => {
+      await sandbox.exec(['mkdir', '-p', 'sub/dir']);
+      expect((await sandbox.exec(['pwd'], { cwd: `${sandbox.workdir}/sub/dir` })).stdout).toBe(`${sandbox.workdir}/sub/dir\n`);
+    });
+
+    it('kills a command at its timeout and stays usable', async () => {
+      const r = await sandbox.exec(['sh', '-c', 'echo before; sleep 30'], { timeoutMs: 500 });
+      expect(r).toMatchObject({ timedOut: true, exitCode: null });
+      expect(r.durationMs).toBeLessThan(10_000);
+      expect((await sandbox.exec(['echo', 'after'])).stdout).toBe('after\n');
+    });
+
+    it('cancels a command when its signal aborts, and stays usable', async () => {
+      const controller = new AbortController();
+      setTimeout(() => controller.abort(), 300);
+      await expect(sandbox.exec(['sleep', '30'], { signal: controller.signal })).rejects.toMatchObject({ code: 'cancelled' });
+      expect((await sandbox.exec(['echo', 'after'])).stdout).toBe('after\n');
+    });
+
+    it('caps output at the limit and says it did', async () => {
+      const r = await sandbox.exec(['sh', '-c', "head -c 200000 /dev/zero | tr '\\000' a"]);
+      expect(r.stdout).toBe('a'.repeat(4096));
+      expect(r.truncated).toBe(true);
+      expect(r.exitCode).toBe(0);
+    });
+
+    it('writes, reads and lists files in the workspace, which commands see', async () => {
+      await sandbox.writeFile('conf/a.txt', 'é, ok\n');
+      expect(await sandbox.readFile('conf/a.txt')).toBe('é, ok\n');
+      expect(await sandbox.readFile(`${sandbox.workdir}/conf/a.txt`)).toBe('é, ok\n');
+      expect((await sandbox.exec(['cat', 'conf/a.txt'])).stdout).toBe('é, ok\n');
+      await sandbox.writeFile('conf/a.txt', 'short');
+      expect(await sandbox.readFile('conf/a.txt')).toBe('short');
+      await sandbox.exec(['sh', '-c', 'mkdir conf/d && printf 12345 > conf/b.txt']);
+      expect(await sandbox.listDir('conf')).toEqual([
+        { name: 'a.txt', type: 'file', size: 5 },
+        { name: 'b.txt', type: 'file', size: 5 },
+        { name: 'd', type: 'dir', size: 0 },
+      ]);
+      expect((await sandbox.listDir(sandbox.workdir)).map((e) => e.name)).toContain('conf');
+    });
+
+    it('refuses to read a directory and reports a missing file as not_found', async () => {
+      await sandbox.exec(['mkdir', '-p', 'adir']);
+      await expect(sandbox.readFile('adir')).rejects.toMatchObject({ code: 'invalid_argument' });
+      await expect(sandbox.readFile('missing.txt')).rejects.toMatchObject({ code: 'not_found' });
+      await expect(sandbox.listDir('conf/a.txt')).rejects.toMatchObject({ code: 'invalid_argument' });
+    });
+
+    it('has no network unless the spec asks (loopback only)', async () => {
+      expect(interfaces((await sandbox.exec(['cat', '/proc/net/dev'])).stdout)).toEqual(['lo']);
+    });
+
+    it('writes nothing to the host outside the workspace', async () => {
+      const outside = await mkdtemp(join(tmpdir(), 'conformance-outside-'));
+      const token = `conformance-escape-${process.pid}-${Date.now()}`;
+      try {
+        await sandbox.exec(['sh', '-c', `mkdir -p ${outside}; echo x > ${outside}/escape; echo x > /tmp/${token}; echo x > /${token}`]);
+        expect(existsSync(join(outside, 'escape'))).toBe(false);
+        expect(existsSync(join('/tmp', token))).toBe(false);
+        expect(existsSync(join('/', token))).toBe(false);
+      } finally {
+        await rm(outside, { recursive: true, force: true });
+        await rm(join('/tmp', token), { force: true });
+        await rm(join('/', token), { force: true }).catch(() => undefined);
+      }
+    });
+
+    it('spawns a long-lived process with open pipes and kills it on request', async () => {
+      const proc = sandbox.spawn(['cat']);
+      const got = new Promise<string>((resolve) => proc.stdout.once('data', (chunk: Buffer) => resolve(chunk.toString())));
+      proc.stdin.write('hello\n');
+      expect(await got).toBe('hello\n');
+      proc.kill();
+      const exit = await proc.exited;
+      expect(exit.exitCode === null || exit.exitCode !== 0).toBe(true);
+    });
+
+    it('gives the network when the spec asks', async () => {
+      const networked = await makeDriver().start(spec({ network: true }));
+      try {
+        const inside = interfaces((await networked.exec(['cat', '/proc/net/dev'])).stdout);
+        expect(inside).toEqual(interfaces(readFileSync('/proc/net/dev', 'utf8')));
+      } finally {
+        await networked.stop();
+      }
+    });
+
+    it('fails commands past the wall clock with deadline_exceeded', async () => {
+      const short = await makeDriver().start(spec({ wallClockMs: 1500 }));
+      try {
+        const late = new Promise((resolve) => setTimeout(resolve, 2000));
+        await late;
+        await expect(short.exec(['true'])).rejects.toMatchObject({ code: 'deadline_exceeded' });
+      } finally {
+        await short.stop();
+      }
+    });
+
+    it('stop kills every process of the sandbox, is idempotent, and later calls fail', async () => {
+      const doomed = await makeDriver().start(spec());
+      const token = `conf-${process.pid}-${Date.now()}`;
+      const proc = doomed.spawn(['sh', '-c', 'sleep 1000 & sleep 1000'], { env: { CONF_TOKEN: token } });
+      await waitFor(() => findHostProcessesWithEnv('CONF_TOKEN', token).length >= 2, 10_000, 'the sandbox processes');
+      const procs = findHostProcessesWithEnv('CONF_TOKEN', token);
+      await doomed.stop();
+      await waitFor(() => procs.every((p) => !isAlive(p)), 10_000, 'every sandbox process to die');
+      await proc.exited;
+      await doomed.stop();
+      await expect(doomed.exec(['true'])).rejects.toMatchObject({ code: 'sandbox_error' });
+    });
+  });
+}
+
+/** Interface names of a /proc/net/dev listing, sorted. */
+function interfaces(procNetDev: string): string[] {
+  return procNetDev
+    .split('\n')
+    .slice(2)
+    .map((line) => line.split(':')[0]?.trim() ?? '')
+    .filter((n) => n !== '')
+    .sort();
+}
