@@ -60,6 +60,12 @@ describe('the rollout CLI', () => {
     expect(await bad.exited).not.toBe(0);
     expect(bad.output()).toContain('not an integer');
   });
+
+  it('names the sandbox drivers it accepts when --sandbox-driver is unknown', async () => {
+    const bad = rollout(['serve', '--sandbox-driver', 'docker']);
+    expect(await bad.exited).not.toBe(0);
+    expect(bad.output()).toMatch(/Allowed choices are bwrap, apptainer/);
+  });
 });
 
 describe('rollout serve --config', () => {
