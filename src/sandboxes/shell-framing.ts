@@ -77,7 +77,11 @@ export class MarkerScanner {
   }
 
   push(chunk: Buffer): void {
-    if (this.result) return;
+    if (this.result) {
+      // Bytes after the marker (background jobs) until the owner detaches: kept, within the cap.
+      if ('rest' in this.result && this.result.rest.length < this.output.limitBytes) this.result.rest = Buffer.concat([this.result.rest, chunk]);
+      return;
+    }
     if (this.trailer === undefined) {
       const data = this.held.length > 0 ? Buffer.concat([this.held, chunk]) : chunk;
       const at = data.indexOf(this.start);
