@@ -153,8 +153,8 @@ async function view(sandbox: Sandbox, path: string, a: Args, signal: AbortSignal
   }
   const lines = splitLines(text);
   if (lines.length === 0) return { output: `${path} is empty.`, outcome: 'ok' };
-  let [first, last] = a.view_range ?? [1, -1];
-  if (last === -1) last = lines.length;
+  const [first, lastAsked] = a.view_range ?? [1, -1];
+  const last = lastAsked === -1 ? lines.length : lastAsked;
   if (first < 1 || first > lines.length || last < first || last > lines.length) {
     return fail(`view_range [${a.view_range?.join(', ')}] is not within the file's ${lines.length} lines (first 1..${lines.length}, last first..${lines.length} or -1).`);
   }
