@@ -6,8 +6,11 @@ import { vocabSize } from '../tokens/vocab.js';
 import type { EpisodeOutcome } from '../environments/types.js';
 import type { ChatTemplate, Tokenizer } from '../tokens/types.js';
 import { TokenLedger } from '../tokens/ledger.js';
-import type { ToolCallParser } from '../tools/types.js';
+import type { Tool, ToolCallParser } from '../tools/types.js';
 import { executeToolCalls } from '../tools/execute.js';
+import { disposeTools } from '../tools/dispose-tools.js';
+import type { Logger } from '../observability/logger.js';
+import type { Sandbox } from '../sandboxes/types.js';
 import { toolSchemas } from '../tools/registry.js';
 import type { RunResult, Sample } from './sample.js';
 import { turnSeed } from './seeds.js';
@@ -17,6 +20,8 @@ export interface AgentLoopDeps {
   tokenizer: Tokenizer;
   template: ChatTemplate;
   parser: ToolCallParser;
+  /** Where failures to dispose a sample's tools are logged. */
+  logger?: Logger;
 }
 
 /**
@@ -36,6 +41,16 @@ export async function runAgentLoop(sample: Sample, deps: AgentLoopDeps, signal: 
   const sandbox = sample.sandbox;
   if (!sandbox) throw new RolloutError('internal', 'run stage without a sandbox');
   const tools = task.environment.tools(task.instance);
+  try {
+    return await runWithTools(sample, deps, signal, { tools, sandbox });
+  } finally {
+    // The tools' per-sample life ends with the sample, however it ends.
+    await disposeTools(tools, deps.logger);
+  }
+}
+
+async function runWithTools(sample: Sample, deps: AgentLoopDeps, signal: AbortSignal, { tools, sandbox }: { tools: Tool[]; sandbox: Sandbox }): Promise<RunResult> {
+  const { task } = sample;
   const ledger = new TokenLedger({
     tokenizer: deps.tokenizer,
     template: deps.template,

@@ -12,6 +12,11 @@ export class CappedOutput {
 
   constructor(private readonly limit: number) {}
 
+  /** The most bytes kept. */
+  get limitBytes(): number {
+    return this.limit;
+  }
+
   push(chunk: Buffer): void {
     const room = this.limit - this.kept;
     if (room >= chunk.length) {

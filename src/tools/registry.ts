@@ -1,5 +1,7 @@
 import { RolloutError } from '../errors.js';
 import type { ToolSchema } from '../tokens/types.js';
+import { createBashTool } from './bash-tool.js';
+import { createEditorTool } from './editor-tool.js';
 import { createFinishTool } from './finish-tool.js';
 import { createPythonTool } from './python-tool.js';
 import type { Tool } from './types.js';
@@ -42,9 +44,16 @@ export class ToolRegistry {
   }
 }
 
-/** The built-in tools: `python` (10 s per call) and `finish`. */
+/**
+ * The built-in tools: `python` (10 s per call), `bash` (the sandbox's persistent shell, 30 s per command),
+ * `str_replace_editor` (view/create/str_replace/insert/undo_edit through the sandbox's file API) and `finish`.
+ */
 export function defaultToolRegistry(): ToolRegistry {
-  return new ToolRegistry().register('python', () => createPythonTool()).register('finish', () => createFinishTool());
+  return new ToolRegistry()
+    .register('python', () => createPythonTool())
+    .register('bash', () => createBashTool())
+    .register('str_replace_editor', () => createEditorTool())
+    .register('finish', () => createFinishTool());
 }
 
 /** The tools' descriptions in the OpenAI function form the chat template's `tools` variable expects. */

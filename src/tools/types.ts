@@ -31,11 +31,20 @@ export interface ToolResult {
   answer?: string;
 }
 
-/** A tool the model can call. Errors the model caused are results (outcome 'error'), not throws. */
+/**
+ * A tool the model can call. Errors the model caused are results (outcome 'error'), not throws.
+ *
+ * Lifecycle: `Environment.tools(instance)` is called once per sample, and the agent loop calls `dispose()` on
+ * each tool it returned when the sample ends (however it ends; errors are logged, never thrown). State that must
+ * not leak between samples lives in per-sample tool instances or is keyed by the sample's sandbox — never in
+ * module singletons. A tool instance shared by several samples must not implement `dispose`.
+ */
 export interface Tool {
   readonly name: string;
   readonly description: string;
   /** JSON Schema of the arguments object. */
   readonly parameters: Record<string, unknown>;
   run(args: Record<string, unknown>, context: ToolContext): Promise<ToolResult>;
+  /** Releases what this per-sample instance holds (connections, helper processes, caches); called once. */
+  dispose?(): Promise<void>;
 }

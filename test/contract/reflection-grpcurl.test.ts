@@ -85,7 +85,7 @@ describe('grpcurl, by server reflection alone', () => {
       {},
     );
     const math = envs.environments.find((e) => e.name === 'math');
-    expect(math?.tools).toEqual(['python', 'finish']);
+    expect(math?.tools).toEqual(['python', 'bash', 'finish']);
     expect(math?.instance_schema.required).toEqual(expect.arrayContaining(['problem', 'answer']));
 
     const submitted = await invoke<{ task_id: string; num_samples: number; duplicate: boolean }>(address, 'rollout.v1.RolloutService/Submit', {

@@ -57,7 +57,7 @@ describe('unary RPCs, BackendService, health and reflection', () => {
   it('ListEnvironments describes math with its instance schema and tools', async () => {
     const { environments } = await h.client.listEnvironments();
     const math = environments.find((e) => e.name === 'math');
-    expect(math?.tools).toEqual(['python', 'finish']);
+    expect(math?.tools).toEqual(['python', 'bash', 'finish']);
     expect(math?.instanceSchema).toMatchObject({ type: 'object', required: expect.arrayContaining(['problem', 'answer']) });
   });
 

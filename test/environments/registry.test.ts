@@ -56,9 +56,9 @@ describe('defaultRegistry', () => {
   it('holds the built-in math environment with python and finish tools', () => {
     const registry = defaultRegistry();
     const [math] = registry.list();
-    expect(math).toMatchObject({ name: 'math', tools: ['python', 'finish'] });
+    expect(math).toMatchObject({ name: 'math', tools: ['python', 'bash', 'finish'] });
     expect(math!.instanceSchema).toMatchObject({ type: 'object', required: ['problem', 'answer'] });
     const instance = registry.get('math').validate({ problem: '1+1?', answer: 2 });
-    expect(registry.get('math').tools(instance).map((t) => t.name)).toEqual(['python', 'finish']);
+    expect(registry.get('math').tools(instance).map((t) => t.name)).toEqual(['python', 'bash', 'finish']);
   });
 });

@@ -78,7 +78,7 @@ describe('executeToolCalls', () => {
 describe('tool registry', () => {
   it('creates fresh tools by name and describes them for the chat template', () => {
     const registry = defaultToolRegistry();
-    expect(registry.names()).toEqual(['python', 'finish']);
+    expect(registry.names()).toEqual(['python', 'bash', 'str_replace_editor', 'finish']);
     const [a, b] = [registry.create(['python'])[0], registry.create(['python'])[0]];
     expect(a).not.toBe(b);
     expect(toolSchemas(registry.create(['finish']))).toEqual([
@@ -94,7 +94,7 @@ describe('tool registry', () => {
   });
 
   it('rejects unknown and duplicate names', () => {
-    expect(() => defaultToolRegistry().create(['nope'])).toThrow(/unknown tool nope; registered: python, finish/);
+    expect(() => defaultToolRegistry().create(['nope'])).toThrow(/unknown tool nope; registered: python, bash, str_replace_editor, finish/);
     expect(() => new ToolRegistry().register('x', () => nullTool()).register('x', () => nullTool())).toThrow(/already registered/);
   });
 });

@@ -7,18 +7,18 @@ import { findFinalAnswer } from './extract.js';
 import { mathInstanceJsonSchema, validateMathInstance, type MathInstance } from './instance.js';
 
 /** Tools the math environment offers, by name; the system prompt refers to them. */
-export const MATH_TOOL_NAMES = ['python', 'finish'] as const;
+export const MATH_TOOL_NAMES = ['python', 'bash', 'finish'] as const;
 
 export const MATH_SYSTEM_PROMPT = [
   'You are solving a math problem. Reason step by step.',
-  'You may call the `python` tool to run Python code (for arithmetic, algebra or checking your work); its output is returned to you.',
+  'You may call the `python` tool to run Python code (for arithmetic, algebra or checking your work), and the `bash` tool to run shell commands; their output is returned to you.',
   'When you are done, give the final answer in one of two ways: call the `finish` tool with the answer, or end your reply with the answer in \\boxed{}, e.g. \\boxed{\\frac{1}{2}}.',
   'Give the answer in simplest exact form (a fraction such as \\frac{1}{3}, not 0.333) unless the problem asks for a decimal.',
 ].join('\n');
 
 export interface MathEnvironmentOptions {
   /**
-   * Where the `python` and `finish` tools come from (default: the built-in tool registry). Injected so that
+   * Where the `python`, `bash` and `finish` tools come from (default: the built-in tool registry). Injected so that
    * tests and deployments can swap implementations; each sample gets fresh instances from the factories.
    */
   toolRegistry?: ToolRegistry;
@@ -27,10 +27,10 @@ export interface MathEnvironmentOptions {
 }
 
 /**
- * The "math" environment: a problem with a reference answer; the model may use Python and answers with the
+ * The "math" environment: a problem with a reference answer; the model may use Python and a shell and answers with the
  * finish tool or \boxed{}. Reward is 1 when the answer is equivalent to the reference (see equivalence.ts),
  * else 0. No answer at all is reward 0 with has_answer 0: that is the model's failure, not the
- * infrastructure's, so it is a completed trajectory. The sandbox is only used by the python tool;
+ * infrastructure's, so it is a completed trajectory. The sandbox is only used by the python and bash tools;
  * evaluation never touches it.
  *
  * details: { correct: 0|1, has_answer: 0|1 }; report: { extracted, reference, method, comparison } where
@@ -38,7 +38,7 @@ export interface MathEnvironmentOptions {
  * decided ('rational' | 'tolerance' | 'elements' | 'text' | 'none').
  *
  * @example
- * const math = createMathEnvironment(); // python and finish from defaultToolRegistry()
+ * const math = createMathEnvironment(); // python, bash and finish from defaultToolRegistry()
  * const instance = math.validate({ problem: 'What is 1/2 + 1/4?', answer: '\\frac34' });
  */
 export function createMathEnvironment(options: MathEnvironmentOptions = {}): Environment<MathInstance> {
@@ -53,7 +53,7 @@ export function createMathEnvironment(options: MathEnvironmentOptions = {}): Env
   ];
   return {
     name: 'math',
-    description: 'Math word problems with a reference answer; python tool; reward 1 if the final answer (finish tool or \\boxed{}) is equivalent.',
+    description: 'Math word problems with a reference answer; python and bash tools; reward 1 if the final answer (finish tool or \\boxed{}) is equivalent.',
     instanceSchema: mathInstanceJsonSchema,
     toolNames: MATH_TOOL_NAMES,
 
@@ -65,7 +65,8 @@ export function createMathEnvironment(options: MathEnvironmentOptions = {}): Env
       return { messages: prompt(instance) };
     },
 
-    // Built once: tools are stateless per call (per-sandbox state is keyed by the sandbox), and building them
+    // Built once and shared by every sample: these tools keep no per-sample state of their own (python's cell
+    // counter is keyed by the sandbox, bash's state is the sandbox's shell) and have no dispose; building them
     // compiles zod schemas — measurable CPU and ~11 KiB per trajectory if done per sample.
     tools: () => tools,
 

@@ -13,7 +13,7 @@ function fakeTool(name: string): Tool {
 }
 
 const math = createMathEnvironment({
-  toolRegistry: new ToolRegistry().register('python', () => fakeTool('python')).register('finish', () => fakeTool('finish')),
+  toolRegistry: new ToolRegistry().register('python', () => fakeTool('python')).register('bash', () => fakeTool('bash')).register('finish', () => fakeTool('finish')),
 });
 
 function invalidField(instance: unknown): string | undefined {
@@ -66,18 +66,18 @@ describe('math environment: validation', () => {
 
   it('publishes a JSON Schema and its tool names', () => {
     expect(math.instanceSchema).toMatchObject({ type: 'object', required: ['problem', 'answer'], additionalProperties: true });
-    expect(math.toolNames).toEqual(['python', 'finish']);
+    expect(math.toolNames).toEqual(['python', 'bash', 'finish']);
   });
 });
 
 describe('math environment: construction', () => {
-  it('refuses a tool registry without python and finish', () => {
-    expect(() => createMathEnvironment({ toolRegistry: new ToolRegistry().register('python', () => fakeTool('python')) })).toThrow(/needs tools: finish/);
+  it('refuses a tool registry without python, bash and finish', () => {
+    expect(() => createMathEnvironment({ toolRegistry: new ToolRegistry().register('python', () => fakeTool('python')) })).toThrow(/needs tools: bash, finish/);
   });
 
   it('uses the built-in tools by default', () => {
     const builtIn = createMathEnvironment();
-    expect(builtIn.tools(builtIn.validate({ problem: 'p', answer: 1 })).map((t) => t.name)).toEqual(['python', 'finish']);
+    expect(builtIn.tools(builtIn.validate({ problem: 'p', answer: 1 })).map((t) => t.name)).toEqual(['python', 'bash', 'finish']);
   });
 });
 
@@ -88,15 +88,16 @@ describe('math environment: episode', () => {
     expect(messages).toHaveLength(2);
     expect(messages[0]!.role).toBe('system');
     expect(messages[0]!.content).toContain('`python`');
+    expect(messages[0]!.content).toContain('`bash`');
     expect(messages[0]!.content).toContain('`finish`');
     expect(messages[0]!.content).toContain('\\boxed{}');
     expect(messages[1]).toEqual({ role: 'user', content: 'What is 2+2?' });
   });
 
-  it('offers python and finish tools, built once and shared by every sample (they keep no per-sample state)', () => {
+  it('offers python, bash and finish tools, built once and shared by every sample (they keep no per-sample state)', () => {
     const instance = math.validate({ problem: 'p', answer: 1 });
     const first = math.tools(instance);
-    expect(first.map((t) => t.name)).toEqual(['python', 'finish']);
+    expect(first.map((t) => t.name)).toEqual(['python', 'bash', 'finish']);
     expect(math.tools(math.validate({ problem: 'q', answer: 2 }))[0]).toBe(first[0]);
   });
 });

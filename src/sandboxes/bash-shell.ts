@@ -1,0 +1,260 @@
+import { RolloutError, throwIfAborted } from '../errors.js';
+import { frameCommand, MarkerScanner, newNonce, shellQuote, type Marker } from './shell-framing.js';
+import { interruptShell, type SpawnFunction } from './shell-interrupt.js';
+import { CappedOutput } from './capped-output.js';
+import type { PersistentShell, Sandbox, SandboxProcess, ShellResult, ShellRunOptions } from './types.js';
+
+export interface BashShellOptions {
+  /** Bytes of output kept per command; the rest is counted and reported as dropped. */
+  outputLimitBytes: number;
+  /** Timeout of a command whose `run` gives none, ms. */
+  defaultTimeoutMs: number;
+  /** What is left of the sandbox's wall clock, ms: bounds every timeout; at 0 `run` fails with deadline_exceeded. */
+  remainingMs?: () => number;
+  /** How long a timed-out command may take to give the shell back before the shell is restarted, ms. Default 1000. */
+  interruptGraceMs?: number;
+}
+
+/** Bytes of shell stderr kept to explain a shell that would not start. */
+const STDERR_KEEP = 2048;
+
+type Event = { kind: 'marker' } | { kind: 'ended' } | { kind: 'timer' } | { kind: 'aborted' };
+
+/** One running bash and the streams the shell reads from it. */
+interface Live {
+  proc: SandboxProcess;
+  /** Settles when the process exited and its stdout closed. */
+  ended: Promise<void>;
+  stderr: CappedOutput;
+  /** In-sandbox PID of the shell, from its first marker. */
+  pid: number;
+  /** Set once `ended` settled. */
+  done: boolean;
+}
+
+/**
+ * The persistent shell of a sandbox, for every driver: built only on `spawn(['bash', '--noprofile', '--norc'])`
+ * (drivers construct it as `new BashShell(this, { ... })` in `shell()`). The wire format is in shell-framing.ts.
+ *
+ * Invariants: commands run one at a time in call order; `$?`, the cwd, exported and plain variables carry over;
+ * output is stdout and stderr interleaved as written, capped, decoded as UTF-8 with replacement. A timed-out
+ * command is interrupted from inside the sandbox (shell-interrupt.ts) and the shell kept; when it does not give
+ * the shell back within the grace period, or the command ended the shell (`exit 3`), the shell is restarted in
+ * the last known cwd and the result says `restarted: true` (variables reset). An abort kills the shell and
+ * throws `cancelled`; the next `run` starts a new one.
+ *
+ * Security argument of the framing. Accidental forgery is impossible: the end marker carries a fresh 128-bit
+ * nonce per command that exists nowhere the command can see while it runs (not in argv, environment, files,
+ * history or shell variables; it reaches the shell's stdin only right behind the command, and the command's own
+ * stdin is /dev/null, so `cat` or `read` cannot consume it). Output containing marker-like text, old nonces or
+ * the frame itself is plain output. Remaining assumption: the command does not attack the control channel on
+ * purpose. A command runs inside the very shell that frames it, so a hostile one can reach that channel — open
+ * the shell's stdin through /proc/$$/fd/0 or a saved descriptor, redefine the frame's helpers, or `exec` a
+ * program speaking the protocol — and lie about its own exit status and cwd. That can only mislead the model
+ * about its own command; the host's limits (output cap, timeouts, restart on a garbled marker) still hold. Hence:
+ * nothing that grades a model (evaluation, tests deciding a reward) may trust a shell the model has used; run
+ * such checks with `Sandbox.exec`, a fresh process.
+ *
+ * @example
+ * // in a driver
+ * shell(): PersistentShell {
+ *   return (this.#shell ??= new BashShell(this, { outputLimitBytes: limits.outputLimitBytes, defaultTimeoutMs: limits.commandTimeoutMs, remainingMs: () => this.remainingMs }));
+ * }
+ */
+export class BashShell implements PersistentShell {
+  private readonly spawn: SpawnFunction;
+  private readonly graceMs: number;
+  private live: Live | undefined;
+  private scanner: MarkerScanner | undefined;
+  /** Output that arrived between commands (background jobs), shown with the next command's output. */
+  private idle: Buffer[] = [];
+  private idleBytes = 0;
+  private wake: (() => void) | undefined;
+  private cwd: string | undefined;
+  private lastStatus = 0;
+  private everStarted = false;
+  private closed = false;
+  private queue: Promise<unknown> = Promise.resolve();
+
+  constructor(
+    sandbox: Pick<Sandbox, 'spawn'> | SpawnFunction,
+    private readonly options: BashShellOptions,
+  ) {
+    this.spawn = typeof sandbox === 'function' ? sandbox : (argv, spawnOptions) => sandbox.spawn(argv, spawnOptions);
+    this.graceMs = options.interruptGraceMs ?? 1000;
+  }
+
+  run(command: string, options: ShellRunOptions = {}): Promise<ShellResult> {
+    const result = this.queue.then(() => this.runNow(command, options));
+    this.queue = result.catch(() => undefined);
+    return result;
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    await this.kill();
+  }
+
+  private async runNow(command: string, options: ShellRunOptions): Promise<ShellResult> {
+    if (this.closed) throw new RolloutError('sandbox_error', 'the shell is closed');
+    if (command.includes('\0')) throw RolloutError.invalid('command', 'contains a NUL byte');
+    const { signal } = options;
+    throwIfAborted(signal);
+    const remaining = this.options.remainingMs?.() ?? Infinity;
+    if (remaining <= 0) throw new RolloutError('deadline_exceeded', "the sandbox's wall-clock budget is used up");
+    const timeoutMs = Math.max(1, Math.min(options.timeoutMs ?? this.options.defaultTimeoutMs, remaining));
+    const started = performance.now();
+    let restarted = false;
+    if (!this.live) {
+      restarted = this.everStarted;
+      await this.start();
+    }
+    const live = this.live!;
+    const scanner = this.send(command);
+    let event = await this.next(scanner, live, timeoutMs, signal);
+    if (event.kind === 'aborted') {
+      await this.kill();
+      throw RolloutError.from(signal?.reason, 'cancelled');
+    }
+    const timedOut = event.kind === 'timer';
+    if (timedOut) {
+      // Interrupt from inside; rounds until the shell hands back control or the grace period is over.
+      const graceEnd = performance.now() + this.graceMs;
+      while (event.kind === 'timer' && performance.now() < graceEnd) {
+        await interruptShell(this.spawn, live.pid);
+        event = await this.next(scanner, live, Math.min(250, Math.max(1, graceEnd - performance.now())), signal);
+      }
+      if (event.kind === 'aborted') {
+        await this.kill();
+        throw RolloutError.from(signal?.reason, 'cancelled');
+      }
+    }
+    const outcome = scanner.outcome;
+    if (event.kind === 'marker' && outcome && 'marker' in outcome) {
+      this.finish(scanner, outcome.marker, outcome.rest);
+      this.lastStatus = timedOut ? 137 : outcome.marker.status;
+      return this.result(scanner, timedOut ? null : outcome.marker.status, timedOut, restarted, started);
+    }
+    // The shell ended (exit, kill, crash), garbled its marker, or would not give control back: start a new one.
+    const exitCode = event.kind === 'ended' && !timedOut ? ((await live.proc.exited).exitCode ?? null) : null;
+    await this.kill();
+    scanner.flush();
+    this.scanner = undefined;
+    this.lastStatus = exitCode ?? 137;
+    await this.start();
+    return this.result(scanner, exitCode, timedOut, true, started);
+  }
+
+  private result(scanner: MarkerScanner, exitCode: number | null, timedOut: boolean, restarted: boolean, started: number): ShellResult {
+    return {
+      exitCode,
+      output: scanner.text(),
+      cwd: this.cwd ?? '',
+      timedOut,
+      truncated: scanner.output.truncated,
+      restarted,
+      durationMs: performance.now() - started,
+    };
+  }
+
+  /** Starts bash and runs an empty command (restoring the last cwd) to learn its PID and cwd. */
+  private async start(): Promise<void> {
+    let proc: SandboxProcess;
+    try {
+      proc = this.spawn(['bash', '--noprofile', '--norc']);
+    } catch (err) {
+      throw RolloutError.from(err, 'sandbox_error');
+    }
+    this.everStarted = true;
+    const stderr = new CappedOutput(STDERR_KEEP);
+    const stdoutClosed = new Promise<void>((resolve) => proc.stdout.once('close', resolve).once('end', resolve));
+    const live: Live = { proc, stderr, pid: 0, done: false, ended: proc.exited.then(() => {
+      proc.kill(); // leftovers of the shell (background jobs) would keep stdout open
+      return stdoutClosed;
+    }) };
+    proc.stdin.on('error', () => undefined);
+    proc.stdout.on('data', (chunk: Buffer) => this.onData(live, chunk));
+    proc.stderr.on('data', (chunk: Buffer) => stderr.push(chunk));
+    void live.ended.then(() => {
+      live.done = true;
+      this.wake?.();
+    });
+    this.live = live;
+    const setup = this.cwd ? `cd -- ${shellQuote(this.cwd)} 2>/dev/null; :` : ':';
+    const scanner = this.send(setup, 0);
+    const event = await this.next(scanner, live, 30_000, undefined);
+    const outcome = scanner.outcome;
+    if (event.kind !== 'marker' || !outcome || !('marker' in outcome)) {
+      await this.kill();
+      throw new RolloutError('sandbox_error', `the shell did not start: ${stderr.text().trim() || event.kind}`);
+    }
+    live.pid = outcome.marker.pid;
+    this.finish(scanner, outcome.marker, outcome.rest);
+  }
+
+  private send(command: string, status = this.lastStatus): MarkerScanner {
+    const nonce = newNonce();
+    const scanner = new MarkerScanner(nonce, this.options.outputLimitBytes);
+    for (const chunk of this.idle) scanner.push(chunk);
+    this.idle = [];
+    this.idleBytes = 0;
+    this.scanner = scanner;
+    this.live?.proc.stdin.write(frameCommand(command, status, nonce));
+    return scanner;
+  }
+
+  private finish(scanner: MarkerScanner, marker: Marker, rest: Buffer): void {
+    if (marker.cwd !== '') this.cwd = marker.cwd;
+    if (this.scanner === scanner) this.scanner = undefined;
+    if (rest.length > 0) this.keepIdle(rest);
+  }
+
+  private onData(live: Live, chunk: Buffer): void {
+    if (this.live !== live) return;
+    const scanner = this.scanner;
+    if (!scanner) return this.keepIdle(chunk);
+    scanner.push(chunk);
+    if (scanner.outcome) this.wake?.();
+  }
+
+  private keepIdle(chunk: Buffer): void {
+    const room = this.options.outputLimitBytes - this.idleBytes;
+    if (room <= 0) return;
+    const kept = chunk.length <= room ? chunk : chunk.subarray(0, room);
+    this.idle.push(Buffer.from(kept));
+    this.idleBytes += kept.length;
+  }
+
+  /** Waits for the marker, the shell's end, the timer or the abort, whichever comes first. */
+  private next(scanner: MarkerScanner, live: Live, ms: number, signal: AbortSignal | undefined): Promise<Event> {
+    return new Promise<Event>((resolve) => {
+      if (scanner.outcome) return resolve({ kind: 'marker' });
+      if (live.done) return resolve({ kind: 'ended' });
+      const timer = setTimeout(() => done({ kind: 'timer' }), ms);
+      const onAbort = (): void => done({ kind: 'aborted' });
+      const done = (event: Event): void => {
+        clearTimeout(timer);
+        signal?.removeEventListener('abort', onAbort);
+        if (this.wake === check) this.wake = undefined;
+        resolve(event);
+      };
+      const check = (): void => {
+        if (scanner.outcome) done({ kind: 'marker' });
+        else if (live.done) done({ kind: 'ended' });
+      };
+      this.wake = check;
+      if (signal?.aborted) onAbort();
+      else signal?.addEventListener('abort', onAbort, { once: true });
+    });
+  }
+
+  /** Kills the shell and everything it started; waits until it is gone. */
+  private async kill(): Promise<void> {
+    const live = this.live;
+    this.live = undefined;
+    this.scanner = undefined;
+    if (!live) return;
+    live.proc.kill();
+    await live.ended;
+  }
+}

@@ -1,0 +1,61 @@
+/**
+ * The pure text operations behind the file editor tool, kept apart so they can be property-tested without a
+ * sandbox. Lines are split on '\n' only; a trailing newline does not start an extra line; line numbers are
+ * 1-based, as editors and tracebacks show them.
+ */
+
+/** Start offsets of every occurrence of `needle` in `text`, overlapping ones included ("aa" occurs twice in "aaa"). */
+export function occurrences(text: string, needle: string, max = Infinity): number[] {
+  const found: number[] = [];
+  if (needle === '') return found;
+  for (let at = text.indexOf(needle); at >= 0 && found.length < max; at = text.indexOf(needle, at + 1)) found.push(at);
+  return found;
+}
+
+/** 1-based line number of a character offset. */
+export function lineOf(text: string, offset: number): number {
+  let line = 1;
+  for (let i = text.indexOf('\n'); i >= 0 && i < offset; i = text.indexOf('\n', i + 1)) line++;
+  return line;
+}
+
+/** The lines of a text; a final newline ends the last line rather than starting an empty one. */
+export function splitLines(text: string): string[] {
+  if (text === '') return [];
+  const lines = text.split('\n');
+  if (text.endsWith('\n')) lines.pop();
+  return lines;
+}
+
+export type ReplaceResult = { ok: true; text: string; line: number } | { ok: false; count: number; lines: number[] };
+
+/**
+ * Replaces `oldStr` by `newStr` when it occurs exactly once (counting overlaps, so an ambiguous edit is never
+ * applied); otherwise says how often and on which lines (at most 20) it occurs. `line` is where the edit starts.
+ */
+export function replaceUnique(text: string, oldStr: string, newStr: string): ReplaceResult {
+  const found = occurrences(text, oldStr, 21);
+  if (found.length !== 1) return { ok: false, count: found.length > 20 ? occurrences(text, oldStr).length : found.length, lines: found.slice(0, 20).map((at) => lineOf(text, at)) };
+  const at = found[0]!;
+  return { ok: true, text: text.slice(0, at) + newStr + text.slice(at + oldStr.length), line: lineOf(text, at) };
+}
+
+/** Inserts `newText` after line `after` (0: at the top). The caller checks 0 <= after <= line count. */
+export function insertAfterLine(text: string, after: number, newText: string): string {
+  const lines = splitLines(text);
+  const inserted = splitLines(newText.endsWith('\n') || newText === '' ? newText : `${newText}\n`);
+  const result = [...lines.slice(0, after), ...inserted, ...lines.slice(after)];
+  if (text === '') return inserted.length === 0 ? '' : `${inserted.join('\n')}\n`;
+  const trailing = text.endsWith('\n') || (after === lines.length && newText.endsWith('\n')) ? '\n' : '';
+  return `${result.join('\n')}${trailing}`;
+}
+
+/** Lines `first`..`last` (1-based, inclusive) numbered as `cat -n` does: right-aligned number, a tab, the line. */
+export function numberLines(lines: readonly string[], first: number, maxLineChars = 1000): string {
+  return lines
+    .map((line, i) => {
+      const shown = line.length > maxLineChars ? `${line.slice(0, maxLineChars)}… [line cut: ${line.length - maxLineChars} more characters]` : line;
+      return `${String(first + i).padStart(6)}\t${shown}`;
+    })
+    .join('\n');
+}
