@@ -1,3 +1,4 @@
+import { BashShell } from './bash-shell.js';
 import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { constants } from 'node:os';
@@ -44,6 +45,7 @@ export class ApptainerSandbox implements Sandbox {
   private readonly running = new Set<ContainedProcess | SpawnedProcess>();
   private readonly wallTimer: NodeJS.Timeout;
   private stopping: Promise<void> | undefined;
+  #shell: BashShell | undefined;
   private expired = false;
 
   constructor(private readonly init: ApptainerSandboxInit) {
@@ -133,8 +135,12 @@ export class ApptainerSandbox implements Sandbox {
 
   shell(): PersistentShell {
     this.assertLive();
-    // BashShell (src/sandboxes/bash-shell.ts, built on spawn) is not on this branch yet; construct it here then.
-    throw new RolloutError('sandbox_error', 'the persistent shell is not available in the apptainer driver yet (BashShell has not landed)');
+    this.#shell ??= new BashShell(this, {
+      outputLimitBytes: this.spec.limits.outputLimitBytes,
+      defaultTimeoutMs: this.spec.limits.commandTimeoutMs,
+      remainingMs: () => this.remainingMs,
+    });
+    return this.#shell;
   }
 
   async readFile(path: string, options: FileOptions & { maxBytes?: number } = {}): Promise<string> {
@@ -168,6 +174,7 @@ export class ApptainerSandbox implements Sandbox {
 
   private async doStop(): Promise<void> {
     clearTimeout(this.wallTimer);
+    await this.#shell?.close();
     const procs = [...this.running];
     for (const p of procs) p.kill();
     await this.init.teardown();

@@ -1,8 +1,10 @@
 import { spawnSync } from 'node:child_process';
-import { afterAll } from 'vitest';
+import { afterAll, describe } from 'vitest';
 import { ApptainerDriver } from '../../src/sandboxes/apptainer.js';
 import { makeApptainerDouble } from './apptainer-double.js';
 import { describeSandboxConformance } from './conformance.js';
+import { describeShellConformance, shellTestLimits } from './shell-conformance.js';
+import { testSpec } from './helpers.js';
 
 /** `apptainer` or `singularity` when one is on PATH. */
 function installedBinary(): string | undefined {
@@ -20,6 +22,12 @@ describeSandboxConformance(`apptainer (${binary ?? 'not installed'})`, () => new
     ? { skip: 'neither apptainer nor singularity is on PATH' }
     : image === undefined && { skip: 'set ROLLOUT_TEST_APPTAINER_IMAGE to a .sif or sandbox directory' }),
   ...(image !== undefined && { image }),
+});
+
+// The persistent shell on real Apptainer (the double's execs have PID namespaces of their own, so the shell's
+// in-sandbox interrupter could not see the shell there: it runs only on the real thing).
+describe.skipIf(binary === undefined || image === undefined)(`apptainer shell (${binary === undefined ? 'skipped: not installed' : image === undefined ? 'skipped: no ROLLOUT_TEST_APPTAINER_IMAGE' : binary})`, () => {
+  describeShellConformance('apptainer', () => new ApptainerDriver({ binary: binary ?? 'apptainer' }).start(testSpec({ ...shellTestLimits, ...(image !== undefined && { image }) })));
 });
 
 // The same suite over the apptainer TEST DOUBLE (test/fixtures/apptainer-test-double.sh, bwrap-backed), so the
