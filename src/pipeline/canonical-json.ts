@@ -10,7 +10,8 @@ export function canonicalJson(value: unknown): string {
 function sortKeys(value: unknown): unknown {
   if (Array.isArray(value)) return value.map(sortKeys);
   if (value === null || typeof value !== 'object') return value;
-  const out: Record<string, unknown> = {};
+  // No prototype: a key named "__proto__" (legal in JSON, and in a Struct) stays an own property.
+  const out: Record<string, unknown> = Object.create(null) as Record<string, unknown>;
   for (const key of Object.keys(value).sort()) out[key] = sortKeys((value as Record<string, unknown>)[key]);
   return out;
 }

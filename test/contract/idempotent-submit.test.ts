@@ -54,5 +54,8 @@ describe('Submit is idempotent on task_id whatever the order of map and Struct k
         expect(JSON.parse(canonicalJson(value))).toEqual(JSON.parse(JSON.stringify(value)));
       }),
     );
+    // Found by the property above: "__proto__" is an ordinary key in JSON and must survive sorting.
+    expect(canonicalJson({ b: 1, ['__proto__']: 0 })).toBe(JSON.stringify(JSON.parse('{"__proto__":0,"b":1}')));
+    expect(canonicalJson(JSON.parse('{"__proto__":{"y":1,"x":2}}'))).toBe('{"__proto__":{"x":2,"y":1}}');
   });
 });
