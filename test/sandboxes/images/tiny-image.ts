@@ -11,22 +11,33 @@ export function sifArchCode(): number {
 }
 
 /**
- * A root file system of a few files: the host's dash as /bin/sh with the libraries it links, empty /proc, /dev
- * and /tmp for bwrap to mount over, and /hello.txt. Enough for `sh -c 'echo ok'` under bwrap; no debootstrap.
+ * A root file system of a few files: the host's dash as /bin/sh, cat and setpriv (to drop to another uid inside
+ * the sandbox, as the bwrap driver does as root) with the libraries they link, empty /proc, /dev and /tmp for
+ * bwrap to mount over, and /hello.txt. Enough for `sh -c 'echo ok'` under bwrap; no debootstrap.
  */
 export function makeTinyRootfs(dir: string): void {
   mkdirSync(join(dir, 'bin'), { recursive: true });
   for (const d of ['proc', 'dev', 'tmp']) mkdirSync(join(dir, d));
-  copyFileSync('/bin/dash', join(dir, 'bin/sh'));
-  const libs = execFileSync('ldd', ['/bin/dash'], { encoding: 'utf8' })
+  const programs: [string, string][] = [
+    ['/bin/dash', 'bin/sh'],
+    ['/bin/cat', 'bin/cat'],
+    ['/usr/bin/setpriv', 'bin/setpriv'],
+  ];
+  for (const [host, inImage] of programs) {
+    copyFileSync(host, join(dir, inImage));
+    for (const lib of linkedLibraries(host)) {
+      mkdirSync(join(dir, dirname(lib)), { recursive: true });
+      copyFileSync(lib, join(dir, lib));
+    }
+  }
+  writeFileSync(join(dir, 'hello.txt'), 'hello from the image\n');
+}
+
+function linkedLibraries(program: string): string[] {
+  return execFileSync('ldd', [program], { encoding: 'utf8' })
     .split('\n')
     .map((line) => /(\/\S+)\s+\(0x/.exec(line)?.[1])
     .filter((path): path is string => path !== undefined);
-  for (const lib of libs) {
-    mkdirSync(join(dir, dirname(lib)), { recursive: true });
-    copyFileSync(lib, join(dir, lib));
-  }
-  writeFileSync(join(dir, 'hello.txt'), 'hello from the image\n');
 }
 
 /** Packs a directory into a squashfs file (mksquashfs, owners reset to root). */
