@@ -107,7 +107,7 @@ export class SifImageMounts implements ImageMounts {
       root = await abortable(held.ready, signal);
     } catch (err) {
       held.refs--;
-      this.whenIdle(held);
+      void this.whenIdle(held);
       throw RolloutError.from(err, 'sandbox_error');
     }
     let released = false;
