@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
-# Installs what the project needs, idempotently: Debian packages (bubblewrap), npm packages (npm ci when the
-# lock file changed), the project-local Python venvs (uv), and grpcurl (go install).
+# Installs what the project needs, idempotently: Debian packages (bubblewrap, image tools), npm packages (npm ci
+# when the lock file changed), the project-local Python venvs (uv), grpcurl (go install), and the default sandbox
+# image (.cache/images, built from Debian packages).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 log() { printf '\033[2m[setup]\033[0m %s\n' "$*" >&2; }
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
-if ! command -v bwrap >/dev/null 2>&1; then
-  log "installing bubblewrap (apt-get)"
+# Debian packages, installed when their command is missing: bubblewrap runs sandboxes; debootstrap, squashfs-tools
+# and siftool build .sif images; squashfuse and fuse3 (fusermount3) mount them.
+apt_missing=()
+for pair in bwrap:bubblewrap debootstrap:debootstrap mksquashfs:squashfs-tools siftool:siftool squashfuse:squashfuse fusermount3:fuse3; do
+  PATH="$PATH:/usr/sbin:/sbin" command -v "${pair%%:*}" >/dev/null 2>&1 || apt_missing+=("${pair#*:}")
+done
+if [ ${#apt_missing[@]} -gt 0 ]; then
+  log "installing ${apt_missing[*]} (apt-get)"
   as_root apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq bubblewrap >/dev/null
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${apt_missing[@]}" >/dev/null
 fi
 
 lock_sum=$(sha256sum package-lock.json | cut -d' ' -f1)
@@ -68,4 +75,13 @@ if ! go version -m .cache/bin/grpcurl 2>/dev/null | grep -Eq "^[[:space:]]+mod[[
   else
     log "warning: no Go toolchain, so no grpcurl: the reflection contract test will fail"
   fi
+fi
+
+# The default sandbox image (python3, bash, coreutils on Debian bookworm) as a .sif in .cache/images, named by the
+# hash of its recipe: `rollout image build` returns at once when that file exists, and otherwise builds it
+# (debootstrap from the Debian mirror, about a minute; needs root, hence as_root).
+if [ "$(id -u)" = 0 ]; then
+  node bin/rollout.js image build >/dev/null
+else
+  as_root env "PATH=$PATH" node bin/rollout.js image build >/dev/null
 fi

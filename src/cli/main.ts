@@ -1,6 +1,7 @@
 import { Command, InvalidArgumentError, Option } from 'commander';
 import { readFileSync } from 'node:fs';
 import { runDemo } from './demo.js';
+import { runImageBuild } from './image.js';
 import { runServe } from './serve.js';
 import { RolloutClient } from '../client/rollout-client.js';
 import { RolloutError } from '../errors.js';
@@ -67,6 +68,19 @@ program
     }
   });
 
+const image = program.command('image').description('sandbox images (Singularity .sif)');
+image
+  .command('build')
+  .description('build a .sif from Debian packages (debootstrap minbase → squashfs → SIF; needs root), cached by content hash')
+  .option('--packages <list>', 'comma-separated Debian packages (default: python3,bash,coreutils)')
+  .option('--suite <suite>', 'Debian suite (default: bookworm)')
+  .option('--cache-dir <dir>', 'image cache (default: .cache/images in the project)')
+  .option('--mirror <url>', 'Debian mirror (default: http://deb.debian.org/debian)')
+  .option('--out <path>', 'also copy the image to this path')
+  .action(async (opts) => {
+    process.exitCode = await runImageBuild(opts);
+  });
+
 /** A JSON config file, or a RolloutError naming the file and what is wrong with it. */
 function readConfigFile(path: string): Record<string, unknown> {
   let text: string;
@@ -89,7 +103,7 @@ try {
   await program.parseAsync(process.argv);
 } catch (err) {
   // A configuration or usage mistake is a message for a person, not a stack trace.
-  if (!(err instanceof RolloutError) || err.code !== 'invalid_argument') throw err;
+  if (!(err instanceof RolloutError) || (err.code !== 'invalid_argument' && err.code !== 'failed_precondition')) throw err;
   console.error(`rollout: ${err.message}`);
   process.exitCode = 2;
 }

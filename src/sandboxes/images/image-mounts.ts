@@ -14,12 +14,15 @@ export interface MountedImage {
  * image is used in place. A Singularity image (.sif) is mounted read-only (its squashfs partition, through
  * squashfuse) once per image and shared by every sandbox that holds it.
  *
- * This is the seam the drivers use; `.sif` support lives in sif-mount.ts.
+ * This is the seam the drivers use; `.sif` support lives in sif-mount.ts (`SifImageMounts`, which also handles
+ * directories).
  */
 export interface ImageMounts {
   acquire(image: string, signal?: AbortSignal): Promise<MountedImage>;
   /** Unmounts and removes what a crashed predecessor left under this manager's mount root. */
   reap(): Promise<{ removed: number }>;
+  /** Unmounts every image now, held or not (server shutdown); optional: implementations without mounts omit it. */
+  close?(): Promise<void>;
 }
 
 /** Directory images only: `.sif` files are refused with a sandbox_error saying so. */
