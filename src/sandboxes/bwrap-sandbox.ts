@@ -139,17 +139,17 @@ export class BubblewrapSandbox implements Sandbox {
     throw new RolloutError('sandbox_error', 'the persistent shell is not available yet (it builds on Sandbox.spawn)');
   }
 
-  readFile(path: string, options: FileOptions & { maxBytes?: number } = {}): Promise<string> {
+  async readFile(path: string, options: FileOptions & { maxBytes?: number } = {}): Promise<string> {
     this.assertLive();
     return this.files.read(path, options);
   }
 
-  writeFile(path: string, content: string, options: FileOptions = {}): Promise<void> {
+  async writeFile(path: string, content: string, options: FileOptions = {}): Promise<void> {
     this.assertLive();
     return this.files.write(path, content, options);
   }
 
-  listDir(path: string, options: FileOptions = {}): Promise<DirEntry[]> {
+  async listDir(path: string, options: FileOptions = {}): Promise<DirEntry[]> {
     this.assertLive();
     return this.files.list(path, options);
   }
