@@ -58,7 +58,8 @@ export class Holder {
     child.stderr?.on('data', (c: Buffer) => stderr.push(c));
     (child.stdin as Writable).on('error', () => undefined);
     let info = '';
-    (child.stdio[INFO_FD] as Readable).on('data', (c: Buffer) => (info += c.toString('utf8'))).on('error', () => undefined);
+    const infoPipe = child.stdio[INFO_FD] as Readable;
+    infoPipe.on('data', (c: Buffer) => (info += c.toString('utf8'))).on('error', () => undefined);
     const killGroup = (): void => {
       try {
         if (child.pid !== undefined) process.kill(-child.pid, 'SIGKILL');
@@ -78,19 +79,28 @@ export class Holder {
       const onClose = (code: number | null, sig: string | null): void =>
         fail(new RolloutError('sandbox_error', `bubblewrap failed to start the sandbox (exit ${code ?? sig}): ${stderr.text().trim()}`));
       const onError = (err: Error): void => fail(new RolloutError('sandbox_error', `cannot run ${argv[0]}: ${err.message}`, { cause: err }));
+      // Up when the holder said so on stdout and bwrap's info JSON is complete (two pipes, either may come first).
+      let up = false;
       const onData = (): void => {
+        if (!up || parseInfo(info) === undefined) return;
         cleanup();
         resolve();
+      };
+      const onUp = (): void => {
+        up = true;
+        onData();
       };
       const cleanup = (): void => {
         clearTimeout(timer);
         options.signal?.removeEventListener('abort', onAbort);
         child.off('close', onClose).off('error', onError);
-        child.stdout?.off('data', onData);
+        child.stdout?.off('data', onUp);
+        infoPipe.off('data', onData);
       };
       timer = setTimeout(() => fail(new RolloutError('sandbox_error', `the sandbox did not start within ${options.timeoutMs} ms`)), options.timeoutMs);
       child.once('close', onClose).once('error', onError);
-      child.stdout?.once('data', onData);
+      child.stdout?.once('data', onUp);
+      infoPipe.on('data', onData);
       if (options.signal?.aborted) onAbort();
       else options.signal?.addEventListener('abort', onAbort, { once: true });
     });
@@ -98,8 +108,8 @@ export class Holder {
     child.on('error', () => undefined);
 
     try {
-      const initPid = (JSON.parse(info) as { 'child-pid'?: unknown })['child-pid'];
-      if (typeof initPid !== 'number') throw new Error(`no child-pid in bwrap's info: ${info}`);
+      const initPid = parseInfo(info);
+      if (initPid === undefined) throw new Error(`no child-pid in bwrap's info: ${info}`);
       const holderPid = Number(readFileSync(`/proc/${initPid}/task/${initPid}/children`, 'utf8').trim().split(' ')[0]);
       const namespaces = holdNamespaces(holderPid);
       // The holder must be bwrap init's child while we hold its namespaces: then they are this sandbox's.
@@ -138,6 +148,16 @@ export class Holder {
       }
     }
     (this.child.stdin as Writable | null)?.destroy();
+  }
+}
+
+/** bwrap's --info-fd JSON's child-pid, or undefined while the JSON is incomplete. */
+function parseInfo(info: string): number | undefined {
+  try {
+    const pid = (JSON.parse(info) as { 'child-pid'?: unknown })['child-pid'];
+    return typeof pid === 'number' ? pid : undefined;
+  } catch {
+    return undefined;
   }
 }
 

@@ -1,4 +1,4 @@
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { mkdir, readdir, readFile, rmdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -49,10 +49,19 @@ export class CgroupTree {
     }
   }
 
-  /** Kills the subtree's processes and removes its cgroups bottom-up. Idempotent; never throws. */
-  async remove(): Promise<void> {
-    await this.kill();
-    await removeDirs(this.path);
+  /**
+   * Kills the subtree's processes and removes its cgroups bottom-up, retrying while the kernel still counts
+   * exiting processes (rmdir says EBUSY). Idempotent; never throws; returns whether the cgroup is gone.
+   */
+  async remove(): Promise<boolean> {
+    const deadline = Date.now() + EMPTY_WAIT_MS;
+    for (;;) {
+      await this.kill();
+      await removeDirs(this.path, 1);
+      if (!existsSync(this.path)) return true;
+      if (Date.now() > deadline) return false;
+      await sleep(10);
+    }
   }
 
   /** Removes the cgroup when no process is left in it; one attempt, so a busy cgroup costs nothing. */

@@ -148,8 +148,8 @@ class V1Manager implements CgroupManager {
       },
       peakMemoryBytes: async () => Number(await readFile(join(memory.path, 'memory.max_usage_in_bytes'), 'utf8')),
       remove: async () => {
-        await pids.remove();
-        await memory.remove();
+        const gone = (await pids.remove()) && (await memory.remove());
+        if (!gone) throw new Error(`cgroups of sandbox ${id} are still busy after their processes were killed`);
       },
     };
   }
@@ -219,7 +219,9 @@ class V2Manager implements CgroupManager {
         const text = await readFile(join(top.path, 'memory.peak'), 'utf8').catch(() => undefined);
         return text === undefined ? undefined : Number(text);
       },
-      remove: () => top.remove(),
+      remove: async () => {
+        if (!(await top.remove())) throw new Error(`cgroups of sandbox ${id} are still busy after their processes were killed`);
+      },
     };
   }
 
