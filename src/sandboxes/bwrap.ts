@@ -1,4 +1,5 @@
-import { lstat, mkdir } from 'node:fs/promises';
+import { constants, existsSync } from 'node:fs';
+import { access, lstat, mkdir, stat } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, posix } from 'node:path';
 import { RolloutError, throwIfAborted } from '../errors.js';
@@ -19,7 +20,11 @@ export interface BubblewrapDriverOptions {
   bwrapPath?: string;
   /** Host Python command whose installation is bound into host-layout sandboxes (default `python3`); false for none. */
   python?: string | false;
-  /** Host directory under which the (empty, shared) staging mount point lives; default the OS temp dir. */
+  /**
+   * Host directory under which the (empty, shared) staging mount point lives (root only); default /run. Every
+   * ancestor must be traversable by other users (the sandbox's uid reaches staged paths through it); when it is
+   * not, /run is used instead.
+   */
   tmpRoot?: string;
   /** `auto` picks `setuid` when the server runs as host root and `userns` otherwise (see SandboxIdentity). */
   identity?: 'auto' | 'userns' | 'setuid';
@@ -165,9 +170,11 @@ export class BubblewrapDriver implements SandboxDriver {
   }
 
   private async runProbe(): Promise<Probe> {
+    if (!(await executable(this.bwrapPath))) throw new RolloutError('sandbox_error', `cannot run ${this.bwrapPath}: ENOENT (not found or not executable)`);
     const python = this.options.python === false ? undefined : await resolveHostPython(this.options.python || 'python3');
     if (!python && this.options.python !== false) this.log.warn('no host python3 found; host-layout sandboxes will have no Python unless /usr has one');
-    const stageDir = join(this.options.tmpRoot ?? tmpdir(), 'rollout-bwrap-stage');
+    const base = this.options.tmpRoot !== undefined && (await traversableByAll(this.options.tmpRoot)) ? this.options.tmpRoot : existsSync('/run') ? '/run' : tmpdir();
+    const stageDir = join(base, 'rollout-bwrap-stage');
     if (this.identityMode === 'setuid') {
       await mkdir(stageDir, { recursive: true, mode: 0o755 });
       const st = await lstat(stageDir);
@@ -190,6 +197,22 @@ export class BubblewrapDriver implements SandboxDriver {
 
   private releaseIdentity(identity: SandboxIdentity): void {
     if (identity.kind === 'setuid') this.uidsInUse.delete(identity.uid);
+  }
+}
+
+/** Whether `command` (a path, or a name looked up on PATH) is an executable file. */
+async function executable(command: string): Promise<boolean> {
+  const candidates = command.includes('/') ? [command] : (process.env.PATH ?? '/usr/bin:/bin').split(':').map((d) => join(d, command));
+  for (const c of candidates) if (await access(c, constants.X_OK).then(() => true, () => false)) return true;
+  return false;
+}
+
+/** Whether every directory from / down to `dir` lets other users through (o+x). */
+async function traversableByAll(dir: string): Promise<boolean> {
+  for (let d = posix.resolve(dir); ; d = posix.dirname(d)) {
+    const st = await stat(d).catch(() => undefined);
+    if (!st || (st.mode & 0o001) === 0) return false;
+    if (d === '/') return true;
   }
 }
 
