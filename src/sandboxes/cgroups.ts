@@ -1,5 +1,5 @@
 import { accessSync, constants, existsSync, mkdirSync, readFileSync } from 'node:fs';
-import { mkdir, readdir, readFile, writeFile } from 'node:fs/promises';
+import { mkdir, readdir, readFile, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { RolloutError } from '../errors.js';
@@ -150,6 +150,8 @@ class V1Manager implements CgroupManager {
       remove: async () => {
         const gone = (await pids.remove()) && (await memory.remove());
         if (!gone) throw new Error(`cgroups of sandbox ${id} are still busy after their processes were killed`);
+        // The owner dir goes with its last sandbox (a concurrent create re-makes it: see CgroupTree.make).
+        for (const c of ['memory', 'pids']) await rmdir(join(this.root, c, PARENT, this.owner)).catch(() => undefined);
       },
     };
   }
