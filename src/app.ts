@@ -43,6 +43,7 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
   await Promise.all(added.map((b) => pool.learn(b.id)));
   pool.startHealthChecks();
   const sandboxes = options.sandboxes ?? createSandboxDriver(config.sandbox, logger);
+  await sandboxes.reap?.(); // what a crashed predecessor left (cgroups, mounts) goes before the first sandbox starts
   const runtime = new RolloutRuntime({ config, registry, sandboxes, pool, tokenizer, template, parser: new HermesToolCallParser(), logger });
   const server = await startGrpcServer({ runtime, registry, logger, ...(options.sessionTtlMs !== undefined && { sessionTtlMs: options.sessionTtlMs }) });
   return {
@@ -53,6 +54,7 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
     shutdown: async () => {
       await server.shutdown();
       pool.close();
+      await sandboxes.close?.();
     },
   };
 }

@@ -1,35 +1,52 @@
 import { lstatSync, readlinkSync, readdirSync } from 'node:fs';
 import { posix } from 'node:path';
-import type { SandboxLimits } from './types.js';
 import type { HostPython } from './host-python.js';
-import { STARTED_FD } from './contained-process.js';
+import type { SandboxLimits } from './types.js';
 
 /**
- * Who the sandboxed program runs as, which decides how RLIMIT_NPROC can be made to hold.
+ * Who the sandbox's processes are on the host.
  *
- * - `userns` (host uid != 0, the rootless default): bwrap makes a user namespace; prlimit sets RLIMIT_NPROC
- *   inside it, where (Linux >= 5.14) the count is per (user namespace, uid), i.e. per sandbox exec.
- * - `setuid` (host uid == 0, e.g. CI containers): the kernel never enforces RLIMIT_NPROC for host uid 0, even
- *   inside a user namespace (fork.c skips the check for INIT_USER). So bwrap runs without a user namespace
- *   and `setpriv` drops to an unprivileged uid unique to this sandbox (no capabilities, no_new_privs) before
- *   prlimit; the count is then per that uid, i.e. per sandbox.
+ * - `setuid` (the server runs as host root): bwrap itself runs as an unprivileged host uid unique to the sandbox
+ *   (setpriv before bwrap), so the sandbox is exactly the rootless case seen from the kernel: its own user
+ *   namespace (which `--disable-userns` needs), and files, signals and sockets of a uid nobody else has. Host
+ *   paths that uid cannot reach (a Python under /root) are first bound by root in a private mount namespace
+ *   that dies with the sandbox ("staging"), then bound into the sandbox by bwrap.
+ * - `userns` (the server is not root): bwrap runs as the server's uid in its own user namespace.
+ * Either way the processes are uid/gid SANDBOX_UID inside, with no capabilities and no_new_privs.
  */
 export type SandboxIdentity = { kind: 'userns' } | { kind: 'setuid'; uid: number; gid: number };
+
+/** The uid and gid of every process inside a sandbox (mapped to the host uid above). */
+export const SANDBOX_UID = 1000;
 
 /** /etc entries a program needs (dynamic loader, locale, TLS roots, name service); the rest stays hidden. */
 const ETC_ENTRIES = [
   'ld.so.cache', 'ld.so.conf', 'ld.so.conf.d', 'alternatives', 'localtime', 'nsswitch.conf', 'passwd', 'group',
   'hosts', 'host.conf', 'resolv.conf', 'gai.conf', 'protocols', 'services', 'ssl', 'ca-certificates', 'mime.types',
 ];
+/** Top-level entries of an image that the sandbox replaces with its own. */
+const IMAGE_SKIP = new Set(['proc', 'dev', 'sys', 'tmp', 'run']);
 
-/** Paths the sandbox layout owns; Python ancestors are not re-created over them. */
-const LAYOUT_ROOTS = new Set(['/', '/usr', '/etc', '/proc', '/dev', '/tmp']);
+/** A host path bound into the sandbox. */
+export interface Bind {
+  source: string;
+  dest: string;
+  readOnly: boolean;
+}
+
+/** The file system of a sandbox before its workspace: bwrap args that need no staging, plus binds that may. */
+export interface Layout {
+  args: string[];
+  binds: Bind[];
+  /** An image root whose top-level entries are bound read-only (the root itself is staged once). */
+  image?: { root: string; entries: string[] };
+}
 
 /**
- * The read-only system part of the sandbox's file system, computed once from the host: /usr bound read-only;
- * /bin, /sbin, /lib* recreated as the same symlinks (merged-/usr hosts) or bound; a minimal /etc.
+ * The host's own system, computed once: /usr read-only; /bin, /sbin, /lib* as the same symlinks (merged-/usr) or
+ * bound; a minimal /etc. Everything here is world-readable, so it never needs staging.
  */
-export function systemLayoutArgs(): string[] {
+export function hostLayout(): Layout {
   const args = ['--ro-bind', '/usr', '/usr'];
   for (const top of ['/bin', '/sbin', '/lib', '/lib32', '/lib64', '/libx32']) {
     try {
@@ -46,106 +63,178 @@ export function systemLayoutArgs(): string[] {
   } catch {
     // No /etc listing: keep the fixed set.
   }
-  // Without --perms bwrap may create /etc 0700 (seen with bwrap 0.8 as root); the dropped uid must traverse it.
   args.push('--perms', '0755', '--dir', '/etc');
   for (const name of etc) args.push('--ro-bind-try', `/etc/${name}`, `/etc/${name}`);
-  return args;
+  return { args, binds: [] };
 }
 
-/** RLIMIT_FSIZE when the limits do not say: one file may not fill the host's disk. */
-export const DEFAULT_MAX_FILE_MB = 256;
+/**
+ * An image root: each top-level entry bound read-only (symlinks recreated), on bwrap's own root. Why not bind the
+ * root itself at /: a read-only root cannot get the mount points bwrap must create (the workspace, mount targets).
+ */
+export function imageLayout(root: string): Layout {
+  const args: string[] = [];
+  const entries: string[] = [];
+  for (const entry of readdirSync(root, { withFileTypes: true })) {
+    if (IMAGE_SKIP.has(entry.name)) continue;
+    if (entry.isSymbolicLink()) args.push('--symlink', readlinkSync(posix.join(root, entry.name)), `/${entry.name}`);
+    else entries.push(entry.name);
+  }
+  return { args, binds: [], image: { root, entries } };
+}
 
-export interface ExecCommandSpec {
+/** The host Python installation (when the host layout is used), bound at the paths Python reports. */
+export function pythonBinds(python: HostPython): Bind[] {
+  return python.roots.filter(({ dest }) => dest !== '/usr' && !dest.startsWith('/usr/')).map(({ source, dest }) => ({ source, dest, readOnly: true }));
+}
+
+export interface HolderCommandSpec {
   bwrapPath: string;
-  systemLayout: readonly string[];
-  python: HostPython | undefined;
   identity: SandboxIdentity;
   limits: SandboxLimits;
   network: boolean;
-  hostWorkdir: string;
+  layout: Layout;
+  /** Binds applied after the workspace exists (spec.mounts may target paths inside it). */
+  mounts: Bind[];
   workdir: string;
+  /** cgroup.procs files the chain joins before anything else runs. */
+  cgroupProcs: readonly string[];
+  /** Host dir over which staging mounts a private tmpfs (setuid identity only). */
+  stageDir: string;
+  /** Descriptor bwrap writes its --info-fd JSON (child-pid) to. */
+  infoFd: number;
+}
+
+const JOIN = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"';
+const STAGE = [
+  'stage=$1; shift',
+  'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift',
+  'mount -t tmpfs -o size=64k,mode=0755 rollout-stage "$stage" || exit 125',
+  'i=0',
+  'while [ "$1" != -- ]; do',
+  '  if [ -d "$1" ]; then mkdir "$stage/$i"; else : > "$stage/$i"; fi || exit 125',
+  '  mount --rbind "$1" "$stage/$i" || exit 125',
+  '  i=$((i + 1)); shift',
+  'done; shift; exec "$@"',
+].join('\n');
+/** The holder: says it is up, then lives until its stdin (the server's control pipe) closes. */
+const HOLDER = 'printf r; read -r _ || true';
+
+/**
+ * The host command line that starts a sandbox: [join cgroups →] [stage → setpriv →] bwrap → holder. Pure: the same
+ * spec gives the same argv.
+ */
+export function buildHolderArgv(spec: HolderCommandSpec): string[] {
+  const { identity, limits } = spec;
+  const staged = identity.kind === 'setuid';
+  const image = spec.layout.image;
+  // Sources in staging order: the image root (if any), then the layout's binds, then spec.mounts.
+  const sources = [...(image ? [image.root] : []), ...spec.layout.binds.map((b) => b.source), ...spec.mounts.map((b) => b.source)];
+  const source = (i: number): string => (staged ? `${spec.stageDir}/${i}` : sources[i]!);
+  const offset = image ? 1 : 0;
+  const bwrap = [
+    spec.bwrapPath, '--unshare-user', '--uid', String(SANDBOX_UID), '--gid', String(SANDBOX_UID), '--disable-userns',
+    '--unshare-pid', '--unshare-ipc', '--unshare-uts', '--unshare-cgroup-try', ...(spec.network ? [] : ['--unshare-net']),
+    '--die-with-parent', '--new-session', '--hostname', 'sandbox', ...spec.layout.args,
+  ];
+  const bindArgs = (bind: Bind, i: number): string[] => {
+    const made = parentDirs(bind.dest, spec.workdir).flatMap((dir) => ['--perms', '0755', '--dir', dir]);
+    return [...made, bind.readOnly ? '--ro-bind' : '--bind', source(i), bind.dest];
+  };
+  for (const name of image?.entries ?? []) bwrap.push('--ro-bind', `${source(0)}/${name}`, `/${name}`);
+  const nLayout = offset + spec.layout.binds.length;
+  spec.layout.binds.forEach((b, i) => bwrap.push(...bindArgs(b, offset + i)));
+  bwrap.push('--proc', '/proc', '--dev', '/dev');
+  const bytes = String(limits.diskMb * 1024 * 1024);
+  bwrap.push('--size', bytes, '--perms', '1777', '--tmpfs', '/tmp');
+  bwrap.push('--size', bytes, '--perms', '0755', '--tmpfs', spec.workdir);
+  spec.mounts.forEach((b, i) => bwrap.push(...bindArgs(b, nLayout + i)));
+  // The root is bwrap's own tmpfs (holding /etc and mount points): read-only once everything is mounted.
+  bwrap.push('--remount-ro', '/', '--chdir', spec.workdir, '--info-fd', String(spec.infoFd), '--clearenv', '--', '/bin/sh', '-c', HOLDER);
+  if (staged) {
+    return [
+      'unshare', '-m', '--propagation', 'private', '/bin/sh', '-c', STAGE, 'rollout-stage', spec.stageDir,
+      ...spec.cgroupProcs, '--', ...sources, '--',
+      'setpriv', '--reuid', String(identity.uid), '--regid', String(identity.gid), '--clear-groups', '--', ...bwrap,
+    ];
+  }
+  return spec.cgroupProcs.length > 0 ? ['/bin/sh', '-c', JOIN, 'rollout-join', ...spec.cgroupProcs, '--', ...bwrap] : bwrap;
+}
+
+/** Directories bwrap must create (0755) above a bind target; the root, /usr and the workspace already exist. */
+function parentDirs(dest: string, workdir: string): string[] {
+  const parts = dest.split('/').filter(Boolean);
+  const out: string[] = [];
+  for (let i = 1; i < parts.length; i++) {
+    const dir = `/${parts.slice(0, i).join('/')}`;
+    if (dir === '/usr' || dir === '/etc' || dir === '/tmp' || dir === workdir || workdir.startsWith(`${dir}/`)) continue;
+    out.push(dir);
+  }
+  return out;
+}
+
+export interface ExecCommandSpec {
+  limits: SandboxLimits;
+  /**
+   * Descriptors (in the launched process) of the holder's namespaces and root, opened once at start: a reused
+   * holder pid can then never send a command into the wrong namespaces.
+   */
+  nsFds: NamespaceFds;
+  /** Whether the sandbox's limits hold through cgroups (else RLIMIT_AS and RLIMIT_NPROC per process). */
+  cgroups: boolean;
+  cgroupProcs: readonly string[];
   cwd: string;
   env: Readonly<Record<string, string>>;
   argv: readonly string[];
 }
 
-/** Builds the full bwrap argv for one exec. Pure: the same spec gives the same command line. */
-export function buildExecArgs(spec: ExecCommandSpec): string[] {
-  const { identity, limits, python } = spec;
-  const args: string[] = [];
-  if (identity.kind === 'userns') {
-    args.push('--unshare-all', ...(spec.network ? ['--share-net'] : []));
-  } else {
-    args.push('--unshare-ipc', '--unshare-pid', '--unshare-uts', '--unshare-cgroup-try', ...(spec.network ? [] : ['--unshare-net']));
-  }
-  args.push('--die-with-parent', '--new-session', '--hostname', 'sandbox');
-  args.push(...spec.systemLayout, '--proc', '/proc', '--dev', '/dev');
-  args.push('--perms', '1777', '--size', String(limits.memoryMb * 1024 * 1024), '--tmpfs', '/tmp');
-  if (python) args.push(...pythonBindArgs(python, spec.workdir));
-  args.push('--bind', spec.hostWorkdir, spec.workdir, '--chdir', spec.cwd, '--clearenv');
-  const env = { ...defaultEnv(python, spec.workdir), ...spec.env };
-  for (const [key, value] of Object.entries(env)) args.push('--setenv', key, value);
-  args.push('--', ...wrapperArgv(identity, limits), ...spec.argv);
-  return args;
+/** The namespaces a command joins: nsenter's option and the file under /proc/PID/ns. User first: it grants the rest. */
+export const NAMESPACES = [
+  { flag: 'user', file: 'user' }, { flag: 'mount', file: 'mnt' }, { flag: 'pid', file: 'pid' }, { flag: 'net', file: 'net' },
+  { flag: 'ipc', file: 'ipc' }, { flag: 'uts', file: 'uts' }, { flag: 'cgroup', file: 'cgroup' },
+] as const;
+
+/** Descriptor numbers of the holder's namespace files and root directory in a launched command. */
+export type NamespaceFds = Record<(typeof NAMESPACES)[number]['file'] | 'root', number>;
+
+/** Descriptor the in-sandbox wrapper writes one byte to: `1` right before exec'ing the argv, `c` for a bad cwd. */
+export const STARTED_FD = 3;
+const INNER = [
+  `cd -- "$1" 2>/dev/null || { printf c >&${STARTED_FD}; exit 126; }; shift`,
+  'while [ "$1" != -- ]; do export "$1"; shift; done; shift',
+  `{ printf 1 >&${STARTED_FD}; } 2>/dev/null; exec "$@" ${STARTED_FD}>&-`,
+].join('\n');
+
+/**
+ * The host command line of one command inside a running sandbox: [join its cgroups →] prlimit → setpriv
+ * (no_new_privs) → nsenter (the holder's user, mount, pid, net, ipc, uts and cgroup namespaces and its root;
+ * uid/gid SANDBOX_UID) → sh (cd, environment, started byte) → argv. The environment travels as arguments, not as
+ * the host chain's own environment, so no variable (LD_PRELOAD, ...) ever reaches a host binary.
+ */
+export function buildExecArgv(spec: ExecCommandSpec): string[] {
+  const { limits } = spec;
+  const rlimits = [`--fsize=${limits.maxFileMb * 1024 * 1024}`, '--core=0'];
+  if (!spec.cgroups) rlimits.push(`--as=${limits.memoryMb * 1024 * 1024}`, `--nproc=${limits.maxProcesses}`);
+  const argv = [
+    'prlimit', ...rlimits, '--', 'setpriv', '--no-new-privs', '--',
+    'nsenter', ...NAMESPACES.map((ns) => `--${ns.flag}=/proc/self/fd/${spec.nsFds[ns.file]}`), `--root=/proc/self/fd/${spec.nsFds.root}`,
+    '-S', String(SANDBOX_UID), '-G', String(SANDBOX_UID), '--',
+    '/bin/sh', '-c', INNER, 'sandbox-exec', spec.cwd, ...Object.entries(spec.env).map(([k, v]) => `${k}=${v}`), '--', ...spec.argv,
+  ];
+  return spec.cgroupProcs.length > 0 ? ['/bin/sh', '-c', JOIN, 'rollout-join', ...spec.cgroupProcs, '--', ...argv] : argv;
 }
 
-function pythonBindArgs(python: HostPython, workdir: string): string[] {
-  const args: string[] = [];
-  const made = new Set<string>();
-  for (const { source, dest } of python.roots) {
-    if (dest === '/usr' || dest.startsWith('/usr/')) continue; // already visible through /usr
-    // bwrap creates missing parents 0700 when the host's are (e.g. /root); the dropped uid must traverse them.
-    const parts = dest.split('/').filter(Boolean);
-    for (let i = 1; i < parts.length; i++) {
-      const dir = `/${parts.slice(0, i).join('/')}`;
-      if (LAYOUT_ROOTS.has(dir) || dir === workdir || made.has(dir)) continue;
-      made.add(dir);
-      args.push('--perms', '0755', '--dir', dir);
-    }
-    args.push('--ro-bind', source, dest);
-  }
-  return args;
-}
-
-function defaultEnv(python: HostPython | undefined, workdir: string): Record<string, string> {
-  const path = ['/usr/local/bin', '/usr/bin', '/bin'];
+/** Variables every command gets (before spec.env and the command's own). */
+export function defaultEnv(python: HostPython | undefined, workdir: string): Record<string, string> {
+  const path = ['/usr/local/sbin', '/usr/local/bin', '/usr/sbin', '/usr/bin', '/sbin', '/bin'];
   if (python && !path.includes(python.binDir)) path.unshift(python.binDir);
   return {
-    PATH: path.join(':'),
-    HOME: workdir,
-    TMPDIR: '/tmp',
-    LANG: 'C.UTF-8',
-    LC_ALL: 'C.UTF-8',
-    TERM: 'dumb',
-    PYTHONDONTWRITEBYTECODE: '1',
-    PYTHONUNBUFFERED: '1',
-    PYTHONIOENCODING: 'utf-8',
+    PATH: path.join(':'), HOME: workdir, TMPDIR: '/tmp', LANG: 'C.UTF-8', LC_ALL: 'C.UTF-8', TERM: 'dumb',
+    PYTHONDONTWRITEBYTECODE: '1', PYTHONUNBUFFERED: '1', PYTHONIOENCODING: 'utf-8',
   };
 }
 
-/**
- * Inside bwrap, before the user's argv: (setpriv →) prlimit → sh, which writes one byte to fd 3 and execs the
- * argv with fd 3 closed. The byte tells the host that setup succeeded, so a bwrap failure (exit 1, "bwrap: ..."
- * on stderr) is never confused with the program's own exit 1, and the program cannot fake either.
- */
-export function wrapperArgv(identity: SandboxIdentity, limits: SandboxLimits): string[] {
-  const argv: string[] = [];
-  if (identity.kind === 'setuid') {
-    argv.push(
-      'setpriv', '--reuid', String(identity.uid), '--regid', String(identity.gid), '--clear-groups',
-      '--no-new-privs', '--inh-caps', '-all', '--bounding-set', '-all', '--',
-    );
-  }
-  argv.push(
-    'prlimit', `--as=${limits.memoryMb * 1024 * 1024}`, `--nproc=${limits.maxProcesses}`,
-    `--fsize=${(limits.maxFileMb ?? DEFAULT_MAX_FILE_MB) * 1024 * 1024}`, '--core=0', '--',
-    '/bin/sh', '-c', `printf 1 >&${STARTED_FD}; exec "$@" ${STARTED_FD}>&-`, 'sandbox-exec',
-  );
-  return argv;
-}
-
-/** Resolves an exec cwd against the work dir; relative paths are relative to it. */
-export function resolveCwd(workdir: string, cwd: string | undefined): string {
-  if (cwd === undefined || cwd === '') return workdir;
-  return posix.normalize(cwd.startsWith('/') ? cwd : posix.join(workdir, cwd));
+/** Resolves a path against the workspace: relative paths are relative to it; the result is normalized. */
+export function resolveInSandbox(workdir: string, path: string): string {
+  return posix.normalize(path.startsWith('/') ? path : posix.join(workdir, path));
 }

@@ -1,59 +1,79 @@
+import { spawn as spawnChild } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { stat } from 'node:fs/promises';
-import { constants } from 'node:os';
+import type { Readable, Writable } from 'node:stream';
 import { RolloutError, throwIfAborted } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
-import { buildExecArgs, resolveCwd, type ExecCommandSpec } from './bwrap-command.js';
-import { spawnContained, type ContainedProcess } from './contained-process.js';
-import { removeTree } from './remove-tree.js';
-import type { DirEntry, ExecOptions, ExecResult, PersistentShell, Sandbox, SandboxProcess, SandboxSpec } from './types.js';
-import { WorkDir } from './work-dir.js';
+import { buildExecArgv, defaultEnv, resolveInSandbox, type SandboxIdentity } from './bwrap-command.js';
+import { LAUNCH_ENV, namespaceFdNumbers, type Holder } from './bwrap-holder.js';
+import type { SandboxCgroup } from './cgroups.js';
+import { spawnContained, type ContainedRunResult } from './contained-process.js';
+import type { HostPython } from './host-python.js';
+import { SandboxFiles, type RunInside } from './sandbox-files.js';
+import { BashShell } from './bash-shell.js';
+import type {
+  DirEntry, ExecOptions, ExecResult, FileOptions, PersistentShell, Sandbox, SandboxProcess, SandboxSpec, SpawnOptions,
+} from './types.js';
 
-/** What every exec of the sandbox shares: the exec command spec less the per-call parts. */
-export interface BubblewrapSandboxInit extends Omit<ExecCommandSpec, 'cwd' | 'env' | 'argv'> {
+export interface BubblewrapSandboxInit {
+  id: string;
   spec: SandboxSpec;
+  holder: Holder;
+  cgroup: SandboxCgroup;
+  /** Whether limits hold through cgroups (else per-process rlimits are added to each command). */
+  cgroups: boolean;
+  identity: SandboxIdentity;
+  python: HostPython | undefined;
   logger: Logger;
-  onStopped: () => void;
-}
-
-/**
- * bwrap's init reports a program killed by signal N as exit code 128 + N (the shell convention); we turn it back
- * into the signal, which is what ExecResult promises. A program that really exits 128 + N reads the same way.
- */
-function signalOfExitCode(code: number | null): string | null {
-  if (code === null || code <= 128) return null;
-  const n = code - 128;
-  return Object.entries(constants.signals).find(([, num]) => num === n)?.[0] ?? null;
+  /** Gives back what start() took (image, uid); called once, after every process is gone. */
+  onStopped: () => Promise<void>;
 }
 
 const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
-/** How long stop() waits for killed execs to be reaped before removing the work dir anyway. */
-const REAP_WAIT_MS = 5_000;
+/** How long stop() waits for bwrap's monitor to exit after the kill. */
+const EXIT_WAIT_MS = 5_000;
+
+interface Running {
+  kill(): void;
+  readonly done: Promise<unknown>;
+}
 
 /**
- * One bubblewrap sandbox: a host work dir plus limits; every `exec` is a fresh bwrap (see BubblewrapDriver).
- * Created by `BubblewrapDriver.start`. Invariants: after `stop()` resolves, no process of this sandbox is alive
- * and its work dir is gone; `exec`/`readFile`/`writeFile` then fail with `sandbox_error`.
+ * One long-lived bubblewrap sandbox (see BubblewrapDriver): a holder process tree in its own namespaces, which
+ * every command, spawned process and file operation enters through nsenter. Invariants: after `stop()` resolves no
+ * process of the sandbox is alive, its cgroups are gone and its image is released; every call then fails with
+ * sandbox_error — or deadline_exceeded when the sandbox's wall clock ran out, which stops it by itself.
  */
 export class BubblewrapSandbox implements Sandbox {
-  readonly id = `bwrap-${randomUUID().slice(0, 8)}`;
+  readonly id: string;
   readonly spec: SandboxSpec;
   readonly workdir: string;
-  /** The work dir on the host (for diagnostics and tests; it disappears on stop). */
-  readonly hostWorkdir: string;
-  private readonly files: WorkDir;
+  #shell: BashShell | undefined;
+  private readonly files: SandboxFiles;
   private readonly deadline: number;
-  private readonly running = new Set<ContainedProcess>();
+  private readonly deadlineTimer: NodeJS.Timeout;
+  private readonly running = new Set<Running>();
   private readonly log: Logger;
+  private readonly baseEnv: Record<string, string>;
   private stopping: Promise<void> | undefined;
+  private expired = false;
 
   constructor(private readonly init: BubblewrapSandboxInit) {
+    this.id = init.id;
     this.spec = init.spec;
-    this.workdir = init.workdir;
-    this.hostWorkdir = init.hostWorkdir;
-    this.files = new WorkDir(init.hostWorkdir, init.workdir, init.identity.kind === 'setuid' ? init.identity : undefined);
-    this.deadline = performance.now() + init.limits.wallClockMs;
+    this.workdir = init.spec.workdir;
     this.log = init.logger.child({ sandbox: this.id });
+    this.baseEnv = { ...defaultEnv(init.python, this.workdir), ...init.spec.env };
+    this.deadline = performance.now() + init.spec.limits.wallClockMs;
+    this.deadlineTimer = setTimeout(() => {
+      this.expired = true;
+      this.log.info({ wallClockMs: init.spec.limits.wallClockMs }, 'sandbox reached its wall-clock deadline: stopping it');
+      void this.stop();
+    }, init.spec.limits.wallClockMs);
+    this.deadlineTimer.unref();
+    this.files = new SandboxFiles(this.workdir, this.runInside);
+    void init.holder.exited.then(() => {
+      if (!this.stopping) this.log.warn('the sandbox died on its own (its holder exited)');
+    });
   }
 
   /** Milliseconds left of the wall-clock budget (never negative). */
@@ -61,41 +81,16 @@ export class BubblewrapSandbox implements Sandbox {
     return Math.max(0, Math.floor(this.deadline - performance.now()));
   }
 
+  /** Highest memory use of the whole sandbox so far (its cgroup's), bytes; undefined without cgroups. */
+  peakMemoryBytes(): Promise<number | undefined> {
+    return this.init.cgroup.peakMemoryBytes().catch(() => undefined);
+  }
+
   async exec(argv: readonly string[], options: ExecOptions = {}): Promise<ExecResult> {
-    this.assertLive();
-    if (argv.length === 0 || argv.some((a) => typeof a !== 'string' || a.includes('\0'))) throw RolloutError.invalid('argv', 'must be non-empty strings without NUL');
-    throwIfAborted(options.signal);
-    const remaining = this.remainingMs;
-    if (remaining <= 0) throw new RolloutError('deadline_exceeded', `sandbox ${this.id} used up its ${this.init.limits.wallClockMs} ms wall-clock budget`);
-    const timeoutMs = Math.min(options.timeoutMs ?? this.init.limits.commandTimeoutMs, remaining);
-    const cwd = resolveCwd(this.workdir, options.cwd);
-    await this.checkCwd(cwd, options.cwd);
-    const env = { ...this.spec.env, ...options.env };
-    for (const key of Object.keys(env)) if (!ENV_NAME.test(key)) throw RolloutError.invalid('env', `bad variable name ${JSON.stringify(key)}`);
-
-    this.assertLive(); // stop() may have begun while we checked the cwd
-
-    const args = buildExecArgs({ ...this.init, cwd, env, argv });
-    const proc = spawnContained(this.init.bwrapPath, args, {
-      timeoutMs,
-      outputLimitBytes: this.init.limits.outputLimitBytes,
-      ...(options.stdin !== undefined && { stdin: options.stdin }),
-      ...(options.signal !== undefined && { signal: options.signal }),
-    });
-    this.running.add(proc);
-    const r = await proc.result.finally(() => this.running.delete(proc));
-    this.log.debug({ argv0: argv[0], exitCode: r.exitCode, timedOut: r.timedOut, droppedBytes: r.droppedBytes, ms: r.durationMs }, 'exec');
-
-    if (r.spawnError) throw new RolloutError('sandbox_error', `cannot run ${this.init.bwrapPath}: ${r.spawnError.message}`, { cause: r.spawnError });
-    if (r.aborted) throw RolloutError.from(options.signal?.reason, 'cancelled');
-    if (r.killed) throw new RolloutError('sandbox_error', `sandbox ${this.id} was stopped while running ${argv[0]}`);
-    if (!r.started && !r.timedOut) {
-      throw new RolloutError('sandbox_error', `bwrap failed to start (exit code ${r.exitCode ?? r.signal}): ${r.stderr.trim()}`);
-    }
-    const killedBy = r.timedOut ? 'SIGKILL' : signalOfExitCode(r.exitCode);
+    const r = await this.execRaw(argv, { ...options, outputLimitBytes: this.spec.limits.outputLimitBytes });
     return {
-      exitCode: killedBy ? null : r.exitCode,
-      signal: killedBy ?? r.signal,
+      exitCode: r.timedOut ? null : r.exitCode,
+      signal: r.timedOut ? 'SIGKILL' : r.signal,
       stdout: r.stdout,
       stderr: r.stderr,
       timedOut: r.timedOut,
@@ -104,29 +99,66 @@ export class BubblewrapSandbox implements Sandbox {
     };
   }
 
-  spawn(): SandboxProcess {
+  spawn(argv: readonly string[], options: SpawnOptions = {}): SandboxProcess {
     this.assertLive();
-    throw new RolloutError('sandbox_error', 'long-lived processes need the long-lived bubblewrap sandbox (not built yet)');
+    validateArgv(argv);
+    throwIfAborted(options.signal);
+    const cmd = this.init.cgroup.command();
+    const args = this.commandArgv(argv, cmd.procs, options);
+    const child = spawnChild(args[0]!, args.slice(1), {
+      detached: true,
+      stdio: ['pipe', 'pipe', 'pipe', 'ignore', ...this.init.holder.namespaces.fds],
+      env: LAUNCH_ENV,
+    });
+    const kill = (): void => {
+      void cmd.kill();
+      try {
+        if (child.pid !== undefined) process.kill(-child.pid, 'SIGKILL');
+      } catch {
+        // Already gone.
+      }
+    };
+    const onAbort = (): void => kill();
+    options.signal?.addEventListener('abort', onAbort, { once: true });
+    const stdin = child.stdin as Writable;
+    stdin.on('error', () => undefined);
+    const exited = new Promise<{ exitCode: number | null; signal: string | null }>((resolve) => {
+      child.once('error', () => resolve({ exitCode: null, signal: null }));
+      child.once('close', (exitCode, signal) => resolve({ exitCode, signal }));
+    }).then(async (result) => {
+      options.signal?.removeEventListener('abort', onAbort);
+      await cmd.release();
+      return result;
+    });
+    const entry: Running = { kill, done: exited };
+    this.running.add(entry);
+    void exited.finally(() => this.running.delete(entry));
+    return { stdin, stdout: child.stdout as Readable, stderr: child.stderr as Readable, exited, kill };
   }
 
   shell(): PersistentShell {
     this.assertLive();
-    throw new RolloutError('sandbox_error', 'the persistent shell needs the long-lived bubblewrap sandbox (not built yet)');
+    this.#shell ??= new BashShell(this, {
+      outputLimitBytes: this.spec.limits.outputLimitBytes,
+      defaultTimeoutMs: this.spec.limits.commandTimeoutMs,
+      remainingMs: () => this.remainingMs,
+    });
+    return this.#shell;
   }
 
-  async listDir(path: string): Promise<DirEntry[]> {
+  async readFile(path: string, options: FileOptions & { maxBytes?: number } = {}): Promise<string> {
     this.assertLive();
-    return this.files.list(path);
+    return this.files.read(path, options);
   }
 
-  async writeFile(path: string, content: string): Promise<void> {
+  async writeFile(path: string, content: string, options: FileOptions = {}): Promise<void> {
     this.assertLive();
-    await this.files.write(path, content);
+    return this.files.write(path, content, options);
   }
 
-  async readFile(path: string): Promise<string> {
+  async listDir(path: string, options: FileOptions = {}): Promise<DirEntry[]> {
     this.assertLive();
-    return this.files.read(path);
+    return this.files.list(path, options);
   }
 
   stop(): Promise<void> {
@@ -135,34 +167,96 @@ export class BubblewrapSandbox implements Sandbox {
   }
 
   private async doStop(): Promise<void> {
-    const procs = [...this.running];
-    for (const proc of procs) proc.kill();
+    // The shell is a process of the sandbox like any other: killed below with the whole tree; close() only
+    // settles its pending commands.
+    void this.#shell?.close();
+    clearTimeout(this.deadlineTimer);
+    const running = [...this.running];
+    for (const r of running) r.kill();
+    this.init.holder.kill();
+    await this.init.cgroup.remove().catch((err: unknown) => this.log.error({ err }, 'removing the cgroups failed'));
     let timer: NodeJS.Timeout | undefined;
-    const reaped = await Promise.race([
-      Promise.all(procs.map((p) => p.result)).then(() => true),
-      new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), REAP_WAIT_MS))),
+    const exited = await Promise.race([
+      Promise.all([this.init.holder.exited, ...running.map((r) => r.done)]).then(() => true),
+      new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), EXIT_WAIT_MS))),
     ]);
     clearTimeout(timer);
-    if (!reaped) this.log.error({ pending: this.running.size }, 'killed execs were not reaped in time');
-    try {
-      await removeTree(this.hostWorkdir);
-    } catch (err) {
-      this.log.error({ err, hostWorkdir: this.hostWorkdir }, 'removing the work dir failed');
-    }
-    this.init.onStopped();
-    this.log.debug({ killed: procs.length }, 'sandbox stopped');
+    if (!exited) this.log.error('the sandbox processes were not reaped in time');
+    await this.init.onStopped().catch((err: unknown) => this.log.error({ err }, 'releasing the sandbox failed'));
+    this.log.debug({ killed: running.length }, 'sandbox stopped');
   }
 
   private assertLive(): void {
+    if (this.expired) throw new RolloutError('deadline_exceeded', `sandbox ${this.id} used up its ${this.spec.limits.wallClockMs} ms wall-clock budget`);
     if (this.stopping) throw new RolloutError('sandbox_error', `sandbox ${this.id} is stopped`);
+    if (!this.init.holder.alive) throw new RolloutError('sandbox_error', `sandbox ${this.id} died`);
   }
 
-  /** A cwd inside the work dir must exist, or bwrap's chdir would fail and look like a sandbox failure. */
-  private async checkCwd(cwd: string, given: string | undefined): Promise<void> {
-    if (given === undefined || cwd === this.workdir) return;
-    if (!cwd.startsWith(`${this.workdir}/`)) return;
-    const host = this.files.hostPath(cwd);
-    const st = await stat(host).catch(() => undefined);
-    if (!st?.isDirectory()) throw RolloutError.invalid('cwd', `${given} is not a directory`);
+  private readonly runInside: RunInside = (argv, options) => this.execRaw(argv, options);
+
+  private async execRaw(
+    argv: readonly string[],
+    options: ExecOptions & { outputLimitBytes: number },
+  ): Promise<ContainedRunResult> {
+    this.assertLive();
+    validateArgv(argv);
+    throwIfAborted(options.signal);
+    const remaining = this.remainingMs;
+    if (remaining <= 0) throw new RolloutError('deadline_exceeded', `sandbox ${this.id} used up its ${this.spec.limits.wallClockMs} ms wall-clock budget`);
+    const timeoutMs = Math.min(options.timeoutMs ?? this.spec.limits.commandTimeoutMs, remaining);
+    const cmd = this.init.cgroup.command();
+    const args = this.commandArgv(argv, cmd.procs, options);
+    const proc = spawnContained(args[0]!, args.slice(1), {
+      timeoutMs,
+      outputLimitBytes: options.outputLimitBytes,
+      fds: this.init.holder.namespaces.fds,
+      killTree: () => void cmd.kill(),
+      ...(options.stdin !== undefined && { stdin: options.stdin }),
+      ...(options.signal !== undefined && { signal: options.signal }),
+    });
+    const entry: Running = { kill: () => proc.kill(), done: proc.result };
+    this.running.add(entry);
+    const r = await proc.result.finally(() => this.running.delete(entry));
+    if (r.timedOut || r.aborted || r.killed) await cmd.kill();
+    await cmd.release();
+    this.log.debug({ argv0: argv[0], exitCode: r.exitCode, timedOut: r.timedOut, droppedBytes: r.droppedBytes, ms: r.durationMs }, 'exec');
+
+    if (r.spawnError) throw new RolloutError('sandbox_error', `cannot launch a command: ${r.spawnError.message}`, { cause: r.spawnError });
+    if (r.aborted) throw RolloutError.from(options.signal?.reason, 'cancelled');
+    if (r.killed && this.expired) return { ...r, timedOut: true };
+    if (r.killed) throw new RolloutError('sandbox_error', `sandbox ${this.id} was stopped while running ${argv[0]}`);
+    if (r.startByte === 'c') throw RolloutError.invalid('cwd', `${options.cwd ?? ''} is not a directory`);
+    if (r.startByte !== '1' && !r.timedOut) {
+      throw new RolloutError('sandbox_error', `could not enter sandbox ${this.id} (exit ${r.exitCode ?? r.signal}): ${r.stderr.trim()}`);
+    }
+    return r;
   }
+
+  private commandArgv(argv: readonly string[], cgroupProcs: readonly string[], options: { cwd?: string; env?: Readonly<Record<string, string>> }): string[] {
+    const env = { ...this.baseEnv, ...options.env };
+    for (const [key, value] of Object.entries(env)) {
+      if (!ENV_NAME.test(key)) throw RolloutError.invalid('env', `bad variable name ${JSON.stringify(key)}`);
+      if (typeof value !== 'string' || value.includes('\0')) throw RolloutError.invalid('env', `${key} must be a string without NUL`);
+    }
+    const cwd = options.cwd === undefined || options.cwd === '' ? this.workdir : resolveInSandbox(this.workdir, options.cwd);
+    if (cwd.includes('\0')) throw RolloutError.invalid('cwd', 'contains a NUL byte');
+    return buildExecArgv({
+      limits: this.spec.limits,
+      nsFds: namespaceFdNumbers(),
+      cgroups: this.init.cgroups,
+      cgroupProcs,
+      cwd,
+      env,
+      argv,
+    });
+  }
+}
+
+function validateArgv(argv: readonly string[]): void {
+  if (argv.length === 0 || argv.some((a) => typeof a !== 'string' || a.includes('\0'))) throw RolloutError.invalid('argv', 'must be non-empty strings without NUL');
+}
+
+/** A fresh sandbox id: short, unique, safe as a cgroup name. */
+export function newSandboxId(): string {
+  return `bwrap-${randomUUID().slice(0, 12)}`;
 }

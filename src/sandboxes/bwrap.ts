@@ -1,13 +1,16 @@
-import { chmod, chown, mkdtemp, realpath } from 'node:fs/promises';
+import { constants, existsSync } from 'node:fs';
+import { access, lstat, mkdir, stat } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { join, posix } from 'node:path';
 import { RolloutError, throwIfAborted } from '../errors.js';
 import { silentLogger, type Logger } from '../observability/logger.js';
-import { buildExecArgs, systemLayoutArgs, type SandboxIdentity } from './bwrap-command.js';
-import { BubblewrapSandbox } from './bwrap-sandbox.js';
-import { spawnContained } from './contained-process.js';
+import { buildHolderArgv, hostLayout, imageLayout, pythonBinds, type Layout, type SandboxIdentity } from './bwrap-command.js';
+import { Holder } from './bwrap-holder.js';
+import { BubblewrapSandbox, newSandboxId } from './bwrap-sandbox.js';
+import { createCgroupManager, type CgroupKind, type CgroupManager } from './cgroups.js';
 import { resolveHostPython, type HostPython } from './host-python.js';
-import { removeTree } from './remove-tree.js';
+import type { ImageMounts, MountedImage } from './images/image-mounts.js';
+import { SifImageMounts } from './images/sif-mount.js';
 import type { SandboxDriver, SandboxLimits, SandboxSpec } from './types.js';
 
 export { BubblewrapSandbox } from './bwrap-sandbox.js';
@@ -16,48 +19,73 @@ export interface BubblewrapDriverOptions {
   logger?: Logger;
   /** The bwrap binary; default `bwrap` from PATH. */
   bwrapPath?: string;
-  /** Host Python command whose installation is bound into sandboxes (default `python3`); false for none. */
+  /** Host Python command whose installation is bound into host-layout sandboxes (default `python3`); false for none. */
   python?: string | false;
-  /** Host directory under which work dirs are created; default the OS temp dir. */
-  tmpRoot?: string;
-  /** Path of the work dir inside the sandbox; default /work. */
-  workdir?: string;
   /**
-   * How RLIMIT_NPROC is made to hold (see SandboxIdentity): `auto` picks `setuid` when the server runs as
-   * host root and `userns` otherwise.
+   * Host directory under which the (empty, shared) staging mount point lives (root only); default /run. Every
+   * ancestor must be traversable by other users (the sandbox's uid reaches staged paths through it); when it is
+   * not, /run is used instead.
    */
+  tmpRoot?: string;
+  /** `auto` picks `setuid` when the server runs as host root and `userns` otherwise (see SandboxIdentity). */
   identity?: 'auto' | 'userns' | 'setuid';
   /** Host uids handed out to sandboxes in `setuid` mode, one per live sandbox; default 2^24 uids from 0x60000000. */
   uidRange?: { first: number; count: number };
+  /** Where images come from; default .sif files (squashfuse, shared mounts) and directories. */
+  images?: ImageMounts;
+  /** Forces a cgroup mode (see createCgroupManager); default detected. */
+  cgroups?: CgroupKind;
+  /** How long a sandbox may take to start, ms (default 30 s). */
+  startTimeoutMs?: number;
+}
+
+/** What isolation this driver achieves on this machine. */
+export interface BubblewrapCapabilities {
+  /** How memory and process limits hold: per sandbox through cgroup v1/v2, or per process only (`none`). */
+  cgroups: CgroupKind;
+  identity: SandboxIdentity['kind'];
 }
 
 interface Probe {
   python: HostPython | undefined;
-  layout: string[];
+  host: Layout;
+  stageDir: string;
 }
 
 /**
- * Rootless sandboxes on bubblewrap: each exec runs in fresh namespaces (mount, PID, IPC, UTS, network unless
- * asked) with the host's /usr read-only, a minimal /etc, the host Python installation read-only, a private
- * /tmp, and the sandbox's work dir (a host temp dir) read-write at /work. Limits: RLIMIT_AS and RLIMIT_NPROC set
- * by prlimit inside the sandbox, output capped per stream, a per-call timeout bounded by the sandbox's
- * wall-clock budget. Why bwrap: it needs no daemon and no root, which is what Slurm clusters give us.
+ * Long-lived bubblewrap sandboxes. A sandbox is one bwrap process tree — its own user (with further user
+ * namespaces disabled), mount, PID, IPC, UTS and (unless asked) network namespaces — whose pid 1 is bwrap's init
+ * and whose pid 2 is a holder shell that lives until the server closes its stdin or kills it. The root file system
+ * is the image's (each top-level entry read-only) or the host's /usr with a minimal /etc and the host Python; the
+ * workspace (spec.workdir) and /tmp are size-limited tmpfs (`--size`, diskMb each).
  *
- * Processes do not outlive their exec: the exec's PID namespace dies with it. Files in the work dir persist
- * across execs until `stop()`; /tmp does not.
+ * Commands, spawned processes and file operations enter the running sandbox with nsenter (namespaces and root
+ * held open as descriptors since start, so a reused pid cannot redirect them), as uid 1000, no_new_privs, no
+ * capabilities. Why nsenter rather than an agent process inside: nothing has to be shipped into (or be runnable
+ * in) every image but /bin/sh; each command is a host child we can time out, cap and kill; the cost is ~5 small
+ * execs per command (see the README for measured figures).
+ *
+ * Whole-sandbox limits: memory (processes plus tmpfs pages) and process count through cgroups (v1 as root, or
+ * delegated v2), each command in a child cgroup so a timeout kills what it started, setsid()ed or not. Without
+ * writable cgroups (rootless, no delegation) RLIMIT_AS and RLIMIT_NPROC per process are all that holds, and the
+ * driver warns once; `capabilities` says which. RLIMIT_FSIZE (maxFileMb) and RLIMIT_CORE=0 per process always.
  *
  * @example
  * const driver = new BubblewrapDriver({ logger });
- * const sandbox = await driver.start({ network: false, memoryMb: 512, maxProcesses: 32, wallClockMs: 60_000, outputLimitBytes: 16_384 });
+ * await driver.reap();
+ * const sandbox = await driver.start(spec, signal);
  * try { console.log((await sandbox.exec(['python3', '-c', 'print(1 + 1)'])).stdout); } finally { await sandbox.stop(); }
  */
 export class BubblewrapDriver implements SandboxDriver {
   readonly name = 'bwrap';
+  readonly capabilities: BubblewrapCapabilities;
   private readonly log: Logger;
   private readonly bwrapPath: string;
   private readonly identityMode: 'userns' | 'setuid';
   private readonly uidRange: { first: number; count: number };
   private readonly uidsInUse = new Set<number>();
+  private readonly images: ImageMounts;
+  private readonly cgroups: CgroupManager;
   private probe: Promise<Probe> | undefined;
 
   constructor(private readonly options: BubblewrapDriverOptions = {}) {
@@ -68,87 +96,98 @@ export class BubblewrapDriver implements SandboxDriver {
     if (mode === 'setuid' && !isRoot) throw new RolloutError('failed_precondition', "bwrap identity 'setuid' needs the server to run as root");
     this.identityMode = mode === 'auto' ? (isRoot ? 'setuid' : 'userns') : mode;
     this.uidRange = options.uidRange ?? { first: 0x6000_0000, count: 1 << 24 };
+    this.images = options.images ?? new SifImageMounts({ logger: this.log });
+    this.cgroups = createCgroupManager({ logger: this.log, ...(options.cgroups !== undefined && { kind: options.cgroups }) });
+    this.capabilities = { cgroups: this.cgroups.kind, identity: this.identityMode };
   }
 
   async start(spec: SandboxSpec, signal?: AbortSignal): Promise<BubblewrapSandbox> {
-    const { limits } = spec;
-    validateLimits(limits);
-    if (spec.image !== undefined || spec.mounts.length > 0) {
-      throw new RolloutError('sandbox_error', 'this bubblewrap driver runs the host layout only: images and mounts are not supported yet');
-    }
+    validateSpec(spec);
     throwIfAborted(signal);
     const probe = await this.ensureProbe();
     throwIfAborted(signal);
-    const identity = this.allocateIdentity();
-    let hostWorkdir: string | undefined;
+    const id = newSandboxId();
+    const undo: Array<() => Promise<void>> = [];
+    const rollback = async (): Promise<void> => {
+      for (const step of undo.reverse()) await step().catch((err: unknown) => this.log.error({ err, sandbox: id }, 'start rollback failed'));
+    };
     try {
-      hostWorkdir = await this.makeWorkdir(identity);
+      let image: MountedImage | undefined;
+      let layout: Layout = { ...probe.host, binds: [...probe.host.binds, ...(probe.python ? pythonBinds(probe.python) : [])] };
+      if (spec.image !== undefined) {
+        image = await this.images.acquire(spec.image, signal);
+        undo.push(() => image!.release());
+        layout = imageLayout(image.root);
+      }
+      const identity = this.allocateIdentity();
+      undo.push(async () => this.releaseIdentity(identity));
+      const cgroup = await this.cgroups.create(id, spec.limits);
+      undo.push(() => cgroup.remove());
       throwIfAborted(signal);
+      const argv = buildHolderArgv({
+        bwrapPath: this.bwrapPath, identity, limits: spec.limits, network: spec.network, layout,
+        mounts: spec.mounts.map((m) => ({ source: m.source, dest: m.target, readOnly: m.readOnly ?? true })),
+        workdir: spec.workdir, cgroupProcs: cgroup.procs, stageDir: probe.stageDir, infoFd: 4,
+      });
+      const holder = await Holder.start(argv, {
+        lowerOomScore: process.getuid?.() === 0,
+        timeoutMs: this.options.startTimeoutMs ?? 30_000,
+        ...(signal !== undefined && { signal }),
+      });
+      const sandbox = new BubblewrapSandbox({
+        id, spec, holder, cgroup, cgroups: this.cgroups.kind !== 'none', identity, python: spec.image === undefined ? probe.python : undefined,
+        logger: this.log,
+        onStopped: async () => {
+          this.releaseIdentity(identity);
+          await image?.release();
+        },
+      });
+      this.log.debug({ sandbox: id, image: spec.image ?? 'host', cgroups: this.cgroups.kind, limits: spec.limits }, 'sandbox started');
+      return sandbox;
     } catch (err) {
-      this.releaseIdentity(identity);
-      if (hostWorkdir !== undefined) await removeTree(hostWorkdir);
+      await rollback();
       throw err instanceof RolloutError ? err : RolloutError.from(err, 'sandbox_error');
     }
-    const sandbox = new BubblewrapSandbox({
-      spec,
-      network: spec.network,
-      bwrapPath: this.bwrapPath,
-      systemLayout: probe.layout,
-      python: probe.python,
-      identity,
-      limits,
-      hostWorkdir,
-      workdir: spec.workdir,
-      logger: this.log,
-      onStopped: () => this.releaseIdentity(identity),
-    });
-    this.log.debug({ sandbox: sandbox.id, hostWorkdir, identity: identity.kind, limits }, 'sandbox started');
-    return sandbox;
   }
 
-  /** Runs `true` in a full sandbox once per driver, so a broken bwrap fails `start` with bwrap's own words. */
+  /**
+   * Removes what a crashed predecessor left: its cgroups (after killing every process in them — processes in
+   * cgroups under our parent are provably ours) and, through ImageMounts.reap, its image mounts. Sandboxes keep no
+   * host directories (their workspaces are tmpfs inside their own mount namespace), so there are none to remove.
+   */
+  async reap(): Promise<{ removed: number }> {
+    const cgroups = await this.cgroups.reap();
+    const images = await this.images.reap();
+    if (cgroups.removed + images.removed > 0) this.log.info({ sandboxes: cgroups.removed, images: images.removed }, 'reaped leftovers of a previous server');
+    return { removed: cgroups.removed + images.removed };
+  }
+
+  /** Unmounts the images kept warm for new sandboxes (their sandboxes must have stopped). */
+  async close(): Promise<void> {
+    await this.images.close?.();
+  }
+
   private ensureProbe(): Promise<Probe> {
     this.probe ??= this.runProbe().catch((err: unknown) => {
-      this.probe = undefined; // a transient failure (EAGAIN, a full disk) must not poison the driver for good
+      this.probe = undefined; // a transient failure must not poison the driver for good
       throw err;
     });
     return this.probe;
   }
 
   private async runProbe(): Promise<Probe> {
+    if (!(await executable(this.bwrapPath))) throw new RolloutError('sandbox_error', `cannot run ${this.bwrapPath}: ENOENT (not found or not executable)`);
     const python = this.options.python === false ? undefined : await resolveHostPython(this.options.python || 'python3');
-    if (!python && this.options.python !== false) this.log.warn('no host python3 found; sandboxes will have no Python unless /usr has one');
-    const layout = systemLayoutArgs();
-    const identity = this.allocateIdentity();
-    const hostWorkdir = await this.makeWorkdir(identity).catch((err: unknown) => {
-      this.releaseIdentity(identity);
-      throw RolloutError.from(err, 'sandbox_error');
-    });
-    try {
-      const limits: SandboxLimits = { memoryMb: 256, maxProcesses: 16, diskMb: 16, wallClockMs: 30_000, commandTimeoutMs: 30_000, outputLimitBytes: 4096, maxFileMb: 16 };
-      const args = buildExecArgs({
-        bwrapPath: this.bwrapPath, systemLayout: layout, python, identity, limits, network: false, hostWorkdir,
-        workdir: this.options.workdir ?? '/work', cwd: this.options.workdir ?? '/work', env: {}, argv: ['true'],
-      });
-      const result = await spawnContained(this.bwrapPath, args, { timeoutMs: 30_000, outputLimitBytes: 4096 }).result;
-      if (result.spawnError) throw new RolloutError('sandbox_error', `cannot run ${this.bwrapPath}: ${result.spawnError.message}`);
-      if (!result.started || result.exitCode !== 0) {
-        const why = result.timedOut ? 'timed out' : `exit code ${result.exitCode ?? result.signal}`;
-        throw new RolloutError('sandbox_error', `bubblewrap does not work on this host (${why}): ${result.stderr.trim()}`);
-      }
-      this.log.info({ identity: this.identityMode, python: python?.executable ?? null }, 'bubblewrap sandboxes available');
-      return { python, layout };
-    } finally {
-      this.releaseIdentity(identity);
-      await removeTree(hostWorkdir);
+    if (!python && this.options.python !== false) this.log.warn('no host python3 found; host-layout sandboxes will have no Python unless /usr has one');
+    const base = this.options.tmpRoot !== undefined && (await traversableByAll(this.options.tmpRoot)) ? this.options.tmpRoot : existsSync('/run') ? '/run' : tmpdir();
+    const stageDir = join(base, 'rollout-bwrap-stage');
+    if (this.identityMode === 'setuid') {
+      await mkdir(stageDir, { recursive: true, mode: 0o755 });
+      const st = await lstat(stageDir);
+      if (!st.isDirectory() || st.uid !== 0) throw new RolloutError('sandbox_error', `${stageDir} is not a directory owned by root`);
     }
-  }
-
-  private async makeWorkdir(identity: SandboxIdentity): Promise<string> {
-    const dir = await realpath(await mkdtemp(join(this.options.tmpRoot ?? tmpdir(), 'rollout-sbx-')));
-    await chmod(dir, 0o700);
-    if (identity.kind === 'setuid') await chown(dir, identity.uid, identity.gid);
-    return dir;
+    this.log.info({ identity: this.identityMode, cgroups: this.cgroups.kind, python: python?.executable ?? null }, 'bubblewrap sandboxes available');
+    return { python, host: hostLayout(), stageDir };
   }
 
   private allocateIdentity(): SandboxIdentity {
@@ -167,9 +206,30 @@ export class BubblewrapDriver implements SandboxDriver {
   }
 }
 
-function validateLimits(limits: SandboxLimits): void {
+/** Whether `command` (a path, or a name looked up on PATH) is an executable file. */
+async function executable(command: string): Promise<boolean> {
+  const candidates = command.includes('/') ? [command] : (process.env.PATH ?? '/usr/bin:/bin').split(':').map((d) => join(d, command));
+  for (const c of candidates) if (await access(c, constants.X_OK).then(() => true, () => false)) return true;
+  return false;
+}
+
+/** Whether every directory from / down to `dir` lets other users through (o+x). */
+async function traversableByAll(dir: string): Promise<boolean> {
+  for (let d = posix.resolve(dir); ; d = posix.dirname(d)) {
+    const st = await stat(d).catch(() => undefined);
+    if (!st || (st.mode & 0o001) === 0) return false;
+    if (d === '/') return true;
+  }
+}
+
+function validateSpec(spec: SandboxSpec): void {
+  const limits: SandboxLimits = spec.limits;
   for (const key of ['memoryMb', 'maxProcesses', 'diskMb', 'wallClockMs', 'commandTimeoutMs', 'outputLimitBytes', 'maxFileMb'] as const) {
     const value = limits[key];
     if (!Number.isInteger(value) || value <= 0) throw RolloutError.invalid(`limits.${key}`, `must be a positive integer, got ${value}`);
+  }
+  if (!posix.isAbsolute(spec.workdir) || posix.normalize(spec.workdir) === '/') throw RolloutError.invalid('workdir', `must be an absolute path below /, got ${spec.workdir}`);
+  for (const m of spec.mounts) {
+    if (!posix.isAbsolute(m.source) || !posix.isAbsolute(m.target)) throw RolloutError.invalid('mounts', `${m.source} → ${m.target}: both paths must be absolute`);
   }
 }

@@ -1,9 +1,8 @@
 import { spawn } from 'node:child_process';
 import type { Readable } from 'node:stream';
+import { STARTED_FD } from './bwrap-command.js';
 import { CappedOutput } from './capped-output.js';
-
-/** Descriptor the in-sandbox wrapper writes one byte to, right before it execs the user's argv. */
-export const STARTED_FD = 3;
+import { LAUNCH_ENV } from './bwrap-holder.js';
 
 export interface ContainedRunOptions {
   stdin?: string;
@@ -12,6 +11,10 @@ export interface ContainedRunOptions {
   signal?: AbortSignal;
   /** Environment of the launcher; default only PATH and LANG (the launcher decides what the sandbox sees). */
   env?: Readonly<Record<string, string>>;
+  /** Descriptors of this process handed to the command as fd 4, 5, ... (the sandbox's namespaces). */
+  fds?: readonly number[];
+  /** Kills what the command started beyond its process group (its cgroup); called with every kill. */
+  killTree?: () => void;
 }
 
 export interface ContainedRunResult {
@@ -25,8 +28,8 @@ export interface ContainedRunResult {
   killed: boolean;
   truncated: boolean;
   droppedBytes: number;
-  /** The wrapper reported (on fd 3) that the sandbox was set up and the user's argv is about to run. */
-  started: boolean;
+  /** What the wrapper reported on fd 3: `1` the user's argv is about to run, `c` the cwd is no directory. */
+  startByte: string | undefined;
   /** Set when the launcher itself could not be spawned (e.g. ENOENT). */
   spawnError?: Error;
   durationMs: number;
@@ -44,10 +47,9 @@ export interface ContainedProcess {
  * Spawns `command` as the leader of a new process group (detached), with stdout/stderr capped, a timeout and
  * an AbortSignal, all of which SIGKILL the whole group.
  *
- * Why a process group and not a name or a PID list: the launcher is bwrap, whose group holds the outer bwrap
- * and the PID-namespace init; killing them makes the kernel kill everything in the namespace (init dying
- * tears the namespace down), including processes that called setsid() or double-forked. Nothing is ever
- * matched by process name.
+ * Why a process group plus `killTree`: the group holds the launcher chain and the command (nsenter keeps the
+ * group); `killTree` kills the command's own cgroup, which also holds what called setsid() or double-forked.
+ * Nothing is ever matched by process name.
  */
 export function spawnContained(command: string, args: readonly string[], options: ContainedRunOptions): ContainedProcess {
   const started = performance.now();
@@ -56,15 +58,16 @@ export function spawnContained(command: string, args: readonly string[], options
   let timedOut = false;
   let aborted = false;
   let killed = false;
-  let sawStart = false;
+  let startByte: string | undefined;
 
   const child = spawn(command, [...args], {
     detached: true,
-    stdio: [options.stdin === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe', 'pipe'],
-    env: options.env ?? { PATH: process.env.PATH ?? '/usr/bin:/bin', LANG: 'C.UTF-8' },
+    stdio: [options.stdin === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe', 'pipe', ...(options.fds ?? [])],
+    env: options.env ?? LAUNCH_ENV,
   });
 
   const killGroup = (): void => {
+    options.killTree?.();
     if (child.pid === undefined) return;
     try {
       process.kill(-child.pid, 'SIGKILL');
@@ -89,8 +92,8 @@ export function spawnContained(command: string, args: readonly string[], options
     child.stdout?.on('data', (chunk: Buffer) => stdout.push(chunk));
     child.stderr?.on('data', (chunk: Buffer) => stderr.push(chunk));
     const startedPipe = child.stdio[STARTED_FD] as Readable | null | undefined;
-    startedPipe?.on('data', () => {
-      sawStart = true;
+    startedPipe?.on('data', (chunk: Buffer) => {
+      startByte ??= chunk.toString('latin1', 0, 1);
     });
     startedPipe?.on('error', () => undefined);
     if (child.stdin) {
@@ -114,7 +117,7 @@ export function spawnContained(command: string, args: readonly string[], options
         killed,
         truncated: stdout.truncated || stderr.truncated,
         droppedBytes: stdout.droppedBytes + stderr.droppedBytes,
-        started: sawStart,
+        startByte,
         ...(spawnError !== undefined && { spawnError }),
         durationMs: Math.round(performance.now() - started),
       });

@@ -176,4 +176,6 @@ export interface SandboxDriver {
    * Called once at server start-up, before any sandbox of this process exists.
    */
   reap?(): Promise<{ removed: number }>;
+  /** Releases what the driver holds beyond its sandboxes (e.g. image mounts kept warm); called at server shutdown. */
+  close?(): Promise<void>;
 }

@@ -101,8 +101,10 @@ describe('bounded admission end to end: a full server stops reading the stream i
     const { runtime } = h.server;
     // Fill the server with a task whose engine requests hang until it is cancelled.
     h.engine.failNext(MAX_ADMITTED, { kind: 'hang' });
+    // `received` counts since the engine started: the blocker's own requests must reach it (and take the hangs).
+    const receivedBefore = h.engine.stats().received;
     await h.client.submit(mathTask('race-blocker', MAX_ADMITTED, 5_000));
-    await eventually(() => h.engine.stats().received >= MAX_ADMITTED, 'the blocker to hold every slot');
+    await eventually(() => h.engine.stats().received >= receivedBefore + MAX_ADMITTED, 'the blocker to hold every slot');
 
     // Two streams submit the same task_id with different specs while the server is full: both wait.
     const first = h.client.openSession();
@@ -135,9 +137,11 @@ describe('bounded admission end to end: a full server stops reading the stream i
   it('a cancel right behind a task waiting for admission is read at once: the running task is cancelled, the waiting one never starts', async () => {
     const { runtime } = h.server;
     h.engine.failNext(MAX_ADMITTED, { kind: 'hang' });
+    const receivedBefore = h.engine.stats().received;
     const session = h.client.openSession();
     await session.submit(mathTask('full-blocker', MAX_ADMITTED, 6_000));
     await eventually(() => runtime.admission.inFlight === MAX_ADMITTED, 'the blocker to fill the server');
+    await eventually(() => h.engine.stats().received >= receivedBefore + MAX_ADMITTED, 'the blocker to take every hang');
     const waiting = session.submit(mathTask('full-waiter', 1, 6_001)).then(
       () => undefined,
       (err: unknown) => err,

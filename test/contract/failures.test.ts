@@ -5,7 +5,7 @@ import { BubblewrapDriver } from '../../src/sandboxes/bwrap.js';
 import type { SandboxDriver } from '../../src/sandboxes/types.js';
 import { TrajectoryStatus, type Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { collect, invariantViolations, mathTask } from '../support/harness.js';
-import { deadUrl, limits, startServerHarness, TrajectoryReader, workDirsUnder, type ServerHarness } from '../support/server-harness.js';
+import { deadUrl, limits, startServerHarness, TrajectoryReader, liveSandboxes, type ServerHarness } from '../support/server-harness.js';
 import { eventually } from '../support/wait.js';
 
 const S = TrajectoryStatus;
@@ -173,16 +173,15 @@ describe('sandbox failures become SANDBOX_ERROR trajectories', () => {
   });
 });
 
-describe('no sandbox work dirs are left behind', () => {
+describe('no sandboxes are left behind', () => {
   it('after a batch with completed, cancelled (queued and running), failed and timed-out samples', async () => {
     // The engine fails every request of the task seeded 880 (the agent loop sends seed + 1000 * sample + turn;
     // the other tasks' seeds, 801-807 plus at most 8 turns, stay below 880).
     const h = await harness({
       engine: { tokenLatencyMs: 8, inject: ({ body }) => (Number(body.seed) % 1000 >= 880 ? { kind: 'status', status: 500 } : undefined) },
     });
-    const root = h.sandboxRoot!;
     let maxDirs = 0;
-    const poll = setInterval(() => void workDirsUnder(root).then((d) => (maxDirs = Math.max(maxDirs, d.length))), 20);
+    const poll = setInterval(() => void liveSandboxes().then((d) => (maxDirs = Math.max(maxDirs, d.length))), 20);
     try {
       const session = h.client.openSession();
       const tasks = [
@@ -197,7 +196,7 @@ describe('no sandbox work dirs are left behind', () => {
       ];
       for (const task of tasks) await session.submit(task);
       session.cancel('leak-cancel-early');
-      await eventually(async () => (await workDirsUnder(root)).length > 0, 'sandboxes to exist');
+      await eventually(async () => (await liveSandboxes()).length > 0, 'sandboxes to exist');
       await eventually(() => h.server.runtime.store.get('leak-cancel-running')!.samples.some((s) => s.stage === 'run'), 'a sample of leak-cancel-running to run');
       session.cancel('leak-cancel-running');
       session.close();
@@ -213,7 +212,7 @@ describe('no sandbox work dirs are left behind', () => {
       expect(statusOf('leak-run-timeout')).toEqual([S.TRAJECTORY_STATUS_TIMEOUT, S.TRAJECTORY_STATUS_TIMEOUT]);
       expect(statusOf('leak-backend-error')).toEqual([S.TRAJECTORY_STATUS_BACKEND_ERROR, S.TRAJECTORY_STATUS_BACKEND_ERROR]);
       for (const t of trajectories.filter((x) => x.taskId.startsWith('leak-ok-'))) expect(OK.has(t.status), name(t)).toBe(true);
-      await eventually(async () => (await workDirsUnder(root)).length === 0, 'every sandbox work dir to be removed', 5_000);
+      await eventually(async () => (await liveSandboxes()).length === 0, 'every sandbox to be removed', 5_000);
       expect(maxDirs).toBeGreaterThan(0);
     } finally {
       clearInterval(poll);
@@ -222,14 +221,13 @@ describe('no sandbox work dirs are left behind', () => {
 
   it('after the server shuts down with samples still running', async () => {
     const h = await harness({ engine: { tokenLatencyMs: 100 } });
-    const root = h.sandboxRoot!;
     await h.client.submit(mathTask('shutdown-inflight', 3, 901));
     await eventually(() => h.server.runtime.pipeline.stageStats().find((s) => s.stage === 'run')!.active === 3, 'three samples running');
-    expect((await workDirsUnder(root)).length).toBe(3);
+    expect((await liveSandboxes()).length).toBe(3);
     await h.server.shutdown();
-    await eventually(async () => (await workDirsUnder(root)).length === 0, 'the in-flight sandboxes to be stopped at shutdown', 5_000).catch(
+    await eventually(async () => (await liveSandboxes()).length === 0, 'the in-flight sandboxes to be stopped at shutdown', 5_000).catch(
       async (err: unknown) => {
-        throw new Error(`${(err as Error).message}; left: ${(await workDirsUnder(root)).join(', ')}`);
+        throw new Error(`${(err as Error).message}; left: ${(await liveSandboxes()).join(', ')}`);
       },
     );
   });

@@ -1,6 +1,6 @@
 import { readdirSync, readFileSync } from 'node:fs';
 import { setTimeout as sleep } from 'node:timers/promises';
-import type { SandboxLimits, SandboxSpec } from '../../src/sandboxes/types.js';
+import type { Sandbox, SandboxLimits, SandboxSpec } from '../../src/sandboxes/types.js';
 
 /** A host-layout sandbox spec with limits small enough for CI, large enough for a Python interpreter. */
 export function testSpec(overrides: Partial<SandboxLimits> & { network?: boolean; image?: string } = {}): SandboxSpec {
@@ -67,4 +67,48 @@ export async function waitFor(condition: () => boolean | Promise<boolean>, timeo
     if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
     await sleep(25);
   }
+}
+
+/** Polls inside the sandbox until `path` exists (the sandbox's files are not on the host). */
+export async function waitForFileInSandbox(sandbox: Sandbox, path: string, timeoutMs = 15_000): Promise<void> {
+  await waitFor(async () => (await sandbox.exec(['test', '-e', path])).exitCode === 0, timeoutMs, `${path} to appear in ${sandbox.id}`);
+}
+
+/** Cgroup directories (below the hierarchy roots) whose path contains `needle`, in the memory and pids hierarchies. */
+export function cgroupsMatching(needle: string): string[] {
+  const found: string[] = [];
+  const walk = (dir: string): void => {
+    let entries;
+    try {
+      entries = readdirSync(dir, { withFileTypes: true });
+    } catch {
+      return;
+    }
+    for (const e of entries) {
+      if (!e.isDirectory()) continue;
+      const path = `${dir}/${e.name}`;
+      if (path.includes(needle)) found.push(path);
+      walk(path);
+    }
+  };
+  for (const controller of ['memory', 'pids']) walk(`/sys/fs/cgroup/${controller}/rollout-sandboxes`);
+  return found;
+}
+
+/** Every process in this server's sandbox cgroups (v1), by host pid. */
+export function processesInOurCgroups(): number[] {
+  const pids = new Set<number>();
+  for (const dir of cgroupsMatching(`/${process.pid}-`)) {
+    try {
+      for (const line of readFileSync(`${dir}/cgroup.procs`, 'utf8').split('\n')) if (line) pids.add(Number(line));
+    } catch {
+      // Removed meanwhile.
+    }
+  }
+  return [...pids];
+}
+
+/** Lines of this process's mount table that mention `needle`. */
+export function mountsMatching(needle: string): string[] {
+  return readFileSync('/proc/self/mountinfo', 'utf8').split('\n').filter((l) => l.includes(needle));
 }

@@ -69,10 +69,15 @@ export async function startServerHarness(options: ServerHarnessOptions = {}): Pr
   };
 }
 
-/** The bubblewrap work dirs (`rollout-sbx-*`) currently under `root`. */
-export async function workDirsUnder(root: string): Promise<string[]> {
-  const entries = await readdir(root).catch(() => [] as string[]);
-  return entries.filter((name) => name.startsWith('rollout-sbx-'));
+/**
+ * The bubblewrap sandboxes of this process that still exist on the host: their cgroups (a sandbox keeps no host
+ * directory; its cgroups are removed only after every one of its processes is gone).
+ */
+export async function liveSandboxes(): Promise<string[]> {
+  const root = '/sys/fs/cgroup/pids/rollout-sandboxes';
+  const owners = (await readdir(root).catch(() => [] as string[])).filter((o) => o.startsWith(`${process.pid}-`));
+  const found = await Promise.all(owners.map(async (o) => (await readdir(join(root, o), { withFileTypes: true }).catch(() => [])).filter((e) => e.isDirectory()).map((e) => e.name)));
+  return found.flat();
 }
 
 /** An http URL on 127.0.0.1 where nothing listens (a port that was just free). */

@@ -1,0 +1,199 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { closeSync, constants, openSync, readFileSync, writeFileSync } from 'node:fs';
+import type { Readable, Writable } from 'node:stream';
+import { RolloutError } from '../errors.js';
+import { NAMESPACES, type NamespaceFds } from './bwrap-command.js';
+import { CappedOutput } from './capped-output.js';
+
+/** Environment of every host-side launcher: nothing of the server's own environment reaches a sandbox. */
+export const LAUNCH_ENV = { PATH: '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin', LANG: 'C.UTF-8' };
+const INFO_FD = 4;
+
+/** Namespace files and root of the holder, held open by the server for the sandbox's life. */
+export interface HeldNamespaces {
+  /** Open descriptors in this process, in the order of `fdNumbers` below. */
+  readonly fds: readonly number[];
+  close(): void;
+}
+
+/**
+ * The running holder of one sandbox: bwrap's monitor (our child, on the host), bwrap's init (pid 1 of the
+ * sandbox's PID namespace) and the holder shell (pid 2), which lives until its stdin — the control pipe — closes.
+ * Killing pid 1 makes the kernel kill every process of the namespace; the monitor then exits.
+ */
+export class Holder {
+  private closed = false;
+  /** Resolves when bwrap's monitor has exited (and so has the whole PID namespace). */
+  readonly exited: Promise<void>;
+
+  private constructor(
+    private readonly child: ChildProcess,
+    /** Host pid of the PID namespace's init. */
+    readonly initPid: number,
+    /** Host pid of the holder shell, whose namespaces commands enter. */
+    readonly holderPid: number,
+    readonly namespaces: HeldNamespaces,
+  ) {
+    this.exited = new Promise((resolve) => {
+      if (child.exitCode !== null || child.signalCode !== null) resolve();
+      else child.once('close', () => resolve());
+    });
+    child.once('exit', () => {
+      this.closed = true;
+    });
+  }
+
+  /** Whether bwrap's monitor is still running (the sandbox is alive). */
+  get alive(): boolean {
+    return !this.closed;
+  }
+
+  /**
+   * Starts the holder from its full host argv (see buildHolderArgv) and waits until it says it is up. Throws
+   * sandbox_error with bwrap's own words when it cannot start; the signal kills a half-started holder.
+   */
+  static async start(argv: readonly string[], options: { signal?: AbortSignal; lowerOomScore: boolean; timeoutMs: number }): Promise<Holder> {
+    const child = spawn(argv[0]!, argv.slice(1), { detached: true, stdio: ['pipe', 'pipe', 'pipe', 'ignore', 'pipe'], env: LAUNCH_ENV });
+    const stderr = new CappedOutput(8192);
+    child.stderr?.on('data', (c: Buffer) => stderr.push(c));
+    (child.stdin as Writable).on('error', () => undefined);
+    let info = '';
+    const infoPipe = child.stdio[INFO_FD] as Readable;
+    infoPipe.on('data', (c: Buffer) => (info += c.toString('utf8'))).on('error', () => undefined);
+    const killGroup = (): void => {
+      try {
+        if (child.pid !== undefined) process.kill(-child.pid, 'SIGKILL');
+      } catch {
+        // Already gone.
+      }
+    };
+
+    await new Promise<void>((resolve, reject) => {
+      let timer: NodeJS.Timeout | undefined = undefined;
+      const fail = (err: RolloutError): void => {
+        cleanup();
+        killGroup();
+        reject(err);
+      };
+      const onAbort = (): void => fail(RolloutError.from(options.signal?.reason, 'cancelled'));
+      const onClose = (code: number | null, sig: string | null): void =>
+        fail(new RolloutError('sandbox_error', `bubblewrap failed to start the sandbox (exit ${code ?? sig}): ${stderr.text().trim()}`));
+      const onError = (err: Error): void => fail(new RolloutError('sandbox_error', `cannot run ${argv[0]}: ${err.message}`, { cause: err }));
+      // Up when the holder said so on stdout and bwrap's info JSON is complete (two pipes, either may come first).
+      let up = false;
+      const onData = (): void => {
+        if (!up || parseInfo(info) === undefined) return;
+        cleanup();
+        resolve();
+      };
+      const onUp = (): void => {
+        up = true;
+        onData();
+      };
+      const cleanup = (): void => {
+        clearTimeout(timer);
+        options.signal?.removeEventListener('abort', onAbort);
+        child.off('close', onClose).off('error', onError);
+        child.stdout?.off('data', onUp);
+        infoPipe.off('data', onData);
+      };
+      timer = setTimeout(() => fail(new RolloutError('sandbox_error', `the sandbox did not start within ${options.timeoutMs} ms`)), options.timeoutMs);
+      child.once('close', onClose).once('error', onError);
+      child.stdout?.once('data', onUp);
+      infoPipe.on('data', onData);
+      if (options.signal?.aborted) onAbort();
+      else options.signal?.addEventListener('abort', onAbort, { once: true });
+    });
+    child.stdout?.resume();
+    child.on('error', () => undefined);
+
+    try {
+      const initPid = parseInfo(info);
+      if (initPid === undefined) throw new Error(`no child-pid in bwrap's info: ${info}`);
+      const holderPid = Number(readFileSync(`/proc/${initPid}/task/${initPid}/children`, 'utf8').trim().split(' ')[0]);
+      const namespaces = holdNamespaces(holderPid);
+      // The holder must be bwrap init's child while we hold its namespaces: then they are this sandbox's.
+      if (parentOf(holderPid) !== initPid || parentOf(initPid) !== child.pid) {
+        namespaces.close();
+        throw new Error('the holder vanished during start-up');
+      }
+      if (options.lowerOomScore) {
+        // The memory limit's OOM killer must pick the user's processes, never the ones that hold the sandbox.
+        for (const pid of [child.pid, initPid, holderPid]) {
+          try {
+            writeFileSync(`/proc/${pid}/oom_score_adj`, '-1000');
+          } catch {
+            // Best effort: a holder killed by OOM still takes the whole sandbox down cleanly.
+          }
+        }
+      }
+      return new Holder(child, initPid, holderPid, namespaces);
+    } catch (err) {
+      killGroup();
+      throw err instanceof RolloutError ? err : new RolloutError('sandbox_error', `sandbox start-up: ${(err as Error).message}`, { cause: err });
+    }
+  }
+
+  /** Kills the PID namespace (its init) and bwrap's monitor; the kernel kills every process inside. Idempotent. */
+  kill(): void {
+    this.namespaces.close();
+    if (!this.closed) {
+      // While the monitor runs, init (its child) cannot have been reaped, so its pid is still the one we know.
+      for (const pid of [this.initPid, this.child.pid]) {
+        try {
+          if (pid !== undefined) process.kill(pid, 'SIGKILL');
+        } catch {
+          // Already gone.
+        }
+      }
+    }
+    (this.child.stdin as Writable | null)?.destroy();
+  }
+}
+
+/** bwrap's --info-fd JSON's child-pid, or undefined while the JSON is incomplete. */
+function parseInfo(info: string): number | undefined {
+  try {
+    const pid = (JSON.parse(info) as { 'child-pid'?: unknown })['child-pid'];
+    return typeof pid === 'number' ? pid : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+function parentOf(pid: number): number | undefined {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+  } catch {
+    return undefined;
+  }
+}
+
+/** Opens the holder's namespace files and root directory (order: NAMESPACES, then root). */
+function holdNamespaces(pid: number): HeldNamespaces {
+  const fds: number[] = [];
+  let open = true;
+  try {
+    for (const ns of NAMESPACES) fds.push(openSync(`/proc/${pid}/ns/${ns.file}`, constants.O_RDONLY));
+    fds.push(openSync(`/proc/${pid}/root`, constants.O_RDONLY | constants.O_DIRECTORY));
+  } catch (err) {
+    for (const fd of fds) closeSync(fd);
+    throw err;
+  }
+  return {
+    fds,
+    close: () => {
+      if (!open) return;
+      open = false;
+      for (const fd of fds) closeSync(fd);
+    },
+  };
+}
+
+/** Where the held descriptors land in a launched command: fd 4 onwards, after stdin/out/err and the started fd. */
+export function namespaceFdNumbers(): NamespaceFds {
+  const first = 4;
+  const entries = NAMESPACES.map((ns, i) => [ns.file, first + i] as const);
+  return { ...Object.fromEntries(entries), root: first + NAMESPACES.length } as NamespaceFds;
+}

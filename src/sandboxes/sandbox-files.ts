@@ -1,0 +1,107 @@
+import { RolloutError } from '../errors.js';
+import { resolveInSandbox } from './bwrap-command.js';
+import type { DirEntry } from './types.js';
+
+/** Default largest file `readFile` returns. */
+export const DEFAULT_MAX_READ_BYTES = 16 * 1024 * 1024;
+
+/** What file operations need of a sandbox: run a small shell script inside it, as its user, with a byte cap. */
+export type RunInside = (
+  argv: readonly string[],
+  options: { stdin?: string; signal?: AbortSignal; outputLimitBytes: number },
+) => Promise<{ exitCode: number | null; stdout: string; stderr: string; truncated: boolean; timedOut: boolean }>;
+
+// Exit codes of the scripts below; anything else is the tool's own failure (EACCES, EROFS, ENOSPC, ...).
+const NOT_FOUND = 20;
+const IS_DIR = 21;
+const NOT_REGULAR = 22;
+const TOO_BIG = 23;
+const NOT_DIR = 24;
+
+const READ = `p=$1
+[ -d "$p" ] && exit ${IS_DIR}
+[ -e "$p" ] || exit ${NOT_FOUND}
+[ -f "$p" ] || exit ${NOT_REGULAR}
+[ "$(wc -c < "$p")" -gt "$2" ] && exit ${TOO_BIG}
+exec cat -- "$p"`;
+const WRITE = `p=$1; d=\${p%/*}; [ -n "$d" ] || d=/
+[ -d "$p" ] && exit ${IS_DIR}
+[ -e "$p" ] && [ ! -f "$p" ] && exit ${NOT_REGULAR}
+mkdir -p -- "$d" || exit 1
+[ -d "$d" ] || exit ${NOT_DIR}
+exec cat > "$p"`;
+const LIST = `p=$1
+[ -e "$p" ] || exit ${NOT_FOUND}
+[ -d "$p" ] || exit ${NOT_DIR}
+exec find "$p" -mindepth 1 -maxdepth 1 -printf '%y %s %f\\0'`;
+
+/**
+ * File access to a running sandbox. Every operation is a short script run inside the sandbox as its own user, so
+ * paths resolve in the sandbox's root and with its permissions: a symlink the program planted can only point at
+ * something inside the sandbox (an absolute `/etc/x` is the sandbox's /etc), and a read-only path stays read-only.
+ * Why not host paths through /proc/PID/root: the host kernel would follow absolute symlinks on the host. Needs
+ * /bin/sh, cat, wc, mkdir and GNU find in the sandbox's root (every Debian image has them).
+ */
+export class SandboxFiles {
+  constructor(private readonly workdir: string, private readonly run: RunInside) {}
+
+  async read(path: string, options: { signal?: AbortSignal; maxBytes?: number } = {}): Promise<string> {
+    const abs = this.resolve(path);
+    const maxBytes = options.maxBytes ?? DEFAULT_MAX_READ_BYTES;
+    const r = await this.run(['/bin/sh', '-c', READ, 'read', abs, String(maxBytes)], { ...signalOf(options), outputLimitBytes: maxBytes });
+    if (r.exitCode === TOO_BIG || r.truncated) throw RolloutError.invalid('path', `${path} is over the ${maxBytes}-byte read limit`);
+    check(r, path);
+    return r.stdout;
+  }
+
+  async write(path: string, content: string, options: { signal?: AbortSignal } = {}): Promise<void> {
+    const abs = this.resolve(path);
+    if (abs === '/') throw RolloutError.invalid('path', `${path} is a directory`);
+    const r = await this.run(['/bin/sh', '-c', WRITE, 'write', abs], { stdin: content, ...signalOf(options), outputLimitBytes: 4096 });
+    check(r, path);
+  }
+
+  async list(path: string, options: { signal?: AbortSignal } = {}): Promise<DirEntry[]> {
+    const abs = this.resolve(path);
+    const r = await this.run(['/bin/sh', '-c', LIST, 'list', abs], { ...signalOf(options), outputLimitBytes: DEFAULT_MAX_READ_BYTES });
+    if (r.truncated) throw RolloutError.invalid('path', `${path} has too many entries to list`);
+    check(r, path);
+    const out: DirEntry[] = [];
+    for (const record of r.stdout.split('\0')) {
+      const match = /^(\S) (\d+) (.*)$/s.exec(record);
+      if (!match) continue;
+      const [, kind, size, name] = match as unknown as [string, string, string, string];
+      const type = kind === 'f' ? 'file' : kind === 'd' ? 'dir' : kind === 'l' ? 'symlink' : 'other';
+      out.push({ name, type, size: type === 'file' ? Number(size) : 0 });
+    }
+    return out.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+  }
+
+  private resolve(path: string): string {
+    if (typeof path !== 'string' || path === '') throw RolloutError.invalid('path', 'must be a non-empty string');
+    if (path.includes('\0')) throw RolloutError.invalid('path', 'contains a NUL byte');
+    return resolveInSandbox(this.workdir, path);
+  }
+}
+
+function signalOf(options: { signal?: AbortSignal }): { signal?: AbortSignal } {
+  return options.signal === undefined ? {} : { signal: options.signal };
+}
+
+function check(r: Awaited<ReturnType<RunInside>>, path: string): void {
+  if (r.timedOut) throw new RolloutError('deadline_exceeded', `file operation on ${path} timed out`);
+  switch (r.exitCode) {
+    case 0:
+      return;
+    case NOT_FOUND:
+      throw new RolloutError('not_found', `no such file or directory: ${path}`);
+    case IS_DIR:
+      throw RolloutError.invalid('path', `${path} is a directory`);
+    case NOT_REGULAR:
+      throw RolloutError.invalid('path', `${path} is not a regular file`);
+    case NOT_DIR:
+      throw RolloutError.invalid('path', `${path} (or a parent) is not a directory`);
+    default:
+      throw RolloutError.invalid('path', `${path}: ${r.stderr.trim().split('\n').pop() ?? `exit ${r.exitCode}`}`);
+  }
+}
