@@ -1,8 +1,11 @@
 import cliProgress from 'cli-progress';
+import { existsSync } from 'node:fs';
 import { startRolloutServer } from '../app.js';
 import { RolloutClient } from '../client/rollout-client.js';
 import { createLogger } from '../observability/logger.js';
 import { FakeVllmEngine } from '../testing/fake-vllm.js';
+import { createScriptedMathPolicy } from '../testing/scripted-policy.js';
+import { defaultImagePath } from '../sandboxes/images/image-recipe.js';
 import { makeMathProblem } from '../testing/arithmetic.js';
 import { loadQwen3 } from '../tokens/tokenizer.js';
 import { TrajectoryStatus, type Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
@@ -13,6 +16,8 @@ export interface DemoOptions {
   latencyMs: number;
   seed: number;
   messages?: boolean;
+  /** Sandbox image (.sif or directory); default the project's image when scripts/setup.sh has built it. */
+  image?: string;
 }
 
 const statusName = (s: TrajectoryStatus): string => TrajectoryStatus[s]?.replace('TRAJECTORY_STATUS_', '') ?? String(s);
@@ -25,11 +30,14 @@ const statusName = (s: TrajectoryStatus): string => TrajectoryStatus[s]?.replace
 export async function runDemo(opts: DemoOptions): Promise<number> {
   const logger = createLogger({ level: process.env.ROLLOUT_LOG_LEVEL ?? 'warn' });
   const { tokenizer } = await loadQwen3();
-  const engine = await FakeVllmEngine.start({ tokenizer, tokenLatencyMs: opts.latencyMs });
-  const server = await startRolloutServer({ port: 0, model: engine.model, backends: [{ url: engine.url }] }, { logger });
+  // The scripted agent computes through python or bash (half each), both running in the sandbox image.
+  const engine = await FakeVllmEngine.start({ tokenizer, tokenLatencyMs: opts.latencyMs, policy: createScriptedMathPolicy({ bashRate: 0.5 }) });
+  const image = opts.image ?? (existsSync(defaultImagePath()) ? defaultImagePath() : undefined);
+  const server = await startRolloutServer({ port: 0, model: engine.model, backends: [{ url: engine.url }], sandbox: { ...(image !== undefined && { image }) } }, { logger });
   const client = new RolloutClient(server.address);
   const total = opts.groups * opts.groupSize;
   console.log(`demo: server ${server.address}, fake vLLM engine ${engine.url}, ${opts.groups} groups × ${opts.groupSize} samples`);
+  console.log(`demo: sandboxes from ${image ?? "the host's /usr (no image built: run scripts/setup.sh)"}`);
   const bar = process.stderr.isTTY
     ? new cliProgress.SingleBar({ format: 'trajectories {bar} {value}/{total} | {eta_formatted} left', stream: process.stderr, hideCursor: true }, cliProgress.Presets.shades_classic)
     : undefined;

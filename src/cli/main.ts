@@ -50,6 +50,7 @@ program
   .option('--latency-ms <ms>', 'fake engine per-token latency', int, 2)
   .option('--seed <n>', 'seed for problems and sampling', int, 7)
   .option('--messages', 'print the decoded transcript of the first trajectory')
+  .option('--image <path>', 'sandbox image (.sif or directory); default the image scripts/setup.sh built')
   .action(async (opts) => {
     process.exitCode = await runDemo(opts);
   });

@@ -26,6 +26,11 @@ export interface ScriptedMathPolicyOptions {
   malformedToolCallRate?: number;
   /** Name of the tool the policy calls; its `code` argument is `print(<expression>)`. */
   toolName?: string;
+  /**
+   * Probability of computing through the `bash` tool (`python3 -c 'print(...)'` in the persistent shell) instead
+   * of `python`; default 0. The demo uses it so both sandboxed tools run.
+   */
+  bashRate?: number;
 }
 
 /** One Qwen/Hermes tool call, exactly as Qwen chat models write it. */
@@ -63,6 +68,7 @@ export function createScriptedMathPolicy(options: ScriptedMathPolicyOptions = {}
   const wrongRate = options.wrongAnswerRate ?? 0.2;
   const malformedRate = options.malformedToolCallRate ?? 0.1;
   const tool = options.toolName ?? 'python';
+  const bashRate = options.bashRate ?? 0;
   return (promptText, ctx) => {
     const problem = MATH_QUESTION_PATTERN.exec(promptText)?.[1]?.trim();
     if (problem === undefined) return 'I cannot find a problem to solve.';
@@ -72,7 +78,10 @@ export function createScriptedMathPolicy(options: ScriptedMathPolicyOptions = {}
       if (ctx.random() < wrongRate) answer += 1 + Math.floor(ctx.random() * 9);
       return `The answer is \\boxed{${answer}}.`;
     }
-    const call = hermesToolCall(tool, { code: `print(${problem})` });
+    const call =
+      bashRate > 0 && ctx.random() < bashRate
+        ? hermesToolCall('bash', { command: `python3 -c 'print(${problem})'` })
+        : hermesToolCall(tool, { code: `print(${problem})` });
     if (ctx.random() < malformedRate) return call.replace('}}\n</tool_call>', '}\n</tool_call>');
     return call;
   };
