@@ -76,6 +76,15 @@ export class BashShell implements PersistentShell {
   private closed = false;
   private queue: Promise<unknown> = Promise.resolve();
 
+  /** The shell of a driver's sandbox: its output limit and command timeout, bounded by its remaining wall clock. */
+  static forSandbox(sandbox: Pick<Sandbox, 'spawn' | 'spec'> & { readonly remainingMs: number }): BashShell {
+    return new BashShell(sandbox, {
+      outputLimitBytes: sandbox.spec.limits.outputLimitBytes,
+      defaultTimeoutMs: sandbox.spec.limits.commandTimeoutMs,
+      remainingMs: () => sandbox.remainingMs,
+    });
+  }
+
   constructor(
     sandbox: Pick<Sandbox, 'spawn'> | SpawnFunction,
     private readonly options: BashShellOptions,

@@ -138,11 +138,7 @@ export class BubblewrapSandbox implements Sandbox {
 
   shell(): PersistentShell {
     this.assertLive();
-    this.#shell ??= new BashShell(this, {
-      outputLimitBytes: this.spec.limits.outputLimitBytes,
-      defaultTimeoutMs: this.spec.limits.commandTimeoutMs,
-      remainingMs: () => this.remainingMs,
-    });
+    this.#shell ??= BashShell.forSandbox(this);
     return this.#shell;
   }
 
