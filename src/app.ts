@@ -37,7 +37,7 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
   const pool = new BackendPool({ logger, acquireTimeoutMs: config.backendAcquireTimeoutMs, modelInfoTimeoutMs: config.backendModelInfoTimeoutMs });
   const clientOptions = { requestTimeoutMs: config.backendRequestTimeoutMs, maxResponseBytes: config.backendMaxResponseBytes };
   const added = config.backends.map((b) =>
-    pool.add(createEngineClient(b.kind, b.url, b.model ?? config.model, clientOptions), { id: b.id ?? b.url, maxConcurrency: b.maxConcurrency, model: b.model ?? config.model }),
+    pool.add(createEngineClient(b.kind, b.url, b.model ?? config.model, { ...clientOptions, maxConcurrency: b.maxConcurrency }), { id: b.id ?? b.url, maxConcurrency: b.maxConcurrency, model: b.model ?? config.model }),
   );
   // Each engine's max_model_len is asked now (bounded; an engine that cannot say is retried by the prober).
   await Promise.all(added.map((b) => pool.learn(b.id)));

@@ -1,4 +1,5 @@
 import { RolloutError } from '../errors.js';
+import { EmbeddedEngineClient } from './embedded/embedded-engine.js';
 import type { BackendKind, EngineClient } from './types.js';
 import { VllmClient } from './vllm-client.js';
 
@@ -7,19 +8,23 @@ export interface EngineClientOptions {
   requestTimeoutMs?: number;
   /** Cap on a completion body in bytes (see VllmClientOptions.maxResponseBytes). 0 = derived per request. */
   maxResponseBytes?: number;
+  /** The backend's max concurrency: the embedded engine's sequences when its URL does not say. */
+  maxConcurrency?: number;
 }
 
 /**
  * Builds the client for an engine kind, so AddBackend and the CLI do not need to know the implementations.
- * Only vLLM exists today; SGLang and the embedded engine are later implementations of the same interface and
- * are refused with invalid_argument (field `kind`) until then.
+ * vLLM takes an http(s) base URL; the embedded llama.cpp engine a `file:///path/model.gguf` or
+ * `embedded://tiny-qwen3` URL (see embedded/embedded-url.ts) and starts loading its model at once. SGLang is a
+ * later implementation of the same interface and is refused with invalid_argument (field `kind`) until then.
  */
 export function createEngineClient(kind: BackendKind, url: string, model: string, options: EngineClientOptions = {}): EngineClient {
   switch (kind) {
     case 'vllm':
       return new VllmClient({ url, model, requestTimeoutMs: options.requestTimeoutMs ?? 0, maxResponseBytes: options.maxResponseBytes ?? 0 });
-    case 'sglang':
     case 'embedded':
+      return new EmbeddedEngineClient({ url, ...(options.maxConcurrency !== undefined && { maxConcurrency: options.maxConcurrency }) });
+    case 'sglang':
       throw RolloutError.invalid('kind', `${kind} backends are not supported yet`);
   }
 }

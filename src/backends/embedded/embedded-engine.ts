@@ -1,0 +1,225 @@
+import { randomInt } from 'node:crypto';
+import type { LlamaContext, LlamaContextSequence, LlamaModel, Token } from 'node-llama-cpp';
+import { RolloutError } from '../../errors.js';
+import { ContextOverflowError } from '../context-overflow.js';
+import type { EngineClient, EngineModelInfo, GenerateRequest, GenerateResult } from '../types.js';
+import { parseEmbeddedUrl, type EmbeddedModelSpec } from './embedded-url.js';
+import { loadLlamaRuntime } from './llama-runtime.js';
+import { SequenceSlots } from './sequence-slots.js';
+import { ensureTinyQwen3Gguf } from './tiny-qwen3.js';
+
+/** How one embedded engine runs its model. */
+export interface EmbeddedEngineOptions {
+  /** The backend URL (see parseEmbeddedUrl): which GGUF, context size, threads, sequences. */
+  url: string;
+  /** Sequences when the URL does not say: the backend's max concurrency, capped at {@link MAX_DEFAULT_SEQUENCES}. */
+  maxConcurrency?: number;
+}
+
+/** Context length of a sequence when the URL does not say (clamped to what the model was trained for). */
+export const DEFAULT_CONTEXT_SIZE = 4096;
+/**
+ * Sequences allocated when the URL does not say `sequences`: a backend's max concurrency defaults to 256 (sized for
+ * vLLM), and each sequence holds a KV cache of the full context, so more than this on a CPU is memory for nothing.
+ * Requests beyond the sequences queue.
+ */
+export const MAX_DEFAULT_SEQUENCES = 4;
+
+interface Loaded {
+  model: LlamaModel;
+  context: LlamaContext;
+  slots: SequenceSlots<LlamaContextSequence>;
+  vocabSize: number;
+}
+
+/**
+ * An engine inside the server process: llama.cpp (node-llama-cpp, prebuilt, CPU) running a GGUF, for local runs
+ * and tests without a GPU server. One model and one context with N sequences; requests beyond N wait in FIFO order.
+ * Token in, token out, like the vLLM client: the prompt is evaluated as the given ids (never re-tokenized) on a
+ * cleared sequence, so the same seed and prompt give the same ids whatever ran before.
+ *
+ * Sampling is llama.cpp's chain top-k → top-p → temperature → seeded draw (note: top-k/top-p cut on the
+ * untempered logits, vLLM cuts after temperature; identical when either is off). Defaults follow vLLM: temperature
+ * 1, no top-k, top-p 1, a fresh random seed when none is given. Each token's logprob is log of node-llama-cpp's
+ * `confidence`: the probability of the sampled token under the distribution it was drawn from — softmax of the
+ * tempered logits over the candidates left by top-k/top-p — i.e. vLLM's processed_logprobs, which PPO-style ratios
+ * need. With temperature 0 (greedy) it is the untempered softmax.
+ *
+ * Finish: EOS/EOT (any end-of-generation token, kept as the last id, `stop`), a stop string (ids up to and
+ * including the token that completed it, text cut before it, `stop`), or max_tokens (`length`). A prompt plus
+ * max_tokens beyond the context is a {@link ContextOverflowError}, as vLLM's 400 is, so llama.cpp never shifts the
+ * context under a trajectory. Inference runs on llama.cpp's native threads; the event loop only sees one small
+ * callback per token. An abort of the request's signal stops generation after the token in flight.
+ *
+ * The model loads in the background from construction; `generate`, `modelInfo` and `health` wait for it, and
+ * health is true exactly while it is loaded. `close()` frees the context and the model.
+ *
+ * @example
+ * const engine = new EmbeddedEngineClient({ url: 'embedded://tiny-qwen3?threads=1' });
+ * const out = await engine.generate({ promptIds, maxTokens: 64, temperature: 1, seed: 7, signal });
+ */
+export class EmbeddedEngineClient implements EngineClient {
+  readonly kind = 'embedded' as const;
+  readonly url: string;
+  readonly #spec: EmbeddedModelSpec;
+  readonly #loaded: Promise<Loaded>;
+  #closed = false;
+  #disposal: Promise<void> | undefined;
+
+  constructor(options: EmbeddedEngineOptions) {
+    this.url = options.url;
+    this.#spec = parseEmbeddedUrl(options.url);
+    const sequences = this.#spec.sequences ?? Math.min(options.maxConcurrency ?? 1, MAX_DEFAULT_SEQUENCES);
+    this.#loaded = this.#load(Math.max(1, sequences));
+    this.#loaded.catch(() => undefined); // surfaced by generate/health/modelInfo, never as an unhandled rejection
+  }
+
+  /** Resolves once the model is loaded (rejects with backend_error when it cannot be). */
+  async ready(): Promise<void> {
+    await this.#loaded;
+  }
+
+  async #load(sequences: number): Promise<Loaded> {
+    const spec = this.#spec;
+    const path = spec.model.kind === 'file' ? spec.model.path : ensureTinyQwen3Gguf();
+    try {
+      const llama = await loadLlamaRuntime();
+      const model = await llama.loadModel({ modelPath: path, gpuLayers: 0 });
+      try {
+        const contextSize = Math.min(spec.contextSize ?? DEFAULT_CONTEXT_SIZE, model.trainContextSize);
+        const context = await model.createContext({ contextSize, sequences, threads: spec.threads, batchSize: Math.min(512, contextSize) });
+        const slots = new SequenceSlots(Array.from({ length: sequences }, () => context.getSequence()));
+        const vocabSize = model.fileInfo.metadata.tokenizer?.ggml?.tokens?.length ?? Number.MAX_SAFE_INTEGER;
+        if (this.#closed) {
+          await context.dispose();
+          throw new Error('closed while loading');
+        }
+        return { model, context, slots, vocabSize };
+      } catch (err) {
+        await model.dispose();
+        throw err;
+      }
+    } catch (err) {
+      throw new RolloutError('backend_error', `embedded engine ${this.url}: cannot load ${path}`, { cause: err });
+    }
+  }
+
+  async generate(request: GenerateRequest): Promise<GenerateResult> {
+    const { context, slots, vocabSize, model } = await this.#loaded;
+    const { promptIds, maxTokens, signal } = request;
+    if (this.#closed) throw new RolloutError('backend_error', `embedded engine ${this.url} is closed`);
+    if (promptIds.length === 0) throw new RolloutError('backend_error', `embedded engine ${this.url}: empty prompt`);
+    for (const id of promptIds) {
+      if (!Number.isInteger(id) || id < 0 || id >= vocabSize) throw new RolloutError('backend_error', `embedded engine ${this.url}: prompt id ${id} is outside the model's vocabulary`);
+    }
+    if (promptIds.length + maxTokens > context.contextSize) {
+      throw new ContextOverflowError(
+        context.contextSize,
+        promptIds.length,
+        `embedded engine ${this.url}: ${promptIds.length} context + ${maxTokens} max_tokens exceed the context size ${context.contextSize}`,
+      );
+    }
+    const sequence = await slots.acquire(signal);
+    try {
+      return await this.#sample(model, sequence, request, Math.min(vocabSize, request.vocabSize ?? vocabSize));
+    } finally {
+      slots.release(sequence);
+    }
+  }
+
+  async #sample(model: LlamaModel, sequence: LlamaContextSequence, request: GenerateRequest, vocabSize: number): Promise<GenerateResult> {
+    const { signal, maxTokens } = request;
+    const tokenIds: number[] = [];
+    const logprobs: number[] = [];
+    const stops = (request.stop ?? []).filter((s) => s.length > 0);
+    // A stop string of L characters ends in the newest token and spans at most ~4(L+1) tokens (a character can be
+    // split over up to 4 byte tokens), so only that tail is decoded per token.
+    const window = stops.length === 0 ? 0 : 4 * (Math.max(...stops.map((s) => s.length)) + 1);
+    let finishReason: GenerateResult['finishReason'] = 'length';
+    let stopString: string | undefined;
+    if (signal.aborted) throw RolloutError.from(signal.reason, 'cancelled');
+    await sequence.clearHistory();
+    if (maxTokens > 0) {
+      const options = {
+        temperature: request.temperature ?? 1,
+        topK: request.topK !== undefined && request.topK > 0 ? request.topK : 0,
+        topP: request.topP ?? 1,
+        minP: 0,
+        seed: request.seed !== undefined ? uint32(request.seed) : randomInt(2 ** 32 - 1),
+        yieldEogToken: true,
+      };
+      for await (const out of sequence.evaluateWithMetadata(promptIds(request), { confidence: true }, options)) {
+        if (signal.aborted) break;
+        if (!Number.isInteger(out.token) || out.token < 0 || out.token >= vocabSize) {
+          throw new RolloutError('backend_error', `embedded engine ${this.url} sampled id ${out.token}, outside the vocabulary`);
+        }
+        if (!(out.confidence > 0)) throw new RolloutError('backend_error', `embedded engine ${this.url}: no probability for sampled id ${out.token}`);
+        tokenIds.push(out.token);
+        logprobs.push(Math.min(0, Math.log(out.confidence)));
+        if (model.isEogToken(out.token)) {
+          finishReason = 'stop';
+          break;
+        }
+        if (window > 0) {
+          const tail = model.detokenize(tokenIds.slice(-window) as Token[], true);
+          stopString = stops.find((s) => tail.includes(s));
+          if (stopString !== undefined) {
+            finishReason = 'stop';
+            break;
+          }
+        }
+        if (tokenIds.length >= maxTokens) break;
+      }
+    }
+    if (signal.aborted) throw RolloutError.from(signal.reason, 'cancelled');
+    let text = model.detokenize(tokenIds as Token[], true);
+    if (stopString !== undefined) text = text.slice(0, text.indexOf(stopString));
+    return { tokenIds, logprobs, finishReason, text };
+  }
+
+  /** True while the model is loaded and the engine not closed. */
+  async health(signal: AbortSignal): Promise<boolean> {
+    if (signal.aborted || this.#closed) return false;
+    try {
+      await this.#loaded;
+      return !this.#closed;
+    } catch {
+      return false;
+    }
+  }
+
+  /** The context size of one sequence: prompt + generated tokens of one request. */
+  async modelInfo(): Promise<EngineModelInfo> {
+    const { context } = await this.#loaded;
+    return { maxModelLen: context.contextSize };
+  }
+
+  /** Frees the context and the model (once loaded); requests waiting for a sequence fail with backend_error. */
+  close(): void {
+    void this.closed();
+  }
+
+  /** Like close(), and resolves once the model's native memory is freed (tests, orderly shutdown). */
+  closed(): Promise<void> {
+    this.#closed = true;
+    this.#disposal ??= this.#loaded.then(
+      async ({ context, model, slots }) => {
+        slots.close();
+        await context.dispose();
+        await model.dispose();
+      },
+      () => undefined, // never loaded: nothing to free
+    );
+    return this.#disposal;
+  }
+}
+
+/** The prompt as node-llama-cpp's token type (a branded number): the very ids given, copied. */
+function promptIds(request: GenerateRequest): Token[] {
+  return request.promptIds.slice() as Token[];
+}
+
+/** llama.cpp seeds are uint32: any integer seed maps to one, deterministically (vLLM takes any int). */
+function uint32(seed: number): number {
+  return Number(BigInt.asUintN(32, BigInt(Math.trunc(seed))));
+}

@@ -1,0 +1,61 @@
+import { availableParallelism } from 'node:os';
+import { fileURLToPath } from 'node:url';
+import { RolloutError } from '../../errors.js';
+
+/** The URL of the project's own tiny random-weight Qwen3 (written on first use into .cache/models). */
+export const TINY_QWEN3_URL = 'embedded://tiny-qwen3';
+
+/** What an `embedded` backend URL says: which GGUF, and how to run it. */
+export interface EmbeddedModelSpec {
+  /** A GGUF file on this machine, or `tiny-qwen3` for the model the project writes itself. */
+  model: { kind: 'file'; path: string } | { kind: 'tiny-qwen3' };
+  /** Context length of each sequence (prompt + generated tokens of one request). */
+  contextSize?: number;
+  /** CPU threads llama.cpp uses for one evaluation batch. */
+  threads: number;
+  /** Sequences evaluated at once; requests beyond wait in FIFO order. */
+  sequences?: number;
+}
+
+const positive = (url: URL, name: string): number | undefined => {
+  const raw = url.searchParams.get(name);
+  if (raw === null) return undefined;
+  const n = Number(raw);
+  if (!Number.isSafeInteger(n) || n < 1) throw RolloutError.invalid('url', `${name}=${raw} is not a positive integer`);
+  return n;
+};
+
+/**
+ * Reads an `embedded` backend URL. Two forms, both with optional query parameters `contextSize`, `threads` and
+ * `sequences`:
+ *
+ * - `file:///abs/path/model.gguf` — a user's GGUF (any architecture this llama.cpp build supports);
+ * - `embedded://tiny-qwen3` — the tiny random-weight Qwen3 with the real Qwen3 vocabulary (see tiny-qwen3.ts).
+ *
+ * A URL rather than a bare path keeps one `url` field for every backend kind in config and ListBackends.
+ * Threads default to min(2, cores): llama.cpp spins its threads, and a rollout server shares the machine with
+ * sandboxes. Throws invalid_argument (field `url`) for anything else.
+ *
+ * @example
+ * parseEmbeddedUrl('file:///models/qwen3-0.6b-q8_0.gguf?contextSize=8192&threads=4')
+ */
+export function parseEmbeddedUrl(text: string): EmbeddedModelSpec {
+  let url: URL;
+  try {
+    url = new URL(text);
+  } catch {
+    throw RolloutError.invalid('url', `not a URL: "${text}" (embedded backends take file:///path/model.gguf or ${TINY_QWEN3_URL})`);
+  }
+  let model: EmbeddedModelSpec['model'];
+  if (url.protocol === 'file:') model = { kind: 'file', path: fileURLToPath(new URL(url.pathname, 'file://')) };
+  else if (url.protocol === 'embedded:' && url.hostname === 'tiny-qwen3') model = { kind: 'tiny-qwen3' };
+  else throw RolloutError.invalid('url', `embedded backends take file:///path/model.gguf or ${TINY_QWEN3_URL}, not "${text}"`);
+  const contextSize = positive(url, 'contextSize');
+  const sequences = positive(url, 'sequences');
+  return {
+    model,
+    threads: positive(url, 'threads') ?? Math.min(2, availableParallelism()),
+    ...(contextSize !== undefined && { contextSize }),
+    ...(sequences !== undefined && { sequences }),
+  };
+}

@@ -1,0 +1,131 @@
+import { monitorEventLoopDelay } from 'node:perf_hooks';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { ContextOverflowError } from '../../src/backends/context-overflow.js';
+import { EmbeddedEngineClient } from '../../src/backends/embedded/embedded-engine.js';
+import { TINY_QWEN3_URL } from '../../src/backends/embedded/embedded-url.js';
+import type { GenerateRequest } from '../../src/backends/types.js';
+import { RolloutError } from '../../src/errors.js';
+import { loadQwen3 } from '../../src/tokens/tokenizer.js';
+
+const signal = new AbortController().signal;
+let engine: EmbeddedEngineClient;
+let promptIds: number[];
+let vocabSize: number;
+
+beforeAll(async () => {
+  const { tokenizer } = await loadQwen3();
+  vocabSize = tokenizer.vocabSize;
+  promptIds = tokenizer.encode('<|im_start|>user\nWhat is 6 times 7?<|im_end|>\n<|im_start|>assistant\n');
+  engine = new EmbeddedEngineClient({ url: `${TINY_QWEN3_URL}?threads=2&sequences=2` });
+  const started = performance.now();
+  await engine.ready();
+  console.log(`embedded engine: tiny Qwen3 written (if not cached) and loaded in ${Math.round(performance.now() - started)} ms`);
+}, 120_000);
+
+afterAll(async () => {
+  await engine?.closed();
+});
+
+const ask = (extra: Partial<GenerateRequest> = {}): Promise<Awaited<ReturnType<EmbeddedEngineClient['generate']>>> =>
+  engine.generate({ promptIds, maxTokens: 32, temperature: 1, seed: 11, vocabSize, signal, ...extra });
+
+describe('the embedded llama.cpp engine', () => {
+  it('samples ids in the vocabulary with one logprob <= 0 per token and stops at max_tokens with length', async () => {
+    const started = performance.now();
+    const out = await ask({ maxTokens: 64 });
+    console.log(`embedded engine: 64 tokens in ${Math.round(performance.now() - started)} ms`);
+    expect(out.tokenIds).toHaveLength(64);
+    expect(out.logprobs).toHaveLength(64);
+    expect(out.finishReason).toBe('length');
+    for (const id of out.tokenIds) expect(Number.isInteger(id) && id >= 0 && id < vocabSize).toBe(true);
+    for (const p of out.logprobs) expect(Number.isFinite(p) && p <= 0).toBe(true);
+    expect(out.text.length).toBeGreaterThan(0);
+  });
+
+  it('gives the same ids and logprobs for the same seed and prompt, other ids for another seed', async () => {
+    const a = await ask();
+    const b = await ask();
+    const c = await ask({ seed: 12 });
+    expect(b.tokenIds).toEqual(a.tokenIds);
+    expect(b.logprobs).toEqual(a.logprobs);
+    expect(c.tokenIds).not.toEqual(a.tokenIds);
+  });
+
+  it('reports logprobs under the sampling distribution: top_k 1 leaves one candidate, so every logprob is 0', async () => {
+    const free = await ask({ maxTokens: 16 });
+    const topOne = await ask({ maxTokens: 16, topK: 1 });
+    expect(topOne.logprobs.every((p) => p === 0)).toBe(true);
+    expect(free.logprobs.some((p) => p < -1e-3)).toBe(true);
+    // Colder sampling concentrates the distribution: the sampled tokens become likelier.
+    const cold = await ask({ maxTokens: 16, temperature: 0.05 });
+    const mean = (xs: number[]): number => xs.reduce((s, x) => s + x, 0) / xs.length;
+    expect(mean(cold.logprobs)).toBeGreaterThan(mean(free.logprobs));
+  });
+
+  it('ends at a stop string with finish_reason stop: ids through the completing token, text cut before it', async () => {
+    const free = await ask({ maxTokens: 24 });
+    // A piece of what this seed writes, taken from the decoded text of tokens 5..7, becomes the stop string.
+    const { tokenizer } = await loadQwen3();
+    const before = tokenizer.decode(free.tokenIds.slice(0, 5));
+    const piece = tokenizer.decode(free.tokenIds.slice(0, 8)).slice(before.length).trim().slice(0, 4);
+    expect(piece.length).toBeGreaterThan(0);
+    const stopped = await ask({ maxTokens: 24, stop: [piece] });
+    expect(stopped.finishReason).toBe('stop');
+    expect(stopped.tokenIds.length).toBeLessThanOrEqual(8);
+    expect(stopped.tokenIds).toEqual(free.tokenIds.slice(0, stopped.tokenIds.length));
+    expect(stopped.text.includes(piece)).toBe(false);
+    expect(free.text.startsWith(stopped.text)).toBe(true);
+  });
+
+  it('stops mid-generation when the signal aborts, with the abort reason', async () => {
+    const controller = new AbortController();
+    const started = performance.now();
+    const pending = ask({ maxTokens: 2_000, signal: controller.signal });
+    setTimeout(() => controller.abort(new RolloutError('cancelled', 'trajectory cancelled')), 200);
+    const err = await pending.then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    const elapsed = performance.now() - started;
+    expect(err).toBeInstanceOf(RolloutError);
+    expect((err as RolloutError).code).toBe('cancelled');
+    expect(elapsed).toBeLessThan(5_000); // 2,000 tokens take far longer; the abort lands within a token or two
+    // The sequence went back to the pool: the engine still serves.
+    expect((await ask({ maxTokens: 4 })).tokenIds).toHaveLength(4);
+  });
+
+  it('keeps the event loop responsive while generating (inference runs on native threads)', async () => {
+    const histogram = monitorEventLoopDelay({ resolution: 5 });
+    histogram.enable();
+    const out = await Promise.all([ask({ maxTokens: 96, seed: 1 }), ask({ maxTokens: 96, seed: 2 })]);
+    histogram.disable();
+    const p99 = histogram.percentile(99) / 1e6;
+    const max = histogram.max / 1e6;
+    console.log(`embedded engine: event-loop delay during 2×96 tokens: p50 ${(histogram.percentile(50) / 1e6).toFixed(1)} ms, p99 ${p99.toFixed(1)} ms, max ${max.toFixed(1)} ms`);
+    expect(out.every((o) => o.tokenIds.length === 96)).toBe(true);
+    expect(p99).toBeLessThan(50);
+  });
+
+  it('queues requests beyond its sequences and answers them all', async () => {
+    const outs = await Promise.all([1, 2, 3, 4, 5].map((seed) => ask({ maxTokens: 8, seed })));
+    expect(outs.map((o) => o.tokenIds.length)).toEqual([8, 8, 8, 8, 8]);
+    // Reproducible under concurrency too: each equals its own run alone.
+    expect((await ask({ maxTokens: 8, seed: 3 })).tokenIds).toEqual(outs[2]!.tokenIds);
+  });
+
+  it('refuses a prompt plus max_tokens beyond its context as a context overflow, and reports the context size', async () => {
+    const info = await engine.modelInfo();
+    expect(info.maxModelLen).toBeGreaterThanOrEqual(4096);
+    const err = await ask({ maxTokens: info.maxModelLen! }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(ContextOverflowError);
+    expect((err as ContextOverflowError).maxModelLen).toBe(info.maxModelLen);
+  });
+
+  it('is healthy while loaded and not after close', async () => {
+    const other = new EmbeddedEngineClient({ url: `${TINY_QWEN3_URL}?threads=1&sequences=1&contextSize=512` });
+    expect(await other.health(signal)).toBe(true);
+    await other.closed();
+    expect(await other.health(signal)).toBe(false);
+    await expect(other.generate({ promptIds, maxTokens: 4, signal })).rejects.toMatchObject({ code: 'backend_error' });
+  });
+});
