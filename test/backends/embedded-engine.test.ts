@@ -16,7 +16,7 @@ beforeAll(async () => {
   const { tokenizer } = await loadQwen3();
   vocabSize = tokenizer.vocabSize;
   promptIds = tokenizer.encode('<|im_start|>user\nWhat is 6 times 7?<|im_end|>\n<|im_start|>assistant\n');
-  engine = new EmbeddedEngineClient({ url: `${TINY_QWEN3_URL}?threads=2&sequences=2` });
+  engine = new EmbeddedEngineClient({ url: `${TINY_QWEN3_URL}?threads=1&sequences=2` });
   const started = performance.now();
   await engine.ready();
   console.log(`embedded engine: tiny Qwen3 written (if not cached) and loaded in ${Math.round(performance.now() - started)} ms`);
