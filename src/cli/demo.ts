@@ -3,6 +3,7 @@ import { existsSync } from 'node:fs';
 import { startRolloutServer } from '../app.js';
 import { RolloutClient } from '../client/rollout-client.js';
 import { createLogger } from '../observability/logger.js';
+import { TINY_QWEN3_URL } from '../backends/embedded/embedded-url.js';
 import { FakeVllmEngine } from '../testing/fake-vllm.js';
 import { createScriptedMathPolicy } from '../testing/scripted-policy.js';
 import { defaultImagePath } from '../sandboxes/images/image-recipe.js';
@@ -18,6 +19,12 @@ export interface DemoOptions {
   messages?: boolean;
   /** Sandbox image (.sif or directory); default the project's image when scripts/setup.sh has built it. */
   image?: string;
+  /**
+   * `fake` (default): the fake vLLM engine with a scripted agent that solves the problems. `embedded`: llama.cpp
+   * in-process running the tiny random-weight Qwen3, which writes random text — trajectories end COMPLETED or
+   * TRUNCATED unrewarded; what it shows is the whole path (real sampling, logprobs) without a GPU server.
+   */
+  engine?: 'fake' | 'embedded';
 }
 
 const statusName = (s: TrajectoryStatus): string => TrajectoryStatus[s]?.replace('TRAJECTORY_STATUS_', '') ?? String(s);
@@ -30,13 +37,18 @@ const statusName = (s: TrajectoryStatus): string => TrajectoryStatus[s]?.replace
 export async function runDemo(opts: DemoOptions): Promise<number> {
   const logger = createLogger({ level: process.env.ROLLOUT_LOG_LEVEL ?? 'warn' });
   const { tokenizer } = await loadQwen3();
-  // The scripted agent computes through python or bash (half each), both running in the sandbox image.
-  const engine = await FakeVllmEngine.start({ tokenizer, tokenLatencyMs: opts.latencyMs, policy: createScriptedMathPolicy({ bashRate: 0.5 }) });
   const image = opts.image ?? (existsSync(defaultImagePath()) ? defaultImagePath() : undefined);
-  const server = await startRolloutServer({ port: 0, model: engine.model, backends: [{ url: engine.url }], sandbox: { ...(image !== undefined && { image }) } }, { logger });
+  const sandbox = { ...(image !== undefined && { image }) };
+  // The scripted agent computes through python or bash (half each), both running in the sandbox image.
+  const engine =
+    opts.engine === 'embedded'
+      ? undefined
+      : await FakeVllmEngine.start({ tokenizer, tokenLatencyMs: opts.latencyMs, policy: createScriptedMathPolicy({ bashRate: 0.5 }) });
+  const backends = engine ? [{ url: engine.url }] : [{ kind: 'embedded' as const, url: `${TINY_QWEN3_URL}?sequences=2`, maxConcurrency: 2 }];
+  const server = await startRolloutServer({ port: 0, model: engine?.model ?? 'tiny-qwen3', backends, sandbox }, { logger });
   const client = new RolloutClient(server.address);
   const total = opts.groups * opts.groupSize;
-  console.log(`demo: server ${server.address}, fake vLLM engine ${engine.url}, ${opts.groups} groups × ${opts.groupSize} samples`);
+  console.log(`demo: server ${server.address}, ${engine ? `fake vLLM engine ${engine.url}` : `embedded llama.cpp engine ${TINY_QWEN3_URL} (random weights)`}, ${opts.groups} groups × ${opts.groupSize} samples`);
   console.log(`demo: sandboxes from ${image ?? "the host's /usr (no image built: run scripts/setup.sh)"}`);
   const bar = process.stderr.isTTY
     ? new cliProgress.SingleBar({ format: 'trajectories {bar} {value}/{total} | {eta_formatted} left', stream: process.stderr, hideCursor: true }, cliProgress.Presets.shades_classic)
@@ -77,7 +89,7 @@ export async function runDemo(opts: DemoOptions): Promise<number> {
   } finally {
     client.close();
     await server.shutdown();
-    await engine.close();
+    await engine?.close();
   }
   const seconds = (performance.now() - started) / 1000;
   const infra = received.filter((t) => t.status !== TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED && t.status !== TrajectoryStatus.TRAJECTORY_STATUS_TRUNCATED);

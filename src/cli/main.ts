@@ -51,6 +51,7 @@ program
   .option('--seed <n>', 'seed for problems and sampling', int, 7)
   .option('--messages', 'print the decoded transcript of the first trajectory')
   .option('--image <path>', 'sandbox image (.sif or directory); default the image scripts/setup.sh built')
+  .addOption(new Option('--engine <engine>', 'fake vLLM engine, or llama.cpp in-process on a tiny random-weight Qwen3').choices(['fake', 'embedded']).default('fake'))
   .action(async (opts) => {
     process.exitCode = await runDemo(opts);
   });

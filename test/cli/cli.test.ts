@@ -38,6 +38,18 @@ describe('the rollout CLI', () => {
     expect(out).toContain('0 infrastructure failures');
   });
 
+  it('`rollout demo --engine embedded` runs the demo on llama.cpp in-process and exits 0 without infrastructure failures', async () => {
+    const demo = rollout(['demo', '--engine', 'embedded', '--groups', '1', '--group-size', '2']);
+    const code = await demo.exited;
+    const out = demo.output();
+    expect(code, out).toBe(0);
+    expect(out).toContain('embedded llama.cpp engine');
+    // Random weights: every sample ends COMPLETED or TRUNCATED, unrewarded.
+    expect(out.split('\n').filter((l) => /^\[\s*\d+\/2\] \S+ (COMPLETED|TRUNCATED)/.test(l))).toHaveLength(2);
+    expect(out).toContain('2/2 trajectories');
+    expect(out).toContain('0 infrastructure failures');
+  }, 180_000);
+
   it('`rollout serve --fake-engine` serves a client and shuts down cleanly on SIGTERM', async () => {
     const serve = rollout(['serve', '--port', '0', '--fake-engine', '--fake-latency-ms', '0', '--run-timeout-ms', '60000']);
     try {
