@@ -56,6 +56,11 @@ export type VllmHttpError = EngineHttpError;
  * 400 becomes a {@link ContextOverflowError} (truncation for the agent loop); an abort of the caller's signal keeps
  * its meaning (cancelled / deadline_exceeded).
  *
+ * Request ids and control: a GenerateRequest.requestId travels as `request_id` and the X-Request-Id header (vLLM
+ * then names the engine request `cmpl-<id>-0`); {@link abort}, {@link pause} and {@link resume} use the endpoints
+ * a server started with VLLM_SERVER_DEV_MODE=1 serves (POST /abort_requests, /pause?mode=, /resume); without dev
+ * mode they are 404s and fail with backend_error. The bounded HTTP reading is the shared {@link EngineHttp}.
+ *
  * @example
  * const client = new VllmClient({ url: 'http://127.0.0.1:8000', model: 'Qwen/Qwen3-8B', requestTimeoutMs: 600_000 });
  * const out = await client.generate({ promptIds, maxTokens: 1024, temperature: 1, signal });

@@ -3,7 +3,7 @@ import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { abortReason, RolloutError } from '../../src/errors.js';
 import { ContextOverflowError } from '../../src/backends/context-overflow.js';
-import { EngineHttpError, MAX_ERROR_BODY_BYTES } from '../../src/backends/engine-http.js';
+import { MAX_ERROR_BODY_BYTES, type EngineHttpError } from '../../src/backends/engine-http.js';
 import { SglangClient } from '../../src/backends/sglang-client.js';
 import { FakeSglangEngine } from '../../src/testing/fake-sglang.js';
 import { loadQwen3 } from '../../src/tokens/tokenizer.js';
