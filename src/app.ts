@@ -2,7 +2,7 @@ import { parseConfig, type ServerConfig, type ServerConfigInput } from './config
 import { createLogger, type Logger } from './observability/logger.js';
 import { defaultRegistry, type EnvironmentRegistry } from './environments/registry.js';
 import { BackendPool } from './backends/pool.js';
-import { createEngineClient } from './backends/factory.js';
+import { createEngineClient } from './backends/kinds.js';
 import { createSandboxDriver } from './sandboxes/driver-factory.js';
 import type { SandboxDriver } from './sandboxes/types.js';
 import { loadQwen3 } from './tokens/tokenizer.js';

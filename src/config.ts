@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { BACKEND_KIND_NAMES } from './backends/kinds.js';
 import { RolloutError } from './errors.js';
 
 /**
@@ -15,7 +16,7 @@ const stageSchema = (defaults: { concurrency: number; timeoutMs: number }) =>
 
 const backendSchema = z.strictObject({
   url: z.string().url(),
-  kind: z.enum(['vllm', 'sglang', 'embedded']).default('vllm'),
+  kind: z.enum(BACKEND_KIND_NAMES).default('vllm'),
   maxConcurrency: z.number().int().min(1).default(256),
   id: z.string().optional(),
   model: z.string().optional(),

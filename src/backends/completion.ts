@@ -26,14 +26,62 @@ export class CompletionRejected extends Error {
 
 const FINISH_REASONS: ReadonlySet<unknown> = new Set<GenerateResult['finishReason']>(['stop', 'length', 'abort']);
 
+/** How the fields of one engine's answer are named in refusal messages. */
+export interface AnswerFieldNames {
+  /** The path of the i-th id, e.g. `token_ids[3]`. */
+  ids: (i: number) => string;
+  logprobs: (i: number) => string;
+}
+
+/**
+ * The rules every engine answer obeys, whatever its wire shape (vLLM and SGLang clients both end here): at most
+ * `maxTokens` ids, each an integer in [0, vocabSize); exactly one logprob per id, finite and <=
+ * {@link LOGPROB_TOLERANCE}. Copies into fresh arrays of numbers, so nothing else of the engine's JSON lives on.
+ * Throws {@link CompletionRejected} naming the first violation with the engine's own field names.
+ */
+export function checkSampledTokens(
+  ids: readonly unknown[],
+  rawLogprobs: readonly unknown[],
+  expect: CompletionExpectation,
+  names: AnswerFieldNames,
+): { tokenIds: number[]; logprobs: number[] } {
+  if (ids.length > expect.maxTokens) {
+    throw new CompletionRejected(`${ids.length} token ids for max_tokens ${expect.maxTokens}`);
+  }
+  const vocab = expect.vocabSize ?? Number.MAX_SAFE_INTEGER;
+  const tokenIds = new Array<number>(ids.length);
+  for (let i = 0; i < ids.length; i++) {
+    const id: unknown = ids[i];
+    if (typeof id !== 'number' || !Number.isInteger(id) || id < 0 || id >= vocab) {
+      const range = expect.vocabSize === undefined ? 'a non-negative integer' : `an integer in [0, ${expect.vocabSize})`;
+      throw new CompletionRejected(`${names.ids(i)} = ${preview(id)} is not ${range}`);
+    }
+    tokenIds[i] = id;
+  }
+  if (rawLogprobs.length !== tokenIds.length) throw new CompletionRejected(`${tokenIds.length} token ids but ${rawLogprobs.length} logprobs`);
+  const logprobs = new Array<number>(rawLogprobs.length);
+  for (let i = 0; i < rawLogprobs.length; i++) {
+    const p: unknown = rawLogprobs[i];
+    if (typeof p !== 'number' || !Number.isFinite(p)) throw new CompletionRejected(`${names.logprobs(i)} = ${preview(p)} is not a finite number`);
+    if (p > LOGPROB_TOLERANCE) throw new CompletionRejected(`${names.logprobs(i)} = ${p} is positive (a log-probability is <= 0)`);
+    logprobs[i] = p;
+  }
+  return { tokenIds, logprobs };
+}
+
+/** Narrows a finish reason to stop/length/abort, or throws {@link CompletionRejected}. */
+export function checkFinishReason(value: unknown): GenerateResult['finishReason'] {
+  if (!FINISH_REASONS.has(value)) throw new CompletionRejected(`unexpected finish_reason ${preview(value)}`);
+  return value as GenerateResult['finishReason'];
+}
+
 /**
  * The one check of a parsed vLLM `/v1/completions` answer before it can become part of a trajectory: every
- * field the rollout uses is typed and bounded, and only those fields are copied out (fresh arrays of numbers and
- * a string), so nothing else of the engine's JSON — however large or deeply nested — lives on.
+ * field the rollout uses is typed and bounded, and only those fields are copied out.
  *
- * Checked: `choices[0]` exists; `token_ids` is an array of at most `maxTokens` integers in [0, vocabSize);
- * `logprobs.token_logprobs` holds one finite number <= {@link LOGPROB_TOLERANCE} per token; `finish_reason` is
- * stop/length/abort; `text` is a string. Throws {@link CompletionRejected} naming the first violation.
+ * Checked: `choices[0]` exists; `token_ids` and `logprobs.token_logprobs` by {@link checkSampledTokens};
+ * `finish_reason` is stop/length/abort; `text` is a string. Throws {@link CompletionRejected} naming the first
+ * violation.
  */
 export function checkCompletion(json: unknown, expect: CompletionExpectation): GenerateResult {
   if (!isRecord(json)) throw new CompletionRejected('body is not a JSON object');
@@ -46,45 +94,24 @@ export function checkCompletion(json: unknown, expect: CompletionExpectation): G
   if (!Array.isArray(ids)) {
     throw new CompletionRejected('choices[0].token_ids missing (vLLM >= 0.10.2 with return_token_ids needed)');
   }
-  if (ids.length > expect.maxTokens) {
-    throw new CompletionRejected(`${ids.length} token ids for max_tokens ${expect.maxTokens}`);
-  }
-  const vocab = expect.vocabSize ?? Number.MAX_SAFE_INTEGER;
-  const tokenIds = new Array<number>(ids.length);
-  for (let i = 0; i < ids.length; i++) {
-    const id: unknown = ids[i];
-    if (typeof id !== 'number' || !Number.isInteger(id) || id < 0 || id >= vocab) {
-      const range = expect.vocabSize === undefined ? 'a non-negative integer' : `an integer in [0, ${expect.vocabSize})`;
-      throw new CompletionRejected(`token_ids[${i}] = ${preview(id)} is not ${range}`);
-    }
-    tokenIds[i] = id;
-  }
-
+  if (ids.length > expect.maxTokens) throw new CompletionRejected(`${ids.length} token ids for max_tokens ${expect.maxTokens}`);
   const logprobsField = choice.logprobs;
   const raw = isRecord(logprobsField) ? logprobsField.token_logprobs : undefined;
   if (!Array.isArray(raw)) throw new CompletionRejected('choices[0].logprobs.token_logprobs missing');
-  if (raw.length !== tokenIds.length) throw new CompletionRejected(`${tokenIds.length} token ids but ${raw.length} logprobs`);
-  const logprobs = new Array<number>(raw.length);
-  for (let i = 0; i < raw.length; i++) {
-    const p: unknown = raw[i];
-    if (typeof p !== 'number' || !Number.isFinite(p)) throw new CompletionRejected(`token_logprobs[${i}] = ${preview(p)} is not a finite number`);
-    if (p > LOGPROB_TOLERANCE) throw new CompletionRejected(`token_logprobs[${i}] = ${p} is positive (a log-probability is <= 0)`);
-    logprobs[i] = p;
-  }
+  const { tokenIds, logprobs } = checkSampledTokens(ids, raw, expect, { ids: (i) => `token_ids[${i}]`, logprobs: (i) => `token_logprobs[${i}]` });
 
-  const finishReason = choice.finish_reason;
-  if (!FINISH_REASONS.has(finishReason)) throw new CompletionRejected(`unexpected finish_reason ${preview(finishReason)}`);
+  const finishReason = checkFinishReason(choice.finish_reason);
   const text = choice.text;
   if (typeof text !== 'string') throw new CompletionRejected(`choices[0].text is ${preview(text)}, not a string`);
-  return { tokenIds, logprobs, finishReason: finishReason as GenerateResult['finishReason'], text };
+  return { tokenIds, logprobs, finishReason, text };
 }
 
-function isRecord(value: unknown): value is Record<string, unknown> {
+export function isRecord(value: unknown): value is Record<string, unknown> {
   return typeof value === 'object' && value !== null && !Array.isArray(value);
 }
 
 /** A short, safe rendering of an offending value (never stringifies a whole structure). */
-function preview(value: unknown): string {
+export function preview(value: unknown): string {
   if (value === null || value === undefined) return String(value);
   if (Array.isArray(value)) return 'an array';
   if (typeof value === 'object') return 'an object';

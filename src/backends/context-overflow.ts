@@ -45,3 +45,34 @@ export function parseContextOverflow(status: number, body: string): { maxModelLe
   const prompt = PROMPT.map((re) => re.exec(message as string)).find((m) => m !== null);
   return { maxModelLen, promptTokens: prompt ? Number(prompt[1]) : undefined };
 }
+
+const SGLANG_INPUT = /The input \((\d+) tokens\) is longer than the model's context length \((\d+) tokens\)/;
+const SGLANG_TOTAL = /Requested token count exceeds the model's maximum context length of (\d+) tokens\. You requested a total of \d+ tokens: (\d+) tokens from the input/;
+
+/**
+ * Recognises SGLang's context-length refusal (tokenizer_manager's request validation, answered by /generate as
+ * HTTP 400 `{"error": {"message": ...}}`), narrowly, in its two phrasings:
+ * "The input (P tokens) is longer than the model's context length (N tokens)." and "Requested token count exceeds
+ * the model's maximum context length of N tokens. You requested a total of T tokens: P tokens from the input
+ * messages and C tokens for the completion. ...".
+ *
+ * SGLang refuses prompt + max_new_tokens >= N, where vLLM refuses only > N: the limit returned is N - 1, the
+ * largest prompt + max_tokens SGLang accepts, so the rest of the server keeps vLLM's `<=` meaning of max_model_len.
+ */
+export function parseSglangContextOverflow(status: number, body: string): { maxModelLen: number; promptTokens: number | undefined } | undefined {
+  if (status !== 400 || !body.includes('context length')) return undefined;
+  let message: unknown;
+  try {
+    const json = JSON.parse(body) as { message?: unknown; error?: { message?: unknown } } | null;
+    message = json?.error?.message ?? json?.message;
+  } catch {
+    return undefined;
+  }
+  if (typeof message !== 'string') return undefined;
+  const input = SGLANG_INPUT.exec(message);
+  const total = input ? undefined : SGLANG_TOTAL.exec(message);
+  const contextLen = Number(input ? input[2] : total?.[1]);
+  const promptTokens = Number(input ? input[1] : total?.[2]);
+  if (!Number.isSafeInteger(contextLen) || contextLen <= 1) return undefined;
+  return { maxModelLen: contextLen - 1, promptTokens: Number.isSafeInteger(promptTokens) ? promptTokens : undefined };
+}

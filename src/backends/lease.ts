@@ -1,3 +1,4 @@
+import { randomUUID } from 'node:crypto';
 import { RolloutError, throwIfAborted } from '../errors.js';
 import { BackendGone, type BackendState } from './backend-state.js';
 import type { GenerateRequest, GenerateResult } from './types.js';
@@ -34,6 +35,11 @@ export interface BackendLease {
    */
   readonly maxModelLen: number | undefined;
   readonly released: boolean;
+  /**
+   * The engine request id of the generate call in flight (undefined between calls), so the trajectory's request
+   * can be aborted on its engine (EngineClient.abort). Each call gets `<lease uuid>-<n>` unless the caller set one.
+   */
+  readonly inflightRequestId: string | undefined;
   generate(request: GenerateRequest): Promise<LeaseResult>;
   release(): void;
 }
@@ -56,6 +62,9 @@ export class PoolLease implements BackendLease {
   #failovers = 0;
   #released = false;
   #moving: Promise<BackendState> | undefined;
+  readonly #idBase = randomUUID();
+  #calls = 0;
+  #inflightRequestId: string | undefined;
 
   constructor(
     private readonly host: LeaseHost,
@@ -81,12 +90,26 @@ export class PoolLease implements BackendLease {
     return this.#released;
   }
 
+  get inflightRequestId(): string | undefined {
+    return this.#inflightRequestId;
+  }
+
   /** The backend currently holding the trajectory (for the pool's bookkeeping and tests). */
   get backend(): BackendState {
     return this.#backend;
   }
 
   async generate(request: GenerateRequest): Promise<LeaseResult> {
+    const requestId = request.requestId ?? `${this.#idBase}-${this.#calls++}`;
+    this.#inflightRequestId = requestId;
+    try {
+      return await this.#generate({ ...request, requestId });
+    } finally {
+      if (this.#inflightRequestId === requestId) this.#inflightRequestId = undefined;
+    }
+  }
+
+  async #generate(request: GenerateRequest): Promise<LeaseResult> {
     for (let attempt = 0; ; attempt++) {
       if (this.#released) throw new RolloutError('failed_precondition', `lease ${this.trajectoryKey} was released`);
       throwIfAborted(request.signal);

@@ -1,3 +1,5 @@
+import type { BackendKind } from './kinds.js';
+
 /** Sampling settings for one engine call (one assistant turn). */
 export interface GenerateRequest {
   /** The whole context as token ids (prompt + response so far): token-in. */
@@ -13,8 +15,24 @@ export interface GenerateRequest {
    * Unchecked when absent.
    */
   vocabSize?: number;
+  /**
+   * The engine-side id of this request (vLLM: `request_id` and the X-Request-Id header; SGLang: `rid`), so the
+   * request can be aborted by id ({@link EngineClient.abort}). 1-256 printable ASCII characters, unique among the
+   * engine's in-flight requests. The engine makes one up when absent (the request can then only be aborted with
+   * everything else).
+   */
+  requestId?: string;
   signal: AbortSignal;
 }
+
+/**
+ * What a pause does with the requests in flight (the contract's PauseGeneration modes):
+ * `abort` — they end now with finish_reason "abort" and what was sampled so far;
+ * `wait` — the pause completes once they have finished;
+ * `keep` — they freeze where they are (KV cache kept) and continue on resume.
+ * In every mode new requests wait until {@link EngineClient.resume}.
+ */
+export type PauseMode = 'abort' | 'wait' | 'keep';
 
 /** What an engine says about the model it serves (vLLM: GET /v1/models). */
 export interface EngineModelInfo {
@@ -32,11 +50,12 @@ export interface GenerateResult {
   text: string;
 }
 
-export type BackendKind = 'vllm' | 'sglang' | 'embedded';
+export type { BackendKind };
 
 /**
- * A client for one engine. Implementations: vLLM (/v1/completions with token-id prompts). SGLang and an embedded
- * llama.cpp engine are later implementations of the same interface.
+ * A client for one engine. Implementations: vLLM (/v1/completions with token-id prompts) and SGLang (/generate
+ * with input_ids); the kinds and what each can do are enumerated once, in ./kinds.ts. The control operations are
+ * optional: a kind without them says so in its capabilities, and callers check before relying on them.
  */
 export interface EngineClient {
   readonly kind: BackendKind;
@@ -49,6 +68,16 @@ export interface EngineClient {
    * then keeps the limit unknown and asks again after the next successful health probe.
    */
   modelInfo?(signal: AbortSignal): Promise<EngineModelInfo>;
+  /**
+   * Aborts in-flight requests by {@link GenerateRequest.requestId}, or all of them when `requestIds` is omitted.
+   * An aborted request answers its caller with finish_reason "abort" and the tokens sampled so far. Unknown ids are
+   * ignored (the request may just have finished). Throws backend_error when the engine refuses.
+   */
+  abort?(requestIds: readonly string[] | undefined, signal: AbortSignal): Promise<void>;
+  /** Pauses generation (see {@link PauseMode}); modes the engine lacks throw invalid_argument (field mode). */
+  pause?(mode: PauseMode, signal: AbortSignal): Promise<void>;
+  /** Resumes after {@link pause}: waiting and frozen requests continue. */
+  resume?(signal: AbortSignal): Promise<void>;
   /** Releases connections; called once the pool has removed the backend. */
   close?(): void;
 }

@@ -1,9 +1,10 @@
-import { Agent as HttpAgent, request as httpRequest, type IncomingMessage } from 'node:http';
-import { Agent as HttpsAgent, request as httpsRequest } from 'node:https';
 import { RolloutError } from '../errors.js';
 import { checkCompletion, CompletionRejected } from './completion.js';
 import { ContextOverflowError, parseContextOverflow } from './context-overflow.js';
-import type { EngineClient, EngineModelInfo, GenerateRequest, GenerateResult } from './types.js';
+import { checkRequestId, EngineHttp, EngineHttpError, MAX_INFO_BODY_BYTES } from './engine-http.js';
+import type { EngineClient, EngineModelInfo, GenerateRequest, GenerateResult, PauseMode } from './types.js';
+
+export { MAX_ERROR_BODY_BYTES } from './engine-http.js';
 
 /** Where a vLLM server is and how long one request may take. */
 export interface VllmClientOptions {
@@ -23,11 +24,6 @@ export interface VllmClientOptions {
   maxResponseBytes?: number;
 }
 
-/** Error bodies (non-2xx) are read up to this many bytes; the rest is dropped with the connection. */
-export const MAX_ERROR_BODY_BYTES = 64 * 1024;
-/** GET /v1/models and /health bodies are small; more than this is refused. */
-const MAX_INFO_BODY_BYTES = 1 << 20;
-
 /**
  * The default cap on a completion body: 64 KiB of envelope, 1 KiB per requested token (a token appears in
  * `token_ids`, `token_logprobs`, `tokens`, `top_logprobs`, `text_offset` and `text`; ~50 bytes typically, a few
@@ -38,18 +34,9 @@ export function defaultMaxResponseBytes(promptTokens: number, maxTokens: number)
   return 64 * 1024 + 1024 * maxTokens + 16 * promptTokens;
 }
 
-/** A non-2xx answer from the engine, kept as the cause of the backend_error: its message is the engine's body. */
-export class VllmHttpError extends Error {
-  constructor(readonly status: number, readonly body: string) {
-    super(body.trim() === '' ? '(empty body)' : body.slice(0, 4096));
-    this.name = 'VllmHttpError';
-  }
-}
-
-interface HttpAnswer {
-  status: number;
-  text: string;
-}
+/** A non-2xx answer from vLLM (the shared {@link EngineHttpError}; the name is kept for existing callers). */
+export const VllmHttpError = EngineHttpError;
+export type VllmHttpError = EngineHttpError;
 
 /**
  * Talks to a vLLM OpenAI-compatible server through `/v1/completions` with a token-id prompt ("token in, token
@@ -69,6 +56,11 @@ interface HttpAnswer {
  * 400 becomes a {@link ContextOverflowError} (truncation for the agent loop); an abort of the caller's signal keeps
  * its meaning (cancelled / deadline_exceeded).
  *
+ * Request ids and control: a GenerateRequest.requestId travels as `request_id` and the X-Request-Id header (vLLM
+ * then names the engine request `cmpl-<id>-0`); {@link abort}, {@link pause} and {@link resume} use the endpoints
+ * a server started with VLLM_SERVER_DEV_MODE=1 serves (POST /abort_requests, /pause?mode=, /resume); without dev
+ * mode they are 404s and fail with backend_error. The bounded HTTP reading is the shared {@link EngineHttp}.
+ *
  * @example
  * const client = new VllmClient({ url: 'http://127.0.0.1:8000', model: 'Qwen/Qwen3-8B', requestTimeoutMs: 600_000 });
  * const out = await client.generate({ promptIds, maxTokens: 1024, temperature: 1, signal });
@@ -77,26 +69,19 @@ export class VllmClient implements EngineClient {
   readonly kind = 'vllm' as const;
   readonly url: string;
   readonly model: string;
-  readonly #timeoutMs: number;
   readonly #maxResponseBytes: number;
-  readonly #https: boolean;
-  readonly #agent: HttpAgent;
+  readonly #http: EngineHttp;
 
   constructor(options: VllmClientOptions) {
-    this.url = options.url.replace(/\/+$/, '');
+    this.#http = new EngineHttp({ url: options.url, label: 'vLLM', requestTimeoutMs: options.requestTimeoutMs ?? 0, maxSockets: options.maxSockets ?? 1024 });
+    this.url = this.#http.url;
     this.model = options.model;
-    this.#timeoutMs = options.requestTimeoutMs ?? 0;
     this.#maxResponseBytes = options.maxResponseBytes ?? 0;
-    this.#https = this.url.startsWith('https:');
-    // node:http with a keep-alive agent, not fetch: fetch cost ~0.5 ms of CPU per request in
-    // bench/orchestration, a quarter of the server's whole per-turn budget.
-    const agentOptions = { keepAlive: true, maxSockets: options.maxSockets ?? 1024 };
-    this.#agent = this.#https ? new HttpsAgent(agentOptions) : new HttpAgent(agentOptions);
   }
 
   /** Closes idle keep-alive connections (when the backend is removed). */
   close(): void {
-    this.#agent.destroy();
+    this.#http.close();
   }
 
   async generate(request: GenerateRequest): Promise<GenerateResult> {
@@ -114,9 +99,15 @@ export class VllmClient implements EngineClient {
     if (request.topK !== undefined) body.top_k = request.topK;
     if (request.seed !== undefined) body.seed = request.seed;
     if (request.stop !== undefined && request.stop.length > 0) body.stop = request.stop;
+    const headers: Record<string, string> = {};
+    if (request.requestId !== undefined) {
+      checkRequestId(request.requestId);
+      body.request_id = request.requestId;
+      headers['x-request-id'] = request.requestId;
+    }
 
     const cap = this.#maxResponseBytes > 0 ? this.#maxResponseBytes : defaultMaxResponseBytes(request.promptIds.length, request.maxTokens);
-    const { status, text } = await this.#request('POST', '/v1/completions', JSON.stringify(body), request.signal, cap);
+    const { status, text } = await this.#http.request('POST', '/v1/completions', JSON.stringify(body), request.signal, cap, headers);
     if (status < 200 || status >= 300) {
       const cause = new VllmHttpError(status, text);
       const overflow = parseContextOverflow(status, text);
@@ -149,7 +140,7 @@ export class VllmClient implements EngineClient {
   /** GET /health: vLLM answers 200 with an empty body when the engine is alive, 503 when it is dead. */
   async health(signal: AbortSignal): Promise<boolean> {
     try {
-      const { status } = await this.#request('GET', '/health', undefined, signal, MAX_INFO_BODY_BYTES);
+      const { status } = await this.#http.request('GET', '/health', undefined, signal, MAX_INFO_BODY_BYTES);
       return status >= 200 && status < 300;
     } catch {
       return false;
@@ -161,7 +152,7 @@ export class VllmClient implements EngineClient {
    * client's model is used (or the only card, when the engine serves one under another name).
    */
   async modelInfo(signal: AbortSignal): Promise<EngineModelInfo> {
-    const { status, text } = await this.#request('GET', '/v1/models', undefined, signal, MAX_INFO_BODY_BYTES);
+    const { status, text } = await this.#http.request('GET', '/v1/models', undefined, signal, MAX_INFO_BODY_BYTES);
     if (status < 200 || status >= 300) {
       throw new RolloutError('backend_error', `vLLM ${this.url} answered HTTP ${status} to GET /v1/models`, { cause: new VllmHttpError(status, text) });
     }
@@ -179,104 +170,27 @@ export class VllmClient implements EngineClient {
   }
 
   /**
-   * One HTTP exchange with bounded bodies: a 2xx body larger than `cap` fails at once (declared length) or as
-   * soon as the bytes read pass it — the connection is destroyed, nothing more is read or kept; an error body is
-   * kept up to {@link MAX_ERROR_BODY_BYTES} and the rest dropped the same way.
+   * POST /abort_requests {request_ids} (VLLM_SERVER_DEV_MODE=1). vLLM names a completion's engine request
+   * `cmpl-<request_id>-<prompt index>`, so the ids sent are `cmpl-<id>-0` for the one prompt this client sends;
+   * no ids (an empty list) aborts everything in flight. Aborted requests answer with finish_reason "abort".
    */
-  async #request(method: 'GET' | 'POST', path: string, body: string | undefined, signal: AbortSignal, cap: number): Promise<HttpAnswer> {
-    if (signal.aborted) throw RolloutError.from(signal.reason, 'cancelled');
-    let timedOut = false;
-    let cleanup = (): void => undefined;
-    try {
-      return await new Promise<HttpAnswer>((resolve, reject) => {
-        const send = this.#https ? httpsRequest : httpRequest;
-        const headers: Record<string, string | number> = body === undefined ? {} : { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) };
-        const req = send(`${this.url}${path}`, { method, agent: this.#agent, headers }, (res: IncomingMessage) => {
-          const status = res.statusCode ?? 0;
-          const ok = status >= 200 && status < 300;
-          const limit = ok ? cap : Math.min(cap, MAX_ERROR_BODY_BYTES);
-          const chunks: Buffer[] = [];
-          let size = 0;
-          let done = false;
-          const tooLarge = (seen: number, declared: boolean): void => {
-            done = true;
-            reject(
-              new RolloutError(
-                'backend_error',
-                `vLLM ${this.url} sent a ${method} ${path} answer larger than the ${limit}-byte cap ` +
-                  `(${declared ? `content-length ${seen}` : `stopped reading at ${seen} bytes`})`,
-              ),
-            );
-            req.destroy();
-          };
-          const finish = (truncated: boolean): void => {
-            done = true;
-            resolve({ status, text: Buffer.concat(chunks, size).toString('utf8') });
-            if (truncated) req.destroy();
-          };
-          const declared = Number(res.headers['content-length']);
-          if (ok && Number.isFinite(declared) && declared > limit) return tooLarge(declared, true);
-          res.on('data', (chunk: Buffer) => {
-            if (done) return;
-            if (size + chunk.length <= limit) {
-              chunks.push(chunk);
-              size += chunk.length;
-            } else if (ok) {
-              tooLarge(size + chunk.length, false);
-            } else {
-              chunks.push(chunk.subarray(0, limit - size));
-              size = limit;
-              finish(true);
-            }
-          });
-          res.on('end', () => {
-            if (!done) finish(false);
-          });
-          res.on('error', reject);
-          res.on('aborted', () => reject(new Error('response aborted')));
-        });
-        req.on('error', reject);
-        const onAbort = (): void => {
-          req.destroy();
-          reject(signal.reason);
-        };
-        signal.addEventListener('abort', onAbort, { once: true });
-        const timer =
-          this.#timeoutMs > 0
-            ? setTimeout(() => {
-                timedOut = true;
-                req.destroy(new Error('request timeout'));
-              }, this.#timeoutMs)
-            : undefined;
-        cleanup = () => {
-          clearTimeout(timer);
-          signal.removeEventListener('abort', onAbort);
-        };
-        req.end(body);
-      });
-    } catch (err) {
-      if (signal.aborted) throw RolloutError.from(signal.reason, 'cancelled');
-      if (err instanceof RolloutError) throw err;
-      if (timedOut) {
-        throw new RolloutError('backend_error', `vLLM ${this.url} did not answer within ${this.#timeoutMs} ms`, { cause: err });
-      }
-      throw new RolloutError('backend_error', `vLLM ${this.url} unreachable: ${describe(err)}`, { cause: err });
-    } finally {
-      cleanup();
-    }
+  async abort(requestIds: readonly string[] | undefined, signal: AbortSignal): Promise<void> {
+    for (const id of requestIds ?? []) checkRequestId(id);
+    await this.#http.control('/abort_requests', { request_ids: (requestIds ?? []).map((id) => `cmpl-${id}-0`) }, signal);
+  }
+
+  /** POST /pause?mode=abort|wait|keep (VLLM_SERVER_DEV_MODE=1); vLLM has all three modes. */
+  async pause(mode: PauseMode, signal: AbortSignal): Promise<void> {
+    if (mode !== 'abort' && mode !== 'wait' && mode !== 'keep') throw RolloutError.invalid('mode', `unknown pause mode ${String(mode)}`);
+    await this.#http.control(`/pause?mode=${mode}`, undefined, signal);
+  }
+
+  /** POST /resume (VLLM_SERVER_DEV_MODE=1). */
+  async resume(signal: AbortSignal): Promise<void> {
+    await this.#http.control('/resume', undefined, signal);
   }
 
   #malformed(what: string, cause?: unknown): RolloutError {
     return new RolloutError('backend_error', `vLLM ${this.url} sent a malformed completion: ${what}`, { cause });
   }
-}
-
-/** The useful part of a connection error: its code (ECONNREFUSED, ECONNRESET, ...), here or in its cause. */
-function describe(err: unknown): string {
-  const code = (err as { code?: unknown } | null)?.code;
-  if (typeof code === 'string') return code;
-  const cause = (err as { cause?: { code?: unknown; message?: unknown } } | null)?.cause;
-  if (typeof cause?.code === 'string') return cause.code;
-  if (typeof cause?.message === 'string') return cause.message;
-  return err instanceof Error ? err.message : String(err);
 }

@@ -3,7 +3,7 @@ import { timingSafeEqual } from 'node:crypto';
 import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
 import type { BackendPool, BackendInfo } from '../backends/pool.js';
-import { createEngineClient } from '../backends/factory.js';
+import { BACKEND_KIND_NAMES, createEngineClient, type BackendKind as EngineKind } from '../backends/kinds.js';
 import { type Backend, BackendKind, type BackendServiceServer } from '../../gen/ts/rollout/v1/backend.js';
 import { unary } from './unary.js';
 
@@ -19,7 +19,16 @@ export interface BackendServiceDeps {
   maxResponseBytes?: number;
 }
 
-const KIND_NAME = { [BackendKind.BACKEND_KIND_VLLM]: 'vllm', [BackendKind.BACKEND_KIND_SGLANG]: 'sglang', [BackendKind.BACKEND_KIND_EMBEDDED]: 'embedded' } as const;
+/** The contract's enum value of a kind: BACKEND_KIND_<NAME> (a kind without one fails to compile). */
+function kindToProto(kind: EngineKind): BackendKind {
+  return BackendKind[`BACKEND_KIND_${kind.toUpperCase() as Uppercase<EngineKind>}`];
+}
+
+/** The kind of an AddBackend request (UNSPECIFIED = vllm), or undefined for a value no kind maps to. */
+function kindFromProto(value: BackendKind): EngineKind | undefined {
+  if (value === BackendKind.BACKEND_KIND_UNSPECIFIED) return 'vllm';
+  return BACKEND_KIND_NAMES.find((kind) => kindToProto(kind) === value);
+}
 
 /** BackendService (admin): add, remove and list the engines the pool routes to. */
 export function backendService(deps: BackendServiceDeps): BackendServiceServer {
@@ -40,8 +49,8 @@ export function backendService(deps: BackendServiceDeps): BackendServiceServer {
       }
       if (url.protocol !== 'http:' && url.protocol !== 'https:') throw RolloutError.invalid('url', 'must be http(s)');
       if (request.maxConcurrency < 0) throw RolloutError.invalid('max_concurrency', 'must not be negative');
-      const kindName = request.kind === BackendKind.BACKEND_KIND_UNSPECIFIED ? 'vllm' : KIND_NAME[request.kind as keyof typeof KIND_NAME];
-      if (!kindName) throw RolloutError.invalid('kind', `unknown kind ${request.kind}`);
+      const kindName = kindFromProto(request.kind);
+      if (kindName === undefined) throw RolloutError.invalid('kind', `unknown kind ${request.kind}`);
       const client = createEngineClient(kindName, url.toString().replace(/\/$/, ''), request.model || deps.defaultModel, {
         requestTimeoutMs: deps.requestTimeoutMs,
         maxResponseBytes: deps.maxResponseBytes ?? 0,
@@ -76,14 +85,12 @@ function authorize(metadata: Metadata, token: string | undefined): void {
   }
 }
 
-const KIND_ENUM = { vllm: BackendKind.BACKEND_KIND_VLLM, sglang: BackendKind.BACKEND_KIND_SGLANG, embedded: BackendKind.BACKEND_KIND_EMBEDDED } as const;
-
 /** The contract's view of a pool backend (ListBackends, Watch stats). */
 export function toBackend(b: BackendInfo): Backend {
   return {
     id: b.id,
     url: b.url,
-    kind: KIND_ENUM[b.kind],
+    kind: kindToProto(b.kind),
     maxConcurrency: b.maxConcurrency,
     healthy: b.healthy,
     draining: b.draining,

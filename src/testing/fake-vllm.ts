@@ -1,8 +1,12 @@
-import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import { randomUUID } from 'node:crypto';
+import type { IncomingMessage, Server, ServerResponse } from 'node:http';
+import type { PauseMode } from '../backends/types.js';
 import type { Tokenizer } from '../tokens/types.js';
 import { hashInts } from './arithmetic.js';
-import { policyContext, scriptedMathPolicy, type FakePolicy } from './scripted-policy.js';
+import { FakeInflight } from './fake-inflight.js';
+import { closeServer, listenLocal, OK_JSON, readJson, streamOversized } from './fake-http.js';
+import { abortedSample, FakeSampler, type FakeSample } from './fake-sampling.js';
+import type { FakePolicy } from './scripted-policy.js';
 
 /**
  * A fault to inject into one completion request: an HTTP error, a dropped connection, no answer at all, a
@@ -42,7 +46,12 @@ export interface FakeVllmOptions {
    */
   tokenize?: (text: string) => number[];
   /** Sees every completion the engine returns, so tests can compare trajectories with what was sampled. */
-  onCompletion?: (completion: { promptIds: readonly number[]; tokenIds: readonly number[]; logprobs: readonly number[]; finishReason: 'stop' | 'length' }) => void;
+  onCompletion?: (completion: { promptIds: readonly number[]; tokenIds: readonly number[]; logprobs: readonly number[]; finishReason: 'stop' | 'length' | 'abort' }) => void;
+  /**
+   * VLLM_SERVER_DEV_MODE: when true (default), POST /pause?mode=, /resume, /abort_requests and GET /is_paused are
+   * served; when false they are 404s, as on a production vLLM.
+   */
+  devMode?: boolean;
 }
 
 /** Counters a test or benchmark reads to see what the engine was asked to do. */
@@ -60,14 +69,18 @@ export interface FakeVllmStats {
   healthChecks: number;
   /** Bytes of `oversized` answers actually written to clients (a client that stops reading keeps this small). */
   oversizedBytesSent: number;
+  /** Requests ended early by /abort_requests or a pause in abort mode (answered with finish_reason "abort"). */
+  aborted: number;
 }
-
-const OK_JSON = { 'content-type': 'application/json' };
 
 /**
  * TEST DOUBLE: a real HTTP server on 127.0.0.1 that speaks the subset of vLLM's OpenAI-compatible API the
  * rollout server uses — `POST /v1/completions` with a token-id prompt, `logprobs`, `return_token_ids`, `stop`,
- * `seed`; `GET /health`; `GET /v1/models` — with vLLM-shaped JSON. A scripted policy writes the assistant text,
+ * `seed`, `request_id` (or the X-Request-Id header); `GET /health`; `GET /v1/models`; and the dev-mode control
+ * routes `POST /pause?mode=abort|wait|keep`, `POST /resume`, `POST /abort_requests {request_ids}` (engine ids
+ * `cmpl-<request id>-0`, as vLLM names them) — with vLLM-shaped JSON. With `tokenLatencyMs` > 0 requests stay in
+ * flight long enough to be paused or aborted; an aborted one answers with the tokens decoded so far and finish
+ * "abort". A scripted policy writes the assistant text,
  * which is tokenized with the canonical tokenizer, closed with <|im_end|> (finish "stop") or cut at
  * `max_tokens` (finish "length"), and given deterministic negative logprobs. It lets the whole pipeline run
  * against the real wire protocol, with injectable faults, without a GPU. Not for production use.
@@ -82,34 +95,29 @@ export class FakeVllmEngine {
   readonly model: string;
   /** The last completion request body, as parsed JSON (for tests of the client's wire format). */
   lastRequest: Record<string, unknown> | undefined;
-  readonly #stats: FakeVllmStats = { received: 0, served: 0, failed: 0, disconnected: 0, inflight: 0, maxInflight: 0, healthChecks: 0, oversizedBytesSent: 0 };
+  /** The engine request id (`cmpl-<id>-0`) of the last completion request. */
+  lastRequestId: string | undefined;
+  readonly #stats: FakeVllmStats = { received: 0, served: 0, failed: 0, disconnected: 0, inflight: 0, maxInflight: 0, healthChecks: 0, oversizedBytesSent: 0, aborted: 0 };
   readonly #faults: InjectedFailure[] = [];
-  readonly #stopId: number;
+  readonly #sampler: FakeSampler;
+  readonly #inflight = new FakeInflight();
   #healthy = true;
   #listModels: boolean;
   #url = '';
+  #server: Server | undefined;
 
-  private constructor(
-    private readonly options: FakeVllmOptions,
-    private readonly server: Server,
-  ) {
+  private constructor(private readonly options: FakeVllmOptions) {
     this.model = options.model ?? 'fake-qwen3';
     this.#listModels = options.listModels ?? true;
-    const stopId = options.tokenizer.tokenId('<|im_end|>') ?? options.tokenizer.stopTokenIds[0];
-    if (stopId === undefined) throw new Error('FakeVllmEngine: the tokenizer has no stop token');
-    this.#stopId = stopId;
+    this.#sampler = new FakeSampler(options);
   }
 
   /** Starts listening on 127.0.0.1 on a free port. */
   static async start(options: FakeVllmOptions): Promise<FakeVllmEngine> {
-    const server = createServer();
-    const engine = new FakeVllmEngine(options, server);
-    server.on('request', (req, res) => void engine.#route(req, res));
-    await new Promise<void>((resolve, reject) => {
-      server.once('error', reject);
-      server.listen(0, '127.0.0.1', () => resolve());
-    });
-    engine.#url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+    const engine = new FakeVllmEngine(options);
+    const { server, url } = await listenLocal((req, res) => void engine.#route(req, res));
+    engine.#server = server;
+    engine.#url = url;
     return engine;
   }
 
@@ -122,8 +130,18 @@ export class FakeVllmEngine {
     return this.#stats.served;
   }
 
+  /** Whether a pause is in effect (until POST /resume). */
+  get paused(): boolean {
+    return this.#inflight.paused;
+  }
+
+  /** Engine ids (`cmpl-<request id>-0`) of the completions decoding now. */
+  inflightRequestIds(): string[] {
+    return this.#inflight.ids();
+  }
+
   stats(): FakeVllmStats {
-    return { ...this.#stats };
+    return { ...this.#stats, aborted: this.#inflight.abortedCount };
   }
 
   /** The next `count` completion requests fail with `failure` (default: HTTP 500). */
@@ -143,13 +161,13 @@ export class FakeVllmEngine {
 
   /** Stops the server and drops every open connection (hanging requests included). */
   async close(): Promise<void> {
-    const closed = new Promise<void>((resolve) => this.server.close(() => resolve()));
-    this.server.closeAllConnections();
-    await closed;
+    this.#inflight.resume();
+    if (this.#server) await closeServer(this.#server);
   }
 
   async #route(req: IncomingMessage, res: ServerResponse): Promise<void> {
-    const path = (req.url ?? '/').split('?')[0];
+    const [path = '/', query = ''] = (req.url ?? '/').split('?');
+    const dev = this.options.devMode ?? true;
     if (req.method === 'GET' && path === '/health') {
       this.#stats.healthChecks++;
       res.writeHead(this.#healthy ? 200 : 503).end();
@@ -159,6 +177,22 @@ export class FakeVllmEngine {
       res.writeHead(200, OK_JSON).end(JSON.stringify({ object: 'list', data: [card] }));
     } else if (req.method === 'POST' && path === '/v1/completions') {
       await this.#complete(req, res);
+    } else if (dev && req.method === 'POST' && path === '/pause') {
+      const mode = new URLSearchParams(query).get('mode') ?? 'abort';
+      if (mode !== 'abort' && mode !== 'wait' && mode !== 'keep') return void res.writeHead(400, OK_JSON).end(JSON.stringify({ error: `invalid pause mode ${mode}` }));
+      await this.#inflight.pause(mode satisfies PauseMode);
+      res.writeHead(200, OK_JSON).end(JSON.stringify({ status: 'paused' }));
+    } else if (dev && req.method === 'POST' && path === '/resume') {
+      this.#inflight.resume();
+      res.writeHead(200, OK_JSON).end(JSON.stringify({ status: 'resumed' }));
+    } else if (dev && req.method === 'POST' && path === '/abort_requests') {
+      const body = (await readJson(req).catch(() => null)) as { request_ids?: unknown } | null | undefined;
+      if (typeof body !== 'object' || body === null) return sendError(res, 400, 'BadRequestError', 'Invalid JSON format');
+      const ids = Array.isArray(body.request_ids) && body.request_ids.length > 0 ? body.request_ids.map(String) : undefined;
+      const aborted = this.#inflight.abort(ids);
+      res.writeHead(200, OK_JSON).end(JSON.stringify({ status: 'aborted', aborted: ids?.length ?? aborted }));
+    } else if (dev && req.method === 'GET' && path === '/is_paused') {
+      res.writeHead(200, OK_JSON).end(JSON.stringify({ is_paused: this.#inflight.paused }));
     } else {
       sendError(res, 404, 'NotFoundError', `no route ${req.method} ${path}`);
     }
@@ -169,20 +203,25 @@ export class FakeVllmEngine {
     const index = stats.received++;
     let body: Record<string, unknown>;
     try {
-      const chunks: Buffer[] = [];
-      for await (const chunk of req) chunks.push(chunk as Buffer);
-      body = JSON.parse(Buffer.concat(chunks).toString('utf8')) as Record<string, unknown>;
+      body = (await readJson(req)) as Record<string, unknown>;
+      if (typeof body !== 'object' || body === null) throw new Error('not an object');
     } catch {
       stats.failed++;
       return sendError(res, 400, 'BadRequestError', 'request body is not JSON');
     }
     this.lastRequest = body;
+    const header = req.headers['x-request-id'];
+    const external = typeof header === 'string' ? header : typeof body.request_id === 'string' ? body.request_id : randomUUID();
+    const requestId = `cmpl-${external}-0`;
+    this.lastRequestId = requestId;
     const fault = this.#faults.shift() ?? this.options.inject?.({ index, body });
     if (fault !== undefined && fault.kind !== 'tamper') {
       stats.failed++;
       if (fault.kind === 'drop') return void req.socket.destroy();
       if (fault.kind === 'hang') return;
-      if (fault.kind === 'oversized') return this.#streamOversized(res, fault.bytes);
+      if (fault.kind === 'oversized') {
+        return streamOversized(res, fault.bytes, '{"id":"cmpl-oversized","object":"text_completion","choices":[{"text":"', (n) => (stats.oversizedBytesSent += n));
+      }
       return sendError(res, fault.status, 'InternalServerError', fault.message ?? 'injected failure');
     }
     const invalid = this.#validate(body);
@@ -190,23 +229,28 @@ export class FakeVllmEngine {
       stats.failed++;
       return sendError(res, invalid.status, invalid.status === 404 ? 'NotFoundError' : 'BadRequestError', invalid.message);
     }
-    const completion = this.#generate(body, index, fault?.kind === 'tamper' ? fault.tamper : undefined);
+    await this.#inflight.admit();
+    const promptIds = body.prompt as number[];
+    const seed = typeof body.seed === 'number' ? body.seed : hashInts(index, 0x5eed);
+    const stops = Array.isArray(body.stop) ? (body.stop as string[]) : typeof body.stop === 'string' ? [body.stop] : [];
+    let sample = this.#sampler.sample(promptIds, (body.max_tokens as number | undefined) ?? 16, seed, stops);
     stats.inflight++;
     stats.maxInflight = Math.max(stats.maxInflight, stats.inflight);
-    const delay = (this.options.tokenLatencyMs ?? 0) * completion.tokenCount;
-    const send = (): void => {
-      stats.inflight--;
-      stats.served++;
-      res.writeHead(200, OK_JSON).end(completion.json);
-    };
-    if (delay <= 0) return send();
-    const timer = setTimeout(send, delay);
+    let answered = false;
     res.on('close', () => {
-      if (res.writableFinished) return;
-      clearTimeout(timer);
+      if (answered) return;
+      this.#inflight.cancel(requestId);
       stats.inflight--;
       stats.disconnected++;
     });
+    const outcome = await this.#inflight.run(requestId, sample.ids.length, this.options.tokenLatencyMs ?? 0);
+    if (res.destroyed) return;
+    answered = true;
+    stats.inflight--;
+    stats.served++;
+    if (outcome.aborted) sample = abortedSample(sample, outcome.produced);
+    this.options.onCompletion?.({ promptIds, tokenIds: sample.ids, logprobs: sample.logprobs, finishReason: sample.finish });
+    res.writeHead(200, OK_JSON).end(this.#render(body, index, sample, fault?.kind === 'tamper' ? fault.tamper : undefined));
   }
 
   #validate(body: Record<string, unknown>): { status: number; message: string } | undefined {
@@ -233,52 +277,11 @@ export class FakeVllmEngine {
     return undefined;
   }
 
-  /**
-   * Streams a 200 answer of `bytes` bytes that starts like a completion and never ends being one: a 64 KiB chunk
-   * reused for every write, written only as fast as the client reads (backpressure), abandoned when it goes away.
-   */
-  #streamOversized(res: ServerResponse, bytes: number): void {
-    const chunk = Buffer.alloc(64 * 1024, 0x20);
-    Buffer.from('{"id":"cmpl-oversized","object":"text_completion","choices":[{"text":"').copy(chunk);
-    let left = bytes;
-    res.writeHead(200, OK_JSON);
-    const pump = (): void => {
-      while (left > 0 && !res.destroyed) {
-        const piece = left >= chunk.length ? chunk : chunk.subarray(0, left);
-        left -= piece.length;
-        this.#stats.oversizedBytesSent += piece.length;
-        if (!res.write(piece)) return void res.once('drain', pump);
-      }
-      if (!res.destroyed) res.end();
-    };
-    res.on('error', () => undefined);
-    pump();
-  }
-
-  /** Runs the policy and shapes the answer the way vLLM's non-streaming completion endpoint does. */
-  #generate(body: Record<string, unknown>, index: number, tamper?: (choice: Record<string, unknown>) => void): { json: string; tokenCount: number } {
+  /** Shapes a sample the way vLLM's non-streaming completion endpoint does. */
+  #render(body: Record<string, unknown>, index: number, sample: FakeSample, tamper?: (choice: Record<string, unknown>) => void): string {
     const { tokenizer } = this.options;
     const promptIds = body.prompt as number[];
-    const maxTokens = (body.max_tokens as number | undefined) ?? 16;
-    const seed = typeof body.seed === 'number' ? body.seed : hashInts(index, 0x5eed);
-    let text = (this.options.policy ?? scriptedMathPolicy)(tokenizer.decode(promptIds), policyContext(seed, promptIds));
-    let stopReason: string | null = null;
-    const stops = Array.isArray(body.stop) ? (body.stop as string[]) : typeof body.stop === 'string' ? [body.stop] : [];
-    for (const stop of stops) {
-      const at = text.indexOf(stop);
-      if (stop !== '' && at >= 0 && (stopReason === null || at < text.indexOf(stopReason))) stopReason = stop;
-    }
-    if (stopReason !== null) text = text.slice(0, text.indexOf(stopReason));
-    let ids = this.options.tokenize ? this.options.tokenize(text) : tokenizer.encode(text);
-    if (stopReason === null) ids.push(this.#stopId);
-    let finish: 'stop' | 'length' = 'stop';
-    if (ids.length > maxTokens) {
-      ids = ids.slice(0, maxTokens);
-      finish = 'length';
-      stopReason = null;
-    }
-    const logprobs = ids.map((id, i) => -(0.001 + (hashInts(seed, promptIds.length + i, id) % 4000) / 1000));
-    this.options.onCompletion?.({ promptIds, tokenIds: ids, logprobs, finishReason: finish });
+    const { ids, logprobs, finish, stopReason } = sample;
     // vLLM leaves the terminating stop token out of the text; other special tokens stay unless skipped.
     const textIds = finish === 'stop' && stopReason === null ? ids.slice(0, -1) : ids;
     const outText = tokenizer.decode(textIds, { skipSpecialTokens: body.skip_special_tokens !== false });
@@ -296,9 +299,7 @@ export class FakeVllmEngine {
     tamper?.(choice);
     const usage = { prompt_tokens: promptIds.length, total_tokens: promptIds.length + ids.length, completion_tokens: ids.length,
       prompt_tokens_details: null };
-    const response = { id: `cmpl-fake-${index}`, object: 'text_completion', created: nowSeconds(), model: this.model,
-      choices: [choice], usage };
-    return { json: JSON.stringify(response), tokenCount: ids.length };
+    return JSON.stringify({ id: `cmpl-fake-${index}`, object: 'text_completion', created: nowSeconds(), model: this.model, choices: [choice], usage });
   }
 }
 

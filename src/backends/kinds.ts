@@ -1,0 +1,74 @@
+import { EmbeddedEngineClient } from './embedded/embedded-engine.js';
+import { SglangClient } from './sglang-client.js';
+import type { EngineClient, PauseMode } from './types.js';
+import { VllmClient } from './vllm-client.js';
+
+/** Settings every engine client takes from the server config (or AddBackend). */
+export interface EngineClientOptions {
+  /** Budget of one generate request. 0 = none. */
+  requestTimeoutMs?: number;
+  /** Cap on a generate answer in bytes. 0 = derived per request from prompt length and max_tokens. */
+  maxResponseBytes?: number;
+  /** The backend's max concurrency: the embedded engine's sequences when its URL does not say. */
+  maxConcurrency?: number;
+}
+
+/** What a kind of engine can do beyond generate and health, so callers check before relying on it. */
+export interface BackendCapabilities {
+  /** Pause modes the engine implements; a pool emulates the others (e.g. drains its own requests for "wait"). */
+  readonly pauseModes: readonly PauseMode[];
+  /** Whether one request can be aborted by its GenerateRequest.requestId. */
+  readonly abortByRequestId: boolean;
+  /** Whether the engine states its context length (EngineClient.modelInfo). */
+  readonly statesMaxModelLen: boolean;
+}
+
+/** One kind of engine: how to build its client and what it can do. */
+export interface BackendKindEntry {
+  readonly description: string;
+  readonly capabilities: BackendCapabilities;
+  /** Builds the client; throws invalid_argument (field kind) for a kind not implemented yet. */
+  create(url: string, model: string, options: EngineClientOptions): EngineClient;
+}
+
+/** The kinds of engine, named once; {@link KINDS} must hold an entry for each (checked at compile time). */
+export const BACKEND_KIND_NAMES = ['vllm', 'sglang', 'embedded'] as const;
+
+/** A kind of engine. */
+export type BackendKind = (typeof BACKEND_KIND_NAMES)[number];
+
+/**
+ * THE table of engine kinds. Config validation, the client factory, AddBackend's and ListBackends' mapping to the
+ * contract's BackendKind enum (BACKEND_KIND_<NAME>, checked at compile time) all read it, so adding a kind is its name and
+ * one entry here, plus its enum value in proto/.
+ *
+ * @example
+ * // tgi: { description: 'Text Generation Inference', capabilities: { ... }, create: (url, model, o) => new TgiClient({ url, model, ...o }) },
+ */
+const KINDS: Readonly<Record<BackendKind, BackendKindEntry>> = {
+  vllm: {
+    description: 'vLLM OpenAI-compatible server (/v1/completions with token ids; dev-mode /pause, /resume, /abort_requests)',
+    capabilities: { pauseModes: ['abort', 'wait', 'keep'], abortByRequestId: true, statesMaxModelLen: true },
+    create: (url, model, o) => new VllmClient({ url, model, requestTimeoutMs: o.requestTimeoutMs ?? 0, maxResponseBytes: o.maxResponseBytes ?? 0 }),
+  },
+  sglang: {
+    description: 'SGLang native server (/generate with input_ids; /pause_generation, /continue_generation, /abort_request)',
+    capabilities: { pauseModes: ['abort', 'keep'], abortByRequestId: true, statesMaxModelLen: true },
+    create: (url, model, o) => new SglangClient({ url, model, requestTimeoutMs: o.requestTimeoutMs ?? 0, maxResponseBytes: o.maxResponseBytes ?? 0 }),
+  },
+  embedded: {
+    description: 'llama.cpp in process on CPU (node-llama-cpp): file:///path/model.gguf or embedded://tiny-qwen3',
+    capabilities: { pauseModes: [], abortByRequestId: false, statesMaxModelLen: true },
+    create: (url, _model, o) => new EmbeddedEngineClient({ url, ...(o.maxConcurrency !== undefined && { maxConcurrency: o.maxConcurrency }) }),
+  },
+};
+
+/** The table entry of a kind. */
+export function backendKind(kind: BackendKind): BackendKindEntry {
+  return KINDS[kind];
+}
+
+/** Builds the client for an engine kind, so AddBackend and the config loader need not know the implementations. */
+export function createEngineClient(kind: BackendKind, url: string, model: string, options: EngineClientOptions = {}): EngineClient {
+  return KINDS[kind].create(url, model, options);
+}

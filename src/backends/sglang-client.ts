@@ -1,0 +1,166 @@
+import { RolloutError } from '../errors.js';
+import { CompletionRejected } from './completion.js';
+import { ContextOverflowError, parseSglangContextOverflow } from './context-overflow.js';
+import { checkRequestId, EngineHttp, EngineHttpError, MAX_INFO_BODY_BYTES } from './engine-http.js';
+import { checkSglangGenerate } from './sglang-answer.js';
+import type { EngineClient, EngineModelInfo, GenerateRequest, GenerateResult, PauseMode } from './types.js';
+import { defaultMaxResponseBytes } from './vllm-client.js';
+
+/** Where an SGLang server is and how long one request may take (the same knobs as the vLLM client). */
+export interface SglangClientOptions {
+  /** Base URL of the server (e.g. `http://gpu-node-3:30000`). */
+  url: string;
+  /** Served model name (`--served-model-name`): picks the card in GET /v1/models. /generate has no model field. */
+  model: string;
+  /** Budget of one generate request; past it the request is aborted and fails with backend_error. 0 = none. */
+  requestTimeoutMs?: number;
+  /** Open connections kept to the engine (keep-alive). Default 1024. */
+  maxSockets?: number;
+  /** Largest /generate body accepted, in bytes. Default (0 or absent): {@link defaultMaxResponseBytes}. */
+  maxResponseBytes?: number;
+}
+
+/** SGLang's pause modes for ours: `keep` is SGLang's `in_place` (requests frozen with their KV cache). */
+const PAUSE_MODE: Partial<Record<PauseMode, string>> = { abort: 'abort', keep: 'in_place' };
+
+/**
+ * Talks to an SGLang server through its native API, token in and token out (followed: SGLang v0.5.6+ —
+ * `python/sglang/srt/entrypoints/http_server.py`, `managers/io_struct.py`, `sampling/sampling_params.py`):
+ *
+ * - `POST /generate` `{input_ids, sampling_params: {max_new_tokens, temperature, top_p, top_k, sampling_seed,
+ *   stop, skip_special_tokens: false}, return_logprob: true, logprob_start_len: -1, stream: false, rid}` — the
+ *   sampled ids and logprobs come back in `meta_info.output_token_logprobs` (`[logprob, id, null]` per token) and
+ *   `output_ids`, and are used exactly as returned;
+ * - `GET /health_generate` (200 once the engine produced a token, 503 otherwise);
+ * - `GET /v1/models` for `max_model_len` (SGLang's context_len; `/get_model_info` does not state it);
+ * - `POST /abort_request` `{rid}` or `{abort_all: true}`; `POST /pause_generation` `{mode: 'abort'|'in_place'}`
+ *   and `POST /continue_generation` (SGLang has no "wait" mode: the pool drains its own requests first).
+ *
+ * Every answer passes the same checks as vLLM's ({@link checkSglangGenerate}: ids in the vocabulary, at most
+ * max_tokens, one finite logprob <= tolerance per token; bodies bounded in bytes by the shared {@link EngineHttp}).
+ * SGLang's context-length 400 becomes a {@link ContextOverflowError}. Its limit is strict (prompt + max_new_tokens
+ * must stay below context_len), so this client reports `context_len - 1` as maxModelLen — the largest
+ * prompt + max_tokens it accepts — keeping vLLM's meaning for the rest of the server.
+ *
+ * @example
+ * const client = new SglangClient({ url: 'http://127.0.0.1:30000', model: 'Qwen/Qwen3-8B' });
+ * const out = await client.generate({ promptIds, maxTokens: 1024, temperature: 1, requestId: 'traj-7-3', signal });
+ */
+export class SglangClient implements EngineClient {
+  readonly kind = 'sglang' as const;
+  readonly url: string;
+  readonly model: string;
+  readonly #maxResponseBytes: number;
+  readonly #http: EngineHttp;
+
+  constructor(options: SglangClientOptions) {
+    this.#http = new EngineHttp({ url: options.url, label: 'SGLang', requestTimeoutMs: options.requestTimeoutMs ?? 0, maxSockets: options.maxSockets ?? 1024 });
+    this.url = this.#http.url;
+    this.model = options.model;
+    this.#maxResponseBytes = options.maxResponseBytes ?? 0;
+  }
+
+  close(): void {
+    this.#http.close();
+  }
+
+  async generate(request: GenerateRequest): Promise<GenerateResult> {
+    const sampling: Record<string, unknown> = { max_new_tokens: request.maxTokens, skip_special_tokens: false };
+    if (request.temperature !== undefined) sampling.temperature = request.temperature;
+    if (request.topP !== undefined) sampling.top_p = request.topP;
+    if (request.topK !== undefined) sampling.top_k = request.topK;
+    if (request.seed !== undefined) sampling.sampling_seed = request.seed;
+    if (request.stop !== undefined && request.stop.length > 0) sampling.stop = request.stop;
+    const body: Record<string, unknown> = {
+      input_ids: request.promptIds,
+      sampling_params: sampling,
+      return_logprob: true,
+      logprob_start_len: -1,
+      stream: false,
+    };
+    if (request.requestId !== undefined) {
+      checkRequestId(request.requestId);
+      body.rid = request.requestId;
+    }
+
+    const cap = this.#maxResponseBytes > 0 ? this.#maxResponseBytes : defaultMaxResponseBytes(request.promptIds.length, request.maxTokens);
+    const { status, text } = await this.#http.request('POST', '/generate', JSON.stringify(body), request.signal, cap);
+    if (status < 200 || status >= 300) {
+      const cause = new EngineHttpError(status, text);
+      const overflow = parseSglangContextOverflow(status, text);
+      if (overflow) {
+        throw new ContextOverflowError(
+          overflow.maxModelLen,
+          overflow.promptTokens,
+          `SGLang ${this.url}: ${request.promptIds.length} context + ${request.maxTokens} max_tokens exceed max_model_len ${overflow.maxModelLen}`,
+          cause,
+        );
+      }
+      throw new RolloutError('backend_error', `SGLang ${this.url} answered HTTP ${status}`, { cause });
+    }
+    let json: unknown;
+    try {
+      json = JSON.parse(text);
+    } catch (err) {
+      throw this.#malformed('body is not JSON', err);
+    }
+    try {
+      return checkSglangGenerate(json, { maxTokens: request.maxTokens, ...(request.vocabSize !== undefined && { vocabSize: request.vocabSize }) });
+    } catch (err) {
+      if (err instanceof CompletionRejected) throw this.#malformed(err.reason);
+      throw err;
+    }
+  }
+
+  /** GET /health_generate: 200 when the engine can generate (it runs a one-token request when idle). */
+  async health(signal: AbortSignal): Promise<boolean> {
+    try {
+      const { status } = await this.#http.request('GET', '/health_generate', undefined, signal, MAX_INFO_BODY_BYTES);
+      return status >= 200 && status < 300;
+    } catch {
+      return false;
+    }
+  }
+
+  /** GET /v1/models: the card of this client's model (or the only card); its max_model_len is context_len. */
+  async modelInfo(signal: AbortSignal): Promise<EngineModelInfo> {
+    const { status, text } = await this.#http.request('GET', '/v1/models', undefined, signal, MAX_INFO_BODY_BYTES);
+    if (status < 200 || status >= 300) {
+      throw new RolloutError('backend_error', `SGLang ${this.url} answered HTTP ${status} to GET /v1/models`, { cause: new EngineHttpError(status, text) });
+    }
+    let data: unknown;
+    try {
+      data = (JSON.parse(text) as { data?: unknown } | null)?.data;
+    } catch (err) {
+      throw new RolloutError('backend_error', `SGLang ${this.url} sent a /v1/models answer that is not JSON`, { cause: err });
+    }
+    const cards = Array.isArray(data) ? data.filter((c): c is Record<string, unknown> => typeof c === 'object' && c !== null) : [];
+    const card = cards.find((c) => c.id === this.model) ?? (cards.length === 1 ? cards[0] : undefined);
+    if (card === undefined) throw new RolloutError('backend_error', `SGLang ${this.url} does not list model ${JSON.stringify(this.model)} in /v1/models`);
+    const len = card.max_model_len;
+    return typeof len === 'number' && Number.isSafeInteger(len) && len > 1 ? { maxModelLen: len - 1 } : {};
+  }
+
+  /** POST /abort_request once per id (`{rid}`), or `{abort_all: true}` without ids. */
+  async abort(requestIds: readonly string[] | undefined, signal: AbortSignal): Promise<void> {
+    if (requestIds === undefined) return this.#http.control('/abort_request', { abort_all: true }, signal);
+    for (const id of requestIds) checkRequestId(id);
+    await Promise.all(requestIds.map((rid) => this.#http.control('/abort_request', { rid }, signal)));
+  }
+
+  /** POST /pause_generation {mode}: `abort` and `keep` (SGLang's in_place); `wait` is refused (field mode). */
+  async pause(mode: PauseMode, signal: AbortSignal): Promise<void> {
+    const sglangMode = PAUSE_MODE[mode];
+    if (sglangMode === undefined) throw RolloutError.invalid('mode', `SGLang has no "${String(mode)}" pause mode (it has abort and keep)`);
+    await this.#http.control('/pause_generation', { mode: sglangMode }, signal);
+  }
+
+  /** POST /continue_generation. */
+  async resume(signal: AbortSignal): Promise<void> {
+    await this.#http.control('/continue_generation', {}, signal);
+  }
+
+  #malformed(what: string, cause?: unknown): RolloutError {
+    return new RolloutError('backend_error', `SGLang ${this.url} sent a malformed answer: ${what}`, { cause });
+  }
+}

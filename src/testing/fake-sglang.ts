@@ -1,0 +1,257 @@
+import { randomUUID } from 'node:crypto';
+import type { IncomingMessage, Server, ServerResponse } from 'node:http';
+import type { Tokenizer } from '../tokens/types.js';
+import { hashInts } from './arithmetic.js';
+import { closeServer, listenLocal, OK_JSON, readJson, streamOversized } from './fake-http.js';
+import { FakeInflight } from './fake-inflight.js';
+import { abortedSample, FakeSampler, type FakeSample } from './fake-sampling.js';
+import type { InjectedFailure } from './fake-vllm.js';
+import type { FakePolicy } from './scripted-policy.js';
+
+/** Behaviour of a FakeSglangEngine (the same knobs as the fake vLLM). */
+export interface FakeSglangOptions {
+  tokenizer: Tokenizer;
+  /** Served model name, listed by GET /v1/models (SGLang's /generate takes no model). */
+  model?: string;
+  /** Simulated decode time per token, in ms; requests stay in flight long enough to be paused or aborted. */
+  tokenLatencyMs?: number;
+  policy?: FakePolicy;
+  tokenize?: (text: string) => number[];
+  /**
+   * Called for every /generate request (after `failNext` faults); a `tamper` fault receives the whole answer
+   * object (`{text, output_ids, meta_info}`).
+   */
+  inject?: (request: { index: number; body: Record<string, unknown> }) => InjectedFailure | undefined;
+  /** SGLang's context_len (default 40960): prompt + max_new_tokens >= it is refused, as SGLang does. */
+  contextLength?: number;
+  /** Sees every answer the engine returns. */
+  onCompletion?: (completion: { promptIds: readonly number[]; tokenIds: readonly number[]; logprobs: readonly number[]; finishReason: FakeSample['finish'] }) => void;
+}
+
+/** Counters a test reads. */
+export interface FakeSglangStats {
+  received: number;
+  served: number;
+  failed: number;
+  aborted: number;
+  healthChecks: number;
+  oversizedBytesSent: number;
+}
+
+/** SGLang's finish_reason object for a sample (schedule_batch.py's FINISH_* to_json shapes). */
+function finishReason(sample: FakeSample, stopId: number): Record<string, unknown> {
+  if (sample.finish === 'length') return { type: 'length', length: sample.ids.length };
+  if (sample.finish === 'abort') return { type: 'abort', message: 'Abort in running batch.', status_code: null, err_type: null };
+  return { type: 'stop', matched: sample.stopReason ?? stopId };
+}
+
+/**
+ * TEST DOUBLE: a real HTTP server on 127.0.0.1 speaking the subset of SGLang's native API the rollout server uses,
+ * shaped after SGLang v0.5.6+ (entrypoints/http_server.py, managers/io_struct.py, sampling/sampling_params.py):
+ *
+ * - `POST /generate` `{input_ids, sampling_params: {max_new_tokens, temperature, top_p, top_k, sampling_seed, stop,
+ *   ...}, return_logprob, logprob_start_len, rid, stream: false}` → `{text, output_ids, meta_info: {id,
+ *   finish_reason: {type, matched|length|message}, prompt_tokens, completion_tokens, cached_tokens,
+ *   output_token_logprobs: [[logprob, id, null], ...] (with return_logprob)}}`; errors are HTTP 400
+ *   `{"error": {"message"}}`, the context-length ones with SGLang's wording;
+ * - `GET /health`, `GET /health_generate` (200, or 503 when unhealthy), `GET /get_model_info`, `GET /v1/models`
+ *   (`max_model_len` = context_len);
+ * - `POST /abort_request {rid | abort_all}`, `POST /pause_generation {mode: abort|retract|in_place}`,
+ *   `POST /continue_generation`.
+ *
+ * Sampling is the fake vLLM's (the same scripted policy, ids and logprobs for the same request), so trajectories
+ * from either engine can be compared. Not for production use.
+ */
+export class FakeSglangEngine {
+  readonly model: string;
+  /** The last /generate body, as parsed JSON. */
+  lastRequest: Record<string, unknown> | undefined;
+  readonly #stats: FakeSglangStats = { received: 0, served: 0, failed: 0, aborted: 0, healthChecks: 0, oversizedBytesSent: 0 };
+  readonly #faults: InjectedFailure[] = [];
+  readonly #sampler: FakeSampler;
+  readonly #inflight = new FakeInflight();
+  #healthy = true;
+  #server: Server | undefined;
+  #url = '';
+
+  private constructor(private readonly options: FakeSglangOptions) {
+    this.model = options.model ?? 'fake-qwen3';
+    this.#sampler = new FakeSampler(options);
+  }
+
+  static async start(options: FakeSglangOptions): Promise<FakeSglangEngine> {
+    const engine = new FakeSglangEngine(options);
+    const { server, url } = await listenLocal((req, res) => void engine.#route(req, res));
+    engine.#server = server;
+    engine.#url = url;
+    return engine;
+  }
+
+  get url(): string {
+    return this.#url;
+  }
+
+  get paused(): boolean {
+    return this.#inflight.paused;
+  }
+
+  /** The rids of the requests decoding now. */
+  inflightRequestIds(): string[] {
+    return this.#inflight.ids();
+  }
+
+  stats(): FakeSglangStats {
+    return { ...this.#stats, aborted: this.#inflight.abortedCount };
+  }
+
+  failNext(count: number, failure: InjectedFailure = { kind: 'status', status: 500 }): void {
+    for (let i = 0; i < count; i++) this.#faults.push(failure);
+  }
+
+  setHealthy(healthy: boolean): void {
+    this.#healthy = healthy;
+  }
+
+  async close(): Promise<void> {
+    this.#inflight.resume();
+    if (this.#server) await closeServer(this.#server);
+  }
+
+  async #route(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const path = (req.url ?? '/').split('?')[0];
+    const post = req.method === 'POST' || req.method === 'PUT';
+    if (req.method === 'GET' && (path === '/health' || path === '/health_generate')) {
+      this.#stats.healthChecks++;
+      res.writeHead(this.#healthy ? 200 : 503).end();
+    } else if (req.method === 'GET' && path === '/get_model_info') {
+      sendJson(res, 200, { model_path: this.model, tokenizer_path: this.model, is_generation: true, preferred_sampling_params: null, weight_version: 'default' });
+    } else if (req.method === 'GET' && path === '/v1/models') {
+      const card = { id: this.model, object: 'model', created: Math.floor(Date.now() / 1000), owned_by: 'sglang', root: this.model, parent: null,
+        max_model_len: this.#contextLength };
+      sendJson(res, 200, { object: 'list', data: [card] });
+    } else if (post && path === '/generate') {
+      await this.#generate(req, res);
+    } else if (req.method === 'POST' && path === '/abort_request') {
+      const body = (await readJson(req).catch(() => undefined)) as { rid?: unknown; abort_all?: unknown } | undefined;
+      if (body?.abort_all === true) this.#inflight.abort();
+      else if (typeof body?.rid === 'string') this.#inflight.abort([body.rid]);
+      res.writeHead(200).end();
+    } else if (req.method === 'POST' && path === '/pause_generation') {
+      const body = (await readJson(req).catch(() => undefined)) as { mode?: unknown } | undefined;
+      const mode = body?.mode ?? 'abort';
+      if (mode !== 'abort' && mode !== 'retract' && mode !== 'in_place') return sendError(res, 400, `Invalid mode: '${String(mode)}'. Expected one of ['abort', 'retract', 'in_place'].`);
+      await this.#inflight.pause(mode === 'abort' ? 'abort' : 'keep');
+      sendJson(res, 200, { message: 'Generation paused successfully.', status: 'ok' });
+    } else if (req.method === 'POST' && path === '/continue_generation') {
+      await readJson(req).catch(() => undefined);
+      this.#inflight.resume();
+      sendJson(res, 200, { message: 'Generation continued successfully.', status: 'ok' });
+    } else {
+      sendJson(res, 404, { detail: 'Not Found' });
+    }
+  }
+
+  get #contextLength(): number {
+    return this.options.contextLength ?? 40960;
+  }
+
+  async #generate(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const stats = this.#stats;
+    const index = stats.received++;
+    let body: Record<string, unknown>;
+    try {
+      body = (await readJson(req)) as Record<string, unknown>;
+      if (typeof body !== 'object' || body === null || Array.isArray(body)) throw new Error('not an object');
+    } catch {
+      stats.failed++;
+      return sendError(res, 400, 'request body is not a JSON object');
+    }
+    this.lastRequest = body;
+    const fault = this.#faults.shift() ?? this.options.inject?.({ index, body });
+    if (fault !== undefined && fault.kind !== 'tamper') {
+      stats.failed++;
+      if (fault.kind === 'drop') return void req.socket.destroy();
+      if (fault.kind === 'hang') return;
+      if (fault.kind === 'oversized') return streamOversized(res, fault.bytes, '{"text":"', (n) => (stats.oversizedBytesSent += n));
+      return sendError(res, fault.status, fault.message ?? 'injected failure');
+    }
+    const sampling = (body.sampling_params ?? {}) as Record<string, unknown>;
+    const promptIds = body.input_ids;
+    if (!Array.isArray(promptIds) || promptIds.length === 0 || !promptIds.every((x) => Number.isInteger(x) && x >= 0)) {
+      stats.failed++;
+      return sendError(res, 400, 'FakeSglangEngine accepts only a non-empty flat list of input_ids');
+    }
+    if (body.stream === true) {
+      stats.failed++;
+      return sendError(res, 400, 'streaming is not faked');
+    }
+    const maxNew = sampling.max_new_tokens ?? 128;
+    if (!Number.isInteger(maxNew) || (maxNew as number) < 0) {
+      stats.failed++;
+      return sendError(res, 400, `max_new_tokens must be at least 0, got ${String(maxNew)}.`);
+    }
+    // SGLang's own wording (tokenizer_manager's request validation), refused with >=, not vLLM's >.
+    const context = this.#contextLength;
+    if (promptIds.length >= context) {
+      stats.failed++;
+      return sendError(res, 400, `The input (${promptIds.length} tokens) is longer than the model's context length (${context} tokens).`);
+    }
+    if (promptIds.length + (maxNew as number) >= context) {
+      stats.failed++;
+      return sendError(res, 400, `Requested token count exceeds the model's maximum context length of ${context} tokens. You requested a total of ` +
+        `${promptIds.length + (maxNew as number)} tokens: ${promptIds.length} tokens from the input messages and ${String(maxNew)} tokens for the ` +
+        'completion. Please reduce the number of tokens in the input messages or the completion to fit within the limit.');
+    }
+    await this.#inflight.admit();
+    const rid = typeof body.rid === 'string' ? body.rid : randomUUID().replaceAll('-', '');
+    const seed = typeof sampling.sampling_seed === 'number' ? sampling.sampling_seed : hashInts(index, 0x5eed);
+    const stops = Array.isArray(sampling.stop) ? (sampling.stop as string[]) : typeof sampling.stop === 'string' ? [sampling.stop] : [];
+    let sample = this.#sampler.sample(promptIds as number[], maxNew as number, seed, stops);
+    let answered = false;
+    res.on('close', () => {
+      if (!answered) this.#inflight.cancel(rid);
+    });
+    const outcome = await this.#inflight.run(rid, sample.ids.length, this.options.tokenLatencyMs ?? 0);
+    if (res.destroyed) return;
+    answered = true;
+    stats.served++;
+    if (outcome.aborted) sample = abortedSample(sample, outcome.produced);
+    this.options.onCompletion?.({ promptIds: promptIds as number[], tokenIds: sample.ids, logprobs: sample.logprobs, finishReason: sample.finish });
+    const answer = this.#render(body, sampling, rid, promptIds.length, sample);
+    if (fault?.kind === 'tamper') fault.tamper(answer);
+    sendJson(res, 200, answer);
+  }
+
+  /** The non-streaming /generate answer for one prompt. */
+  #render(body: Record<string, unknown>, sampling: Record<string, unknown>, rid: string, promptTokens: number, sample: FakeSample): Record<string, unknown> {
+    const { tokenizer } = this.options;
+    // SGLang trims a matched stop token or string from the text unless no_stop_trim; special tokens are skipped
+    // unless skip_special_tokens is false.
+    const trimmed = sample.finish === 'stop' && sample.stopReason === null && sampling.no_stop_trim !== true ? sample.ids.slice(0, -1) : sample.ids;
+    const text = tokenizer.decode(trimmed, { skipSpecialTokens: sampling.skip_special_tokens !== false });
+    const meta: Record<string, unknown> = {
+      id: rid,
+      finish_reason: finishReason(sample, this.#sampler.stopId),
+      prompt_tokens: promptTokens,
+      weight_version: 'default',
+      completion_tokens: sample.ids.length,
+      cached_tokens: 0,
+      e2e_latency: 0.01,
+    };
+    if (body.return_logprob === true) {
+      const withText = body.return_text_in_logprobs === true;
+      meta.input_token_logprobs = [];
+      meta.output_token_logprobs = sample.ids.map((id, i) => [sample.logprobs[i], id, withText ? tokenizer.decode([id]) : null]);
+    }
+    return { text, output_ids: sample.ids, meta_info: meta };
+  }
+}
+
+function sendJson(res: ServerResponse, status: number, body: unknown): void {
+  res.writeHead(status, OK_JSON).end(JSON.stringify(body));
+}
+
+/** SGLang's _create_error_response shape: `{"error": {"message": ...}}`. */
+function sendError(res: ServerResponse, status: number, message: string): void {
+  sendJson(res, status, { error: { message } });
+}

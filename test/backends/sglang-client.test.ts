@@ -1,0 +1,296 @@
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { abortReason, RolloutError } from '../../src/errors.js';
+import { ContextOverflowError } from '../../src/backends/context-overflow.js';
+import { MAX_ERROR_BODY_BYTES, type EngineHttpError } from '../../src/backends/engine-http.js';
+import { SglangClient } from '../../src/backends/sglang-client.js';
+import { FakeSglangEngine } from '../../src/testing/fake-sglang.js';
+import { loadQwen3 } from '../../src/tokens/tokenizer.js';
+import type { Tokenizer } from '../../src/tokens/types.js';
+
+let tokenizer: Tokenizer;
+let engine: FakeSglangEngine;
+let client: SglangClient;
+let prompt: number[];
+
+beforeAll(async () => {
+  ({ tokenizer } = await loadQwen3());
+  engine = await FakeSglangEngine.start({ tokenizer, model: 'qwen3-test' });
+  client = new SglangClient({ url: engine.url, model: 'qwen3-test', requestTimeoutMs: 5_000 });
+  prompt = tokenizer.encode('<|im_start|>user\nWhat is 17 * 23 + 5?<|im_end|>\n<|im_start|>assistant\n');
+});
+
+afterAll(async () => {
+  await engine?.close();
+});
+
+const signal = (): AbortSignal => new AbortController().signal;
+
+async function expectRolloutError(promise: Promise<unknown>, code: string): Promise<RolloutError> {
+  const err = await promise.then(
+    () => expect.fail('expected a RolloutError'),
+    (e: unknown) => e,
+  );
+  expect(err).toBeInstanceOf(RolloutError);
+  expect((err as RolloutError).code).toBe(code);
+  return err as RolloutError;
+}
+
+/** A one-route server answering every request with `body`, for answers the fake engine never gives. */
+async function rawServer(body: unknown, status = 200): Promise<{ url: string; server: Server }> {
+  const text = typeof body === 'string' ? body : JSON.stringify(body);
+  const server = createServer((_req, res) => res.writeHead(status, { 'content-type': 'application/json' }).end(text));
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, server };
+}
+
+/** An SGLang answer with the given sampled pairs. */
+const answer = (pairs: unknown[], extra: Record<string, unknown> = {}) => ({
+  text: 'x',
+  output_ids: pairs.map((p) => (p as unknown[])[1]),
+  meta_info: { id: 'r', finish_reason: { type: 'stop', matched: 151645 }, prompt_tokens: 1, completion_tokens: pairs.length, output_token_logprobs: pairs },
+  ...extra,
+});
+
+describe('SglangClient against the fake SGLang engine', () => {
+  it('sends input_ids, SGLang sampling_params (sampling_seed, max_new_tokens), return_logprob and the rid', async () => {
+    await client.generate({ promptIds: prompt, maxTokens: 64, temperature: 0.7, topP: 0.9, topK: 20, seed: 7, stop: ['</answer>'], requestId: 'traj-1-0', signal: signal() });
+    expect(engine.lastRequest).toEqual({
+      input_ids: prompt,
+      sampling_params: { max_new_tokens: 64, temperature: 0.7, top_p: 0.9, top_k: 20, sampling_seed: 7, stop: ['</answer>'], skip_special_tokens: false },
+      return_logprob: true,
+      logprob_start_len: -1,
+      stream: false,
+      rid: 'traj-1-0',
+    });
+  });
+
+  it('returns the ids and logprobs of meta_info.output_token_logprobs exactly', async () => {
+    const result = await client.generate({ promptIds: prompt, maxTokens: 256, seed: 3, signal: signal() });
+    const raw = (await (await fetch(`${engine.url}/generate`, { method: 'POST', body: JSON.stringify(engine.lastRequest) })).json()) as {
+      output_ids: number[];
+      meta_info: { output_token_logprobs: Array<[number, number, null]>; finish_reason: { type: string } };
+    };
+    expect(result.tokenIds).toEqual(raw.output_ids);
+    expect(result.tokenIds).toEqual(raw.meta_info.output_token_logprobs.map((p) => p[1]));
+    expect(result.logprobs).toEqual(raw.meta_info.output_token_logprobs.map((p) => p[0]));
+    expect(result.finishReason).toBe('stop');
+    expect(result.tokenIds.at(-1)).toBe(tokenizer.tokenId('<|im_end|>'));
+  });
+
+  it('samples what the fake vLLM samples for the same request (one scripted policy)', async () => {
+    const a = await client.generate({ promptIds: prompt, maxTokens: 256, seed: 11, signal: signal() });
+    const b = await client.generate({ promptIds: prompt, maxTokens: 256, seed: 11, signal: signal() });
+    expect(a).toEqual(b);
+    expect(tokenizer.decode(a.tokenIds, { skipSpecialTokens: true })).toContain('<tool_call>');
+  });
+
+  it('maps finish_reason {type: "length"} when max_new_tokens cuts the answer', async () => {
+    const result = await client.generate({ promptIds: prompt, maxTokens: 5, seed: 1, signal: signal() });
+    expect(result).toMatchObject({ finishReason: 'length' });
+    expect(result.tokenIds).toHaveLength(5);
+  });
+
+  it('turns an HTTP 500, a dropped and a refused connection into backend_error', async () => {
+    engine.failNext(1);
+    const err = await expectRolloutError(client.generate({ promptIds: prompt, maxTokens: 8, signal: signal() }), 'backend_error');
+    expect((err.cause as EngineHttpError).status).toBe(500);
+    engine.failNext(1, { kind: 'drop' });
+    await expectRolloutError(client.generate({ promptIds: prompt, maxTokens: 8, signal: signal() }), 'backend_error');
+    const { url, server } = await rawServer({});
+    await new Promise((resolve) => server.close(resolve));
+    const dead = await expectRolloutError(new SglangClient({ url, model: 'm' }).generate({ promptIds: [1], maxTokens: 1, signal: signal() }), 'backend_error');
+    expect(dead.message).toMatch(/^SGLang .* unreachable: ECONNREFUSED/);
+  });
+
+  it('keeps the meaning of an abort (cancelled, deadline_exceeded) and fails a request past its timeout', async () => {
+    engine.failNext(3, { kind: 'hang' });
+    const cancel = new AbortController();
+    const cancelled = client.generate({ promptIds: prompt, maxTokens: 8, signal: cancel.signal });
+    setTimeout(() => cancel.abort(), 20);
+    await expectRolloutError(cancelled, 'cancelled');
+    const deadline = new AbortController();
+    const late = client.generate({ promptIds: prompt, maxTokens: 8, signal: deadline.signal });
+    setTimeout(() => deadline.abort(abortReason('deadline_exceeded', 'turn deadline')), 20);
+    await expectRolloutError(late, 'deadline_exceeded');
+    const impatient = new SglangClient({ url: engine.url, model: 'qwen3-test', requestTimeoutMs: 50 });
+    expect((await expectRolloutError(impatient.generate({ promptIds: prompt, maxTokens: 8, signal: signal() }), 'backend_error')).message).toContain('did not answer within 50 ms');
+  });
+
+  it('reports health from GET /health_generate and the context length from GET /v1/models (strict limit: context_len - 1)', async () => {
+    expect(await client.health(signal())).toBe(true);
+    engine.setHealthy(false);
+    expect(await client.health(signal())).toBe(false);
+    engine.setHealthy(true);
+    expect(await new SglangClient({ url: 'http://127.0.0.1:1', model: 'm' }).health(AbortSignal.timeout(1_000))).toBe(false);
+    const small = await FakeSglangEngine.start({ tokenizer, model: 'qwen3-test', contextLength: 3072 });
+    try {
+      expect(await new SglangClient({ url: small.url, model: 'qwen3-test' }).modelInfo(signal())).toEqual({ maxModelLen: 3071 });
+    } finally {
+      await small.close();
+    }
+  });
+});
+
+describe('SglangClient checks every engine answer before it becomes a trajectory', () => {
+  const ask = (c: SglangClient, extra: { maxTokens?: number } = {}) =>
+    c.generate({ promptIds: prompt, maxTokens: extra.maxTokens ?? 64, vocabSize: 151_669, seed: 5, signal: signal() });
+  const tamper = (fn: (a: { output_ids: number[]; meta_info: { output_token_logprobs: unknown[]; finish_reason: unknown } }) => void) =>
+    engine.failNext(1, { kind: 'tamper', tamper: (a) => fn(a as never) });
+
+  it('refuses token ids outside the vocabulary', async () => {
+    tamper((a) => {
+      (a.meta_info.output_token_logprobs[1] as unknown[])[1] = 9_999_999;
+      a.output_ids[1] = 9_999_999;
+    });
+    expect((await expectRolloutError(ask(client), 'backend_error')).message).toContain('output_token_logprobs[1][1] = 9999999 is not an integer in [0, 151669)');
+  });
+
+  it('refuses more tokens than max_tokens, positive logprobs and a malformed pair', async () => {
+    tamper((a) => (a.meta_info.output_token_logprobs = Array.from({ length: 100 }, () => [-0.5, 7, null])));
+    expect((await expectRolloutError(ask(client, { maxTokens: 64 }), 'backend_error')).message).toContain('100 token ids for max_tokens 64');
+    tamper((a) => ((a.meta_info.output_token_logprobs[0] as unknown[])[0] = 3.5));
+    expect((await expectRolloutError(ask(client), 'backend_error')).message).toContain('output_token_logprobs[0][0] = 3.5 is positive');
+    tamper((a) => (a.meta_info.output_token_logprobs[2] = { logprob: -1, id: 5 }));
+    expect((await expectRolloutError(ask(client), 'backend_error')).message).toContain('output_token_logprobs[2] is an object, not [logprob, token_id, text]');
+  });
+
+  it('refuses output_ids that disagree with output_token_logprobs, and an unfinished answer', async () => {
+    tamper((a) => (a.output_ids[0] = a.output_ids[0]! + 1));
+    expect((await expectRolloutError(ask(client), 'backend_error')).message).toContain('output_ids disagree');
+    tamper((a) => (a.meta_info.finish_reason = null));
+    expect((await expectRolloutError(ask(client), 'backend_error')).message).toContain('finish_reason is null, not an object');
+    tamper((a) => (a.meta_info.finish_reason = { type: 'eos' }));
+    expect((await expectRolloutError(ask(client), 'backend_error')).message).toContain('unexpected finish_reason "eos"');
+  });
+
+  it('refuses an answer without logprobs, a batch answer and a body that is not JSON', async () => {
+    const cases: Array<[unknown, string]> = [
+      [{ text: 'a', output_ids: [1], meta_info: { finish_reason: { type: 'stop' } } }, 'output_token_logprobs missing'],
+      [[answer([[-0.1, 1, null]])], 'a batch answer'],
+      ['{"text": "a", "meta_info": {"output_token_logprobs": [[NaN, 1, null]]}}', 'body is not JSON'],
+    ];
+    for (const [body, message] of cases) {
+      const { url, server } = await rawServer(body);
+      try {
+        expect((await expectRolloutError(ask(new SglangClient({ url, model: 'm' })), 'backend_error')).message).toContain(message);
+      } finally {
+        server.close();
+      }
+    }
+    const ok = await rawServer(answer([[-0.1, 7, null]], { junk: { deep: [[[1]]] } }));
+    try {
+      expect(await ask(new SglangClient({ url: ok.url, model: 'm' }))).toEqual({ tokenIds: [7], logprobs: [-0.1], finishReason: 'stop', text: 'x' });
+    } finally {
+      ok.server.close();
+    }
+  });
+
+  it('stops reading an answer past the byte cap, drops the connection and stays usable', async () => {
+    const capped = new SglangClient({ url: engine.url, model: 'qwen3-test', maxResponseBytes: 256 * 1024 });
+    const before = engine.stats().oversizedBytesSent;
+    engine.failNext(1, { kind: 'oversized', bytes: 256 << 20 });
+    expect((await expectRolloutError(ask(capped), 'backend_error')).message).toContain('larger than the 262144-byte cap');
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    expect(engine.stats().oversizedBytesSent - before).toBeLessThan(32 << 20);
+    expect((await ask(capped)).finishReason).toBe('stop');
+  });
+
+  it('keeps at most 64 KiB of an error body', async () => {
+    engine.failNext(1, { kind: 'status', status: 500, message: 'x'.repeat(1 << 20) });
+    expect(((await expectRolloutError(ask(client), 'backend_error')).cause as EngineHttpError).body.length).toBe(MAX_ERROR_BODY_BYTES);
+  });
+});
+
+describe('SglangClient recognises SGLang\u2019s context-length refusal, narrowly', () => {
+  it('both of SGLang\u2019s phrasings become ContextOverflowError with the strict limit; others stay backend_error', async () => {
+    const small = await FakeSglangEngine.start({ tokenizer, contextLength: prompt.length + 10 });
+    try {
+      const c = new SglangClient({ url: small.url, model: 'm' });
+      const total = await expectRolloutError(c.generate({ promptIds: prompt, maxTokens: 10, signal: signal() }), 'backend_error');
+      expect(total).toBeInstanceOf(ContextOverflowError);
+      expect(total).toMatchObject({ maxModelLen: prompt.length + 9, promptTokens: prompt.length });
+      // prompt + max_tokens = context_len - 1 is accepted: the reported limit is usable as is.
+      expect((await c.generate({ promptIds: prompt, maxTokens: 9, signal: signal() })).tokenIds.length).toBeLessThanOrEqual(9);
+    } finally {
+      await small.close();
+    }
+    const input = { error: { message: "The input (5000 tokens) is longer than the model's context length (4096 tokens)." } };
+    const unrelated = { error: { message: 'top_p must be in (0, 1], got 2.0.' } };
+    for (const [body, status, limit] of [[input, 400, 4095], [unrelated, 400, undefined], [input, 500, undefined]] as const) {
+      const { url, server } = await rawServer(body, status);
+      try {
+        const err = await expectRolloutError(new SglangClient({ url, model: 'm' }).generate({ promptIds: [1], maxTokens: 1, signal: signal() }), 'backend_error');
+        if (limit === undefined) expect(err).not.toBeInstanceOf(ContextOverflowError);
+        else expect(err).toMatchObject({ maxModelLen: limit, promptTokens: 5000 });
+      } finally {
+        server.close();
+      }
+    }
+  });
+});
+
+describe('SglangClient control operations', () => {
+  it('aborts one request by rid: it answers finish "abort" with the tokens decoded so far', async () => {
+    const slow = await FakeSglangEngine.start({ tokenizer, tokenLatencyMs: 20 });
+    try {
+      const c = new SglangClient({ url: slow.url, model: 'm' });
+      const victim = c.generate({ promptIds: prompt, maxTokens: 256, seed: 2, requestId: 'victim', signal: signal() });
+      const other = c.generate({ promptIds: prompt, maxTokens: 256, seed: 2, requestId: 'other', signal: signal() });
+      await expect.poll(() => slow.inflightRequestIds().sort()).toEqual(['other', 'victim']);
+      await new Promise((resolve) => setTimeout(resolve, 60));
+      await c.abort(['victim', 'unknown'], signal());
+      const aborted = await victim;
+      expect(aborted.finishReason).toBe('abort');
+      expect(aborted.tokenIds.length).toBeGreaterThan(0);
+      expect(aborted.tokenIds.length).toBe(aborted.logprobs.length);
+      const full = await other;
+      expect(full.finishReason).toBe('stop');
+      expect(full.tokenIds.slice(0, aborted.tokenIds.length)).toEqual(aborted.tokenIds);
+    } finally {
+      await slow.close();
+    }
+  });
+
+  it('pauses in abort mode (everything in flight aborted, new requests wait) and resumes', async () => {
+    const slow = await FakeSglangEngine.start({ tokenizer, tokenLatencyMs: 10 });
+    try {
+      const c = new SglangClient({ url: slow.url, model: 'm' });
+      const running = c.generate({ promptIds: prompt, maxTokens: 256, requestId: 'a', signal: signal() });
+      await expect.poll(() => slow.inflightRequestIds()).toEqual(['a']);
+      await c.pause('abort', signal());
+      expect((await running).finishReason).toBe('abort');
+      let settled = false;
+      const waiting = c.generate({ promptIds: prompt, maxTokens: 256, requestId: 'b', signal: signal() }).finally(() => (settled = true));
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      expect(settled).toBe(false);
+      await c.resume(signal());
+      expect((await waiting).finishReason).toBe('stop');
+      await c.abort(undefined, signal());
+    } finally {
+      await slow.close();
+    }
+  });
+
+  it('pauses in keep mode (SGLang in_place): a frozen request continues on resume; wait mode is refused', async () => {
+    const slow = await FakeSglangEngine.start({ tokenizer, tokenLatencyMs: 5 });
+    try {
+      const c = new SglangClient({ url: slow.url, model: 'm' });
+      const running = c.generate({ promptIds: prompt, maxTokens: 256, seed: 4, requestId: 'k', signal: signal() });
+      await expect.poll(() => slow.inflightRequestIds()).toEqual(['k']);
+      await c.pause('keep', signal());
+      expect(slow.paused).toBe(true);
+      await c.resume(signal());
+      expect((await running).finishReason).toBe('stop');
+      const err = await expectRolloutError(c.pause('wait', signal()), 'invalid_argument');
+      expect(err.message).toContain('no "wait" pause mode');
+    } finally {
+      await slow.close();
+    }
+  });
+
+  it('refuses a request id that cannot travel as a header value', async () => {
+    await expectRolloutError(client.generate({ promptIds: prompt, maxTokens: 4, requestId: 'has space', signal: signal() }), 'invalid_argument');
+  });
+});
