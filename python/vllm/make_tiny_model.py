@@ -47,7 +47,9 @@ def main() -> int:
 
     torch.manual_seed(SEED)
     config = Qwen3Config(
-        vocab_size=151936,  # Qwen3's embedding size (the tokenizer's 151669 ids, padded)
+        # The tokenizer's 151669 ids, not Qwen3's padded 151936: random weights would sample the padding ids, which
+        # no tokenizer can decode and the server refuses as out of vocabulary.
+        vocab_size=151669,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,

@@ -59,7 +59,7 @@ describe.skipIf(!installed)('VllmClient against a real vLLM server (tiny random 
   });
 
   it('returns the sampled token ids and logprobs exactly as vLLM sends them', async () => {
-    const result = await client.generate({ promptIds: prompt, maxTokens: 24, temperature: 1, seed: 11, vocabSize: 151_936, signal: signal() });
+    const result = await client.generate({ promptIds: prompt, maxTokens: 24, temperature: 1, seed: 11, vocabSize: 151_669, signal: signal() });
     const choice = await raw({ max_tokens: 24, temperature: 1, seed: 11 });
     expect(result.tokenIds).toEqual(choice.token_ids);
     expect(result.logprobs).toEqual(choice.logprobs.token_logprobs);
