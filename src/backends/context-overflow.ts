@@ -20,16 +20,29 @@ export class ContextOverflowError extends RolloutError {
 }
 
 const LIMIT = /maximum context length is (\d+) tokens/;
-const PROMPT = [/\((\d+) in the messages/, /request has (\d+) input tokens/, /requested (\d+) tokens in the messages/];
+const PROMPT = [/\((\d+) in the messages/, /request has (\d+) input tokens/, /requested (\d+) tokens in the messages/, /prompt contains (\d+) input tokens/];
+/** vLLM >= 0.3x clamps max_tokens to the room left; a prompt of exactly max_model_len leaves none. */
+const NO_ROOM = /max_tokens must be at least 1, got 0\b/;
 
 /**
  * Recognises vLLM's context-length refusal, narrowly: HTTP 400 whose JSON error message (`error.message` in
  * vLLM >= 0.10, top-level `message` before) says "maximum context length is N tokens". Both phrasings vLLM uses
  * are understood: "However, you requested M tokens (P in the messages, C in the completion)" and "'max_tokens'
- * ... is too large: C. This model's maximum context length is N tokens and your request has P input tokens".
+ * ... is too large: C. This model's maximum context length is N tokens and your request has P input tokens", and
+ * vLLM 0.32's "However, your prompt contains P input tokens, which exceeds this limit even without any output tokens".
+ *
+ * vLLM 0.32 no longer refuses prompt + max_tokens > max_model_len (it shortens max_tokens to the room left), and a
+ * prompt of exactly max_model_len then gets "max_tokens must be at least 1, got 0", which names no limit: given the
+ * request's `promptTokens`, that answer is recognised too, the limit being the prompt's length.
  */
-export function parseContextOverflow(status: number, body: string): { maxModelLen: number; promptTokens: number | undefined } | undefined {
-  if (status !== 400 || !body.includes('maximum context length')) return undefined;
+export function parseContextOverflow(
+  status: number,
+  body: string,
+  promptTokens?: number,
+): { maxModelLen: number; promptTokens: number | undefined } | undefined {
+  if (status !== 400) return undefined;
+  if (promptTokens !== undefined && promptTokens > 0 && NO_ROOM.test(body)) return { maxModelLen: promptTokens, promptTokens };
+  if (!body.includes('maximum context length')) return undefined;
   let message: unknown;
   try {
     const json = JSON.parse(body) as { message?: unknown; error?: { message?: unknown } } | null;

@@ -110,7 +110,7 @@ export class VllmClient implements EngineClient {
     const { status, text } = await this.#http.request('POST', '/v1/completions', JSON.stringify(body), request.signal, cap, headers);
     if (status < 200 || status >= 300) {
       const cause = new VllmHttpError(status, text);
-      const overflow = parseContextOverflow(status, text);
+      const overflow = parseContextOverflow(status, text, request.maxTokens > 0 ? request.promptIds.length : undefined);
       if (overflow) {
         throw new ContextOverflowError(
           overflow.maxModelLen,
