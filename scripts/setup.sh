@@ -6,6 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 log() { printf '\033[2m[setup]\033[0m %s\n' "$*" >&2; }
+# `setup.sh demo` installs what the demo runs on (apt tools, npm packages, the sandbox image) and skips what only the
+# test suite needs (Python venvs of the contract tests, the real vLLM, grpcurl).
+for_demo=false; [ "${1:-}" = demo ] && for_demo=true
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 # Debian packages, installed when their command is missing: bubblewrap runs sandboxes; debootstrap, squashfs-tools
@@ -55,6 +58,7 @@ python_venv() {
   .venvs/uv/bin/uv pip install -q --python "$dir/bin/python" $exact -r "$req"
   echo "$sum" > "$dir/.rollout-stamp"
 }
+if ! $for_demo; then
 python_venv .venv python/requirements.txt
 python_venv .venvs/gen python/requirements-gen.txt --exact
 for req in python/compat/*.txt; do
@@ -97,6 +101,7 @@ if ! go version -m .cache/bin/grpcurl 2>/dev/null | grep -Eq "^[[:space:]]+mod[[
     log "warning: no Go toolchain, so no grpcurl: the reflection contract test will fail"
   fi
 fi
+fi # for_demo
 
 # The default sandbox image (python3, bash, coreutils on Debian bookworm) as a .sif in .cache/images, named by the
 # hash of its recipe: `rollout image build` returns at once when that file exists, and otherwise builds it
