@@ -10,6 +10,7 @@ export interface ServeOptions {
   port?: number;
   backend: string[];
   model?: string;
+  modelDir?: string;
   initConcurrency?: number;
   runConcurrency?: number;
   evalConcurrency?: number;
@@ -38,10 +39,11 @@ export async function runServe(opts: ServeOptions): Promise<void> {
   if (opts.fakeEngine) {
     engine = await FakeVllmEngine.start({ tokenizer: (await loadQwen3()).tokenizer, tokenLatencyMs: opts.fakeLatencyMs });
     backends.push({ url: engine.url });
-    config.model = engine.model;
+    config.model = withModel(config.model, { name: engine.model });
     logger.warn({ url: engine.url }, 'routing to the fake vLLM engine (a test double)');
   }
-  if (opts.model) config.model = opts.model;
+  if (opts.model) config.model = withModel(config.model, { name: opts.model });
+  if (opts.modelDir) config.model = withModel(config.model, { dir: opts.modelDir });
   // Flags override single fields; what neither sets keeps its stage's default (applied by parseConfig).
   const stage = (key: 'init' | 'run' | 'eval', concurrency: number | undefined, timeoutMs: number | undefined): void => {
     if (concurrency === undefined && timeoutMs === undefined) return;
@@ -76,4 +78,10 @@ export async function runServe(opts: ServeOptions): Promise<void> {
   });
   await server.shutdown();
   await engine?.close();
+}
+
+/** The `model` section with some fields set: a file's string form is the name, its object form is kept. */
+function withModel(model: ServerConfigInput['model'], fields: { name?: string; dir?: string }): ServerConfigInput['model'] {
+  const base = typeof model === 'string' ? { name: model } : (model ?? {});
+  return { ...base, ...fields };
 }
