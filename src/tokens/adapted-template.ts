@@ -8,8 +8,9 @@ export type ToolInstructions = (tools: readonly ToolSchema[]) => string;
  * A model's template, with the conversation shaped into what it accepts (see {@link TemplateProfile}):
  * - no tool role: each run of tool messages becomes one user message, every result headed
  *   `Output of tool "<name>":` (or `Tool output:`), so the model can tell tool output from its user;
- * - turns must alternate: consecutive user messages are joined (blank line between) and a system message after
- *   the first message becomes a user message;
+ * - turns must alternate: consecutive user messages are joined (blank line between);
+ * - turns must alternate, or a later system message would not render in place: a system message after the first
+ *   message becomes a user message;
  * - tools not rendered: `instructions(tools)` goes at the top of the system prompt (a system message is added
  *   when there is none), so the model still learns its tools and the call format the parser reads.
  * With a template that needs none of this (Qwen3) the messages pass through unchanged, so its renders are
@@ -29,7 +30,8 @@ export class AdaptedChatTemplate implements ChatTemplate {
 
   /** Whether this adapter changes anything for its template. */
   get adapts(): boolean {
-    return !this.profile.toolRole || this.profile.alternates || !this.profile.rendersTools;
+    const { toolRole, alternates, rendersTools, laterSystemInPlace } = this.profile;
+    return !toolRole || alternates || !rendersTools || !laterSystemInPlace;
   }
 
   render(messages: readonly ChatMessage[], options: { addGenerationPrompt: boolean; tools?: readonly ToolSchema[] }): string {
@@ -38,7 +40,7 @@ export class AdaptedChatTemplate implements ChatTemplate {
 
   /** The messages as the template gets them. */
   shape(messages: readonly ChatMessage[], tools: readonly ToolSchema[] | undefined): ChatMessage[] {
-    const { toolRole, alternates, rendersTools } = this.profile;
+    const { toolRole, alternates, rendersTools, laterSystemInPlace } = this.profile;
     const out: ChatMessage[] = [];
     let lastJoinable = false;
     for (const [k, message] of messages.entries()) {
@@ -48,7 +50,7 @@ export class AdaptedChatTemplate implements ChatTemplate {
         const head = message.name === undefined ? 'Tool output:' : `Output of tool ${JSON.stringify(message.name)}:`;
         next = { role: 'user', content: `${head}\n${message.content}` };
         joinable = true;
-      } else if (alternates && message.role === 'system' && k > 0) {
+      } else if ((alternates || !laterSystemInPlace) && message.role === 'system' && k > 0) {
         next = { role: 'user', content: message.content };
       }
       const last = out.at(-1);

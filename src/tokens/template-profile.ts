@@ -14,6 +14,12 @@ export interface TemplateProfile {
   rendersTools: boolean;
   /** Two user messages in a row make the template raise: turns must alternate user/assistant. */
   alternates: boolean;
+  /**
+   * A system message after the first turn renders where it is. DeepSeek-V3's template hoists every system message
+   * into the system prompt at the top, so one appended later would change what the model already saw (and be
+   * missing from the delta the ledger appends).
+   */
+  laterSystemInPlace: boolean;
 }
 
 const PROBE_CONTENT = 'probe-tool-output-7c1e';
@@ -38,7 +44,13 @@ export function probeTemplate(template: ChatTemplate): TemplateProfile {
   const withTools = tryRender(template, [{ role: 'user', content: 'u' }], [PROBE_TOOL]);
   const rendersTools = withTools !== undefined && withTools.includes(PROBE_TOOL.function.name);
   const alternates = tryRender(template, [{ role: 'user', content: 'u' }, { role: 'user', content: 'v' }]) === undefined;
-  return { toolRole, rendersTools, alternates };
+  const later = tryRender(template, [
+    { role: 'user', content: 'u' },
+    { role: 'assistant', content: 'probe-assistant-7c1e' },
+    { role: 'system', content: PROBE_CONTENT },
+  ]);
+  const laterSystemInPlace = later !== undefined && later.indexOf(PROBE_CONTENT) > later.indexOf('probe-assistant-7c1e');
+  return { toolRole, rendersTools, alternates, laterSystemInPlace };
 }
 
 function tryRender(template: ChatTemplate, messages: ChatMessage[], tools?: readonly ToolSchema[]): string | undefined {

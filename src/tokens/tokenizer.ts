@@ -173,10 +173,15 @@ export class HfTokenizer implements Tokenizer {
     for (const id of ids) out.push(id);
   }
 
-  /** Decodes ids to text; [] is "" (the library itself refuses an empty array). */
+  /**
+   * Decodes ids to text; [] is "" (the library itself refuses an empty array). Never applies
+   * `clean_up_tokenization_spaces` (Llama's config asks for it, and the library defaults to it when a config is
+   * silent): that rewrites " ," to ",", so a sampled tool call's arguments would not be what the model wrote and
+   * the re-rendered conversation would not be the one the ids stand for. vLLM's detokenizer does not apply it either.
+   */
   decode(ids: readonly number[], options: { skipSpecialTokens?: boolean } = {}): string {
     if (ids.length === 0) return '';
-    return this.impl.decode(ids.slice(), { skip_special_tokens: options.skipSpecialTokens ?? false });
+    return this.impl.decode(ids.slice(), { skip_special_tokens: options.skipSpecialTokens ?? false, clean_up_tokenization_spaces: false });
   }
 
   tokenId(token: string): number | undefined {
