@@ -31,13 +31,6 @@ export interface ScriptedMathPolicyOptions {
    * of `python`; default 0. The demo uses it so both sandboxed tools run.
    */
   bashRate?: number;
-  /**
-   * Writes a tool call in the model family's format (default: Hermes, {@link hermesToolCall}); e.g.
-   * `(name, args) => parser.format([{ name, arguments: args }])` for the family's own parser.
-   */
-  formatCall?: (name: string, args: Record<string, unknown>) => string;
-  /** Finds the latest tool result in the decoded prompt (default: {@link latestToolResponse}, Qwen's form). */
-  observation?: (promptText: string) => string | undefined;
 }
 
 /** One Qwen/Hermes tool call, exactly as Qwen chat models write it. */
@@ -76,12 +69,10 @@ export function createScriptedMathPolicy(options: ScriptedMathPolicyOptions = {}
   const malformedRate = options.malformedToolCallRate ?? 0.1;
   const tool = options.toolName ?? 'python';
   const bashRate = options.bashRate ?? 0;
-  const formatCall = options.formatCall ?? hermesToolCall;
-  const findObservation = options.observation ?? latestToolResponse;
   return (promptText, ctx) => {
     const problem = MATH_QUESTION_PATTERN.exec(promptText)?.[1]?.trim();
     if (problem === undefined) return 'I cannot find a problem to solve.';
-    const observation = findObservation(promptText);
+    const observation = latestToolResponse(promptText);
     if (observation !== undefined && /^-?\d+(\.\d+)?$/.test(observation)) {
       let answer = Number(observation);
       if (ctx.random() < wrongRate) answer += 1 + Math.floor(ctx.random() * 9);
@@ -89,8 +80,8 @@ export function createScriptedMathPolicy(options: ScriptedMathPolicyOptions = {}
     }
     const call =
       bashRate > 0 && ctx.random() < bashRate
-        ? formatCall('bash', { command: `python3 -c 'print(${problem})'` })
-        : formatCall(tool, { code: `print(${problem})` });
+        ? hermesToolCall('bash', { command: `python3 -c 'print(${problem})'` })
+        : hermesToolCall(tool, { code: `print(${problem})` });
     if (ctx.random() < malformedRate) return call.replace('}}\n</tool_call>', '}\n</tool_call>');
     return call;
   };
