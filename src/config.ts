@@ -14,6 +14,33 @@ const stageSchema = (defaults: { concurrency: number; timeoutMs: number }) =>
     })
     .prefault({});
 
+/** The tool-call formats the server can parse (src/tools/parsers.ts); a list, so zod and the parser factory agree. */
+export const TOOL_CALL_PARSERS = ['hermes', 'llama3_json', 'deepseek_v3'] as const;
+export type ToolCallParserName = (typeof TOOL_CALL_PARSERS)[number];
+
+const modelObjectSchema = z.strictObject({
+  /** Model name sent to engines. */
+  name: z.string().default('policy'),
+  /**
+   * A Hugging Face model folder: tokenizer.json, tokenizer_config.json and optionally chat_template.jinja and
+   * generation_config.json. Unset: the Qwen3 tokenizer and template shipped with the project.
+   */
+  dir: z.string().min(1).optional(),
+  /** Extra chat-template variables, e.g. `{ "enable_thinking": false }` for Qwen3. */
+  templateVariables: z.record(z.string(), z.unknown()).default({}),
+  /** How assistant text is parsed for tool calls; unset: detected from the template (see detectToolCallParser). */
+  toolCallParser: z.enum(TOOL_CALL_PARSERS).optional(),
+});
+
+/** `model` is an object; a bare string is the engines' model name, as before (`"model": "qwen"` = `{ name: "qwen" }`). */
+const modelSchema = z
+  .preprocess((value) => (typeof value === 'string' ? { name: value } : value), modelObjectSchema)
+  // The cast only names the types preprocess erases: a string or the object in, the object out, the key optional.
+  .prefault({}) as unknown as z.ZodDefault<z.ZodType<z.output<typeof modelObjectSchema>, string | z.input<typeof modelObjectSchema>>>;
+
+/** The `model` section after defaults. */
+export type ModelConfig = z.output<typeof modelObjectSchema>;
+
 const backendSchema = z.strictObject({
   url: z.string().url(),
   kind: z.enum(BACKEND_KIND_NAMES).default('vllm'),
@@ -30,8 +57,8 @@ const backendSchema = z.strictObject({
 export const serverConfigSchema = z.strictObject({
   host: z.string().default('127.0.0.1'),
   port: z.number().int().min(0).max(65_535).default(50_051),
-  /** Model name sent to engines. */
-  model: z.string().default('policy'),
+  /** The policy model: its name at the engines, its folder (tokenizer, template), template variables, tool-call parser. */
+  model: modelSchema,
   init: stageSchema({ concurrency: 64, timeoutMs: 60_000 }),
   run: stageSchema({ concurrency: 1024, timeoutMs: 600_000 }),
   eval: stageSchema({ concurrency: 64, timeoutMs: 60_000 }),

@@ -19,6 +19,7 @@ describe('server configuration', () => {
     [{ sandbox: { memroyMb: 512 } }, 'Unrecognized key: "memroyMb"', 'sandbox'],
     [{ defaults: { maxTurn: 3 } }, 'Unrecognized key: "maxTurn"', 'defaults'],
     [{ backends: [{ url: 'http://127.0.0.1:8000', maxConcurency: 4 }] }, 'Unrecognized key: "maxConcurency"', 'backends.0'],
+    [{ model: { dri: '/models/x' } }, 'Unrecognized key: "dri"', 'model'],
   ])('refuses an unknown key at any depth, naming it: %j', (input, message, field) => {
     const err = failure(input);
     expect(err.code).toBe('invalid_argument');
@@ -41,5 +42,18 @@ describe('server configuration', () => {
     expect(config.defaults).toEqual({ ...defaults.defaults, maxTurns: 3 });
     expect(defaults.init).toEqual({ concurrency: 64, timeoutMs: 60_000 });
     expect(defaults.run).toEqual({ concurrency: 1024, timeoutMs: 600_000 });
+  });
+
+  it('takes the model as a name or as a section whose omitted fields keep their defaults', () => {
+    expect(parseConfig({}).model).toEqual({ name: 'policy', templateVariables: {} });
+    expect(parseConfig({ model: 'qwen' }).model).toEqual({ name: 'qwen', templateVariables: {} });
+    expect(parseConfig({ model: { dir: '/m', templateVariables: { enable_thinking: false } } }).model).toEqual({
+      name: 'policy',
+      dir: '/m',
+      templateVariables: { enable_thinking: false },
+    });
+    const err = failure({ model: { toolCallParser: 'mistral' } });
+    expect(err.field).toBe('model.toolCallParser');
+    expect(err.message).toContain('"hermes"|"llama3_json"|"deepseek_v3"');
   });
 });

@@ -26,6 +26,7 @@ program
   .option('--port <port>', 'port, 0 = any free port (default 50051)', int)
   .option('--backend <url>', 'vLLM engine base URL (repeatable)', collect, [])
   .option('--model <name>', 'model name sent to engines')
+  .option('--model-dir <dir>', "Hugging Face model folder: tokenizer.json, tokenizer_config.json, chat_template.jinja (default: the bundled Qwen3)")
   .option('--init-concurrency <n>', 'init stage workers', int)
   .option('--run-concurrency <n>', 'run stage workers (concurrent agent loops)', int)
   .option('--eval-concurrency <n>', 'eval stage workers', int)

@@ -2,7 +2,7 @@ import { startRolloutServer } from '../app.js';
 import { parseConfig, type ServerConfigInput } from '../config.js';
 import { createLogger } from '../observability/logger.js';
 import { FakeVllmEngine } from '../testing/fake-vllm.js';
-import { loadQwen3 } from '../tokens/tokenizer.js';
+import { loadModelBundle } from '../tokens/model-bundle.js';
 
 export interface ServeOptions {
   file: Record<string, unknown>;
@@ -10,6 +10,7 @@ export interface ServeOptions {
   port?: number;
   backend: string[];
   model?: string;
+  modelDir?: string;
   initConcurrency?: number;
   runConcurrency?: number;
   evalConcurrency?: number;
@@ -34,14 +35,18 @@ export async function runServe(opts: ServeOptions): Promise<void> {
     ...(opts.port !== undefined && { port: opts.port }),
   };
   const backends = [...(config.backends ?? []), ...opts.backend.map((url) => ({ url }))];
+  if (opts.modelDir) config.model = withModel(config.model, { dir: opts.modelDir });
   let engine: FakeVllmEngine | undefined;
   if (opts.fakeEngine) {
-    engine = await FakeVllmEngine.start({ tokenizer: (await loadQwen3()).tokenizer, tokenLatencyMs: opts.fakeLatencyMs });
+    // The fake engine decodes and encodes with the served model's tokenizer, as a real engine would.
+    const dir = typeof config.model === 'object' ? config.model.dir : undefined;
+    const { tokenizer } = await loadModelBundle(dir === undefined ? {} : { dir });
+    engine = await FakeVllmEngine.start({ tokenizer, tokenLatencyMs: opts.fakeLatencyMs });
     backends.push({ url: engine.url });
-    config.model = engine.model;
+    config.model = withModel(config.model, { name: engine.model });
     logger.warn({ url: engine.url }, 'routing to the fake vLLM engine (a test double)');
   }
-  if (opts.model) config.model = opts.model;
+  if (opts.model) config.model = withModel(config.model, { name: opts.model });
   // Flags override single fields; what neither sets keeps its stage's default (applied by parseConfig).
   const stage = (key: 'init' | 'run' | 'eval', concurrency: number | undefined, timeoutMs: number | undefined): void => {
     if (concurrency === undefined && timeoutMs === undefined) return;
@@ -76,4 +81,10 @@ export async function runServe(opts: ServeOptions): Promise<void> {
   });
   await server.shutdown();
   await engine?.close();
+}
+
+/** The `model` section with some fields set: a file's string form is the name, its object form is kept. */
+function withModel(model: ServerConfigInput['model'], fields: { name?: string; dir?: string }): ServerConfigInput['model'] {
+  const base = typeof model === 'string' ? { name: model } : (model ?? {});
+  return { ...base, ...fields };
 }

@@ -54,7 +54,7 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
       logger,
       ...(config.adminToken !== undefined && { adminToken: config.adminToken }),
       defaultMaxConcurrency: 256,
-      defaultModel: config.model,
+      defaultModel: config.model.name,
       requestTimeoutMs: config.backendRequestTimeoutMs,
       maxResponseBytes: config.backendMaxResponseBytes,
     }),

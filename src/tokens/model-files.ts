@@ -23,8 +23,13 @@ export interface ModelFiles {
   dir: string;
   tokenizerJson: Record<string, unknown>;
   config: TokenizerConfig;
-  /** The default chat template: `chat_template` of the config, else the newer `chat_template.jinja` file. */
+  /**
+   * The chat template: the folder's `chat_template.jinja` when there is one (it overrides the config's, as in
+   * transformers, which saves templates there since v4.47), else `chat_template` of tokenizer_config.json.
+   */
   chatTemplate: string | undefined;
+  /** generation_config.json's `eos_token_id` (a number or a list): the ids generation stops at. Empty without it. */
+  eosTokenIds: number[];
 }
 
 /** The string of a special token value, undefined when absent. */
@@ -35,16 +40,18 @@ export function specialTokenString(value: SpecialTokenValue): string | undefined
 }
 
 /**
- * Reads tokenizer.json and tokenizer_config.json (and chat_template.jinja when the config has no template) from
- * `dir`. A missing file is `not_found`; a file that is not JSON is `failed_precondition`: both are deployment
- * mistakes that must fail loudly at start-up rather than produce wrong token ids later.
+ * Reads tokenizer.json and tokenizer_config.json, and the optional chat_template.jinja and generation_config.json,
+ * from `dir`. A missing required file is `not_found`; a file that is not JSON is `failed_precondition`: both are
+ * deployment mistakes that must fail loudly at start-up rather than produce wrong token ids later.
  */
 export async function readModelFiles(dir: string): Promise<ModelFiles> {
   const tokenizerJson = await readJson(join(dir, 'tokenizer.json'));
   const config = (await readJson(join(dir, 'tokenizer_config.json'))) as TokenizerConfig;
-  let chatTemplate = pickTemplate(config.chat_template);
-  if (chatTemplate === undefined) chatTemplate = await readOptional(join(dir, 'chat_template.jinja'));
-  return { dir, tokenizerJson, config, chatTemplate };
+  const chatTemplate = (await readOptional(join(dir, 'chat_template.jinja'))) ?? pickTemplate(config.chat_template);
+  const generation = (await readOptional(join(dir, 'generation_config.json'))) === undefined ? {} : await readJson(join(dir, 'generation_config.json'));
+  const eos = generation['eos_token_id'];
+  const eosTokenIds = (Array.isArray(eos) ? eos : [eos]).filter((id): id is number => Number.isInteger(id));
+  return { dir, tokenizerJson, config, chatTemplate, eosTokenIds };
 }
 
 /** Named templates (a list of {name, template}) use "default", as transformers does without a template name. */

@@ -61,16 +61,28 @@ interface Compiled {
 
 const compiledCache = new WeakMap<Tokenizer, Compiled>();
 
+/**
+ * Whether an added token is text rather than structure: made only of whitespace or SentencePiece's "▁" (Gemma 3
+ * adds "\n", "\n\n", "▁▁", ... as tokens so runs of them encode compactly). Such a token marks nothing a tool
+ * could forge, and every newline of every observation would otherwise be encoded unlike the model's training
+ * text, so it is never escaped or counted.
+ */
+export function isTextToken(token: string): boolean {
+  return /^[\s\u2581]+$/u.test(token);
+}
+
 function compiled(tokenizer: Tokenizer): Compiled {
   let entry = compiledCache.get(tokenizer);
   if (!entry) {
-    const tokens = tokenizer.addedTokens;
-    if (tokens.length > MAX_ADDED_TOKENS) {
+    const all = tokenizer.addedTokens;
+    // Placeholders stand for an index into the full list; text tokens are simply never looked for.
+    const tokens = all.filter((t) => !isTextToken(t));
+    if (all.length > MAX_ADDED_TOKENS) {
       throw new RolloutError('failed_precondition', `the tokenizer has more than ${MAX_ADDED_TOKENS} added tokens`);
     }
     const index = new Map<string, number>();
-    tokens.forEach((token, k) => {
-      if (!index.has(token)) index.set(token, k);
+    all.forEach((token, k) => {
+      if (!index.has(token) && !isTextToken(token)) index.set(token, k);
     });
     const plane = '[\\u{F0000}-\\u{FFFFD}]';
     entry = {

@@ -3,12 +3,26 @@ import { dirname, resolve } from 'node:path';
 import { Tokenizer as HfTokenizerImpl } from '@huggingface/tokenizers';
 import { RolloutError } from '../errors.js';
 import { JinjaChatTemplate } from './chat-template.js';
+import { probeAssistantClosing } from './template-delta.js';
 import { alternation, coalesce } from './opaque-content.js';
 import { readModelFiles, specialTokenString, type TokenizerConfig } from './model-files.js';
-import type { ChatTemplate, TextPart, Tokenizer } from './types.js';
+import type { TextPart, Tokenizer } from './types.js';
 
-/** Token strings that end an assistant turn in ChatML-style models, besides the configured eos_token. */
-const CHATML_STOP_TOKENS = ['<|im_end|>', '<|endoftext|>'] as const;
+/**
+ * Token strings that end an assistant turn or the text in the families we know, besides the configured eos_token
+ * (only those in the vocabulary count): ChatML (Qwen) <|im_end|> and <|endoftext|>; Llama 3 <|eot_id|>, <|eom_id|>
+ * (end of a message that awaits a tool result) and <|end_of_text|>; Gemma <end_of_turn> and <eos>. A model folder
+ * without generation_config.json (which lists them as eos_token_id) still stops where vLLM would with one.
+ */
+const KNOWN_STOP_TOKENS = ['<|im_end|>', '<|endoftext|>', '<|eot_id|>', '<|eom_id|>', '<|end_of_text|>', '<end_of_turn>', '<eos>'] as const;
+
+/** Options of {@link HfTokenizer}. */
+export interface HfTokenizerOptions {
+  /** More token strings that end a turn, e.g. the first added token of the template's assistant closing. */
+  stopTokens?: readonly string[];
+  /** More ids that end a turn, e.g. generation_config.json's eos_token_id. */
+  stopTokenIds?: readonly number[];
+}
 
 /**
  * A {@link Tokenizer} backed by @huggingface/tokenizers, the JavaScript port of the Rust `tokenizers` crate that
@@ -43,6 +57,7 @@ export class HfTokenizer implements Tokenizer {
   constructor(
     tokenizerJson: Record<string, unknown>,
     readonly config: TokenizerConfig,
+    options: HfTokenizerOptions = {},
   ) {
     try {
       this.impl = new HfTokenizerImpl(tokenizerJson, config);
@@ -50,12 +65,16 @@ export class HfTokenizer implements Tokenizer {
     } catch (err) {
       throw new RolloutError('failed_precondition', 'tokenizer.json is not a supported tokenizer', { cause: err });
     }
-    const candidates = [specialTokenString(config.eos_token), ...CHATML_STOP_TOKENS];
-    const ids = candidates.flatMap((token) => (token === undefined ? [] : (this.tokenId(token) ?? [])));
-    this.stopTokenIds = Object.freeze([...new Set(ids)]);
+    // The eos_token first: it is the one a caller wanting a single stop token gets.
+    const candidates = [specialTokenString(config.eos_token), ...(options.stopTokens ?? []), ...KNOWN_STOP_TOKENS];
     let largest = -1;
     for (const id of this.impl.get_vocab(true).values()) if (id > largest) largest = id;
     this.vocabSize = largest + 1;
+    const ids = [
+      ...candidates.flatMap((token) => (token === undefined ? [] : (this.tokenId(token) ?? []))),
+      ...(options.stopTokenIds ?? []).filter((id) => Number.isInteger(id) && id >= 0 && id < this.vocabSize),
+    ];
+    this.stopTokenIds = Object.freeze([...new Set(ids)]);
     const added = (tokenizerJson.added_tokens ?? []) as AddedTokenJson[];
     this.addedTokens = Object.freeze(added.map((t) => t.content));
     this.specialIds = new Set(added.filter((t) => t.special).map((t) => t.id));
@@ -154,10 +173,15 @@ export class HfTokenizer implements Tokenizer {
     for (const id of ids) out.push(id);
   }
 
-  /** Decodes ids to text; [] is "" (the library itself refuses an empty array). */
+  /**
+   * Decodes ids to text; [] is "" (the library itself refuses an empty array). Never applies
+   * `clean_up_tokenization_spaces` (Llama's config asks for it, and the library defaults to it when a config is
+   * silent): that rewrites " ," to ",", so a sampled tool call's arguments would not be what the model wrote and
+   * the re-rendered conversation would not be the one the ids stand for. vLLM's detokenizer does not apply it either.
+   */
   decode(ids: readonly number[], options: { skipSpecialTokens?: boolean } = {}): string {
     if (ids.length === 0) return '';
-    return this.impl.decode(ids.slice(), { skip_special_tokens: options.skipSpecialTokens ?? false });
+    return this.impl.decode(ids.slice(), { skip_special_tokens: options.skipSpecialTokens ?? false, clean_up_tokenization_spaces: false });
   }
 
   tokenId(token: string): number | undefined {
@@ -182,7 +206,7 @@ interface AddedTokenJson {
 /** A tokenizer together with the model's own chat template. */
 export interface TokenizerBundle {
   tokenizer: HfTokenizer;
-  template: ChatTemplate;
+  template: JinjaChatTemplate;
 }
 
 /** What is kept per directory: the tokenizer and the template source (not the large parsed tokenizer.json). */
@@ -223,15 +247,30 @@ export function loadQwen3(variables?: Record<string, unknown>): Promise<Tokenize
   return loadTokenizerBundle(qwen3ModelDir(), variables);
 }
 
+/**
+ * The added token the template closes an assistant turn with (<|im_end|>, <|eot_id|>, <end_of_turn>, ...): the
+ * model learned to sample it, so it ends a turn even when tokenizer_config.json names another eos_token.
+ * Undefined when the template writes none or cannot render the probe.
+ */
+function closingToken(config: TokenizerConfig, source: string, tokenizerJson: Record<string, unknown>): string | undefined {
+  try {
+    const closing = probeAssistantClosing(JinjaChatTemplate.fromConfig(config, source), undefined);
+    const added = ((tokenizerJson.added_tokens ?? []) as AddedTokenJson[]).map((t) => t.content);
+    return alternation(added, '')?.exec(closing)?.[0];
+  } catch {
+    return undefined;
+  }
+}
+
 function loadModel(dir: string): Promise<LoadedModel> {
   const key = resolve(dir);
   let entry = cache.get(key);
   if (entry === undefined) {
-    entry = readModelFiles(key).then(({ tokenizerJson, config, chatTemplate }) => ({
-      tokenizer: new HfTokenizer(tokenizerJson, config),
-      config,
-      chatTemplate,
-    }));
+    entry = readModelFiles(key).then(({ tokenizerJson, config, chatTemplate, eosTokenIds }) => {
+      const closing = chatTemplate === undefined ? undefined : closingToken(config, chatTemplate, tokenizerJson);
+      const tokenizer = new HfTokenizer(tokenizerJson, config, { stopTokenIds: eosTokenIds, ...(closing !== undefined && { stopTokens: [closing] }) });
+      return { tokenizer, config, chatTemplate };
+    });
     cache.set(key, entry);
     entry.catch(() => cache.delete(key));
   }

@@ -1,3 +1,4 @@
+import { isPlainObject, parseArguments, pythonJson, shortReason, describeJson as describe } from './call-json.js';
 import type { ParsedToolCalls, ToolCall, ToolCallParser } from './types.js';
 
 const OPEN = '<tool_call>';
@@ -43,6 +44,10 @@ export class HermesToolCallParser implements ToolCallParser {
     }
     return { calls, errors };
   }
+
+  format(calls: readonly ToolCall[]): string {
+    return calls.map((c) => `${OPEN}\n${pythonJson({ name: c.name, arguments: c.arguments })}\n${CLOSE}`).join('\n');
+  }
 }
 
 /** One call's JSON body → a call, or the reason it is unusable. */
@@ -63,34 +68,3 @@ function parseCallBody(raw: string): ToolCall | string {
   return { name: name.trim(), arguments: args };
 }
 
-function parseArguments(value: unknown): Record<string, unknown> | string {
-  if (value === undefined || value === null) return {};
-  if (isPlainObject(value)) return value;
-  if (typeof value === 'string') {
-    if (value.trim() === '') return {};
-    let inner: unknown;
-    try {
-      inner = JSON.parse(value);
-    } catch (err) {
-      return `"arguments" is a string that is not valid JSON (${shortReason(err)}); pass a JSON object`;
-    }
-    if (isPlainObject(inner)) return inner;
-    return `"arguments" must be a JSON object of named arguments, got a string holding ${describe(inner)}`;
-  }
-  return `"arguments" must be a JSON object of named arguments, got ${describe(value)}`;
-}
-
-function isPlainObject(value: unknown): value is Record<string, unknown> {
-  return typeof value === 'object' && value !== null && !Array.isArray(value);
-}
-
-function describe(value: unknown): string {
-  if (value === null) return 'null';
-  if (Array.isArray(value)) return 'an array';
-  return `a ${typeof value}`;
-}
-
-function shortReason(err: unknown): string {
-  const message = err instanceof Error ? err.message : String(err);
-  return message.length > 120 ? `${message.slice(0, 117)}...` : message;
-}

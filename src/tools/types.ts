@@ -12,10 +12,18 @@ export interface ParsedToolCalls {
   errors: string[];
 }
 
-/** Extracts tool calls from assistant text. Implementations: Hermes/Qwen `<tool_call>{json}</tool_call>`. */
+/**
+ * Extracts tool calls from assistant text, in one model family's format. Implementations (src/tools/parsers.ts):
+ * Hermes/Qwen `<tool_call>{json}</tool_call>`, Llama 3.1 JSON, DeepSeek-V3's special-token form.
+ *
+ * Invariant: `parse(format(calls))` gives back `calls` with no errors (property-tested), so the instructions
+ * shown to a model whose template does not describe tools, and scripted test policies, write what is parsed.
+ */
 export interface ToolCallParser {
   readonly name: string;
   parse(text: string): ParsedToolCalls;
+  /** The calls as the model family writes them (one assistant message's worth). */
+  format(calls: readonly ToolCall[]): string;
 }
 
 export interface ToolContext {

@@ -1,17 +1,24 @@
 import fc from 'fast-check';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { TokenLedger, type LedgerSnapshot, type SampledTurn } from '../../src/tokens/ledger.js';
-import { loadQwen3, type HfTokenizer } from '../../src/tokens/tokenizer.js';
+import type { ModelBundle } from '../../src/tokens/model-bundle.js';
+import type { HfTokenizer } from '../../src/tokens/tokenizer.js';
 import type { ChatMessage, ChatTemplate, ToolSchema } from '../../src/tokens/types.js';
-import { bashTool, canonicalSample, toolCallText } from './fixtures.js';
+import { bashTool } from './fixtures.js';
+import { FAMILIES, familySample, familyToolCall, loadFamily } from './families.js';
 
+describe.each(FAMILIES)('TokenLedger properties with the %s tokenizer and template', (family) => {
+let bundle: ModelBundle;
 let tokenizer: HfTokenizer;
 let template: ChatTemplate;
 let maxId: number;
 beforeAll(async () => {
-  ({ tokenizer, template } = await loadQwen3());
-  maxId = tokenizer.tokenId('</think>')!;
+  bundle = await loadFamily(family);
+  ({ tokenizer, template } = bundle);
+  // Any id of the vocabulary, added and special tokens included (Qwen3: up to </think>, as before).
+  maxId = Math.min(tokenizer.vocabSize - 1, tokenizer.tokenId('</think>') ?? Infinity);
 });
+
 
 const anyText = fc.string({ unit: 'binary', maxLength: 40 });
 const envMessage = fc.record({ role: fc.constantFrom('tool', 'user', 'system'), content: anyText }) as fc.Arbitrary<ChatMessage>;
@@ -30,12 +37,13 @@ function anySample(): fc.Arbitrary<SampledTurn> {
   return fc
     .record({
       body: fc.array(fc.tuple(fc.integer({ min: 0, max: maxId }), fc.double({ min: -30, max: 0, noNaN: true })), { maxLength: 24 }),
-      stop: fc.constantFrom(undefined, '<|im_end|>', '<|endoftext|>'),
+      stop: fc.constantFrom(undefined, 0, 1),
       policyVersion: fc.nat(20),
       finishReason: fc.constantFrom('stop', 'length', 'abort'),
     })
     .map(({ body, stop, policyVersion, finishReason }) => {
-      const pairs = stop === undefined ? body : [...body, [tokenizer.tokenId(stop)!, -0.25] as [number, number]];
+      const stopId = stop === undefined ? undefined : tokenizer.stopTokenIds[Math.min(stop, tokenizer.stopTokenIds.length - 1)]!;
+      const pairs = stopId === undefined ? body : [...body, [stopId, -0.25] as [number, number]];
       return { tokenIds: pairs.map((p) => p[0]), logprobs: pairs.map((p) => p[1]), backend: 'b', policyVersion, finishReason };
     });
 }
@@ -58,7 +66,6 @@ function checkInvariants(s: LedgerSnapshot): void {
   expect(s.totalTokens).toBe(s.promptIds.length + n);
 }
 
-describe('TokenLedger properties', () => {
   it('holds its invariants and keeps sampled ids verbatim over random conversations', () => {
     const episode = fc.record({
       opening,
@@ -110,10 +117,11 @@ describe('TokenLedger properties', () => {
     const chars = fc.constantFrom(...'abcXYZ019 .,;:!?{}[]"\'\n\té中🙂-_/'.split(/(?:)/u));
     const prose = fc
       .tuple(fc.constantFrom(...'AbcdQxyZ'), fc.string({ unit: chars, maxLength: 30 }))
-      .map(([first, rest]) => first + rest);
+      // Llama's and Gemma's templates trim contents: canonical text has no whitespace to trim.
+      .map(([first, rest]) => (first + rest).trimEnd());
     const assistantText = fc
       .tuple(prose, fc.option(fc.string({ unit: chars, maxLength: 12 }), { nil: undefined }))
-      .map(([text, cmd]) => (cmd === undefined ? text : `${text}\n${toolCallText(cmd)}`));
+      .map(([text, cmd]) => (cmd === undefined ? text : `${text}\n${familyToolCall(bundle, cmd)}`));
     const step = fc.tuple(assistantText, fc.constantFrom('stop' as const, 'length' as const), envMessages);
     const episode = fc.record({ opening, tools: fc.boolean(), steps: fc.array(step, { minLength: 1, maxLength: 5 }) });
     fc.assert(
@@ -121,7 +129,7 @@ describe('TokenLedger properties', () => {
         const schemas: readonly ToolSchema[] | undefined = tools ? [bashTool] : undefined;
         const ledger = new TokenLedger({ tokenizer, template, messages: opening, ...(schemas ? { tools: schemas } : {}) });
         for (const [text, ending, messages] of steps) {
-          ledger.appendSampled(canonicalSample(tokenizer, text, ending));
+          ledger.appendSampled(familySample(bundle, text, ending));
           ledger.appendEnvironment(messages);
         }
         const rendered = template.render(ledger.snapshot().messages, { addGenerationPrompt: true, ...(schemas ? { tools: schemas } : {}) });
@@ -131,3 +139,4 @@ describe('TokenLedger properties', () => {
     );
   });
 });
+

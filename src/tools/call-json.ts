@@ -1,0 +1,70 @@
+/**
+ * JSON helpers the tool-call parsers share: reading a call's arguments, finding where one JSON value ends in
+ * longer text, and writing JSON the way the models were trained to (Python's `json.dumps` spacing).
+ */
+
+/** A call's arguments: an object, a JSON string holding one (OpenAI-style encoded arguments), or absent (`{}`). */
+export function parseArguments(value: unknown): Record<string, unknown> | string {
+  if (value === undefined || value === null) return {};
+  if (isPlainObject(value)) return value;
+  if (typeof value === 'string') {
+    if (value.trim() === '') return {};
+    let inner: unknown;
+    try {
+      inner = JSON.parse(value);
+    } catch (err) {
+      return `"arguments" is a string that is not valid JSON (${shortReason(err)}); pass a JSON object`;
+    }
+    if (isPlainObject(inner)) return inner;
+    return `"arguments" must be a JSON object of named arguments, got a string holding ${describeJson(inner)}`;
+  }
+  return `"arguments" must be a JSON object of named arguments, got ${describeJson(value)}`;
+}
+
+export function isPlainObject(value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
+}
+
+/** "null", "an array", "a number", ...: what a JSON value is, for error messages. */
+export function describeJson(value: unknown): string {
+  if (value === null) return 'null';
+  if (Array.isArray(value)) return 'an array';
+  return `a ${typeof value}`;
+}
+
+export function shortReason(err: unknown): string {
+  const message = err instanceof Error ? err.message : String(err);
+  return message.length > 120 ? `${message.slice(0, 117)}...` : message;
+}
+
+/** JSON with Python's `json.dumps` spacing (`{"a": 1, "b": 2}`), the form chat models were trained to emit. */
+export function pythonJson(value: unknown): string {
+  if (Array.isArray(value)) return `[${value.map(pythonJson).join(', ')}]`;
+  if (typeof value === 'object' && value !== null) {
+    return `{${Object.entries(value).map(([k, v]) => `${JSON.stringify(k)}: ${pythonJson(v)}`).join(', ')}}`;
+  }
+  return JSON.stringify(value) ?? 'null';
+}
+
+/**
+ * Where the JSON object or array starting at `start` ends (one past its closing bracket), found by bracket depth
+ * outside strings, like Python's `JSONDecoder.raw_decode` (which vLLM's llama3_json parser uses) finds the end of
+ * the first value; -1 when it does not close. The slice still has to pass JSON.parse.
+ */
+export function jsonValueEnd(text: string, start: number): number {
+  let depth = 0;
+  let inString = false;
+  for (let i = start; i < text.length; i++) {
+    const c = text[i];
+    if (inString) {
+      if (c === '\\') i++;
+      else if (c === '"') inString = false;
+    } else if (c === '"') inString = true;
+    else if (c === '{' || c === '[') depth++;
+    else if (c === '}' || c === ']') {
+      depth--;
+      if (depth === 0) return i + 1;
+    }
+  }
+  return -1;
+}

@@ -1,0 +1,81 @@
+import { isPlainObject, parseArguments, pythonJson, shortReason } from './call-json.js';
+import type { ParsedToolCalls, ToolCall, ToolCallParser } from './types.js';
+
+const CALLS_BEGIN = '<｜tool▁calls▁begin｜>';
+const CALLS_END = '<｜tool▁calls▁end｜>';
+const CALL_BEGIN = '<｜tool▁call▁begin｜>';
+const CALL_END = '<｜tool▁call▁end｜>';
+const SEP = '<｜tool▁sep｜>';
+const EXPECTED = `write ${CALLS_BEGIN}${CALL_BEGIN}function${SEP}<tool name>\\n\`\`\`json\\n{...}\\n\`\`\`${CALL_END}${CALLS_END}`;
+/** One call's body between CALL_BEGIN and CALL_END: type, name, and the arguments in a json code fence. */
+const BODY = /^\s*([^\n]*?)\s*<｜tool▁sep｜>\s*([^\n]*?)\s*\n\s*```(?:json)?\s*\n([\s\S]*?)\n?\s*```\s*$/;
+
+/**
+ * Parses DeepSeek-V3's tool-call form, as its chat template writes assistant tool calls and vLLM's `deepseek_v3`
+ * parser reads them:
+ *
+ *     <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>python
+ *     ```json
+ *     {"code": "print(1)"}
+ *     ```<｜tool▁call▁end｜><｜tool▁calls▁end｜>
+ *
+ * (all of <｜…｜> are single added tokens of the DeepSeek-V3 vocabulary). There are calls only after
+ * `<｜tool▁calls▁begin｜>`, as in vLLM; text before it is content. Each `<｜tool▁call▁begin｜>…<｜tool▁call▁end｜>`
+ * is one call; a missing end, separator or code fence, bad JSON or a type other than `function` is an error
+ * numbered by position, never a throw. A missing `<｜tool▁calls▁end｜>` is tolerated (a length stop may cut it).
+ */
+export class DeepSeekV3ToolCallParser implements ToolCallParser {
+  readonly name = 'deepseek_v3';
+
+  parse(text: string): ParsedToolCalls {
+    const calls: ToolCall[] = [];
+    const errors: string[] = [];
+    const begin = text.indexOf(CALLS_BEGIN);
+    if (begin < 0) return { calls, errors };
+    const endAll = text.indexOf(CALLS_END, begin);
+    const region = text.slice(begin + CALLS_BEGIN.length, endAll < 0 ? undefined : endAll);
+    let pos = 0;
+    for (let index = 1; ; index++) {
+      const start = region.indexOf(CALL_BEGIN, pos);
+      if (start < 0) break;
+      const bodyStart = start + CALL_BEGIN.length;
+      const end = region.indexOf(CALL_END, bodyStart);
+      const next = region.indexOf(CALL_BEGIN, bodyStart);
+      if (end < 0 || (next >= 0 && next < end)) {
+        errors.push(`tool call ${index}: ${CALL_BEGIN} is not closed by ${CALL_END}; ${EXPECTED}`);
+        if (next < 0) break;
+        pos = next;
+        continue;
+      }
+      const parsed = parseBody(region.slice(bodyStart, end));
+      if (typeof parsed === 'string') errors.push(`tool call ${index}: ${parsed}`);
+      else calls.push(parsed);
+      pos = end + CALL_END.length;
+    }
+    if (calls.length === 0 && errors.length === 0) errors.push(`${CALLS_BEGIN} holds no ${CALL_BEGIN}; ${EXPECTED}`);
+    return { calls, errors };
+  }
+
+  /** The template's own form: calls joined by "\n" inside one calls block. */
+  format(calls: readonly ToolCall[]): string {
+    const one = (c: ToolCall): string => `${CALL_BEGIN}function${SEP}${c.name}\n\`\`\`json\n${pythonJson(c.arguments)}\n\`\`\`${CALL_END}`;
+    return `${CALLS_BEGIN}${calls.map(one).join('\n')}${CALLS_END}`;
+  }
+}
+
+function parseBody(raw: string): ToolCall | string {
+  const match = BODY.exec(raw);
+  if (!match) return `expected function${SEP}<tool name>, a newline and the arguments in a \`\`\`json block; ${EXPECTED}`;
+  const [, type, name, json] = match as unknown as [string, string, string, string];
+  if (type !== 'function') return `unknown call type ${JSON.stringify(type)} (only "function"); ${EXPECTED}`;
+  if (name === '') return `missing the tool name after ${SEP}; ${EXPECTED}`;
+  let value: unknown;
+  try {
+    value = JSON.parse(json);
+  } catch (err) {
+    return `${name}: invalid JSON arguments (${shortReason(err)}); ${EXPECTED}`;
+  }
+  const args = isPlainObject(value) ? value : parseArguments(value);
+  if (typeof args === 'string') return `${name}: ${args}`;
+  return { name, arguments: args };
+}
