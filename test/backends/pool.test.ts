@@ -41,6 +41,14 @@ describe('BackendPool routing', () => {
     expect(pool.list().map((b) => [b.id, b.inflightTrajectories, b.assignedTotal])).toEqual([['b', 2, 2], ['a', 3, 3]]);
   });
 
+  it('shares trajectories between engines in proportion to their max concurrency', async () => {
+    const pool = makePool();
+    pool.add(new InMemoryEngineClient(), { id: 'small', maxConcurrency: 16, model: 'm' });
+    pool.add(new InMemoryEngineClient(), { id: 'large', maxConcurrency: 64, model: 'm' });
+    for (let i = 0; i < 100; i++) await pool.acquire(`t${i}`);
+    expect(pool.list().map((b) => [b.id, b.inflightTrajectories])).toEqual([['small', 20], ['large', 80]]);
+  });
+
   it('keeps a trajectory on its backend for every turn, and release frees it exactly once', async () => {
     const pool = makePool();
     const clients = ['a', 'b', 'c'].map((id) => {
