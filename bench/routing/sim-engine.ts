@@ -101,6 +101,12 @@ export class SimEngine implements EngineClient {
     return true;
   }
 
+  /** Busy sequence-seconds up to the clock's present (a snapshot for phase figures). */
+  busyNow(): number {
+    this.#advance();
+    return this.counters.busySequenceSeconds;
+  }
+
   /** The trajectory ended: its prefix is of no further use. */
   forget(trajectory: number): void {
     this.cache.drop(trajectory);

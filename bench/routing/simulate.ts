@@ -26,6 +26,13 @@ export interface PolicyReport {
   makespan: number;
   /** Σ busy sequence-seconds ÷ (Σ max sequences × makespan): the capacity the engines actually used. */
   utilisation: number;
+  /**
+   * The same up to the moment the last trajectory started (while work was still waiting to be admitted): the
+   * steady state, without the drain at the end of the step that no placement can avoid once routing is sticky.
+   */
+  utilisationSaturated: number;
+  /** When the last trajectory started. */
+  lastStart: number;
   latencyP50: number;
   latencyP90: number;
   latencyMax: number;
@@ -64,10 +71,16 @@ export async function simulate(policy: PolicyName, scenario: Scenario): Promise<
   const records: PolicyReport['trajectories'] = [];
   const perEngine = new Map<string, number>();
   let moves = 0;
+  let lastStart = 0;
+  let busyAtLastStart = 0;
 
   const runOne = async (spec: TrajectorySpec): Promise<void> => {
     const record = { start: clock.now, end: Number.NaN, engines: [] as string[] };
     records[spec.index] = record;
+    if (spec.index === scenario.workload.length - 1) {
+      lastStart = clock.now;
+      busyAtLastStart = engines.reduce((s, e) => s + e.busyNow(), 0);
+    }
     const route = await router.open(spec.index);
     let context = spec.promptTokens;
     for (let turn = 0; turn < spec.outputTokens.length; turn++) {
@@ -104,6 +117,8 @@ export async function simulate(policy: PolicyName, scenario: Scenario): Promise<
     policy,
     makespan,
     utilisation: sum((e) => e.counters.busySequenceSeconds) / (sum((e) => e.model.maxSequences) * makespan),
+    utilisationSaturated: busyAtLastStart / (sum((e) => e.model.maxSequences) * lastStart),
+    lastStart,
     latencyP50: percentile(latencies, 0.5),
     latencyP90: percentile(latencies, 0.9),
     latencyMax: latencies.at(-1) ?? Number.NaN,
