@@ -49,10 +49,10 @@ for (const policy of POLICIES) {
 const pct = (x: number): string => `${(100 * x).toFixed(1)}%`;
 const sec = (x: number): string => `${x.toFixed(0)} s`;
 const rows = [
-  ['policy', 'utilisation', 'per engine', 'saturated', 'makespan', 'p50', 'p90', 'cache hits', 'moves'],
+  ['policy', 'utilisation', 'per engine', 'saturated', 'makespan', 'p50', 'p90', 'cache hits', 'prefill', 'moves'],
   ...reports.map((r) => [
     r.policy, pct(r.utilisation), r.engines.map((e) => pct(e.utilisation)).join(' '), pct(r.utilisationSaturated), sec(r.makespan), sec(r.latencyP50), sec(r.latencyP90),
-    pct(r.cacheHitRate), String(r.moves),
+    pct(r.cacheHitRate), pct(r.prefillShare), String(r.moves),
   ]),
 ];
 const widths = rows[0]!.map((_, i) => Math.max(...rows.map((row) => row[i]!.length)));

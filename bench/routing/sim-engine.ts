@@ -39,6 +39,7 @@ interface Running {
 /** What the simulator checks and reports per engine. */
 export interface EngineCounters {
   requests: number;
+  outputTokens: number;
   promptTokens: number;
   cachedTokens: number;
   /** ∫ running sequences dt: busy sequence-seconds. */
@@ -60,7 +61,7 @@ export class SimEngine implements EngineClient {
   readonly kind: BackendKind = 'vllm';
   readonly url: string;
   readonly cache: PrefixCache;
-  readonly counters: EngineCounters = { requests: 0, promptTokens: 0, cachedTokens: 0, busySequenceSeconds: 0, maxRunning: 0, overCapacity: 0, hitsOffSticky: 0 };
+  readonly counters: EngineCounters = { requests: 0, outputTokens: 0, promptTokens: 0, cachedTokens: 0, busySequenceSeconds: 0, maxRunning: 0, overCapacity: 0, hitsOffSticky: 0 };
   readonly #running = new Set<Running>();
   #served = 0;
   #lastUpdate = 0;
@@ -87,6 +88,7 @@ export class SimEngine implements EngineClient {
     const cached = Math.min(promptTokens, this.cache.lookup(trajectory));
     if (cached > 0 && !sticky) this.counters.hitsOffSticky++;
     this.counters.requests++;
+    this.counters.outputTokens += request.maxTokens;
     this.counters.promptTokens += promptTokens;
     this.counters.cachedTokens += cached;
     const work = request.maxTokens + this.model.prefillCostPerToken * (promptTokens - cached);

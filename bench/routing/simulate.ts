@@ -38,6 +38,8 @@ export interface PolicyReport {
   latencyMax: number;
   /** Prompt tokens served from the prefix cache ÷ all prompt tokens (first turns included: they always miss). */
   cacheHitRate: number;
+  /** Share of the engines' service spent on prefill of uncached prompt tokens (the rest is decoding). */
+  prefillShare: number;
   /** Turns served by another engine than the trajectory's previous turn. */
   moves: number;
   engines: EngineReport[];
@@ -113,6 +115,7 @@ export async function simulate(policy: PolicyName, scenario: Scenario): Promise<
   const makespan = Math.max(0, ...records.map((r) => r.end));
   const latencies = records.map((r) => r.end - r.start).sort((a, b) => a - b);
   const sum = (f: (e: SimEngine) => number): number => engines.reduce((s, e) => s + f(e), 0);
+  const prefill = sum((e) => e.model.prefillCostPerToken * (e.counters.promptTokens - e.counters.cachedTokens));
   return {
     policy,
     makespan,
@@ -123,6 +126,7 @@ export async function simulate(policy: PolicyName, scenario: Scenario): Promise<
     latencyP90: percentile(latencies, 0.9),
     latencyMax: latencies.at(-1) ?? Number.NaN,
     cacheHitRate: sum((e) => e.counters.cachedTokens) / sum((e) => e.counters.promptTokens),
+    prefillShare: prefill / (prefill + sum((e) => e.counters.outputTokens)),
     moves,
     engines: engines.map((e) => ({
       id: e.id,
