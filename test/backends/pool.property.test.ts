@@ -229,7 +229,7 @@ async function runScenario(ops: readonly Op[]): Promise<void> {
 }
 
 describe('BackendPool properties', () => {
-  it('always picks a least-loaded eligible backend, keeps leases sticky, and returns every count to zero', async () => {
+  it('always picks the eligible backend with the least load for its capacity, keeps leases sticky, and returns every count to zero', async () => {
     const scenario = fc
       .tuple(fc.array(addArb, { minLength: 1, maxLength: 3 }), fc.array(opArb, { minLength: 10, maxLength: 80 }))
       .map(([adds, ops]) => [...adds, ...ops]);

@@ -31,7 +31,7 @@ async function codeOf(promise: Promise<unknown>): Promise<string> {
 }
 
 describe('BackendPool routing', () => {
-  it('places each new trajectory on the least-loaded backend, ties broken by id', async () => {
+  it('places each new trajectory on the least-loaded backend of equal capacity, ties broken by id', async () => {
     const pool = makePool();
     pool.add(new InMemoryEngineClient(), { id: 'b', maxConcurrency: 4, model: 'm' });
     pool.add(new InMemoryEngineClient(), { id: 'a', maxConcurrency: 4, model: 'm' });
