@@ -108,8 +108,13 @@ export async function simulate(policy: PolicyName, scenario: Scenario): Promise<
   const worker = async (): Promise<void> => {
     while (next < scenario.workload.length) await runOne(scenario.workload[next++]!);
   };
-  const workers = Array.from({ length: Math.min(scenario.concurrency, scenario.workload.length) }, worker);
-  await Promise.all([clock.run(), ...workers]);
+  let settled = 0;
+  const workers = Array.from({ length: Math.min(scenario.concurrency, scenario.workload.length) }, () => worker().finally(() => settled++));
+  await clock.run();
+  // No event left: every worker must have finished by now, or the routing under test lost a request.
+  await new Promise<void>((resolve) => setImmediate(resolve));
+  if (settled < workers.length) throw new Error(`simulation stalled at ${clock.now.toFixed(1)} s with ${workers.length - settled} workers waiting`);
+  await Promise.all(workers);
   router.close();
 
   const makespan = Math.max(0, ...records.map((r) => r.end));
