@@ -93,7 +93,8 @@ export class SlotQueue {
 
 /**
  * The pool's mutable record of one engine. Load counters are heap keys: change them only through the pool's
- * `LoadHeap.update`. `inflightRequests` counts requests routed here and not yet finished (running or queued).
+ * `LoadHeap.update`. `inflightRequests` counts requests routed here and not yet finished (running or queued);
+ * `capacity` (the max concurrency) is fixed for the backend's life, which keeps the weighted key honest.
  */
 export class BackendState {
   healthy = true;
@@ -122,6 +123,11 @@ export class BackendState {
     public policyVersion: number,
   ) {
     this.slots = new SlotQueue(maxConcurrency);
+  }
+
+  /** What the routing key weighs load against: the requests this backend runs at once. */
+  get capacity(): number {
+    return this.maxConcurrency;
   }
 
   /** May take new trajectories. */

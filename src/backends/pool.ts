@@ -85,8 +85,9 @@ interface AcquireWaiter {
 const eligible = (b: BackendState): boolean => b.eligible;
 
 /**
- * The set of engines and the routing between them. A trajectory is placed once, on the least-loaded eligible
- * backend (heap order: in-flight trajectories, in-flight requests, id), and stays there for its whole life so
+ * The set of engines and the routing between them. A trajectory is placed once, on the eligible backend with the
+ * least load for its capacity (heap order: see `compareLoad` — (trajectories + queued requests + 1) / max
+ * concurrency, then requests per capacity, then id), and stays there for its whole life so
  * its prefix stays cached; it moves only when its backend is removed or goes unhealthy. When no backend is
  * eligible, `acquire` waits (abortable, bounded by `acquireTimeoutMs`) instead of failing at once, so a
  * restarting engine or a weight update does not fail every task in flight.

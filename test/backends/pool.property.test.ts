@@ -1,6 +1,7 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { compareLoad } from '../../src/backends/picker.js';
+import { compareLoad, type LoadKey } from '../../src/backends/picker.js';
+import { referenceOrder } from './reference-load-order.js';
 import { BackendPool } from '../../src/backends/pool.js';
 import type { BackendLease, LeaseResult } from '../../src/backends/lease.js';
 import type { RolloutError } from '../../src/errors.js';
@@ -10,8 +11,9 @@ import { InMemoryEngineClient } from '../../src/testing/in-memory-engine.js';
  * Random sequences of pool operations checked against a reference model after every step. The model keeps its
  * own membership, health and draining flags and its own record of where each lease lives (a lease may only
  * move when the model saw its backend removed or unhealthy); loads are derived from that record, and the
- * model's least-loaded choice must be the pool's.
+ * model's least-loaded choice (by the reference key below, not by the code under test) must be the pool's.
  */
+
 
 type Op =
   | { kind: 'add'; healthy: boolean; maxConcurrency: number }
@@ -22,7 +24,7 @@ type Op =
   | { kind: 'start'; pick: number }
   | { kind: 'finish'; pick: number };
 
-const addArb = fc.record({ kind: fc.constant('add' as const), healthy: fc.boolean(), maxConcurrency: fc.integer({ min: 1, max: 3 }) });
+const addArb = fc.record({ kind: fc.constant('add' as const), healthy: fc.boolean(), maxConcurrency: fc.integer({ min: 1, max: 4 }) });
 const opArb: fc.Arbitrary<Op> = fc.oneof(
   { arbitrary: addArb, weight: 2 },
   { arbitrary: fc.record({ kind: fc.constant('remove' as const), pick: fc.nat(), drain: fc.boolean() }), weight: 1 },
@@ -37,6 +39,7 @@ interface ModelBackend {
   id: string;
   healthy: boolean;
   draining: boolean;
+  capacity: number;
 }
 
 interface ModelLease {
@@ -60,20 +63,19 @@ class Model {
     return [...this.backends.values()].filter((b) => b.healthy && !b.draining);
   }
 
-  load(id: string): { id: string; inflightTrajectories: number; inflightRequests: number } {
+  load(id: string): LoadKey {
     const here = this.leases.filter((l) => l.backendId === id);
     return {
       id,
+      capacity: this.backends.get(id)?.capacity ?? 1,
       inflightTrajectories: here.filter((l) => !l.released).length,
       inflightRequests: here.filter((l) => l.pending !== undefined && !l.pending.settled).length,
     };
   }
 
-  /** The reference pick: a linear scan for the least load among eligible backends. */
+  /** The reference pick: the least weighted load among eligible backends, by the reference order. */
   expectedPick(): string | undefined {
-    return this.eligible()
-      .map((b) => this.load(b.id))
-      .sort(compareLoad)[0]?.id;
+    return referenceOrder(this.eligible().map((b) => this.load(b.id)))[0]?.id;
   }
 
   markUnusable(id: string): void {
@@ -122,7 +124,7 @@ async function runScenario(ops: readonly Op[]): Promise<void> {
     expect(actual.map((b) => b.id).sort()).toEqual([...model.backends.keys()].sort());
     for (const b of actual) {
       const m = model.backends.get(b.id)!;
-      expect({ id: b.id, healthy: b.healthy, draining: b.draining }).toEqual(m);
+      expect({ id: b.id, healthy: b.healthy, draining: b.draining, capacity: b.maxConcurrency }).toEqual(m);
       const load = model.load(b.id);
       expect({ id: b.id, t: b.inflightTrajectories, r: b.inflightRequests }).toEqual({ id: b.id, t: load.inflightTrajectories, r: load.inflightRequests });
     }
@@ -139,7 +141,7 @@ async function runScenario(ops: readonly Op[]): Promise<void> {
         const client = new InMemoryEngineClient({ url: `memory://${id}` });
         clients.set(id, client);
         pool.add(client, { id, maxConcurrency: op.maxConcurrency, model: 'm', healthy: op.healthy });
-        model.backends.set(id, { id, healthy: op.healthy, draining: false });
+        model.backends.set(id, { id, healthy: op.healthy, draining: false, capacity: op.maxConcurrency });
         break;
       }
       case 'remove': {
@@ -227,7 +229,7 @@ async function runScenario(ops: readonly Op[]): Promise<void> {
 }
 
 describe('BackendPool properties', () => {
-  it('always picks a least-loaded eligible backend, keeps leases sticky, and returns every count to zero', async () => {
+  it('always picks the eligible backend with the least load for its capacity, keeps leases sticky, and returns every count to zero', async () => {
     const scenario = fc
       .tuple(fc.array(addArb, { minLength: 1, maxLength: 3 }), fc.array(opArb, { minLength: 10, maxLength: 80 }))
       .map(([adds, ops]) => [...adds, ...ops]);
@@ -257,15 +259,29 @@ describe('BackendPool properties', () => {
 });
 
 describe('compareLoad', () => {
-  it('is a total order consistent with sorting by (trajectories, requests, id)', () => {
-    const key = fc.record({ id: fc.constantFrom('a', 'b', 'c'), inflightTrajectories: fc.nat(3), inflightRequests: fc.nat(3) });
+  const keyArb = fc.record({
+    id: fc.constantFrom('a', 'b', 'c', 'd'),
+    capacity: fc.integer({ min: 1, max: 64 }),
+    inflightTrajectories: fc.nat(200),
+    inflightRequests: fc.nat(200),
+  });
+
+  it('orders exactly as the reference key (weighted load, then requests per capacity, then id)', () => {
     fc.assert(
-      fc.property(fc.array(key, { maxLength: 12 }), (keys) => {
+      fc.property(fc.array(keyArb, { maxLength: 12 }), (keys) => {
         const sorted = [...keys].sort(compareLoad);
-        const reference = [...keys].sort((x, y) =>
-          `${x.inflightTrajectories}|${x.inflightRequests}|${x.id}`.localeCompare(`${y.inflightTrajectories}|${y.inflightRequests}|${y.id}`));
-        expect(sorted.map((k) => [k.inflightTrajectories, k.inflightRequests, k.id])).toEqual(
-          reference.map((k) => [k.inflightTrajectories, k.inflightRequests, k.id]));
+        const reference = referenceOrder(keys);
+        // Same order up to keys that are equal in every respect (same load, capacity-weighted requests and id).
+        for (let i = 0; i < sorted.length; i++) expect(compareLoad(sorted[i]!, reference[i]!)).toBe(0);
+      }),
+    );
+  });
+
+  it('is antisymmetric and transitive', () => {
+    fc.assert(
+      fc.property(keyArb, keyArb, keyArb, (x, y, z) => {
+        expect(Math.sign(compareLoad(x, y))).toBe(-Math.sign(compareLoad(y, x)));
+        if (compareLoad(x, y) <= 0 && compareLoad(y, z) <= 0) expect(compareLoad(x, z)).toBeLessThanOrEqual(0);
       }),
     );
   });

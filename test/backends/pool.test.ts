@@ -31,7 +31,7 @@ async function codeOf(promise: Promise<unknown>): Promise<string> {
 }
 
 describe('BackendPool routing', () => {
-  it('places each new trajectory on the least-loaded backend, ties broken by id', async () => {
+  it('places each new trajectory on the least-loaded backend of equal capacity, ties broken by id', async () => {
     const pool = makePool();
     pool.add(new InMemoryEngineClient(), { id: 'b', maxConcurrency: 4, model: 'm' });
     pool.add(new InMemoryEngineClient(), { id: 'a', maxConcurrency: 4, model: 'm' });
@@ -39,6 +39,14 @@ describe('BackendPool routing', () => {
     for (let i = 0; i < 5; i++) placed.push((await pool.acquire(`t${i}`)).backendId);
     expect(placed).toEqual(['a', 'b', 'a', 'b', 'a']);
     expect(pool.list().map((b) => [b.id, b.inflightTrajectories, b.assignedTotal])).toEqual([['b', 2, 2], ['a', 3, 3]]);
+  });
+
+  it('shares trajectories between engines in proportion to their max concurrency', async () => {
+    const pool = makePool();
+    pool.add(new InMemoryEngineClient(), { id: 'small', maxConcurrency: 16, model: 'm' });
+    pool.add(new InMemoryEngineClient(), { id: 'large', maxConcurrency: 64, model: 'm' });
+    for (let i = 0; i < 100; i++) await pool.acquire(`t${i}`);
+    expect(pool.list().map((b) => [b.id, b.inflightTrajectories])).toEqual([['small', 20], ['large', 80]]);
   });
 
   it('keeps a trajectory on its backend for every turn, and release frees it exactly once', async () => {

@@ -1,0 +1,25 @@
+import type { PolicyReport } from './simulate.js';
+import type { TrajectorySpec } from './workload.js';
+
+/**
+ * The simulator's own invariants, whatever the policy: every trajectory finished with one served turn per
+ * planned turn and a non-negative duration; no engine ever ran more sequences than it has; a prefix-cache hit
+ * happened only on the engine that served the trajectory's previous turn; a sticky policy never moved a
+ * trajectory (no engine fails in this simulation). Returns what is wrong, empty when all hold.
+ */
+export function invariantProblems(report: PolicyReport, workload: readonly TrajectorySpec[]): string[] {
+  const problems: string[] = [];
+  const unfinished = workload.filter((t) => {
+    const r = report.trajectories[t.index];
+    return r === undefined || !(r.end >= r.start) || r.engines.length !== t.outputTokens.length;
+  });
+  if (unfinished.length > 0) problems.push(`${unfinished.length} trajectories did not finish all their turns (e.g. #${unfinished[0]!.index})`);
+  for (const e of report.engines) {
+    if (e.overCapacity > 0 || e.maxRunning > e.maxSequences) problems.push(`${e.id} ran ${e.maxRunning} sequences (max ${e.maxSequences})`);
+    if (e.hitsOffSticky > 0) problems.push(`${e.id}: ${e.hitsOffSticky} cache hits for trajectories whose previous turn ran elsewhere`);
+    if (e.cachedTokens > e.promptTokens) problems.push(`${e.id}: more cached than prompt tokens`);
+  }
+  const sticky = report.policy === 'capacity-heap' || report.policy === 'cumulative-count' || report.policy === 'consistent-hash';
+  if (sticky && report.moves > 0) problems.push(`sticky policy moved ${report.moves} turns`);
+  return problems;
+}
