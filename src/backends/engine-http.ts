@@ -189,3 +189,36 @@ function describe(err: unknown): string {
   if (typeof cause?.message === 'string') return cause.message;
   return err instanceof Error ? err.message : String(err);
 }
+
+/** A health endpoint: true on 2xx, false on anything else, a refused connection or a timeout (never throws). */
+export async function probeHealth(http: EngineHttp, path: string, signal: AbortSignal): Promise<boolean> {
+  try {
+    const { status } = await http.request('GET', path, undefined, signal, MAX_INFO_BODY_BYTES);
+    return status >= 200 && status < 300;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * The `max_model_len` of `model`'s card in an OpenAI-style GET /v1/models answer (vLLM and SGLang both serve one):
+ * the card whose id is the model, or the only card when the engine serves one under another name. Undefined when
+ * the card states no usable length; backend_error when the engine answers an error, not JSON, or no such card.
+ */
+export async function modelCardMaxLen(http: EngineHttp, engine: string, model: string, signal: AbortSignal): Promise<number | undefined> {
+  const { status, text } = await http.request('GET', '/v1/models', undefined, signal, MAX_INFO_BODY_BYTES);
+  if (status < 200 || status >= 300) {
+    throw new RolloutError('backend_error', `${engine} answered HTTP ${status} to GET /v1/models`, { cause: new EngineHttpError(status, text) });
+  }
+  let data: unknown;
+  try {
+    data = (JSON.parse(text) as { data?: unknown } | null)?.data;
+  } catch (err) {
+    throw new RolloutError('backend_error', `${engine} sent a /v1/models answer that is not JSON`, { cause: err });
+  }
+  const cards = Array.isArray(data) ? data.filter((c): c is Record<string, unknown> => typeof c === 'object' && c !== null) : [];
+  const card = cards.find((c) => c.id === model) ?? (cards.length === 1 ? cards[0] : undefined);
+  if (card === undefined) throw new RolloutError('backend_error', `${engine} does not list model ${JSON.stringify(model)} in /v1/models`);
+  const len = card.max_model_len;
+  return typeof len === 'number' && Number.isSafeInteger(len) && len > 0 ? len : undefined;
+}

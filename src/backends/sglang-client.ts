@@ -1,7 +1,7 @@
 import { RolloutError } from '../errors.js';
 import { CompletionRejected } from './completion.js';
 import { ContextOverflowError, parseSglangContextOverflow } from './context-overflow.js';
-import { checkRequestId, EngineHttp, EngineHttpError, MAX_INFO_BODY_BYTES } from './engine-http.js';
+import { checkRequestId, EngineHttp, EngineHttpError, modelCardMaxLen, probeHealth } from './engine-http.js';
 import { checkSglangGenerate } from './sglang-answer.js';
 import type { EngineClient, EngineModelInfo, GenerateRequest, GenerateResult, PauseMode } from './types.js';
 import { defaultMaxResponseBytes } from './vllm-client.js';
@@ -114,32 +114,16 @@ export class SglangClient implements EngineClient {
 
   /** GET /health_generate: 200 when the engine can generate (it runs a one-token request when idle). */
   async health(signal: AbortSignal): Promise<boolean> {
-    try {
-      const { status } = await this.#http.request('GET', '/health_generate', undefined, signal, MAX_INFO_BODY_BYTES);
-      return status >= 200 && status < 300;
-    } catch {
-      return false;
-    }
+    return probeHealth(this.#http, '/health_generate', signal);
   }
 
   /** GET /v1/models: the card of this client's model (or the only card); its max_model_len is context_len. */
   async modelInfo(signal: AbortSignal): Promise<EngineModelInfo> {
-    const { status, text } = await this.#http.request('GET', '/v1/models', undefined, signal, MAX_INFO_BODY_BYTES);
-    if (status < 200 || status >= 300) {
-      throw new RolloutError('backend_error', `SGLang ${this.url} answered HTTP ${status} to GET /v1/models`, { cause: new EngineHttpError(status, text) });
-    }
-    let data: unknown;
-    try {
-      data = (JSON.parse(text) as { data?: unknown } | null)?.data;
-    } catch (err) {
-      throw new RolloutError('backend_error', `SGLang ${this.url} sent a /v1/models answer that is not JSON`, { cause: err });
-    }
-    const cards = Array.isArray(data) ? data.filter((c): c is Record<string, unknown> => typeof c === 'object' && c !== null) : [];
-    const card = cards.find((c) => c.id === this.model) ?? (cards.length === 1 ? cards[0] : undefined);
-    if (card === undefined) throw new RolloutError('backend_error', `SGLang ${this.url} does not list model ${JSON.stringify(this.model)} in /v1/models`);
-    const len = card.max_model_len;
-    return typeof len === 'number' && Number.isSafeInteger(len) && len > 1 ? { maxModelLen: len - 1 } : {};
+    const len = await modelCardMaxLen(this.#http, `SGLang ${this.url}`, this.model, signal);
+    // SGLang refuses prompt + max_new_tokens >= its context length (vLLM only when >): one less keeps vLLM's meaning.
+    return len !== undefined && len > 1 ? { maxModelLen: len - 1 } : {};
   }
+
 
   /** POST /abort_request once per id (`{rid}`), or `{abort_all: true}` without ids. */
   async abort(requestIds: readonly string[] | undefined, signal: AbortSignal): Promise<void> {

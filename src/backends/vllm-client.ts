@@ -1,7 +1,7 @@
 import { RolloutError } from '../errors.js';
 import { checkCompletion, CompletionRejected } from './completion.js';
 import { ContextOverflowError, parseContextOverflow } from './context-overflow.js';
-import { checkRequestId, EngineHttp, EngineHttpError, MAX_INFO_BODY_BYTES } from './engine-http.js';
+import { checkRequestId, EngineHttp, EngineHttpError, modelCardMaxLen, probeHealth } from './engine-http.js';
 import type { EngineClient, EngineModelInfo, GenerateRequest, GenerateResult, PauseMode } from './types.js';
 
 export { MAX_ERROR_BODY_BYTES } from './engine-http.js';
@@ -139,12 +139,7 @@ export class VllmClient implements EngineClient {
 
   /** GET /health: vLLM answers 200 with an empty body when the engine is alive, 503 when it is dead. */
   async health(signal: AbortSignal): Promise<boolean> {
-    try {
-      const { status } = await this.#http.request('GET', '/health', undefined, signal, MAX_INFO_BODY_BYTES);
-      return status >= 200 && status < 300;
-    } catch {
-      return false;
-    }
+    return probeHealth(this.#http, '/health', signal);
   }
 
   /**
@@ -152,22 +147,10 @@ export class VllmClient implements EngineClient {
    * client's model is used (or the only card, when the engine serves one under another name).
    */
   async modelInfo(signal: AbortSignal): Promise<EngineModelInfo> {
-    const { status, text } = await this.#http.request('GET', '/v1/models', undefined, signal, MAX_INFO_BODY_BYTES);
-    if (status < 200 || status >= 300) {
-      throw new RolloutError('backend_error', `vLLM ${this.url} answered HTTP ${status} to GET /v1/models`, { cause: new VllmHttpError(status, text) });
-    }
-    let data: unknown;
-    try {
-      data = (JSON.parse(text) as { data?: unknown } | null)?.data;
-    } catch (err) {
-      throw new RolloutError('backend_error', `vLLM ${this.url} sent a /v1/models answer that is not JSON`, { cause: err });
-    }
-    const cards = Array.isArray(data) ? data.filter((c): c is Record<string, unknown> => typeof c === 'object' && c !== null) : [];
-    const card = cards.find((c) => c.id === this.model) ?? (cards.length === 1 ? cards[0] : undefined);
-    if (card === undefined) throw new RolloutError('backend_error', `vLLM ${this.url} does not list model ${JSON.stringify(this.model)} in /v1/models`);
-    const len = card.max_model_len;
-    return typeof len === 'number' && Number.isSafeInteger(len) && len > 0 ? { maxModelLen: len } : {};
+    const len = await modelCardMaxLen(this.#http, `vLLM ${this.url}`, this.model, signal);
+    return len !== undefined ? { maxModelLen: len } : {};
   }
+
 
   /**
    * POST /abort_requests {request_ids} (VLLM_SERVER_DEV_MODE=1). vLLM names a completion's engine request
