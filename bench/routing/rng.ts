@@ -1,21 +1,19 @@
+import { seededRandom } from '../../src/testing/arithmetic.js';
+
 /**
  * Seeded randomness for the routing simulation: the same seed gives the same workload on every machine, so runs
  * (and the vitest check of the simulator) are reproducible. mulberry32: tiny, fast, good enough for workloads.
  */
 export class Rng {
-  #state: number;
+  readonly #uniform: () => number;
 
   constructor(seed: number) {
-    this.#state = seed >>> 0;
+    this.#uniform = seededRandom(seed);
   }
 
   /** Uniform in [0, 1). */
   next(): number {
-    this.#state = (this.#state + 0x6d2b79f5) >>> 0;
-    let t = this.#state;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+    return this.#uniform();
   }
 
   /** Standard normal (Box–Muller). */

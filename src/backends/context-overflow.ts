@@ -43,19 +43,13 @@ export function parseContextOverflow(
   if (status !== 400) return undefined;
   if (promptTokens !== undefined && promptTokens > 0 && NO_ROOM.test(body)) return { maxModelLen: promptTokens, promptTokens };
   if (!body.includes('maximum context length')) return undefined;
-  let message: unknown;
-  try {
-    const json = JSON.parse(body) as { message?: unknown; error?: { message?: unknown } } | null;
-    message = json?.error?.message ?? json?.message;
-  } catch {
-    return undefined;
-  }
-  if (typeof message !== 'string') return undefined;
+  const message = errorMessage(body);
+  if (message === undefined) return undefined;
   const limit = LIMIT.exec(message);
   if (!limit) return undefined;
   const maxModelLen = Number(limit[1]);
   if (!Number.isSafeInteger(maxModelLen) || maxModelLen <= 0) return undefined;
-  const prompt = PROMPT.map((re) => re.exec(message as string)).find((m) => m !== null);
+  const prompt = PROMPT.map((re) => re.exec(message)).find((m) => m !== null);
   return { maxModelLen, promptTokens: prompt ? Number(prompt[1]) : undefined };
 }
 
@@ -74,18 +68,23 @@ const SGLANG_TOTAL = /Requested token count exceeds the model's maximum context 
  */
 export function parseSglangContextOverflow(status: number, body: string): { maxModelLen: number; promptTokens: number | undefined } | undefined {
   if (status !== 400 || !body.includes('context length')) return undefined;
-  let message: unknown;
-  try {
-    const json = JSON.parse(body) as { message?: unknown; error?: { message?: unknown } } | null;
-    message = json?.error?.message ?? json?.message;
-  } catch {
-    return undefined;
-  }
-  if (typeof message !== 'string') return undefined;
+  const message = errorMessage(body);
+  if (message === undefined) return undefined;
   const input = SGLANG_INPUT.exec(message);
   const total = input ? undefined : SGLANG_TOTAL.exec(message);
   const contextLen = Number(input ? input[2] : total?.[1]);
   const promptTokens = Number(input ? input[1] : total?.[2]);
   if (!Number.isSafeInteger(contextLen) || contextLen <= 1) return undefined;
   return { maxModelLen: contextLen - 1, promptTokens: Number.isSafeInteger(promptTokens) ? promptTokens : undefined };
+}
+
+/** The message of an engine's JSON error body: `{"error": {"message"}}` (both engines) or `{"message"}` (vLLM's flat shape). */
+function errorMessage(body: string): string | undefined {
+  try {
+    const json = JSON.parse(body) as { message?: unknown; error?: { message?: unknown } } | null;
+    const message = json?.error?.message ?? json?.message;
+    return typeof message === 'string' ? message : undefined;
+  } catch {
+    return undefined;
+  }
 }

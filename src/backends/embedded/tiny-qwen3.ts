@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { qwen3ModelDir } from '../../tokens/tokenizer.js';
 import { writeGguf, type GgufTensor, type GgufValue } from './gguf-writer.js';
+import { seededRandom } from '../../testing/arithmetic.js';
 
 /**
  * Shape of the tiny random-weight Qwen3 the project writes for local runs and tests. The vocabulary is always
@@ -67,18 +68,6 @@ function readQwen3TokenizerFiles(): QwenTokenizerFiles {
   };
 }
 
-/** mulberry32: a tiny seeded PRNG; determinism across machines is all that is asked of it. */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 /**
  * Writes the tiny Qwen3 GGUF at `path`: architecture `qwen3` (supported by the llama.cpp inside node-llama-cpp),
  * the real Qwen3 byte-level BPE vocabulary (`tokenizer.ggml.model = gpt2`, pre-tokenizer `qwen2`, tokens, token
@@ -135,7 +124,7 @@ export function writeTinyQwen3Gguf(path: string, shape: TinyQwen3Shape = DEFAULT
     ...(files.chatTemplate !== undefined ? ([['tokenizer.chat_template', { type: 'string', value: files.chatTemplate }]] as const) : []),
   ]);
 
-  const random = prng(shape.seed);
+  const random = seededRandom(shape.seed);
   /** Uniform in [-r, r] with r = std·√3, i.e. the given standard deviation. */
   const matrix = (name: string, cols: number, rows: number, std: number): GgufTensor => {
     const data = new Float32Array(cols * rows);
