@@ -49,8 +49,11 @@ export interface LeaseHost {
   readonly maxFailoversPerRequest: number;
   /** A new backend for a trajectory (counted on it), waiting like `acquire` when none is eligible. */
   assign(signal: AbortSignal | undefined): Promise<BackendState>;
-  /** Runs one request on the backend: slot, counters, abort on forced removal (throws BackendGone). */
-  send(backend: BackendState, request: GenerateRequest): Promise<GenerateResult>;
+  /**
+   * Runs one request on the backend: slot, counters, abort on forced removal (throws BackendGone). `turn` is how
+   * many generate calls the trajectory made before this one (the slot queue's priority, see SlotQueue).
+   */
+  send(backend: BackendState, request: GenerateRequest, turn: number): Promise<GenerateResult>;
   /** The trajectory leaves the backend (release or failover). */
   leave(backend: BackendState, lease: PoolLease): void;
   failedOver(lease: PoolLease, from: BackendState, to: BackendState, why: string): void;
@@ -64,6 +67,7 @@ export class PoolLease implements BackendLease {
   #moving: Promise<BackendState> | undefined;
   readonly #idBase = randomUUID();
   #calls = 0;
+  #turns = 0;
   #inflightRequestId: string | undefined;
 
   constructor(
@@ -101,22 +105,23 @@ export class PoolLease implements BackendLease {
 
   async generate(request: GenerateRequest): Promise<LeaseResult> {
     const requestId = request.requestId ?? `${this.#idBase}-${this.#calls++}`;
+    const turn = this.#turns++;
     this.#inflightRequestId = requestId;
     try {
-      return await this.#generate({ ...request, requestId });
+      return await this.#generate({ ...request, requestId }, turn);
     } finally {
       if (this.#inflightRequestId === requestId) this.#inflightRequestId = undefined;
     }
   }
 
-  async #generate(request: GenerateRequest): Promise<LeaseResult> {
+  async #generate(request: GenerateRequest, turn: number): Promise<LeaseResult> {
     for (let attempt = 0; ; attempt++) {
       if (this.#released) throw new RolloutError('failed_precondition', `lease ${this.trajectoryKey} was released`);
       throwIfAborted(request.signal);
       let backend = this.#backend;
       if (!backend.usable) backend = await this.#failover(backend, request.signal);
       try {
-        const result = await this.host.send(backend, request);
+        const result = await this.host.send(backend, request, turn);
         return { ...result, backendId: backend.id, policyVersion: backend.policyVersion };
       } catch (err) {
         if (!(err instanceof BackendGone)) throw err;

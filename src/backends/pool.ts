@@ -21,6 +21,12 @@ export interface BackendPoolOptions {
   maxFailoversPerRequest?: number;
   /** Budget of one attempt to learn an engine's limits (GET /v1/models) when it is added or probed. */
   modelInfoTimeoutMs?: number;
+  /**
+   * Which request waiting for a backend's slot goes first. `turns` (default): the one whose trajectory has run the
+   * most turns, arrival order among equals — long trajectories end the step, so their turns go first (see
+   * SlotQueue); `fifo`: arrival order only.
+   */
+  queueOrder?: 'turns' | 'fifo';
 }
 
 /** How a new engine joins the pool (AddBackend's fields once the client is built). */
@@ -88,7 +94,8 @@ const eligible = (b: BackendState): boolean => b.eligible;
  * The set of engines and the routing between them. A trajectory is placed once, on the eligible backend with the
  * least load for its capacity (heap order: see `compareLoad` — (trajectories + queued requests + 1) / max
  * concurrency, then requests per capacity, then id), and stays there for its whole life so
- * its prefix stays cached; it moves only when its backend is removed or goes unhealthy. When no backend is
+ * its prefix stays cached; it moves only when its backend is removed or goes unhealthy. Requests beyond a
+ * backend's max concurrency wait in its slot queue, deepest trajectory first (`queueOrder`). When no backend is
  * eligible, `acquire` waits (abortable, bounded by `acquireTimeoutMs`) instead of failing at once, so a
  * restarting engine or a weight update does not fail every task in flight.
  *
@@ -102,6 +109,7 @@ export class BackendPool {
   readonly #leases = new Set<PoolLease>();
   readonly #waiters: AcquireWaiter[] = [];
   readonly #acquireTimeoutMs: number;
+  readonly #queueOrder: 'turns' | 'fifo';
   readonly #modelInfoTimeoutMs: number;
   readonly #prober: HealthProber;
   readonly #host: LeaseHost;
@@ -111,6 +119,7 @@ export class BackendPool {
   constructor(options: BackendPoolOptions = {}) {
     this.#log = (options.logger ?? silentLogger()).child({ component: 'backend-pool' });
     this.#acquireTimeoutMs = options.acquireTimeoutMs ?? 30_000;
+    this.#queueOrder = options.queueOrder ?? 'turns';
     this.#modelInfoTimeoutMs = options.modelInfoTimeoutMs ?? 5_000;
     this.#prober = new HealthProber(
       () => [...this.#backends.values()],
@@ -133,7 +142,7 @@ export class BackendPool {
     this.#host = {
       maxFailoversPerRequest: options.maxFailoversPerRequest ?? 3,
       assign: (signal) => this.#assign(signal),
-      send: (backend, request) => this.#send(backend, request),
+      send: (backend, request, turn) => this.#send(backend, request, this.#queueOrder === 'turns' ? turn : 0),
       leave: (backend, lease) => this.#leave(backend, lease),
       failedOver: (lease, from, to, why) => {
         this.#failovers++;
@@ -370,11 +379,11 @@ export class BackendPool {
     if (backend.inflightTrajectories === 0) for (const resolve of backend.drainWaiters.splice(0)) resolve();
   }
 
-  async #send(backend: BackendState, request: GenerateRequest): Promise<GenerateResult> {
+  async #send(backend: BackendState, request: GenerateRequest, priority: number): Promise<GenerateResult> {
     const { signal } = request;
     this.#heap.update(backend, eligible, (b) => b.inflightRequests++);
     try {
-      await backend.slots.acquire(signal);
+      await backend.slots.acquire(signal, priority);
       const controller = new AbortController();
       const onAbort = (): void => controller.abort(signal.reason);
       signal.addEventListener('abort', onAbort, { once: true });
