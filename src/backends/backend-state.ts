@@ -1,5 +1,8 @@
 import { RolloutError } from '../errors.js';
-import type { EngineClient } from './types.js';
+import type { EngineClient, EngineServerInfo, LogprobsMode } from './types.js';
+
+/** Where a backend's capacity came from (the contract's CapacitySource). */
+export type CapacitySource = 'configured' | 'engine' | 'default';
 
 /**
  * Why a request left its backend without an answer of its own: the backend was removed or marked unhealthy.
@@ -152,7 +155,8 @@ export class SlotQueue {
 /**
  * The pool's mutable record of one engine. Load counters are heap keys: change them only through the pool's
  * `LoadHeap.update`. `inflightRequests` counts requests routed here and not yet finished (running or queued);
- * `capacity` (the max concurrency) is fixed for the backend's life, which keeps the weighted key honest.
+ * `capacity` (the max concurrency) is a heap key too: it changes at most once, when an engine whose capacity was
+ * not configured reports its own (BackendPool.learn), and only through `LoadHeap.update`.
  */
 export class BackendState {
   healthy = true;
@@ -167,6 +171,14 @@ export class BackendState {
   maxModelLen: number | undefined;
   /** A GET /v1/models under way, so concurrent attempts to learn the limit share one request. */
   learning: Promise<void> | undefined;
+  /** Where `maxConcurrency` came from. */
+  capacitySource: CapacitySource = 'configured';
+  /** The logprobs mode AddBackend or the config declared, if any. */
+  declaredLogprobsMode: LogprobsMode | undefined;
+  /** What the engine said about how it runs, once it answered (see BackendPool.learn). */
+  serverInfo: EngineServerInfo | undefined;
+  /** Set once the log has been told that this engine's logprobs do not match what requests sample (warned once). */
+  logprobsWarned = false;
   readonly slots: SlotQueue;
   /** Controllers of the requests now running here, aborted with BackendGone on a forced removal. */
   readonly requests = new Set<AbortController>();
@@ -176,7 +188,7 @@ export class BackendState {
   constructor(
     readonly id: string,
     readonly client: EngineClient,
-    readonly maxConcurrency: number,
+    public maxConcurrency: number,
     readonly model: string,
     public policyVersion: number,
   ) {
@@ -186,6 +198,15 @@ export class BackendState {
   /** What the routing key weighs load against: the requests this backend runs at once. */
   get capacity(): number {
     return this.maxConcurrency;
+  }
+
+  /**
+   * The logprobs mode trajectories record for turns sampled here: what the engine reports when it says, else what
+   * was declared, else unknown. (A declaration the engine contradicts is refused when the backend is added; if the
+   * engine only says so later, its word is what the record must hold.)
+   */
+  get logprobsMode(): LogprobsMode | undefined {
+    return this.serverInfo?.logprobsMode ?? this.declaredLogprobsMode;
   }
 
   /** May take new trajectories. */

@@ -1,12 +1,14 @@
 import { randomUUID } from 'node:crypto';
 import { RolloutError, throwIfAborted } from '../errors.js';
 import { BackendGone, type BackendState } from './backend-state.js';
-import type { GenerateRequest, GenerateResult } from './types.js';
+import type { GenerateRequest, GenerateResult, LogprobsMode } from './types.js';
 
-/** A completion plus where it came from, for the trajectory's turn record (backend, policy_version). */
+/** A completion plus where it came from, for the trajectory's turn record (backend, policy_version, logprobs mode). */
 export interface LeaseResult extends GenerateResult {
   backendId: string;
   policyVersion: number;
+  /** Which logprobs the backend reports (BackendState.logprobsMode); undefined when unknown. */
+  logprobsMode: LogprobsMode | undefined;
 }
 
 /**
@@ -122,7 +124,7 @@ export class PoolLease implements BackendLease {
       if (!backend.usable) backend = await this.#failover(backend, request.signal);
       try {
         const result = await this.host.send(backend, request, turn);
-        return { ...result, backendId: backend.id, policyVersion: backend.policyVersion };
+        return { ...result, backendId: backend.id, policyVersion: backend.policyVersion, logprobsMode: backend.logprobsMode };
       } catch (err) {
         if (!(err instanceof BackendGone)) throw err;
         if (attempt >= this.host.maxFailoversPerRequest) {
