@@ -1,4 +1,4 @@
-import { EngineHttp, EngineHttpError, MAX_INFO_BODY_BYTES } from './engine-http.js';
+import { EngineHttpError, MAX_INFO_BODY_BYTES, type EngineHttp } from './engine-http.js';
 import type { EngineServerInfo, LogprobsMode } from './types.js';
 
 /**
@@ -6,8 +6,9 @@ import type { EngineServerInfo, LogprobsMode } from './types.js';
  * engines' own answers (so tests can pin them against recorded ones) plus the one GET both clients share.
  *
  * Followed: vLLM 0.32 (`vllm/entrypoints/serve/dev/server_info/api_router.py`, `vllm/config/model.py`,
- * `vllm/config/scheduler.py`, `vllm/config/parallel.py`) and SGLang v0.5.x (`srt/entrypoints/http_server.py`
- * get_server_info, `srt/managers/scheduler.py` get_internal_state, `srt/layers/sampler.py`).
+ * `vllm/config/scheduler.py`, `vllm/config/parallel.py`) and SGLang v0.5.6+, as the SGLang client
+ * (`srt/entrypoints/http_server.py` get_server_info, `srt/managers/scheduler.py` get_internal_state,
+ * `srt/layers/sampler.py` with its SGLANG_RETURN_ORIGINAL_LOGPROB switch).
  */
 
 type Json = Record<string, unknown>;
