@@ -40,6 +40,9 @@ const PAUSE_MODE: Partial<Record<PauseMode, string>> = { abort: 'abort', keep: '
  *
  * Every answer passes the same checks as vLLM's ({@link checkSglangGenerate}: ids in the vocabulary, at most
  * max_tokens, one finite logprob <= tolerance per token; bodies bounded in bytes by the shared {@link EngineHttp}).
+ * Its logprobs are log(softmax(logits / temperature)): after temperature, before top-p/top-k/min-p (before temperature
+ * too when the engine runs with SGLANG_RETURN_ORIGINAL_LOGPROB=1). No answer says which, so the backend's logprobs
+ * mode is unknown unless declared (see parseSglangServerInfo).
  * SGLang's context-length 400 becomes a {@link ContextOverflowError}. Its limit is strict (prompt + max_new_tokens
  * must stay below context_len), so this client reports `context_len - 1` as maxModelLen — the largest
  * prompt + max_tokens it accepts — keeping vLLM's meaning for the rest of the server.
