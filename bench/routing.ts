@@ -1,6 +1,6 @@
 /**
- * Routing benchmark: the production routing policy (BackendPool's capacity-weighted heap) against four baselines
- * on simulated heterogeneous engines under a long-tailed multi-turn workload, in virtual time. Prints figures,
+ * Routing benchmark: the production routing policy (BackendPool's capacity-weighted heap and deepest-first slot
+ * queues), the same pool with FIFO slot queues, and four baselines on simulated heterogeneous engines under a long-tailed multi-turn workload, in virtual time. Prints figures,
  * never judges them; exits 1 only when the simulator's own invariants break (a trajectory that did not finish,
  * an engine over capacity, a cache hit off the sticky engine).
  *

@@ -1,4 +1,5 @@
 import { parseConfig, type ServerConfig, type ServerConfigInput } from './config.js';
+import { RolloutError } from './errors.js';
 import { createLogger, type Logger } from './observability/logger.js';
 import { defaultRegistry, type EnvironmentRegistry } from './environments/registry.js';
 import { BackendPool } from './backends/pool.js';
@@ -34,13 +35,33 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
   const registry = options.registry ?? defaultRegistry();
   const { tokenizer, template, parser, profile, dir, parserSource } = await loadModelBundle(config.model);
   logger.child({ component: 'model' }).info({ dir, parser: parser.name, parserSource, ...profile, stopTokenIds: tokenizer.stopTokenIds }, 'model loaded');
-  const pool = new BackendPool({ logger, acquireTimeoutMs: config.backendAcquireTimeoutMs, modelInfoTimeoutMs: config.backendModelInfoTimeoutMs });
+  const pool = new BackendPool({
+    logger,
+    acquireTimeoutMs: config.backendAcquireTimeoutMs,
+    modelInfoTimeoutMs: config.backendModelInfoTimeoutMs,
+    defaultMaxConcurrency: config.backendDefaultMaxConcurrency,
+  });
   const clientOptions = { requestTimeoutMs: config.backendRequestTimeoutMs, maxResponseBytes: config.backendMaxResponseBytes };
   const added = config.backends.map((b) =>
-    pool.add(createEngineClient(b.kind, b.url, b.model ?? config.model.name, { ...clientOptions, maxConcurrency: b.maxConcurrency }), { id: b.id ?? b.url, maxConcurrency: b.maxConcurrency, model: b.model ?? config.model.name }),
+    pool.add(createEngineClient(b.kind, b.url, b.model ?? config.model.name, { ...clientOptions, maxConcurrency: b.maxConcurrency || config.backendDefaultMaxConcurrency }), {
+      id: b.id ?? b.url,
+      maxConcurrency: b.maxConcurrency,
+      model: b.model ?? config.model.name,
+      ...(b.logprobsMode !== undefined && { logprobsMode: b.logprobsMode }),
+    }),
   );
-  // Each engine's max_model_len is asked now (bounded; an engine that cannot say is retried by the prober).
+  // What each engine says about itself (max_model_len, logprobs mode, capacity) is asked now (bounded; an engine that
+  // cannot say is retried by the prober); an engine contradicting its configured logprobs mode stops the start.
   await Promise.all(added.map((b) => pool.learn(b.id)));
+  config.backends.forEach((b, i) => {
+    try {
+      pool.checkEngineAgrees(added[i]!.id);
+    } catch (err) {
+      pool.close();
+      const e = RolloutError.from(err);
+      throw new RolloutError(e.code, `backends[${i}] (${b.url}): ${e.message}`, { ...(e.code === 'invalid_argument' && { field: `backends.${i}.logprobsMode` }), cause: err });
+    }
+  });
   pool.startHealthChecks();
   const sandboxes = options.sandboxes ?? createSandboxDriver(config.sandbox, logger);
   await sandboxes.reap?.(); // what a crashed predecessor left (cgroups, mounts) goes before the first sandbox starts

@@ -44,9 +44,16 @@ export type ModelConfig = z.output<typeof modelObjectSchema>;
 const backendSchema = z.strictObject({
   url: z.string().url(),
   kind: z.enum(BACKEND_KIND_NAMES).default('vllm'),
-  maxConcurrency: z.number().int().min(1).default(256),
+  /** Requests the engine runs at once; 0 (default): what the engine reports, else `backendDefaultMaxConcurrency`. */
+  maxConcurrency: z.number().int().min(0).default(0),
   id: z.string().optional(),
   model: z.string().optional(),
+  /**
+   * The engine's logprobs mode when you know how it was started (`processed`: vLLM --logprobs-mode
+   * processed_logprobs, SGLang without SGLANG_RETURN_ORIGINAL_LOGPROB; `raw`: vLLM's default). Unset: learned where
+   * the engine says (vLLM in dev mode), else unknown. An engine that reports another mode stops the server.
+   */
+  logprobsMode: z.enum(['raw', 'processed']).optional(),
 });
 
 /**
@@ -101,6 +108,8 @@ export const serverConfigSchema = z.strictObject({
     })
     .prefault({}),
   backends: z.array(backendSchema).default([]),
+  /** Capacity of a backend whose maxConcurrency is 0 and whose engine does not report one (or not yet). */
+  backendDefaultMaxConcurrency: z.number().int().min(1).default(256),
   /** Budget of one engine request (one turn); past it the request fails with BACKEND_ERROR. 0 = none. */
   backendRequestTimeoutMs: z.number().int().min(0).default(300_000),
   /**

@@ -19,7 +19,7 @@ export function invariantProblems(report: PolicyReport, workload: readonly Traje
     if (e.hitsOffSticky > 0) problems.push(`${e.id}: ${e.hitsOffSticky} cache hits for trajectories whose previous turn ran elsewhere`);
     if (e.cachedTokens > e.promptTokens) problems.push(`${e.id}: more cached than prompt tokens`);
   }
-  const sticky = report.policy === 'capacity-heap' || report.policy === 'cumulative-count' || report.policy === 'consistent-hash';
+  const sticky = ['capacity-heap', 'capacity-heap-fifo', 'cumulative-count', 'consistent-hash'].includes(report.policy);
   if (sticky && report.moves > 0) problems.push(`sticky policy moved ${report.moves} turns`);
   return problems;
 }

@@ -19,18 +19,20 @@ export interface Router {
 }
 
 /** The policies bench/routing compares, by name. */
-export const POLICIES = ['capacity-heap', 'cumulative-count', 'consistent-hash', 'least-requests', 'round-robin'] as const;
+export const POLICIES = ['capacity-heap', 'capacity-heap-fifo', 'cumulative-count', 'consistent-hash', 'least-requests', 'round-robin'] as const;
 export type PolicyName = (typeof POLICIES)[number];
 
 /**
  * Our policy is the production BackendPool itself (its LoadHeap, leases and slot queues), each simulated engine
  * added with its max sequences as max concurrency: what the benchmark measures is what the server runs.
+ * `capacity-heap` is the pool as configured by default (queued requests served deepest trajectory first);
+ * `capacity-heap-fifo` the same pool with `queueOrder: 'fifo'`, to show what the queue order does on its own.
  */
 class PoolRouter implements Router {
-  readonly name = 'capacity-heap';
-  readonly #pool = new BackendPool({ acquireTimeoutMs: Number.POSITIVE_INFINITY });
+  readonly #pool: BackendPool;
 
-  constructor(engines: readonly SimEngine[]) {
+  constructor(readonly name: PolicyName, engines: readonly SimEngine[], queueOrder: 'turns' | 'fifo') {
+    this.#pool = new BackendPool({ acquireTimeoutMs: Number.POSITIVE_INFINITY, queueOrder });
     for (const e of engines) this.#pool.add(e, { id: e.id, maxConcurrency: e.model.maxSequences, model: 'sim', maxModelLen: 1 << 30 });
   }
 
@@ -53,9 +55,9 @@ interface Gate {
 }
 
 /**
- * The baselines: a choice function over the same engines, behind the same per-engine FIFO gate the pool uses
- * (so engine admission is identical and only the choice differs). `sticky` policies choose once per trajectory,
- * the others once per turn.
+ * The baselines: a choice function over the same engines, behind the same per-engine gate the pool uses, with the
+ * pool's default queue order (a request's priority is the turns its trajectory has run), so engine admission is
+ * identical and only the choice differs. `sticky` policies choose once per trajectory, the others once per turn.
  */
 class ChoiceRouter implements Router {
   readonly #gates: Gate[];
@@ -72,11 +74,12 @@ class ChoiceRouter implements Router {
   async open(trajectory: number): Promise<Route> {
     let home = this.sticky ? this.choose(this.#gates, trajectory) : undefined;
     if (home !== undefined) home.assigned++;
+    let turn = 0;
     return {
       generate: async (request) => {
         const gate = home ?? this.choose(this.#gates, trajectory);
         gate.inflight++;
-        await gate.slots.acquire(request.signal);
+        await gate.slots.acquire(request.signal, turn++);
         try {
           await gate.engine.generate(request);
           return gate.engine.id;
@@ -109,7 +112,9 @@ function hashRing(engines: readonly SimEngine[], vnodes = 64): (gates: readonly 
 export function makeRouter(name: PolicyName, engines: readonly SimEngine[]): Router {
   switch (name) {
     case 'capacity-heap':
-      return new PoolRouter(engines);
+      return new PoolRouter(name, engines, 'turns');
+    case 'capacity-heap-fifo':
+      return new PoolRouter(name, engines, 'fifo');
     case 'cumulative-count': // the seed system: sticky, fewest trajectories ever assigned
       return new ChoiceRouter(name, engines, true, (gates) => least(gates, (g) => g.assigned));
     case 'consistent-hash':

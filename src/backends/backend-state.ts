@@ -1,5 +1,8 @@
 import { RolloutError } from '../errors.js';
-import type { EngineClient } from './types.js';
+import type { EngineClient, EngineServerInfo, LogprobsMode } from './types.js';
+
+/** Where a backend's capacity came from (the contract's CapacitySource). */
+export type CapacitySource = 'configured' | 'engine' | 'default';
 
 /**
  * Why a request left its backend without an answer of its own: the backend was removed or marked unhealthy.
@@ -13,21 +16,50 @@ export class BackendGone extends Error {
 }
 
 interface SlotWaiter {
+  /** Higher goes first (see SlotQueue). */
+  readonly priority: number;
+  /** Arrival order, the tie-breaker among equal priorities. */
+  readonly seq: number;
   resolve: () => void;
   reject: (err: unknown) => void;
   done: boolean;
 }
 
+/** Waiters in service order: higher priority first, then earlier arrival. */
+function servedBefore(a: SlotWaiter, b: SlotWaiter): boolean {
+  return a.priority > b.priority || (a.priority === b.priority && a.seq < b.seq);
+}
+
 /**
- * A per-backend concurrency gate: at most `limit` requests run at once, the rest wait in FIFO order.
- * A finishing request hands its slot straight to the oldest waiter, so later arrivals cannot barge ahead.
+ * A per-backend concurrency gate: at most `limit` requests run at once, the rest wait. Waiters are served by
+ * priority, highest first, and in arrival order among equal priorities (all FIFO when every priority is the same).
+ * A finishing request hands its slot straight to the next waiter, so later arrivals of no higher priority cannot
+ * barge ahead.
+ *
+ * Why priorities: the pool gives a request the number of turns its trajectory has already run (see
+ * BackendPoolOptions.queueOrder). Agentic turn counts are long-tailed, so a trajectory deep into its turns is likely
+ * one of the long ones that end an RL step last; serving its turns before first turns shortens the step's tail
+ * (bench/routing: p90 301 → 233 s). FIFO among equals keeps it fair within a turn, and no request waits forever: the
+ * trajectories ahead of it are finite and run to completion.
+ *
+ * The limit can change (an engine reports its capacity after it was added): a larger one admits waiters at once, a
+ * smaller one lets running requests finish and admits no more until fewer than `limit` run.
  */
 export class SlotQueue {
+  #limit: number;
   #running = 0;
   #waiting = 0;
+  #seq = 0;
+  /** Sorted by {@link servedBefore}; aborted waiters stay (done) until they reach the front. */
   readonly #queue: SlotWaiter[] = [];
 
-  constructor(readonly limit: number) {}
+  constructor(limit: number) {
+    this.#limit = limit;
+  }
+
+  get limit(): number {
+    return this.#limit;
+  }
 
   get running(): number {
     return this.#running;
@@ -37,10 +69,13 @@ export class SlotQueue {
     return this.#waiting;
   }
 
-  /** Resolves once a slot is held; rejects with the signal's reason (as a RolloutError) if aborted first. */
-  acquire(signal: AbortSignal): Promise<void> {
+  /**
+   * Resolves once a slot is held; rejects with the signal's reason (as a RolloutError) if aborted first.
+   * `priority` (default 0) orders the wait: higher first, ties in arrival order.
+   */
+  acquire(signal: AbortSignal, priority = 0): Promise<void> {
     if (signal.aborted) return Promise.reject(RolloutError.from(signal.reason, 'cancelled'));
-    if (this.#running < this.limit && this.#waiting === 0) {
+    if (this.#running < this.#limit && this.#waiting === 0) {
       this.#running++;
       return Promise.resolve();
     }
@@ -52,6 +87,8 @@ export class SlotQueue {
         reject(RolloutError.from(signal.reason, 'cancelled'));
       };
       const waiter: SlotWaiter = {
+        priority,
+        seq: this.#seq++,
         done: false,
         resolve: () => {
           signal.removeEventListener('abort', onAbort);
@@ -63,21 +100,21 @@ export class SlotQueue {
         },
       };
       signal.addEventListener('abort', onAbort, { once: true });
-      this.#queue.push(waiter);
+      this.#enqueue(waiter);
       this.#waiting++;
     });
   }
 
-  /** Frees a held slot, handing it to the oldest live waiter if there is one. */
+  /** Frees a held slot, handing it to the next live waiter if there is one (and the limit allows). */
   release(): void {
-    for (let next = this.#queue.shift(); next !== undefined; next = this.#queue.shift()) {
-      if (next.done) continue;
-      next.done = true;
-      this.#waiting--;
-      next.resolve();
-      return;
-    }
     this.#running--;
+    this.#grant();
+  }
+
+  /** Changes the limit (see the class); waiters get the slots a larger limit opens. */
+  resize(limit: number): void {
+    this.#limit = limit;
+    this.#grant();
   }
 
   /** Rejects every waiter (the backend went away); running requests are the caller's business. */
@@ -89,12 +126,37 @@ export class SlotQueue {
       waiter.reject(err);
     }
   }
+
+  /** Inserts after every waiter served before it (binary search: the queue is sorted). */
+  #enqueue(waiter: SlotWaiter): void {
+    let lo = 0;
+    let hi = this.#queue.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >>> 1;
+      if (servedBefore(this.#queue[mid]!, waiter)) lo = mid + 1;
+      else hi = mid;
+    }
+    this.#queue.splice(lo, 0, waiter);
+  }
+
+  #grant(): void {
+    while (this.#running < this.#limit) {
+      const next = this.#queue.shift();
+      if (next === undefined) return;
+      if (next.done) continue;
+      next.done = true;
+      this.#waiting--;
+      this.#running++;
+      next.resolve();
+    }
+  }
 }
 
 /**
  * The pool's mutable record of one engine. Load counters are heap keys: change them only through the pool's
  * `LoadHeap.update`. `inflightRequests` counts requests routed here and not yet finished (running or queued);
- * `capacity` (the max concurrency) is fixed for the backend's life, which keeps the weighted key honest.
+ * `capacity` (the max concurrency) is a heap key too: it changes at most once, when an engine whose capacity was
+ * not configured reports its own (BackendPool.learn), and only through `LoadHeap.update`.
  */
 export class BackendState {
   healthy = true;
@@ -109,6 +171,14 @@ export class BackendState {
   maxModelLen: number | undefined;
   /** A GET /v1/models under way, so concurrent attempts to learn the limit share one request. */
   learning: Promise<void> | undefined;
+  /** Where `maxConcurrency` came from. */
+  capacitySource: CapacitySource = 'configured';
+  /** The logprobs mode AddBackend or the config declared, if any. */
+  declaredLogprobsMode: LogprobsMode | undefined;
+  /** What the engine said about how it runs, once it answered (see BackendPool.learn). */
+  serverInfo: EngineServerInfo | undefined;
+  /** Set once the log has been told that this engine's logprobs do not match what requests sample (warned once). */
+  logprobsWarned = false;
   readonly slots: SlotQueue;
   /** Controllers of the requests now running here, aborted with BackendGone on a forced removal. */
   readonly requests = new Set<AbortController>();
@@ -118,7 +188,7 @@ export class BackendState {
   constructor(
     readonly id: string,
     readonly client: EngineClient,
-    readonly maxConcurrency: number,
+    public maxConcurrency: number,
     readonly model: string,
     public policyVersion: number,
   ) {
@@ -128,6 +198,15 @@ export class BackendState {
   /** What the routing key weighs load against: the requests this backend runs at once. */
   get capacity(): number {
     return this.maxConcurrency;
+  }
+
+  /**
+   * The logprobs mode trajectories record for turns sampled here: what the engine reports when it says, else what
+   * was declared, else unknown. (A declaration the engine contradicts is refused when the backend is added; if the
+   * engine only says so later, its word is what the record must hold.)
+   */
+  get logprobsMode(): LogprobsMode | undefined {
+    return this.serverInfo?.logprobsMode ?? this.declaredLogprobsMode;
   }
 
   /** May take new trajectories. */

@@ -1,12 +1,14 @@
 import { randomUUID } from 'node:crypto';
 import { RolloutError, throwIfAborted } from '../errors.js';
 import { BackendGone, type BackendState } from './backend-state.js';
-import type { GenerateRequest, GenerateResult } from './types.js';
+import type { GenerateRequest, GenerateResult, LogprobsMode } from './types.js';
 
-/** A completion plus where it came from, for the trajectory's turn record (backend, policy_version). */
+/** A completion plus where it came from, for the trajectory's turn record (backend, policy_version, logprobs mode). */
 export interface LeaseResult extends GenerateResult {
   backendId: string;
   policyVersion: number;
+  /** Which logprobs the backend reports (BackendState.logprobsMode); undefined when unknown. */
+  logprobsMode: LogprobsMode | undefined;
 }
 
 /**
@@ -49,8 +51,11 @@ export interface LeaseHost {
   readonly maxFailoversPerRequest: number;
   /** A new backend for a trajectory (counted on it), waiting like `acquire` when none is eligible. */
   assign(signal: AbortSignal | undefined): Promise<BackendState>;
-  /** Runs one request on the backend: slot, counters, abort on forced removal (throws BackendGone). */
-  send(backend: BackendState, request: GenerateRequest): Promise<GenerateResult>;
+  /**
+   * Runs one request on the backend: slot, counters, abort on forced removal (throws BackendGone). `turn` is how
+   * many generate calls the trajectory made before this one (the slot queue's priority, see SlotQueue).
+   */
+  send(backend: BackendState, request: GenerateRequest, turn: number): Promise<GenerateResult>;
   /** The trajectory leaves the backend (release or failover). */
   leave(backend: BackendState, lease: PoolLease): void;
   failedOver(lease: PoolLease, from: BackendState, to: BackendState, why: string): void;
@@ -64,6 +69,7 @@ export class PoolLease implements BackendLease {
   #moving: Promise<BackendState> | undefined;
   readonly #idBase = randomUUID();
   #calls = 0;
+  #turns = 0;
   #inflightRequestId: string | undefined;
 
   constructor(
@@ -101,23 +107,24 @@ export class PoolLease implements BackendLease {
 
   async generate(request: GenerateRequest): Promise<LeaseResult> {
     const requestId = request.requestId ?? `${this.#idBase}-${this.#calls++}`;
+    const turn = this.#turns++;
     this.#inflightRequestId = requestId;
     try {
-      return await this.#generate({ ...request, requestId });
+      return await this.#generate({ ...request, requestId }, turn);
     } finally {
       if (this.#inflightRequestId === requestId) this.#inflightRequestId = undefined;
     }
   }
 
-  async #generate(request: GenerateRequest): Promise<LeaseResult> {
+  async #generate(request: GenerateRequest, turn: number): Promise<LeaseResult> {
     for (let attempt = 0; ; attempt++) {
       if (this.#released) throw new RolloutError('failed_precondition', `lease ${this.trajectoryKey} was released`);
       throwIfAborted(request.signal);
       let backend = this.#backend;
       if (!backend.usable) backend = await this.#failover(backend, request.signal);
       try {
-        const result = await this.host.send(backend, request);
-        return { ...result, backendId: backend.id, policyVersion: backend.policyVersion };
+        const result = await this.host.send(backend, request, turn);
+        return { ...result, backendId: backend.id, policyVersion: backend.policyVersion, logprobsMode: backend.logprobsMode };
       } catch (err) {
         if (!(err instanceof BackendGone)) throw err;
         if (attempt >= this.host.maxFailoversPerRequest) {

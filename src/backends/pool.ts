@@ -1,11 +1,12 @@
 import { RolloutError, throwIfAborted } from '../errors.js';
 import { silentLogger, type Logger } from '../observability/logger.js';
-import { BackendGone, BackendState } from './backend-state.js';
+import { BackendGone, BackendState, type CapacitySource } from './backend-state.js';
 import { ContextOverflowError } from './context-overflow.js';
 import { HealthProber } from './health-prober.js';
 import { PoolLease, type BackendLease, type LeaseHost } from './lease.js';
+import { logprobsMismatch } from './logprobs-mode.js';
 import { LoadHeap, type PickResult } from './picker.js';
-import type { BackendKind, EngineClient, GenerateRequest, GenerateResult } from './types.js';
+import type { BackendKind, EngineClient, EngineServerInfo, GenerateRequest, GenerateResult, LogprobsMode } from './types.js';
 
 /** Tuning of a BackendPool; every field has a default suited to a few engines on one cluster. */
 export interface BackendPoolOptions {
@@ -19,16 +20,32 @@ export interface BackendPoolOptions {
   healthFailureThreshold?: number;
   /** How many times one `generate` may lose its backend and retry elsewhere before giving up. */
   maxFailoversPerRequest?: number;
-  /** Budget of one attempt to learn an engine's limits (GET /v1/models) when it is added or probed. */
+  /** Budget of one attempt to learn an engine's limits (GET /v1/models, server info) when it is added or probed. */
   modelInfoTimeoutMs?: number;
+  /** The capacity of a backend whose max concurrency is neither configured nor reported by its engine (default 256). */
+  defaultMaxConcurrency?: number;
+  /**
+   * Which request waiting for a backend's slot goes first. `turns` (default): the one whose trajectory has run the
+   * most turns, arrival order among equals — long trajectories end the step, so their turns go first (see
+   * SlotQueue); `fifo`: arrival order only.
+   */
+  queueOrder?: 'turns' | 'fifo';
 }
 
 /** How a new engine joins the pool (AddBackend's fields once the client is built). */
 export interface AddBackendOptions {
   /** Unique id; defaults to `backend-<n>`. */
   id?: string;
-  /** Requests run at once on this engine; more wait in a FIFO queue. */
-  maxConcurrency: number;
+  /**
+   * Requests run at once on this engine; more wait in its slot queue. Absent or 0: what the engine reports
+   * ({@link BackendPool.learn}), the pool's default until it does (or if it never does).
+   */
+  maxConcurrency?: number;
+  /**
+   * The engine's logprobs mode when the caller knows it; otherwise learned where the engine says. When both are
+   * known and differ, {@link BackendPool.checkEngineAgrees} refuses the backend.
+   */
+  logprobsMode?: LogprobsMode;
   /** Model name the engine serves (sent as `model` by clients that need it). */
   model: string;
   policyVersion?: number;
@@ -57,6 +74,10 @@ export interface BackendInfo {
   readonly policyVersion: number;
   /** The engine's context length (prompt + generated tokens); undefined while unknown. */
   readonly maxModelLen: number | undefined;
+  /** Where `maxConcurrency` came from: configured, reported by the engine, or the pool's default. */
+  readonly capacitySource: CapacitySource;
+  /** The logprobs trajectories record for turns sampled here (see BackendState.logprobsMode); undefined = unknown. */
+  readonly logprobsMode: LogprobsMode | undefined;
 }
 
 /** Pool-wide totals for Watch and metrics; `leases` and `waitingAcquires` make leaks and stalls visible. */
@@ -88,7 +109,8 @@ const eligible = (b: BackendState): boolean => b.eligible;
  * The set of engines and the routing between them. A trajectory is placed once, on the eligible backend with the
  * least load for its capacity (heap order: see `compareLoad` — (trajectories + queued requests + 1) / max
  * concurrency, then requests per capacity, then id), and stays there for its whole life so
- * its prefix stays cached; it moves only when its backend is removed or goes unhealthy. When no backend is
+ * its prefix stays cached; it moves only when its backend is removed or goes unhealthy. Requests beyond a
+ * backend's max concurrency wait in its slot queue, deepest trajectory first (`queueOrder`). When no backend is
  * eligible, `acquire` waits (abortable, bounded by `acquireTimeoutMs`) instead of failing at once, so a
  * restarting engine or a weight update does not fail every task in flight.
  *
@@ -102,7 +124,9 @@ export class BackendPool {
   readonly #leases = new Set<PoolLease>();
   readonly #waiters: AcquireWaiter[] = [];
   readonly #acquireTimeoutMs: number;
+  readonly #queueOrder: 'turns' | 'fifo';
   readonly #modelInfoTimeoutMs: number;
+  readonly #defaultMaxConcurrency: number;
   readonly #prober: HealthProber;
   readonly #host: LeaseHost;
   #nextId = 0;
@@ -111,7 +135,9 @@ export class BackendPool {
   constructor(options: BackendPoolOptions = {}) {
     this.#log = (options.logger ?? silentLogger()).child({ component: 'backend-pool' });
     this.#acquireTimeoutMs = options.acquireTimeoutMs ?? 30_000;
+    this.#queueOrder = options.queueOrder ?? 'turns';
     this.#modelInfoTimeoutMs = options.modelInfoTimeoutMs ?? 5_000;
+    this.#defaultMaxConcurrency = options.defaultMaxConcurrency ?? 256;
     this.#prober = new HealthProber(
       () => [...this.#backends.values()],
       // A probe can finish after its backend was removed: such a report is moot, never an error.
@@ -125,7 +151,7 @@ export class BackendPool {
         // An engine whose limits could not be learned when it was added is asked again once it answers probes.
         onHealthy: (id) => {
           const backend = this.#backends.get(id);
-          if (backend !== undefined && backend.maxModelLen === undefined && backend.client.modelInfo !== undefined) void this.learn(id).catch(() => undefined);
+          if (backend !== undefined && needsLearning(backend)) void this.learn(id).catch(() => undefined);
         },
         logger: this.#log,
       },
@@ -133,7 +159,7 @@ export class BackendPool {
     this.#host = {
       maxFailoversPerRequest: options.maxFailoversPerRequest ?? 3,
       assign: (signal) => this.#assign(signal),
-      send: (backend, request) => this.#send(backend, request),
+      send: (backend, request, turn) => this.#send(backend, request, this.#queueOrder === 'turns' ? turn : 0),
       leave: (backend, lease) => this.#leave(backend, lease),
       failedOver: (lease, from, to, why) => {
         this.#failovers++;
@@ -147,48 +173,102 @@ export class BackendPool {
    * Registers an engine; it takes trajectories at once if healthy. Throws already_exists on a duplicate id.
    * Unless `maxModelLen` is given, the engine's context length is asked in the background (await
    * {@link learn} to have it before going on); until known, trajectories on it are bounded by their token budgets
-   * only, and an engine's context-length refusal still ends them as truncation.
+   * only, and an engine's context-length refusal still ends them as truncation. So are its logprobs mode and, when
+   * `maxConcurrency` is not given, its capacity (the pool's default meanwhile).
    */
   add(client: EngineClient, options: AddBackendOptions): BackendInfo {
     const id = options.id ?? `backend-${this.#nextId++}`;
     if (this.#backends.has(id)) throw new RolloutError('already_exists', `backend ${id} already exists`);
-    if (!Number.isInteger(options.maxConcurrency) || options.maxConcurrency < 1) {
-      throw RolloutError.invalid('max_concurrency', 'must be a positive integer');
+    const configured = options.maxConcurrency !== undefined && options.maxConcurrency !== 0;
+    if (configured && (!Number.isInteger(options.maxConcurrency) || options.maxConcurrency! < 1)) {
+      throw RolloutError.invalid('max_concurrency', 'must be a positive integer (or 0: what the engine reports)');
     }
-    const backend = new BackendState(id, client, options.maxConcurrency, options.model, options.policyVersion ?? 0);
+    const backend = new BackendState(id, client, configured ? options.maxConcurrency! : this.#defaultMaxConcurrency, options.model, options.policyVersion ?? 0);
+    backend.capacitySource = configured ? 'configured' : 'default';
+    backend.declaredLogprobsMode = options.logprobsMode;
     backend.healthy = options.healthy ?? true;
     backend.maxModelLen = options.maxModelLen;
     this.#backends.set(id, backend);
     this.#heap.update(backend, eligible);
-    this.#log.info({ backend: id, url: client.url, kind: client.kind, maxConcurrency: backend.maxConcurrency }, 'backend added');
+    this.#log.info({ backend: id, url: client.url, kind: client.kind, maxConcurrency: backend.maxConcurrency, capacitySource: backend.capacitySource }, 'backend added');
     this.#wake();
-    if (backend.maxModelLen === undefined) void this.learn(id).catch(() => undefined);
+    if (needsLearning(backend)) void this.learn(id).catch(() => undefined);
     return info(backend);
   }
 
   /**
-   * Learns a backend's limits from the engine (vLLM: GET /v1/models → max_model_len), within
-   * `modelInfoTimeoutMs`. Never throws for an engine that cannot answer: the limit stays unknown (logged) and is
-   * asked again after the backend's next successful health probe. Concurrent calls share one request; a known
-   * limit is not asked again (a context-length refusal from the engine updates it, see #send).
+   * Learns what the engine can say about itself, within `modelInfoTimeoutMs`: its context length (vLLM: GET
+   * /v1/models → max_model_len) and how it runs (EngineClient.serverInfo: logprobs mode, capacity). Never throws for
+   * an engine that cannot answer: what is unknown stays unknown (logged) and is asked again after the backend's next
+   * successful health probe. Concurrent calls share one attempt; what is known is not asked again (a context-length
+   * refusal from the engine updates the limit, see #send; an engine that answered without saying is not asked again).
    */
   async learn(id: string): Promise<BackendInfo> {
     const backend = this.#get(id);
-    const modelInfo = backend.client.modelInfo?.bind(backend.client);
-    if (backend.maxModelLen !== undefined || modelInfo === undefined) return info(backend);
+    if (!needsLearning(backend)) return info(backend);
     backend.learning ??= (async () => {
       try {
-        const { maxModelLen } = await modelInfo(AbortSignal.timeout(this.#modelInfoTimeoutMs));
-        if (maxModelLen !== undefined) this.#setMaxModelLen(backend, maxModelLen, 'GET /v1/models');
-        else this.#log.warn({ backend: id }, 'engine does not state max_model_len; context overflow is caught from its answers');
-      } catch (err) {
-        this.#log.warn({ backend: id, err }, 'could not learn max_model_len; retried after the next health probe');
+        await Promise.all([this.#learnModelInfo(backend), this.#learnServerInfo(backend)]);
       } finally {
         backend.learning = undefined;
       }
     })();
     await backend.learning;
     return info(backend);
+  }
+
+  /**
+   * Refuses a backend whose engine contradicts what was declared about it: invalid_argument (field logprobs_mode)
+   * when it reports another logprobs mode than declared, failed_precondition when it reports logits instead of
+   * logprobs. Callers adding a backend call it after {@link learn} and remove the backend when it throws.
+   */
+  checkEngineAgrees(id: string): void {
+    const backend = this.#get(id);
+    const reported = backend.serverInfo;
+    if (reported?.unsupportedLogprobsMode !== undefined) {
+      throw new RolloutError('failed_precondition', `engine ${backend.client.url} reports --logprobs-mode ${reported.unsupportedLogprobsMode}: logits, not ` +
+        'log-probabilities; start it with --logprobs-mode processed_logprobs');
+    }
+    const declared = backend.declaredLogprobsMode;
+    if (declared !== undefined && reported?.logprobsMode !== undefined && reported.logprobsMode !== declared) {
+      throw RolloutError.invalid('logprobs_mode', `declared ${declared}, but engine ${backend.client.url} reports ${reported.logprobsMode} logprobs`);
+    }
+  }
+
+  async #learnModelInfo(backend: BackendState): Promise<void> {
+    const modelInfo = backend.client.modelInfo?.bind(backend.client);
+    if (backend.maxModelLen !== undefined || modelInfo === undefined) return;
+    try {
+      const { maxModelLen } = await modelInfo(AbortSignal.timeout(this.#modelInfoTimeoutMs));
+      if (maxModelLen !== undefined) this.#setMaxModelLen(backend, maxModelLen, 'GET /v1/models');
+      else this.#log.warn({ backend: backend.id }, 'engine does not state max_model_len; context overflow is caught from its answers');
+    } catch (err) {
+      this.#log.warn({ backend: backend.id, err }, 'could not learn max_model_len; retried after the next health probe');
+    }
+  }
+
+  async #learnServerInfo(backend: BackendState): Promise<void> {
+    const serverInfo = backend.client.serverInfo?.bind(backend.client);
+    if (backend.serverInfo !== undefined || serverInfo === undefined) return;
+    let reported: EngineServerInfo;
+    try {
+      reported = await serverInfo(AbortSignal.timeout(this.#modelInfoTimeoutMs));
+    } catch (err) {
+      this.#log.warn({ backend: backend.id, err }, 'could not ask the engine its logprobs mode and capacity; retried after the next health probe');
+      return;
+    }
+    if (backend.removed) return;
+    backend.serverInfo = reported;
+    const { logprobsMode, maxConcurrency, unsupportedLogprobsMode, note } = reported;
+    this.#log.info({ backend: backend.id, logprobsMode, maxConcurrency, unsupportedLogprobsMode, note }, 'engine server info');
+    if (maxConcurrency !== undefined && backend.capacitySource !== 'configured') this.#setCapacity(backend, maxConcurrency, 'engine');
+    const declared = backend.declaredLogprobsMode;
+    if (declared !== undefined && logprobsMode !== undefined && declared !== logprobsMode) {
+      this.#log.error({ backend: backend.id, declared, reported: logprobsMode }, 'engine contradicts the declared logprobs mode; trajectories record what it reports');
+    }
+    if (unsupportedLogprobsMode !== undefined) {
+      this.#log.error({ backend: backend.id, logprobsMode: unsupportedLogprobsMode }, 'engine returns logits, not logprobs: its answers will be refused');
+    }
   }
 
   /** The smallest context length among backends that state one (undefined when none does), for admission. */
@@ -313,6 +393,26 @@ export class BackendPool {
     backend.maxModelLen = maxModelLen;
   }
 
+  /** Changes a backend's capacity: a heap key (re-seated through update) and its slot queue's limit. */
+  #setCapacity(backend: BackendState, capacity: number, source: CapacitySource): void {
+    if (backend.maxConcurrency === capacity && backend.capacitySource === source) return;
+    this.#log.info({ backend: backend.id, maxConcurrency: capacity, previous: backend.maxConcurrency, source }, 'backend capacity learned');
+    this.#heap.update(backend, eligible, (b) => {
+      b.maxConcurrency = capacity;
+      b.capacitySource = source;
+    });
+    backend.slots.resize(capacity);
+  }
+
+  /** Tells the log, once per backend, when its logprobs are not those of the distribution requests sample from. */
+  #checkLogprobs(backend: BackendState, request: GenerateRequest): void {
+    if (backend.logprobsWarned) return;
+    const why = logprobsMismatch(backend.client.kind, backend.logprobsMode, request);
+    if (why === undefined) return;
+    backend.logprobsWarned = true;
+    this.#log.warn({ backend: backend.id, logprobsMode: backend.logprobsMode }, `PPO-style ratios would be off: ${why}`);
+  }
+
   #take(backend: BackendState): BackendState {
     this.#heap.update(backend, eligible, (b) => {
       b.inflightTrajectories++;
@@ -370,11 +470,12 @@ export class BackendPool {
     if (backend.inflightTrajectories === 0) for (const resolve of backend.drainWaiters.splice(0)) resolve();
   }
 
-  async #send(backend: BackendState, request: GenerateRequest): Promise<GenerateResult> {
+  async #send(backend: BackendState, request: GenerateRequest, priority: number): Promise<GenerateResult> {
     const { signal } = request;
+    this.#checkLogprobs(backend, request);
     this.#heap.update(backend, eligible, (b) => b.inflightRequests++);
     try {
-      await backend.slots.acquire(signal);
+      await backend.slots.acquire(signal, priority);
       const controller = new AbortController();
       const onAbort = (): void => controller.abort(signal.reason);
       signal.addEventListener('abort', onAbort, { once: true });
@@ -407,6 +508,11 @@ function info(b: BackendState): BackendInfo {
     id: b.id, url: b.client.url, kind: b.client.kind, model: b.model, maxConcurrency: b.maxConcurrency, healthy: b.healthy,
     draining: b.draining, inflightTrajectories: b.inflightTrajectories, inflightRequests: b.inflightRequests,
     queuedRequests: b.slots.waiting, assignedTotal: b.assignedTotal, failovers: b.failoversOut, policyVersion: b.policyVersion,
-    maxModelLen: b.maxModelLen,
+    maxModelLen: b.maxModelLen, capacitySource: b.capacitySource, logprobsMode: b.logprobsMode,
   });
+}
+
+/** Something the engine may still be able to tell (see BackendPool.learn). */
+function needsLearning(b: BackendState): boolean {
+  return (b.maxModelLen === undefined && b.client.modelInfo !== undefined) || (b.serverInfo === undefined && b.client.serverInfo !== undefined);
 }

@@ -3,7 +3,8 @@ import { CompletionRejected } from './completion.js';
 import { ContextOverflowError, parseSglangContextOverflow } from './context-overflow.js';
 import { checkRequestId, EngineHttp, EngineHttpError, modelCardMaxLen, probeHealth } from './engine-http.js';
 import { checkSglangGenerate } from './sglang-answer.js';
-import type { EngineClient, EngineModelInfo, GenerateRequest, GenerateResult, PauseMode } from './types.js';
+import { fetchServerInfo, parseSglangServerInfo } from './server-info.js';
+import type { EngineClient, EngineModelInfo, EngineServerInfo, GenerateRequest, GenerateResult, PauseMode } from './types.js';
 import { defaultMaxResponseBytes } from './vllm-client.js';
 
 /** Where an SGLang server is and how long one request may take (the same knobs as the vLLM client). */
@@ -32,12 +33,16 @@ const PAUSE_MODE: Partial<Record<PauseMode, string>> = { abort: 'abort', keep: '
  *   sampled ids and logprobs come back in `meta_info.output_token_logprobs` (`[logprob, id, null]` per token) and
  *   `output_ids`, and are used exactly as returned;
  * - `GET /health_generate` (200 once the engine produced a token, 503 otherwise);
- * - `GET /v1/models` for `max_model_len` (SGLang's context_len; `/get_model_info` does not state it);
+ * - `GET /v1/models` for `max_model_len` (SGLang's context_len; `/get_model_info` does not state it) and
+ *   `GET /get_server_info` for the running-request cap (the backend's capacity when none is configured);
  * - `POST /abort_request` `{rid}` or `{abort_all: true}`; `POST /pause_generation` `{mode: 'abort'|'in_place'}`
  *   and `POST /continue_generation` (SGLang has no "wait" mode: the pool drains its own requests first).
  *
  * Every answer passes the same checks as vLLM's ({@link checkSglangGenerate}: ids in the vocabulary, at most
  * max_tokens, one finite logprob <= tolerance per token; bodies bounded in bytes by the shared {@link EngineHttp}).
+ * Its logprobs are log(softmax(logits / temperature)): after temperature, before top-p/top-k/min-p (before temperature
+ * too when the engine runs with SGLANG_RETURN_ORIGINAL_LOGPROB=1). No answer says which, so the backend's logprobs
+ * mode is unknown unless declared (see parseSglangServerInfo).
  * SGLang's context-length 400 becomes a {@link ContextOverflowError}. Its limit is strict (prompt + max_new_tokens
  * must stay below context_len), so this client reports `context_len - 1` as maxModelLen — the largest
  * prompt + max_tokens it accepts — keeping vLLM's meaning for the rest of the server.
@@ -122,6 +127,14 @@ export class SglangClient implements EngineClient {
     const len = await modelCardMaxLen(this.#http, `SGLang ${this.url}`, this.model, signal);
     // SGLang refuses prompt + max_new_tokens >= its context length (vLLM only when >): one less keeps vLLM's meaning.
     return len !== undefined && len > 1 ? { maxModelLen: len - 1 } : {};
+  }
+
+  /**
+   * GET /get_server_info: the engine's capacity (its running-request cap per data-parallel rank, summed). Its
+   * logprobs mode is not in the answer (an environment variable decides it), see {@link parseSglangServerInfo}.
+   */
+  async serverInfo(signal: AbortSignal): Promise<EngineServerInfo> {
+    return fetchServerInfo(this.#http, '/get_server_info', signal, parseSglangServerInfo);
   }
 
 

@@ -34,6 +34,31 @@ export interface GenerateRequest {
  */
 export type PauseMode = 'abort' | 'wait' | 'keep';
 
+/**
+ * Which log-probabilities an engine reports for its sampled tokens. `processed`: those of the distribution the token
+ * was drawn from (after temperature; vLLM also after top-p/top-k) — what PPO-style importance ratios need. `raw`:
+ * the model's log-softmax before temperature, top-p and top-k (vLLM's default); it equals `processed` only at
+ * temperature 1 without top-p/top-k. Unknown is `undefined` wherever a mode is optional.
+ */
+export type LogprobsMode = 'raw' | 'processed';
+
+/**
+ * What an engine says about how it runs (vLLM: dev-mode GET /server_info; SGLang: GET /get_server_info; the
+ * embedded engine: its own settings). Every field is undefined when the engine does not say.
+ */
+export interface EngineServerInfo {
+  logprobsMode?: LogprobsMode;
+  /** Requests it runs at once (vLLM max_num_seqs per data-parallel rank × ranks; SGLang max running requests). */
+  maxConcurrency?: number;
+  /**
+   * A logprobs mode the rollout server cannot use, as the engine names it (vLLM raw_logits / processed_logits:
+   * logits, not log-probabilities); AddBackend refuses such an engine.
+   */
+  unsupportedLogprobsMode?: string;
+  /** Why nothing (or not everything) could be learned, for the log (e.g. "GET /server_info: 404, not in dev mode"). */
+  note?: string;
+}
+
 /** What an engine says about the model it serves (vLLM: GET /v1/models). */
 export interface EngineModelInfo {
   /** Context length: prompt + generated tokens of one request. Undefined when the engine does not say. */
@@ -68,6 +93,12 @@ export interface EngineClient {
    * then keeps the limit unknown and asks again after the next successful health probe.
    */
   modelInfo?(signal: AbortSignal): Promise<EngineModelInfo>;
+  /**
+   * Asks the engine how it runs: its logprobs mode and capacity. An engine that answers but does not say resolves
+   * with what it said (and a `note`); throws backend_error only when it cannot be reached, and the pool then asks
+   * again after the next successful health probe.
+   */
+  serverInfo?(signal: AbortSignal): Promise<EngineServerInfo>;
   /**
    * Aborts in-flight requests by {@link GenerateRequest.requestId}, or all of them when `requestIds` is omitted.
    * An aborted request answers its caller with finish_reason "abort" and the tokens sampled so far. Unknown ids are

@@ -2,7 +2,8 @@ import { RolloutError } from '../errors.js';
 import { checkCompletion, CompletionRejected } from './completion.js';
 import { ContextOverflowError, parseContextOverflow } from './context-overflow.js';
 import { checkRequestId, EngineHttp, EngineHttpError, modelCardMaxLen, probeHealth } from './engine-http.js';
-import type { EngineClient, EngineModelInfo, GenerateRequest, GenerateResult, PauseMode } from './types.js';
+import { fetchServerInfo, parseVllmServerInfo } from './server-info.js';
+import type { EngineClient, EngineModelInfo, EngineServerInfo, GenerateRequest, GenerateResult, PauseMode } from './types.js';
 
 export { MAX_ERROR_BODY_BYTES } from './engine-http.js';
 
@@ -151,6 +152,15 @@ export class VllmClient implements EngineClient {
     return len !== undefined ? { maxModelLen: len } : {};
   }
 
+  /**
+   * GET /server_info?config_format=json (VLLM_SERVER_DEV_MODE=1): the engine's --logprobs-mode and its capacity
+   * (max_num_seqs × data-parallel ranks), see {@link parseVllmServerInfo}. Without dev mode the route is a 404 and
+   * nothing is learned. (vLLM 0.32 answers 500 when the route cannot list the Python packages: a uv venv without
+   * `uv` on the server's PATH; src/testing/vllm-server.ts puts it there.)
+   */
+  async serverInfo(signal: AbortSignal): Promise<EngineServerInfo> {
+    return fetchServerInfo(this.#http, '/server_info?config_format=json', signal, parseVllmServerInfo, 'not served: start vLLM with VLLM_SERVER_DEV_MODE=1');
+  }
 
   /**
    * POST /abort_requests {request_ids} (VLLM_SERVER_DEV_MODE=1). vLLM names a completion's engine request

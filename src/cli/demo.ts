@@ -4,6 +4,7 @@ import { startRolloutServer } from '../app.js';
 import { RolloutClient } from '../client/rollout-client.js';
 import { createLogger } from '../observability/logger.js';
 import { TINY_QWEN3_URL } from '../backends/embedded/embedded-url.js';
+import { LogprobsMode } from '../../gen/ts/rollout/v1/backend.js';
 import { FakeVllmEngine } from '../testing/fake-vllm.js';
 import { createScriptedMathPolicy } from '../testing/scripted-policy.js';
 import { defaultImagePath } from '../sandboxes/images/image-recipe.js';
@@ -77,6 +78,7 @@ export async function runDemo(opts: DemoOptions): Promise<number> {
       const line =
         `[${String(received.length).padStart(String(total).length)}/${total}] ${t.taskId}#${t.sampleIndex} ${statusName(t.status).padEnd(9)} ` +
         `reward ${t.reward.toFixed(1)}  turns ${t.numTurns}  tokens ${t.promptTokenIds.length}+${t.responseTokenIds.length}  ` +
+        `logprobs ${LogprobsMode[t.logprobsMode].replace('LOGPROBS_MODE_', '').replace('UNSPECIFIED', 'unknown').toLowerCase()}  ` +
         `${Math.round(t.timing?.totalMs ?? 0)} ms  ${t.finishReason}${t.error ? `  (${t.error})` : ''}`;
       if (bar) {
         bar.update(received.length);

@@ -1,5 +1,7 @@
+import { status, type ServiceError } from '@grpc/grpc-js';
 import { Command, InvalidArgumentError, Option } from 'commander';
 import { readFileSync } from 'node:fs';
+import { runBackendsAdd, runBackendsList } from './backends.js';
 import { runDemo } from './demo.js';
 import { runImageBuild } from './image.js';
 import { runServe } from './serve.js';
@@ -71,6 +73,29 @@ program
     }
   });
 
+const backends = program.command('backends').description("a server's engines (BackendService)");
+backends
+  .command('list', { isDefault: true })
+  .description('list them: health, capacity and where it came from, logprobs mode, context length, load')
+  .option('--address <host:port>', 'server address', '127.0.0.1:50051')
+  .option('--admin-token <token>', 'BackendService bearer token (or ROLLOUT_ADMIN_TOKEN)')
+  .action(async (opts: { address: string; adminToken?: string }) => {
+    await runBackendsList(opts);
+  });
+backends
+  .command('add <url>')
+  .description('add an engine; prints what the server learned about it (capacity, logprobs mode, context length)')
+  .option('--address <host:port>', 'server address', '127.0.0.1:50051')
+  .option('--admin-token <token>', 'BackendService bearer token (or ROLLOUT_ADMIN_TOKEN)')
+  .addOption(new Option('--kind <kind>', 'engine kind').choices(['vllm', 'sglang']).default('vllm'))
+  .option('--id <id>', 'backend id (default: the url)')
+  .option('--model <name>', "model name sent to the engine (default: the server's)")
+  .option('--max-concurrency <n>', "requests it runs at once (default: what the engine reports, else the server's default)", int)
+  .addOption(new Option('--logprobs-mode <mode>', 'the logprobs the engine reports, when it does not say itself').choices(['raw', 'processed']))
+  .action(async (url: string, opts: Parameters<typeof runBackendsAdd>[1]) => {
+    await runBackendsAdd(url, opts);
+  });
+
 const image = program.command('image').description('sandbox images (Singularity .sif)');
 image
   .command('build')
@@ -105,8 +130,17 @@ function readConfigFile(path: string): Record<string, unknown> {
 try {
   await program.parseAsync(process.argv);
 } catch (err) {
-  // A configuration or usage mistake is a message for a person, not a stack trace.
-  if (!(err instanceof RolloutError) || (err.code !== 'invalid_argument' && err.code !== 'failed_precondition')) throw err;
-  console.error(`rollout: ${err.message}`);
-  process.exitCode = 2;
+  // A configuration or usage mistake, or a server's refusal, is a message for a person, not a stack trace.
+  if (isServiceError(err)) {
+    console.error(`rollout: the server answered ${status[err.code]}: ${err.details}`);
+    process.exitCode = 1;
+  } else {
+    if (!(err instanceof RolloutError) || (err.code !== 'invalid_argument' && err.code !== 'failed_precondition')) throw err;
+    console.error(`rollout: ${err.message}`);
+    process.exitCode = 2;
+  }
+}
+
+function isServiceError(err: unknown): err is ServiceError {
+  return err instanceof Error && typeof (err as Partial<ServiceError>).code === 'number' && typeof (err as Partial<ServiceError>).details === 'string';
 }

@@ -243,7 +243,7 @@ export class RolloutClient {
 
   addBackend(request: Partial<AddBackendRequest> & { url: string }): Promise<Backend | undefined> {
     return promisify<{ backend?: Backend | undefined }>((cb) =>
-      this.backends.addBackend({ kind: 0, maxConcurrency: 0, id: '', model: '', ...request }, this.adminMetadata, cb),
+      this.backends.addBackend({ kind: 0, maxConcurrency: 0, id: '', model: '', logprobsMode: 0, ...request }, this.adminMetadata, cb),
     ).then((r) => r.backend);
   }
 

@@ -4,7 +4,10 @@ import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
 import type { BackendPool, BackendInfo } from '../backends/pool.js';
 import { BACKEND_KIND_NAMES, createEngineClient, type BackendKind as EngineKind } from '../backends/kinds.js';
-import { type Backend, BackendKind, type BackendServiceServer } from '../../gen/ts/rollout/v1/backend.js';
+import type { CapacitySource as EngineCapacitySource } from '../backends/backend-state.js';
+import type { LogprobsMode as EngineLogprobsMode } from '../backends/types.js';
+import { type Backend, BackendKind, type BackendServiceServer, CapacitySource, LogprobsMode } from '../../gen/ts/rollout/v1/backend.js';
+import { logprobsModeToProto } from '../pipeline/trajectory.js';
 import { unary } from './unary.js';
 
 export interface BackendServiceDeps {
@@ -12,7 +15,6 @@ export interface BackendServiceDeps {
   logger: Logger;
   /** When set, every call must carry `authorization: Bearer <token>`. */
   adminToken?: string;
-  defaultMaxConcurrency: number;
   defaultModel: string;
   requestTimeoutMs: number;
   /** Cap on engine answers in bytes (0 or absent = derived per request). */
@@ -29,6 +31,20 @@ function kindFromProto(value: BackendKind): EngineKind | undefined {
   if (value === BackendKind.BACKEND_KIND_UNSPECIFIED) return 'vllm';
   return BACKEND_KIND_NAMES.find((kind) => kindToProto(kind) === value);
 }
+
+/** A declared mode of an AddBackend request: undefined for UNSPECIFIED; MIXED or an unknown value is invalid_argument. */
+function logprobsModeFromProto(value: LogprobsMode): EngineLogprobsMode | undefined {
+  if (value === LogprobsMode.LOGPROBS_MODE_UNSPECIFIED) return undefined;
+  if (value === LogprobsMode.LOGPROBS_MODE_RAW) return 'raw';
+  if (value === LogprobsMode.LOGPROBS_MODE_PROCESSED) return 'processed';
+  throw RolloutError.invalid('logprobs_mode', value === LogprobsMode.LOGPROBS_MODE_MIXED ? 'an engine is RAW or PROCESSED; MIXED describes trajectories' : `unknown mode ${value}`);
+}
+
+const CAPACITY_SOURCE: Readonly<Record<EngineCapacitySource, CapacitySource>> = {
+  configured: CapacitySource.CAPACITY_SOURCE_CONFIGURED,
+  engine: CapacitySource.CAPACITY_SOURCE_ENGINE,
+  default: CapacitySource.CAPACITY_SOURCE_DEFAULT,
+};
 
 /** BackendService (admin): add, remove and list the engines the pool routes to. */
 export function backendService(deps: BackendServiceDeps): BackendServiceServer {
@@ -51,17 +67,26 @@ export function backendService(deps: BackendServiceDeps): BackendServiceServer {
       if (request.maxConcurrency < 0) throw RolloutError.invalid('max_concurrency', 'must not be negative');
       const kindName = kindFromProto(request.kind);
       if (kindName === undefined) throw RolloutError.invalid('kind', `unknown kind ${request.kind}`);
+      const logprobsMode = logprobsModeFromProto(request.logprobsMode);
       const client = createEngineClient(kindName, url.toString().replace(/\/$/, ''), request.model || deps.defaultModel, {
         requestTimeoutMs: deps.requestTimeoutMs,
         maxResponseBytes: deps.maxResponseBytes ?? 0,
       });
       const added = deps.pool.add(client, {
         id: request.id || url.toString().replace(/\/$/, ''),
-        maxConcurrency: request.maxConcurrency || deps.defaultMaxConcurrency,
+        maxConcurrency: request.maxConcurrency, // 0: what the engine reports, else the pool's default
         model: request.model || deps.defaultModel,
+        ...(logprobsMode !== undefined && { logprobsMode }),
       });
-      // Answer with the engine's max_model_len when it can be learned in time (bounded; never fails the call).
+      // Answer with what the engine says about itself when it can be learned in time (bounded; an engine that cannot
+      // answer does not fail the call), and refuse it when it contradicts what the request declared.
       const snapshot = await deps.pool.learn(added.id).catch(() => added);
+      try {
+        deps.pool.checkEngineAgrees(added.id);
+      } catch (err) {
+        await deps.pool.remove(added.id, { drain: false });
+        throw err;
+      }
       log.info({ id: snapshot.id, url: snapshot.url }, 'backend added');
       return { backend: toBackend(snapshot) };
     }),
@@ -100,5 +125,7 @@ export function toBackend(b: BackendInfo): Backend {
     policyVersion: b.policyVersion,
     model: b.model,
     maxModelLen: b.maxModelLen ?? 0,
+    logprobsMode: logprobsModeToProto(b.logprobsMode),
+    capacitySource: CAPACITY_SOURCE[b.capacitySource],
   };
 }

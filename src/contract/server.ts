@@ -53,7 +53,6 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
       pool: runtime.deps.pool,
       logger,
       ...(config.adminToken !== undefined && { adminToken: config.adminToken }),
-      defaultMaxConcurrency: 256,
       defaultModel: config.model.name,
       requestTimeoutMs: config.backendRequestTimeoutMs,
       maxResponseBytes: config.backendMaxResponseBytes,

@@ -114,6 +114,7 @@ async function runWithTools(sample: Sample, deps: AgentLoopDeps, signal: AbortSi
         backend: result.backendId,
         policyVersion: result.policyVersion,
         finishReason: result.finishReason,
+        logprobsMode: result.logprobsMode,
       });
       const parsed = deps.parser.parse(text);
       if (parsed.calls.length === 0 && parsed.errors.length === 0) {

@@ -1,4 +1,6 @@
+import type { LogprobsMode as EngineLogprobsMode } from '../backends/types.js';
 import { describeError, type RolloutError } from '../errors.js';
+import { LogprobsMode } from '../../gen/ts/rollout/v1/backend.js';
 import { Role, ToolOutcome, Trajectory, TrajectoryStatus, type Turn } from '../../gen/ts/rollout/v1/rollout.js';
 import type { LedgerSnapshot, LedgerTurn } from '../tokens/ledger.js';
 import { finishReasonForError, statusForError } from './outcome.js';
@@ -78,7 +80,21 @@ function withTokens(trajectory: Trajectory, tokens: LedgerSnapshot, includeMessa
     messages: includeMessages ? tokens.messages.map((m) => ({ role: m.role, content: m.content, name: m.name ?? '' })) : [],
     policyVersionMin: tokens.policyVersionMin,
     policyVersionMax: tokens.policyVersionMax,
+    logprobsMode: logprobsModeToProto(trajectoryLogprobsMode(tokens.turns)),
   };
+}
+
+/**
+ * The logprobs mode of a whole trajectory, from its sampled (assistant) turns: `mixed` when engines of both modes
+ * sampled it (its ratios cannot be computed one way); otherwise unknown (undefined) when any turn's engine did not
+ * say or nothing was sampled — one unknown turn is enough to make the whole unverifiable; otherwise the common mode.
+ */
+export function trajectoryLogprobsMode(turns: readonly LedgerTurn[]): EngineLogprobsMode | 'mixed' | undefined {
+  const sampled = turns.filter((t) => t.role === 'assistant');
+  const modes = new Set(sampled.map((t) => t.logprobsMode));
+  if (modes.has('raw') && modes.has('processed')) return 'mixed';
+  if (sampled.length === 0 || modes.has(undefined) || modes.size !== 1) return undefined;
+  return sampled[0]!.logprobsMode;
 }
 
 const ROLE: Record<LedgerTurn['role'], Role> = {
@@ -105,4 +121,18 @@ function toTurn(turn: LedgerTurn): Turn {
     toolName: turn.toolName ?? '',
     toolOutcome: turn.toolOutcome ? OUTCOME[turn.toolOutcome] : ToolOutcome.TOOL_OUTCOME_UNSPECIFIED,
   };
+}
+
+/** The contract's enum value of a logprobs mode (UNSPECIFIED when unknown). */
+export function logprobsModeToProto(mode: EngineLogprobsMode | 'mixed' | undefined): LogprobsMode {
+  switch (mode) {
+    case 'raw':
+      return LogprobsMode.LOGPROBS_MODE_RAW;
+    case 'processed':
+      return LogprobsMode.LOGPROBS_MODE_PROCESSED;
+    case 'mixed':
+      return LogprobsMode.LOGPROBS_MODE_MIXED;
+    case undefined:
+      return LogprobsMode.LOGPROBS_MODE_UNSPECIFIED;
+  }
 }

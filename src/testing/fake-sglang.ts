@@ -24,6 +24,14 @@ export interface FakeSglangOptions {
   inject?: (request: { index: number; body: Record<string, unknown> }) => InjectedFailure | undefined;
   /** SGLang's context_len (default 40960): prompt + max_new_tokens >= it is refused, as SGLang does. */
   contextLength?: number;
+  /**
+   * The running-request cap of each data-parallel rank, as GET /get_server_info reports it
+   * (`internal_states[*].effective_max_running_requests_per_dp`; default 256). Only reported: the fake runs any
+   * number at once.
+   */
+  maxRunningRequests?: number;
+  /** Data-parallel ranks (`dp_size`, one internal state each; default 1). */
+  dpSize?: number;
   /** Sees every answer the engine returns. */
   onCompletion?: (completion: { promptIds: readonly number[]; tokenIds: readonly number[]; logprobs: readonly number[]; finishReason: FakeSample['finish'] }) => void;
 }
@@ -55,7 +63,7 @@ function finishReason(sample: FakeSample, stopId: number): Record<string, unknow
  *   output_token_logprobs: [[logprob, id, null], ...] (with return_logprob)}}`; errors are HTTP 400
  *   `{"error": {"message"}}`, the context-length ones with SGLang's wording;
  * - `GET /health`, `GET /health_generate` (200, or 503 when unhealthy), `GET /get_model_info`, `GET /v1/models`
- *   (`max_model_len` = context_len);
+ *   (`max_model_len` = context_len), `GET /get_server_info` (server args, `internal_states` with the running cap);
  * - `POST /abort_request {rid | abort_all}`, `POST /pause_generation {mode: abort|retract|in_place}`,
  *   `POST /continue_generation`.
  *
@@ -129,6 +137,8 @@ export class FakeSglangEngine {
       const card = { id: this.model, object: 'model', created: Math.floor(Date.now() / 1000), owned_by: 'sglang', root: this.model, parent: null,
         max_model_len: this.#contextLength };
       sendJson(res, 200, { object: 'list', data: [card] });
+    } else if (req.method === 'GET' && path === '/get_server_info') {
+      sendJson(res, 200, this.#serverInfo());
     } else if (post && path === '/generate') {
       await this.#generate(req, res);
     } else if (req.method === 'POST' && path === '/abort_request') {
@@ -149,6 +159,21 @@ export class FakeSglangEngine {
     } else {
       sendJson(res, 404, { detail: 'Not Found' });
     }
+  }
+
+  /**
+   * SGLang's GET /get_server_info: the server arguments flattened at the top level (a few of them here; the flag
+   * --max-running-requests is null when not given), the scheduler's info, one internal state per DP rank, version.
+   */
+  #serverInfo(): Record<string, unknown> {
+    const dp = this.options.dpSize ?? 1;
+    const perRank = this.options.maxRunningRequests ?? 256;
+    const state = { last_gen_throughput: 0, memory_usage: { weight: 1, kvcache: 0.2, token_capacity: 20480, graph: 0 }, effective_max_running_requests_per_dp: perRank };
+    return {
+      model_path: this.model, served_model_name: this.model, context_length: this.#contextLength, dp_size: dp, tp_size: 1,
+      max_running_requests: null, sampling_backend: 'pytorch', max_total_num_tokens: 20480, max_req_input_len: this.#contextLength - 1,
+      internal_states: Array.from({ length: dp }, () => ({ ...state })), version: '0.5.6-fake',
+    };
   }
 
   get #contextLength(): number {

@@ -7,6 +7,7 @@ import { FakeInflight } from './fake-inflight.js';
 import { closeServer, listenLocal, OK_JSON, readJson, streamOversized } from './fake-http.js';
 import { abortedSample, FakeSampler, type FakeSample } from './fake-sampling.js';
 import type { FakePolicy } from './scripted-policy.js';
+import type { VllmLogprobsMode } from './vllm-server.js';
 
 /**
  * A fault to inject into one completion request: an HTTP error, a dropped connection, no answer at all, a
@@ -48,10 +49,17 @@ export interface FakeVllmOptions {
   /** Sees every completion the engine returns, so tests can compare trajectories with what was sampled. */
   onCompletion?: (completion: { promptIds: readonly number[]; tokenIds: readonly number[]; logprobs: readonly number[]; finishReason: 'stop' | 'length' | 'abort' }) => void;
   /**
-   * VLLM_SERVER_DEV_MODE: when true (default), POST /pause?mode=, /resume, /abort_requests and GET /is_paused are
-   * served; when false they are 404s, as on a production vLLM.
+   * VLLM_SERVER_DEV_MODE: when true (default), POST /pause?mode=, /resume, /abort_requests and GET /is_paused and
+   * /server_info are served; when false they are 404s, as on a production vLLM.
    */
   devMode?: boolean;
+  /**
+   * The --logprobs-mode GET /server_info reports (default `processed_logprobs`, as the project's launch helper starts
+   * vLLM; vLLM's own default is raw_logprobs). Only reported: the fake's logprobs are scripted either way.
+   */
+  logprobsMode?: VllmLogprobsMode;
+  /** --max-num-seqs, as GET /server_info reports it (default 256). Only reported: the fake runs any number at once. */
+  maxNumSeqs?: number;
 }
 
 /** Counters a test or benchmark reads to see what the engine was asked to do. */
@@ -76,8 +84,9 @@ export interface FakeVllmStats {
 /**
  * TEST DOUBLE: a real HTTP server on 127.0.0.1 that speaks the subset of vLLM's OpenAI-compatible API the
  * rollout server uses — `POST /v1/completions` with a token-id prompt, `logprobs`, `return_token_ids`, `stop`,
- * `seed`, `request_id` (or the X-Request-Id header); `GET /health`; `GET /v1/models`; and the dev-mode control
- * routes `POST /pause?mode=abort|wait|keep`, `POST /resume`, `POST /abort_requests {request_ids}` (engine ids
+ * `seed`, `request_id` (or the X-Request-Id header); `GET /health`; `GET /v1/models`; and the dev-mode routes
+ * `GET /server_info` (its logprobs mode and max_num_seqs), `POST /pause?mode=abort|wait|keep`, `POST /resume`,
+ * `POST /abort_requests {request_ids}` (engine ids
  * `cmpl-<request id>-0`, as vLLM names them) — with vLLM-shaped JSON. With `tokenLatencyMs` > 0 requests stay in
  * flight long enough to be paused or aborted; an aborted one answers with the tokens decoded so far and finish
  * "abort". A scripted policy writes the assistant text,
@@ -191,11 +200,32 @@ export class FakeVllmEngine {
       const ids = Array.isArray(body.request_ids) && body.request_ids.length > 0 ? body.request_ids.map(String) : undefined;
       const aborted = this.#inflight.abort(ids);
       res.writeHead(200, OK_JSON).end(JSON.stringify({ status: 'aborted', aborted: ids?.length ?? aborted }));
+    } else if (dev && req.method === 'GET' && path === '/server_info') {
+      res.writeHead(200, OK_JSON).end(JSON.stringify(this.#serverInfo(new URLSearchParams(query).get('config_format') === 'json')));
     } else if (dev && req.method === 'GET' && path === '/is_paused') {
       res.writeHead(200, OK_JSON).end(JSON.stringify({ is_paused: this.#inflight.paused }));
     } else {
       sendError(res, 404, 'NotFoundError', `no route ${req.method} ${path}`);
     }
+  }
+
+  /**
+   * vLLM 0.32's GET /server_info, reduced to the parts of its shape that matter (recorded from the real one:
+   * test/fixtures/vllm-0.32-server-info.json): `vllm_config` as JSON (config_format=json) or as the text of
+   * str(VllmConfig) (the default, which does not carry logprobs_mode), `vllm_env` and `system_env`.
+   */
+  #serverInfo(json: boolean): Record<string, unknown> {
+    const logprobsMode = this.options.logprobsMode ?? 'processed_logprobs';
+    const maxModelLen = this.options.maxModelLen ?? 40960;
+    const maxNumSeqs = this.options.maxNumSeqs ?? 256;
+    const config = {
+      model_config: { model: this.model, served_model_name: this.model, max_model_len: maxModelLen, logprobs_mode: logprobsMode, max_logprobs: 20, seed: 0 },
+      cache_config: { block_size: 16, enable_prefix_caching: true, gpu_memory_utilization: 0.9 },
+      parallel_config: { data_parallel_size: 1, data_parallel_size_local: 1, data_parallel_external_lb: false, data_parallel_hybrid_lb: false, tensor_parallel_size: 1 },
+      scheduler_config: { max_num_seqs: maxNumSeqs, max_num_batched_tokens: 8192, max_model_len: maxModelLen },
+    };
+    const text = `model='${this.model}', max_seq_len=${maxModelLen}, seed=0, served_model_name=${this.model}, enable_prefix_caching=True`;
+    return { vllm_config: json ? config : text, vllm_env: { VLLM_SERVER_DEV_MODE: true }, system_env: {} };
   }
 
   async #complete(req: IncomingMessage, res: ServerResponse): Promise<void> {

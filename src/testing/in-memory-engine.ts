@@ -1,5 +1,5 @@
 import { RolloutError } from '../errors.js';
-import type { BackendKind, EngineClient, GenerateRequest, GenerateResult } from '../backends/types.js';
+import type { BackendKind, EngineClient, EngineServerInfo, GenerateRequest, GenerateResult } from '../backends/types.js';
 
 /** A request parked in an InMemoryEngineClient until the test answers or fails it. */
 export interface PendingGeneration {
@@ -16,6 +16,11 @@ export interface InMemoryEngineOptions {
   /** Answers every request at once (after `delayMs`) instead of parking it for the test. */
   respond?: (request: GenerateRequest) => GenerateResult;
   delayMs?: number;
+  /**
+   * What the engine says about how it runs (EngineClient.serverInfo), or a function answering each ask (it may
+   * throw, like an engine that cannot be reached). Absent: the client has no serverInfo, like an engine that never says.
+   */
+  serverInfo?: EngineServerInfo | (() => Promise<EngineServerInfo>);
 }
 
 /** The answer used when a test does not care what the engine says. */
@@ -40,10 +45,14 @@ export class InMemoryEngineClient implements EngineClient {
   readonly pending: PendingGeneration[] = [];
   #running = 0;
   #maxRunning = 0;
+  /** Present when the options give a server info (see InMemoryEngineOptions.serverInfo). */
+  readonly serverInfo?: () => Promise<EngineServerInfo>;
 
   constructor(private readonly options: InMemoryEngineOptions = {}) {
     this.kind = options.kind ?? 'vllm';
     this.url = options.url ?? 'memory://engine';
+    const info = options.serverInfo;
+    if (info !== undefined) this.serverInfo = typeof info === 'function' ? info : () => Promise.resolve({ ...info });
   }
 
   /** Requests being generated now (parked or delayed). */

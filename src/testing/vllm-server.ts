@@ -12,8 +12,9 @@ const ROOT = fileURLToPath(new URL('../../', import.meta.url));
  * before temperature, top-p/top-k and penalties; `processed_logprobs` are those of the distribution the token was
  * actually sampled from. PPO/GRPO importance ratios (π_new / π_old of the sampled token) need the sampling
  * distribution's, so rollouts for training should run `processed_logprobs` (identical to raw at temperature 1 with
- * no top-p/top-k). vLLM does not report the mode over its API (`/v1/models` does not carry it and `/server_info` is
- * a dev-mode route), so whoever starts the engine must know it.
+ * no top-p/top-k). vLLM states the mode only on its dev-mode route GET /server_info?config_format=json
+ * (`vllm_config.model_config.logprobs_mode`), which the server reads (VllmClient.serverInfo); without dev mode, declare
+ * it (AddBackend logprobs_mode, config `logprobsMode`).
  */
 export type VllmLogprobsMode = 'raw_logprobs' | 'processed_logprobs' | 'raw_logits' | 'processed_logits';
 
@@ -45,6 +46,9 @@ export function defaultVllmVenv(): string {
   return isAbsolute(venv) ? venv : join(ROOT, venv);
 }
 
+/** Where scripts/setup.sh installs uv (.venvs/uv/bin/uv). */
+const UV_BIN = join(ROOT, '.venvs/uv/bin');
+
 /** The tiny random-weight Qwen3 scripts/setup.sh writes (python/vllm/make_tiny_model.py). */
 export const TINY_QWEN3_DIR = join(ROOT, '.cache/models/tiny-qwen3');
 
@@ -58,9 +62,13 @@ export function vllmInstalled(venv = defaultVllmVenv()): boolean {
  * up the distribution "vllm"), so the module `vllm serve` itself runs is started instead; it takes the same
  * arguments. The environment makes a CPU engine start in well under a minute with ~3.3 GB: the V1 engine in-process
  * (no engine-core subprocess), 1 GiB of KV cache, and the dev-mode routes (/pause, /resume, /is_paused,
- * /abort_requests) an RL trainer needs around weight updates. --enforce-eager skips graph capture.
+ * /abort_requests) an RL trainer needs around weight updates, and /server_info, which states the logprobs mode and
+ * max_num_seqs. --enforce-eager skips graph capture. The venv is a uv venv without pip, and vLLM 0.32's /server_info
+ * lists packages with `uv pip list` there (500 when uv is not on its PATH), so the project's uv goes on the PATH
+ * with VIRTUAL_ENV naming the venv.
  */
 export function vllmServeCommand(python: string, options: VllmServerOptions & { port: number }): { command: string; args: string[]; env: Record<string, string> } {
+  const venv = dirname(dirname(python));
   const args = [
     '-m', 'vllm.entrypoints.launchers.api_server.entry',
     '--model', options.modelDir,
@@ -79,6 +87,8 @@ export function vllmServeCommand(python: string, options: VllmServerOptions & { 
     VLLM_CPU_KVCACHE_SPACE: '1',
     VLLM_ENABLE_V1_MULTIPROCESSING: '0',
     VLLM_NO_USAGE_STATS: '1',
+    VIRTUAL_ENV: venv,
+    ...(existsSync(join(UV_BIN, 'uv')) && { PATH: `${UV_BIN}:${process.env.PATH ?? '/usr/bin:/bin'}` }),
     ...options.env,
   };
   return { command: python, args, env };

@@ -1,4 +1,4 @@
-import type { GenerateResult } from '../backends/types.js';
+import type { GenerateResult, LogprobsMode } from '../backends/types.js';
 import { RolloutError } from '../errors.js';
 import { environmentDelta, probeAssistantClosing, type DeltaMethod } from './template-delta.js';
 import type { ChatMessage, ChatTemplate, Tokenizer, ToolSchema } from './types.js';
@@ -20,6 +20,8 @@ export interface LedgerTurn {
   end: number;
   backend?: string;
   policyVersion?: number;
+  /** Which logprobs the sampling engine reports (assistant turns; absent when unknown). */
+  logprobsMode?: LogprobsMode;
   finishReason?: GenerateResult['finishReason'];
   toolName?: string;
   toolOutcome?: ToolOutcome;
@@ -56,6 +58,8 @@ export interface SampledTurn {
   backend: string;
   policyVersion: number;
   finishReason: GenerateResult['finishReason'];
+  /** Which logprobs the engine reports; undefined when unknown. */
+  logprobsMode?: LogprobsMode | undefined;
 }
 
 /** What the environment's messages answer. */
@@ -194,6 +198,7 @@ export class TokenLedger {
       backend: turn.backend,
       policyVersion: turn.policyVersion,
       finishReason: turn.finishReason,
+      ...(turn.logprobsMode !== undefined && { logprobsMode: turn.logprobsMode }),
     });
     this.state = 'awaiting_environment';
     return content;

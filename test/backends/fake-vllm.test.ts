@@ -1,4 +1,5 @@
 import fc from 'fast-check';
+import { readFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { VllmClient } from '../../src/backends/vllm-client.js';
 import { evaluateArithmetic, makeMathProblem, mathProblem } from '../../src/testing/arithmetic.js';
@@ -119,5 +120,23 @@ describe('math problems', () => {
         return p.answer === expected && p.question === `What is ${p.expression}?`;
       }),
     );
+  });
+});
+
+describe("FakeVllmEngine's GET /server_info (a double of vLLM 0.32's dev-mode route)", () => {
+  /** The real answer, recorded (see test/backends/server-info.test.ts). */
+  const recorded = JSON.parse(readFileSync(new URL('../fixtures/vllm-0.32-server-info.json', import.meta.url), 'utf8')) as Record<string, Record<string, Record<string, unknown>>>;
+
+  it('has the real shape: the same top-level keys, and the fields the server reads where vLLM puts them', async () => {
+    const json = (await (await fetch(`${engine.url}/server_info?config_format=json`)).json()) as typeof recorded;
+    expect(Object.keys(json).sort()).toEqual(Object.keys(recorded).sort());
+    const read = [['model_config', 'logprobs_mode'], ['model_config', 'max_model_len'], ['scheduler_config', 'max_num_seqs'],
+      ['parallel_config', 'data_parallel_size'], ['parallel_config', 'data_parallel_size_local'], ['parallel_config', 'data_parallel_external_lb'],
+      ['parallel_config', 'data_parallel_hybrid_lb']] as const;
+    for (const [section, field] of read) {
+      expect(typeof json.vllm_config![section]![field], `${section}.${field}`).toBe(typeof recorded.vllm_config![section]![field]);
+    }
+    const text = (await (await fetch(`${engine.url}/server_info`)).json()) as { vllm_config: unknown };
+    expect(typeof text.vllm_config).toBe('string'); // vLLM's default format: str(VllmConfig), without logprobs_mode
   });
 });

@@ -4,6 +4,7 @@ import { compareLoad, type LoadKey } from '../../src/backends/picker.js';
 import { referenceOrder } from './reference-load-order.js';
 import { BackendPool } from '../../src/backends/pool.js';
 import type { BackendLease, LeaseResult } from '../../src/backends/lease.js';
+import type { EngineServerInfo } from '../../src/backends/types.js';
 import type { RolloutError } from '../../src/errors.js';
 import { InMemoryEngineClient } from '../../src/testing/in-memory-engine.js';
 
@@ -17,6 +18,7 @@ import { InMemoryEngineClient } from '../../src/testing/in-memory-engine.js';
 
 type Op =
   | { kind: 'add'; healthy: boolean; maxConcurrency: number }
+  | { kind: 'report'; pick: number; capacity: number }
   | { kind: 'remove'; pick: number; drain: boolean }
   | { kind: 'health'; pick: number; healthy: boolean }
   | { kind: 'acquire' }
@@ -24,7 +26,9 @@ type Op =
   | { kind: 'start'; pick: number }
   | { kind: 'finish'; pick: number };
 
-const addArb = fc.record({ kind: fc.constant('add' as const), healthy: fc.boolean(), maxConcurrency: fc.integer({ min: 1, max: 4 }) });
+/** maxConcurrency 0: not configured — the pool's default (2) until the engine reports its own (a `report` op). */
+const addArb = fc.record({ kind: fc.constant('add' as const), healthy: fc.boolean(), maxConcurrency: fc.integer({ min: 0, max: 4 }) });
+const DEFAULT_CAPACITY = 2;
 const opArb: fc.Arbitrary<Op> = fc.oneof(
   { arbitrary: addArb, weight: 2 },
   { arbitrary: fc.record({ kind: fc.constant('remove' as const), pick: fc.nat(), drain: fc.boolean() }), weight: 1 },
@@ -33,6 +37,7 @@ const opArb: fc.Arbitrary<Op> = fc.oneof(
   { arbitrary: fc.record({ kind: fc.constant('release' as const), pick: fc.nat() }), weight: 2 },
   { arbitrary: fc.record({ kind: fc.constant('start' as const), pick: fc.nat() }), weight: 3 },
   { arbitrary: fc.record({ kind: fc.constant('finish' as const), pick: fc.nat() }), weight: 3 },
+  { arbitrary: fc.record({ kind: fc.constant('report' as const), pick: fc.nat(), capacity: fc.integer({ min: 1, max: 5 }) }), weight: 1 },
 );
 
 interface ModelBackend {
@@ -88,9 +93,11 @@ class Model {
 }
 
 async function runScenario(ops: readonly Op[]): Promise<void> {
-  const pool = new BackendPool({ acquireTimeoutMs: 5_000, maxFailoversPerRequest: 10 });
+  const pool = new BackendPool({ acquireTimeoutMs: 5_000, maxFailoversPerRequest: 10, defaultMaxConcurrency: DEFAULT_CAPACITY });
   const model = new Model();
   const clients = new Map<string, InMemoryEngineClient>();
+  /** The answer each unconfigured engine will give when asked its capacity, until a `report` op gives it. */
+  const reports = new Map<string, (info: EngineServerInfo) => void>();
   let nextId = 0;
   const pickBackend = (n: number): ModelBackend | undefined => [...model.backends.values()][n % Math.max(1, model.backends.size)];
   const pickLease = (n: number, filter: (l: ModelLease) => boolean): ModelLease | undefined => {
@@ -138,10 +145,22 @@ async function runScenario(ops: readonly Op[]): Promise<void> {
     switch (op.kind) {
       case 'add': {
         const id = `b${nextId++}`;
-        const client = new InMemoryEngineClient({ url: `memory://${id}` });
+        const answer = new Promise<EngineServerInfo>((resolve) => reports.set(id, resolve));
+        const client = new InMemoryEngineClient({ url: `memory://${id}`, ...(op.maxConcurrency === 0 && { serverInfo: () => answer }) });
         clients.set(id, client);
         pool.add(client, { id, maxConcurrency: op.maxConcurrency, model: 'm', healthy: op.healthy });
-        model.backends.set(id, { id, healthy: op.healthy, draining: false, capacity: op.maxConcurrency });
+        model.backends.set(id, { id, healthy: op.healthy, draining: false, capacity: op.maxConcurrency || DEFAULT_CAPACITY });
+        break;
+      }
+      case 'report': {
+        // The engine of an unconfigured backend answers with its capacity: the key and the slot limit change.
+        const b = pickBackend(op.pick);
+        const configured = b === undefined || clients.get(b.id)!.serverInfo === undefined;
+        if (b === undefined || configured || !reports.has(b.id)) break;
+        reports.get(b.id)!({ maxConcurrency: op.capacity });
+        reports.delete(b.id);
+        await pool.learn(b.id);
+        b.capacity = op.capacity;
         break;
       }
       case 'remove': {

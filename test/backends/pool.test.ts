@@ -71,7 +71,7 @@ describe('BackendPool routing', () => {
     await expect(lease.generate(request())).rejects.toMatchObject({ code: 'failed_precondition' });
   });
 
-  it('runs at most maxConcurrency requests per backend and queues the rest in FIFO order', async () => {
+  it('runs at most maxConcurrency requests per backend and queues the rest in arrival order among first turns', async () => {
     const pool = makePool();
     const engine = new InMemoryEngineClient();
     pool.add(engine, { id: 'a', maxConcurrency: 2, model: 'm' });
@@ -88,6 +88,30 @@ describe('BackendPool routing', () => {
     expect(engine.calls.map((c) => c.promptIds[0])).toEqual([0, 1, 2, 3, 4]);
     expect(engine.maxRunning).toBe(2);
     expect(pool.list()[0]).toMatchObject({ inflightRequests: 0, queuedRequests: 0 });
+  });
+
+  it('serves a queued request of a trajectory deeper into its turns before first turns, unless queueOrder is fifo', async () => {
+    for (const queueOrder of ['turns', 'fifo'] as const) {
+      const pool = makePool({ queueOrder });
+      const engine = new InMemoryEngineClient();
+      pool.add(engine, { id: 'a', maxConcurrency: 1, model: 'm' });
+      const [deep, x, y] = await Promise.all(['deep', 'x', 'y'].map((k) => pool.acquire(k)));
+      const first = deep!.generate({ ...request(), promptIds: [0] });
+      await flush();
+      engine.pending[0]!.resolve();
+      await first; // `deep` has run one turn
+      const blocker = x!.generate({ ...request(), promptIds: [1] });
+      await flush();
+      const later = [y!.generate({ ...request(), promptIds: [2] }), deep!.generate({ ...request(), promptIds: [3] })];
+      await flush();
+      while (engine.pending.length > 0) {
+        engine.pending[0]!.resolve();
+        await flush();
+      }
+      await Promise.all([blocker, ...later]);
+      // y (its first turn) arrived before deep's second turn; `turns` serves deep first, `fifo` by arrival.
+      expect(engine.calls.map((c) => c.promptIds[0])).toEqual(queueOrder === 'turns' ? [0, 1, 3, 2] : [0, 1, 2, 3]);
+    }
   });
 
   it('lets a queued request be aborted without disturbing the queue', async () => {

@@ -133,6 +133,19 @@ describe('SglangClient against the fake SGLang engine', () => {
   });
 });
 
+describe('SglangClient asks the engine how it runs (GET /get_server_info)', () => {
+  it('sums the running-request caps of its data-parallel ranks and leaves the logprobs mode unknown', async () => {
+    const dp = await FakeSglangEngine.start({ tokenizer, model: 'qwen3-test', maxRunningRequests: 48, dpSize: 2 });
+    try {
+      expect(await client.serverInfo(signal())).toEqual({ maxConcurrency: 256 });
+      expect(await new SglangClient({ url: dp.url, model: 'qwen3-test' }).serverInfo(signal())).toEqual({ maxConcurrency: 96 });
+      await expect(new SglangClient({ url: 'http://127.0.0.1:1', model: 'm' }).serverInfo(AbortSignal.timeout(1_000))).rejects.toMatchObject({ code: 'backend_error' });
+    } finally {
+      await dp.close();
+    }
+  });
+});
+
 describe('SglangClient checks every engine answer before it becomes a trajectory', () => {
   const ask = (c: SglangClient, extra: { maxTokens?: number } = {}) =>
     c.generate({ promptIds: prompt, maxTokens: extra.maxTokens ?? 64, vocabSize: 151_669, seed: 5, signal: signal() });

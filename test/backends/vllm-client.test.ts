@@ -165,6 +165,25 @@ describe('VllmClient against the fake vLLM engine', () => {
   });
 });
 
+describe('VllmClient asks the engine how it runs (GET /server_info, dev mode)', () => {
+  it('reads the logprobs mode and max_num_seqs; a production vLLM (404) and a broken route (500) say nothing', async () => {
+    const raw = await FakeVllmEngine.start({ tokenizer, model: 'qwen3-test', logprobsMode: 'raw_logprobs', maxNumSeqs: 48 });
+    const production = await FakeVllmEngine.start({ tokenizer, model: 'qwen3-test', devMode: false });
+    const broken = await rawServer({ error: { message: "'NoneType' object has no attribute 'splitlines'", code: 500 } }, 500);
+    try {
+      expect(await client.serverInfo(signal())).toEqual({ logprobsMode: 'processed', maxConcurrency: 256 });
+      expect(await new VllmClient({ url: raw.url, model: 'qwen3-test' }).serverInfo(signal())).toEqual({ logprobsMode: 'raw', maxConcurrency: 48 });
+      const silent = await new VllmClient({ url: production.url, model: 'qwen3-test' }).serverInfo(signal());
+      expect(silent).toEqual({ note: expect.stringContaining('VLLM_SERVER_DEV_MODE=1') as unknown });
+      expect((await new VllmClient({ url: broken.url, model: 'm' }).serverInfo(signal())).note).toMatch(/HTTP 500.*splitlines/);
+      await expectRolloutError(new VllmClient({ url: 'http://127.0.0.1:1', model: 'm' }).serverInfo(AbortSignal.timeout(1_000)), 'backend_error');
+    } finally {
+      broken.server.close();
+      await Promise.all([raw.close(), production.close()]);
+    }
+  });
+});
+
 describe('VllmClient checks every engine answer before it becomes a trajectory', () => {
   const ask = (c: VllmClient, extra: { maxTokens?: number; vocabSize?: number } = {}) =>
     c.generate({ promptIds: prompt, maxTokens: extra.maxTokens ?? 64, vocabSize: extra.vocabSize ?? 151_669, seed: 5, signal: signal() });

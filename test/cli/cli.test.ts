@@ -67,6 +67,31 @@ describe('the rollout CLI', () => {
     expect(await serve.exited).toBe(0);
   });
 
+  it('`rollout backends` lists capacity with its source and the logprobs mode; `backends add` shows what was learned or why refused', async () => {
+    const serve = rollout(['serve', '--port', '0', '--fake-engine', '--fake-latency-ms', '0']);
+    try {
+      const [, address] = await waitFor(() => serve.output().match(/rollout server listening on (\S+)/), 30_000);
+      const list = rollout(['backends', '--address', address!]);
+      expect(await list.exited, list.output()).toBe(0);
+      const [header, row] = list.output().trim().split('\n');
+      expect(header).toMatch(/^id\s+kind\s+healthy\s+capacity\s+logprobs\s+max_model_len/);
+      // The fake vLLM (a test double) serves dev-mode /server_info: processed_logprobs, max_num_seqs 256.
+      expect(row).toMatch(/vllm\s+yes\s+256 \(engine\)\s+processed\s+40960/);
+      const url = row!.trim().split(/\s+/).at(-1)!;
+
+      const added = rollout(['backends', 'add', url, '--address', address!, '--id', 'again', '--max-concurrency', '4']);
+      expect(await added.exited, added.output()).toBe(0);
+      expect(added.output()).toMatch(/again\s+vllm\s+yes\s+4 \(configured\)\s+processed/);
+      const refused = rollout(['backends', 'add', url, '--address', address!, '--id', 'wrong', '--logprobs-mode', 'raw']);
+      expect(await refused.exited).toBe(1);
+      expect(refused.output()).toMatch(/rollout: the server answered INVALID_ARGUMENT: logprobs_mode: declared raw, but engine \S+ reports processed/);
+      expect(refused.output()).not.toMatch(/\n\s+at .*\.(ts|js):\d+/);
+    } finally {
+      serve.child.kill('SIGTERM');
+    }
+    expect(await serve.exited).toBe(0);
+  });
+
   it('rejects a bad flag with a message, not a stack trace', async () => {
     const bad = rollout(['serve', '--port', 'abc']);
     expect(await bad.exited).not.toBe(0);

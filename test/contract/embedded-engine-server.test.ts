@@ -1,4 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
+import { LogprobsMode } from '../../gen/ts/rollout/v1/backend.js';
 import { Role, TrajectoryStatus } from '../../gen/ts/rollout/v1/rollout.js';
 import { EmbeddedEngineClient } from '../../src/backends/embedded/embedded-engine.js';
 import { TINY_QWEN3_URL } from '../../src/backends/embedded/embedded-url.js';
@@ -11,7 +12,8 @@ describe('the whole server on the embedded llama.cpp engine', () => {
   // Every answer the engine built from the config gave, recorded at the EngineClient seam.
   const generate = vi.spyOn(EmbeddedEngineClient.prototype, 'generate');
   beforeAll(async () => {
-    h = await startServerHarness({ config: { backends: [{ kind: 'embedded', url: `${TINY_QWEN3_URL}?sequences=2`, maxConcurrency: 2 }] } });
+    // No maxConcurrency: the backend's capacity is the engine's own (its two sequences).
+    h = await startServerHarness({ config: { backends: [{ kind: 'embedded', url: `${TINY_QWEN3_URL}?sequences=2` }] } });
   }, 120_000);
   afterAll(async () => {
     generate.mockRestore();
@@ -35,6 +37,7 @@ describe('the whole server on the embedded llama.cpp engine', () => {
       // Random weights write random text: the sample ends unrewarded, never as an infrastructure failure.
       expect([TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED, TrajectoryStatus.TRAJECTORY_STATUS_TRUNCATED]).toContain(t.status);
       expect(invariantViolations(t)).toEqual([]);
+      expect(t.logprobsMode).toBe(LogprobsMode.LOGPROBS_MODE_PROCESSED); // llama.cpp's confidence: the sampling distribution's
       const all = [...t.promptTokenIds, ...t.responseTokenIds];
       const assistant = t.turns.filter((x) => x.role === Role.ROLE_ASSISTANT);
       expect(assistant.length).toBeGreaterThan(0);
@@ -57,9 +60,9 @@ describe('the whole server on the embedded llama.cpp engine', () => {
     expect(trajectories[0]!.responseTokenIds).not.toEqual(trajectories[1]!.responseTokenIds);
   });
 
-  it('lists the embedded backend as healthy with its context size', async () => {
+  it('lists the embedded backend as healthy with its context size, its sequences as capacity and processed logprobs', async () => {
     const [backend] = h.server.pool.list();
-    expect(backend).toMatchObject({ kind: 'embedded', healthy: true });
+    expect(backend).toMatchObject({ kind: 'embedded', healthy: true, maxConcurrency: 2, capacitySource: 'engine', logprobsMode: 'processed' });
     expect(backend!.maxModelLen).toBeGreaterThanOrEqual(4096);
   });
 });

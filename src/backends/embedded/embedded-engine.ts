@@ -2,7 +2,7 @@ import { randomInt } from 'node:crypto';
 import type { LlamaContext, LlamaContextSequence, LlamaModel, Token } from 'node-llama-cpp';
 import { RolloutError } from '../../errors.js';
 import { ContextOverflowError } from '../context-overflow.js';
-import type { EngineClient, EngineModelInfo, GenerateRequest, GenerateResult } from '../types.js';
+import type { EngineClient, EngineModelInfo, EngineServerInfo, GenerateRequest, GenerateResult } from '../types.js';
 import { parseEmbeddedUrl, type EmbeddedModelSpec } from './embedded-url.js';
 import { loadLlamaRuntime } from './llama-runtime.js';
 import { SequenceSlots } from './sequence-slots.js';
@@ -63,14 +63,15 @@ export class EmbeddedEngineClient implements EngineClient {
   readonly url: string;
   readonly #spec: EmbeddedModelSpec;
   readonly #loaded: Promise<Loaded>;
+  readonly #sequences: number;
   #closed = false;
   #disposal: Promise<void> | undefined;
 
   constructor(options: EmbeddedEngineOptions) {
     this.url = options.url;
     this.#spec = parseEmbeddedUrl(options.url);
-    const sequences = this.#spec.sequences ?? Math.min(options.maxConcurrency ?? 1, MAX_DEFAULT_SEQUENCES);
-    this.#loaded = this.#load(Math.max(1, sequences));
+    this.#sequences = Math.max(1, this.#spec.sequences ?? Math.min(options.maxConcurrency ?? 1, MAX_DEFAULT_SEQUENCES));
+    this.#loaded = this.#load(this.#sequences);
     this.#loaded.catch(() => undefined); // surfaced by generate/health/modelInfo, never as an unhandled rejection
   }
 
@@ -192,6 +193,14 @@ export class EmbeddedEngineClient implements EngineClient {
   async modelInfo(): Promise<EngineModelInfo> {
     const { context } = await this.#loaded;
     return { maxModelLen: context.contextSize };
+  }
+
+  /**
+   * Its sequences (requests decoded at once) and its logprobs, which are always those of the distribution each
+   * token was drawn from (log of node-llama-cpp's confidence, see the class): `processed`.
+   */
+  async serverInfo(): Promise<EngineServerInfo> {
+    return { logprobsMode: 'processed', maxConcurrency: this.#sequences };
   }
 
   /** Frees the context and the model (once loaded); requests waiting for a sequence fail with backend_error. */

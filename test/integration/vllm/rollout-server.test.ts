@@ -1,6 +1,7 @@
 import { createServer, request, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { LogprobsMode } from '../../../gen/ts/rollout/v1/backend.js';
 import { Role, TrajectoryStatus, type Trajectory } from '../../../gen/ts/rollout/v1/rollout.js';
 import { TINY_QWEN3_DIR, VllmServer, vllmInstalled } from '../../../src/testing/vllm-server.js';
 import { collect, invariantViolations, mathTask } from '../../support/harness.js';
@@ -115,6 +116,7 @@ describe.skipIf(!installed)('the rollout server end to end on a real vLLM (tiny 
       expect(POLICY_STATUSES, `${t.taskId}#${t.sampleIndex}: ${TrajectoryStatus[t.status]} ${t.error}`).toContain(t.status);
       expect(invariantViolations(t)).toEqual([]);
       expect(t.responseTokenIds.length).toBeGreaterThan(0);
+      expect(t.logprobsMode, 'learned from /server_info (vllm-server.ts runs processed_logprobs)').toBe(LogprobsMode.LOGPROBS_MODE_PROCESSED);
       assistantTurns += expectVerbatim(t);
     }
     expect(assistantTurns).toBeGreaterThanOrEqual(8);

@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ContextOverflowError } from '../../../src/backends/context-overflow.js';
+import { BackendPool } from '../../../src/backends/pool.js';
 import { VllmClient } from '../../../src/backends/vllm-client.js';
 import { RolloutError } from '../../../src/errors.js';
 import { TINY_QWEN3_DIR, VllmServer, vllmInstalled } from '../../../src/testing/vllm-server.js';
@@ -10,6 +11,7 @@ import type { Tokenizer } from '../../../src/tokens/types.js';
 // tokenizer; see scripts/setup.sh). Its text is random, so the tests check the engine's contract, not its answers.
 // One server for the whole file: starting one costs 30-60 s on CPU.
 const MAX_MODEL_LEN = 1024;
+const MAX_NUM_SEQS = 24;
 const installed = vllmInstalled();
 if (!installed && process.env.CI === 'true') throw new Error('CI=true but the real vLLM is not installed: run ./scripts/setup.sh');
 
@@ -41,7 +43,7 @@ describe.skipIf(!installed)('VllmClient against a real vLLM server (tiny random 
   beforeAll(async () => {
     tokenizer = (await loadQwen3()).tokenizer;
     prompt = tokenizer.encode('<|im_start|>user\nWhat is 17 * 23 + 5?<|im_end|>\n<|im_start|>assistant\n');
-    vllm = await VllmServer.start({ modelDir: TINY_QWEN3_DIR, servedModelName: 'tiny-qwen3', maxModelLen: MAX_MODEL_LEN });
+    vllm = await VllmServer.start({ modelDir: TINY_QWEN3_DIR, servedModelName: 'tiny-qwen3', maxModelLen: MAX_MODEL_LEN, extraArgs: ['--max-num-seqs', String(MAX_NUM_SEQS)] });
     client = new VllmClient({ url: vllm.url, model: vllm.model, requestTimeoutMs: 120_000 });
   }, 360_000);
 
@@ -56,6 +58,17 @@ describe.skipIf(!installed)('VllmClient against a real vLLM server (tiny random 
 
   it('learns max_model_len from /v1/models', async () => {
     expect(await client.modelInfo(signal())).toEqual({ maxModelLen: MAX_MODEL_LEN });
+  });
+
+  it('learns its logprobs mode and max_num_seqs from dev-mode /server_info, and the pool takes them', async () => {
+    expect(await client.serverInfo(signal())).toEqual({ logprobsMode: 'processed', maxConcurrency: MAX_NUM_SEQS });
+    const pool = new BackendPool();
+    try {
+      pool.add(new VllmClient({ url: vllm.url, model: vllm.model }), { id: 'real', model: vllm.model });
+      expect(await pool.learn('real')).toMatchObject({ maxConcurrency: MAX_NUM_SEQS, capacitySource: 'engine', logprobsMode: 'processed', maxModelLen: MAX_MODEL_LEN });
+    } finally {
+      pool.close();
+    }
   });
 
   it('returns the sampled token ids and logprobs exactly as vLLM sends them', async () => {

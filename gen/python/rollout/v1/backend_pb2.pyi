@@ -12,13 +12,35 @@ class BackendKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     BACKEND_KIND_VLLM: _ClassVar[BackendKind]
     BACKEND_KIND_SGLANG: _ClassVar[BackendKind]
     BACKEND_KIND_EMBEDDED: _ClassVar[BackendKind]
+
+class LogprobsMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LOGPROBS_MODE_UNSPECIFIED: _ClassVar[LogprobsMode]
+    LOGPROBS_MODE_RAW: _ClassVar[LogprobsMode]
+    LOGPROBS_MODE_PROCESSED: _ClassVar[LogprobsMode]
+    LOGPROBS_MODE_MIXED: _ClassVar[LogprobsMode]
+
+class CapacitySource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CAPACITY_SOURCE_UNSPECIFIED: _ClassVar[CapacitySource]
+    CAPACITY_SOURCE_CONFIGURED: _ClassVar[CapacitySource]
+    CAPACITY_SOURCE_ENGINE: _ClassVar[CapacitySource]
+    CAPACITY_SOURCE_DEFAULT: _ClassVar[CapacitySource]
 BACKEND_KIND_UNSPECIFIED: BackendKind
 BACKEND_KIND_VLLM: BackendKind
 BACKEND_KIND_SGLANG: BackendKind
 BACKEND_KIND_EMBEDDED: BackendKind
+LOGPROBS_MODE_UNSPECIFIED: LogprobsMode
+LOGPROBS_MODE_RAW: LogprobsMode
+LOGPROBS_MODE_PROCESSED: LogprobsMode
+LOGPROBS_MODE_MIXED: LogprobsMode
+CAPACITY_SOURCE_UNSPECIFIED: CapacitySource
+CAPACITY_SOURCE_CONFIGURED: CapacitySource
+CAPACITY_SOURCE_ENGINE: CapacitySource
+CAPACITY_SOURCE_DEFAULT: CapacitySource
 
 class Backend(_message.Message):
-    __slots__ = ("id", "url", "kind", "max_concurrency", "healthy", "draining", "inflight_trajectories", "inflight_requests", "assigned_total", "policy_version", "model", "max_model_len")
+    __slots__ = ("id", "url", "kind", "max_concurrency", "healthy", "draining", "inflight_trajectories", "inflight_requests", "assigned_total", "policy_version", "model", "max_model_len", "logprobs_mode", "capacity_source")
     ID_FIELD_NUMBER: _ClassVar[int]
     URL_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +53,8 @@ class Backend(_message.Message):
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_MODE_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_SOURCE_FIELD_NUMBER: _ClassVar[int]
     id: str
     url: str
     kind: BackendKind
@@ -43,21 +67,25 @@ class Backend(_message.Message):
     policy_version: int
     model: str
     max_model_len: int
-    def __init__(self, id: _Optional[str] = ..., url: _Optional[str] = ..., kind: _Optional[_Union[BackendKind, str]] = ..., max_concurrency: _Optional[int] = ..., healthy: bool = ..., draining: bool = ..., inflight_trajectories: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., assigned_total: _Optional[int] = ..., policy_version: _Optional[int] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ...) -> None: ...
+    logprobs_mode: LogprobsMode
+    capacity_source: CapacitySource
+    def __init__(self, id: _Optional[str] = ..., url: _Optional[str] = ..., kind: _Optional[_Union[BackendKind, str]] = ..., max_concurrency: _Optional[int] = ..., healthy: bool = ..., draining: bool = ..., inflight_trajectories: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., assigned_total: _Optional[int] = ..., policy_version: _Optional[int] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., logprobs_mode: _Optional[_Union[LogprobsMode, str]] = ..., capacity_source: _Optional[_Union[CapacitySource, str]] = ...) -> None: ...
 
 class AddBackendRequest(_message.Message):
-    __slots__ = ("url", "kind", "max_concurrency", "id", "model")
+    __slots__ = ("url", "kind", "max_concurrency", "id", "model", "logprobs_mode")
     URL_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     MAX_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_MODE_FIELD_NUMBER: _ClassVar[int]
     url: str
     kind: BackendKind
     max_concurrency: int
     id: str
     model: str
-    def __init__(self, url: _Optional[str] = ..., kind: _Optional[_Union[BackendKind, str]] = ..., max_concurrency: _Optional[int] = ..., id: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
+    logprobs_mode: LogprobsMode
+    def __init__(self, url: _Optional[str] = ..., kind: _Optional[_Union[BackendKind, str]] = ..., max_concurrency: _Optional[int] = ..., id: _Optional[str] = ..., model: _Optional[str] = ..., logprobs_mode: _Optional[_Union[LogprobsMode, str]] = ...) -> None: ...
 
 class AddBackendResponse(_message.Message):
     __slots__ = ("backend",)

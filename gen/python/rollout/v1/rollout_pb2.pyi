@@ -288,7 +288,7 @@ class Timing(_message.Message):
     def __init__(self, queue_ms: _Optional[float] = ..., init_ms: _Optional[float] = ..., run_ms: _Optional[float] = ..., llm_ms: _Optional[float] = ..., tool_ms: _Optional[float] = ..., eval_ms: _Optional[float] = ..., total_ms: _Optional[float] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("task_id", "sample_index", "group_id", "environment", "status", "finish_reason", "error", "prompt_token_ids", "response_token_ids", "response_mask", "response_logprobs", "turns", "reward", "reward_details", "eval_report", "messages", "timing", "policy_version_min", "policy_version_max", "metadata", "num_turns")
+    __slots__ = ("task_id", "sample_index", "group_id", "environment", "status", "finish_reason", "error", "prompt_token_ids", "response_token_ids", "response_mask", "response_logprobs", "turns", "reward", "reward_details", "eval_report", "messages", "timing", "policy_version_min", "policy_version_max", "metadata", "num_turns", "logprobs_mode")
     class RewardDetailsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -324,6 +324,7 @@ class Trajectory(_message.Message):
     POLICY_VERSION_MAX_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     NUM_TURNS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_MODE_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     sample_index: int
     group_id: str
@@ -345,7 +346,8 @@ class Trajectory(_message.Message):
     policy_version_max: int
     metadata: _containers.ScalarMap[str, str]
     num_turns: int
-    def __init__(self, task_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., group_id: _Optional[str] = ..., environment: _Optional[str] = ..., status: _Optional[_Union[TrajectoryStatus, str]] = ..., finish_reason: _Optional[str] = ..., error: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., response_mask: _Optional[_Iterable[int]] = ..., response_logprobs: _Optional[_Iterable[float]] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., reward: _Optional[float] = ..., reward_details: _Optional[_Mapping[str, float]] = ..., eval_report: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., policy_version_min: _Optional[int] = ..., policy_version_max: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., num_turns: _Optional[int] = ...) -> None: ...
+    logprobs_mode: _backend_pb2.LogprobsMode
+    def __init__(self, task_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., group_id: _Optional[str] = ..., environment: _Optional[str] = ..., status: _Optional[_Union[TrajectoryStatus, str]] = ..., finish_reason: _Optional[str] = ..., error: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., response_mask: _Optional[_Iterable[int]] = ..., response_logprobs: _Optional[_Iterable[float]] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., reward: _Optional[float] = ..., reward_details: _Optional[_Mapping[str, float]] = ..., eval_report: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., policy_version_min: _Optional[int] = ..., policy_version_max: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., num_turns: _Optional[int] = ..., logprobs_mode: _Optional[_Union[_backend_pb2.LogprobsMode, str]] = ...) -> None: ...
 
 class SubmitRequest(_message.Message):
     __slots__ = ("task",)

@@ -68,6 +68,112 @@ export function backendKindToJSON(object: BackendKind): string {
   }
 }
 
+/**
+ * Which log-probabilities an engine reports for the tokens it samples. PPO-style importance ratios need those of
+ * the distribution a token was sampled from (PROCESSED); RAW ones (the model's log-softmax before temperature,
+ * top-p and top-k) differ from it whenever temperature != 1 or top-p/top-k cut the distribution.
+ */
+export enum LogprobsMode {
+  /** LOGPROBS_MODE_UNSPECIFIED - Unknown: the engine does not say and none was declared. */
+  LOGPROBS_MODE_UNSPECIFIED = 0,
+  /** LOGPROBS_MODE_RAW - Before temperature and top-p/top-k (vLLM's default --logprobs-mode raw_logprobs). */
+  LOGPROBS_MODE_RAW = 1,
+  /**
+   * LOGPROBS_MODE_PROCESSED - Of the sampling distribution (vLLM --logprobs-mode processed_logprobs; SGLang's default, after temperature but
+   * before top-p/top-k; the embedded llama.cpp engine).
+   */
+  LOGPROBS_MODE_PROCESSED = 2,
+  /** LOGPROBS_MODE_MIXED - Trajectories only: turns sampled by engines of different modes. */
+  LOGPROBS_MODE_MIXED = 3,
+  UNRECOGNIZED = -1,
+}
+
+export function logprobsModeFromJSON(object: any): LogprobsMode {
+  switch (object) {
+    case 0:
+    case "LOGPROBS_MODE_UNSPECIFIED":
+      return LogprobsMode.LOGPROBS_MODE_UNSPECIFIED;
+    case 1:
+    case "LOGPROBS_MODE_RAW":
+      return LogprobsMode.LOGPROBS_MODE_RAW;
+    case 2:
+    case "LOGPROBS_MODE_PROCESSED":
+      return LogprobsMode.LOGPROBS_MODE_PROCESSED;
+    case 3:
+    case "LOGPROBS_MODE_MIXED":
+      return LogprobsMode.LOGPROBS_MODE_MIXED;
+    case -1:
+    case "UNRECOGNIZED":
+    default:
+      return LogprobsMode.UNRECOGNIZED;
+  }
+}
+
+export function logprobsModeToJSON(object: LogprobsMode): string {
+  switch (object) {
+    case LogprobsMode.LOGPROBS_MODE_UNSPECIFIED:
+      return "LOGPROBS_MODE_UNSPECIFIED";
+    case LogprobsMode.LOGPROBS_MODE_RAW:
+      return "LOGPROBS_MODE_RAW";
+    case LogprobsMode.LOGPROBS_MODE_PROCESSED:
+      return "LOGPROBS_MODE_PROCESSED";
+    case LogprobsMode.LOGPROBS_MODE_MIXED:
+      return "LOGPROBS_MODE_MIXED";
+    case LogprobsMode.UNRECOGNIZED:
+    default:
+      return "UNRECOGNIZED";
+  }
+}
+
+/** Where a backend's max_concurrency (its capacity for routing) came from. */
+export enum CapacitySource {
+  CAPACITY_SOURCE_UNSPECIFIED = 0,
+  /** CAPACITY_SOURCE_CONFIGURED - Set by AddBackend or the server config. */
+  CAPACITY_SOURCE_CONFIGURED = 1,
+  /** CAPACITY_SOURCE_ENGINE - Reported by the engine (vLLM max_num_seqs, SGLang max_running_requests, the embedded engine's sequences). */
+  CAPACITY_SOURCE_ENGINE = 2,
+  /** CAPACITY_SOURCE_DEFAULT - The server default: not configured and not (yet) reported by the engine. */
+  CAPACITY_SOURCE_DEFAULT = 3,
+  UNRECOGNIZED = -1,
+}
+
+export function capacitySourceFromJSON(object: any): CapacitySource {
+  switch (object) {
+    case 0:
+    case "CAPACITY_SOURCE_UNSPECIFIED":
+      return CapacitySource.CAPACITY_SOURCE_UNSPECIFIED;
+    case 1:
+    case "CAPACITY_SOURCE_CONFIGURED":
+      return CapacitySource.CAPACITY_SOURCE_CONFIGURED;
+    case 2:
+    case "CAPACITY_SOURCE_ENGINE":
+      return CapacitySource.CAPACITY_SOURCE_ENGINE;
+    case 3:
+    case "CAPACITY_SOURCE_DEFAULT":
+      return CapacitySource.CAPACITY_SOURCE_DEFAULT;
+    case -1:
+    case "UNRECOGNIZED":
+    default:
+      return CapacitySource.UNRECOGNIZED;
+  }
+}
+
+export function capacitySourceToJSON(object: CapacitySource): string {
+  switch (object) {
+    case CapacitySource.CAPACITY_SOURCE_UNSPECIFIED:
+      return "CAPACITY_SOURCE_UNSPECIFIED";
+    case CapacitySource.CAPACITY_SOURCE_CONFIGURED:
+      return "CAPACITY_SOURCE_CONFIGURED";
+    case CapacitySource.CAPACITY_SOURCE_ENGINE:
+      return "CAPACITY_SOURCE_ENGINE";
+    case CapacitySource.CAPACITY_SOURCE_DEFAULT:
+      return "CAPACITY_SOURCE_DEFAULT";
+    case CapacitySource.UNRECOGNIZED:
+    default:
+      return "UNRECOGNIZED";
+  }
+}
+
 export interface Backend {
   id: string;
   url: string;
@@ -87,17 +193,30 @@ export interface Backend {
    * 0 while unknown.
    */
   maxModelLen: number;
+  /** The logprobs the engine reports: declared (AddBackend, config) or learned from it; UNSPECIFIED while unknown. */
+  logprobsMode: LogprobsMode;
+  /** Where max_concurrency came from. */
+  capacitySource: CapacitySource;
 }
 
 export interface AddBackendRequest {
   url: string;
   kind: BackendKind;
-  /** Concurrent requests this backend accepts; 0 = server default. */
+  /**
+   * Concurrent requests this backend accepts; 0 = what the engine reports (vLLM max_num_seqs, SGLang
+   * max_running_requests), else the server default.
+   */
   maxConcurrency: number;
   /** Optional id; defaults to the url. */
   id: string;
   /** Model name sent in requests; defaults to the server's. */
   model: string;
+  /**
+   * The engine's logprobs mode when known to the caller (RAW or PROCESSED; MIXED is invalid). UNSPECIFIED: learned
+   * from the engine where it says (vLLM dev-mode /server_info). A declared mode the engine contradicts is
+   * INVALID_ARGUMENT (field logprobs_mode).
+   */
+  logprobsMode: LogprobsMode;
 }
 
 export interface AddBackendResponse {
@@ -134,6 +253,8 @@ function createBaseBackend(): Backend {
     policyVersion: 0,
     model: "",
     maxModelLen: 0,
+    logprobsMode: 0,
+    capacitySource: 0,
   };
 }
 
@@ -174,6 +295,12 @@ export const Backend: MessageFns<Backend> = {
     }
     if (message.maxModelLen !== 0) {
       writer.uint32(96).int32(message.maxModelLen);
+    }
+    if (message.logprobsMode !== 0) {
+      writer.uint32(104).int32(message.logprobsMode);
+    }
+    if (message.capacitySource !== 0) {
+      writer.uint32(112).int32(message.capacitySource);
     }
     return writer;
   },
@@ -287,6 +414,22 @@ export const Backend: MessageFns<Backend> = {
             message.maxModelLen = reader.int32();
             continue;
           }
+          case 13: {
+            if (tag !== 104) {
+              break;
+            }
+
+            message.logprobsMode = reader.int32() as any;
+            continue;
+          }
+          case 14: {
+            if (tag !== 112) {
+              break;
+            }
+
+            message.capacitySource = reader.int32() as any;
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -337,6 +480,16 @@ export const Backend: MessageFns<Backend> = {
         : isSet(object.max_model_len)
         ? globalThis.Number(object.max_model_len)
         : 0,
+      logprobsMode: isSet(object.logprobsMode)
+        ? logprobsModeFromJSON(object.logprobsMode)
+        : isSet(object.logprobs_mode)
+        ? logprobsModeFromJSON(object.logprobs_mode)
+        : 0,
+      capacitySource: isSet(object.capacitySource)
+        ? capacitySourceFromJSON(object.capacitySource)
+        : isSet(object.capacity_source)
+        ? capacitySourceFromJSON(object.capacity_source)
+        : 0,
     };
   },
 
@@ -378,6 +531,12 @@ export const Backend: MessageFns<Backend> = {
     if (message.maxModelLen !== 0) {
       obj.maxModelLen = Math.round(message.maxModelLen);
     }
+    if (message.logprobsMode !== 0) {
+      obj.logprobsMode = logprobsModeToJSON(message.logprobsMode);
+    }
+    if (message.capacitySource !== 0) {
+      obj.capacitySource = capacitySourceToJSON(message.capacitySource);
+    }
     return obj;
   },
 
@@ -398,12 +557,14 @@ export const Backend: MessageFns<Backend> = {
     message.policyVersion = object.policyVersion ?? 0;
     message.model = object.model ?? "";
     message.maxModelLen = object.maxModelLen ?? 0;
+    message.logprobsMode = object.logprobsMode ?? 0;
+    message.capacitySource = object.capacitySource ?? 0;
     return message;
   },
 };
 
 function createBaseAddBackendRequest(): AddBackendRequest {
-  return { url: "", kind: 0, maxConcurrency: 0, id: "", model: "" };
+  return { url: "", kind: 0, maxConcurrency: 0, id: "", model: "", logprobsMode: 0 };
 }
 
 export const AddBackendRequest: MessageFns<AddBackendRequest> = {
@@ -422,6 +583,9 @@ export const AddBackendRequest: MessageFns<AddBackendRequest> = {
     }
     if (message.model !== "") {
       writer.uint32(42).string(message.model);
+    }
+    if (message.logprobsMode !== 0) {
+      writer.uint32(48).int32(message.logprobsMode);
     }
     return writer;
   },
@@ -479,6 +643,14 @@ export const AddBackendRequest: MessageFns<AddBackendRequest> = {
             message.model = reader.string();
             continue;
           }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.logprobsMode = reader.int32() as any;
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -502,6 +674,11 @@ export const AddBackendRequest: MessageFns<AddBackendRequest> = {
         : 0,
       id: isSet(object.id) ? globalThis.String(object.id) : "",
       model: isSet(object.model) ? globalThis.String(object.model) : "",
+      logprobsMode: isSet(object.logprobsMode)
+        ? logprobsModeFromJSON(object.logprobsMode)
+        : isSet(object.logprobs_mode)
+        ? logprobsModeFromJSON(object.logprobs_mode)
+        : 0,
     };
   },
 
@@ -522,6 +699,9 @@ export const AddBackendRequest: MessageFns<AddBackendRequest> = {
     if (message.model !== "") {
       obj.model = message.model;
     }
+    if (message.logprobsMode !== 0) {
+      obj.logprobsMode = logprobsModeToJSON(message.logprobsMode);
+    }
     return obj;
   },
 
@@ -535,6 +715,7 @@ export const AddBackendRequest: MessageFns<AddBackendRequest> = {
     message.maxConcurrency = object.maxConcurrency ?? 0;
     message.id = object.id ?? "";
     message.model = object.model ?? "";
+    message.logprobsMode = object.logprobsMode ?? 0;
     return message;
   },
 };

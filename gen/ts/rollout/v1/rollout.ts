@@ -23,7 +23,7 @@ import {
   type UntypedServiceImplementation,
 } from "@grpc/grpc-js";
 import { Struct } from "../../google/protobuf/struct.js";
-import { Backend } from "./backend.js";
+import { Backend, LogprobsMode, logprobsModeFromJSON, logprobsModeToJSON } from "./backend.js";
 
 export const protobufPackage = "rollout.v1";
 
@@ -462,6 +462,11 @@ export interface Trajectory {
   policyVersionMax: number;
   metadata: { [key: string]: string };
   numTurns: number;
+  /**
+   * The logprobs mode of the engines that sampled its turns: RAW or PROCESSED when all agree, MIXED when turns came
+   * from engines of both modes, UNSPECIFIED when a turn's engine did not say (or nothing was sampled).
+   */
+  logprobsMode: LogprobsMode;
 }
 
 export interface Trajectory_RewardDetailsEntry {
@@ -2975,6 +2980,7 @@ function createBaseTrajectory(): Trajectory {
     policyVersionMax: 0,
     metadata: {},
     numTurns: 0,
+    logprobsMode: 0,
   };
 }
 
@@ -3058,6 +3064,9 @@ export const Trajectory: MessageFns<Trajectory> = {
     });
     if (message.numTurns !== 0) {
       writer.uint32(168).int32(message.numTurns);
+    }
+    if (message.logprobsMode !== 0) {
+      writer.uint32(176).int32(message.logprobsMode);
     }
     return writer;
   },
@@ -3289,6 +3298,14 @@ export const Trajectory: MessageFns<Trajectory> = {
             message.numTurns = reader.int32();
             continue;
           }
+          case 22: {
+            if (tag !== 176) {
+              break;
+            }
+
+            message.logprobsMode = reader.int32() as any;
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3415,6 +3432,11 @@ export const Trajectory: MessageFns<Trajectory> = {
         : isSet(object.num_turns)
         ? globalThis.Number(object.num_turns)
         : 0,
+      logprobsMode: isSet(object.logprobsMode)
+        ? logprobsModeFromJSON(object.logprobsMode)
+        : isSet(object.logprobs_mode)
+        ? logprobsModeFromJSON(object.logprobs_mode)
+        : 0,
     };
   },
 
@@ -3495,6 +3517,9 @@ export const Trajectory: MessageFns<Trajectory> = {
     if (message.numTurns !== 0) {
       obj.numTurns = Math.round(message.numTurns);
     }
+    if (message.logprobsMode !== 0) {
+      obj.logprobsMode = logprobsModeToJSON(message.logprobsMode);
+    }
     return obj;
   },
 
@@ -3542,6 +3567,7 @@ export const Trajectory: MessageFns<Trajectory> = {
       {},
     );
     message.numTurns = object.numTurns ?? 0;
+    message.logprobsMode = object.logprobsMode ?? 0;
     return message;
   },
 };

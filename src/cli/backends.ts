@@ -1,0 +1,81 @@
+import { RolloutClient } from '../client/rollout-client.js';
+import { BackendKind, CapacitySource, LogprobsMode, type Backend } from '../../gen/ts/rollout/v1/backend.js';
+
+/** Where a server is and the admin token its BackendService needs (flag, else ROLLOUT_ADMIN_TOKEN). */
+export interface BackendsOptions {
+  address: string;
+  adminToken?: string;
+}
+
+/** `rollout backends add` flags. */
+export interface AddBackendFlags extends BackendsOptions {
+  kind: 'vllm' | 'sglang';
+  id?: string;
+  model?: string;
+  maxConcurrency?: number;
+  logprobsMode?: 'raw' | 'processed';
+}
+
+/** A contract enum value without its prefix, lower case: LOGPROBS_MODE_PROCESSED → processed; 0 → `unknown`. */
+function short(name: string | undefined, prefix: string): string {
+  if (name === undefined || name.endsWith('_UNSPECIFIED')) return 'unknown';
+  return name.slice(prefix.length).toLowerCase();
+}
+
+/**
+ * The backends as a table for people: what ListBackends says, with the capacity's source (configured, engine,
+ * default) and the logprobs mode (raw, processed, unknown) that trajectories sampled there record.
+ */
+export function formatBackends(backends: readonly Backend[]): string {
+  const rows = [
+    ['id', 'kind', 'healthy', 'capacity', 'logprobs', 'max_model_len', 'trajectories', 'requests', 'url'],
+    ...backends.map((b) => [
+      b.id,
+      short(BackendKind[b.kind], 'BACKEND_KIND_'),
+      b.draining ? 'draining' : b.healthy ? 'yes' : 'no',
+      `${b.maxConcurrency} (${short(CapacitySource[b.capacitySource], 'CAPACITY_SOURCE_')})`,
+      short(LogprobsMode[b.logprobsMode], 'LOGPROBS_MODE_'),
+      b.maxModelLen > 0 ? String(b.maxModelLen) : 'unknown',
+      String(b.inflightTrajectories),
+      String(b.inflightRequests),
+      b.url,
+    ]),
+  ];
+  const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => r[i]!.length)));
+  return rows.map((r) => r.map((cell, i) => (i === r.length - 1 ? cell : cell.padEnd(widths[i]!))).join('  ')).join('\n');
+}
+
+function connect(opts: BackendsOptions): RolloutClient {
+  const adminToken = opts.adminToken ?? process.env.ROLLOUT_ADMIN_TOKEN;
+  return new RolloutClient(opts.address, adminToken ? { adminToken } : {});
+}
+
+/** `rollout backends`: prints the server's backends. */
+export async function runBackendsList(opts: BackendsOptions): Promise<void> {
+  const client = connect(opts);
+  try {
+    console.log(formatBackends(await client.listBackends()));
+  } finally {
+    client.close();
+  }
+}
+
+/** `rollout backends add <url>`: adds an engine and prints what the server learned about it. */
+export async function runBackendsAdd(url: string, opts: AddBackendFlags): Promise<void> {
+  const client = connect(opts);
+  try {
+    const backend = await client.addBackend({
+      url,
+      kind: opts.kind === 'sglang' ? BackendKind.BACKEND_KIND_SGLANG : BackendKind.BACKEND_KIND_VLLM,
+      ...(opts.id !== undefined && { id: opts.id }),
+      ...(opts.model !== undefined && { model: opts.model }),
+      ...(opts.maxConcurrency !== undefined && { maxConcurrency: opts.maxConcurrency }),
+      ...(opts.logprobsMode !== undefined && {
+        logprobsMode: opts.logprobsMode === 'raw' ? LogprobsMode.LOGPROBS_MODE_RAW : LogprobsMode.LOGPROBS_MODE_PROCESSED,
+      }),
+    });
+    if (backend !== undefined) console.log(formatBackends([backend]));
+  } finally {
+    client.close();
+  }
+}
