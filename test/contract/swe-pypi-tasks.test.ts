@@ -1,3 +1,4 @@
+import { status, type ServiceError } from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Role, ToolOutcome, TrajectoryStatus, type Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import type { TaskInput } from '../../src/client/rollout-client.js';
@@ -84,6 +85,32 @@ describe.runIf(process.getuid?.() === 0 || process.env.CI)('SWE tasks from PyPI 
     }
     expect(await liveSandboxes()).toEqual([]);
   }, 600_000);
+
+  it('lists swe with its instance schema and tools', async () => {
+    const { environments } = await h.client.listEnvironments();
+    const swe = environments.find((e) => e.name === 'swe');
+    expect(swe?.tools).toEqual(['bash', 'str_replace_editor', 'finish']);
+    expect(swe?.instanceSchema).toMatchObject({ type: 'object', required: expect.arrayContaining(['problem_statement', 'FAIL_TO_PASS']) });
+  });
+
+  it('rejects a bad instance naming the field, and reports an image missing or an eval that cannot run as ENVIRONMENT_ERROR, never reward 0', async () => {
+    const task = tasks[0]!;
+    const good = sweTask(task, images.get(task.id)!, 'gold', 0);
+    const bad = (await h.client.submit({ ...good, taskId: 'swe-bad', instance: { ...good.instance, FAIL_TO_PASS: [] } }).catch((e: unknown) => e)) as ServiceError;
+    expect(bad.code).toBe(status.INVALID_ARGUMENT);
+    expect(bad.metadata.get('rollout-field')).toEqual(['instance.FAIL_TO_PASS']);
+
+    await h.client.submit({ ...good, taskId: 'swe-no-image', instance: { ...good.instance, image: '/nonexistent/task.sif' } });
+    await h.client.submit({ ...good, taskId: 'swe-no-pytest', instance: { ...good.instance, test_command: 'exit 127' } });
+    const [noImage] = (await h.client.getTrajectory('swe-no-image', { wait: true })).trajectories;
+    expect(noImage!.status).toBe(TrajectoryStatus.TRAJECTORY_STATUS_ENVIRONMENT_ERROR);
+    expect(noImage!.error).toContain('/nonexistent/task.sif does not exist');
+    const [noPytest] = (await h.client.getTrajectory('swe-no-pytest', { wait: true })).trajectories;
+    expect(noPytest!.status).toBe(TrajectoryStatus.TRAJECTORY_STATUS_ENVIRONMENT_ERROR);
+    expect(noPytest!.error).toContain('did not start pytest');
+    expect(noPytest!.reward).toBe(0); // not a score: the status says the trajectory is not to be trained on
+    expect(await liveSandboxes()).toEqual([]);
+  }, 300_000);
 });
 
 function sweTask(task: SweTask, image: string, variant: Variant, seed: number): TaskInput {
