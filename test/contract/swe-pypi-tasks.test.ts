@@ -1,8 +1,9 @@
 import { status, type ServiceError } from '@grpc/grpc-js';
+import { readdir } from 'node:fs/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Role, ToolOutcome, TrajectoryStatus, type Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import type { TaskInput } from '../../src/client/rollout-client.js';
-import { buildTaskImage } from '../../src/environments/swe/pypi-tasks/build-task-image.js';
+import { buildTaskImage, DEFAULT_SWE_CACHE_DIR } from '../../src/environments/swe/pypi-tasks/build-task-image.js';
 import { loadSweTasks, sweTaskInstance, type SweTask } from '../../src/environments/swe/pypi-tasks/task-definition.js';
 import type { FakePolicy } from '../../src/testing/scripted-policy.js';
 import { createScriptedSwePolicy, editsFromPatch } from '../../src/testing/scripted-swe-policy.js';
@@ -85,6 +86,13 @@ describe.runIf(process.getuid?.() === 0 || process.env.CI)('SWE tasks from PyPI 
     }
     expect(await liveSandboxes()).toEqual([]);
   }, 600_000);
+
+  it('refuses to build a task whose patches do not fit its sdist, and leaves no work dir behind', async () => {
+    const task = tasks[0]!;
+    const wrong = { ...task, fixPatch: task.fixPatch.replace(/^\+([^+].*)$/m, '+$1  # not upstream') };
+    await expect(buildTaskImage(wrong)).rejects.toMatchObject({ code: 'failed_precondition', message: expect.stringContaining('do not reverse-apply') });
+    expect((await readdir(DEFAULT_SWE_CACHE_DIR)).filter((name) => name.startsWith('.build-'))).toEqual([]);
+  });
 
   it('lists swe with its instance schema and tools', async () => {
     const { environments } = await h.client.listEnvironments();
