@@ -111,3 +111,24 @@ if [ "$(id -u)" = 0 ]; then
 else
   as_root env "PATH=$PATH" node bin/rollout.js image build >/dev/null
 fi
+
+# The SWE tasks' images (tasks/swe, run by test/contract/swe-pypi-tasks.test.ts): the Debian base .sif (python3,
+# pytest, git, ...) in .cache/images, each task's sdist from PyPI in .cache/swe/sdists, each task's image in
+# .cache/swe/images, every one named by content hash (`rollout swe build` returns at once for what exists). Stamped
+# with the hash of the task data and the builder's sources, so a run with nothing changed does not start node; the
+# first build needs root (debootstrap) and takes about a minute, the task images a few seconds each.
+swe_task_images() {
+  local sum
+  sum=$(cat tasks/swe/*/* src/environments/swe/pypi-tasks/*.ts src/sandboxes/images/*.ts | sha256sum | cut -d' ' -f1)
+  [ -d .cache/swe/images ] && [ "$(cat .cache/swe/.rollout-stamp 2>/dev/null)" = "$sum" ] && return 0
+  log "building the SWE task images (rollout swe build: Debian base image, PyPI sdists)"
+  mkdir -p .cache/swe
+  if ! { if [ "$(id -u)" = 0 ]; then node bin/rollout.js swe build; else as_root env "PATH=$PATH" node bin/rollout.js swe build; fi; } >/dev/null 2>.cache/swe/build.log; then
+    cat .cache/swe/build.log >&2
+    return 1
+  fi
+  echo "$sum" > .cache/swe/.rollout-stamp
+}
+if ! $for_demo; then
+  swe_task_images
+fi

@@ -8,9 +8,13 @@ export { RolloutError, type ErrorCode } from './errors.js';
 export { RolloutClient, RolloutSession, TaskRejectedError, type SessionOptions, type TaskInput } from './client/rollout-client.js';
 
 // Environments
-export type { Environment, EnvironmentContext, EpisodeOutcome, Evaluation } from './environments/types.js';
+export type { Environment, EnvironmentContext, EvaluationContext, EpisodeOutcome, Evaluation, OpenSandbox } from './environments/types.js';
 export { EnvironmentRegistry, defaultRegistry } from './environments/registry.js';
 export { createMathEnvironment } from './environments/math/math-environment.js';
+export { createSweEnvironment, type SweEnvironmentOptions } from './environments/swe/swe-environment.js';
+export type { SweInstance } from './environments/swe/instance.js';
+export { loadSweTasks, sweTaskInstance, type SweTask } from './environments/swe/pypi-tasks/task-definition.js';
+export { buildTaskImage } from './environments/swe/pypi-tasks/build-task-image.js';
 
 // Tools
 export type { Tool, ToolCall, ToolCallParser, ToolContext, ToolResult, ParsedToolCalls } from './tools/types.js';

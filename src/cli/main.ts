@@ -5,6 +5,7 @@ import { runBackendsAdd, runBackendsList } from './backends.js';
 import { runDemo } from './demo.js';
 import { runImageBuild } from './image.js';
 import { runServe } from './serve.js';
+import { runSweBuild } from './swe.js';
 import { RolloutClient } from '../client/rollout-client.js';
 import { RolloutError } from '../errors.js';
 
@@ -107,6 +108,16 @@ image
   .option('--out <path>', 'also copy the image to this path')
   .action(async (opts) => {
     process.exitCode = await runImageBuild(opts);
+  });
+
+const swe = program.command('swe').description('the SWE environment');
+swe
+  .command('build')
+  .description('build the images of the SWE tasks in tasks/swe (PyPI sdists, fix reverted, on a Debian base .sif), cached by content hash')
+  .option('--task <id>', 'a task to build (repeatable; default: all)', collect, [])
+  .option('--cache-dir <dir>', 'sdists and task images (default: .cache/swe in the project)')
+  .action(async (opts) => {
+    process.exitCode = await runSweBuild(opts);
   });
 
 /** A JSON config file, or a RolloutError naming the file and what is wrong with it. */

@@ -1,6 +1,7 @@
 import { RolloutError } from '../errors.js';
 import { defaultToolRegistry, type ToolRegistry } from '../tools/registry.js';
 import { createMathEnvironment, type MathEnvironmentOptions } from './math/math-environment.js';
+import { createSweEnvironment, type SweEnvironmentOptions } from './swe/swe-environment.js';
 import type { Environment } from './types.js';
 
 /** What ListEnvironments shows about one environment. */
@@ -62,10 +63,13 @@ export interface DefaultRegistryOptions {
   /** Tool factories every built-in environment takes its tools from (default: the built-in tool registry). */
   toolRegistry?: ToolRegistry;
   math?: Omit<MathEnvironmentOptions, 'toolRegistry'>;
+  swe?: Omit<SweEnvironmentOptions, 'toolRegistry'>;
 }
 
-/** A registry holding the built-in environments (today: "math"). */
+/** A registry holding the built-in environments: "math" and "swe". */
 export function defaultRegistry(options: DefaultRegistryOptions = {}): EnvironmentRegistry {
   const toolRegistry = options.toolRegistry ?? defaultToolRegistry();
-  return new EnvironmentRegistry().register(createMathEnvironment({ ...options.math, toolRegistry }));
+  return new EnvironmentRegistry()
+    .register(createMathEnvironment({ ...options.math, toolRegistry }))
+    .register(createSweEnvironment({ ...options.swe, toolRegistry }));
 }

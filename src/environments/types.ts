@@ -20,6 +20,28 @@ export interface EpisodeOutcome {
   finishReason: string;
 }
 
+/**
+ * Opens an extra sandbox for evaluation, e.g. a fresh one from the same image so a test suite runs on a clean
+ * checkout instead of whatever the agent left behind. `request` defaults to what `Environment.sandbox` asks for
+ * this instance; the server fills the rest from its config exactly as for the sample's own sandbox (limits, no
+ * network unless asked), with the wall clock bounded by what is left of the task's total timeout.
+ *
+ * The pipeline owns its life: it is stopped when `evaluate` settles, and by the sample's release on every other
+ * path (eval timeout, cancel, server stop) — an environment may stop it earlier but never has to. It runs inside
+ * the eval stage, so `eval.concurrency` bounds how many exist at once. A failure to start it is SANDBOX_ERROR.
+ */
+export type OpenSandbox = (request?: SandboxRequest) => Promise<Sandbox>;
+
+/** What `evaluate` gets: the episode's context, how the episode ended, and a way to open more sandboxes. */
+export interface EvaluationContext<I> extends EnvironmentContext<I> {
+  outcome: EpisodeOutcome;
+  /**
+   * Provided by the pipeline; absent only when an environment is evaluated outside it (e.g. a unit test calling
+   * `evaluate` directly), which an environment that needs it reports as an environment_error.
+   */
+  openSandbox?: OpenSandbox;
+}
+
 export interface Evaluation {
   reward: number;
   /** Named finite numbers (e.g. { correct: 1 }); trainers log or shape rewards with them. */
@@ -68,5 +90,5 @@ export interface Environment<I = unknown> {
   prompt?(instance: I): ChatMessage[];
   init(context: EnvironmentContext<I>): Promise<{ messages: ChatMessage[] }>;
   tools(instance: I): Tool[];
-  evaluate(context: EnvironmentContext<I> & { outcome: EpisodeOutcome }): Promise<Evaluation>;
+  evaluate(context: EvaluationContext<I>): Promise<Evaluation>;
 }

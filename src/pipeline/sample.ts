@@ -33,6 +33,8 @@ export class Sample {
   /** The run stage's token ledger, kept so a sample that fails mid-run still reports the tokens it got to. */
   ledger: TokenLedger | undefined;
   evaluation: Evaluation | undefined;
+  /** Sandboxes the environment opened during eval (Environment.evaluate's openSandbox); released with the sample. */
+  private readonly extraSandboxes = new Set<Sandbox>();
   private totalTimer: NodeJS.Timeout | undefined;
 
   constructor(
@@ -62,12 +64,36 @@ export class Sample {
     }
   }
 
-  /** Stops the sandbox and the total timer; idempotent. Errors are logged by the caller, never thrown. */
+  /**
+   * Takes ownership of a sandbox opened for this sample beyond its own (see OpenSandbox): it is stopped by
+   * `release`. A sample already finished stops it at once and says so (the caller must not use it).
+   */
+  async adoptSandbox(sandbox: Sandbox): Promise<boolean> {
+    if (this.finished) {
+      await sandbox.stop();
+      return false;
+    }
+    this.extraSandboxes.add(sandbox);
+    return true;
+  }
+
+  /** Stops the adopted sandboxes that are still running (the eval stage calls it when evaluate settles). */
+  async stopExtraSandboxes(): Promise<void> {
+    const sandboxes = [...this.extraSandboxes];
+    this.extraSandboxes.clear();
+    const results = await Promise.allSettled(sandboxes.map((s) => s.stop()));
+    const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+    if (failed) throw failed.reason;
+  }
+
+  /** Stops the sandboxes (the sample's own and any adopted) and the total timer; idempotent. Throws the first stop failure after trying all. */
   async release(): Promise<void> {
     if (this.totalTimer) clearTimeout(this.totalTimer);
     this.totalTimer = undefined;
     const sandbox = this.sandbox;
     this.sandbox = undefined;
-    if (sandbox) await sandbox.stop();
+    const results = await Promise.allSettled([sandbox?.stop(), this.stopExtraSandboxes()]);
+    const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+    if (failed) throw failed.reason;
   }
 }

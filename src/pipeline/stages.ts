@@ -3,7 +3,10 @@ import type { RuntimeDeps } from '../runtime.js';
 import { runAgentLoop } from './agent-loop.js';
 import { jsonProblem } from '../environments/json.js';
 import type { StageFns } from './pipeline.js';
-import { resolveSandboxSpec } from '../sandboxes/spec.js';
+import type { Sample } from './sample.js';
+import { resolveSandboxSpec, type SandboxRequest } from '../sandboxes/spec.js';
+import type { Sandbox } from '../sandboxes/types.js';
+import type { OpenSandbox } from '../environments/types.js';
 
 /**
  * The three stage functions. Failures are classified here by where they happen: the sandbox driver's are
@@ -14,6 +17,27 @@ export function createStages(deps: RuntimeDeps): StageFns {
   const { config } = deps;
   const classify = (err: unknown, code: 'sandbox_error' | 'environment_error', signal: AbortSignal): RolloutError =>
     signal.aborted ? RolloutError.from(signal.reason, 'cancelled') : err instanceof RolloutError ? err : RolloutError.from(err, code);
+
+  /**
+   * Environment.evaluate's `openSandbox` for one sample: resolved like the sample's own sandbox (the instance's
+   * request by default, the wall clock bounded by what is left of the total timeout) and adopted by the sample, so
+   * `release` stops it on any path; a start failure is a sandbox_error, an abandoned stage never leaks one.
+   */
+  const evalSandboxOpener = (sample: Sample, signal: AbortSignal): OpenSandbox => {
+    return async (request?: SandboxRequest): Promise<Sandbox> => {
+      const { environment, instance, limits } = sample.task;
+      const left = Math.max(1, Math.floor(limits.totalTimeoutMs - (performance.now() - sample.createdAt)));
+      const spec = resolveSandboxSpec(config.sandbox, request ?? environment.sandbox?.(instance), left);
+      let sandbox: Sandbox;
+      try {
+        sandbox = await deps.sandboxes.start(spec, signal);
+      } catch (err) {
+        throw classify(err, 'sandbox_error', signal);
+      }
+      if (!(await sample.adoptSandbox(sandbox)) || signal.aborted) throw RolloutError.from(signal.reason, 'cancelled');
+      return sandbox;
+    };
+  };
 
   return {
     async init(sample, signal) {
@@ -46,8 +70,11 @@ export function createStages(deps: RuntimeDeps): StageFns {
       const run = sample.run;
       const sandbox = sample.sandbox;
       if (!run || !sandbox) throw new RolloutError('internal', 'eval stage without a run result');
+      const openSandbox = evalSandboxOpener(sample, signal);
       try {
-        const evaluation = await sample.task.environment.evaluate({ instance: sample.task.instance, sandbox, signal, outcome: run.outcome });
+        const evaluation = await sample.task.environment
+          .evaluate({ instance: sample.task.instance, sandbox, signal, outcome: run.outcome, openSandbox })
+          .finally(() => sample.stopExtraSandboxes());
         if (!Number.isFinite(evaluation.reward)) throw new RolloutError('environment_error', `reward is not a finite number: ${evaluation.reward}`);
         // What crosses to the trainer must be plain JSON and finite numbers: checked where it leaves the plugin.
         const problem = jsonProblem(evaluation.report, 'report') ?? detailsProblem(evaluation.details);

@@ -1,5 +1,5 @@
 import { spawn } from 'node:child_process';
-import { access, mkdir, mkdtemp, rename, stat, writeFile } from 'node:fs/promises';
+import { access, mkdir, mkdtemp, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { RolloutError, throwIfAborted } from '../../errors.js';
@@ -88,12 +88,7 @@ export async function buildImage(options: BuildImageOptions): Promise<BuiltImage
     await run('mksquashfs', [rootfs, squashfs, '-noappend', '-comp', 'zstd', '-no-progress', '-quiet'], options.signal);
     report('sif', 'siftool', 0.95);
     const sif = join(work, 'image.sif');
-    const recipeJson = join(work, 'rollout-recipe.json');
-    await writeFile(recipeJson, `${JSON.stringify({ ...recipe, hash }, null, 2)}\n`);
-    await run('siftool', ['new', sif], options.signal);
-    await run('siftool', ['add', sif, recipeJson, '--datatype', '6'], options.signal);
-    await run('siftool', ['add', sif, squashfs, '--datatype', '4', '--parttype', '2', '--partfs', '1', '--partarch', sifArch(recipe.arch)], options.signal);
-    await readSifFile(sif); // what we made must be what our reader accepts
+    await packSif({ squashfs, metadata: { ...recipe, hash }, out: sif, arch: recipe.arch, signal: options.signal });
     await rename(sif, path);
     await writeFile(`${path}.json`, `${JSON.stringify({ ...recipe, hash, path, builtAt: new Date().toISOString() }, null, 2)}\n`);
     report('sif', `built ${path}`, 1);
@@ -102,6 +97,24 @@ export async function buildImage(options: BuildImageOptions): Promise<BuiltImage
     await unmountUnder(work);
     await removeTree(work);
   }
+}
+
+/**
+ * Wraps a squashfs root file system into a SIF at `out`: one primary system partition plus `metadata` as a JSON
+ * object (what the image was built from), then checks the result with the project's own reader. Shared by the
+ * Debian builder here and the builders of derived images (the SWE tasks' images).
+ */
+export async function packSif(options: { squashfs: string; metadata: Record<string, unknown>; out: string; arch: string; signal?: AbortSignal }): Promise<void> {
+  const recipeJson = `${options.out}.rollout-recipe.json`;
+  await writeFile(recipeJson, `${JSON.stringify(options.metadata, null, 2)}\n`);
+  try {
+    await run('siftool', ['new', options.out], options.signal);
+    await run('siftool', ['add', options.out, recipeJson, '--datatype', '6'], options.signal);
+    await run('siftool', ['add', options.out, options.squashfs, '--datatype', '4', '--parttype', '2', '--partfs', '1', '--partarch', sifArch(options.arch)], options.signal);
+  } finally {
+    await rm(recipeJson, { force: true });
+  }
+  await readSifFile(options.out); // what we made must be what our reader accepts
 }
 
 /** siftool's --partarch code of a Debian architecture. */
@@ -135,7 +148,14 @@ class DebootstrapProgress {
   }
 }
 
-/** Runs a build tool in its own process group (so an abort kills what it started), lines of stdout to `onLine`. */
+/**
+ * Runs a build tool in its own process group (so an abort kills what it started), lines of stdout to `onLine`;
+ * a non-zero exit is an `internal` error with the tool's last lines, a missing tool `failed_precondition`.
+ */
+export function runBuildTool(command: string, args: string[], signal: AbortSignal | undefined, onLine?: (line: string) => void): Promise<void> {
+  return run(command, args, signal, onLine);
+}
+
 function run(command: string, args: string[], signal: AbortSignal | undefined, onLine?: (line: string) => void): Promise<void> {
   throwIfAborted(signal);
   return new Promise((resolve, reject) => {

@@ -1,0 +1,40 @@
+import { createLogger } from '../observability/logger.js';
+import { buildTaskImage } from '../environments/swe/pypi-tasks/build-task-image.js';
+import { loadSweTasks } from '../environments/swe/pypi-tasks/task-definition.js';
+import { RolloutError } from '../errors.js';
+
+export interface SweBuildOptions {
+  /** Task ids to build (default: every task under tasks/swe). */
+  task?: string[];
+  /** sdists and task images (default: .cache/swe in the project). */
+  cacheDir?: string;
+}
+
+/**
+ * `rollout swe build`: builds (or finds cached) the image of each SWE task defined under tasks/swe — the base image
+ * from Debian packages, the sdist from PyPI, the release with its fix reverted at /testbed — logging progress on
+ * stderr and printing `<task id>\t<image path>` per task on stdout. Ctrl-C stops the build and removes its work dir.
+ */
+export async function runSweBuild(options: SweBuildOptions): Promise<number> {
+  const controller = new AbortController();
+  const onSignal = () => controller.abort(new Error('interrupted'));
+  process.once('SIGINT', onSignal);
+  process.once('SIGTERM', onSignal);
+  const logger = createLogger({ level: 'info', destination: process.stderr });
+  try {
+    const all = await loadSweTasks();
+    const wanted = options.task?.length ? options.task : all.map((t) => t.id);
+    for (const id of wanted) {
+      const task = all.find((t) => t.id === id);
+      if (!task) throw RolloutError.invalid('task', `unknown SWE task "${id}"; known: ${all.map((t) => t.id).join(', ')}`);
+      const started = performance.now();
+      const image = await buildTaskImage(task, { cacheDir: options.cacheDir, signal: controller.signal, logger });
+      logger.info({ task: id, cached: image.cached, seconds: Number(((performance.now() - started) / 1000).toFixed(1)) }, image.cached ? 'image cached' : 'image built');
+      process.stdout.write(`${id}\t${image.path}\n`);
+    }
+    return 0;
+  } finally {
+    process.off('SIGINT', onSignal);
+    process.off('SIGTERM', onSignal);
+  }
+}

@@ -1,0 +1,161 @@
+import { execFileSync } from 'node:child_process';
+import { chmodSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { evaluatePatch } from '../../../src/environments/swe/evaluate-patch.js';
+import { validateSweInstance, type SweInstance } from '../../../src/environments/swe/instance.js';
+import { SWE_BASE_PACKAGES } from '../../../src/environments/swe/pypi-tasks/build-task-image.js';
+import { silentLogger } from '../../../src/observability/logger.js';
+import { buildImage } from '../../../src/sandboxes/images/build-image.js';
+import { BubblewrapDriver } from '../../../src/sandboxes/bwrap.js';
+import type { Sandbox } from '../../../src/sandboxes/types.js';
+import { testSpec } from '../../sandboxes/helpers.js';
+
+/**
+ * Test ids pytest makes from the parametrization below: spaces, brackets, "::", quotes included, and non-ASCII as
+ * pytest escapes it in ids (é → \xe9), which is how SWE-bench's lists spell them too.
+ */
+const ODD_IDS = ['tests/test_calc.py::test_add[1 + 1-2]', 'tests/test_calc.py::test_add[a::b-[x]]', "tests/test_calc.py::TestCalc::test_mul[it's-\\xe9]"];
+
+const REPO = {
+  'calc.py': 'def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n',
+  'tests/__init__.py': '',
+  'tests/test_calc.py': [
+    'import pytest',
+    'from calc import add, mul',
+    '',
+    '@pytest.mark.parametrize("expr,expected", [("1 + 1", "2"), ("a::b", "[x]")])',
+    'def test_add(expr, expected):',
+    '    assert add(2, 2) == 4',
+    '',
+    'class TestCalc:',
+    '    @pytest.mark.parametrize("word,accent", [("it\'s", "\u00e9")])',
+    '    def test_mul(self, word, accent):',
+    '        assert mul(2, 3) == 6',
+    '',
+    '    def test_skipped(self):',
+    '        pytest.skip("not here")',
+    '',
+    '@pytest.mark.xfail(reason="known")',
+    'def test_known_bug():',
+    '    assert False',
+    '',
+  ].join('\n'),
+};
+
+/** The fix of calc.add as the agent's `git diff` would give it. */
+const FIX = ['diff --git a/calc.py b/calc.py', '--- a/calc.py', '+++ b/calc.py', '@@ -1,2 +1,2 @@', ' def add(a, b):', '-    return a - b', '+    return a + b', ''].join('\n');
+
+/**
+ * evaluatePatch on real bubblewrap sandboxes of the SWE base image (Debian python3, pytest, git), with a small
+ * repository bound read-only at /testbed: pytest results by exact node id, the SWE-bench rule, and every way an
+ * eval ends (patch not applying → reward 0 with the reason; no pytest, a timeout, a broken test patch →
+ * environment_error).
+ */
+describe.runIf(process.getuid?.() === 0 || process.env.CI)('evaluatePatch in a real sandbox', () => {
+  let image: string;
+  let root: string;
+  let repo: string;
+  const driver = new BubblewrapDriver({ logger: silentLogger() });
+  const sandboxes: Sandbox[] = [];
+
+  beforeAll(async () => {
+    image = (await buildImage({ packages: SWE_BASE_PACKAGES })).path;
+    root = mkdtempSync(join(tmpdir(), 'rollout-swe-eval-'));
+    chmodSync(root, 0o755);
+    repo = join(root, 'testbed');
+    for (const [path, text] of Object.entries(REPO)) {
+      mkdirSync(join(repo, path, '..'), { recursive: true });
+      writeFileSync(join(repo, path), text);
+    }
+    execFileSync('chmod', ['-R', 'a+rX', root]);
+  }, 300_000);
+  afterEach(async () => {
+    await Promise.all(sandboxes.splice(0).map((s) => s.stop()));
+  });
+  afterAll(() => rmSync(root, { recursive: true, force: true }));
+
+  async function sandbox(): Promise<Sandbox> {
+    const spec = { ...testSpec({ image, memoryMb: 1024 }), mounts: [{ source: repo, target: '/testbed', readOnly: true }] };
+    const started = await driver.start(spec);
+    sandboxes.push(started);
+    return started;
+  }
+
+  function instance(fields: Record<string, unknown> = {}): SweInstance {
+    return validateSweInstance({
+      image,
+      problem_statement: 'add subtracts',
+      test_command: 'python3 -m pytest -p no:cacheprovider tests',
+      FAIL_TO_PASS: ODD_IDS.slice(0, 2),
+      PASS_TO_PASS: [ODD_IDS[2], 'tests/test_calc.py::TestCalc::test_skipped', 'tests/test_calc.py::test_known_bug'],
+      ...fields,
+    });
+  }
+
+  it('reads every test by its exact node id and rewards a patch that resolves the instance', async () => {
+    const result = await evaluatePatch(await sandbox(), instance(), FIX, { testTimeoutMs: 60_000 });
+    expect(result.report.FAIL_TO_PASS).toMatchObject({ statuses: { [ODD_IDS[0]!]: 'passed', [ODD_IDS[1]!]: 'passed' }, fraction: 1 });
+    // A skipped test counts neither way; an xfail counts as passing (SWE-bench's rule).
+    expect(result.report.PASS_TO_PASS).toMatchObject({
+      statuses: { [ODD_IDS[2]!]: 'passed', 'tests/test_calc.py::TestCalc::test_skipped': 'skipped', 'tests/test_calc.py::test_known_bug': 'xfail' },
+      passed: 2,
+      skipped: 1,
+    });
+    expect(result).toMatchObject({ reward: 1, details: { fail_to_pass: 1, pass_to_pass: 1, applied: 1 } });
+    expect(result.report).toMatchObject({ applied: true, resolved: true, patch: FIX, patch_truncated: false, test_exit_code: 0 });
+  }, 120_000);
+
+  it('gives 0 without the fix, and counts a test the run never reported as failed', async () => {
+    const ghost = 'tests/test_calc.py::test_that_does_not_exist';
+    const result = await evaluatePatch(await sandbox(), instance({ PASS_TO_PASS: [ODD_IDS[2], ghost] }), '', { testTimeoutMs: 60_000 });
+    expect(result.reward).toBe(0);
+    expect(result.details).toEqual({ fail_to_pass: 0, pass_to_pass: 0.5, applied: 1 });
+    expect(result.report.FAIL_TO_PASS).toMatchObject({ statuses: { [ODD_IDS[0]!]: 'failed', [ODD_IDS[1]!]: 'failed' } });
+    expect(result.report.PASS_TO_PASS).toMatchObject({ statuses: { [ghost]: 'missing' }, failed: 1 });
+    expect(result.report.test_output_tail).toContain('failed');
+  }, 120_000);
+
+  it('gives 0 with the reason when the patch does not apply, without running the tests', async () => {
+    const stale = FIX.replace('-    return a - b', '-    return a - b  # not what the file says');
+    const result = await evaluatePatch(await sandbox(), instance(), stale, { testTimeoutMs: 60_000 });
+    expect(result).toMatchObject({ reward: 0, details: { applied: 0, fail_to_pass: 0, pass_to_pass: 0 }, report: { applied: false, resolved: false, patch: stale } });
+    expect(String(result.report.apply_error)).toMatch(/calc\.py/);
+    expect(result.report.test_exit_code).toBeUndefined();
+  }, 120_000);
+
+  it('applies the test patch after resetting the files it touches, so the agent cannot keep its own version of the tests', async () => {
+    const testPatch = [
+      '--- a/tests/test_calc.py',
+      '+++ b/tests/test_calc.py',
+      '@@ -16,3 +16,7 @@',
+      ' @pytest.mark.xfail(reason="known")',
+      ' def test_known_bug():',
+      '     assert False',
+      '+',
+      '+',
+      '+def test_new():',
+      '+    assert add(1, 2) == 3',
+      '',
+    ].join('\n');
+    // The agent "fixed" the test file instead of the code: reset before the test patch applies.
+    const cheat = ['--- a/tests/test_calc.py', '+++ b/tests/test_calc.py', '@@ -1,2 +1,2 @@', '-import pytest', '+import pytest  # cheat', ' from calc import add, mul', ''].join('\n');
+    const inst = instance({ test_patch: testPatch, FAIL_TO_PASS: ['tests/test_calc.py::test_new'], PASS_TO_PASS: [] });
+    const unfixed = await evaluatePatch(await sandbox(), inst, cheat, { testTimeoutMs: 60_000 });
+    expect(unfixed.report.FAIL_TO_PASS).toMatchObject({ statuses: { 'tests/test_calc.py::test_new': 'failed' } });
+    const fixed = await evaluatePatch(await sandbox(), inst, FIX, { testTimeoutMs: 60_000 });
+    expect(fixed.reward).toBe(1);
+  }, 120_000);
+
+  it('is an environment_error, not reward 0, when the eval cannot run', async () => {
+    const noPytest = evaluatePatch(await sandbox(), instance({ test_command: 'no-such-test-runner tests' }), FIX, { testTimeoutMs: 60_000 });
+    await expect(noPytest).rejects.toMatchObject({ code: 'environment_error', message: expect.stringContaining('did not start pytest') });
+    const slow = evaluatePatch(await sandbox(), instance({ test_command: 'sleep 30' }), FIX, { testTimeoutMs: 500 });
+    await expect(slow).rejects.toMatchObject({ code: 'environment_error', message: expect.stringContaining('did not finish') });
+    const badTestPatch = evaluatePatch(await sandbox(), instance({ test_patch: '--- a/nope.py\n+++ b/nope.py\n@@ -1 +1 @@\n-x\n+y\n' }), FIX, { testTimeoutMs: 60_000 });
+    await expect(badTestPatch).rejects.toMatchObject({ code: 'environment_error', message: expect.stringContaining('test_patch') });
+    const noRepo = evaluatePatch(await sandbox(), instance({ repo_path: '/nowhere' }), FIX, { testTimeoutMs: 60_000 });
+    await expect(noRepo).rejects.toMatchObject({ code: 'environment_error', message: expect.stringContaining('/nowhere') });
+  }, 180_000);
+});

@@ -1,0 +1,32 @@
+import { describe, expect, it } from 'vitest';
+import { gradeTests, parsePytestReport } from '../../../src/environments/swe/grading.js';
+
+describe('SWE-bench grading', () => {
+  it('passes on passed, xpass and xfail; fails on failed, error and never reported; leaves skipped out', () => {
+    const grade = gradeTests(
+      { 'a.py::ok': 'passed', 'a.py::xp': 'xpass', 'a.py::xf': 'xfail', 'a.py::bad': 'failed', 'a.py::err': 'error', 'a.py::skip': 'skipped' },
+      ['a.py::ok', 'a.py::xf'],
+      ['a.py::xp', 'a.py::bad', 'a.py::err', 'a.py::gone', 'a.py::skip'],
+    );
+    expect(grade.failToPass).toMatchObject({ fraction: 1, success: ['a.py::ok', 'a.py::xf'], failure: [] });
+    expect(grade.passToPass).toMatchObject({ success: ['a.py::xp'], failure: ['a.py::bad', 'a.py::err', 'a.py::gone'], skipped: ['a.py::skip'], fraction: 0.25 });
+    expect(grade.passToPass.statuses['a.py::gone']).toBe('missing');
+    expect(grade.resolved).toBe(false);
+  });
+
+  it('is resolved only when both lists pass; an empty list counts as passing', () => {
+    expect(gradeTests({ 't::a': 'passed' }, ['t::a'], []).resolved).toBe(true);
+    expect(gradeTests({ 't::a': 'passed', 't::b': 'failed' }, ['t::a'], ['t::b']).resolved).toBe(false);
+    expect(gradeTests({}, ['t::a'], []).resolved).toBe(false);
+  });
+
+  it('does not take inherited object keys for test names', () => {
+    expect(gradeTests({}, ['constructor', '__proto__'], []).failToPass.failure).toEqual(['constructor', '__proto__']);
+  });
+
+  it("validates the plugin's report, which ran next to the agent's code", () => {
+    expect(parsePytestReport('{"version":1,"exitstatus":1,"tests":{"t.py::a[x y]":"failed"},"collect_errors":[]}').tests).toEqual({ 't.py::a[x y]': 'failed' });
+    expect(() => parsePytestReport('{"version":1,"exitstatus":0,"tests":{"t.py::a":"great"}}')).toThrow(expect.objectContaining({ code: 'environment_error' }));
+    expect(() => parsePytestReport('not json')).toThrow(/not JSON/);
+  });
+});
