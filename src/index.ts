@@ -11,6 +11,13 @@ export { RolloutClient, RolloutSession, TaskRejectedError, type SessionOptions, 
 export type { Environment, EnvironmentContext, EpisodeOutcome, Evaluation } from './environments/types.js';
 export { EnvironmentRegistry, defaultRegistry } from './environments/registry.js';
 export { createMathEnvironment } from './environments/math/math-environment.js';
+export { defineEnvironment, parseInstance, type EnvironmentDefinition } from './environments/define.js';
+export { createCodeEnvironment } from './environments/code/code-environment.js';
+export { loadCodeTasks, loadHumanEval, findHumanEvalData, type CodeTaskRow } from './environments/code/dataset.js';
+export { createStemEnvironment } from './environments/stem/stem-environment.js';
+export { builtinUnits, type Unit, type UnitSystem } from './environments/stem/units.js';
+export type { JsonObject, JsonValue } from './environments/json.js';
+export type { SandboxRequest } from './sandboxes/spec.js';
 
 // Tools
 export type { Tool, ToolCall, ToolCallParser, ToolContext, ToolResult, ParsedToolCalls } from './tools/types.js';

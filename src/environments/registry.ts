@@ -1,6 +1,8 @@
 import { RolloutError } from '../errors.js';
 import { defaultToolRegistry, type ToolRegistry } from '../tools/registry.js';
+import { createCodeEnvironment } from './code/code-environment.js';
 import { createMathEnvironment, type MathEnvironmentOptions } from './math/math-environment.js';
+import { createStemEnvironment, type StemEnvironmentOptions } from './stem/stem-environment.js';
 import type { Environment } from './types.js';
 
 /** What ListEnvironments shows about one environment. */
@@ -62,10 +64,14 @@ export interface DefaultRegistryOptions {
   /** Tool factories every built-in environment takes its tools from (default: the built-in tool registry). */
   toolRegistry?: ToolRegistry;
   math?: Omit<MathEnvironmentOptions, 'toolRegistry'>;
+  stem?: Omit<StemEnvironmentOptions, 'toolRegistry'>;
 }
 
-/** A registry holding the built-in environments (today: "math"). */
+/** A registry holding the built-in environments: "math", "code" and "stem". */
 export function defaultRegistry(options: DefaultRegistryOptions = {}): EnvironmentRegistry {
   const toolRegistry = options.toolRegistry ?? defaultToolRegistry();
-  return new EnvironmentRegistry().register(createMathEnvironment({ ...options.math, toolRegistry }));
+  return new EnvironmentRegistry()
+    .register(createMathEnvironment({ ...options.math, toolRegistry }))
+    .register(createCodeEnvironment({ toolRegistry }))
+    .register(createStemEnvironment({ ...options.stem, toolRegistry }));
 }

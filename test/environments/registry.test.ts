@@ -55,7 +55,7 @@ describe('EnvironmentRegistry', () => {
 describe('defaultRegistry', () => {
   it('holds the built-in math environment with python and finish tools', () => {
     const registry = defaultRegistry();
-    const [math] = registry.list();
+    const math = registry.list().find((e) => e.name === 'math');
     expect(math).toMatchObject({ name: 'math', tools: ['python', 'bash', 'finish'] });
     expect(math!.instanceSchema).toMatchObject({ type: 'object', required: ['problem', 'answer'] });
     const instance = registry.get('math').validate({ problem: '1+1?', answer: 2 });
