@@ -42,11 +42,11 @@ export async function runStdioTests(sandbox: Sandbox, task: StdioTask, program: 
     const r = await sandbox.exec(argv, { stdin: test.input, timeoutMs, signal, cwd: dir });
     durationMs += r.durationMs;
     const timeMs = Math.round(r.durationMs);
-    if (r.timedOut) {
-      timedOut = true;
+    if (r.timedOut) timedOut = true;
+    if (r.truncated) {
+      tests.push({ index, passed: false, status: 'output_limit', detail: `the program wrote more than the output limit${r.timedOut ? ' and ran out of time' : ''}`, timeMs });
+    } else if (r.timedOut) {
       tests.push({ index, passed: false, status: 'timeout', detail: `over the ${task.timeLimitS} s time limit`, timeMs });
-    } else if (r.truncated) {
-      tests.push({ index, passed: false, status: 'output_limit', detail: 'the program wrote more than the output limit', timeMs });
     } else if (r.exitCode !== 0) {
       const how = r.exitCode === null ? `killed by ${r.signal ?? 'a signal'}` : `exit code ${r.exitCode}`;
       const tail = r.stderr.trimEnd().slice(-STDERR_TAIL);
