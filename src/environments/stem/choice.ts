@@ -69,8 +69,8 @@ export function resolveChoice(answer: string, choices: readonly string[]): numbe
 /** Where the final answer was found. */
 export type StemAnswerSource = 'finish_tool' | 'boxed' | 'answer_phrase' | 'short_reply';
 
-/** "The answer is (B)", "Final answer: 42 J", "Answer - B": the text after the last such phrase, to the line's end. */
-const ANSWER_PHRASE = /\b(?:final\s+)?answer\s*(?:is|:|=|-)\s*:?\s*([^\n]+)/gi;
+/** "The answer is (B)", "Final answer: 42 J", "Answer - B": the answer is the text after the last such phrase. */
+const ANSWER_PHRASE = /\banswer\s*(?:is\b|:|=|-)\s*:?\s*/gi;
 
 /**
  * The final answer of an episode: the finish tool's answer; else, in the last assistant message, the last
@@ -84,9 +84,10 @@ export function findStemAnswer(outcome: Pick<EpisodeOutcome, 'messages' | 'finis
   if (!text) return undefined;
   const boxed = extractLastBoxed(text);
   if (boxed) return { answer: boxed, source: 'boxed' };
-  let phrase: string | undefined;
-  for (const m of text.matchAll(ANSWER_PHRASE)) phrase = m[1];
-  if (phrase !== undefined) {
+  let after: number | undefined;
+  for (const m of text.matchAll(ANSWER_PHRASE)) after = m.index + m[0].length;
+  if (after !== undefined) {
+    const phrase = text.slice(after).split('\n', 1)[0]!;
     // End at the sentence: a period followed by a space (not a decimal point or "B." alone at the end).
     const sentence = phrase.replace(/\.\s+.*$/s, '').trim();
     if (sentence !== '') return { answer: sentence, source: 'answer_phrase' };
