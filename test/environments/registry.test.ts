@@ -55,10 +55,17 @@ describe('EnvironmentRegistry', () => {
 describe('defaultRegistry', () => {
   it('holds the built-in math environment with python and finish tools', () => {
     const registry = defaultRegistry();
-    const [math] = registry.list();
+    const math = registry.list().find((e) => e.name === 'math');
     expect(math).toMatchObject({ name: 'math', tools: ['python', 'bash', 'finish'] });
     expect(math!.instanceSchema).toMatchObject({ type: 'object', required: ['problem', 'answer'] });
     const instance = registry.get('math').validate({ problem: '1+1?', answer: 2 });
     expect(registry.get('math').tools(instance).map((t) => t.name)).toEqual(['python', 'bash', 'finish']);
+  });
+
+  it('holds the code and stem environments too, each with an instance JSON Schema and its tools', () => {
+    const list = defaultRegistry().list();
+    expect(list.map((e) => e.name)).toEqual(['code', 'math', 'stem']);
+    expect(list[0]).toMatchObject({ tools: ['python', 'bash', 'finish'], instanceSchema: { anyOf: [expect.objectContaining({ required: ['prompt', 'test', 'entry_point'] }), expect.objectContaining({ required: ['tests'] })] } });
+    expect(list[2]).toMatchObject({ tools: ['python', 'finish'], instanceSchema: { type: 'object', required: ['question', 'answer'] } });
   });
 });

@@ -1,0 +1,132 @@
+import type { ChatMessage } from '../../tokens/types.js';
+import type { SandboxRequest } from '../../sandboxes/spec.js';
+import type { ToolRegistry } from '../../tools/registry.js';
+import { defineEnvironment } from '../define.js';
+import type { Environment, Evaluation } from '../types.js';
+import type { JsonObject } from '../json.js';
+import { findSolution } from './extract.js';
+import { runHumanEvalTests } from './humaneval-runner.js';
+import { codeInstanceSchema, type CodeInstance } from './instance.js';
+import { runStdioTests } from './stdio-runner.js';
+import type { TestRun } from './test-run.js';
+
+/** Tools the code environment offers, by name; the system prompts refer to them. */
+export const CODE_TOOL_NAMES = ['python', 'bash', 'finish'] as const;
+
+/** Per-test entries kept in the report (the counts in details cover every test). */
+export const MAX_REPORTED_TESTS = 20;
+
+const HOW_TO_ANSWER =
+  'You may run code with the `python` and `bash` tools to try your solution. When you are done, either reply with the solution in one ```python code block (the last such block of your final reply is graded) or call `finish` with the code.';
+
+export const HUMANEVAL_SYSTEM_PROMPT = [
+  'You are an expert Python programmer. Complete the Python function the user gives you.',
+  HOW_TO_ANSWER,
+  'Submit the whole function (signature and body, with any imports or helper functions it needs) or just its body, indented as in the function.',
+].join('\n');
+
+export const STDIO_SYSTEM_PROMPT = [
+  'You are an expert competitive programmer. Solve the problem with a complete Python 3 program that reads the input from standard input and writes the answer to standard output.',
+  HOW_TO_ANSWER,
+  'Print only what the output format asks for; spacing and line breaks between values do not matter.',
+].join('\n');
+
+export interface CodeEnvironmentOptions {
+  /** Where the `python`, `bash` and `finish` tools come from (default: the built-in tool registry). */
+  toolRegistry?: ToolRegistry;
+}
+
+/** The first messages of a task. */
+export function codePrompt(instance: CodeInstance): ChatMessage[] {
+  if (instance.format === 'humaneval') {
+    return [
+      { role: 'system', content: HUMANEVAL_SYSTEM_PROMPT },
+      { role: 'user', content: `Complete this function:\n\n\`\`\`python\n${instance.prompt.replace(/\n+$/, '')}\n\`\`\`` },
+    ];
+  }
+  const limits = `Time limit: ${instance.timeLimitS} s per test. Memory limit: ${instance.memoryLimitMb} MiB.`;
+  return [
+    { role: 'system', content: STDIO_SYSTEM_PROMPT },
+    { role: 'user', content: `${instance.prompt.replace(/\n+$/, '')}\n\n${limits}` },
+  ];
+}
+
+/**
+ * What the tests' sandbox needs beyond the server's defaults: a per-command output cap that fits the largest
+ * expected output twice over (a correct program must never be cut), at least 64 KiB; no network (the default).
+ */
+export function codeSandbox(instance: CodeInstance): SandboxRequest {
+  const largest = instance.format === 'stdio' ? Math.max(...instance.tests.map((t) => Buffer.byteLength(t.output))) : 0;
+  return { limits: { outputLimitBytes: Math.max(64 * 1024, 2 * largest + 4096) } };
+}
+
+/** Reward, details and report from a test run. */
+function scored(run: TestRun, source: string, instance: CodeInstance): Evaluation {
+  const total = run.tests.length;
+  const passed = run.tests.filter((t) => t.passed).length;
+  const allPassed = total > 0 && passed === total ? 1 : 0;
+  const tests: JsonObject[] = run.tests.slice(0, MAX_REPORTED_TESTS).map((t) => ({
+    index: t.index,
+    status: t.status,
+    ...(t.detail !== undefined && { detail: t.detail }),
+    ...(t.timeMs !== undefined && { time_ms: t.timeMs }),
+  }));
+  return {
+    reward: allPassed,
+    details: { passed_all: allPassed, pass_fraction: total > 0 ? passed / total : 0, passed, total, has_code: 1 },
+    report: {
+      format: instance.format,
+      ...(instance.taskId !== undefined && { task_id: instance.taskId }),
+      source,
+      tests,
+      tests_omitted: Math.max(0, total - MAX_REPORTED_TESTS),
+      duration_ms: Math.round(run.durationMs),
+    },
+  };
+}
+
+/**
+ * The "code" environment: Python programming tasks in HumanEval format (complete a function; the task's
+ * `check(candidate)` asserts on it) or stdin/stdout format (a full program judged on its output, test by test).
+ * See instance.ts for the instance and docs/environments/code.md for the whole contract.
+ *
+ * The model may run code with `python` and `bash` and submits its solution in a ```python block of its final
+ * reply or through `finish`. The tests run in the sample's sandbox (no network), each under a time limit.
+ * Reward 1 iff every test passes; details { passed_all, pass_fraction, passed, total, has_code }; report
+ * { format, task_id?, source, tests: first {@link MAX_REPORTED_TESTS} outcomes, tests_omitted, duration_ms }.
+ * No code at all is reward 0 with has_code 0 — the model's failure, a completed trajectory. So are code that
+ * does not compile, crashes, hangs, floods its output or exits early. Only an evaluation that could not run
+ * (no python3 in the sandbox, a task whose own test code is broken, a failed sandbox) throws: ENVIRONMENT_ERROR
+ * or SANDBOX_ERROR, never reward 0.
+ *
+ * @example
+ * const code = createCodeEnvironment();
+ * code.validate({ prompt: 'def add(a, b):\n    """Sum."""\n', test: 'def check(f):\n    assert f(1, 2) == 3\n', entry_point: 'add' });
+ */
+export function createCodeEnvironment(options: CodeEnvironmentOptions = {}): Environment<CodeInstance> {
+  return defineEnvironment({
+    name: 'code',
+    description:
+      'Python coding tasks: HumanEval format {prompt, test, entry_point} or stdin/stdout format {prompt, tests: [{input, output}]}; python and bash tools; the solution (a ```python block or the finish tool) is tested in the sandbox; reward 1 if every test passes.',
+    instance: codeInstanceSchema,
+    sandbox: codeSandbox,
+    prompt: codePrompt,
+    tools: CODE_TOOL_NAMES,
+    ...(options.toolRegistry && { toolRegistry: options.toolRegistry }),
+    async evaluate({ instance, outcome, sandbox, signal }) {
+      const solution = findSolution(outcome);
+      if (!solution) {
+        return {
+          reward: 0,
+          details: { passed_all: 0, pass_fraction: 0, passed: 0, total: instance.format === 'stdio' ? instance.tests.length : 0, has_code: 0 },
+          report: { format: instance.format, ...(instance.taskId !== undefined && { task_id: instance.taskId }), source: 'none', tests: [] },
+        };
+      }
+      const run =
+        instance.format === 'humaneval'
+          ? await runHumanEvalTests(sandbox, instance, solution.code, signal)
+          : await runStdioTests(sandbox, instance, solution.code, signal);
+      return scored(run, solution.source, instance);
+    },
+  });
+}

@@ -1,0 +1,75 @@
+import { randomBytes } from 'node:crypto';
+import { readFileSync } from 'node:fs';
+import { RolloutError } from '../../errors.js';
+import type { Sandbox } from '../../sandboxes/types.js';
+import type { HumanEvalTask } from './instance.js';
+import { limitedCommand, type TestOutcome, type TestRun } from './test-run.js';
+
+let harnessSource: string | undefined;
+
+/** The harness program (humaneval-harness.py beside this file), read once. */
+function harness(): string {
+  harnessSource ??= readFileSync(new URL('./humaneval-harness.py', import.meta.url), 'utf8');
+  return harnessSource;
+}
+
+interface HarnessEvent {
+  kind: 'ready' | 'result' | 'test_error' | 'harness_error' | 'done';
+  total?: number;
+  index?: number;
+  passed?: boolean;
+  error?: string;
+}
+
+/**
+ * Runs a HumanEval-format task's tests on `completion` inside the sandbox: one Python process (isolated mode: no
+ * PYTHON* variables, no user site, the working directory not on sys.path, so files the model left behind cannot
+ * shadow modules) under the task's time and address-space limits, driven by humaneval-harness.py. Each top-level
+ * statement of `check` that asserts is one test; the tests a timeout or crash left without a result failed.
+ *
+ * The model's failures (syntax errors, exceptions, wrong results, timeouts, exiting early, printing floods) are
+ * outcomes. Throws when the evaluation itself failed: environment_error when the harness never started (no
+ * python3 in the image) or the task's own test code does not load; sandbox errors propagate as they are.
+ */
+export async function runHumanEvalTests(sandbox: Sandbox, task: HumanEvalTask, completion: string, signal: AbortSignal): Promise<TestRun> {
+  const nonce = randomBytes(12).toString('hex');
+  const payload = JSON.stringify({ prompt: task.prompt, completion, test: task.test, entry_point: task.entryPoint });
+  const timeoutMs = Math.round(task.timeoutS * 1000);
+  const result = await sandbox.exec(limitedCommand(task.memoryLimitMb, ['python3', '-I', '-c', harness(), nonce]), { stdin: payload, timeoutMs, signal });
+  const events = parseEvents(result.stdout, nonce);
+  const ready = events.find((e) => e.kind === 'ready');
+  if (!ready) {
+    if (result.timedOut) throw new RolloutError('environment_error', `the HumanEval harness did not start within ${task.timeoutS} s`);
+    throw new RolloutError('environment_error', `the HumanEval harness did not start in the sandbox (exit ${result.exitCode ?? result.signal}): ${result.stderr.slice(-500)}`);
+  }
+  const problem = events.find((e) => e.kind === 'test_error' || e.kind === 'harness_error');
+  if (problem) throw new RolloutError('environment_error', `${problem.kind === 'test_error' ? "the task's test code did not load" : 'the harness failed'}: ${problem.error ?? ''}`);
+  const total = ready.total ?? 1;
+  const byIndex = new Map<number, HarnessEvent>();
+  for (const e of events) if (e.kind === 'result' && e.index !== undefined && e.index < total) byIndex.set(e.index, e);
+  const finished = events.some((e) => e.kind === 'done');
+  const missing: { status: TestOutcome['status']; detail: string } = result.timedOut
+    ? { status: 'timeout', detail: `the test program ran out of its ${task.timeoutS} s` }
+    : { status: 'runtime_error', detail: `the program ended before this test ran (${result.exitCode === null ? `killed by ${result.signal ?? 'a signal'}` : `exit code ${result.exitCode}`})` };
+  const tests: TestOutcome[] = [];
+  for (let index = 0; index < total; index++) {
+    const event = byIndex.get(index);
+    if (event) tests.push({ index, passed: event.passed === true, status: event.passed === true ? 'passed' : 'failed', ...(event.error && { detail: event.error }) });
+    else tests.push({ index, passed: false, ...missing });
+  }
+  return { tests, durationMs: result.durationMs, completed: finished };
+}
+
+/** The harness's JSON lines, recognised by the nonce; anything else on stdout is ignored. */
+function parseEvents(stdout: string, nonce: string): HarnessEvent[] {
+  const events: HarnessEvent[] = [];
+  for (const line of stdout.split('\n')) {
+    if (!line.startsWith(`${nonce} `)) continue;
+    try {
+      events.push(JSON.parse(line.slice(nonce.length + 1)) as HarnessEvent);
+    } catch {
+      // A line cut by the output cap: its test has no result.
+    }
+  }
+  return events;
+}

@@ -1,0 +1,91 @@
+import { z } from 'zod';
+import { parseInstance } from '../define.js';
+
+/**
+ * The instances of the "code" environment, in the two formats datasets use:
+ *
+ * - HumanEval format (OpenAI's HumanEval, MBPP ports, EvalPlus): `prompt` is a Python function signature with its
+ *   docstring, `test` defines `check(candidate)` full of asserts, `entry_point` names the function; `task_id` is
+ *   optional. Rows carry more columns (`canonical_solution`, ...): they are accepted and ignored.
+ * - stdin/stdout format (competitive programming): a problem statement (`prompt`, or `statement`) and tests
+ *   `[{input, output}]`; the program reads the input on stdin and is judged on its stdout.
+ *
+ * A bad row's error names a field of the format it resembles most (a row with `tests` is read as stdin/stdout).
+ */
+
+/** Longest prompt, test program or single test input/output accepted, characters. */
+export const MAX_CODE_TEXT = 1_000_000;
+/** Most stdin/stdout tests per instance. */
+export const MAX_TESTS = 1000;
+/** Default time limit of a HumanEval-format test program, seconds (OpenAI's harness uses 3 s on idle machines). */
+export const DEFAULT_PROGRAM_TIMEOUT_S = 10;
+/** Default time limit of one stdin/stdout test, seconds (Python's usual allowance on judges). */
+export const DEFAULT_TEST_TIME_LIMIT_S = 4;
+/** Default address-space limit of one test process, MiB. */
+export const DEFAULT_MEMORY_LIMIT_MB = 1024;
+
+const text = (max = MAX_CODE_TEXT) => z.string().max(max, { error: `must be at most ${max} characters` });
+const nonEmpty = (max = MAX_CODE_TEXT) => text(max).refine((s) => s.trim() !== '', { error: 'must not be empty' });
+const seconds = z.number().positive().max(120, { error: 'must be at most 120 seconds' });
+const memoryMb = z.number().int().min(32, { error: 'must be at least 32 MiB' }).max(65_536);
+
+export const humanEvalInstanceSchema = z
+  .object({
+    task_id: text(200).optional(),
+    prompt: nonEmpty().describe('Python source: the function signature and docstring to complete (plus imports and helpers).'),
+    test: nonEmpty().describe('Python source defining check(candidate), which asserts on the candidate function.'),
+    entry_point: z
+      .string()
+      .regex(/^[A-Za-z_][A-Za-z0-9_]*$/, { error: 'must be a Python identifier' })
+      .describe('Name of the function under test.'),
+    timeout_s: seconds.optional().describe(`Time limit of the whole test program, seconds (default ${DEFAULT_PROGRAM_TIMEOUT_S}).`),
+    memory_limit_mb: memoryMb.optional().describe(`Address-space limit of the test process, MiB (default ${DEFAULT_MEMORY_LIMIT_MB}).`),
+  })
+  .transform((row) => ({
+    format: 'humaneval' as const,
+    taskId: row.task_id,
+    prompt: row.prompt,
+    test: row.test,
+    entryPoint: row.entry_point,
+    timeoutS: row.timeout_s ?? DEFAULT_PROGRAM_TIMEOUT_S,
+    memoryLimitMb: row.memory_limit_mb ?? DEFAULT_MEMORY_LIMIT_MB,
+  }));
+
+const ioTest = z.object({
+  input: text().describe('Everything the program reads on stdin.'),
+  output: text().describe('The expected stdout, compared token by token (see docs/environments/code.md).'),
+});
+
+export const stdioInstanceSchema = z
+  .object({
+    task_id: text(200).optional(),
+    prompt: nonEmpty().optional().describe('The problem statement (or give it as `statement`).'),
+    statement: nonEmpty().optional().describe('Alias of `prompt`, as competitive-programming sets name it.'),
+    tests: z.array(ioTest).min(1, { error: 'must hold at least one test' }).max(MAX_TESTS, { error: `must hold at most ${MAX_TESTS} tests` }),
+    time_limit_s: seconds.optional().describe(`Time limit of one test, seconds (default ${DEFAULT_TEST_TIME_LIMIT_S}).`),
+    memory_limit_mb: memoryMb.optional().describe(`Address-space limit of one test process, MiB (default ${DEFAULT_MEMORY_LIMIT_MB}).`),
+  })
+  .refine((row) => row.prompt !== undefined || row.statement !== undefined, { error: 'required', path: ['prompt'] })
+  .transform((row) => ({
+    format: 'stdio' as const,
+    taskId: row.task_id,
+    prompt: (row.prompt ?? row.statement)!,
+    tests: row.tests,
+    timeLimitS: row.time_limit_s ?? DEFAULT_TEST_TIME_LIMIT_S,
+    memoryLimitMb: row.memory_limit_mb ?? DEFAULT_MEMORY_LIMIT_MB,
+  }));
+
+/** Either format; a union so ListEnvironments shows both as `anyOf`. */
+export const codeInstanceSchema = z.union([humanEvalInstanceSchema, stdioInstanceSchema]);
+
+export type HumanEvalTask = z.output<typeof humanEvalInstanceSchema>;
+export type StdioTask = z.output<typeof stdioInstanceSchema>;
+export type CodeInstance = HumanEvalTask | StdioTask;
+
+/**
+ * Validates a row of either format and returns the normalised task; throws RolloutError.invalid('<root>.<field>',
+ * why) naming a field of the format the row resembles (see defineEnvironment on unions).
+ */
+export function validateCodeInstance(value: unknown, root = 'instance'): CodeInstance {
+  return parseInstance(codeInstanceSchema, value, root);
+}

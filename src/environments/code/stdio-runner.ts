@@ -1,0 +1,68 @@
+import { randomUUID } from 'node:crypto';
+import { RolloutError } from '../../errors.js';
+import type { Sandbox } from '../../sandboxes/types.js';
+import type { StdioTask } from './instance.js';
+import { judgeOutput } from './judge.js';
+import { limitedCommand, type TestOutcome, type TestRun } from './test-run.js';
+
+/** Characters of stderr kept in a runtime error's detail (its end, where the traceback's message is). */
+const STDERR_TAIL = 300;
+
+/**
+ * Runs a stdin/stdout task's tests on `program` inside the sandbox, in order: each test is a fresh
+ * `python3 -I solution.py` with the test's input on stdin, the task's time limit and address-space limit, and its
+ * stdout judged by {@link judgeOutput}. Output past the sandbox's per-command cap is 'output_limit' (the sandbox
+ * request of the code environment sizes that cap to the largest expected output). After the first timeout the
+ * remaining tests are not run and count as failed: a program that hangs on one input mostly hangs on the next
+ * too, and each would cost the full time limit of the evaluation's budget.
+ *
+ * Throws when the evaluation itself failed: environment_error when the sandbox has no working python3, or the
+ * solution file cannot be written; sandbox errors propagate as they are.
+ */
+export async function runStdioTests(sandbox: Sandbox, task: StdioTask, program: string, signal: AbortSignal): Promise<TestRun> {
+  await checkPython(sandbox, signal);
+  // A fresh, unguessable directory: the model cannot have planted anything there.
+  const dir = `/tmp/rollout-eval-${randomUUID()}`;
+  const file = `${dir}/solution.py`;
+  try {
+    await sandbox.writeFile(file, program, { signal });
+  } catch (err) {
+    throw RolloutError.from(err, 'environment_error');
+  }
+  const timeoutMs = Math.round(task.timeLimitS * 1000);
+  const argv = limitedCommand(task.memoryLimitMb, ['python3', '-I', file]);
+  const tests: TestOutcome[] = [];
+  let durationMs = 0;
+  let timedOut = false;
+  for (const [index, test] of task.tests.entries()) {
+    if (timedOut) {
+      tests.push({ index, passed: false, status: 'not_run', detail: 'not run after an earlier test timed out' });
+      continue;
+    }
+    const r = await sandbox.exec(argv, { stdin: test.input, timeoutMs, signal, cwd: dir });
+    durationMs += r.durationMs;
+    const timeMs = Math.round(r.durationMs);
+    if (r.timedOut) timedOut = true;
+    if (r.truncated) {
+      tests.push({ index, passed: false, status: 'output_limit', detail: `the program wrote more than the output limit${r.timedOut ? ' and ran out of time' : ''}`, timeMs });
+    } else if (r.timedOut) {
+      tests.push({ index, passed: false, status: 'timeout', detail: `over the ${task.timeLimitS} s time limit`, timeMs });
+    } else if (r.exitCode !== 0) {
+      const how = r.exitCode === null ? `killed by ${r.signal ?? 'a signal'}` : `exit code ${r.exitCode}`;
+      const tail = r.stderr.trimEnd().slice(-STDERR_TAIL);
+      tests.push({ index, passed: false, status: 'runtime_error', detail: tail ? `${how}: ${tail}` : how, timeMs });
+    } else {
+      const verdict = judgeOutput(r.stdout, test.output);
+      tests.push({ index, passed: verdict.accepted, status: verdict.accepted ? 'passed' : 'wrong_answer', ...(verdict.difference && { detail: verdict.difference }), timeMs });
+    }
+  }
+  return { tests, durationMs, completed: !timedOut };
+}
+
+/** Fails the evaluation (not the model) when the sandbox cannot run Python at all. */
+async function checkPython(sandbox: Sandbox, signal: AbortSignal): Promise<void> {
+  const r = await sandbox.exec(['python3', '-I', '-c', 'print("ok")'], { timeoutMs: 30_000, signal });
+  if (r.exitCode !== 0 || r.stdout.trim() !== 'ok') {
+    throw new RolloutError('environment_error', `the sandbox cannot run python3 (exit ${r.exitCode ?? r.signal}): ${r.stderr.slice(-300)}`);
+  }
+}

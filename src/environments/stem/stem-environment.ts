@@ -1,0 +1,106 @@
+import type { ChatMessage } from '../../tokens/types.js';
+import type { ToolRegistry } from '../../tools/registry.js';
+import { defineEnvironment } from '../define.js';
+import type { Environment, Evaluation } from '../types.js';
+import { choiceLetter, findStemAnswer, resolveChoice } from './choice.js';
+import { DEFAULT_RELATIVE_TOLERANCE, stemInstanceSchema, type StemInstance } from './instance.js';
+import { compareQuantity } from './quantity.js';
+import { builtinUnits, type UnitSystem } from './units.js';
+
+/** Tools the STEM environment offers, by name; the system prompts refer to them. */
+export const STEM_TOOL_NAMES = ['python', 'finish'] as const;
+
+export const STEM_CHOICE_SYSTEM_PROMPT = [
+  'You are answering a multiple-choice science question. Reason step by step; you may call the `python` tool for calculations.',
+  'When you are done, call `finish` with the letter of your choice, or end your reply with "The answer is (X)" where X is that letter.',
+].join('\n');
+
+export const STEM_NUMERIC_SYSTEM_PROMPT = [
+  'You are answering a science or engineering question with a numerical answer. Reason step by step; you may call the `python` tool for calculations.',
+  'When you are done, call `finish` with the number and its unit (e.g. `9.8 m/s^2` or `3.2e5 J`), or end your reply with them in \\boxed{}, e.g. \\boxed{9.8\\ \\mathrm{m/s^2}}.',
+].join('\n');
+
+export interface StemEnvironmentOptions {
+  /** Where the `python` and `finish` tools come from (default: the built-in tool registry). */
+  toolRegistry?: ToolRegistry;
+  /** Unit parsing and conversion (default: {@link builtinUnits}). */
+  units?: UnitSystem;
+  /** Relative tolerance of numeric answers whose instance gives none (default {@link DEFAULT_RELATIVE_TOLERANCE}). */
+  defaultTolerance?: number;
+}
+
+/** The first messages of a question: choices listed as "A) ...", a unit named when the reference has one. */
+export function stemPrompt(instance: StemInstance): ChatMessage[] {
+  if (instance.kind === 'choice') {
+    const options = instance.choices.map((c, i) => `${choiceLetter(i)}) ${c}`).join('\n');
+    return [
+      { role: 'system', content: STEM_CHOICE_SYSTEM_PROMPT },
+      { role: 'user', content: `${instance.question.trim()}\n\n${options}` },
+    ];
+  }
+  const { unitText, percent } = instance.reference;
+  const unitHint = unitText !== '' ? `\n\nGive the answer in ${unitText}.` : percent ? '\n\nGive the answer as a percentage.' : '';
+  return [
+    { role: 'system', content: STEM_NUMERIC_SYSTEM_PROMPT },
+    { role: 'user', content: `${instance.question.trim()}${unitHint}` },
+  ];
+}
+
+/**
+ * The "stem" environment: science and engineering questions, multiple choice or numeric with units (see
+ * instance.ts for the instance, docs/environments/stem.md for the rules). The model may compute with `python`
+ * and answers through `finish`, a \boxed{}, or "The answer is ...". Reward 1 when the answer names the correct
+ * choice, or is within the relative tolerance of the reference after unit conversion; else 0. No answer is reward
+ * 0 with has_answer 0 (a completed trajectory: the model's failure). The sandbox is only the python tool's.
+ *
+ * details: { correct, has_answer }; report: { kind, extracted, source, reference, ... } with, for multiple
+ * choice, `chosen` and `correct_choice` letters, and for numeric answers `reason`, `converted` (the answer in the
+ * reference's unit), `unit` and `tolerance`.
+ *
+ * @example
+ * const stem = createStemEnvironment();
+ * stem.validate({ question: 'g at sea level?', answer: '9.81 m/s^2', tolerance: 0.02 });
+ * stem.validate({ question: 'Noble gas?', choices: ['N2', 'Ar', 'O2'], answer: 'B' });
+ */
+export function createStemEnvironment(options: StemEnvironmentOptions = {}): Environment<StemInstance> {
+  const units = options.units ?? builtinUnits;
+  return defineEnvironment({
+    name: 'stem',
+    description:
+      'Science and engineering questions: multiple choice {question, choices, answer: letter or text} or numeric {question, answer, tolerance?, unit?} with unit conversion and relative tolerance; python tool; reward 1 if correct.',
+    instance: stemInstanceSchema(units, options.defaultTolerance ?? DEFAULT_RELATIVE_TOLERANCE),
+    prompt: stemPrompt,
+    tools: STEM_TOOL_NAMES,
+    ...(options.toolRegistry && { toolRegistry: options.toolRegistry }),
+    async evaluate({ instance, outcome }): Promise<Evaluation> {
+      const found = findStemAnswer(outcome);
+      const reference = instance.kind === 'choice' ? choiceLetter(instance.correct) : instance.answerText;
+      if (!found) {
+        return { reward: 0, details: { correct: 0, has_answer: 0 }, report: { kind: instance.kind, extracted: null, source: 'none', reference } };
+      }
+      const base = { kind: instance.kind, extracted: found.answer.slice(0, 500), source: found.source, reference };
+      if (instance.kind === 'choice') {
+        const chosen = resolveChoice(found.answer, instance.choices);
+        const correct = chosen === instance.correct ? 1 : 0;
+        return {
+          reward: correct,
+          details: { correct, has_answer: 1 },
+          report: { ...base, chosen: chosen === undefined ? null : choiceLetter(chosen), correct_choice: reference },
+        };
+      }
+      const verdict = compareQuantity(found.answer, instance.reference, units);
+      const correct = verdict.correct ? 1 : 0;
+      return {
+        reward: correct,
+        details: { correct, has_answer: 1 },
+        report: {
+          ...base,
+          reason: verdict.reason,
+          converted: verdict.converted ?? null,
+          unit: instance.reference.unitText,
+          tolerance: instance.reference.tolerance,
+        },
+      };
+    },
+  });
+}

@@ -1,0 +1,63 @@
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { gzipSync } from 'node:zlib';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createCodeEnvironment } from '../../../src/environments/code/code-environment.js';
+import { loadCodeTasks } from '../../../src/environments/code/dataset.js';
+
+const code = createCodeEnvironment();
+const humanEval = { task_id: 'T/0', prompt: 'def add(a, b):\n    """Sum."""\n', test: 'def check(f):\n    assert f(1, 2) == 3\n', entry_point: 'add', canonical_solution: '    return a + b\n' };
+const stdio = { statement: 'Print the sum of two numbers.', tests: [{ input: '1 2\n', output: '3\n' }] };
+
+describe('code instances', () => {
+  it('accepts both formats, normalised, with the documented defaults', () => {
+    expect(code.validate(humanEval)).toEqual({ format: 'humaneval', taskId: 'T/0', prompt: humanEval.prompt, test: humanEval.test, entryPoint: 'add', timeoutS: 10, memoryLimitMb: 1024 });
+    expect(code.validate({ ...stdio, time_limit_s: 1 })).toEqual({ format: 'stdio', taskId: undefined, prompt: stdio.statement, tests: stdio.tests, timeLimitS: 1, memoryLimitMb: 1024 });
+  });
+
+  it('names the field of the format the row is in', () => {
+    expect(() => code.validate({ prompt: 'p', test: 't' })).toThrow(expect.objectContaining({ field: 'instance.entry_point', message: 'instance.entry_point: required' }));
+    expect(() => code.validate({ ...humanEval, entry_point: 'not an identifier' })).toThrow(expect.objectContaining({ field: 'instance.entry_point' }));
+    expect(() => code.validate({ prompt: 'p', tests: [{ input: '1' }] })).toThrow(expect.objectContaining({ field: 'instance.tests.0.output' }));
+    expect(() => code.validate({ tests: [{ input: '1', output: '1' }] })).toThrow(expect.objectContaining({ field: 'instance.prompt', message: 'instance.prompt: required' }));
+    expect(() => code.validate({ prompt: 'p', tests: [] })).toThrow(expect.objectContaining({ field: 'instance.tests' }));
+    expect(() => code.validate({ ...stdio, time_limit_s: 0 })).toThrow(expect.objectContaining({ field: 'instance.time_limit_s' }));
+  });
+
+  it('sizes the output cap of the sandbox to the largest expected output', () => {
+    expect(code.sandbox!(code.validate(humanEval))).toEqual({ limits: { outputLimitBytes: 65536 } });
+    const big = code.validate({ prompt: 'p', tests: [{ input: '', output: 'x'.repeat(100_000) }] });
+    expect(code.sandbox!(big)).toEqual({ limits: { outputLimitBytes: 204_096 } });
+  });
+});
+
+describe('loading code tasks from JSONL', () => {
+  let dir: string;
+  beforeAll(async () => {
+    dir = await mkdtemp(join(tmpdir(), 'code-tasks-'));
+  });
+  afterAll(async () => rm(dir, { recursive: true, force: true }));
+
+  it('reads both formats from one file, plain or gzipped, skipping blank lines', async () => {
+    const text = `${JSON.stringify(humanEval)}\n\n${JSON.stringify(stdio)}\n`;
+    await writeFile(join(dir, 'tasks.jsonl'), text);
+    await writeFile(join(dir, 'tasks.jsonl.gz'), gzipSync(text));
+    for (const file of ['tasks.jsonl', 'tasks.jsonl.gz']) {
+      const rows = await loadCodeTasks(join(dir, file));
+      expect(rows).toEqual([
+        { line: 1, instance: humanEval },
+        { line: 3, instance: stdio },
+      ]);
+    }
+  });
+
+  it('fails on a bad row naming the file, line and field', async () => {
+    const path = join(dir, 'bad.jsonl');
+    await writeFile(path, `${JSON.stringify(humanEval)}\n${JSON.stringify({ prompt: 'p', tests: [{ input: 1, output: '' }] })}\n`);
+    await expect(loadCodeTasks(path)).rejects.toMatchObject({ code: 'invalid_argument', field: `${path}:2.tests.0.input` });
+    await writeFile(path, '{"prompt": \n');
+    await expect(loadCodeTasks(path)).rejects.toMatchObject({ field: `${path}:1`, message: expect.stringContaining('not JSON') });
+    await expect(loadCodeTasks(join(dir, 'missing.jsonl'))).rejects.toMatchObject({ code: 'not_found' });
+  });
+});
