@@ -5,7 +5,8 @@ and time limits), with the pinned packages of python/math-verify/requirements.tx
 
     python3 -I -S check_answers.py SITE_PACKAGES < pairs.jsonl > verdicts.jsonl
 
-Input lines: {"gold": "<reference answer>", "pred": "<model's final answer>"}.
+Input lines: {"gold": "<reference answer>", "pred": "<model's final answer>"}, optionally "raw": true to pass both
+texts as they are, both parsed with LaTeX (\\boxed first) + plain-expression extraction, as math-verify's own tests do.
 Output lines, in the same order: {"equivalent": bool, "gold": [parsed forms], "pred": [parsed forms]}; a line
 that is not such an object gets {"error": "..."} instead, and the others go on.
 
@@ -34,6 +35,7 @@ PARSE_TIMEOUT_S = 5
 VERIFY_TIMEOUT_S = 5
 GOLD_CONFIG = [LatexExtractionConfig()]
 PRED_CONFIG = [LatexExtractionConfig(), ExprExtractionConfig()]
+RAW_CONFIG = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
 
 
 def boxed(answer: str) -> str:
@@ -47,8 +49,12 @@ def check(line: str) -> dict:
         return {"error": f"not JSON: {err}"}
     if not isinstance(item, dict) or not isinstance(item.get("gold"), str) or not isinstance(item.get("pred"), str):
         return {"error": 'expected {"gold": string, "pred": string}'}
-    gold = parse(boxed(item["gold"]), extraction_config=GOLD_CONFIG, parsing_timeout=PARSE_TIMEOUT_S)
-    pred = parse(boxed(item["pred"]), extraction_config=PRED_CONFIG, parsing_timeout=PARSE_TIMEOUT_S)
+    if item.get("raw") is True:
+        gold = parse(item["gold"], extraction_config=RAW_CONFIG, parsing_timeout=PARSE_TIMEOUT_S)
+        pred = parse(item["pred"], extraction_config=RAW_CONFIG, parsing_timeout=PARSE_TIMEOUT_S)
+    else:
+        gold = parse(boxed(item["gold"]), extraction_config=GOLD_CONFIG, parsing_timeout=PARSE_TIMEOUT_S)
+        pred = parse(boxed(item["pred"]), extraction_config=PRED_CONFIG, parsing_timeout=PARSE_TIMEOUT_S)
     equivalent = verify(gold, pred, timeout_seconds=VERIFY_TIMEOUT_S)
     return {"equivalent": bool(equivalent), "gold": [safe_str(x) for x in gold], "pred": [safe_str(x) for x in pred]}
 

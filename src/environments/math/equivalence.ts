@@ -166,15 +166,21 @@ interface Reading extends ParsedNumber {
   dropped?: Num;
 }
 
+const UNIT_SUFFIX = /^(.*?\S)\s+[a-zA-Z]{1,20}(?: [a-zA-Z]{1,20}){0,3}$/;
+
+/** "5 cm" → "5" when what is left is a number; anything else unchanged. */
+function stripUnit(s: string): string {
+  const unit = UNIT_SUFFIX.exec(s.length <= 200 ? s : '');
+  return unit && parseNumber(unit[1]!) ? unit[1]! : s;
+}
+
 /** The number a normalised answer is, if it is one without variables (a trailing unit word dropped). */
 function numericReading(s: string): Reading | undefined {
   let text = s;
   let parsed = parseNumber(text, 'scale');
   if (!parsed) {
-    const unit = /^(.*?\S)\s+[a-zA-Z]{1,20}(?: [a-zA-Z]{1,20}){0,3}$/.exec(s.length <= 200 ? s : '');
-    if (!unit) return undefined;
-    text = unit[1]!;
-    parsed = parseNumber(text, 'scale');
+    text = stripUnit(s);
+    parsed = text === s ? undefined : parseNumber(text, 'scale');
     if (!parsed) return undefined;
   }
   if (!parsed.hasPercent || !parsed.integerLiteral) return parsed;
@@ -207,9 +213,10 @@ const MIN_DEFINED_POINTS = 3;
 const SYMBOLIC_TOLERANCE = 1e-9;
 
 /**
- * Whether two expressions with variables are the same function: undefined when either is not an expression,
- * false when their variables differ or a point tells them apart, true when at least {@link MIN_DEFINED_POINTS}
- * points where both are defined agree and none disagrees.
+ * Whether two expressions with variables are the same function: undefined when either is not an expression (or
+ * neither has a variable), false when a point tells them apart, true when at least {@link MIN_DEFINED_POINTS} points
+ * where both are defined agree and none disagrees. Variables need not be the same: \sin^2 x + \cos^2 x = 1, and
+ * x + 1 ≠ y + 1 because the points give x and y different values.
  */
 function symbolicEqual(a: string, b: string): boolean | undefined {
   const probe = (): Num => POINTS[0]!;
@@ -218,7 +225,6 @@ function symbolicEqual(a: string, b: string): boolean | undefined {
   if (ea.kind === 'invalid' || eb.kind === 'invalid') return undefined;
   const names = [...new Set([...ea.variables, ...eb.variables])].sort();
   if (names.length === 0) return undefined;
-  if (ea.variables.size !== eb.variables.size || names.length !== ea.variables.size) return false;
   let defined = 0;
   for (let i = 0; i < POINTS.length; i++) {
     const assign = (name: string): Num => POINTS[(i + 3 * names.indexOf(name)) % POINTS.length]!;
@@ -237,10 +243,9 @@ function compareExpressions(na: string, nb: string): EquivalenceResult {
   const rb = numericReading(nb);
   if (ra && rb) return numbersMatch(ra, rb);
   if (canonicalText(na) === canonicalText(nb)) return { equivalent: true, method: 'text' };
-  if (!ra && !rb) {
-    const symbolic = symbolicEqual(na, nb);
-    if (symbolic !== undefined) return { equivalent: symbolic, method: 'symbolic' };
-  }
+  // A unit word is not a variable: "5 cm" against "5x" stays text.
+  const symbolic = symbolicEqual(ra ? stripUnit(na) : na, rb ? stripUnit(nb) : nb);
+  if (symbolic !== undefined) return { equivalent: symbolic, method: 'symbolic' };
   return { equivalent: false, method: 'text' };
 }
 
@@ -295,8 +300,8 @@ function collection(s: string): Collection {
   const union = unionOfFiniteSets(s);
   if (union) return { kind: 'set', parts: union };
   const b = bracketed(s);
-  // "(1+2)" is a parenthesised expression, not a 1-tuple.
-  if (b && !(b.parts.length === 1 && b.open !== '\\{')) {
+  // "(1+2)" is a parenthesised expression, not a 1-tuple ("[5]" stays a one-entry row of a matrix).
+  if (b && !(b.parts.length === 1 && b.open === '(' && b.close === ')')) {
     return { kind: b.open === '\\{' ? 'set' : b.open === '(' && b.close === ')' ? 'tuple' : 'interval', b, parts: b.parts };
   }
   const list = splitTopLevel(s);
@@ -323,10 +328,20 @@ function compareCollections(na: string, nb: string, nesting: number, budget: Bud
   return elements(false);
 }
 
+/** "\pm 2" → "-2, 2" and "1 \pm \sqrt2" → "1-\sqrt2, 1+\sqrt2": the two answers it stands for (one \pm only). */
+function expandPlusMinus(s: string): string {
+  const at = s.indexOf('\\pm');
+  if (at < 0 || s.indexOf('\\pm', at + 1) >= 0 || /[a-zA-Z]/.test(s[at + 3] ?? '')) return s;
+  const before = s.slice(0, at).trim();
+  const after = s.slice(at + 3).trim();
+  if (after === '' || splitTopLevel(s).length > 1) return s;
+  return `${before}-${after}, ${before}+${after}`;
+}
+
 function compare(a: string, b: string, nesting: number, budget: Budget): EquivalenceResult {
   if (--budget.left < 0) return { equivalent: false, method: 'none' };
-  const na = normalizeAnswer(a, { stripAssignment: false });
-  const nb = normalizeAnswer(b, { stripAssignment: false });
+  const na = expandPlusMinus(normalizeAnswer(a, { stripAssignment: false }));
+  const nb = expandPlusMinus(normalizeAnswer(b, { stripAssignment: false }));
   if (na === nb && na !== '') return { equivalent: true, method: 'text' };
   const relA = relationOf(na);
   const relB = relationOf(nb);
