@@ -31,8 +31,10 @@ export interface MathEnvironmentOptions {
    * and needs it installed (scripts/setup.sh); asking for it when it is not fails here, at start-up.
    */
   checker?: MathChecker;
-  /** Where math-verify is installed; default {@link findMathVerify} (the project's .venvs/math-verify). */
+  /** Where math-verify is installed; default {@link findMathVerify} of `mathVerifyVenv`. */
   mathVerify?: MathVerifyInstallation;
+  /** The venv {@link findMathVerify} looks in; default ROLLOUT_MATH_VERIFY_VENV, else the project's .venvs/math-verify. */
+  mathVerifyVenv?: string;
   /** Time for one math-verify check, ms (default 30 s); past it the sample is ENVIRONMENT_ERROR, never reward 0. */
   mathVerifyTimeoutMs?: number;
 }
@@ -61,7 +63,7 @@ export function createMathEnvironment(options: MathEnvironmentOptions = {}): Env
   if (missing.length > 0) throw new RolloutError('failed_precondition', `math environment needs tools: ${missing.join(', ')}`);
   const tools = toolRegistry.create(MATH_TOOL_NAMES);
   const defaultChecker = options.checker ?? 'builtin';
-  const mathVerify = options.mathVerify ?? findMathVerify();
+  const mathVerify = options.mathVerify ?? findMathVerify(options.mathVerifyVenv);
   if (defaultChecker === 'math-verify' && !mathVerify) {
     throw new RolloutError('failed_precondition', 'math checker math-verify is not installed (scripts/setup.sh installs it into .venvs/math-verify)');
   }

@@ -110,7 +110,7 @@ describe('math environment: evaluate', () => {
     expect(result).toEqual({
       reward: 1,
       details: { correct: 1, has_answer: 1 },
-      report: { extracted: '\\dfrac{1}{2}', reference: '\\frac{1}{2}', method: 'boxed', checker: 'builtin', comparison: 'rational' },
+      report: { extracted: '\\dfrac{1}{2}', reference: '\\frac{1}{2}', method: 'boxed', checker: 'builtin', comparison: 'text' },
     });
   });
 
