@@ -80,6 +80,8 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
 
   const counts = new Map<string, number>();
   let rewardSum = 0;
+  /** Trajectories that have a reward (COMPLETED, TRUNCATED): infrastructure failures stay out of the mean. */
+  let scored = 0;
   let received = 0;
   let skipped = 0;
   let submitted = 0;
@@ -97,7 +99,7 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
       )
     : undefined;
   const statuses = (): string => [...counts].map(([s, n]) => `${s} ${n}`).join(' ') || '-';
-  const mean = (): string => (received === 0 ? '-' : (rewardSum / received).toFixed(3));
+  const mean = (): string => (scored === 0 ? '-' : (rewardSum / scored).toFixed(3));
   let lastLine = 0;
   const report = (force = false): void => {
     if (bar) {
@@ -120,7 +122,10 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
   const receive = (t: Trajectory): void => {
     if (output.write(t)) {
       received++;
-      rewardSum += t.reward;
+      if (t.status === TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED || t.status === TrajectoryStatus.TRAJECTORY_STATUS_TRUNCATED) {
+        scored++;
+        rewardSum += t.reward;
+      }
       counts.set(statusName(t.status), (counts.get(statusName(t.status)) ?? 0) + 1);
       report();
     }
