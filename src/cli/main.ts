@@ -6,6 +6,7 @@ import { runDemo } from './demo.js';
 import { runImageBuild } from './image.js';
 import { runServe } from './serve.js';
 import { runSweBuild } from './swe.js';
+import { runSubmit } from './submit.js';
 import { RolloutClient } from '../client/rollout-client.js';
 import { RolloutError } from '../errors.js';
 
@@ -40,6 +41,7 @@ program
   .option('--admin-token <token>', 'require this bearer token on BackendService (or ROLLOUT_ADMIN_TOKEN)')
   .addOption(new Option('--sandbox-driver <driver>', 'sandbox driver (default bwrap)').choices(['bwrap', 'apptainer']))
   .option('--apptainer-path <binary>', "the apptainer driver's binary: apptainer, singularity or a path")
+  .addOption(new Option('--math-checker <checker>', "the math environment's default answer checker (an instance may name its own)").choices(['builtin', 'math-verify']))
   .option('--fake-engine', 'also start the fake vLLM engine (a test double) and route to it')
   .option('--fake-latency-ms <ms>', 'fake engine per-token latency', int, 1)
   .action(async (opts) => {
@@ -58,6 +60,23 @@ program
   .addOption(new Option('--engine <engine>', 'fake vLLM engine, or llama.cpp in-process on a tiny random-weight Qwen3').choices(['fake', 'embedded']).default('fake'))
   .action(async (opts) => {
     process.exitCode = await runDemo(opts);
+  });
+
+program
+  .command('submit')
+  .description('run every row of a dataset (JSONL, or Parquet in verl\'s layout) on a server, writing trajectories as they arrive; resumable')
+  .requiredOption('--dataset <file>', 'JSONL or .parquet dataset')
+  .requiredOption('--environment <name>', 'environment to run each row in (e.g. math)')
+  .option('--num-samples <n>', 'samples per row (GRPO group size)', int, 1)
+  .option('--server <host:port>', 'server address', '127.0.0.1:50051')
+  .option('--output <file>', 'trajectories as .jsonl or .parquet (default <dataset>.trajectories.jsonl)')
+  .option('--instance-field <name>', 'take the instance from this field of each row (an object or a JSON string)')
+  .option('--concurrency <n>', 'rows in flight at once', int, 64)
+  .option('--temperature <t>', 'sampling temperature', Number)
+  .option('--max-tokens-per-turn <n>', 'sampling budget per turn', int)
+  .option('--max-total-tokens <n>', 'sampling budget per trajectory', int)
+  .action(async (opts) => {
+    process.exitCode = await runSubmit(opts);
   });
 
 program

@@ -1,4 +1,5 @@
 import { startRolloutServer } from '../app.js';
+import { defaultRegistry } from '../environments/registry.js';
 import { parseConfig, type ServerConfigInput } from '../config.js';
 import { createLogger } from '../observability/logger.js';
 import { FakeVllmEngine } from '../testing/fake-vllm.js';
@@ -23,6 +24,8 @@ export interface ServeOptions {
   apptainerPath?: string;
   fakeEngine?: boolean;
   fakeLatencyMs: number;
+  /** The math environment's default checker (`builtin` unless set; `math-verify` needs scripts/setup.sh's venv). */
+  mathChecker?: 'builtin' | 'math-verify';
 }
 
 /** `rollout serve`: runs until SIGINT/SIGTERM, then shuts down cleanly (in-flight samples are cancelled). */
@@ -72,7 +75,8 @@ export async function runServe(opts: ServeOptions): Promise<void> {
   config.backends = backends;
   // Validated before anything starts (the fake engine aside), so a typo fails with its path, not a stack trace.
   parseConfig(config);
-  const server = await startRolloutServer(config, { logger });
+  const registry = opts.mathChecker === undefined ? undefined : defaultRegistry({ math: { checker: opts.mathChecker } });
+  const server = await startRolloutServer(config, { logger, ...(registry && { registry }) });
   // A plain line scripts and tests can wait for, beside the JSON logs.
   console.log(`rollout server listening on ${server.address}`);
   await new Promise<void>((resolve) => {

@@ -1,24 +1,35 @@
-import { parseNumber, MAX_EXPRESSION_LENGTH } from './expression.js';
+import { evaluateExpression, parseNumber, MAX_EXPRESSION_LENGTH, type ParsedNumber } from './expression.js';
 import { canonicalText, matchingClose, normalizeAnswer } from './normalize.js';
-import { numbersEqual, type Num } from './rational.js';
+import { numbersEqual, rational, roundedEqual, type Num } from './rational.js';
 
 /**
- * Deciding whether a model's final answer matches the reference. This is the reward of the math environment,
- * so it must be right in both directions (a false "wrong" teaches the model to avoid correct forms, a false
- * "right" rewards guessing), symmetric, and total: it never throws and never hangs on adversarial text.
+ * Deciding whether a model's final answer matches the reference: the built-in checker of the math environment
+ * (the other one runs math-verify itself, see math-verify-checker.ts). It follows math-verify's documented
+ * behaviour wherever a rule can be stated without a CAS, so that switching checkers changes few rewards (the
+ * agreement on a corpus is measured by test/environments/math/agreement.test.ts). It must be right in both
+ * directions (a false "wrong" teaches the model to avoid correct forms, a false "right" rewards guessing),
+ * symmetric, and total: it never throws and never hangs on adversarial text.
  *
  * Rules, in order (each side normalised first, see {@link normalizeAnswer}):
- * 1. Numbers. Both sides parse as arithmetic (integers, "1,000", decimals, 1e3, fractions, \frac, \sqrt, ^,
- *    \cdot, \times, parentheses, mixed numbers, \pi) → equal when the values are equal: exactly when both
- *    are rationals (so 0.333 ≠ 1/3 and 0.5 = 1/2 = \frac12), within a relative 1e-6 when either is irrational.
- *    A trailing unit word after a number ("5 cm") is ignored.
- * 2. Percent. "50%" is ambiguous in datasets (a "what percent" answer is stored as 50, a rate as 0.5), so a
- *    side containing % matches both its value with the sign dropped (50) and divided by 100 (0.5). This makes
- *    the relation non-transitive (50 ~ 50% ~ 0.5 but 50 ≁ 0.5); it stays symmetric.
- * 3. Tuples, intervals and sets. "(1, \frac12)" vs "(1, 0.5)": same brackets and same number of top-level
- *    comma-separated parts → element-wise, in order; for \{…\} sets and bare lists "1, 2" the order is ignored.
- * 4. Text. Otherwise the canonical texts must match: whitespace removed, lower-cased, \left/\right, \!, \,
- *    removed, outer braces dropped: "\text{Yes}" = "yes", "x^{2} + 1" = "x^2+1", but "x^2+1" ≠ "1+x^2" (no algebra).
+ * 1. Relations. "x = 5" against "5": the right side of the last = is the answer (as math-verify does); two
+ *    relations match when they have the same (or mirrored: x > 3, 3 < x) relation and lhs − rhs agree as
+ *    expressions, so "x = 1" ≠ "y = 1".
+ * 2. Numbers. Both sides evaluate without variables (integers, "1,000", decimals, 1e3, \frac, \sqrt, ^, \cdot,
+ *    \times, functions, mixed numbers, \pi, e) → when either side is written with a decimal point, both are
+ *    rounded to 6 places (math-verify's float_rounding: 0.333333 = 1/3, 2.0 = 2, but 0.333 ≠ 1/3, 3.14 ≠ π);
+ *    otherwise exactly (rationals) or to 1e-10 (irrationals). A trailing unit word ("5 cm") is ignored.
+ * 3. Percent. "50%" is 1/2 (so 50% = 0.5 = \frac12); an integer percent also equals the bare integer (9% = 9), as
+ *    in math-verify, but 12.5% ≠ 12.5.
+ * 4. Expressions with variables ("(x+1)^2" vs "x^2+2x+1", "\sin^2 x + \cos^2 x" vs "1"): the same variables, and
+ *    equal values at eight fixed rational points (exact arithmetic where the expression is rational), with at
+ *    least three points where both are defined. A polynomial identity that holds at eight generic points is an
+ *    identity unless its degree exceeds seven; the rest is math-verify's simplify() territory.
+ * 5. Text. The canonical texts match: whitespace removed, lower-cased, \left/\right, \!, \, removed, outer braces
+ *    dropped: "\text{Yes}" = "yes", "(B)" = "B".
+ * 6. Tuples, intervals, sets, matrices: same brackets and the same number of top-level parts → element-wise, in
+ *    order; \{…\} sets and bare lists "1, 2" ignore order; unions (\cup) of finite sets are merged. As in
+ *    math-verify, an open pair "(1, 2)" also equals the list "1, 2" and a tuple equals a set written in the same
+ *    order. Intervals keep their ends: [1, 2) ≠ (1, 2).
  *
  * Inputs longer than {@link MAX_ANSWER_LENGTH} characters are equal only when identical after trimming, and
  * nested lists stop being compared after a fixed number of element comparisons (then: not equivalent).
@@ -26,7 +37,7 @@ import { numbersEqual, type Num } from './rational.js';
 export const MAX_ANSWER_LENGTH = MAX_EXPRESSION_LENGTH;
 
 /** Which rule decided: useful in the evaluation report to see why an answer was (not) accepted. */
-export type EquivalenceMethod = 'rational' | 'tolerance' | 'elements' | 'text' | 'none';
+export type EquivalenceMethod = 'rational' | 'rounded' | 'tolerance' | 'symbolic' | 'relation' | 'elements' | 'text' | 'none';
 
 export interface EquivalenceResult {
   equivalent: boolean;
@@ -56,21 +67,23 @@ const PAIRS: ReadonlyArray<readonly [string, string]> = [
   ['[', ')'],
 ];
 
-/** Splits at commas that are not inside (), [], {} — escaped \{ \} count as brackets here. */
-function splitTopLevel(s: string): string[] {
+/** Splits at `separator` where it is not inside (), [], {} — escaped \{ \} count as brackets here. */
+function splitTopLevel(s: string, separator = ','): string[] {
   const parts: string[] = [];
   let depth = 0;
   let start = 0;
   for (let i = 0; i < s.length; i++) {
     let c = s[i]!;
+    if (depth === 0 && s.startsWith(separator, i) && (separator === ',' || !/[a-zA-Z]/.test(s[i + separator.length] ?? ''))) {
+      parts.push(s.slice(start, i));
+      start = i + separator.length;
+      i += separator.length - 1;
+      continue;
+    }
     if (c === '\\' && (s[i + 1] === '{' || s[i + 1] === '}')) c = s[++i]!;
     else if (c === '\\') continue;
     if (c === '(' || c === '[' || c === '{') depth++;
     else if (c === ')' || c === ']' || c === '}') depth--;
-    else if (c === ',' && depth === 0) {
-      parts.push(s.slice(start, i));
-      start = i + 1;
-    }
   }
   parts.push(s.slice(start));
   return parts.map((p) => p.trim());
@@ -88,20 +101,161 @@ function bracketed(s: string): Bracketed | undefined {
   return undefined;
 }
 
-/** The values a normalised answer can mean: none if it is not arithmetic, two if it contains a %. */
-function numericReadings(s: string): Num[] {
-  let parsed = parseNumber(s, 'scale');
-  let text = s;
-  if (!parsed) {
-    const unit = /^(.*?\S)\s+[a-zA-Z]{1,20}(?: [a-zA-Z]{1,20}){0,3}$/.exec(s.length <= 200 ? s : '');
-    if (!unit) return [];
-    text = unit[1]!;
-    parsed = parseNumber(text, 'scale');
-    if (!parsed) return [];
+interface Relation {
+  lhs: string;
+  op: '=' | '<' | '>' | '<=' | '>=' | '!=';
+  rhs: string;
+}
+
+const RELATION_TOKENS: ReadonlyArray<readonly [string, Relation['op']]> = [
+  ['\\leqslant', '<='],
+  ['\\geqslant', '>='],
+  ['\\leq', '<='],
+  ['\\geq', '>='],
+  ['\\neq', '!='],
+  ['\\le', '<='],
+  ['\\ge', '>='],
+  ['\\ne', '!='],
+  ['\\lt', '<'],
+  ['\\gt', '>'],
+  ['<=', '<='],
+  ['>=', '>='],
+  ['=', '='],
+  ['<', '<'],
+  ['>', '>'],
+];
+const MIRRORED: Readonly<Record<Relation['op'], Relation['op']>> = { '=': '=', '!=': '!=', '<': '>', '>': '<', '<=': '>=', '>=': '<=' };
+
+/**
+ * The relation a normalised answer states, split at its top-level relation symbols: "y = 2x + 1" → y, =, 2x+1.
+ * A chain "a = b = c" keeps its first left side and last right side (math-verify's reading); a chain of
+ * inequalities ("1 < x < 2") is not one relation (undefined: compared as text).
+ */
+function relationOf(s: string): Relation | undefined {
+  const found: Array<{ at: number; length: number; op: Relation['op'] }> = [];
+  let depth = 0;
+  for (let i = 0; i < s.length; i++) {
+    if (depth === 0) {
+      const token = RELATION_TOKENS.find(([t]) => s.startsWith(t, i) && !(t.startsWith('\\') && /[a-zA-Z]/.test(s[i + t.length] ?? '')));
+      if (token) {
+        found.push({ at: i, length: token[0].length, op: token[1] });
+        i += token[0].length - 1;
+        continue;
+      }
+    }
+    let c = s[i]!;
+    if (c === '\\') {
+      c = s[++i] ?? '';
+      if (c !== '{' && c !== '}') continue;
+    }
+    if (c === '(' || c === '[' || c === '{') depth++;
+    else if (c === ')' || c === ']' || c === '}') depth--;
   }
-  if (!parsed.hasPercent) return [parsed.value];
+  if (found.length === 0) return undefined;
+  if (found.length > 1 && !found.every((f) => f.op === '=')) return undefined;
+  const first = found[0]!;
+  const last = found.at(-1)!;
+  const lhs = s.slice(0, first.at).trim();
+  const rhs = s.slice(last.at + last.length).trim();
+  if (lhs === '' || rhs === '') return undefined;
+  return { lhs, op: first.op, rhs };
+}
+
+interface Reading extends ParsedNumber {
+  /** The value of an integer percent with the sign dropped (9% → 9), if it is one. */
+  dropped?: Num;
+}
+
+const UNIT_SUFFIX = /^(.*?\S)\s+[a-zA-Z]{1,20}(?: [a-zA-Z]{1,20}){0,3}$/;
+
+/** "5 cm" → "5" when what is left is a number; anything else unchanged. */
+function stripUnit(s: string): string {
+  const unit = UNIT_SUFFIX.exec(s.length <= 200 ? s : '');
+  return unit && parseNumber(unit[1]!) ? unit[1]! : s;
+}
+
+/** The number a normalised answer is, if it is one without variables (a trailing unit word dropped). */
+function numericReading(s: string): Reading | undefined {
+  let text = s;
+  let parsed = parseNumber(text, 'scale');
+  if (!parsed) {
+    text = stripUnit(s);
+    parsed = text === s ? undefined : parseNumber(text, 'scale');
+    if (!parsed) return undefined;
+  }
+  if (!parsed.hasPercent || !parsed.integerLiteral) return parsed;
   const dropped = parseNumber(text, 'drop');
-  return dropped ? [parsed.value, dropped.value] : [parsed.value];
+  return dropped ? { ...parsed, dropped: dropped.value } : parsed;
+}
+
+function numbersMatch(x: Reading, y: Reading): { equivalent: boolean; method: EquivalenceMethod } {
+  const method: EquivalenceMethod = x.hasDecimal || y.hasDecimal ? 'rounded' : x.value.exact && y.value.exact ? 'rational' : 'tolerance';
+  const same = (a: Num, b: Num): boolean => (method === 'rounded' ? roundedEqual(a, b) : numbersEqual(a, b));
+  if (same(x.value, y.value)) return { equivalent: true, method };
+  // 9% = 9: math-verify compares two integers' values with the percent dropped; 12.5% ≠ 12.5.
+  if (x.dropped && y.integerLiteral && !y.hasPercent && numbersEqual(x.dropped, y.value)) return { equivalent: true, method: 'rational' };
+  if (y.dropped && x.integerLiteral && !x.hasPercent && numbersEqual(y.dropped, x.value)) return { equivalent: true, method: 'rational' };
+  return { equivalent: false, method };
+}
+
+/** Rational points at which expressions with variables are compared: generic (no small integers, no symmetry). */
+const POINTS: readonly Num[] = [
+  rational(3n, 7n),
+  rational(5n, 3n),
+  rational(-2n, 5n),
+  rational(7n, 2n),
+  rational(11n, 13n),
+  rational(-13n, 6n),
+  rational(17n, 5n),
+  rational(2n, 9n),
+];
+const MIN_DEFINED_POINTS = 3;
+const SYMBOLIC_TOLERANCE = 1e-9;
+
+/**
+ * Whether two expressions with variables are the same function: undefined when either is not an expression (or
+ * neither has a variable), false when a point tells them apart, true when at least {@link MIN_DEFINED_POINTS} points
+ * where both are defined agree and none disagrees. Variables need not be the same: \sin^2 x + \cos^2 x = 1, and
+ * x + 1 ≠ y + 1 because the points give x and y different values.
+ */
+function symbolicEqual(a: string, b: string): boolean | undefined {
+  const probe = (): Num => POINTS[0]!;
+  const ea = evaluateExpression(a, probe);
+  const eb = evaluateExpression(b, probe);
+  if (ea.kind === 'invalid' || eb.kind === 'invalid') return undefined;
+  const names = [...new Set([...ea.variables, ...eb.variables])].sort();
+  if (names.length === 0) return undefined;
+  let defined = 0;
+  for (let i = 0; i < POINTS.length; i++) {
+    const assign = (name: string): Num => POINTS[(i + 3 * names.indexOf(name)) % POINTS.length]!;
+    const va = evaluateExpression(a, assign);
+    const vb = evaluateExpression(b, assign);
+    if (va.kind !== 'value' || vb.kind !== 'value') continue;
+    if (!numbersEqual(va.value, vb.value, SYMBOLIC_TOLERANCE)) return false;
+    defined++;
+  }
+  return defined >= MIN_DEFINED_POINTS;
+}
+
+/** Two expressions (no relation, no list) compared as numbers, then as functions of their variables, then as text. */
+function compareExpressions(na: string, nb: string): EquivalenceResult {
+  const ra = numericReading(na);
+  const rb = numericReading(nb);
+  if (ra && rb) return numbersMatch(ra, rb);
+  if (canonicalText(na) === canonicalText(nb)) return { equivalent: true, method: 'text' };
+  // A unit word is not a variable: "5 cm" against "5x" stays text.
+  const symbolic = symbolicEqual(ra ? stripUnit(na) : na, rb ? stripUnit(nb) : nb);
+  if (symbolic !== undefined) return { equivalent: symbolic, method: 'symbolic' };
+  return { equivalent: false, method: 'text' };
+}
+
+function compareRelations(a: Relation, b: Relation, nesting: number, budget: Budget): EquivalenceResult {
+  const difference = (r: Relation, flip: boolean): string => (flip ? `(${r.rhs})-(${r.lhs})` : `(${r.lhs})-(${r.rhs})`);
+  const same = (x: string, y: string): boolean => compare(x, y, nesting + 1, budget).equivalent;
+  if (a.op === b.op && same(difference(a, false), difference(b, false))) return { equivalent: true, method: 'relation' };
+  if (MIRRORED[a.op] === b.op && same(difference(a, false), difference(b, true))) return { equivalent: true, method: 'relation' };
+  if (a.op === b.op && same(a.lhs, b.lhs) && same(a.rhs, b.rhs)) return { equivalent: true, method: 'relation' };
+  return { equivalent: false, method: 'relation' };
 }
 
 /** Whether a perfect matching exists between a and b under `eq` (Kuhn's algorithm; n ≤ MAX_ELEMENTS). */
@@ -122,41 +276,85 @@ function unorderedMatch(a: string[], b: string[], eq: (x: string, y: string) => 
   return a.every((_, i) => tryAssign(i, new Array<boolean>(b.length).fill(false)));
 }
 
+/** "\{1,3\} \cup \{2\}" → the parts of one set; undefined unless every part of the union is a finite set. */
+function unionOfFiniteSets(s: string): string[] | undefined {
+  const parts = splitTopLevel(s, '\\cup');
+  if (parts.length < 2) return undefined;
+  const elements: string[] = [];
+  for (const part of parts) {
+    const b = bracketed(part);
+    if (!b || b.open !== '\\{') return undefined;
+    elements.push(...b.parts.filter((p) => p !== ''));
+  }
+  return elements;
+}
+
+/** The elements of a set, list or tuple as a collection: kind says how order counts. */
+interface Collection {
+  kind: 'set' | 'list' | 'tuple' | 'interval' | 'none';
+  b?: Bracketed;
+  parts: string[];
+}
+
+function collection(s: string): Collection {
+  const union = unionOfFiniteSets(s);
+  if (union) return { kind: 'set', parts: union };
+  const b = bracketed(s);
+  // "(1+2)" is a parenthesised expression, not a 1-tuple ("[5]" stays a one-entry row of a matrix).
+  if (b && !(b.parts.length === 1 && b.open === '(' && b.close === ')')) {
+    return { kind: b.open === '\\{' ? 'set' : b.open === '(' && b.close === ')' ? 'tuple' : 'interval', b, parts: b.parts };
+  }
+  const list = splitTopLevel(s);
+  return list.length > 1 ? { kind: 'list', parts: list } : { kind: 'none', parts: [s] };
+}
+
+function compareCollections(na: string, nb: string, nesting: number, budget: Budget): EquivalenceResult | undefined {
+  const ca = collection(na);
+  const cb = collection(nb);
+  if (ca.kind === 'none' && cb.kind === 'none') return undefined;
+  const eq = (x: string, y: string): boolean => compare(x, y, nesting + 1, budget).equivalent;
+  const elements = (equivalent: boolean): EquivalenceResult => ({ equivalent, method: 'elements' });
+  // math-verify reads a lone answer against a set as the set of that answer: \{5\} = 5.
+  if (ca.kind === 'set' && cb.kind === 'none' && ca.parts.length === 1) return elements(eq(ca.parts[0]!, nb));
+  if (cb.kind === 'set' && ca.kind === 'none' && cb.parts.length === 1) return elements(eq(na, cb.parts[0]!));
+  if (ca.parts.length !== cb.parts.length || ca.parts.length > MAX_ELEMENTS) return elements(false);
+  const unordered = (c: Collection): boolean => c.kind === 'set' || c.kind === 'list';
+  const inOrder = (): boolean => ca.parts.every((p, i) => eq(p, cb.parts[i]!));
+  if (unordered(ca) && unordered(cb)) return elements(unorderedMatch(ca.parts, cb.parts, eq));
+  // math-verify: a tuple against a set or a list is compared in written order; so is an open pair "(1, 2)" (read as
+  // an interval) against the list "1, 2".
+  if ((ca.kind === 'tuple' && unordered(cb)) || (cb.kind === 'tuple' && unordered(ca))) return elements(inOrder());
+  if (ca.b && cb.b && ca.b.open === cb.b.open && ca.b.close === cb.b.close) return elements(inOrder());
+  return elements(false);
+}
+
+/** "\pm 2" → "-2, 2" and "1 \pm \sqrt2" → "1-\sqrt2, 1+\sqrt2": the two answers it stands for (one \pm only). */
+function expandPlusMinus(s: string): string {
+  const at = s.indexOf('\\pm');
+  if (at < 0 || s.indexOf('\\pm', at + 1) >= 0 || /[a-zA-Z]/.test(s[at + 3] ?? '')) return s;
+  const before = s.slice(0, at).trim();
+  const after = s.slice(at + 3).trim();
+  if (after === '' || splitTopLevel(s).length > 1) return s;
+  return `${before}-${after}, ${before}+${after}`;
+}
+
 function compare(a: string, b: string, nesting: number, budget: Budget): EquivalenceResult {
   if (--budget.left < 0) return { equivalent: false, method: 'none' };
-  // Inside a tuple "x = 1" keeps its variable: (x=1, y=2) must not match (y=1, x=2).
-  const options = { stripAssignment: nesting === 0 };
-  const na = normalizeAnswer(a, options);
-  const nb = normalizeAnswer(b, options);
-  const va = numericReadings(na);
-  const vb = numericReadings(nb);
-  if (va.length > 0 && vb.length > 0) {
-    for (const x of va) {
-      for (const y of vb) {
-        if (numbersEqual(x, y)) return { equivalent: true, method: x.exact && y.exact ? 'rational' : 'tolerance' };
-      }
-    }
-    return { equivalent: false, method: va[0]!.exact && vb[0]!.exact ? 'rational' : 'tolerance' };
+  const na = expandPlusMinus(normalizeAnswer(a, { stripAssignment: false }));
+  const nb = expandPlusMinus(normalizeAnswer(b, { stripAssignment: false }));
+  if (na === nb && na !== '') return { equivalent: true, method: 'text' };
+  const relA = relationOf(na);
+  const relB = relationOf(nb);
+  if (relA && relB) return compareRelations(relA, relB, nesting, budget);
+  // "x = 5" against "5", "\frac12 + \frac13 = \frac56" against "\frac56": the last right side is the answer.
+  if (relA?.op === '=' && !relB) return compare(relA.rhs, nb, nesting, budget);
+  if (relB?.op === '=' && !relA) return compare(na, relB.rhs, nesting, budget);
+  if (relA || relB) return { equivalent: canonicalText(na) === canonicalText(nb), method: 'text' };
+  if (nesting < MAX_NESTING) {
+    const collections = compareCollections(na, nb, nesting, budget);
+    if (collections) return collections;
   }
-  if (canonicalText(na) === canonicalText(nb)) return { equivalent: true, method: 'text' };
-  if (nesting < MAX_NESTING && va.length === 0 && vb.length === 0) {
-    const eq = (x: string, y: string): boolean => compare(x, y, nesting + 1, budget).equivalent;
-    const ba = bracketed(na);
-    const bb = bracketed(nb);
-    if (ba && bb && ba.open === bb.open && ba.close === bb.close && ba.parts.length === bb.parts.length) {
-      if (ba.parts.length > MAX_ELEMENTS) return { equivalent: false, method: 'text' };
-      const same = ba.open === '\\{' ? unorderedMatch(ba.parts, bb.parts, eq) : ba.parts.every((p, i) => eq(p, bb.parts[i]!));
-      return { equivalent: same, method: 'elements' };
-    }
-    if (!ba && !bb) {
-      const la = splitTopLevel(na);
-      const lb = splitTopLevel(nb);
-      if (la.length > 1 && la.length === lb.length && la.length <= MAX_ELEMENTS) {
-        return { equivalent: unorderedMatch(la, lb, eq), method: 'elements' };
-      }
-    }
-  }
-  return { equivalent: false, method: 'text' };
+  return compareExpressions(na, nb);
 }
 
 /**

@@ -1,14 +1,20 @@
-import { add, div, isInteger, mul, neg, pow, rational, real, root, sub, type Num } from './rational.js';
+import { add, div, isInteger, mul, neg, pow, rational, real, root, sub, toFloat, type Num } from './rational.js';
 
 /**
- * A small, safe evaluator for the arithmetic that appears in final answers: numbers (1,000 is handled by the
+ * A small, safe evaluator for the expressions that appear in final answers: numbers (1,000 is handled by the
  * normaliser; 1.5, .5, 1e3, 1.5E-3 here), + − * / ^, \cdot \times \div, parentheses and braces, \frac{a}{b}
- * (and LaTeX's \frac12), \sqrt{x}, \sqrt[n]{x}, \pi, mixed numbers (2\frac{1}{2} = 2.5), implicit products
- * (2\sqrt{3}, 3(4)) and a postfix %.
+ * (and LaTeX's \frac12), \sqrt{x}, \sqrt[n]{x}, \pi, e, mixed numbers (2\frac{1}{2} = 2.5), implicit products
+ * (2\sqrt{3}, 3(4), 2x, xy), a postfix % and !, |x|, the usual functions (\sin … \arctan, \sinh … \tanh, \ln,
+ * \log, \log_b, \exp, with powers such as \sin^2 x) and variables (one Latin letter or a Greek command, with an
+ * optional subscript: x, y_1, \theta).
+ *
+ * Variables get their values from the caller: none are allowed by {@link parseNumber} (a number is a number), and
+ * {@link evaluateExpression} assigns them, so that two answers with variables can be compared by evaluating both
+ * at the same points (see equivalence.ts).
  *
  * Why hand-written: answers are untrusted model output, so no JS eval and no general CAS. A recursive-descent
  * parser over at most {@link MAX_EXPRESSION_LENGTH} characters with a nesting cap runs in linear time and
- * cannot hang; anything it does not understand makes the answer "not a number" (compared as text instead).
+ * cannot hang; anything it does not understand makes the answer "not an expression" (compared as text instead).
  */
 export const MAX_EXPRESSION_LENGTH = 1000;
 const MAX_DEPTH = 64;
@@ -20,26 +26,64 @@ export interface ParsedNumber {
   value: Num;
   /** Whether a % sign occurred; if not, both percent modes give the same value. */
   hasPercent: boolean;
+  /** Whether a decimal literal (1.5, .5, 3.0) occurred: math-verify compares such answers rounded to 6 places. */
+  hasDecimal: boolean;
+  /** Whether the text is one integer literal, perhaps signed and followed by % ("9%", "-3"). */
+  integerLiteral: boolean;
 }
 
+/** The text is not an expression this parser reads. */
 class ParseFailure extends Error {}
+/** The text is an expression, but undefined at this point (ln of a negative, division by zero). */
+class DomainFailure extends Error {}
 
 function fail(): never {
   throw new ParseFailure();
 }
 
-const VALUE_COMMANDS = ['\\frac', '\\sqrt', '\\pi'];
-const MIXED_FRACTION = /^\\frac\s*(?:\{\s*\d+\s*\}|\d)\s*(?:\{\s*\d+\s*\}|\d)/;
+function undefinedHere(): never {
+  throw new DomainFailure();
+}
+
 const ONE_HUNDREDTH = rational(1n, 100n);
+const MIXED_FRACTION = /^\\frac\s*(?:\{\s*\d+\s*\}|\d)\s*(?:\{\s*\d+\s*\}|\d)/;
+const GREEK =
+  'alpha|beta|gamma|delta|epsilon|varepsilon|zeta|eta|theta|vartheta|iota|kappa|lambda|mu|nu|xi|rho|sigma|tau|upsilon|phi|varphi|chi|psi|omega|Gamma|Delta|Theta|Lambda|Xi|Sigma|Phi|Psi|Omega';
+const GREEK_RE = new RegExp(`^\\\\(?:${GREEK})(?![a-zA-Z])`);
+
+/** Functions of one real argument; a result that is not finite means "undefined at this point". */
+const FUNCTIONS: Readonly<Record<string, (x: number) => number>> = {
+  sin: Math.sin,
+  cos: Math.cos,
+  tan: Math.tan,
+  cot: (x) => 1 / Math.tan(x),
+  sec: (x) => 1 / Math.cos(x),
+  csc: (x) => 1 / Math.sin(x),
+  arcsin: Math.asin,
+  arccos: Math.acos,
+  arctan: Math.atan,
+  sinh: Math.sinh,
+  cosh: Math.cosh,
+  tanh: Math.tanh,
+  ln: Math.log,
+  exp: Math.exp,
+};
+const FUNCTION_RE = /^\\(arcsin|arccos|arctan|sinh|cosh|tanh|sin|cos|tan|cot|sec|csc|ln|exp|log)(?![a-zA-Z])/;
+
+/** Gives each variable its value at the current point, or undefined when variables are not allowed. */
+export type Assignment = (name: string) => Num | undefined;
 
 class Parser {
   private pos = 0;
   private depth = 0;
   hasPercent = false;
+  hasDecimal = false;
+  readonly variables = new Set<string>();
 
   constructor(
     private readonly s: string,
     private readonly percent: PercentMode,
+    private readonly assign: Assignment,
   ) {}
 
   parse(): Num {
@@ -56,6 +100,10 @@ class Parser {
   private peek(): string {
     this.ws();
     return this.s[this.pos] ?? '';
+  }
+
+  private rest(n = 64): string {
+    return this.s.slice(this.pos, this.pos + n);
   }
 
   /** Consumes `word` if it is next (a command must not run on into more letters: \pi is not \pie). */
@@ -88,18 +136,20 @@ class Parser {
     let left = this.unary();
     for (;;) {
       if (this.eat('*') || this.eat('\\cdot') || this.eat('\\times')) left = mul(left, this.unary());
-      else if (this.eat('/') || this.eat('\\div')) left = div(left, this.unary()) ?? fail();
+      else if (this.eat('/') || this.eat('\\div')) left = divide(left, this.unary());
       else if (this.startsImplicitFactor()) left = mul(left, this.power());
       else break;
     }
     return left;
   }
 
-  /** A factor that may follow another without an operator: "2\sqrt{3}", "3(4)", "2\pi". Never a digit. */
+  /** A factor that may follow another without an operator: "2\sqrt{3}", "3(4)", "2x", "xy", "2\sin x". Never a digit. */
   private startsImplicitFactor(): boolean {
     const c = this.peek();
-    if (c === '(' || c === '{') return true;
-    return VALUE_COMMANDS.some((cmd) => this.s.startsWith(cmd, this.pos));
+    if (c === '(' || c === '{' || /[a-zA-Z]/.test(c)) return true;
+    if (c !== '\\') return false;
+    const rest = this.rest();
+    return /^\\(?:frac|sqrt|pi)(?![a-zA-Z])/.test(rest) || GREEK_RE.test(rest) || FUNCTION_RE.test(rest);
   }
 
   private unary(): Num {
@@ -117,27 +167,91 @@ class Parser {
     const base = this.postfix();
     if (!this.eat('^')) return base;
     const exponent = this.peek() === '{' ? this.group('{', '}') : this.unary();
-    return pow(base, exponent) ?? fail();
+    return pow(base, exponent) ?? undefinedHere();
   }
 
   private postfix(): Num {
     let value = this.primary();
-    while (this.eat('%')) {
-      this.hasPercent = true;
-      if (this.percent === 'scale') value = mul(value, ONE_HUNDREDTH);
+    for (;;) {
+      if (this.eat('%')) {
+        this.hasPercent = true;
+        if (this.percent === 'scale') value = mul(value, ONE_HUNDREDTH);
+      } else if (this.eat('!')) value = factorial(value);
+      else return value;
     }
-    return value;
   }
 
   private primary(): Num {
     const c = this.peek();
     if (c === '(') return this.group('(', ')');
     if (c === '{') return this.group('{', '}');
+    if (c === '|') return this.absolute();
     if (/[0-9.]/.test(c)) return this.numberWithMixedFraction();
     if (this.eat('\\frac')) return this.fraction();
     if (this.eat('\\sqrt')) return this.sqrt();
     if (this.eat('\\pi')) return real(Math.PI);
-    return fail();
+    const fn = FUNCTION_RE.exec(this.rest());
+    if (fn) {
+      this.pos += fn[0].length;
+      return this.functionCall(fn[1]!);
+    }
+    return this.variable();
+  }
+
+  /** e is Euler's number (as math-verify reads it); any other letter or Greek command is a variable. */
+  private variable(): Num {
+    this.ws();
+    const greek = GREEK_RE.exec(this.rest());
+    let name: string;
+    if (greek) name = greek[0];
+    else if (/[a-zA-Z]/.test(this.s[this.pos] ?? '')) name = this.s[this.pos]!;
+    else return fail();
+    this.pos += name.length;
+    const sub = /^_(?:\{\s*([a-zA-Z0-9]{1,4})\s*\}|([a-zA-Z0-9]))/.exec(this.rest());
+    if (sub) {
+      this.pos += sub[0].length;
+      name = `${name}_${sub[1] ?? sub[2]!}`;
+    }
+    if (name === 'e') return real(Math.E);
+    this.variables.add(name);
+    return this.assign(name) ?? fail();
+  }
+
+  private absolute(): Num {
+    this.enter();
+    this.eat('|');
+    const value = this.expr();
+    if (!this.eat('|')) fail();
+    this.depth--;
+    return value.exact ? (value.n < 0n ? neg(value) : value) : real(Math.abs(value.x));
+  }
+
+  /** \sin x, \sin(x), \sin^2 x (= (\sin x)^2), \log_2 8, \log x (base 10, the school convention). */
+  private functionCall(name: string): Num {
+    let base: Num | undefined;
+    if (name === 'log' && this.eat('_')) base = this.peek() === '{' ? this.group('{', '}') : this.numberOrPrimaryArgument();
+    let exponent: Num | undefined;
+    if (this.eat('^')) exponent = this.peek() === '{' ? this.group('{', '}') : this.numberOrPrimaryArgument();
+    const c = this.peek();
+    const arg = c === '(' ? this.group('(', ')') : c === '{' ? this.group('{', '}') : this.power();
+    const x = toFloat(arg);
+    let y: number;
+    if (name === 'log') {
+      const b = base === undefined ? 10 : toFloat(base);
+      y = Math.log(x) / Math.log(b);
+    } else y = FUNCTIONS[name]!(x);
+    if (!Number.isFinite(y)) undefinedHere();
+    const value = exactIfInteger(y);
+    return exponent === undefined ? value : (pow(value, exponent) ?? undefinedHere());
+  }
+
+  private numberOrPrimaryArgument(): Num {
+    const c = this.peek();
+    if (/[0-9]/.test(c)) {
+      this.pos++;
+      return rational(BigInt(c));
+    }
+    return this.primary();
   }
 
   private group(open: string, close: string): Num {
@@ -152,7 +266,7 @@ class Parser {
   private fraction(): Num {
     const numerator = this.latexArgument();
     const denominator = this.latexArgument();
-    return div(numerator, denominator) ?? fail();
+    return divide(numerator, denominator);
   }
 
   private sqrt(): Num {
@@ -162,10 +276,10 @@ class Parser {
       if (!isInteger(index) || index.n < 2n || index.n > 64n) fail();
       k = Number(index.n);
     }
-    return root(this.latexArgument(), k) ?? fail();
+    return root(this.latexArgument(), k) ?? undefinedHere();
   }
 
-  /** A LaTeX macro argument: {group}, (group) for plain-text "\sqrt(2)", one digit as in \frac12, or \pi. */
+  /** A LaTeX macro argument: {group}, (group) for plain-text "\sqrt(2)", one digit as in \frac12, one letter, or \pi. */
   private latexArgument(): Num {
     const c = this.peek();
     if (c === '{') return this.group('{', '}');
@@ -175,29 +289,27 @@ class Parser {
       return rational(BigInt(c));
     }
     if (this.eat('\\pi')) return real(Math.PI);
-    return fail();
+    return this.variable();
   }
 
   /**
-   * A literal. An integer literal followed by \frac of two integer literals forming a proper fraction is a
-   * mixed number (2\frac12 = 5/2), as in textbook answers; any other \frac after a number is a product.
+   * A literal. An integer literal followed by \frac of two integer literals is a mixed number when the fraction is
+   * proper (2\frac12 = 5/2, as in textbook answers); math-verify reads an improper one the same way (2\frac32 = 7/2).
    */
   private numberWithMixedFraction(): Num {
     const whole = this.number();
     this.ws();
-    if (!isInteger(whole) || !MIXED_FRACTION.test(this.s.slice(this.pos, this.pos + 64))) return whole;
-    const start = this.pos;
+    if (!isInteger(whole) || !MIXED_FRACTION.test(this.rest())) return whole;
     this.eat('\\frac');
     const part = this.fraction();
-    if (part.exact && part.n > 0n && part.n < part.d) return add(whole, part);
-    this.pos = start;
-    return whole;
+    return whole.n < 0n ? sub(whole, part) : add(whole, part);
   }
 
   private number(): Num {
     const m = /^(\d*)(?:\.(\d*))?(?:[eE]([+-]?\d+))?/.exec(this.s.slice(this.pos, this.pos + MAX_EXPRESSION_LENGTH));
     const [text = '', intPart = '', fracPart = '', expPart] = m ?? [];
     if (intPart === '' && fracPart === '') fail();
+    if (text.includes('.')) this.hasDecimal = true;
     this.pos += text.length;
     const digits = BigInt(intPart + fracPart);
     const exp = (expPart === undefined ? 0 : Number(expPart)) - fracPart.length;
@@ -209,19 +321,56 @@ class Parser {
   }
 }
 
+function divide(a: Num, b: Num): Num {
+  return div(a, b) ?? undefinedHere();
+}
+
+/** n! for integers 0..170 (exact up to 30, where it stays small); anything else is undefined. */
+function factorial(a: Num): Num {
+  if (!isInteger(a) || a.n < 0n || a.n > 170n) return undefinedHere();
+  let r = 1n;
+  for (let k = 2n; k <= a.n; k++) r *= k;
+  return rational(r);
+}
+
+/** sin(0), ln(1), log_2(8): a float that is an exact small integer is kept exact, so 3 = \log_2 8 compares exactly. */
+function exactIfInteger(y: number): Num {
+  const r = Math.round(y);
+  return Math.abs(y - r) < 1e-12 && Math.abs(r) < 2 ** 52 ? rational(BigInt(r)) : real(y);
+}
+
 /**
- * Parses a normalised answer as a number, or returns undefined when it is not (only) arithmetic.
- * Never throws; returns undefined for non-finite results and inputs over {@link MAX_EXPRESSION_LENGTH}.
+ * Parses a normalised answer as a number, or returns undefined when it is not (only) arithmetic: a variable, a
+ * word, a value undefined (1/0), anything the parser does not read. Never throws; returns undefined for non-finite
+ * results and inputs over {@link MAX_EXPRESSION_LENGTH}.
  */
 export function parseNumber(text: string, percent: PercentMode = 'scale'): ParsedNumber | undefined {
-  if (text.length === 0 || text.length > MAX_EXPRESSION_LENGTH) return undefined;
-  const parser = new Parser(text, percent);
+  const result = evaluateExpression(text, () => undefined, percent);
+  if (result.kind !== 'value' || result.variables.size > 0) return undefined;
+  return { value: result.value, hasPercent: result.hasPercent, hasDecimal: result.hasDecimal, integerLiteral: /^[+-]?\d+\s*%?$/.test(text.trim()) };
+}
+
+export type Evaluated =
+  | { kind: 'value'; value: Num; variables: ReadonlySet<string>; hasPercent: boolean; hasDecimal: boolean }
+  /** An expression, undefined at this point (a domain error, a division by zero). */
+  | { kind: 'undefined'; variables: ReadonlySet<string> }
+  | { kind: 'invalid' };
+
+/**
+ * Evaluates an answer with its variables given by `assign` (names as written: x, y_1, \theta). 'invalid' when it is
+ * not an expression this parser reads (or uses a variable `assign` has no value for), 'undefined' when it is one but
+ * has no finite value at this point. Never throws.
+ */
+export function evaluateExpression(text: string, assign: Assignment, percent: PercentMode = 'scale'): Evaluated {
+  if (text.length === 0 || text.length > MAX_EXPRESSION_LENGTH) return { kind: 'invalid' };
+  const parser = new Parser(text, percent, assign);
   try {
     const value = parser.parse();
-    if (!value.exact && !Number.isFinite(value.x)) return undefined;
-    return { value, hasPercent: parser.hasPercent };
-  } catch {
-    // ParseFailure for text that is not arithmetic; anything else (a RangeError from BigInt) means the same.
-    return undefined;
+    if (!value.exact && !Number.isFinite(value.x)) return { kind: 'undefined', variables: parser.variables };
+    return { kind: 'value', value, variables: parser.variables, hasPercent: parser.hasPercent, hasDecimal: parser.hasDecimal };
+  } catch (err) {
+    if (err instanceof DomainFailure) return { kind: 'undefined', variables: parser.variables };
+    // ParseFailure for text that is not an expression; anything else (a RangeError from BigInt) means the same.
+    return { kind: 'invalid' };
   }
 }

@@ -17,11 +17,17 @@ const nonEmptyString = (max: number) =>
  * carry columns such as id, level or subject, and making trainers strip them first would only add friction.
  * `answer` may be a JSON number (datasets store integers as numbers) or a string (LaTeX, fractions, tuples).
  */
+/** The answer checkers: the built-in TypeScript one, or math-verify run in the sandbox (math-verify-checker.ts). */
+export const MATH_CHECKERS = ['builtin', 'math-verify'] as const;
+export type MathChecker = (typeof MATH_CHECKERS)[number];
+
 export const mathInstanceSchema = z.object({
   problem: nonEmptyString(MAX_PROBLEM_LENGTH),
   answer: z.union([nonEmptyString(MAX_ANSWER_LENGTH), z.number({ error: 'must be a finite number' })], {
     error: 'must be a non-empty string or a finite number',
   }),
+  /** Which checker grades this instance; default the environment's (`builtin` unless the server says otherwise). */
+  checker: z.enum(MATH_CHECKERS, { error: `must be one of ${MATH_CHECKERS.join(', ')}` }).optional(),
 });
 
 export type MathInstance = z.output<typeof mathInstanceSchema>;

@@ -4,7 +4,8 @@ import { defaultToolRegistry, type ToolRegistry } from '../../tools/registry.js'
 import type { Environment, Evaluation } from '../types.js';
 import { checkEquivalence } from './equivalence.js';
 import { findFinalAnswer } from './extract.js';
-import { mathInstanceJsonSchema, validateMathInstance, type MathInstance } from './instance.js';
+import { mathInstanceJsonSchema, validateMathInstance, type MathChecker, type MathInstance } from './instance.js';
+import { findMathVerify, mathVerifyMounts, runMathVerify, type MathVerifyInstallation } from './math-verify-checker.js';
 
 /** Tools the math environment offers, by name; the system prompt refers to them. */
 export const MATH_TOOL_NAMES = ['python', 'bash', 'finish'] as const;
@@ -24,6 +25,18 @@ export interface MathEnvironmentOptions {
   toolRegistry?: ToolRegistry;
   /** Replaces {@link MATH_SYSTEM_PROMPT}, e.g. for a model trained on a different answer convention. */
   systemPrompt?: string;
+  /**
+   * The checker of instances that do not name one (`instance.checker`). Default `builtin`: always available, no
+   * process per check. `math-verify` runs Hugging Face's math-verify in the sample's sandbox (math-verify-checker.ts)
+   * and needs it installed (scripts/setup.sh); asking for it when it is not fails here, at start-up.
+   */
+  checker?: MathChecker;
+  /** Where math-verify is installed; default {@link findMathVerify} of `mathVerifyVenv`. */
+  mathVerify?: MathVerifyInstallation;
+  /** The venv {@link findMathVerify} looks in; default ROLLOUT_MATH_VERIFY_VENV, else the project's .venvs/math-verify. */
+  mathVerifyVenv?: string;
+  /** Time for one math-verify check, ms (default 30 s); past it the sample is ENVIRONMENT_ERROR, never reward 0. */
+  mathVerifyTimeoutMs?: number;
 }
 
 /**
@@ -33,9 +46,11 @@ export interface MathEnvironmentOptions {
  * infrastructure's, so it is a completed trajectory. The sandbox is only used by the python and bash tools;
  * evaluation never touches it.
  *
- * details: { correct: 0|1, has_answer: 0|1 }; report: { extracted, reference, method, comparison } where
- * method is where the answer came from ('finish_tool' | 'boxed' | 'none') and comparison is the rule that
- * decided ('rational' | 'tolerance' | 'elements' | 'text' | 'none').
+ * details: { correct: 0|1, has_answer: 0|1 }; report: { extracted, reference, method, checker, comparison } where
+ * method is where the answer came from ('finish_tool' | 'boxed' | 'none'), checker is 'builtin' or 'math-verify',
+ * and comparison is the built-in rule that decided (see equivalence.ts) or 'math-verify'. With math-verify the
+ * report also holds what it parsed each side as (`parsed`) and the built-in checker's verdict (`builtin`), so a
+ * run shows where the two disagree.
  *
  * @example
  * const math = createMathEnvironment(); // python, bash and finish from defaultToolRegistry()
@@ -47,6 +62,12 @@ export function createMathEnvironment(options: MathEnvironmentOptions = {}): Env
   const missing = MATH_TOOL_NAMES.filter((name) => !toolRegistry.has(name));
   if (missing.length > 0) throw new RolloutError('failed_precondition', `math environment needs tools: ${missing.join(', ')}`);
   const tools = toolRegistry.create(MATH_TOOL_NAMES);
+  const defaultChecker = options.checker ?? 'builtin';
+  const mathVerify = options.mathVerify ?? findMathVerify(options.mathVerifyVenv);
+  if (defaultChecker === 'math-verify' && !mathVerify) {
+    throw new RolloutError('failed_precondition', 'math checker math-verify is not installed (scripts/setup.sh installs it into .venvs/math-verify)');
+  }
+  const checkerOf = (instance: MathInstance): MathChecker => instance.checker ?? defaultChecker;
   const prompt = (instance: MathInstance): ChatMessage[] => [
     { role: 'system', content: systemPrompt },
     { role: 'user', content: instance.problem },
@@ -57,7 +78,16 @@ export function createMathEnvironment(options: MathEnvironmentOptions = {}): Env
     instanceSchema: mathInstanceJsonSchema,
     toolNames: MATH_TOOL_NAMES,
 
-    validate: validateMathInstance,
+    validate(raw: unknown): MathInstance {
+      const instance = validateMathInstance(raw);
+      if (checkerOf(instance) === 'math-verify' && !mathVerify) {
+        throw RolloutError.invalid('instance.checker', 'math-verify is not installed on this server (scripts/setup.sh installs it)');
+      }
+      return instance;
+    },
+
+    // math-verify runs in the sample's sandbox: its packages and script are bound in read-only.
+    sandbox: (instance) => (checkerOf(instance) === 'math-verify' && mathVerify ? { mounts: mathVerifyMounts(mathVerify) } : {}),
 
     prompt,
 
@@ -70,22 +100,29 @@ export function createMathEnvironment(options: MathEnvironmentOptions = {}): Env
     // compiles zod schemas — measurable CPU and ~11 KiB per trajectory if done per sample.
     tools: () => tools,
 
-    async evaluate({ instance, outcome }): Promise<Evaluation> {
+    async evaluate({ instance, outcome, sandbox, signal }): Promise<Evaluation> {
       const reference = String(instance.answer);
       const found = findFinalAnswer(outcome);
       if (!found) {
         return {
           reward: 0,
           details: { correct: 0, has_answer: 0 },
-          report: { extracted: null, reference, method: 'none', comparison: 'none' },
+          report: { extracted: null, reference, method: 'none', checker: checkerOf(instance), comparison: 'none' },
         };
       }
-      const result = checkEquivalence(found.answer, instance.answer);
-      const correct = result.equivalent ? 1 : 0;
+      const builtin = checkEquivalence(found.answer, instance.answer);
+      const report = { extracted: found.answer, reference, method: found.source };
+      if (checkerOf(instance) === 'builtin') {
+        const correct = builtin.equivalent ? 1 : 0;
+        return { reward: correct, details: { correct, has_answer: 1 }, report: { ...report, checker: 'builtin', comparison: builtin.method } };
+      }
+      const timeoutMs = options.mathVerifyTimeoutMs;
+      const [verdict] = await runMathVerify(sandbox, [{ gold: reference, pred: found.answer }], { signal, ...(timeoutMs !== undefined && { timeoutMs }) });
+      const correct = verdict!.equivalent ? 1 : 0;
       return {
         reward: correct,
         details: { correct, has_answer: 1 },
-        report: { extracted: found.answer, reference, method: found.source, comparison: result.method },
+        report: { ...report, checker: 'math-verify', comparison: 'math-verify', parsed: { gold: verdict!.gold, pred: verdict!.pred }, builtin: builtin.equivalent },
       };
     },
   };

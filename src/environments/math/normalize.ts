@@ -18,6 +18,9 @@ const UNICODE: ReadonlyArray<readonly [string, string]> = [
   ['\u221e', '\\infty '],
   ['\u00b0', ''],
   ['\uff0c', ','],
+  ['\u2264', '\\le '],
+  ['\u2265', '\\ge '],
+  ['\u2260', '\\ne '],
 ];
 
 /** LaTeX spacing and sizing that never carries meaning in an answer. */
@@ -33,8 +36,28 @@ const ASSIGNMENT = /^\s*(?:[a-zA-Z]|\\[a-zA-Z]+)(?:_\{?[a-zA-Z0-9]{1,4}\}?)?\s*=
 /** "= 5", "\approx 3.14": a relation left over from "x \approx 3.14" once the model boxed only its right side. */
 const LEADING_RELATION = /^(?:=|\\approx|\u2248)\s*/;
 
-/** 1,000 or 12,345.67 — whole string only, no spaces, so "1, 234" stays a list. */
-const THOUSANDS = /^[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$/;
+/** 1,000 or 12,345.67 or 1 000 — whole string only, so "1, 234" stays a list. */
+const THOUSANDS = /^[+-]?\d{1,3}(?:(?:,\d{3})+|(?: \d{3})+)(?:\.\d+)?$/;
+
+/** "28 percent", "28 pct": the word is the sign (math-verify reads them as 28%). */
+const PERCENT_WORD = /^([^%]{0,200}\d)\s*(?:percent(?:age)?|pct)$/i;
+
+/** A matrix environment: rows split at \\, entries at &. */
+const MATRIX = /^\\begin\{([pbvBV]?matrix|array)\}(?:\{[lcr|]*\})?([^]*?)\\end\{\1\}$/;
+
+/**
+ * \begin{pmatrix} 1 & 2 \\ 3 & 4 \end{pmatrix} → [[1,2],[3,4]]: rows and entries compared in order, as math-verify
+ * compares matrices of the same shape.
+ */
+function matrixAsLists(s: string): string {
+  const m = MATRIX.exec(s);
+  if (!m) return s;
+  const rows = m[2]!
+    .split('\\\\')
+    .map((row) => row.trim())
+    .filter((row) => row !== '');
+  return `[${rows.map((row) => `[${row.split('&').map((x) => x.trim()).join(',')}]`).join(',')}]`;
+}
 
 function stripDelimiters(s: string): string {
   for (let i = 0; i < 8; i++) {
@@ -73,15 +96,17 @@ export function normalizeAnswer(raw: string, options: { stripAssignment?: boolea
   let s = raw;
   for (const [from, to] of UNICODE) if (s.includes(from)) s = s.split(from).join(to);
   s = stripDelimiters(s);
+  s = matrixAsLists(s); // before NOISE, which would eat the "\\ " of a row break
   s = s.replace(NOISE, '');
-  s = s.replace(/\\[dt]frac/g, '\\frac');
+  s = s.replace(/\\[dtc]frac/g, '\\frac');
   s = s.replace(/\\%/g, '%').replace(/\\\$/g, '').replace(/\{,\}/g, ',');
   s = s.replace(/\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|\\degree/g, '');
   s = handleText(s);
   s = stripDelimiters(s);
   const assignment = options.stripAssignment === false ? null : ASSIGNMENT.exec(s);
   if (assignment) s = assignment[1]!.trim();
-  if (THOUSANDS.test(s)) s = s.replace(/,/g, '');
+  if (THOUSANDS.test(s)) s = s.replace(/[, ]/g, '');
+  s = s.replace(PERCENT_WORD, '$1%');
   return s.trim();
 }
 

@@ -151,17 +151,48 @@ export function pow(a: Num, b: Num): Num | undefined {
   return Number.isNaN(x) ? undefined : real(x);
 }
 
-/** Relative tolerance used when at least one side is not an exact rational. */
-export const RELATIVE_TOLERANCE = 1e-6;
+/**
+ * Relative tolerance used when at least one side is not an exact rational and neither was written with a decimal
+ * point: math-verify compares such values to 15 significant digits (sympy's evalf), floats hold about 16, so
+ * 1e-10 accepts \sqrt{8} = 2\sqrt{2} computed in floats and nothing a person would call a different number.
+ */
+export const RELATIVE_TOLERANCE = 1e-10;
 /** Absolute floor so that a float that should be 0 (e.g. √2 − √2 computed in floats) still equals 0. */
 const ABSOLUTE_TOLERANCE = 1e-12;
 
-/** Exact equality for two rationals; |a − b| ≤ 1e-6·max(|a|,|b|) (or ≤ 1e-12) otherwise. Symmetric. */
-export function numbersEqual(a: Num, b: Num): boolean {
+/** Exact equality for two rationals; |a − b| ≤ tolerance·max(|a|,|b|) (or ≤ 1e-12) otherwise. Symmetric. */
+export function numbersEqual(a: Num, b: Num, tolerance = RELATIVE_TOLERANCE): boolean {
   if (a.exact && b.exact) return a.n === b.n && a.d === b.d;
   const x = toFloat(a);
   const y = toFloat(b);
   if (!Number.isFinite(x) || !Number.isFinite(y)) return false;
   const diff = Math.abs(x - y);
-  return diff <= ABSOLUTE_TOLERANCE || diff <= RELATIVE_TOLERANCE * Math.max(Math.abs(x), Math.abs(y));
+  return diff <= ABSOLUTE_TOLERANCE || diff <= tolerance * Math.max(Math.abs(x), Math.abs(y));
+}
+
+/** Decimal places math-verify rounds to when either answer is written as a decimal (its float_rounding). */
+export const DECIMAL_PLACES = 6;
+const SCALE = 10n ** BigInt(DECIMAL_PLACES);
+
+/** round(a · 10^6), half away from zero; exact for rationals; undefined for a float too large to round in a double. */
+function scaledRound(a: Num): bigint | undefined {
+  if (a.exact) {
+    const sign = a.n < ZERO ? -ONE : ONE;
+    return sign * ((2n * abs(a.n) * SCALE + a.d) / (2n * a.d));
+  }
+  const scaled = Math.abs(a.x) * 1e6;
+  if (!Number.isFinite(scaled) || scaled >= 2 ** 52) return undefined;
+  return BigInt(Math.sign(a.x) * Math.round(scaled));
+}
+
+/**
+ * Whether a and b agree when both are rounded to {@link DECIMAL_PLACES} decimal places: math-verify's rule when an
+ * answer is a decimal, so 0.333333 = 1/3 and 2.0 = 2 but 0.333 ≠ 1/3 and 3.14 ≠ π. Past 2^52·10^-6 (where a
+ * double cannot hold the places) values fall back to {@link numbersEqual}. Symmetric.
+ */
+export function roundedEqual(a: Num, b: Num): boolean {
+  const x = scaledRound(a);
+  const y = scaledRound(b);
+  if (x === undefined || y === undefined) return numbersEqual(a, b, 1e-15);
+  return x === y;
 }

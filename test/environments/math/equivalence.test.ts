@@ -20,7 +20,8 @@ const TABLE: ReadonlyArray<readonly [string, string | number, boolean, string]> 
   ['\\tfrac{2}{4}', '\\frac12', true, 'unreduced fraction'],
   ['1/3', '\\frac{1}{3}', true, 'slash vs \\frac'],
   ['0.333', '1/3', false, 'a rounded decimal is not the fraction'],
-  ['0.3333333', '\\frac13', false, 'exact comparison for rationals, however many digits'],
+  ['0.3333333', '\\frac13', true, 'a decimal is compared rounded to 6 places, as math-verify does'],
+  ['0.33333', '\\frac13', false, 'five places are not six'],
   ['-\\frac12', '-0.5', true, 'negative fraction'],
   ['\\frac{-1}{2}', '-1/2', true, 'sign inside the numerator'],
   ['-0.5', '0.5', false, 'sign matters'],
@@ -39,7 +40,7 @@ const TABLE: ReadonlyArray<readonly [string, string | number, boolean, string]> 
   ['2^3', '8', true, 'power'],
   ['2^{10}', '1024', true, 'braced exponent'],
   ['\\sqrt{4}', '2', true, 'perfect square root'],
-  ['\\sqrt{2}', '1.41421356', true, 'irrational vs decimal within 1e-6'],
+  ['\\sqrt{2}', '1.41421356', true, 'irrational vs decimal, rounded to 6 places'],
   ['\\sqrt{2}', '1.414', false, 'irrational vs a too-rough decimal'],
   ['\\frac{\\sqrt{2}}{2}', '\\frac{1}{\\sqrt{2}}', true, 'rationalised denominator'],
   ['2\\sqrt{3}', '\\sqrt{12}', true, 'implicit product'],
@@ -51,7 +52,9 @@ const TABLE: ReadonlyArray<readonly [string, string | number, boolean, string]> 
   ['(1+2)(3+4)', '21', true, 'implicit product of groups'],
   ['2\\pi', '6.283185307', true, 'pi within tolerance'],
   ['\\pi', '3.14', false, 'pi is not 3.14'],
-  ['\\pi', '3.14159', true, 'known trade-off: 6 significant digits are within the 1e-6 tolerance'],
+  ['\\pi', '3.14159', false, 'rounded to 6 places 3.141593 ≠ 3.14159 (math-verify agrees)'],
+  ['\\pi', '3.141593', true, 'six places of pi'],
+  ['\\sqrt{8}', '2\\sqrt{2}', true, 'irrationals without decimals: equal to 1e-10'],
   ['\\pi', '3.1416', false, '5 significant digits are not'],
   ['\\pi/2', '\\frac{\\pi}{2}', true, 'pi in a fraction'],
   ['1/0', '1/0', true, 'division by zero falls back to identical text'],
@@ -78,10 +81,13 @@ const TABLE: ReadonlyArray<readonly [string, string | number, boolean, string]> 
   ['10^{-3}', '0.001', true, 'negative power of ten'],
   ['1.5\\times10^{3}', '1500', true, 'scientific notation in LaTeX'],
   ['4^{1/2}', '2', true, 'fractional exponent of a perfect square'],
-  ['2\\frac{3}{2}', '3', true, 'improper fraction after a number is a product'],
+  ['2\\frac{3}{2}', '7/2', true, 'an integer before \\frac of two integers is a mixed number, as math-verify reads it'],
   ['\\$1,000', '1000', true, 'escaped dollar and thousands separator'],
   ['x^2 + 1', 'x^{2}+1', true, 'whitespace and braces in a non-numeric answer'],
-  ['x^2+1', '1+x^2', false, 'no algebra on symbolic answers'],
+  ['x^2+1', '1+x^2', true, 'the same polynomial'],
+  ['(x+1)^2', 'x^2+2x+1', true, 'expanded square'],
+  ['x^2+1', 'x^2-1', false, 'different polynomials'],
+  ['x+1', 'y+1', false, 'variables matter'],
   ['\\infty', '\\infty', true, 'symbol'],
   // tuples, intervals, sets
   ['(1, \\frac{1}{2})', '(1,0.5)', true, 'ordered pair element-wise'],
@@ -106,9 +112,13 @@ describe('answer equivalence table', () => {
   });
 
   it('reports which rule decided', () => {
-    expect(checkEquivalence('0.5', '\\frac12').method).toBe('rational');
-    expect(checkEquivalence('\\sqrt2', '1.41421356').method).toBe('tolerance');
-    expect(checkEquivalence('(1,2)', '(1, 2)').method).toBe('text');
+    expect(checkEquivalence('0.5', '\\frac12').method).toBe('rounded');
+    expect(checkEquivalence('\\frac24', '\\frac12').method).toBe('rational');
+    expect(checkEquivalence('x^2', 'x \\cdot x').method).toBe('symbolic');
+    expect(checkEquivalence('x > 3', '3 < x').method).toBe('relation');
+    expect(checkEquivalence('\\sqrt2', '1.41421356').method).toBe('rounded');
+    expect(checkEquivalence('\\sqrt8', '2\\sqrt2').method).toBe('tolerance');
+    expect(checkEquivalence('\\text{Yes}', 'yes').method).toBe('text');
     expect(checkEquivalence('(1,0.5)', '(1, \\frac12)').method).toBe('elements');
     expect(checkEquivalence('', '1').method).toBe('none');
   });

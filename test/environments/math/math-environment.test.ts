@@ -110,7 +110,7 @@ describe('math environment: evaluate', () => {
     expect(result).toEqual({
       reward: 1,
       details: { correct: 1, has_answer: 1 },
-      report: { extracted: '\\dfrac{1}{2}', reference: '\\frac{1}{2}', method: 'boxed', comparison: 'rational' },
+      report: { extracted: '\\dfrac{1}{2}', reference: '\\frac{1}{2}', method: 'boxed', checker: 'builtin', comparison: 'text' },
     });
   });
 
@@ -138,7 +138,7 @@ describe('math environment: evaluate', () => {
     expect(result).toEqual({
       reward: 0,
       details: { correct: 0, has_answer: 0 },
-      report: { extracted: null, reference: '\\frac{1}{2}', method: 'none', comparison: 'none' },
+      report: { extracted: null, reference: '\\frac{1}{2}', method: 'none', checker: 'builtin', comparison: 'none' },
     });
   });
 });

@@ -1,0 +1,158 @@
+import { createHash } from 'node:crypto';
+import { createReadStream, realpathSync } from 'node:fs';
+import { createInterface } from 'node:readline';
+import { asyncBufferFromFile, parquetMetadataAsync, parquetReadObjects } from 'hyparquet';
+import { canonicalJson } from '../pipeline/canonical-json.js';
+import { RolloutError } from '../errors.js';
+
+/**
+ * Dataset rows for `rollout submit --dataset`: JSONL (one JSON object a line) or Parquet (read with hyparquet, a row
+ * group at a time), each mapped to an environment instance and given a task id that is the same on every run.
+ *
+ * verl's layout (its data preprocessing scripts write Parquet with these columns) is recognised and mapped:
+ *
+ *   data_source   string                 → TaskSpec.metadata.data_source
+ *   prompt        [{role, content}, ...] → math: `problem` is the content of the last user message
+ *   ability       string                 → TaskSpec.metadata.ability
+ *   reward_model  {ground_truth, style}  → math: `answer` is ground_truth
+ *   extra_info    {index, split, ...}    → TaskSpec.metadata.extra_info (JSON)
+ *
+ * For another environment a verl row is passed whole as the instance (its environment reads the columns it knows).
+ * A plain row is the instance itself, or its field `--instance-field NAME` (an object, or a JSON string) when given.
+ */
+
+/** One row, numbered from 0 in file order (blank JSONL lines are not rows). */
+export interface DatasetRow {
+  index: number;
+  row: Record<string, unknown>;
+}
+
+export type DatasetFormat = 'jsonl' | 'parquet';
+
+/** The format by file name: .parquet (or .pq) is Parquet, anything else JSON lines. */
+export function datasetFormat(path: string): DatasetFormat {
+  return /\.(parquet|pq)$/i.test(path) ? 'parquet' : 'jsonl';
+}
+
+const PARQUET_CHUNK_ROWS = 512;
+
+/** Rows in the dataset (Parquet: from its footer; JSONL: one pass counting non-blank lines). */
+export async function countRows(path: string): Promise<number> {
+  if (datasetFormat(path) === 'parquet') return Number((await parquetMetadataAsync(await openParquet(path))).num_rows);
+  let n = 0;
+  for await (const line of lines(path)) if (line.trim() !== '') n++;
+  return n;
+}
+
+/** Streams the rows: JSONL line by line, Parquet in chunks of rows; a row that is not an object fails naming it. */
+export async function* readDataset(path: string): AsyncGenerator<DatasetRow> {
+  if (datasetFormat(path) === 'parquet') {
+    const file = await openParquet(path);
+    const metadata = await parquetMetadataAsync(file);
+    const total = Number(metadata.num_rows);
+    for (let start = 0; start < total; start += PARQUET_CHUNK_ROWS) {
+      const rows = await parquetReadObjects({ file, metadata, rowStart: start, rowEnd: Math.min(total, start + PARQUET_CHUNK_ROWS) });
+      for (const [i, row] of rows.entries()) yield { index: start + i, row: plain(row) as Record<string, unknown> };
+    }
+    return;
+  }
+  let index = 0;
+  let lineNumber = 0;
+  for await (const line of lines(path)) {
+    lineNumber++;
+    if (line.trim() === '') continue;
+    let row: unknown;
+    try {
+      row = JSON.parse(line);
+    } catch (err) {
+      throw new RolloutError('invalid_argument', `${path}:${lineNumber}: not JSON (${(err as Error).message})`);
+    }
+    if (typeof row !== 'object' || row === null || Array.isArray(row)) throw new RolloutError('invalid_argument', `${path}:${lineNumber}: a row must be a JSON object`);
+    yield { index: index++, row: row as Record<string, unknown> };
+  }
+}
+
+async function openParquet(path: string): Promise<Awaited<ReturnType<typeof asyncBufferFromFile>>> {
+  try {
+    return await asyncBufferFromFile(path);
+  } catch (err) {
+    throw new RolloutError('invalid_argument', `cannot read dataset ${path}: ${(err as Error).message}`);
+  }
+}
+
+function lines(path: string): AsyncIterable<string> {
+  const stream = createReadStream(path, { encoding: 'utf8' });
+  stream.on('error', () => undefined); // surfaces through the iterator below
+  return createInterface({ input: stream, crlfDelay: Infinity });
+}
+
+/** Parquet INT64 values arrive as bigint; JSON (the instance is a Struct) wants numbers. */
+function plain(value: unknown): unknown {
+  if (typeof value === 'bigint') return Number.isSafeInteger(Number(value)) ? Number(value) : value.toString();
+  if (Array.isArray(value)) return value.map(plain);
+  if (value instanceof Date) return value.toISOString();
+  if (value instanceof Uint8Array) return Buffer.from(value).toString('base64');
+  if (typeof value === 'object' && value !== null) return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, plain(v)]));
+  return value;
+}
+
+/** What one row becomes: the instance, and metadata echoed back in every trajectory of it. */
+export interface MappedRow {
+  instance: Record<string, unknown>;
+  metadata: Record<string, string>;
+}
+
+interface VerlRow {
+  prompt: Array<{ role?: unknown; content?: unknown }>;
+  reward_model: { ground_truth?: unknown };
+}
+
+function isVerlRow(row: Record<string, unknown>): row is Record<string, unknown> & VerlRow {
+  const rm = row.reward_model;
+  return Array.isArray(row.prompt) && typeof rm === 'object' && rm !== null && 'ground_truth' in rm;
+}
+
+/**
+ * Maps a row to the instance of `environment` (see the file comment). Throws RolloutError('invalid_argument')
+ * naming the row when it cannot be mapped: the runner reports it and goes on with the other rows.
+ */
+export function mapRow({ index, row }: DatasetRow, environment: string, instanceField?: string): MappedRow {
+  const metadata: Record<string, string> = { row_index: String(index) };
+  for (const key of ['data_source', 'ability'] as const) if (typeof row[key] === 'string') metadata[key] = row[key];
+  if (row.extra_info !== undefined && row.extra_info !== null) metadata.extra_info = JSON.stringify(row.extra_info);
+  if (instanceField !== undefined) {
+    let value = row[instanceField];
+    if (typeof value === 'string') {
+      try {
+        value = JSON.parse(value);
+      } catch {
+        throw new RolloutError('invalid_argument', `row ${index}: field ${instanceField} is a string that is not JSON`);
+      }
+    }
+    if (typeof value !== 'object' || value === null || Array.isArray(value)) throw new RolloutError('invalid_argument', `row ${index}: field ${instanceField} is not an object`);
+    return { instance: value as Record<string, unknown>, metadata };
+  }
+  if (environment === 'math' && isVerlRow(row)) {
+    const user = row.prompt.findLast((m) => m.role === 'user');
+    if (typeof user?.content !== 'string') throw new RolloutError('invalid_argument', `row ${index}: prompt has no user message`);
+    const truth = row.reward_model.ground_truth;
+    const answer = typeof truth === 'number' ? truth : Array.isArray(truth) ? String(truth[0]) : String(truth);
+    return { instance: { problem: user.content, answer }, metadata };
+  }
+  return { instance: row, metadata };
+}
+
+/**
+ * The task id of a row: `<dataset>-<row>-<content>`, from the dataset's real path, the row's index and a hash of
+ * what is submitted (environment, instance, samples), so a re-run finds the same ids (resume, and the server's
+ * idempotent submit) while an edited row or another dataset gets new ones.
+ */
+export function taskIdFor(datasetPath: string, index: number, environment: string, instance: Record<string, unknown>, numSamples: number): string {
+  const dataset = hash(realpathSync(datasetPath)).slice(0, 10);
+  const content = hash(canonicalJson({ environment, instance, numSamples })).slice(0, 12);
+  return `ds-${dataset}-${index}-${content}`;
+}
+
+function hash(text: string): string {
+  return createHash('sha256').update(text).digest('hex');
+}
