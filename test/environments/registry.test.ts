@@ -62,9 +62,9 @@ describe('defaultRegistry', () => {
     expect(registry.get('math').tools(instance).map((t) => t.name)).toEqual(['python', 'bash', 'finish']);
   });
 
-  it('holds the code and stem environments too, each with an instance JSON Schema and its tools', () => {
+  it('holds the code, stem and swe environments too, each with an instance JSON Schema and its tools', () => {
     const list = defaultRegistry().list();
-    expect(list.map((e) => e.name)).toEqual(['code', 'math', 'stem']);
+    expect(list.map((e) => e.name)).toEqual(['code', 'math', 'stem', 'swe']);
     expect(list[0]).toMatchObject({ tools: ['python', 'bash', 'finish'], instanceSchema: { anyOf: [expect.objectContaining({ required: ['prompt', 'test', 'entry_point'] }), expect.objectContaining({ required: ['tests'] })] } });
     expect(list[2]).toMatchObject({ tools: ['python', 'finish'], instanceSchema: { type: 'object', required: ['question', 'answer'] } });
   });
