@@ -38,6 +38,8 @@ export interface DriveResult {
   statuses: Record<string, number>;
   meanReward: number;
   rejected: string[];
+  /** The error text of the first few trajectories that did not complete (status: error), to say why. */
+  errors: string[];
 }
 
 export const statusName = (s: TrajectoryStatus): string => TrajectoryStatus[s]?.replace('TRAJECTORY_STATUS_', '') ?? String(s);
@@ -66,7 +68,7 @@ export async function driveServer(client: RolloutClient, o: DriveOptions): Promi
   const sizeOf = (i: number): number => Math.min(o.groupSize, o.trajectories - i * o.groupSize);
   const submittedAt = new Map<string, number>();
   const rejected: string[] = [];
-  const result: DriveResult = { trajectories: 0, wallMs: 0, turns: 0, latenciesMs: [], acceptMs: [], serverTotalMs: [], statuses: {}, meanReward: 0, rejected };
+  const result: DriveResult = { trajectories: 0, wallMs: 0, turns: 0, latenciesMs: [], acceptMs: [], serverTotalMs: [], statuses: {}, meanReward: 0, rejected, errors: [] };
   let nextTask = 0;
   let inflight = 0;
   const submitMore = (s: RolloutSession): void => {
@@ -120,6 +122,7 @@ function record(result: DriveResult, t: Trajectory, latencyMs: number): void {
   result.serverTotalMs.push(t.timing?.totalMs ?? 0);
   const status = statusName(t.status);
   result.statuses[status] = (result.statuses[status] ?? 0) + 1;
+  if (t.error && result.errors.length < 5) result.errors.push(`${status}: ${t.error}`);
 }
 
 export interface ReplayResult {

@@ -39,7 +39,7 @@ export function renderReport(r: BenchResults): { table: string; figures: Figures
   const ratio = serverTurnsPerS / directReqPerS;
 
   if (s.trajectories !== o.trajectories) problems.push(`server pass delivered ${s.trajectories}/${o.trajectories} trajectories`);
-  if (notCompleted(s) > 0) problems.push(`server pass: ${notCompleted(s)} trajectories not COMPLETED (${statusList(s.statuses)})`);
+  if (notCompleted(s) > 0) problems.push(`server pass: ${notCompleted(s)} trajectories not COMPLETED (${statusList(s.statuses)}), e.g. ${s.errors[0] ?? '?'}`);
   if (s.rejected.length > 0) problems.push(`server pass: ${s.rejected.length} tasks rejected, e.g. ${s.rejected[0]}`);
   if (d.requests !== s.turns) problems.push(`engine recorded ${d.requests} requests for ${s.turns} turns`);
   if (d.errors > 0) problems.push(`direct pass: ${d.errors} failed requests, e.g. ${d.firstError}`);
