@@ -18,6 +18,8 @@ export interface RolloutServerOptions {
   sandboxes?: SandboxDriver;
   registry?: EnvironmentRegistry;
   sessionTtlMs?: number;
+  /** Replaces the token worker's entry script (tests: a worker that crashes on cue). */
+  tokenWorkerScript?: URL;
 }
 
 export interface RolloutServer extends RunningServer {
@@ -50,7 +52,12 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
   const sandboxes = options.sandboxes ?? createSandboxDriver(config.sandbox, logger);
   await sandboxes.reap?.(); // what a crashed predecessor left (cgroups, mounts) goes before the first sandbox starts
   const { count, inlineMaxChars, maxQueued } = config.tokenWorkers;
-  const tokenPool = count === 0 ? undefined : createTokenPool(config.model, { ...(count !== undefined && { size: count }), maxQueued, logger });
+  const tokenPool = count === 0 ? undefined : createTokenPool(config.model, {
+          ...(count !== undefined && { size: count }),
+          maxQueued,
+          logger,
+          ...(options.tokenWorkerScript && { script: options.tokenWorkerScript }),
+        });
   const tokenWork = new TokenWork({ tokenizer, template, inlineMaxChars, ...(tokenPool && { pool: tokenPool }) });
   const runtime = new RolloutRuntime({ config, registry, sandboxes, pool, tokenizer, template, tokenWork, parser, logger });
   let server: RunningServer;

@@ -82,6 +82,8 @@ export class TokenPool<Task, Result> {
   readonly #maxQueued: number;
   readonly #log: Logger;
   readonly #threads = new Set<Thread<Task, Result>>();
+  /** Threads being terminated after a failed start: close() waits for them too. */
+  readonly #stopping = new Set<Promise<number>>();
   readonly #queue: Job<Task, Result>[] = [];
   #nextId = 0;
   #closed = false;
@@ -150,7 +152,7 @@ export class TokenPool<Task, Result> {
     this.#threads.clear();
     for (const t of threads) if (t.job) this.#finish(t, (job) => job.reject(stopping));
     for (const w of this.#readyWaiters.splice(0)) w.reject(stopping);
-    await Promise.all(threads.map((t) => t.worker.terminate()));
+    await Promise.all([...threads.map((t) => t.worker.terminate()), ...this.#stopping]);
   }
 
   #startThreads(): void {
@@ -184,7 +186,9 @@ export class TokenPool<Task, Result> {
         // Nothing can run until a thread starts: the waiting tasks fail now rather than at their deadlines.
         if (![...this.#threads].some((t) => t.ready)) for (const job of this.#queue.splice(0)) this.#settle(job, () => job.reject(err));
         this.#threads.delete(thread);
-        void thread.worker.terminate();
+        const stopped = thread.worker.terminate();
+        this.#stopping.add(stopped);
+        void stopped.finally(() => this.#stopping.delete(stopped));
         this.#restartLater();
         return;
       }

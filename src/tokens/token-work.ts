@@ -133,7 +133,10 @@ export class TokenWork {
  * A pool of token threads for a model folder: each loads it as the server does (`loadModelBundle(model)`), so its
  * tokenizer and adapted template are the server's.
  */
-export function createTokenPool(model: ModelBundleOptions, options: { size?: number; maxQueued?: number; logger?: Logger } = {}): TokenPool<TokenTask, TokenTaskResult> {
+export function createTokenPool(
+  model: ModelBundleOptions,
+  options: { size?: number; maxQueued?: number; logger?: Logger; script?: URL } = {},
+): TokenPool<TokenTask, TokenTaskResult> {
   const { dir, templateVariables, toolCallParser } = model;
   const workerData: ModelBundleOptions = { ...(dir !== undefined && { dir }), ...(templateVariables !== undefined && { templateVariables }), ...(toolCallParser !== undefined && { toolCallParser }) };
   return new TokenPool<TokenTask, TokenTaskResult>({ script: TOKEN_WORKER_ENTRY, workerData, ...options });
