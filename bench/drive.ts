@@ -18,6 +18,8 @@ export interface DriveOptions {
   timeoutMs: number;
   /** Updated as the pass runs (trajectories submitted and received), for a sampler to read. */
   live?: LiveCounts;
+  /** Builds each task (default: {@link benchTask}, one arithmetic problem). */
+  task?: (taskId: string, environment: string, numSamples: number, seed: number) => TaskInput;
 }
 
 export interface LiveCounts {
@@ -79,7 +81,7 @@ export async function driveServer(client: RolloutClient, o: DriveOptions): Promi
       if (o.live) o.live.submitted += n;
       submittedAt.set(taskId, performance.now());
       const at = performance.now();
-      s.submit(benchTask(taskId, o.environment, n, o.seed + nextTask)).then(() => void result.acceptMs.push(performance.now() - at), (err: unknown) => {
+      s.submit((o.task ?? benchTask)(taskId, o.environment, n, o.seed + nextTask)).then(() => void result.acceptMs.push(performance.now() - at), (err: unknown) => {
         rejected.push(`${taskId}: ${err instanceof Error ? err.message : String(err)}`);
         inflight -= n;
         submitMore(s);

@@ -4,7 +4,7 @@
  * `--expose-gc`, so `memory` measures after full collections.
  *
  * argv[2] is a JSON {@link ServerChildOptions}. The registry is the default one plus the benchmark double
- * `bench-calc` (src/testing/calc-environment.ts); with sandbox 'null' the TEST DOUBLE NullSandboxDriver
+ * `bench-calc` (src/testing/calc-environment.ts) and `bench-long-context` (src/testing/long-context-environment.ts); with sandbox 'null' the TEST DOUBLE NullSandboxDriver
  * (src/testing/null-sandbox.ts) replaces bubblewrap, so no process is spawned per trajectory.
  */
 import { join } from 'node:path';
@@ -16,7 +16,9 @@ import { defaultRegistry } from '../src/environments/registry.js';
 import { silentLogger } from '../src/observability/logger.js';
 import type { PoolStats } from '../src/backends/pool.js';
 import type { StageStats } from '../src/pipeline/pipeline.js';
+import type { TokenPoolStats } from '../src/tokens/token-pool.js';
 import { createCalcEnvironment } from '../src/testing/calc-environment.js';
+import { createLongContextEnvironment } from '../src/testing/long-context-environment.js';
 import { NullSandboxDriver } from '../src/testing/null-sandbox.js';
 import { serveChild } from './child-rpc.js';
 
@@ -59,6 +61,8 @@ export type ServerApi = {
    * GetTrajectory's record, so call it only when the server's finished tasks are no longer needed.
    */
   dropTaskStore: () => Promise<{ tasks: number; trajectories: number; heapBytes: number }>;
+  /** The server's token threads: how many it runs (0 = none) and their counters. */
+  tokenWork: () => { tokenWorkers: number; stats: TokenPoolStats | undefined };
   /** Writes a V8 heap snapshot into `dir` (after full GCs); returns its path. */
   heapSnapshot: (dir: string) => Promise<string>;
   shutdown: () => Promise<void>;
@@ -82,7 +86,7 @@ async function collect(): Promise<void> {
 
 async function main(): Promise<void> {
   const options = JSON.parse(process.argv[2] ?? '{}') as ServerChildOptions;
-  const registry = defaultRegistry().register(createCalcEnvironment());
+  const registry = defaultRegistry().register(createCalcEnvironment()).register(createLongContextEnvironment());
   const nullSandboxes = options.sandbox === 'null' ? new NullSandboxDriver() : undefined;
   const server = await startRolloutServer(
     { ...options.config, port: 0 },
@@ -125,6 +129,7 @@ async function main(): Promise<void> {
       const after = (await api.memory()).heapUsed;
       return { tasks, trajectories, heapBytes: before - after };
     },
+    tokenWork: () => ({ tokenWorkers: server.tokenPool?.size ?? 0, stats: server.tokenPool?.stats() }),
     heapSnapshot: async (dir) => {
       await collect();
       return writeHeapSnapshot(join(dir, `server-${process.pid}-${Date.now()}.heapsnapshot`));

@@ -5,6 +5,7 @@ import type { ChatMessage, ChatTemplate, Tokenizer, ToolSchema } from './types.j
 import { verifyLedgerSnapshot } from './verify.js';
 import { escapeMessage } from './opaque-content.js';
 import { TokenWork } from './token-work.js';
+import { attachIdsJson } from '../backends/prompt-json.js';
 
 /** What came of a tool call, as the contract's ToolOutcome. */
 export type ToolOutcome = 'ok' | 'error' | 'malformed' | 'finish';
@@ -131,6 +132,8 @@ export class TokenLedger {
   /** Decoded stop token that ended the last assistant turn, if it ended with one. */
   private lastStopText: string | undefined;
   private readonly methods: Record<DeltaMethod, number> = { prefix: 0, anchor: 0, isolated: 0 };
+  /** The context's first `count` ids, comma-separated: JSON kept for contextIds (ids are only ever appended). */
+  private readonly serialized = { text: '', count: 0 };
 
   /**
    * A ledger whose prompt is rendered and tokenized on the event loop, whatever its length; see
@@ -177,9 +180,17 @@ export class TokenLedger {
     return this.history.map((m) => ({ ...m }));
   }
 
-  /** The ids to send to the engine for the next assistant turn (a fresh array). */
-  contextIds(): number[] {
-    return [...this.promptIds, ...this.ids];
+  /**
+   * The ids to send to the engine for the next assistant turn: a fresh frozen array, with its JSON attached for the
+   * engine client (prompt-json.ts). The JSON is kept between calls and only the ids added since are serialized, so
+   * a 64K-token context is not serialized again every turn.
+   */
+  contextIds(): readonly number[] {
+    const context = [...this.promptIds, ...this.ids];
+    if (this.serialized.count === 0) this.serialized.text = context.join(',');
+    else if (context.length > this.serialized.count) this.serialized.text += `,${context.slice(this.serialized.count).join(',')}`;
+    this.serialized.count = context.length;
+    return attachIdsJson(context, `[${this.serialized.text}]`);
   }
 
   /**

@@ -1,5 +1,6 @@
 import fc from 'fast-check';
 import { beforeAll, describe, expect, it } from 'vitest';
+import { idsJson } from '../../src/backends/prompt-json.js';
 import { TokenLedger, type LedgerSnapshot, type SampledTurn } from '../../src/tokens/ledger.js';
 import type { ModelBundle } from '../../src/tokens/model-bundle.js';
 import type { HfTokenizer } from '../../src/tokens/tokenizer.js';
@@ -80,6 +81,8 @@ function checkInvariants(s: LedgerSnapshot): void {
         const grows = (): void => {
           const next = ledger.contextIds();
           expect(next.slice(0, context.length)).toEqual(context);
+          // The JSON the engine client writes is the context's, though only the new ids were serialized.
+          expect(idsJson(next)).toBe(JSON.stringify(next));
           context = next;
           checkInvariants(ledger.snapshot());
         };
