@@ -79,7 +79,7 @@ export class ChildHandle<Api extends ChildApi, Info> {
   static async spawn<Api extends ChildApi, Info>(name: string, script: URL, args: readonly string[], timeoutMs = 60_000): Promise<ChildHandle<Api, Info>> {
     const child = fork(fileURLToPath(script), [...args], {
       cwd: REPO_ROOT,
-      execArgv: ['--expose-gc', '--import', 'tsx', ...(process.env.BENCH_CPU_PROF ? ['--cpu-prof', '--cpu-prof-dir', process.env.BENCH_CPU_PROF] : [])],
+      execArgv: ['--expose-gc', ...(process.env.BENCH_TRACE_GC ? ['--trace-gc'] : []), '--import', 'tsx', ...(process.env.BENCH_CPU_PROF ? ['--cpu-prof', '--cpu-prof-dir', process.env.BENCH_CPU_PROF] : [])],
       serialization: 'advanced',
       stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
     });

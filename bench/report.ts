@@ -39,6 +39,7 @@ function longRow(pass: LongPass, concurrency: number): string[] {
     f1(pass.eventLoop.delayMaxMs),
     f2(pass.eventLoop.utilization),
     `${f0(pass.cpu.server / 1000 / Math.max(1, d.trajectories))} ms`,
+    cores(pass.cpu),
     statusList(d.statuses),
   ];
 }
@@ -202,7 +203,8 @@ export function renderReport(r: BenchResults): { table: string; figures: Figures
       '',
       `long contexts: ${o.longTrajectories} trajectories of ${LONG_ENV}, ${o.longPages} environment turns each (pages of ${o.longPageChars} characters), ` +
         `prompts of ${o.longPromptChars} characters`,
-      table([['server', 'traj', 'conc', 'wall s', 'context at env turns (tokens)', 'loop delay p50 ms', 'p99 ms', 'max ms', 'loop busy', 'server cpu/traj', 'statuses'], ...longRows]),
+      table([['server', 'traj', 'conc', 'wall s', 'context at env turns (tokens)', 'loop delay p50 ms', 'p99 ms', 'max ms', 'loop busy', 'server cpu/traj', 'others (cores)', 'statuses'], ...longRows]),
+      'loop delay: how late a 10 ms timer ran on the server\'s event loop (0 = never blocked); it includes waiting for a core when other processes take them'
     );
   }
   if (sandboxRows.length > 0) {

@@ -73,11 +73,14 @@ export class EngineHttp {
     this.#agent.destroy();
   }
 
-  /** One exchange; `body` is sent as JSON when given. See the class for the bounds. */
+  /**
+   * One exchange; `body` is sent as JSON when given, in pieces when it is an array (written one after the other,
+   * never joined: a 64K-token prompt is not copied into one more 400 KB string). See the class for the bounds.
+   */
   async request(
     method: 'GET' | 'POST',
     path: string,
-    body: string | undefined,
+    body: string | readonly string[] | undefined,
     signal: AbortSignal,
     cap: number,
     extraHeaders: Record<string, string> = {},
@@ -89,9 +92,10 @@ export class EngineHttp {
       return await new Promise<HttpAnswer>((resolve, reject) => {
         const send = this.#https ? httpsRequest : httpRequest;
         const headers: Record<string, string | number> = { ...extraHeaders };
+        const pieces = body === undefined ? [] : typeof body === 'string' ? [body] : body;
         if (body !== undefined) {
           headers['content-type'] = 'application/json';
-          headers['content-length'] = Buffer.byteLength(body);
+          headers['content-length'] = pieces.reduce((n, p) => n + Buffer.byteLength(p), 0);
         }
         const req = send(`${this.url}${path}`, { method, agent: this.#agent, headers }, (res: IncomingMessage) => {
           const status = res.statusCode ?? 0;
@@ -154,7 +158,9 @@ export class EngineHttp {
           clearTimeout(timer);
           signal.removeEventListener('abort', onAbort);
         };
-        req.end(body);
+        // Written before the connection is assigned, the pieces go out together (one writev).
+        for (const piece of pieces) req.write(piece);
+        req.end();
       });
     } catch (err) {
       if (signal.aborted) throw RolloutError.from(signal.reason, 'cancelled');

@@ -132,8 +132,8 @@ export class TokenLedger {
   /** Decoded stop token that ended the last assistant turn, if it ended with one. */
   private lastStopText: string | undefined;
   private readonly methods: Record<DeltaMethod, number> = { prefix: 0, anchor: 0, isolated: 0 };
-  /** The context's first `count` ids, comma-separated: JSON kept for contextIds (ids are only ever appended). */
-  private readonly serialized = { text: '', count: 0 };
+  /** The context's first `count` ids, comma-separated, in pieces: JSON kept for contextIds (ids are only ever appended). */
+  private readonly serialized = { pieces: [] as string[], count: 0 };
 
   /**
    * A ledger whose prompt is rendered and tokenized on the event loop, whatever its length; see
@@ -187,10 +187,14 @@ export class TokenLedger {
    */
   contextIds(): readonly number[] {
     const context = [...this.promptIds, ...this.ids];
-    if (this.serialized.count === 0) this.serialized.text = context.join(',');
-    else if (context.length > this.serialized.count) this.serialized.text += `,${context.slice(this.serialized.count).join(',')}`;
-    this.serialized.count = context.length;
-    return attachIdsJson(context, `[${this.serialized.text}]`);
+    const { pieces } = this.serialized;
+    if (context.length > this.serialized.count) {
+      // JSON.stringify of the new ids without the brackets (5x faster than join(',') on V8).
+      const fresh = JSON.stringify(this.serialized.count === 0 ? context : context.slice(this.serialized.count));
+      pieces.push(`${this.serialized.count === 0 ? '' : ','}${fresh.slice(1, -1)}`);
+      this.serialized.count = context.length;
+    }
+    return attachIdsJson(context, ['[', ...pieces, ']']);
   }
 
   /**

@@ -82,7 +82,7 @@ function checkInvariants(s: LedgerSnapshot): void {
           const next = ledger.contextIds();
           expect(next.slice(0, context.length)).toEqual(context);
           // The JSON the engine client writes is the context's, though only the new ids were serialized.
-          expect(idsJson(next)).toBe(JSON.stringify(next));
+          expect(idsJson(next).join('')).toBe(JSON.stringify(next));
           context = next;
           checkInvariants(ledger.snapshot());
         };
