@@ -61,7 +61,8 @@ export class TokenWork {
 
   /**
    * The ids of the first prompt (escaped messages rendered with the generation prompt, see token-tasks.ts), on a
-   * worker when large. The array is frozen and shared with every caller asking for the same prompt.
+   * worker when large. The array is shared with every caller asking for the same prompt: read-only (not frozen,
+   * which would make V8 copy and serialize it several times slower).
    */
   async promptIds(messages: readonly ChatMessage[], tools: readonly ToolSchema[] | undefined, signal?: AbortSignal): Promise<readonly number[]> {
     const key = promptKey(messages, tools);
@@ -112,20 +113,19 @@ export class TokenWork {
     return hit.ids;
   }
 
-  #remember(key: string, ids: number[]): readonly number[] {
-    const frozen = Object.freeze(ids);
+  #remember(key: string, ids: readonly number[]): readonly number[] {
     const bytes = 2 * key.length + 8 * ids.length + 64;
-    if (bytes > this.#cacheBytes / 8) return frozen; // one huge prompt must not evict everything else
+    if (bytes > this.#cacheBytes / 8) return ids; // one huge prompt must not evict everything else
     const old = this.#prompts.get(key);
     if (old) return old.ids;
-    this.#prompts.set(key, { ids: frozen, bytes });
+    this.#prompts.set(key, { ids, bytes });
     this.#cachedBytes += bytes;
     for (const [k, entry] of this.#prompts) {
       if (this.#cachedBytes <= this.#cacheBytes) break;
       this.#prompts.delete(k);
       this.#cachedBytes -= entry.bytes;
     }
-    return frozen;
+    return ids;
   }
 }
 

@@ -2,9 +2,8 @@ import { describe, expect, it } from 'vitest';
 import { attachIdsJson, bodyWithIds, idsJson } from '../../src/backends/prompt-json.js';
 
 describe('prompt JSON', () => {
-  it('writes the attached JSON of a frozen array, and serializes any other array', () => {
+  it('writes the attached JSON of an array, and serializes any other array', () => {
     const ids = attachIdsJson([1, 2, 3], ['[', '1,2', ',3', ']']);
-    expect(Object.isFrozen(ids)).toBe(true);
     expect(idsJson(ids).join('')).toBe('[1,2,3]');
     expect(idsJson([4, 5]).join('')).toBe('[4,5]');
   });
