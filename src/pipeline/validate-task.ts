@@ -121,7 +121,8 @@ export async function checkPromptFits(task: ResolvedTask, budget: PromptBudget, 
   if (!environment.prompt) return;
   const maxTotalTokens = task.sampling.maxTotalTokens;
   const messages = environment.prompt(instance);
-  const promptTokens = (await budget.work.promptIds(messages, toolSchemas(environment.tools(instance)), signal)).length;
+  // Kept for the task's samples: their ledgers take it from the cache instead of rendering and encoding it again.
+  const promptTokens = (await budget.work.promptIds(messages, toolSchemas(environment.tools(instance)), signal, task.numSamples)).length;
   const maxModelLen = budget.maxModelLen();
   const limit = Math.min(maxTotalTokens, maxModelLen ?? Infinity);
   if (promptTokens >= limit) {

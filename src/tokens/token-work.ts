@@ -16,7 +16,7 @@ export interface TokenWorkOptions {
    * more than they do (~0.5-1 µs of CPU per character: 2,048 characters ≈ 1-2 ms). Default 2,048.
    */
   inlineMaxChars?: number;
-  /** Bytes of first prompts kept (keys and ids), so a GRPO group and the admission check encode a prompt once. */
+  /** Most bytes of first prompts kept (keys and ids) for the samples announced to ask for them (see promptIds). */
   promptCacheBytes?: number;
 }
 
@@ -29,8 +29,10 @@ const DEFAULT_PROMPT_CACHE_BYTES = 64 << 20;
  * render in full never blocks the event loop that serves gRPC and the engines. Where a task ran never changes a
  * token: both run token-tasks.ts on the same tokenizer and template.
  *
- * First prompts are cached by content (messages and tools), bounded in bytes: the samples of a task and its
- * admission check (validate-task.ts) render and encode a prompt once between them.
+ * First prompts are cached by content (messages and tools) for as many later askers as announced: the admission
+ * check (validate-task.ts) renders and encodes a task's prompt once and keeps it for the task's samples, whose
+ * ledgers take it from the cache; the entry goes with the last of them (or, unclaimed, with the oldest entries past
+ * {@link TokenWorkOptions.promptCacheBytes}). So a finished task leaves nothing behind.
  */
 export class TokenWork {
   readonly tokenizer: Tokenizer;
@@ -38,7 +40,7 @@ export class TokenWork {
   readonly #pool: TokenPool<TokenTask, TokenTaskResult> | undefined;
   readonly #inlineMaxChars: number;
   readonly #cacheBytes: number;
-  readonly #prompts = new Map<string, { ids: readonly number[]; bytes: number }>();
+  readonly #prompts = new Map<string, { ids: readonly number[]; bytes: number; uses: number }>();
   readonly #pending = new Map<string, Promise<readonly number[]>>();
   #cachedBytes = 0;
 
@@ -62,16 +64,17 @@ export class TokenWork {
   /**
    * The ids of the first prompt (escaped messages rendered with the generation prompt, see token-tasks.ts), on a
    * worker when large. The array is shared with every caller asking for the same prompt: read-only (not frozen,
-   * which would make V8 copy and serialize it several times slower).
+   * which would make V8 copy and serialize it several times slower). `keepFor`: how many later calls will ask for
+   * this prompt (a task's samples); it is kept for them. Concurrent calls for one prompt share one computation.
    */
-  async promptIds(messages: readonly ChatMessage[], tools: readonly ToolSchema[] | undefined, signal?: AbortSignal): Promise<readonly number[]> {
+  async promptIds(messages: readonly ChatMessage[], tools: readonly ToolSchema[] | undefined, signal?: AbortSignal, keepFor = 0): Promise<readonly number[]> {
     const key = promptKey(messages, tools);
-    const hit = this.#cached(key);
+    const hit = this.#cached(key, keepFor);
     if (hit) return hit;
     let pending = this.#pending.get(key);
     if (!pending) {
       const task: TokenTask = { kind: 'prompt', messages, tools };
-      pending = this.#run(task, signal).then((r) => this.#remember(key, r.ids));
+      pending = this.#run(task, signal).then((r) => this.#remember(key, r.ids, keepFor));
       this.#pending.set(key, pending);
       const forget = (): void => void this.#pending.delete(key);
       pending.then(forget, forget);
@@ -82,7 +85,12 @@ export class TokenWork {
   /** {@link promptIds} on the event loop, whatever its size (the synchronous TokenLedger constructor). */
   promptIdsSync(messages: readonly ChatMessage[], tools: readonly ToolSchema[] | undefined): readonly number[] {
     const key = promptKey(messages, tools);
-    return this.#cached(key) ?? this.#remember(key, promptIds(this.tokenizer, this.template, { messages, tools }));
+    return this.#cached(key, 0) ?? promptIds(this.tokenizer, this.template, { messages, tools });
+  }
+
+  /** Prompts kept for announced askers, and their bytes (for tests and metrics). */
+  get promptCache(): { entries: number; bytes: number } {
+    return { entries: this.#prompts.size, bytes: this.#cachedBytes };
   }
 
   /** The ids after an assistant turn (token-tasks.ts environmentIds), on a worker when large. */
@@ -104,21 +112,27 @@ export class TokenWork {
     return this.#pool.run(task, signal);
   }
 
-  #cached(key: string): readonly number[] | undefined {
+  /** A kept prompt, one use of it taken (it goes with its last); `keepFor` more announced. */
+  #cached(key: string, keepFor: number): readonly number[] | undefined {
     const hit = this.#prompts.get(key);
     if (!hit) return undefined;
-    // Map order is the LRU order: refresh.
+    hit.uses += keepFor - 1;
     this.#prompts.delete(key);
-    this.#prompts.set(key, hit);
+    if (hit.uses > 0) this.#prompts.set(key, hit); // Map order is the eviction order: refresh
+    else this.#cachedBytes -= hit.bytes;
     return hit.ids;
   }
 
-  #remember(key: string, ids: readonly number[]): readonly number[] {
-    const bytes = 2 * key.length + 8 * ids.length + 64;
-    if (bytes > this.#cacheBytes / 8) return ids; // one huge prompt must not evict everything else
+  #remember(key: string, ids: readonly number[], keepFor: number): readonly number[] {
     const old = this.#prompts.get(key);
-    if (old) return old.ids;
-    this.#prompts.set(key, { ids, bytes });
+    if (old) {
+      old.uses += keepFor;
+      return old.ids;
+    }
+    const bytes = 2 * key.length + 8 * ids.length + 64;
+    // Nobody announced: nothing to keep. One huge prompt must not evict everything else either.
+    if (keepFor <= 0 || bytes > this.#cacheBytes / 4) return ids;
+    this.#prompts.set(key, { ids, bytes, uses: keepFor });
     this.#cachedBytes += bytes;
     for (const [k, entry] of this.#prompts) {
       if (this.#cachedBytes <= this.#cacheBytes) break;

@@ -64,6 +64,23 @@ describe.each<Family>(['qwen3', 'deepseek_v3'])('token work on a %s token thread
   });
 });
 
+describe('the prompt cache', () => {
+  it('keeps a prompt for the samples announced and lets it go with the last of them', async () => {
+    const bundle = await loadFamily('qwen3');
+    const work = new TokenWork({ tokenizer: bundle.tokenizer, template: bundle.template });
+    const messages: ChatMessage[] = [{ role: 'user', content: 'What is 2 + 2?' }];
+    const admitted = await work.promptIds(messages, [bashTool], undefined, 2);
+    expect(work.promptCache.entries).toBe(1);
+    const ledgers = await Promise.all([1, 2].map(() => TokenLedger.create({ tokenizer: bundle.tokenizer, template: bundle.template, messages, tools: [bashTool], work })));
+    // The very array the admission check computed: rendered and encoded once for the task.
+    for (const l of ledgers) expect(l.promptIds).toBe(admitted);
+    expect(work.promptCache).toEqual({ entries: 0, bytes: 0 });
+    // Unannounced, nothing is kept.
+    await work.promptIds([{ role: 'user', content: 'What is 3 + 3?' }], undefined);
+    expect(work.promptCache.entries).toBe(0);
+  });
+});
+
 describe('a token thread that crashes', () => {
   let bundle: ModelBundle;
   let pool: TokenPool<TokenTask, TokenTaskResult>;
