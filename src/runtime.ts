@@ -6,7 +6,7 @@ import type { EnvironmentRegistry } from './environments/registry.js';
 import type { SandboxDriver } from './sandboxes/types.js';
 import type { BackendPool } from './backends/pool.js';
 import type { ChatTemplate, Tokenizer } from './tokens/types.js';
-import type { TokenWork } from './tokens/token-work.js';
+import { TokenWork } from './tokens/token-work.js';
 import type { ToolCallParser } from './tools/types.js';
 import type { TaskSpec, Trajectory } from '../gen/ts/rollout/v1/rollout.js';
 import { Admission } from './pipeline/admission.js';
@@ -16,7 +16,6 @@ import { createStages } from './pipeline/stages.js';
 import { TaskStore, type TaskEntry } from './pipeline/task-store.js';
 import type { TrajectorySink } from './pipeline/task.js';
 import { checkPromptFits, validateTask } from './pipeline/validate-task.js';
-import { TokenWork as InlineTokenWork } from './tokens/token-work.js';
 
 export interface RuntimeDeps {
   config: ServerConfig;
@@ -79,7 +78,7 @@ export class RolloutRuntime {
     const task = validateTask(spec, this.deps.registry, this.deps.config);
     const known = this.store.existing(task);
     if (known) return this.duplicate(known, sink);
-    const work = this.deps.tokenWork ?? InlineTokenWork.inline(tokenizer, template);
+    const work = this.deps.tokenWork ?? TokenWork.inline(tokenizer, template);
     await checkPromptFits(task, { work, maxModelLen: () => pool.minMaxModelLen() }, signal);
     await this.admission.admit(task.numSamples, signal);
     // While we waited, the server may have begun stopping or the same task_id may have arrived (as a retry, or
