@@ -134,6 +134,8 @@ export class TokenLedger {
   private readonly methods: Record<DeltaMethod, number> = { prefix: 0, anchor: 0, isolated: 0 };
   /** The context's first `count` ids, comma-separated, in pieces: JSON kept for contextIds (ids are only ever appended). */
   private readonly serialized = { pieces: [] as string[], count: 0 };
+  /** prompt + response ids, extended by contextIds (see there). */
+  private context: number[] | undefined;
 
   /**
    * A ledger whose prompt is rendered and tokenized on the event loop, whatever its length; see
@@ -181,13 +183,18 @@ export class TokenLedger {
   }
 
   /**
-   * The ids to send to the engine for the next assistant turn: a fresh read-only array, with its JSON attached for
-   * the engine client (prompt-json.ts). The JSON is kept between calls and only the ids added since are serialized,
-   * so a 64K-token context is not serialized again every turn.
+   * The ids to send to the engine for the next assistant turn (prompt + response), with their JSON attached for the
+   * engine client (prompt-json.ts). The array is the ledger's own and read-only: the next call extends it with the
+   * ids added since (ids are only ever appended, so everything it held stays as it was); copy it to keep a
+   * snapshot of this turn. The JSON is kept between calls too and only the new ids are serialized, so a 64K-token
+   * context is neither copied nor serialized again every turn.
    */
   contextIds(): readonly number[] {
-    // concat, not spread: 2.5x faster on a 64K-id array (V8 11).
-    const context = this.promptIds.concat(this.ids);
+    // One array per ledger, extended with the ids added since the last call: a fresh 64K-id copy per turn was half a
+    // megabyte of garbage per turn and what made long-context turns wait for the garbage collector.
+    this.context ??= this.promptIds.slice();
+    const context = this.context;
+    for (let i = context.length - this.promptIds.length; i < this.ids.length; i++) context.push(this.ids[i]!);
     const { pieces } = this.serialized;
     if (context.length > this.serialized.count) {
       // JSON.stringify of the new ids without the brackets (5x faster than join(',') on V8).

@@ -77,12 +77,12 @@ function checkInvariants(s: LedgerSnapshot): void {
     await fc.assert(
       fc.asyncProperty(episode, async ({ opening, tools, steps, endAfterSample }) => {
         const ledger = new TokenLedger({ tokenizer, template, messages: opening, ...(tools ? { tools: [bashTool] } : {}) });
-        let context = ledger.contextIds();
+        let context = [...ledger.contextIds()];
         const grows = (): void => {
-          const next = ledger.contextIds();
+          const next = [...ledger.contextIds()];
           expect(next.slice(0, context.length)).toEqual(context);
           // The JSON the engine client writes is the context's, though only the new ids were serialized.
-          expect(idsJson(next).join('')).toBe(JSON.stringify(next));
+          expect(idsJson(ledger.contextIds()).join('')).toBe(JSON.stringify(next));
           context = next;
           checkInvariants(ledger.snapshot());
         };
