@@ -8,7 +8,7 @@ export default tseslint.config(
   {
     languageOptions: {
       parserOptions: {
-        projectService: { allowDefaultProject: ['vitest.config.ts', 'eslint.config.js', 'bin/*.js'] },
+        projectService: { allowDefaultProject: ['vitest.config.ts', 'eslint.config.js', 'bin/*.js', 'src/tokens/*.mjs', 'test/support/*.mjs'] },
         tsconfigRootDir: import.meta.dirname,
       },
     },

@@ -74,12 +74,13 @@ export class ChildHandle<Api extends ChildApi, Info> {
   /**
    * Forks `node --expose-gc --import tsx <script> ...args` from the repository root (so `tsx` resolves) and waits
    * for the child's ready message. stdout/stderr are inherited, so a child's crash is visible. With the
-   * environment variable BENCH_CPU_PROF=<dir>, each child writes a V8 CPU profile there when it exits.
+   * environment variable BENCH_CPU_PROF=<dir>, each child writes a V8 CPU profile there when it exits; with
+   * BENCH_TRACE_GC=1 each prints V8's --trace-gc lines; BENCH_NODE_FLAGS adds node flags (e.g. V8 heap sizes).
    */
   static async spawn<Api extends ChildApi, Info>(name: string, script: URL, args: readonly string[], timeoutMs = 60_000): Promise<ChildHandle<Api, Info>> {
     const child = fork(fileURLToPath(script), [...args], {
       cwd: REPO_ROOT,
-      execArgv: ['--expose-gc', '--import', 'tsx', ...(process.env.BENCH_CPU_PROF ? ['--cpu-prof', '--cpu-prof-dir', process.env.BENCH_CPU_PROF] : [])],
+      execArgv: ['--expose-gc', ...(process.env.BENCH_TRACE_GC ? ['--trace-gc'] : []), ...(process.env.BENCH_NODE_FLAGS?.split(' ').filter(Boolean) ?? []), '--import', 'tsx', ...(process.env.BENCH_CPU_PROF ? ['--cpu-prof', '--cpu-prof-dir', process.env.BENCH_CPU_PROF] : [])],
       serialization: 'advanced',
       stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
     });

@@ -18,6 +18,8 @@ export interface DriveOptions {
   timeoutMs: number;
   /** Updated as the pass runs (trajectories submitted and received), for a sampler to read. */
   live?: LiveCounts;
+  /** Builds each task (default: {@link benchTask}, one arithmetic problem). */
+  task?: (taskId: string, environment: string, numSamples: number, seed: number) => TaskInput;
 }
 
 export interface LiveCounts {
@@ -38,6 +40,8 @@ export interface DriveResult {
   statuses: Record<string, number>;
   meanReward: number;
   rejected: string[];
+  /** The error text of the first few trajectories that did not complete (status: error), to say why. */
+  errors: string[];
 }
 
 export const statusName = (s: TrajectoryStatus): string => TrajectoryStatus[s]?.replace('TRAJECTORY_STATUS_', '') ?? String(s);
@@ -66,7 +70,7 @@ export async function driveServer(client: RolloutClient, o: DriveOptions): Promi
   const sizeOf = (i: number): number => Math.min(o.groupSize, o.trajectories - i * o.groupSize);
   const submittedAt = new Map<string, number>();
   const rejected: string[] = [];
-  const result: DriveResult = { trajectories: 0, wallMs: 0, turns: 0, latenciesMs: [], acceptMs: [], serverTotalMs: [], statuses: {}, meanReward: 0, rejected };
+  const result: DriveResult = { trajectories: 0, wallMs: 0, turns: 0, latenciesMs: [], acceptMs: [], serverTotalMs: [], statuses: {}, meanReward: 0, rejected, errors: [] };
   let nextTask = 0;
   let inflight = 0;
   const submitMore = (s: RolloutSession): void => {
@@ -77,7 +81,7 @@ export async function driveServer(client: RolloutClient, o: DriveOptions): Promi
       if (o.live) o.live.submitted += n;
       submittedAt.set(taskId, performance.now());
       const at = performance.now();
-      s.submit(benchTask(taskId, o.environment, n, o.seed + nextTask)).then(() => void result.acceptMs.push(performance.now() - at), (err: unknown) => {
+      s.submit((o.task ?? benchTask)(taskId, o.environment, n, o.seed + nextTask)).then(() => void result.acceptMs.push(performance.now() - at), (err: unknown) => {
         rejected.push(`${taskId}: ${err instanceof Error ? err.message : String(err)}`);
         inflight -= n;
         submitMore(s);
@@ -120,6 +124,7 @@ function record(result: DriveResult, t: Trajectory, latencyMs: number): void {
   result.serverTotalMs.push(t.timing?.totalMs ?? 0);
   const status = statusName(t.status);
   result.statuses[status] = (result.statuses[status] ?? 0) + 1;
+  if (t.error && result.errors.length < 5) result.errors.push(`${status}: ${t.error}`);
 }
 
 export interface ReplayResult {

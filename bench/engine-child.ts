@@ -6,6 +6,7 @@
  */
 import { FakeVllmEngine } from '../src/testing/fake-vllm.js';
 import { calcPolicy } from '../src/testing/calc-environment.js';
+import { longContextPolicy } from '../src/testing/long-context-environment.js';
 import { scriptedMathPolicy, type FakePolicy } from '../src/testing/scripted-policy.js';
 import { loadQwen3 } from '../src/tokens/tokenizer.js';
 import { serveChild } from './child-rpc.js';
@@ -19,9 +20,11 @@ export interface RecordedRequest {
   top_k?: number;
   seed?: number;
   stop?: string[];
+  /** The prompt already holds a tool response: an environment turn came before this request. */
+  laterTurn: boolean;
 }
 
-export type EngineMode = 'calc' | 'math';
+export type EngineMode = 'calc' | 'math' | 'long';
 
 export interface EngineStats {
   received: number;
@@ -50,7 +53,7 @@ export interface EngineInfo {
   model: string;
 }
 
-const POLICIES: Record<EngineMode, FakePolicy> = { calc: calcPolicy, math: scriptedMathPolicy };
+const POLICIES: Record<EngineMode, FakePolicy> = { calc: calcPolicy, math: scriptedMathPolicy, long: longContextPolicy };
 
 async function main(): Promise<void> {
   const { tokenizer } = await loadQwen3();
@@ -66,9 +69,11 @@ async function main(): Promise<void> {
   const engine = await FakeVllmEngine.start({
     tokenizer,
     tokenLatencyMs: 0,
+    // Room for the long-context pass (~64K-token conversations).
+    maxModelLen: 131_072,
     policy: (prompt, ctx) => POLICIES[mode](prompt, ctx),
     inject: ({ body }) => {
-      if (recording) recorded.push(pick(body));
+      if (recording) recorded.push({ ...pick(body), laterTurn: isLaterTurn(body.prompt) });
       if (holding && isLaterTurn(body.prompt)) {
         held++;
         return { kind: 'hang' };
@@ -101,8 +106,8 @@ async function main(): Promise<void> {
   await serveChild<EngineInfo>(Promise.resolve({ url: engine.url, model: engine.model }), api);
 }
 
-function pick(body: Record<string, unknown>): RecordedRequest {
-  const out: RecordedRequest = { prompt: body.prompt as number[], max_tokens: body.max_tokens as number };
+function pick(body: Record<string, unknown>): Omit<RecordedRequest, 'laterTurn'> {
+  const out: Omit<RecordedRequest, 'laterTurn'> = { prompt: body.prompt as number[], max_tokens: body.max_tokens as number };
   if (typeof body.temperature === 'number') out.temperature = body.temperature;
   if (typeof body.top_p === 'number') out.top_p = body.top_p;
   if (typeof body.top_k === 'number') out.top_k = body.top_k;

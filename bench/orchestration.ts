@@ -15,6 +15,7 @@ import { dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { RolloutClient } from '../src/client/rollout-client.js';
 import { CALC_ENVIRONMENT } from '../src/testing/calc-environment.js';
+import { LONG_CONTEXT_ENVIRONMENT } from '../src/testing/long-context-environment.js';
 import { ChildHandle } from './child-rpc.js';
 import { driveServer, percentile, replayDirect, type DriveResult, type ReplayResult } from './drive.js';
 import type { EngineApi, EngineInfo, EngineStats } from './engine-child.js';
@@ -34,6 +35,12 @@ export interface BenchOptions {
   sandboxTrajectories: number;
   sandboxConcurrency: number;
   sandboxPass: boolean;
+  longTrajectories: number;
+  longConcurrency: number;
+  longPromptChars: number;
+  longPages: number;
+  longPageChars: number;
+  longPass: boolean;
   output: string;
   phaseTimeout: number;
 }
@@ -59,6 +66,12 @@ function parseOptions(argv: readonly string[]): BenchOptions {
     .option('--sandbox-trajectories <n>', 'trajectories in the real-sandbox pass', positive, 64)
     .option('--sandbox-concurrency <n>', 'concurrency of the real-sandbox pass', positive, 16)
     .option('--no-sandbox-pass', 'skip the bubblewrap pass')
+    .option('--long-trajectories <n>', 'trajectories in the long-context pass', positive, 16)
+    .option('--long-concurrency <n>', 'concurrency of the long-context pass', positive, 8)
+    .option('--long-prompt-chars <n>', 'characters of log in each long-context prompt (~1.56 per Qwen3 token)', positive, 86_000)
+    .option('--long-pages <n>', 'environment turns (pages read) per long-context trajectory', positive, 4)
+    .option('--long-page-chars <n>', 'characters per page the tool returns', positive, 3_500)
+    .option('--no-long-pass', 'skip the long-context pass')
     .option('--output <path>', 'JSON results file', fileURLToPath(new URL('./results/orchestration.json', import.meta.url)))
     .option('--phase-timeout <s>', 'give up on a phase after this many seconds', positive, 180)
     .parse([...argv]);
@@ -101,10 +114,11 @@ function spent(a: CpuSnapshot, b: CpuSnapshot): CpuSpent {
  * The server under test: defaults except what the load needs (run-stage concurrency and the backend's request
  * slots at least the load, admission well above it). `retainFinishedTasks` is set only for the memory server.
  */
-function serverConfig(engine: Engine, sandbox: ServerChildOptions['sandbox'], concurrency: number, retainFinishedTasks?: number): ServerChildOptions {
+function serverConfig(engine: Engine, sandbox: ServerChildOptions['sandbox'], concurrency: number, retainFinishedTasks?: number, tokenWorkers?: number): ServerChildOptions {
   return {
     sandbox,
     config: {
+      ...(tokenWorkers !== undefined && { tokenWorkers: { count: tokenWorkers } }),
       model: engine.info.model,
       backends: [{ url: engine.info.url, maxConcurrency: Math.max(concurrency, 256) }],
       run: { concurrency: Math.max(concurrency, 1024), timeoutMs: 600_000 },
@@ -117,8 +131,14 @@ function serverConfig(engine: Engine, sandbox: ServerChildOptions['sandbox'], co
 const SERVER_CHILD = new URL('./server-child.ts', import.meta.url);
 const ENGINE_CHILD = new URL('./engine-child.ts', import.meta.url);
 
-async function startServer(engine: Engine, sandbox: ServerChildOptions['sandbox'], concurrency: number, retainFinishedTasks?: number): Promise<{ server: Server; client: RolloutClient }> {
-  const options = serverConfig(engine, sandbox, concurrency, retainFinishedTasks);
+async function startServer(
+  engine: Engine,
+  sandbox: ServerChildOptions['sandbox'],
+  concurrency: number,
+  retainFinishedTasks?: number,
+  tokenWorkers?: number,
+): Promise<{ server: Server; client: RolloutClient }> {
+  const options = serverConfig(engine, sandbox, concurrency, retainFinishedTasks, tokenWorkers);
   const server = await ChildHandle.spawn<ServerApi, ServerInfo>(`server-child(${sandbox})`, SERVER_CHILD, [JSON.stringify(options)]);
   children.add(server);
   return { server, client: new RolloutClient(server.info.address) };
@@ -141,6 +161,18 @@ export interface BenchResults {
   hold: HoldResult;
   nullSmall: DriveResult | undefined;
   bwrap: DriveResult | undefined;
+  /** The long-context pass: with the default token threads, then with none (all token work on the event loop). */
+  long: { threads: LongPass; inline: LongPass } | undefined;
+}
+
+/** One long-context pass: how the server's event loop fared while ~64K-token conversations took environment turns. */
+export interface LongPass {
+  tokenWorkers: number;
+  drive: DriveResult;
+  eventLoop: EventLoopStats;
+  cpu: CpuSpent;
+  /** Prompt lengths of the engine requests after the first turn (contexts at which environment turns were taken). */
+  contextTokens: { mean: number; max: number; requests: number };
 }
 
 async function run(o: BenchOptions): Promise<BenchResults> {
@@ -198,6 +230,14 @@ async function run(o: BenchOptions): Promise<BenchResults> {
     await stopServer(s);
     await engine.call('setMode', 'calc');
   }
+  // 5. Long contexts: event-loop delay while ~64K-token conversations take environment turns, with token threads
+  // (the default) and with none, in one run.
+  let long: BenchResults['long'];
+  if (o.longPass) {
+    await engine.call('setMode', 'long');
+    long = { threads: await longPass(engine, o, undefined), inline: await longPass(engine, o, 0) };
+    await engine.call('setMode', 'calc');
+  }
   await engine.stop('shutdown');
   children.delete(engine);
 
@@ -217,7 +257,34 @@ async function run(o: BenchOptions): Promise<BenchResults> {
     hold,
     nullSmall,
     bwrap,
+    long,
   };
+}
+
+async function longPass(engine: Engine, o: BenchOptions, tokenWorkers: number | undefined): Promise<LongPass> {
+  const s = await startServer(engine, 'null', o.longConcurrency, undefined, tokenWorkers);
+  const { tokenWorkers: used } = await s.server.call('tokenWork');
+  const label = used === 0 ? 'no token threads' : `${used} token thread${used === 1 ? '' : 's'}`;
+  const task = (taskId: string, environment: string, numSamples: number, seed: number) => ({
+    taskId,
+    environment,
+    numSamples,
+    instance: { seed, promptChars: o.longPromptChars, pages: o.longPages, pageChars: o.longPageChars },
+    sampling: { temperature: 1, seed, maxTokensPerTurn: 64, maxTotalTokens: 131_000, stop: [] },
+  });
+  const base = { environment: LONG_CONTEXT_ENVIRONMENT, groupSize: 1, timeoutMs: o.phaseTimeout, task };
+  await driveServer(s.client, { ...base, label: `long contexts warm-up (${label})`, prefix: 'lwarm', trajectories: 2, concurrency: 2, seed: 900_000 });
+  await engine.call('record', true);
+  await s.server.call('eventLoop');
+  const c0 = await cpuSnapshot(engine, s.server);
+  const drive = await driveServer(s.client, { ...base, label: `long contexts (${label})`, prefix: 'long', trajectories: o.longTrajectories, concurrency: o.longConcurrency, seed: 910_000 });
+  const eventLoop = await s.server.call('eventLoop');
+  const c1 = await cpuSnapshot(engine, s.server);
+  await engine.call('record', false);
+  const later = (await engine.call('takeRecorded')).filter((r) => r.laterTurn).map((r) => r.prompt.length);
+  await stopServer(s);
+  const sum = later.reduce((a, b) => a + b, 0);
+  return { tokenWorkers: used, drive, eventLoop, cpu: spent(c0, c1), contextTokens: { mean: later.length ? sum / later.length : 0, max: Math.max(0, ...later), requests: later.length } };
 }
 
 async function main(): Promise<number> {
@@ -257,6 +324,7 @@ function summarizeRaw(r: BenchResults): Record<string, unknown> {
     hold: r.hold,
     nullSmall: drive(r.nullSmall),
     bwrap: drive(r.bwrap),
+    long: r.long && Object.fromEntries(Object.entries(r.long).map(([k, p]) => [k, { tokenWorkers: p.tokenWorkers, ...drive(p.drive), eventLoop: p.eventLoop, cpuMicros: p.cpu, contextTokens: p.contextTokens }])),
   };
 }
 

@@ -1,4 +1,4 @@
-import type { BenchResults, CpuSpent } from './orchestration.js';
+import type { BenchResults, CpuSpent, LongPass } from './orchestration.js';
 import { percentile, type DriveResult } from './drive.js';
 
 /** Figures of one run, flat, for the JSON file and for comparing runs. */
@@ -24,6 +24,26 @@ const statusList = (s: Record<string, number>): string => Object.entries(s).map(
 const notCompleted = (d: DriveResult): number => d.trajectories - (d.statuses.COMPLETED ?? 0);
 const infraFailures = (d: DriveResult): number => d.trajectories - (d.statuses.COMPLETED ?? 0) - (d.statuses.TRUNCATED ?? 0);
 
+const LONG_ENV = 'bench-long-context';
+
+function longRow(pass: LongPass, concurrency: number): string[] {
+  const d = pass.drive;
+  return [
+    pass.tokenWorkers === 0 ? 'all token work on the event loop' : `${pass.tokenWorkers} token thread${pass.tokenWorkers === 1 ? '' : 's'} (default)`,
+    String(d.trajectories),
+    String(concurrency),
+    f1(d.wallMs / 1000),
+    `${f0(pass.contextTokens.mean)} mean, ${f0(pass.contextTokens.max)} max`,
+    f1(pass.eventLoop.delayP50Ms),
+    f1(pass.eventLoop.delayP99Ms),
+    f1(pass.eventLoop.delayMaxMs),
+    f2(pass.eventLoop.utilization),
+    `${f0(pass.cpu.server / 1000 / Math.max(1, d.trajectories))} ms`,
+    cores(pass.cpu),
+    statusList(d.statuses),
+  ];
+}
+
 /**
  * The report: one table (stdout), the flat figures (JSON) and the problems found (failed trajectories, leaked
  * sandboxes or leases, request count mismatches). Timings are printed, never judged.
@@ -39,7 +59,7 @@ export function renderReport(r: BenchResults): { table: string; figures: Figures
   const ratio = serverTurnsPerS / directReqPerS;
 
   if (s.trajectories !== o.trajectories) problems.push(`server pass delivered ${s.trajectories}/${o.trajectories} trajectories`);
-  if (notCompleted(s) > 0) problems.push(`server pass: ${notCompleted(s)} trajectories not COMPLETED (${statusList(s.statuses)})`);
+  if (notCompleted(s) > 0) problems.push(`server pass: ${notCompleted(s)} trajectories not COMPLETED (${statusList(s.statuses)}), e.g. ${s.errors[0] ?? '?'}`);
   if (s.rejected.length > 0) problems.push(`server pass: ${s.rejected.length} tasks rejected, e.g. ${s.rejected[0]}`);
   if (d.requests !== s.turns) problems.push(`engine recorded ${d.requests} requests for ${s.turns} turns`);
   if (d.errors > 0) problems.push(`direct pass: ${d.errors} failed requests, e.g. ${d.firstError}`);
@@ -109,6 +129,35 @@ export function renderReport(r: BenchResults): { table: string; figures: Figures
       f0(percentile(pass.latenciesMs, 99)), statusList(pass.statuses)]];
   };
   const sandboxRows = [...small('nullSmall', r.nullSmall), ...small('bwrap', r.bwrap)];
+  const longRows: string[][] = [];
+  for (const [name, pass] of r.long ? ([['Threads', r.long.threads], ['Inline', r.long.inline]] as const) : []) {
+    if (pass.drive.trajectories !== o.longTrajectories) problems.push(`long-context pass (${pass.tokenWorkers} token threads) delivered ${pass.drive.trajectories}/${o.longTrajectories}`);
+    if (notCompleted(pass.drive) > 0) {
+      problems.push(`long-context pass (${pass.tokenWorkers} token threads): ${notCompleted(pass.drive)} not COMPLETED (${statusList(pass.drive.statuses)}), e.g. ${pass.drive.errors[0] ?? '?'}`);
+    }
+    figures[`long${name}TokenWorkers`] = pass.tokenWorkers;
+    figures[`long${name}EventLoopDelayP50Ms`] = pass.eventLoop.delayP50Ms;
+    figures[`long${name}EventLoopDelayP99Ms`] = pass.eventLoop.delayP99Ms;
+    figures[`long${name}EventLoopDelayMaxMs`] = pass.eventLoop.delayMaxMs;
+    figures[`long${name}EventLoopUtilization`] = pass.eventLoop.utilization;
+    figures[`long${name}ContextTokensMean`] = pass.contextTokens.mean;
+    figures[`long${name}ServerCpuMsPerTrajectory`] = pass.cpu.server / 1000 / Math.max(1, pass.drive.trajectories);
+    longRows.push(longRow(pass, o.longConcurrency));
+  }
+
+  const cpuPerTurn = s.cpu.server / s.turns;
+  const longP99 = r.long?.threads.eventLoop.delayP99Ms;
+  const targets: string[][] = [
+    ['target (issue [4/10] item 8)', 'this run', 'target', 'verdict'],
+    ['server CPU per LLM turn (server pass)', `${f0(cpuPerTurn)} µs`, '<= 500 µs', cpuPerTurn <= 500 ? 'met' : `not met (${f2(cpuPerTurn / 500)}x)`],
+    ['orchestration ratio (server turns/s / direct req/s)', f2(ratio), '>= 0.60', ratio >= 0.6 ? 'met' : `not met (${f2(ratio / 0.6)} of it)`],
+    [
+      'event-loop delay p99, 64K-token contexts taking environment turns',
+      longP99 === undefined ? 'not run' : `${f1(longP99)} ms`,
+      '<= 5 ms',
+      longP99 === undefined ? '-' : longP99 <= 5 ? 'met' : `not met (${f1(longP99 / 5)}x)`,
+    ],
+  ];
   if (r.nullSmall && r.bwrap) figures.sandboxSlowdown = Number(figures.nullSmallTrajectoriesPerS) / Number(figures.bwrapTrajectoriesPerS);
 
   const m = r.machine;
@@ -149,10 +198,21 @@ export function renderReport(r: BenchResults): { table: string; figures: Figures
     `heap after the ${h.held} held trajectories were cancelled, vs before them: ${signedKib(h.after.heapUsed - h.base.heapUsed)} at once, ` +
       `${signedKib(h.settled.heapUsed - h.base.heapUsed)} ${f1(h.settleMs / 1000)} s later (idle engine connections closed)`,
   ];
+  if (longRows.length > 0) {
+    out.push(
+      '',
+      `long contexts: ${o.longTrajectories} trajectories of ${LONG_ENV}, ${o.longPages} environment turns each (pages of ${o.longPageChars} characters), ` +
+        `prompts of ${o.longPromptChars} characters`,
+      table([['server', 'traj', 'conc', 'wall s', 'context at env turns (tokens)', 'loop delay p50 ms', 'p99 ms', 'max ms', 'loop busy', 'server cpu/traj', 'others (cores)', 'statuses'], ...longRows]),
+      'loop delay: how late a 10 ms timer ran on the server\'s event loop (0 = never blocked); it includes waiting for a core when other processes take them'
+    );
+  }
   if (sandboxRows.length > 0) {
     out.push('', table([['sandboxes (same load)', 'traj', 'conc', 'wall s', 'traj/s', 'turns/s', 'p50 ms', 'p99 ms', 'statuses'], ...sandboxRows]));
     if (figures.sandboxSlowdown !== undefined) out.push(`real sandboxes: ${f1(Number(figures.sandboxSlowdown))}× fewer trajectories/s than null sandboxes`);
   }
+  const load = `other processes took ${cores(s.cpu)} cores during the server pass (2 cores in all: wall-clock figures and the ratio suffer when it is not near 0; CPU per turn much less)`;
+  out.push('', table(targets), load);
   out.push('', problems.length === 0 ? 'status: every trajectory and request succeeded; no leaked sandboxes, leases or samples' : `status: ${problems.length} problem(s), see stderr`);
   return { table: out.join('\n'), figures, problems };
 }

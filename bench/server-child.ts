@@ -4,7 +4,7 @@
  * `--expose-gc`, so `memory` measures after full collections.
  *
  * argv[2] is a JSON {@link ServerChildOptions}. The registry is the default one plus the benchmark double
- * `bench-calc` (src/testing/calc-environment.ts); with sandbox 'null' the TEST DOUBLE NullSandboxDriver
+ * `bench-calc` (src/testing/calc-environment.ts) and `bench-long-context` (src/testing/long-context-environment.ts); with sandbox 'null' the TEST DOUBLE NullSandboxDriver
  * (src/testing/null-sandbox.ts) replaces bubblewrap, so no process is spawned per trajectory.
  */
 import { join } from 'node:path';
@@ -16,7 +16,9 @@ import { defaultRegistry } from '../src/environments/registry.js';
 import { silentLogger } from '../src/observability/logger.js';
 import type { PoolStats } from '../src/backends/pool.js';
 import type { StageStats } from '../src/pipeline/pipeline.js';
+import type { TokenPoolStats } from '../src/tokens/token-pool.js';
 import { createCalcEnvironment } from '../src/testing/calc-environment.js';
+import { createLongContextEnvironment } from '../src/testing/long-context-environment.js';
 import { NullSandboxDriver } from '../src/testing/null-sandbox.js';
 import { serveChild } from './child-rpc.js';
 
@@ -39,7 +41,11 @@ export interface ServerStats {
   tcpSockets: number;
 }
 
-/** How busy the server's event loop was since the previous call. */
+/**
+ * How busy the server's event loop was since the previous call. Delays are how late a repeating timer ran
+ * (monitorEventLoopDelay records the whole interval between its ticks, so its resolution is subtracted): 0 when
+ * the loop was never blocked.
+ */
 export interface EventLoopStats {
   /** Fraction of wall time the loop was running code (performance.eventLoopUtilization); 1 = saturated. */
   utilization: number;
@@ -59,6 +65,8 @@ export type ServerApi = {
    * GetTrajectory's record, so call it only when the server's finished tasks are no longer needed.
    */
   dropTaskStore: () => Promise<{ tasks: number; trajectories: number; heapBytes: number }>;
+  /** The server's token threads: how many it runs (0 = none) and their counters. */
+  tokenWork: () => { tokenWorkers: number; stats: TokenPoolStats | undefined };
   /** Writes a V8 heap snapshot into `dir` (after full GCs); returns its path. */
   heapSnapshot: (dir: string) => Promise<string>;
   shutdown: () => Promise<void>;
@@ -71,6 +79,9 @@ export interface ServerInfo {
 
 const gc = (globalThis as { gc?: () => void }).gc;
 
+/** Interval of the event-loop delay timer, ms. */
+const LOOP_RESOLUTION_MS = 10;
+
 async function collect(): Promise<void> {
   if (!gc) throw new Error('server child needs --expose-gc');
   // Several rounds, yielding between them, so objects freed by finalizers and weak maps are collected too.
@@ -82,14 +93,15 @@ async function collect(): Promise<void> {
 
 async function main(): Promise<void> {
   const options = JSON.parse(process.argv[2] ?? '{}') as ServerChildOptions;
-  const registry = defaultRegistry().register(createCalcEnvironment());
+  const registry = defaultRegistry().register(createCalcEnvironment()).register(createLongContextEnvironment());
   const nullSandboxes = options.sandbox === 'null' ? new NullSandboxDriver() : undefined;
   const server = await startRolloutServer(
     { ...options.config, port: 0 },
     { logger: silentLogger(), registry, ...(nullSandboxes && { sandboxes: nullSandboxes }) },
   );
   const { runtime, pool } = server;
-  const delay = monitorEventLoopDelay({ resolution: 10 });
+  const delay = monitorEventLoopDelay({ resolution: LOOP_RESOLUTION_MS });
+  const late = (ns: number): number => Math.max(0, ns / 1e6 - LOOP_RESOLUTION_MS);
   delay.enable();
   let elu = performance.eventLoopUtilization();
   const api: ServerApi = {
@@ -100,9 +112,9 @@ async function main(): Promise<void> {
     eventLoop: () => {
       const out: EventLoopStats = {
         utilization: performance.eventLoopUtilization(elu).utilization,
-        delayP50Ms: delay.percentile(50) / 1e6,
-        delayP99Ms: delay.percentile(99) / 1e6,
-        delayMaxMs: delay.max / 1e6,
+        delayP50Ms: late(delay.percentile(50)),
+        delayP99Ms: late(delay.percentile(99)),
+        delayMaxMs: late(delay.max),
       };
       elu = performance.eventLoopUtilization();
       delay.reset();
@@ -125,6 +137,7 @@ async function main(): Promise<void> {
       const after = (await api.memory()).heapUsed;
       return { tasks, trajectories, heapBytes: before - after };
     },
+    tokenWork: () => ({ tokenWorkers: server.tokenPool?.size ?? 0, stats: server.tokenPool?.stats() }),
     heapSnapshot: async (dir) => {
       await collect();
       return writeHeapSnapshot(join(dir, `server-${process.pid}-${Date.now()}.heapsnapshot`));

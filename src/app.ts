@@ -7,6 +7,9 @@ import { createEngineClient } from './backends/kinds.js';
 import { createSandboxDriver } from './sandboxes/driver-factory.js';
 import type { SandboxDriver } from './sandboxes/types.js';
 import { loadModelBundle } from './tokens/model-bundle.js';
+import { createTokenPool, TokenWork } from './tokens/token-work.js';
+import type { TokenPool } from './tokens/token-pool.js';
+import type { TokenTask, TokenTaskResult } from './tokens/token-tasks.js';
 import { RolloutRuntime } from './runtime.js';
 import { startGrpcServer, type RunningServer } from './contract/server.js';
 
@@ -16,12 +19,16 @@ export interface RolloutServerOptions {
   sandboxes?: SandboxDriver;
   registry?: EnvironmentRegistry;
   sessionTtlMs?: number;
+  /** Replaces the token worker's entry script (tests: a worker that crashes on cue). */
+  tokenWorkerScript?: URL;
 }
 
 export interface RolloutServer extends RunningServer {
   readonly config: ServerConfig;
   readonly runtime: RolloutRuntime;
   readonly pool: BackendPool;
+  /** The token threads (undefined with `tokenWorkers.count: 0`); closed by `shutdown`. */
+  readonly tokenPool: TokenPool<TokenTask, TokenTaskResult> | undefined;
 }
 
 /**
@@ -65,15 +72,32 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
   pool.startHealthChecks();
   const sandboxes = options.sandboxes ?? createSandboxDriver(config.sandbox, logger);
   await sandboxes.reap?.(); // what a crashed predecessor left (cgroups, mounts) goes before the first sandbox starts
-  const runtime = new RolloutRuntime({ config, registry, sandboxes, pool, tokenizer, template, parser, logger });
-  const server = await startGrpcServer({ runtime, registry, logger, ...(options.sessionTtlMs !== undefined && { sessionTtlMs: options.sessionTtlMs }) });
+  const { count, inlineMaxChars, maxQueued } = config.tokenWorkers;
+  const tokenPool = count === 0 ? undefined : createTokenPool(config.model, {
+          ...(count !== undefined && { size: count }),
+          maxQueued,
+          logger,
+          ...(options.tokenWorkerScript && { script: options.tokenWorkerScript }),
+        });
+  const tokenWork = new TokenWork({ tokenizer, template, inlineMaxChars, ...(tokenPool && { pool: tokenPool }) });
+  const runtime = new RolloutRuntime({ config, registry, sandboxes, pool, tokenizer, template, tokenWork, parser, logger });
+  let server: RunningServer;
+  try {
+    server = await startGrpcServer({ runtime, registry, logger, ...(options.sessionTtlMs !== undefined && { sessionTtlMs: options.sessionTtlMs }) });
+  } catch (err) {
+    await tokenPool?.close();
+    throw err;
+  }
   return {
     ...server,
     config,
     runtime,
     pool,
+    tokenPool,
     shutdown: async () => {
       await server.shutdown();
+      // After the pipeline stopped: no sample waits on a token thread any more.
+      await tokenPool?.close();
       pool.close();
       await sandboxes.close?.();
     },

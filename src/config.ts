@@ -107,6 +107,20 @@ export const serverConfigSchema = z.strictObject({
       workdir: z.string().startsWith('/').default('/work'),
     })
     .prefault({}),
+  /**
+   * Threads that render and tokenize long prompts and conversations, so the event loop serving gRPC and the engines
+   * never blocks on them (src/tokens/token-pool.ts). They start with the first task too large for the event loop.
+   */
+  tokenWorkers: z
+    .strictObject({
+      /** Threads; 0 = none (all token work on the event loop). Default: one per core left to the event loop, 1 to 4. */
+      count: z.number().int().min(0).max(64).optional(),
+      /** Tasks that render and encode at most this many characters stay on the event loop (cheaper than a thread hop). */
+      inlineMaxChars: z.number().int().min(0).default(2048),
+      /** Tasks waiting for a thread beyond which more fail with RESOURCE_EXHAUSTED. */
+      maxQueued: z.number().int().min(1).default(65_536),
+    })
+    .prefault({}),
   backends: z.array(backendSchema).default([]),
   /** Capacity of a backend whose maxConcurrency is 0 and whose engine does not report one (or not yet). */
   backendDefaultMaxConcurrency: z.number().int().min(1).default(256),

@@ -6,6 +6,7 @@ import type { EnvironmentRegistry } from './environments/registry.js';
 import type { SandboxDriver } from './sandboxes/types.js';
 import type { BackendPool } from './backends/pool.js';
 import type { ChatTemplate, Tokenizer } from './tokens/types.js';
+import { TokenWork } from './tokens/token-work.js';
 import type { ToolCallParser } from './tools/types.js';
 import type { TaskSpec, Trajectory } from '../gen/ts/rollout/v1/rollout.js';
 import { Admission } from './pipeline/admission.js';
@@ -14,7 +15,7 @@ import { Sample } from './pipeline/sample.js';
 import { createStages } from './pipeline/stages.js';
 import { TaskStore, type TaskEntry } from './pipeline/task-store.js';
 import type { TrajectorySink } from './pipeline/task.js';
-import { validateTask } from './pipeline/validate-task.js';
+import { checkPromptFits, validateTask } from './pipeline/validate-task.js';
 
 export interface RuntimeDeps {
   config: ServerConfig;
@@ -23,6 +24,8 @@ export interface RuntimeDeps {
   pool: BackendPool;
   tokenizer: Tokenizer;
   template: ChatTemplate;
+  /** Rendering and tokenizing (with token threads for large inputs); inline on the event loop when absent. */
+  tokenWork?: TokenWork;
   parser: ToolCallParser;
   logger: Logger;
 }
@@ -72,9 +75,11 @@ export class RolloutRuntime {
   async submit(spec: TaskSpec, sink?: TrajectorySink, signal?: AbortSignal): Promise<SubmitResult> {
     if (this.stopped) throw new RolloutError('unavailable', 'server is stopping');
     const { tokenizer, template, pool } = this.deps;
-    const task = validateTask(spec, this.deps.registry, this.deps.config, { tokenizer, template, maxModelLen: () => pool.minMaxModelLen() });
+    const task = validateTask(spec, this.deps.registry, this.deps.config);
     const known = this.store.existing(task);
     if (known) return this.duplicate(known, sink);
+    const work = this.deps.tokenWork ?? TokenWork.inline(tokenizer, template);
+    await checkPromptFits(task, { work, maxModelLen: () => pool.minMaxModelLen() }, signal);
     await this.admission.admit(task.numSamples, signal);
     // While we waited, the server may have begun stopping or the same task_id may have arrived (as a retry, or
     // with another spec): give the capacity back on every such path.

@@ -1,3 +1,4 @@
+import { bodyWithIds } from './prompt-json.js';
 import { RolloutError } from '../errors.js';
 import { CompletionRejected } from './completion.js';
 import { ContextOverflowError, parseSglangContextOverflow } from './context-overflow.js';
@@ -76,8 +77,8 @@ export class SglangClient implements EngineClient {
     if (request.topK !== undefined) sampling.top_k = request.topK;
     if (request.seed !== undefined) sampling.sampling_seed = request.seed;
     if (request.stop !== undefined && request.stop.length > 0) sampling.stop = request.stop;
+    // The ids are written from the ledger's serialized context (prompt-json.ts), not serialized again.
     const body: Record<string, unknown> = {
-      input_ids: request.promptIds,
       sampling_params: sampling,
       return_logprob: true,
       logprob_start_len: -1,
@@ -89,7 +90,7 @@ export class SglangClient implements EngineClient {
     }
 
     const cap = this.#maxResponseBytes > 0 ? this.#maxResponseBytes : defaultMaxResponseBytes(request.promptIds.length, request.maxTokens);
-    const { status, text } = await this.#http.request('POST', '/generate', JSON.stringify(body), request.signal, cap);
+    const { status, text } = await this.#http.request('POST', '/generate', bodyWithIds('input_ids', request.promptIds, body), request.signal, cap);
     if (status < 200 || status >= 300) {
       const cause = new EngineHttpError(status, text);
       const overflow = parseSglangContextOverflow(status, text);

@@ -1,5 +1,6 @@
 import { RolloutError } from '../errors.js';
 import { checkCompletion, CompletionRejected } from './completion.js';
+import { bodyWithIds } from './prompt-json.js';
 import { ContextOverflowError, parseContextOverflow } from './context-overflow.js';
 import { checkRequestId, EngineHttp, EngineHttpError, modelCardMaxLen, probeHealth } from './engine-http.js';
 import { fetchServerInfo, parseVllmServerInfo } from './server-info.js';
@@ -86,9 +87,9 @@ export class VllmClient implements EngineClient {
   }
 
   async generate(request: GenerateRequest): Promise<GenerateResult> {
+    // The prompt is written from the ledger's serialized context (prompt-json.ts), not serialized again.
     const body: Record<string, unknown> = {
       model: this.model,
-      prompt: request.promptIds,
       max_tokens: request.maxTokens,
       logprobs: 0,
       return_token_ids: true,
@@ -108,7 +109,7 @@ export class VllmClient implements EngineClient {
     }
 
     const cap = this.#maxResponseBytes > 0 ? this.#maxResponseBytes : defaultMaxResponseBytes(request.promptIds.length, request.maxTokens);
-    const { status, text } = await this.#http.request('POST', '/v1/completions', JSON.stringify(body), request.signal, cap, headers);
+    const { status, text } = await this.#http.request('POST', '/v1/completions', bodyWithIds('prompt', request.promptIds, body), request.signal, cap, headers);
     if (status < 200 || status >= 300) {
       const cause = new VllmHttpError(status, text);
       const overflow = parseContextOverflow(status, text, request.maxTokens > 0 ? request.promptIds.length : undefined);

@@ -11,6 +11,7 @@ import { executeToolCalls } from '../tools/execute.js';
 import { disposeTools } from '../tools/dispose-tools.js';
 import type { Logger } from '../observability/logger.js';
 import type { Sandbox } from '../sandboxes/types.js';
+import type { TokenWork } from '../tokens/token-work.js';
 import { toolSchemas } from '../tools/registry.js';
 import type { RunResult, Sample } from './sample.js';
 import { turnSeed } from './seeds.js';
@@ -19,6 +20,8 @@ export interface AgentLoopDeps {
   pool: BackendPool;
   tokenizer: Tokenizer;
   template: ChatTemplate;
+  /** Where the ledger renders and tokenizes (token threads for large inputs); inline when absent. */
+  tokenWork?: TokenWork;
   parser: ToolCallParser;
   /** Where failures to dispose a sample's tools are logged. */
   logger?: Logger;
@@ -51,12 +54,16 @@ export async function runAgentLoop(sample: Sample, deps: AgentLoopDeps, signal: 
 
 async function runWithTools(sample: Sample, deps: AgentLoopDeps, signal: AbortSignal, { tools, sandbox }: { tools: Tool[]; sandbox: Sandbox }): Promise<RunResult> {
   const { task } = sample;
-  const ledger = new TokenLedger({
-    tokenizer: deps.tokenizer,
-    template: deps.template,
-    messages: sample.initialMessages,
-    tools: toolSchemas(tools),
-  });
+  const ledger = await TokenLedger.create(
+    {
+      tokenizer: deps.tokenizer,
+      template: deps.template,
+      messages: sample.initialMessages,
+      tools: toolSchemas(tools),
+      ...(deps.tokenWork && { work: deps.tokenWork }),
+    },
+    signal,
+  );
   sample.ledger = ledger;
   const lease = await deps.pool.acquire(sample.key, { signal });
   const { sampling, limits } = task;
@@ -138,9 +145,10 @@ async function runWithTools(sample: Sample, deps: AgentLoopDeps, signal: AbortSi
         break;
       }
       if (turn + 1 >= limits.maxTurns) break;
-      ledger.appendEnvironment(
+      await ledger.appendEnvironment(
         observations.map((o) => ({ role: 'tool' as const, content: o.output, name: o.toolName })),
         { toolName: observations.map((o) => o.toolName).join(','), toolOutcome: worstOutcome(observations.map((o) => o.outcome)) },
+        signal,
       );
     }
   } finally {

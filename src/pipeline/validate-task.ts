@@ -4,14 +4,13 @@ import type { EnvironmentRegistry } from '../environments/registry.js';
 import type { TaskSpec } from '../../gen/ts/rollout/v1/rollout.js';
 import type { ResolvedTask } from './task.js';
 import { canonicalJson } from './canonical-json.js';
-import type { ChatTemplate, Tokenizer } from '../tokens/types.js';
-import { encodePrompt } from '../tokens/encode-cache.js';
+import type { TokenWork } from '../tokens/token-work.js';
 import { toolSchemas } from '../tools/registry.js';
 
 /** What admission needs to measure a prompt against the token budget. */
 export interface PromptBudget {
-  tokenizer: Tokenizer;
-  template: ChatTemplate;
+  /** Renders and tokenizes the prompt as the run stage's ledger will (and caches it for the ledger). */
+  work: TokenWork;
   /** The smallest max_model_len among the backends that stated one (undefined when none did). */
   maxModelLen(): number | undefined;
 }
@@ -23,11 +22,10 @@ const MAX_METADATA_BYTES = 16_384;
 
 /**
  * Validates a TaskSpec and applies server defaults. Throws RolloutError.invalid(field, reason) naming the first
- * offending field, so the trainer can fix its spec; nothing here touches pipeline state. With `budget`, and an
- * environment that can say its first messages without a sandbox (`Environment.prompt`), a prompt that leaves no
- * token to generate is refused here (field `instance`) instead of running as a sample that cannot produce one.
+ * offending field, so the trainer can fix its spec; nothing here touches pipeline state. The prompt's length is
+ * checked apart, by {@link checkPromptFits}, since tokenizing a long prompt is work for a token thread.
  */
-export function validateTask(spec: TaskSpec, registry: EnvironmentRegistry, config: ServerConfig, budget?: PromptBudget): ResolvedTask {
+export function validateTask(spec: TaskSpec, registry: EnvironmentRegistry, config: ServerConfig): ResolvedTask {
   const taskId = spec.taskId;
   if (!taskId) throw RolloutError.invalid('task_id', 'required');
   if (taskId.length > MAX_ID_LENGTH) throw RolloutError.invalid('task_id', `longer than ${MAX_ID_LENGTH} characters`);
@@ -80,7 +78,6 @@ export function validateTask(spec: TaskSpec, registry: EnvironmentRegistry, conf
   const d = config.defaults;
   const maxTotalTokens = orDefault(s?.maxTotalTokens, d.maxTotalTokens);
   const maxTokensPerTurn = Math.min(orDefault(s?.maxTokensPerTurn, d.maxTokensPerTurn), maxTotalTokens);
-  if (budget && environment.prompt) checkPromptFits(environment, instance, maxTotalTokens, budget);
   const resolved = {
     taskId,
     groupId: spec.groupId || taskId,
@@ -113,14 +110,19 @@ export function validateTask(spec: TaskSpec, registry: EnvironmentRegistry, conf
 }
 
 /**
- * Renders and tokenizes the environment's first messages exactly as the run stage's ledger will (same template
- * options, same encode cache, so the ledger's encode of this prompt is a cache hit) and refuses the task when
- * the prompt alone fills the budget: min(max_total_tokens, smallest known max_model_len).
+ * For an environment that can say its first messages without a sandbox (`Environment.prompt`): renders and
+ * tokenizes them exactly as the run stage's ledger will (through the same TokenWork, whose prompt cache makes the
+ * ledger's prompt a hit; on a token thread when long) and refuses the task (invalid_argument, field `instance`)
+ * when the prompt alone fills the budget: min(max_total_tokens, smallest known max_model_len). So a sample that
+ * cannot produce a token never runs.
  */
-function checkPromptFits(environment: ResolvedTask['environment'], instance: unknown, maxTotalTokens: number, budget: PromptBudget): void {
-  const messages = environment.prompt!(instance);
-  const text = budget.template.render(messages, { addGenerationPrompt: true, tools: toolSchemas(environment.tools(instance)) });
-  const promptTokens = encodePrompt(budget.tokenizer, text).length;
+export async function checkPromptFits(task: ResolvedTask, budget: PromptBudget, signal?: AbortSignal): Promise<void> {
+  const { environment, instance } = task;
+  if (!environment.prompt) return;
+  const maxTotalTokens = task.sampling.maxTotalTokens;
+  const messages = environment.prompt(instance);
+  // Kept for the task's samples: their ledgers take it from the cache instead of rendering and encoding it again.
+  const promptTokens = (await budget.work.promptIds(messages, toolSchemas(environment.tools(instance)), signal, task.numSamples)).length;
   const maxModelLen = budget.maxModelLen();
   const limit = Math.min(maxTotalTokens, maxModelLen ?? Infinity);
   if (promptTokens >= limit) {

@@ -19,6 +19,9 @@ export interface ModelBundle {
   parserSource: 'config' | 'detected';
 }
 
+/** Which model folder to load and how (the `model` section of the config, less the engines' name for it). */
+export type ModelBundleOptions = Partial<Pick<ModelConfig, 'dir' | 'templateVariables' | 'toolCallParser'>>;
+
 /**
  * Loads a Hugging Face model folder (`model.dir`; the bundled Qwen3 when unset) with its template variables and
  * tool-call parser (`model.toolCallParser`, else detected from the template and vocabulary), probes the template
@@ -28,7 +31,7 @@ export interface ModelBundle {
  * @example
  * const { tokenizer, template, parser } = await loadModelBundle({ dir: '/models/Llama-3.1-8B-Instruct' });
  */
-export async function loadModelBundle(model: Partial<Pick<ModelConfig, 'dir' | 'templateVariables' | 'toolCallParser'>> = {}): Promise<ModelBundle> {
+export async function loadModelBundle(model: ModelBundleOptions = {}): Promise<ModelBundle> {
   const dir = model.dir ?? qwen3ModelDir();
   const variables = model.templateVariables ?? {};
   const { tokenizer, template: raw } = await loadTokenizerBundle(dir, Object.keys(variables).length > 0 ? variables : undefined);

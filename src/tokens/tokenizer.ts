@@ -52,7 +52,10 @@ export class HfTokenizer implements Tokenizer {
    * matched after normalization): only then can pieces be encoded, and cached, separately.
    */
   private readonly independent: boolean;
-  private readonly segments = new Map<string, readonly number[]>();
+  /** Encoded pieces, least recently used first (Map order), with their size in bytes (see pushSegment). */
+  private readonly segments = new Map<string, { ids: readonly number[]; bytes: number }>();
+  private segmentBytes = 0;
+  private readonly singles = new Map<number, string>();
 
   constructor(
     tokenizerJson: Record<string, unknown>,
@@ -161,13 +164,29 @@ export class HfTokenizer implements Tokenizer {
     return out;
   }
 
+  /**
+   * Encodes one piece between added tokens through the cache. Short pieces are cached too: the template's own
+   * ("\n", "user\n", "assistant\n") recur in every prompt and delta, and each library call costs tens of µs
+   * whatever its length. Least recently used pieces go first, past {@link MAX_CACHED_SEGMENT_BYTES}.
+   */
   private pushSegment(out: number[], segment: string): void {
-    let ids = this.segments.get(segment);
-    if (!ids) {
+    const hit = this.segments.get(segment);
+    let ids: readonly number[];
+    if (hit) {
+      this.segments.delete(segment);
+      this.segments.set(segment, hit);
+      ids = hit.ids;
+    } else {
       ids = this.encodeUncached(segment);
-      if (segment.length >= MIN_CACHED_SEGMENT && segment.length <= MAX_CACHED_SEGMENT) {
-        if (this.segments.size >= MAX_CACHED_SEGMENTS) this.segments.delete(this.segments.keys().next().value!);
-        this.segments.set(segment, ids);
+      if (segment.length <= MAX_CACHED_SEGMENT) {
+        const bytes = 2 * segment.length + 8 * ids.length + 96;
+        this.segments.set(segment, { ids, bytes });
+        this.segmentBytes += bytes;
+        for (const [key, entry] of this.segments) {
+          if (this.segmentBytes <= MAX_CACHED_SEGMENT_BYTES) break;
+          this.segments.delete(key);
+          this.segmentBytes -= entry.bytes;
+        }
       }
     }
     for (const id of ids) out.push(id);
@@ -181,7 +200,17 @@ export class HfTokenizer implements Tokenizer {
    */
   decode(ids: readonly number[], options: { skipSpecialTokens?: boolean } = {}): string {
     if (ids.length === 0) return '';
-    return this.impl.decode(ids.slice(), { skip_special_tokens: options.skipSpecialTokens ?? false, clean_up_tokenization_spaces: false });
+    const skip = options.skipSpecialTokens ?? false;
+    // One id alone is the ledger's question after every turn (which stop token ended it): answered from a cache.
+    if (ids.length === 1 && !skip) {
+      const id = ids[0]!;
+      const known = this.singles.get(id);
+      if (known !== undefined) return known;
+      const text: string = this.impl.decode([id], { skip_special_tokens: false, clean_up_tokenization_spaces: false });
+      if (this.singles.size < 4096) this.singles.set(id, text);
+      return text;
+    }
+    return this.impl.decode(ids.slice(), { skip_special_tokens: skip, clean_up_tokenization_spaces: false });
   }
 
   tokenId(token: string): number | undefined {
@@ -189,9 +218,8 @@ export class HfTokenizer implements Tokenizer {
   }
 }
 
-const MIN_CACHED_SEGMENT = 64;
 const MAX_CACHED_SEGMENT = 64 * 1024;
-const MAX_CACHED_SEGMENTS = 4096;
+const MAX_CACHED_SEGMENT_BYTES = 32 << 20;
 
 interface AddedTokenJson {
   id: number;

@@ -26,6 +26,8 @@ export interface ServerHarnessOptions {
   registry?: EnvironmentRegistry;
   /** The server's root logger (default: silent); tests pass one writing to a buffer to read the logs. */
   logger?: Logger;
+  /** Replaces the token worker's script (a TEST DOUBLE that crashes on cue). */
+  tokenWorkerScript?: URL;
 }
 
 export interface ServerHarness {
@@ -50,7 +52,12 @@ export async function startServerHarness(options: ServerHarnessOptions = {}): Pr
   const sandboxes = options.sandboxes ?? new BubblewrapDriver({ logger: silentLogger(), tmpRoot: sandboxRoot! });
   const server = await startRolloutServer(
     { port: 0, model: engine.model, backends: [{ url: engine.url, maxConcurrency: 256 }], ...options.config },
-    { logger: options.logger ?? silentLogger(), sandboxes, ...(options.registry && { registry: options.registry }) },
+    {
+      logger: options.logger ?? silentLogger(),
+      sandboxes,
+      ...(options.registry && { registry: options.registry }),
+      ...(options.tokenWorkerScript && { tokenWorkerScript: options.tokenWorkerScript }),
+    },
   );
   const client = new RolloutClient(server.address, options.config?.adminToken ? { adminToken: options.config.adminToken } : {});
   let closing: Promise<void> | undefined;

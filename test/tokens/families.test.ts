@@ -33,7 +33,7 @@ describe.each(FAMILIES)('the %s model folder', (family) => {
     const ledger = new TokenLedger({ tokenizer, template, messages: [{ role: 'system', content: 'Solve it.' }, { role: 'user', content: 'What is 2 + 3?' }], tools: [bashTool] });
     const first = familySample(bundle, familyToolCall(bundle, 'echo $((2+3))'), 'stop', 3);
     expect(parser.parse(ledger.appendSampled(first))).toEqual({ calls: [{ name: 'bash', arguments: { cmd: 'echo $((2+3))' } }], errors: [] });
-    ledger.appendEnvironment([{ role: 'tool', name: 'bash', content: '5' }], { toolName: 'bash', toolOutcome: 'ok' });
+    await ledger.appendEnvironment([{ role: 'tool', name: 'bash', content: '5' }], { toolName: 'bash', toolOutcome: 'ok' });
     const second = familySample(bundle, 'The answer is 5.', 'stop', 4);
     expect(parser.parse(ledger.appendSampled(second))).toEqual({ calls: [], errors: [] });
     const snapshot = ledger.finish();

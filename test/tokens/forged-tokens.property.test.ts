@@ -61,13 +61,13 @@ function episode(text: fc.Arbitrary<string>) {
 
 type Episode = { system: string | undefined; user: string; tools: boolean; steps: [string, 'stop' | 'length', ChatMessage[]][] };
 
-function run(e: Episode): { ledger: TokenLedger; messages: ChatMessage[]; tools: readonly ToolSchema[] | undefined } {
+async function run(e: Episode): Promise<{ ledger: TokenLedger; messages: ChatMessage[]; tools: readonly ToolSchema[] | undefined }> {
   const tools = e.tools ? [bashTool] : undefined;
   const messages: ChatMessage[] = [...(e.system === undefined ? [] : [{ role: 'system' as const, content: wrap(e.system) }]), { role: 'user', content: wrap(e.user) }];
   const ledger = new TokenLedger({ tokenizer, template, messages, ...(tools ? { tools } : {}) });
   for (const [text, ending, reply] of e.steps) {
     ledger.appendSampled(familySample(bundle, text, ending));
-    ledger.appendEnvironment(reply.map((m) => ({ ...m, content: wrap(m.content) })));
+    await ledger.appendEnvironment(reply.map((m) => ({ ...m, content: wrap(m.content) })));
   }
   return { ledger, messages: ledger.snapshot().messages, tools };
 }
@@ -106,10 +106,10 @@ function addedTokensAt(ids: readonly number[]): [number, string][] {
 }
 
 describe('environment text never yields added tokens (property)', () => {
-  it('puts added-token ids exactly where the template wrote them, and decodes to the rendered text', () => {
-    fc.assert(
-      fc.property(episode(content), (e) => {
-        const { ledger, messages, tools } = run(e);
+  it('puts added-token ids exactly where the template wrote them, and decodes to the rendered text', async () => {
+    await fc.assert(
+      fc.asyncProperty(episode(content), async (e) => {
+        const { ledger, messages, tools } = await run(e);
         const ids = ledger.contextIds();
         const own = templateOwn(messages, tools);
         // Gemma's SentencePiece decodes a literal "▁" as a space (any "▁" in text, forged or not): one char for one.
@@ -121,10 +121,10 @@ describe('environment text never yields added tokens (property)', () => {
     );
   });
 
-  it('encodes environment text without added-token strings exactly as a fresh tokenization of the render', () => {
-    fc.assert(
-      fc.property(episode(benignContent), (e) => {
-        const { ledger, messages, tools } = run(e);
+  it('encodes environment text without added-token strings exactly as a fresh tokenization of the render', async () => {
+    await fc.assert(
+      fc.asyncProperty(episode(benignContent), async (e) => {
+        const { ledger, messages, tools } = await run(e);
         const own = templateOwn(messages, tools);
         expect(ledger.contextIds()).toEqual(tokenizer.encode(own.text));
       }),

@@ -1,5 +1,6 @@
 import fc from 'fast-check';
 import { beforeAll, describe, expect, it } from 'vitest';
+import { idsJson } from '../../src/backends/prompt-json.js';
 import { TokenLedger, type LedgerSnapshot, type SampledTurn } from '../../src/tokens/ledger.js';
 import type { ModelBundle } from '../../src/tokens/model-bundle.js';
 import type { HfTokenizer } from '../../src/tokens/tokenizer.js';
@@ -66,20 +67,22 @@ function checkInvariants(s: LedgerSnapshot): void {
   expect(s.totalTokens).toBe(s.promptIds.length + n);
 }
 
-  it('holds its invariants and keeps sampled ids verbatim over random conversations', () => {
+  it('holds its invariants and keeps sampled ids verbatim over random conversations', async () => {
     const episode = fc.record({
       opening,
       tools: fc.boolean(),
       steps: fc.array(fc.tuple(anySample(), envMessages, meta), { minLength: 1, maxLength: 5 }),
       endAfterSample: fc.boolean(),
     });
-    fc.assert(
-      fc.property(episode, ({ opening, tools, steps, endAfterSample }) => {
+    await fc.assert(
+      fc.asyncProperty(episode, async ({ opening, tools, steps, endAfterSample }) => {
         const ledger = new TokenLedger({ tokenizer, template, messages: opening, ...(tools ? { tools: [bashTool] } : {}) });
-        let context = ledger.contextIds();
+        let context = [...ledger.contextIds()];
         const grows = (): void => {
-          const next = ledger.contextIds();
+          const next = [...ledger.contextIds()];
           expect(next.slice(0, context.length)).toEqual(context);
+          // The JSON the engine client writes is the context's, though only the new ids were serialized.
+          expect(idsJson(ledger.contextIds()).join('')).toBe(JSON.stringify(next));
           context = next;
           checkInvariants(ledger.snapshot());
         };
@@ -89,7 +92,7 @@ function checkInvariants(s: LedgerSnapshot): void {
           const turn = ledger.snapshot().turns.at(-1)!;
           expect(context.slice(ledger.promptIds.length + turn.start, ledger.promptIds.length + turn.end)).toEqual(sample.tokenIds);
           if (k < steps.length - 1 || !endAfterSample) {
-            ledger.appendEnvironment(messages, info);
+            await ledger.appendEnvironment(messages, info);
             grows();
           }
         }
@@ -113,7 +116,7 @@ function checkInvariants(s: LedgerSnapshot): void {
     );
   });
 
-  it('equals a fresh tokenization of the rendered conversation when sampled ids are canonical', () => {
+  it('equals a fresh tokenization of the rendered conversation when sampled ids are canonical', async () => {
     const chars = fc.constantFrom(...'abcXYZ019 .,;:!?{}[]"\'\n\té中🙂-_/'.split(/(?:)/u));
     const prose = fc
       .tuple(fc.constantFrom(...'AbcdQxyZ'), fc.string({ unit: chars, maxLength: 30 }))
@@ -124,13 +127,13 @@ function checkInvariants(s: LedgerSnapshot): void {
       .map(([text, cmd]) => (cmd === undefined ? text : `${text}\n${familyToolCall(bundle, cmd)}`));
     const step = fc.tuple(assistantText, fc.constantFrom('stop' as const, 'length' as const), envMessages);
     const episode = fc.record({ opening, tools: fc.boolean(), steps: fc.array(step, { minLength: 1, maxLength: 5 }) });
-    fc.assert(
-      fc.property(episode, ({ opening, tools, steps }) => {
+    await fc.assert(
+      fc.asyncProperty(episode, async ({ opening, tools, steps }) => {
         const schemas: readonly ToolSchema[] | undefined = tools ? [bashTool] : undefined;
         const ledger = new TokenLedger({ tokenizer, template, messages: opening, ...(schemas ? { tools: schemas } : {}) });
         for (const [text, ending, messages] of steps) {
           ledger.appendSampled(familySample(bundle, text, ending));
-          ledger.appendEnvironment(messages);
+          await ledger.appendEnvironment(messages);
         }
         const rendered = template.render(ledger.snapshot().messages, { addGenerationPrompt: true, ...(schemas ? { tools: schemas } : {}) });
         expect(ledger.contextIds()).toEqual(tokenizer.encode(rendered));

@@ -37,13 +37,13 @@ describe('TokenLedger', () => {
     expect(ledger.snapshot()).toMatchObject({ responseIds: [], turns: [], policyVersionMin: 0, totalTokens: ledger.promptIds.length });
   });
 
-  it('keeps non-canonical sampled ids verbatim', () => {
+  it('keeps non-canonical sampled ids verbatim', async () => {
     const ledger = newLedger();
     const spelled = [...'hello'].map((c) => tokenizer.tokenId(c)!);
     expect(tokenizer.encode('hello')).not.toEqual(spelled);
     const ids = [...spelled, tokenizer.tokenId('Ġworld')!, imEnd];
     ledger.appendSampled(sampled(ids, 'stop'));
-    ledger.appendEnvironment([{ role: 'user', content: 'again' }]);
+    await ledger.appendEnvironment([{ role: 'user', content: 'again' }]);
     const snapshot = ledger.snapshot();
     expect(snapshot.responseIds.slice(0, ids.length)).toEqual(ids);
     expect(snapshot.mask.slice(0, ids.length)).toEqual(ids.map(() => 1));
@@ -52,7 +52,7 @@ describe('TokenLedger', () => {
     expect(ledger.contextIds().slice(ledger.promptIds.length, ledger.promptIds.length + ids.length)).toEqual(ids);
   });
 
-  it('matches a fresh tokenization of the conversation when the sampled ids are canonical', () => {
+  it('matches a fresh tokenization of the conversation when the sampled ids are canonical', async () => {
     const ledger = newLedger();
     const steps: [text: string, ending: 'stop' | 'length', reply: ChatMessage[]][] = [
       [`I will look.\n${toolCallText('ls')}`, 'stop', [{ role: 'tool', name: 'bash', content: 'a.txt\nb.txt' }]],
@@ -67,7 +67,7 @@ describe('TokenLedger', () => {
     ];
     for (const [version, [text, ending, reply]] of steps.entries()) {
       ledger.appendSampled(canonicalSample(tokenizer, text, ending, version));
-      ledger.appendEnvironment(reply, { toolName: 'bash', toolOutcome: 'ok' });
+      await ledger.appendEnvironment(reply, { toolName: 'bash', toolOutcome: 'ok' });
       expect(ledger.contextIds()).toEqual(retokenized(ledger));
     }
     const snapshot = ledger.finish();
@@ -75,42 +75,42 @@ describe('TokenLedger', () => {
     expect(snapshot).toMatchObject({ policyVersionMin: 0, policyVersionMax: 4 });
   });
 
-  it('appends the closing the model did not sample: all of it after a length stop, the newline after <|im_end|>', () => {
+  it('appends the closing the model did not sample: all of it after a length stop, the newline after <|im_end|>', async () => {
     const ledger = newLedger();
     ledger.appendSampled(canonicalSample(tokenizer, 'cut off', 'length'));
-    ledger.appendEnvironment([{ role: 'user', content: 'go on' }]);
+    await ledger.appendEnvironment([{ role: 'user', content: 'go on' }]);
     ledger.appendSampled(canonicalSample(tokenizer, 'done', 'stop'));
-    ledger.appendEnvironment([{ role: 'user', content: 'ok' }]);
+    await ledger.appendEnvironment([{ role: 'user', content: 'ok' }]);
     const { responseIds, turns } = ledger.snapshot();
     expect(responseIds.slice(turns[1]!.start, turns[1]!.start + 2)).toEqual([imEnd, newline]);
     expect(responseIds[turns[2]!.end - 1]).toBe(imEnd);
     expect(responseIds[turns[3]!.start]).toBe(newline);
   });
 
-  it('closes the turn with <|im_end|> after an <|endoftext|> stop, and keeps it out of the content', () => {
+  it('closes the turn with <|im_end|> after an <|endoftext|> stop, and keeps it out of the content', async () => {
     const ledger = newLedger();
     const eot = tokenizer.tokenId('<|endoftext|>')!;
     ledger.appendSampled(sampled([...tokenizer.encode('bye'), eot], 'stop'));
-    ledger.appendEnvironment([{ role: 'user', content: 'ok' }]);
+    await ledger.appendEnvironment([{ role: 'user', content: 'ok' }]);
     const { responseIds, messages } = ledger.snapshot();
     expect(messages.at(-2)).toEqual({ role: 'assistant', content: 'bye' });
     expect(tokenizer.decode(responseIds)).toMatch(/^bye<\|endoftext\|><\|im_end\|>\n<\|im_start\|>user\nok/);
   });
 
-  it('keeps the reasoning it sampled within a tool loop, like the template', () => {
+  it('keeps the reasoning it sampled within a tool loop, like the template', async () => {
     const ledger = newLedger();
     ledger.appendSampled(canonicalSample(tokenizer, `<think>\nCheck the dir.\n</think>\n\n${toolCallText('ls')}`, 'stop'));
-    ledger.appendEnvironment([{ role: 'tool', content: 'a.txt' }], { toolName: 'bash', toolOutcome: 'ok' });
+    await ledger.appendEnvironment([{ role: 'tool', content: 'a.txt' }], { toolName: 'bash', toolOutcome: 'ok' });
     ledger.appendSampled(canonicalSample(tokenizer, '<think>\nOne file.\n</think>\n\nOne file.', 'stop'));
-    ledger.appendEnvironment([{ role: 'tool', content: 'b.txt' }]);
+    await ledger.appendEnvironment([{ role: 'tool', content: 'b.txt' }]);
     expect(ledger.contextIds()).toEqual(retokenized(ledger));
     expect(ledger.deltaMethods.anchor).toBe(2);
   });
 
-  it('keeps the reasoning the model saw after a new user query, where a re-render would drop it', () => {
+  it('keeps the reasoning the model saw after a new user query, where a re-render would drop it', async () => {
     const ledger = newLedger();
     ledger.appendSampled(canonicalSample(tokenizer, '<think>\nsecret plan\n</think>\n\nDone.', 'stop'));
-    ledger.appendEnvironment([{ role: 'user', content: 'And now?' }]);
+    await ledger.appendEnvironment([{ role: 'user', content: 'And now?' }]);
     expect(tokenizer.decode(ledger.contextIds())).toContain('secret plan');
     expect(tokenizer.decode(retokenized(ledger))).not.toContain('secret plan');
     expect(ledger.deltaMethods.anchor).toBe(1);
@@ -121,24 +121,24 @@ describe('TokenLedger', () => {
     const bundle = await loadQwen3({ enable_thinking: false });
     const ledger = new TokenLedger({ tokenizer, template: bundle.template, messages: opening });
     ledger.appendSampled(canonicalSample(tokenizer, 'Hi.', 'stop'));
-    ledger.appendEnvironment([{ role: 'user', content: 'Hi?' }]);
+    await ledger.appendEnvironment([{ role: 'user', content: 'Hi?' }]);
     const text = tokenizer.decode(ledger.contextIds());
     expect(text.endsWith('<|im_start|>assistant\n<think>\n\n</think>\n\nHi.<|im_end|>\n<|im_start|>user\nHi?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n')).toBe(true);
   });
 
-  it('labels environment turns with the tool and its outcome', () => {
+  it('labels environment turns with the tool and its outcome', async () => {
     const ledger = newLedger();
     ledger.appendSampled(canonicalSample(tokenizer, toolCallText('ls'), 'stop', 7));
-    ledger.appendEnvironment([{ role: 'tool', name: 'bash', content: 'no such tool' }], { toolName: 'bsh', toolOutcome: 'malformed' });
+    await ledger.appendEnvironment([{ role: 'tool', name: 'bash', content: 'no such tool' }], { toolName: 'bsh', toolOutcome: 'malformed' });
     const { turns } = ledger.snapshot();
     expect(turns[0]).toMatchObject({ role: 'assistant', backend: 'fake-engine', policyVersion: 7, finishReason: 'stop' });
     expect(turns[1]).toMatchObject({ role: 'tool', toolName: 'bsh', toolOutcome: 'malformed' });
   });
 
-  it('accepts an empty completion as an empty assistant turn', () => {
+  it('accepts an empty completion as an empty assistant turn', async () => {
     const ledger = newLedger();
     ledger.appendSampled(sampled([], 'length'));
-    ledger.appendEnvironment([{ role: 'user', content: 'hello?' }]);
+    await ledger.appendEnvironment([{ role: 'user', content: 'hello?' }]);
     const { turns, messages } = ledger.snapshot();
     expect(turns[0]).toMatchObject({ start: 0, end: 0 });
     expect(messages[2]).toEqual({ role: 'assistant', content: '' });
@@ -167,21 +167,21 @@ describe('TokenLedger', () => {
       expect(() => newLedger([])).toThrow(expect.objectContaining({ code: 'invalid_argument' }));
     });
 
-    it('turns out of order', () => {
+    it('turns out of order', async () => {
       const ledger = newLedger();
-      expect(() => ledger.appendEnvironment([{ role: 'user', content: 'x' }])).toThrow(expect.objectContaining({ code: 'failed_precondition' }));
+      await expect(ledger.appendEnvironment([{ role: 'user', content: 'x' }])).rejects.toMatchObject({ code: 'failed_precondition' });
       ledger.appendSampled(canonicalSample(tokenizer, 'a', 'stop'));
       expect(() => ledger.appendSampled(canonicalSample(tokenizer, 'b', 'stop'))).toThrow(expect.objectContaining({ code: 'failed_precondition' }));
       const final = ledger.finish();
       expect(ledger.finish()).toEqual(final);
-      expect(() => ledger.appendEnvironment([{ role: 'user', content: 'x' }])).toThrow(expect.objectContaining({ code: 'failed_precondition' }));
+      await expect(ledger.appendEnvironment([{ role: 'user', content: 'x' }])).rejects.toMatchObject({ code: 'failed_precondition' });
     });
 
-    it('environment messages that are empty or claim to be the assistant', () => {
+    it('environment messages that are empty or claim to be the assistant', async () => {
       const ledger = newLedger();
       ledger.appendSampled(canonicalSample(tokenizer, 'a', 'stop'));
-      expect(() => ledger.appendEnvironment([])).toThrow(expect.objectContaining({ code: 'invalid_argument' }));
-      expect(() => ledger.appendEnvironment([{ role: 'assistant', content: 'x' }])).toThrow(expect.objectContaining({ code: 'invalid_argument' }));
+      await expect(ledger.appendEnvironment([])).rejects.toMatchObject({ code: 'invalid_argument' });
+      await expect(ledger.appendEnvironment([{ role: 'assistant', content: 'x' }])).rejects.toMatchObject({ code: 'invalid_argument' });
     });
 
     it('a completion whose logprobs do not match its ids', () => {

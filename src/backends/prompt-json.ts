@@ -1,0 +1,33 @@
+/**
+ * The JSON of a prompt's token ids, kept by whoever builds the prompt turn after turn.
+ *
+ * An engine request carries the whole context as ids (token-in): at 64K tokens, serializing them again for every
+ * turn costs about a millisecond of event loop and a 400 KB string, although only the last turn's ids are new. The
+ * token ledger therefore keeps its context serialized in pieces (one per append) and attaches them to the frozen
+ * array it hands out; engine clients write those pieces into the request body (EngineHttp writes a body given in
+ * pieces without joining them). An array without attached pieces is serialized as usual.
+ *
+ * Invariant: the attached pieces joined are exactly `JSON.stringify(ids)`; the array is handed out read-only and
+ * never changed. (It is not frozen: V8 takes slow paths for frozen arrays, e.g. JSON.stringify 4x slower, spread
+ * 1.2x, so freezing a 64K-id array costs milliseconds downstream.)
+ */
+const attached = new WeakMap<readonly number[], readonly string[]>();
+
+/** Attaches the JSON of `ids` in pieces (joined, they must be `JSON.stringify(ids)`); `ids` must never change. */
+export function attachIdsJson(ids: readonly number[], pieces: readonly string[]): readonly number[] {
+  attached.set(ids, pieces);
+  return ids;
+}
+
+/** `JSON.stringify(ids)` in pieces: the attached ones when there are. */
+export function idsJson(ids: readonly number[]): readonly string[] {
+  return attached.get(ids) ?? [JSON.stringify(ids)];
+}
+
+/**
+ * A JSON object with `key` set to the ids (first) and then the fields of `rest` (which must not be empty and must
+ * not hold `key`), in pieces: the request body, without serializing the ids again.
+ */
+export function bodyWithIds(key: string, ids: readonly number[], rest: Record<string, unknown>): string[] {
+  return [`{${JSON.stringify(key)}:`, ...idsJson(ids), `,${JSON.stringify(rest).slice(1)}`];
+}

@@ -1,0 +1,122 @@
+import { z } from 'zod';
+import { RolloutError } from '../errors.js';
+import type { Environment } from '../environments/types.js';
+import type { ChatMessage } from '../tokens/types.js';
+import { defineTool, type ValidatedTool } from '../tools/define-tool.js';
+import { seededRandom } from './arithmetic.js';
+import { hermesToolCall, type FakePolicy } from './scripted-policy.js';
+
+/** Name under which {@link createLongContextEnvironment} registers. */
+export const LONG_CONTEXT_ENVIRONMENT = 'bench-long-context';
+
+/** An instance: a log of `promptChars` characters in the prompt, then `pages` pages of `pageChars` read by the tool. */
+export interface LongContextInstance {
+  seed: number;
+  promptChars: number;
+  pages: number;
+  pageChars: number;
+}
+
+const instanceSchema = z.strictObject({
+  seed: z.number().int().min(0),
+  promptChars: z.number().int().min(1).max(4_000_000),
+  pages: z.number().int().min(0).max(64),
+  pageChars: z.number().int().min(1).max(1_000_000),
+});
+
+const LEVELS = ['INFO', 'INFO', 'INFO', 'DEBUG', 'WARN', 'ERROR'] as const;
+const WORKERS = ['scheduler', 'fetcher', 'indexer', 'uploader', 'gc', 'auth'] as const;
+
+/**
+ * Seeded, varied log lines (timestamps, ids, numbers), `chars` characters long: text that tokenizes like real tool
+ * output (Qwen3: ~2.5 characters per token), so "64K tokens" costs what it would with a real log.
+ */
+export function logText(seed: number, chars: number): string {
+  // The server asks for a prompt twice (admission, init): the double's own cost is not what the benchmark measures.
+  const key = `${seed}:${chars}`;
+  let text = recent.get(key);
+  if (text === undefined) {
+    text = generateLog(seed, chars);
+    recent.set(key, text);
+    if (recent.size > 64) recent.delete(recent.keys().next().value!);
+  }
+  return text;
+}
+
+const recent = new Map<string, string>();
+
+function generateLog(seed: number, chars: number): string {
+  const random = seededRandom(seed);
+  const int = (n: number): number => Math.floor(random() * n);
+  const lines: string[] = [];
+  let length = 0;
+  let ms = 1_764_000_000_000 + int(1e9);
+  while (length < chars) {
+    ms += int(5000);
+    const line =
+      `${new Date(ms).toISOString()} ${WORKERS[int(WORKERS.length)]}-${int(16)} ${LEVELS[int(LEVELS.length)]} ` +
+      `req=${int(0xffffff).toString(16)} took ${int(900)}ms status=${[200, 200, 201, 404, 500][int(5)]} bytes=${int(100_000)}\n`;
+    lines.push(line);
+    length += line.length;
+  }
+  return lines.join('').slice(0, chars);
+}
+
+function readPageTool(instance: LongContextInstance): ValidatedTool {
+  return defineTool({
+    name: 'read_page',
+    description: 'Returns one page of the rest of the log.',
+    args: z.object({ page: z.number().int().min(0).describe('page number, from 0') }),
+    async run({ page }) {
+      if (page >= instance.pages) return { output: `Error: there are ${instance.pages} pages`, outcome: 'error' };
+      return { output: logText(instance.seed * 1000 + page + 1, instance.pageChars), outcome: 'ok' };
+    },
+  });
+}
+
+/**
+ * TEST DOUBLE environment for the long-context benchmark: the prompt holds a long log and the tool `read_page`
+ * returns more of it, so a conversation of tens of thousands of tokens takes environment turns (what used to block
+ * the event loop: rendering and tokenizing such contexts). In-process tool (pair it with NullSandboxDriver and
+ * {@link longContextPolicy}); reward 1 when the policy reports having read every page. Never registered by
+ * `defaultRegistry`.
+ */
+export function createLongContextEnvironment(): Environment<LongContextInstance> {
+  const prompt = (instance: LongContextInstance): ChatMessage[] => [
+    { role: 'system', content: 'You read logs with the read_page tool and report what you found.' },
+    { role: 'user', content: `Here is the start of the log:\n${logText(instance.seed, instance.promptChars)}\nRead all ${instance.pages} remaining pages, then say "done".` },
+  ];
+  return {
+    name: LONG_CONTEXT_ENVIRONMENT,
+    description: 'Benchmark double: a long log in the prompt, more pages through an in-process tool.',
+    instanceSchema: z.toJSONSchema(instanceSchema) as Record<string, unknown>,
+    toolNames: ['read_page'],
+    validate: (instance) => {
+      const result = instanceSchema.safeParse(instance);
+      if (result.success) return result.data;
+      const issue = result.error.issues[0];
+      const path = issue?.path.map(String).join('.') ?? '';
+      throw RolloutError.invalid(path === '' ? 'instance' : `instance.${path}`, issue?.message ?? 'invalid');
+    },
+    prompt,
+    async init({ instance }) {
+      return { messages: prompt(instance) };
+    },
+    tools: (instance) => [readPageTool(instance)],
+    async evaluate({ instance, outcome }) {
+      const last = outcome.messages.at(-1);
+      const done = last?.role === 'assistant' && last.content.includes(`read ${instance.pages} pages`);
+      return { reward: done ? 1 : 0, details: {}, report: {} };
+    },
+  };
+}
+
+/**
+ * TEST DOUBLE policy for FakeVllmEngine, made for {@link createLongContextEnvironment}: reads page after page with
+ * `read_page` (as many as the prompt asks for), then answers `done: read N pages`.
+ */
+export const longContextPolicy: FakePolicy = (promptText) => {
+  const pages = Number(/Read all (\d+) remaining pages/.exec(promptText)?.[1] ?? 0);
+  const read = promptText.split('<tool_response>').length - 1;
+  return read < pages ? hermesToolCall('read_page', { page: read }) : `done: read ${pages} pages`;
+};

@@ -1,0 +1,151 @@
+import { RolloutError } from '../errors.js';
+import { environmentDelta, PROBE_ASSISTANT, probeAssistantClosing, type Delta, type DeltaRequest } from './template-delta.js';
+import type { ChatMessage, ChatTemplate, ToolSchema } from './types.js';
+
+/**
+ * Incremental rendering: the text between turns from a bounded suffix of the conversation.
+ *
+ * {@link environmentDelta} renders the whole conversation twice per environment turn, so its cost grows with the
+ * context (~15-34 ms of blocked event loop at 36K-147K-token contexts, and half of the token work per turn at
+ * small ones). Most templates write the text after an assistant turn (its closing, the new messages, the
+ * generation prompt) from those messages alone: Qwen3 and Llama 3.1 need nothing before the assistant turn, Gemma 3
+ * only an opening user turn (its alternation check). Such a template is *suffix-local*, and the delta can be
+ * rendered from `[...opening, assistant, ...added]`: the same anchor method on a conversation of bounded size.
+ *
+ * Locality is a property of the template (and the tools it is given), so it is probed once, like
+ * template-profile.ts probes tool roles, and verified against the full render: {@link probeSuffixLocality} renders
+ * a battery of conversations (every opening, up to two earlier rounds of every kind of environment answer, every
+ * kind of new messages, contents that pad, trim, nest markup) both ways and calls the template local only when
+ * every delta is identical. DeepSeek-V3's template is not (it opens tool outputs differently for the first tool
+ * message of the whole conversation), so it keeps the full render. test/tokens/suffix-delta.property.test.ts checks
+ * incremental == full over random conversations with hostile contents for every family we ship.
+ */
+
+/** Stand-in content of the opening messages: no template output depends on it after the assistant turn. */
+const LEAD = '\u{FFFFC}probe-lead-3f9a\u{FFFFC}';
+
+/** What {@link probeSuffixLocality} found for a template and a tool list. */
+export interface SuffixLocality {
+  /** Whether deltas may be rendered from a suffix at all. */
+  local: boolean;
+  /** The opening kept before the assistant turn: none, or its roles with stand-in contents. */
+  opening: 'none' | 'roles';
+  /** Whether the suffix is rendered with the tools (false when they change nothing after the assistant turn). */
+  tools: boolean;
+}
+
+const NOT_LOCAL: SuffixLocality = { local: false, opening: 'roles', tools: true };
+
+/**
+ * The delta of `request` rendered from a suffix of the conversation (see the module comment), or undefined when
+ * the anchor method does not apply to it (the caller then renders in full). Exactly {@link environmentDelta}'s
+ * text whenever `locality` was probed local for this template and these tools.
+ */
+export function suffixDelta(template: ChatTemplate, request: Omit<DeltaRequest, 'closing'>, locality: SuffixLocality): Delta | undefined {
+  const { history, added, tools } = request;
+  const last = history.at(-1);
+  if (last?.role !== 'assistant') {
+    throw new RolloutError('failed_precondition', 'environment messages must follow an assistant turn');
+  }
+  const lead = locality.opening === 'none' ? [] : opening(history);
+  const options = locality.tools && tools !== undefined ? { addGenerationPrompt: true, tools } : { addGenerationPrompt: true };
+  const marked = template.render([...lead, { ...last, content: PROBE_ASSISTANT }, ...added], options);
+  const at = marked.lastIndexOf(PROBE_ASSISTANT);
+  if (at < 0 || marked.indexOf(PROBE_ASSISTANT) !== at) return undefined;
+  const tail = marked.slice(at + PROBE_ASSISTANT.length);
+  // As environmentDelta checks against the full render: the real content must be followed by the same text.
+  const real = template.render([...lead, last, ...added], options);
+  return real.endsWith(tail) ? { text: tail, method: 'anchor' } : undefined;
+}
+
+/**
+ * The conversation's opening before its last message, contents replaced by a stand-in: the leading system
+ * messages and the first other message (the turn a template like Gemma 3's wants before an assistant turn).
+ */
+function opening(history: readonly ChatMessage[]): ChatMessage[] {
+  const out: ChatMessage[] = [];
+  for (const message of history.slice(0, -1)) {
+    out.push(message.name === undefined ? { role: message.role, content: LEAD } : { role: message.role, content: LEAD, name: message.name });
+    if (message.role !== 'system') break;
+  }
+  return out;
+}
+
+/**
+ * Whether `template` with `tools` is suffix-local (see the module comment), probed on first use and cached per
+ * template and tool list. The cheapest suffix that gives every probe's full-render delta wins: no opening
+ * before the assistant turn, else the opening's roles; without the tools, else with them.
+ */
+export function probeSuffixLocality(template: ChatTemplate, tools: readonly ToolSchema[] | undefined): SuffixLocality {
+  let byTools = localityCache.get(template);
+  if (!byTools) localityCache.set(template, (byTools = new Map()));
+  const key = tools && tools.length > 0 ? JSON.stringify(tools) : '';
+  let found = byTools.get(key);
+  if (found === undefined) {
+    found = probe(template, tools);
+    if (byTools.size < 256) byTools.set(key, found);
+  }
+  return found;
+}
+
+const localityCache = new WeakMap<ChatTemplate, Map<string, SuffixLocality>>();
+
+const CANDIDATES: readonly SuffixLocality[] = [
+  { local: true, opening: 'none', tools: false },
+  { local: true, opening: 'roles', tools: false },
+  { local: true, opening: 'none', tools: true },
+  { local: true, opening: 'roles', tools: true },
+];
+
+function probe(template: ChatTemplate, tools: readonly ToolSchema[] | undefined): SuffixLocality {
+  const closing = probeAssistantClosing(template, tools);
+  const cases: { request: Omit<DeltaRequest, 'closing'>; text: string }[] = [];
+  for (const request of probeRequests(tools)) {
+    let full: Delta;
+    try {
+      full = environmentDelta(template, { ...request, closing });
+    } catch {
+      continue; // a shape the template refuses: the ledger refuses it too
+    }
+    // Only the anchor method has a suffix form; a template that needs another one always renders in full.
+    if (full.method !== 'anchor') return NOT_LOCAL;
+    cases.push({ request, text: full.text });
+  }
+  if (cases.length === 0) return NOT_LOCAL;
+  const withTools = tools !== undefined && tools.length > 0;
+  const agrees = (c: SuffixLocality): boolean =>
+    cases.every(({ request, text }) => {
+      try {
+        return suffixDelta(template, request, c)?.text === text;
+      } catch {
+        return false;
+      }
+    });
+  return CANDIDATES.find((c) => (withTools || !c.tools) && agrees(c)) ?? NOT_LOCAL;
+}
+
+/** Contents that templates treat differently: padded (trim), empty, multi-line, markup-like, thinking blocks. */
+const CONTENTS = ['c', '  padded content \n', '', 'line one\nline two\n\n', '{{ not a tag }} <b>', '<think>\nhm\n</think>\n\nsaid'];
+
+/**
+ * The probe battery: openings [user] and [system, user]; zero to two earlier rounds, each an assistant turn and an
+ * environment answer; the assistant turn just sampled; every kind of environment answer after it.
+ */
+function* probeRequests(tools: readonly ToolSchema[] | undefined): Generator<Omit<DeltaRequest, 'closing'>> {
+  const answers: ChatMessage['role'][][] = [['tool'], ['tool', 'tool'], ['user'], ['system'], ['tool', 'user']];
+  let n = 0;
+  const content = (): string => `${CONTENTS[n % CONTENTS.length]!}${n++}`;
+  const message = (role: ChatMessage['role']): ChatMessage => (role === 'tool' ? { role, content: content(), name: 'probe_tool' } : { role, content: content() });
+  const rounds: ChatMessage['role'][][][] = [[], ...answers.map((a) => [a])];
+  for (const a of answers.slice(0, 3)) for (const b of answers.slice(0, 3)) rounds.push([a, b]);
+  for (const system of [false, true]) {
+    for (const earlier of rounds) {
+      for (const added of answers) {
+        const history: ChatMessage[] = [...(system ? [message('system')] : []), message('user')];
+        for (const answer of earlier) history.push(message('assistant'), ...answer.map(message));
+        history.push(message('assistant'));
+        yield { history, added: added.map(message), tools };
+      }
+    }
+  }
+}

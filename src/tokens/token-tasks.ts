@@ -1,0 +1,70 @@
+import { encodeRendered, escapeMessage } from './opaque-content.js';
+import { probeSuffixLocality, suffixDelta } from './suffix-delta.js';
+import { environmentDelta, type DeltaMethod, type DeltaRequest } from './template-delta.js';
+import type { ChatMessage, ChatTemplate, Tokenizer, ToolSchema } from './types.js';
+
+/**
+ * The token work of a trajectory as pure functions of (tokenizer, template, input): the same code runs on the
+ * event loop for small inputs and in a token worker (token-worker.ts) for large ones, so where it ran never
+ * changes a token.
+ */
+
+/** The first prompt: the environment's messages rendered with the generation prompt. */
+export interface PromptTask {
+  kind: 'prompt';
+  /** As the environment gave them (escaped here, see opaque-content.ts). */
+  messages: readonly ChatMessage[];
+  tools: readonly ToolSchema[] | undefined;
+}
+
+/** The tokens after an assistant turn: what the template writes for the environment's messages. */
+export interface EnvironmentTask extends DeltaRequest {
+  kind: 'environment';
+  /** Decoded stop token the model sampled to end its turn: not appended again. */
+  stopText: string | undefined;
+}
+
+export type TokenTask = PromptTask | EnvironmentTask;
+
+export interface TokenTaskResult {
+  ids: number[];
+  /** For environment tasks: how the between-turns text was found. */
+  method?: DeltaMethod;
+}
+
+/** Renders the escaped prompt with the generation prompt and encodes it (template tokens only from the template). */
+export function promptIds(tokenizer: Tokenizer, template: ChatTemplate, task: Omit<PromptTask, 'kind'>): number[] {
+  const escaped = task.messages.map((m) => escapeMessage(tokenizer, m));
+  const text = template.render(escaped, task.tools === undefined ? { addGenerationPrompt: true } : { addGenerationPrompt: true, tools: task.tools });
+  return encodeRendered(tokenizer, text);
+}
+
+/**
+ * The ids to append after an assistant turn (see TokenLedger.appendEnvironment): the delta from a suffix of the
+ * conversation when the template is suffix-local, else from the whole conversation; minus the stop token the
+ * model sampled itself; encoded with environment contents opaque.
+ */
+export function environmentIds(tokenizer: Tokenizer, template: ChatTemplate, task: Omit<EnvironmentTask, 'kind'>): Required<TokenTaskResult> {
+  const locality = probeSuffixLocality(template, task.tools);
+  const delta = (locality.local ? suffixDelta(template, task, locality) : undefined) ?? environmentDelta(template, task);
+  const stop = task.stopText;
+  const text = stop !== undefined && delta.text.startsWith(stop) ? delta.text.slice(stop.length) : delta.text;
+  return { ids: encodeRendered(tokenizer, text), method: delta.method };
+}
+
+/** Runs a task. */
+export function runTokenTask(tokenizer: Tokenizer, template: ChatTemplate, task: TokenTask): TokenTaskResult {
+  return task.kind === 'prompt' ? { ids: promptIds(tokenizer, template, task) } : environmentIds(tokenizer, template, task);
+}
+
+/**
+ * Characters a task renders and encodes: what its cost is proportional to, to choose between the event loop and
+ * a worker. An environment task on a suffix-local template costs its new messages and the last assistant turn,
+ * whatever the length of the conversation.
+ */
+export function taskChars(template: ChatTemplate, task: TokenTask): number {
+  const chars = (messages: readonly ChatMessage[]): number => messages.reduce((n, m) => n + m.content.length, 0);
+  if (task.kind === 'prompt') return chars(task.messages);
+  const local = probeSuffixLocality(template, task.tools).local;
+  return chars(task.added) + (local ? (task.history.at(-1)?.content.length ?? 0) : chars(task.history));
+}

@@ -1,0 +1,175 @@
+import { RolloutError } from '../errors.js';
+import type { Logger } from '../observability/logger.js';
+import type { ModelBundleOptions } from './model-bundle.js';
+import { TokenPool } from './token-pool.js';
+import { environmentIds, promptIds, taskChars, type EnvironmentTask, type TokenTask, type TokenTaskResult } from './token-tasks.js';
+import type { ChatMessage, ChatTemplate, Tokenizer, ToolSchema } from './types.js';
+
+/** Options of {@link TokenWork}. */
+export interface TokenWorkOptions {
+  tokenizer: Tokenizer;
+  template: ChatTemplate;
+  /** Threads holding the same tokenizer and template (token-worker.ts); without one, all work is inline. */
+  pool?: TokenPool<TokenTask, TokenTaskResult>;
+  /**
+   * Tasks that render and encode at most this many characters run on the event loop: a worker round trip costs
+   * more than they do (~0.5-1 µs of CPU per character: 2,048 characters ≈ 1-2 ms). Default 2,048.
+   */
+  inlineMaxChars?: number;
+  /** Most bytes of first prompts kept (keys and ids) for the samples announced to ask for them (see promptIds). */
+  promptCacheBytes?: number;
+}
+
+const DEFAULT_INLINE_MAX_CHARS = 2048;
+const DEFAULT_PROMPT_CACHE_BYTES = 64 << 20;
+
+/**
+ * Where a trajectory's token work runs: inline when small, on the token pool when large (see
+ * {@link TokenWorkOptions.inlineMaxChars}), so a 64K-token prompt or a conversation a non-local template must
+ * render in full never blocks the event loop that serves gRPC and the engines. Where a task ran never changes a
+ * token: both run token-tasks.ts on the same tokenizer and template.
+ *
+ * First prompts are cached by content (messages and tools) for as many later askers as announced: the admission
+ * check (validate-task.ts) renders and encodes a task's prompt once and keeps it for the task's samples, whose
+ * ledgers take it from the cache; the entry goes with the last of them (or, unclaimed, with the oldest entries past
+ * {@link TokenWorkOptions.promptCacheBytes}). So a finished task leaves nothing behind.
+ */
+export class TokenWork {
+  readonly tokenizer: Tokenizer;
+  readonly template: ChatTemplate;
+  readonly #pool: TokenPool<TokenTask, TokenTaskResult> | undefined;
+  readonly #inlineMaxChars: number;
+  readonly #cacheBytes: number;
+  readonly #prompts = new Map<string, { ids: readonly number[]; bytes: number; uses: number }>();
+  readonly #pending = new Map<string, Promise<readonly number[]>>();
+  #cachedBytes = 0;
+
+  constructor(options: TokenWorkOptions) {
+    this.tokenizer = options.tokenizer;
+    this.template = options.template;
+    this.#pool = options.pool;
+    this.#inlineMaxChars = options.inlineMaxChars ?? DEFAULT_INLINE_MAX_CHARS;
+    this.#cacheBytes = options.promptCacheBytes ?? DEFAULT_PROMPT_CACHE_BYTES;
+  }
+
+  /** The shared inline instance of a tokenizer and template (what a ledger built without a TokenWork uses). */
+  static inline(tokenizer: Tokenizer, template: ChatTemplate): TokenWork {
+    let byTokenizer = inlineInstances.get(template);
+    if (!byTokenizer) inlineInstances.set(template, (byTokenizer = new WeakMap()));
+    let work = byTokenizer.get(tokenizer);
+    if (!work) byTokenizer.set(tokenizer, (work = new TokenWork({ tokenizer, template })));
+    return work;
+  }
+
+  /**
+   * The ids of the first prompt (escaped messages rendered with the generation prompt, see token-tasks.ts), on a
+   * worker when large. The array is shared with every caller asking for the same prompt: read-only (not frozen,
+   * which would make V8 copy and serialize it several times slower). `keepFor`: how many later calls will ask for
+   * this prompt (a task's samples); it is kept for them. Concurrent calls for one prompt share one computation.
+   */
+  async promptIds(messages: readonly ChatMessage[], tools: readonly ToolSchema[] | undefined, signal?: AbortSignal, keepFor = 0): Promise<readonly number[]> {
+    const key = promptKey(messages, tools);
+    const hit = this.#cached(key, keepFor);
+    if (hit) return hit;
+    let pending = this.#pending.get(key);
+    if (!pending) {
+      const task: TokenTask = { kind: 'prompt', messages, tools };
+      pending = this.#run(task, signal).then((r) => this.#remember(key, r.ids, keepFor));
+      this.#pending.set(key, pending);
+      const forget = (): void => void this.#pending.delete(key);
+      pending.then(forget, forget);
+    }
+    return pending;
+  }
+
+  /** {@link promptIds} on the event loop, whatever its size (the synchronous TokenLedger constructor). */
+  promptIdsSync(messages: readonly ChatMessage[], tools: readonly ToolSchema[] | undefined): readonly number[] {
+    const key = promptKey(messages, tools);
+    return this.#cached(key, 0) ?? promptIds(this.tokenizer, this.template, { messages, tools });
+  }
+
+  /** Prompts kept for announced askers, and their bytes (for tests and metrics). */
+  get promptCache(): { entries: number; bytes: number } {
+    return { entries: this.#prompts.size, bytes: this.#cachedBytes };
+  }
+
+  /** The ids after an assistant turn (token-tasks.ts environmentIds), on a worker when large. */
+  async environmentIds(task: Omit<EnvironmentTask, 'kind'>, signal?: AbortSignal): Promise<Required<TokenTaskResult>> {
+    const result = await this.#run({ kind: 'environment', ...task }, signal);
+    if (result.method === undefined) throw new RolloutError('internal', 'token worker answered an environment task without its method');
+    return { ids: result.ids, method: result.method };
+  }
+
+  /** {@link environmentIds} on the event loop. */
+  environmentIdsSync(task: Omit<EnvironmentTask, 'kind'>): Required<TokenTaskResult> {
+    return environmentIds(this.tokenizer, this.template, task);
+  }
+
+  async #run(task: TokenTask, signal: AbortSignal | undefined): Promise<TokenTaskResult> {
+    if (!this.#pool || taskChars(this.template, task) <= this.#inlineMaxChars) {
+      return task.kind === 'prompt' ? { ids: promptIds(this.tokenizer, this.template, task) } : environmentIds(this.tokenizer, this.template, task);
+    }
+    return this.#pool.run(task, signal);
+  }
+
+  /** A kept prompt, one use of it taken (it goes with its last); `keepFor` more announced. */
+  #cached(key: string, keepFor: number): readonly number[] | undefined {
+    const hit = this.#prompts.get(key);
+    if (!hit) return undefined;
+    hit.uses += keepFor - 1;
+    this.#prompts.delete(key);
+    if (hit.uses > 0) this.#prompts.set(key, hit); // Map order is the eviction order: refresh
+    else this.#cachedBytes -= hit.bytes;
+    return hit.ids;
+  }
+
+  #remember(key: string, ids: readonly number[], keepFor: number): readonly number[] {
+    const old = this.#prompts.get(key);
+    if (old) {
+      old.uses += keepFor;
+      return old.ids;
+    }
+    const bytes = 2 * key.length + 8 * ids.length + 64;
+    // Nobody announced: nothing to keep. One huge prompt must not evict everything else either.
+    if (keepFor <= 0 || bytes > this.#cacheBytes / 4) return ids;
+    this.#prompts.set(key, { ids, bytes, uses: keepFor });
+    this.#cachedBytes += bytes;
+    for (const [k, entry] of this.#prompts) {
+      if (this.#cachedBytes <= this.#cacheBytes) break;
+      this.#prompts.delete(k);
+      this.#cachedBytes -= entry.bytes;
+    }
+    return ids;
+  }
+}
+
+/**
+ * A pool of token threads for a model folder: each loads it as the server does (`loadModelBundle(model)`), so its
+ * tokenizer and adapted template are the server's.
+ */
+export function createTokenPool(
+  model: ModelBundleOptions,
+  options: { size?: number; maxQueued?: number; logger?: Logger; script?: URL } = {},
+): TokenPool<TokenTask, TokenTaskResult> {
+  const { dir, templateVariables, toolCallParser } = model;
+  const workerData: ModelBundleOptions = { ...(dir !== undefined && { dir }), ...(templateVariables !== undefined && { templateVariables }), ...(toolCallParser !== undefined && { toolCallParser }) };
+  return new TokenPool<TokenTask, TokenTaskResult>({ script: TOKEN_WORKER_ENTRY, workerData, ...options });
+}
+
+const TOKEN_WORKER_ENTRY = new URL('./token-worker-entry.mjs', import.meta.url);
+
+const inlineInstances = new WeakMap<ChatTemplate, WeakMap<Tokenizer, TokenWork>>();
+
+/** The cache key of a prompt: its messages and tools, exactly (JSON), so equal keys render to equal text. */
+function promptKey(messages: readonly ChatMessage[], tools: readonly ToolSchema[] | undefined): string {
+  return `${toolsKey(tools)}\u0000${JSON.stringify(messages.map((m) => (m.name === undefined ? [m.role, m.content] : [m.role, m.content, m.name])))}`;
+}
+
+function toolsKey(tools: readonly ToolSchema[] | undefined): string {
+  if (tools === undefined) return '';
+  let key = toolsKeys.get(tools);
+  if (key === undefined) toolsKeys.set(tools, (key = JSON.stringify(tools)));
+  return key;
+}
+
+const toolsKeys = new WeakMap<readonly ToolSchema[], string>();

@@ -1,0 +1,45 @@
+import { constants, setPriority } from 'node:os';
+import { parentPort, workerData } from 'node:worker_threads';
+import { RolloutError } from '../errors.js';
+import { loadModelBundle, type ModelBundleOptions } from './model-bundle.js';
+import type { WorkerReply, WorkerRequest } from './token-pool.js';
+import { runTokenTask, type TokenTask, type TokenTaskResult } from './token-tasks.js';
+
+/**
+ * A token worker thread (started by TokenPool through token-worker-entry.mjs): loads the same model folder as the
+ * server (`workerData` is the model config, so tokenizer, template variables and template adaptation are the
+ * server's) and runs token tasks (token-tasks.ts) one at a time. Task failures are answered as errors with their
+ * RolloutError code; anything else is a crash the pool sees as the thread's exit.
+ */
+const port = parentPort;
+if (!port) throw new Error('token-worker.ts runs in a worker thread (see token-pool.ts)');
+
+type Reply = WorkerReply<TokenTaskResult>;
+
+// Below the event loop's priority: on a busy machine the thread serving gRPC and the engines gets a core first, and
+// token work (throughput, not latency) waits. On Linux the nice value is per thread, so this lowers only this one;
+// elsewhere it would lower the whole server, so it is not done.
+if (process.platform === 'linux') {
+  try {
+    setPriority(constants.priority.PRIORITY_BELOW_NORMAL);
+  } catch {
+    // Not allowed (some containers): run at the normal priority.
+  }
+}
+
+try {
+  const { tokenizer, template } = await loadModelBundle(workerData as ModelBundleOptions);
+  port.on('message', ({ id, task }: WorkerRequest<TokenTask>) => {
+    let reply: Reply;
+    try {
+      reply = { type: 'result', id, result: runTokenTask(tokenizer, template, task) };
+    } catch (err) {
+      const e = RolloutError.from(err);
+      reply = { type: 'error', id, code: e.code, message: e.message, ...(e.field !== undefined && { field: e.field }) };
+    }
+    port.postMessage(reply);
+  });
+  port.postMessage({ type: 'ready' } satisfies Reply);
+} catch (err) {
+  port.postMessage({ type: 'init-error', message: err instanceof Error ? err.message : String(err) } satisfies Reply);
+}

@@ -1,0 +1,90 @@
+import { readFileSync } from 'node:fs';
+import { afterEach, describe, expect, it } from 'vitest';
+import type { TaskInput } from '../../src/client/rollout-client.js';
+import { defaultRegistry } from '../../src/environments/registry.js';
+import { calcPolicy, CALC_ENVIRONMENT, createCalcEnvironment } from '../../src/testing/calc-environment.js';
+import { NullSandboxDriver } from '../../src/testing/null-sandbox.js';
+import { hermesToolCall } from '../../src/testing/scripted-policy.js';
+import { TrajectoryStatus, type Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
+import { collect, invariantViolations } from '../support/harness.js';
+import { startServerHarness, type ServerHarness } from '../support/server-harness.js';
+
+const harnesses: ServerHarness[] = [];
+afterEach(async () => {
+  for (const h of harnesses.splice(0)) await h.close();
+});
+
+/** OS threads of this process (Linux). */
+function threads(): number {
+  return Number(/^Threads:\s+(\d+)$/m.exec(readFileSync('/proc/self/status', 'utf8'))?.[1]);
+}
+
+/**
+ * A server whose token work all goes to one token thread (inlineMaxChars 0), on the calc environment (in-process
+ * tool, null sandboxes). Its engine's policy answers like calcPolicy, except that the problem "What is 6 * 7?"
+ * gets a tool call naming CRASH-THE-TOKEN-WORKER, on which the TEST DOUBLE worker script ends its thread.
+ */
+async function server(): Promise<ServerHarness> {
+  const h = await startServerHarness({
+    registry: defaultRegistry().register(createCalcEnvironment()),
+    sandboxes: new NullSandboxDriver(),
+    config: { tokenWorkers: { count: 1, inlineMaxChars: 0 } },
+    tokenWorkerScript: new URL('../support/crashing-token-worker.mjs', import.meta.url),
+    engine: {
+      policy: (prompt, ctx) =>
+        prompt.includes('What is 6 * 7?') && !prompt.includes('<tool_response>') ? hermesToolCall('calc', { expression: 'CRASH-THE-TOKEN-WORKER' }) : calcPolicy(prompt, ctx),
+    },
+  });
+  harnesses.push(h);
+  return h;
+}
+
+function task(taskId: string, problem: string, numSamples = 1): TaskInput {
+  return {
+    taskId,
+    environment: CALC_ENVIRONMENT,
+    numSamples,
+    instance: { problem, answer: '0' },
+    sampling: { temperature: 1, seed: 1, maxTokensPerTurn: 256, maxTotalTokens: 8192, stop: [] },
+  };
+}
+
+async function run(h: ServerHarness, tasks: TaskInput[]): Promise<Trajectory[]> {
+  const session = h.client.openSession();
+  for (const t of tasks) await session.submit(t);
+  session.close();
+  return collect(session.trajectories());
+}
+
+describe('token threads in a server', () => {
+  it('render and tokenize every turn, and a thread that crashes fails only the sample it was working on', async () => {
+    const h = await server();
+    const trajectories = await run(h, [task('ok-a', 'What is 2 + 3?', 2), task('doomed', 'What is 6 * 7?'), task('ok-b', 'What is 4 * 4?')]);
+    const byTask = (id: string): Trajectory[] => trajectories.filter((t) => t.taskId === id);
+    for (const t of [...byTask('ok-a'), ...byTask('ok-b')]) {
+      expect(t.status, t.error).toBe(TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED);
+      expect(t.numTurns).toBe(2);
+      expect(invariantViolations(t)).toEqual([]);
+    }
+    const [doomed] = byTask('doomed');
+    // An infrastructure failure, never a COMPLETED trajectory with reward 0.
+    expect(doomed!.status).toBe(TrajectoryStatus.TRAJECTORY_STATUS_ENVIRONMENT_ERROR);
+    expect(doomed!.error).toMatch(/^internal: token worker exited with code 7 while working on this sample; the pool replaced it/);
+    expect(h.server.tokenPool!.stats()).toMatchObject({ workers: 1, crashes: 1 });
+    // The replacement thread serves the next task.
+    const [after] = await run(h, [task('after', 'What is 1 + 1?')]);
+    expect(after!.status, after!.error).toBe(TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED);
+  });
+
+  it('are shut down with the server: none outlives it', async () => {
+    const before = threads();
+    const h = await server();
+    await run(h, [task('one', 'What is 2 + 2?')]);
+    const pool = h.server.tokenPool!;
+    expect(pool.stats().workers).toBe(1);
+    expect(pool.stats().completed).toBeGreaterThan(0);
+    await h.close();
+    expect(pool.stats()).toMatchObject({ workers: 0, busy: 0, queued: 0 });
+    expect(threads()).toBeLessThanOrEqual(before);
+  });
+});
