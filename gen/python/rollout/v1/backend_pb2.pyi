@@ -6,19 +6,30 @@ from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Map
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class PauseMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PAUSE_MODE_UNSPECIFIED: _ClassVar[PauseMode]
+    PAUSE_MODE_WAIT: _ClassVar[PauseMode]
+    PAUSE_MODE_ABORT: _ClassVar[PauseMode]
+    PAUSE_MODE_KEEP: _ClassVar[PauseMode]
+
 class BackendKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     BACKEND_KIND_UNSPECIFIED: _ClassVar[BackendKind]
     BACKEND_KIND_VLLM: _ClassVar[BackendKind]
     BACKEND_KIND_SGLANG: _ClassVar[BackendKind]
     BACKEND_KIND_EMBEDDED: _ClassVar[BackendKind]
+PAUSE_MODE_UNSPECIFIED: PauseMode
+PAUSE_MODE_WAIT: PauseMode
+PAUSE_MODE_ABORT: PauseMode
+PAUSE_MODE_KEEP: PauseMode
 BACKEND_KIND_UNSPECIFIED: BackendKind
 BACKEND_KIND_VLLM: BackendKind
 BACKEND_KIND_SGLANG: BackendKind
 BACKEND_KIND_EMBEDDED: BackendKind
 
 class Backend(_message.Message):
-    __slots__ = ("id", "url", "kind", "max_concurrency", "healthy", "draining", "inflight_trajectories", "inflight_requests", "assigned_total", "policy_version", "model", "max_model_len")
+    __slots__ = ("id", "url", "kind", "max_concurrency", "healthy", "draining", "inflight_trajectories", "inflight_requests", "assigned_total", "policy_version", "model", "max_model_len", "paused")
     ID_FIELD_NUMBER: _ClassVar[int]
     URL_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +42,7 @@ class Backend(_message.Message):
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
     id: str
     url: str
     kind: BackendKind
@@ -43,7 +55,8 @@ class Backend(_message.Message):
     policy_version: int
     model: str
     max_model_len: int
-    def __init__(self, id: _Optional[str] = ..., url: _Optional[str] = ..., kind: _Optional[_Union[BackendKind, str]] = ..., max_concurrency: _Optional[int] = ..., healthy: bool = ..., draining: bool = ..., inflight_trajectories: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., assigned_total: _Optional[int] = ..., policy_version: _Optional[int] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ...) -> None: ...
+    paused: bool
+    def __init__(self, id: _Optional[str] = ..., url: _Optional[str] = ..., kind: _Optional[_Union[BackendKind, str]] = ..., max_concurrency: _Optional[int] = ..., healthy: bool = ..., draining: bool = ..., inflight_trajectories: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., assigned_total: _Optional[int] = ..., policy_version: _Optional[int] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., paused: bool = ...) -> None: ...
 
 class AddBackendRequest(_message.Message):
     __slots__ = ("url", "kind", "max_concurrency", "id", "model")
@@ -82,6 +95,34 @@ class ListBackendsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListBackendsResponse(_message.Message):
+    __slots__ = ("backends",)
+    BACKENDS_FIELD_NUMBER: _ClassVar[int]
+    backends: _containers.RepeatedCompositeFieldContainer[Backend]
+    def __init__(self, backends: _Optional[_Iterable[_Union[Backend, _Mapping]]] = ...) -> None: ...
+
+class PauseGenerationRequest(_message.Message):
+    __slots__ = ("backend_id", "mode")
+    BACKEND_ID_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    backend_id: str
+    mode: PauseMode
+    def __init__(self, backend_id: _Optional[str] = ..., mode: _Optional[_Union[PauseMode, str]] = ...) -> None: ...
+
+class PauseGenerationResponse(_message.Message):
+    __slots__ = ("backends",)
+    BACKENDS_FIELD_NUMBER: _ClassVar[int]
+    backends: _containers.RepeatedCompositeFieldContainer[Backend]
+    def __init__(self, backends: _Optional[_Iterable[_Union[Backend, _Mapping]]] = ...) -> None: ...
+
+class ResumeGenerationRequest(_message.Message):
+    __slots__ = ("backend_id", "policy_version")
+    BACKEND_ID_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    backend_id: str
+    policy_version: int
+    def __init__(self, backend_id: _Optional[str] = ..., policy_version: _Optional[int] = ...) -> None: ...
+
+class ResumeGenerationResponse(_message.Message):
     __slots__ = ("backends",)
     BACKENDS_FIELD_NUMBER: _ClassVar[int]
     backends: _containers.RepeatedCompositeFieldContainer[Backend]
