@@ -4,7 +4,8 @@ import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
 import type { BackendPool, BackendInfo } from '../backends/pool.js';
 import { BACKEND_KIND_NAMES, createEngineClient, type BackendKind as EngineKind } from '../backends/kinds.js';
-import { type Backend, BackendKind, type BackendServiceServer } from '../../gen/ts/rollout/v1/backend.js';
+import type { PauseMode as EnginePauseMode } from '../backends/types.js';
+import { type Backend, BackendKind, type BackendServiceServer, PauseMode } from '../../gen/ts/rollout/v1/backend.js';
 import { unary } from './unary.js';
 
 export interface BackendServiceDeps {
@@ -30,13 +31,27 @@ function kindFromProto(value: BackendKind): EngineKind | undefined {
   return BACKEND_KIND_NAMES.find((kind) => kindToProto(kind) === value);
 }
 
-/** BackendService (admin): add, remove and list the engines the pool routes to. */
+/** The pool's pause mode of a PauseGeneration request; UNSPECIFIED and unknown values are refused (field mode). */
+function pauseModeFromProto(value: PauseMode): EnginePauseMode {
+  switch (value) {
+    case PauseMode.PAUSE_MODE_WAIT:
+      return 'wait';
+    case PauseMode.PAUSE_MODE_ABORT:
+      return 'abort';
+    case PauseMode.PAUSE_MODE_KEEP:
+      return 'keep';
+    default:
+      throw RolloutError.invalid('mode', value === PauseMode.PAUSE_MODE_UNSPECIFIED ? 'required: PAUSE_MODE_WAIT, PAUSE_MODE_ABORT or PAUSE_MODE_KEEP' : `unknown pause mode ${value}`);
+  }
+}
+
+/** BackendService (admin): add, remove and list the engines the pool routes to; pause and resume them around weight updates. */
 export function backendService(deps: BackendServiceDeps): BackendServiceServer {
   const log = deps.logger.child({ component: 'backend-service' });
-  const admin = <Req, Res>(fn: (request: Req) => Promise<Res> | Res) =>
-    unary<Req, Res>(log, (request, _signal, call) => {
+  const admin = <Req, Res>(fn: (request: Req, signal: AbortSignal) => Promise<Res> | Res) =>
+    unary<Req, Res>(log, (request, signal, call) => {
       authorize(call.metadata, deps.adminToken);
-      return fn(request);
+      return fn(request, signal);
     });
 
   return {
@@ -72,6 +87,21 @@ export function backendService(deps: BackendServiceDeps): BackendServiceServer {
       return {};
     }),
     listBackends: admin(() => ({ backends: deps.pool.list().map(toBackend) })),
+    pauseGeneration: admin(async (request, signal) => {
+      const mode = pauseModeFromProto(request.mode);
+      const paused = await deps.pool.pause(mode, { signal, ...(request.backendId !== '' && { id: request.backendId }) });
+      log.info({ backends: paused.map((b) => b.id), mode }, 'generation paused');
+      return { backends: paused.map(toBackend) };
+    }),
+    resumeGeneration: admin(async (request, signal) => {
+      const resumed = await deps.pool.resume({
+        signal,
+        ...(request.backendId !== '' && { id: request.backendId }),
+        ...(request.policyVersion !== undefined && { policyVersion: request.policyVersion }),
+      });
+      log.info({ backends: resumed.map((b) => b.id), policyVersion: request.policyVersion }, 'generation resumed');
+      return { backends: resumed.map(toBackend) };
+    }),
   };
 }
 
@@ -94,6 +124,7 @@ export function toBackend(b: BackendInfo): Backend {
     maxConcurrency: b.maxConcurrency,
     healthy: b.healthy,
     draining: b.draining,
+    paused: b.paused,
     inflightTrajectories: b.inflightTrajectories,
     inflightRequests: b.inflightRequests,
     assignedTotal: b.assignedTotal,

@@ -104,5 +104,7 @@ function toTurn(turn: LedgerTurn): Turn {
     finishReason: turn.finishReason ?? '',
     toolName: turn.toolName ?? '',
     toolOutcome: turn.toolOutcome ? OUTCOME[turn.toolOutcome] : ToolOutcome.TOOL_OUTCOME_UNSPECIFIED,
+    continuesTurn: turn.continuesTurn ?? false,
+    policyVersionStart: turn.policyVersionStart ?? turn.policyVersion ?? 0,
   };
 }
