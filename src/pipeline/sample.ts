@@ -33,6 +33,10 @@ export class Sample {
   /** The run stage's token ledger, kept so a sample that fails mid-run still reports the tokens it got to. */
   ledger: TokenLedger | undefined;
   evaluation: Evaluation | undefined;
+  /** Times the sample was run again from scratch because it was too stale (TaskLimits.staleness_action RESTART). */
+  stalenessRestarts = 0;
+  /** Set by a stage that wants the sample to go through init again (see {@link restart}); read by the pipeline. */
+  restartRequested = false;
   private totalTimer: NodeJS.Timeout | undefined;
 
   constructor(
@@ -60,6 +64,22 @@ export class Sample {
       reason.name = code === 'deadline_exceeded' ? 'TimeoutError' : 'AbortError';
       this.controller.abort(reason);
     }
+  }
+
+  /**
+   * Forgets the run so far — sandbox stopped, messages, ledger and results cleared — and asks the pipeline to send
+   * the sample through init again. Its total timeout keeps running from the first start, so restarts are bounded in
+   * time too.
+   */
+  async restart(): Promise<void> {
+    const sandbox = this.sandbox;
+    this.sandbox = undefined;
+    this.initialMessages = [];
+    this.run = undefined;
+    this.ledger = undefined;
+    this.evaluation = undefined;
+    this.restartRequested = true;
+    if (sandbox) await sandbox.stop();
   }
 
   /** Stops the sandbox and the total timer; idempotent. Errors are logged by the caller, never thrown. */
