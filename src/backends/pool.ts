@@ -423,7 +423,8 @@ export class BackendPool {
       const timer = Number.isFinite(this.#acquireTimeoutMs)
         ? setTimeout(() => {
             const reason = now?.type === 'queue' ? now.reason : 'queued';
-            fail(new RolloutError('backend_error', `no eligible backend within ${this.#acquireTimeoutMs} ms (${reason})`));
+            const states = [...this.#backends.values()].map((b) => `${b.id} ${b.removed ? 'removed' : !b.healthy ? 'unhealthy' : b.draining ? 'draining' : 'busy'}`);
+            fail(new RolloutError('backend_error', `no eligible backend within ${this.#acquireTimeoutMs} ms (${[reason, ...states].join(', ')})`));
           }, this.#acquireTimeoutMs)
         : undefined;
       const waiter: AcquireWaiter = {
