@@ -17,7 +17,7 @@ if (!installed && process.env.CI === 'true') throw new Error('CI=true but the re
 
 const OK = [TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED, TrajectoryStatus.TRAJECTORY_STATUS_TRUNCATED];
 const TOKEN = 'sync';
-const TURN_TOKENS = 320;
+const TURN_TOKENS = 800;
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
 const name = (t: Trajectory): string => `${t.taskId}#${t.sampleIndex} ${TrajectoryStatus[t.status]} ${t.finishReason} ${t.error}`;
 const assistant = (t: Trajectory): Turn[] => t.turns.filter((x) => x.role === Role.ROLE_ASSISTANT);
@@ -90,10 +90,13 @@ describe.skipIf(!installed)('weight sync and failover end to end on two real vLL
     }, 120_000);
     afterAll(async () => h?.close());
 
-    /** Until the engine has been decoding for a while, so a pause lands inside the turns. */
-    async function decoding(): Promise<void> {
-      await expect.poll(() => proxyA.inflight(), { timeout: 120_000 }).toBeGreaterThan(0);
-      await sleep(1_500);
+    /**
+     * Until all `n` requests are at the engine, and a little more: they are then decoding, far from their
+     * TURN_TOKENS (seconds of work on this CPU), so a pause lands inside the turns.
+     */
+    async function decoding(n = 4): Promise<void> {
+      await expect.poll(() => proxyA.inflight(), { timeout: 120_000 }).toBe(n);
+      await sleep(300);
     }
 
     it('ABORT: each interrupted turn goes on after resume as a second span, v then v+1, both exactly what vLLM returned', async () => {
@@ -166,7 +169,7 @@ describe.skipIf(!installed)('weight sync and failover end to end on two real vLL
       const frozen = proxyA.inflight();
       const seen = proxyA.exchanges.length;
       expect(frozen).toBeGreaterThan(0);
-      await sleep(1_500);
+      await sleep(1_000);
       expect([proxyA.inflight(), proxyA.exchanges.length]).toEqual([frozen, seen]); // still in flight, none answered
       await h.client.resumeGeneration({ policyVersion: version + 1 });
       const trajectories = await pending.done;
@@ -210,8 +213,8 @@ describe.skipIf(!installed)('weight sync and failover end to end on two real vLL
     it('kill -9 of one engine mid-run: its trajectories finish on the other, ids exactly what the survivor returned; none hangs', async () => {
       const before = { A: proxyA.exchanges.length, B: proxyB.exchanges.length };
       const pending = await run(h, [group('killed-a', 4, 601), group('killed-b', 4, 602)]);
-      await expect.poll(() => proxyA.inflight() > 0 && proxyB.inflight() > 0, { timeout: 120_000 }).toBe(true);
-      await sleep(1_000);
+      await expect.poll(() => proxyA.inflight() + proxyB.inflight(), { timeout: 120_000 }).toBe(8);
+      await sleep(300);
       const onB = proxyB.inflight();
       const killedAt = Date.now();
       process.kill(-vllmB.pid!, 'SIGKILL');
