@@ -89,8 +89,8 @@ export function backendService(deps: BackendServiceDeps): BackendServiceServer {
     listBackends: admin(() => ({ backends: deps.pool.list().map(toBackend) })),
     pauseGeneration: admin(async (request, signal) => {
       const mode = pauseModeFromProto(request.mode);
+      // The pool logs the pause and the resume.
       const paused = await deps.pool.pause(mode, { signal, ...(request.backendId !== '' && { id: request.backendId }) });
-      log.info({ backends: paused.map((b) => b.id), mode }, 'generation paused');
       return { backends: paused.map(toBackend) };
     }),
     resumeGeneration: admin(async (request, signal) => {
@@ -99,7 +99,6 @@ export function backendService(deps: BackendServiceDeps): BackendServiceServer {
         ...(request.backendId !== '' && { id: request.backendId }),
         ...(request.policyVersion !== undefined && { policyVersion: request.policyVersion }),
       });
-      log.info({ backends: resumed.map((b) => b.id), policyVersion: request.policyVersion }, 'generation resumed');
       return { backends: resumed.map(toBackend) };
     }),
   };

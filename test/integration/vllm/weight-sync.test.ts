@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { PauseMode } from '../../../gen/ts/rollout/v1/backend.js';
 import { Role, TrajectoryStatus, type Trajectory, type Turn } from '../../../gen/ts/rollout/v1/rollout.js';
 import { TINY_QWEN3_DIR, VllmServer, vllmInstalled } from '../../../src/testing/vllm-server.js';
+import { NullSandboxDriver } from '../../../src/testing/null-sandbox.js';
 import { collect, invariantViolations, mathTask } from '../../support/harness.js';
 import { recordingProxy, type Exchange, type RecordingProxy } from '../../support/recording-proxy.js';
 import { startServerHarness, type ServerHarness } from '../../support/server-harness.js';
@@ -11,13 +12,14 @@ import { startServerHarness, type ServerHarness } from '../../support/server-har
 // and kill -9 of one engine's process group mid-run. A recording proxy in front of each engine keeps every
 // completion verbatim, so each sampled span of a trajectory is checked to be exactly one answer of the engine that
 // produced it, to exactly the ledger's context before it. The random policy almost never samples <|im_end|>, so a
-// math sample is one long turn cut by max_tokens (TRUNCATED): long enough for a pause to land inside it.
+// math sample is one long turn cut by max_tokens (TRUNCATED): long enough for a pause to land inside it. Its tools
+// never run, so the sandboxes are the no-op double (what is under test is the engines, not process spawning).
 const installed = vllmInstalled();
 if (!installed && process.env.CI === 'true') throw new Error('CI=true but the real vLLM is not installed: run ./scripts/setup.sh');
 
 const OK = [TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED, TrajectoryStatus.TRAJECTORY_STATUS_TRUNCATED];
 const TOKEN = 'sync';
-const TURN_TOKENS = 800;
+const TURN_TOKENS = 400;
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
 const name = (t: Trajectory): string => `${t.taskId}#${t.sampleIndex} ${TrajectoryStatus[t.status]} ${t.finishReason} ${t.error}`;
 const assistant = (t: Trajectory): Turn[] => t.turns.filter((x) => x.role === Role.ROLE_ASSISTANT);
@@ -25,6 +27,13 @@ const assistant = (t: Trajectory): Turn[] => t.turns.filter((x) => x.role === Ro
 /** A group of math samples, each one turn of up to TURN_TOKENS tokens. */
 const group = (id: string, n: number, seed: number) =>
   mathTask(id, n, seed, { sampling: { temperature: 1, seed, maxTokensPerTurn: TURN_TOKENS, maxTotalTokens: 1800, stop: [] } });
+
+/** vLLM's count of tokens it has generated (GET /metrics, vllm:generation_tokens_total; updated every engine step). */
+async function generatedTokens(url: string): Promise<number> {
+  const text = await (await fetch(`${url}/metrics`)).text();
+  const line = text.split('\n').find((l) => l.startsWith('vllm:generation_tokens_total{'));
+  return Number(line?.split(' ').at(-1) ?? NaN);
+}
 
 /** Each assistant span is one recorded answer (ids, logprobs) of its backend's engine to exactly the context before it. */
 function expectVerbatim(t: Trajectory, exchangesOf: (backend: string) => readonly Exchange[]): void {
@@ -65,6 +74,18 @@ describe.skipIf(!installed)('weight sync and failover end to end on two real vLL
     ]);
     console.log(`two vLLMs started in ${Date.now() - started} ms`);
     [proxyA, proxyB] = await Promise.all([recordingProxy(vllmA.url), recordingProxy(vllmB.url)]);
+    // An engine's first requests are slow (warm-up): without this, a pause soon after they start finds no token
+    // sampled yet, and the turn is simply asked again whole.
+    await Promise.all(
+      [vllmA, vllmB].map(async (v) => {
+        const res = await fetch(`${v.url}/v1/completions`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify({ model: v.model, prompt: [9707, 11, 1879], max_tokens: 8 }),
+        });
+        expect(res.status).toBe(200);
+      }),
+    );
   }, 600_000);
 
   afterAll(async () => {
@@ -79,6 +100,7 @@ describe.skipIf(!installed)('weight sync and failover end to end on two real vLL
 
     beforeAll(async () => {
       h = await startServerHarness({
+        sandboxes: new NullSandboxDriver(),
         config: {
           model: vllmA.model,
           adminToken: TOKEN,
@@ -91,12 +113,14 @@ describe.skipIf(!installed)('weight sync and failover end to end on two real vLL
     afterAll(async () => h?.close());
 
     /**
-     * Until all `n` requests are at the engine, and a little more: they are then decoding, far from their
-     * TURN_TOKENS (seconds of work on this CPU), so a pause lands inside the turns.
+     * Until all `n` requests are at the engine and it has generated ~20 tokens for each since: they are then
+     * decoding, far from their TURN_TOKENS, so a pause lands inside the turns (timing alone is not enough: the first
+     * batches of a fresh engine take seconds to produce a token).
      */
     async function decoding(n = 4): Promise<void> {
       await expect.poll(() => proxyA.inflight(), { timeout: 120_000 }).toBe(n);
-      await sleep(300);
+      const from = await generatedTokens(vllmA.url);
+      await expect.poll(() => generatedTokens(vllmA.url), { timeout: 120_000, interval: 50 }).toBeGreaterThanOrEqual(from + 20 * n);
     }
 
     it('ABORT: each interrupted turn goes on after resume as a second span, v then v+1, both exactly what vLLM returned', async () => {
@@ -129,7 +153,8 @@ describe.skipIf(!installed)('weight sync and failover end to end on two real vLL
         expect(rest?.maxTokens).toBe(TURN_TOKENS - (spans[cut - 1]!.end - spans[cut - 1]!.start));
         expect([t.policyVersionMin, t.policyVersionMax]).toEqual([version, version + 1]);
       }
-      expect(splits, 'turns split by the pause').toBeGreaterThan(0);
+      // All four were decoding when the pause came (see decoding()).
+      expect(splits, 'turns split by the pause').toBe(4);
       const sizes = trajectories.map((t) => assistant(t).map((s) => s.end - s.start).join('+'));
       console.log(`ABORT on vLLM: ${splits}/4 turns split; tokens per segment: ${sizes.join(', ')}`);
       version++;
@@ -137,7 +162,12 @@ describe.skipIf(!installed)('weight sync and failover end to end on two real vLL
 
     it('WAIT: answers once the requests in flight have finished (none aborted); requests held meanwhile run with the new version', async () => {
       const first = await run(h, [group('wait-a', 4, 502)]);
-      await expect.poll(() => proxyA.inflight(), { timeout: 120_000 }).toBe(4);
+      try {
+        await expect.poll(() => proxyA.inflight(), { timeout: 120_000 }).toBe(4);
+      } catch (err) {
+        console.log('diagnosis:', JSON.stringify({ stats: h.server.pool.stats(), list: h.server.pool.list(), stages: h.server.runtime.pipeline.stageStats(), inflight: proxyA.inflight() }));
+        throw err;
+      }
       const firstAnswers = proxyA.exchanges.length;
       await h.client.pauseGeneration(PauseMode.PAUSE_MODE_WAIT);
       // All four first-batch turns were answered before the pause answered.
@@ -196,6 +226,7 @@ describe.skipIf(!installed)('weight sync and failover end to end on two real vLL
     let h: ServerHarness;
     beforeAll(async () => {
       h = await startServerHarness({
+        sandboxes: new NullSandboxDriver(),
         config: {
           model: vllmA.model,
           adminToken: TOKEN,
@@ -214,7 +245,8 @@ describe.skipIf(!installed)('weight sync and failover end to end on two real vLL
       const before = { A: proxyA.exchanges.length, B: proxyB.exchanges.length };
       const pending = await run(h, [group('killed-a', 4, 601), group('killed-b', 4, 602)]);
       await expect.poll(() => proxyA.inflight() + proxyB.inflight(), { timeout: 120_000 }).toBe(8);
-      await sleep(300);
+      const from = await generatedTokens(vllmB.url);
+      await expect.poll(() => generatedTokens(vllmB.url), { timeout: 120_000, interval: 50 }).toBeGreaterThanOrEqual(from + 80);
       const onB = proxyB.inflight();
       const killedAt = Date.now();
       process.kill(-vllmB.pid!, 'SIGKILL');
