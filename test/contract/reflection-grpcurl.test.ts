@@ -153,7 +153,7 @@ describe('grpcurl, by server reflection alone', () => {
     expect(paused.backends).toEqual([expect.objectContaining({ id: before.backends[0]!.id, paused: true })]);
     const resumed = await invoke<Versioned>(address, 'rollout.v1.BackendService/ResumeGeneration', { policy_version: 3 }, [ADMIN]);
     expect(resumed.backends).toEqual([expect.objectContaining({ id: before.backends[0]!.id, policy_version: '3' })]);
-    expect(resumed.backends[0]!.paused).toBeUndefined(); // false: proto3 JSON leaves it out
+    expect(resumed.backends[0]!.paused ?? false).toBe(false);
   });
 
   it('answers grpc.health.v1.Health/Check for the server and each service', async () => {
