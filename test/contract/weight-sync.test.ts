@@ -293,3 +293,24 @@ describe('engines leaving under load', () => {
     expect(doomedInfo).toMatchObject({ healthy: false, inflightTrajectories: 0 });
   });
 });
+
+describe('an engine that aborts every request', () => {
+  let h: ServerHarness;
+  beforeAll(async () => {
+    h = await startServerHarness({
+      config: { maxContinuationsPerTurn: 3 },
+      engine: { inject: () => ({ kind: 'tamper', tamper: (choice) => (choice.finish_reason = 'abort') }) },
+    });
+  });
+  afterAll(async () => h?.close());
+
+  it('ends BACKEND_ERROR after maxContinuationsPerTurn continuations of one turn, never loops; what it sampled is kept for debugging', async () => {
+    const [t] = await (await start(h.client, [mathTask('always-aborted', 1, 18)])).done;
+    expect(t!.status, name(t!)).toBe(TrajectoryStatus.TRAJECTORY_STATUS_BACKEND_ERROR);
+    expect(t!.error).toMatch(/turn 0 was aborted 4 times .*at most 3 continuations per turn/);
+    expect(h.engine.stats().received).toBe(4);
+    const spans = assistant(t!);
+    expect(spans.map((s) => [s.finishReason, s.continuesTurn])).toEqual([['abort', false], ['abort', true], ['abort', true], ['abort', true]]);
+    expect(invariantViolations(t!)).toEqual([]);
+  });
+});
