@@ -136,6 +136,16 @@ export const serverConfigSchema = z.strictObject({
   backendModelInfoTimeoutMs: z.number().int().min(1).default(5_000),
   /** How long a trajectory waits for an eligible backend before failing with BACKEND_ERROR. */
   backendAcquireTimeoutMs: z.number().int().min(1).default(30_000),
+  /**
+   * How often one assistant turn is asked again for the rest after its request was aborted (PauseGeneration ABORT,
+   * an engine's abort) before the sample fails with BACKEND_ERROR: an engine that aborts forever must not loop.
+   */
+  maxContinuationsPerTurn: z.number().int().min(0).default(8),
+  /**
+   * How often a sample past its task's max_staleness is run again from scratch (staleness_action RESTART) before it
+   * is delivered with `stale` set.
+   */
+  maxStalenessRestarts: z.number().int().min(0).default(2),
   /** Finished tasks kept for GetTrajectory and re-submits before the oldest are dropped (they hold full token arrays). */
   retainFinishedTasks: z.number().int().min(0).default(2_000),
   /** ...and at most about this many bytes of their trajectories. */

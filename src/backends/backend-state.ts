@@ -1,17 +1,39 @@
 import { RolloutError } from '../errors.js';
+import { PauseGate } from './pause-gate.js';
 import type { EngineClient, EngineServerInfo, LogprobsMode } from './types.js';
 
 /** Where a backend's capacity came from (the contract's CapacitySource). */
 export type CapacitySource = 'configured' | 'engine' | 'default';
 
 /**
- * Why a request left its backend without an answer of its own: the backend was removed or marked unhealthy.
- * Internal to the pool: it never reaches a caller, it makes the lease fail over and try again elsewhere.
+ * Why a request left its backend without an answer of its own: the backend was removed or marked unhealthy, or
+ * the connection to it failed (`unreachable`, the transport error as cause). Internal to the pool: it never
+ * reaches a caller, it makes the lease try again — elsewhere when the backend is no longer usable — a bounded
+ * number of times.
  */
 export class BackendGone extends Error {
-  constructor(readonly backendId: string, readonly why: 'removed' | 'unhealthy') {
-    super(`backend ${backendId} ${why}`);
+  constructor(readonly backendId: string, readonly why: 'removed' | 'unhealthy' | 'unreachable', options: { cause?: unknown } = {}) {
+    super(`backend ${backendId} ${why}`, options);
     this.name = 'BackendGone';
+  }
+}
+
+/** One request the backend's engine is working on (it passed the pause gate and holds a slot). */
+export class InflightRequest {
+  readonly controller = new AbortController();
+  /** Settles when the request has left the backend (answered, failed or aborted). */
+  readonly ended: Promise<void>;
+  #end!: () => void;
+
+  constructor(
+    /** The backend's policy version when the request was sent. */
+    readonly policyVersionStart: number,
+  ) {
+    this.ended = new Promise<void>((resolve) => (this.#end = resolve));
+  }
+
+  end(): void {
+    this.#end();
   }
 }
 
@@ -180,8 +202,14 @@ export class BackendState {
   /** Set once the log has been told that this engine's logprobs do not match what requests sample (warned once). */
   logprobsWarned = false;
   readonly slots: SlotQueue;
-  /** Controllers of the requests now running here, aborted with BackendGone on a forced removal. */
-  readonly requests = new Set<AbortController>();
+  /** Requests now running here; aborted with BackendGone on a forced removal or when the backend turns unhealthy. */
+  readonly requests = new Set<InflightRequest>();
+  /** Closed while generation is paused (PauseGeneration): new requests wait there, they do not fail. */
+  readonly gate = new PauseGate();
+  /** The engine's own pause was called (not only the pool's gate closed), so resuming must call its resume. */
+  enginePaused = false;
+  /** A health check after a transport failure, shared by the requests that failed together. */
+  suspecting: Promise<void> | undefined;
   /** Resolvers waiting for the last trajectory to leave (drain). */
   readonly drainWaiters: Array<() => void> = [];
 
@@ -212,6 +240,11 @@ export class BackendState {
   /** May take new trajectories. */
   get eligible(): boolean {
     return this.healthy && !this.draining && !this.removed;
+  }
+
+  /** Generation is paused: new requests are held in {@link gate}. */
+  get paused(): boolean {
+    return this.gate.closed;
   }
 
   /** May keep serving the trajectories it already has (draining backends finish their work). */

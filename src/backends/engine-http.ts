@@ -15,6 +15,19 @@ export class EngineHttpError extends Error {
   }
 }
 
+/**
+ * The engine could not be talked to: the connection was refused, reset or dropped before a whole answer arrived
+ * (the process died, the node went away). A backend_error like any other to callers outside the pool; the pool
+ * reads it as "this engine may be gone": it checks the engine's health at once and moves the trajectory (see
+ * BackendPool). Timeouts are not transport failures: a slow engine is alive.
+ */
+export class EngineUnreachableError extends RolloutError {
+  constructor(message: string, options: { cause?: unknown } = {}) {
+    super('backend_error', message, options);
+    this.name = 'EngineUnreachableError';
+  }
+}
+
 /** One engine answer: its status and its (bounded) body as text. */
 export interface HttpAnswer {
   status: number;
@@ -49,7 +62,8 @@ export function checkRequestId(id: string): void {
  * bytes read pass it — the connection is destroyed and nothing more is read or kept, so no engine answer can
  * exhaust the server's memory; an error body is kept up to {@link MAX_ERROR_BODY_BYTES} and the rest dropped the
  * same way. Failures become RolloutError('backend_error') naming the engine (timeouts, refused or dropped
- * connections, oversized answers), except an abort of the caller's signal, which keeps its meaning
+ * connections, oversized answers) — refused, reset and dropped connections as its subclass
+ * {@link EngineUnreachableError} —, except an abort of the caller's signal, which keeps its meaning
  * (cancelled / deadline_exceeded).
  */
 export class EngineHttp {
@@ -181,7 +195,7 @@ export class EngineHttp {
       if (timedOut) {
         throw new RolloutError('backend_error', `${this.label} ${this.url} did not answer within ${this.#timeoutMs} ms`, { cause: err });
       }
-      throw new RolloutError('backend_error', `${this.label} ${this.url} unreachable: ${describe(err)}`, { cause: err });
+      throw new EngineUnreachableError(`${this.label} ${this.url} unreachable: ${describe(err)}`, { cause: err });
     } finally {
       cleanup();
     }

@@ -57,8 +57,8 @@ const KINDS: Readonly<Record<BackendKind, BackendKindEntry>> = {
     create: (url, model, o) => new SglangClient({ url, model, requestTimeoutMs: o.requestTimeoutMs ?? 0, maxResponseBytes: o.maxResponseBytes ?? 0 }),
   },
   embedded: {
-    description: 'llama.cpp in process on CPU (node-llama-cpp): file:///path/model.gguf or embedded://tiny-qwen3',
-    capabilities: { pauseModes: [], abortByRequestId: false, statesMaxModelLen: true },
+    description: 'llama.cpp in process on CPU (node-llama-cpp): file:///path/model.gguf or embedded://tiny-qwen3; pause, resume and abort in process',
+    capabilities: { pauseModes: ['abort', 'wait', 'keep'], abortByRequestId: true, statesMaxModelLen: true },
     create: (url, _model, o) => new EmbeddedEngineClient({ url, ...(o.maxConcurrency !== undefined && { maxConcurrency: o.maxConcurrency }) }),
   },
 };

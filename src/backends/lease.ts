@@ -3,10 +3,26 @@ import { RolloutError, throwIfAborted } from '../errors.js';
 import { BackendGone, type BackendState } from './backend-state.js';
 import type { GenerateRequest, GenerateResult, LogprobsMode } from './types.js';
 
-/** A completion plus where it came from, for the trajectory's turn record (backend, policy_version, logprobs mode). */
-export interface LeaseResult extends GenerateResult {
-  backendId: string;
+/**
+ * The policy versions of one engine answer, for the trajectory's turn record. Versions are set by
+ * ResumeGeneration (BackendPool.resume) while the engine is paused, so a version can only change under a request
+ * that a KEEP pause froze in flight.
+ */
+export interface SampledVersions {
+  /** The backend's policy version when the request was sent. */
+  policyVersionStart: number;
+  /**
+   * The backend's policy version when the answer arrived: the version that sampled its last token. Differs from
+   * `policyVersionStart` when the weights changed while the request was in flight (frozen by a KEEP pause), so its
+   * tokens mix two versions. (A request that passed the pool's gate just before a pause began and reached the
+   * engine only after it may show the same difference without having mixed: the record errs towards "mixed".)
+   */
   policyVersion: number;
+}
+
+/** A completion plus where it came from, for the trajectory's turn record (backend, policy versions, logprobs mode). */
+export interface LeaseResult extends GenerateResult, SampledVersions {
+  backendId: string;
   /** Which logprobs the backend reports (BackendState.logprobsMode); undefined when unknown. */
   logprobsMode: LogprobsMode | undefined;
 }
@@ -39,7 +55,8 @@ export interface BackendLease {
   readonly released: boolean;
   /**
    * The engine request id of the generate call in flight (undefined between calls), so the trajectory's request
-   * can be aborted on its engine (EngineClient.abort). Each call gets `<lease uuid>-<n>` unless the caller set one.
+   * can be aborted on its engine (EngineClient.abort). Each engine request gets `<lease uuid>-<n>` (a retry after a
+   * lost backend is a new request with the next n) unless the caller set one.
    */
   readonly inflightRequestId: string | undefined;
   generate(request: GenerateRequest): Promise<LeaseResult>;
@@ -52,10 +69,11 @@ export interface LeaseHost {
   /** A new backend for a trajectory (counted on it), waiting like `acquire` when none is eligible. */
   assign(signal: AbortSignal | undefined): Promise<BackendState>;
   /**
-   * Runs one request on the backend: slot, counters, abort on forced removal (throws BackendGone). `turn` is how
-   * many generate calls the trajectory made before this one (the slot queue's priority, see SlotQueue).
+   * Runs one request on the backend: pause gate, slot, counters, abort on forced removal (throws BackendGone, also
+   * when the engine could not be reached). `turn` is how many generate calls the trajectory made before this one
+   * (the slot queue's priority, see SlotQueue).
    */
-  send(backend: BackendState, request: GenerateRequest, turn: number): Promise<GenerateResult>;
+  send(backend: BackendState, request: GenerateRequest, turn: number): Promise<GenerateResult & SampledVersions>;
   /** The trajectory leaves the backend (release or failover). */
   leave(backend: BackendState, lease: PoolLease): void;
   failedOver(lease: PoolLease, from: BackendState, to: BackendState, why: string): void;
@@ -106,29 +124,37 @@ export class PoolLease implements BackendLease {
   }
 
   async generate(request: GenerateRequest): Promise<LeaseResult> {
-    const requestId = request.requestId ?? `${this.#idBase}-${this.#calls++}`;
     const turn = this.#turns++;
-    this.#inflightRequestId = requestId;
     try {
-      return await this.#generate({ ...request, requestId }, turn);
+      return await this.#generate(request, turn);
     } finally {
-      if (this.#inflightRequestId === requestId) this.#inflightRequestId = undefined;
+      this.#inflightRequestId = undefined;
     }
   }
 
+  /**
+   * Sends the request, again after each lost backend (removed, unhealthy, unreachable): on the same backend while
+   * it is still usable (a dropped connection to a live engine), elsewhere once it is not. What a lost request had
+   * sampled never arrived, so nothing of it is recorded: the retry asks again from the same context. Bounded by
+   * `maxFailoversPerRequest`; then backend_error with the last loss as cause.
+   */
   async #generate(request: GenerateRequest, turn: number): Promise<LeaseResult> {
+    let lost: BackendGone | undefined;
     for (let attempt = 0; ; attempt++) {
       if (this.#released) throw new RolloutError('failed_precondition', `lease ${this.trajectoryKey} was released`);
       throwIfAborted(request.signal);
       let backend = this.#backend;
-      if (!backend.usable) backend = await this.#failover(backend, request.signal);
+      if (!backend.usable) backend = await this.#failover(backend, request.signal, lost);
+      const requestId = request.requestId ?? `${this.#idBase}-${this.#calls++}`;
+      this.#inflightRequestId = requestId;
       try {
-        const result = await this.host.send(backend, request, turn);
-        return { ...result, backendId: backend.id, policyVersion: backend.policyVersion, logprobsMode: backend.logprobsMode };
+        const result = await this.host.send(backend, { ...request, requestId }, turn);
+        return { ...result, backendId: backend.id, logprobsMode: backend.logprobsMode };
       } catch (err) {
         if (!(err instanceof BackendGone)) throw err;
+        lost = err;
         if (attempt >= this.host.maxFailoversPerRequest) {
-          throw new RolloutError('backend_error', `request of ${this.trajectoryKey} lost its backend ${attempt + 1} times`, {
+          throw new RolloutError('backend_error', `request of ${this.trajectoryKey} lost its backend ${attempt + 1} times (last: ${err.message})`, {
             cause: err,
           });
         }
@@ -142,11 +168,20 @@ export class PoolLease implements BackendLease {
     this.host.leave(this.#backend, this);
   }
 
-  /** Moves the trajectory off a backend that can no longer serve it; concurrent callers share one move. */
-  #failover(from: BackendState, signal: AbortSignal): Promise<BackendState> {
+  /**
+   * Moves the trajectory off a backend that can no longer serve it; concurrent callers share one move. When no
+   * other backend turns up in time, the error says what was lost as well.
+   */
+  #failover(from: BackendState, signal: AbortSignal, lost: BackendGone | undefined): Promise<BackendState> {
     this.#moving ??= (async () => {
       try {
-        const to = await this.host.assign(signal);
+        let to: BackendState;
+        try {
+          to = await this.host.assign(signal);
+        } catch (err) {
+          if (lost === undefined || signal.aborted || !(err instanceof RolloutError)) throw err;
+          throw new RolloutError(err.code, `${this.trajectoryKey} lost ${lost.message} and found no other backend: ${err.message}`, { cause: lost });
+        }
         if (this.#released) {
           this.host.leave(to, this);
           throw new RolloutError('failed_precondition', `lease ${this.trajectoryKey} was released`);

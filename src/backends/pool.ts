@@ -1,12 +1,14 @@
 import { RolloutError, throwIfAborted } from '../errors.js';
 import { silentLogger, type Logger } from '../observability/logger.js';
-import { BackendGone, BackendState, type CapacitySource } from './backend-state.js';
+import { BackendGone, BackendState, InflightRequest, type CapacitySource } from './backend-state.js';
 import { ContextOverflowError } from './context-overflow.js';
+import { EngineUnreachableError } from './engine-http.js';
 import { HealthProber } from './health-prober.js';
-import { PoolLease, type BackendLease, type LeaseHost } from './lease.js';
+import { PoolLease, type BackendLease, type LeaseHost, type SampledVersions } from './lease.js';
 import { logprobsMismatch } from './logprobs-mode.js';
+import { pauseBackends, resumeBackends } from './pause-control.js';
 import { LoadHeap, type PickResult } from './picker.js';
-import type { BackendKind, EngineClient, EngineServerInfo, GenerateRequest, GenerateResult, LogprobsMode } from './types.js';
+import type { BackendKind, EngineClient, EngineServerInfo, GenerateRequest, GenerateResult, LogprobsMode, PauseMode } from './types.js';
 
 /** Tuning of a BackendPool; every field has a default suited to a few engines on one cluster. */
 export interface BackendPoolOptions {
@@ -30,6 +32,11 @@ export interface BackendPoolOptions {
    * SlotQueue); `fifo`: arrival order only.
    */
   queueOrder?: 'turns' | 'fifo';
+  /**
+   * How long an ABORT pause waits for the requests it aborted to come back with their partial tokens before it
+   * answers anyway (a request that reached the engine only after the engine paused is held there until resume).
+   */
+  pauseAbortGraceMs?: number;
 }
 
 /** How a new engine joins the pool (AddBackend's fields once the client is built). */
@@ -48,6 +55,7 @@ export interface AddBackendOptions {
   logprobsMode?: LogprobsMode;
   /** Model name the engine serves (sent as `model` by clients that need it). */
   model: string;
+  /** The policy version the engine serves; default: the last version set for the whole pool (0 at first). */
   policyVersion?: number;
   /** Starts healthy unless told otherwise (e.g. when the caller wants the first probe to decide). */
   healthy?: boolean;
@@ -64,6 +72,8 @@ export interface BackendInfo {
   readonly maxConcurrency: number;
   readonly healthy: boolean;
   readonly draining: boolean;
+  /** Generation paused (PauseGeneration): its requests wait in the pool until resumed. */
+  readonly paused: boolean;
   readonly inflightTrajectories: number;
   /** Requests routed here and not finished: running plus `queuedRequests`. */
   readonly inflightRequests: number;
@@ -129,8 +139,14 @@ export class BackendPool {
   readonly #defaultMaxConcurrency: number;
   readonly #prober: HealthProber;
   readonly #host: LeaseHost;
+  readonly #healthTimeoutMs: number;
+  readonly #pauseAbortGraceMs: number;
   #nextId = 0;
   #failovers = 0;
+  /** A pool-wide pause is in effect: backends added meanwhile join paused. */
+  #pausedAll = false;
+  /** The policy version last set for the whole pool: what a backend added without one serves. */
+  #poolVersion = 0;
 
   constructor(options: BackendPoolOptions = {}) {
     this.#log = (options.logger ?? silentLogger()).child({ component: 'backend-pool' });
@@ -138,6 +154,8 @@ export class BackendPool {
     this.#queueOrder = options.queueOrder ?? 'turns';
     this.#modelInfoTimeoutMs = options.modelInfoTimeoutMs ?? 5_000;
     this.#defaultMaxConcurrency = options.defaultMaxConcurrency ?? 256;
+    this.#healthTimeoutMs = options.healthTimeoutMs ?? 2_000;
+    this.#pauseAbortGraceMs = options.pauseAbortGraceMs ?? 10_000;
     this.#prober = new HealthProber(
       () => [...this.#backends.values()],
       // A probe can finish after its backend was removed: such a report is moot, never an error.
@@ -146,7 +164,7 @@ export class BackendPool {
       },
       {
         intervalMs: options.healthIntervalMs ?? 5_000,
-        timeoutMs: options.healthTimeoutMs ?? 2_000,
+        timeoutMs: this.#healthTimeoutMs,
         failureThreshold: options.healthFailureThreshold ?? 2,
         // An engine whose limits could not be learned when it was added is asked again once it answers probes.
         onHealthy: (id) => {
@@ -174,7 +192,9 @@ export class BackendPool {
    * Unless `maxModelLen` is given, the engine's context length is asked in the background (await
    * {@link learn} to have it before going on); until known, trajectories on it are bounded by their token budgets
    * only, and an engine's context-length refusal still ends them as truncation. So are its logprobs mode and, when
-   * `maxConcurrency` is not given, its capacity (the pool's default meanwhile).
+   * `maxConcurrency` is not given, its capacity (the pool's default meanwhile). While a pool-wide pause is in
+   * effect (see {@link pause}) the backend joins paused: its requests wait until the pool-wide resume, which also
+   * gives it the resumed policy version.
    */
   add(client: EngineClient, options: AddBackendOptions): BackendInfo {
     const id = options.id ?? `backend-${this.#nextId++}`;
@@ -183,11 +203,12 @@ export class BackendPool {
     if (configured && (!Number.isInteger(options.maxConcurrency) || options.maxConcurrency! < 1)) {
       throw RolloutError.invalid('max_concurrency', 'must be a positive integer (or 0: what the engine reports)');
     }
-    const backend = new BackendState(id, client, configured ? options.maxConcurrency! : this.#defaultMaxConcurrency, options.model, options.policyVersion ?? 0);
+    const backend = new BackendState(id, client, configured ? options.maxConcurrency! : this.#defaultMaxConcurrency, options.model, options.policyVersion ?? this.#poolVersion);
     backend.capacitySource = configured ? 'configured' : 'default';
     backend.declaredLogprobsMode = options.logprobsMode;
     backend.healthy = options.healthy ?? true;
     backend.maxModelLen = options.maxModelLen;
+    if (this.#pausedAll) backend.gate.close();
     this.#backends.set(id, backend);
     this.#heap.update(backend, eligible);
     this.#log.info({ backend: id, url: client.url, kind: client.kind, maxConcurrency: backend.maxConcurrency, capacitySource: backend.capacitySource }, 'backend added');
@@ -295,8 +316,9 @@ export class BackendPool {
     this.#backends.delete(id);
     this.#heap.delete(backend);
     const gone = new BackendGone(id, 'removed');
+    backend.gate.rejectAll(gone);
     backend.slots.rejectAll(gone);
-    for (const request of backend.requests) request.abort(gone);
+    for (const request of backend.requests) request.controller.abort(gone);
     for (const resolve of backend.drainWaiters.splice(0)) resolve();
     backend.client.close?.();
     this.#log.info({ backend: id, drained: options.drain, movedTrajectories: backend.inflightTrajectories }, 'backend removed');
@@ -313,19 +335,62 @@ export class BackendPool {
       // Queued and running requests both move: an engine that stopped answering must not hold its trajectories
       // until their run timeout.
       const gone = new BackendGone(id, 'unhealthy');
+      backend.gate.rejectAll(gone);
       backend.slots.rejectAll(gone);
-      for (const request of backend.requests) request.abort(gone);
+      for (const request of backend.requests) request.controller.abort(gone);
     }
   }
 
-  /** Records the policy (weights) version a backend serves, for every backend when `id` is omitted. */
+  /**
+   * Records the policy (weights) version a backend serves, for every backend when `id` is omitted (and then for
+   * backends added later). Prefer {@link resume}, which sets it while the engine is paused, so that no request
+   * straddles the change unnoticed.
+   */
   setPolicyVersion(version: number, id?: string): void {
+    if (id === undefined) this.#poolVersion = version;
     for (const backend of id === undefined ? this.#backends.values() : [this.#get(id)]) backend.policyVersion = version;
   }
 
   /**
-   * Pins a new trajectory to the least-loaded eligible backend. Waits for one if none is eligible; fails with
-   * backend_error after `acquireTimeoutMs`, or with the signal's reason if aborted first.
+   * Pauses generation on one backend, or on all of them when `id` is omitted (a weight update); see
+   * {@link pauseBackends} for what each mode does. Held requests wait in the pool — they do not fail, fail over,
+   * or count against acquire timeouts —, and new trajectories go to backends that are not paused while there are
+   * any. A pool-wide pause also holds backends added before the pool-wide resume.
+   */
+  async pause(mode: PauseMode, options: { id?: string; signal?: AbortSignal } = {}): Promise<BackendInfo[]> {
+    const targets = options.id === undefined ? [...this.#backends.values()] : [this.#get(options.id)];
+    const paused = await pauseBackends(targets, mode, {
+      signal: options.signal ?? new AbortController().signal,
+      abortGraceMs: this.#pauseAbortGraceMs,
+      log: this.#log,
+      // Only once the mode is known to be possible everywhere, before any gate closes.
+      beforePause: () => {
+        if (options.id === undefined) this.#pausedAll = true;
+      },
+    });
+    return paused.map(info);
+  }
+
+  /**
+   * Resumes generation on one backend, or all when `id` is omitted (which also ends a pool-wide pause and makes
+   * `policyVersion` the version of backends added later); see {@link resumeBackends}.
+   */
+  async resume(options: { id?: string; policyVersion?: number; signal?: AbortSignal } = {}): Promise<BackendInfo[]> {
+    const { policyVersion } = options;
+    if (policyVersion !== undefined && !Number.isSafeInteger(policyVersion)) throw RolloutError.invalid('policy_version', `must be an integer, got ${policyVersion}`);
+    const targets = options.id === undefined ? [...this.#backends.values()] : [this.#get(options.id)];
+    if (options.id === undefined) {
+      this.#pausedAll = false;
+      if (policyVersion !== undefined) this.#poolVersion = policyVersion;
+    }
+    const resumed = await resumeBackends(targets, { signal: options.signal ?? new AbortController().signal, log: this.#log, ...(policyVersion !== undefined && { policyVersion }) });
+    return resumed.map(info);
+  }
+
+  /**
+   * Pins a new trajectory to the least-loaded eligible backend (one not paused, while there is one). Waits for one
+   * if none is eligible; fails with backend_error after `acquireTimeoutMs`, or with the signal's reason if aborted
+   * first.
    */
   async acquire(trajectoryKey: string, options: { signal?: AbortSignal } = {}): Promise<BackendLease> {
     const backend = await this.#assign(options.signal);
@@ -381,6 +446,27 @@ export class BackendPool {
     for (const backend of this.#backends.values()) backend.client.close?.();
   }
 
+  /**
+   * A request could not reach the engine (refused, reset, dropped): asks its health once, now, and marks it
+   * unhealthy if it does not answer — which moves every trajectory on it — instead of waiting for the prober's
+   * next rounds while each of its trajectories fails in turn. Requests that failed together share one check.
+   */
+  #suspect(backend: BackendState, cause: unknown): Promise<void> {
+    backend.suspecting ??= (async () => {
+      let ok: boolean;
+      try {
+        ok = await backend.client.health(AbortSignal.timeout(this.#healthTimeoutMs));
+      } catch {
+        ok = false;
+      }
+      this.#log.warn({ backend: backend.id, healthy: ok, err: cause }, 'engine unreachable; health checked at once');
+      if (!ok && this.#backends.get(backend.id) === backend) this.setHealthy(backend.id, false);
+    })().finally(() => {
+      backend.suspecting = undefined;
+    });
+    return backend.suspecting;
+  }
+
   #get(id: string): BackendState {
     const backend = this.#backends.get(id);
     if (backend === undefined) throw new RolloutError('not_found', `no backend ${id}`);
@@ -424,7 +510,7 @@ export class BackendPool {
   #assign(signal: AbortSignal | undefined): Promise<BackendState> {
     throwIfAborted(signal);
     const now = this.#waiters.length === 0 ? this.#heap.pick(this.#backends.size) : undefined;
-    if (now?.type === 'pick') return Promise.resolve(this.#take(now.backend));
+    if (now?.type === 'pick') return Promise.resolve(this.#take(this.#preferUnpaused(now.backend)));
     return new Promise<BackendState>((resolve, reject) => {
       const fail = (err: unknown): void => {
         const i = this.#waiters.indexOf(waiter);
@@ -437,7 +523,8 @@ export class BackendPool {
       const timer = Number.isFinite(this.#acquireTimeoutMs)
         ? setTimeout(() => {
             const reason = now?.type === 'queue' ? now.reason : 'queued';
-            fail(new RolloutError('backend_error', `no eligible backend within ${this.#acquireTimeoutMs} ms (${reason})`));
+            const states = [...this.#backends.values()].map((b) => `${b.id} ${b.removed ? 'removed' : !b.healthy ? 'unhealthy' : b.draining ? 'draining' : 'busy'}`);
+            fail(new RolloutError('backend_error', `no eligible backend within ${this.#acquireTimeoutMs} ms (${[reason, ...states].join(', ')})`));
           }, this.#acquireTimeoutMs)
         : undefined;
       const waiter: AcquireWaiter = {
@@ -453,6 +540,16 @@ export class BackendPool {
     });
   }
 
+  /**
+   * The least-loaded eligible backend that is not paused, when the heap's pick is paused and one exists (a
+   * rolling weight update pauses engines one at a time: new trajectories should not wait behind it). Only
+   * costs a walk of the heap while a pause is in effect.
+   */
+  #preferUnpaused(picked: BackendState): BackendState {
+    if (!picked.paused) return picked;
+    return this.#heap.ordered().find((b) => !b.paused) ?? picked;
+  }
+
   /** Hands eligible backends to waiting acquires, oldest first, re-reading the heap after each placement. */
   #wake(): void {
     while (this.#waiters.length > 0) {
@@ -460,7 +557,7 @@ export class BackendPool {
       if (result.type !== 'pick') return;
       const waiter = this.#waiters.shift()!;
       waiter.cleanup();
-      waiter.resolve(this.#take(result.backend));
+      waiter.resolve(this.#take(this.#preferUnpaused(result.backend)));
     }
   }
 
@@ -470,20 +567,20 @@ export class BackendPool {
     if (backend.inflightTrajectories === 0) for (const resolve of backend.drainWaiters.splice(0)) resolve();
   }
 
-  async #send(backend: BackendState, request: GenerateRequest, priority: number): Promise<GenerateResult> {
+  async #send(backend: BackendState, request: GenerateRequest, priority: number): Promise<GenerateResult & SampledVersions> {
     const { signal } = request;
     this.#checkLogprobs(backend, request);
     this.#heap.update(backend, eligible, (b) => b.inflightRequests++);
     try {
-      await backend.slots.acquire(signal, priority);
-      const controller = new AbortController();
+      const inflight = await this.#admit(backend, signal, priority);
+      const { controller } = inflight;
       const onAbort = (): void => controller.abort(signal.reason);
       signal.addEventListener('abort', onAbort, { once: true });
-      backend.requests.add(controller);
       try {
         throwIfAborted(signal);
-        if (!backend.usable) throw new BackendGone(backend.id, backend.removed ? 'removed' : 'unhealthy');
-        return await backend.client.generate({ ...request, signal: controller.signal });
+        const result = await backend.client.generate({ ...request, signal: controller.signal });
+        // Read when the answer arrives: versions change only in resume, so this is the version of its last token.
+        return { ...result, policyVersionStart: inflight.policyVersionStart, policyVersion: backend.policyVersion };
       } catch (err) {
         if (signal.aborted) throw RolloutError.from(signal.reason, 'cancelled');
         if (controller.signal.reason instanceof BackendGone) throw controller.signal.reason;
@@ -491,14 +588,38 @@ export class BackendPool {
         if (err instanceof ContextOverflowError && err.maxModelLen !== backend.maxModelLen) {
           this.#setMaxModelLen(backend, err.maxModelLen, 'context-length answer');
         }
+        if (err instanceof EngineUnreachableError) {
+          await this.#suspect(backend, err);
+          throw new BackendGone(backend.id, 'unreachable', { cause: err });
+        }
         throw err instanceof BackendGone ? err : RolloutError.from(err, 'backend_error');
       } finally {
         signal.removeEventListener('abort', onAbort);
-        backend.requests.delete(controller);
+        backend.requests.delete(inflight);
+        inflight.end();
         backend.slots.release();
       }
     } finally {
       this.#heap.update(backend, eligible, (b) => b.inflightRequests--);
+    }
+  }
+
+  /**
+   * Waits until a request may go to the engine — the pause gate open, then a slot — and enters it in the
+   * backend's requests in the same step as the last check, so a pause sees every request its engine may get. A
+   * request that got its slot while a pause began gives it back and waits at the gate again.
+   */
+  async #admit(backend: BackendState, signal: AbortSignal, priority: number): Promise<InflightRequest> {
+    for (;;) {
+      if (!backend.usable) throw new BackendGone(backend.id, backend.removed ? 'removed' : 'unhealthy');
+      await backend.gate.pass(signal);
+      await backend.slots.acquire(signal, priority);
+      if (!backend.paused && backend.usable) {
+        const inflight = new InflightRequest(backend.policyVersion);
+        backend.requests.add(inflight);
+        return inflight;
+      }
+      backend.slots.release();
     }
   }
 }
@@ -506,7 +627,7 @@ export class BackendPool {
 function info(b: BackendState): BackendInfo {
   return Object.freeze({
     id: b.id, url: b.client.url, kind: b.client.kind, model: b.model, maxConcurrency: b.maxConcurrency, healthy: b.healthy,
-    draining: b.draining, inflightTrajectories: b.inflightTrajectories, inflightRequests: b.inflightRequests,
+    draining: b.draining, paused: b.paused, inflightTrajectories: b.inflightTrajectories, inflightRequests: b.inflightRequests,
     queuedRequests: b.slots.waiting, assignedTotal: b.assignedTotal, failovers: b.failoversOut, policyVersion: b.policyVersion,
     maxModelLen: b.maxModelLen, capacitySource: b.capacitySource, logprobsMode: b.logprobsMode,
   });

@@ -12,7 +12,7 @@ import {
   type WatchRequest,
   type WatchResponse,
 } from '../../gen/ts/rollout/v1/rollout.js';
-import { BackendServiceClient, type AddBackendRequest, type Backend } from '../../gen/ts/rollout/v1/backend.js';
+import { BackendServiceClient, type AddBackendRequest, type Backend, type PauseMode } from '../../gen/ts/rollout/v1/backend.js';
 import { AsyncQueue } from './async-queue.js';
 
 /** A task spec as a caller writes it: only task_id, environment, instance and num_samples are needed. */
@@ -253,6 +253,33 @@ export class RolloutClient {
 
   removeBackend(id: string, drain = false): Promise<void> {
     return promisify((cb) => this.backends.removeBackend({ id, drain }, this.adminMetadata, cb)).then(() => undefined);
+  }
+
+  /**
+   * Pauses generation around a weight update: on every engine, or on `backendId` only. Resolves with the engines
+   * now paused (WAIT: once their requests in flight have finished).
+   *
+   * @example
+   * await client.pauseGeneration(PauseMode.PAUSE_MODE_ABORT);
+   * await trainer.pushWeights();                       // the engines are idle
+   * await client.resumeGeneration({ policyVersion: 8 }); // interrupted turns continue, sampled by version 8
+   */
+  pauseGeneration(mode: PauseMode, options: { backendId?: string; deadlineMs?: number } = {}): Promise<Backend[]> {
+    const deadline = new Date(Date.now() + (options.deadlineMs ?? 600_000));
+    return promisify<{ backends: Backend[] }>((cb) =>
+      this.backends.pauseGeneration({ backendId: options.backendId ?? '', mode }, this.adminMetadata, { deadline }, cb),
+    ).then((r) => r.backends);
+  }
+
+  /** Resumes generation (every engine, or `backendId`), recording the policy version they serve from now on when given. */
+  resumeGeneration(options: { backendId?: string; policyVersion?: number } = {}): Promise<Backend[]> {
+    return promisify<{ backends: Backend[] }>((cb) =>
+      this.backends.resumeGeneration(
+        { backendId: options.backendId ?? '', ...(options.policyVersion !== undefined && { policyVersion: options.policyVersion }) },
+        this.adminMetadata,
+        cb,
+      ),
+    ).then((r) => r.backends);
   }
 
   close(): void {

@@ -6,7 +6,8 @@ import type { BackendPool, BackendInfo } from '../backends/pool.js';
 import { BACKEND_KIND_NAMES, createEngineClient, type BackendKind as EngineKind } from '../backends/kinds.js';
 import type { CapacitySource as EngineCapacitySource } from '../backends/backend-state.js';
 import type { LogprobsMode as EngineLogprobsMode } from '../backends/types.js';
-import { type Backend, BackendKind, type BackendServiceServer, CapacitySource, LogprobsMode } from '../../gen/ts/rollout/v1/backend.js';
+import type { PauseMode as EnginePauseMode } from '../backends/types.js';
+import { type Backend, BackendKind, type BackendServiceServer, CapacitySource, LogprobsMode, PauseMode } from '../../gen/ts/rollout/v1/backend.js';
 import { logprobsModeToProto } from '../pipeline/trajectory.js';
 import { unary } from './unary.js';
 
@@ -46,13 +47,27 @@ const CAPACITY_SOURCE: Readonly<Record<EngineCapacitySource, CapacitySource>> = 
   default: CapacitySource.CAPACITY_SOURCE_DEFAULT,
 };
 
-/** BackendService (admin): add, remove and list the engines the pool routes to. */
+/** The pool's pause mode of a PauseGeneration request; UNSPECIFIED and unknown values are refused (field mode). */
+function pauseModeFromProto(value: PauseMode): EnginePauseMode {
+  switch (value) {
+    case PauseMode.PAUSE_MODE_WAIT:
+      return 'wait';
+    case PauseMode.PAUSE_MODE_ABORT:
+      return 'abort';
+    case PauseMode.PAUSE_MODE_KEEP:
+      return 'keep';
+    default:
+      throw RolloutError.invalid('mode', value === PauseMode.PAUSE_MODE_UNSPECIFIED ? 'required: PAUSE_MODE_WAIT, PAUSE_MODE_ABORT or PAUSE_MODE_KEEP' : `unknown pause mode ${value}`);
+  }
+}
+
+/** BackendService (admin): add, remove and list the engines the pool routes to; pause and resume them around weight updates. */
 export function backendService(deps: BackendServiceDeps): BackendServiceServer {
   const log = deps.logger.child({ component: 'backend-service' });
-  const admin = <Req, Res>(fn: (request: Req) => Promise<Res> | Res) =>
-    unary<Req, Res>(log, (request, _signal, call) => {
+  const admin = <Req, Res>(fn: (request: Req, signal: AbortSignal) => Promise<Res> | Res) =>
+    unary<Req, Res>(log, (request, signal, call) => {
       authorize(call.metadata, deps.adminToken);
-      return fn(request);
+      return fn(request, signal);
     });
 
   return {
@@ -97,6 +112,20 @@ export function backendService(deps: BackendServiceDeps): BackendServiceServer {
       return {};
     }),
     listBackends: admin(() => ({ backends: deps.pool.list().map(toBackend) })),
+    pauseGeneration: admin(async (request, signal) => {
+      const mode = pauseModeFromProto(request.mode);
+      // The pool logs the pause and the resume.
+      const paused = await deps.pool.pause(mode, { signal, ...(request.backendId !== '' && { id: request.backendId }) });
+      return { backends: paused.map(toBackend) };
+    }),
+    resumeGeneration: admin(async (request, signal) => {
+      const resumed = await deps.pool.resume({
+        signal,
+        ...(request.backendId !== '' && { id: request.backendId }),
+        ...(request.policyVersion !== undefined && { policyVersion: request.policyVersion }),
+      });
+      return { backends: resumed.map(toBackend) };
+    }),
   };
 }
 
@@ -119,6 +148,7 @@ export function toBackend(b: BackendInfo): Backend {
     maxConcurrency: b.maxConcurrency,
     healthy: b.healthy,
     draining: b.draining,
+    paused: b.paused,
     inflightTrajectories: b.inflightTrajectories,
     inflightRequests: b.inflightRequests,
     assignedTotal: b.assignedTotal,

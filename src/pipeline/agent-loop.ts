@@ -1,6 +1,7 @@
 import { RolloutError, throwIfAborted } from '../errors.js';
 import type { BackendPool } from '../backends/pool.js';
-import type { LeaseResult } from '../backends/lease.js';
+import type { BackendLease, LeaseResult } from '../backends/lease.js';
+import type { GenerateResult } from '../backends/types.js';
 import { ContextOverflowError } from '../backends/context-overflow.js';
 import { vocabSize } from '../tokens/vocab.js';
 import type { EpisodeOutcome } from '../environments/types.js';
@@ -14,7 +15,8 @@ import type { Sandbox } from '../sandboxes/types.js';
 import type { TokenWork } from '../tokens/token-work.js';
 import { toolSchemas } from '../tools/registry.js';
 import type { RunResult, Sample } from './sample.js';
-import { turnSeed } from './seeds.js';
+import { segmentSeed } from './seeds.js';
+import { exceedsStaleness, VersionTracker } from './staleness.js';
 
 export interface AgentLoopDeps {
   pool: BackendPool;
@@ -25,6 +27,13 @@ export interface AgentLoopDeps {
   parser: ToolCallParser;
   /** Where failures to dispose a sample's tools are logged. */
   logger?: Logger;
+  /** How often one turn is asked again after its request was aborted (default 8); then backend_error. */
+  maxContinuationsPerTurn?: number;
+  /**
+   * The sample will be restarted once past its max_staleness (staleness_action RESTART with restarts left): the
+   * loop then stops as soon as it is (finish_reason "stale"), since nothing sampled later can be kept.
+   */
+  stopWhenStale?: boolean;
 }
 
 /**
@@ -38,6 +47,13 @@ export interface AgentLoopDeps {
  * A prompt that leaves no room to generate fails the sample with invalid_argument (INVALID_TASK) before any turn.
  * Every answer is checked by the engine client against the tokenizer's vocabulary. The backend lease is released
  * in `finally`, whatever ends the loop.
+ *
+ * An answer with finish_reason "abort" (its request was aborted, e.g. by PauseGeneration ABORT during a weight
+ * update) is not a failure: what it sampled is recorded (mask 1, its logprobs, the version that sampled it) and the
+ * same turn is asked again for the rest — context including the partial tokens, max_tokens reduced by them, the
+ * segment's own seed (see segmentSeed) — after the pause, since the pool holds the request until resume. The
+ * ledger keeps each segment as its own span and decodes the message from all of them. An abort with no token is
+ * simply asked again. At most `maxContinuationsPerTurn` times per turn; then backend_error.
  */
 export async function runAgentLoop(sample: Sample, deps: AgentLoopDeps, signal: AbortSignal): Promise<RunResult> {
   const { task } = sample;
@@ -72,6 +88,7 @@ async function runWithTools(sample: Sample, deps: AgentLoopDeps, signal: AbortSi
   let truncated = true;
   let finishAnswer: string | undefined;
   let numTurns = 0;
+  const versions = new VersionTracker();
   try {
     for (let turn = 0; turn < limits.maxTurns; turn++) {
       throwIfAborted(signal);
@@ -85,48 +102,28 @@ async function runWithTools(sample: Sample, deps: AgentLoopDeps, signal: AbortSi
       }
       const maxTokens = Math.min(sampling.maxTokensPerTurn, totalLeft, modelLeft);
       const started = performance.now();
-      let result: LeaseResult;
-      try {
-        result = await lease.generate({
-          promptIds: ledger.contextIds(),
-          maxTokens,
-          vocabSize: vocab,
-          ...(sampling.temperature !== undefined && { temperature: sampling.temperature }),
-          ...(sampling.topP !== undefined && { topP: sampling.topP }),
-          ...(sampling.topK !== undefined && { topK: sampling.topK }),
-          // Samples of a group must differ: a task seed becomes one seed per sample and turn.
-          ...(sampling.seed !== undefined && { seed: turnSeed(sampling.seed, sample.index, turn) }),
-          ...(sampling.stop.length > 0 && { stop: sampling.stop }),
-          signal,
-        });
-      } catch (err) {
-        if (!(err instanceof ContextOverflowError) || signal.aborted) throw err;
-        sample.timing.llmMs += performance.now() - started;
+      const sampled = await sampleTurn({ sample, deps, lease, ledger, vocab, turn, maxTokens, signal });
+      sample.timing.llmMs += performance.now() - started;
+      if (sampled.tokens > 0) numTurns++;
+      if (sampled.overflow) {
         // The engine's context is full: the policy ran out of room (truncation), unless the prompt alone is too long.
-        if (turn === 0 && err.promptTokens !== undefined && err.promptTokens >= err.maxModelLen) {
+        const err = sampled.overflow;
+        if (turn === 0 && sampled.tokens === 0 && err.promptTokens !== undefined && err.promptTokens >= err.maxModelLen) {
           throw promptTooLong(context, sampling.maxTotalTokens, err.maxModelLen, lease.backendId);
         }
         finishReason = 'max_model_len';
         break;
       }
-      sample.timing.llmMs += performance.now() - started;
-      if (result.finishReason === 'abort') {
-        // The engine dropped the request (e.g. during a weight update): not an answer, never scored.
-        throw new RolloutError('backend_error', `engine ${result.backendId} aborted the generation`);
+      versions.add(...sampled.versions);
+      if (deps.stopWhenStale === true && exceedsStaleness(limits, versions)) {
+        finishReason = 'stale';
+        break;
       }
-      numTurns++;
-      const text = ledger.appendSampled({
-        tokenIds: result.tokenIds,
-        logprobs: result.logprobs,
-        backend: result.backendId,
-        policyVersion: result.policyVersion,
-        finishReason: result.finishReason,
-        logprobsMode: result.logprobsMode,
-      });
-      const parsed = deps.parser.parse(text);
+      // The whole message, over all its segments.
+      const parsed = deps.parser.parse(sampled.text);
       if (parsed.calls.length === 0 && parsed.errors.length === 0) {
         // A plain answer ends the episode; one cut by max_tokens is a truncation, not an answer.
-        if (result.finishReason === 'length') {
+        if (sampled.finishReason === 'length') {
           finishReason = maxTokens === totalLeft ? 'max_total_tokens' : maxTokens === modelLeft ? 'max_model_len' : 'max_tokens_per_turn';
         } else {
           finishReason = 'answer';
@@ -170,6 +167,83 @@ function promptTooLong(promptTokens: number, maxTotalTokens: number, maxModelLen
     'instance',
     `prompt is ${promptTokens} tokens, budget is ${budget} = min(max_total_tokens ${maxTotalTokens}${limit}): no room left to generate`,
   );
+}
+
+/** What one turn's engine requests gave: the message's text so far and how its last segment ended. */
+interface SampledTurnResult {
+  text: string;
+  /** Sampled tokens recorded for the turn, over all its segments. */
+  tokens: number;
+  /** The turn's finish: its last segment's, or "length" when an abort left no token of the turn's budget. */
+  finishReason: GenerateResult['finishReason'];
+  /** The policy versions of its segments (start and end of each). */
+  versions: number[];
+  /** The engine refused the context: the turn ends there (its segments so far stay recorded). */
+  overflow?: ContextOverflowError;
+}
+
+/**
+ * Samples one assistant turn into the ledger: one engine request, and another for the rest each time one comes
+ * back "abort" (see runAgentLoop), bounded by maxContinuationsPerTurn.
+ */
+async function sampleTurn(ctx: {
+  sample: Sample;
+  deps: AgentLoopDeps;
+  lease: BackendLease;
+  ledger: TokenLedger;
+  vocab: number;
+  turn: number;
+  maxTokens: number;
+  signal: AbortSignal;
+}): Promise<SampledTurnResult> {
+  const { sample, deps, lease, ledger, turn, maxTokens, signal } = ctx;
+  const { sampling } = sample.task;
+  const maxContinuations = deps.maxContinuationsPerTurn ?? 8;
+  const out: SampledTurnResult = { text: '', tokens: 0, finishReason: 'length', versions: [] };
+  for (let segment = 0; ; segment++) {
+    if (segment > maxContinuations) {
+      throw new RolloutError('backend_error', `turn ${turn} was aborted ${segment} times by engine ${lease.backendId} (at most ${maxContinuations} continuations per turn)`);
+    }
+    let result: LeaseResult;
+    try {
+      result = await lease.generate({
+        promptIds: ledger.contextIds(),
+        maxTokens: maxTokens - out.tokens,
+        vocabSize: ctx.vocab,
+        ...(sampling.temperature !== undefined && { temperature: sampling.temperature }),
+        ...(sampling.topP !== undefined && { topP: sampling.topP }),
+        ...(sampling.topK !== undefined && { topK: sampling.topK }),
+        // Samples of a group must differ: a task seed becomes one seed per sample, turn and segment.
+        ...(sampling.seed !== undefined && { seed: segmentSeed(sampling.seed, sample.index, turn, segment) }),
+        ...(sampling.stop.length > 0 && { stop: sampling.stop }),
+        signal,
+      });
+    } catch (err) {
+      if (!(err instanceof ContextOverflowError) || signal.aborted) throw err;
+      out.overflow = err;
+      return out;
+    }
+    // Aborted before its first token: nothing to record, ask again (the pool holds it while paused).
+    if (result.finishReason === 'abort' && result.tokenIds.length === 0) continue;
+    out.text = ledger.appendSampled({
+      tokenIds: result.tokenIds,
+      logprobs: result.logprobs,
+      backend: result.backendId,
+      policyVersion: result.policyVersion,
+      policyVersionStart: result.policyVersionStart,
+      finishReason: result.finishReason,
+      logprobsMode: result.logprobsMode,
+    });
+    out.tokens += result.tokenIds.length;
+    out.versions.push(result.policyVersionStart, result.policyVersion);
+    out.finishReason = result.finishReason;
+    if (result.finishReason !== 'abort') return out;
+    // Aborted with the whole budget sampled: the turn is as long as it may be.
+    if (out.tokens >= maxTokens) {
+      out.finishReason = 'length';
+      return out;
+    }
+  }
 }
 
 type Outcome = 'ok' | 'error' | 'malformed' | 'finish';

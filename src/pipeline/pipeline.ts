@@ -171,11 +171,24 @@ export class Pipeline {
                 void this.finish(sample, buildFailedTrajectory(sample, RolloutError.from(err)));
                 return EMPTY;
               }),
-              filter((s): s is Sample => s !== undefined && !s.finished),
+              filter((s): s is Sample => s !== undefined && !s.finished && !this.restarted(s)),
             ),
           this.settings[name].concurrency,
         ),
       );
+  }
+
+  /**
+   * A stage asked for the sample to start over (Sample.restart, e.g. too stale): it goes back to the line's start
+   * instead of on to the next stage. It re-enters on a microtask, outside the operator chain that is emitting it.
+   */
+  private restarted(sample: Sample): boolean {
+    if (!sample.restartRequested) return false;
+    sample.restartRequested = false;
+    queueMicrotask(() => {
+      if (!sample.finished) this.input$.next(sample);
+    });
+    return true;
   }
 
   private enter(sample: Sample, stage: StageName): void {

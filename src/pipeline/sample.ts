@@ -35,6 +35,10 @@ export class Sample {
   evaluation: Evaluation | undefined;
   /** Sandboxes the environment opened during eval (Environment.evaluate's openSandbox); released with the sample. */
   private readonly extraSandboxes = new Set<Sandbox>();
+  /** Times the sample was run again from scratch because it was too stale (TaskLimits.staleness_action RESTART). */
+  stalenessRestarts = 0;
+  /** Set by a stage that wants the sample to go through init again (see {@link restart}); read by the pipeline. */
+  restartRequested = false;
   private totalTimer: NodeJS.Timeout | undefined;
 
   constructor(
@@ -84,6 +88,22 @@ export class Sample {
     const results = await Promise.allSettled(sandboxes.map((s) => s.stop()));
     const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
     if (failed) throw failed.reason;
+  }
+
+  /**
+   * Forgets the run so far — sandbox stopped, messages, ledger and results cleared — and asks the pipeline to send
+   * the sample through init again. Its total timeout keeps running from the first start, so restarts are bounded in
+   * time too.
+   */
+  async restart(): Promise<void> {
+    const sandbox = this.sandbox;
+    this.sandbox = undefined;
+    this.initialMessages = [];
+    this.run = undefined;
+    this.ledger = undefined;
+    this.evaluation = undefined;
+    this.restartRequested = true;
+    if (sandbox) await sandbox.stop();
   }
 
   /** Stops the sandboxes (the sample's own and any adopted) and the total timer; idempotent. Throws the first stop failure after trying all. */

@@ -7,6 +7,7 @@ import type { Sample } from './sample.js';
 import { resolveSandboxSpec, type SandboxRequest } from '../sandboxes/spec.js';
 import type { Sandbox } from '../sandboxes/types.js';
 import type { OpenSandbox } from '../environments/types.js';
+import { exceedsStaleness, staleness } from './staleness.js';
 
 /**
  * The three stage functions. Failures are classified here by where they happen: the sandbox driver's are
@@ -15,6 +16,7 @@ import type { OpenSandbox } from '../environments/types.js';
  */
 export function createStages(deps: RuntimeDeps): StageFns {
   const { config } = deps;
+  const log = deps.logger.child({ component: 'stages' });
   const classify = (err: unknown, code: 'sandbox_error' | 'environment_error', signal: AbortSignal): RolloutError =>
     signal.aborted ? RolloutError.from(signal.reason, 'cancelled') : err instanceof RolloutError ? err : RolloutError.from(err, code);
 
@@ -63,7 +65,20 @@ export function createStages(deps: RuntimeDeps): StageFns {
     },
 
     async run(sample, signal) {
-      sample.run = await runAgentLoop(sample, deps, signal);
+      const { limits } = sample.task;
+      const restartable = limits.stalenessAction === 'restart' && sample.stalenessRestarts < config.maxStalenessRestarts;
+      const run = await runAgentLoop(sample, { ...deps, maxContinuationsPerTurn: config.maxContinuationsPerTurn, stopWhenStale: restartable }, signal);
+      if (restartable && exceedsStaleness(limits, run.tokens)) {
+        // Too stale to train on and the task asked for a fresh sample: run it again from init (bounded).
+        sample.stalenessRestarts++;
+        log.info(
+          { sample: sample.key, staleness: staleness(run.tokens), maxStaleness: limits.maxStaleness, restart: sample.stalenessRestarts },
+          'sample too stale; restarting it',
+        );
+        await sample.restart();
+        return;
+      }
+      sample.run = run;
     },
 
     async eval(sample, signal) {

@@ -12,12 +12,19 @@ export interface ResolvedSampling {
   stop: string[];
 }
 
+/** What happens to a trajectory past its max_staleness (the contract's StalenessAction; unset = flag). */
+export type StalenessAction = 'flag' | 'restart';
+
 export interface ResolvedLimits {
   maxTurns: number;
   initTimeoutMs: number;
   runTimeoutMs: number;
   evalTimeoutMs: number;
   totalTimeoutMs: number;
+  /** Bound on policy_version_max − policy_version_min of a trajectory; undefined = unbounded. */
+  maxStaleness?: number;
+  /** Undefined = flag. */
+  stalenessAction?: StalenessAction;
 }
 
 /** A validated task: everything the pipeline needs, defaults applied. */

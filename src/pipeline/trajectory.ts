@@ -5,6 +5,7 @@ import { Role, ToolOutcome, Trajectory, TrajectoryStatus, type Turn } from '../.
 import type { LedgerSnapshot, LedgerTurn } from '../tokens/ledger.js';
 import { finishReasonForError, statusForError } from './outcome.js';
 import type { Sample } from './sample.js';
+import { exceedsStaleness } from './staleness.js';
 
 /** The trajectory of a sample that went through eval: COMPLETED, or TRUNCATED when a budget ended it. */
 export function buildTrajectory(sample: Sample): Trajectory {
@@ -23,6 +24,8 @@ export function buildTrajectory(sample: Sample): Trajectory {
     rewardDetails: { ...evaluation.details },
     evalReport: evaluation.report,
     numTurns: run.numTurns,
+    // Past max_staleness: FLAG, or RESTART with no restart left. The reward is computed all the same.
+    stale: exceedsStaleness(sample.task.limits, run.tokens),
   };
 }
 
@@ -66,6 +69,7 @@ function base(sample: Sample): Trajectory {
     groupId: task.groupId,
     environment: task.environment.name,
     metadata: { ...task.metadata },
+    stalenessRestarts: sample.stalenessRestarts,
   });
 }
 
@@ -120,6 +124,8 @@ function toTurn(turn: LedgerTurn): Turn {
     finishReason: turn.finishReason ?? '',
     toolName: turn.toolName ?? '',
     toolOutcome: turn.toolOutcome ? OUTCOME[turn.toolOutcome] : ToolOutcome.TOOL_OUTCOME_UNSPECIFIED,
+    continuesTurn: turn.continuesTurn ?? false,
+    policyVersionStart: turn.policyVersionStart ?? turn.policyVersion ?? 0,
   };
 }
 

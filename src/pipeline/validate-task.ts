@@ -1,8 +1,8 @@
 import { RolloutError } from '../errors.js';
 import type { ServerConfig } from '../config.js';
 import type { EnvironmentRegistry } from '../environments/registry.js';
-import type { TaskSpec } from '../../gen/ts/rollout/v1/rollout.js';
-import type { ResolvedTask } from './task.js';
+import { StalenessAction, type TaskSpec } from '../../gen/ts/rollout/v1/rollout.js';
+import type { ResolvedTask, StalenessAction as Action } from './task.js';
 import { canonicalJson } from './canonical-json.js';
 import type { TokenWork } from '../tokens/token-work.js';
 import { toolSchemas } from '../tools/registry.js';
@@ -70,6 +70,8 @@ export function validateTask(spec: TaskSpec, registry: EnvironmentRegistry, conf
   ] as const) {
     nonNegative(field, value ?? 0);
   }
+  if (l?.maxStaleness !== undefined) nonNegative('limits.max_staleness', l.maxStaleness);
+  const stalenessAction = stalenessActionOf(l?.stalenessAction);
 
   const metadataEntries = Object.entries(spec.metadata);
   if (metadataEntries.length > MAX_METADATA_ENTRIES) throw RolloutError.invalid('metadata', `at most ${MAX_METADATA_ENTRIES} entries`);
@@ -99,6 +101,8 @@ export function validateTask(spec: TaskSpec, registry: EnvironmentRegistry, conf
       runTimeoutMs: orDefault(l?.runTimeoutMs, config.run.timeoutMs),
       evalTimeoutMs: orDefault(l?.evalTimeoutMs, config.eval.timeoutMs),
       totalTimeoutMs: orDefault(l?.totalTimeoutMs, d.totalTimeoutMs),
+      ...(l?.maxStaleness !== undefined && { maxStaleness: l.maxStaleness }),
+      stalenessAction,
     },
     metadata: { ...spec.metadata },
     includeMessages: spec.includeMessages,
@@ -128,6 +132,20 @@ export async function checkPromptFits(task: ResolvedTask, budget: PromptBudget, 
   if (promptTokens >= limit) {
     const model = maxModelLen === undefined ? '' : `, smallest known max_model_len ${maxModelLen}`;
     throw RolloutError.invalid('instance', `prompt is ${promptTokens} tokens, budget is ${limit} = min(max_total_tokens ${maxTotalTokens}${model}): no room left to generate`);
+  }
+}
+
+/** The contract's StalenessAction as the pipeline's; unset and UNSPECIFIED are FLAG, unknown values are refused. */
+function stalenessActionOf(value: StalenessAction | undefined): Action {
+  switch (value) {
+    case undefined:
+    case StalenessAction.STALENESS_ACTION_UNSPECIFIED:
+    case StalenessAction.STALENESS_ACTION_FLAG:
+      return 'flag';
+    case StalenessAction.STALENESS_ACTION_RESTART:
+      return 'restart';
+    default:
+      throw RolloutError.invalid('limits.staleness_action', `unknown staleness action ${String(value)}`);
   }
 }
 

@@ -20,14 +20,26 @@ export interface FakeSample {
   stopReason: string | null;
 }
 
+/** Completions remembered for continuations (see FakeSampler); older ones are forgotten first. */
+const MAX_REMEMBERED = 4096;
+
 /**
  * TEST DOUBLE core shared by the fake vLLM and SGLang engines: runs the scripted policy on the decoded prompt,
  * cuts the text at the first stop string, tokenizes it, closes it with the stop token (<|im_end|>) unless a stop
  * string ended it, cuts at `maxTokens` (finish "length"), and gives each token a deterministic negative logprob
  * fixed by the seed, the position and the id — so two engines fed the same request sample the same tokens.
+ *
+ * Continuations: a real model given a prompt that ends inside an assistant message (an aborted request asked again
+ * for the rest) continues that message. The scripted policy writes whole messages, so the sampler remembers what
+ * it sampled for each prompt: a prompt that is an earlier prompt plus a proper prefix of its answer gets the rest
+ * of that answer (no stop strings applied). A continuation it cannot match (sampled by another engine) gets the
+ * policy's text for the prompt as it is.
  */
 export class FakeSampler {
   readonly stopId: number;
+  /** Full answers (before the max_tokens cut) by prompt, and the prompt lengths present, for continuations. */
+  readonly #answers = new Map<string, number[]>();
+  readonly #lengths = new Map<number, number>();
 
   constructor(private readonly options: FakeSamplerOptions) {
     const stopId = options.tokenizer.tokenId('<|im_end|>') ?? options.tokenizer.stopTokenIds[0];
@@ -40,6 +52,11 @@ export class FakeSampler {
   }
 
   sample(promptIds: readonly number[], maxTokens: number, seed: number, stops: readonly string[]): FakeSample {
+    const rest = this.#continuation(promptIds);
+    if (rest !== undefined) {
+      const ids = rest.slice(0, maxTokens);
+      return { ids, logprobs: this.#logprobs(ids, seed, promptIds.length), finish: ids.length < rest.length ? 'length' : 'stop', stopReason: null };
+    }
     const { tokenizer } = this.options;
     let text = (this.options.policy ?? scriptedMathPolicy)(tokenizer.decode([...promptIds]), policyContext(seed, promptIds));
     let stopReason: string | null = null;
@@ -50,14 +67,49 @@ export class FakeSampler {
     if (stopReason !== null) text = text.slice(0, text.indexOf(stopReason));
     let ids = this.options.tokenize ? this.options.tokenize(text) : tokenizer.encode(text);
     if (stopReason === null) ids.push(this.stopId);
+    this.#remember(promptIds, ids);
     let finish: FakeSample['finish'] = 'stop';
     if (ids.length > maxTokens) {
       ids = ids.slice(0, maxTokens);
       finish = 'length';
       stopReason = null;
     }
-    const logprobs = ids.map((id, i) => -(0.001 + (hashInts(seed, promptIds.length + i, id) % 4000) / 1000));
-    return { ids, logprobs, finish, stopReason };
+    return { ids, logprobs: this.#logprobs(ids, seed, promptIds.length), finish, stopReason };
+  }
+
+  #logprobs(ids: readonly number[], seed: number, at: number): number[] {
+    return ids.map((id, i) => -(0.001 + (hashInts(seed, at + i, id) % 4000) / 1000));
+  }
+
+  #remember(promptIds: readonly number[], ids: readonly number[]): void {
+    const key = promptIds.join(',');
+    if (!this.#answers.has(key)) this.#lengths.set(promptIds.length, (this.#lengths.get(promptIds.length) ?? 0) + 1);
+    this.#answers.set(key, [...ids]);
+    if (this.#answers.size <= MAX_REMEMBERED) return;
+    const oldest = this.#answers.keys().next().value!;
+    this.#answers.delete(oldest);
+    const length = oldest === '' ? 0 : oldest.split(',').length;
+    const left = (this.#lengths.get(length) ?? 1) - 1;
+    if (left > 0) this.#lengths.set(length, left);
+    else this.#lengths.delete(length);
+  }
+
+  /**
+   * The rest of a remembered answer when the prompt is its prompt plus a proper prefix of it; else undefined. Only
+   * prompt lengths past the last <|im_start|> are tried (the answer's prompt ends with the assistant header), so a
+   * fresh request costs a lookup or two.
+   */
+  #continuation(promptIds: readonly number[]): number[] | undefined {
+    const imStart = this.options.tokenizer.tokenId('<|im_start|>');
+    const from = imStart === undefined ? 0 : promptIds.lastIndexOf(imStart) + 1;
+    for (let length = promptIds.length - 1; length >= from && length > 0; length--) {
+      if (!this.#lengths.has(length)) continue;
+      const answer = this.#answers.get(promptIds.slice(0, length).join(','));
+      const partial = promptIds.length - length;
+      if (answer === undefined || partial >= answer.length) continue;
+      if (answer.slice(0, partial).every((id, i) => id === promptIds[length + i])) return answer.slice(partial);
+    }
+    return undefined;
   }
 }
 

@@ -13,16 +13,23 @@ export type ToolOutcome = 'ok' | 'error' | 'malformed' | 'finish';
 /**
  * A span [start, end) of the response. Assistant spans hold sampled tokens (mask 1); tool and user spans hold
  * template and environment tokens (mask 0), including the closing of the previous assistant turn that the
- * model did not sample itself (e.g. "\n" after <|im_end|>) and the next generation prompt.
+ * model did not sample itself (e.g. "\n" after <|im_end|>) and the next generation prompt. One assistant message
+ * may be several consecutive assistant spans: each after the first `continuesTurn`, the one before it ended
+ * "abort" (see {@link TokenLedger.appendSampled}).
  */
 export interface LedgerTurn {
   role: 'assistant' | 'tool' | 'user';
   start: number;
   end: number;
   backend?: string;
+  /** The policy version that sampled the span's last token (assistant spans). */
   policyVersion?: number;
   /** Which logprobs the sampling engine reports (assistant turns; absent when unknown). */
   logprobsMode?: LogprobsMode;
+  /** The policy version when the span's request was sent; differs from policyVersion when the span mixes two. */
+  policyVersionStart?: number;
+  /** The span continues the previous assistant span's message (whose request was aborted). */
+  continuesTurn?: boolean;
   finishReason?: GenerateResult['finishReason'];
   toolName?: string;
   toolOutcome?: ToolOutcome;
@@ -43,7 +50,7 @@ export interface LedgerSnapshot {
   turns: LedgerTurn[];
   /** The conversation; assistant contents are decoded from the sampled ids (without the final stop token). */
   messages: ChatMessage[];
-  /** Smallest and largest policy version that sampled a turn; both 0 when no turn was sampled. */
+  /** Smallest and largest policy version that sampled a span (start and end versions); both 0 when none was sampled. */
   policyVersionMin: number;
   policyVersionMax: number;
   /** promptIds.length + responseIds.length: what the engine's context holds. */
@@ -57,7 +64,10 @@ export interface SampledTurn {
   logprobs: readonly number[];
   /** Which engine sampled it (id or URL). */
   backend: string;
+  /** The version that sampled the last token. */
   policyVersion: number;
+  /** The version when the request was sent (default: policyVersion): less when the weights changed under it. */
+  policyVersionStart?: number;
   finishReason: GenerateResult['finishReason'];
   /** Which logprobs the engine reports; undefined when unknown. */
   logprobsMode?: LogprobsMode | undefined;
@@ -107,7 +117,9 @@ const preparedPrompts = new WeakMap<TokenLedgerOptions, readonly number[]>();
  *   them: environment contents (the first messages, tool results) are plain text whatever they spell, so a tool
  *   cannot forge a turn the policy is then conditioned on (opaque-content.ts; checked at every encode).
  *
- * Turns alternate: appendSampled, then appendEnvironment or finish; anything else is `failed_precondition`.
+ * Turns alternate: appendSampled, then appendEnvironment or finish; anything else is `failed_precondition` —
+ * except after a completion that ended "abort" (its request was aborted, e.g. by a pause for a weight update):
+ * the next appendSampled continues the same assistant message as a new span marked `continuesTurn`.
  *
  * Where the token work runs (inline, or on token worker threads for large inputs) is the `work` option's business
  * (token-work.ts); it never changes a token. Use {@link TokenLedger.create} and await appendEnvironment so that
@@ -135,6 +147,8 @@ export class TokenLedger {
   private state: LedgerState = 'awaiting_sample';
   /** Decoded stop token that ended the last assistant turn, if it ended with one. */
   private lastStopText: string | undefined;
+  /** Where the current assistant message's first span starts (its spans are decoded together). */
+  private messageStart = 0;
   private readonly methods: Record<DeltaMethod, number> = { prefix: 0, anchor: 0, isolated: 0 };
   /** The context's first `count` ids, comma-separated, in pieces: JSON kept for contextIds (ids are only ever appended). */
   private readonly serialized = { pieces: [] as string[], count: 0 };
@@ -210,13 +224,19 @@ export class TokenLedger {
   }
 
   /**
-   * Records an engine completion: ids verbatim with mask 1 and the engine's logprobs, an assistant turn, and an
+   * Records an engine completion: ids verbatim with mask 1 and the engine's logprobs, an assistant span, and an
    * assistant message decoded from the ids (a trailing stop token is not part of the content).
    *
-   * @returns that decoded content, for the tool-call parser.
+   * After a completion that ended "abort", the next completion continues the same assistant message: it asks for
+   * the rest with the partial tokens in its context, so its ids follow them in the response as a new span marked
+   * `continuesTurn` (with its own backend, versions and finish reason), and the message is decoded from all the
+   * message's spans together — never span by span, since a multi-byte character can straddle the cut.
+   *
+   * @returns the decoded content of the whole message so far, for the tool-call parser.
    */
   appendSampled(turn: SampledTurn): string {
-    this.expect('awaiting_sample', 'appendSampled');
+    const continues = this.continuesMessage();
+    if (!continues) this.expect('awaiting_sample', 'appendSampled');
     if (turn.tokenIds.length !== turn.logprobs.length) {
       throw new RolloutError(
         'backend_error',
@@ -228,30 +248,45 @@ export class TokenLedger {
     }
     if (turn.logprobs.some((p) => Number.isNaN(p))) throw new RolloutError('backend_error', 'engine returned a NaN logprob');
     const start = this.ids.length;
+    if (!continues) this.messageStart = start;
     for (let i = 0; i < turn.tokenIds.length; i++) {
       this.ids.push(turn.tokenIds[i]!);
       this.mask.push(1);
       this.logprobs.push(turn.logprobs[i]!);
     }
-    const lastId = turn.tokenIds.at(-1);
+    const messageIds = this.ids.slice(this.messageStart);
+    const lastId = messageIds.at(-1);
     const stopped = lastId !== undefined && this.tokenizer.stopTokenIds.includes(lastId);
-    const contentIds = stopped ? turn.tokenIds.slice(0, -1) : turn.tokenIds;
+    const contentIds = stopped ? messageIds.slice(0, -1) : messageIds;
     this.lastStopText = stopped ? this.tokenizer.decode([lastId]) : undefined;
     const content = this.tokenizer.decode(contentIds);
-    this.history.push({ role: 'assistant', content });
     // Sampled text is the policy's own: rendered as is (the template may parse its <think>), never re-tokenized.
-    this.rendered.push({ role: 'assistant', content });
+    if (continues) {
+      this.history[this.history.length - 1] = { role: 'assistant', content };
+      this.rendered[this.rendered.length - 1] = { role: 'assistant', content };
+    } else {
+      this.history.push({ role: 'assistant', content });
+      this.rendered.push({ role: 'assistant', content });
+    }
     this.turns.push({
       role: 'assistant',
       start,
       end: this.ids.length,
       backend: turn.backend,
       policyVersion: turn.policyVersion,
+      policyVersionStart: turn.policyVersionStart ?? turn.policyVersion,
       finishReason: turn.finishReason,
       ...(turn.logprobsMode !== undefined && { logprobsMode: turn.logprobsMode }),
+      ...(continues && { continuesTurn: true }),
     });
     this.state = 'awaiting_environment';
     return content;
+  }
+
+  /** The last span is an assistant span whose request was aborted: the next completion continues its message. */
+  private continuesMessage(): boolean {
+    const last = this.turns.at(-1);
+    return this.state === 'awaiting_environment' && last?.role === 'assistant' && last.finishReason === 'abort';
   }
 
   /**
@@ -317,7 +352,7 @@ export class TokenLedger {
 
   /** A copy of the record so far, verified against the invariants. */
   snapshot(): LedgerSnapshot {
-    const versions = this.turns.flatMap((t) => (t.policyVersion === undefined ? [] : [t.policyVersion]));
+    const versions = this.turns.flatMap((t) => [t.policyVersion, t.policyVersionStart].filter((v): v is number => v !== undefined));
     const snapshot: LedgerSnapshot = {
       promptIds: this.promptIds.slice(),
       responseIds: this.ids.slice(),

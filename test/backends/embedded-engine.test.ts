@@ -129,3 +129,69 @@ describe('the embedded llama.cpp engine', () => {
     await expect(other.generate({ promptIds, maxTokens: 4, signal })).rejects.toMatchObject({ code: 'backend_error' });
   });
 });
+
+describe('the embedded engine\u2019s control: abort by id, pause in three modes, resume (as vLLM\u2019s dev-mode routes)', () => {
+  const settledFlag = <T>(p: Promise<T>): { settled: () => boolean } => {
+    let done = false;
+    void p.finally(() => (done = true)).catch(() => undefined);
+    return { settled: () => done };
+  };
+  const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+  /** Until the generation with this id (or any) has sampled at least `tokens` tokens. */
+  const sampling = (tokens: number, requestId?: string) =>
+    expect.poll(() => engine.generations().some((g) => (requestId === undefined || g.requestId === requestId) && g.tokens >= tokens), { timeout: 30_000 }).toBe(true);
+
+  it('abort by request id ends that generation with finish "abort" and the seeded prefix it had sampled; the other goes on', async () => {
+    const victim = ask({ maxTokens: 2_000, seed: 21, requestId: 'victim' });
+    const other = ask({ maxTokens: 24, seed: 22, requestId: 'other' });
+    await sampling(3, 'victim');
+    await engine.abort(['victim', 'unknown']);
+    const aborted = await victim;
+    expect(aborted.finishReason).toBe('abort');
+    expect(aborted.tokenIds.length).toBeGreaterThan(0);
+    expect(aborted.tokenIds.length).toBeLessThan(2_000);
+    expect(aborted.logprobs).toHaveLength(aborted.tokenIds.length);
+    expect((await other).tokenIds).toHaveLength(24);
+    const again = await ask({ maxTokens: aborted.tokenIds.length, seed: 21 });
+    expect(again.tokenIds).toEqual(aborted.tokenIds);
+  });
+
+  it('pause abort: running generations end "abort"; requests sent while paused wait for resume', async () => {
+    const running = ask({ maxTokens: 2_000, seed: 23 });
+    await sampling(3);
+    await engine.pause('abort', signal);
+    expect((await running).finishReason).toBe('abort');
+    const waiting = ask({ maxTokens: 4, seed: 24 });
+    const flag = settledFlag(waiting);
+    await sleep(300);
+    expect(flag.settled()).toBe(false);
+    await engine.resume();
+    expect((await waiting).tokenIds).toHaveLength(4);
+  });
+
+  it('pause wait resolves only once running generations have finished, unaborted', async () => {
+    const running = ask({ maxTokens: 64, seed: 25 });
+    await sampling(1);
+    await engine.pause('wait', signal);
+    const flag = settledFlag(running);
+    await sleep(0);
+    expect(flag.settled()).toBe(true);
+    expect((await running).finishReason).toBe('length');
+    await engine.resume();
+  });
+
+  it('pause keep freezes a generation between two tokens and resume continues it to the very answer it would have given', async () => {
+    const reference = await ask({ maxTokens: 160, seed: 26 });
+    const running = ask({ maxTokens: 160, seed: 26 });
+    const flag = settledFlag(running);
+    await sampling(3);
+    await engine.pause('keep', signal);
+    const frozenAt = engine.generations()[0]!.tokens;
+    await sleep(500);
+    expect(flag.settled()).toBe(false);
+    expect(engine.generations()[0]!.tokens).toBe(frozenAt);
+    await engine.resume();
+    expect(await running).toEqual(reference);
+  });
+});
+

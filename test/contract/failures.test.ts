@@ -69,11 +69,15 @@ describe('engine failures become BACKEND_ERROR trajectories, and the server keep
     for (const t of later) expect(OK.has(t.status), name(t)).toBe(true);
   });
 
-  it('a connection the engine drops mid-request is a BACKEND_ERROR', async () => {
+  it('a connection the engine drops mid-request is sent again (the engine still answers its health check); one that drops every time is a BACKEND_ERROR', async () => {
     h.engine.failNext(1, { kind: 'drop' });
     const [t] = await runTask(h, mathTask('dropped', 1, 503));
-    expectInfraFailure(t!, S.TRAJECTORY_STATUS_BACKEND_ERROR, /backend_error/);
-    const [next] = await runTask(h, mathTask('after-drop', 1, 504));
+    expect(OK.has(t!.status), name(t!)).toBe(true);
+    // The pool's default: 3 more attempts after the first, then the cause.
+    h.engine.failNext(4, { kind: 'drop' });
+    const [lost] = await runTask(h, mathTask('dropped-always', 1, 504));
+    expectInfraFailure(lost!, S.TRAJECTORY_STATUS_BACKEND_ERROR, /lost its backend 4 times .*unreachable/);
+    const [next] = await runTask(h, mathTask('after-drop', 1, 5041));
     expect(OK.has(next!.status), name(next!)).toBe(true);
   });
 
@@ -95,10 +99,13 @@ describe('engine failures become BACKEND_ERROR trajectories, and the server keep
   });
 
   it('an engine nobody listens on (connection refused) is a BACKEND_ERROR', async () => {
-    const refused = await harness({ config: { backends: [{ url: await deadUrl(), maxConcurrency: 4 }] } });
+    // The engine is marked unhealthy at the first refusal; the request then waits for another backend (bounded).
+    const refused = await harness({ config: { backends: [{ url: await deadUrl(), maxConcurrency: 4 }], backendAcquireTimeoutMs: 500 } });
     const trajectories = await runTask(refused, mathTask('refused', 2, 507));
     expect(trajectories).toHaveLength(2);
-    for (const t of trajectories) expectInfraFailure(t, S.TRAJECTORY_STATUS_BACKEND_ERROR, /backend_error: .*unreachable/);
+    // The sample that met the refusal names it; one placed after it was marked unhealthy says so.
+    for (const t of trajectories) expectInfraFailure(t, S.TRAJECTORY_STATUS_BACKEND_ERROR, /backend_error: .*(unreachable: ECONNREFUSED|unhealthy)/);
+    expect(trajectories.some((t) => /unreachable: ECONNREFUSED/.test(t.error))).toBe(true);
   });
 });
 

@@ -125,7 +125,7 @@ describe('grpcurl, by server reflection alone', () => {
 
   it('invokes every unary RPC of BackendService with the admin token in a header, and is refused without it', async () => {
     const described = await grpcurl(address, [], ['describe', 'rollout.v1.BackendService']);
-    expect(unaryMethods(described.stdout)).toEqual(['AddBackend', 'ListBackends', 'RemoveBackend']);
+    expect(unaryMethods(described.stdout)).toEqual(['AddBackend', 'ListBackends', 'PauseGeneration', 'RemoveBackend', 'ResumeGeneration']);
 
     const denied = await invokeRaw(address, 'rollout.v1.BackendService/ListBackends', {});
     expect(denied.code).not.toBe(0);
@@ -147,6 +147,13 @@ describe('grpcurl, by server reflection alone', () => {
     expect(await invoke(address, 'rollout.v1.BackendService/RemoveBackend', { id: 'grpcurl-spare' }, [ADMIN])).toEqual({});
     const after = await invoke<Backends>(address, 'rollout.v1.BackendService/ListBackends', {}, [ADMIN]);
     expect(after.backends.map((b) => b.id)).toEqual([before.backends[0]!.id]);
+
+    type Versioned = { backends: { id: string; paused?: boolean; policy_version?: string }[] };
+    const paused = await invoke<Versioned>(address, 'rollout.v1.BackendService/PauseGeneration', { mode: 'PAUSE_MODE_WAIT' }, [ADMIN]);
+    expect(paused.backends).toEqual([expect.objectContaining({ id: before.backends[0]!.id, paused: true })]);
+    const resumed = await invoke<Versioned>(address, 'rollout.v1.BackendService/ResumeGeneration', { policy_version: 3 }, [ADMIN]);
+    expect(resumed.backends).toEqual([expect.objectContaining({ id: before.backends[0]!.id, policy_version: '3' })]);
+    expect(resumed.backends[0]!.paused ?? false).toBe(false);
   });
 
   it('answers grpc.health.v1.Health/Check for the server and each service', async () => {

@@ -2,8 +2,9 @@ import { randomInt } from 'node:crypto';
 import type { LlamaContext, LlamaContextSequence, LlamaModel, Token } from 'node-llama-cpp';
 import { RolloutError } from '../../errors.js';
 import { ContextOverflowError } from '../context-overflow.js';
-import type { EngineClient, EngineModelInfo, EngineServerInfo, GenerateRequest, GenerateResult } from '../types.js';
+import type { EngineClient, EngineModelInfo, EngineServerInfo, GenerateRequest, GenerateResult, PauseMode } from '../types.js';
 import { parseEmbeddedUrl, type EmbeddedModelSpec } from './embedded-url.js';
+import { GenerationControl, type ControlledGeneration } from './generation-control.js';
 import { loadLlamaRuntime } from './llama-runtime.js';
 import { SequenceSlots } from './sequence-slots.js';
 import { ensureTinyQwen3Gguf } from './tiny-qwen3.js';
@@ -51,6 +52,10 @@ interface Loaded {
  * context under a trajectory. Inference runs on llama.cpp's native threads; the event loop only sees one small
  * callback per token. An abort of the request's signal stops generation after the token in flight.
  *
+ * Control, as vLLM's dev-mode routes: {@link abort} by request id or all (the generation ends after its current
+ * token with finish "abort" and what it sampled), {@link pause} in abort, wait or keep mode (keep freezes running
+ * generations between two tokens, their sequences kept) and {@link resume}; while paused, new requests wait.
+ *
  * The model loads in the background from construction; `generate`, `modelInfo` and `health` wait for it, and
  * health is true exactly while it is loaded. `close()` frees the context and the model.
  *
@@ -64,6 +69,7 @@ export class EmbeddedEngineClient implements EngineClient {
   readonly #spec: EmbeddedModelSpec;
   readonly #loaded: Promise<Loaded>;
   readonly #sequences: number;
+  readonly #control = new GenerationControl();
   #closed = false;
   #disposal: Promise<void> | undefined;
 
@@ -120,15 +126,46 @@ export class EmbeddedEngineClient implements EngineClient {
         `embedded engine ${this.url}: ${promptIds.length} context + ${maxTokens} max_tokens exceed the context size ${context.contextSize}`,
       );
     }
-    const sequence = await slots.acquire(signal);
+    // Paused: wait before taking a sequence, and again if a pause began while waiting for one.
+    let sequence: LlamaContextSequence;
+    for (;;) {
+      await this.#control.admit(signal);
+      sequence = await slots.acquire(signal);
+      if (!this.#control.paused) break;
+      slots.release(sequence);
+    }
+    const generation = this.#control.begin(request.requestId);
     try {
-      return await this.#sample(model, sequence, request, Math.min(vocabSize, request.vocabSize ?? vocabSize));
+      return await this.#sample(model, sequence, request, Math.min(vocabSize, request.vocabSize ?? vocabSize), generation);
     } finally {
+      this.#control.end(generation);
       slots.release(sequence);
     }
   }
 
-  async #sample(model: LlamaModel, sequence: LlamaContextSequence, request: GenerateRequest, vocabSize: number): Promise<GenerateResult> {
+  /** The generations running now: request id and tokens sampled so far (for statistics and tests). */
+  generations(): Array<{ requestId: string | undefined; tokens: number }> {
+    return this.#control.running().map((g) => ({ requestId: g.requestId, tokens: Math.max(0, g.checkpoints - 1) }));
+  }
+
+  /** Aborts generations by GenerateRequest.requestId (unknown ids ignored), or all of them. */
+  abort(requestIds: readonly string[] | undefined): Promise<void> {
+    this.#control.abort(requestIds);
+    return Promise.resolve();
+  }
+
+  /** Pauses generation (all three modes, see PauseMode); resolves in wait mode once running generations finished. */
+  async pause(mode: PauseMode, signal: AbortSignal): Promise<void> {
+    if (mode !== 'abort' && mode !== 'wait' && mode !== 'keep') throw RolloutError.invalid('mode', `unknown pause mode ${String(mode)}`);
+    await this.#control.pause(mode, signal);
+  }
+
+  resume(): Promise<void> {
+    this.#control.resume();
+    return Promise.resolve();
+  }
+
+  async #sample(model: LlamaModel, sequence: LlamaContextSequence, request: GenerateRequest, vocabSize: number, generation: ControlledGeneration): Promise<GenerateResult> {
     const { signal, maxTokens } = request;
     const tokenIds: number[] = [];
     const logprobs: number[] = [];
@@ -140,7 +177,8 @@ export class EmbeddedEngineClient implements EngineClient {
     let stopString: string | undefined;
     if (signal.aborted) throw RolloutError.from(signal.reason, 'cancelled');
     await sequence.clearHistory();
-    if (maxTokens > 0) {
+    if (!(await this.#control.checkpoint(generation, signal))) finishReason = 'abort';
+    else if (maxTokens > 0) {
       const options = {
         temperature: request.temperature ?? 1,
         topK: request.topK !== undefined && request.topK > 0 ? request.topK : 0,
@@ -170,6 +208,11 @@ export class EmbeddedEngineClient implements EngineClient {
           }
         }
         if (tokenIds.length >= maxTokens) break;
+        // Before the next token is evaluated: frozen here by a keep pause, ended here by an abort.
+        if (!(await this.#control.checkpoint(generation, signal))) {
+          finishReason = 'abort';
+          break;
+        }
       }
     }
     if (signal.aborted) throw RolloutError.from(signal.reason, 'cancelled');

@@ -1,10 +1,9 @@
-import { createServer, request, type Server } from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { LogprobsMode } from '../../../gen/ts/rollout/v1/backend.js';
 import { Role, TrajectoryStatus, type Trajectory } from '../../../gen/ts/rollout/v1/rollout.js';
 import { TINY_QWEN3_DIR, VllmServer, vllmInstalled } from '../../../src/testing/vllm-server.js';
 import { collect, invariantViolations, mathTask } from '../../support/harness.js';
+import { recordingProxy, type RecordingProxy } from '../../support/recording-proxy.js';
 import { startServerHarness, type ServerHarness } from '../../support/server-harness.js';
 
 // The whole server end to end on a real vLLM (tiny random-weight Qwen3 on CPU). The policy writes random text, so
@@ -14,52 +13,11 @@ import { startServerHarness, type ServerHarness } from '../../support/server-har
 const installed = vllmInstalled();
 if (!installed && process.env.CI === 'true') throw new Error('CI=true but the real vLLM is not installed: run ./scripts/setup.sh');
 
-/** One /v1/completions exchange as it crossed the wire. */
-interface Exchange {
-  prompt: number[];
-  seed: number | undefined;
-  tokenIds: number[];
-  logprobs: number[];
-}
-
-/** A node:http proxy in front of the engine that records every completion request and vLLM's answer verbatim. */
-async function recordingProxy(target: string): Promise<{ url: string; exchanges: Exchange[]; server: Server }> {
-  const exchanges: Exchange[] = [];
-  const upstream = new URL(target);
-  const server = createServer((req, res) => {
-    const chunks: Buffer[] = [];
-    req.on('data', (c: Buffer) => chunks.push(c));
-    req.on('end', () => {
-      const body = Buffer.concat(chunks);
-      const out = request(
-        { host: upstream.hostname, port: upstream.port, path: req.url, method: req.method, headers: req.headers },
-        (answer) => {
-          const parts: Buffer[] = [];
-          answer.on('data', (c: Buffer) => parts.push(c));
-          answer.on('end', () => {
-            const text = Buffer.concat(parts);
-            if (req.url === '/v1/completions' && answer.statusCode === 200) {
-              const sent = JSON.parse(body.toString('utf8')) as { prompt: number[]; seed?: number };
-              const choice = (JSON.parse(text.toString('utf8')) as { choices: Array<{ token_ids: number[]; logprobs: { token_logprobs: number[] } }> }).choices[0]!;
-              exchanges.push({ prompt: sent.prompt, seed: sent.seed, tokenIds: choice.token_ids, logprobs: choice.logprobs.token_logprobs });
-            }
-            res.writeHead(answer.statusCode ?? 502, answer.headers).end(text);
-          });
-        },
-      );
-      out.on('error', () => res.destroy());
-      out.end(body);
-    });
-  });
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, exchanges, server };
-}
-
 const POLICY_STATUSES = [TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED, TrajectoryStatus.TRAJECTORY_STATUS_TRUNCATED];
 
 describe.skipIf(!installed)('the rollout server end to end on a real vLLM (tiny random Qwen3 on CPU)', () => {
   let vllm: VllmServer;
-  let proxy: Awaited<ReturnType<typeof recordingProxy>>;
+  let proxy: RecordingProxy;
   let h: ServerHarness;
 
   beforeAll(async () => {
@@ -72,7 +30,7 @@ describe.skipIf(!installed)('the rollout server end to end on a real vLLM (tiny 
 
   afterAll(async () => {
     await h?.close();
-    proxy?.server.close();
+    await proxy?.close();
     await vllm?.close();
   });
 

@@ -6,6 +6,13 @@ from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Map
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class PauseMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PAUSE_MODE_UNSPECIFIED: _ClassVar[PauseMode]
+    PAUSE_MODE_WAIT: _ClassVar[PauseMode]
+    PAUSE_MODE_ABORT: _ClassVar[PauseMode]
+    PAUSE_MODE_KEEP: _ClassVar[PauseMode]
+
 class BackendKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     BACKEND_KIND_UNSPECIFIED: _ClassVar[BackendKind]
@@ -26,6 +33,10 @@ class CapacitySource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CAPACITY_SOURCE_CONFIGURED: _ClassVar[CapacitySource]
     CAPACITY_SOURCE_ENGINE: _ClassVar[CapacitySource]
     CAPACITY_SOURCE_DEFAULT: _ClassVar[CapacitySource]
+PAUSE_MODE_UNSPECIFIED: PauseMode
+PAUSE_MODE_WAIT: PauseMode
+PAUSE_MODE_ABORT: PauseMode
+PAUSE_MODE_KEEP: PauseMode
 BACKEND_KIND_UNSPECIFIED: BackendKind
 BACKEND_KIND_VLLM: BackendKind
 BACKEND_KIND_SGLANG: BackendKind
@@ -40,7 +51,7 @@ CAPACITY_SOURCE_ENGINE: CapacitySource
 CAPACITY_SOURCE_DEFAULT: CapacitySource
 
 class Backend(_message.Message):
-    __slots__ = ("id", "url", "kind", "max_concurrency", "healthy", "draining", "inflight_trajectories", "inflight_requests", "assigned_total", "policy_version", "model", "max_model_len", "logprobs_mode", "capacity_source")
+    __slots__ = ("id", "url", "kind", "max_concurrency", "healthy", "draining", "inflight_trajectories", "inflight_requests", "assigned_total", "policy_version", "model", "max_model_len", "logprobs_mode", "capacity_source", "paused")
     ID_FIELD_NUMBER: _ClassVar[int]
     URL_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +66,7 @@ class Backend(_message.Message):
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_MODE_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
     id: str
     url: str
     kind: BackendKind
@@ -69,7 +81,8 @@ class Backend(_message.Message):
     max_model_len: int
     logprobs_mode: LogprobsMode
     capacity_source: CapacitySource
-    def __init__(self, id: _Optional[str] = ..., url: _Optional[str] = ..., kind: _Optional[_Union[BackendKind, str]] = ..., max_concurrency: _Optional[int] = ..., healthy: bool = ..., draining: bool = ..., inflight_trajectories: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., assigned_total: _Optional[int] = ..., policy_version: _Optional[int] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., logprobs_mode: _Optional[_Union[LogprobsMode, str]] = ..., capacity_source: _Optional[_Union[CapacitySource, str]] = ...) -> None: ...
+    paused: bool
+    def __init__(self, id: _Optional[str] = ..., url: _Optional[str] = ..., kind: _Optional[_Union[BackendKind, str]] = ..., max_concurrency: _Optional[int] = ..., healthy: bool = ..., draining: bool = ..., inflight_trajectories: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., assigned_total: _Optional[int] = ..., policy_version: _Optional[int] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., logprobs_mode: _Optional[_Union[LogprobsMode, str]] = ..., capacity_source: _Optional[_Union[CapacitySource, str]] = ..., paused: bool = ...) -> None: ...
 
 class AddBackendRequest(_message.Message):
     __slots__ = ("url", "kind", "max_concurrency", "id", "model", "logprobs_mode")
@@ -110,6 +123,34 @@ class ListBackendsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListBackendsResponse(_message.Message):
+    __slots__ = ("backends",)
+    BACKENDS_FIELD_NUMBER: _ClassVar[int]
+    backends: _containers.RepeatedCompositeFieldContainer[Backend]
+    def __init__(self, backends: _Optional[_Iterable[_Union[Backend, _Mapping]]] = ...) -> None: ...
+
+class PauseGenerationRequest(_message.Message):
+    __slots__ = ("backend_id", "mode")
+    BACKEND_ID_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    backend_id: str
+    mode: PauseMode
+    def __init__(self, backend_id: _Optional[str] = ..., mode: _Optional[_Union[PauseMode, str]] = ...) -> None: ...
+
+class PauseGenerationResponse(_message.Message):
+    __slots__ = ("backends",)
+    BACKENDS_FIELD_NUMBER: _ClassVar[int]
+    backends: _containers.RepeatedCompositeFieldContainer[Backend]
+    def __init__(self, backends: _Optional[_Iterable[_Union[Backend, _Mapping]]] = ...) -> None: ...
+
+class ResumeGenerationRequest(_message.Message):
+    __slots__ = ("backend_id", "policy_version")
+    BACKEND_ID_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    backend_id: str
+    policy_version: int
+    def __init__(self, backend_id: _Optional[str] = ..., policy_version: _Optional[int] = ...) -> None: ...
+
+class ResumeGenerationResponse(_message.Message):
     __slots__ = ("backends",)
     BACKENDS_FIELD_NUMBER: _ClassVar[int]
     backends: _containers.RepeatedCompositeFieldContainer[Backend]

@@ -30,6 +30,16 @@ class BackendServiceStub(object):
                 request_serializer=rollout_dot_v1_dot_backend__pb2.ListBackendsRequest.SerializeToString,
                 response_deserializer=rollout_dot_v1_dot_backend__pb2.ListBackendsResponse.FromString,
                 )
+        self.PauseGeneration = channel.unary_unary(
+                '/rollout.v1.BackendService/PauseGeneration',
+                request_serializer=rollout_dot_v1_dot_backend__pb2.PauseGenerationRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_backend__pb2.PauseGenerationResponse.FromString,
+                )
+        self.ResumeGeneration = channel.unary_unary(
+                '/rollout.v1.BackendService/ResumeGeneration',
+                request_serializer=rollout_dot_v1_dot_backend__pb2.ResumeGenerationRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_backend__pb2.ResumeGenerationResponse.FromString,
+                )
 
 
 class BackendServiceServicer(object):
@@ -54,6 +64,23 @@ class BackendServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PauseGeneration(self, request, context):
+        """PauseGeneration holds new requests on one engine (backend_id) or all of them (empty backend_id), and does with
+        the requests in flight what `mode` says. It answers once the pause is in effect (WAIT: once the requests in
+        flight have finished). Paused engines keep their trajectories; their requests wait, they do not fail.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeGeneration(self, request, context):
+        """ResumeGeneration records the policy version the engines now serve (when given) and resumes them; held and
+        frozen requests go on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BackendServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -71,6 +98,16 @@ def add_BackendServiceServicer_to_server(servicer, server):
                     servicer.ListBackends,
                     request_deserializer=rollout_dot_v1_dot_backend__pb2.ListBackendsRequest.FromString,
                     response_serializer=rollout_dot_v1_dot_backend__pb2.ListBackendsResponse.SerializeToString,
+            ),
+            'PauseGeneration': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseGeneration,
+                    request_deserializer=rollout_dot_v1_dot_backend__pb2.PauseGenerationRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_backend__pb2.PauseGenerationResponse.SerializeToString,
+            ),
+            'ResumeGeneration': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeGeneration,
+                    request_deserializer=rollout_dot_v1_dot_backend__pb2.ResumeGenerationRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_backend__pb2.ResumeGenerationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -131,5 +168,39 @@ class BackendService(object):
         return grpc.experimental.unary_unary(request, target, '/rollout.v1.BackendService/ListBackends',
             rollout_dot_v1_dot_backend__pb2.ListBackendsRequest.SerializeToString,
             rollout_dot_v1_dot_backend__pb2.ListBackendsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def PauseGeneration(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/rollout.v1.BackendService/PauseGeneration',
+            rollout_dot_v1_dot_backend__pb2.PauseGenerationRequest.SerializeToString,
+            rollout_dot_v1_dot_backend__pb2.PauseGenerationResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ResumeGeneration(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/rollout.v1.BackendService/ResumeGeneration',
+            rollout_dot_v1_dot_backend__pb2.ResumeGenerationRequest.SerializeToString,
+            rollout_dot_v1_dot_backend__pb2.ResumeGenerationResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -17,6 +17,12 @@ class Stage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STAGE_EVAL: _ClassVar[Stage]
     STAGE_DONE: _ClassVar[Stage]
 
+class StalenessAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STALENESS_ACTION_UNSPECIFIED: _ClassVar[StalenessAction]
+    STALENESS_ACTION_FLAG: _ClassVar[StalenessAction]
+    STALENESS_ACTION_RESTART: _ClassVar[StalenessAction]
+
 class TrajectoryStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     TRAJECTORY_STATUS_UNSPECIFIED: _ClassVar[TrajectoryStatus]
@@ -50,6 +56,9 @@ STAGE_INIT: Stage
 STAGE_RUN: Stage
 STAGE_EVAL: Stage
 STAGE_DONE: Stage
+STALENESS_ACTION_UNSPECIFIED: StalenessAction
+STALENESS_ACTION_FLAG: StalenessAction
+STALENESS_ACTION_RESTART: StalenessAction
 TRAJECTORY_STATUS_UNSPECIFIED: TrajectoryStatus
 TRAJECTORY_STATUS_COMPLETED: TrajectoryStatus
 TRAJECTORY_STATUS_TRUNCATED: TrajectoryStatus
@@ -226,21 +235,25 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., max_tokens_per_turn: _Optional[int] = ..., max_total_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TaskLimits(_message.Message):
-    __slots__ = ("max_turns", "init_timeout_ms", "run_timeout_ms", "eval_timeout_ms", "total_timeout_ms")
+    __slots__ = ("max_turns", "init_timeout_ms", "run_timeout_ms", "eval_timeout_ms", "total_timeout_ms", "max_staleness", "staleness_action")
     MAX_TURNS_FIELD_NUMBER: _ClassVar[int]
     INIT_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     RUN_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     EVAL_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_STALENESS_FIELD_NUMBER: _ClassVar[int]
+    STALENESS_ACTION_FIELD_NUMBER: _ClassVar[int]
     max_turns: int
     init_timeout_ms: int
     run_timeout_ms: int
     eval_timeout_ms: int
     total_timeout_ms: int
-    def __init__(self, max_turns: _Optional[int] = ..., init_timeout_ms: _Optional[int] = ..., run_timeout_ms: _Optional[int] = ..., eval_timeout_ms: _Optional[int] = ..., total_timeout_ms: _Optional[int] = ...) -> None: ...
+    max_staleness: int
+    staleness_action: StalenessAction
+    def __init__(self, max_turns: _Optional[int] = ..., init_timeout_ms: _Optional[int] = ..., run_timeout_ms: _Optional[int] = ..., eval_timeout_ms: _Optional[int] = ..., total_timeout_ms: _Optional[int] = ..., max_staleness: _Optional[int] = ..., staleness_action: _Optional[_Union[StalenessAction, str]] = ...) -> None: ...
 
 class Turn(_message.Message):
-    __slots__ = ("role", "start", "end", "backend", "policy_version", "finish_reason", "tool_name", "tool_outcome")
+    __slots__ = ("role", "start", "end", "backend", "policy_version", "finish_reason", "tool_name", "tool_outcome", "continues_turn", "policy_version_start")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
@@ -249,6 +262,8 @@ class Turn(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
     TOOL_OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    CONTINUES_TURN_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_START_FIELD_NUMBER: _ClassVar[int]
     role: Role
     start: int
     end: int
@@ -257,7 +272,9 @@ class Turn(_message.Message):
     finish_reason: str
     tool_name: str
     tool_outcome: ToolOutcome
-    def __init__(self, role: _Optional[_Union[Role, str]] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., backend: _Optional[str] = ..., policy_version: _Optional[int] = ..., finish_reason: _Optional[str] = ..., tool_name: _Optional[str] = ..., tool_outcome: _Optional[_Union[ToolOutcome, str]] = ...) -> None: ...
+    continues_turn: bool
+    policy_version_start: int
+    def __init__(self, role: _Optional[_Union[Role, str]] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., backend: _Optional[str] = ..., policy_version: _Optional[int] = ..., finish_reason: _Optional[str] = ..., tool_name: _Optional[str] = ..., tool_outcome: _Optional[_Union[ToolOutcome, str]] = ..., continues_turn: bool = ..., policy_version_start: _Optional[int] = ...) -> None: ...
 
 class Message(_message.Message):
     __slots__ = ("role", "content", "name")
@@ -288,7 +305,7 @@ class Timing(_message.Message):
     def __init__(self, queue_ms: _Optional[float] = ..., init_ms: _Optional[float] = ..., run_ms: _Optional[float] = ..., llm_ms: _Optional[float] = ..., tool_ms: _Optional[float] = ..., eval_ms: _Optional[float] = ..., total_ms: _Optional[float] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("task_id", "sample_index", "group_id", "environment", "status", "finish_reason", "error", "prompt_token_ids", "response_token_ids", "response_mask", "response_logprobs", "turns", "reward", "reward_details", "eval_report", "messages", "timing", "policy_version_min", "policy_version_max", "metadata", "num_turns", "logprobs_mode")
+    __slots__ = ("task_id", "sample_index", "group_id", "environment", "status", "finish_reason", "error", "prompt_token_ids", "response_token_ids", "response_mask", "response_logprobs", "turns", "reward", "reward_details", "eval_report", "messages", "timing", "policy_version_min", "policy_version_max", "metadata", "num_turns", "logprobs_mode", "stale", "staleness_restarts")
     class RewardDetailsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -325,6 +342,8 @@ class Trajectory(_message.Message):
     METADATA_FIELD_NUMBER: _ClassVar[int]
     NUM_TURNS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_MODE_FIELD_NUMBER: _ClassVar[int]
+    STALE_FIELD_NUMBER: _ClassVar[int]
+    STALENESS_RESTARTS_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     sample_index: int
     group_id: str
@@ -347,7 +366,9 @@ class Trajectory(_message.Message):
     metadata: _containers.ScalarMap[str, str]
     num_turns: int
     logprobs_mode: _backend_pb2.LogprobsMode
-    def __init__(self, task_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., group_id: _Optional[str] = ..., environment: _Optional[str] = ..., status: _Optional[_Union[TrajectoryStatus, str]] = ..., finish_reason: _Optional[str] = ..., error: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., response_mask: _Optional[_Iterable[int]] = ..., response_logprobs: _Optional[_Iterable[float]] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., reward: _Optional[float] = ..., reward_details: _Optional[_Mapping[str, float]] = ..., eval_report: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., policy_version_min: _Optional[int] = ..., policy_version_max: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., num_turns: _Optional[int] = ..., logprobs_mode: _Optional[_Union[_backend_pb2.LogprobsMode, str]] = ...) -> None: ...
+    stale: bool
+    staleness_restarts: int
+    def __init__(self, task_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., group_id: _Optional[str] = ..., environment: _Optional[str] = ..., status: _Optional[_Union[TrajectoryStatus, str]] = ..., finish_reason: _Optional[str] = ..., error: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., response_mask: _Optional[_Iterable[int]] = ..., response_logprobs: _Optional[_Iterable[float]] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., reward: _Optional[float] = ..., reward_details: _Optional[_Mapping[str, float]] = ..., eval_report: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., policy_version_min: _Optional[int] = ..., policy_version_max: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., num_turns: _Optional[int] = ..., logprobs_mode: _Optional[_Union[_backend_pb2.LogprobsMode, str]] = ..., stale: bool = ..., staleness_restarts: _Optional[int] = ...) -> None: ...
 
 class SubmitRequest(_message.Message):
     __slots__ = ("task",)

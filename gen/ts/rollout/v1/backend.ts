@@ -23,6 +23,62 @@ export const protobufPackage = "rollout.v1";
 
 export const protobufFileName = "rollout/v1/backend.proto";
 
+/** What a pause does with the requests in flight. */
+export enum PauseMode {
+  /** PAUSE_MODE_UNSPECIFIED - Rejected: a pause must say what happens to the requests in flight. */
+  PAUSE_MODE_UNSPECIFIED = 0,
+  /** PAUSE_MODE_WAIT - The pause takes effect once the requests in flight have finished (no token is lost or mixed). */
+  PAUSE_MODE_WAIT = 1,
+  /**
+   * PAUSE_MODE_ABORT - Requests in flight end now with what they sampled (finish_reason "abort"); their trajectories continue the
+   * same assistant turn after resume, each segment tagged with the version that sampled it.
+   */
+  PAUSE_MODE_ABORT = 2,
+  /**
+   * PAUSE_MODE_KEEP - Requests in flight freeze (KV cache kept) and continue after resume: one turn may then mix two versions
+   * (Turn.policy_version_start != Turn.policy_version).
+   */
+  PAUSE_MODE_KEEP = 3,
+  UNRECOGNIZED = -1,
+}
+
+export function pauseModeFromJSON(object: any): PauseMode {
+  switch (object) {
+    case 0:
+    case "PAUSE_MODE_UNSPECIFIED":
+      return PauseMode.PAUSE_MODE_UNSPECIFIED;
+    case 1:
+    case "PAUSE_MODE_WAIT":
+      return PauseMode.PAUSE_MODE_WAIT;
+    case 2:
+    case "PAUSE_MODE_ABORT":
+      return PauseMode.PAUSE_MODE_ABORT;
+    case 3:
+    case "PAUSE_MODE_KEEP":
+      return PauseMode.PAUSE_MODE_KEEP;
+    case -1:
+    case "UNRECOGNIZED":
+    default:
+      return PauseMode.UNRECOGNIZED;
+  }
+}
+
+export function pauseModeToJSON(object: PauseMode): string {
+  switch (object) {
+    case PauseMode.PAUSE_MODE_UNSPECIFIED:
+      return "PAUSE_MODE_UNSPECIFIED";
+    case PauseMode.PAUSE_MODE_WAIT:
+      return "PAUSE_MODE_WAIT";
+    case PauseMode.PAUSE_MODE_ABORT:
+      return "PAUSE_MODE_ABORT";
+    case PauseMode.PAUSE_MODE_KEEP:
+      return "PAUSE_MODE_KEEP";
+    case PauseMode.UNRECOGNIZED:
+    default:
+      return "UNRECOGNIZED";
+  }
+}
+
 export enum BackendKind {
   BACKEND_KIND_UNSPECIFIED = 0,
   BACKEND_KIND_VLLM = 1,
@@ -197,6 +253,8 @@ export interface Backend {
   logprobsMode: LogprobsMode;
   /** Where max_concurrency came from. */
   capacitySource: CapacitySource;
+  /** Generation is paused (PauseGeneration): new requests wait in the server until ResumeGeneration. */
+  paused: boolean;
 }
 
 export interface AddBackendRequest {
@@ -239,6 +297,29 @@ export interface ListBackendsResponse {
   backends: Backend[];
 }
 
+export interface PauseGenerationRequest {
+  /** The engine to pause; empty = every engine, including engines added before the matching ResumeGeneration. */
+  backendId: string;
+  mode: PauseMode;
+}
+
+export interface PauseGenerationResponse {
+  /** The engines now paused, as ListBackends shows them. */
+  backends: Backend[];
+}
+
+export interface ResumeGenerationRequest {
+  /** The engine to resume; empty = every engine. */
+  backendId: string;
+  /** The policy (weights) version the engines serve from now on; unset keeps their version. */
+  policyVersion?: number | undefined;
+}
+
+export interface ResumeGenerationResponse {
+  /** The engines resumed, with their policy version. */
+  backends: Backend[];
+}
+
 function createBaseBackend(): Backend {
   return {
     id: "",
@@ -255,6 +336,7 @@ function createBaseBackend(): Backend {
     maxModelLen: 0,
     logprobsMode: 0,
     capacitySource: 0,
+    paused: false,
   };
 }
 
@@ -301,6 +383,9 @@ export const Backend: MessageFns<Backend> = {
     }
     if (message.capacitySource !== 0) {
       writer.uint32(112).int32(message.capacitySource);
+    }
+    if (message.paused !== false) {
+      writer.uint32(120).bool(message.paused);
     }
     return writer;
   },
@@ -430,6 +515,14 @@ export const Backend: MessageFns<Backend> = {
             message.capacitySource = reader.int32() as any;
             continue;
           }
+          case 15: {
+            if (tag !== 120) {
+              break;
+            }
+
+            message.paused = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -490,6 +583,7 @@ export const Backend: MessageFns<Backend> = {
         : isSet(object.capacity_source)
         ? capacitySourceFromJSON(object.capacity_source)
         : 0,
+      paused: isSet(object.paused) ? globalThis.Boolean(object.paused) : false,
     };
   },
 
@@ -537,6 +631,9 @@ export const Backend: MessageFns<Backend> = {
     if (message.capacitySource !== 0) {
       obj.capacitySource = capacitySourceToJSON(message.capacitySource);
     }
+    if (message.paused !== false) {
+      obj.paused = message.paused;
+    }
     return obj;
   },
 
@@ -559,6 +656,7 @@ export const Backend: MessageFns<Backend> = {
     message.maxModelLen = object.maxModelLen ?? 0;
     message.logprobsMode = object.logprobsMode ?? 0;
     message.capacitySource = object.capacitySource ?? 0;
+    message.paused = object.paused ?? false;
     return message;
   },
 };
@@ -1047,6 +1145,326 @@ export const ListBackendsResponse: MessageFns<ListBackendsResponse> = {
   },
 };
 
+function createBasePauseGenerationRequest(): PauseGenerationRequest {
+  return { backendId: "", mode: 0 };
+}
+
+export const PauseGenerationRequest: MessageFns<PauseGenerationRequest> = {
+  encode(message: PauseGenerationRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.backendId !== "") {
+      writer.uint32(10).string(message.backendId);
+    }
+    if (message.mode !== 0) {
+      writer.uint32(16).int32(message.mode);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): PauseGenerationRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBasePauseGenerationRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.backendId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.mode = reader.int32() as any;
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): PauseGenerationRequest {
+    return {
+      backendId: isSet(object.backendId)
+        ? globalThis.String(object.backendId)
+        : isSet(object.backend_id)
+        ? globalThis.String(object.backend_id)
+        : "",
+      mode: isSet(object.mode) ? pauseModeFromJSON(object.mode) : 0,
+    };
+  },
+
+  toJSON(message: PauseGenerationRequest): unknown {
+    const obj: any = {};
+    if (message.backendId !== "") {
+      obj.backendId = message.backendId;
+    }
+    if (message.mode !== 0) {
+      obj.mode = pauseModeToJSON(message.mode);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<PauseGenerationRequest>, I>>(base?: I): PauseGenerationRequest {
+    return PauseGenerationRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<PauseGenerationRequest>, I>>(object: I): PauseGenerationRequest {
+    const message = createBasePauseGenerationRequest();
+    message.backendId = object.backendId ?? "";
+    message.mode = object.mode ?? 0;
+    return message;
+  },
+};
+
+function createBasePauseGenerationResponse(): PauseGenerationResponse {
+  return { backends: [] };
+}
+
+export const PauseGenerationResponse: MessageFns<PauseGenerationResponse> = {
+  encode(message: PauseGenerationResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.backends) {
+      Backend.encode(v!, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): PauseGenerationResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBasePauseGenerationResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.backends.push(Backend.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): PauseGenerationResponse {
+    return {
+      backends: globalThis.Array.isArray(object?.backends) ? object.backends.map((e: any) => Backend.fromJSON(e)) : [],
+    };
+  },
+
+  toJSON(message: PauseGenerationResponse): unknown {
+    const obj: any = {};
+    if (message.backends?.length) {
+      obj.backends = message.backends.map((e) => Backend.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<PauseGenerationResponse>, I>>(base?: I): PauseGenerationResponse {
+    return PauseGenerationResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<PauseGenerationResponse>, I>>(object: I): PauseGenerationResponse {
+    const message = createBasePauseGenerationResponse();
+    message.backends = object.backends?.map((e) => Backend.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseResumeGenerationRequest(): ResumeGenerationRequest {
+  return { backendId: "", policyVersion: undefined };
+}
+
+export const ResumeGenerationRequest: MessageFns<ResumeGenerationRequest> = {
+  encode(message: ResumeGenerationRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.backendId !== "") {
+      writer.uint32(10).string(message.backendId);
+    }
+    if (message.policyVersion !== undefined) {
+      writer.uint32(16).int64(message.policyVersion);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ResumeGenerationRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseResumeGenerationRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.backendId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.policyVersion = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ResumeGenerationRequest {
+    return {
+      backendId: isSet(object.backendId)
+        ? globalThis.String(object.backendId)
+        : isSet(object.backend_id)
+        ? globalThis.String(object.backend_id)
+        : "",
+      policyVersion: isSet(object.policyVersion)
+        ? globalThis.Number(object.policyVersion)
+        : isSet(object.policy_version)
+        ? globalThis.Number(object.policy_version)
+        : undefined,
+    };
+  },
+
+  toJSON(message: ResumeGenerationRequest): unknown {
+    const obj: any = {};
+    if (message.backendId !== "") {
+      obj.backendId = message.backendId;
+    }
+    if (message.policyVersion !== undefined) {
+      obj.policyVersion = Math.round(message.policyVersion);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ResumeGenerationRequest>, I>>(base?: I): ResumeGenerationRequest {
+    return ResumeGenerationRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ResumeGenerationRequest>, I>>(object: I): ResumeGenerationRequest {
+    const message = createBaseResumeGenerationRequest();
+    message.backendId = object.backendId ?? "";
+    message.policyVersion = object.policyVersion ?? undefined;
+    return message;
+  },
+};
+
+function createBaseResumeGenerationResponse(): ResumeGenerationResponse {
+  return { backends: [] };
+}
+
+export const ResumeGenerationResponse: MessageFns<ResumeGenerationResponse> = {
+  encode(message: ResumeGenerationResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.backends) {
+      Backend.encode(v!, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ResumeGenerationResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseResumeGenerationResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.backends.push(Backend.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ResumeGenerationResponse {
+    return {
+      backends: globalThis.Array.isArray(object?.backends) ? object.backends.map((e: any) => Backend.fromJSON(e)) : [],
+    };
+  },
+
+  toJSON(message: ResumeGenerationResponse): unknown {
+    const obj: any = {};
+    if (message.backends?.length) {
+      obj.backends = message.backends.map((e) => Backend.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ResumeGenerationResponse>, I>>(base?: I): ResumeGenerationResponse {
+    return ResumeGenerationResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ResumeGenerationResponse>, I>>(object: I): ResumeGenerationResponse {
+    const message = createBaseResumeGenerationResponse();
+    message.backends = object.backends?.map((e) => Backend.fromPartial(e)) || [];
+    return message;
+  },
+};
+
 /** BackendService is the admin side: the engines the rollout server samples from. */
 export type BackendServiceService = typeof BackendServiceService;
 export const BackendServiceService = {
@@ -1079,12 +1497,54 @@ export const BackendServiceService = {
       Buffer.from(ListBackendsResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ListBackendsResponse => ListBackendsResponse.decode(value),
   },
+  /**
+   * PauseGeneration holds new requests on one engine (backend_id) or all of them (empty backend_id), and does with
+   * the requests in flight what `mode` says. It answers once the pause is in effect (WAIT: once the requests in
+   * flight have finished). Paused engines keep their trajectories; their requests wait, they do not fail.
+   */
+  pauseGeneration: {
+    path: "/rollout.v1.BackendService/PauseGeneration" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: PauseGenerationRequest): Buffer =>
+      Buffer.from(PauseGenerationRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): PauseGenerationRequest => PauseGenerationRequest.decode(value),
+    responseSerialize: (value: PauseGenerationResponse): Buffer =>
+      Buffer.from(PauseGenerationResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): PauseGenerationResponse => PauseGenerationResponse.decode(value),
+  },
+  /**
+   * ResumeGeneration records the policy version the engines now serve (when given) and resumes them; held and
+   * frozen requests go on.
+   */
+  resumeGeneration: {
+    path: "/rollout.v1.BackendService/ResumeGeneration" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ResumeGenerationRequest): Buffer =>
+      Buffer.from(ResumeGenerationRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ResumeGenerationRequest => ResumeGenerationRequest.decode(value),
+    responseSerialize: (value: ResumeGenerationResponse): Buffer =>
+      Buffer.from(ResumeGenerationResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ResumeGenerationResponse => ResumeGenerationResponse.decode(value),
+  },
 } as const;
 
 export interface BackendServiceServer extends UntypedServiceImplementation {
   addBackend: handleUnaryCall<AddBackendRequest, AddBackendResponse>;
   removeBackend: handleUnaryCall<RemoveBackendRequest, RemoveBackendResponse>;
   listBackends: handleUnaryCall<ListBackendsRequest, ListBackendsResponse>;
+  /**
+   * PauseGeneration holds new requests on one engine (backend_id) or all of them (empty backend_id), and does with
+   * the requests in flight what `mode` says. It answers once the pause is in effect (WAIT: once the requests in
+   * flight have finished). Paused engines keep their trajectories; their requests wait, they do not fail.
+   */
+  pauseGeneration: handleUnaryCall<PauseGenerationRequest, PauseGenerationResponse>;
+  /**
+   * ResumeGeneration records the policy version the engines now serve (when given) and resumes them; held and
+   * frozen requests go on.
+   */
+  resumeGeneration: handleUnaryCall<ResumeGenerationRequest, ResumeGenerationResponse>;
 }
 
 export interface BackendServiceClient extends Client {
@@ -1132,6 +1592,45 @@ export interface BackendServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ListBackendsResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * PauseGeneration holds new requests on one engine (backend_id) or all of them (empty backend_id), and does with
+   * the requests in flight what `mode` says. It answers once the pause is in effect (WAIT: once the requests in
+   * flight have finished). Paused engines keep their trajectories; their requests wait, they do not fail.
+   */
+  pauseGeneration(
+    request: PauseGenerationRequest,
+    callback: (error: ServiceError | null, response: PauseGenerationResponse) => void,
+  ): ClientUnaryCall;
+  pauseGeneration(
+    request: PauseGenerationRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: PauseGenerationResponse) => void,
+  ): ClientUnaryCall;
+  pauseGeneration(
+    request: PauseGenerationRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: PauseGenerationResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * ResumeGeneration records the policy version the engines now serve (when given) and resumes them; held and
+   * frozen requests go on.
+   */
+  resumeGeneration(
+    request: ResumeGenerationRequest,
+    callback: (error: ServiceError | null, response: ResumeGenerationResponse) => void,
+  ): ClientUnaryCall;
+  resumeGeneration(
+    request: ResumeGenerationRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ResumeGenerationResponse) => void,
+  ): ClientUnaryCall;
+  resumeGeneration(
+    request: ResumeGenerationRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ResumeGenerationResponse) => void,
   ): ClientUnaryCall;
 }
 

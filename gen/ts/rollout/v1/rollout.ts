@@ -86,6 +86,52 @@ export function stageToJSON(object: Stage): string {
   }
 }
 
+/** What to do with a trajectory whose sampled tokens span more policy versions than TaskLimits.max_staleness. */
+export enum StalenessAction {
+  /** STALENESS_ACTION_UNSPECIFIED - FLAG. */
+  STALENESS_ACTION_UNSPECIFIED = 0,
+  /** STALENESS_ACTION_FLAG - Deliver it with Trajectory.stale = true; the reward is still computed. */
+  STALENESS_ACTION_FLAG = 1,
+  /**
+   * STALENESS_ACTION_RESTART - Run the sample again from scratch (fresh sandbox and environment init), a bounded number of times
+   * (server config); past that it is delivered flagged.
+   */
+  STALENESS_ACTION_RESTART = 2,
+  UNRECOGNIZED = -1,
+}
+
+export function stalenessActionFromJSON(object: any): StalenessAction {
+  switch (object) {
+    case 0:
+    case "STALENESS_ACTION_UNSPECIFIED":
+      return StalenessAction.STALENESS_ACTION_UNSPECIFIED;
+    case 1:
+    case "STALENESS_ACTION_FLAG":
+      return StalenessAction.STALENESS_ACTION_FLAG;
+    case 2:
+    case "STALENESS_ACTION_RESTART":
+      return StalenessAction.STALENESS_ACTION_RESTART;
+    case -1:
+    case "UNRECOGNIZED":
+    default:
+      return StalenessAction.UNRECOGNIZED;
+  }
+}
+
+export function stalenessActionToJSON(object: StalenessAction): string {
+  switch (object) {
+    case StalenessAction.STALENESS_ACTION_UNSPECIFIED:
+      return "STALENESS_ACTION_UNSPECIFIED";
+    case StalenessAction.STALENESS_ACTION_FLAG:
+      return "STALENESS_ACTION_FLAG";
+    case StalenessAction.STALENESS_ACTION_RESTART:
+      return "STALENESS_ACTION_RESTART";
+    case StalenessAction.UNRECOGNIZED:
+    default:
+      return "UNRECOGNIZED";
+  }
+}
+
 export enum TrajectoryStatus {
   TRAJECTORY_STATUS_UNSPECIFIED = 0,
   TRAJECTORY_STATUS_COMPLETED = 1,
@@ -392,6 +438,15 @@ export interface TaskLimits {
   runTimeoutMs: number;
   evalTimeoutMs: number;
   totalTimeoutMs: number;
+  /**
+   * Bound on policy_version_max - policy_version_min within one trajectory (versions of the engines that sampled
+   * its tokens, see Turn.policy_version_start); unset = unbounded. Negative is rejected.
+   */
+  maxStaleness?:
+    | number
+    | undefined;
+  /** What happens to a trajectory past max_staleness (unset: FLAG). */
+  stalenessAction?: StalenessAction | undefined;
 }
 
 /**
@@ -411,6 +466,17 @@ export interface Turn {
   /** For tool spans: the tool called in the preceding assistant turn, and what came of it. */
   toolName: string;
   toolOutcome: ToolOutcome;
+  /**
+   * This assistant span continues the previous one: the same assistant message, split because its request was
+   * aborted (finish_reason "abort", e.g. PauseGeneration ABORT for a weight update) and asked again for the rest.
+   * The chat message is decoded from all the spans of the turn together.
+   */
+  continuesTurn: boolean;
+  /**
+   * The policy version of the engine when this span's request was sent. Equal to policy_version unless the
+   * engine's weights changed while the request was in flight (PauseGeneration KEEP): the span then mixes versions.
+   */
+  policyVersionStart: number;
 }
 
 export interface Message {
@@ -467,6 +533,13 @@ export interface Trajectory {
    * from engines of both modes, UNSPECIFIED when a turn's engine did not say (or nothing was sampled).
    */
   logprobsMode: LogprobsMode;
+  /**
+   * The trajectory's sampled tokens span more policy versions than TaskLimits.max_staleness allows
+   * (policy_version_max - policy_version_min), and the task said FLAG (or RESTART ran out of restarts).
+   */
+  stale: boolean;
+  /** How many times the sample was run again because it was too stale (TaskLimits.staleness_action RESTART). */
+  stalenessRestarts: number;
 }
 
 export interface Trajectory_RewardDetailsEntry {
@@ -2314,7 +2387,15 @@ export const SamplingParams: MessageFns<SamplingParams> = {
 };
 
 function createBaseTaskLimits(): TaskLimits {
-  return { maxTurns: 0, initTimeoutMs: 0, runTimeoutMs: 0, evalTimeoutMs: 0, totalTimeoutMs: 0 };
+  return {
+    maxTurns: 0,
+    initTimeoutMs: 0,
+    runTimeoutMs: 0,
+    evalTimeoutMs: 0,
+    totalTimeoutMs: 0,
+    maxStaleness: undefined,
+    stalenessAction: undefined,
+  };
 }
 
 export const TaskLimits: MessageFns<TaskLimits> = {
@@ -2333,6 +2414,12 @@ export const TaskLimits: MessageFns<TaskLimits> = {
     }
     if (message.totalTimeoutMs !== 0) {
       writer.uint32(40).int32(message.totalTimeoutMs);
+    }
+    if (message.maxStaleness !== undefined) {
+      writer.uint32(48).int32(message.maxStaleness);
+    }
+    if (message.stalenessAction !== undefined) {
+      writer.uint32(56).int32(message.stalenessAction);
     }
     return writer;
   },
@@ -2390,6 +2477,22 @@ export const TaskLimits: MessageFns<TaskLimits> = {
             message.totalTimeoutMs = reader.int32();
             continue;
           }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.maxStaleness = reader.int32();
+            continue;
+          }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.stalenessAction = reader.int32() as any;
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2429,6 +2532,16 @@ export const TaskLimits: MessageFns<TaskLimits> = {
         : isSet(object.total_timeout_ms)
         ? globalThis.Number(object.total_timeout_ms)
         : 0,
+      maxStaleness: isSet(object.maxStaleness)
+        ? globalThis.Number(object.maxStaleness)
+        : isSet(object.max_staleness)
+        ? globalThis.Number(object.max_staleness)
+        : undefined,
+      stalenessAction: isSet(object.stalenessAction)
+        ? stalenessActionFromJSON(object.stalenessAction)
+        : isSet(object.staleness_action)
+        ? stalenessActionFromJSON(object.staleness_action)
+        : undefined,
     };
   },
 
@@ -2449,6 +2562,12 @@ export const TaskLimits: MessageFns<TaskLimits> = {
     if (message.totalTimeoutMs !== 0) {
       obj.totalTimeoutMs = Math.round(message.totalTimeoutMs);
     }
+    if (message.maxStaleness !== undefined) {
+      obj.maxStaleness = Math.round(message.maxStaleness);
+    }
+    if (message.stalenessAction !== undefined) {
+      obj.stalenessAction = stalenessActionToJSON(message.stalenessAction);
+    }
     return obj;
   },
 
@@ -2462,12 +2581,25 @@ export const TaskLimits: MessageFns<TaskLimits> = {
     message.runTimeoutMs = object.runTimeoutMs ?? 0;
     message.evalTimeoutMs = object.evalTimeoutMs ?? 0;
     message.totalTimeoutMs = object.totalTimeoutMs ?? 0;
+    message.maxStaleness = object.maxStaleness ?? undefined;
+    message.stalenessAction = object.stalenessAction ?? undefined;
     return message;
   },
 };
 
 function createBaseTurn(): Turn {
-  return { role: 0, start: 0, end: 0, backend: "", policyVersion: 0, finishReason: "", toolName: "", toolOutcome: 0 };
+  return {
+    role: 0,
+    start: 0,
+    end: 0,
+    backend: "",
+    policyVersion: 0,
+    finishReason: "",
+    toolName: "",
+    toolOutcome: 0,
+    continuesTurn: false,
+    policyVersionStart: 0,
+  };
 }
 
 export const Turn: MessageFns<Turn> = {
@@ -2495,6 +2627,12 @@ export const Turn: MessageFns<Turn> = {
     }
     if (message.toolOutcome !== 0) {
       writer.uint32(64).int32(message.toolOutcome);
+    }
+    if (message.continuesTurn !== false) {
+      writer.uint32(72).bool(message.continuesTurn);
+    }
+    if (message.policyVersionStart !== 0) {
+      writer.uint32(80).int64(message.policyVersionStart);
     }
     return writer;
   },
@@ -2576,6 +2714,22 @@ export const Turn: MessageFns<Turn> = {
             message.toolOutcome = reader.int32() as any;
             continue;
           }
+          case 9: {
+            if (tag !== 72) {
+              break;
+            }
+
+            message.continuesTurn = reader.bool();
+            continue;
+          }
+          case 10: {
+            if (tag !== 80) {
+              break;
+            }
+
+            message.policyVersionStart = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2614,6 +2768,16 @@ export const Turn: MessageFns<Turn> = {
         : isSet(object.tool_outcome)
         ? toolOutcomeFromJSON(object.tool_outcome)
         : 0,
+      continuesTurn: isSet(object.continuesTurn)
+        ? globalThis.Boolean(object.continuesTurn)
+        : isSet(object.continues_turn)
+        ? globalThis.Boolean(object.continues_turn)
+        : false,
+      policyVersionStart: isSet(object.policyVersionStart)
+        ? globalThis.Number(object.policyVersionStart)
+        : isSet(object.policy_version_start)
+        ? globalThis.Number(object.policy_version_start)
+        : 0,
     };
   },
 
@@ -2643,6 +2807,12 @@ export const Turn: MessageFns<Turn> = {
     if (message.toolOutcome !== 0) {
       obj.toolOutcome = toolOutcomeToJSON(message.toolOutcome);
     }
+    if (message.continuesTurn !== false) {
+      obj.continuesTurn = message.continuesTurn;
+    }
+    if (message.policyVersionStart !== 0) {
+      obj.policyVersionStart = Math.round(message.policyVersionStart);
+    }
     return obj;
   },
 
@@ -2659,6 +2829,8 @@ export const Turn: MessageFns<Turn> = {
     message.finishReason = object.finishReason ?? "";
     message.toolName = object.toolName ?? "";
     message.toolOutcome = object.toolOutcome ?? 0;
+    message.continuesTurn = object.continuesTurn ?? false;
+    message.policyVersionStart = object.policyVersionStart ?? 0;
     return message;
   },
 };
@@ -2981,6 +3153,8 @@ function createBaseTrajectory(): Trajectory {
     metadata: {},
     numTurns: 0,
     logprobsMode: 0,
+    stale: false,
+    stalenessRestarts: 0,
   };
 }
 
@@ -3067,6 +3241,12 @@ export const Trajectory: MessageFns<Trajectory> = {
     }
     if (message.logprobsMode !== 0) {
       writer.uint32(176).int32(message.logprobsMode);
+    }
+    if (message.stale !== false) {
+      writer.uint32(184).bool(message.stale);
+    }
+    if (message.stalenessRestarts !== 0) {
+      writer.uint32(192).int32(message.stalenessRestarts);
     }
     return writer;
   },
@@ -3306,6 +3486,22 @@ export const Trajectory: MessageFns<Trajectory> = {
             message.logprobsMode = reader.int32() as any;
             continue;
           }
+          case 23: {
+            if (tag !== 184) {
+              break;
+            }
+
+            message.stale = reader.bool();
+            continue;
+          }
+          case 24: {
+            if (tag !== 192) {
+              break;
+            }
+
+            message.stalenessRestarts = reader.int32();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3437,6 +3633,12 @@ export const Trajectory: MessageFns<Trajectory> = {
         : isSet(object.logprobs_mode)
         ? logprobsModeFromJSON(object.logprobs_mode)
         : 0,
+      stale: isSet(object.stale) ? globalThis.Boolean(object.stale) : false,
+      stalenessRestarts: isSet(object.stalenessRestarts)
+        ? globalThis.Number(object.stalenessRestarts)
+        : isSet(object.staleness_restarts)
+        ? globalThis.Number(object.staleness_restarts)
+        : 0,
     };
   },
 
@@ -3520,6 +3722,12 @@ export const Trajectory: MessageFns<Trajectory> = {
     if (message.logprobsMode !== 0) {
       obj.logprobsMode = logprobsModeToJSON(message.logprobsMode);
     }
+    if (message.stale !== false) {
+      obj.stale = message.stale;
+    }
+    if (message.stalenessRestarts !== 0) {
+      obj.stalenessRestarts = Math.round(message.stalenessRestarts);
+    }
     return obj;
   },
 
@@ -3568,6 +3776,8 @@ export const Trajectory: MessageFns<Trajectory> = {
     );
     message.numTurns = object.numTurns ?? 0;
     message.logprobsMode = object.logprobsMode ?? 0;
+    message.stale = object.stale ?? false;
+    message.stalenessRestarts = object.stalenessRestarts ?? 0;
     return message;
   },
 };

@@ -1,0 +1,117 @@
+import { afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { BackendPool, type BackendPoolOptions } from '../../src/backends/pool.js';
+import { VllmClient } from '../../src/backends/vllm-client.js';
+import { describeError } from '../../src/errors.js';
+import { FakeVllmEngine, type FakeVllmOptions } from '../../src/testing/fake-vllm.js';
+import { loadQwen3 } from '../../src/tokens/tokenizer.js';
+import type { Tokenizer } from '../../src/tokens/types.js';
+import { deadUrl } from '../support/server-harness.js';
+
+// A dead engine (process gone, connection refused or reset mid-request) against the pool, over real HTTP to the
+// fake vLLM: the trajectory's request moves to another engine at once, nothing of the lost request is kept, and
+// when nothing can serve it the request ends backend_error with the cause after bounded attempts — never hangs.
+
+let tokenizer: Tokenizer;
+let prompt: number[];
+const pools: BackendPool[] = [];
+const engines: FakeVllmEngine[] = [];
+
+beforeAll(async () => {
+  ({ tokenizer } = await loadQwen3());
+  prompt = tokenizer.encode('<|im_start|>user\nWhat is 6 * 7?<|im_end|>\n<|im_start|>assistant\n');
+});
+
+afterEach(async () => {
+  for (const pool of pools.splice(0)) pool.close();
+  for (const engine of engines.splice(0)) await engine.close();
+});
+
+function makePool(options: BackendPoolOptions = {}): BackendPool {
+  const pool = new BackendPool({ acquireTimeoutMs: 500, healthTimeoutMs: 1_000, ...options });
+  pools.push(pool);
+  return pool;
+}
+
+async function engine(options: Partial<FakeVllmOptions> = {}): Promise<FakeVllmEngine> {
+  const e = await FakeVllmEngine.start({ tokenizer, tokenLatencyMs: 0, ...options });
+  engines.push(e);
+  return e;
+}
+
+function addVllm(pool: BackendPool, id: string, url: string, model = 'fake-qwen3'): void {
+  pool.add(new VllmClient({ url, model }), { id, maxConcurrency: 4, model, maxModelLen: 40960 });
+}
+
+const ask = () => ({ promptIds: prompt, maxTokens: 64, seed: 5, signal: new AbortController().signal });
+
+describe('failover from a dead engine', () => {
+  it('an engine killed mid-request: marked unhealthy at once, the request moves to the other engine, whose answer alone is kept', async () => {
+    const dying = await engine({ tokenLatencyMs: 20 });
+    const answers: number[][] = [];
+    const recorder = await engine({ onCompletion: (c) => answers.push([...c.tokenIds]) });
+    const pool = makePool();
+    addVllm(pool, 'dying', dying.url);
+    const lease = await pool.acquire('t');
+    addVllm(pool, 'other', recorder.url);
+    const out = lease.generate(ask());
+    await expect.poll(() => dying.stats().inflight).toBe(1);
+    await dying.close(); // the process is gone: its connection is reset, new ones are refused
+    const result = await out;
+    expect(result.backendId).toBe('other');
+    expect(result.tokenIds).toEqual(answers[0]);
+    expect(lease.failovers).toBe(1);
+    expect(pool.list().map((b) => [b.id, b.healthy])).toEqual([['dying', false], ['other', true]]);
+  });
+
+  it('a dropped connection to a live engine is tried again on it (its health answers): no failover', async () => {
+    const flaky = await engine();
+    flaky.failNext(1, { kind: 'drop' });
+    const pool = makePool();
+    addVllm(pool, 'flaky', flaky.url);
+    const lease = await pool.acquire('t');
+    await expect(lease.generate(ask())).resolves.toMatchObject({ backendId: 'flaky', finishReason: 'stop' });
+    expect(flaky.stats()).toMatchObject({ received: 2, served: 1 });
+    expect(lease.failovers).toBe(0);
+    expect(pool.list()[0]!.healthy).toBe(true);
+  });
+
+  it('an engine that drops every request: backend_error after maxFailoversPerRequest + 1 attempts, naming the cause', async () => {
+    const broken = await engine({ inject: () => ({ kind: 'drop' }) });
+    const pool = makePool({ maxFailoversPerRequest: 2 });
+    addVllm(pool, 'broken', broken.url);
+    const lease = await pool.acquire('t');
+    const err = await lease.generate(ask()).catch((e: unknown) => e);
+    expect(err).toMatchObject({ code: 'backend_error' });
+    expect(describeError(err)).toMatch(/lost its backend 3 times .*unreachable: (ECONNRESET|socket hang up)/);
+    expect(broken.stats().received).toBe(3);
+  });
+
+  it('every engine dead: backend_error once no other backend turns up within the acquire timeout, naming what was lost', async () => {
+    const pool = makePool({ acquireTimeoutMs: 300 });
+    addVllm(pool, 'gone', await deadUrl());
+    const lease = await pool.acquire('t');
+    const started = Date.now();
+    const err = await lease.generate(ask()).catch((e: unknown) => e);
+    expect(err).toMatchObject({ code: 'backend_error' });
+    expect(describeError(err)).toMatch(/lost backend gone unreachable and found no other backend: no eligible backend within 300 ms.*ECONNREFUSED/);
+    expect(Date.now() - started).toBeLessThan(10_000);
+    expect(pool.list()[0]!.healthy).toBe(false);
+  });
+
+  it('requests of several trajectories on the killed engine all move (one health check for all of them)', async () => {
+    const dying = await engine({ tokenLatencyMs: 20 });
+    const pool = makePool();
+    addVllm(pool, 'dying', dying.url);
+    const leases = await Promise.all([0, 1, 2].map((i) => pool.acquire(`t${i}`)));
+    const healthy = await engine();
+    addVllm(pool, 'other', healthy.url);
+    const outs = leases.map((lease) => lease.generate(ask()));
+    await expect.poll(() => dying.stats().inflight).toBe(3);
+    await dying.close();
+    const results = await Promise.all(outs);
+    expect(results.map((r) => r.backendId)).toEqual(['other', 'other', 'other']);
+    expect(healthy.requestsServed).toBe(3);
+    for (const lease of leases) lease.release();
+    expect(pool.stats()).toMatchObject({ leases: 0, inflightTrajectories: 0, inflightRequests: 0, failovers: 3 });
+  });
+});
