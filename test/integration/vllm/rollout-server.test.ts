@@ -40,8 +40,10 @@ async function recordingProxy(target: string): Promise<{ url: string; exchanges:
             const text = Buffer.concat(parts);
             if (req.url === '/v1/completions' && answer.statusCode === 200) {
               const sent = JSON.parse(body.toString('utf8')) as { prompt: number[]; seed?: number };
-              const choice = (JSON.parse(text.toString('utf8')) as { choices: Array<{ token_ids: number[]; logprobs: { token_logprobs: number[] } }> }).choices[0]!;
-              exchanges.push({ prompt: sent.prompt, seed: sent.seed, tokenIds: choice.token_ids, logprobs: choice.logprobs.token_logprobs });
+              const choice = (JSON.parse(text.toString('utf8')) as { choices: Array<{ logprobs: { tokens: string[]; token_logprobs: number[] } }> }).choices[0]!;
+              // The client asks for return_tokens_as_token_ids: each sampled token is "token_id:<id>".
+              const tokenIds = choice.logprobs.tokens.map((t) => Number(/^token_id:(\d+)$/.exec(t)?.[1] ?? NaN));
+              exchanges.push({ prompt: sent.prompt, seed: sent.seed, tokenIds, logprobs: choice.logprobs.token_logprobs });
             }
             res.writeHead(answer.statusCode ?? 502, answer.headers).end(text);
           });
