@@ -79,9 +79,14 @@ export function checkFinishReason(value: unknown): GenerateResult['finishReason'
  * The one check of a parsed vLLM `/v1/completions` answer before it can become part of a trajectory: every
  * field the rollout uses is typed and bounded, and only those fields are copied out.
  *
- * Checked: `choices[0]` exists; `token_ids` and `logprobs.token_logprobs` by {@link checkSampledTokens};
- * `finish_reason` is stop/length/abort; `text` is a string. Throws {@link CompletionRejected} naming the first
- * violation.
+ * The sampled ids come from `choices[0].token_ids` when the answer has them (`return_token_ids: true`), otherwise
+ * from `logprobs.tokens`, where `return_tokens_as_token_ids: true` makes vLLM write each sampled token as
+ * `"token_id:<id>"` (what {@link VllmClient} asks for: `return_token_ids` would also echo every prompt id, 400 KB of
+ * JSON to parse per turn at 64K tokens). Either way they are the engine's ids verbatim, never re-derived from text.
+ *
+ * Checked: `choices[0]` exists; the ids and `logprobs.token_logprobs` by {@link checkSampledTokens} (a token that is
+ * not `"token_id:<decimal>"` is refused); `finish_reason` is stop/length/abort; `text` is a string. Throws
+ * {@link CompletionRejected} naming the first violation.
  */
 export function checkCompletion(json: unknown, expect: CompletionExpectation): GenerateResult {
   if (!isRecord(json)) throw new CompletionRejected('body is not a JSON object');
@@ -90,20 +95,46 @@ export function checkCompletion(json: unknown, expect: CompletionExpectation): G
   const choice: unknown = choices[0];
   if (!isRecord(choice)) throw new CompletionRejected('choices[0] is not an object');
 
-  const ids = choice.token_ids;
-  if (!Array.isArray(ids)) {
-    throw new CompletionRejected('choices[0].token_ids missing (vLLM >= 0.10.2 with return_token_ids needed)');
-  }
-  if (ids.length > expect.maxTokens) throw new CompletionRejected(`${ids.length} token ids for max_tokens ${expect.maxTokens}`);
   const logprobsField = choice.logprobs;
   const raw = isRecord(logprobsField) ? logprobsField.token_logprobs : undefined;
+  const echoed = choice.token_ids;
+  let ids: readonly unknown[];
+  let idName: (i: number) => string;
+  if (Array.isArray(echoed)) {
+    ids = echoed;
+    idName = (i) => `token_ids[${i}]`;
+  } else {
+    const tokens = isRecord(logprobsField) ? logprobsField.tokens : undefined;
+    if (!Array.isArray(tokens)) {
+      throw new CompletionRejected('neither choices[0].token_ids nor choices[0].logprobs.tokens (vLLM with return_tokens_as_token_ids needed)');
+    }
+    ids = tokenIdsOfTokens(tokens, expect.maxTokens);
+    idName = (i) => `logprobs.tokens[${i}] (token_id)`;
+  }
+  if (ids.length > expect.maxTokens) throw new CompletionRejected(`${ids.length} token ids for max_tokens ${expect.maxTokens}`);
   if (!Array.isArray(raw)) throw new CompletionRejected('choices[0].logprobs.token_logprobs missing');
-  const { tokenIds, logprobs } = checkSampledTokens(ids, raw, expect, { ids: (i) => `token_ids[${i}]`, logprobs: (i) => `token_logprobs[${i}]` });
+  const { tokenIds, logprobs } = checkSampledTokens(ids, raw, expect, { ids: idName, logprobs: (i) => `token_logprobs[${i}]` });
 
   const finishReason = checkFinishReason(choice.finish_reason);
   const text = choice.text;
   if (typeof text !== 'string') throw new CompletionRejected(`choices[0].text is ${preview(text)}, not a string`);
   return { tokenIds, logprobs, finishReason, text };
+}
+
+/** `"token_id:<decimal>"` as vLLM's return_tokens_as_token_ids writes a token (format_token_id_placeholder). */
+const TOKEN_ID = /^token_id:(0|[1-9][0-9]{0,15})$/;
+
+/** The ids of vLLM's `"token_id:<id>"` tokens (range checks are checkSampledTokens'); refuses anything else. */
+function tokenIdsOfTokens(tokens: readonly unknown[], maxTokens: number): number[] {
+  if (tokens.length > maxTokens) throw new CompletionRejected(`${tokens.length} token ids for max_tokens ${maxTokens}`);
+  const ids = new Array<number>(tokens.length);
+  for (let i = 0; i < tokens.length; i++) {
+    const token: unknown = tokens[i];
+    const match = typeof token === 'string' ? TOKEN_ID.exec(token) : null;
+    if (match === null) throw new CompletionRejected(`logprobs.tokens[${i}] = ${preview(token)} is not "token_id:<id>" (return_tokens_as_token_ids)`);
+    ids[i] = Number(match[1]);
+  }
+  return ids;
 }
 
 export function isRecord(value: unknown): value is Record<string, unknown> {

@@ -29,7 +29,8 @@ export interface VllmClientOptions {
 /**
  * The default cap on a completion body: 64 KiB of envelope, 1 KiB per requested token (a token appears in
  * `token_ids`, `token_logprobs`, `tokens`, `top_logprobs`, `text_offset` and `text`; ~50 bytes typically, a few
- * hundred when its text is JSON-escaped) and 16 bytes per prompt token (vLLM echoes `prompt_token_ids`). Generous
+ * hundred when its text is JSON-escaped) and 16 bytes per prompt token (room for `prompt_token_ids`, which vLLM echoes
+ * when asked for `return_token_ids`; this client no longer asks, but the cap stays safe for answers that carry it). Generous
  * for any honest answer, and still far below the ~512 MiB at which Node cannot even hold the body as a string.
  */
 export function defaultMaxResponseBytes(promptTokens: number, maxTokens: number): number {
@@ -42,9 +43,10 @@ export type VllmHttpError = EngineHttpError;
 
 /**
  * Talks to a vLLM OpenAI-compatible server through `/v1/completions` with a token-id prompt ("token in, token
- * out"): the prompt goes as a list of ids, `return_token_ids: true` brings back the sampled ids
- * (`choices[0].token_ids`, vLLM >= 0.10.2) and `logprobs: 0` the logprob of each sampled token only
- * (`choices[0].logprobs.token_logprobs`). Both are used exactly as returned, never re-derived from text, so the
+ * out"): the prompt goes as a list of ids, `logprobs: 0` brings back the logprob of each sampled token only
+ * (`choices[0].logprobs.token_logprobs`) and `return_tokens_as_token_ids: true` names each sampled token by its id
+ * (`choices[0].logprobs.tokens`, `"token_id:<id>"`). Not `return_token_ids`: vLLM would echo the whole prompt's ids
+ * with it, whose JSON (400 KB at 64K tokens) cost the event loop more than a millisecond per turn to parse. Both are used exactly as returned, never re-derived from text, so the
  * trainer sees the very tokens the policy sampled. `skip_special_tokens: false` keeps the stop token (e.g.
  * <|im_end|>) visible in the informational text.
  *
@@ -92,7 +94,8 @@ export class VllmClient implements EngineClient {
       model: this.model,
       max_tokens: request.maxTokens,
       logprobs: 0,
-      return_token_ids: true,
+      // The sampled ids as "token_id:<id>" tokens; return_token_ids would also echo every prompt id (see checkCompletion).
+      return_tokens_as_token_ids: true,
       skip_special_tokens: false,
       stream: false,
     };

@@ -83,7 +83,7 @@ export interface FakeVllmStats {
 
 /**
  * TEST DOUBLE: a real HTTP server on 127.0.0.1 that speaks the subset of vLLM's OpenAI-compatible API the
- * rollout server uses — `POST /v1/completions` with a token-id prompt, `logprobs`, `return_token_ids`, `stop`,
+ * rollout server uses — `POST /v1/completions` with a token-id prompt, `logprobs`, `return_token_ids`, `return_tokens_as_token_ids`, `stop`,
  * `seed`, `request_id` (or the X-Request-Id header); `GET /health`; `GET /v1/models`; and the dev-mode routes
  * `GET /server_info` (its logprobs mode and max_num_seqs), `POST /pause?mode=abort|wait|keep`, `POST /resume`,
  * `POST /abort_requests {request_ids}` (engine ids
@@ -319,7 +319,7 @@ export class FakeVllmEngine {
     const choice = {
       index: 0,
       text: outText,
-      logprobs: typeof body.logprobs === 'number' ? completionLogprobs(tokenizer, ids, logprobs) : null,
+      logprobs: typeof body.logprobs === 'number' ? completionLogprobs(tokenizer, ids, logprobs, body.return_tokens_as_token_ids === true) : null,
       finish_reason: finish,
       stop_reason: stopReason,
       token_ids: wantIds ? ids : null,
@@ -333,9 +333,12 @@ export class FakeVllmEngine {
   }
 }
 
-/** vLLM's CompletionLogProbs for `logprobs: 0`: the sampled token only, in every per-token list. */
-function completionLogprobs(tokenizer: Tokenizer, ids: readonly number[], logprobs: readonly number[]) {
-  const tokens = ids.map((id) => tokenizer.decode([id]));
+/**
+ * vLLM's CompletionLogProbs for `logprobs: 0`: the sampled token only, in every per-token list; with
+ * `return_tokens_as_token_ids` each token is `"token_id:<id>"` (text offsets then count those strings, as vLLM's do).
+ */
+function completionLogprobs(tokenizer: Tokenizer, ids: readonly number[], logprobs: readonly number[], asIds: boolean) {
+  const tokens = ids.map((id) => (asIds ? `token_id:${id}` : tokenizer.decode([id])));
   const textOffset: number[] = [];
   let offset = 0;
   for (const token of tokens) {

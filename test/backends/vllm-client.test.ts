@@ -58,15 +58,17 @@ describe('VllmClient against the fake vLLM engine', () => {
       seed: 7,
       stop: ['</answer>'],
       logprobs: 0,
-      return_token_ids: true,
+      return_tokens_as_token_ids: true,
       skip_special_tokens: false,
     });
+    // return_token_ids would make vLLM echo every prompt id into the answer.
+    expect(engine.lastRequest).not.toHaveProperty('return_token_ids');
   });
 
   it('returns token ids and logprobs exactly as the engine sent them', async () => {
     const result = await client.generate({ promptIds: prompt, maxTokens: 256, seed: 3, signal: signal() });
     const raw = (await (
-      await fetch(`${engine.url}/v1/completions`, { method: 'POST', body: JSON.stringify(engine.lastRequest) })
+      await fetch(`${engine.url}/v1/completions`, { method: 'POST', body: JSON.stringify({ ...engine.lastRequest, return_token_ids: true }) })
     ).json()) as { choices: Array<{ token_ids: number[]; logprobs: { token_logprobs: number[] } }> };
     expect(result.tokenIds).toEqual(raw.choices[0]!.token_ids);
     expect(result.logprobs).toEqual(raw.choices[0]!.logprobs.token_logprobs);
@@ -134,11 +136,26 @@ describe('VllmClient against the fake vLLM engine', () => {
     }
   });
 
-  it('rejects an answer without token_ids (an engine too old for return_token_ids)', async () => {
-    const { url, server } = await rawServer({ choices: [{ index: 0, text: 'a', logprobs: { token_logprobs: [-0.1] }, finish_reason: 'stop' }] });
+  it('rejects an answer with neither token_ids nor "token_id:<id>" tokens (an engine without return_tokens_as_token_ids)', async () => {
+    for (const logprobs of [{ token_logprobs: [-0.1] }, { token_logprobs: [-0.1], tokens: ['a'] }, { token_logprobs: [-0.1], tokens: ['token_id:07'] }]) {
+      const { url, server } = await rawServer({ choices: [{ index: 0, text: 'a', logprobs, finish_reason: 'stop' }] });
+      try {
+        const old = new VllmClient({ url, model: 'm' });
+        await expectRolloutError(old.generate({ promptIds: [1], maxTokens: 2, signal: signal() }), 'backend_error');
+      } finally {
+        server.close();
+      }
+    }
+  });
+
+  it('reads the sampled ids from "token_id:<id>" tokens verbatim', async () => {
+    const { url, server } = await rawServer({
+      choices: [{ index: 0, text: 'ab', logprobs: { token_logprobs: [-0.5, 0], tokens: ['token_id:0', 'token_id:151668'] }, finish_reason: 'length' }],
+    });
     try {
-      const old = new VllmClient({ url, model: 'm' });
-      await expectRolloutError(old.generate({ promptIds: [1], maxTokens: 2, signal: signal() }), 'backend_error');
+      const c = new VllmClient({ url, model: 'm' });
+      const result = await c.generate({ promptIds: [1], maxTokens: 2, vocabSize: 151_669, signal: signal() });
+      expect(result).toEqual({ tokenIds: [0, 151_668], logprobs: [-0.5, 0], finishReason: 'length', text: 'ab' });
     } finally {
       server.close();
     }
@@ -189,16 +206,16 @@ describe('VllmClient checks every engine answer before it becomes a trajectory',
     c.generate({ promptIds: prompt, maxTokens: extra.maxTokens ?? 64, vocabSize: extra.vocabSize ?? 151_669, seed: 5, signal: signal() });
 
   it('refuses token ids outside the tokenizer\'s vocabulary', async () => {
-    engine.failNext(1, { kind: 'tamper', tamper: (choice) => ((choice.token_ids as number[])[1] = 9_999_999) });
+    engine.failNext(1, { kind: 'tamper', tamper: (choice) => ((choice.logprobs as { tokens: string[] }).tokens[1] = 'token_id:9999999') });
     const err = await expectRolloutError(ask(client), 'backend_error');
-    expect(err.message).toContain('token_ids[1] = 9999999 is not an integer in [0, 151669)');
+    expect(err.message).toContain('logprobs.tokens[1] (token_id) = 9999999 is not an integer in [0, 151669)');
   });
 
   it('refuses an answer with more tokens than max_tokens asked for', async () => {
     engine.failNext(1, {
       kind: 'tamper',
       tamper: (choice) => {
-        choice.token_ids = Array.from({ length: 200_000 }, (_, i) => i % 1000);
+        (choice.logprobs as { tokens: string[] }).tokens = Array.from({ length: 200_000 }, (_, i) => `token_id:${i % 1000}`);
         (choice.logprobs as { token_logprobs: number[] }).token_logprobs = Array.from({ length: 200_000 }, () => -0.5);
       },
     });

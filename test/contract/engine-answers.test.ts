@@ -68,9 +68,9 @@ describe('engine answers are checked before they become trajectories, and the se
   afterAll(async () => h?.close());
 
   it('token ids outside the tokenizer\u2019s vocabulary: BACKEND_ERROR naming the id, not COMPLETED with reward 0', async () => {
-    h.engine.failNext(1, { kind: 'tamper', tamper: (choice) => ((choice.token_ids as number[])[0] = 10_000_000) });
+    h.engine.failNext(1, { kind: 'tamper', tamper: (choice) => ((choice.logprobs as { tokens: string[] }).tokens[0] = 'token_id:10000000') });
     const [t] = await runTask(h, mathTask('out-of-vocab', 1, 1101));
-    expectBackendError(t!, /token_ids\[0\] = 10000000 is not an integer in \[0, 151669\)/);
+    expectBackendError(t!, /logprobs\.tokens\[0\] \(token_id\) = 10000000 is not an integer in \[0, 151669\)/);
     const [next] = await runTask(h, mathTask('after-out-of-vocab', 1, 1102));
     expect(OK.has(next!.status), name(next!)).toBe(true);
   });
@@ -79,7 +79,7 @@ describe('engine answers are checked before they become trajectories, and the se
     h.engine.failNext(1, {
       kind: 'tamper',
       tamper: (choice) => {
-        choice.token_ids = Array.from({ length: 200_000 }, (_, i) => 1000 + (i % 1000));
+        (choice.logprobs as { tokens: string[] }).tokens = Array.from({ length: 200_000 }, (_, i) => `token_id:${1000 + (i % 1000)}`);
         (choice.logprobs as { token_logprobs: number[] }).token_logprobs = Array.from({ length: 200_000 }, () => -0.25);
       },
     });

@@ -53,8 +53,10 @@ export async function recordingProxy(target: string): Promise<RecordingProxy> {
           const text = Buffer.concat(parts);
           if (completion && answer.statusCode === 200) {
             const sent = JSON.parse(body.toString('utf8')) as { prompt: number[]; seed?: number; max_tokens?: number };
-            const choice = (JSON.parse(text.toString('utf8')) as { choices: Array<{ token_ids: number[]; finish_reason: string; logprobs: { token_logprobs: number[] } }> }).choices[0]!;
-            exchanges.push({ prompt: sent.prompt, seed: sent.seed, maxTokens: sent.max_tokens, tokenIds: choice.token_ids, logprobs: choice.logprobs.token_logprobs, finishReason: choice.finish_reason });
+            const choice = (JSON.parse(text.toString('utf8')) as { choices: Array<{ finish_reason: string; logprobs: { tokens: string[]; token_logprobs: number[] } }> }).choices[0]!;
+            // The client asks for return_tokens_as_token_ids: each sampled token is "token_id:<id>".
+            const tokenIds = choice.logprobs.tokens.map((t) => Number(/^token_id:(\d+)$/.exec(t)?.[1] ?? NaN));
+            exchanges.push({ prompt: sent.prompt, seed: sent.seed, maxTokens: sent.max_tokens, tokenIds, logprobs: choice.logprobs.token_logprobs, finishReason: choice.finish_reason });
           }
           res.writeHead(answer.statusCode ?? 502, answer.headers).end(text);
         });

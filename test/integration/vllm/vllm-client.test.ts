@@ -77,6 +77,16 @@ describe.skipIf(!installed)('VllmClient against a real vLLM server (tiny random 
     expect(result.tokenIds).toEqual(choice.token_ids);
     expect(result.logprobs).toEqual(choice.logprobs.token_logprobs);
     expect(result.text).toBe(choice.text);
+    // What the client asks instead (return_tokens_as_token_ids): the same ids as "token_id:<id>", no prompt echo.
+    const asTokens = (await (
+      await fetch(`${vllm.url}/v1/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ model: vllm.model, prompt, logprobs: 0, return_tokens_as_token_ids: true, skip_special_tokens: false, max_tokens: 24, temperature: 1, seed: 11 }),
+      })
+    ).json()) as { choices: Array<RawChoice & { prompt_token_ids: unknown }> };
+    expect(asTokens.choices[0]!.logprobs.tokens).toEqual(choice.token_ids.map((id) => `token_id:${id}`));
+    expect(asTokens.choices[0]!.prompt_token_ids ?? null).toBeNull();
     for (const p of result.logprobs) {
       expect(Number.isFinite(p)).toBe(true);
       expect(p).toBeLessThanOrEqual(0);

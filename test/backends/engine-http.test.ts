@@ -1,0 +1,75 @@
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { afterEach, describe, expect, it } from 'vitest';
+import { EngineHttp } from '../../src/backends/engine-http.js';
+import { RolloutError } from '../../src/errors.js';
+
+const signal = (): AbortSignal => new AbortController().signal;
+
+/** An engine stand-in that counts connections and echoes the request body; `keepAliveMs` is its idle-close timeout. */
+async function countingServer(keepAliveMs: number): Promise<{ url: string; server: Server; connections: () => number }> {
+  let connections = 0;
+  const server = createServer((req, res) => {
+    const chunks: Buffer[] = [];
+    req.on('data', (c: Buffer) => chunks.push(c));
+    req.on('end', () => res.writeHead(200, { 'content-type': 'application/json' }).end(Buffer.concat(chunks)));
+  });
+  server.keepAliveTimeout = keepAliveMs;
+  server.on('connection', () => connections++);
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, server, connections: () => connections };
+}
+
+describe('EngineHttp (undici pool per engine)', () => {
+  let server: Server | undefined;
+  let http: EngineHttp | undefined;
+  afterEach(async () => {
+    http?.close();
+    server?.closeAllConnections();
+    await new Promise<void>((resolve) => (server ? server.close(() => resolve()) : resolve()));
+    server = undefined;
+    http = undefined;
+  });
+
+  it('reuses keep-alive connections for requests one after another (not one per request), and sends a body in pieces as one JSON text', async () => {
+    const s = await countingServer(5_000);
+    server = s.server;
+    http = new EngineHttp({ url: s.url, label: 'test engine' });
+    for (let i = 0; i < 10; i++) {
+      const answer = await http.request('POST', '/echo', ['{"prompt":', '[1,2', `,${i}]`, ',"é":1}'], signal(), 1 << 20);
+      expect(answer).toEqual({ status: 200, text: `{"prompt":[1,2,${i}],"é":1}` });
+    }
+    // undici's pool marks a connection free a tick after its answer ends, so a request sent at once from the answer's
+    // continuation opens a second one; from then on the two are reused, never one connection per request.
+    expect(s.connections()).toBeLessThanOrEqual(2);
+  });
+
+  it('never sends a request into a connection the engine is closing as idle (requests spaced at its keep-alive timeout all succeed)', async () => {
+    // Node's server announces `Keep-Alive: timeout=1`; undici retires idle connections before that, so no request
+    // races the engine's close (node:http's agent wrote into such sockets: ECONNRESET on a loaded machine).
+    const s = await countingServer(1_000);
+    server = s.server;
+    http = new EngineHttp({ url: s.url, label: 'test engine' });
+    for (let i = 0; i < 4; i++) {
+      await expect(http.request('GET', '/x', undefined, signal(), 1024)).resolves.toMatchObject({ status: 200 });
+      await sleep(1_000);
+    }
+  });
+
+  it('an abort while the request waits for a connection settles at once with the caller\'s reason', async () => {
+    const hanging = createServer(() => undefined);
+    server = hanging;
+    await new Promise<void>((resolve) => hanging.listen(0, '127.0.0.1', resolve));
+    http = new EngineHttp({ url: `http://127.0.0.1:${(hanging.address() as AddressInfo).port}`, label: 'test engine', maxSockets: 1 });
+    const first = http.request('GET', '/a', undefined, signal(), 1024).catch((e: unknown) => e);
+    const controller = new AbortController();
+    const queued = http.request('GET', '/b', undefined, controller.signal, 1024);
+    controller.abort(new Error('caller gave up'));
+    const err = await queued.then(() => expect.fail('expected a rejection'), (e: unknown) => e);
+    expect(err).toBeInstanceOf(RolloutError);
+    expect((err as RolloutError).code).toBe('cancelled');
+    http.close();
+    expect(await first).toBeInstanceOf(RolloutError);
+  });
+});
