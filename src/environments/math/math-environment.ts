@@ -1,6 +1,7 @@
 import type { ChatMessage } from '../../tokens/types.js';
 import { RolloutError } from '../../errors.js';
 import { defaultToolRegistry, type ToolRegistry } from '../../tools/registry.js';
+import { openGradingSandbox } from '../grading-sandbox.js';
 import type { Environment, Evaluation } from '../types.js';
 import { checkEquivalence } from './equivalence.js';
 import { findFinalAnswer } from './extract.js';
@@ -27,7 +28,7 @@ export interface MathEnvironmentOptions {
   systemPrompt?: string;
   /**
    * The checker of instances that do not name one (`instance.checker`). Default `builtin`: always available, no
-   * process per check. `math-verify` runs Hugging Face's math-verify in the sample's sandbox (math-verify-checker.ts)
+   * process per check. `math-verify` runs Hugging Face's math-verify in a fresh sandbox (math-verify-checker.ts)
    * and needs it installed (scripts/setup.sh); asking for it when it is not fails here, at start-up.
    */
   checker?: MathChecker;
@@ -43,8 +44,8 @@ export interface MathEnvironmentOptions {
  * The "math" environment: a problem with a reference answer; the model may use Python and a shell and answers with the
  * finish tool or \boxed{}. Reward is 1 when the answer is equivalent to the reference (see equivalence.ts),
  * else 0. No answer at all is reward 0 with has_answer 0: that is the model's failure, not the
- * infrastructure's, so it is a completed trajectory. The sandbox is only used by the python and bash tools;
- * evaluation never touches it.
+ * infrastructure's, so it is a completed trajectory. The sample's sandbox is only used by the python and bash tools;
+ * evaluation never touches it (math-verify runs in a fresh sandbox of its own).
  *
  * details: { correct: 0|1, has_answer: 0|1 }; report: { extracted, reference, method, checker, comparison } where
  * method is where the answer came from ('finish_tool' | 'boxed' | 'none'), checker is 'builtin' or 'math-verify',
@@ -86,9 +87,6 @@ export function createMathEnvironment(options: MathEnvironmentOptions = {}): Env
       return instance;
     },
 
-    // math-verify runs in the sample's sandbox: its packages and script are bound in read-only.
-    sandbox: (instance) => (checkerOf(instance) === 'math-verify' && mathVerify ? { mounts: mathVerifyMounts(mathVerify) } : {}),
-
     prompt,
 
     async init({ instance }): Promise<{ messages: ChatMessage[] }> {
@@ -100,7 +98,7 @@ export function createMathEnvironment(options: MathEnvironmentOptions = {}): Env
     // compiles zod schemas — measurable CPU and ~11 KiB per trajectory if done per sample.
     tools: () => tools,
 
-    async evaluate({ instance, outcome, sandbox, signal }): Promise<Evaluation> {
+    async evaluate({ instance, outcome, signal, openSandbox }): Promise<Evaluation> {
       const reference = String(instance.answer);
       const found = findFinalAnswer(outcome);
       if (!found) {
@@ -116,6 +114,10 @@ export function createMathEnvironment(options: MathEnvironmentOptions = {}): Env
         const correct = builtin.equivalent ? 1 : 0;
         return { reward: correct, details: { correct, has_answer: 1 }, report: { ...report, checker: 'builtin', comparison: builtin.method } };
       }
+      // In a fresh sandbox from the image with math-verify's packages bound in read-only, not in the episode's: what
+      // the model left running there (or the memory and processes it used up) cannot break or sway the check.
+      if (!mathVerify) throw new RolloutError('environment_error', 'math-verify is not installed on this server');
+      const sandbox = await openGradingSandbox(openSandbox, 'math', { mounts: mathVerifyMounts(mathVerify) });
       const timeoutMs = options.mathVerifyTimeoutMs;
       const [verdict] = await runMathVerify(sandbox, [{ gold: reference, pred: found.answer }], { signal, ...(timeoutMs !== undefined && { timeoutMs }) });
       const correct = verdict!.equivalent ? 1 : 0;
