@@ -5,7 +5,7 @@ import type { Evaluation } from '../types.js';
 import { gradeTests, parsePytestReport, pytestPluginSource, PYTEST_PLUGIN_MODULE, type ListGrade, type TestStatus } from './grading.js';
 import type { SweInstance } from './instance.js';
 import { applyPatch, applyTestPatch, prepareWorkingCopy, runTests } from './repo-ops.js';
-import { touchedPaths } from './unified-diff.js';
+import { touchedPaths } from './patch-paths.js';
 
 /** Bytes of the agent's patch kept in the report (the whole patch is applied; the report shows its head). */
 export const REPORT_PATCH_BYTES = 64 << 10;
