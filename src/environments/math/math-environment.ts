@@ -1,11 +1,11 @@
-import type { ChatMessage } from '../../tokens/types.js';
 import { RolloutError } from '../../errors.js';
 import { defaultToolRegistry, type ToolRegistry } from '../../tools/registry.js';
+import { defineEnvironment } from '../define.js';
 import { openGradingSandbox } from '../grading-sandbox.js';
 import type { Environment, Evaluation } from '../types.js';
 import { checkEquivalence } from './equivalence.js';
 import { findFinalAnswer } from './extract.js';
-import { mathInstanceJsonSchema, validateMathInstance, type MathChecker, type MathInstance } from './instance.js';
+import { mathInstanceSchema, type MathChecker, type MathInstance } from './instance.js';
 import { findMathVerify, mathVerifyMounts, runMathVerify, type MathVerifyInstallation } from './math-verify-checker.js';
 
 /** Tools the math environment offers, by name; the system prompt refers to them. */
@@ -62,41 +62,29 @@ export function createMathEnvironment(options: MathEnvironmentOptions = {}): Env
   const toolRegistry = options.toolRegistry ?? defaultToolRegistry();
   const missing = MATH_TOOL_NAMES.filter((name) => !toolRegistry.has(name));
   if (missing.length > 0) throw new RolloutError('failed_precondition', `math environment needs tools: ${missing.join(', ')}`);
-  const tools = toolRegistry.create(MATH_TOOL_NAMES);
   const defaultChecker = options.checker ?? 'builtin';
   const mathVerify = options.mathVerify ?? findMathVerify(options.mathVerifyVenv);
   if (defaultChecker === 'math-verify' && !mathVerify) {
     throw new RolloutError('failed_precondition', 'math checker math-verify is not installed (scripts/setup.sh installs it into .venvs/math-verify)');
   }
   const checkerOf = (instance: MathInstance): MathChecker => instance.checker ?? defaultChecker;
-  const prompt = (instance: MathInstance): ChatMessage[] => [
-    { role: 'system', content: systemPrompt },
-    { role: 'user', content: instance.problem },
-  ];
-  return {
+  // On a server without math-verify, an instance asking for it is refused at submission, naming the field.
+  const instanceSchema = mathVerify
+    ? mathInstanceSchema
+    : mathInstanceSchema.refine((i) => i.checker !== 'math-verify', { path: ['checker'], error: 'math-verify is not installed on this server (scripts/setup.sh installs it)' });
+  return defineEnvironment({
     name: 'math',
     description: 'Math word problems with a reference answer; python and bash tools; reward 1 if the final answer (finish tool or \\boxed{}) is equivalent.',
-    instanceSchema: mathInstanceJsonSchema,
-    toolNames: MATH_TOOL_NAMES,
-
-    validate(raw: unknown): MathInstance {
-      const instance = validateMathInstance(raw);
-      if (checkerOf(instance) === 'math-verify' && !mathVerify) {
-        throw RolloutError.invalid('instance.checker', 'math-verify is not installed on this server (scripts/setup.sh installs it)');
-      }
-      return instance;
-    },
-
-    prompt,
-
-    async init({ instance }): Promise<{ messages: ChatMessage[] }> {
-      return { messages: prompt(instance) };
-    },
-
+    instance: instanceSchema,
+    prompt: (i) => [
+      { role: 'system', content: systemPrompt },
+      { role: 'user', content: i.problem },
+    ],
     // Built once and shared by every sample: these tools keep no per-sample state of their own (python's cell
     // counter is keyed by the sandbox, bash's state is the sandbox's shell) and have no dispose; building them
     // compiles zod schemas — measurable CPU and ~11 KiB per trajectory if done per sample.
-    tools: () => tools,
+    tools: MATH_TOOL_NAMES,
+    toolRegistry,
 
     async evaluate({ instance, outcome, signal, openSandbox }): Promise<Evaluation> {
       const reference = String(instance.answer);
@@ -127,5 +115,5 @@ export function createMathEnvironment(options: MathEnvironmentOptions = {}): Env
         report: { ...report, checker: 'math-verify', comparison: 'math-verify', parsed: { gold: verdict!.gold, pred: verdict!.pred }, builtin: builtin.equivalent },
       };
     },
-  };
+  });
 }
