@@ -9,6 +9,7 @@ import { findSolution } from './extract.js';
 import { runHumanEvalTests } from './humaneval-runner.js';
 import { codeInstanceSchema, type CodeInstance } from './instance.js';
 import { runStdioTests } from './stdio-runner.js';
+import type { FloatTolerance } from './judge.js';
 import type { TestRun } from './test-run.js';
 
 /** Tools the code environment offers, by name; the system prompts refer to them. */
@@ -45,11 +46,19 @@ export function codePrompt(instance: CodeInstance): ChatMessage[] {
       { role: 'user', content: `Complete this function:\n\n\`\`\`python\n${instance.prompt.replace(/\n+$/, '')}\n\`\`\`` },
     ];
   }
-  const limits = `Time limit: ${instance.timeLimitS} s per test. Memory limit: ${instance.memoryLimitMb} MiB.`;
+  const limits = `Time limit: ${instance.timeLimitS} s per test. Memory limit: ${instance.memoryLimitMb} MiB.${toleranceNote(instance.floatTolerance)}`;
   return [
     { role: 'system', content: STDIO_SYSTEM_PROMPT },
     { role: 'user', content: `${instance.prompt.replace(/\n+$/, '')}\n\n${limits}` },
   ];
+}
+
+/** The prompt's sentence on a task's float tolerance ('' without one), so the model knows how exact to print. */
+function toleranceNote(tolerance: FloatTolerance | undefined): string {
+  if (!tolerance) return '';
+  const { absolute, relative } = tolerance;
+  const errors = [absolute !== undefined && `an absolute error of ${absolute}`, relative !== undefined && `a relative error of ${relative}`].filter(Boolean).join(' or ');
+  return ` Numbers in your output are accepted within ${errors} of the expected ones.`;
 }
 
 /**
@@ -78,6 +87,7 @@ function scored(run: TestRun, source: string, instance: CodeInstance): Evaluatio
     report: {
       format: instance.format,
       ...(instance.taskId !== undefined && { task_id: instance.taskId }),
+      ...(instance.format === 'stdio' && instance.floatTolerance && { float_tolerance: { ...instance.floatTolerance } }),
       source,
       tests,
       tests_omitted: Math.max(0, total - MAX_REPORTED_TESTS),
