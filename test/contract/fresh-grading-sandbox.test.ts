@@ -1,5 +1,9 @@
 import { existsSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { RolloutError } from '../../src/errors.js';
+import { silentLogger } from '../../src/observability/logger.js';
+import { BubblewrapDriver } from '../../src/sandboxes/bwrap.js';
+import type { SandboxDriver } from '../../src/sandboxes/types.js';
 import { TrajectoryStatus, type Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import type { TaskInput } from '../../src/client/rollout-client.js';
 import { findMathVerify } from '../../src/environments/math/math-verify-checker.js';
@@ -119,6 +123,33 @@ describe.runIf(existsSync(image) || process.env.CI)('grading in a fresh sandbox,
       expect(t.reward, id).toBe(reward);
       expect(t.evalReport).toMatchObject({ checker: 'math-verify', comparison: 'math-verify' });
     }
+    expect(await liveSandboxes()).toEqual([]);
+  });
+});
+
+describe.runIf(existsSync(image) || process.env.CI)('a grading sandbox that cannot start', () => {
+  let h: ServerHarness;
+  const bwrap = new BubblewrapDriver({ logger: silentLogger() });
+  beforeAll(async () => {
+    // Every second sandbox fails to start: with one sample at a time, that is its grading sandbox.
+    let starts = 0;
+    const sandboxes: SandboxDriver = {
+      name: 'every-second-fails',
+      start: async (spec, signal) => (++starts % 2 === 0 ? Promise.reject(new RolloutError('sandbox_error', 'no room for another sandbox')) : bwrap.start(spec, signal)),
+    };
+    h = await startServerHarness({ engine: { policy: () => fence(SUM_RIGHT) }, sandboxes, config: { sandbox: { image } } });
+  });
+  afterAll(async () => {
+    await h?.close();
+    await bwrap.close?.();
+  });
+
+  it('is SANDBOX_ERROR, never reward 0', async () => {
+    const session = h.client.openSession();
+    await session.submit(task('io-no-grader', 'code', stdio, 1));
+    session.close();
+    const [t] = await collect(session.trajectories());
+    expect(t).toMatchObject({ status: TrajectoryStatus.TRAJECTORY_STATUS_SANDBOX_ERROR, error: expect.stringContaining('no room for another sandbox') });
     expect(await liveSandboxes()).toEqual([]);
   });
 });
