@@ -19,7 +19,7 @@ export { defineEnvironment, parseInstance, type EnvironmentDefinition } from './
 export { createCodeEnvironment } from './environments/code/code-environment.js';
 export { loadCodeTasks, loadHumanEval, findHumanEvalData, type CodeTaskRow } from './environments/code/dataset.js';
 export { createStemEnvironment } from './environments/stem/stem-environment.js';
-export { builtinUnits, type Unit, type UnitSystem } from './environments/stem/units.js';
+export { mathjsUnits, type Unit, type UnitSystem } from './environments/stem/units.js';
 export type { JsonObject, JsonValue } from './environments/json.js';
 export type { SandboxRequest } from './sandboxes/spec.js';
 

@@ -4,7 +4,7 @@ import type { SandboxRequest } from '../sandboxes/spec.js';
 import type { ChatMessage } from '../tokens/types.js';
 import { defaultToolRegistry, type ToolRegistry } from '../tools/registry.js';
 import type { Tool } from '../tools/types.js';
-import type { Environment, EnvironmentContext, EpisodeOutcome, Evaluation } from './types.js';
+import type { Environment, EnvironmentContext, Evaluation, EvaluationContext } from './types.js';
 
 /**
  * What a plugin author writes: the environment's name and description, its instance as a zod schema, and the
@@ -53,9 +53,10 @@ export interface EnvironmentDefinition<S extends z.ZodType> {
   /**
    * The episode's reward, finite numeric details and a JSON report. The model's failure (a wrong answer, no
    * answer, code that crashes) is a reward, usually 0; a throw means the evaluation itself failed and becomes
-   * ENVIRONMENT_ERROR (SANDBOX_ERROR when the sandbox failed), so trainers can drop it.
+   * ENVIRONMENT_ERROR (SANDBOX_ERROR when the sandbox failed), so trainers can drop it. `openSandbox` gives a fresh
+   * sandbox from the image for grading, untouched by the episode (the pipeline stops it; see `OpenSandbox`).
    */
-  evaluate: (context: EnvironmentContext<z.output<S>> & { outcome: EpisodeOutcome }) => Promise<Evaluation>;
+  evaluate: (context: EvaluationContext<z.output<S>>) => Promise<Evaluation>;
 }
 
 /**

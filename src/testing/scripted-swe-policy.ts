@@ -1,5 +1,6 @@
+import { parsePatch, type StructuredPatchHunk } from 'diff';
 import { posix } from 'node:path';
-import { parseUnifiedDiff } from '../environments/swe/unified-diff.js';
+import { patchFileName } from '../environments/swe/patch-paths.js';
 import { hermesToolCall, type FakePolicy } from './scripted-policy.js';
 
 /** One `str_replace_editor` str_replace call: `old_str` must occur exactly once in `path` (absolute). */
@@ -15,10 +16,43 @@ export interface ScriptedEdit {
  * delete whole files are not expressible as str_replace and are refused.
  */
 export function editsFromPatch(patch: string, root: string): ScriptedEdit[] {
-  return parseUnifiedDiff(patch).flatMap((file) => {
-    if (file.oldPath === '/dev/null' || file.newPath === '/dev/null') throw new Error(`${file.oldPath} → ${file.newPath}: adding or deleting files is not a str_replace`);
-    return file.hunks.map((h) => ({ path: posix.join(root, file.newPath), old_str: h.oldText, new_str: h.newText }));
+  return parsePatch(patch).flatMap((file) => {
+    const oldPath = patchFileName(file.oldFileName, 'a/');
+    const newPath = patchFileName(file.newFileName, 'b/');
+    if (oldPath === undefined || newPath === undefined) throw new Error(`${file.oldFileName} → ${file.newFileName}: adding or deleting files is not a str_replace`);
+    return file.hunks.map((h) => ({ path: posix.join(root, newPath), ...hunkTexts(h) }));
   });
+}
+
+/**
+ * A hunk's old text (context and removed lines) and new text (context and added lines). "\ No newline at end of
+ * file" takes the newline off the line before it, on the side(s) that line belongs to.
+ */
+export function hunkTexts(hunk: StructuredPatchHunk): { old_str: string; new_str: string } {
+  const old: string[] = [];
+  const added: string[] = [];
+  let last: 'old' | 'new' | 'both' = 'both';
+  for (const line of hunk.lines) {
+    const text = `${line.slice(1)}\n`;
+    if (line.startsWith('\\')) {
+      for (const side of last === 'old' ? [old] : last === 'new' ? [added] : [old, added]) {
+        const end = side.length - 1;
+        if (end >= 0) side[end] = side[end]!.replace(/\n$/, '');
+      }
+    } else if (line.startsWith('-')) {
+      old.push(text);
+      last = 'old';
+    } else if (line.startsWith('+')) {
+      added.push(text);
+      last = 'new';
+    } else {
+      // Context: ' ', or an empty line (a context line whose space was stripped, as some editors do).
+      old.push(text);
+      added.push(text);
+      last = 'both';
+    }
+  }
+  return { old_str: old.join(''), new_str: added.join('') };
 }
 
 /**

@@ -66,13 +66,13 @@ describe.runIf(process.getuid?.() === 0 || process.env.CI)('SWE tasks from PyPI 
       switch (variant) {
         case 'gold':
           expect(t.reward, what).toBe(1);
-          expect(t.rewardDetails).toEqual({ fail_to_pass: 1, pass_to_pass: 1, applied: 1 });
+          expect(t.rewardDetails).toEqual({ fail_to_pass: 1, pass_to_pass: 1, applied: 1, tests_timed_out: 0 });
           // The agent's diff is the upstream fix, line for line.
           for (const line of task.fixPatch.split('\n').filter((l) => /^[+-][^+-]/.test(l))) expect(report.patch).toContain(line);
           break;
         case 'unchanged':
           expect(t.reward, what).toBe(0);
-          expect(t.rewardDetails).toEqual({ fail_to_pass: 0, pass_to_pass: 1, applied: 1 });
+          expect(t.rewardDetails).toEqual({ fail_to_pass: 0, pass_to_pass: 1, applied: 1, tests_timed_out: 0 });
           expect(report.patch).toBe('');
           expect(Object.values(f2p.statuses).every((s) => s === 'failed'), what).toBe(true);
           break;

@@ -2,12 +2,14 @@ import type { ChatMessage } from '../../tokens/types.js';
 import type { SandboxRequest } from '../../sandboxes/spec.js';
 import type { ToolRegistry } from '../../tools/registry.js';
 import { defineEnvironment } from '../define.js';
+import { openGradingSandbox } from '../grading-sandbox.js';
 import type { Environment, Evaluation } from '../types.js';
 import type { JsonObject } from '../json.js';
 import { findSolution } from './extract.js';
 import { runHumanEvalTests } from './humaneval-runner.js';
 import { codeInstanceSchema, type CodeInstance } from './instance.js';
 import { runStdioTests } from './stdio-runner.js';
+import type { FloatTolerance } from './judge.js';
 import type { TestRun } from './test-run.js';
 
 /** Tools the code environment offers, by name; the system prompts refer to them. */
@@ -44,11 +46,19 @@ export function codePrompt(instance: CodeInstance): ChatMessage[] {
       { role: 'user', content: `Complete this function:\n\n\`\`\`python\n${instance.prompt.replace(/\n+$/, '')}\n\`\`\`` },
     ];
   }
-  const limits = `Time limit: ${instance.timeLimitS} s per test. Memory limit: ${instance.memoryLimitMb} MiB.`;
+  const limits = `Time limit: ${instance.timeLimitS} s per test. Memory limit: ${instance.memoryLimitMb} MiB.${toleranceNote(instance.floatTolerance)}`;
   return [
     { role: 'system', content: STDIO_SYSTEM_PROMPT },
     { role: 'user', content: `${instance.prompt.replace(/\n+$/, '')}\n\n${limits}` },
   ];
+}
+
+/** The prompt's sentence on a task's float tolerance ('' without one), so the model knows how exact to print. */
+function toleranceNote(tolerance: FloatTolerance | undefined): string {
+  if (!tolerance) return '';
+  const { absolute, relative } = tolerance;
+  const errors = [absolute !== undefined && `an absolute error of ${absolute}`, relative !== undefined && `a relative error of ${relative}`].filter(Boolean).join(' or ');
+  return ` Numbers in your output are accepted within ${errors} of the expected ones.`;
 }
 
 /**
@@ -77,6 +87,7 @@ function scored(run: TestRun, source: string, instance: CodeInstance): Evaluatio
     report: {
       format: instance.format,
       ...(instance.taskId !== undefined && { task_id: instance.taskId }),
+      ...(instance.format === 'stdio' && instance.floatTolerance && { float_tolerance: { ...instance.floatTolerance } }),
       source,
       tests,
       tests_omitted: Math.max(0, total - MAX_REPORTED_TESTS),
@@ -91,7 +102,8 @@ function scored(run: TestRun, source: string, instance: CodeInstance): Evaluatio
  * See instance.ts for the instance and docs/environments/code.md for the whole contract.
  *
  * The model may run code with `python` and `bash` and submits its solution in a ```python block of its final
- * reply or through `finish`. The tests run in the sample's sandbox (no network), each under a time limit.
+ * reply or through `finish`. The tests run in a fresh sandbox from the same image (`openSandbox`: nothing the
+ * episode left there, no network), with only the solution copied in, each test under a time limit.
  * Reward 1 iff every test passes; details { passed_all, pass_fraction, passed, total, has_code }; report
  * { format, task_id?, source, tests: first {@link MAX_REPORTED_TESTS} outcomes, tests_omitted, duration_ms }.
  * No code at all is reward 0 with has_code 0 — the model's failure, a completed trajectory. So are code that
@@ -107,13 +119,13 @@ export function createCodeEnvironment(options: CodeEnvironmentOptions = {}): Env
   return defineEnvironment({
     name: 'code',
     description:
-      'Python coding tasks: HumanEval format {prompt, test, entry_point} or stdin/stdout format {prompt, tests: [{input, output}]}; python and bash tools; the solution (a ```python block or the finish tool) is tested in the sandbox; reward 1 if every test passes.',
+      'Python coding tasks: HumanEval format {prompt, test, entry_point} or stdin/stdout format {prompt, tests: [{input, output}]}; python and bash tools; the solution (a ```python block or the finish tool) is tested in a fresh sandbox; reward 1 if every test passes.',
     instance: codeInstanceSchema,
     sandbox: codeSandbox,
     prompt: codePrompt,
     tools: CODE_TOOL_NAMES,
     ...(options.toolRegistry && { toolRegistry: options.toolRegistry }),
-    async evaluate({ instance, outcome, sandbox, signal }) {
+    async evaluate({ instance, outcome, signal, openSandbox }) {
       const solution = findSolution(outcome);
       if (!solution) {
         return {
@@ -122,6 +134,9 @@ export function createCodeEnvironment(options: CodeEnvironmentOptions = {}): Env
           report: { format: instance.format, ...(instance.taskId !== undefined && { task_id: instance.taskId }), source: 'none', tests: [] },
         };
       }
+      // Graded in a fresh sandbox from the image, never in the episode's: a process the model left running or a
+      // file it planted (or the memory and processes it used up) can neither fool nor break the tests.
+      const sandbox = await openGradingSandbox(openSandbox, 'code');
       const run =
         instance.format === 'humaneval'
           ? await runHumanEvalTests(sandbox, instance, solution.code, signal)

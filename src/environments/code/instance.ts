@@ -51,6 +51,21 @@ export const humanEvalInstanceSchema = z
     memoryLimitMb: row.memory_limit_mb ?? DEFAULT_MEMORY_LIMIT_MB,
   }));
 
+const toleranceValue = z.number().min(0, { error: 'must be at least 0' });
+/**
+ * A number: both tolerances (Codeforces' "absolute or relative error at most ε", Kattis's `float_tolerance`); an
+ * object: either or both. See judge.ts's FloatTolerance.
+ */
+const floatTolerance = z.union([
+  toleranceValue.max(1, { error: 'must be at most 1 (give {absolute} for a larger absolute tolerance)' }),
+  z
+    .strictObject({
+      absolute: toleranceValue.optional().describe('Largest absolute error |got − expected| accepted.'),
+      relative: toleranceValue.max(1, { error: 'must be at most 1' }).optional().describe('Largest relative error |got − expected| / |expected| accepted.'),
+    })
+    .refine((t) => t.absolute !== undefined || t.relative !== undefined, { error: 'give absolute, relative or both' }),
+]);
+
 const ioTest = z.object({
   input: text().describe('Everything the program reads on stdin.'),
   output: text().describe('The expected stdout, compared token by token (see docs/environments/code.md).'),
@@ -64,6 +79,9 @@ export const stdioInstanceSchema = z
     tests: z.array(ioTest).min(1, { error: 'must hold at least one test' }).max(MAX_TESTS, { error: `must hold at most ${MAX_TESTS} tests` }),
     time_limit_s: seconds.optional().describe(`Time limit of one test, seconds (default ${DEFAULT_TEST_TIME_LIMIT_S}).`),
     memory_limit_mb: memoryMb.optional().describe(`Address-space limit of one test process, MiB (default ${DEFAULT_MEMORY_LIMIT_MB}).`),
+    float_tolerance: floatTolerance
+      .optional()
+      .describe('Numbers in the output accepted within this absolute or relative error of the expected ones: a number for both, or {absolute, relative}. Off by default (numbers compared as text).'),
   })
   .refine((row) => row.prompt !== undefined || row.statement !== undefined, { error: 'required', path: ['prompt'] })
   .transform((row) => ({
@@ -73,6 +91,7 @@ export const stdioInstanceSchema = z
     tests: row.tests,
     timeLimitS: row.time_limit_s ?? DEFAULT_TEST_TIME_LIMIT_S,
     memoryLimitMb: row.memory_limit_mb ?? DEFAULT_MEMORY_LIMIT_MB,
+    floatTolerance: typeof row.float_tolerance === 'number' ? { absolute: row.float_tolerance, relative: row.float_tolerance } : row.float_tolerance,
   }));
 
 /** Either format; a union so ListEnvironments shows both as `anyOf`. */

@@ -11,7 +11,7 @@ const STDERR_TAIL = 300;
 /**
  * Runs a stdin/stdout task's tests on `program` inside the sandbox, in order: each test is a fresh
  * `python3 -I solution.py` with the test's input on stdin, the task's time limit and address-space limit, and its
- * stdout judged by {@link judgeOutput}. Output past the sandbox's per-command cap is 'output_limit' (the sandbox
+ * stdout judged by {@link judgeOutput} (with the task's float tolerance, when it gives one). Output past the sandbox's per-command cap is 'output_limit' (the sandbox
  * request of the code environment sizes that cap to the largest expected output). After the first timeout the
  * remaining tests are not run and count as failed: a program that hangs on one input mostly hangs on the next
  * too, and each would cost the full time limit of the evaluation's budget.
@@ -52,7 +52,7 @@ export async function runStdioTests(sandbox: Sandbox, task: StdioTask, program: 
       const tail = r.stderr.trimEnd().slice(-STDERR_TAIL);
       tests.push({ index, passed: false, status: 'runtime_error', detail: tail ? `${how}: ${tail}` : how, timeMs });
     } else {
-      const verdict = judgeOutput(r.stdout, test.output);
+      const verdict = judgeOutput(r.stdout, test.output, task.floatTolerance);
       tests.push({ index, passed: verdict.accepted, status: verdict.accepted ? 'passed' : 'wrong_answer', ...(verdict.difference && { detail: verdict.difference }), timeMs });
     }
   }

@@ -1,10 +1,11 @@
-import type { ChatMessage } from '../../tokens/types.js';
 import { RolloutError } from '../../errors.js';
 import { defaultToolRegistry, type ToolRegistry } from '../../tools/registry.js';
+import { defineEnvironment } from '../define.js';
+import { openGradingSandbox } from '../grading-sandbox.js';
 import type { Environment, Evaluation } from '../types.js';
 import { checkEquivalence } from './equivalence.js';
 import { findFinalAnswer } from './extract.js';
-import { mathInstanceJsonSchema, validateMathInstance, type MathChecker, type MathInstance } from './instance.js';
+import { mathInstanceSchema, type MathChecker, type MathInstance } from './instance.js';
 import { findMathVerify, mathVerifyMounts, runMathVerify, type MathVerifyInstallation } from './math-verify-checker.js';
 
 /** Tools the math environment offers, by name; the system prompt refers to them. */
@@ -27,7 +28,7 @@ export interface MathEnvironmentOptions {
   systemPrompt?: string;
   /**
    * The checker of instances that do not name one (`instance.checker`). Default `builtin`: always available, no
-   * process per check. `math-verify` runs Hugging Face's math-verify in the sample's sandbox (math-verify-checker.ts)
+   * process per check. `math-verify` runs Hugging Face's math-verify in a fresh sandbox (math-verify-checker.ts)
    * and needs it installed (scripts/setup.sh); asking for it when it is not fails here, at start-up.
    */
   checker?: MathChecker;
@@ -43,8 +44,8 @@ export interface MathEnvironmentOptions {
  * The "math" environment: a problem with a reference answer; the model may use Python and a shell and answers with the
  * finish tool or \boxed{}. Reward is 1 when the answer is equivalent to the reference (see equivalence.ts),
  * else 0. No answer at all is reward 0 with has_answer 0: that is the model's failure, not the
- * infrastructure's, so it is a completed trajectory. The sandbox is only used by the python and bash tools;
- * evaluation never touches it.
+ * infrastructure's, so it is a completed trajectory. The sample's sandbox is only used by the python and bash tools;
+ * evaluation never touches it (math-verify runs in a fresh sandbox of its own).
  *
  * details: { correct: 0|1, has_answer: 0|1 }; report: { extracted, reference, method, checker, comparison } where
  * method is where the answer came from ('finish_tool' | 'boxed' | 'none'), checker is 'builtin' or 'math-verify',
@@ -61,46 +62,31 @@ export function createMathEnvironment(options: MathEnvironmentOptions = {}): Env
   const toolRegistry = options.toolRegistry ?? defaultToolRegistry();
   const missing = MATH_TOOL_NAMES.filter((name) => !toolRegistry.has(name));
   if (missing.length > 0) throw new RolloutError('failed_precondition', `math environment needs tools: ${missing.join(', ')}`);
-  const tools = toolRegistry.create(MATH_TOOL_NAMES);
   const defaultChecker = options.checker ?? 'builtin';
   const mathVerify = options.mathVerify ?? findMathVerify(options.mathVerifyVenv);
   if (defaultChecker === 'math-verify' && !mathVerify) {
     throw new RolloutError('failed_precondition', 'math checker math-verify is not installed (scripts/setup.sh installs it into .venvs/math-verify)');
   }
   const checkerOf = (instance: MathInstance): MathChecker => instance.checker ?? defaultChecker;
-  const prompt = (instance: MathInstance): ChatMessage[] => [
-    { role: 'system', content: systemPrompt },
-    { role: 'user', content: instance.problem },
-  ];
-  return {
+  // On a server without math-verify, an instance asking for it is refused at submission, naming the field.
+  const instanceSchema = mathVerify
+    ? mathInstanceSchema
+    : mathInstanceSchema.refine((i) => i.checker !== 'math-verify', { path: ['checker'], error: 'math-verify is not installed on this server (scripts/setup.sh installs it)' });
+  return defineEnvironment({
     name: 'math',
     description: 'Math word problems with a reference answer; python and bash tools; reward 1 if the final answer (finish tool or \\boxed{}) is equivalent.',
-    instanceSchema: mathInstanceJsonSchema,
-    toolNames: MATH_TOOL_NAMES,
-
-    validate(raw: unknown): MathInstance {
-      const instance = validateMathInstance(raw);
-      if (checkerOf(instance) === 'math-verify' && !mathVerify) {
-        throw RolloutError.invalid('instance.checker', 'math-verify is not installed on this server (scripts/setup.sh installs it)');
-      }
-      return instance;
-    },
-
-    // math-verify runs in the sample's sandbox: its packages and script are bound in read-only.
-    sandbox: (instance) => (checkerOf(instance) === 'math-verify' && mathVerify ? { mounts: mathVerifyMounts(mathVerify) } : {}),
-
-    prompt,
-
-    async init({ instance }): Promise<{ messages: ChatMessage[] }> {
-      return { messages: prompt(instance) };
-    },
-
+    instance: instanceSchema,
+    prompt: (i) => [
+      { role: 'system', content: systemPrompt },
+      { role: 'user', content: i.problem },
+    ],
     // Built once and shared by every sample: these tools keep no per-sample state of their own (python's cell
     // counter is keyed by the sandbox, bash's state is the sandbox's shell) and have no dispose; building them
     // compiles zod schemas — measurable CPU and ~11 KiB per trajectory if done per sample.
-    tools: () => tools,
+    tools: MATH_TOOL_NAMES,
+    toolRegistry,
 
-    async evaluate({ instance, outcome, sandbox, signal }): Promise<Evaluation> {
+    async evaluate({ instance, outcome, signal, openSandbox }): Promise<Evaluation> {
       const reference = String(instance.answer);
       const found = findFinalAnswer(outcome);
       if (!found) {
@@ -116,6 +102,10 @@ export function createMathEnvironment(options: MathEnvironmentOptions = {}): Env
         const correct = builtin.equivalent ? 1 : 0;
         return { reward: correct, details: { correct, has_answer: 1 }, report: { ...report, checker: 'builtin', comparison: builtin.method } };
       }
+      // In a fresh sandbox from the image with math-verify's packages bound in read-only, not in the episode's: what
+      // the model left running there (or the memory and processes it used up) cannot break or sway the check.
+      if (!mathVerify) throw new RolloutError('environment_error', 'math-verify is not installed on this server');
+      const sandbox = await openGradingSandbox(openSandbox, 'math', { mounts: mathVerifyMounts(mathVerify) });
       const timeoutMs = options.mathVerifyTimeoutMs;
       const [verdict] = await runMathVerify(sandbox, [{ gold: reference, pred: found.answer }], { signal, ...(timeoutMs !== undefined && { timeoutMs }) });
       const correct = verdict!.equivalent ? 1 : 0;
@@ -125,5 +115,5 @@ export function createMathEnvironment(options: MathEnvironmentOptions = {}): Env
         report: { ...report, checker: 'math-verify', comparison: 'math-verify', parsed: { gold: verdict!.gold, pred: verdict!.pred }, builtin: builtin.equivalent },
       };
     },
-  };
+  });
 }

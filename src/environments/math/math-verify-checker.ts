@@ -6,15 +6,16 @@ import type { Sandbox, SandboxMount } from '../../sandboxes/types.js';
 
 /**
  * The `math-verify` checker: Hugging Face's math-verify (PyPI, pinned in python/math-verify/requirements.txt) run
- * inside the sample's own sandbox. Why a sandbox: it parses model output with sympy, which can take unbounded time
- * and memory on adversarial text (`\frac{1}{2}^{10^{10^{10}}}`), so it runs with no network, under the sandbox's
- * memory/process limits and a wall-clock timeout, never in the server process.
+ * inside a sandbox. Why a sandbox: it parses model output with sympy, which can take unbounded time and memory on
+ * adversarial text (`\frac{1}{2}^{10^{10^{10}}}`), so it runs with no network, under the sandbox's memory/process
+ * limits and a wall-clock timeout, never in the server process. The math environment opens a fresh sandbox for it
+ * (`openSandbox`), not the episode's, so nothing the model left running there can break or sway the check.
  *
  * How: scripts/setup.sh installs the packages into a project-local venv (`.venvs/math-verify`, or
  * ROLLOUT_MATH_VERIFY_VENV) with their bytecode compiled. The venv's site-packages and
  * python/math-verify/check_answers.py are bound read-only into the sandbox at {@link MATH_VERIFY_MOUNT} (the math
- * environment asks for these mounts in `sandbox(instance)`), and the sandbox's own `python3` runs the script with
- * `-I -S`: only those packages are imported, nothing from the workspace the model wrote to. Every package is pure
+ * environment asks for these mounts when it opens the grading sandbox), and the sandbox's own `python3` runs the
+ * script with `-I -S`: only those packages are imported, nothing from the sandbox's workspace. Every package is pure
  * Python, so the image's interpreter imports them whatever its patch version; with the same minor version as the
  * interpreter that installed them (3.11 on the host and in the default bookworm image) the compiled bytecode is
  * used and a check costs about 0.5 s (the sympy import), otherwise about 2 s more.

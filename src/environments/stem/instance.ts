@@ -1,7 +1,7 @@
 import { z } from 'zod';
 import { choiceLetter, resolveChoice } from './choice.js';
 import { parseQuantity, type NumericReference } from './quantity.js';
-import { builtinUnits, convertUnit, type UnitSystem } from './units.js';
+import { mathjsUnits, type UnitSystem } from './units.js';
 
 /** Relative tolerance of numeric answers when the instance gives none: 1%, what textbook answers round to. */
 export const DEFAULT_RELATIVE_TOLERANCE = 0.01;
@@ -41,7 +41,7 @@ const nonEmpty = (max: number) =>
  * is in (when the answer string has another compatible one, it is converted) and `tolerance` the relative
  * tolerance (default {@link DEFAULT_RELATIVE_TOLERANCE}). Unknown extra fields are accepted and dropped.
  */
-export function stemInstanceSchema(units: UnitSystem = builtinUnits, defaultTolerance = DEFAULT_RELATIVE_TOLERANCE) {
+export function stemInstanceSchema(units: UnitSystem = mathjsUnits, defaultTolerance = DEFAULT_RELATIVE_TOLERANCE) {
   return z
     .object({
       question: nonEmpty(MAX_QUESTION_LENGTH).describe('The question, as shown to the model.'),
@@ -80,7 +80,7 @@ export function stemInstanceSchema(units: UnitSystem = builtinUnits, defaultTole
       const unit = unitText === '' ? undefined : units.parse(unitText);
       if (row.unit !== undefined && parsed.unitText !== '' && unit) {
         const own = units.parse(parsed.unitText);
-        const converted = own && convertUnit(value, own, unit);
+        const converted = own && units.convert(value, own, unit);
         if (own && converted === undefined) {
           ctx.issues.push({ code: 'custom', path: ['unit'], input: row.unit, message: `is not compatible with the answer's unit "${parsed.unitText}"` });
           return z.NEVER;

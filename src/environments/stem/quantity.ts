@@ -1,5 +1,5 @@
 import { unwrapBoxed } from '../math/extract.js';
-import { convertUnit, type Unit, type UnitSystem } from './units.js';
+import type { Unit, UnitSystem } from './units.js';
 
 /**
  * Reading numeric answers with units, and comparing them with a reference under a relative tolerance. Answers
@@ -120,7 +120,7 @@ export function compareQuantity(answer: string, reference: NumericReference, uni
   if (reference.unitText !== '' && q.unitText !== '') {
     const unit = units.parse(q.unitText);
     if (unit && reference.unit) {
-      const converted = convertUnit(q.value, unit, reference.unit);
+      const converted = units.convert(q.value, unit, reference.unit);
       if (converted === undefined) return { correct: false, reason: 'unit_mismatch' };
       unitConverted = converted !== q.value;
       value = converted;

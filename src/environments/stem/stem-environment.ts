@@ -5,7 +5,7 @@ import type { Environment, Evaluation } from '../types.js';
 import { choiceLetter, findStemAnswer, resolveChoice } from './choice.js';
 import { DEFAULT_RELATIVE_TOLERANCE, stemInstanceSchema, type StemInstance } from './instance.js';
 import { compareQuantity } from './quantity.js';
-import { builtinUnits, type UnitSystem } from './units.js';
+import { mathjsUnits, type UnitSystem } from './units.js';
 
 /** Tools the STEM environment offers, by name; the system prompts refer to them. */
 export const STEM_TOOL_NAMES = ['python', 'finish'] as const;
@@ -23,7 +23,7 @@ export const STEM_NUMERIC_SYSTEM_PROMPT = [
 export interface StemEnvironmentOptions {
   /** Where the `python` and `finish` tools come from (default: the built-in tool registry). */
   toolRegistry?: ToolRegistry;
-  /** Unit parsing and conversion (default: {@link builtinUnits}). */
+  /** Unit parsing and conversion (default: {@link mathjsUnits}). */
   units?: UnitSystem;
   /** Relative tolerance of numeric answers whose instance gives none (default {@link DEFAULT_RELATIVE_TOLERANCE}). */
   defaultTolerance?: number;
@@ -63,7 +63,7 @@ export function stemPrompt(instance: StemInstance): ChatMessage[] {
  * stem.validate({ question: 'Noble gas?', choices: ['N2', 'Ar', 'O2'], answer: 'B' });
  */
 export function createStemEnvironment(options: StemEnvironmentOptions = {}): Environment<StemInstance> {
-  const units = options.units ?? builtinUnits;
+  const units = options.units ?? mathjsUnits;
   return defineEnvironment({
     name: 'stem',
     description:

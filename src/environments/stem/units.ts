@@ -1,280 +1,136 @@
+import { createRequire } from 'node:module';
+import type * as MathJs from 'mathjs';
+import { unitFactors } from './unit-notation.js';
+
 /**
  * Units of measure for the STEM environment's numeric answers: parse a unit expression ("km/h", "kg·m/s^2",
- * "J/(mol K)", "\mathrm{m\,s^{-1}}", "°C", "kilometers") and convert between compatible units.
+ * "J/(mol K)", "\mathrm{m\,s^{-1}}", "°C", "kilometers") and convert values between compatible units.
  *
- * {@link UnitSystem} is the seam: {@link builtinUnits} is a small table of SI, common derived, and customary
- * units (with SI prefixes) that covers textbook answers; a full library (mathjs's `unit`, js-quantities) can be
- * put behind the same interface without touching the environment.
+ * {@link UnitSystem} is the seam; {@link mathjsUnits}, the default, puts mathjs's units behind it (the SI and its
+ * prefixes, derived, CGS, imperial and US units, temperature scales with offsets, angles as a dimension of their own),
+ * with the notation of answers read by unit-notation.ts and a few units textbooks use that mathjs lacks added here.
  */
 
-/** A parsed unit: a value `x` in it is `(x + offset) * factor` in SI base units of dimension `dimension`. */
+/** A unit a {@link UnitSystem} understood; only the system that parsed it can convert with it. */
 export interface Unit {
-  /** Canonical text of the dimension: exponents of m, kg, s, A, K, mol, cd, rad (e.g. "1,0,-2,0,0,0,0,0"). */
-  dimension: string;
-  factor: number;
-  /** Non-zero only for affine temperature scales (°C, °F), which may not be combined with other units. */
-  offset: number;
+  /** The unit in the system's own notation (e.g. "J mol^-1 K^-1"), for reports and logs. */
+  readonly text: string;
 }
 
 export interface UnitSystem {
   /** The unit `text` denotes, or undefined when it is not understood (never throws). */
   parse(text: string): Unit | undefined;
+  /** `value` in `from` expressed in `to`; undefined when their dimensions differ (never throws). */
+  convert(value: number, from: Unit, to: Unit): number | undefined;
 }
 
-/** `value` in `from` expressed in `to`; undefined when the dimensions differ. */
-export function convertUnit(value: number, from: Unit, to: Unit): number | undefined {
-  if (from.dimension !== to.dimension) return undefined;
-  return ((value + from.offset) * from.factor) / to.factor - to.offset;
-}
-
-/** Base dimensions, in the order of `Unit.dimension`; angles get their own so degrees never equal plain numbers. */
-const BASE = ['m', 'kg', 's', 'A', 'K', 'mol', 'cd', 'rad'] as const;
-type Dim = number[];
-type Entry = readonly [factor: number, dim: Partial<Record<(typeof BASE)[number], number>>, prefixable: boolean, offset?: number];
-
-const J = { m: 2, kg: 1, s: -2 };
-const PA = { m: -1, kg: 1, s: -2 };
-const EV = 1.602176634e-19;
-
-/** Symbols, with whether SI prefixes apply. */
-const SYMBOLS: Record<string, Entry> = {
-  m: [1, { m: 1 }, true],
-  g: [1e-3, { kg: 1 }, true],
-  s: [1, { s: 1 }, true],
-  A: [1, { A: 1 }, true],
-  K: [1, { K: 1 }, true],
-  mol: [1, { mol: 1 }, true],
-  cd: [1, { cd: 1 }, true],
-  rad: [1, { rad: 1 }, true],
-  sr: [1, { rad: 2 }, false],
-  deg: [Math.PI / 180, { rad: 1 }, false],
-  '°': [Math.PI / 180, { rad: 1 }, false],
-  arcmin: [Math.PI / 10800, { rad: 1 }, false],
-  arcsec: [Math.PI / 648000, { rad: 1 }, false],
-  '°C': [1, { K: 1 }, false, 273.15],
-  '°F': [5 / 9, { K: 1 }, false, 459.67],
-  N: [1, { m: 1, kg: 1, s: -2 }, true],
-  J: [1, J, true],
-  W: [1, { m: 2, kg: 1, s: -3 }, true],
-  Pa: [1, PA, true],
-  Hz: [1, { s: -1 }, true],
-  C: [1, { s: 1, A: 1 }, true],
-  V: [1, { m: 2, kg: 1, s: -3, A: -1 }, true],
-  Ω: [1, { m: 2, kg: 1, s: -3, A: -2 }, true],
-  S: [1, { m: -2, kg: -1, s: 3, A: 2 }, true],
-  F: [1, { m: -2, kg: -1, s: 4, A: 2 }, true],
-  H: [1, { m: 2, kg: 1, s: -2, A: -2 }, true],
-  T: [1, { kg: 1, s: -2, A: -1 }, true],
-  Wb: [1, { m: 2, kg: 1, s: -2, A: -1 }, true],
-  Bq: [1, { s: -1 }, true],
-  Gy: [1, { m: 2, s: -2 }, true],
-  L: [1e-3, { m: 3 }, true],
-  l: [1e-3, { m: 3 }, true],
-  M: [1e3, { mol: 1, m: -3 }, true],
-  eV: [EV, J, true],
-  cal: [4.184, J, true],
-  Wh: [3600, J, true],
-  erg: [1e-7, J, false],
-  dyn: [1e-5, { m: 1, kg: 1, s: -2 }, false],
-  atm: [101325, PA, false],
-  bar: [1e5, PA, true],
-  Torr: [101325 / 760, PA, false],
-  torr: [101325 / 760, PA, false],
-  mmHg: [133.322387415, PA, false],
-  psi: [6894.757293168361, PA, false],
-  min: [60, { s: 1 }, false],
-  h: [3600, { s: 1 }, false],
-  hr: [3600, { s: 1 }, false],
-  d: [86400, { s: 1 }, false],
-  day: [86400, { s: 1 }, false],
-  yr: [365.25 * 86400, { s: 1 }, false],
-  Å: [1e-10, { m: 1 }, false],
-  in: [0.0254, { m: 1 }, false],
-  ft: [0.3048, { m: 1 }, false],
-  yd: [0.9144, { m: 1 }, false],
-  mi: [1609.344, { m: 1 }, false],
-  au: [1.495978707e11, { m: 1 }, false],
-  AU: [1.495978707e11, { m: 1 }, false],
-  ly: [9.4607304725808e15, { m: 1 }, false],
-  pc: [3.0856775814913673e16, { m: 1 }, true],
-  t: [1e3, { kg: 1 }, false],
-  u: [1.6605390666e-27, { kg: 1 }, false],
-  amu: [1.6605390666e-27, { kg: 1 }, false],
-  Da: [1.6605390666e-27, { kg: 1 }, true],
-  lb: [0.45359237, { kg: 1 }, false],
-  oz: [0.028349523125, { kg: 1 }, false],
-  mph: [0.44704, { m: 1, s: -1 }, false],
-  kph: [1 / 3.6, { m: 1, s: -1 }, false],
+/**
+ * Units textbooks and datasets use that mathjs 15 does not define (or not under these names), and two it defines
+ * with rounded or superseded values: the torr (exactly 101325/760 Pa, mathjs 133.322) and the electronvolt (exactly
+ * 1.602176634e-19 J since 2019, mathjs CODATA 2010's), which an exact answer (tolerance 0) would otherwise miss.
+ * Values: CODATA 2018 (u), IAU 2012 (au), IAU 2015 (pc), the Julian year (ly, yr).
+ */
+const EXTRA_UNITS: Record<string, MathJs.UnitDefinition> = {
+  torr: { definition: `${101325 / 760} Pa`, prefixes: 'short', aliases: ['Torr'] },
+  eV: { definition: '1.602176634e-19 J', prefixes: 'short', aliases: ['electronvolt', 'electronvolts'] },
+  d: { definition: '1 day' },
+  yr: { definition: '365.25 day', prefixes: 'short' },
+  au: { definition: '1.495978707e11 m', aliases: ['AU'] },
+  ly: { definition: '9.4607304725808e15 m', aliases: ['lightyear', 'lightyears'] },
+  pc: { definition: '3.0856775814913673e16 m', prefixes: 'short', aliases: ['parsec', 'parsecs'] },
+  u: { definition: '1.66053906660e-27 kg', aliases: ['amu'] },
+  Da: { definition: '1.66053906660e-27 kg', prefixes: 'short', aliases: ['dalton', 'daltons'] },
+  M: { definition: '1 mol/L', prefixes: 'short' },
+  Bq: { definition: '1 Hz', prefixes: 'short' },
+  Gy: { definition: '1 J/kg', prefixes: 'short' },
+  sr: { definition: '1 rad^2' },
+  cal: { definition: '4.184 J', prefixes: 'short', aliases: ['calorie', 'calories'] },
+  mph: { definition: '1 mi/h' },
+  kph: { definition: '1 km/h' },
 };
 
-const PREFIXES: Record<string, number> = {
-  Y: 1e24, Z: 1e21, E: 1e18, P: 1e15, T: 1e12, G: 1e9, M: 1e6, k: 1e3, h: 1e2, da: 1e1,
-  d: 1e-1, c: 1e-2, m: 1e-3, µ: 1e-6, u: 1e-6, n: 1e-9, p: 1e-12, f: 1e-15, a: 1e-18,
+/** Spellings answers use for units mathjs knows by another name. */
+const ALIASES: Record<string, string> = {
+  '°': 'deg',
+  '°C': 'degC',
+  '°F': 'degF',
+  Å: 'angstrom',
+  pound: 'lb',
+  pounds: 'lb',
+  atmosphere: 'atm',
+  atmospheres: 'atm',
 };
 
-/** Spelled-out names (singular; a trailing "s" is accepted), mapped to symbols. */
-const WORDS: Record<string, string> = {
-  meter: 'm', metre: 'm', gram: 'g', second: 's', sec: 's', ampere: 'A', amp: 'A', kelvin: 'K', mole: 'mol',
-  candela: 'cd', radian: 'rad', degree: 'deg', newton: 'N', joule: 'J', watt: 'W', pascal: 'Pa', hertz: 'Hz',
-  coulomb: 'C', volt: 'V', ohm: 'Ω', siemens: 'S', farad: 'F', henry: 'H', tesla: 'T', weber: 'Wb', liter: 'L',
-  litre: 'L', electronvolt: 'eV', calorie: 'cal', atmosphere: 'atm', minute: 'min', hour: 'h', day: 'd',
-  year: 'yr', angstrom: 'Å', inch: 'in', inche: 'in', foot: 'ft', feet: 'ft', yard: 'yd', mile: 'mi', pound: 'lb',
-  ounce: 'oz', tonne: 't', celsius: '°C', fahrenheit: '°F',
-};
-const WORD_PREFIXES: Record<string, string> = {
-  yotta: 'Y', zetta: 'Z', exa: 'E', peta: 'P', tera: 'T', giga: 'G', mega: 'M', kilo: 'k', hecto: 'h', deca: 'da',
-  deci: 'd', centi: 'c', milli: 'm', micro: 'µ', nano: 'n', pico: 'p', femto: 'f', atto: 'a',
-};
+let math: MathJs.MathJsInstance | undefined;
 
-const SUPERSCRIPTS: Record<string, string> = { '⁻': '-', '⁺': '+', '⁰': '0', '¹': '1', '²': '2', '³': '3', '⁴': '4', '⁵': '5', '⁶': '6', '⁷': '7', '⁸': '8', '⁹': '9' };
-
-/** LaTeX and typography that only spell a unit differently. */
-export function normalizeUnitText(text: string): string {
-  return text
-    .replace(/\\(?:mathrm|text|textrm|mathit|operatorname|rm|mbox)\b/g, '')
-    .replace(/\\(?:cdot|times)\b/g, '·')
-    .replace(/\^\s*\{?\s*\\circ\s*\}?|\\circ\b|º|˚/g, '°')
-    .replace(/\\(?:mu|micro)\b|μ/g, 'µ')
-    .replace(/\\Omega\b|Ω/g, 'Ω')
-    .replace(/\\AA\b|Å/g, 'Å')
-    .replace(/℃/g, '°C')
-    .replace(/℉/g, '°F')
-    .replace(/\\[,;:! ]|~/g, ' ')
-    .replace(/[{}]/g, '')
-    .replace(/[⁻⁺⁰¹²³⁴⁵⁶⁷⁸⁹]+/g, (s) => `^${[...s].map((c) => SUPERSCRIPTS[c]).join('')}`)
-    .replace(/\b(?:deg(?:ree)?s?)\s*(?:°\s*)?(C|F|Celsius|Fahrenheit)\b/gi, (_, scale: string) => `°${scale[0]!.toUpperCase()}`)
-    .replace(/°\s+([CF])\b/g, '°$1')
-    .replace(/\b(?:deg(?:ree)?s?)\s+(K|kelvins?)\b/gi, 'K')
-    .replace(/\s+/g, ' ')
-    .trim();
-}
-
-function dimOf(entry: Entry): Dim {
-  return BASE.map((b) => entry[1][b] ?? 0);
-}
-
-/** One name: a symbol, a prefixed symbol, or a (prefixed) spelled-out name. */
-function lookup(name: string): { factor: number; dim: Dim; offset: number } | undefined {
-  const direct = SYMBOLS[name];
-  if (direct) return { factor: direct[0], dim: dimOf(direct), offset: direct[3] ?? 0 };
-  for (const [prefix, scale] of Object.entries(PREFIXES)) {
-    if (!name.startsWith(prefix) || name.length === prefix.length) continue;
-    const entry = SYMBOLS[name.slice(prefix.length)];
-    if (entry?.[2]) return { factor: entry[0] * scale, dim: dimOf(entry), offset: 0 };
+/**
+ * mathjs, created on first use with only its unit functions. Loaded lazily (a synchronous require of its CommonJS
+ * build) because importing it costs 0.5–1 s (some 1,500 modules), which a server that never reads a STEM unit
+ * should not pay at start-up. A private instance, so the units added here never leak into other users of mathjs.
+ */
+function mathjs(): MathJs.MathJsInstance {
+  if (!math) {
+    const { create, unitDependencies, createUnitDependencies } = createRequire(import.meta.url)('mathjs') as typeof MathJs;
+    math = create({ unitDependencies, createUnitDependencies });
+    math.createUnit(EXTRA_UNITS, { override: true });
   }
-  const word = name.toLowerCase();
-  for (const singular of [word, word.replace(/s$/, '')]) {
-    for (const [prefix, symbol] of [['', ''], ...Object.entries(WORD_PREFIXES)] as const) {
-      if (!singular.startsWith(prefix)) continue;
-      const base = WORDS[singular.slice(prefix.length)];
-      if (base === undefined) continue;
-      const found = lookup(symbol + base);
-      if (found) return found;
-    }
+  return math;
+}
+
+/**
+ * The mathjs name of a unit as an answer writes it, or undefined when mathjs knows it under no spelling tried: as
+ * written (MeV, ms, Pa), then without a plural s ("newtons", "hrs", "lbs"), then in lower case for spelled-out names
+ * (only past three letters: lower-casing "MeV" would make it milli-eV).
+ */
+function mathjsName(written: string): string | undefined {
+  const name = written.replace(/µ/g, 'u').replace(/Ω/g, 'ohm');
+  const singular = name.length > 2 && name.endsWith('s') ? name.slice(0, -1) : name;
+  const candidates = name.length > 3 ? [written, name, singular, name.toLowerCase(), singular.toLowerCase()] : [written, name, singular];
+  for (const candidate of candidates) {
+    const alias = ALIASES[candidate];
+    if (alias !== undefined) return alias;
+    if (/^[A-Za-z]+$/.test(candidate) && mathjs().Unit.isValuelessUnit(candidate)) return candidate;
   }
   return undefined;
 }
 
-class UnitParser {
-  private pos = 0;
-  private terms = 0;
-  offset = 0;
-
-  constructor(private readonly s: string) {}
-
-  /** expr := factor (sep factor)*; "/" puts the factors after it in the denominator until a "*" or "·". */
-  parse(): { factor: number; dim: Dim } | undefined {
-    const result = this.expr();
-    return result && this.pos === this.s.length ? result : undefined;
-  }
-
-  private expr(): { factor: number; dim: Dim } | undefined {
-    let factor = 1;
-    const dim: Dim = BASE.map(() => 0);
-    let sign = 1;
-    let first = true;
-    for (;;) {
-      this.skipSpaces();
-      if (this.pos >= this.s.length || this.s[this.pos] === ')') return first ? undefined : { factor, dim };
-      if (!first) {
-        const c = this.s[this.pos]!;
-        if (c === '/') {
-          sign = -1;
-          this.pos++;
-        } else if (c === '*' || c === '·' || c === '⋅' || c === '.') {
-          sign = 1;
-          this.pos++;
-        }
-      }
-      const term = this.factor();
-      if (!term) return undefined;
-      factor *= term.factor ** sign;
-      term.dim.forEach((d, i) => (dim[i]! += d * sign));
-      first = false;
-    }
-  }
-
-  private factor(): { factor: number; dim: Dim } | undefined {
-    this.skipSpaces();
-    let atom: { factor: number; dim: Dim; offset: number } | undefined;
-    if (this.s[this.pos] === '(') {
-      this.pos++;
-      const inner = this.expr();
-      if (!inner || this.s[this.pos] !== ')') return undefined;
-      this.pos++;
-      atom = { ...inner, offset: 0 };
-    } else {
-      const m = /^(?:°[CF]|[A-Za-zµΩÅ°]+)/.exec(this.s.slice(this.pos));
-      if (!m) return undefined;
-      this.pos += m[0].length;
-      atom = lookup(m[0]);
-      if (!atom) return undefined;
-    }
-    this.terms++;
-    const power = this.power();
-    if (power === undefined) return undefined;
-    if (atom.offset !== 0) {
-      if (power !== 1) return undefined;
-      this.offset = atom.offset;
-    }
-    return { factor: atom.factor ** power, dim: atom.dim.map((d) => d * power) };
-  }
-
-  /** "^2", "^-1", "**3", "^(-2)", or digits right after the name ("m2", "s-1", as in "m s-1"); default 1. */
-  private power(): number | undefined {
-    const m = /^(?:\s*(?:\^|\*\*)\s*\(?\s*([+-]?\d+)\s*\)?|([+-]?\d+))/.exec(this.s.slice(this.pos));
-    if (!m) return 1;
-    this.pos += m[0].length;
-    const power = Number(m[1] ?? m[2]);
-    return Number.isInteger(power) && Math.abs(power) <= 12 ? power : undefined;
-  }
-
-  private skipSpaces(): void {
-    while (this.s[this.pos] === ' ') this.pos++;
-  }
-
-  get single(): boolean {
-    return this.terms === 1;
-  }
+class MathjsUnit implements Unit {
+  constructor(
+    readonly text: string,
+    readonly unit: MathJs.Unit,
+  ) {}
 }
 
 /**
- * The built-in unit table: the SI base and derived units with all SI prefixes (km, µs, kJ, MeV, mL, mM, GPa),
- * degrees and radians (their own dimension), °C and °F (alone only: an affine scale has no meaning inside a
- * product), common non-SI units (min, h, day, yr, Å, in, ft, mi, au, ly, pc, lb, oz, t, u, atm, bar, Torr, mmHg,
- * psi, cal, Wh, eV, erg, dyn, mph), and spelled-out names with plural s ("kilometers", "joules").
- * Products by space, "*", "·" or "."; quotients by "/" (which applies to everything after it up to the next
- * product sign: "J/mol K" is J/(mol·K), as physics texts write it); powers by "^2", "**2", "²" or a trailing
- * "-1" as in "m s-1"; parentheses.
+ * The default unit system: mathjs's units (with SI prefixes where mathjs allows them, spelled-out names and plurals)
+ * plus {@link EXTRA_UNITS}, read through unit-notation.ts. Compatibility is mathjs's `equalBase` (same dimensions;
+ * angles are a dimension of their own, so `30°` is never the plain number 30), conversion its `toNumber`. °C and °F
+ * count only alone: an affine scale inside a product or power ("°C/s") has no single meaning, so it is refused.
  */
-export const builtinUnits: UnitSystem = {
+export const mathjsUnits: UnitSystem = {
   parse(text: string): Unit | undefined {
-    const s = normalizeUnitText(text);
-    if (s === '' || s.length > 100) return undefined;
-    const parser = new UnitParser(s);
-    const parsed = parser.parse();
-    if (!parsed || !Number.isFinite(parsed.factor) || parsed.factor === 0) return undefined;
-    if (parser.offset !== 0 && !parser.single) return undefined;
-    return { dimension: parsed.dim.join(','), factor: parsed.factor, offset: parser.offset };
+    const factors = unitFactors(text);
+    if (!factors) return undefined;
+    const names = factors.map(([written]) => mathjsName(written));
+    if (names.some((n) => n === undefined)) return undefined;
+    const expression = factors.map(([, power], i) => (power === 1 ? names[i]! : `${names[i]!}^${power}`)).join(' ');
+    try {
+      const unit = mathjs().unit(expression);
+      const affine = unit.units.some((u) => u.unit.offset !== 0);
+      if ((unit.value as number | null) !== null || (affine && (unit.units.length !== 1 || unit.units[0]!.power !== 1))) return undefined;
+      return new MathjsUnit(expression, unit);
+    } catch {
+      return undefined;
+    }
+  },
+
+  convert(value: number, from: Unit, to: Unit): number | undefined {
+    if (!(from instanceof MathjsUnit) || !(to instanceof MathjsUnit) || !from.unit.equalBase(to.unit)) return undefined;
+    try {
+      const converted = mathjs().unit(value, from.text).toNumber(to.text);
+      return Number.isFinite(converted) ? converted : undefined;
+    } catch {
+      return undefined;
+    }
   },
 };

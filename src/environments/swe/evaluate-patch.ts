@@ -5,7 +5,7 @@ import type { Evaluation } from '../types.js';
 import { gradeTests, parsePytestReport, pytestPluginSource, PYTEST_PLUGIN_MODULE, type ListGrade, type TestStatus } from './grading.js';
 import type { SweInstance } from './instance.js';
 import { applyPatch, applyTestPatch, prepareWorkingCopy, runTests } from './repo-ops.js';
-import { touchedPaths } from './unified-diff.js';
+import { touchedPaths } from './patch-paths.js';
 
 /** Bytes of the agent's patch kept in the report (the whole patch is applied; the report shows its head). */
 export const REPORT_PATCH_BYTES = 64 << 10;
@@ -22,12 +22,15 @@ export interface EvaluatePatchOptions {
  * Grades a patch on a fresh sandbox of the instance's image: copy the repository, apply the patch (not applying
  * is reward 0 with the reason: the model's failure), reset the test patch's files and apply it (not applying is
  * the instance's fault: environment_error), run the test command with the report plugin, and grade by the SWE-bench
- * rule. An eval that cannot run — no repository or git in the image, a test command that never starts pytest, a
- * run past its budget, a report that does not parse — throws environment_error: never reward 0.
+ * rule. Tests that start and then run past `testTimeoutMs` with the patch applied are the patch's fault, as in
+ * SWE-bench (unresolved): reward 0 with `tests_timed_out`, what they reported before the kill graded as usual. An
+ * eval that cannot run — no repository or git in the image, a test command that never starts pytest (within the
+ * budget or at all), a report that does not parse — throws environment_error: never reward 0; tests cut short by the
+ * task's own time running out throw deadline_exceeded (TIMEOUT).
  *
- * details: { fail_to_pass, pass_to_pass (fractions), applied (0|1) }; report: { patch (its first
- * REPORT_PATCH_BYTES), patch_bytes, applied, apply_error?, resolved, FAIL_TO_PASS / PASS_TO_PASS: { test: status },
- * test_exit_code, test_output_tail, collect_errors }.
+ * details: { fail_to_pass, pass_to_pass (fractions), applied (0|1), tests_timed_out (0|1) }; report: { patch (its
+ * first REPORT_PATCH_BYTES), patch_bytes, applied, apply_error?, resolved, FAIL_TO_PASS / PASS_TO_PASS: { test:
+ * status }, test_exit_code, tests_timed_out, test_error?, test_output_tail, collect_errors }.
  */
 export async function evaluatePatch(sandbox: Sandbox, instance: SweInstance, patch: string, options: EvaluatePatchOptions): Promise<Evaluation> {
   const { signal } = options;
@@ -51,29 +54,42 @@ export async function evaluatePatch(sandbox: Sandbox, instance: SweInstance, pat
     await applyTestPatch(sandbox, dir, instance.testPatch, paths, { signal });
   }
   const run = await runTests(sandbox, dir, instance.testCommand, { module: PYTEST_PLUGIN_MODULE, source: pytestPluginSource() }, { signal, timeoutMs: options.testTimeoutMs });
-  if (run.result.timedOut) {
-    throw new RolloutError('environment_error', `the tests did not finish within ${options.testTimeoutMs} ms (or the sandbox's wall clock): ${run.outputTail.slice(-1000)}`);
+  const timedOut = run.result.timedOut;
+  if (timedOut && run.result.durationMs + 100 < options.testTimeoutMs) {
+    // Cut short by the sandbox's wall clock, i.e. the task's total time ran out: the budget's fault, not the patch's.
+    // (Timers may fire a millisecond early and durations are rounded, hence the slack.)
+    throw new RolloutError('deadline_exceeded', `the task's time ran out after ${Math.round(run.result.durationMs)} ms of tests (test budget ${options.testTimeoutMs} ms)`);
   }
   if (!run.started) {
+    const why = timedOut ? `did not start pytest within ${options.testTimeoutMs} ms` : `did not start pytest with the report plugin (exit code ${String(run.result.exitCode)}`;
     throw new RolloutError(
       'environment_error',
-      `the test command did not start pytest with the report plugin (exit code ${String(run.result.exitCode)}; a command that resets PYTHONPATH or PYTEST_ADDOPTS keeps the plugin out): ${run.outputTail.slice(-1500)}`,
+      `the test command ${why}${timedOut ? '' : '; a command that resets PYTHONPATH or PYTEST_ADDOPTS keeps the plugin out)'}: ${run.outputTail.slice(-1500)}`,
     );
   }
-  // pytest started but ended without finishing its session (e.g. a conftest the patch broke): nothing passed.
+  // pytest started but ended without finishing its session (e.g. a conftest the patch broke, or the tests ran past
+  // their budget): what it did not report did not pass.
   const report = run.report === undefined ? undefined : parsePytestReport(run.report);
   const grade = gradeTests(report?.tests ?? {}, instance.failToPass, instance.passToPass);
+  // SWE-bench's rule: tests that run past the timeout with the patch applied leave the instance unresolved.
+  const resolved = grade.resolved && !timedOut;
+  const testError = timedOut
+    ? `the tests did not finish within ${options.testTimeoutMs} ms with the patch applied: unresolved (SWE-bench's rule for a timeout)`
+    : report === undefined
+      ? 'pytest ended without finishing its session: no test results'
+      : undefined;
   return {
-    reward: grade.resolved ? 1 : 0,
-    details: { fail_to_pass: grade.failToPass.fraction, pass_to_pass: grade.passToPass.fraction, applied: 1 },
+    reward: resolved ? 1 : 0,
+    details: { fail_to_pass: grade.failToPass.fraction, pass_to_pass: grade.passToPass.fraction, applied: 1, tests_timed_out: timedOut ? 1 : 0 },
     report: {
       ...patchReport,
       applied: true,
-      resolved: grade.resolved,
+      resolved,
       FAIL_TO_PASS: listReport(grade.failToPass),
       PASS_TO_PASS: listReport(grade.passToPass),
       test_exit_code: run.result.exitCode,
-      ...(report === undefined && { test_error: 'pytest ended without finishing its session: no test results' }),
+      tests_timed_out: timedOut,
+      ...(testError !== undefined && { test_error: testError }),
       collect_errors: (report?.collect_errors ?? []).slice(0, 20).map((e) => ({ nodeid: e.nodeid, message: e.message.slice(-1000) })),
       test_output_tail: run.outputTail.slice(-4096),
     },

@@ -34,7 +34,11 @@ export interface SweEnvironmentOptions {
   images?: ImageResolver | string;
   /** Limits of the agent's and the eval's sandboxes (default 2 GiB memory, 1 GiB workspace, 256 processes). */
   limits?: Partial<SandboxLimits>;
-  /** Budget of one run of the test command at eval, ms (default 10 minutes; the eval stage's timeout also binds). */
+  /**
+   * Budget of one run of the test command at eval, ms (default 10 minutes). Tests still running past it with the patch
+   * applied are reward 0 with `tests_timed_out` (SWE-bench: unresolved). The eval stage's timeout also binds, and
+   * when it ends first the sample is TIMEOUT: keep this below the tasks' `limits.evalTimeoutMs`.
+   */
   testTimeoutMs?: number;
 }
 

@@ -36,6 +36,46 @@ describe('judging stdout token by token', () => {
     expect(judgeOutput('1 2 3', '1 2').difference).toMatch(/extra: "3"/);
   });
 
+  it('compares decimal numbers within a float tolerance when the task gives one, and text as text', () => {
+    const both = { absolute: 1e-6, relative: 1e-6 };
+    expect(judgeOutput('0.3333333333', '0.333333', both)).toEqual({ accepted: true });
+    expect(judgeOutput('1', '1.0000001', both).accepted).toBe(true);
+    expect(judgeOutput('1e9', '1000000500', both).accepted).toBe(true); // relative: 5e-7
+    expect(judgeOutput('0.33', '0.333333', both)).toEqual({ accepted: false, difference: 'token 1: expected "0.333333", got "0.33" (outside the tolerance)' });
+    expect(judgeOutput('nan', '0.5', both).difference).toContain('(not a number)');
+    for (const junk of ['inf', '0x1p-1', '1/2', '.5.']) expect(judgeOutput(junk, '0.5', { absolute: 10 }).accepted, junk).toBe(false);
+    // Absolute only: a large number needs the absolute error; relative only: a small one needs the relative error.
+    expect(judgeOutput('1000000.5', '1000000', { absolute: 1e-6 }).accepted).toBe(false);
+    expect(judgeOutput('0.0000015', '0.000001', { relative: 1e-6 }).accepted).toBe(false);
+    expect(judgeOutput('0.0000015', '0.000001', { absolute: 1e-6 }).accepted).toBe(true);
+    // Words stay exact, and without a tolerance numbers are text.
+    expect(judgeOutput('Yes 0.5000001', 'YES 0.5', both).accepted).toBe(false);
+    expect(judgeOutput('YES 0.5000001', 'YES 0.5', both).accepted).toBe(true);
+    expect(judgeOutput('0.5000001', '0.5').accepted).toBe(false);
+  });
+
+  it('accepts a number within either tolerance and rejects one beyond both (property)', () => {
+    fc.assert(
+      fc.property(
+        fc.double({ min: -1e9, max: 1e9, noNaN: true }),
+        fc.constantFrom(1e-9, 1e-6, 1e-3),
+        fc.constantFrom(1e-9, 1e-6, 1e-3),
+        fc.double({ min: 0, max: 0.99, noNaN: true }),
+        fc.boolean(),
+        (expected, absolute, relative, frac, above) => {
+          const allowed = Math.max(absolute, relative * Math.abs(expected));
+          const sign = above ? 1 : -1;
+          const inside = expected + sign * allowed * frac;
+          const outside = expected + sign * allowed * 1.01 + sign * Math.abs(expected) * 1e-12 + sign * 1e-12;
+          const tolerance = { absolute, relative };
+          expect(judgeOutput(String(inside), String(expected), tolerance).accepted).toBe(true);
+          expect(judgeOutput(String(outside), String(expected), tolerance).accepted).toBe(false);
+          expect(judgeOutput(`x ${String(inside)}`, `x ${String(expected)}`).accepted).toBe(inside === expected);
+        },
+      ),
+    );
+  });
+
   it('accepts any re-spacing of the expected tokens and rejects any changed token (property)', () => {
     const token = fc.stringMatching(/^[!-~]{1,6}$/);
     const space = fc.constantFrom(' ', '\n', '\t', '\r\n', '  ');

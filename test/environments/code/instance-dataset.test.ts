@@ -25,6 +25,19 @@ describe('code instances', () => {
     expect(() => code.validate({ ...stdio, time_limit_s: 0 })).toThrow(expect.objectContaining({ field: 'instance.time_limit_s' }));
   });
 
+  it('takes an optional float tolerance for stdin/stdout tasks: a number for both kinds, or {absolute, relative}', () => {
+    expect(code.validate(stdio)).toMatchObject({ floatTolerance: undefined });
+    expect(code.validate({ ...stdio, float_tolerance: 1e-6 })).toMatchObject({ floatTolerance: { absolute: 1e-6, relative: 1e-6 } });
+    expect(code.validate({ ...stdio, float_tolerance: { relative: 1e-9 } })).toMatchObject({ floatTolerance: { relative: 1e-9 } });
+    expect(code.validate({ ...stdio, float_tolerance: { absolute: 5, relative: 0 } })).toMatchObject({ floatTolerance: { absolute: 5, relative: 0 } });
+    for (const bad of [-1e-6, 2, '1e-6', {}, { absolute: -1 }, { relative: 1.5 }, { abs: 1e-6 }]) {
+      expect(() => code.validate({ ...stdio, float_tolerance: bad }), JSON.stringify(bad)).toThrow(expect.objectContaining({ field: expect.stringMatching(/^instance\.float_tolerance/) }));
+    }
+    // The prompt says how exact the output must be, so the model knows how many digits to print.
+    expect(code.prompt!(code.validate({ ...stdio, float_tolerance: { absolute: 1e-6 } }))[1]!.content).toContain('accepted within an absolute error of 0.000001 of the expected ones');
+    expect(code.prompt!(code.validate(stdio))[1]!.content).not.toContain('accepted within');
+  });
+
   it('sizes the output cap of the sandbox to the largest expected output', () => {
     expect(code.sandbox!(code.validate(humanEval))).toEqual({ limits: { outputLimitBytes: 65536 } });
     const big = code.validate({ prompt: 'p', tests: [{ input: '', output: 'x'.repeat(100_000) }] });

@@ -117,6 +117,21 @@ describe('the code environment\'s test runners in a real bubblewrap sandbox', ()
       const hog = await run('x = bytearray(512 * 1024 * 1024)\nprint(3)');
       expect(hog.tests[0]).toMatchObject({ status: 'runtime_error', detail: expect.stringContaining('MemoryError') });
     });
+
+    it('judges printed floats within the task\'s float tolerance when it gives one, as text otherwise', async () => {
+      const circle = validateCodeInstance({
+        prompt: 'Print the area of a circle of radius r.',
+        tests: [{ input: '1\n', output: '3.141593\n' }, { input: '2\n', output: '12.566371\n' }],
+        time_limit_s: 2,
+        float_tolerance: 1e-6,
+      }) as StdioTask;
+      const precise = 'import math\nr = float(input())\nprint(math.pi * r * r)';
+      expect(statuses(await run(precise, circle))).toEqual(['passed', 'passed']);
+      expect(statuses(await run(precise, { ...circle, floatTolerance: undefined }))).toEqual(['wrong_answer', 'wrong_answer']);
+      const rough = await run('r = float(input())\nprint(3.14 * r * r)', circle);
+      expect(statuses(rough)).toEqual(['wrong_answer', 'wrong_answer']);
+      expect(rough.tests[0]!.detail).toBe('token 1: expected "3.141593", got "3.14" (outside the tolerance)');
+    });
   });
 });
 

@@ -65,7 +65,10 @@ describe('math environment: validation', () => {
   });
 
   it('publishes a JSON Schema and its tool names', () => {
-    expect(math.instanceSchema).toMatchObject({ type: 'object', required: ['problem', 'answer'], additionalProperties: true });
+    // Derived from the zod schema by defineEnvironment; extra fields are allowed (no additionalProperties: false).
+    expect(math.instanceSchema).toMatchObject({ type: 'object', required: ['problem', 'answer'], description: expect.stringContaining('Extra fields are allowed') });
+    expect(math.instanceSchema.additionalProperties).not.toBe(false);
+    expect(Object.keys(math.instanceSchema.properties as object)).toEqual(['problem', 'answer', 'checker']);
     expect(math.toolNames).toEqual(['python', 'bash', 'finish']);
   });
 });

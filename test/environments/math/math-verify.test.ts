@@ -1,14 +1,17 @@
 import { existsSync } from 'node:fs';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { RolloutError } from '../../../src/errors.js';
 import { createMathEnvironment } from '../../../src/environments/math/math-environment.js';
 import { findMathVerify, mathVerifyMounts, runMathVerify, type MathVerifyPair } from '../../../src/environments/math/math-verify-checker.js';
 import { BubblewrapDriver } from '../../../src/sandboxes/bwrap.js';
 import { defaultImagePath } from '../../../src/sandboxes/images/image-recipe.js';
+import type { OpenSandbox } from '../../../src/environments/types.js';
+import type { SandboxRequest } from '../../../src/sandboxes/spec.js';
 import type { Sandbox } from '../../../src/sandboxes/types.js';
 import { ToolRegistry } from '../../../src/tools/registry.js';
 import type { Tool } from '../../../src/tools/types.js';
 import { testSpec } from '../../sandboxes/helpers.js';
+import { FakeSandbox } from '../fake-sandbox.js';
 
 const installation = findMathVerify();
 const image = existsSync(defaultImagePath()) ? defaultImagePath() : undefined;
@@ -54,8 +57,20 @@ const toolRegistry = new ToolRegistry().register('python', () => fakeTool('pytho
 describe.runIf(installation || process.env.CI)('math-verify checker (the real math-verify, in a bubblewrap sandbox)', () => {
   const driver = new BubblewrapDriver();
   let sandbox: Sandbox;
+  /** Requests the environment made through openSandbox (the pipeline's seam, played here by the driver itself). */
+  const requests: (SandboxRequest | undefined)[] = [];
+  const opened: Sandbox[] = [];
+  const openSandbox: OpenSandbox = async (request) => {
+    requests.push(request);
+    const fresh = await driver.start({ ...testSpec({ image, memoryMb: 1024 }), mounts: request?.mounts ?? [] });
+    opened.push(fresh);
+    return fresh;
+  };
   beforeAll(async () => {
     sandbox = await driver.start({ ...testSpec({ image, memoryMb: 1024 }), mounts: mathVerifyMounts(installation!) });
+  });
+  afterEach(async () => {
+    await Promise.all(opened.splice(0).map((s) => s.stop()));
   });
   afterAll(async () => {
     await sandbox?.stop();
@@ -68,29 +83,36 @@ describe.runIf(installation || process.env.CI)('math-verify checker (the real ma
     expect(got).toEqual(DOCUMENTED.map(([gold, pred, equivalent, why]) => ({ gold, pred, why, equivalent })));
   });
 
-  it('grades a math instance through the environment, reporting what it parsed and the built-in verdict', async () => {
+  it('grades a math instance through the environment in a fresh sandbox, reporting what it parsed and the built-in verdict', async () => {
     const math = createMathEnvironment({ toolRegistry, checker: 'math-verify' });
     const instance = math.validate({ problem: 'What is 1/2 + 1/4?', answer: '\\frac{3}{4}' });
-    expect(math.sandbox?.(instance).mounts).toEqual(mathVerifyMounts(installation!));
+    // The episode's sandbox needs nothing of math-verify: only the grading sandbox gets its packages.
+    expect(math.sandbox?.(instance).mounts ?? []).toEqual([]);
     const signal = new AbortController().signal;
-    const right = await math.evaluate({ instance, sandbox, signal, outcome: { finishReason: 'answer', messages: [{ role: 'assistant', content: 'So \\boxed{0.75}.' }] } });
+    const episode = new FakeSandbox();
+    requests.length = 0;
+    const right = await math.evaluate({ instance, sandbox: episode, signal, openSandbox, outcome: { finishReason: 'answer', messages: [{ role: 'assistant', content: 'So \\boxed{0.75}.' }] } });
     expect(right.reward).toBe(1);
     expect(right.report).toMatchObject({ extracted: '0.75', checker: 'math-verify', comparison: 'math-verify', builtin: true });
     expect(right.report.parsed).toEqual({ gold: ['3/4', '\\frac{3}{4}'], pred: ['0.750000000000000', '0.75'] });
-    const wrong = await math.evaluate({ instance, sandbox, signal, outcome: { finishReason: 'answer', messages: [{ role: 'assistant', content: '\\boxed{0.7}' }] } });
+    const wrong = await math.evaluate({ instance, sandbox: episode, signal, openSandbox, outcome: { finishReason: 'answer', messages: [{ role: 'assistant', content: '\\boxed{0.7}' }] } });
     expect(wrong.reward).toBe(0);
     expect(wrong.details).toEqual({ correct: 0, has_answer: 1 });
+    expect(requests).toEqual([{ mounts: mathVerifyMounts(installation!) }, { mounts: mathVerifyMounts(installation!) }]);
+    expect(episode.calls).toEqual([]); // the episode's sandbox is never touched
   });
 
   it('an instance can ask for math-verify when the default is built-in, and the other way round', async () => {
     const math = createMathEnvironment({ toolRegistry });
     const mv = math.validate({ problem: 'p', answer: '\\sin^2 x + \\cos^2 x', checker: 'math-verify' });
-    expect(math.sandbox?.(mv).mounts).toHaveLength(2);
-    expect(math.sandbox?.(math.validate({ problem: 'p', answer: '1' })).mounts).toBeUndefined();
     const outcome = { finishReason: 'finish_tool', finishAnswer: '1', messages: [] };
-    const result = await math.evaluate({ instance: mv, sandbox, signal: new AbortController().signal, outcome });
+    const result = await math.evaluate({ instance: mv, sandbox: new FakeSandbox(), signal: new AbortController().signal, outcome, openSandbox });
     expect(result.report).toMatchObject({ checker: 'math-verify' });
     expect(result.reward).toBe(1);
+    requests.length = 0;
+    const builtin = await math.evaluate({ instance: math.validate({ problem: 'p', answer: '1' }), sandbox: new FakeSandbox(), signal: new AbortController().signal, outcome, openSandbox });
+    expect(builtin.report).toMatchObject({ checker: 'builtin' });
+    expect(requests).toEqual([]); // the built-in checker opens no sandbox
   });
 
   it('an answer that makes sympy work hard is a verdict within the timeouts, not a hang', async () => {
@@ -98,17 +120,18 @@ describe.runIf(installation || process.env.CI)('math-verify checker (the real ma
     expect(verdict!.equivalent).toBe(false);
   });
 
-  it('a sandbox without the packages is an environment error, never a reward of 0', async () => {
+  it('a sandbox without the packages, or no openSandbox at all, is an environment error, never a reward of 0', async () => {
     const bare = await driver.start(testSpec({ image }));
     try {
       const math = createMathEnvironment({ toolRegistry, checker: 'math-verify' });
       const instance = math.validate({ problem: 'p', answer: '1' });
-      const error = await math
-        .evaluate({ instance, sandbox: bare, signal: new AbortController().signal, outcome: { finishReason: 'answer', messages: [{ role: 'assistant', content: '\\boxed{1}' }] } })
-        .then(() => undefined, (err: unknown) => err);
-      expect(error).toBeInstanceOf(RolloutError);
-      expect((error as RolloutError).code).toBe('environment_error');
-      expect((error as RolloutError).message).toMatch(/^math-verify checker: exited with 2/);
+      const outcome = { finishReason: 'answer', messages: [{ role: 'assistant' as const, content: '\\boxed{1}' }] };
+      const signal = new AbortController().signal;
+      const withoutPackages = await math.evaluate({ instance, sandbox: bare, signal, outcome, openSandbox: async () => bare }).then(() => undefined, (err: unknown) => err);
+      expect(withoutPackages).toBeInstanceOf(RolloutError);
+      expect((withoutPackages as RolloutError).code).toBe('environment_error');
+      expect((withoutPackages as RolloutError).message).toMatch(/^math-verify checker: exited with 2/);
+      await expect(math.evaluate({ instance, sandbox: bare, signal, outcome })).rejects.toMatchObject({ code: 'environment_error', message: expect.stringContaining('needs openSandbox') });
     } finally {
       await bare.stop();
     }

@@ -50,8 +50,8 @@ const FIX = ['diff --git a/calc.py b/calc.py', '--- a/calc.py', '+++ b/calc.py',
 /**
  * evaluatePatch on real bubblewrap sandboxes of the SWE base image (Debian python3, pytest, git), with a small
  * repository bound read-only at /testbed: pytest results by exact node id, the SWE-bench rule, and every way an
- * eval ends (patch not applying → reward 0 with the reason; no pytest, a timeout, a broken test patch →
- * environment_error).
+ * eval ends (patch not applying or tests past their budget → reward 0 with the reason; no pytest, a broken test
+ * patch → environment_error; the task's time running out → deadline_exceeded).
  */
 describe.runIf(process.getuid?.() === 0 || process.env.CI)('evaluatePatch in a real sandbox', () => {
   let image: string;
@@ -103,15 +103,15 @@ describe.runIf(process.getuid?.() === 0 || process.env.CI)('evaluatePatch in a r
       passed: 2,
       skipped: 1,
     });
-    expect(result).toMatchObject({ reward: 1, details: { fail_to_pass: 1, pass_to_pass: 1, applied: 1 } });
-    expect(result.report).toMatchObject({ applied: true, resolved: true, patch: FIX, patch_truncated: false, test_exit_code: 0 });
+    expect(result).toMatchObject({ reward: 1, details: { fail_to_pass: 1, pass_to_pass: 1, applied: 1, tests_timed_out: 0 } });
+    expect(result.report).toMatchObject({ applied: true, resolved: true, patch: FIX, patch_truncated: false, test_exit_code: 0, tests_timed_out: false });
   }, 120_000);
 
   it('gives 0 without the fix, and counts a test the run never reported as failed', async () => {
     const ghost = 'tests/test_calc.py::test_that_does_not_exist';
     const result = await evaluatePatch(await sandbox(), instance({ PASS_TO_PASS: [ODD_IDS[2], ghost] }), '', { testTimeoutMs: 60_000 });
     expect(result.reward).toBe(0);
-    expect(result.details).toEqual({ fail_to_pass: 0, pass_to_pass: 0.5, applied: 1 });
+    expect(result.details).toEqual({ fail_to_pass: 0, pass_to_pass: 0.5, applied: 1, tests_timed_out: 0 });
     expect(result.report.FAIL_TO_PASS).toMatchObject({ statuses: { [ODD_IDS[0]!]: 'failed', [ODD_IDS[1]!]: 'failed' } });
     expect(result.report.PASS_TO_PASS).toMatchObject({ statuses: { [ghost]: 'missing' }, failed: 1 });
     expect(result.report.test_output_tail).toContain('failed');
@@ -148,11 +148,33 @@ describe.runIf(process.getuid?.() === 0 || process.env.CI)('evaluatePatch in a r
     expect(fixed.reward).toBe(1);
   }, 120_000);
 
+  it("gives 0 with tests_timed_out when the tests run past their budget with the patch applied (SWE-bench: unresolved)", async () => {
+    // The agent's "fix" makes add() loop forever: pytest starts, then hangs in the first test until the budget ends.
+    const hang = FIX.replace('+    return a + b', '+    while True:\n+        pass');
+    const hangPatch = hang.replace('@@ -1,2 +1,2 @@', '@@ -1,2 +1,3 @@');
+    const result = await evaluatePatch(await sandbox(), instance(), hangPatch, { testTimeoutMs: 10_000 });
+    expect(result).toMatchObject({
+      reward: 0,
+      details: { fail_to_pass: 0, pass_to_pass: 0, applied: 1, tests_timed_out: 1 },
+      report: { applied: true, resolved: false, tests_timed_out: true, test_error: expect.stringContaining('did not finish within 10000 ms with the patch applied') },
+    });
+    expect(result.report.FAIL_TO_PASS).toMatchObject({ statuses: { [ODD_IDS[0]!]: 'missing' } });
+  }, 120_000);
+
+  it("is TIMEOUT's deadline_exceeded, not reward 0, when the task's own time runs out during the tests", async () => {
+    const hangPatch = FIX.replace('+    return a + b', '+    while True:\n+        pass').replace('@@ -1,2 +1,2 @@', '@@ -1,2 +1,3 @@');
+    const spec = { ...testSpec({ image, memoryMb: 1024, wallClockMs: 6_000 }), mounts: [{ source: repo, target: '/testbed', readOnly: true }] };
+    const short = await driver.start(spec);
+    sandboxes.push(short);
+    await expect(evaluatePatch(short, instance(), hangPatch, { testTimeoutMs: 60_000 })).rejects.toMatchObject({ code: 'deadline_exceeded' });
+  }, 120_000);
+
   it('is an environment_error, not reward 0, when the eval cannot run', async () => {
     const noPytest = evaluatePatch(await sandbox(), instance({ test_command: 'no-such-test-runner tests' }), FIX, { testTimeoutMs: 60_000 });
     await expect(noPytest).rejects.toMatchObject({ code: 'environment_error', message: expect.stringContaining('did not start pytest') });
+    // A command that never gets to pytest within the budget: nothing the patch did ran yet, so the eval could not run.
     const slow = evaluatePatch(await sandbox(), instance({ test_command: 'sleep 30' }), FIX, { testTimeoutMs: 500 });
-    await expect(slow).rejects.toMatchObject({ code: 'environment_error', message: expect.stringContaining('did not finish') });
+    await expect(slow).rejects.toMatchObject({ code: 'environment_error', message: expect.stringContaining('did not start pytest within 500 ms') });
     const badTestPatch = evaluatePatch(await sandbox(), instance({ test_patch: '--- a/nope.py\n+++ b/nope.py\n@@ -1 +1 @@\n-x\n+y\n' }), FIX, { testTimeoutMs: 60_000 });
     await expect(badTestPatch).rejects.toMatchObject({ code: 'environment_error', message: expect.stringContaining('test_patch') });
     const noRepo = evaluatePatch(await sandbox(), instance({ repo_path: '/nowhere' }), FIX, { testTimeoutMs: 60_000 });
