@@ -4,7 +4,7 @@ import type { SandboxRequest } from '../sandboxes/spec.js';
 import type { ChatMessage } from '../tokens/types.js';
 import { defaultToolRegistry, type ToolRegistry } from '../tools/registry.js';
 import type { Tool } from '../tools/types.js';
-import type { Environment, EnvironmentContext, Evaluation, EvaluationContext } from './types.js';
+import type { Environment, EnvironmentContext, Evaluation, EvaluationContext, StageTimeouts } from './types.js';
 
 /**
  * What a plugin author writes: the environment's name and description, its instance as a zod schema, and the
@@ -48,6 +48,8 @@ export interface EnvironmentDefinition<S extends z.ZodType> {
   tools?: ReadonlyArray<Tool | string> | ((instance: z.output<S>) => Tool[]);
   /** With a `tools` function: the names it returns, for ListEnvironments (an array declares them itself). */
   toolNames?: readonly string[];
+  /** Stage budgets this environment needs when a task does not set them (see `Environment.stageTimeouts`). */
+  stageTimeouts?: StageTimeouts;
   /** Where tool names in `tools` come from (default: the built-in tool registry). */
   toolRegistry?: ToolRegistry;
   /**
@@ -90,6 +92,7 @@ export function defineEnvironment<S extends z.ZodType>(definition: EnvironmentDe
     description: definition.description,
     instanceSchema,
     ...(toolNames && { toolNames }),
+    ...(definition.stageTimeouts && { stageTimeouts: definition.stageTimeouts }),
     validate: (instance: unknown): I => parseInstance(schema, instance),
     ...(sandbox !== undefined && { sandbox: typeof sandbox === 'function' ? sandbox : () => sandbox }),
     ...(prompt && { prompt }),

@@ -64,6 +64,13 @@ export interface Evaluation {
  *   evaluate: async () => ({ reward: 1, details: {}, report: {} }),
  * };
  */
+/** Default stage budgets of an environment, in milliseconds (see {@link Environment.stageTimeouts}). */
+export interface StageTimeouts {
+  initMs?: number;
+  runMs?: number;
+  evalMs?: number;
+}
+
 export interface Environment<I = unknown> {
   readonly name: string;
   readonly description: string;
@@ -74,6 +81,14 @@ export interface Environment<I = unknown> {
    * with). Optional because a tool set may depend on the instance; omitted means "not known in advance".
    */
   readonly toolNames?: readonly string[];
+  /**
+   * Stage budgets this environment needs when a task does not set them (its `limits.*_timeout_ms` win; the
+   * server's `init/run/eval.timeoutMs` apply when neither says). For environments whose grading legitimately runs
+   * longer than the server's default eval budget (a test suite): without it, a patch that makes the tests hang
+   * would end as an infrastructure TIMEOUT instead of the policy outcome (reward 0) it is. When given and the task
+   * sets no total, the total budget is at least init + run + eval.
+   */
+  readonly stageTimeouts?: StageTimeouts;
   validate(instance: unknown): I;
   /**
    * The sandbox this instance needs (image, network, mounts, env, limits); what it leaves out comes from the

@@ -1,6 +1,7 @@
 import { RolloutError } from '../errors.js';
 import type { ServerConfig } from '../config.js';
 import type { EnvironmentRegistry } from '../environments/registry.js';
+import type { StageTimeouts } from '../environments/types.js';
 import { StalenessAction, type TaskSpec } from '../../gen/ts/rollout/v1/rollout.js';
 import type { ResolvedTask, StalenessAction as Action } from './task.js';
 import { canonicalJson } from './canonical-json.js';
@@ -61,6 +62,7 @@ export function validateTask(spec: TaskSpec, registry: EnvironmentRegistry, conf
   if (stop.some((x) => x.length === 0 || x.length > 256)) throw RolloutError.invalid('sampling.stop', 'each stop sequence must be 1–256 characters');
 
   const l = spec.limits;
+  const stageBudgets = resolveStageBudgets(l, environment.stageTimeouts, config);
   for (const [field, value] of [
     ['limits.max_turns', l?.maxTurns],
     ['limits.init_timeout_ms', l?.initTimeoutMs],
@@ -97,10 +99,7 @@ export function validateTask(spec: TaskSpec, registry: EnvironmentRegistry, conf
     },
     limits: {
       maxTurns: orDefault(l?.maxTurns, d.maxTurns),
-      initTimeoutMs: orDefault(l?.initTimeoutMs, config.init.timeoutMs),
-      runTimeoutMs: orDefault(l?.runTimeoutMs, config.run.timeoutMs),
-      evalTimeoutMs: orDefault(l?.evalTimeoutMs, config.eval.timeoutMs),
-      totalTimeoutMs: orDefault(l?.totalTimeoutMs, d.totalTimeoutMs),
+      ...stageBudgets,
       ...(l?.maxStaleness !== undefined && { maxStaleness: l.maxStaleness }),
       stalenessAction,
     },
@@ -155,4 +154,20 @@ function nonNegative(field: string, value: number): void {
 
 function orDefault(value: number | undefined, fallback: number): number {
   return value !== undefined && value > 0 ? value : fallback;
+}
+
+/**
+ * The stage budgets of a task: its own limits, else its environment's defaults, else the server's. The total
+ * covers init + run + eval when the environment asked for budgets of its own and the task set no total.
+ */
+function resolveStageBudgets(
+  l: TaskSpec['limits'],
+  env: StageTimeouts | undefined,
+  config: ServerConfig,
+): { initTimeoutMs: number; runTimeoutMs: number; evalTimeoutMs: number; totalTimeoutMs: number } {
+  const initTimeoutMs = orDefault(l?.initTimeoutMs, env?.initMs ?? config.init.timeoutMs);
+  const runTimeoutMs = orDefault(l?.runTimeoutMs, env?.runMs ?? config.run.timeoutMs);
+  const evalTimeoutMs = orDefault(l?.evalTimeoutMs, env?.evalMs ?? config.eval.timeoutMs);
+  const fallbackTotal = env === undefined ? config.defaults.totalTimeoutMs : Math.max(config.defaults.totalTimeoutMs, initTimeoutMs + runTimeoutMs + evalTimeoutMs);
+  return { initTimeoutMs, runTimeoutMs, evalTimeoutMs, totalTimeoutMs: orDefault(l?.totalTimeoutMs, fallbackTotal) };
 }

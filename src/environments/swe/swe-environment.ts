@@ -36,11 +36,15 @@ export interface SweEnvironmentOptions {
   limits?: Partial<SandboxLimits>;
   /**
    * Budget of one run of the test command at eval, ms (default 10 minutes). Tests still running past it with the patch
-   * applied are reward 0 with `tests_timed_out` (SWE-bench: unresolved). The eval stage's timeout also binds, and
-   * when it ends first the sample is TIMEOUT: keep this below the tasks' `limits.evalTimeoutMs`.
+   * applied are reward 0 with `tests_timed_out` (SWE-bench: unresolved). The environment's default eval budget is
+   * this plus {@link EVAL_OVERHEAD_MS} (fresh sandbox, diff, apply), so a hanging test suite is the policy outcome
+   * it is; a task that sets a smaller `limits.eval_timeout_ms` gets TIMEOUT when its own budget ends first.
    */
   testTimeoutMs?: number;
 }
+
+/** Eval work around the test run: starting the fresh sandbox, reading the diff, applying both patches. */
+export const EVAL_OVERHEAD_MS = 120_000;
 
 const DEFAULT_LIMITS: Partial<SandboxLimits> = { memoryMb: 2048, diskMb: 1024, maxProcesses: 256 };
 
@@ -78,6 +82,7 @@ export function createSweEnvironment(options: SweEnvironmentOptions = {}): Envir
       'file editor tools; reward 1 when the diff makes every FAIL_TO_PASS test pass and keeps every PASS_TO_PASS test passing.',
     instanceSchema: sweInstanceJsonSchema,
     toolNames: SWE_TOOL_NAMES,
+    stageTimeouts: { evalMs: testTimeoutMs + EVAL_OVERHEAD_MS },
 
     validate: (instance) => validateSweInstance(instance, resolveImage),
 
