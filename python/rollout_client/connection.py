@@ -167,12 +167,21 @@ class Connection:
     async def _attach(self, stub: Any, resume: bool) -> None:
         call = stub.Rollout(metadata=self._metadata)
         self._call = call
+        try:
+            await self._stream(call, resume)
+        finally:
+            call.cancel()  # a no-op once the call ended; otherwise the server would keep the session attached to it
+
+    async def _stream(self, call: Any, resume: bool) -> None:
         await call.write(rollout_pb2.RolloutRequest(open=rollout_pb2.OpenSession(session_id=self.session_id, resume=resume)))
-        first = await call.read()
-        if first is grpc.aio.EOF:
-            raise _StreamEnded()
-        if first.WhichOneof("kind") != "opened":
-            raise grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, grpc.aio.Metadata(), grpc.aio.Metadata(), f"expected SessionOpened, got {first.WhichOneof('kind')}")
+        while True:
+            # A resumed session's re-sent trajectories may come before SessionOpened: they are ours, take them.
+            first = await call.read()
+            if first is grpc.aio.EOF:
+                raise _StreamEnded()
+            if first.WhichOneof("kind") == "opened":
+                break
+            self._dispatch(first)
         self.session_id = first.opened.session_id or self.session_id
         self.stats["redelivered"] += first.opened.redelivered
         self._opened_at = asyncio.get_running_loop().time()
