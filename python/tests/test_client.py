@@ -157,6 +157,36 @@ def test_tasks_spread_over_two_servers_and_survive_one_of_them_killed():
         b.stop()
 
 
+def test_a_server_restarted_at_the_same_address_gets_the_unfinished_tasks_again():
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    first = Server(latency_ms=20, port=port)
+    second = None
+    try:
+        async def main():
+            nonlocal second
+            async with AsyncRolloutClient(first.address) as client:
+                jobs = [asyncio.ensure_future(client.run_group("math", math_instance(80 + i), 2, task_id=f"restart-{i}")) for i in range(3)]
+                while len(client._tasks) < 3 or not all(t.accepted.done() for t in client._tasks.values()):
+                    await asyncio.sleep(0.02)
+                first.kill()  # the server, its sessions and its running samples are gone
+                second = await asyncio.get_running_loop().run_in_executor(None, lambda: Server(latency_ms=20, port=port))
+                groups = await asyncio.gather(*jobs)
+                for g in groups:
+                    assert sorted(s.sample_index for s in g.samples) == [0, 1]
+                    assert all(s.ok and check_sample(s) == [] for s in g.samples)
+                (stats,) = client.connection_stats()
+                assert stats["sessions_lost"] == 1  # resume answered NOT_FOUND: the session was opened afresh
+        run(main())
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+
+
 def test_the_sync_client_runs_groups_from_threads_and_iterates_samples(server):
     from concurrent.futures import ThreadPoolExecutor
 
