@@ -163,8 +163,10 @@ export const serverConfigSchema = z.strictObject({
        */
       maxUnackedBytes: z.number().int().min(1).default(256 << 20),
       /**
-       * Bytes queued on one stream for a client that is not reading (on top of the trajectories, which the bound
-       * above already counts): past it the server stops reading that stream's requests and drops its stage events.
+       * Encoded bytes queued on one stream and not yet taken by the transport (a client that is not reading): past
+       * it the server stops reading that stream's requests (gRPC flow control pushes back on its tasks) and drops
+       * its stage events (advisory; Watch has them too). Trajectories queued there are also unacked, so they stay
+       * within maxUnackedBytes; this bound holds everything else (accepted, rejected, stage events).
        */
       maxOutboxBytes: z.number().int().min(1024).default(4 << 20),
       /** How long a session whose stream broke stays resumable. */
@@ -180,8 +182,6 @@ export const serverConfigSchema = z.strictObject({
     .strictObject({
       timeMs: z.number().int().min(0).default(30_000),
       timeoutMs: z.number().int().min(1).default(10_000),
-      /** Shortest interval between client pings the server tolerates (clients' own keepalive), ms. */
-      minClientPingIntervalMs: z.number().int().min(0).default(10_000),
     })
     .prefault({}),
   /** Bearer token required on BackendService calls when set. */

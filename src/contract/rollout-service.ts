@@ -201,6 +201,13 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
   ): Promise<void> {
     session.claim(spec.taskId);
     try {
+      if (session.deliveryPaused) {
+        // Admitting more would grow what the session holds without bound; the client was told (delivery_paused).
+        throw new RolloutError(
+          'resource_exhausted',
+          `delivery to session "${session.id}" is paused: ${session.unackedBytes} bytes of trajectories are unacked (limit ${session.maxUnackedBytes}); ack what you received, then submit again`,
+        );
+      }
       const result = await runtime.submit(spec, session.sink, signal);
       session.expect(result.taskId, result.numSamples);
       writer.sendUrgent({ kind: { $case: 'accepted', value: result } });

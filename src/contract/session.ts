@@ -32,8 +32,10 @@ export interface Attachment {
  * Memory is bounded in bytes: trajectories sent and not acked are counted by their encoded size; one that would
  * take them past `maxUnackedBytes` is held instead, in completion order, and the client is told
  * (`delivery_paused`); acks send the held ones as room frees, and the client is told when none are left
- * (`resumed`). Held trajectories are finished work of tasks this session had admitted, so they are bounded by
- * admission (`maxAdmitted`); they are never dropped. A task is forgotten once all its samples were delivered and
+ * (`resumed`). Held trajectories are never dropped; they are the same objects the task store keeps (no copy). While
+ * delivery is paused the session admits no new task (rollout-service refuses them with RESOURCE_EXHAUSTED, to be
+ * re-submitted after acking: task ids are idempotent), so what it holds is bounded by maxUnackedBytes plus the
+ * work it had in flight when the bound was reached. A task is forgotten once all its samples were delivered and
  * acked, so a long-lived session that acks stays small. In memory only: a server restart loses sessions (the
  * durable journal is another part).
  */
@@ -164,6 +166,19 @@ export class Session {
   /** Encoded bytes of the trajectories sent and not acked. */
   get unackedBytes(): number {
     return this.unackedBytesTotal;
+  }
+
+  /**
+   * Whether delivery is paused: trajectories are held, or the unacked ones fill the bound. New tasks on the session
+   * are refused meanwhile (see rollout-service), so what it holds is bounded by the work admitted before.
+   */
+  get deliveryPaused(): boolean {
+    return this.held.length > 0 || this.unackedBytesTotal >= this.maxUnackedBytes;
+  }
+
+  /** Bytes queued on the attached stream, not yet taken by the transport. */
+  get outboxBytes(): number {
+    return this.attachment?.writer.queuedBytes ?? 0;
   }
 
   /** Finished trajectories not sent yet because delivery is paused. */

@@ -46,6 +46,22 @@ export class SessionManager {
     if (this.sessions.get(session.id) === session) this.sessions.delete(session.id);
   }
 
+  /** Totals over open sessions, for tests, metrics and the log. */
+  stats(): { sessions: number; unackedBytes: number; heldBytes: number; held: number; outboxBytes: number } {
+    const out = { sessions: this.sessions.size, unackedBytes: 0, heldBytes: 0, held: 0, outboxBytes: 0 };
+    for (const session of this.sessions.values()) {
+      out.unackedBytes += session.unackedBytes;
+      out.heldBytes += session.heldBytes;
+      out.held += session.heldCount;
+      out.outboxBytes += session.outboxBytes;
+    }
+    return out;
+  }
+
+  get(sessionId: string): Session | undefined {
+    return this.sessions.get(sessionId);
+  }
+
   get size(): number {
     return this.sessions.size;
   }
