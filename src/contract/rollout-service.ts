@@ -83,6 +83,7 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
     let failing = false;
     const gone = (): void => {
       if (failing || aborted.signal.aborted) return;
+      log.debug({ sessionId: session?.id }, 'stream cancelled or broken by the client');
       aborted.abort();
       session?.detach(writer);
       call.destroy();
