@@ -132,11 +132,6 @@ export class Session {
     this.attachment?.writer.send(message);
   }
 
-  /** Stage events are advisory: past the outbox bound they are dropped, not queued. Returns whether sent. */
-  sendDroppable(message: RolloutResponse, limitBytes: number): boolean {
-    return this.attachment?.writer.sendDroppable(message, limitBytes) ?? false;
-  }
-
   ack(ack: Ack): void {
     for (const taskId of ack.taskIds) {
       const task = this.tasks.get(taskId);
