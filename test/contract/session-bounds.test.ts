@@ -120,6 +120,11 @@ describe('sessions bounded in bytes, against a real server', () => {
     session.close();
     await within(consumer, 30_000, 'the session to end');
     expect([...received.keys()].sort()).toEqual(Array.from({ length: attempts }, (_, i) => `na-${i}#0`).sort());
+    // 200 × 512 KiB went through the server; it keeps only the task store's budget (8 MiB by its estimate).
+    const after = heapUsed() - before;
+    console.log(`after 200 large trajectories: heap +${(after / MiB).toFixed(1)} MiB, task store ${(h.server.runtime.store.bytes / MiB).toFixed(1)} MiB`);
+    expect(h.server.runtime.store.bytes).toBeLessThanOrEqual(8 * MiB + 2 * MiB);
+    expect(after).toBeLessThan(40 * MiB);
   }, 180_000);
 
   it('a client that stops reading: its outbox stays bounded in bytes, other clients are served, and it gets everything when it reads again', async () => {
@@ -130,6 +135,7 @@ describe('sessions bounded in bytes, against a real server', () => {
     await eventually(() => h.server.sessions.get('stalled')!.deliveryPaused, 'the stalled session to reach its bound', 30_000);
     await eventually(() => h.server.runtime.pipeline.inFlight === 0, 'the admitted work to finish', 30_000);
     const s = h.server.sessions.get('stalled')!;
+    console.log(`stalled reader: outbox ${(s.outboxBytes / MiB).toFixed(2)} MiB, unacked ${(s.unackedBytes / MiB).toFixed(2)} MiB, held ${s.heldCount}`);
     // Trajectories in the outbox are unacked ones (≤ 4 MiB); everything else is cut at 64 KiB (stage events dropped).
     expect(s.unackedBytes).toBeLessThanOrEqual(4 * MiB);
     expect(s.outboxBytes).toBeLessThanOrEqual(4 * MiB + 64 * 1024 + 16 * 1024);
