@@ -150,6 +150,40 @@ export const serverConfigSchema = z.strictObject({
   retainFinishedTasks: z.number().int().min(0).default(2_000),
   /** ...and at most about this many bytes of their trajectories. */
   retainFinishedBytes: z.number().int().min(0).default(512 << 20),
+  /**
+   * Trainer sessions (src/contract/session.ts). Every bound is in bytes of encoded messages, because one trajectory
+   * may be 1 KiB or 50 MiB: a count bounds nothing.
+   */
+  sessions: z
+    .strictObject({
+      /**
+       * Encoded bytes of trajectories sent to one session and not yet acked, past which delivery to it pauses (the
+       * client gets `delivery_paused`; finished trajectories are held for it and sent as acks come in). A single
+       * trajectory larger than the bound is still sent when nothing else is unacked.
+       */
+      maxUnackedBytes: z.number().int().min(1).default(256 << 20),
+      /**
+       * Encoded bytes queued on one stream and not yet taken by the transport (a client that is not reading): past
+       * it the server stops reading that stream's requests (gRPC flow control pushes back on its tasks) and drops
+       * its stage events (advisory; Watch has them too). Trajectories queued there are also unacked, so they stay
+       * within maxUnackedBytes; this bound holds everything else (accepted, rejected, stage events).
+       */
+      maxOutboxBytes: z.number().int().min(1024).default(4 << 20),
+      /** How long a session whose stream broke stays resumable. */
+      ttlMs: z.number().int().min(1).default(10 * 60_000),
+    })
+    .prefault({}),
+  /**
+   * HTTP/2 keepalive pings from the server (grpc-js `grpc.keepalive_time_ms` / `grpc.keepalive_timeout_ms`): a
+   * connection whose peer vanished without a FIN (a node that lost power, a NAT that dropped the flow) is closed
+   * after about timeMs + timeoutMs, its streams end and their sessions become resumable. 0 disables them.
+   */
+  keepalive: z
+    .strictObject({
+      timeMs: z.number().int().min(0).default(30_000),
+      timeoutMs: z.number().int().min(1).default(10_000),
+    })
+    .prefault({}),
   /** Bearer token required on BackendService calls when set. */
   adminToken: z.string().optional(),
 });

@@ -12,6 +12,8 @@ export type ErrorCode =
   | 'unavailable'
   | 'deadline_exceeded'
   | 'cancelled'
+  /** Superseded: e.g. a stream whose session another stream took over. */
+  | 'aborted'
   | 'unauthenticated'
   | 'internal'
   /** The sandbox could not be started or died under us (infrastructure, not the model's fault). */

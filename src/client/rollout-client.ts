@@ -2,6 +2,7 @@ import { credentials, Metadata, type ClientDuplexStream, type ServiceError } fro
 import {
   RolloutServiceClient,
   TaskSpec,
+  type DeliveryPaused,
   type GetTrajectoryResponse,
   type ListEnvironmentsResponse,
   type RolloutRequest,
@@ -67,6 +68,11 @@ export class RolloutSession {
   private readonly received = new Set<string>();
   private consumed = 0;
   private readonly pending = new Map<string, { resolve: (a: TaskAccepted) => void; reject: (e: Error) => void }[]>();
+  /**
+   * The server paused delivery (this session's unacked trajectories reached its byte bound; ack to resume) or
+   * resumed it (`resumed`). Nothing is dropped meanwhile.
+   */
+  onDeliveryPaused: ((notice: DeliveryPaused) => void) | undefined;
   /** Stage events, when the session asked for them. */
   onStage: ((event: NonNullable<Extract<RolloutResponse['kind'], { $case: 'stage' }>>['value']) => void) | undefined;
 
@@ -106,6 +112,9 @@ export class RolloutSession {
           break;
         case 'stage':
           this.onStage?.(kind.value);
+          break;
+        case 'deliveryPaused':
+          this.onDeliveryPaused?.(kind.value);
           break;
         case 'trajectory':
           this.received.add(`${kind.value.taskId}\u0000${kind.value.sampleIndex}`);
@@ -168,13 +177,28 @@ export class RolloutSession {
     this.call.cancel();
   }
 
-  /** Trajectories in completion order; ends when the server has delivered all of the session's. */
+  /**
+   * Trajectories in completion order; ends when the server has delivered all of the session's. Leaving the loop
+   * early (`break`, `return`, an exception in its body) cancels the call, as nice-grpc's clients do: the server
+   * sees CANCELLED at once and keeps the session resumable with everything not acked, instead of writing into a
+   * stream nobody reads. With autoAck, a trajectory is acked when the loop comes back for the next one; the one the
+   * loop left on is not (its processing may not have finished), so a resumed session gets it again.
+   */
   async *trajectories(): AsyncGenerator<Trajectory> {
-    for await (const t of this.queue) {
-      yield t;
-      this.consumed++;
-      if (this.autoAck) this.ack([{ taskId: t.taskId, sampleIndex: t.sampleIndex }]);
-      this.maybeHalfClose();
+    let finished = false;
+    try {
+      for await (const t of this.queue) {
+        yield t;
+        this.consumed++;
+        if (this.autoAck) this.ack([{ taskId: t.taskId, sampleIndex: t.sampleIndex }]);
+        this.maybeHalfClose();
+      }
+      finished = true;
+    } finally {
+      if (!finished && !this.ended) {
+        this.ended = true;
+        this.call.cancel();
+      }
     }
   }
 

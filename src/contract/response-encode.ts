@@ -1,6 +1,6 @@
 import type { ServiceDefinition } from '@grpc/grpc-js';
 import { BinaryWriter } from '@bufbuild/protobuf/wire';
-import { RolloutResponse, WatchResponse, type GetTrajectoryResponse, type Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
+import { RolloutResponse, Trajectory, WatchResponse, type GetTrajectoryResponse } from '../../gen/ts/rollout/v1/rollout.js';
 import { encodedTrajectory, wireSafe } from '../pipeline/wire-safe.js';
 
 /** Field numbers that carry a Trajectory in each response (see rollout.proto). */
@@ -46,4 +46,22 @@ function frame(fields: readonly (readonly [number, Uint8Array])[], int32?: reado
 
 function toBuffer(bytes: Uint8Array): Buffer {
   return Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+}
+
+/**
+ * Encoded size of a response, for the byte bounds of outboxes and sessions: a trajectory's bytes as wireSafe kept
+ * them (no second encode), anything else encoded (control and stage messages are small).
+ */
+export function rolloutResponseBytes(m: RolloutResponse): number {
+  return m.kind?.$case === 'trajectory' ? trajectoryBytes(m.kind.value) : RolloutResponse.encode(m).finish().length;
+}
+
+/** {@link rolloutResponseBytes} for Watch. */
+export function watchResponseBytes(m: WatchResponse): number {
+  return m.kind?.$case === 'trajectory' ? trajectoryBytes(m.kind.value) : WatchResponse.encode(m).finish().length;
+}
+
+/** Encoded bytes of a trajectory (plus its field tag and length); encoded here if it did not come through wireSafe. */
+export function trajectoryBytes(t: Trajectory): number {
+  return (encodedTrajectory(t)?.length ?? Trajectory.encode(t).finish().length) + 6;
 }

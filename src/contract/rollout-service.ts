@@ -8,6 +8,7 @@ import type { SessionManager } from './sessions.js';
 import { StreamWriter } from './stream-writer.js';
 import { toServiceError } from './status.js';
 import { unary } from './unary.js';
+import { rolloutResponseBytes } from './response-encode.js';
 import { stageEventOf } from './events.js';
 import { handleWatch } from './watch.js';
 import { undecodable } from './tolerant-decode.js';
@@ -64,7 +65,8 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
   };
 
   async function handleRollout(call: ServerDuplexStream<RolloutRequest, RolloutResponse>): Promise<void> {
-    const writer = new StreamWriter<RolloutResponse>(call);
+    const writer = new StreamWriter<RolloutResponse>(call, rolloutResponseBytes);
+    const { maxOutboxBytes } = runtime.deps.config.sessions;
     const aborted = new AbortController();
     let session: Session | undefined;
     let clean = false;
@@ -72,7 +74,8 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
     let waiting: { taskId: string; controller: AbortController; done: Promise<void> } | undefined;
     const unsubscribe = runtime.pipeline.events$.subscribe((event) => {
       if (event.type === 'stage' && session?.stageEvents && session.owns(event.sample.task.taskId)) {
-        writer.send({ kind: { $case: 'stage', value: stageEventOf(event.sample, event.stage) } });
+        // Advisory: a client that stopped reading misses them rather than growing the outbox.
+        writer.sendDroppable({ kind: { $case: 'stage', value: stageEventOf(event.sample, event.stage) } }, maxOutboxBytes);
       }
     });
     // A client that goes away (cancel, broken connection): detach at once so the session can be resumed, and
@@ -80,19 +83,37 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
     let failing = false;
     const gone = (): void => {
       if (failing || aborted.signal.aborted) return;
+      log.debug({ sessionId: session?.id }, 'stream cancelled or broken by the client');
       aborted.abort();
       session?.detach(writer);
       call.destroy();
     };
     call.on('cancelled', gone);
     call.on('error', gone);
+    // Another stream resumed this session (this one is stale or half-open): end this one with ABORTED so its client,
+    // if it is still there, learns why; its queued trajectories stay unacked in the session and go to the new stream.
+    const evict = (reason: string): void => {
+      if (failing || aborted.signal.aborted) return;
+      failing = true;
+      aborted.abort();
+      log.info({ sessionId: session?.id }, 'session taken over by another stream');
+      call.emit('error', toServiceError(new RolloutError('aborted', reason), log));
+    };
     const openSession = (sessionId: string, resume: boolean, stageEvents: boolean): Session => {
       const s = sessions.open(sessionId, resume, stageEvents);
-      const redelivered = s.attach(writer, resume);
+      const { redelivered, tookOver } = s.attach({ writer, evict }, resume);
       writer.sendUrgent({
         kind: {
           $case: 'opened',
-          value: { sessionId: s.id, redelivered, serverVersion: deps.serverVersion, maxNumSamples: runtime.deps.config.maxNumSamples, pending: s.pending },
+          value: {
+            sessionId: s.id,
+            redelivered,
+            serverVersion: deps.serverVersion,
+            maxNumSamples: runtime.deps.config.maxNumSamples,
+            pending: s.pending,
+            maxUnackedBytes: s.maxUnackedBytes,
+            tookOver,
+          },
         },
       });
       return s;
@@ -144,8 +165,8 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
             log.debug({ err, taskId: kind.value.taskId }, 'cancel of unknown task');
           }
         } else session.ack(kind.value);
-        // A slow reader: stop pulling requests until the outbox drains (bounded memory per stream).
-        await writer.below(runtime.deps.config.maxAdmitted);
+        // A slow reader: stop pulling requests until the outbox drains (bounded in bytes per stream).
+        await writer.below(maxOutboxBytes);
       }
       // The client half-closed: finish delivering what it asked for, then end the stream.
       if (waiting) await waiting.done;
@@ -167,7 +188,7 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
         session.detach(writer);
         // Closed only when the client holds everything: a stream that ended because the connection dropped can
         // look clean here, so unacked trajectories keep the session resumable until its TTL.
-        if (clean && session.unackedCount === 0) sessions.close(session);
+        if (clean && session.unackedCount === 0 && session.heldCount === 0) sessions.close(session);
       }
     }
   }
@@ -181,6 +202,13 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
   ): Promise<void> {
     session.claim(spec.taskId);
     try {
+      if (session.deliveryPaused) {
+        // Admitting more would grow what the session holds without bound; the client was told (delivery_paused).
+        throw new RolloutError(
+          'resource_exhausted',
+          `delivery to session "${session.id}" is paused: ${session.unackedBytes} bytes of trajectories are unacked (limit ${session.maxUnackedBytes}); ack what you received, then submit again`,
+        );
+      }
       const result = await runtime.submit(spec, session.sink, signal);
       session.expect(result.taskId, result.numSamples);
       writer.sendUrgent({ kind: { $case: 'accepted', value: result } });

@@ -3,6 +3,7 @@ import { ReflectionService } from '@grpc/reflection';
 import { HealthImplementation } from 'grpc-health-check';
 import { fileURLToPath } from 'node:url';
 import type { Logger } from '../observability/logger.js';
+import type { ServerConfig } from '../config.js';
 import type { EnvironmentRegistry } from '../environments/registry.js';
 import type { RolloutRuntime } from '../runtime.js';
 import { RolloutServiceService } from '../../gen/ts/rollout/v1/rollout.js';
@@ -29,6 +30,8 @@ export interface RunningServer {
   readonly port: number;
   readonly address: string;
   readonly health: HealthImplementation;
+  /** Trainer sessions (their unacked, held and outbox bytes: `sessions.stats()`). */
+  readonly sessions: SessionManager;
   /** Stops accepting calls, cancels in-flight work, closes the server. */
   shutdown(): Promise<void>;
 }
@@ -44,8 +47,9 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
   const server = new Server({
     'grpc.max_receive_message_length': transportReceiveLimit(config.maxMessageBytes),
     'grpc.max_send_message_length': config.maxMessageBytes,
+    ...keepaliveOptions(config.keepalive),
   });
-  const sessions = new SessionManager(options.sessionTtlMs ?? 10 * 60_000);
+  const sessions = new SessionManager(options.sessionTtlMs ?? config.sessions.ttlMs, config.sessions.maxUnackedBytes);
   server.addService(trajectorySerializers(tolerantService(RolloutServiceService, config.maxMessageBytes), config.maxMessageBytes), rolloutService({ runtime, registry, sessions, logger, serverVersion: SERVER_VERSION }));
   server.addService(
     tolerantService(BackendServiceService, config.maxMessageBytes),
@@ -73,6 +77,7 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
     port,
     address: `${config.host}:${port}`,
     health,
+    sessions,
     shutdown: () =>
       (stopping ??= (async () => {
         health.setStatus('', 'NOT_SERVING');
@@ -91,4 +96,15 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
         log.info('rollout server stopped');
       })()),
   };
+}
+
+/**
+ * grpc-js server keepalive: the server pings each connection every `timeMs` and destroys it when the answer does
+ * not come within `timeoutMs`. A trainer whose node vanished without a FIN (power loss, a NAT that forgot the flow)
+ * leaves a half-open connection that would otherwise keep its session attached and its outbox filling forever;
+ * with these, its streams end within about timeMs + timeoutMs and the session becomes resumable. (grpc-js does not
+ * police client pings: clients may keep their own keepalive at any interval.) timeMs 0 turns pings off.
+ */
+export function keepaliveOptions(keepalive: ServerConfig['keepalive']): Record<string, number> {
+  return keepalive.timeMs > 0 ? { 'grpc.keepalive_time_ms': keepalive.timeMs, 'grpc.keepalive_timeout_ms': keepalive.timeoutMs } : {};
 }

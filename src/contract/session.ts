@@ -1,4 +1,5 @@
-import type { Ack, RolloutResponse, Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
+import type { Ack, DeliveryPaused, RolloutResponse, Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
+import { trajectoryBytes } from './response-encode.js';
 import type { StreamWriter } from './stream-writer.js';
 
 /** What a session knows of one of its tasks; forgotten once every sample was delivered and acked. */
@@ -6,28 +7,56 @@ interface SessionTask {
   /** Samples expected (0 until the task is accepted). */
   n: number;
   accepted: boolean;
+  /** Samples finished and taken by the session (sent, or held while delivery is paused). */
   delivered: Set<number>;
-  unacked: Map<number, Trajectory>;
+  /** Sent and not acked, with their encoded size. */
+  unacked: Map<number, { trajectory: Trajectory; bytes: number }>;
+  /** Samples held (finished, not sent yet). */
+  held: number;
+}
+
+/** The stream a session is attached to, and how to end it when another stream takes the session over. */
+export interface Attachment {
+  writer: StreamWriter<RolloutResponse>;
+  /** Ends the stream with a status saying it was taken over (the session has already moved on). */
+  evict: (reason: string) => void;
 }
 
 /**
- * A trainer's session: the tasks it submitted and the trajectories it has not acked. Each trajectory is written
- * once per attachment; a client that reconnects with `resume` gets every unacked trajectory again, once.
- * A task is forgotten once all its samples were delivered and acked, so a long-lived session that acks stays
- * small. In memory only for now: a server restart loses sessions (the durable journal is a later issue).
+ * A trainer's session: the tasks it submitted and the trajectories it has not acked.
+ *
+ * Delivery is at least once until acked: each trajectory is written once per attachment; a client that
+ * reconnects with `resume` (or takes the session over from a stale stream) gets every unacked trajectory again,
+ * once, then the rest as they finish. A client dedupes by (task_id, sample_index) across streams.
+ *
+ * Memory is bounded in bytes: trajectories sent and not acked are counted by their encoded size; one that would
+ * take them past `maxUnackedBytes` is held instead, in completion order, and the client is told
+ * (`delivery_paused`); acks send the held ones as room frees, and the client is told when none are left
+ * (`resumed`). Held trajectories are never dropped; they are the same objects the task store keeps (no copy). While
+ * delivery is paused the session admits no new task (rollout-service refuses them with RESOURCE_EXHAUSTED, to be
+ * re-submitted after acking: task ids are idempotent), so what it holds is bounded by maxUnackedBytes plus the
+ * work it had in flight when the bound was reached. A task is forgotten once all its samples were delivered and
+ * acked, so a long-lived session that acks stays small. In memory only: a server restart loses sessions (the
+ * durable journal is another part).
  */
 export class Session {
   private readonly tasks = new Map<string, SessionTask>();
   private readonly claimed = new Set<string>();
   private expected = 0;
   private delivered = 0;
-  private writer: StreamWriter<RolloutResponse> | undefined;
+  private attachment: Attachment | undefined;
   private readonly idleWaiters = new Set<() => void>();
+  /** Finished, not yet sent: delivery is paused while this is not empty. */
+  private readonly held: Trajectory[] = [];
+  private heldBytesTotal = 0;
+  private unackedBytesTotal = 0;
+  private unackedTotal = 0;
   detachedAt: number | undefined;
 
   constructor(
     readonly id: string,
     public stageEvents: boolean,
+    readonly maxUnackedBytes: number = Number.POSITIVE_INFINITY,
   ) {}
 
   /** Bound to a task's sinks; dedupes so a re-submitted task is still delivered once. */
@@ -35,9 +64,9 @@ export class Session {
     const task = this.task(trajectory.taskId);
     if (task.delivered.has(trajectory.sampleIndex)) return;
     task.delivered.add(trajectory.sampleIndex);
-    task.unacked.set(trajectory.sampleIndex, trajectory);
     this.delivered++;
-    this.writer?.send({ kind: { $case: 'trajectory', value: trajectory } });
+    if (this.held.length > 0 || !this.fits(trajectory)) this.hold(task, trajectory);
+    else this.deliver(task, trajectory);
     this.wakeIdle();
   };
 
@@ -65,42 +94,58 @@ export class Session {
     return this.tasks.get(taskId)?.accepted === true || this.claimed.has(taskId);
   }
 
-  /** Attaches a stream; on resume re-sends what was not acked. Returns how many were re-sent. */
-  attach(writer: StreamWriter<RolloutResponse>, resume: boolean): number {
-    this.writer = writer;
-    this.detachedAt = undefined;
-    if (!resume) return 0;
-    let resent = 0;
-    for (const task of this.tasks.values()) {
-      for (const trajectory of task.unacked.values()) {
-        writer.send({ kind: { $case: 'trajectory', value: trajectory } });
-        resent++;
-      }
-    }
-    return resent;
+  get isAttached(): boolean {
+    return this.attachment !== undefined;
   }
 
+  /**
+   * Attaches a stream. A stream still attached is evicted first (takeover: its client is gone or stale, and the new
+   * stream wins). On resume, re-sends what was not acked, then tells the client if delivery is paused.
+   */
+  attach(attachment: Attachment, resume: boolean): { redelivered: number; tookOver: boolean } {
+    const previous = this.attachment;
+    const tookOver = previous !== undefined && previous.writer !== attachment.writer;
+    this.attachment = attachment;
+    this.detachedAt = undefined;
+    if (tookOver) previous.evict(`session "${this.id}" was resumed on another stream`);
+    if (!resume) return { redelivered: 0, tookOver };
+    let redelivered = 0;
+    for (const task of this.tasks.values()) {
+      for (const { trajectory } of task.unacked.values()) {
+        attachment.writer.send({ kind: { $case: 'trajectory', value: trajectory } });
+        redelivered++;
+      }
+    }
+    if (this.held.length > 0) attachment.writer.sendUrgent(this.notice(false));
+    return { redelivered, tookOver };
+  }
+
+  /** Detaches this writer if it is the one attached (a stream taken over detaches nothing). */
   detach(writer: StreamWriter<RolloutResponse>): void {
-    if (this.writer !== writer) return;
-    this.writer = undefined;
+    if (this.attachment?.writer !== writer) return;
+    this.attachment = undefined;
     this.detachedAt = Date.now();
     this.wakeIdle();
   }
 
   send(message: RolloutResponse): void {
-    this.writer?.send(message);
+    this.attachment?.writer.send(message);
   }
 
   ack(ack: Ack): void {
     for (const taskId of ack.taskIds) {
       const task = this.tasks.get(taskId);
-      task?.unacked.clear();
+      if (!task) continue;
+      for (const index of [...task.unacked.keys()]) this.unack(task, index);
       this.forgetIfDone(taskId);
     }
     for (const ref of ack.trajectories) {
-      this.tasks.get(ref.taskId)?.unacked.delete(ref.sampleIndex);
+      const task = this.tasks.get(ref.taskId);
+      if (!task) continue;
+      this.unack(task, ref.sampleIndex);
       this.forgetIfDone(ref.taskId);
     }
+    this.release();
   }
 
   /** Tasks the session still remembers (not yet fully delivered and acked). */
@@ -108,10 +153,36 @@ export class Session {
     return this.tasks.size;
   }
 
+  /** Trajectories sent and not acked. */
   get unackedCount(): number {
-    let n = 0;
-    for (const task of this.tasks.values()) n += task.unacked.size;
-    return n;
+    return this.unackedTotal;
+  }
+
+  /** Encoded bytes of the trajectories sent and not acked. */
+  get unackedBytes(): number {
+    return this.unackedBytesTotal;
+  }
+
+  /**
+   * Whether delivery is paused: trajectories are held, or the unacked ones fill the bound. New tasks on the session
+   * are refused meanwhile (see rollout-service), so what it holds is bounded by the work admitted before.
+   */
+  get deliveryPaused(): boolean {
+    return this.held.length > 0 || this.unackedBytesTotal >= this.maxUnackedBytes;
+  }
+
+  /** Bytes queued on the attached stream, not yet taken by the transport. */
+  get outboxBytes(): number {
+    return this.attachment?.writer.queuedBytes ?? 0;
+  }
+
+  /** Finished trajectories not sent yet because delivery is paused. */
+  get heldCount(): number {
+    return this.held.length;
+  }
+
+  get heldBytes(): number {
+    return this.heldBytesTotal;
   }
 
   /** Samples accepted on this session that have not finished yet. */
@@ -119,9 +190,9 @@ export class Session {
     return this.expected - this.delivered;
   }
 
-  /** Resolves when every accepted sample has been delivered (or the writer detached). */
+  /** Resolves when every accepted sample has been sent (none pending or held), or the stream detached. */
   async idle(): Promise<void> {
-    while (this.pending > 0 && this.writer) {
+    while ((this.pending > 0 || this.held.length > 0) && this.attachment) {
       await new Promise<void>((resolve) => {
         const wake = (): void => {
           this.idleWaiters.delete(wake);
@@ -132,15 +203,73 @@ export class Session {
     }
   }
 
+  /** Room for this trajectory under the bound; one alone always fits, so a huge trajectory cannot wedge delivery. */
+  private fits(trajectory: Trajectory): boolean {
+    return this.unackedTotal === 0 || this.unackedBytesTotal + trajectoryBytes(trajectory) <= this.maxUnackedBytes;
+  }
+
+  private deliver(task: SessionTask, trajectory: Trajectory): void {
+    const bytes = trajectoryBytes(trajectory);
+    task.unacked.set(trajectory.sampleIndex, { trajectory, bytes });
+    this.unackedBytesTotal += bytes;
+    this.unackedTotal++;
+    this.attachment?.writer.send({ kind: { $case: 'trajectory', value: trajectory } });
+  }
+
+  private hold(task: SessionTask, trajectory: Trajectory): void {
+    task.held++;
+    this.held.push(trajectory);
+    this.heldBytesTotal += trajectoryBytes(trajectory);
+    if (this.held.length === 1) this.attachment?.writer.sendUrgent(this.notice(false));
+  }
+
+  /** Sends held trajectories while they fit; tells the client when delivery resumes. */
+  private release(): void {
+    if (this.held.length === 0) return;
+    while (this.held.length > 0 && this.fits(this.held[0]!)) {
+      const trajectory = this.held.shift()!;
+      this.heldBytesTotal -= trajectoryBytes(trajectory);
+      const task = this.task(trajectory.taskId);
+      task.held--;
+      this.deliver(task, trajectory);
+    }
+    if (this.held.length === 0) {
+      this.heldBytesTotal = 0;
+      this.attachment?.writer.sendUrgent(this.notice(true));
+      this.wakeIdle();
+    }
+  }
+
+  private notice(resumed: boolean): RolloutResponse {
+    const value: DeliveryPaused = {
+      unackedBytes: this.unackedBytesTotal,
+      limitBytes: Number.isFinite(this.maxUnackedBytes) ? this.maxUnackedBytes : 0,
+      held: this.held.length,
+      reason: resumed
+        ? 'acks brought unacked trajectories under the limit: delivery resumed'
+        : `unacked trajectories reached ${this.maxUnackedBytes} bytes: delivery paused until you ack what you received (nothing is dropped)`,
+      resumed,
+    };
+    return { kind: { $case: 'deliveryPaused', value } };
+  }
+
+  private unack(task: SessionTask, index: number): void {
+    const entry = task.unacked.get(index);
+    if (!entry) return;
+    task.unacked.delete(index);
+    this.unackedBytesTotal -= entry.bytes;
+    this.unackedTotal--;
+  }
+
   private task(taskId: string): SessionTask {
     let task = this.tasks.get(taskId);
-    if (!task) this.tasks.set(taskId, (task = { n: 0, accepted: false, delivered: new Set(), unacked: new Map() }));
+    if (!task) this.tasks.set(taskId, (task = { n: 0, accepted: false, delivered: new Set(), unacked: new Map(), held: 0 }));
     return task;
   }
 
   private forgetIfDone(taskId: string): void {
     const task = this.tasks.get(taskId);
-    if (task?.accepted && task.delivered.size >= task.n && task.unacked.size === 0) this.tasks.delete(taskId);
+    if (task?.accepted && task.delivered.size >= task.n && task.unacked.size === 0 && task.held === 0) this.tasks.delete(taskId);
   }
 
   private wakeIdle(): void {

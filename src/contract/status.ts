@@ -11,6 +11,7 @@ const GRPC_CODE: Record<ErrorCode, status> = {
   unavailable: status.UNAVAILABLE,
   deadline_exceeded: status.DEADLINE_EXCEEDED,
   cancelled: status.CANCELLED,
+  aborted: status.ABORTED,
   unauthenticated: status.UNAUTHENTICATED,
   internal: status.INTERNAL,
   sandbox_error: status.UNAVAILABLE,

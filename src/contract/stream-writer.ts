@@ -4,22 +4,29 @@ type WritableCall<T> = ServerWritableStream<unknown, T> | ServerDuplexStream<unk
 
 /**
  * Serialises writes to a server stream and respects backpressure: when `call.write()` returns false the next
- * message waits for 'drain'. Messages queue here meanwhile; `queued` lets producers stop reading requests when
- * a client is slow, so the queue stays bounded. After the call closes, writes are dropped.
+ * message waits for 'drain'. Messages queue here meanwhile, counted in bytes (`sizeOf`, the encoded size): a count
+ * bounds nothing when one trajectory is 1 KiB and the next 50 MiB. `queuedBytes` lets producers stop reading
+ * requests when a client is slow, and `sendDroppable` refuses advisory messages past a bound, so the queue stays
+ * bounded in bytes. After the call closes, writes are dropped.
  */
 export class StreamWriter<T> {
-  private readonly queue: T[] = [];
+  private readonly queue: { message: T; bytes: number }[] = [];
   /** Small control messages (opened, accepted, rejected) that go ahead of queued trajectories. */
-  private readonly urgent: T[] = [];
+  private readonly urgent: { message: T; bytes: number }[] = [];
+  private bytes = 0;
   private pumping = false;
   private closed = false;
   private readonly idleWaiters: (() => void)[] = [];
 
-  constructor(private readonly call: WritableCall<T>) {
+  constructor(
+    private readonly call: WritableCall<T>,
+    private readonly sizeOf: (message: T) => number = () => 1,
+  ) {
     const close = (): void => {
       this.closed = true;
       this.queue.length = 0;
       this.urgent.length = 0;
+      this.bytes = 0;
       this.wakeIdle();
     };
     call.on('close', close);
@@ -31,14 +38,29 @@ export class StreamWriter<T> {
     return this.closed;
   }
 
+  /** Messages queued (both lanes), not yet handed to the transport. */
   get queued(): number {
-    return this.queue.length;
+    return this.queue.length + this.urgent.length;
+  }
+
+  /** Bytes (by `sizeOf`) of the messages queued, not yet handed to the transport. */
+  get queuedBytes(): number {
+    return this.bytes;
   }
 
   send(message: T): void {
     if (this.closed) return;
-    this.queue.push(message);
-    if (!this.pumping) void this.pump();
+    this.enqueue(this.queue, message);
+  }
+
+  /**
+   * Sends unless more than `limitBytes` are queued; returns whether it was queued. For advisory messages (stage
+   * events) that a client which stopped reading may miss rather than grow the server.
+   */
+  sendDroppable(message: T, limitBytes: number): boolean {
+    if (this.closed || this.bytes > limitBytes) return false;
+    this.enqueue(this.queue, message);
+    return true;
   }
 
   /**
@@ -47,20 +69,19 @@ export class StreamWriter<T> {
    */
   sendUrgent(message: T): void {
     if (this.closed) return;
-    this.urgent.push(message);
-    if (!this.pumping) void this.pump();
+    this.enqueue(this.urgent, message);
   }
 
   /** Resolves when everything queued has been handed to the transport (or the call closed). */
   async flushed(): Promise<void> {
-    while (!this.closed && (this.queue.length > 0 || this.urgent.length > 0 || this.pumping)) {
+    while (!this.closed && (this.queued > 0 || this.pumping)) {
       await new Promise<void>((resolve) => this.idleWaiters.push(resolve));
     }
   }
 
-  /** Resolves once fewer than `limit` messages are queued. */
-  async below(limit: number): Promise<void> {
-    while (!this.closed && this.queue.length >= limit) {
+  /** Resolves once at most `limitBytes` are queued (or the call closed). */
+  async below(limitBytes: number): Promise<void> {
+    while (!this.closed && this.bytes > limitBytes) {
       await new Promise<void>((resolve) => this.idleWaiters.push(resolve));
     }
   }
@@ -71,13 +92,23 @@ export class StreamWriter<T> {
     this.call.end();
   }
 
+  private enqueue(lane: { message: T; bytes: number }[], message: T): void {
+    const bytes = this.sizeOf(message);
+    lane.push({ message, bytes });
+    this.bytes += bytes;
+    if (!this.pumping) void this.pump();
+  }
+
   private async pump(): Promise<void> {
     this.pumping = true;
     try {
-      while ((this.urgent.length > 0 || this.queue.length > 0) && !this.closed) {
-        const message = this.urgent.length > 0 ? this.urgent.shift()! : this.queue.shift()!;
-        if (!this.call.write(message)) await this.drained();
-        if (this.queue.length < 64) this.wakeIdle();
+      while (this.queued > 0 && !this.closed) {
+        const item = this.urgent.length > 0 ? this.urgent.shift()! : this.queue.shift()!;
+        this.bytes -= item.bytes;
+        // Handed to grpc-js: it serializes at once and holds the bytes in the HTTP/2 stream's buffer until the
+        // peer's flow-control window takes them; past its high-water mark write() says false and we wait.
+        if (!this.call.write(item.message)) await this.drained();
+        this.wakeIdle();
       }
     } finally {
       this.pumping = false;

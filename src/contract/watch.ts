@@ -6,13 +6,17 @@ import type { WatchRequest, WatchResponse } from '../../gen/ts/rollout/v1/rollou
 import { stageEventOf, stageOf, summaryOf } from './events.js';
 import { StreamWriter } from './stream-writer.js';
 import { toBackend } from './backend-service.js';
+import { watchResponseBytes } from './response-encode.js';
 import { toServiceError } from './status.js';
 import { undecodable, undecodableError } from './tolerant-decode.js';
 
-/** Messages a slow watcher may have queued; past it, new messages for it are dropped and counted. */
-const WATCH_QUEUE_LIMIT = 10_000;
+/**
+ * Encoded bytes a slow watcher may have queued; past it, new messages for it are dropped and counted. In bytes, not
+ * messages: 256 full trajectories were up to 256 × 64 MiB. One message larger than this still goes to an empty queue.
+ */
+const WATCH_QUEUE_BYTES = 4 << 20;
 /** The same for watchers of full trajectories, which are large (token arrays). */
-const FULL_TRAJECTORY_QUEUE_LIMIT = 256;
+const FULL_TRAJECTORY_QUEUE_BYTES = 64 << 20;
 
 /**
  * Read-only tail for dashboards: stage changes, finished-trajectory summaries (or full trajectories) and
@@ -26,7 +30,7 @@ export async function handleWatch(call: ServerWritableStream<WatchRequest, Watch
     call.emit('error', toServiceError(undecodableError(bad), log));
     return;
   }
-  const writer = new StreamWriter<WatchResponse>(call);
+  const writer = new StreamWriter<WatchResponse>(call, watchResponseBytes);
   const environments = new Set(request.environments);
   const groups = new Set(request.groupIds);
   const wanted = (environment: string, groupId: string): boolean =>
@@ -34,10 +38,9 @@ export async function handleWatch(call: ServerWritableStream<WatchRequest, Watch
   let dropped = 0;
   // Every message kind is bounded: a watcher that stops reading loses messages (counted), the server never buffers
   // without limit for it.
-  const limit = request.fullTrajectories ? FULL_TRAJECTORY_QUEUE_LIMIT : WATCH_QUEUE_LIMIT;
+  const limit = request.fullTrajectories ? FULL_TRAJECTORY_QUEUE_BYTES : WATCH_QUEUE_BYTES;
   const send = (message: WatchResponse): void => {
-    if (writer.queued >= limit) dropped++;
-    else writer.send(message);
+    if (!writer.sendDroppable(message, limit)) dropped++;
   };
 
   const events = runtime.pipeline.events$.subscribe((event) => {

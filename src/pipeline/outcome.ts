@@ -18,6 +18,7 @@ const STATUS_BY_CODE: Record<ErrorCode, TrajectoryStatus> = {
   unavailable: TrajectoryStatus.TRAJECTORY_STATUS_BACKEND_ERROR,
   deadline_exceeded: TrajectoryStatus.TRAJECTORY_STATUS_TIMEOUT,
   cancelled: TrajectoryStatus.TRAJECTORY_STATUS_CANCELLED,
+  aborted: TrajectoryStatus.TRAJECTORY_STATUS_CANCELLED,
   unauthenticated: TrajectoryStatus.TRAJECTORY_STATUS_ENVIRONMENT_ERROR,
   internal: TrajectoryStatus.TRAJECTORY_STATUS_ENVIRONMENT_ERROR,
   sandbox_error: TrajectoryStatus.TRAJECTORY_STATUS_SANDBOX_ERROR,

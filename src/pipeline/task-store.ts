@@ -13,18 +13,27 @@ export interface TaskEntry {
   waiters: Set<() => void>;
   /** Where each finished trajectory goes: the sessions that submitted (or re-submitted) the task. */
   sinks: Set<TrajectorySink>;
+  /** Estimated bytes this entry holds: its spec, then each trajectory as it finishes (see estimate below). */
+  bytes: number;
 }
 
 /**
  * Tasks by task_id: the idempotency record behind Submit and the store behind GetTrajectory. Finished tasks are
- * kept up to `retain` tasks and about `retainBytes` of trajectories (oldest dropped first), so a long training
- * run with long trajectories does not grow the server without bound.
+ * kept up to `retain` tasks and about `retainBytes` of them (oldest dropped first), so a long training run with
+ * long trajectories does not grow the server without bound.
+ *
+ * Bytes count everything an entry holds, as it comes: the spec (its canonical JSON and the validated instance
+ * object) from `add`, and each trajectory from `record` — its token arrays, turns, transcript, eval report,
+ * reward details, metadata and error text in memory, plus the encoded bytes kept beside it for the streams — even
+ * while other samples of its task still run (a 256-sample group of long trajectories is large before it is done).
+ * Running tasks are never dropped (they are bounded by admission, `maxAdmitted`); `bytes` reports them too.
  */
 export class TaskStore {
   private readonly tasks = new Map<string, TaskEntry>();
   /** Finished task ids, oldest first, with their estimated size. */
   private readonly finished = new Map<string, number>();
   private finishedBytes = 0;
+  private totalBytes = 0;
 
   constructor(
     private readonly retain: number,
@@ -45,7 +54,16 @@ export class TaskStore {
   }
 
   add(task: ResolvedTask): TaskEntry {
-    const entry: TaskEntry = { task, samples: [], trajectories: new Array<Trajectory | undefined>(task.numSamples).fill(undefined), pending: task.numSamples, waiters: new Set(), sinks: new Set() };
+    const entry: TaskEntry = {
+      task,
+      samples: [],
+      trajectories: new Array<Trajectory | undefined>(task.numSamples).fill(undefined),
+      pending: task.numSamples,
+      waiters: new Set(),
+      sinks: new Set(),
+      bytes: specBytes(task),
+    };
+    this.totalBytes += entry.bytes;
     this.tasks.set(task.taskId, entry);
     return entry;
   }
@@ -56,18 +74,21 @@ export class TaskStore {
     if (!entry || entry.trajectories[trajectory.sampleIndex] !== undefined) return;
     entry.trajectories[trajectory.sampleIndex] = trajectory;
     entry.pending--;
+    const added = trajectoryMemoryBytes(trajectory);
+    entry.bytes += added;
+    this.totalBytes += added;
     for (const wake of entry.waiters) wake();
     for (const sink of entry.sinks) sink(trajectory);
     if (entry.pending === 0) {
       entry.samples = [];
       entry.sinks.clear();
-      const bytes = estimateBytes(entry);
-      this.finished.set(trajectory.taskId, bytes);
-      this.finishedBytes += bytes;
+      this.finished.set(trajectory.taskId, entry.bytes);
+      this.finishedBytes += entry.bytes;
       while (this.finished.size > 0 && (this.finished.size > this.retain || this.finishedBytes > this.retainBytes)) {
         const [oldest, size] = this.finished.entries().next().value!;
         this.finished.delete(oldest);
         this.finishedBytes -= size;
+        this.totalBytes -= size;
         this.tasks.delete(oldest);
       }
     }
@@ -82,6 +103,7 @@ export class TaskStore {
     }
     const tasks = this.finished.size;
     this.finished.clear();
+    this.totalBytes -= this.finishedBytes;
     this.finishedBytes = 0;
     return { tasks, trajectories };
   }
@@ -89,6 +111,11 @@ export class TaskStore {
   /** Estimated bytes held by finished tasks. */
   get retainedBytes(): number {
     return this.finishedBytes;
+  }
+
+  /** Estimated bytes held by every task, running ones included (their specs and finished samples). */
+  get bytes(): number {
+    return this.totalBytes;
   }
 
   /** Resolves when the given samples have finished or the signal fires. */
@@ -112,14 +139,39 @@ export class TaskStore {
   }
 }
 
-/** A rough size of a finished task in memory: token arrays (8 bytes an element), encoded bytes, message text, the spec. */
-function estimateBytes(entry: TaskEntry): number {
-  let bytes = 512 + 2 * entry.task.fingerprint.length;
-  for (const t of entry.trajectories) {
-    if (!t) continue;
-    // Token arrays as JS numbers, plus the encoded bytes kept beside each trajectory for the streams (wireSafe).
-    bytes += 256 + 8 * (t.promptTokenIds.length + 3 * t.responseTokenIds.length) + 48 * t.turns.length + (encodedTrajectory(t)?.length ?? 0);
-    for (const m of t.messages) bytes += 2 * m.content.length + 64;
-  }
+/**
+ * A task's spec in memory: the canonical JSON (two bytes a character: V8 may store it one-byte, the bound errs
+ * high) and the validated instance object beside it, about as large again.
+ */
+function specBytes(task: ResolvedTask): number {
+  return 512 + 4 * task.fingerprint.length;
+}
+
+/**
+ * One trajectory in memory: token arrays as JS numbers (8 bytes an element: ids, mask and logprobs), turns, every
+ * string (transcript, error, metadata, reward details, eval report: two bytes a character, plus object overhead),
+ * and the encoded bytes kept beside it for the streams (wireSafe). The eval report was the big miss of the old
+ * estimate: a SWE test log is megabytes and was counted only inside the encoded copy.
+ */
+export function trajectoryMemoryBytes(t: Trajectory): number {
+  let bytes = 512 + 8 * (t.promptTokenIds.length + 3 * t.responseTokenIds.length) + 64 * t.turns.length + 2 * t.error.length;
+  bytes += encodedTrajectory(t)?.length ?? 0;
+  for (const m of t.messages) bytes += 2 * m.content.length + 64;
+  for (const [k, v] of Object.entries(t.metadata)) bytes += 2 * (k.length + v.length) + 64;
+  bytes += 64 * Object.keys(t.rewardDetails).length;
+  if (t.evalReport) bytes += 2 * jsonLength(t.evalReport);
   return bytes;
+}
+
+/**
+ * About the length of a JSON value's text, without building it (reports can be megabytes). Trajectories come here
+ * after wireSafe, whose encode refused cycles and excess depth; the depth guard only makes that not matter.
+ */
+function jsonLength(value: unknown, depth = 0): number {
+  if (typeof value === 'string') return value.length + 2;
+  if (value === null || typeof value !== 'object' || depth > 100) return 8;
+  let n = 2;
+  if (Array.isArray(value)) for (const v of value) n += jsonLength(v, depth + 1) + 1;
+  else for (const [k, v] of Object.entries(value)) n += k.length + 3 + jsonLength(v, depth + 1) + 1;
+  return n;
 }

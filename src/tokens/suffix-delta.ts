@@ -1,5 +1,5 @@
 import { RolloutError } from '../errors.js';
-import { environmentDelta, PROBE_ASSISTANT, probeAssistantClosing, type Delta, type DeltaRequest } from './template-delta.js';
+import { environmentDelta, MAX_CACHED_TOOLS_KEY, PROBE_ASSISTANT, probeAssistantClosing, type Delta, type DeltaRequest } from './template-delta.js';
 import type { ChatMessage, ChatTemplate, ToolSchema } from './types.js';
 
 /**
@@ -83,7 +83,8 @@ export function probeSuffixLocality(template: ChatTemplate, tools: readonly Tool
   let found = byTools.get(key);
   if (found === undefined) {
     found = probe(template, tools);
-    if (byTools.size < 256) byTools.set(key, found);
+    // Bounded in bytes: at most 256 tool lists of 32 Ki characters (16 MiB) per template; longer ones are probed each time.
+    if (byTools.size < 256 && key.length <= MAX_CACHED_TOOLS_KEY) byTools.set(key, found);
   }
   return found;
 }

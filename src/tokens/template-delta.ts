@@ -34,12 +34,16 @@ export function probeAssistantClosing(template: ChatTemplate, tools: readonly To
   let closing = byTools.get(key);
   if (closing === undefined) {
     closing = renderProbeClosing(template, tools);
-    if (byTools.size < 256) byTools.set(key, closing);
+    // Bounded in bytes: at most 256 tool lists of 32 Ki characters (16 MiB) per template; longer ones are probed each time.
+    if (byTools.size < 256 && key.length <= MAX_CACHED_TOOLS_KEY) byTools.set(key, closing);
   }
   return closing;
 }
 
 const closingCache = new WeakMap<ChatTemplate, Map<string, string>>();
+
+/** Longest tool-list key (JSON characters) the per-template probe caches keep (see probeSuffixLocality too). */
+export const MAX_CACHED_TOOLS_KEY = 32 * 1024;
 
 function renderProbeClosing(template: ChatTemplate, tools: readonly ToolSchema[] | undefined): string {
   const probe: ChatMessage[] = [

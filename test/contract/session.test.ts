@@ -1,26 +1,30 @@
 import { describe, expect, it } from 'vitest';
 import { Trajectory, type RolloutResponse } from '../../gen/ts/rollout/v1/rollout.js';
-import { Session } from '../../src/contract/session.js';
+import { Session, type Attachment } from '../../src/contract/session.js';
+import { trajectoryBytes } from '../../src/contract/response-encode.js';
 import type { StreamWriter } from '../../src/contract/stream-writer.js';
 
 /** Records what the session writes; stands in for the gRPC stream writer. */
-function recorder(): { writer: StreamWriter<RolloutResponse>; sent: string[] } {
+function recorder(): Attachment & { sent: string[]; notices: { held: number; resumed: boolean }[]; evicted: string[] } {
   const sent: string[] = [];
-  const writer = {
-    send: (m: RolloutResponse) => {
-      if (m.kind?.$case === 'trajectory') sent.push(`${m.kind.value.taskId}#${m.kind.value.sampleIndex}`);
-    },
-  } as unknown as StreamWriter<RolloutResponse>;
-  return { writer, sent };
+  const notices: { held: number; resumed: boolean }[] = [];
+  const evicted: string[] = [];
+  const record = (m: RolloutResponse): void => {
+    if (m.kind?.$case === 'trajectory') sent.push(`${m.kind.value.taskId}#${m.kind.value.sampleIndex}`);
+    if (m.kind?.$case === 'deliveryPaused') notices.push({ held: m.kind.value.held, resumed: m.kind.value.resumed });
+  };
+  const writer = { send: record, sendUrgent: record } as unknown as StreamWriter<RolloutResponse>;
+  return { writer, evict: (reason) => evicted.push(reason), sent, notices, evicted };
 }
 
-const traj = (taskId: string, sampleIndex: number): Trajectory => Trajectory.fromPartial({ taskId, sampleIndex });
+const traj = (taskId: string, sampleIndex: number, text = ''): Trajectory =>
+  Trajectory.fromPartial({ taskId, sampleIndex, error: text });
 
 describe('Session', () => {
   it('delivers each trajectory once, re-sends only unacked ones on resume, and forgets fully acked tasks', () => {
     const session = new Session('s', false);
     const first = recorder();
-    session.attach(first.writer, false);
+    session.attach(first, false);
     session.expect('a', 2);
     session.expect('b', 1);
     session.sink(traj('a', 0));
@@ -35,12 +39,13 @@ describe('Session', () => {
     session.sink(traj('a', 1)); // finishes while no stream is attached
 
     const second = recorder();
-    expect(session.attach(second.writer, true)).toBe(2);
+    expect(session.attach(second, true)).toEqual({ redelivered: 2, tookOver: false });
     expect(second.sent.sort()).toEqual(['a#0', 'a#1']);
     expect(session.pending).toBe(0);
     session.ack({ taskIds: ['a'], trajectories: [] });
     expect(session.rememberedTasks).toBe(0);
     expect(session.unackedCount).toBe(0);
+    expect(session.unackedBytes).toBe(0);
   });
 
   it('owns a claimed task before it is accepted, and not after a rejection', () => {
@@ -52,5 +57,55 @@ describe('Session', () => {
     session.claim('u');
     session.expect('u', 1);
     expect(session.owns('u')).toBe(true);
+  });
+
+  it('holds trajectories past the unacked byte bound, says so, and sends them in order as acks free room', () => {
+    const one = trajectoryBytes(traj('t', 1, 'x'.repeat(1000))); // sample 0 encodes 2 bytes shorter (proto3 default)
+    const session = new Session('s', false, 2 * one);
+    const stream = recorder();
+    session.attach(stream, false);
+    session.expect('t', 5);
+    for (let i = 0; i < 5; i++) session.sink(traj('t', i, 'x'.repeat(1000)));
+    expect(stream.sent).toEqual(['t#0', 't#1']);
+    expect(session.unackedBytes).toBe(2 * one - 2);
+    expect(session.heldCount).toBe(3);
+    expect(stream.notices).toEqual([{ held: 1, resumed: false }]);
+    expect(session.pending).toBe(0);
+
+    session.ack({ taskIds: [], trajectories: [{ taskId: 't', sampleIndex: 0 }] });
+    expect(stream.sent).toEqual(['t#0', 't#1', 't#2']);
+    session.ack({ taskIds: ['t'], trajectories: [] }); // acks what was sent: 1 and 2
+    expect(stream.sent).toEqual(['t#0', 't#1', 't#2', 't#3', 't#4']);
+    expect(stream.notices.at(-1)).toEqual({ held: 0, resumed: true });
+    expect(session.rememberedTasks).toBe(1); // 3 and 4 are not acked yet
+    session.ack({ taskIds: ['t'], trajectories: [] });
+    expect(session.rememberedTasks).toBe(0);
+    expect(session.unackedBytes).toBe(0);
+  });
+
+  it('sends one trajectory larger than the whole bound when nothing else is unacked', () => {
+    const session = new Session('s', false, 100);
+    const stream = recorder();
+    session.attach(stream, false);
+    session.expect('big', 2);
+    session.sink(traj('big', 0, 'y'.repeat(10_000)));
+    session.sink(traj('big', 1, 'y'.repeat(10_000)));
+    expect(stream.sent).toEqual(['big#0']);
+    session.ack({ taskIds: [], trajectories: [{ taskId: 'big', sampleIndex: 0 }] });
+    expect(stream.sent).toEqual(['big#0', 'big#1']);
+  });
+
+  it('a resume while attached takes the session over: the old stream is evicted, the new one gets what is unacked', () => {
+    const session = new Session('s', false);
+    const old = recorder();
+    session.attach(old, false);
+    session.expect('a', 1);
+    session.sink(traj('a', 0));
+    const fresh = recorder();
+    expect(session.attach(fresh, true)).toEqual({ redelivered: 1, tookOver: true });
+    expect(old.evicted).toHaveLength(1);
+    expect(fresh.sent).toEqual(['a#0']);
+    session.detach(old.writer); // the old stream's cleanup must not detach the new one
+    expect(session.isAttached).toBe(true);
   });
 });

@@ -39,3 +39,31 @@ describe('TaskStore', () => {
     expect(() => store.existing(task('t', 1, 'spec-2'))).toThrow(/task_id/);
   });
 });
+
+describe('TaskStore byte accounting', () => {
+  it('counts eval reports, transcripts and the spec, and running tasks as their samples finish', () => {
+    const store = new TaskStore(1_000);
+    const spec = task('group', 3, JSON.stringify({ instance: 'i'.repeat(10_000) }));
+    store.add(spec);
+    const specOnly = store.bytes;
+    expect(specOnly).toBeGreaterThan(2 * 10_000);
+    const report = { log: 'x'.repeat(1 << 20) };
+    store.record(Trajectory.fromPartial({ taskId: 'group', sampleIndex: 0, evalReport: report, messages: [{ role: 'tool', content: 'y'.repeat(100_000) }] }));
+    // Still running (1 of 3 done): counted anyway, and the 1 MiB report is in it.
+    expect(store.bytes - specOnly).toBeGreaterThan((1 << 20) + 200_000);
+    expect(store.retainedBytes).toBe(0);
+    store.record(Trajectory.fromPartial({ taskId: 'group', sampleIndex: 1 }));
+    store.record(Trajectory.fromPartial({ taskId: 'group', sampleIndex: 2 }));
+    expect(store.retainedBytes).toBe(store.bytes);
+    store.dropFinished();
+    expect(store.bytes).toBe(0);
+  });
+
+  it('drops a finished task whose report alone is over the budget', () => {
+    const store = new TaskStore(1_000, 1 << 20);
+    store.add(task('huge-report'));
+    store.record(Trajectory.fromPartial({ taskId: 'huge-report', sampleIndex: 0, evalReport: { log: 'z'.repeat(1 << 20) } }));
+    expect(store.get('huge-report')).toBeUndefined();
+    expect(store.bytes).toBe(0);
+  });
+});

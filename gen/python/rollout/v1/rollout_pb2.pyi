@@ -92,18 +92,34 @@ class RolloutRequest(_message.Message):
     def __init__(self, open: _Optional[_Union[OpenSession, _Mapping]] = ..., task: _Optional[_Union[TaskSpec, _Mapping]] = ..., cancel: _Optional[_Union[CancelTask, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ...) -> None: ...
 
 class RolloutResponse(_message.Message):
-    __slots__ = ("opened", "accepted", "rejected", "stage", "trajectory")
+    __slots__ = ("opened", "accepted", "rejected", "stage", "trajectory", "delivery_paused")
     OPENED_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     REJECTED_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
     TRAJECTORY_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_PAUSED_FIELD_NUMBER: _ClassVar[int]
     opened: SessionOpened
     accepted: TaskAccepted
     rejected: TaskRejected
     stage: StageEvent
     trajectory: Trajectory
-    def __init__(self, opened: _Optional[_Union[SessionOpened, _Mapping]] = ..., accepted: _Optional[_Union[TaskAccepted, _Mapping]] = ..., rejected: _Optional[_Union[TaskRejected, _Mapping]] = ..., stage: _Optional[_Union[StageEvent, _Mapping]] = ..., trajectory: _Optional[_Union[Trajectory, _Mapping]] = ...) -> None: ...
+    delivery_paused: DeliveryPaused
+    def __init__(self, opened: _Optional[_Union[SessionOpened, _Mapping]] = ..., accepted: _Optional[_Union[TaskAccepted, _Mapping]] = ..., rejected: _Optional[_Union[TaskRejected, _Mapping]] = ..., stage: _Optional[_Union[StageEvent, _Mapping]] = ..., trajectory: _Optional[_Union[Trajectory, _Mapping]] = ..., delivery_paused: _Optional[_Union[DeliveryPaused, _Mapping]] = ...) -> None: ...
+
+class DeliveryPaused(_message.Message):
+    __slots__ = ("unacked_bytes", "limit_bytes", "held", "reason", "resumed")
+    UNACKED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FIELD_NUMBER: _ClassVar[int]
+    unacked_bytes: int
+    limit_bytes: int
+    held: int
+    reason: str
+    resumed: bool
+    def __init__(self, unacked_bytes: _Optional[int] = ..., limit_bytes: _Optional[int] = ..., held: _Optional[int] = ..., reason: _Optional[str] = ..., resumed: bool = ...) -> None: ...
 
 class OpenSession(_message.Message):
     __slots__ = ("session_id", "resume", "stage_events")
@@ -138,18 +154,22 @@ class TrajectoryRef(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., sample_index: _Optional[int] = ...) -> None: ...
 
 class SessionOpened(_message.Message):
-    __slots__ = ("session_id", "redelivered", "server_version", "max_num_samples", "pending")
+    __slots__ = ("session_id", "redelivered", "server_version", "max_num_samples", "pending", "max_unacked_bytes", "took_over")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     REDELIVERED_FIELD_NUMBER: _ClassVar[int]
     SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     PENDING_FIELD_NUMBER: _ClassVar[int]
+    MAX_UNACKED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOOK_OVER_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     redelivered: int
     server_version: str
     max_num_samples: int
     pending: int
-    def __init__(self, session_id: _Optional[str] = ..., redelivered: _Optional[int] = ..., server_version: _Optional[str] = ..., max_num_samples: _Optional[int] = ..., pending: _Optional[int] = ...) -> None: ...
+    max_unacked_bytes: int
+    took_over: bool
+    def __init__(self, session_id: _Optional[str] = ..., redelivered: _Optional[int] = ..., server_version: _Optional[str] = ..., max_num_samples: _Optional[int] = ..., pending: _Optional[int] = ..., max_unacked_bytes: _Optional[int] = ..., took_over: bool = ...) -> None: ...
 
 class TaskAccepted(_message.Message):
     __slots__ = ("task_id", "num_samples", "duplicate")

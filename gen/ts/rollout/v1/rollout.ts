@@ -328,7 +328,28 @@ export interface RolloutResponse {
     | { $case: "rejected"; value: TaskRejected }
     | { $case: "stage"; value: StageEvent }
     | { $case: "trajectory"; value: Trajectory }
+    | //
+    /** Delivery to this session paused (its unacked trajectories reached the session's byte bound) or resumed. */
+    { $case: "deliveryPaused"; value: DeliveryPaused }
     | undefined;
+}
+
+/**
+ * Sent when a session's unacknowledged trajectories reach `limit_bytes`: the server sends no more trajectories
+ * until acks bring it back under the bound. Nothing is lost meanwhile: finished trajectories are held for the
+ * session and delivered, in completion order, once acks come in; a second message with `resumed` set says so.
+ * Ack what you have received (the TypeScript and Python clients do it as you consume) to keep delivery flowing.
+ */
+export interface DeliveryPaused {
+  /** Encoded bytes of the trajectories sent to this session and not yet acked. */
+  unackedBytes: number;
+  /** The session's bound (server config sessions.maxUnackedBytes). */
+  limitBytes: number;
+  /** Finished trajectories waiting for delivery. */
+  held: number;
+  reason: string;
+  /** False when delivery pauses, true when it resumes. */
+  resumed: boolean;
 }
 
 /** OpenSession must be the first request on a Rollout stream; without it the server opens an anonymous session. */
@@ -366,6 +387,13 @@ export interface SessionOpened {
   maxNumSamples: number;
   /** On resume: samples accepted on this session that have not finished yet (they will arrive on this stream). */
   pending: number;
+  /** Bytes of unacked trajectories past which delivery to this session pauses (see DeliveryPaused). */
+  maxUnackedBytes: number;
+  /**
+   * On resume: the session was attached to another stream, which the server ended (status ABORTED) in favour of
+   * this one. Trajectories written there and not acked are among those re-sent here (at least once until acked).
+   */
+  tookOver: boolean;
 }
 
 export interface TaskAccepted {
@@ -821,6 +849,9 @@ export const RolloutResponse: MessageFns<RolloutResponse> = {
       case "trajectory":
         Trajectory.encode(message.kind.value, writer.uint32(42).fork()).join();
         break;
+      case "deliveryPaused":
+        DeliveryPaused.encode(message.kind.value, writer.uint32(50).fork()).join();
+        break;
     }
     return writer;
   },
@@ -878,6 +909,14 @@ export const RolloutResponse: MessageFns<RolloutResponse> = {
             message.kind = { $case: "trajectory", value: Trajectory.decode(reader, reader.uint32()) };
             continue;
           }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.kind = { $case: "deliveryPaused", value: DeliveryPaused.decode(reader, reader.uint32()) };
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -902,6 +941,10 @@ export const RolloutResponse: MessageFns<RolloutResponse> = {
         ? { $case: "stage", value: StageEvent.fromJSON(object.stage) }
         : isSet(object.trajectory)
         ? { $case: "trajectory", value: Trajectory.fromJSON(object.trajectory) }
+        : isSet(object.deliveryPaused)
+        ? { $case: "deliveryPaused", value: DeliveryPaused.fromJSON(object.deliveryPaused) }
+        : isSet(object.delivery_paused)
+        ? { $case: "deliveryPaused", value: DeliveryPaused.fromJSON(object.delivery_paused) }
         : undefined,
     };
   },
@@ -918,6 +961,8 @@ export const RolloutResponse: MessageFns<RolloutResponse> = {
       obj.stage = StageEvent.toJSON(message.kind.value);
     } else if (message.kind?.$case === "trajectory") {
       obj.trajectory = Trajectory.toJSON(message.kind.value);
+    } else if (message.kind?.$case === "deliveryPaused") {
+      obj.deliveryPaused = DeliveryPaused.toJSON(message.kind.value);
     }
     return obj;
   },
@@ -958,7 +1003,154 @@ export const RolloutResponse: MessageFns<RolloutResponse> = {
         }
         break;
       }
+      case "deliveryPaused": {
+        if (object.kind?.value !== undefined && object.kind?.value !== null) {
+          message.kind = { $case: "deliveryPaused", value: DeliveryPaused.fromPartial(object.kind.value) };
+        }
+        break;
+      }
     }
+    return message;
+  },
+};
+
+function createBaseDeliveryPaused(): DeliveryPaused {
+  return { unackedBytes: 0, limitBytes: 0, held: 0, reason: "", resumed: false };
+}
+
+export const DeliveryPaused: MessageFns<DeliveryPaused> = {
+  encode(message: DeliveryPaused, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.unackedBytes !== 0) {
+      writer.uint32(8).int64(message.unackedBytes);
+    }
+    if (message.limitBytes !== 0) {
+      writer.uint32(16).int64(message.limitBytes);
+    }
+    if (message.held !== 0) {
+      writer.uint32(24).int32(message.held);
+    }
+    if (message.reason !== "") {
+      writer.uint32(34).string(message.reason);
+    }
+    if (message.resumed !== false) {
+      writer.uint32(40).bool(message.resumed);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): DeliveryPaused {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseDeliveryPaused();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.unackedBytes = longToNumber(reader.int64());
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.limitBytes = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.held = reader.int32();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.reason = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.resumed = reader.bool();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): DeliveryPaused {
+    return {
+      unackedBytes: isSet(object.unackedBytes)
+        ? globalThis.Number(object.unackedBytes)
+        : isSet(object.unacked_bytes)
+        ? globalThis.Number(object.unacked_bytes)
+        : 0,
+      limitBytes: isSet(object.limitBytes)
+        ? globalThis.Number(object.limitBytes)
+        : isSet(object.limit_bytes)
+        ? globalThis.Number(object.limit_bytes)
+        : 0,
+      held: isSet(object.held) ? globalThis.Number(object.held) : 0,
+      reason: isSet(object.reason) ? globalThis.String(object.reason) : "",
+      resumed: isSet(object.resumed) ? globalThis.Boolean(object.resumed) : false,
+    };
+  },
+
+  toJSON(message: DeliveryPaused): unknown {
+    const obj: any = {};
+    if (message.unackedBytes !== 0) {
+      obj.unackedBytes = Math.round(message.unackedBytes);
+    }
+    if (message.limitBytes !== 0) {
+      obj.limitBytes = Math.round(message.limitBytes);
+    }
+    if (message.held !== 0) {
+      obj.held = Math.round(message.held);
+    }
+    if (message.reason !== "") {
+      obj.reason = message.reason;
+    }
+    if (message.resumed !== false) {
+      obj.resumed = message.resumed;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<DeliveryPaused>, I>>(base?: I): DeliveryPaused {
+    return DeliveryPaused.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<DeliveryPaused>, I>>(object: I): DeliveryPaused {
+    const message = createBaseDeliveryPaused();
+    message.unackedBytes = object.unackedBytes ?? 0;
+    message.limitBytes = object.limitBytes ?? 0;
+    message.held = object.held ?? 0;
+    message.reason = object.reason ?? "";
+    message.resumed = object.resumed ?? false;
     return message;
   },
 };
@@ -1330,7 +1522,15 @@ export const TrajectoryRef: MessageFns<TrajectoryRef> = {
 };
 
 function createBaseSessionOpened(): SessionOpened {
-  return { sessionId: "", redelivered: 0, serverVersion: "", maxNumSamples: 0, pending: 0 };
+  return {
+    sessionId: "",
+    redelivered: 0,
+    serverVersion: "",
+    maxNumSamples: 0,
+    pending: 0,
+    maxUnackedBytes: 0,
+    tookOver: false,
+  };
 }
 
 export const SessionOpened: MessageFns<SessionOpened> = {
@@ -1349,6 +1549,12 @@ export const SessionOpened: MessageFns<SessionOpened> = {
     }
     if (message.pending !== 0) {
       writer.uint32(40).int32(message.pending);
+    }
+    if (message.maxUnackedBytes !== 0) {
+      writer.uint32(80).int64(message.maxUnackedBytes);
+    }
+    if (message.tookOver !== false) {
+      writer.uint32(88).bool(message.tookOver);
     }
     return writer;
   },
@@ -1406,6 +1612,22 @@ export const SessionOpened: MessageFns<SessionOpened> = {
             message.pending = reader.int32();
             continue;
           }
+          case 10: {
+            if (tag !== 80) {
+              break;
+            }
+
+            message.maxUnackedBytes = longToNumber(reader.int64());
+            continue;
+          }
+          case 11: {
+            if (tag !== 88) {
+              break;
+            }
+
+            message.tookOver = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1437,6 +1659,16 @@ export const SessionOpened: MessageFns<SessionOpened> = {
         ? globalThis.Number(object.max_num_samples)
         : 0,
       pending: isSet(object.pending) ? globalThis.Number(object.pending) : 0,
+      maxUnackedBytes: isSet(object.maxUnackedBytes)
+        ? globalThis.Number(object.maxUnackedBytes)
+        : isSet(object.max_unacked_bytes)
+        ? globalThis.Number(object.max_unacked_bytes)
+        : 0,
+      tookOver: isSet(object.tookOver)
+        ? globalThis.Boolean(object.tookOver)
+        : isSet(object.took_over)
+        ? globalThis.Boolean(object.took_over)
+        : false,
     };
   },
 
@@ -1457,6 +1689,12 @@ export const SessionOpened: MessageFns<SessionOpened> = {
     if (message.pending !== 0) {
       obj.pending = Math.round(message.pending);
     }
+    if (message.maxUnackedBytes !== 0) {
+      obj.maxUnackedBytes = Math.round(message.maxUnackedBytes);
+    }
+    if (message.tookOver !== false) {
+      obj.tookOver = message.tookOver;
+    }
     return obj;
   },
 
@@ -1470,6 +1708,8 @@ export const SessionOpened: MessageFns<SessionOpened> = {
     message.serverVersion = object.serverVersion ?? "";
     message.maxNumSamples = object.maxNumSamples ?? 0;
     message.pending = object.pending ?? 0;
+    message.maxUnackedBytes = object.maxUnackedBytes ?? 0;
+    message.tookOver = object.tookOver ?? false;
     return message;
   },
 };
