@@ -36,6 +36,7 @@ describe('the trainer adapters (verl, SkyRL, NeMo-RL, slime), over a real server
     expect(code, `${stdout}\n${stderr}`).toBe(0);
     expect(stdout).toMatch(/\d+ passed/);
     expect(stdout).not.toMatch(/skipped|xfail/);
+    console.log(`python/tests/adapters: ${stdout.trim().split('\n').at(-1)}`);
   }, 300_000);
 });
 

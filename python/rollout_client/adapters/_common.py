@@ -83,10 +83,7 @@ def shared_client(settings: ServiceSettings) -> AsyncRolloutClient:
     key = (id(loop), settings)
     client = _clients.get(key)
     if client is None:
-        tls = None
-        if settings.tls_ca_file:
-            with open(settings.tls_ca_file, "rb") as f:
-                tls = TlsOptions(root_certificates=f.read())
+        tls = TlsOptions(root_certificates=settings.tls_ca_file) if settings.tls_ca_file else None
         client = AsyncRolloutClient(
             list(settings.targets), token=settings.token, tls=tls, max_in_flight=settings.max_in_flight
         )

@@ -27,6 +27,16 @@ if not hasattr(rollout_client, "AsyncRolloutClient"):
     rollout_client.USING_TEST_DOUBLE = True
 
 
+def _tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(os.path.join(ROOT, ".cache", "models", "tiny-qwen3"))
+
+
+#: The tokenizer of the model the fake engine serves (to read prompts back, and as trainers would hold it).
+TOKENIZER = _tokenizer()
+
+
 @pytest.fixture(scope="session")
 def target() -> str:
     value = os.environ.get("ROLLOUT_TARGETS")

@@ -16,7 +16,6 @@ import hydra
 import pytest
 import torch
 from omegaconf import OmegaConf
-from transformers import AutoTokenizer
 
 import verl
 from verl.experimental.agent_loop.agent_loop import (
@@ -28,11 +27,10 @@ from verl.experimental.agent_loop.agent_loop import (
 )
 from verl.utils.dataset.rl_dataset import RLHFDataset
 
-from conftest import ROOT, fetch_trajectory
+from conftest import ROOT, TOKENIZER, fetch_trajectory
 from rollout_client.adapters import _common
 from rollout_client.adapters.verl import RolloutServiceAgentLoop
 
-TOKENIZER = AutoTokenizer.from_pretrained(os.path.join(ROOT, ".cache", "models", "tiny-qwen3"))
 
 
 def trainer_config(target: str, prompt_length: int = 2048, response_length: int = 1024):
