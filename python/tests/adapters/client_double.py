@@ -50,6 +50,10 @@ class Sample:
     stale: bool
     raw: Any = None
 
+    @classmethod
+    def from_proto(cls, t: Any) -> "Sample":
+        return _sample(t)
+
 
 @dataclass
 class Group:

@@ -176,16 +176,14 @@ def test_a_group_the_engine_fails_comes_back_masked_not_as_reward_zero_training_
 
 async def _regroup(target, outputs):
     """The group behind outputs, as the client delivers it (re-read from the server)."""
-    from rollout_client import Group
-
     import grpc
     from rollout.v1 import rollout_pb2, rollout_pb2_grpc
-    from client_double import _sample
+    from rollout_client import Group, Sample
 
     task_id = outputs[0].extra_fields["rollout_task_id"]
     async with grpc.aio.insecure_channel(target.split(",")[0]) as channel:
         response = await rollout_pb2_grpc.RolloutServiceStub(channel).GetTrajectory(rollout_pb2.GetTrajectoryRequest(task_id=task_id))
-    samples = sorted((_sample(t) for t in response.trajectories), key=lambda s: s.sample_index)
+    samples = sorted((Sample.from_proto(t) for t in response.trajectories), key=lambda s: s.sample_index)
     return Group(task_id=task_id, group_id=samples[0].group_id, samples=samples)
 
 
