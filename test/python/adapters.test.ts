@@ -47,7 +47,7 @@ function pytest(target: string): Promise<PythonRun> {
     const child = spawn(`${ROOT}${ADAPTERS.venv}/bin/python`, args, {
       cwd: ROOT,
       stdio: ['ignore', 'pipe', 'pipe'],
-      env: { ...process.env, ROLLOUT_TARGETS: target, RAY_DISABLE_IMPORT_WARNING: '1' },
+      env: { ...process.env, ROLLOUT_TARGETS: target, ROLLOUT_ADAPTER_TESTS: '1' },
     });
     let stdout = '';
     let stderr = '';

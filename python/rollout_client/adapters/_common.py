@@ -24,7 +24,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from .. import AsyncRolloutClient, Group, Sample, TlsOptions
 
@@ -111,9 +111,6 @@ class TaskRequest:
     def fingerprint(self) -> str:
         """Identifies rows that are the same prompt (used where the trainer gives no group id)."""
         return json.dumps([self.environment, self.instance, self.sampling, self.limits], sort_keys=True, default=str)
-
-
-T = TypeVar("T")
 
 
 @dataclass

@@ -1,9 +1,11 @@
-"""Shared set-up of the adapter tests (run by test/python/adapters.test.ts against a real server).
+"""Set-up of the adapter tests, run by test/python/adapters.test.ts in .venvs/verl against a real server.
 
-ROLLOUT_TARGETS names the server (a real rollout server on 127.0.0.1:0 routed to the fake vLLM engine, a test
-double speaking vLLM's HTTP API). python/ goes on sys.path so ``rollout_client`` is the package in this checkout;
-while that package has no client yet (it is built on another branch), the TEST DOUBLE in client_double.py stands in
-for the agreed API.
+They need verl, torch and transformers, which the client package's own test venvs (python/tests, run on four
+protobuf eras) do not have: unless ROLLOUT_ADAPTER_TESTS=1 (the vitest wrapper sets it) this directory is not
+collected, so ``pytest python/tests`` there stays the client's suite. Deliberately light: no trainer imports here.
+
+python/ and gen/python go first on sys.path so ``rollout_client`` is this checkout's package. Where that package has
+no client yet (it was built on another branch), the TEST DOUBLE in client_double.py stands in for the agreed API.
 """
 from __future__ import annotations
 
@@ -13,28 +15,22 @@ import sys
 import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "python"))
-sys.path.insert(0, os.path.join(ROOT, "gen", "python"))
 
-import rollout_client  # noqa: E402
-
-if not hasattr(rollout_client, "AsyncRolloutClient"):
+if os.environ.get("ROLLOUT_ADAPTER_TESTS") != "1":
+    collect_ignore_glob = ["test_*.py"]
+else:
     sys.path.insert(0, os.path.dirname(__file__))
-    import client_double
+    sys.path.insert(0, os.path.join(ROOT, "gen", "python"))
+    sys.path.insert(0, os.path.join(ROOT, "python"))
 
-    for name in ("AsyncRolloutClient", "Group", "Sample", "TlsOptions", "group_advantages"):
-        setattr(rollout_client, name, getattr(client_double, name))
-    rollout_client.USING_TEST_DOUBLE = True
+    import rollout_client
 
+    if not hasattr(rollout_client, "AsyncRolloutClient"):
+        import client_double
 
-def _tokenizer():
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(os.path.join(ROOT, ".cache", "models", "tiny-qwen3"))
-
-
-#: The tokenizer of the model the fake engine serves (to read prompts back, and as trainers would hold it).
-TOKENIZER = _tokenizer()
+        for name in ("AsyncRolloutClient", "Group", "Sample", "TlsOptions", "group_advantages"):
+            setattr(rollout_client, name, getattr(client_double, name))
+        rollout_client.USING_TEST_DOUBLE = True
 
 
 @pytest.fixture(scope="session")
@@ -53,12 +49,3 @@ def stub(target):
     channel = grpc.insecure_channel(target.split(",")[0])
     yield rollout_pb2_grpc.RolloutServiceStub(channel)
     channel.close()
-
-
-def fetch_trajectory(stub, task_id: str, sample_index: int):
-    """The trajectory as the server stores it (GetTrajectory), to check an adapter's output against."""
-    from rollout.v1 import rollout_pb2
-
-    response = stub.GetTrajectory(rollout_pb2.GetTrajectoryRequest(task_id=task_id, sample_index=sample_index, wait=True), timeout=60)
-    assert len(response.trajectories) == 1, response
-    return response.trajectories[0]

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from conftest import TOKENIZER, fetch_trajectory
+from adapter_support import TOKENIZER, fetch_trajectory
 from rollout_client.adapters import _common
 from rollout_client.adapters.nemo_rl import RolloutServiceGym, to_result
 

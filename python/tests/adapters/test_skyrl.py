@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, TypedDict, Union, get_type_hints
 
 import pytest
 
-from conftest import TOKENIZER, fetch_trajectory
+from adapter_support import TOKENIZER, fetch_trajectory
 from rollout_client.adapters import _common
 from rollout_client.adapters.skyrl import RolloutServiceGenerator
 

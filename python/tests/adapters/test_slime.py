@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from conftest import TOKENIZER, fetch_trajectory
+from adapter_support import TOKENIZER, fetch_trajectory
 from rollout_client.adapters import _common, slime
 
 

@@ -27,7 +27,7 @@ from verl.experimental.agent_loop.agent_loop import (
 )
 from verl.utils.dataset.rl_dataset import RLHFDataset
 
-from conftest import ROOT, TOKENIZER, fetch_trajectory
+from adapter_support import TOKENIZER, fetch_trajectory
 from rollout_client.adapters import _common
 from rollout_client.adapters.verl import RolloutServiceAgentLoop
 
