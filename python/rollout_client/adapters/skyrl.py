@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._common import (
+    ROLE_ASSISTANT,
     GroupCoalescer,
     ServiceSettings,
     TaskRequest,
@@ -138,14 +139,15 @@ class RolloutServiceGenerator(_Base):  # type: ignore[misc,valid-type]
             "mask": mask,
             "logprobs": logprobs,
             "reward": float(sample.reward) if ok else neutral_reward(group),
-            "stop": (sample.finish_reason or sample.status) if ok else f"rollout_service:{sample.status}",
+            "stop": engine_stop_reason(sample) if ok else f"rollout_service:{sample.status}",
             "failed": not ok,
             "cut": cut.response_cut,
             "seconds": timing_seconds(sample, "total"),
             "llm": timing_seconds(sample, "llm"),
             "env": timing_seconds(sample, "tool") + timing_seconds(sample, "eval") + timing_seconds(sample, "init"),
             "env_metrics": {"rollout_task_id": sample.task_id, "rollout_sample_index": sample.sample_index,
-                            "rollout_status": sample.status, "rollout_error": sample.error or ""},
+                            "rollout_status": sample.status, "rollout_finish_reason": sample.finish_reason or "",
+                            "rollout_error": sample.error or ""},
         }
 
     def _placeholder(self, prompt: Any, stop: str) -> dict[str, Any]:
@@ -159,7 +161,8 @@ class RolloutServiceGenerator(_Base):  # type: ignore[misc,valid-type]
                 logger.error("could not tokenize the prompt of a failed row: %r", error)
         return {"prompt": ids, "response": [self._pad_id()], "mask": [0], "logprobs": [0.0], "reward": 0.0, "stop": stop,
                 "failed": True, "cut": 0, "seconds": 0.0, "llm": 0.0, "env": 0.0,
-                "env_metrics": {"rollout_task_id": "", "rollout_sample_index": -1, "rollout_status": "unreachable", "rollout_error": stop}}
+                "env_metrics": {"rollout_task_id": "", "rollout_sample_index": -1, "rollout_status": "unreachable",
+                                "rollout_finish_reason": "", "rollout_error": stop}}
 
     def _pad_id(self) -> int:
         tok = self.tokenizer
@@ -168,6 +171,15 @@ class RolloutServiceGenerator(_Base):  # type: ignore[misc,valid-type]
             if value is not None:
                 return int(value)
         return 0
+
+
+def engine_stop_reason(sample: Any) -> str:
+    """SkyRL's stop reason is the engine's ("stop", "length", ...) for the last generation, which its overlong
+    filtering reads; the trajectory's own finish reason (e.g. "answer") stays in ``env_metrics``."""
+    turns = [t for t in getattr(getattr(sample, "raw", None), "turns", []) or [] if int(t.role) == ROLE_ASSISTANT]
+    if turns and turns[-1].finish_reason:
+        return str(turns[-1].finish_reason)
+    return "length" if sample.status == "truncated" else "stop"
 
 
 def _sampling(params: Mapping[str, Any] | None) -> dict[str, Any] | None:

@@ -97,7 +97,9 @@ def test_a_batch_becomes_one_task_per_instance_and_rows_keep_input_order(target,
         assert out["loss_masks"][i] == list(t.response_mask)
         assert out["rollout_logprobs"][i] == pytest.approx(list(t.response_logprobs))
         assert out["rewards"][i] == pytest.approx(t.reward)
-        assert out["stop_reasons"][i] == t.finish_reason
+        assistant_turns = [x for x in t.turns if x.role == 3]
+        assert out["stop_reasons"][i] == assistant_turns[-1].finish_reason  # the engine's, as SkyRL's own generator
+        assert metrics["rollout_finish_reason"] == t.finish_reason
         assert inp["prompts"][i][0]["content"] in TOKENIZER.decode(t.prompt_token_ids)  # each row got its own prompt's sample
     for samples in tasks.values():
         assert len({task for task, _ in samples}) == 1 and sorted(i for _, i in samples) == [0, 1, 2]
