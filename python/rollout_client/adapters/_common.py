@@ -94,6 +94,8 @@ def shared_client(settings: ServiceSettings) -> AsyncRolloutClient:
 async def close_shared_clients() -> None:
     """Closes the clients of the running loop (tests, and trainers that shut down cleanly)."""
     loop_id = id(asyncio.get_running_loop())
+    for key in [k for k in _coalescers if k[0] == loop_id]:
+        del _coalescers[key]
     for key in [k for k in _clients if k[0] == loop_id]:
         await _clients.pop(key).close()
 
@@ -122,14 +124,16 @@ class _Pending:
 class GroupCoalescer:
     """Coalesces per-sample calls that share a group key into one ``run_group`` call (see the module doc).
 
-    ``sample(key, request)`` resolves to ``(group, i)``: the whole group (for group-neutral rewards) and the index of
-    the caller's own sample in it. A failure of the call itself (the client raising) reaches every caller.
+    ``sample(key, request)`` resolves to ``(group, i)``: the whole group (for group-neutral rewards), its samples
+    ordered by sample_index, and the index of the caller's own sample in it. A failure of the call itself (the client
+    raising) reaches every caller. One coalescer per event loop (``shared_coalescer``): its futures belong to a loop.
     """
 
     def __init__(self, client_factory: Callable[[], AsyncRolloutClient]) -> None:
         self._client_factory = client_factory
         self._pending: dict[str, _Pending] = {}
         self._scheduled = False
+        self._running: set[asyncio.Future[None]] = set()  # the loop holds tasks weakly: keep them alive here
 
     async def sample(self, key: str, request: TaskRequest) -> tuple[Group, int]:
         loop = asyncio.get_running_loop()
@@ -145,7 +149,9 @@ class GroupCoalescer:
         self._scheduled = False
         batch, self._pending = self._pending, {}
         for pending in batch.values():
-            asyncio.ensure_future(self._run(pending))
+            task = asyncio.ensure_future(self._run(pending))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
 
     async def _run(self, pending: _Pending) -> None:
         n = len(pending.waiters)
@@ -161,15 +167,28 @@ class GroupCoalescer:
             if not isinstance(error, Exception):
                 raise
             return
-        by_index = sorted(group.samples, key=lambda s: s.sample_index)
-        if len(by_index) != n:
-            error = RuntimeError(f"group {group.group_id}: asked for {n} samples, got {len(by_index)}")
+        group.samples = sorted(group.samples, key=lambda s: s.sample_index)
+        if [s.sample_index for s in group.samples] != list(range(n)):
+            error = RuntimeError(f"group {group.group_id}: asked for {n} samples, got indices {[s.sample_index for s in group.samples]}")
             for w in pending.waiters:
-                w.set_exception(error)
+                if not w.done():
+                    w.set_exception(error)
             return
         for i, w in enumerate(pending.waiters):
             if not w.done():
                 w.set_result((group, i))
+
+
+_coalescers: dict[tuple[int, ServiceSettings], GroupCoalescer] = {}
+
+
+def shared_coalescer(settings: ServiceSettings) -> GroupCoalescer:
+    """The process's coalescer for ``settings`` on the running event loop, over ``shared_client(settings)``."""
+    key = (id(asyncio.get_running_loop()), settings)
+    coalescer = _coalescers.get(key)
+    if coalescer is None:
+        coalescer = _coalescers[key] = GroupCoalescer(lambda: shared_client(settings))
+    return coalescer
 
 
 def usable(sample: Sample) -> bool:

@@ -24,14 +24,13 @@ from typing import Any
 
 from ._common import (
     ROLE_ASSISTANT,
-    GroupCoalescer,
     ServiceSettings,
     TaskRequest,
     as_plain,
     failure_info,
     last_user_text,
     neutral_reward,
-    shared_client,
+    shared_coalescer,
     timing_seconds,
     truncate,
     usable,
@@ -68,7 +67,6 @@ class RolloutServiceGenerator(_Base):  # type: ignore[misc,valid-type]
         self.environments = dict(environments or {})
         self.max_prompt_length = max_prompt_length
         self.max_response_length = max_response_length
-        self._coalescer = GroupCoalescer(lambda: shared_client(self.settings))
 
     def task_for(self, prompt: Any, env_class: str, extras: Mapping[str, Any], sampling_params: Mapping[str, Any] | None) -> TaskRequest:
         extras = as_plain(extras or {})
@@ -92,7 +90,7 @@ class RolloutServiceGenerator(_Base):  # type: ignore[misc,valid-type]
             try:
                 request = self.task_for(prompts[i], env_classes[i], extras[i], sampling_params)
                 key = getattr(trajectory_ids[i], "instance_id", None) if trajectory_ids else None
-                group, j = await self._coalescer.sample(str(key) if key is not None else request.fingerprint(), request)
+                group, j = await shared_coalescer(self.settings).sample(str(key) if key is not None else request.fingerprint(), request)
                 return self._row(group, j)
             except Exception as error:  # never raise into SkyRL: the row becomes a masked placeholder
                 logger.error("rollout service failed for row %d (masked placeholder): %r", i, error)

@@ -29,7 +29,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._common import (
-    GroupCoalescer,
     ServiceSettings,
     TaskRequest,
     as_plain,
@@ -37,6 +36,7 @@ from ._common import (
     last_user_text,
     neutral_reward,
     shared_client,
+    shared_coalescer,
     spans,
     usable,
 )
@@ -96,18 +96,12 @@ def fill(sample: Any, group: Any, i: int) -> Any:
     return sample
 
 
-_coalescers: dict[ServiceSettings, GroupCoalescer] = {}
-
-
 async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], evaluation: bool = False) -> Any:
     """slime custom generate function (``--custom-generate-function-path``)."""
     settings = settings_from_args(args)
-    coalescer = _coalescers.get(settings)
-    if coalescer is None:
-        coalescer = _coalescers[settings] = GroupCoalescer(lambda: shared_client(settings))
     request = task_for(sample, sampling_params, settings)
     key = f"group-{sample.group_index}" if sample.group_index is not None else request.fingerprint()
-    group, i = await coalescer.sample(key, request)
+    group, i = await shared_coalescer(settings).sample(key, request)
     return fill(sample, group, i)
 
 

@@ -38,14 +38,13 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
 from ._common import (
-    GroupCoalescer,
     ServiceSettings,
     TaskRequest,
     as_plain,
     failure_info,
     last_user_text,
     neutral_reward,
-    shared_client,
+    shared_coalescer,
     spans,
     timing_seconds,
     truncate,
@@ -53,16 +52,6 @@ from ._common import (
 )
 
 logger = logging.getLogger("rollout_client.adapters.verl")
-
-_coalescers: dict[ServiceSettings, GroupCoalescer] = {}
-
-
-def _coalescer(settings: ServiceSettings) -> GroupCoalescer:
-    c = _coalescers.get(settings)
-    if c is None:
-        c = _coalescers[settings] = GroupCoalescer(lambda: shared_client(settings))
-    return c
-
 
 @register("rollout_service")
 class RolloutServiceAgentLoop(AgentLoopBase):
@@ -105,12 +94,12 @@ class RolloutServiceAgentLoop(AgentLoopBase):
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         request = self.task_for(sampling_params, kwargs)
         key = str(kwargs.get("uid") or kwargs.get("index") or id(self))
-        group, i = await _coalescer(self.settings).sample(key, request)
+        group, i = await shared_coalescer(self.settings).sample(key, request)
         return self.to_output(group, i)
 
     def to_output(self, group: Any, i: int) -> AgentLoopOutput:
         """verl's record of sample ``i`` of ``group``, cut to the configured widths (see the module doc)."""
-        sample = group.samples[i] if group.samples[i].sample_index == i else sorted(group.samples, key=lambda s: s.sample_index)[i]
+        sample = group.samples[i]
         cut = truncate(sample, int(self.rollout_config.prompt_length), int(self.rollout_config.response_length))
         ok = usable(sample)
         mask, logprobs, response = cut.loss_mask, cut.logprobs, cut.response_ids
