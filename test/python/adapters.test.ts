@@ -37,7 +37,7 @@ describe('the trainer adapters (verl, SkyRL, NeMo-RL, slime), over a real server
     expect(stdout).toMatch(/\d+ passed/);
     expect(stdout).not.toMatch(/skipped|xfail/);
     console.log(`python/tests/adapters: ${stdout.trim().split('\n').at(-1)}`);
-  }, 300_000);
+  }, 600_000);
 });
 
 /** Runs the adapters' pytest suite in their venv from the repo root, pointed at `target`. */

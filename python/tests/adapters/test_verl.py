@@ -191,3 +191,33 @@ def test_it_is_a_verl_agent_loop():
     from verl.experimental.agent_loop.agent_loop import AgentLoopBase
 
     assert issubclass(RolloutServiceAgentLoop, AgentLoopBase)
+
+
+def test_an_agent_loop_config_file_entry_registers_and_configures_it(target, tmp_path):
+    """docs/trainers/verl.md's route: agent_loop_config_path, loaded as AgentLoopWorker.__init__ loads it."""
+    from omegaconf import OmegaConf
+
+    path = tmp_path / "rollout_service_agent.yaml"
+    path.write_text(
+        "- name: rollout_service_file\n"
+        "  _target_: rollout_client.adapters.verl.RolloutServiceAgentLoop\n"
+        f"  targets: {target}\n"
+        "  environment: math\n"
+    )
+    for entry in OmegaConf.load(path):  # what AgentLoopWorker does with rollout.agent.agent_loop_config_path
+        _agent_loop_registry[entry.name] = entry
+    cfg = trainer_config(target)
+    del cfg["rollout_service"]  # settings come from the file entry alone
+    loop = make_loop(cfg, "rollout_service_file")
+    assert loop.settings.targets == (target,) and loop.settings.environment == "math"
+    rows = math_rows(1, 2, seed=13)
+
+    async def go():
+        try:
+            return await asyncio.gather(*[asyncio.create_task(make_loop(cfg, "rollout_service_file").run({"temperature": 1.0}, **r)) for r in rows])
+        finally:
+            await _common.close_shared_clients()
+
+    outs = asyncio.run(go())
+    assert len({o.extra_fields["rollout_task_id"] for o in outs}) == 1
+    assert all(o.extra_fields["rollout_failed"] is False for o in outs)
