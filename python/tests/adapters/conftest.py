@@ -4,8 +4,8 @@ They need verl, torch and transformers, which the client package's own test venv
 protobuf eras) do not have: unless ROLLOUT_ADAPTER_TESTS=1 (the vitest wrapper sets it) this directory is not
 collected, so ``pytest python/tests`` there stays the client's suite. Deliberately light: no trainer imports here.
 
-python/ and gen/python go first on sys.path so ``rollout_client`` is this checkout's package. Where that package has
-no client yet (it was built on another branch), the TEST DOUBLE in client_double.py stands in for the agreed API.
+python/ and gen/python go first on sys.path so ``rollout_client`` is this checkout's package (the real client, not
+an installed copy).
 """
 from __future__ import annotations
 
@@ -22,15 +22,6 @@ else:
     sys.path.insert(0, os.path.dirname(__file__))
     sys.path.insert(0, os.path.join(ROOT, "gen", "python"))
     sys.path.insert(0, os.path.join(ROOT, "python"))
-
-    import rollout_client
-
-    if not hasattr(rollout_client, "AsyncRolloutClient"):
-        import client_double
-
-        for name in ("AsyncRolloutClient", "Group", "Sample", "TlsOptions", "group_advantages"):
-            setattr(rollout_client, name, getattr(client_double, name))
-        rollout_client.USING_TEST_DOUBLE = True
 
 
 @pytest.fixture(scope="session")
