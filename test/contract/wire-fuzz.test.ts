@@ -1,4 +1,4 @@
-import { status } from '@grpc/grpc-js';
+import { Client, credentials, Metadata, status, type ServiceError } from '@grpc/grpc-js';
 import { WireType } from '@bufbuild/protobuf/wire';
 import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -8,6 +8,8 @@ import { NullSandboxDriver } from '../../src/testing/null-sandbox.js';
 import {
   RolloutRequest,
   Role,
+  SubmitRequest,
+  SubmitResponse,
   TaskSpec,
   TrajectoryStatus,
   type RolloutResponse,
@@ -421,4 +423,59 @@ describe('wire-level fuzzing of the Rollout stream (fast-check)', () => {
     // Still serving after it all.
     expect((await h.client.listEnvironments()).environments.map((e) => e.name)).toContain('math');
   }, 600_000);
+  it('the same cases as unary Submit bytes: INVALID_ARGUMENT naming the field, never INTERNAL', async () => {
+    // RolloutRequest.task is field 2, SubmitRequest.task field 1: the task cases' bytes with the outer tag swapped.
+    const cases = [
+      ...fc.sample(fc.oneof(...malformedCases('u')), { seed: SEED + 20, numRuns: 500 }),
+      ...fc.sample(fc.oneof(...hostileCases('v')), { seed: SEED + 21, numRuns: 500 }),
+    ].map((c) => {
+      const bytes = Uint8Array.from(c.bytes);
+      // Other requests (open, cancel, ack) mean something else as a SubmitRequest: only "one answer" is known.
+      if (bytes[0] !== 0x12) return { ...c, bytes, expect: { answer: 'one' } as Expect };
+      bytes[0] = 0x0a;
+      return { ...c, bytes };
+    });
+    const client = new Client(h.server.address, credentials.createInsecure());
+    const submit = (bytes: Uint8Array): Promise<{ code: number; details: string; field: string }> =>
+      new Promise((resolve) => {
+        client.makeUnaryRequest(
+          '/rollout.v1.RolloutService/Submit',
+          (b: Uint8Array) => Buffer.from(b),
+          (b: Buffer) => SubmitResponse.decode(b),
+          bytes,
+          new Metadata(),
+          (err: ServiceError | null) =>
+            resolve(err ? { code: err.code, details: err.details, field: String(err.metadata.get('rollout-field')[0] ?? '') } : { code: status.OK, details: '', field: '' }),
+        );
+      });
+    const codes = new Map<string, number>();
+    try {
+      for (const c of cases) {
+        let decodes = true;
+        let hasTask = false;
+        try {
+          hasTask = SubmitRequest.decode(c.bytes).task !== undefined;
+        } catch {
+          decodes = false;
+        }
+        const got = await submit(c.bytes);
+        codes.set(status[got.code]!, (codes.get(status[got.code]!) ?? 0) + 1);
+        const at = `${c.what}: ${status[got.code]} ${got.field} ${got.details.slice(0, 300)}`;
+        expect(got.code, at).not.toBe(status.INTERNAL);
+        if (!decodes || !hasTask) {
+          expect(got.code, at).toBe(status.INVALID_ARGUMENT);
+          continue;
+        }
+        const e = c.expect;
+        if (e.answer === 'accepted') expect(got.code, at).toBe(status.OK);
+        else expect([status.OK, status.INVALID_ARGUMENT], at).toContain(got.code);
+        if (got.code === status.INVALID_ARGUMENT) expect(got.field.replace(/^task\./, ''), at).toMatch(FIELD_PATH);
+        // Validation names the field below the task ("num_samples"), decoding names it from the request ("task.…").
+        if (e.answer === 'rejected' && e.field !== '*') expect([e.field, `task.${e.field}`], at).toContain(got.field);
+      }
+    } finally {
+      client.close();
+    }
+    console.log(`wire-fuzz unary: ${cases.length} Submit calls: ${JSON.stringify(Object.fromEntries(codes))}`);
+  }, 300_000);
 });
