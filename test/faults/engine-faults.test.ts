@@ -94,6 +94,7 @@ describe('an engine process killed -9 mid-turn', () => {
       expect(answers.some((a) => a.length === ids.length && a.every((x, i) => x === ids[i])), name(t)).toBe(true);
     }
     expect(tookMs).toBeLessThan(5_000 + SLACK_MS);
+    console.log(`engine killed -9 with another engine: all 6 samples done ${tookMs} ms after the kill`);
     await expectNoSandboxLeft();
     const [after] = await runTask(h, mathTask('after-kill', 1, 6002), SLACK_MS);
     expectOk(after!);
@@ -107,10 +108,12 @@ describe('an engine process killed -9 mid-turn', () => {
     const session = h.client.openSession();
     await session.submit(mathTask('killed-alone', 3, 6003));
     await eventually(async () => (await h.client.listBackends()).some((b) => b.inflightRequests > 0), 'requests on the child engine', 30_000);
+    const killedAt = Date.now();
     await child.kill9();
     session.close();
     // Bound: the 1 s acquire timeout for another backend (per sample, concurrently), plus slack.
     const trajectories = await within(collect(session.trajectories()), 1_000 + SLACK_MS, 'trajectories after the kill');
+    console.log(`engine killed -9 alone: 3 BACKEND_ERRORs ${Date.now() - killedAt} ms after the kill`);
     expect(trajectories.map((t) => t.sampleIndex).sort()).toEqual([0, 1, 2]);
     for (const t of trajectories) expectBackendError(t, /backend_error: .*(lost .*found no other backend|unreachable|unhealthy)/);
     await expectNoSandboxLeft();
