@@ -356,6 +356,9 @@ function checkStream(run: StreamRun, cases: readonly Case[], sampled: Map<string
     expect(mine.map((t) => `${t.sampleIndex} ${TrajectoryStatus[t.status]} ${t.error}`)).toHaveLength(2);
     for (const t of mine) expect(OK.has(t.status), `${t.taskId}#${t.sampleIndex} ${TrajectoryStatus[t.status]} ${t.error}`).toBe(true);
   }
+  const byField = new Map<string, number>();
+  for (const r of rejected) byField.set(r.field || '(none)', (byField.get(r.field || '(none)') ?? 0) + 1);
+  console.log(`stream: ${accepted.length} accepted, ${rejected.length} rejected by field ${JSON.stringify(Object.fromEntries([...byField].sort((a, b) => b[1] - a[1])))}`);
   return trajectories;
 }
 
