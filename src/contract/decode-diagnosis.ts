@@ -163,10 +163,22 @@ function value(
         throw new Finding(name, `must be an integer within ±${Number.MAX_SAFE_INTEGER} (2^53−1) to be honoured exactly, got ${v}`);
       }
     }
-  } else if (name === 'task.task_id' && wireType === WireType.LengthDelimited) {
-    found.taskId = reader.string();
+  } else if (wireType === WireType.LengthDelimited) {
+    // A string, bytes or packed field: a length past the end of its message is that field's fault.
+    const start = reader.pos;
+    const fieldEnd = lengthDelimited(reader, wireType, name, end);
+    if (name === 'task.task_id') {
+      reader.pos = start;
+      found.taskId = reader.string();
+    }
+    reader.pos = fieldEnd;
   } else {
-    reader.skip(wireType);
+    try {
+      reader.skip(wireType);
+    } catch (err) {
+      // A varint or fixed-width value cut off by the end of the bytes (or a group that never ends).
+      throw new Finding(name, `truncated (${message(err)})`);
+    }
   }
 }
 

@@ -198,6 +198,12 @@ export class FakeSglangEngine {
       if (fault.kind === 'drop') return void req.socket.destroy();
       if (fault.kind === 'hang') return;
       if (fault.kind === 'oversized') return streamOversized(res, fault.bytes, '{"text":"', (n) => (stats.oversizedBytesSent += n));
+      if (fault.kind === 'garbage') return void res.writeHead(200, OK_JSON).end(fault.body);
+      if (fault.kind === 'slowDrop') {
+        res.writeHead(200, OK_JSON).write(fault.partial);
+        const timer = setTimeout(() => req.socket.destroy(), fault.afterMs);
+        return void res.on('close', () => clearTimeout(timer));
+      }
       return sendError(res, fault.status, fault.message ?? 'injected failure');
     }
     const sampling = (body.sampling_params ?? {}) as Record<string, unknown>;

@@ -12,15 +12,19 @@ import type { VllmLogprobsMode } from './vllm-server.js';
 /**
  * A fault to inject into one completion request: an HTTP error, a dropped connection, no answer at all, a
  * completion tampered with before it is sent (ids out of vocabulary, positive logprobs, more tokens than asked
- * for...), or a 200 answer of `bytes` bytes streamed as the client reads them (generated on the fly, never held in
- * memory; it stops when the client goes away).
+ * for...), a 200 answer of `bytes` bytes streamed as the client reads them (generated on the fly, never held in
+ * memory; it stops when the client goes away), a 200 answer whose body is `body` as given (not JSON, truncated
+ * JSON, JSON of the wrong shape), or a 200 whose headers and first `partial` bytes are sent at once and whose
+ * connection is then dropped after `afterMs` (an engine that answers slowly, then dies).
  */
 export type InjectedFailure =
   | { kind: 'status'; status: number; message?: string }
   | { kind: 'drop' }
   | { kind: 'hang' }
   | { kind: 'tamper'; tamper: (choice: Record<string, unknown>) => void }
-  | { kind: 'oversized'; bytes: number };
+  | { kind: 'oversized'; bytes: number }
+  | { kind: 'garbage'; body: string }
+  | { kind: 'slowDrop'; afterMs: number; partial: string };
 
 /** Behaviour of a FakeVllmEngine: tokenizer, speed, policy and faults. */
 export interface FakeVllmOptions {
@@ -251,6 +255,12 @@ export class FakeVllmEngine {
       if (fault.kind === 'hang') return;
       if (fault.kind === 'oversized') {
         return streamOversized(res, fault.bytes, '{"id":"cmpl-oversized","object":"text_completion","choices":[{"text":"', (n) => (stats.oversizedBytesSent += n));
+      }
+      if (fault.kind === 'garbage') return void res.writeHead(200, OK_JSON).end(fault.body);
+      if (fault.kind === 'slowDrop') {
+        res.writeHead(200, OK_JSON).write(fault.partial);
+        const timer = setTimeout(() => req.socket.destroy(), fault.afterMs);
+        return void res.on('close', () => clearTimeout(timer));
       }
       return sendError(res, fault.status, 'InternalServerError', fault.message ?? 'injected failure');
     }
