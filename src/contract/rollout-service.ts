@@ -143,7 +143,10 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
           } catch (err) {
             log.debug({ err, taskId: kind.value.taskId }, 'cancel of unknown task');
           }
-        } else session.ack(kind.value);
+        } else {
+          session.ack(kind.value);
+          runtime.deps.journal?.ack(kind.value);
+        }
         // A slow reader: stop pulling requests until the outbox drains (bounded memory per stream).
         await writer.below(runtime.deps.config.maxAdmitted);
       }
@@ -181,7 +184,7 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
   ): Promise<void> {
     session.claim(spec.taskId);
     try {
-      const result = await runtime.submit(spec, session.sink, signal);
+      const result = await runtime.submit(spec, session.sink, signal, session.id);
       session.expect(result.taskId, result.numSamples);
       writer.sendUrgent({ kind: { $case: 'accepted', value: result } });
     } catch (err) {

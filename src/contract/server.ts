@@ -23,6 +23,8 @@ export interface GrpcServerOptions {
   logger: Logger;
   /** How long a broken stream's session stays resumable. */
   sessionTtlMs?: number;
+  /** The sessions (start-up recovery fills them from the journal before the server listens); new when absent. */
+  sessions?: SessionManager;
 }
 
 export interface RunningServer {
@@ -45,7 +47,7 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
     'grpc.max_receive_message_length': transportReceiveLimit(config.maxMessageBytes),
     'grpc.max_send_message_length': config.maxMessageBytes,
   });
-  const sessions = new SessionManager(options.sessionTtlMs ?? 10 * 60_000);
+  const sessions = options.sessions ?? new SessionManager(options.sessionTtlMs ?? 10 * 60_000);
   server.addService(trajectorySerializers(tolerantService(RolloutServiceService, config.maxMessageBytes), config.maxMessageBytes), rolloutService({ runtime, registry, sessions, logger, serverVersion: SERVER_VERSION }));
   server.addService(
     tolerantService(BackendServiceService, config.maxMessageBytes),

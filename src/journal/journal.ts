@@ -1,0 +1,234 @@
+import { mkdirSync } from 'node:fs';
+import { open, type RootDatabase } from 'lmdb';
+import { RolloutError } from '../errors.js';
+import type { Logger } from '../observability/logger.js';
+import type { Ack } from '../../gen/ts/rollout/v1/rollout.js';
+import { isFull, keys, type JournalTask, type SessionRecord, type TaskIndex, type TaskRecord } from './records.js';
+
+export interface JournalOptions {
+  dir: string;
+  /** Bound on the live data (pages in use) of the journal; past it, after compaction, admission fails. */
+  maxBytes: number;
+  logger: Logger;
+  /**
+   * Whether a finished task must still be kept for GetTrajectory (the task store still holds it). Compaction drops
+   * a finished, fully acknowledged task only once this says no, so the journal never forgets what memory still
+   * serves.
+   */
+  retained?: (taskId: string) => boolean;
+  /** How often compaction runs in the background (besides when an accept finds the bound reached). */
+  compactEveryMs?: number;
+}
+
+/** What the journal held at open: what start-up recovery rebuilds the server from. */
+export interface JournalContents {
+  sessions: string[];
+  /** Accepted tasks, oldest first. */
+  tasks: JournalTask[];
+}
+
+/**
+ * The durable journal: accepted tasks (their spec as received and the session that submitted them), the bytes of
+ * every finished trajectory, acks, and open sessions, in LMDB (lmdb-js).
+ *
+ * Why LMDB: a copy-on-write B-tree whose commit is one meta-page switch, so a `kill -9` (or a failed write on a
+ * full disk) leaves the last committed state intact — there is no log to replay or repair; reads are synchronous
+ * from a memory map; the map size bounds the file; and lmdb-js ships prebuilt binaries as npm optional packages,
+ * so no compiler is needed on a cluster node.
+ *
+ * Durability: lmdb-js batches every write issued in one event-loop turn into one transaction, commits it on its own
+ * thread, and (overlappingSync, the default on Linux) fsyncs after the commit; `db.flushed` resolves once every
+ * previous write is on disk. An accepted task is therefore written with `put` and TaskAccepted is sent only after
+ * `put` and then `db.flushed` resolved ({@link accepted}): concurrent accepts share one transaction and one fsync
+ * (see the accepts/s figure in the README). Finished trajectories and acks wait for the commit only (`put`): a
+ * committed transaction survives a killed process; what an OS crash loses of them is re-run or re-delivered, and
+ * writes commit in the order they were issued, so an ack is never durable without the trajectory it acknowledges.
+ *
+ * Invariant: keys are `['s', session]`, `['t', task]`, `['r', task, sample]` (trajectory bytes) and
+ * `['a', task, sample]`; a trajectory or ack key exists only beside its task key. An in-memory index mirrors the
+ * task keys (small: ids and sample sets, never trajectories) so compaction and acks need no scan.
+ */
+export class Journal {
+  private readonly db: RootDatabase;
+  private readonly log: Logger;
+  private readonly tasks = new Map<string, TaskIndex>();
+  private readonly sessions = new Set<string>();
+  private full: string | undefined;
+  private closed = false;
+  private readonly compactor: NodeJS.Timeout;
+  /** Told when admission through the journal becomes impossible (a reason) or possible again (undefined). */
+  onFullChange: ((reason: string | undefined) => void) | undefined;
+
+  private constructor(private readonly options: JournalOptions) {
+    this.log = options.logger.child({ component: 'journal' });
+    mkdirSync(options.dir, { recursive: true });
+    // The map is the hard ceiling LMDB enforces (MDB_MAP_FULL); the soft bound (maxBytes) is checked before each
+    // accept, with room left above it for the trajectories and acks of work already accepted.
+    this.db = open({ path: options.dir, mapSize: Math.max(options.maxBytes * 2, 64 << 20), compression: false });
+    this.compactor = setInterval(() => void this.compact().catch((err: unknown) => this.log.error({ err }, 'journal compaction failed')), options.compactEveryMs ?? 60_000);
+    this.compactor.unref();
+  }
+
+  /** Opens (or creates) the journal in `dir` and reads what it holds. */
+  static open(options: JournalOptions): { journal: Journal; contents: JournalContents } {
+    const journal = new Journal(options);
+    return { journal, contents: journal.load() };
+  }
+
+  private load(): JournalContents {
+    for (const { key } of this.db.getRange(keys.sessions)) this.sessions.add((key as string[])[1]!);
+    const tasks = new Map<string, JournalTask>();
+    for (const { key, value } of this.db.getRange(keys.tasks)) {
+      const record = value as TaskRecord;
+      const taskId = (key as string[])[1]!;
+      tasks.set(taskId, { taskId, ...record, spec: new Uint8Array(record.spec), finished: new Map(), acked: new Set() });
+    }
+    for (const { key, value } of this.db.getRange(keys.results)) {
+      const [, taskId, index] = key as [string, string, number];
+      tasks.get(taskId)?.finished.set(index, new Uint8Array(value as Uint8Array));
+    }
+    for (const { key } of this.db.getRange(keys.acks)) {
+      const [, taskId, index] = key as [string, string, number];
+      tasks.get(taskId)?.acked.add(index);
+    }
+    for (const t of tasks.values()) {
+      this.tasks.set(t.taskId, { numSamples: t.numSamples, session: t.session, finished: new Set(t.finished.keys()), acked: new Set(t.acked) });
+    }
+    this.log.info({ dir: this.options.dir, tasks: tasks.size, sessions: this.sessions.size, bytes: this.usedBytes() }, 'journal opened');
+    return { sessions: [...this.sessions], tasks: [...tasks.values()].sort((a, b) => a.acceptedAt - b.acceptedAt) };
+  }
+
+  /** A new session. Not awaited by callers: writes commit in order, so it is durable before any task accepted on it. */
+  sessionOpened(sessionId: string): void {
+    if (this.closed || this.sessions.has(sessionId)) return;
+    this.sessions.add(sessionId);
+    this.write(this.db.put(keys.session(sessionId), { openedAt: Date.now() } satisfies SessionRecord), 'session opened');
+  }
+
+  /** A session expired or closed with everything acknowledged: its tasks need no acks any more. */
+  sessionEnded(sessionId: string): void {
+    if (this.closed || !this.sessions.delete(sessionId)) return;
+    this.write(this.db.remove(keys.session(sessionId)), 'session ended');
+  }
+
+  /**
+   * Records an accepted task; resolves once it is on disk (committed and fsynced). Throws RolloutError
+   * 'resource_exhausted' naming the journal when it is over its size bound after compaction or the disk is full.
+   */
+  async accepted(taskId: string, spec: Uint8Array, numSamples: number, session: string): Promise<void> {
+    if (this.closed) throw new RolloutError('unavailable', 'the journal is closed (server stopping)');
+    if (this.usedBytes() + spec.length > this.options.maxBytes) {
+      await this.compact();
+      const used = this.usedBytes();
+      if (used + spec.length > this.options.maxBytes) {
+        throw this.markFull(`the journal is full: ${used} bytes in use of its ${this.options.maxBytes}-byte bound (journal.maxBytes), after compaction`);
+      }
+    }
+    const record: TaskRecord = { spec, numSamples, session, acceptedAt: Date.now() };
+    this.tasks.set(taskId, { numSamples, session, finished: new Set(), acked: new Set() });
+    try {
+      await this.db.put(keys.task(taskId), record);
+      await this.db.flushed;
+    } catch (err) {
+      this.tasks.delete(taskId);
+      // Nothing was committed (LMDB aborts the whole transaction); the same write may succeed once space is back.
+      throw isFull(err)
+        ? this.markFull(`the journal's disk is full (${errorText(err)}) in ${this.options.dir}`, err)
+        : new RolloutError('unavailable', `the journal could not record the task: ${errorText(err)}`, { cause: err });
+    }
+    if (this.full !== undefined) {
+      this.full = undefined;
+      this.log.info('journal accepts tasks again');
+      this.onFullChange?.(undefined);
+    }
+  }
+
+  /** Records a finished trajectory (its wire bytes); resolves when committed. Rejects on a failed write. */
+  async finished(taskId: string, sampleIndex: number, bytes: Uint8Array): Promise<void> {
+    const task = this.tasks.get(taskId);
+    if (!task || this.closed) return;
+    task.finished.add(sampleIndex);
+    await this.db.put(keys.result(taskId, sampleIndex), bytes);
+  }
+
+  /** Records acks (whole tasks: every sample finished so far). Not awaited: an ack has no answer to wait for. */
+  ack(ack: Ack): void {
+    if (this.closed) return;
+    const refs = [...ack.trajectories.map((r) => [r.taskId, r.sampleIndex] as const)];
+    for (const taskId of ack.taskIds) for (const i of this.tasks.get(taskId)?.finished ?? []) refs.push([taskId, i]);
+    for (const [taskId, i] of refs) {
+      const task = this.tasks.get(taskId);
+      if (!task || !task.finished.has(i) || task.acked.has(i)) continue;
+      task.acked.add(i);
+      this.write(this.db.put(keys.ack(taskId, i), 1), 'ack');
+    }
+  }
+
+  /**
+   * Drops every task that is finished, acknowledged by its session (or has no live session to acknowledge it) and
+   * no longer retained in memory: its spec, trajectories and acks. Freed pages are reused by LMDB. Returns how many
+   * tasks were dropped.
+   */
+  async compact(): Promise<number> {
+    if (this.closed) return 0;
+    let dropped = 0;
+    for (const [taskId, task] of this.tasks) {
+      if (task.finished.size < task.numSamples) continue;
+      if (task.session && this.sessions.has(task.session) && task.acked.size < task.numSamples) continue;
+      if (this.options.retained?.(taskId)) continue;
+      this.tasks.delete(taskId);
+      this.write(this.db.remove(keys.task(taskId)), 'compaction');
+      for (let i = 0; i < task.numSamples; i++) {
+        this.write(this.db.remove(keys.result(taskId, i)), 'compaction');
+        if (task.acked.has(i)) this.write(this.db.remove(keys.ack(taskId, i)), 'compaction');
+      }
+      dropped++;
+    }
+    if (dropped > 0) {
+      await this.db.committed;
+      this.log.info({ dropped, bytes: this.usedBytes() }, 'journal compacted');
+    }
+    return dropped;
+  }
+
+  /** Bytes of the pages the journal's data occupies now (what the size bound limits). */
+  usedBytes(): number {
+    const s = this.db.getStats() as { pageSize: number; treeBranchPageCount: number; treeLeafPageCount: number; overflowPages: number };
+    return s.pageSize * (s.treeBranchPageCount + s.treeLeafPageCount + s.overflowPages);
+  }
+
+  /** Why admission fails, while the journal is full. */
+  get fullReason(): string | undefined {
+    return this.full;
+  }
+
+  get taskCount(): number {
+    return this.tasks.size;
+  }
+
+  /** Waits for every write to be on disk, then closes the store. */
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    clearInterval(this.compactor);
+    await this.db.flushed;
+    await this.db.close();
+  }
+
+  private markFull(reason: string, cause?: unknown): RolloutError {
+    if (this.full === undefined) {
+      this.log.error({ reason, err: cause }, 'journal full: admission fails until space is freed');
+      this.onFullChange?.(reason);
+    }
+    this.full = reason;
+    return new RolloutError('resource_exhausted', reason, { cause });
+  }
+
+  private write(done: Promise<unknown>, what: string): void {
+    done.catch((err: unknown) => this.log.error({ err, what }, 'journal write failed'));
+  }
+}
+
+function errorText(err: unknown): string {
+  return err instanceof Error ? err.message : String(err);
+}
