@@ -1,4 +1,5 @@
 import { mkdirSync } from 'node:fs';
+import { statfs } from 'node:fs/promises';
 import { open, type RootDatabase } from 'lmdb';
 import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
@@ -64,7 +65,10 @@ export class Journal {
     mkdirSync(options.dir, { recursive: true });
     // The map is the hard ceiling LMDB enforces (MDB_MAP_FULL); the soft bound (maxBytes) is checked before each
     // accept, with room left above it for the trajectories and acks of work already accepted.
-    this.db = open({ path: options.dir, mapSize: Math.max(options.maxBytes * 2, 64 << 20), compression: false });
+    // eventTurnBatching off: with it on, lmdb-js 3.5 starts each batch with an internal write whose promise nobody
+    // holds, so a failed commit (a full disk) becomes an unhandled rejection that ends the process. Off, writes are
+    // still committed in order and batched (those queued while a commit is under way go into the next one).
+    this.db = open({ path: options.dir, mapSize: Math.max(options.maxBytes * 2, 64 << 20), compression: false, eventTurnBatching: false });
     this.compactor = setInterval(() => void this.compact().catch((err: unknown) => this.log.error({ err }, 'journal compaction failed')), options.compactEveryMs ?? 60_000);
     this.compactor.unref();
   }
@@ -127,14 +131,17 @@ export class Journal {
     const record: TaskRecord = { spec, numSamples, session, acceptedAt: Date.now() };
     this.tasks.set(taskId, { numSamples, session, finished: new Set(), acked: new Set() });
     try {
-      await this.db.put(keys.task(taskId), record);
+      await this.settled(this.db.put(keys.task(taskId), record));
       await this.db.flushed;
     } catch (err) {
       this.tasks.delete(taskId);
       // Nothing was committed (LMDB aborts the whole transaction); the same write may succeed once space is back.
-      throw isFull(err)
-        ? this.markFull(`the journal's disk is full (${errorText(err)}) in ${this.options.dir}`, err)
-        : new RolloutError('unavailable', `the journal could not record the task: ${errorText(err)}`, { cause: err });
+      const free = await this.freeBytes();
+      if (isFull(err) || (free !== undefined && free < NEARLY_FULL_BYTES)) {
+        const room = free === undefined ? '' : `: ${free} bytes free`;
+        throw this.markFull(`the journal's disk is full${room} on the file system of ${this.options.dir} (the write failed: ${errorText(err)})`, err);
+      }
+      throw new RolloutError('unavailable', `the journal could not record the task: ${errorText(err)}`, { cause: err });
     }
     if (this.full !== undefined) {
       this.full = undefined;
@@ -148,7 +155,7 @@ export class Journal {
     const task = this.tasks.get(taskId);
     if (!task || this.closed) return;
     task.finished.add(sampleIndex);
-    await this.db.put(keys.result(taskId, sampleIndex), bytes);
+    await this.settled(this.db.put(keys.result(taskId, sampleIndex), bytes));
   }
 
   /** Records acks (whole tasks: every sample finished so far). Not awaited: an ack has no answer to wait for. */
@@ -225,9 +232,41 @@ export class Journal {
   }
 
   private write(done: Promise<unknown>, what: string): void {
-    done.catch((err: unknown) => this.log.error({ err, what }, 'journal write failed'));
+    this.settled(done).catch((err: unknown) => this.log.error({ err, what }, 'journal write failed'));
+  }
+
+  /**
+   * A write's promise, rejecting with the real cause when its transaction failed. lmdb-js rejects each write of a
+   * failed commit with a generic error whose `commitError` is a second promise holding the cause (ENOSPC, or EIO:
+   * LMDB reports a short write as EIO, which is how a full disk usually shows); that promise must be handled, or
+   * its rejection would end the process.
+   */
+  private async settled<T>(done: Promise<T>): Promise<T> {
+    try {
+      return await done;
+    } catch (err) {
+      const commitError = (err as { commitError?: Promise<unknown> } | undefined)?.commitError;
+      if (!commitError) throw err;
+      throw await commitError.then(
+        () => err,
+        (cause: unknown) => cause,
+      );
+    }
+  }
+
+  /** Bytes left to an unprivileged writer on the journal's file system (undefined if it cannot be asked). */
+  private async freeBytes(): Promise<number | undefined> {
+    try {
+      const fs = await statfs(this.options.dir);
+      return fs.bavail * fs.bsize;
+    } catch {
+      return undefined;
+    }
   }
 }
+
+/** A failed write on a file system with less room than this is a full disk (LMDB reports a short write as EIO). */
+const NEARLY_FULL_BYTES = 4 << 20;
 
 function errorText(err: unknown): string {
   return err instanceof Error ? err.message : String(err);
