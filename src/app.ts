@@ -90,10 +90,10 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
   const tokenWork = new TokenWork({ tokenizer, template, inlineMaxChars, ...(tokenPool && { pool: tokenPool }) });
   // The journal is read and the state it holds rebuilt (tasks, sessions) before the server listens, so the first
   // call already sees every task accepted before a crash; unfinished samples queue when the pipeline starts.
-  let runtime: RolloutRuntime | undefined;
-  const opened = config.journal.dir === null ? undefined : Journal.open({ dir: config.journal.dir, maxBytes: config.journal.maxBytes, logger, retained: (taskId) => runtime?.store.get(taskId) !== undefined });
+  // (`retained` is only called once the runtime exists: by compaction, which starts with the first accept or timer.)
+  const opened = config.journal.dir === null ? undefined : Journal.open({ dir: config.journal.dir, maxBytes: config.journal.maxBytes, logger, retained: (taskId): boolean => runtime.store.get(taskId) !== undefined });
   const journal = opened?.journal;
-  runtime = new RolloutRuntime({ config, registry, sandboxes, pool, tokenizer, template, tokenWork, parser, logger, ...(journal && { journal }) });
+  const runtime: RolloutRuntime = new RolloutRuntime({ config, registry, sandboxes, pool, tokenizer, template, tokenWork, parser, logger, ...(journal && { journal }) });
   const sessions = new SessionManager(options.sessionTtlMs ?? 10 * 60_000, journal && { opened: (id) => journal.sessionOpened(id), ended: (id) => journal.sessionEnded(id) });
   if (opened) recoverFromJournal(opened.contents, { runtime, sessions, registry, config, journal: opened.journal, logger });
   let server: RunningServer;
