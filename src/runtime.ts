@@ -8,7 +8,7 @@ import type { BackendPool } from './backends/pool.js';
 import type { ChatTemplate, Tokenizer } from './tokens/types.js';
 import { TokenWork } from './tokens/token-work.js';
 import type { ToolCallParser } from './tools/types.js';
-import { TaskSpec, Trajectory } from '../gen/ts/rollout/v1/rollout.js';
+import { TaskSpec, Trajectory, TrajectoryStatus } from '../gen/ts/rollout/v1/rollout.js';
 import type { Journal } from './journal/journal.js';
 import { encodedTrajectory } from './pipeline/wire-safe.js';
 import { Admission } from './pipeline/admission.js';
@@ -176,16 +176,16 @@ export class RolloutRuntime {
 
   /**
    * Where every finished sample goes. With a journal its bytes are committed first, so a trajectory reaches a
-   * client only once a restart would find it (and never runs again after it was delivered). Samples that end
+   * client only once a restart would find it (and never runs again after it was delivered). Samples cancelled
    * because the server is stopping are neither journaled nor delivered: the restart runs them again, so the client
-   * gets one trajectory for them, not a CANCELLED one and then another. A failed write (disk full) still delivers —
+   * gets one trajectory for them, not a CANCELLED one and then another (those that finish while it stops are kept). A failed write (disk full) still delivers —
    * accepted work continues — and is logged: that sample would run again after a crash.
    */
   private readonly onFinished = (trajectory: Trajectory): void => {
     this.admission.release(1);
     const { journal } = this.deps;
     if (!journal) return this.store.record(trajectory);
-    if (this.stopped) return;
+    if (this.stopped && trajectory.status === TrajectoryStatus.TRAJECTORY_STATUS_CANCELLED) return;
     const bytes = encodedTrajectory(trajectory) ?? Trajectory.encode(trajectory).finish();
     journal.finished(trajectory.taskId, trajectory.sampleIndex, bytes).then(
       () => this.store.record(trajectory),
