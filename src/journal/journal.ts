@@ -37,13 +37,12 @@ export interface JournalContents {
  * from a memory map; the map size bounds the file; and lmdb-js ships prebuilt binaries as npm optional packages,
  * so no compiler is needed on a cluster node.
  *
- * Durability: lmdb-js batches every write issued in one event-loop turn into one transaction, commits it on its own
- * thread, and (overlappingSync, the default on Linux) fsyncs after the commit; `db.flushed` resolves once every
- * previous write is on disk. An accepted task is therefore written with `put` and TaskAccepted is sent only after
- * `put` and then `db.flushed` resolved ({@link accepted}): concurrent accepts share one transaction and one fsync
- * (see the accepts/s figure in the README). Finished trajectories and acks wait for the commit only (`put`): a
- * committed transaction survives a killed process; what an OS crash loses of them is re-run or re-delivered, and
- * writes commit in the order they were issued, so an ack is never durable without the trajectory it acknowledges.
+ * Durability: lmdb-js queues writes and commits them in order, in transactions on its own thread, each batching the
+ * writes queued while the previous one was being committed; with overlappingSync off, a commit fsyncs before it
+ * resolves. An accepted task is therefore written with `put` and TaskAccepted is sent only after that `put`
+ * resolved ({@link accepted}): it is on disk, and concurrent accepts share one transaction and one fsync (see
+ * bench/journal-accepts.ts). Finished trajectories and acks are written the same way; writes commit in the order
+ * they were issued, so an ack is never durable without the trajectory it acknowledges.
  *
  * Invariant: keys are `['s', session]`, `['t', task]`, `['r', task, sample]` (trajectory bytes) and
  * `['a', task, sample]`; a trajectory or ack key exists only beside its task key. An in-memory index mirrors the
@@ -68,7 +67,10 @@ export class Journal {
     // eventTurnBatching off: with it on, lmdb-js 3.5 starts each batch with an internal write whose promise nobody
     // holds, so a failed commit (a full disk) becomes an unhandled rejection that ends the process. Off, writes are
     // still committed in order and batched (those queued while a commit is under way go into the next one).
-    this.db = open({ path: options.dir, mapSize: Math.max(options.maxBytes * 2, 64 << 20), compression: false, eventTurnBatching: false });
+    // overlappingSync off: each commit fsyncs before it resolves (LMDB's own durable commit), so a write's promise
+    // is its durability. With it on, `db.flushed` waits for the latest batch's flush, which never comes when that
+    // batch's commit fails (a full disk) — an accept committed before it would wait forever.
+    this.db = open({ path: options.dir, mapSize: Math.max(options.maxBytes * 2, 64 << 20), compression: false, eventTurnBatching: false, overlappingSync: false });
     this.compactor = setInterval(() => void this.compact().catch((err: unknown) => this.log.error({ err }, 'journal compaction failed')), options.compactEveryMs ?? 60_000);
     this.compactor.unref();
   }
@@ -131,8 +133,8 @@ export class Journal {
     const record: TaskRecord = { spec, numSamples, session, acceptedAt: Date.now() };
     this.tasks.set(taskId, { numSamples, session, finished: new Set(), acked: new Set() });
     try {
+      // Resolves once the transaction holding it is committed and fsynced (overlappingSync off, see the constructor).
       await this.settled(this.db.put(keys.task(taskId), record));
-      await this.db.flushed;
     } catch (err) {
       this.tasks.delete(taskId);
       // Nothing was committed (LMDB aborts the whole transaction); the same write may succeed once space is back.
@@ -213,12 +215,13 @@ export class Journal {
     return this.tasks.size;
   }
 
-  /** Waits for every write to be on disk, then closes the store. */
+  /** Waits for every write issued to be committed (or to have failed), then closes the store. */
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
     clearInterval(this.compactor);
-    await this.db.flushed;
+    // Every write issued so far is committed (and so fsynced) or has failed and was reported where it was issued.
+    await Promise.resolve(this.db.committed).catch(() => undefined);
     await this.db.close();
   }
 

@@ -13,7 +13,7 @@ import { loadQwen3 } from '../../src/tokens/tokenizer.js';
 import { TrajectoryStatus } from '../../gen/ts/rollout/v1/rollout.js';
 import { mathTask } from '../support/harness.js';
 import { spawnServe, type ServeProcess } from '../support/rollout-process.js';
-import { eventually } from '../support/wait.js';
+import { eventually, within } from '../support/wait.js';
 
 type HealthClient = { check: (r: object, cb: (e: unknown, v: { status: string }) => void) => void; close: () => void };
 const healthPkg = loadPackageDefinition(loadSync(healthProtoPath, { enums: String })) as unknown as {
@@ -65,7 +65,7 @@ describe.skipIf(process.getuid?.() !== 0)('a journal whose disk fills up', () =>
     let refused: ServiceError | undefined;
     for (let i = 0; i < 400 && !refused; i++) {
       try {
-        await client.submit(bulky(`full-${i}`, i));
+        await within(client.submit(bulky(`full-${i}`, i)), 60_000, `submit ${i} (server output:\n${first.output().slice(-3000)})`);
         accepted.push(`full-${i}`);
       } catch (err) {
         refused = err as ServiceError;
@@ -81,7 +81,7 @@ describe.skipIf(process.getuid?.() !== 0)('a journal whose disk fills up', () =>
     // Work already accepted continues to a truthful end.
     for (const id of accepted) {
       const got = await client.getTrajectory(id, { wait: true, deadlineMs: 60_000 });
-      expect(got.trajectories.map((t) => t.status), id).toEqual([TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED]);
+      expect(got.trajectories.map((t) => t.status), `${id}\n${first.output().slice(-3000)}`).toEqual([TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED]);
     }
     client.close();
     first.child.kill('SIGKILL');
