@@ -53,10 +53,15 @@ export class SessionManager {
     this.hooks.ended?.(session.id);
   }
 
-  /** Adds a session rebuilt from the journal at start-up: detached, so `resume` attaches it; its TTL starts now. */
-  restore(session: Session): void {
+  /**
+   * Creates a session rebuilt from the journal at start-up (the caller refills it): detached, so `resume` attaches
+   * it; its TTL starts now.
+   */
+  restore(sessionId: string): Session {
+    const session = new Session(sessionId, false);
     session.detachedAt = Date.now();
-    this.sessions.set(session.id, session);
+    this.sessions.set(sessionId, session);
+    return session;
   }
 
   get size(): number {

@@ -2,7 +2,7 @@ import type { ServerConfig } from '../config.js';
 import type { EnvironmentRegistry } from '../environments/registry.js';
 import type { Logger } from '../observability/logger.js';
 import type { RolloutRuntime } from '../runtime.js';
-import { Session } from '../contract/session.js';
+import type { Session } from '../contract/session.js';
 import type { SessionManager } from '../contract/sessions.js';
 import { validateTask } from '../pipeline/validate-task.js';
 import { wireSafe } from '../pipeline/wire-safe.js';
@@ -45,11 +45,7 @@ export function recoverFromJournal(contents: JournalContents, deps: RecoveryDeps
   const log = deps.logger.child({ component: 'recovery' });
   const report: RecoveryReport = { sessions: contents.sessions.length, tasks: 0, finishedSamples: 0, unackedSamples: 0, requeuedSamples: 0, invalidTasks: 0 };
   const byId = new Map<string, Session>();
-  for (const id of contents.sessions) {
-    const session = new Session(id, false);
-    sessions.restore(session);
-    byId.set(id, session);
-  }
+  for (const id of contents.sessions) byId.set(id, sessions.restore(id));
   for (const record of contents.tasks) {
     report.tasks++;
     const spec = TaskSpec.decode(record.spec);
