@@ -12,6 +12,12 @@ import type { TokenPool } from './tokens/token-pool.js';
 import type { TokenTask, TokenTaskResult } from './tokens/token-tasks.js';
 import { RolloutRuntime } from './runtime.js';
 import { startGrpcServer, type RunningServer } from './contract/server.js';
+import { SessionManager } from './contract/sessions.js';
+import { Journal } from './journal/journal.js';
+import { recoverFromJournal } from './journal/recovery.js';
+
+/** Health service name whose status says whether the server can admit tasks (NOT_SERVING while the journal is full). */
+export const ADMISSION_HEALTH = 'rollout.admission';
 
 export interface RolloutServerOptions {
   logger?: Logger;
@@ -27,6 +33,8 @@ export interface RolloutServer extends RunningServer {
   readonly config: ServerConfig;
   readonly runtime: RolloutRuntime;
   readonly pool: BackendPool;
+  /** The durable journal (config `journal.dir`); closed by `shutdown`. */
+  readonly journal: Journal | undefined;
   /** The token threads (undefined with `tokenWorkers.count: 0`); closed by `shutdown`. */
   readonly tokenPool: TokenPool<TokenTask, TokenTaskResult> | undefined;
 }
@@ -80,22 +88,38 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
           ...(options.tokenWorkerScript && { script: options.tokenWorkerScript }),
         });
   const tokenWork = new TokenWork({ tokenizer, template, inlineMaxChars, ...(tokenPool && { pool: tokenPool }) });
-  const runtime = new RolloutRuntime({ config, registry, sandboxes, pool, tokenizer, template, tokenWork, parser, logger });
+  // The journal is read and the state it holds rebuilt (tasks, sessions) before the server listens, so the first
+  // call already sees every task accepted before a crash; unfinished samples queue when the pipeline starts.
+  // (`retained` is only called once the runtime exists: by compaction, which starts with the first accept or timer.)
+  const opened = config.journal.dir === null ? undefined : Journal.open({ dir: config.journal.dir, maxBytes: config.journal.maxBytes, logger, retained: (taskId): boolean => runtime.store.get(taskId) !== undefined });
+  const journal = opened?.journal;
+  const runtime: RolloutRuntime = new RolloutRuntime({ config, registry, sandboxes, pool, tokenizer, template, tokenWork, parser, logger, ...(journal && { journal }) });
+  const sessions = new SessionManager(options.sessionTtlMs ?? config.sessions.ttlMs, config.sessions.maxUnackedBytes, journal && { opened: (id) => journal.sessionOpened(id), ended: (id) => journal.sessionEnded(id) });
+  if (opened) recoverFromJournal(opened.contents, { runtime, sessions, registry, config, journal: opened.journal, logger });
   let server: RunningServer;
   try {
-    server = await startGrpcServer({ runtime, registry, logger, ...(options.sessionTtlMs !== undefined && { sessionTtlMs: options.sessionTtlMs }) });
+    server = await startGrpcServer({ runtime, registry, logger, sessions });
   } catch (err) {
+    sessions.stop();
+    await journal?.close();
     await tokenPool?.close();
     throw err;
+  }
+  if (journal) {
+    server.health.setStatus(ADMISSION_HEALTH, journal.fullReason === undefined ? 'SERVING' : 'NOT_SERVING');
+    journal.onFullChange = (reason) => server.health.setStatus(ADMISSION_HEALTH, reason === undefined ? 'SERVING' : 'NOT_SERVING');
   }
   return {
     ...server,
     config,
     runtime,
     pool,
+    journal,
     tokenPool,
     shutdown: async () => {
       await server.shutdown();
+      // After the pipeline stopped: every finished trajectory's write has been issued; close waits for the fsync.
+      await journal?.close();
       // After the pipeline stopped: no sample waits on a token thread any more.
       await tokenPool?.close();
       pool.close();

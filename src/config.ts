@@ -184,6 +184,18 @@ export const serverConfigSchema = z.strictObject({
       timeoutMs: z.number().int().min(1).default(10_000),
     })
     .prefault({}),
+  /**
+   * The durable journal (src/journal/): accepted tasks, finished trajectories and acks in LMDB, so a restarted
+   * server re-runs what was accepted and resumed sessions get what they had not acked. `dir: null` (default): none,
+   * everything in memory.
+   */
+  journal: z
+    .strictObject({
+      dir: z.string().min(1).nullable().default(null),
+      /** Bound on the journal's live data; past it (after compaction) admission fails with RESOURCE_EXHAUSTED. */
+      maxBytes: z.number().int().min(1 << 20).default(1 << 30),
+    })
+    .prefault({}),
   /** Bearer token required on BackendService calls when set. */
   adminToken: z.string().optional(),
 });

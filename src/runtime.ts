@@ -8,13 +8,15 @@ import type { BackendPool } from './backends/pool.js';
 import type { ChatTemplate, Tokenizer } from './tokens/types.js';
 import { TokenWork } from './tokens/token-work.js';
 import type { ToolCallParser } from './tools/types.js';
-import type { TaskSpec, Trajectory } from '../gen/ts/rollout/v1/rollout.js';
+import { TaskSpec, Trajectory, TrajectoryStatus } from '../gen/ts/rollout/v1/rollout.js';
+import type { Journal } from './journal/journal.js';
+import { encodedTrajectory } from './pipeline/wire-safe.js';
 import { Admission } from './pipeline/admission.js';
 import { Pipeline } from './pipeline/pipeline.js';
 import { Sample } from './pipeline/sample.js';
 import { createStages } from './pipeline/stages.js';
 import { TaskStore, type TaskEntry } from './pipeline/task-store.js';
-import type { TrajectorySink } from './pipeline/task.js';
+import type { ResolvedTask, TrajectorySink } from './pipeline/task.js';
 import { checkPromptFits, validateTask } from './pipeline/validate-task.js';
 
 export interface RuntimeDeps {
@@ -28,6 +30,8 @@ export interface RuntimeDeps {
   tokenWork?: TokenWork;
   parser: ToolCallParser;
   logger: Logger;
+  /** The durable journal (config `journal.dir`); absent: everything lives in memory. */
+  journal?: Journal;
 }
 
 export interface SubmitResult {
@@ -46,6 +50,10 @@ export class RolloutRuntime {
   readonly admission: Admission;
   private readonly log: Logger;
   private stopped = false;
+  /** Tasks accepted but not yet on disk: a retry of one waits for (and shares the fate of) the first. */
+  private readonly durable = new Map<string, Promise<void>>();
+  /** Samples restored from the journal, queued when the pipeline starts. */
+  private recovered: Sample[][] = [];
 
   constructor(readonly deps: RuntimeDeps) {
     this.log = deps.logger.child({ component: 'runtime' });
@@ -65,6 +73,33 @@ export class RolloutRuntime {
     // callback: log it instead (the callbacks themselves handle their own failures; this is the last net).
     rxConfig.onUnhandledError = (err: unknown) => this.log.error({ err }, 'unhandled error in an RxJS subscriber');
     this.pipeline.start();
+    // Re-run what the journal held unfinished, in acceptance order, each task through admission like a new one
+    // (FIFO, so tasks submitted after the restart queue behind them).
+    const recovered = this.recovered;
+    this.recovered = [];
+    void recovered.reduce(
+      (previous, samples) =>
+        previous.then(async () => {
+          await this.admission.admit(samples.length);
+          if (this.stopped) return this.admission.release(samples.length);
+          this.pipeline.submit(samples);
+        }),
+      Promise.resolve(),
+    );
+  }
+
+  /**
+   * Restores a task from the journal (before `start`): its finished trajectories are recorded as they were, the
+   * sinks (its session's) receive them, and its unfinished samples are queued again when the pipeline starts —
+   * the same spec, so the same samples and seeds.
+   */
+  restore(task: ResolvedTask, finished: ReadonlyMap<number, Trajectory>, sinks: readonly TrajectorySink[]): void {
+    const entry = this.store.add(task);
+    for (const sink of sinks) entry.sinks.add(sink);
+    for (const trajectory of finished.values()) this.store.record(trajectory);
+    entry.samples = [];
+    for (let i = 0; i < task.numSamples; i++) if (!finished.has(i)) entry.samples.push(new Sample(task, i, this.onFinished));
+    if (entry.samples.length > 0) this.recovered.push(entry.samples);
   }
 
   /**
@@ -72,7 +107,7 @@ export class RolloutRuntime {
    * Idempotent on task_id: a retry with the same spec returns duplicate = true, and `sink` still receives every
    * trajectory of the task (finished ones at once). Throws RolloutError('invalid_argument') naming the field.
    */
-  async submit(spec: TaskSpec, sink?: TrajectorySink, signal?: AbortSignal): Promise<SubmitResult> {
+  async submit(spec: TaskSpec, sink?: TrajectorySink, signal?: AbortSignal, session = ''): Promise<SubmitResult> {
     if (this.stopped) throw new RolloutError('unavailable', 'server is stopping');
     const { tokenizer, template, pool } = this.deps;
     const task = validateTask(spec, this.deps.registry, this.deps.config);
@@ -97,11 +132,23 @@ export class RolloutRuntime {
     }
     const entry = this.store.add(task);
     if (sink) entry.sinks.add(sink);
-    const onFinished = (trajectory: Trajectory): void => {
-      this.admission.release(1);
-      this.store.record(trajectory);
-    };
-    entry.samples = Array.from({ length: task.numSamples }, (_, i) => new Sample(task, i, onFinished));
+    const { journal } = this.deps;
+    if (journal) {
+      // On disk before the caller answers `accepted` (Journal.accepted waits for the fsync); a failure (journal
+      // full, disk full) takes the task back as if it had never arrived, so the client may submit it again.
+      const durable = journal.accepted(task.taskId, TaskSpec.encode(spec).finish(), task.numSamples, session);
+      this.durable.set(task.taskId, durable);
+      try {
+        await durable;
+      } catch (err) {
+        this.store.remove(task.taskId);
+        this.admission.release(task.numSamples);
+        throw err;
+      } finally {
+        this.durable.delete(task.taskId);
+      }
+    }
+    entry.samples = Array.from({ length: task.numSamples }, (_, i) => new Sample(task, i, this.onFinished));
     this.pipeline.submit(entry.samples);
     this.log.debug({ taskId: task.taskId, numSamples: task.numSamples, environment: task.environment.name }, 'task accepted');
     return { taskId: task.taskId, numSamples: task.numSamples, duplicate: false };
@@ -127,7 +174,31 @@ export class RolloutRuntime {
     await this.pipeline.stop();
   }
 
-  private duplicate(entry: TaskEntry, sink: TrajectorySink | undefined): SubmitResult {
+  /**
+   * Where every finished sample goes. With a journal its bytes are committed first, so a trajectory reaches a
+   * client only once a restart would find it (and never runs again after it was delivered). Samples cancelled
+   * because the server is stopping are neither journaled nor delivered: the restart runs them again, so the client
+   * gets one trajectory for them, not a CANCELLED one and then another (those that finish while it stops are kept). A failed write (disk full) still delivers —
+   * accepted work continues — and is logged: that sample would run again after a crash.
+   */
+  private readonly onFinished = (trajectory: Trajectory): void => {
+    this.admission.release(1);
+    const { journal } = this.deps;
+    if (!journal) return this.store.record(trajectory);
+    if (this.stopped && trajectory.status === TrajectoryStatus.TRAJECTORY_STATUS_CANCELLED) return;
+    const bytes = encodedTrajectory(trajectory) ?? Trajectory.encode(trajectory).finish();
+    journal.finished(trajectory.taskId, trajectory.sampleIndex, bytes).then(
+      () => this.store.record(trajectory),
+      (err: unknown) => {
+        this.log.error({ err, taskId: trajectory.taskId, sampleIndex: trajectory.sampleIndex }, 'journal could not record a finished trajectory; delivered anyway');
+        this.store.record(trajectory);
+      },
+    );
+  };
+
+  private async duplicate(entry: TaskEntry, sink: TrajectorySink | undefined): Promise<SubmitResult> {
+    // A retry of a task still being written waits for it: `accepted` only once it is on disk, or the same error.
+    await this.durable.get(entry.task.taskId);
     if (sink && entry.pending > 0) entry.sinks.add(sink);
     // After the caller has answered `accepted`, so a stream sees the acceptance before the task's trajectories.
     if (sink) setImmediate(() => entry.trajectories.forEach((t) => t && sink(t)));

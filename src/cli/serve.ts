@@ -23,6 +23,8 @@ export interface ServeOptions {
   sandboxDriver?: 'bwrap' | 'apptainer';
   apptainerPath?: string;
   fakeEngine?: boolean;
+  /** The durable journal's directory (config `journal.dir`). */
+  journalDir?: string;
   fakeLatencyMs: number;
   /** The math environment's default checker (`builtin` unless set; `math-verify` needs scripts/setup.sh's venv). */
   mathChecker?: 'builtin' | 'math-verify';
@@ -63,6 +65,7 @@ export async function runServe(opts: ServeOptions): Promise<void> {
   stage('run', opts.runConcurrency, opts.runTimeoutMs);
   stage('eval', opts.evalConcurrency, opts.evalTimeoutMs);
   if (opts.maxAdmitted !== undefined) config.maxAdmitted = opts.maxAdmitted;
+  if (opts.journalDir !== undefined) config.journal = { ...config.journal, dir: opts.journalDir };
   if (opts.sandboxDriver !== undefined || opts.apptainerPath !== undefined) {
     config.sandbox = {
       ...config.sandbox,

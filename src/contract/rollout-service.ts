@@ -164,7 +164,10 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
           } catch (err) {
             log.debug({ err, taskId: kind.value.taskId }, 'cancel of unknown task');
           }
-        } else session.ack(kind.value);
+        } else {
+          session.ack(kind.value);
+          runtime.deps.journal?.ack(kind.value);
+        }
         // A slow reader: stop pulling requests until the outbox drains (bounded in bytes per stream).
         await writer.below(maxOutboxBytes);
       }
@@ -209,7 +212,7 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
           `delivery to session "${session.id}" is paused: ${session.unackedBytes} bytes of trajectories are unacked (limit ${session.maxUnackedBytes}); ack what you received, then submit again`,
         );
       }
-      const result = await runtime.submit(spec, session.sink, signal);
+      const result = await runtime.submit(spec, session.sink, signal, session.id);
       session.expect(result.taskId, result.numSamples);
       writer.sendUrgent({ kind: { $case: 'accepted', value: result } });
     } catch (err) {

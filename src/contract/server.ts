@@ -24,6 +24,8 @@ export interface GrpcServerOptions {
   logger: Logger;
   /** How long a broken stream's session stays resumable. */
   sessionTtlMs?: number;
+  /** The sessions (start-up recovery fills them from the journal before the server listens); new when absent. */
+  sessions?: SessionManager;
 }
 
 export interface RunningServer {
@@ -49,7 +51,7 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
     'grpc.max_send_message_length': config.maxMessageBytes,
     ...keepaliveOptions(config.keepalive),
   });
-  const sessions = new SessionManager(options.sessionTtlMs ?? config.sessions.ttlMs, config.sessions.maxUnackedBytes);
+  const sessions = options.sessions ?? new SessionManager(options.sessionTtlMs ?? config.sessions.ttlMs, config.sessions.maxUnackedBytes);
   server.addService(trajectorySerializers(tolerantService(RolloutServiceService, config.maxMessageBytes), config.maxMessageBytes), rolloutService({ runtime, registry, sessions, logger, serverVersion: SERVER_VERSION }));
   server.addService(
     tolerantService(BackendServiceService, config.maxMessageBytes),

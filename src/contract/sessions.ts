@@ -2,6 +2,14 @@ import { randomUUID } from 'node:crypto';
 import { RolloutError } from '../errors.js';
 import { Session } from './session.js';
 
+/** Where session lifecycle is recorded (the durable journal). */
+export interface SessionHooks {
+  /** A session was created (not resumed). */
+  opened?(sessionId: string): void;
+  /** A session closed with everything acknowledged, or expired: nothing of it can be resumed any more. */
+  ended?(sessionId: string): void;
+}
+
 /**
  * Open sessions by id. A session whose stream broke stays resumable for `ttlMs`; then it is dropped (its tasks
  * keep running and stay readable through GetTrajectory). Each session bounds its unacked trajectories to
@@ -14,6 +22,7 @@ export class SessionManager {
   constructor(
     private readonly ttlMs: number,
     private readonly maxUnackedBytes: number = Number.POSITIVE_INFINITY,
+    private readonly hooks: SessionHooks = {},
   ) {
     this.sweeper = setInterval(() => this.sweep(), Math.min(ttlMs, 60_000));
     this.sweeper.unref();
@@ -38,12 +47,26 @@ export class SessionManager {
     if (existing && existing.detachedAt === undefined) throw new RolloutError('already_exists', `session "${id}" is open on another stream`);
     const session = new Session(id, stageEvents, this.maxUnackedBytes);
     this.sessions.set(id, session);
+    this.hooks.opened?.(id);
     return session;
   }
 
   /** Drops a session whose client finished cleanly. */
   close(session: Session): void {
-    if (this.sessions.get(session.id) === session) this.sessions.delete(session.id);
+    if (this.sessions.get(session.id) !== session) return;
+    this.sessions.delete(session.id);
+    this.hooks.ended?.(session.id);
+  }
+
+  /**
+   * Creates a session rebuilt from the journal at start-up (the caller refills it): detached, so `resume` attaches
+   * it; its TTL starts now.
+   */
+  restore(sessionId: string): Session {
+    const session = new Session(sessionId, false, this.maxUnackedBytes);
+    session.detachedAt = Date.now();
+    this.sessions.set(sessionId, session);
+    return session;
   }
 
   /** Totals over open sessions, for tests, metrics and the log. */
@@ -73,7 +96,10 @@ export class SessionManager {
   private sweep(): void {
     const now = Date.now();
     for (const [id, session] of this.sessions) {
-      if (session.detachedAt !== undefined && now - session.detachedAt > this.ttlMs) this.sessions.delete(id);
+      if (session.detachedAt !== undefined && now - session.detachedAt > this.ttlMs) {
+        this.sessions.delete(id);
+        this.hooks.ended?.(id);
+      }
     }
   }
 }

@@ -68,6 +68,11 @@ export class TaskStore {
     return entry;
   }
 
+  /** Forgets a task that was never started (its acceptance could not be made durable). */
+  remove(taskId: string): void {
+    if (!this.finished.has(taskId)) this.tasks.delete(taskId);
+  }
+
   /** Records a finished sample; wakes GetTrajectory waiters; evicts old finished tasks. */
   record(trajectory: Trajectory): void {
     const entry = this.tasks.get(trajectory.taskId);

@@ -1,0 +1,276 @@
+import { mkdirSync } from 'node:fs';
+import { statfs } from 'node:fs/promises';
+import { open, type RootDatabase } from 'lmdb';
+import { RolloutError } from '../errors.js';
+import type { Logger } from '../observability/logger.js';
+import type { Ack } from '../../gen/ts/rollout/v1/rollout.js';
+import { isFull, keys, type JournalTask, type SessionRecord, type TaskIndex, type TaskRecord } from './records.js';
+
+export interface JournalOptions {
+  dir: string;
+  /** Bound on the live data (pages in use) of the journal; past it, after compaction, admission fails. */
+  maxBytes: number;
+  logger: Logger;
+  /**
+   * Whether a finished task must still be kept for GetTrajectory (the task store still holds it). Compaction drops
+   * a finished, fully acknowledged task only once this says no, so the journal never forgets what memory still
+   * serves.
+   */
+  retained?: (taskId: string) => boolean;
+  /** How often compaction runs in the background (besides when an accept finds the bound reached). */
+  compactEveryMs?: number;
+}
+
+/** What the journal held at open: what start-up recovery rebuilds the server from. */
+export interface JournalContents {
+  sessions: string[];
+  /** Accepted tasks, oldest first. */
+  tasks: JournalTask[];
+}
+
+/**
+ * The durable journal: accepted tasks (their spec as received and the session that submitted them), the bytes of
+ * every finished trajectory, acks, and open sessions, in LMDB (lmdb-js).
+ *
+ * Why LMDB: a copy-on-write B-tree whose commit is one meta-page switch, so a `kill -9` (or a failed write on a
+ * full disk) leaves the last committed state intact — there is no log to replay or repair; reads are synchronous
+ * from a memory map; the map size bounds the file; and lmdb-js ships prebuilt binaries as npm optional packages,
+ * so no compiler is needed on a cluster node.
+ *
+ * Durability: lmdb-js queues writes and commits them in order, in transactions on its own thread, each batching the
+ * writes queued while the previous one was being committed; with overlappingSync off, a commit fsyncs before it
+ * resolves. An accepted task is therefore written with `put` and TaskAccepted is sent only after that `put`
+ * resolved ({@link accepted}): it is on disk, and concurrent accepts share one transaction and one fsync (see
+ * bench/journal-accepts.ts). Finished trajectories and acks are written the same way; writes commit in the order
+ * they were issued, so an ack is never durable without the trajectory it acknowledges.
+ *
+ * Invariant: keys are `['s', session]`, `['t', task]`, `['r', task, sample]` (trajectory bytes) and
+ * `['a', task, sample]`; a trajectory or ack key exists only beside its task key. An in-memory index mirrors the
+ * task keys (small: ids and sample sets, never trajectories) so compaction and acks need no scan.
+ */
+export class Journal {
+  private readonly db: RootDatabase;
+  private readonly log: Logger;
+  private readonly tasks = new Map<string, TaskIndex>();
+  private readonly sessions = new Set<string>();
+  private full: string | undefined;
+  private closed = false;
+  private readonly compactor: NodeJS.Timeout;
+  /** Told when admission through the journal becomes impossible (a reason) or possible again (undefined). */
+  onFullChange: ((reason: string | undefined) => void) | undefined;
+
+  private constructor(private readonly options: JournalOptions) {
+    this.log = options.logger.child({ component: 'journal' });
+    mkdirSync(options.dir, { recursive: true });
+    // The map is the hard ceiling LMDB enforces (MDB_MAP_FULL); the soft bound (maxBytes) is checked before each
+    // accept, with room left above it for the trajectories and acks of work already accepted.
+    // eventTurnBatching off: with it on, lmdb-js 3.5 starts each batch with an internal write whose promise nobody
+    // holds, so a failed commit (a full disk) becomes an unhandled rejection that ends the process. Off, writes are
+    // still committed in order and batched (those queued while a commit is under way go into the next one).
+    // overlappingSync off: each commit fsyncs before it resolves (LMDB's own durable commit), so a write's promise
+    // is its durability. With it on, `db.flushed` waits for the latest batch's flush, which never comes when that
+    // batch's commit fails (a full disk) — an accept committed before it would wait forever.
+    this.db = open({ path: options.dir, mapSize: Math.max(options.maxBytes * 2, 64 << 20), compression: false, eventTurnBatching: false, overlappingSync: false });
+    this.compactor = setInterval(() => void this.compact().catch((err: unknown) => this.log.error({ err }, 'journal compaction failed')), options.compactEveryMs ?? 60_000);
+    this.compactor.unref();
+  }
+
+  /** Opens (or creates) the journal in `dir` and reads what it holds. */
+  static open(options: JournalOptions): { journal: Journal; contents: JournalContents } {
+    const journal = new Journal(options);
+    return { journal, contents: journal.load() };
+  }
+
+  private load(): JournalContents {
+    for (const { key } of this.db.getRange(keys.sessions)) this.sessions.add((key as string[])[1]!);
+    const tasks = new Map<string, JournalTask>();
+    for (const { key, value } of this.db.getRange(keys.tasks)) {
+      const record = value as TaskRecord;
+      const taskId = (key as string[])[1]!;
+      tasks.set(taskId, { taskId, ...record, spec: new Uint8Array(record.spec), finished: new Map(), acked: new Set() });
+    }
+    for (const { key, value } of this.db.getRange(keys.results)) {
+      const [, taskId, index] = key as [string, string, number];
+      tasks.get(taskId)?.finished.set(index, new Uint8Array(value as Uint8Array));
+    }
+    for (const { key } of this.db.getRange(keys.acks)) {
+      const [, taskId, index] = key as [string, string, number];
+      tasks.get(taskId)?.acked.add(index);
+    }
+    for (const t of tasks.values()) {
+      this.tasks.set(t.taskId, { numSamples: t.numSamples, session: t.session, finished: new Set(t.finished.keys()), acked: new Set(t.acked) });
+    }
+    this.log.info({ dir: this.options.dir, tasks: tasks.size, sessions: this.sessions.size, bytes: this.usedBytes() }, 'journal opened');
+    return { sessions: [...this.sessions], tasks: [...tasks.values()].sort((a, b) => a.acceptedAt - b.acceptedAt) };
+  }
+
+  /** A new session. Not awaited by callers: writes commit in order, so it is durable before any task accepted on it. */
+  sessionOpened(sessionId: string): void {
+    if (this.closed || this.sessions.has(sessionId)) return;
+    this.sessions.add(sessionId);
+    this.write(this.db.put(keys.session(sessionId), { openedAt: Date.now() } satisfies SessionRecord), 'session opened');
+  }
+
+  /** A session expired or closed with everything acknowledged: its tasks need no acks any more. */
+  sessionEnded(sessionId: string): void {
+    if (this.closed || !this.sessions.delete(sessionId)) return;
+    this.write(this.db.remove(keys.session(sessionId)), 'session ended');
+  }
+
+  /**
+   * Records an accepted task; resolves once it is on disk (committed and fsynced). Throws RolloutError
+   * 'resource_exhausted' naming the journal when it is over its size bound after compaction or the disk is full.
+   */
+  async accepted(taskId: string, spec: Uint8Array, numSamples: number, session: string): Promise<void> {
+    if (this.closed) throw new RolloutError('unavailable', 'the journal is closed (server stopping)');
+    if (this.usedBytes() + spec.length > this.options.maxBytes) {
+      await this.compact();
+      const used = this.usedBytes();
+      if (used + spec.length > this.options.maxBytes) {
+        throw this.markFull(`the journal is full: ${used} bytes in use of its ${this.options.maxBytes}-byte bound (journal.maxBytes), after compaction`);
+      }
+    }
+    const record: TaskRecord = { spec, numSamples, session, acceptedAt: Date.now() };
+    this.tasks.set(taskId, { numSamples, session, finished: new Set(), acked: new Set() });
+    try {
+      // Resolves once the transaction holding it is committed and fsynced (overlappingSync off, see the constructor).
+      await this.settled(this.db.put(keys.task(taskId), record));
+    } catch (err) {
+      this.tasks.delete(taskId);
+      // Nothing was committed (LMDB aborts the whole transaction); the same write may succeed once space is back.
+      const free = await this.freeBytes();
+      if (isFull(err) || (free !== undefined && free < NEARLY_FULL_BYTES)) {
+        const room = free === undefined ? '' : `: ${free} bytes free`;
+        throw this.markFull(`the journal's disk is full${room} on the file system of ${this.options.dir} (the write failed: ${errorText(err)})`, err);
+      }
+      throw new RolloutError('unavailable', `the journal could not record the task: ${errorText(err)}`, { cause: err });
+    }
+    if (this.full !== undefined) {
+      this.full = undefined;
+      this.log.info('journal accepts tasks again');
+      this.onFullChange?.(undefined);
+    }
+  }
+
+  /** Records a finished trajectory (its wire bytes); resolves when committed. Rejects on a failed write. */
+  async finished(taskId: string, sampleIndex: number, bytes: Uint8Array): Promise<void> {
+    const task = this.tasks.get(taskId);
+    if (!task || this.closed) return;
+    task.finished.add(sampleIndex);
+    await this.settled(this.db.put(keys.result(taskId, sampleIndex), bytes));
+  }
+
+  /** Records acks (whole tasks: every sample finished so far). Not awaited: an ack has no answer to wait for. */
+  ack(ack: Ack): void {
+    if (this.closed) return;
+    const refs = [...ack.trajectories.map((r) => [r.taskId, r.sampleIndex] as const)];
+    for (const taskId of ack.taskIds) for (const i of this.tasks.get(taskId)?.finished ?? []) refs.push([taskId, i]);
+    for (const [taskId, i] of refs) {
+      const task = this.tasks.get(taskId);
+      if (!task || !task.finished.has(i) || task.acked.has(i)) continue;
+      task.acked.add(i);
+      this.write(this.db.put(keys.ack(taskId, i), 1), 'ack');
+    }
+  }
+
+  /**
+   * Drops every task that is finished, acknowledged by its session (or has no live session to acknowledge it) and
+   * no longer retained in memory: its spec, trajectories and acks. Freed pages are reused by LMDB. Returns how many
+   * tasks were dropped.
+   */
+  async compact(): Promise<number> {
+    if (this.closed) return 0;
+    let dropped = 0;
+    for (const [taskId, task] of this.tasks) {
+      if (task.finished.size < task.numSamples) continue;
+      if (task.session && this.sessions.has(task.session) && task.acked.size < task.numSamples) continue;
+      if (this.options.retained?.(taskId)) continue;
+      this.tasks.delete(taskId);
+      this.write(this.db.remove(keys.task(taskId)), 'compaction');
+      for (let i = 0; i < task.numSamples; i++) {
+        this.write(this.db.remove(keys.result(taskId, i)), 'compaction');
+        if (task.acked.has(i)) this.write(this.db.remove(keys.ack(taskId, i)), 'compaction');
+      }
+      dropped++;
+    }
+    if (dropped > 0) {
+      await this.db.committed;
+      this.log.info({ dropped, bytes: this.usedBytes() }, 'journal compacted');
+    }
+    return dropped;
+  }
+
+  /** Bytes of the pages the journal's data occupies now (what the size bound limits). */
+  usedBytes(): number {
+    const s = this.db.getStats() as { pageSize: number; treeBranchPageCount: number; treeLeafPageCount: number; overflowPages: number };
+    return s.pageSize * (s.treeBranchPageCount + s.treeLeafPageCount + s.overflowPages);
+  }
+
+  /** Why admission fails, while the journal is full. */
+  get fullReason(): string | undefined {
+    return this.full;
+  }
+
+  get taskCount(): number {
+    return this.tasks.size;
+  }
+
+  /** Waits for every write issued to be committed (or to have failed), then closes the store. */
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    clearInterval(this.compactor);
+    // Every write issued so far is committed (and so fsynced) or has failed and was reported where it was issued.
+    await Promise.resolve(this.db.committed).catch(() => undefined);
+    await this.db.close();
+  }
+
+  private markFull(reason: string, cause?: unknown): RolloutError {
+    if (this.full === undefined) {
+      this.log.error({ reason, err: cause }, 'journal full: admission fails until space is freed');
+      this.onFullChange?.(reason);
+    }
+    this.full = reason;
+    return new RolloutError('resource_exhausted', reason, { cause });
+  }
+
+  private write(done: Promise<unknown>, what: string): void {
+    this.settled(done).catch((err: unknown) => this.log.error({ err, what }, 'journal write failed'));
+  }
+
+  /**
+   * A write's promise, rejecting with the real cause when its transaction failed. lmdb-js rejects each write of a
+   * failed commit with a generic error whose `commitError` is a second promise holding the cause (ENOSPC, or EIO:
+   * LMDB reports a short write as EIO, which is how a full disk usually shows); that promise must be handled, or
+   * its rejection would end the process.
+   */
+  private async settled<T>(done: Promise<T>): Promise<T> {
+    try {
+      return await done;
+    } catch (err) {
+      const commitError = (err as { commitError?: Promise<unknown> } | undefined)?.commitError;
+      if (!commitError) throw err;
+      throw await commitError.then(
+        () => err,
+        (cause: unknown) => cause,
+      );
+    }
+  }
+
+  /** Bytes left to an unprivileged writer on the journal's file system (undefined if it cannot be asked). */
+  private async freeBytes(): Promise<number | undefined> {
+    try {
+      const fs = await statfs(this.options.dir);
+      return fs.bavail * fs.bsize;
+    } catch {
+      return undefined;
+    }
+  }
+}
+
+/** A failed write on a file system with less room than this is a full disk (LMDB reports a short write as EIO). */
+const NEARLY_FULL_BYTES = 4 << 20;
+
+function errorText(err: unknown): string {
+  return err instanceof Error ? err.message : String(err);
+}

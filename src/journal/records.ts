@@ -1,0 +1,55 @@
+/**
+ * The journal's record kinds and key layout (LMDB keys are ordered-binary arrays, so each kind is one range).
+ * Values are msgpack (lmdb-js's default encoding); trajectories and specs are stored as the protobuf bytes the
+ * server already has, so recovery decodes exactly what the streams send.
+ */
+
+/** `['t', taskId]`: an accepted task, written (and fsynced) before TaskAccepted is sent. */
+export interface TaskRecord {
+  /** The TaskSpec as received (protobuf bytes): validated again at recovery, so its seeds and samples are the same. */
+  spec: Uint8Array;
+  numSamples: number;
+  /** The session that submitted it; '' for the unary Submit. */
+  session: string;
+  acceptedAt: number;
+}
+
+/** `['s', sessionId]`: a session that may be resumed. */
+export interface SessionRecord {
+  openedAt: number;
+}
+
+/** A journaled task as recovery sees it: its record, the bytes of its finished samples, the acked ones. */
+export interface JournalTask extends TaskRecord {
+  taskId: string;
+  finished: Map<number, Uint8Array>;
+  acked: Set<number>;
+}
+
+/** What the journal keeps in memory per task (never trajectory bytes). */
+export interface TaskIndex {
+  numSamples: number;
+  session: string;
+  finished: Set<number>;
+  acked: Set<number>;
+}
+
+const TOP = '\uffff';
+
+export const keys = {
+  session: (id: string) => ['s', id],
+  task: (id: string) => ['t', id],
+  result: (taskId: string, sample: number) => ['r', taskId, sample],
+  ack: (taskId: string, sample: number) => ['a', taskId, sample],
+  sessions: { start: ['s'], end: ['s', TOP] },
+  tasks: { start: ['t'], end: ['t', TOP] },
+  results: { start: ['r'], end: ['r', TOP] },
+  acks: { start: ['a'], end: ['a', TOP] },
+};
+
+/** Whether a write failed for lack of space: LMDB's map is full, or the file system is (ENOSPC) or over quota. */
+export function isFull(err: unknown): boolean {
+  const e = err as { code?: unknown; message?: unknown } | undefined;
+  const text = `${String(e?.code ?? '')} ${String(e?.message ?? err)}`;
+  return /ENOSPC|EDQUOT|MDB_MAP_FULL|No space left|quota exceeded|MDB_TXN_FULL/i.test(text);
+}

@@ -1,0 +1,66 @@
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterEach, describe, expect, it } from 'vitest';
+import { TrajectoryStatus, type Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
+import { mathTask } from '../support/harness.js';
+import { startServerHarness, type ServerHarness } from '../support/server-harness.js';
+import { eventually } from '../support/wait.js';
+import { Journal } from '../../src/journal/journal.js';
+import { silentLogger } from '../../src/observability/logger.js';
+
+const dirs: string[] = [];
+const harnesses: ServerHarness[] = [];
+afterEach(async () => {
+  await Promise.all(harnesses.splice(0).map((h) => h.close()));
+  await Promise.all(dirs.splice(0).map((d) => rm(d, { recursive: true, force: true })));
+});
+
+async function journaled(dir: string, tokenLatencyMs: number): Promise<ServerHarness> {
+  const h = await startServerHarness({ config: { journal: { dir }, run: { concurrency: 1 } }, engine: { tokenLatencyMs } });
+  harnesses.push(h);
+  return h;
+}
+
+describe('a journaled server stopped and started again', () => {
+  it('runs again what a shutdown cancelled (never delivering it CANCELLED first) and a resumed session gets each unacked sample once', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'rollout-restart-'));
+    dirs.push(dir);
+    const a = await journaled(dir, 5);
+    const session = a.client.openSession({ sessionId: 'graceful', autoAck: false });
+    await Promise.all(['g-0', 'g-1', 'g-2', 'g-3'].map((id, i) => session.submit(mathTask(id, 1, 40 + i))));
+    const before: Trajectory[] = [];
+    const reading = (async () => {
+      try {
+        for await (const t of session.trajectories()) before.push(t);
+      } catch {
+        // The stream ends with the server.
+      }
+    })();
+    await eventually(() => before.length >= 1, 'a first trajectory', 60_000);
+    session.ack([{ taskId: before[0]!.taskId, sampleIndex: 0 }]);
+    // A fence: its acceptance is fsynced after the ack was written.
+    await session.submit(mathTask('g-fence', 1, 99));
+    await a.close();
+    await reading;
+    expect(before.filter((t) => t.status !== TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED)).toEqual([]);
+
+    const b = await journaled(dir, 0);
+    // Unary calls see the tasks accepted before the restart.
+    expect((await b.client.submit(mathTask('g-1', 1, 41))).duplicate).toBe(true);
+    const resumed = b.client.openSession({ sessionId: 'graceful', resume: true });
+    await resumed.opened;
+    resumed.close();
+    const after: Trajectory[] = [];
+    for await (const t of resumed.trajectories()) after.push(t);
+    const keys = after.map((t) => t.taskId).sort();
+    expect(keys).toEqual(['g-0', 'g-1', 'g-2', 'g-3', 'g-fence'].filter((id) => id !== before[0]!.taskId));
+    expect(after.map((t) => t.status)).toEqual(after.map(() => TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED));
+    await b.close();
+    // The session acked everything and closed cleanly, so the journal forgot it; every task it holds is finished.
+    const { journal, contents } = Journal.open({ dir, maxBytes: 1 << 30, logger: silentLogger() });
+    await journal.close();
+    expect(contents.sessions).toEqual([]);
+    expect(contents.tasks.map((t) => [t.taskId, t.finished.size])).toEqual(['g-0', 'g-1', 'g-2', 'g-3', 'g-fence'].map((id) => [id, 1]));
+  }, 180_000);
+});
