@@ -30,6 +30,11 @@ export interface TokenTaskResult {
   ids: number[];
   /** For environment tasks: how the between-turns text was found. */
   method?: DeltaMethod;
+  /**
+   * `JSON.stringify(ids)`, for prompt tasks run on a token thread: the first engine request of a trajectory sends
+   * the whole prompt as JSON, and at 55K ids serializing it cost the event loop milliseconds (see prompt-json.ts).
+   */
+  idsJson?: string;
 }
 
 /** Renders the escaped prompt with the generation prompt and encodes it (template tokens only from the template). */
@@ -44,7 +49,7 @@ export function promptIds(tokenizer: Tokenizer, template: ChatTemplate, task: Om
  * conversation when the template is suffix-local, else from the whole conversation; minus the stop token the
  * model sampled itself; encoded with environment contents opaque.
  */
-export function environmentIds(tokenizer: Tokenizer, template: ChatTemplate, task: Omit<EnvironmentTask, 'kind'>): Required<TokenTaskResult> {
+export function environmentIds(tokenizer: Tokenizer, template: ChatTemplate, task: Omit<EnvironmentTask, 'kind'>): Required<Pick<TokenTaskResult, 'ids' | 'method'>> {
   const locality = probeSuffixLocality(template, task.tools);
   const delta = (locality.local ? suffixDelta(template, task, locality) : undefined) ?? environmentDelta(template, task);
   const stop = task.stopText;

@@ -1,3 +1,4 @@
+import { attachedIdsJson, attachIdsJson } from '../backends/prompt-json.js';
 import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
 import type { ModelBundleOptions } from './model-bundle.js';
@@ -74,7 +75,7 @@ export class TokenWork {
     let pending = this.#pending.get(key);
     if (!pending) {
       const task: TokenTask = { kind: 'prompt', messages, tools };
-      pending = this.#run(task, signal).then((r) => this.#remember(key, r.ids, keepFor));
+      pending = this.#run(task, signal).then((r) => this.#remember(key, r.idsJson === undefined ? r.ids : attachIdsJson(r.ids, [r.idsJson]), keepFor));
       this.#pending.set(key, pending);
       const forget = (): void => void this.#pending.delete(key);
       pending.then(forget, forget);
@@ -94,14 +95,14 @@ export class TokenWork {
   }
 
   /** The ids after an assistant turn (token-tasks.ts environmentIds), on a worker when large. */
-  async environmentIds(task: Omit<EnvironmentTask, 'kind'>, signal?: AbortSignal): Promise<Required<TokenTaskResult>> {
+  async environmentIds(task: Omit<EnvironmentTask, 'kind'>, signal?: AbortSignal): Promise<Required<Pick<TokenTaskResult, 'ids' | 'method'>>> {
     const result = await this.#run({ kind: 'environment', ...task }, signal);
     if (result.method === undefined) throw new RolloutError('internal', 'token worker answered an environment task without its method');
     return { ids: result.ids, method: result.method };
   }
 
   /** {@link environmentIds} on the event loop. */
-  environmentIdsSync(task: Omit<EnvironmentTask, 'kind'>): Required<TokenTaskResult> {
+  environmentIdsSync(task: Omit<EnvironmentTask, 'kind'>): Required<Pick<TokenTaskResult, 'ids' | 'method'>> {
     return environmentIds(this.tokenizer, this.template, task);
   }
 
@@ -129,7 +130,8 @@ export class TokenWork {
       old.uses += keepFor;
       return old.ids;
     }
-    const bytes = 2 * key.length + 8 * ids.length + 64;
+    // The key, the ids and, for a prompt from a token thread, its JSON (attached to the ids, see TokenTaskResult.idsJson).
+    const bytes = 2 * key.length + 8 * ids.length + (attachedIdsJson(ids)?.[0]?.length ?? 0) + 64;
     // Nobody announced: nothing to keep. One huge prompt must not evict everything else either.
     if (keepFor <= 0 || bytes > this.#cacheBytes / 4) return ids;
     this.#prompts.set(key, { ids, bytes, uses: keepFor });

@@ -32,7 +32,10 @@ try {
   port.on('message', ({ id, task }: WorkerRequest<TokenTask>) => {
     let reply: Reply;
     try {
-      reply = { type: 'result', id, result: runTokenTask(tokenizer, template, task) };
+      const result = runTokenTask(tokenizer, template, task);
+      // A prompt's JSON is built here, off the event loop, for its first engine request (see TokenTaskResult.idsJson).
+      if (task.kind === 'prompt') result.idsJson = JSON.stringify(result.ids);
+      reply = { type: 'result', id, result };
     } catch (err) {
       const e = RolloutError.from(err);
       reply = { type: 'error', id, code: e.code, message: e.message, ...(e.field !== undefined && { field: e.field }) };

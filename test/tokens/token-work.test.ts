@@ -1,5 +1,6 @@
 import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { attachedIdsJson, idsJson } from '../../src/backends/prompt-json.js';
 import { TokenLedger } from '../../src/tokens/ledger.js';
 import type { ModelBundle } from '../../src/tokens/model-bundle.js';
 import { escapeMessage } from '../../src/tokens/opaque-content.js';
@@ -43,8 +44,16 @@ describe.each<Family>(['qwen3', 'deepseek_v3'])('token work on a %s token thread
       fc.asyncProperty(episode, async ({ user, tools, steps }) => {
         const schemas = tools ? [bashTool] : undefined;
         const opening: ChatMessage[] = [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: user }];
-        expect(await threaded.promptIds(opening, schemas)).toEqual(inline.promptIdsSync(opening, schemas));
+        const prompt = await threaded.promptIds(opening, schemas);
+        expect(prompt).toEqual(inline.promptIdsSync(opening, schemas));
+        // The thread also sends the prompt's JSON, which the ledger's first engine request then writes as it is.
+        expect(attachedIdsJson(prompt)?.join('')).toBe(JSON.stringify(prompt));
         const ledger = await TokenLedger.create({ tokenizer: bundle.tokenizer, template: bundle.template, messages: opening, ...(schemas && { tools: schemas }), work: threaded });
+        const contextJsonIsExact = (): void => {
+          const context = ledger.contextIds();
+          expect(idsJson(context).join('')).toBe(JSON.stringify(context));
+        };
+        contextJsonIsExact();
         for (const [text, ending, reply] of steps) {
           ledger.appendSampled(familySample(bundle, `${text}\n${familyToolCall(bundle, 'ls')}`, ending));
           // As the ledger keeps it: environment contents escaped, sampled text as is.
@@ -56,6 +65,7 @@ describe.each<Family>(['qwen3', 'deepseek_v3'])('token work on a %s token thread
           const before = ledger.totalTokens;
           await ledger.appendEnvironment(reply);
           expect(ledger.contextIds().slice(before)).toEqual(inline.environmentIdsSync(task).ids);
+          contextJsonIsExact();
         }
       }),
       { numRuns: 25 },
