@@ -1,5 +1,6 @@
 import { RolloutError } from '../errors.js';
 import { environmentDelta, PROBE_ASSISTANT, probeAssistantClosing, type Delta, type DeltaRequest } from './template-delta.js';
+import { renderWithSkeleton } from './template-skeleton.js';
 import type { ChatMessage, ChatTemplate, ToolSchema } from './types.js';
 
 /**
@@ -49,7 +50,10 @@ export function suffixDelta(template: ChatTemplate, request: Omit<DeltaRequest, 
   }
   const lead = locality.opening === 'none' ? [] : opening(history);
   const options = locality.tools && tools !== undefined ? { addGenerationPrompt: true, tools } : { addGenerationPrompt: true };
-  const marked = template.render([...lead, { ...last, content: PROBE_ASSISTANT }, ...added], options);
+  // The marked render is the same text for every content of the new messages when the template writes them verbatim:
+  // filled from the shape's skeleton then (template-skeleton.ts), and only the real render below runs the template.
+  const markedMessages = [...lead, { ...last, content: PROBE_ASSISTANT }, ...added];
+  const marked = renderWithSkeleton(template, markedMessages, options, added.map((_, i) => lead.length + 1 + i));
   const at = marked.lastIndexOf(PROBE_ASSISTANT);
   if (at < 0 || marked.indexOf(PROBE_ASSISTANT) !== at) return undefined;
   const tail = marked.slice(at + PROBE_ASSISTANT.length);

@@ -1,5 +1,6 @@
 import { encodeRendered, escapeMessage } from './opaque-content.js';
 import { probeSuffixLocality, suffixDelta } from './suffix-delta.js';
+import { contentSlots, renderWithSkeleton } from './template-skeleton.js';
 import { environmentDelta, type DeltaMethod, type DeltaRequest } from './template-delta.js';
 import type { ChatMessage, ChatTemplate, Tokenizer, ToolSchema } from './types.js';
 
@@ -40,7 +41,10 @@ export interface TokenTaskResult {
 /** Renders the escaped prompt with the generation prompt and encodes it (template tokens only from the template). */
 export function promptIds(tokenizer: Tokenizer, template: ChatTemplate, task: Omit<PromptTask, 'kind'>): number[] {
   const escaped = task.messages.map((m) => escapeMessage(tokenizer, m));
-  const text = template.render(escaped, task.tools === undefined ? { addGenerationPrompt: true } : { addGenerationPrompt: true, tools: task.tools });
+  const options = task.tools === undefined ? { addGenerationPrompt: true } : { addGenerationPrompt: true, tools: task.tools };
+  // From the shape's skeleton when the template writes these contents verbatim (template-skeleton.ts): no render.
+  const slots = contentSlots(escaped);
+  const text = slots.length === escaped.length ? renderWithSkeleton(template, escaped, options, slots) : template.render(escaped, options);
   return encodeRendered(tokenizer, text);
 }
 
