@@ -3,7 +3,7 @@ import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
 import type { ModelBundleOptions } from './model-bundle.js';
 import { TokenPool } from './token-pool.js';
-import { environmentIds, promptIds, taskChars, type EnvironmentTask, type TokenTask, type TokenTaskResult } from './token-tasks.js';
+import { environmentIds, promptIds, taskChars, unpackIds, type EnvironmentTask, type TokenTask, type TokenTaskResult } from './token-tasks.js';
 import type { ChatMessage, ChatTemplate, Tokenizer, ToolSchema } from './types.js';
 
 /** Options of {@link TokenWork}. */
@@ -110,7 +110,7 @@ export class TokenWork {
     if (!this.#pool || taskChars(this.template, task) <= this.#inlineMaxChars) {
       return task.kind === 'prompt' ? { ids: promptIds(this.tokenizer, this.template, task) } : environmentIds(this.tokenizer, this.template, task);
     }
-    return this.#pool.run(task, signal);
+    return unpackIds(await this.#pool.run(task, signal));
   }
 
   /** A kept prompt, one use of it taken (it goes with its last); `keepFor` more announced. */

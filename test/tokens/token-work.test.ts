@@ -6,7 +6,7 @@ import type { ModelBundle } from '../../src/tokens/model-bundle.js';
 import { escapeMessage } from '../../src/tokens/opaque-content.js';
 import { probeAssistantClosing } from '../../src/tokens/template-delta.js';
 import { TokenPool } from '../../src/tokens/token-pool.js';
-import type { TokenTask, TokenTaskResult } from '../../src/tokens/token-tasks.js';
+import { PACK_IDS_FROM, type TokenTask, type TokenTaskResult } from '../../src/tokens/token-tasks.js';
 import { createTokenPool, TokenWork } from '../../src/tokens/token-work.js';
 import type { ChatMessage } from '../../src/tokens/types.js';
 import { bashTool } from './fixtures.js';
@@ -71,6 +71,22 @@ describe.each<Family>(['qwen3', 'deepseek_v3'])('token work on a %s token thread
       { numRuns: 25 },
     );
     expect(pool.stats().crashes).toBe(0);
+  });
+
+  it(`sends a long prompt's ids packed (over ${PACK_IDS_FROM}) and gives exactly the inline ids, with their JSON`, async () => {
+    const log = Array.from({ length: 1500 }, (_, i) => `2026-11-24T12:${String(i % 60).padStart(2, '0')} worker-${i % 7} <|im_end|> handled ${i * 7919}`).join('\n');
+    const opening: ChatMessage[] = [{ role: 'user', content: log }];
+    const prompt = await threaded.promptIds(opening, [bashTool]);
+    expect(prompt.length).toBeGreaterThan(PACK_IDS_FROM);
+    expect(Array.isArray(prompt)).toBe(true);
+    expect(prompt).toEqual(inline.promptIdsSync(opening, [bashTool]));
+    expect(attachedIdsJson(prompt)?.join('')).toBe(JSON.stringify(prompt));
+    const ledger = await TokenLedger.create({ tokenizer: bundle.tokenizer, template: bundle.template, messages: opening, tools: [bashTool], work: threaded });
+    ledger.appendSampled(familySample(bundle, familyToolCall(bundle, 'ls'), 'stop'));
+    await ledger.appendEnvironment([{ role: 'tool', content: log.slice(0, 20_000) }]);
+    const context = ledger.contextIds();
+    expect(idsJson(context).join('')).toBe(JSON.stringify(context));
+    expect(context.slice(0, prompt.length)).toEqual(prompt);
   });
 });
 
