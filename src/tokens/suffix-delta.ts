@@ -1,6 +1,7 @@
 import { RolloutError } from '../errors.js';
 import { environmentDelta, PROBE_ASSISTANT, probeAssistantClosing, type Delta, type DeltaRequest } from './template-delta.js';
 import { renderWithSkeleton } from './template-skeleton.js';
+import { toolsKey } from './tools-key.js';
 import type { ChatMessage, ChatTemplate, ToolSchema } from './types.js';
 
 /**
@@ -83,7 +84,7 @@ function opening(history: readonly ChatMessage[]): ChatMessage[] {
 export function probeSuffixLocality(template: ChatTemplate, tools: readonly ToolSchema[] | undefined): SuffixLocality {
   let byTools = localityCache.get(template);
   if (!byTools) localityCache.set(template, (byTools = new Map()));
-  const key = tools && tools.length > 0 ? JSON.stringify(tools) : '';
+  const key = toolsKey(tools);
   let found = byTools.get(key);
   if (found === undefined) {
     found = probe(template, tools);

@@ -1,3 +1,4 @@
+import { toolsKey } from './tools-key.js';
 import type { ChatMessage, ChatTemplate, ToolSchema } from './types.js';
 
 /**
@@ -87,16 +88,6 @@ const skeletons = new WeakMap<ChatTemplate, Map<string, Skeleton | null>>();
 function shapeKey(messages: readonly ChatMessage[], options: RenderOptions, slot: ReadonlySet<number>): string {
   return JSON.stringify([options.addGenerationPrompt, messages.map((m, i) => [m.role, m.name ?? null, slot.has(i) ? null : m.content])]);
 }
-
-/** The tools as a key: by content (a token thread receives a copy of the array with every task), memoized per array. */
-function toolsKey(tools: readonly ToolSchema[] | undefined): string {
-  if (tools === undefined || tools.length === 0) return '';
-  let key = toolsKeys.get(tools);
-  if (key === undefined) toolsKeys.set(tools, (key = JSON.stringify(tools)));
-  return key;
-}
-
-const toolsKeys = new WeakMap<readonly ToolSchema[], string>();
 
 /** Slot markers: plane-16 private-use characters (never placeholders, see opaque-content.ts) around the slot's index. */
 const marker = (i: number): string => `\u{10FFF0}slot-${i}-7c1e\u{10FFF0}`;

@@ -4,6 +4,7 @@ import type { Logger } from '../observability/logger.js';
 import type { ModelBundleOptions } from './model-bundle.js';
 import { TokenPool } from './token-pool.js';
 import { environmentIds, promptIds, taskChars, unpackIds, type EnvironmentTask, type TokenTask, type TokenTaskResult } from './token-tasks.js';
+import { toolsKey } from './tools-key.js';
 import type { ChatMessage, ChatTemplate, Tokenizer, ToolSchema } from './types.js';
 
 /** Options of {@link TokenWork}. */
@@ -167,11 +168,3 @@ function promptKey(messages: readonly ChatMessage[], tools: readonly ToolSchema[
   return `${toolsKey(tools)}\u0000${JSON.stringify(messages.map((m) => (m.name === undefined ? [m.role, m.content] : [m.role, m.content, m.name])))}`;
 }
 
-function toolsKey(tools: readonly ToolSchema[] | undefined): string {
-  if (tools === undefined) return '';
-  let key = toolsKeys.get(tools);
-  if (key === undefined) toolsKeys.set(tools, (key = JSON.stringify(tools)));
-  return key;
-}
-
-const toolsKeys = new WeakMap<readonly ToolSchema[], string>();
