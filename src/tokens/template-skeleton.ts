@@ -69,21 +69,24 @@ export function skeletonFor(template: ChatTemplate, messages: readonly ChatMessa
     if (slot.has(i) ? m.role === 'assistant' : m.content.length > MAX_FIXED_CHARS) return undefined;
   }
   if (slots.some((i) => messages[i] === undefined)) return undefined;
-  let shapes = skeletons.get(template);
-  if (!shapes) skeletons.set(template, (shapes = new Map()));
+  let cache = skeletons.get(template);
+  if (!cache) skeletons.set(template, (cache = { shapes: new Map(), bytes: 0 }));
   const key = `${toolsKey(options.tools)}\u0000${shapeKey(messages, options, slot)}`;
-  let found = shapes.get(key);
-  if (found === undefined) {
-    found = probe(template, messages, options, slots) ?? null;
-    // Shapes are few (roles, tool names, tool lists); a flood of distinct ones is simply rendered past the bound.
-    if (shapes.size < MAX_SHAPES) shapes.set(key, found);
-  }
-  return found ?? undefined;
+  const found = cache.shapes.get(key);
+  if (found !== undefined) return found ?? undefined;
+  // Shapes are few (roles, tool names, tool lists). Past the bound a new shape is rendered, not probed: a probe costs
+  // a dozen renders, which only pays when its skeleton is kept.
+  if (cache.bytes >= MAX_CACHE_BYTES) return undefined;
+  const skeleton = probe(template, messages, options, slots);
+  cache.shapes.set(key, skeleton ?? null);
+  cache.bytes += 2 * (key.length + (skeleton?.pieces.reduce((n, p) => n + p.length, 0) ?? 0)) + 64;
+  return skeleton;
 }
 
-const MAX_SHAPES = 512;
+/** Most bytes of shape keys and skeletons kept per template (UTF-16 code units, two bytes each). */
+const MAX_CACHE_BYTES = 16 << 20;
 const MAX_FIXED_CHARS = 64;
-const skeletons = new WeakMap<ChatTemplate, Map<string, Skeleton | null>>();
+const skeletons = new WeakMap<ChatTemplate, { shapes: Map<string, Skeleton | null>; bytes: number }>();
 
 function shapeKey(messages: readonly ChatMessage[], options: RenderOptions, slot: ReadonlySet<number>): string {
   return JSON.stringify([options.addGenerationPrompt, messages.map((m, i) => [m.role, m.name ?? null, slot.has(i) ? null : m.content])]);
