@@ -125,8 +125,9 @@ function probe(template: ChatTemplate, messages: readonly ChatMessage[], options
   const pieces: string[] = [];
   let from = 0;
   for (let k = 0; k < slots.length; k++) {
-    const at = marked.indexOf(marker(k), from);
-    if (at < 0 || marked.indexOf(marker(k), at + 1) >= 0) return undefined;
+    // Exactly once, and after the slot before it: a template that repeats or reorders contents has no skeleton.
+    const at = marked.indexOf(marker(k));
+    if (at < from || marked.indexOf(marker(k), at + 1) >= 0) return undefined;
     pieces.push(marked.slice(from, at));
     from = at + marker(k).length;
   }

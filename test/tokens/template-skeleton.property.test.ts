@@ -95,6 +95,8 @@ describe('the skeleton probe', () => {
     const branching = new JinjaChatTemplate('{% for m in messages %}{% if m.content.startswith("<tool_response>") %}[wrapped]{% endif %}{{ m.content }}{% endfor %}');
     const twice = new JinjaChatTemplate('{% for m in messages %}{{ m.content }}|{{ m.content }}{% endfor %}');
     const counting = new JinjaChatTemplate('{% for m in messages %}{{ m.content | length }}:{{ m.content }}{% endfor %}');
+    const reversed = new JinjaChatTemplate('{% for m in messages | reverse %}[{{ m.role }}]{{ m.content }}{% endfor %}');
+    expect(skeletonFor(reversed, [{ role: 'system', content: 's' }, { role: 'user', content: 'u' }], { addGenerationPrompt: false }, [0, 1])).toBeUndefined();
     const messages: ChatMessage[] = [{ role: 'user', content: 'hello' }];
     const options = { addGenerationPrompt: true };
     expect(skeletonFor(verbatim, messages, options, [0])?.pieces).toEqual(['[user]', '</s>[assistant]']);
