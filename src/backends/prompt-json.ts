@@ -19,6 +19,11 @@ export function attachIdsJson(ids: readonly number[], pieces: readonly string[])
   return ids;
 }
 
+/** The pieces attached to `ids`, if any (joined, they are `JSON.stringify(ids)`). */
+export function attachedIdsJson(ids: readonly number[]): readonly string[] | undefined {
+  return attached.get(ids);
+}
+
 /** `JSON.stringify(ids)` in pieces: the attached ones when there are. */
 export function idsJson(ids: readonly number[]): readonly string[] {
   return attached.get(ids) ?? [JSON.stringify(ids)];

@@ -1,4 +1,5 @@
 import { Trajectory, TrajectoryStatus } from '../../gen/ts/rollout/v1/rollout.js';
+import { encodeTrajectory } from './trajectory-encode.js';
 
 /** Room left in a message beside the trajectory (the response's oneof tag and length, a degraded error text). */
 const ENVELOPE_BYTES = 16 * 1024;
@@ -65,13 +66,14 @@ export function wireSafe(trajectory: Trajectory, maxBytes: number): Trajectory {
     error: `the trajectory ${problem}; only its identity is kept`,
     timing: trajectory.timing,
   });
-  encoded.set(bare, Trajectory.encode(bare).finish());
+  encoded.set(bare, encodeTrajectory(bare));
   return bare;
 }
 
 function tryEncode(trajectory: Trajectory): { bytes?: Uint8Array; error?: string } {
   try {
-    return { bytes: Trajectory.encode(trajectory).finish() };
+    // The generated encoder's bytes, token arrays written in one pass (a 64K-token trajectory blocked the loop for ms).
+    return { bytes: encodeTrajectory(trajectory) };
   } catch (err) {
     return { error: err instanceof Error ? `${err.name}: ${err.message}` : String(err) };
   }

@@ -5,7 +5,7 @@ import type { ChatMessage, ChatTemplate, Tokenizer, ToolSchema } from './types.j
 import { verifyLedgerSnapshot } from './verify.js';
 import { escapeMessage } from './opaque-content.js';
 import { TokenWork } from './token-work.js';
-import { attachIdsJson } from '../backends/prompt-json.js';
+import { attachedIdsJson, attachIdsJson } from '../backends/prompt-json.js';
 
 /** What came of a tool call, as the contract's ToolOutcome. */
 export type ToolOutcome = 'ok' | 'error' | 'malformed' | 'finish';
@@ -214,6 +214,12 @@ export class TokenLedger {
     const context = this.context;
     for (let i = context.length - this.promptIds.length; i < this.ids.length; i++) context.push(this.ids[i]!);
     const { pieces } = this.serialized;
+    const promptJson = this.serialized.count === 0 ? attachedIdsJson(this.promptIds) : undefined;
+    if (promptJson?.length === 1 && this.promptIds.length > 0) {
+      // The prompt's JSON came with its ids from the token thread that tokenized it (a long prompt): not built here.
+      pieces.push(promptJson[0]!.slice(1, -1));
+      this.serialized.count = this.promptIds.length;
+    }
     if (context.length > this.serialized.count) {
       // JSON.stringify of the new ids without the brackets (5x faster than join(',') on V8).
       const fresh = JSON.stringify(this.serialized.count === 0 ? context : context.slice(this.serialized.count));

@@ -1,5 +1,7 @@
 import { RolloutError } from '../errors.js';
 import { environmentDelta, MAX_CACHED_TOOLS_KEY, PROBE_ASSISTANT, probeAssistantClosing, type Delta, type DeltaRequest } from './template-delta.js';
+import { renderWithSkeleton } from './template-skeleton.js';
+import { toolsKey } from './tools-key.js';
 import type { ChatMessage, ChatTemplate, ToolSchema } from './types.js';
 
 /**
@@ -49,7 +51,10 @@ export function suffixDelta(template: ChatTemplate, request: Omit<DeltaRequest, 
   }
   const lead = locality.opening === 'none' ? [] : opening(history);
   const options = locality.tools && tools !== undefined ? { addGenerationPrompt: true, tools } : { addGenerationPrompt: true };
-  const marked = template.render([...lead, { ...last, content: PROBE_ASSISTANT }, ...added], options);
+  // The marked render is the same text for every content of the new messages when the template writes them verbatim:
+  // filled from the shape's skeleton then (template-skeleton.ts), and only the real render below runs the template.
+  const markedMessages = [...lead, { ...last, content: PROBE_ASSISTANT }, ...added];
+  const marked = renderWithSkeleton(template, markedMessages, options, added.map((_, i) => lead.length + 1 + i));
   const at = marked.lastIndexOf(PROBE_ASSISTANT);
   if (at < 0 || marked.indexOf(PROBE_ASSISTANT) !== at) return undefined;
   const tail = marked.slice(at + PROBE_ASSISTANT.length);
@@ -79,7 +84,7 @@ function opening(history: readonly ChatMessage[]): ChatMessage[] {
 export function probeSuffixLocality(template: ChatTemplate, tools: readonly ToolSchema[] | undefined): SuffixLocality {
   let byTools = localityCache.get(template);
   if (!byTools) localityCache.set(template, (byTools = new Map()));
-  const key = tools && tools.length > 0 ? JSON.stringify(tools) : '';
+  const key = toolsKey(tools);
   let found = byTools.get(key);
   if (found === undefined) {
     found = probe(template, tools);

@@ -1,4 +1,5 @@
 import { RolloutError } from '../errors.js';
+import { toolsKey } from './tools-key.js';
 import type { ChatMessage, ChatTemplate, ToolSchema } from './types.js';
 
 /**
@@ -30,7 +31,7 @@ export function probeAssistantClosing(template: ChatTemplate, tools: readonly To
   // Depends only on the template and the tools: cached, since every trajectory asks.
   let byTools = closingCache.get(template);
   if (!byTools) closingCache.set(template, (byTools = new Map()));
-  const key = tools ? JSON.stringify(tools) : '';
+  const key = tools ? `t${toolsKey(tools)}` : '';
   let closing = byTools.get(key);
   if (closing === undefined) {
     closing = renderProbeClosing(template, tools);

@@ -1,5 +1,6 @@
 import { encodeRendered, escapeMessage } from './opaque-content.js';
 import { probeSuffixLocality, suffixDelta } from './suffix-delta.js';
+import { contentSlots, renderWithSkeleton } from './template-skeleton.js';
 import { environmentDelta, type DeltaMethod, type DeltaRequest } from './template-delta.js';
 import type { ChatMessage, ChatTemplate, Tokenizer, ToolSchema } from './types.js';
 
@@ -30,12 +31,48 @@ export interface TokenTaskResult {
   ids: number[];
   /** For environment tasks: how the between-turns text was found. */
   method?: DeltaMethod;
+  /**
+   * `JSON.stringify(ids)`, for prompt tasks run on a token thread: the first engine request of a trajectory sends
+   * the whole prompt as JSON, and at 55K ids serializing it cost the event loop milliseconds (see prompt-json.ts).
+   */
+  idsJson?: string;
+  /**
+   * The ids as sent by a token thread when there are many: an Int32Array whose buffer is transferred, not cloned, and
+   * `ids` left empty. Deserializing a cloned 55K-element array cost the event loop ~1 ms; copying the ids out of a
+   * transferred buffer a quarter of that. {@link unpackIds} restores `ids`.
+   */
+  packedIds?: Int32Array;
+}
+
+/** Ids past which a token thread sends them packed (see TokenTaskResult.packedIds). */
+export const PACK_IDS_FROM = 4096;
+
+/** Packs a large result's ids for the transfer from a token thread; returns what to transfer. */
+export function packIds(result: TokenTaskResult): ArrayBuffer[] {
+  if (result.ids.length < PACK_IDS_FROM) return [];
+  const packed = Int32Array.from(result.ids);
+  result.packedIds = packed;
+  result.ids = [];
+  return [packed.buffer];
+}
+
+/** The result with its ids as an array again (they came packed from a token thread, or were never packed). */
+export function unpackIds(result: TokenTaskResult): TokenTaskResult {
+  const { packedIds, ...rest } = result;
+  if (packedIds === undefined) return result;
+  // A plain loop: V8 builds a packed SMI array, and Array.from over a typed array is several times slower.
+  const ids = new Array<number>(packedIds.length);
+  for (let i = 0; i < packedIds.length; i++) ids[i] = packedIds[i]!;
+  return { ...rest, ids };
 }
 
 /** Renders the escaped prompt with the generation prompt and encodes it (template tokens only from the template). */
 export function promptIds(tokenizer: Tokenizer, template: ChatTemplate, task: Omit<PromptTask, 'kind'>): number[] {
   const escaped = task.messages.map((m) => escapeMessage(tokenizer, m));
-  const text = template.render(escaped, task.tools === undefined ? { addGenerationPrompt: true } : { addGenerationPrompt: true, tools: task.tools });
+  const options = task.tools === undefined ? { addGenerationPrompt: true } : { addGenerationPrompt: true, tools: task.tools };
+  // From the shape's skeleton when the template writes these contents verbatim (template-skeleton.ts): no render.
+  const slots = contentSlots(escaped);
+  const text = slots.length === escaped.length ? renderWithSkeleton(template, escaped, options, slots) : template.render(escaped, options);
   return encodeRendered(tokenizer, text);
 }
 
@@ -44,7 +81,7 @@ export function promptIds(tokenizer: Tokenizer, template: ChatTemplate, task: Om
  * conversation when the template is suffix-local, else from the whole conversation; minus the stop token the
  * model sampled itself; encoded with environment contents opaque.
  */
-export function environmentIds(tokenizer: Tokenizer, template: ChatTemplate, task: Omit<EnvironmentTask, 'kind'>): Required<TokenTaskResult> {
+export function environmentIds(tokenizer: Tokenizer, template: ChatTemplate, task: Omit<EnvironmentTask, 'kind'>): Required<Pick<TokenTaskResult, 'ids' | 'method'>> {
   const locality = probeSuffixLocality(template, task.tools);
   const delta = (locality.local ? suffixDelta(template, task, locality) : undefined) ?? environmentDelta(template, task);
   const stop = task.stopText;

@@ -1,8 +1,10 @@
+import { attachedIdsJson, attachIdsJson } from '../backends/prompt-json.js';
 import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
 import type { ModelBundleOptions } from './model-bundle.js';
 import { TokenPool } from './token-pool.js';
-import { environmentIds, promptIds, taskChars, type EnvironmentTask, type TokenTask, type TokenTaskResult } from './token-tasks.js';
+import { environmentIds, promptIds, taskChars, unpackIds, type EnvironmentTask, type TokenTask, type TokenTaskResult } from './token-tasks.js';
+import { toolsKey } from './tools-key.js';
 import type { ChatMessage, ChatTemplate, Tokenizer, ToolSchema } from './types.js';
 
 /** Options of {@link TokenWork}. */
@@ -74,7 +76,7 @@ export class TokenWork {
     let pending = this.#pending.get(key);
     if (!pending) {
       const task: TokenTask = { kind: 'prompt', messages, tools };
-      pending = this.#run(task, signal).then((r) => this.#remember(key, r.ids, keepFor));
+      pending = this.#run(task, signal).then((r) => this.#remember(key, r.idsJson === undefined ? r.ids : attachIdsJson(r.ids, [r.idsJson]), keepFor));
       this.#pending.set(key, pending);
       const forget = (): void => void this.#pending.delete(key);
       pending.then(forget, forget);
@@ -94,14 +96,14 @@ export class TokenWork {
   }
 
   /** The ids after an assistant turn (token-tasks.ts environmentIds), on a worker when large. */
-  async environmentIds(task: Omit<EnvironmentTask, 'kind'>, signal?: AbortSignal): Promise<Required<TokenTaskResult>> {
+  async environmentIds(task: Omit<EnvironmentTask, 'kind'>, signal?: AbortSignal): Promise<Required<Pick<TokenTaskResult, 'ids' | 'method'>>> {
     const result = await this.#run({ kind: 'environment', ...task }, signal);
     if (result.method === undefined) throw new RolloutError('internal', 'token worker answered an environment task without its method');
     return { ids: result.ids, method: result.method };
   }
 
   /** {@link environmentIds} on the event loop. */
-  environmentIdsSync(task: Omit<EnvironmentTask, 'kind'>): Required<TokenTaskResult> {
+  environmentIdsSync(task: Omit<EnvironmentTask, 'kind'>): Required<Pick<TokenTaskResult, 'ids' | 'method'>> {
     return environmentIds(this.tokenizer, this.template, task);
   }
 
@@ -109,7 +111,7 @@ export class TokenWork {
     if (!this.#pool || taskChars(this.template, task) <= this.#inlineMaxChars) {
       return task.kind === 'prompt' ? { ids: promptIds(this.tokenizer, this.template, task) } : environmentIds(this.tokenizer, this.template, task);
     }
-    return this.#pool.run(task, signal);
+    return unpackIds(await this.#pool.run(task, signal));
   }
 
   /** A kept prompt, one use of it taken (it goes with its last); `keepFor` more announced. */
@@ -129,7 +131,8 @@ export class TokenWork {
       old.uses += keepFor;
       return old.ids;
     }
-    const bytes = 2 * key.length + 8 * ids.length + 64;
+    // The key, the ids and, for a prompt from a token thread, its JSON (attached to the ids, see TokenTaskResult.idsJson).
+    const bytes = 2 * key.length + 8 * ids.length + (attachedIdsJson(ids)?.[0]?.length ?? 0) + 64;
     // Nobody announced: nothing to keep. One huge prompt must not evict everything else either.
     if (keepFor <= 0 || bytes > this.#cacheBytes / 4) return ids;
     this.#prompts.set(key, { ids, bytes, uses: keepFor });
@@ -165,11 +168,3 @@ function promptKey(messages: readonly ChatMessage[], tools: readonly ToolSchema[
   return `${toolsKey(tools)}\u0000${JSON.stringify(messages.map((m) => (m.name === undefined ? [m.role, m.content] : [m.role, m.content, m.name])))}`;
 }
 
-function toolsKey(tools: readonly ToolSchema[] | undefined): string {
-  if (tools === undefined) return '';
-  let key = toolsKeys.get(tools);
-  if (key === undefined) toolsKeys.set(tools, (key = JSON.stringify(tools)));
-  return key;
-}
-
-const toolsKeys = new WeakMap<readonly ToolSchema[], string>();

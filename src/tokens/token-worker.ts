@@ -3,7 +3,7 @@ import { parentPort, workerData } from 'node:worker_threads';
 import { RolloutError } from '../errors.js';
 import { loadModelBundle, type ModelBundleOptions } from './model-bundle.js';
 import type { WorkerReply, WorkerRequest } from './token-pool.js';
-import { runTokenTask, type TokenTask, type TokenTaskResult } from './token-tasks.js';
+import { packIds, runTokenTask, type TokenTask, type TokenTaskResult } from './token-tasks.js';
 
 /**
  * A token worker thread (started by TokenPool through token-worker-entry.mjs): loads the same model folder as the
@@ -31,13 +31,19 @@ try {
   const { tokenizer, template } = await loadModelBundle(workerData as ModelBundleOptions);
   port.on('message', ({ id, task }: WorkerRequest<TokenTask>) => {
     let reply: Reply;
+    let transfer: ArrayBuffer[] = [];
     try {
-      reply = { type: 'result', id, result: runTokenTask(tokenizer, template, task) };
+      const result = runTokenTask(tokenizer, template, task);
+      // A prompt's JSON is built here, off the event loop, for its first engine request (see TokenTaskResult.idsJson).
+      if (task.kind === 'prompt') result.idsJson = JSON.stringify(result.ids);
+      // Many ids go as a transferred Int32Array (see TokenTaskResult.packedIds).
+      transfer = packIds(result);
+      reply = { type: 'result', id, result };
     } catch (err) {
       const e = RolloutError.from(err);
       reply = { type: 'error', id, code: e.code, message: e.message, ...(e.field !== undefined && { field: e.field }) };
     }
-    port.postMessage(reply);
+    port.postMessage(reply, transfer);
   });
   port.postMessage({ type: 'ready' } satisfies Reply);
 } catch (err) {

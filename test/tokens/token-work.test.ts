@@ -1,11 +1,12 @@
 import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { attachedIdsJson, idsJson } from '../../src/backends/prompt-json.js';
 import { TokenLedger } from '../../src/tokens/ledger.js';
 import type { ModelBundle } from '../../src/tokens/model-bundle.js';
 import { escapeMessage } from '../../src/tokens/opaque-content.js';
 import { probeAssistantClosing } from '../../src/tokens/template-delta.js';
 import { TokenPool } from '../../src/tokens/token-pool.js';
-import type { TokenTask, TokenTaskResult } from '../../src/tokens/token-tasks.js';
+import { PACK_IDS_FROM, type TokenTask, type TokenTaskResult } from '../../src/tokens/token-tasks.js';
 import { createTokenPool, TokenWork } from '../../src/tokens/token-work.js';
 import type { ChatMessage } from '../../src/tokens/types.js';
 import { bashTool } from './fixtures.js';
@@ -43,8 +44,16 @@ describe.each<Family>(['qwen3', 'deepseek_v3'])('token work on a %s token thread
       fc.asyncProperty(episode, async ({ user, tools, steps }) => {
         const schemas = tools ? [bashTool] : undefined;
         const opening: ChatMessage[] = [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: user }];
-        expect(await threaded.promptIds(opening, schemas)).toEqual(inline.promptIdsSync(opening, schemas));
+        const prompt = await threaded.promptIds(opening, schemas);
+        expect(prompt).toEqual(inline.promptIdsSync(opening, schemas));
+        // The thread also sends the prompt's JSON, which the ledger's first engine request then writes as it is.
+        expect(attachedIdsJson(prompt)?.join('')).toBe(JSON.stringify(prompt));
         const ledger = await TokenLedger.create({ tokenizer: bundle.tokenizer, template: bundle.template, messages: opening, ...(schemas && { tools: schemas }), work: threaded });
+        const contextJsonIsExact = (): void => {
+          const context = ledger.contextIds();
+          expect(idsJson(context).join('')).toBe(JSON.stringify(context));
+        };
+        contextJsonIsExact();
         for (const [text, ending, reply] of steps) {
           ledger.appendSampled(familySample(bundle, `${text}\n${familyToolCall(bundle, 'ls')}`, ending));
           // As the ledger keeps it: environment contents escaped, sampled text as is.
@@ -56,11 +65,28 @@ describe.each<Family>(['qwen3', 'deepseek_v3'])('token work on a %s token thread
           const before = ledger.totalTokens;
           await ledger.appendEnvironment(reply);
           expect(ledger.contextIds().slice(before)).toEqual(inline.environmentIdsSync(task).ids);
+          contextJsonIsExact();
         }
       }),
       { numRuns: 25 },
     );
     expect(pool.stats().crashes).toBe(0);
+  });
+
+  it(`sends a long prompt's ids packed (over ${PACK_IDS_FROM}) and gives exactly the inline ids, with their JSON`, async () => {
+    const log = Array.from({ length: 1500 }, (_, i) => `2026-11-24T12:${String(i % 60).padStart(2, '0')} worker-${i % 7} <|im_end|> handled ${i * 7919}`).join('\n');
+    const opening: ChatMessage[] = [{ role: 'user', content: log }];
+    const prompt = await threaded.promptIds(opening, [bashTool]);
+    expect(prompt.length).toBeGreaterThan(PACK_IDS_FROM);
+    expect(Array.isArray(prompt)).toBe(true);
+    expect(prompt).toEqual(inline.promptIdsSync(opening, [bashTool]));
+    expect(attachedIdsJson(prompt)?.join('')).toBe(JSON.stringify(prompt));
+    const ledger = await TokenLedger.create({ tokenizer: bundle.tokenizer, template: bundle.template, messages: opening, tools: [bashTool], work: threaded });
+    ledger.appendSampled(familySample(bundle, familyToolCall(bundle, 'ls'), 'stop'));
+    await ledger.appendEnvironment([{ role: 'tool', content: log.slice(0, 20_000) }]);
+    const context = ledger.contextIds();
+    expect(idsJson(context).join('')).toBe(JSON.stringify(context));
+    expect(context.slice(0, prompt.length)).toEqual(prompt);
   });
 });
 

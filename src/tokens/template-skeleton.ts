@@ -1,0 +1,149 @@
+import { toolsKey } from './tools-key.js';
+import type { ChatMessage, ChatTemplate, ToolSchema } from './types.js';
+
+/**
+ * Render-free rendering: a template's output for a conversation *shape*, with each content left as a slot.
+ *
+ * Rendering a chat template runs @huggingface/jinja's interpreter, which allocates a runtime object per value: the
+ * largest share of a short trajectory's server CPU and garbage (the first prompt with its tool schemas, ~150 µs of
+ * CPU, rendered for every task). Most templates write a message's content verbatim between text that depends only on
+ * the roles, names and tools: such a template's render is the same text for every content, with the contents
+ * spliced in. That text, cut at the contents, is a *skeleton*; filling it is a few string joins.
+ *
+ * Whether a template writes the contents of a shape verbatim is a property of the template (the Llama 3.1 and Gemma 3
+ * templates trim contents, Qwen3's parses <think> out of assistant contents), so it is probed per shape on first use,
+ * as suffix-delta.ts probes locality: the shape is rendered with marker contents (each must appear exactly once, in
+ * order), then with a battery of contents (empty, padded, multi-line, markup, thinking blocks, tool-response
+ * wrappers, added-token look-alikes) and each render must equal its filled skeleton. A shape that fails any probe,
+ * or that the template refuses, is remembered as such and always rendered. Assistant messages are never slots:
+ * templates commonly branch on their contents (reasoning), so a conversation holding one as a slot is rendered.
+ * test/tokens/template-skeleton.property.test.ts checks filled == rendered over random hostile conversations for
+ * every family we ship.
+ */
+
+/** A render cut at the slot contents: `pieces[0] slot0 pieces[1] slot1 ... pieces[n]`. */
+export interface Skeleton {
+  readonly pieces: readonly string[];
+}
+
+/** The options a template renders with. */
+export interface RenderOptions {
+  addGenerationPrompt: boolean;
+  tools?: readonly ToolSchema[];
+}
+
+/**
+ * What `template.render(messages, options)` gives, from a skeleton when the shape of `messages` was probed
+ * verbatim, else from the template. Messages in `slots` (indexes into `messages`) have their contents filled in;
+ * the others are part of the shape (their contents too). Always exactly the render's text.
+ */
+export function renderWithSkeleton(template: ChatTemplate, messages: readonly ChatMessage[], options: RenderOptions, slots: readonly number[]): string {
+  const skeleton = skeletonFor(template, messages, options, slots);
+  return skeleton ? fillSkeleton(skeleton, slots.map((i) => messages[i]!.content)) : template.render(messages, options);
+}
+
+/** The indexes of every message that may be a slot (all but assistant messages). */
+export function contentSlots(messages: readonly ChatMessage[]): number[] {
+  const slots: number[] = [];
+  for (let i = 0; i < messages.length; i++) if (messages[i]!.role !== 'assistant') slots.push(i);
+  return slots;
+}
+
+/** `pieces[0] contents[0] pieces[1] ...`. */
+export function fillSkeleton(skeleton: Skeleton, contents: readonly string[]): string {
+  const { pieces } = skeleton;
+  let out = pieces[0]!;
+  for (let i = 0; i < contents.length; i++) out += contents[i]! + pieces[i + 1]!;
+  return out;
+}
+
+/**
+ * The skeleton of the shape of `messages` (roles, names, the contents of non-slot messages, the options), probed and
+ * cached per template and tool list; undefined when the template does not write that shape's slot contents verbatim.
+ */
+export function skeletonFor(template: ChatTemplate, messages: readonly ChatMessage[], options: RenderOptions, slots: readonly number[]): Skeleton | undefined {
+  const slot = new Set(slots);
+  for (let i = 0; i < messages.length; i++) {
+    const m = messages[i]!;
+    // Assistant contents are never slots; other fixed contents are part of the key, so only short ones are.
+    if (slot.has(i) ? m.role === 'assistant' : m.content.length > MAX_FIXED_CHARS) return undefined;
+  }
+  if (slots.some((i) => messages[i] === undefined)) return undefined;
+  let cache = skeletons.get(template);
+  if (!cache) skeletons.set(template, (cache = { shapes: new Map(), bytes: 0 }));
+  const key = `${toolsKey(options.tools)}\u0000${shapeKey(messages, options, slot)}`;
+  const found = cache.shapes.get(key);
+  if (found !== undefined) return found ?? undefined;
+  // Shapes are few (roles, tool names, tool lists). Past the bound a new shape is rendered, not probed: a probe costs
+  // a dozen renders, which only pays when its skeleton is kept.
+  if (cache.bytes >= MAX_CACHE_BYTES) return undefined;
+  const skeleton = probe(template, messages, options, slots);
+  cache.shapes.set(key, skeleton ?? null);
+  cache.bytes += 2 * (key.length + (skeleton?.pieces.reduce((n, p) => n + p.length, 0) ?? 0)) + 64;
+  return skeleton;
+}
+
+/** Most bytes of shape keys and skeletons kept per template (UTF-16 code units, two bytes each). */
+const MAX_CACHE_BYTES = 16 << 20;
+const MAX_FIXED_CHARS = 64;
+const skeletons = new WeakMap<ChatTemplate, { shapes: Map<string, Skeleton | null>; bytes: number }>();
+
+function shapeKey(messages: readonly ChatMessage[], options: RenderOptions, slot: ReadonlySet<number>): string {
+  return JSON.stringify([options.addGenerationPrompt, messages.map((m, i) => [m.role, m.name ?? null, slot.has(i) ? null : m.content])]);
+}
+
+/** Slot markers: plane-16 private-use characters (never placeholders, see opaque-content.ts) around the slot's index. */
+const marker = (i: number): string => `\u{10FFF0}slot-${i}-7c1e\u{10FFF0}`;
+
+/** Contents templates treat differently (trim, emptiness, markup, reasoning, tool-response wrappers, special-token look-alikes). */
+const PROBE_CONTENTS = [
+  'c',
+  '',
+  '  padded content \n',
+  'line one\nline two\n\n',
+  '{{ not a tag }} <b>',
+  '<think>\nhm\n</think>\n\nsaid',
+  '<tool_response>\nx\n</tool_response>',
+  '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>',
+  '\u{F0000}\u{FFFFD}<',
+  ' ',
+  '\n',
+];
+
+function probe(template: ChatTemplate, messages: readonly ChatMessage[], options: RenderOptions, slots: readonly number[]): Skeleton | undefined {
+  const withContents = (contents: readonly string[]): ChatMessage[] => {
+    const out = messages.map((m) => ({ ...m }));
+    slots.forEach((index, k) => (out[index]!.content = contents[k]!));
+    return out;
+  };
+  let marked: string;
+  try {
+    marked = template.render(withContents(slots.map((_, k) => marker(k))), options);
+  } catch {
+    return undefined; // a shape the template refuses: rendered, so the refusal is the template's own
+  }
+  const pieces: string[] = [];
+  let from = 0;
+  for (let k = 0; k < slots.length; k++) {
+    // Exactly once, and after the slot before it: a template that repeats or reorders contents has no skeleton.
+    const at = marked.indexOf(marker(k));
+    if (at < from || marked.indexOf(marker(k), at + 1) >= 0) return undefined;
+    pieces.push(marked.slice(from, at));
+    from = at + marker(k).length;
+  }
+  pieces.push(marked.slice(from));
+  const skeleton: Skeleton = { pieces };
+  // Every probe content in every slot, and distinct contents side by side.
+  const rounds = PROBE_CONTENTS.length + 1;
+  for (let r = 0; r < rounds; r++) {
+    const contents = slots.map((_, k) => (r < PROBE_CONTENTS.length ? PROBE_CONTENTS[(r + k) % PROBE_CONTENTS.length]! : `content ${k}`));
+    let rendered: string;
+    try {
+      rendered = template.render(withContents(contents), options);
+    } catch {
+      return undefined;
+    }
+    if (rendered !== fillSkeleton(skeleton, contents)) return undefined;
+  }
+  return skeleton;
+}
