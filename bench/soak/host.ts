@@ -13,6 +13,8 @@ export interface ProcessSample {
   threads: number;
   /** Open file descriptors (sockets, pipes, files): a leak of connections or pipes shows here first. */
   fds: number;
+  /** CPU time the process has used (user + system), seconds. */
+  cpuSeconds: number;
 }
 
 export function sampleProcess(pid: number): ProcessSample | undefined {
@@ -29,7 +31,10 @@ export function sampleProcess(pid: number): ProcessSample | undefined {
   } catch {
     // Gone meanwhile.
   }
-  return { rss: field('VmRSS') * 1024, hwm: field('VmHWM') * 1024, threads: field('Threads'), fds };
+  // utime and stime are fields 14 and 15 of /proc/PID/stat, in clock ticks (USER_HZ = 100 on Linux).
+  const fields = stat(pid);
+  const cpuSeconds = fields ? (Number(fields[11]) + Number(fields[12])) / 100 : 0;
+  return { rss: field('VmRSS') * 1024, hwm: field('VmHWM') * 1024, threads: field('Threads'), fds, cpuSeconds };
 }
 
 function pids(): number[] {

@@ -73,6 +73,8 @@ export interface LoadCounts {
   /** Re-sent tasks the server answered with duplicate = true (it had them). */
   resubmitDuplicates: number;
   rejectReasons: Record<string, number>;
+  /** Means of the server's Trajectory.timing over received trajectories, ms. */
+  meanTimingMs: Record<'queue' | 'init' | 'llm' | 'tool' | 'eval' | 'total', number>;
   /** Task ids lost or missing (first few), to look up. */
   examples: string[];
   errorsOfFailedTrajectories: string[];
@@ -119,6 +121,8 @@ export class SoakLoad {
     byEnvironment: {} as Record<string, number>,
     rejectReasons: {} as Record<string, number>,
     errors: [] as string[],
+    /** Sums of the server's own Trajectory.timing over received trajectories, ms. */
+    timing: { queue: 0, init: 0, llm: 0, tool: 0, eval: 0, total: 0 },
   };
 
   constructor(
@@ -200,6 +204,7 @@ export class SoakLoad {
       resubmitted: c.resubmitted,
       resubmitDuplicates: c.resubmitDuplicates,
       rejectReasons: c.rejectReasons,
+      meanTimingMs: Object.fromEntries(Object.entries(c.timing).map(([k, v]) => [k, c.received > 0 ? v / c.received : NaN])) as LoadCounts['meanTimingMs'],
       examples,
       errorsOfFailedTrajectories: c.errors,
     };
@@ -274,6 +279,15 @@ export class SoakLoad {
     c.statuses[s] = (c.statuses[s] ?? 0) + 1;
     c.byEnvironment[t.environment] = (c.byEnvironment[t.environment] ?? 0) + 1;
     if (s !== 'COMPLETED' && c.errors.length < 5) c.errors.push(`${t.taskId}: ${s} ${t.error}`);
+    if (t.timing) {
+      const sum = c.timing;
+      sum.queue += t.timing.queueMs;
+      sum.init += t.timing.initMs;
+      sum.llm += t.timing.llmMs;
+      sum.tool += t.timing.toolMs;
+      sum.eval += t.timing.evalMs;
+      sum.total += t.timing.totalMs;
+    }
     if (t.responseMask.length !== t.responseTokenIds.length || t.responseLogprobs.length !== t.responseTokenIds.length) c.malformed++;
     if (this.killedAt !== undefined && record.submittedAt < this.killedAt) record.spansKill = true;
     if (!record.spansKill) this.latenciesMs.push(now - record.submittedAt);

@@ -2,9 +2,7 @@ import { BubblewrapDriver } from '../../src/sandboxes/bwrap.js';
 import type { Sandbox, SandboxDriver, SandboxSpec } from '../../src/sandboxes/types.js';
 import type { Logger } from '../../src/observability/logger.js';
 import { NullSandboxDriver } from '../../src/testing/null-sandbox.js';
-
-/** Sandbox env variable by which the soak's environments ask for a null sandbox (read by {@link SoakSandboxDriver}). */
-export const NULL_SANDBOX_ENV = 'ROLLOUT_SOAK_SANDBOX';
+import { NULL_SANDBOX_ENV } from './names.js';
 
 /**
  * TEST DOUBLE seam for bench/soak.ts: bubblewrap for every sandbox except those whose spec carries

@@ -20,12 +20,8 @@ import { createMathEnvironment } from '../../src/environments/math/math-environm
 import type { Environment } from '../../src/environments/types.js';
 import { createLogger } from '../../src/observability/logger.js';
 import { createCalcEnvironment } from '../../src/testing/calc-environment.js';
-import { NULL_SANDBOX_ENV, SoakSandboxDriver } from './sandboxes.js';
-
-/** The calc double under the soak's own name, in a null sandbox. */
-export const SOAK_CALC_ENVIRONMENT = 'soak-calc';
-/** Sandbox env variable carrying the run's tag in every bubblewrap sandbox of the soak. */
-export const RUN_TAG_ENV = 'ROLLOUT_SOAK_RUN';
+import { NULL_SANDBOX_ENV, RUN_TAG_ENV, SOAK_CALC_ENVIRONMENT } from './names.js';
+import { SoakSandboxDriver } from './sandboxes.js';
 
 function withSandboxEnv<I>(environment: Environment<I>, name: string, env: Record<string, string>): Environment<I> {
   return { ...environment, name, sandbox: (instance) => ({ ...environment.sandbox?.(instance), env: { ...environment.sandbox?.(instance).env, ...env } }) };
