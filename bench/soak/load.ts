@@ -27,6 +27,8 @@ interface TaskRecord {
   acceptedBeforeKill: boolean;
   /** Submitted before the kill, finished after it: excluded from latency percentiles. */
   spansKill: boolean;
+  /** When the `accepted` answer arrived (undefined until then). */
+  acceptedAt: number | undefined;
   /** When the client took (and so acked) each sample's trajectory, by sample index. */
   ackedAt: Map<number, number>;
 }
@@ -96,7 +98,10 @@ export interface ReconnectNote {
  * tasks it was never told were accepted or rejected, and accounts for every task exactly once.
  */
 export class SoakLoad {
+  /** Submit → trajectory, per trajectory of a task that did not span the kill. */
   readonly latenciesMs: number[] = [];
+  /** Submit → `accepted` (the server read, validated and admitted the task), per task not spanning the kill. */
+  readonly acceptMs: number[] = [];
   readonly reconnects: ReconnectNote[] = [];
   private readonly tasks = new Map<string, TaskRecord>();
   private readonly workers: SessionWorker[];
@@ -235,7 +240,7 @@ export class SoakLoad {
     const taskId = `${this.o.prefix}-${i}`;
     const environment = i % this.o.sandboxEvery === this.o.sandboxEvery - 1 ? 'math' : this.o.calcEnvironment;
     const input = benchTask(taskId, environment, this.o.groupSize, 1_000_000 + i);
-    this.tasks.set(taskId, { session, n: this.o.groupSize, state: 'sent', submittedAt: performance.now(), received: new Set(), acceptedBeforeKill: false, spansKill: false, ackedAt: new Map() });
+    this.tasks.set(taskId, { session, n: this.o.groupSize, state: 'sent', submittedAt: performance.now(), received: new Set(), acceptedBeforeKill: false, spansKill: false, ackedAt: new Map(), acceptedAt: undefined });
     return { taskId, input, n: this.o.groupSize };
   }
 
@@ -423,6 +428,10 @@ class SessionWorker {
         if (again && accepted.duplicate) this.load.counts.resubmitDuplicates++;
         const record = this.load.record(taskId);
         if (record?.state === 'sent') record.state = 'accepted';
+        if (record && record.acceptedAt === undefined) {
+          record.acceptedAt = performance.now();
+          if (!again) this.load.acceptMs.push(record.acceptedAt - record.submittedAt);
+        }
         this.maybeClose();
       },
       (err: unknown) => {

@@ -78,6 +78,8 @@ export interface SoakResult {
   leftovers: LeftoverReport;
   samples: MemorySample[];
   latencyMs: { p50: number; p90: number; p99: number; count: number };
+  /** Submit → accepted: how long a task waited for the server to read and admit it. */
+  acceptMs: { p50: number; p90: number; p99: number; count: number };
   tasksPerSecond: number;
   trajectoriesPerSecond: number;
   /** Linear fit of the server's RSS over each steady phase, MiB per minute. */
@@ -198,8 +200,11 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
     await engine.stop('shutdown');
     const leftovers: LeftoverReport = { ...leftoversOf(serverPids, runTag), children: await settledChildren(before) };
     const counts = load.tally();
-    const latencies = [...load.latenciesMs].sort((a, b) => a - b);
-    const pct = (p: number): number => latencies[Math.min(latencies.length - 1, Math.floor((p / 100) * latencies.length))] ?? NaN;
+    const percentiles = (values: readonly number[]): SoakResult['latencyMs'] => {
+      const sorted = [...values].sort((a, b) => a - b);
+      const pct = (p: number): number => sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))] ?? NaN;
+      return { p50: pct(50), p90: pct(90), p99: pct(99), count: sorted.length };
+    };
     const rssValues = samples.map((s) => s.rss);
     const wall = loadSeconds;
     const slope = (from: number, to: number, which: MemorySample['phase']): number | undefined => {
@@ -220,7 +225,8 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
       finalStop,
       leftovers,
       samples,
-      latencyMs: { p50: pct(50), p90: pct(90), p99: pct(99), count: latencies.length },
+      latencyMs: percentiles(load.latenciesMs),
+      acceptMs: percentiles(load.acceptMs),
       tasksPerSecond: counts.byState.finished / wall,
       trajectoriesPerSecond: counts.trajectoriesReceived / wall,
       rssSlopeMiBPerMin: {
