@@ -102,6 +102,11 @@ export class SoakLoad {
   readonly latenciesMs: number[] = [];
   /** Submit → `accepted` (the server read, validated and admitted the task), per task not spanning the kill. */
   readonly acceptMs: number[] = [];
+  /**
+   * Accepted → received minus the server's own Trajectory.timing.totalMs (admission → handed to the stream): the
+   * time a finished trajectory took to reach the client (stream outbox, transport, the client's loop).
+   */
+  readonly deliveryMs: number[] = [];
   readonly reconnects: ReconnectNote[] = [];
   private readonly tasks = new Map<string, TaskRecord>();
   private readonly workers: SessionWorker[];
@@ -295,7 +300,10 @@ export class SoakLoad {
     }
     if (t.responseMask.length !== t.responseTokenIds.length || t.responseLogprobs.length !== t.responseTokenIds.length) c.malformed++;
     if (this.killedAt !== undefined && record.submittedAt < this.killedAt) record.spansKill = true;
-    if (!record.spansKill) this.latenciesMs.push(now - record.submittedAt);
+    if (!record.spansKill) {
+      this.latenciesMs.push(now - record.submittedAt);
+      if (record.acceptedAt !== undefined && t.timing) this.deliveryMs.push(now - record.acceptedAt - t.timing.totalMs);
+    }
     if (record.received.size < record.n) return 0;
     record.state = 'finished';
     return record.n;

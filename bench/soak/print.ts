@@ -30,6 +30,7 @@ export function renderSoak(r: SoakResult): { text: string } {
   lines.push(`load phase ${f0(r.loadSeconds)} s: ${f1(r.tasksPerSecond)} tasks/s, ${f1(r.trajectoriesPerSecond)} trajectories/s`);
   lines.push(`latency submit → trajectory (tasks not spanning the kill, n=${r.latencyMs.count}): p50 ${f0(r.latencyMs.p50)} ms, p90 ${f0(r.latencyMs.p90)} ms, p99 ${f0(r.latencyMs.p99)} ms`);
   lines.push(`of which submit → accepted (the server reading, validating, admitting; n=${r.acceptMs.count}): p50 ${f0(r.acceptMs.p50)} ms, p90 ${f0(r.acceptMs.p90)} ms, p99 ${f0(r.acceptMs.p99)} ms`);
+  lines.push(`of which server finished → client received (accepted → received − the server's timing.totalMs): p50 ${f0(r.deliveryMs.p50)} ms, p90 ${f0(r.deliveryMs.p90)} ms, p99 ${f0(r.deliveryMs.p99)} ms`);
   lines.push(`server RSS: min ${f0(r.rss.minMiB)} MiB, max ${f0(r.rss.maxMiB)} MiB; slope over the steady phase before the kill ${f2(r.rssSlopeMiBPerMin.before)} MiB/min, after the restart ${f2(r.rssSlopeMiBPerMin.after)} MiB/min`);
   lines.push(`server CPU before the kill: ${f2(r.cpu.serverMsPerTrajectory)} ms per trajectory, ${f2(r.cpu.serverCores)} cores; the rest of the machine (client, engine, other work): ${f2(r.cpu.otherCores)} cores`);
   const m = c.meanTimingMs;

@@ -80,6 +80,8 @@ export interface SoakResult {
   latencyMs: { p50: number; p90: number; p99: number; count: number };
   /** Submit → accepted: how long a task waited for the server to read and admit it. */
   acceptMs: { p50: number; p90: number; p99: number; count: number };
+  /** Finished on the server → received by the client (see SoakLoad.deliveryMs). */
+  deliveryMs: { p50: number; p90: number; p99: number; count: number };
   tasksPerSecond: number;
   trajectoriesPerSecond: number;
   /** Linear fit of the server's RSS over each steady phase, MiB per minute. */
@@ -227,6 +229,7 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
       samples,
       latencyMs: percentiles(load.latenciesMs),
       acceptMs: percentiles(load.acceptMs),
+      deliveryMs: percentiles(load.deliveryMs),
       tasksPerSecond: counts.byState.finished / wall,
       trajectoriesPerSecond: counts.trajectoriesReceived / wall,
       rssSlopeMiBPerMin: {
