@@ -29,12 +29,21 @@ interface TaskRecord {
   spansKill: boolean;
   /** When the `accepted` answer arrived (undefined until then). */
   acceptedAt: number | undefined;
-  /** When the client took (and so acked) each sample's trajectory, by sample index. */
-  ackedAt: Map<number, number>;
+  /** Where the client's ack of each sample was written (by sample index): stream number and position on it. */
+  acks: Map<number, WrittenAt>;
+  /** Where the task was last written (to tell, from its answer, how far the server had read that stream). */
+  submitted: WrittenAt | undefined;
 }
 
-/** An ack written this shortly before the kill may have died with the server (not counted as a server bug). */
-export const ACK_IN_FLIGHT_MS = 2_000;
+/**
+ * A request's place on the client's side of a stream: the stream (numbered across reconnects) and its position
+ * among the requests written on it. The server reads a stream's requests in order, so once it has answered a task
+ * written at position p, it has read everything written before p on that stream — acks included.
+ */
+interface WrittenAt {
+  stream: number;
+  seq: number;
+}
 
 export interface LoadOptions {
   sessions: number;
@@ -55,15 +64,18 @@ export interface LoadCounts {
   trajectoriesReceived: number;
   statuses: Record<string, number>;
   byEnvironment: Record<string, number>;
-  /** A trajectory received again although the client's ack of it reached a live server (a bug if non-zero). */
+  /**
+   * A trajectory received again although the server had provably read the client's ack of it: the ack was written
+   * on a live stream before a task the server then answered (it reads a stream in order). A bug if non-zero.
+   */
   duplicatesAfterAck: number;
   /**
-   * A trajectory received again whose ack was written in the last {@link ACK_IN_FLIGHT_MS} before the kill: the
-   * ack may have died in the socket with the server, so the server rightly thinks it unacked. Reported apart.
+   * A trajectory received again whose ack was written on the killed stream but not provably read by the server
+   * before the kill (queued behind requests it had not read yet, or in the socket): allowed, the server never saw it.
    */
-  duplicatesAckNearKill: number;
-  /** A trajectory received again whose ack was written after the kill, i.e. never reached a server (allowed: resume). */
-  redeliveredUnacked: number;
+  redeliveredAckUnread: number;
+  /** A trajectory received again whose ack was written on a live stream, not provably read yet (no kill in between). */
+  redeliveredAckInFlight: number;
   /** Tasks accepted and unfinished when the server was killed (what the journal must run again or report). */
   acceptedInFlightAtKill: number;
   /** Trajectories of task ids this client never submitted. */
@@ -115,14 +127,18 @@ export class SoakLoad {
   private submitting = true;
   private killedAt: number | undefined;
   private acceptedAtKill = 0;
+  /** For each stream open at the kill: the furthest position the server had provably read. */
+  private readonAtKill = new Map<number, number>();
+  /** Numbers streams across sessions and reconnects. */
+  private streams = 0;
   /** Bumped by every reconnect; a session that broke on generation g waits for g + 1. */
   private generation = 0;
   private wake: { promise: Promise<void>; resolve: () => void } = deferred();
   readonly counts = {
     received: 0,
     duplicatesAfterAck: 0,
-    duplicatesAckNearKill: 0,
-    redeliveredUnacked: 0,
+    redeliveredAckUnread: 0,
+    redeliveredAckInFlight: 0,
     unknown: 0,
     malformed: 0,
     resubmitted: 0,
@@ -161,6 +177,7 @@ export class SoakLoad {
   /** The server was killed: every stream is about to fail; sessions wait for {@link reconnect}. */
   serverKilled(): void {
     this.killedAt = performance.now();
+    for (const w of this.workers) if (w.stream !== undefined) this.readonAtKill.set(w.stream, w.readUpTo);
     for (const record of this.tasks.values()) {
       if (record.state !== 'accepted') continue;
       record.acceptedBeforeKill = true;
@@ -206,9 +223,9 @@ export class SoakLoad {
       statuses: c.statuses,
       byEnvironment: c.byEnvironment,
       duplicatesAfterAck: c.duplicatesAfterAck,
-      duplicatesAckNearKill: c.duplicatesAckNearKill,
+      redeliveredAckUnread: c.redeliveredAckUnread,
+      redeliveredAckInFlight: c.redeliveredAckInFlight,
       acceptedInFlightAtKill: this.acceptedAtKill,
-      redeliveredUnacked: c.redeliveredUnacked,
       unknownTrajectories: c.unknown,
       malformedTrajectories: c.malformed,
       resubmitted: c.resubmitted,
@@ -245,7 +262,7 @@ export class SoakLoad {
     const taskId = `${this.o.prefix}-${i}`;
     const environment = i % this.o.sandboxEvery === this.o.sandboxEvery - 1 ? 'math' : this.o.calcEnvironment;
     const input = benchTask(taskId, environment, this.o.groupSize, 1_000_000 + i);
-    this.tasks.set(taskId, { session, n: this.o.groupSize, state: 'sent', submittedAt: performance.now(), received: new Set(), acceptedBeforeKill: false, spansKill: false, ackedAt: new Map(), acceptedAt: undefined });
+    this.tasks.set(taskId, { session, n: this.o.groupSize, state: 'sent', submittedAt: performance.now(), received: new Set(), acceptedBeforeKill: false, spansKill: false, acks: new Map(), acceptedAt: undefined, submitted: undefined });
     return { taskId, input, n: this.o.groupSize };
   }
 
@@ -261,11 +278,15 @@ export class SoakLoad {
     return this.tasks.get(taskId);
   }
 
+  newStream(): number {
+    return ++this.streams;
+  }
+
   /**
-   * One trajectory taken off a stream (and so acked: the client's autoAck writes the ack as the loop moves on).
+   * One trajectory taken off a stream; `ack` is where its ack is written (the caller writes it right after).
    * Returns the task's sample count when this trajectory completed it, else 0.
    */
-  onTrajectory(t: Trajectory): number {
+  onTrajectory(t: Trajectory, ack: WrittenAt): number {
     const record = this.tasks.get(t.taskId);
     const c = this.counts;
     if (!record) {
@@ -273,16 +294,18 @@ export class SoakLoad {
       return 0;
     }
     const now = performance.now();
-    const ackedAt = record.ackedAt.get(t.sampleIndex);
-    if (ackedAt !== undefined) {
-      const killedAt = this.killedAt;
-      if (killedAt !== undefined && ackedAt >= killedAt) c.redeliveredUnacked++;
-      else if (killedAt !== undefined && ackedAt >= killedAt - ACK_IN_FLIGHT_MS) c.duplicatesAckNearKill++;
+    const earlier = record.acks.get(t.sampleIndex);
+    record.acks.set(t.sampleIndex, ack);
+    if (earlier !== undefined) {
+      const readOn = this.readonAtKill.get(earlier.stream);
+      const worker = this.workers[record.session]!;
+      if (readOn !== undefined) {
+        if (earlier.seq < readOn) c.duplicatesAfterAck++;
+        else c.redeliveredAckUnread++;
+      } else if (worker.stream === earlier.stream && earlier.seq >= worker.readUpTo) c.redeliveredAckInFlight++;
       else c.duplicatesAfterAck++;
-      record.ackedAt.set(t.sampleIndex, now);
       return 0;
     }
-    record.ackedAt.set(t.sampleIndex, now);
     record.received.add(t.sampleIndex);
     c.received++;
     const s = statusName(t.status);
@@ -311,9 +334,14 @@ export class SoakLoad {
 }
 
 /** One Rollout session of the load, across reconnects. */
-class SessionWorker {
+export class SessionWorker {
   /** Samples of this session's tasks sent or accepted and not finished. */
   inflight = 0;
+  /** The current stream's number, and how many requests were written on it. */
+  stream: number | undefined;
+  private seq = 0;
+  /** The furthest position on the current stream the server has provably read (it answered a task written there). */
+  readUpTo = 0;
   private session: RolloutSession | undefined;
   /** Tasks written on the current stream with no accepted/rejected yet. */
   private readonly unanswered = new Set<string>();
@@ -350,7 +378,9 @@ class SessionWorker {
       if (stream) {
         try {
           for await (const t of stream.trajectories()) {
-            const finished = this.load.onTrajectory(t);
+            // Acked here, not by the client's autoAck, so the bench knows where on the stream each ack went.
+            const finished = this.load.onTrajectory(t, { stream: this.stream!, seq: this.seq++ });
+            stream.ack([{ taskId: t.taskId, sampleIndex: t.sampleIndex }]);
             if (finished === 0) continue;
             this.inflight -= finished;
             this.fill();
@@ -365,6 +395,7 @@ class SessionWorker {
       this.resend.push(...this.unanswered);
       this.unanswered.clear();
       this.session = undefined;
+      this.stream = undefined;
       await this.load.waitForReconnect(generation, () => this.drained);
       if (this.drained) break;
     }
@@ -375,7 +406,7 @@ class SessionWorker {
 
   /** Opens (or resumes) the session; undefined when the server is not reachable. */
   private async attach(client: RolloutClient, resume: boolean): Promise<RolloutSession | undefined> {
-    let session = client.openSession({ sessionId: this.id, resume, highWater: 4096 });
+    let session = client.openSession({ sessionId: this.id, resume, highWater: 4096, autoAck: false });
     try {
       const opened = await session.opened;
       if (resume) this.load.reconnects.push({ session: this.index, resumed: true, redelivered: opened.redelivered, pending: opened.pending });
@@ -384,7 +415,7 @@ class SessionWorker {
       // The restarted server does not know the session: what it had accepted for us is gone unless it says so.
       this.load.reconnects.push({ session: this.index, resumed: false, redelivered: 0, pending: 0, refused: (err as Error).message });
       await this.settleAcceptedAfterRestart(client);
-      session = client.openSession({ sessionId: this.id, highWater: 4096 });
+      session = client.openSession({ sessionId: this.id, highWater: 4096, autoAck: false });
       try {
         await session.opened;
       } catch {
@@ -392,6 +423,9 @@ class SessionWorker {
       }
     }
     this.session = session;
+    this.stream = this.load.newStream();
+    this.seq = 0;
+    this.readUpTo = 0;
     const again = this.resend;
     this.resend = [];
     for (const taskId of again) this.send(session, taskId, this.load.taskAgain(taskId), true);
@@ -429,9 +463,14 @@ class SessionWorker {
 
   private send(session: RolloutSession, taskId: string, input: TaskInput, again: boolean): void {
     this.unanswered.add(taskId);
+    const at = { stream: this.stream!, seq: this.seq++ };
+    const answered = (): void => {
+      if (at.stream === this.stream) this.readUpTo = Math.max(this.readUpTo, at.seq);
+    };
     session.submit(input).then(
       (accepted) => {
         if (this.session !== session) return;
+        answered();
         this.unanswered.delete(taskId);
         if (again && accepted.duplicate) this.load.counts.resubmitDuplicates++;
         const record = this.load.record(taskId);
@@ -445,6 +484,7 @@ class SessionWorker {
       (err: unknown) => {
         // A broken stream rejects every pending submit: those are re-sent on the next stream (see run).
         if (this.session !== session || !(err instanceof TaskRejectedError)) return;
+        answered();
         this.unanswered.delete(taskId);
         const record = this.load.record(taskId);
         if (record && record.state !== 'finished') {

@@ -50,7 +50,7 @@ export function renderSoak(r: SoakResult): { text: string } {
     lines.push(`sessions resumed ${resumed.length}/${r.reconnects.length} (redelivered ${resumed.reduce((a, x) => a + x.redelivered, 0)}, pending ${resumed.reduce((a, x) => a + x.pending, 0)})` +
       (r.reconnects.some((x) => x.refused) ? `; refused: ${r.reconnects.find((x) => x.refused)?.refused}` : ''));
   }
-  lines.push(`duplicates after ack: ${c.duplicatesAfterAck} (ack written < 2 s before the kill: ${c.duplicatesAckNearKill}); redelivered unacked: ${c.redeliveredUnacked}; unknown: ${c.unknownTrajectories}; malformed: ${c.malformedTrajectories}`);
+  lines.push(`delivered again after an ack the server had provably read: ${c.duplicatesAfterAck}; again after an ack not yet read at the kill: ${c.redeliveredAckUnread}; again with the ack in flight (no kill): ${c.redeliveredAckInFlight}; unknown: ${c.unknownTrajectories}; malformed: ${c.malformedTrajectories}`);
   if (Object.keys(c.rejectReasons).length > 0) lines.push(`rejected: ${JSON.stringify(c.rejectReasons)}`);
   if (c.errorsOfFailedTrajectories.length > 0) lines.push(`failed trajectories, e.g.: ${c.errorsOfFailedTrajectories.join(' | ')}`);
   lines.push('');

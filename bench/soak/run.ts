@@ -309,7 +309,10 @@ function problemsOf(r: SoakResult): string[] {
   // Without a journal a restart loses what was accepted: reported (as the figure it is), a failure only with one.
   if (c.byState.lost > 0 && r.options.journalDir !== undefined) out.push(`${c.byState.lost} accepted tasks lost across the restart despite the journal`);
   if (c.byState.sent > 0 || c.byState.accepted > 0) out.push(`${c.byState.sent + c.byState.accepted} tasks unsettled`);
-  if (c.duplicatesAfterAck > 0) out.push(`${c.duplicatesAfterAck} trajectories delivered again after their ack reached the server`);
+  if (c.duplicatesAfterAck > 0) {
+    out.push(`${c.duplicatesAfterAck} trajectories delivered again after the server had read their ack (it answered a task written after the ack on the same stream)`);
+  }
+  if (c.redeliveredAckInFlight > 0) out.push(`${c.redeliveredAckInFlight} trajectories delivered twice on a live stream`);
   if (c.unknownTrajectories > 0) out.push(`${c.unknownTrajectories} trajectories of unknown tasks`);
   if (c.malformedTrajectories > 0) out.push(`${c.malformedTrajectories} trajectories with token arrays of different lengths`);
   const finishedSamples = c.byState.finished * r.options.groupSize;

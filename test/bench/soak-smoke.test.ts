@@ -30,7 +30,7 @@ describe('bench/soak (quick, no kill)', () => {
     // The fake policies always finish: any other status is an infrastructure failure.
     expect(c.statuses).toEqual({ COMPLETED: c.trajectoriesReceived });
     expect(c.byEnvironment.math).toBeGreaterThan(0);
-    expect(c.duplicatesAfterAck + c.redeliveredUnacked + c.unknownTrajectories + c.malformedTrajectories).toBe(0);
+    expect(c.duplicatesAfterAck + c.redeliveredAckUnread + c.redeliveredAckInFlight + c.unknownTrajectories + c.malformedTrajectories).toBe(0);
     expect(r.leftovers).toEqual({ cgroups: [], cgroupProcesses: [], taggedProcesses: [], mounts: [], children: [] });
     expect(r.finalStop).toMatchObject({ forced: false, code: 0 });
     // The memory table has rows to print.
