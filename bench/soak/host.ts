@@ -140,7 +140,10 @@ export function sandboxCgroupsOf(serverPid: number): string[] {
   return found;
 }
 
-/** Mount table lines of image mounts (squashfuse stages) and sandbox tmpfs left on the host. */
-export function sandboxMounts(): string[] {
-  return readFileSync('/proc/self/mountinfo', 'utf8').split('\n').filter((l) => l.includes('rollout-stage') || l.includes('squashfuse'));
+/**
+ * Mount table lines of the image mounts (squashfuse, under `rollout-images-<uid>/<pid>-…`) of the server process
+ * `serverPid`. Only its own: other servers on the machine (tests running meanwhile) mount images too.
+ */
+export function sandboxMountsOf(serverPid: number): string[] {
+  return readFileSync('/proc/self/mountinfo', 'utf8').split('\n').filter((l) => new RegExp(`/rollout-images-[^/ ]+/${serverPid}-`).test(l));
 }

@@ -8,7 +8,7 @@ import { ChildHandle } from '../child-rpc.js';
 import { note } from '../progress.js';
 import { machineBusyMicros } from '../system-load.js';
 import type { SoakEngineApi, SoakEngineInfo } from './engine.js';
-import { descendants, processesInSandboxCgroupsOf, processesWithEnv, sampleProcess, sandboxCgroupsOf, sandboxMounts, type HostProcessInfo, type ProcessSample } from './host.js';
+import { descendants, processesInSandboxCgroupsOf, processesWithEnv, sampleProcess, sandboxCgroupsOf, sandboxMountsOf, type HostProcessInfo, type ProcessSample } from './host.js';
 import { SoakLoad, type LoadCounts, type ReconnectNote } from './load.js';
 import { RUN_TAG_ENV, SOAK_CALC_ENVIRONMENT } from './names.js';
 import { ServerProcess } from './server-process.js';
@@ -56,7 +56,7 @@ export interface LeftoverReport {
   cgroupProcesses: HostProcessInfo[];
   /** Processes carrying the run's sandbox tag anywhere on the host. */
   taggedProcesses: HostProcessInfo[];
-  /** Image mounts (squashfuse stages) left in the mount table. */
+  /** Image mounts (squashfuse) of those server processes left in the mount table. */
   mounts: string[];
   /** Live descendants of the bench process once everything was stopped. */
   children: HostProcessInfo[];
@@ -256,7 +256,7 @@ function leftoversOf(pids: readonly number[], runTag: string): Omit<LeftoverRepo
     cgroups: pids.flatMap((pid) => sandboxCgroupsOf(pid)),
     cgroupProcesses: pids.flatMap((pid) => processesInSandboxCgroupsOf(pid)),
     taggedProcesses: processesWithEnv(RUN_TAG_ENV, runTag),
-    mounts: sandboxMounts(),
+    mounts: pids.flatMap((pid) => sandboxMountsOf(pid)),
   };
 }
 
