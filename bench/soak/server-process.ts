@@ -36,7 +36,8 @@ export class ServerProcess {
     const args = ['--import', 'tsx', SERVER_SCRIPT, '--config', o.configPath, '--run-tag', o.runTag, ...(o.journalDir !== undefined ? ['--journal-dir', o.journalDir] : [])];
     const child = spawn(process.execPath, args, {
       cwd: REPO_ROOT,
-      stdio: ['ignore', 'pipe', 'pipe'],
+      // stdin is a pipe the server watches: it shuts down when the bench goes away (see server.ts).
+      stdio: ['pipe', 'pipe', 'pipe'],
       env: { ...process.env, ROLLOUT_LOG_LEVEL: process.env.ROLLOUT_LOG_LEVEL ?? 'warn' },
     });
     const log: WriteStream = createWriteStream(o.logPath, { flags: 'a' });

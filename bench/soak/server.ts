@@ -41,6 +41,11 @@ async function main(): Promise<void> {
     fakeLatencyMs: 0,
     ...(values['journal-dir'] !== undefined && { journalDir: values['journal-dir'] }),
   };
+  // The bench holds our stdin: when it goes away (crashed, killed), stdin closes and we shut down as on SIGTERM,
+  // so a failed soak leaves no server behind. Unref'd, so it never keeps this process alive by itself.
+  process.stdin.once('close', () => process.kill(process.pid, 'SIGTERM'));
+  process.stdin.on('data', () => undefined);
+  (process.stdin as NodeJS.ReadStream & { unref?: () => void }).unref?.();
   // Returns after SIGTERM's shutdown; the process must then end by itself (the bench times it: a handle left open
   // — a timer, a socket, a child — keeps it alive, and that is a finding, so no process.exit here).
   await runServe(opts, { registry, sandboxes });
