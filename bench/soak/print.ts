@@ -33,6 +33,7 @@ export function renderSoak(r: SoakResult): { text: string } {
   lines.push(`of which server finished → client received (accepted → received − the server's timing.totalMs): p50 ${f0(r.deliveryMs.p50)} ms, p90 ${f0(r.deliveryMs.p90)} ms, p99 ${f0(r.deliveryMs.p99)} ms`);
   lines.push(`server RSS: min ${f0(r.rss.minMiB)} MiB, max ${f0(r.rss.maxMiB)} MiB; slope over the steady phase before the kill ${f2(r.rssSlopeMiBPerMin.before)} MiB/min, after the restart ${f2(r.rssSlopeMiBPerMin.after)} MiB/min`);
   lines.push(`server CPU before the kill: ${f2(r.cpu.serverMsPerTrajectory)} ms per trajectory, ${f2(r.cpu.serverCores)} cores; the rest of the machine (client, engine, other work): ${f2(r.cpu.otherCores)} cores`);
+  lines.push(`client (this process) over the load phase: ${f2(r.client.cores)} cores; event loop late p50 ${f0(r.client.loopDelayP50Ms)} ms, p99 ${f0(r.client.loopDelayP99Ms)} ms, max ${f0(r.client.loopDelayMaxMs)} ms`);
   const m = c.meanTimingMs;
   lines.push(`server timing per trajectory (means): queue ${f1(m.queue)} ms, init ${f1(m.init)} ms, llm ${f1(m.llm)} ms, tool ${f1(m.tool)} ms, eval ${f1(m.eval)} ms, total ${f1(m.total)} ms`);
   if (r.restartMs !== undefined) lines.push(`restart: kill -9 → listening again in ${f0(r.restartMs)} ms`);

@@ -2,6 +2,7 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { randomUUID } from 'node:crypto';
+import { monitorEventLoopDelay } from 'node:perf_hooks';
 import type { ServerConfigInput } from '../../src/config.js';
 import { RolloutClient } from '../../src/client/rollout-client.js';
 import { ChildHandle } from '../child-rpc.js';
@@ -92,6 +93,11 @@ export interface SoakResult {
    * wall-clock figures are only comparable when `otherCores` is small (other work shares the 2 cores).
    */
   cpu: { serverMsPerTrajectory: number | undefined; serverCores: number | undefined; otherCores: number | undefined };
+  /**
+   * The client (this process) over the load phase: cores it used and how late its event loop ran (a starved or
+   * busy client delays reading trajectories, which shows up as delivery time).
+   */
+  client: { cores: number; loopDelayP50Ms: number; loopDelayP99Ms: number; loopDelayMaxMs: number };
   engine: { received: number; served: number; failed: number; disconnected: number };
   /** Every accounting rule that failed, in words; empty when the run is clean. */
   problems: string[];
@@ -143,6 +149,9 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
   });
 
   const samples: MemorySample[] = [];
+  const loopDelay = monitorEventLoopDelay({ resolution: 20 });
+  loopDelay.enable();
+  const clientCpu = process.cpuUsage();
   const loadStarted = performance.now();
   let phase: MemorySample['phase'] = 'before';
   let serverAlive = true;
@@ -189,6 +198,16 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
     }
     sample();
     const loadSeconds = (performance.now() - loadStarted) / 1000;
+    loopDelay.disable();
+    const cpuUsed = process.cpuUsage(clientCpu);
+    // The histogram holds whole intervals between ticks: the resolution is subtracted, so 0 means never late.
+    const late = (ns: number): number => Math.max(0, ns / 1e6 - 20);
+    const clientFigures = {
+      cores: (cpuUsed.user + cpuUsed.system) / 1e6 / loadSeconds,
+      loopDelayP50Ms: late(loopDelay.percentile(50)),
+      loopDelayP99Ms: late(loopDelay.percentile(99)),
+      loopDelayMaxMs: late(loopDelay.max),
+    };
     say(`soak: load phase over after ${loadSeconds.toFixed(0)} s; draining ${load.inflight} samples`);
     load.finish(o.drainTimeoutMs);
     await running;
@@ -238,6 +257,7 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
       },
       rss: { minMiB: Math.min(...rssValues) / MIB, maxMiB: Math.max(...rssValues) / MIB },
       cpu: cpuOf(samples.filter((s) => s.phase === 'before')),
+      client: clientFigures,
       engine: engineStats,
       problems: [],
     };
