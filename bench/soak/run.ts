@@ -85,6 +85,12 @@ export interface SoakResult {
   deliveryMs: { p50: number; p90: number; p99: number; count: number };
   tasksPerSecond: number;
   trajectoriesPerSecond: number;
+  /**
+   * The lowest RSS (MiB) in each third of each steady phase. V8 lets the heap grow to a limit and then collects it,
+   * so RSS is a sawtooth and a line fitted through it swings with where the teeth fall; the troughs (after major
+   * collections) are what a leak raises.
+   */
+  rssTroughsMiB: { before: number[]; after: number[] };
   /** Linear fit of the server's RSS over each steady phase, MiB per minute. */
   rssSlopeMiBPerMin: { before: number | undefined; after: number | undefined };
   rss: { minMiB: number; maxMiB: number };
@@ -228,10 +234,14 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
     };
     const rssValues = samples.map((s) => s.rss);
     const wall = loadSeconds;
-    const slope = (from: number, to: number, which: MemorySample['phase']): number | undefined => {
-      // The steady part of a phase: its first quarter (and at least 10 s) is warm-up.
-      const warm = Math.max(10, (to - from) / 4);
-      return fitSlope(samples.filter((s) => s.phase === which && s.t >= from + warm && s.t <= to));
+    // The steady part of a phase: its first quarter (and at least 10 s) is warm-up.
+    const steady = (from: number, to: number, which: MemorySample['phase']): MemorySample[] =>
+      samples.filter((s) => s.phase === which && s.t >= from + Math.max(10, (to - from) / 4) && s.t <= to);
+    const slope = (from: number, to: number, which: MemorySample['phase']): number | undefined => fitSlope(steady(from, to, which));
+    const troughs = (points: readonly MemorySample[]): number[] => {
+      if (points.length < 3) return [];
+      const third = Math.ceil(points.length / 3);
+      return [0, 1, 2].map((i) => Math.min(...points.slice(i * third, (i + 1) * third).map((p) => p.rss)) / MIB).filter(Number.isFinite);
     };
     const result: SoakResult = {
       options: o,
@@ -251,6 +261,10 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
       deliveryMs: percentiles(load.deliveryMs),
       tasksPerSecond: counts.byState.finished / wall,
       trajectoriesPerSecond: counts.trajectoriesReceived / wall,
+      rssTroughsMiB: {
+        before: troughs(steady(0, killT ?? loadSeconds, 'before')),
+        after: restartT !== undefined ? troughs(steady(restartT, loadSeconds, 'after')) : [],
+      },
       rssSlopeMiBPerMin: {
         before: slope(0, killT ?? loadSeconds, 'before'),
         after: restartT !== undefined ? slope(restartT, loadSeconds, 'after') : undefined,
