@@ -45,6 +45,9 @@ interface WrittenAt {
   seq: number;
 }
 
+/** Attempts to (re)open a session, a second apart, before it waits for the next server. */
+const ATTACH_RETRIES = 30;
+
 export interface LoadOptions {
   sessions: number;
   /** Samples kept in flight across all sessions. */
@@ -370,9 +373,19 @@ export class SessionWorker {
 
   async run(): Promise<void> {
     let resume = false;
+    let refusals = 0;
     for (;;) {
       const { client, generation } = this.load.current();
       const stream = await this.attach(client, resume);
+      if (stream === undefined && resume && refusals < ATTACH_RETRIES && !this.drained) {
+        // Refused (e.g. the server still thinks the old stream attached) or not reachable yet: try again shortly;
+        // a reconnect meanwhile is picked up by current() above.
+        refusals++;
+        await new Promise((resolve) => setTimeout(resolve, 1_000));
+        if (this.drained) break;
+        continue;
+      }
+      refusals = 0;
       resume = true;
       let failed = stream === undefined;
       if (stream) {
