@@ -1,4 +1,4 @@
-import { startRolloutServer } from '../app.js';
+import { startRolloutServer, type RolloutServerOptions } from '../app.js';
 import { defaultRegistry } from '../environments/registry.js';
 import { parseConfig, type ServerConfigInput } from '../config.js';
 import { createLogger } from '../observability/logger.js';
@@ -30,8 +30,12 @@ export interface ServeOptions {
   mathChecker?: 'builtin' | 'math-verify';
 }
 
-/** `rollout serve`: runs until SIGINT/SIGTERM, then shuts down cleanly (in-flight samples are cancelled). */
-export async function runServe(opts: ServeOptions): Promise<void> {
+/**
+ * `rollout serve`: runs until SIGINT/SIGTERM, then shuts down cleanly (in-flight samples are cancelled).
+ * `inject` replaces the registry or the sandbox driver: the seam bench/soak-server.ts uses to run this very
+ * command with its test doubles (never set by the CLI).
+ */
+export async function runServe(opts: ServeOptions, inject: Pick<RolloutServerOptions, 'registry' | 'sandboxes'> = {}): Promise<void> {
   const logger = createLogger();
   // Flags override the config file; the file overrides the built-in defaults.
   const config: ServerConfigInput = {
@@ -78,8 +82,8 @@ export async function runServe(opts: ServeOptions): Promise<void> {
   config.backends = backends;
   // Validated before anything starts (the fake engine aside), so a typo fails with its path, not a stack trace.
   parseConfig(config);
-  const registry = opts.mathChecker === undefined ? undefined : defaultRegistry({ math: { checker: opts.mathChecker } });
-  const server = await startRolloutServer(config, { logger, ...(registry && { registry }) });
+  const registry = inject.registry ?? (opts.mathChecker === undefined ? undefined : defaultRegistry({ math: { checker: opts.mathChecker } }));
+  const server = await startRolloutServer(config, { logger, ...(registry && { registry }), ...(inject.sandboxes && { sandboxes: inject.sandboxes }) });
   // A plain line scripts and tests can wait for, beside the JSON logs.
   console.log(`rollout server listening on ${server.address}`);
   await new Promise<void>((resolve) => {

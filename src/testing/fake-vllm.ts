@@ -34,6 +34,12 @@ export interface FakeVllmOptions {
   model?: string;
   /** Simulated decode time per generated token, in ms; 0 answers at once (benchmarks). */
   tokenLatencyMs?: number;
+  /**
+   * Simulated decode time of a whole completion, in ms, drawn per request (e.g. a long-tailed distribution for a
+   * soak); when set it replaces `tokenLatencyMs` and is spread evenly over the sampled tokens, so a pause or abort
+   * still cuts the answer where decoding was.
+   */
+  requestLatencyMs?: (request: { index: number; body: Record<string, unknown> }) => number;
   /** Produces the assistant text; defaults to `scriptedMathPolicy`. */
   policy?: FakePolicy;
   /** Called for every completion request (after `failNext` faults are used up); return a fault to inject it. */
@@ -283,7 +289,9 @@ export class FakeVllmEngine {
       stats.inflight--;
       stats.disconnected++;
     });
-    const outcome = await this.#inflight.run(requestId, sample.ids.length, this.options.tokenLatencyMs ?? 0);
+    const perRequest = this.options.requestLatencyMs?.({ index, body });
+    const tokenLatencyMs = perRequest === undefined ? (this.options.tokenLatencyMs ?? 0) : perRequest / Math.max(1, sample.ids.length);
+    const outcome = await this.#inflight.run(requestId, sample.ids.length, tokenLatencyMs);
     if (res.destroyed) return;
     answered = true;
     stats.inflight--;

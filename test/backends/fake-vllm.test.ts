@@ -140,3 +140,25 @@ describe("FakeVllmEngine's GET /server_info (a double of vLLM 0.32's dev-mode ro
     expect(typeof text.vllm_config).toBe('string'); // vLLM's default format: str(VllmConfig), without logprobs_mode
   });
 });
+
+describe("FakeVllmEngine's requestLatencyMs (a per-request decode time, as the soak's long tail)", () => {
+  it('holds each request for the time it draws, spread over its tokens, so an abort still cuts it', async () => {
+    const seen: Array<{ index: number; prompt: unknown }> = [];
+    // The first request decodes for a minute (it is aborted); the second at once.
+    const slow = await FakeVllmEngine.start({ tokenizer, requestLatencyMs: ({ index, body }) => (seen.push({ index, prompt: body.prompt }), index === 0 ? 60_000 : 0) });
+    try {
+      const promptIds = tokenizer.encode(template.render([{ role: 'user', content: 'What is 2 + 3?' }], { addGenerationPrompt: true }));
+      const post = (requestId: string): Promise<{ choices: Array<{ finish_reason: string }> }> =>
+        fetch(`${slow.url}/v1/completions`, { method: 'POST', headers: { 'x-request-id': requestId }, body: JSON.stringify({ model: slow.model, prompt: promptIds, max_tokens: 50, seed: 1 }) })
+          .then((r) => r.json() as Promise<{ choices: Array<{ finish_reason: string }> }>);
+      const held = post('held');
+      await expect.poll(() => slow.inflightRequestIds()).toEqual(['cmpl-held-0']);
+      expect((await post('quick')).choices[0]!.finish_reason).toBe('stop');
+      await fetch(`${slow.url}/abort_requests`, { method: 'POST', body: JSON.stringify({ request_ids: ['cmpl-held-0'] }) });
+      expect((await held).choices[0]!.finish_reason).toBe('abort');
+      expect(seen).toEqual([{ index: 0, prompt: promptIds }, { index: 1, prompt: promptIds }]);
+    } finally {
+      await slow.close();
+    }
+  });
+});
