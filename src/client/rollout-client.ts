@@ -99,7 +99,8 @@ export class RolloutSession {
           this.maybeHalfClose();
           break;
         case 'accepted':
-          if (!this.acceptedTasks.has(kind.value.taskId)) {
+          // A task re-sent after a resume that the session had accepted before is counted in `inherited` already.
+          if (!this.acceptedTasks.has(kind.value.taskId) && !kind.value.alreadyOwed) {
             this.acceptedTasks.add(kind.value.taskId);
             this.expected += kind.value.numSamples;
           }

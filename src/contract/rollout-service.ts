@@ -212,9 +212,11 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
           `delivery to session "${session.id}" is paused: ${session.unackedBytes} bytes of trajectories are unacked (limit ${session.maxUnackedBytes}); ack what you received, then submit again`,
         );
       }
+      // Checked before `expect`: a task this session accepted before (re-sent after a resume) is owed already.
+      const alreadyOwed = session.hasAccepted(spec.taskId);
       const result = await runtime.submit(spec, session.sink, signal, session.id);
       session.expect(result.taskId, result.numSamples);
-      writer.sendUrgent({ kind: { $case: 'accepted', value: result } });
+      writer.sendUrgent({ kind: { $case: 'accepted', value: { ...result, alreadyOwed } } });
     } catch (err) {
       session.unclaim(spec.taskId);
       if (stream.aborted || writer.isClosed) return;

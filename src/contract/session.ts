@@ -85,6 +85,11 @@ export class Session {
     this.expected += numSamples;
   }
 
+  /** True when this session has accepted the task already (its samples are counted in `pending` or delivered). */
+  hasAccepted(taskId: string): boolean {
+    return this.tasks.get(taskId)?.accepted === true;
+  }
+
   /** The submit was rejected: drop the claim. */
   unclaim(taskId: string): void {
     this.claimed.delete(taskId);

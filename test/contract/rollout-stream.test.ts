@@ -102,6 +102,24 @@ describe('Rollout stream against a real server, bubblewrap sandboxes and the fak
     third.close();
   });
 
+  it('a resumed stream that re-sends a task its session had accepted still ends once everything owed arrived', async () => {
+    const s1 = h.client.openSession({ sessionId: 'resend-owed', autoAck: false });
+    await s1.submit(mathTask('owed-a', 2, 41));
+    s1.abort();
+    await new Promise((r) => setTimeout(r, 200));
+
+    const s2 = h.client.openSession({ sessionId: 'resend-owed', resume: true });
+    const opened = await s2.opened;
+    expect(opened.redelivered + opened.pending).toBe(2);
+    // The client cannot know whether its first submit reached the server, so it sends the task again.
+    const again = await s2.submit(mathTask('owed-a', 2, 41));
+    expect(again).toMatchObject({ duplicate: true, alreadyOwed: true });
+    s2.close();
+    const hang = new Promise<never>((_, reject) => setTimeout(() => reject(new Error('trajectories() did not end')), 20_000));
+    const rest = await Promise.race([collect(s2.trajectories()), hang]);
+    expect(rest.map((t) => `${t.taskId}#${t.sampleIndex}`).sort()).toEqual(['owed-a#0', 'owed-a#1']);
+  });
+
   it('resumes a broken session: unacked trajectories come again, acked ones do not', async () => {
     const s1 = h.client.openSession({ sessionId: 'resume-me', autoAck: false });
     await s1.submit(mathTask('resume-a', 2, 31));

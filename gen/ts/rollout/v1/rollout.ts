@@ -401,6 +401,11 @@ export interface TaskAccepted {
   numSamples: number;
   /** True when the task_id was already known; nothing new was queued. */
   duplicate: boolean;
+  /**
+   * True when this session had already accepted the task (a client re-sending after a resume): its samples are
+   * already counted in SessionOpened.redelivered/pending (or were delivered), so a client must not expect them again.
+   */
+  alreadyOwed: boolean;
 }
 
 export interface TaskRejected {
@@ -1715,7 +1720,7 @@ export const SessionOpened: MessageFns<SessionOpened> = {
 };
 
 function createBaseTaskAccepted(): TaskAccepted {
-  return { taskId: "", numSamples: 0, duplicate: false };
+  return { taskId: "", numSamples: 0, duplicate: false, alreadyOwed: false };
 }
 
 export const TaskAccepted: MessageFns<TaskAccepted> = {
@@ -1728,6 +1733,9 @@ export const TaskAccepted: MessageFns<TaskAccepted> = {
     }
     if (message.duplicate !== false) {
       writer.uint32(24).bool(message.duplicate);
+    }
+    if (message.alreadyOwed !== false) {
+      writer.uint32(32).bool(message.alreadyOwed);
     }
     return writer;
   },
@@ -1769,6 +1777,14 @@ export const TaskAccepted: MessageFns<TaskAccepted> = {
             message.duplicate = reader.bool();
             continue;
           }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.alreadyOwed = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1794,6 +1810,11 @@ export const TaskAccepted: MessageFns<TaskAccepted> = {
         ? globalThis.Number(object.num_samples)
         : 0,
       duplicate: isSet(object.duplicate) ? globalThis.Boolean(object.duplicate) : false,
+      alreadyOwed: isSet(object.alreadyOwed)
+        ? globalThis.Boolean(object.alreadyOwed)
+        : isSet(object.already_owed)
+        ? globalThis.Boolean(object.already_owed)
+        : false,
     };
   },
 
@@ -1808,6 +1829,9 @@ export const TaskAccepted: MessageFns<TaskAccepted> = {
     if (message.duplicate !== false) {
       obj.duplicate = message.duplicate;
     }
+    if (message.alreadyOwed !== false) {
+      obj.alreadyOwed = message.alreadyOwed;
+    }
     return obj;
   },
 
@@ -1819,6 +1843,7 @@ export const TaskAccepted: MessageFns<TaskAccepted> = {
     message.taskId = object.taskId ?? "";
     message.numSamples = object.numSamples ?? 0;
     message.duplicate = object.duplicate ?? false;
+    message.alreadyOwed = object.alreadyOwed ?? false;
     return message;
   },
 };
