@@ -82,24 +82,18 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
   const tokenWork = new TokenWork({ tokenizer, template, inlineMaxChars, ...(tokenPool && { pool: tokenPool }) });
   const runtime = new RolloutRuntime({ config, registry, sandboxes, pool, tokenizer, template, tokenWork, parser, logger });
   let server: RunningServer;
-  try {
-    server = await startGrpcServer({ runtime, registry, logger, ...(options.sessionTtlMs !== undefined && { sessionTtlMs: options.sessionTtlMs }) });
-  } catch (err) {
+  // Run by the drain once the transport is closed: after the pipeline stopped, no sample waits on a token thread,
+  // an engine or a sandbox any more.
+  const release = async (): Promise<void> => {
     await tokenPool?.close();
+    pool.close();
+    await sandboxes.close?.();
+  };
+  try {
+    server = await startGrpcServer({ runtime, registry, logger, release, ...(options.sessionTtlMs !== undefined && { sessionTtlMs: options.sessionTtlMs }) });
+  } catch (err) {
+    await release();
     throw err;
   }
-  return {
-    ...server,
-    config,
-    runtime,
-    pool,
-    tokenPool,
-    shutdown: async () => {
-      await server.shutdown();
-      // After the pipeline stopped: no sample waits on a token thread any more.
-      await tokenPool?.close();
-      pool.close();
-      await sandboxes.close?.();
-    },
-  };
+  return { ...server, config, runtime, pool, tokenPool };
 }

@@ -1,4 +1,4 @@
-import { config as rxConfig } from 'rxjs';
+import { config as rxConfig, filter } from 'rxjs';
 import { RolloutError } from './errors.js';
 import type { ServerConfig } from './config.js';
 import type { Logger } from './observability/logger.js';
@@ -16,6 +16,7 @@ import { createStages } from './pipeline/stages.js';
 import { TaskStore, type TaskEntry } from './pipeline/task-store.js';
 import type { TrajectorySink } from './pipeline/task.js';
 import { checkPromptFits, validateTask } from './pipeline/validate-task.js';
+import { ServerLifecycle } from './lifecycle.js';
 
 export interface RuntimeDeps {
   config: ServerConfig;
@@ -28,6 +29,8 @@ export interface RuntimeDeps {
   tokenWork?: TokenWork;
   parser: ToolCallParser;
   logger: Logger;
+  /** The server's lifecycle (admission stops when it drains); a fresh one when absent (tests of the runtime alone). */
+  lifecycle?: ServerLifecycle;
 }
 
 export interface SubmitResult {
@@ -44,12 +47,14 @@ export class RolloutRuntime {
   readonly pipeline: Pipeline;
   readonly store: TaskStore;
   readonly admission: Admission;
+  readonly lifecycle: ServerLifecycle;
   private readonly log: Logger;
   private stopped = false;
 
   constructor(readonly deps: RuntimeDeps) {
     this.log = deps.logger.child({ component: 'runtime' });
     const { config } = deps;
+    this.lifecycle = deps.lifecycle ?? new ServerLifecycle();
     this.store = new TaskStore(config.retainFinishedTasks, config.retainFinishedBytes);
     this.admission = new Admission(config.maxAdmitted);
     this.pipeline = new Pipeline(
@@ -72,8 +77,11 @@ export class RolloutRuntime {
    * Idempotent on task_id: a retry with the same spec returns duplicate = true, and `sink` still receives every
    * trajectory of the task (finished ones at once). Throws RolloutError('invalid_argument') naming the field.
    */
-  async submit(spec: TaskSpec, sink?: TrajectorySink, signal?: AbortSignal): Promise<SubmitResult> {
-    if (this.stopped) throw new RolloutError('unavailable', 'server is stopping');
+  async submit(spec: TaskSpec, sink?: TrajectorySink, callSignal?: AbortSignal): Promise<SubmitResult> {
+    this.throwIfNotAdmitting();
+    // Draining gives up every wait for admission at once: the caller hears UNAVAILABLE "draining", not a hang.
+    const admission = this.lifecycle.admission;
+    const signal = callSignal ? AbortSignal.any([callSignal, admission]) : admission;
     const { tokenizer, template, pool } = this.deps;
     const task = validateTask(spec, this.deps.registry, this.deps.config);
     const known = this.store.existing(task);
@@ -85,7 +93,7 @@ export class RolloutRuntime {
     // with another spec): give the capacity back on every such path.
     let raced: TaskEntry | undefined;
     try {
-      if (this.stopped) throw new RolloutError('unavailable', 'server is stopping');
+      this.throwIfNotAdmitting();
       raced = this.store.existing(task);
     } catch (err) {
       this.admission.release(task.numSamples);
@@ -121,10 +129,38 @@ export class RolloutRuntime {
     return cancelled;
   }
 
-  /** Stops accepting work and cancels what is in flight. */
-  async stop(): Promise<void> {
+  /**
+   * Resolves once no admitted sample is unfinished (every one was handed to its sinks), or when `signal` fires.
+   * With admission stopped (draining) this is "the work in flight has finished".
+   */
+  async idle(signal?: AbortSignal): Promise<void> {
+    while (this.pipeline.inFlight > 0 && !signal?.aborted) {
+      await new Promise<void>((resolve) => {
+        const sub = this.pipeline.events$.pipe(filter((e) => e.type === 'finished')).subscribe(() => done());
+        const done = (): void => {
+          sub.unsubscribe();
+          signal?.removeEventListener('abort', done);
+          resolve();
+        };
+        signal?.addEventListener('abort', done, { once: true });
+      });
+    }
+  }
+
+  /**
+   * Stops accepting work and cancels what is in flight: each unfinished sample is delivered with status CANCELLED
+   * and `reason` as its error (never as a completed trajectory), its sandbox released before stop resolves.
+   */
+  async stop(reason = 'server stopping'): Promise<void> {
     this.stopped = true;
-    await this.pipeline.stop();
+    await this.pipeline.stop(reason);
+  }
+
+  private throwIfNotAdmitting(): void {
+    if (this.stopped) throw new RolloutError('unavailable', 'server is stopping');
+    if (!this.lifecycle.admitting) {
+      throw new RolloutError('unavailable', this.lifecycle.state === 'starting' ? 'server is starting' : 'server is draining: not accepting new tasks');
+    }
   }
 
   private duplicate(entry: TaskEntry, sink: TrajectorySink | undefined): SubmitResult {

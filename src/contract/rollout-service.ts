@@ -31,6 +31,8 @@ export interface RolloutServiceDeps {
 export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
   const { runtime, registry, sessions } = deps;
   const log = deps.logger.child({ component: 'rollout-service' });
+  /** The server-lifetime signal: fires once the server is drained; every call here then ends with UNAVAILABLE. */
+  const lifetime = runtime.lifecycle.signal;
 
   return {
     rollout: (call) => void handleRollout(call),
@@ -38,7 +40,7 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
     submit: unary(log, async (request, signal) => {
       if (!request.task) throw RolloutError.invalid('task', 'required');
       return runtime.submit(request.task, undefined, signal);
-    }),
+    }, lifetime),
 
     getTrajectory: unary(log, async (request, signal) => {
       const entry = runtime.store.get(request.taskId);
@@ -52,11 +54,11 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
       if (request.wait) await runtime.store.waitFor(entry, indices, signal);
       const trajectories = indices.flatMap((i) => (entry.trajectories[i] ? [entry.trajectories[i]] : []));
       return { trajectories, pending: indices.length - trajectories.length };
-    }),
+    }, lifetime),
 
     cancel: unary(log, (request) => ({ cancelled: runtime.cancel(request.taskId) })),
 
-    watch: (call) => void handleWatch(call, runtime, log),
+    watch: (call) => void handleWatch(call, runtime, log, lifetime),
 
     listEnvironments: unary(log, () => ({
       environments: registry.list().map((e) => ({ name: e.name, description: e.description, instanceSchema: e.instanceSchema, tools: [...e.tools] })),
@@ -86,6 +88,17 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
     };
     call.on('cancelled', gone);
     call.on('error', gone);
+    // The server is drained: every trajectory of this stream's session has been handed to the writer. Let the
+    // client take them (bounded: the transport is cut after a while anyway), then end with UNAVAILABLE.
+    const stop = (): void => {
+      void writer.flushed().then(() => {
+        if (failing || aborted.signal.aborted || writer.isClosed) return;
+        failing = true;
+        call.emit('error', toServiceError(lifetime.reason, log));
+      });
+    };
+    if (lifetime.aborted) stop();
+    else lifetime.addEventListener('abort', stop, { once: true });
     const openSession = (sessionId: string, resume: boolean, stageEvents: boolean): Session => {
       const s = sessions.open(sessionId, resume, stageEvents);
       const redelivered = s.attach(writer, resume);
@@ -162,6 +175,7 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
         call.emit('error', toServiceError(err, log));
       }
     } finally {
+      lifetime.removeEventListener('abort', stop);
       unsubscribe.unsubscribe();
       if (session) {
         session.detach(writer);
