@@ -88,17 +88,12 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
     };
     call.on('cancelled', gone);
     call.on('error', gone);
-    // The server is drained: every trajectory of this stream's session has been handed to the writer. Let the
-    // client take them (bounded: the transport is cut after a while anyway), then end with UNAVAILABLE.
-    const stop = (): void => {
-      void writer.flushed().then(() => {
-        if (failing || aborted.signal.aborted || writer.isClosed) return;
-        failing = true;
-        call.emit('error', toServiceError(lifetime.reason, log));
-      });
-    };
-    if (lifetime.aborted) stop();
-    else lifetime.addEventListener('abort', stop, { once: true });
+    // The server is drained: reading ends here as if the client had half-closed (what is already buffered is still
+    // read, and refused as draining), so the loop below exits and the call can end with UNAVAILABLE. Not an 'error'
+    // on the call: a pending read would destroy it, and the client would see CANCELLED instead of the status.
+    const stopReading = (): void => void call.push(null);
+    if (lifetime.aborted) stopReading();
+    else lifetime.addEventListener('abort', stopReading, { once: true });
     const openSession = (sessionId: string, resume: boolean, stageEvents: boolean): Session => {
       const s = sessions.open(sessionId, resume, stageEvents);
       const redelivered = s.attach(writer, resume);
@@ -160,6 +155,12 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
         // A slow reader: stop pulling requests until the outbox drains (bounded memory per stream).
         await writer.below(runtime.deps.config.maxAdmitted);
       }
+      if (lifetime.aborted) {
+        // The server is drained: every trajectory of this stream's session has been handed to the writer. Let the
+        // client take them (bounded: the transport is cut after a while anyway), then end with UNAVAILABLE.
+        await writer.flushed();
+        throw lifetime.reason;
+      }
       // The client half-closed: finish delivering what it asked for, then end the stream.
       if (waiting) await waiting.done;
       if (session) {
@@ -169,13 +170,14 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
       }
       writer.end();
     } catch (err) {
-      if (!aborted.signal.aborted) {
+      // `failing`: the call already ended with a status (the server stopping emits it, and the iterator rethrows it).
+      if (!aborted.signal.aborted && !failing) {
         // grpc-js sends the status of an 'error' emitted on the call.
         failing = true;
         call.emit('error', toServiceError(err, log));
       }
     } finally {
-      lifetime.removeEventListener('abort', stop);
+      lifetime.removeEventListener('abort', stopReading);
       unsubscribe.unsubscribe();
       if (session) {
         session.detach(writer);
@@ -209,3 +211,4 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
     }
   }
 }
+

@@ -143,7 +143,7 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
       clearTimeout(timer);
       const cancelled = runtime.pipeline.inFlight;
       if (cancelled > 0) log.warn({ cancelled }, 'drain grace period ended: cancelling the work in flight');
-      await runtime.stop("cancelled: the server's drain grace period ended before this sample finished");
+      await runtime.stop("the server's drain grace period ended before this sample finished");
       lifecycle.transition('drained');
       log.info({ cancelled }, 'drained: closing open calls');
       sessions.stop();
