@@ -51,24 +51,34 @@ export async function startServeProcess(args: readonly string[], env: Record<str
 
 const SANDBOX_CGROUPS = '/sys/fs/cgroup/pids/rollout-sandboxes';
 
-/** The bubblewrap sandboxes process `pid` owns on the host (their cgroups), with the pids in each. */
+/** The bubblewrap sandboxes process `pid` owns on the host (their cgroups), with the pids in each (nested cgroups too). */
 export async function sandboxesOf(pid: number): Promise<{ name: string; pids: number[] }[]> {
   const owners = (await readdir(SANDBOX_CGROUPS).catch(() => [] as string[])).filter((o) => o.startsWith(`${pid}-`));
   const found: { name: string; pids: number[] }[] = [];
   for (const owner of owners) {
     const entries = await readdir(join(SANDBOX_CGROUPS, owner), { withFileTypes: true }).catch(() => []);
     for (const entry of entries.filter((e) => e.isDirectory())) {
-      const procs = await readFile(join(SANDBOX_CGROUPS, owner, entry.name, 'cgroup.procs'), 'utf8').catch(() => '');
-      found.push({ name: `${owner}/${entry.name}`, pids: procs.split('\n').filter(Boolean).map(Number) });
+      found.push({ name: `${owner}/${entry.name}`, pids: await pidsUnder(join(SANDBOX_CGROUPS, owner, entry.name)) });
     }
   }
   return found;
 }
 
-/** Whether a process with this pid exists (a zombie counts: it has not been reaped). */
+async function pidsUnder(dir: string): Promise<number[]> {
+  const procs = await readFile(join(dir, 'cgroup.procs'), 'utf8').catch(() => '');
+  const own = procs.split('\n').filter(Boolean).map(Number);
+  const children = (await readdir(dir, { withFileTypes: true }).catch(() => [])).filter((e) => e.isDirectory());
+  const nested = await Promise.all(children.map((c) => pidsUnder(join(dir, c.name))));
+  return [...own, ...nested.flat()];
+}
+
+/**
+ * Whether a process with this pid is still running. A zombie (state Z) has exited and holds nothing but its pid
+ * entry: it is not counted, since reaping orphans is the host init's job (on some hosts PID 1 never reaps, and
+ * bubblewrap's in-namespace init, orphaned when its parent exits, stays a zombie there).
+ */
 export async function pidAlive(pid: number): Promise<boolean> {
-  return readFile(`/proc/${pid}/stat`).then(
-    () => true,
-    () => false,
-  );
+  const stat = await readFile(`/proc/${pid}/stat`, 'utf8').catch(() => undefined);
+  if (stat === undefined) return false;
+  return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[0] !== 'Z';
 }
