@@ -79,6 +79,7 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
       defaultModel: config.model.name,
       requestTimeoutMs: config.backendRequestTimeoutMs,
       maxResponseBytes: config.backendMaxResponseBytes,
+      lifetime: lifecycle.signal,
     }),
   );
   server.addService(
