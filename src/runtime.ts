@@ -16,6 +16,7 @@ import { createStages } from './pipeline/stages.js';
 import { TaskStore, type TaskEntry } from './pipeline/task-store.js';
 import type { TrajectorySink } from './pipeline/task.js';
 import { checkPromptFits, validateTask } from './pipeline/validate-task.js';
+import { linkedController } from './pipeline/rx.js';
 import { ServerLifecycle } from './lifecycle.js';
 
 export interface RuntimeDeps {
@@ -79,9 +80,21 @@ export class RolloutRuntime {
    */
   async submit(spec: TaskSpec, sink?: TrajectorySink, callSignal?: AbortSignal): Promise<SubmitResult> {
     this.throwIfNotAdmitting();
-    // Draining gives up every wait for admission at once: the caller hears UNAVAILABLE "draining", not a hang.
-    const admission = this.lifecycle.admission;
-    const signal = callSignal ? AbortSignal.any([callSignal, admission]) : admission;
+    // Draining gives up every wait for admission at once: the caller hears UNAVAILABLE "draining", not a hang. The
+    // link to the long-lived admission signal is undone when the submit settles, so listeners do not pile up on it.
+    const { controller, dispose } = linkedController(this.lifecycle.admission);
+    const onCall = (): void => controller.abort(callSignal?.reason);
+    if (callSignal?.aborted) onCall();
+    else callSignal?.addEventListener('abort', onCall, { once: true });
+    try {
+      return await this.admit(spec, sink, controller.signal);
+    } finally {
+      dispose();
+      callSignal?.removeEventListener('abort', onCall);
+    }
+  }
+
+  private async admit(spec: TaskSpec, sink: TrajectorySink | undefined, signal: AbortSignal): Promise<SubmitResult> {
     const { tokenizer, template, pool } = this.deps;
     const task = validateTask(spec, this.deps.registry, this.deps.config);
     const known = this.store.existing(task);

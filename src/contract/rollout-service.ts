@@ -170,8 +170,7 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
       }
       writer.end();
     } catch (err) {
-      // `failing`: the call already ended with a status (the server stopping emits it, and the iterator rethrows it).
-      if (!aborted.signal.aborted && !failing) {
+      if (!aborted.signal.aborted) {
         // grpc-js sends the status of an 'error' emitted on the call.
         failing = true;
         call.emit('error', toServiceError(err, log));
@@ -211,4 +210,3 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
     }
   }
 }
-
