@@ -104,6 +104,9 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
   }
   runtime.start();
   lifecycle.transition('running');
+  if (config.auth.adminToken === undefined && config.adminToken === undefined && !/^(127\.|localhost$|::1$)/.test(config.host)) {
+    log.warn({ host: config.host }, 'no admin token: anyone who reaches this address may add backends or drain the server (set auth.adminToken)');
+  }
   log.info({ host: config.host, port, tls: config.tls === undefined ? 'off' : config.tls.requireClientCert ? 'mtls' : 'on' }, 'rollout server listening');
 
   let draining: Promise<void> | undefined;
