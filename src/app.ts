@@ -97,33 +97,23 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
   const sessions = new SessionManager(options.sessionTtlMs ?? config.sessions.ttlMs, config.sessions.maxUnackedBytes, journal && { opened: (id) => journal.sessionOpened(id), ended: (id) => journal.sessionEnded(id) });
   if (opened) recoverFromJournal(opened.contents, { runtime, sessions, registry, config, journal: opened.journal, logger });
   let server: RunningServer;
-  try {
-    server = await startGrpcServer({ runtime, registry, logger, sessions });
-  } catch (err) {
-    sessions.stop();
+  // Run by the drain once the transport is closed: after the pipeline stopped, every finished trajectory's journal
+  // write has been issued (close waits for the fsync) and no sample waits on a token thread, an engine or a sandbox.
+  const release = async (): Promise<void> => {
     await journal?.close();
     await tokenPool?.close();
+    pool.close();
+    await sandboxes.close?.();
+  };
+  try {
+    server = await startGrpcServer({ runtime, registry, logger, release, sessions });
+  } catch (err) {
+    await release();
     throw err;
   }
   if (journal) {
     server.health.setStatus(ADMISSION_HEALTH, journal.fullReason === undefined ? 'SERVING' : 'NOT_SERVING');
     journal.onFullChange = (reason) => server.health.setStatus(ADMISSION_HEALTH, reason === undefined ? 'SERVING' : 'NOT_SERVING');
   }
-  return {
-    ...server,
-    config,
-    runtime,
-    pool,
-    journal,
-    tokenPool,
-    shutdown: async () => {
-      await server.shutdown();
-      // After the pipeline stopped: every finished trajectory's write has been issued; close waits for the fsync.
-      await journal?.close();
-      // After the pipeline stopped: no sample waits on a token thread any more.
-      await tokenPool?.close();
-      pool.close();
-      await sandboxes.close?.();
-    },
-  };
+  return { ...server, config, runtime, pool, journal, tokenPool };
 }

@@ -196,8 +196,37 @@ export const serverConfigSchema = z.strictObject({
       maxBytes: z.number().int().min(1 << 20).default(1 << 30),
     })
     .prefault({}),
-  /** Bearer token required on BackendService calls when set. */
-  adminToken: z.string().optional(),
+  /** Bearer token required on BackendService and AdminService calls when set (the same as `auth.adminToken`). */
+  adminToken: z.string().min(1).optional(),
+  /**
+   * Bearer tokens (`authorization: Bearer <token>`). `token` guards RolloutService, `adminToken` BackendService and
+   * AdminService; unset = open. Health checking and reflection are always open. Give tokens through the config file
+   * or the environment (ROLLOUT_TOKEN, ROLLOUT_ADMIN_TOKEN) or `--token-file`, never as a command-line literal.
+   */
+  auth: z
+    .strictObject({
+      token: z.string().min(1).optional(),
+      adminToken: z.string().min(1).optional(),
+    })
+    .prefault({}),
+  /**
+   * TLS: the server's certificate chain and key (PEM files); with `clientCaFile`, client certificates signed by that CA
+   * are verified, and with `requireClientCert` a client without one is refused (mTLS). Unset: plaintext.
+   */
+  tls: z
+    .strictObject({
+      certFile: z.string().min(1),
+      keyFile: z.string().min(1),
+      clientCaFile: z.string().min(1).optional(),
+      requireClientCert: z.boolean().default(false),
+    })
+    .refine((tls) => !tls.requireClientCert || tls.clientCaFile !== undefined, { message: 'requireClientCert needs clientCaFile', path: ['requireClientCert'] })
+    .optional(),
+  /**
+   * On SIGTERM/SIGINT or AdminService.Drain: how long the work in flight may take before it is cancelled (delivered
+   * with status CANCELLED), ms.
+   */
+  drainGraceMs: z.number().int().min(0).default(30_000),
 });
 
 export type ServerConfig = z.infer<typeof serverConfigSchema>;

@@ -1,4 +1,4 @@
-import { config as rxConfig } from 'rxjs';
+import { config as rxConfig, filter } from 'rxjs';
 import { RolloutError } from './errors.js';
 import type { ServerConfig } from './config.js';
 import type { Logger } from './observability/logger.js';
@@ -18,6 +18,8 @@ import { createStages } from './pipeline/stages.js';
 import { TaskStore, type TaskEntry } from './pipeline/task-store.js';
 import type { ResolvedTask, TrajectorySink } from './pipeline/task.js';
 import { checkPromptFits, validateTask } from './pipeline/validate-task.js';
+import { linkedController } from './pipeline/rx.js';
+import { ServerLifecycle } from './lifecycle.js';
 
 export interface RuntimeDeps {
   config: ServerConfig;
@@ -32,6 +34,8 @@ export interface RuntimeDeps {
   logger: Logger;
   /** The durable journal (config `journal.dir`); absent: everything lives in memory. */
   journal?: Journal;
+  /** The server's lifecycle (admission stops when it drains); a fresh one when absent (tests of the runtime alone). */
+  lifecycle?: ServerLifecycle;
 }
 
 export interface SubmitResult {
@@ -48,6 +52,7 @@ export class RolloutRuntime {
   readonly pipeline: Pipeline;
   readonly store: TaskStore;
   readonly admission: Admission;
+  readonly lifecycle: ServerLifecycle;
   private readonly log: Logger;
   private stopped = false;
   /** Tasks accepted but not yet on disk: a retry of one waits for (and shares the fate of) the first. */
@@ -58,6 +63,7 @@ export class RolloutRuntime {
   constructor(readonly deps: RuntimeDeps) {
     this.log = deps.logger.child({ component: 'runtime' });
     const { config } = deps;
+    this.lifecycle = deps.lifecycle ?? new ServerLifecycle();
     this.store = new TaskStore(config.retainFinishedTasks, config.retainFinishedBytes);
     this.admission = new Admission(config.maxAdmitted);
     this.pipeline = new Pipeline(
@@ -107,8 +113,23 @@ export class RolloutRuntime {
    * Idempotent on task_id: a retry with the same spec returns duplicate = true, and `sink` still receives every
    * trajectory of the task (finished ones at once). Throws RolloutError('invalid_argument') naming the field.
    */
-  async submit(spec: TaskSpec, sink?: TrajectorySink, signal?: AbortSignal, session = ''): Promise<SubmitResult> {
-    if (this.stopped) throw new RolloutError('unavailable', 'server is stopping');
+  async submit(spec: TaskSpec, sink?: TrajectorySink, callSignal?: AbortSignal, session = ''): Promise<SubmitResult> {
+    this.throwIfNotAdmitting();
+    // Draining gives up every wait for admission at once: the caller hears UNAVAILABLE "draining", not a hang. The
+    // link to the long-lived admission signal is undone when the submit settles, so listeners do not pile up on it.
+    const { controller, dispose } = linkedController(this.lifecycle.admission);
+    const onCall = (): void => controller.abort(callSignal?.reason);
+    if (callSignal?.aborted) onCall();
+    else callSignal?.addEventListener('abort', onCall, { once: true });
+    try {
+      return await this.admit(spec, sink, controller.signal, session);
+    } finally {
+      dispose();
+      callSignal?.removeEventListener('abort', onCall);
+    }
+  }
+
+  private async admit(spec: TaskSpec, sink: TrajectorySink | undefined, signal: AbortSignal, session: string): Promise<SubmitResult> {
     const { tokenizer, template, pool } = this.deps;
     const task = validateTask(spec, this.deps.registry, this.deps.config);
     const known = this.store.existing(task);
@@ -120,7 +141,7 @@ export class RolloutRuntime {
     // with another spec): give the capacity back on every such path.
     let raced: TaskEntry | undefined;
     try {
-      if (this.stopped) throw new RolloutError('unavailable', 'server is stopping');
+      this.throwIfNotAdmitting();
       raced = this.store.existing(task);
     } catch (err) {
       this.admission.release(task.numSamples);
@@ -168,10 +189,38 @@ export class RolloutRuntime {
     return cancelled;
   }
 
-  /** Stops accepting work and cancels what is in flight. */
-  async stop(): Promise<void> {
+  /**
+   * Resolves once no admitted sample is unfinished (every one was handed to its sinks), or when `signal` fires.
+   * With admission stopped (draining) this is "the work in flight has finished".
+   */
+  async idle(signal?: AbortSignal): Promise<void> {
+    while (this.pipeline.inFlight > 0 && !signal?.aborted) {
+      await new Promise<void>((resolve) => {
+        const sub = this.pipeline.events$.pipe(filter((e) => e.type === 'finished')).subscribe(() => done());
+        const done = (): void => {
+          sub.unsubscribe();
+          signal?.removeEventListener('abort', done);
+          resolve();
+        };
+        signal?.addEventListener('abort', done, { once: true });
+      });
+    }
+  }
+
+  /**
+   * Stops accepting work and cancels what is in flight: each unfinished sample is delivered with status CANCELLED
+   * and `reason` as its error (never as a completed trajectory), its sandbox released before stop resolves.
+   */
+  async stop(reason = 'server stopping'): Promise<void> {
     this.stopped = true;
-    await this.pipeline.stop();
+    await this.pipeline.stop(reason);
+  }
+
+  private throwIfNotAdmitting(): void {
+    if (this.stopped) throw new RolloutError('unavailable', 'server is stopping');
+    if (!this.lifecycle.admitting) {
+      throw new RolloutError('unavailable', this.lifecycle.state === 'starting' ? 'server is starting' : 'server is draining: not accepting new tasks');
+    }
   }
 
   /**

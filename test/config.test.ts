@@ -56,4 +56,16 @@ describe('server configuration', () => {
     expect(err.field).toBe('model.toolCallParser');
     expect(err.message).toContain('"hermes"|"llama3_json"|"deepseek_v3"');
   });
+
+  it('takes auth tokens and TLS files; mTLS without a client CA and empty tokens are refused by field', () => {
+    const config = parseConfig({ auth: { token: 't', adminToken: 'a' }, tls: { certFile: '/c.pem', keyFile: '/k.pem' }, drainGraceMs: 5_000 });
+    expect(config.auth).toEqual({ token: 't', adminToken: 'a' });
+    expect(config.tls).toEqual({ certFile: '/c.pem', keyFile: '/k.pem', requireClientCert: false });
+    expect(config.drainGraceMs).toBe(5_000);
+    expect(parseConfig({}).auth).toEqual({});
+    expect(parseConfig({}).tls).toBeUndefined();
+    expect(failure({ tls: { certFile: '/c.pem', keyFile: '/k.pem', requireClientCert: true } }).field).toBe('tls.requireClientCert');
+    expect(failure({ auth: { token: '' } }).field).toBe('auth.token');
+    expect(failure({ auth: { tokne: 'x' } }).message).toContain('tokne');
+  });
 });

@@ -5,6 +5,14 @@ trajectory as it finishes, acks it, checks the trajectory invariants a trainer r
 summary as its last line. Exits non-zero when anything is missing, duplicated or inconsistent.
 
     .venv/bin/python examples/python/train_loop.py --target 127.0.0.1:50051 --groups 4 --group-size 4
+
+Against a server with a bearer token and TLS (mTLS when the server asks for a client certificate):
+
+    ROLLOUT_TOKEN=... .venv/bin/python examples/python/train_loop.py --target host:50051 --ca ca.pem \
+        [--client-cert client.pem --client-key client.key]
+
+The token comes from --token-file or the ROLLOUT_TOKEN environment variable, never from a command-line literal
+(which any user can read in the process list).
 """
 from __future__ import annotations
 
@@ -69,6 +77,33 @@ def check_invariants(t: rollout_pb2.Trajectory) -> list[str]:
     return problems
 
 
+def read_file(path: str | None) -> bytes | None:
+    if path is None:
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def open_channel(args: argparse.Namespace) -> grpc.Channel:
+    """Plaintext, or TLS trusting --ca (with a client certificate when given)."""
+    if args.ca is None and args.client_cert is None:
+        return grpc.insecure_channel(args.target)
+    if (args.client_cert is None) != (args.client_key is None):
+        raise SystemExit("--client-cert and --client-key go together")
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=read_file(args.ca),
+        private_key=read_file(args.client_key),
+        certificate_chain=read_file(args.client_cert),
+    )
+    return grpc.secure_channel(args.target, credentials)
+
+
+def auth_metadata(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """`authorization: Bearer <token>` on every call (as metadata, so it works over plaintext too)."""
+    token = read_file(args.token_file).decode().strip() if args.token_file else os.environ.get("ROLLOUT_TOKEN")
+    return [("authorization", f"Bearer {token}")] if token else []
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", required=True)
@@ -76,10 +111,14 @@ def main() -> int:
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--token-file", help="file holding the RolloutService bearer token (default: $ROLLOUT_TOKEN)")
+    parser.add_argument("--ca", help="PEM CA of the server's certificate: connect with TLS")
+    parser.add_argument("--client-cert", help="PEM client certificate, for a server that requires one (mTLS)")
+    parser.add_argument("--client-key", help="PEM key of --client-cert")
     args = parser.parse_args()
     rng = random.Random(args.seed)
 
-    channel = grpc.insecure_channel(args.target)
+    channel = open_channel(args)
     grpc.channel_ready_future(channel).result(timeout=30)
     stub = rollout_pb2_grpc.RolloutServiceStub(channel)
 
@@ -107,7 +146,7 @@ def main() -> int:
     violations: list[str] = []
     closed = False
 
-    responses = stub.Rollout(requests(), timeout=args.timeout)
+    responses = stub.Rollout(requests(), timeout=args.timeout, metadata=auth_metadata(args))
     for response in responses:
         kind = response.WhichOneof("kind")
         if kind == "accepted":

@@ -1,4 +1,6 @@
+import { readFileSync } from 'node:fs';
 import { startRolloutServer, type RolloutServerOptions } from '../app.js';
+import { RolloutError } from '../errors.js';
 import { defaultRegistry } from '../environments/registry.js';
 import { parseConfig, type ServerConfigInput } from '../config.js';
 import { createLogger } from '../observability/logger.js';
@@ -20,6 +22,13 @@ export interface ServeOptions {
   evalTimeoutMs?: number;
   maxAdmitted?: number;
   adminToken?: string;
+  adminTokenFile?: string;
+  tokenFile?: string;
+  tlsCert?: string;
+  tlsKey?: string;
+  tlsClientCa?: string;
+  tlsRequireClientCert?: boolean;
+  drainGraceMs?: number;
   sandboxDriver?: 'bwrap' | 'apptainer';
   apptainerPath?: string;
   fakeEngine?: boolean;
@@ -31,9 +40,10 @@ export interface ServeOptions {
 }
 
 /**
- * `rollout serve`: runs until SIGINT/SIGTERM, then shuts down cleanly (in-flight samples are cancelled).
- * `inject` replaces the registry or the sandbox driver: the seam bench/soak-server.ts uses to run this very
- * command with its test doubles (never set by the CLI).
+ * `rollout serve`: runs until SIGTERM/SIGINT or an AdminService.Drain call, then drains (admission stops, work in
+ * flight gets the grace period, then is cancelled; streams end UNAVAILABLE; sandboxes released) and exits 0.
+ * A second signal during the drain cancels the work in flight at once. `inject` replaces the registry or the
+ * sandbox driver: the seam bench/soak uses to run this very command with its test doubles (never set by the CLI).
  */
 export async function runServe(opts: ServeOptions, inject: Pick<RolloutServerOptions, 'registry' | 'sandboxes'> = {}): Promise<void> {
   const logger = createLogger();
@@ -77,8 +87,23 @@ export async function runServe(opts: ServeOptions, inject: Pick<RolloutServerOpt
       ...(opts.apptainerPath !== undefined && { apptainerPath: opts.apptainerPath }),
     };
   }
-  const adminToken = opts.adminToken ?? process.env.ROLLOUT_ADMIN_TOKEN;
-  if (adminToken) config.adminToken = adminToken;
+  // Tokens from files or the environment, so they never show in process listings; a file wins over the environment.
+  const adminToken = (opts.adminTokenFile !== undefined ? readToken(opts.adminTokenFile, '--admin-token-file') : undefined) ?? opts.adminToken ?? process.env.ROLLOUT_ADMIN_TOKEN;
+  const token = (opts.tokenFile !== undefined ? readToken(opts.tokenFile, '--token-file') : undefined) ?? process.env.ROLLOUT_TOKEN;
+  if (adminToken || token) {
+    config.auth = { ...config.auth, ...(token && { token }), ...(adminToken && { adminToken }) };
+  }
+  if (opts.tlsCert !== undefined || opts.tlsKey !== undefined || opts.tlsClientCa !== undefined || opts.tlsRequireClientCert) {
+    const tls = config.tls ?? { certFile: '', keyFile: '' };
+    config.tls = {
+      ...tls,
+      ...(opts.tlsCert !== undefined && { certFile: opts.tlsCert }),
+      ...(opts.tlsKey !== undefined && { keyFile: opts.tlsKey }),
+      ...(opts.tlsClientCa !== undefined && { clientCaFile: opts.tlsClientCa }),
+      ...(opts.tlsRequireClientCert && { requireClientCert: true }),
+    };
+  }
+  if (opts.drainGraceMs !== undefined) config.drainGraceMs = opts.drainGraceMs;
   config.backends = backends;
   // Validated before anything starts (the fake engine aside), so a typo fails with its path, not a stack trace.
   parseConfig(config);
@@ -86,12 +111,32 @@ export async function runServe(opts: ServeOptions, inject: Pick<RolloutServerOpt
   const server = await startRolloutServer(config, { logger, ...(registry && { registry }), ...(inject.sandboxes && { sandboxes: inject.sandboxes }) });
   // A plain line scripts and tests can wait for, beside the JSON logs.
   console.log(`rollout server listening on ${server.address}`);
-  await new Promise<void>((resolve) => {
-    process.once('SIGINT', resolve);
-    process.once('SIGTERM', resolve);
-  });
-  await server.shutdown();
+  let signals = 0;
+  const onSignal = (name: NodeJS.Signals): void => {
+    signals++;
+    logger.info({ signal: name }, signals === 1 ? 'draining on signal' : 'second signal: cancelling the work in flight now');
+    void server.drain(signals === 1 ? {} : { graceMs: 0 }).catch(() => undefined);
+  };
+  process.on('SIGINT', onSignal);
+  process.on('SIGTERM', onSignal);
+  // Stopped by a signal or by AdminService.Drain; either way the drain ran to its end (or failed, which is logged).
+  await server.lifecycle.until('stopped');
+  process.off('SIGINT', onSignal);
+  process.off('SIGTERM', onSignal);
   await engine?.close();
+  if (server.lifecycle.state === 'failed') process.exitCode = 1;
+}
+
+/** A bearer token from a file (trailing newline trimmed); an empty or unreadable file is a usage error naming the flag. */
+function readToken(file: string, flag: string): string {
+  let text: string;
+  try {
+    text = readFileSync(file, 'utf8').trim();
+  } catch (err) {
+    throw new RolloutError('invalid_argument', `${flag}: cannot read ${file}: ${(err as Error).message}`);
+  }
+  if (text === '') throw new RolloutError('invalid_argument', `${flag}: ${file} is empty`);
+  return text;
 }
 
 /** The `model` section with some fields set: a file's string form is the name, its object form is kept. */

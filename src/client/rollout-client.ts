@@ -1,4 +1,4 @@
-import { credentials, Metadata, type ClientDuplexStream, type ServiceError } from '@grpc/grpc-js';
+import { credentials, InterceptingCall, Metadata, type ClientDuplexStream, type Interceptor, type ServiceError } from '@grpc/grpc-js';
 import {
   RolloutServiceClient,
   TaskSpec,
@@ -220,16 +220,42 @@ export class RolloutSession {
   }
 }
 
+/** How the client reaches a server: bearer tokens and TLS (PEM contents, not paths). */
+export interface ConnectionOptions {
+  /** RolloutService bearer token (the server's `auth.token`), sent on every call, streams included. */
+  token?: string;
+  /** BackendService bearer token (the server's admin token). */
+  adminToken?: string;
+  /**
+   * TLS instead of plaintext. `ca`: the CA that signed the server's certificate (default: the system's roots);
+   * `cert` + `key`: this client's certificate for a server that asks for one (mTLS).
+   */
+  tls?: { ca?: Buffer; cert?: Buffer; key?: Buffer };
+}
+
+/** A client interceptor adding `authorization: Bearer <token>` to every call (works on plaintext channels too). */
+function bearer(token: string): Interceptor {
+  return (options, nextCall) =>
+    new InterceptingCall(nextCall(options), {
+      start: (metadata, listener, next) => {
+        metadata.set('authorization', `Bearer ${token}`);
+        next(metadata, listener);
+      },
+    });
+}
+
 /** The TypeScript client over the generated grpc-js stubs. */
 export class RolloutClient {
   readonly rollout: RolloutServiceClient;
   readonly backends: BackendServiceClient;
   private readonly adminMetadata = new Metadata();
 
-  constructor(address: string, options: { adminToken?: string } = {}) {
+  constructor(address: string, options: ConnectionOptions = {}) {
     const opts = { 'grpc.max_receive_message_length': 64 << 20 };
-    this.rollout = new RolloutServiceClient(address, credentials.createInsecure(), opts);
-    this.backends = new BackendServiceClient(address, credentials.createInsecure(), opts);
+    const { tls } = options;
+    const channel = tls ? credentials.createSsl(tls.ca ?? null, tls.key ?? null, tls.cert ?? null) : credentials.createInsecure();
+    this.rollout = new RolloutServiceClient(address, channel, { ...opts, ...(options.token && { interceptors: [bearer(options.token)] }) });
+    this.backends = new BackendServiceClient(address, channel, opts);
     if (options.adminToken) this.adminMetadata.set('authorization', `Bearer ${options.adminToken}`);
   }
 

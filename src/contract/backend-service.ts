@@ -14,12 +14,17 @@ import { unary } from './unary.js';
 export interface BackendServiceDeps {
   pool: BackendPool;
   logger: Logger;
-  /** When set, every call must carry `authorization: Bearer <token>`. */
+  /**
+   * When set, every call must carry `authorization: Bearer <token>`. The gRPC server checks the admin token in its
+   * auth interceptor (src/contract/auth.ts) and leaves this unset; it is for this service mounted on its own.
+   */
   adminToken?: string;
   defaultModel: string;
   requestTimeoutMs: number;
   /** Cap on engine answers in bytes (0 or absent = derived per request). */
   maxResponseBytes?: number;
+  /** The server-lifetime signal: a call still waiting (a pause waiting for requests in flight) ends when the server stops. */
+  lifetime?: AbortSignal;
 }
 
 /** The contract's enum value of a kind: BACKEND_KIND_<NAME> (a kind without one fails to compile). */
@@ -65,10 +70,14 @@ function pauseModeFromProto(value: PauseMode): EnginePauseMode {
 export function backendService(deps: BackendServiceDeps): BackendServiceServer {
   const log = deps.logger.child({ component: 'backend-service' });
   const admin = <Req, Res>(fn: (request: Req, signal: AbortSignal) => Promise<Res> | Res) =>
-    unary<Req, Res>(log, (request, signal, call) => {
-      authorize(call.metadata, deps.adminToken);
-      return fn(request, signal);
-    });
+    unary<Req, Res>(
+      log,
+      (request, signal, call) => {
+        authorize(call.metadata, deps.adminToken);
+        return fn(request, signal);
+      },
+      deps.lifetime,
+    );
 
   return {
     addBackend: admin(async (request) => {

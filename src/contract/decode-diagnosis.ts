@@ -34,7 +34,7 @@ export function contractSchema(): protobuf.Root {
   if (root) return root;
   const r = new protobuf.Root();
   r.resolvePath = (_origin, target) => (target.startsWith('google/protobuf/') ? target : `${PROTO_DIR}${target}`);
-  r.loadSync(['rollout/v1/rollout.proto', 'rollout/v1/backend.proto'], { keepCase: true });
+  r.loadSync(['rollout/v1/rollout.proto', 'rollout/v1/backend.proto', 'rollout/v1/admin.proto'], { keepCase: true });
   r.resolveAll();
   root = r;
   return r;

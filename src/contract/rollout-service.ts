@@ -32,6 +32,8 @@ export interface RolloutServiceDeps {
 export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
   const { runtime, registry, sessions } = deps;
   const log = deps.logger.child({ component: 'rollout-service' });
+  /** The server-lifetime signal: fires once the server is drained; every call here then ends with UNAVAILABLE. */
+  const lifetime = runtime.lifecycle.signal;
 
   return {
     rollout: (call) => void handleRollout(call),
@@ -39,7 +41,7 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
     submit: unary(log, async (request, signal) => {
       if (!request.task) throw RolloutError.invalid('task', 'required');
       return runtime.submit(request.task, undefined, signal);
-    }),
+    }, lifetime),
 
     getTrajectory: unary(log, async (request, signal) => {
       const entry = runtime.store.get(request.taskId);
@@ -53,11 +55,11 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
       if (request.wait) await runtime.store.waitFor(entry, indices, signal);
       const trajectories = indices.flatMap((i) => (entry.trajectories[i] ? [entry.trajectories[i]] : []));
       return { trajectories, pending: indices.length - trajectories.length };
-    }),
+    }, lifetime),
 
     cancel: unary(log, (request) => ({ cancelled: runtime.cancel(request.taskId) })),
 
-    watch: (call) => void handleWatch(call, runtime, log),
+    watch: (call) => void handleWatch(call, runtime, log, lifetime),
 
     listEnvironments: unary(log, () => ({
       environments: registry.list().map((e) => ({ name: e.name, description: e.description, instanceSchema: e.instanceSchema, tools: [...e.tools] })),
@@ -99,6 +101,12 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
       log.info({ sessionId: session?.id }, 'session taken over by another stream');
       call.emit('error', toServiceError(new RolloutError('aborted', reason), log));
     };
+    // The server is drained: reading ends here as if the client had half-closed (what is already buffered is still
+    // read, and refused as draining), so the loop below exits and the call can end with UNAVAILABLE. Not an 'error'
+    // on the call: a pending read would destroy it, and the client would see CANCELLED instead of the status.
+    const stopReading = (): void => void call.push(null);
+    if (lifetime.aborted) stopReading();
+    else lifetime.addEventListener('abort', stopReading, { once: true });
     const openSession = (sessionId: string, resume: boolean, stageEvents: boolean): Session => {
       const s = sessions.open(sessionId, resume, stageEvents);
       const { redelivered, tookOver } = s.attach({ writer, evict }, resume);
@@ -171,6 +179,12 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
         // A slow reader: stop pulling requests until the outbox drains (bounded in bytes per stream).
         await writer.below(maxOutboxBytes);
       }
+      if (lifetime.aborted) {
+        // The server is drained: every trajectory of this stream's session has been handed to the writer. Let the
+        // client take them (bounded: the transport is cut after a while anyway), then end with UNAVAILABLE.
+        await writer.flushed();
+        throw lifetime.reason;
+      }
       // The client half-closed: finish delivering what it asked for, then end the stream.
       if (waiting) await waiting.done;
       if (session) {
@@ -186,6 +200,7 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
         call.emit('error', toServiceError(err, log));
       }
     } finally {
+      lifetime.removeEventListener('abort', stopReading);
       unsubscribe.unsubscribe();
       if (session) {
         session.detach(writer);

@@ -1,13 +1,19 @@
 import { Server, ServerCredentials } from '@grpc/grpc-js';
 import { ReflectionService } from '@grpc/reflection';
 import { HealthImplementation } from 'grpc-health-check';
+import { readFile } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
+import { RolloutError } from '../errors.js';
+import type { ServerLifecycle } from '../lifecycle.js';
 import type { Logger } from '../observability/logger.js';
 import type { ServerConfig } from '../config.js';
 import type { EnvironmentRegistry } from '../environments/registry.js';
 import type { RolloutRuntime } from '../runtime.js';
 import { RolloutServiceService } from '../../gen/ts/rollout/v1/rollout.js';
 import { BackendServiceService } from '../../gen/ts/rollout/v1/backend.js';
+import { AdminServiceService } from '../../gen/ts/rollout/v1/admin.js';
+import { adminService } from './admin-service.js';
+import { authInterceptor } from './auth.js';
 import { backendService } from './backend-service.js';
 import { reflectedDefinition } from './reflection.js';
 import { rolloutService } from './rollout-service.js';
@@ -26,6 +32,8 @@ export interface GrpcServerOptions {
   sessionTtlMs?: number;
   /** The sessions (start-up recovery fills them from the journal before the server listens); new when absent. */
   sessions?: SessionManager;
+  /** Releases what lives beside the server (engine clients, token threads, sandboxes) once the transport closed. */
+  release?: () => Promise<void>;
 }
 
 export interface RunningServer {
@@ -34,22 +42,37 @@ export interface RunningServer {
   readonly health: HealthImplementation;
   /** Trainer sessions (their unacked, held and outbox bytes: `sessions.stats()`). */
   readonly sessions: SessionManager;
-  /** Stops accepting calls, cancels in-flight work, closes the server. */
+  /** The server's lifecycle state (runtime.lifecycle): running until a drain. */
+  readonly lifecycle: ServerLifecycle;
+  /**
+   * Drains (see drainServer) and resolves once stopped. `graceMs` (default: config drainGraceMs) bounds how long the
+   * work in flight may take; a second call with a shorter grace brings the cancellation forward.
+   */
+  drain(options?: { graceMs?: number }): Promise<void>;
+  /** Drains with no grace: in-flight work is cancelled at once (delivered as CANCELLED), then the server stops. */
   shutdown(): Promise<void>;
 }
 
+/** The services health checking reports on: all of them go NOT_SERVING the moment draining begins. */
+const HEALTH_SERVICES = ['', 'rollout.v1.RolloutService', 'rollout.v1.BackendService', 'rollout.v1.AdminService'] as const;
+/** How long open calls get, once drained, to take what was written to them and end, before the transport is cut. */
+const CLOSE_BOUND_MS = 5_000;
+
 /**
- * Serves RolloutService, BackendService, grpc.health.v1 and server reflection on host:port (port 0 picks a free
- * one). Message size limits come from the config so oversized requests are refused by the transport.
+ * Serves RolloutService, BackendService, AdminService, grpc.health.v1 and server reflection on host:port (port 0
+ * picks a free one), over TLS when configured (mTLS with a client CA), with bearer tokens checked by one interceptor.
+ * Message size limits come from the config so oversized requests are refused by the transport.
  */
 export async function startGrpcServer(options: GrpcServerOptions): Promise<RunningServer> {
   const { runtime, registry, logger } = options;
+  const { lifecycle } = runtime;
   const config = runtime.deps.config;
   const log = logger.child({ component: 'server' });
   const server = new Server({
     'grpc.max_receive_message_length': transportReceiveLimit(config.maxMessageBytes),
     'grpc.max_send_message_length': config.maxMessageBytes,
     ...keepaliveOptions(config.keepalive),
+    interceptors: [authInterceptor({ token: config.auth.token, adminToken: config.auth.adminToken ?? config.adminToken }, logger)],
   });
   const sessions = options.sessions ?? new SessionManager(options.sessionTtlMs ?? config.sessions.ttlMs, config.sessions.maxUnackedBytes);
   server.addService(trajectorySerializers(tolerantService(RolloutServiceService, config.maxMessageBytes), config.maxMessageBytes), rolloutService({ runtime, registry, sessions, logger, serverVersion: SERVER_VERSION }));
@@ -58,46 +81,131 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
     backendService({
       pool: runtime.deps.pool,
       logger,
-      ...(config.adminToken !== undefined && { adminToken: config.adminToken }),
       defaultModel: config.model.name,
       requestTimeoutMs: config.backendRequestTimeoutMs,
       maxResponseBytes: config.backendMaxResponseBytes,
+      lifetime: lifecycle.signal,
     }),
   );
-  const health = new HealthImplementation({ '': 'SERVING', 'rollout.v1.RolloutService': 'SERVING', 'rollout.v1.BackendService': 'SERVING' });
-  health.addToServer(server);
-  new ReflectionService(reflectedDefinition(['rollout/v1/rollout.proto', 'rollout/v1/backend.proto'], PROTO_DIR)).addToServer(server);
-
-  const port = await new Promise<number>((resolve, reject) =>
-    server.bindAsync(`${config.host}:${config.port}`, ServerCredentials.createInsecure(), (err, boundPort) => (err ? reject(err) : resolve(boundPort))),
+  server.addService(
+    tolerantService(AdminServiceService, config.maxMessageBytes),
+    adminService({ lifecycle, logger, inFlight: () => runtime.pipeline.inFlight, drain: (graceMs) => void drain(graceMs).catch(() => undefined) }),
   );
-  runtime.start();
-  log.info({ host: config.host, port }, 'rollout server listening');
+  const health = new HealthImplementation(Object.fromEntries(HEALTH_SERVICES.map((name) => [name, 'SERVING'])));
+  health.addToServer(server);
+  new ReflectionService(reflectedDefinition(['rollout/v1/rollout.proto', 'rollout/v1/backend.proto', 'rollout/v1/admin.proto'], PROTO_DIR)).addToServer(server);
 
-  let stopping: Promise<void> | undefined;
+  let port: number;
+  try {
+    const credentials = await serverCredentials(config.tls);
+    port = await new Promise<number>((resolve, reject) =>
+      server.bindAsync(`${config.host}:${config.port}`, credentials, (err, boundPort) => (err ? reject(err) : resolve(boundPort))),
+    );
+  } catch (err) {
+    lifecycle.transition('failed');
+    sessions.stop();
+    server.forceShutdown();
+    throw err;
+  }
+  runtime.start();
+  lifecycle.transition('running');
+  if (config.auth.adminToken === undefined && config.adminToken === undefined && !/^(127\.|localhost$|::1$)/.test(config.host)) {
+    log.warn({ host: config.host }, 'no admin token: anyone who reaches this address may add backends or drain the server (set auth.adminToken)');
+  }
+  log.info({ host: config.host, port, tls: config.tls === undefined ? 'off' : config.tls.requireClientCert ? 'mtls' : 'on' }, 'rollout server listening');
+
+  let draining: Promise<void> | undefined;
+  let bringForward: ((deadline: number) => void) | undefined;
+  const drain = (graceMs: number = config.drainGraceMs): Promise<void> => {
+    const deadline = Date.now() + graceMs;
+    if (draining) {
+      bringForward?.(deadline);
+      return draining;
+    }
+    draining = drainServer(deadline);
+    return draining;
+  };
+
+  /**
+   * The drain, in the lifecycle's order: draining (admission stops: new tasks and those waiting for admission are
+   * refused with UNAVAILABLE "draining"; every health service NOT_SERVING) → the work in flight finishes, or at
+   * the deadline is cancelled (delivered as CANCELLED, sandboxes released) → drained (every trajectory was handed
+   * to its sessions; the lifetime signal makes every open call flush and end with UNAVAILABLE) → the transport
+   * closes → engine clients, token threads and sandboxes are released → stopped.
+   */
+  async function drainServer(deadline: number): Promise<void> {
+    const grace = new AbortController();
+    let timer: NodeJS.Timeout | undefined;
+    const schedule = (at: number): void => {
+      if (lifecycle.drainDeadline !== undefined && at >= lifecycle.drainDeadline) return;
+      lifecycle.drainDeadline = at;
+      clearTimeout(timer);
+      timer = setTimeout(() => grace.abort(), Math.max(0, at - Date.now()));
+    };
+    try {
+      schedule(deadline);
+      bringForward = schedule;
+      lifecycle.transition('draining');
+      for (const name of HEALTH_SERVICES) health.setStatus(name, 'NOT_SERVING');
+      log.info({ inFlight: runtime.pipeline.inFlight, graceMs: Math.max(0, deadline - Date.now()) }, 'draining: admission stopped');
+      await runtime.idle(grace.signal);
+      clearTimeout(timer);
+      const cancelled = runtime.pipeline.inFlight;
+      if (cancelled > 0) log.warn({ cancelled }, 'drain grace period ended: cancelling the work in flight');
+      await runtime.stop("the server's drain grace period ended before this sample finished");
+      lifecycle.transition('drained');
+      log.info({ cancelled }, 'drained: closing open calls');
+      sessions.stop();
+      await closeTransport(server);
+      await options.release?.();
+      lifecycle.transition('stopped');
+      log.info('rollout server stopped');
+    } catch (err) {
+      clearTimeout(timer);
+      log.error({ err }, 'drain failed');
+      if (lifecycle.state !== 'failed') lifecycle.transition('failed');
+      server.forceShutdown();
+      throw err;
+    }
+  }
+
   return {
     port,
     address: `${config.host}:${port}`,
     health,
     sessions,
-    shutdown: () =>
-      (stopping ??= (async () => {
-        health.setStatus('', 'NOT_SERVING');
-        await runtime.stop();
-        sessions.stop();
-        await new Promise<void>((resolve) => {
-          const timer = setTimeout(() => {
-            server.forceShutdown();
-            resolve();
-          }, 2_000);
-          server.tryShutdown(() => {
-            clearTimeout(timer);
-            resolve();
-          });
-        });
-        log.info('rollout server stopped');
-      })()),
+    lifecycle,
+    drain: (o = {}) => drain(o.graceMs),
+    shutdown: () => drain(0),
   };
+}
+
+/** Waits for the open calls to end (the lifetime signal has told them to), cutting the rest after CLOSE_BOUND_MS. */
+async function closeTransport(server: Server): Promise<void> {
+  await new Promise<void>((resolve) => {
+    const timer = setTimeout(() => {
+      server.forceShutdown();
+      resolve();
+    }, CLOSE_BOUND_MS);
+    server.tryShutdown(() => {
+      clearTimeout(timer);
+      resolve();
+    });
+  });
+}
+
+/** Plaintext, or TLS from the configured PEM files (verifying client certificates against clientCaFile when set). */
+async function serverCredentials(tls: ServerConfig['tls']): Promise<ServerCredentials> {
+  if (tls === undefined) return ServerCredentials.createInsecure();
+  const read = async (file: string, field: string): Promise<Buffer> => {
+    try {
+      return await readFile(file);
+    } catch (err) {
+      throw new RolloutError('invalid_argument', `tls.${field}: cannot read ${file}: ${err instanceof Error ? err.message : String(err)}`, { field: `tls.${field}`, cause: err });
+    }
+  };
+  const [cert, key, clientCa] = await Promise.all([read(tls.certFile, 'certFile'), read(tls.keyFile, 'keyFile'), tls.clientCaFile === undefined ? null : read(tls.clientCaFile, 'clientCaFile')]);
+  return ServerCredentials.createSsl(clientCa, [{ cert_chain: cert, private_key: key }], tls.requireClientCert);
 }
 
 /**

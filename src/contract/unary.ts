@@ -11,9 +11,11 @@ import { undecodable, undecodableError } from './tolerant-decode.js';
 export function unary<Req, Res>(
   log: Logger,
   fn: (request: Req, signal: AbortSignal, call: ServerUnaryCall<Req, Res>) => Promise<Res> | Res,
+  /** The server-lifetime signal (ServerLifecycle.signal): a call still waiting when the server stops ends with its reason. */
+  lifetime?: AbortSignal,
 ) {
   return (call: ServerUnaryCall<Req, Res>, callback: sendUnaryData<Res>): void => {
-    const { signal, dispose } = callSignal(call);
+    const { signal, dispose } = callSignal(call, lifetime);
     Promise.resolve()
       .then(() => {
         // A request whose bytes did not decode (see tolerantService): INVALID_ARGUMENT naming the field.
@@ -29,11 +31,17 @@ export function unary<Req, Res>(
   };
 }
 
-/** Fires on client cancel or at the deadline (a little before, so the answer can still reach the client). */
-function callSignal(call: ServerUnaryCall<unknown, unknown>): { signal: AbortSignal; dispose: () => void } {
+/**
+ * Fires on client cancel, at the deadline (a little before, so the answer can still reach the client), or when the
+ * server stops (with the lifetime signal's reason: UNAVAILABLE).
+ */
+function callSignal(call: ServerUnaryCall<unknown, unknown>, lifetime: AbortSignal | undefined): { signal: AbortSignal; dispose: () => void } {
   const controller = new AbortController();
   const onCancel = (): void => controller.abort(Object.assign(new Error('client cancelled the call'), { name: 'AbortError' }));
+  const onStop = (): void => controller.abort(lifetime?.reason);
   call.on('cancelled', onCancel);
+  if (lifetime?.aborted) onStop();
+  else lifetime?.addEventListener('abort', onStop, { once: true });
   const deadline = call.getDeadline();
   const ms = deadline instanceof Date ? deadline.getTime() - Date.now() : Number.isFinite(deadline) ? Number(deadline) - Date.now() : Infinity;
   const timer = Number.isFinite(ms)
@@ -45,6 +53,7 @@ function callSignal(call: ServerUnaryCall<unknown, unknown>): { signal: AbortSig
     dispose: () => {
       clearTimeout(timer);
       call.off('cancelled', onCancel);
+      lifetime?.removeEventListener('abort', onStop);
     },
   };
 }

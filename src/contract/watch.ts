@@ -23,7 +23,7 @@ const FULL_TRAJECTORY_QUEUE_BYTES = 64 << 20;
  * periodic pool statistics, filtered by environment and group. A slow watcher never slows the pipeline nor grows
  * the server: past a queue limit its messages are dropped and counted in the log.
  */
-export async function handleWatch(call: ServerWritableStream<WatchRequest, WatchResponse>, runtime: RolloutRuntime, log: Logger): Promise<void> {
+export async function handleWatch(call: ServerWritableStream<WatchRequest, WatchResponse>, runtime: RolloutRuntime, log: Logger, lifetime?: AbortSignal): Promise<void> {
   const request = call.request;
   const bad = undecodable(request);
   if (bad) {
@@ -76,11 +76,20 @@ export async function handleWatch(call: ServerWritableStream<WatchRequest, Watch
         })
       : undefined;
 
+  // When the server is drained (the lifetime signal), what was queued is flushed and the watch ends UNAVAILABLE.
+  const stop = (): void => {
+    void writer.flushed().then(() => {
+      if (!writer.isClosed) call.emit('error', toServiceError(lifetime?.reason, log));
+    });
+  };
+  if (lifetime?.aborted) stop();
+  else lifetime?.addEventListener('abort', stop, { once: true });
   await new Promise<void>((resolve) => {
     call.on('cancelled', resolve);
     call.on('close', resolve);
     call.on('error', resolve);
   });
+  lifetime?.removeEventListener('abort', stop);
   events.unsubscribe();
   stats?.unsubscribe();
   if (dropped > 0) log.info({ dropped }, 'watcher was slow: messages dropped');

@@ -120,10 +120,10 @@ export class Pipeline {
     return STAGES.map((stage) => ({ stage, concurrency: this.settings[stage].concurrency, ...this.stats[stage] }));
   }
 
-  /** Cancels everything in flight and stops the line. */
-  async stop(): Promise<void> {
+  /** Cancels everything in flight (status CANCELLED, `reason` as the error) and stops the line. */
+  async stop(reason = 'server stopping'): Promise<void> {
     const live = [...this.live];
-    for (const sample of live) sample.abort('cancelled', 'server stopping');
+    for (const sample of live) sample.abort('cancelled', reason);
     // Running samples are finished here too (not left to their stage's rejection, which the unsubscribe below
     // would drop); then every finish under way — including those the aborts just started — is awaited, so every
     // sandbox is released and every sink hears CANCELLED before stop resolves.

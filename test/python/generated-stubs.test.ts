@@ -18,7 +18,7 @@ async function generated(suffix: string): Promise<{ path: string; text: string }
 describe('the generated Python stubs', () => {
   it('carry no protobuf runtime version check and come from protoc 25 or older', async () => {
     const files = await generated('_pb2.py');
-    expect(files.map((f) => f.path)).toEqual(['rollout/v1/backend_pb2.py', 'rollout/v1/rollout_pb2.py']);
+    expect(files.map((f) => f.path)).toEqual(['rollout/v1/admin_pb2.py', 'rollout/v1/backend_pb2.py', 'rollout/v1/rollout_pb2.py']);
     for (const { path, text } of files) {
       expect(text, path).not.toMatch(/ValidateProtobufRuntimeVersion|runtime_version/);
       const [, major, minor] = /^# Protobuf Python Version: (\d+)\.(\d+)\./m.exec(text) ?? [];
@@ -29,7 +29,7 @@ describe('the generated Python stubs', () => {
 
   it('carry no grpcio generated-version check', async () => {
     const files = await generated('_pb2_grpc.py');
-    expect(files.map((f) => f.path)).toEqual(['rollout/v1/backend_pb2_grpc.py', 'rollout/v1/rollout_pb2_grpc.py']);
+    expect(files.map((f) => f.path)).toEqual(['rollout/v1/admin_pb2_grpc.py', 'rollout/v1/backend_pb2_grpc.py', 'rollout/v1/rollout_pb2_grpc.py']);
     for (const { path, text } of files) {
       expect(text, path).not.toMatch(/GRPC_GENERATED_VERSION|first_version_is_lower|_version_not_supported/);
       expect(text, path).toMatch(/^class \w+Stub\(object\):/m);

@@ -1,0 +1,57 @@
+import { Metadata, ServerInterceptingCall, status, type ServerInterceptor } from '@grpc/grpc-js';
+import { createHash, timingSafeEqual } from 'node:crypto';
+import type { Logger } from '../observability/logger.js';
+
+/** Which token each service asks for; services not named here (health, reflection) are open. */
+export interface AuthPolicy {
+  /** Bearer token of RolloutService (the trainer's side); unset: open. */
+  token?: string | undefined;
+  /** Bearer token of the admin services (BackendService, AdminService); unset: open. */
+  adminToken?: string | undefined;
+}
+
+/** The services each token guards. Health checking and reflection stay open so load balancers and grpcurl work. */
+const TRAINER_SERVICES = new Set(['rollout.v1.RolloutService']);
+const ADMIN_SERVICES = new Set(['rollout.v1.BackendService', 'rollout.v1.AdminService']);
+
+/**
+ * Checks `authorization: Bearer <token>` on every call before its handler runs (unary and streaming alike, so a
+ * Rollout stream or a Watch without the token never starts), answering UNAUTHENTICATED otherwise. One server
+ * interceptor is the one place this happens: handlers need no check of their own.
+ *
+ * The comparison is constant-time: both sides are hashed (SHA-256) first, so neither the token's bytes nor its
+ * length leak through timing.
+ */
+export function authInterceptor(policy: AuthPolicy, logger: Logger): ServerInterceptor {
+  const log = logger.child({ component: 'auth' });
+  const trainer = policy.token === undefined ? undefined : digest(`Bearer ${policy.token}`);
+  const admin = policy.adminToken === undefined ? undefined : digest(`Bearer ${policy.adminToken}`);
+  return (method, call) => {
+    const service = method.path.split('/')[1] ?? '';
+    const expected = TRAINER_SERVICES.has(service) ? trainer : ADMIN_SERVICES.has(service) ? admin : undefined;
+    if (expected === undefined) return new ServerInterceptingCall(call);
+    const which = expected === admin ? 'admin token' : 'token';
+    return new ServerInterceptingCall(call, {
+      start: (next) =>
+        next({
+          onReceiveMetadata: (metadata, mdNext) => {
+            const given = metadata.get('authorization')[0];
+            if (typeof given === 'string' && timingSafeEqual(digest(given), expected)) {
+              mdNext(metadata);
+              return;
+            }
+            log.warn({ method: method.path, peer: call.getPeer(), given: given !== undefined }, 'call refused: missing or wrong bearer token');
+            call.sendStatus({
+              code: status.UNAUTHENTICATED,
+              details: given === undefined ? `${which} required: authorization: Bearer <${which}>` : `wrong ${which}`,
+              metadata: new Metadata(),
+            });
+          },
+        }),
+    });
+  };
+}
+
+function digest(value: string): Buffer {
+  return createHash('sha256').update(value).digest();
+}
