@@ -160,14 +160,18 @@ function noKind(bytes: Uint8Array, oneof: protobuf.OneOf): never {
 /** Whether a decoded request holds U+FFFD in a string or a key (where invalid UTF-8 would have left it). */
 function holdsReplacement(value: unknown, depth: number): boolean {
   if (typeof value === 'string') return value.includes('\uFFFD');
-  if (typeof value !== 'object' || value === null || ArrayBuffer.isView(value) || depth > 256) return false;
+  if (typeof value !== 'object' || value === null || depth > 256) return false;
   if (Array.isArray(value)) {
     // Token ids and logprobs: nothing to look at.
     if (typeof value[0] === 'number') return false;
-    return value.some((v) => holdsReplacement(v, depth + 1));
+    for (const v of value) if (holdsReplacement(v, depth + 1)) return true;
+    return false;
   }
-  for (const [k, v] of Object.entries(value)) {
-    if (k.includes('\uFFFD') || holdsReplacement(v, depth + 1)) return true;
+  if (ArrayBuffer.isView(value)) return false;
+  // for…in, not Object.entries: this runs on every request, and allocates nothing.
+  const record = value as Record<string, unknown>;
+  for (const k in record) {
+    if (k.includes('\uFFFD') || holdsReplacement(record[k], depth + 1)) return true;
   }
   return false;
 }
