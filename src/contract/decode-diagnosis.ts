@@ -1,4 +1,5 @@
 import { BinaryReader, WireType } from '@bufbuild/protobuf/wire';
+import { isUtf8 } from 'node:buffer';
 import protobuf from 'protobufjs';
 import { fileURLToPath } from 'node:url';
 
@@ -44,6 +45,7 @@ class Finding extends Error {
   constructor(
     readonly field: string,
     readonly reason: string,
+    readonly taskId?: string,
   ) {
     super(`${field}: ${reason}`);
   }
@@ -102,6 +104,124 @@ export function largestField(bytes: Uint8Array, typeName: string): { field: stri
     // A malformed tail: what was found so far is the answer.
   }
   return { ...best, taskId };
+}
+
+/**
+ * The checks a request that did decode still needs, for `typeName`: the generated decoder accepts two things the
+ * contract does not mean, and answers neither. A request that is a oneof of kinds (RolloutRequest) with no kind
+ * set — its only field sent with the wrong wire type, a kind this server does not know, nothing at all — would be
+ * skipped without an answer; it is refused naming the field the bytes show, or `kind`. A string that is not valid
+ * UTF-8 (proto3 requires it) would be decoded with U+FFFD in place, silently another task_id; it is refused naming
+ * the field. The happy path pays a look at the decoded object: the bytes are walked only when it holds a U+FFFD,
+ * and a U+FFFD sent as valid UTF-8 passes.
+ */
+export function decodedChecks(typeName: string): (bytes: Uint8Array, decoded: unknown) => DecodeDiagnosis | undefined {
+  const type = contractSchema().lookupType(typeName);
+  const kinds = type.oneofsArray.find((o) => o.fieldsArray.length === type.fieldsArray.length && o.fieldsArray.length > 1);
+  const kindKey = kinds && protobuf.util.camelCase(kinds.name);
+  return (bytes, decoded) => {
+    try {
+      if (kinds && kindKey && (decoded as Record<string, unknown>)[kindKey] === undefined) noKind(bytes, kinds);
+      if (holdsReplacement(decoded, 0)) {
+        const found = { taskId: '' };
+        invalidUtf8(bytes, new BinaryReader(bytes), bytes.length, type, '', found);
+      }
+    } catch (err) {
+      if (err instanceof Finding) return { field: err.field, reason: err.reason, taskId: err.taskId ?? '' };
+      // The bytes decoded, so a walk cannot fail on them; if it did, the request stands as decoded.
+    }
+    return undefined;
+  };
+}
+
+/** Throws the Finding for a request of kinds `oneof` with none set: the kind the bytes show broken, or `kind`. */
+function noKind(bytes: Uint8Array, oneof: protobuf.OneOf): never {
+  const reader = new BinaryReader(bytes);
+  const unknown: number[] = [];
+  try {
+    while (reader.pos < bytes.length) {
+      const [number, wireType] = reader.tag();
+      const field = oneof.fieldsArray.find((f) => f.id === number);
+      if (field && wireType !== WireType.LengthDelimited) {
+        throw new Finding(field.name, `wrong wire type ${wireType}: ${field.name} is a message (wire type 2)`);
+      }
+      if (!field) unknown.push(number);
+      reader.skip(wireType, number);
+    }
+  } catch (err) {
+    // The generated decoder stops quietly at a zero tag or an end-group marker; what follows is not read.
+    if (err instanceof Finding) throw err;
+  }
+  const known = oneof.fieldsArray.map((f) => f.name).join(', ');
+  const got = unknown.length ? `only field${unknown.length > 1 ? 's' : ''} ${[...new Set(unknown)].join(', ')}, unknown to this server` : 'an empty request';
+  throw new Finding(oneof.name, `no ${oneof.name} set (${got}); this server knows ${known}`);
+}
+
+/** Whether a decoded request holds U+FFFD in a string or a key (where invalid UTF-8 would have left it). */
+function holdsReplacement(value: unknown, depth: number): boolean {
+  if (typeof value === 'string') return value.includes('\uFFFD');
+  if (typeof value !== 'object' || value === null || depth > 256) return false;
+  if (Array.isArray(value)) {
+    // Token ids and logprobs: nothing to look at.
+    if (typeof value[0] === 'number') return false;
+    for (const v of value) if (holdsReplacement(v, depth + 1)) return true;
+    return false;
+  }
+  if (ArrayBuffer.isView(value)) return false;
+  // for…in, not Object.entries: this runs on every request, and allocates nothing.
+  const record = value as Record<string, unknown>;
+  for (const k in record) {
+    if (k.includes('\uFFFD') || holdsReplacement(record[k], depth + 1)) return true;
+  }
+  return false;
+}
+
+/**
+ * Walks a decoded request's bytes for the first string (or map/Struct key) that is not valid UTF-8. Paths are
+ * proto names below the request, a map's or Struct's entries named by key ("task.instance.answer",
+ * "task.metadata.k"); a key that is itself not UTF-8 is named by its map ("task.metadata").
+ */
+function invalidUtf8(bytes: Uint8Array, reader: BinaryReader, end: number, type: protobuf.Type, path: string, found: { taskId: string }): void {
+  // A Struct, Value or ListValue adds no name of its own: its place is the path of the field (or key) holding it.
+  const transparent = STRUCT_TYPES.has(type.fullName);
+  while (reader.pos < end) {
+    const [number, wireType] = reader.tag();
+    const field = type.fieldsById[number];
+    if (!field || wireType !== WireType.LengthDelimited) {
+      reader.skip(wireType, number);
+      continue;
+    }
+    const name = transparent ? path : path ? `${path}.${field.name}` : field.name;
+    const fieldEnd = reader.uint32() + reader.pos;
+    if (field.map) {
+      let key: string | undefined;
+      while (reader.pos < fieldEnd) {
+        const [n, wt] = reader.tag();
+        if (n === 1 && wt === WireType.LengthDelimited && field instanceof protobuf.MapField && field.keyType === 'string') {
+          const keyEnd = reader.uint32() + reader.pos;
+          const keyBytes = bytes.subarray(reader.pos, keyEnd);
+          reader.pos = keyEnd;
+          if (!isUtf8(keyBytes)) throw new Finding(name, 'a key is not valid UTF-8 (proto3 strings must be)', found.taskId);
+          key = new TextDecoder().decode(keyBytes);
+        } else if (n === 2 && wt === WireType.LengthDelimited) {
+          const valueEnd = reader.uint32() + reader.pos;
+          const at = key === undefined ? name : `${name}.${key}`;
+          if (field.resolvedType instanceof protobuf.Type) invalidUtf8(bytes, reader, valueEnd, field.resolvedType, at, found);
+          else if (field.type === 'string' && !isUtf8(bytes.subarray(reader.pos, valueEnd))) throw new Finding(at, 'not valid UTF-8 (proto3 strings must be)', found.taskId);
+          reader.pos = valueEnd;
+        } else reader.skip(wt, n);
+      }
+    } else if (field.resolvedType instanceof protobuf.Type) {
+      invalidUtf8(bytes, reader, fieldEnd, field.resolvedType, name, found);
+    } else if (field.type === 'string') {
+      const value = bytes.subarray(reader.pos, fieldEnd);
+      // The task's id is named in the rejection only when it is itself intact.
+      const valid = isUtf8(value);
+      if (name === 'task.task_id' && valid) found.taskId = new TextDecoder().decode(value);
+      if (!valid) throw new Finding(name, 'not valid UTF-8 (proto3 strings must be)', name === 'task.task_id' ? '' : found.taskId);
+    }
+    reader.pos = fieldEnd;
+  }
 }
 
 function walk(

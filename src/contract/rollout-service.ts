@@ -7,7 +7,7 @@ import type { Session } from './session.js';
 import type { SessionManager } from './sessions.js';
 import { StreamWriter } from './stream-writer.js';
 import { toServiceError } from './status.js';
-import { unary } from './unary.js';
+import { fieldBelow, unary } from './unary.js';
 import { rolloutResponseBytes } from './response-encode.js';
 import { stageEventOf } from './events.js';
 import { handleWatch } from './watch.js';
@@ -40,7 +40,11 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
 
     submit: unary(log, async (request, signal) => {
       if (!request.task) throw RolloutError.invalid('task', 'required');
-      return runtime.submit(request.task, undefined, signal);
+      try {
+        return await runtime.submit(request.task, undefined, signal);
+      } catch (err) {
+        throw fieldBelow('task', err);
+      }
     }, lifetime),
 
     getTrajectory: unary(log, async (request, signal) => {
@@ -139,6 +143,7 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
           continue;
         }
         const kind = request.kind;
+        // Never without a kind: such bytes are refused by field in the deserializer (decodedChecks).
         if (!kind) continue;
         if (kind.$case === 'open') {
           if (session) {

@@ -1,7 +1,7 @@
 import type { ServiceDefinition } from '@grpc/grpc-js';
 import type protobuf from 'protobufjs';
 import { RolloutError } from '../errors.js';
-import { contractSchema, diagnoseDecodeFailure, largestField, type DecodeDiagnosis } from './decode-diagnosis.js';
+import { contractSchema, decodedChecks, diagnoseDecodeFailure, largestField, type DecodeDiagnosis } from './decode-diagnosis.js';
 
 const UNDECODABLE = Symbol('undecodable request');
 
@@ -17,12 +17,15 @@ interface UndecodableRequest {
  * are walked to name the offending field, and the handler gets a marker object ({@link undecodable}) to answer
  * by field: a `rejected` on the stream, INVALID_ARGUMENT on a unary call. A request over `maxRequestBytes` is
  * refused the same way, naming its largest field, as long as the transport let it in (see transportReceiveLimit).
+ * Bytes that decode but do not mean a request of the contract (no kind set, a string that is not UTF-8: see
+ * {@link decodedChecks}) get the same marker, so every RPC answers them by field.
  */
 export function tolerantService<S extends ServiceDefinition>(service: S, maxRequestBytes: number): S {
   const out: Record<string, unknown> = {};
   for (const [name, method] of Object.entries(service)) {
     const typeName = requestTypeOf(method.path);
     const decode = method.requestDeserialize;
+    const check = decodedChecks(typeName);
     out[name] = {
       ...method,
       requestDeserialize: (bytes: Buffer): unknown => {
@@ -34,7 +37,11 @@ export function tolerantService<S extends ServiceDefinition>(service: S, maxRequ
           return marker;
         }
         try {
-          return decode(bytes);
+          const request: unknown = decode(bytes);
+          const wrong = check(bytes, request);
+          if (!wrong) return request;
+          const marker: UndecodableRequest = { [UNDECODABLE]: wrong };
+          return marker;
         } catch (err) {
           const marker: UndecodableRequest = { [UNDECODABLE]: diagnoseDecodeFailure(bytes, typeName, err) };
           return marker;

@@ -1,4 +1,5 @@
 import type { ServerUnaryCall, sendUnaryData } from '@grpc/grpc-js';
+import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
 import { toServiceError } from './status.js';
 import { undecodable, undecodableError } from './tolerant-decode.js';
@@ -56,4 +57,16 @@ function callSignal(call: ServerUnaryCall<unknown, unknown>, lifetime: AbortSign
       lifetime?.removeEventListener('abort', onStop);
     },
   };
+}
+
+/**
+ * A unary call names a field by its path from the request ("task.num_samples" for a SubmitRequest), as its
+ * decode failures already do ("task.sampling.seed"); validation that speaks TaskSpec-relative paths (shared with
+ * the stream, whose TaskRejected is TaskSpec-relative) is moved below `parent` here, in the trailer and the message.
+ */
+export function fieldBelow(parent: string, err: unknown): unknown {
+  if (!(err instanceof RolloutError) || !err.field) return err;
+  const field = `${parent}.${err.field}`;
+  const message = err.message.startsWith(`${err.field}: `) ? `${field}: ${err.message.slice(err.field.length + 2)}` : `${field}: ${err.message}`;
+  return new RolloutError(err.code, message, { field, cause: err });
 }

@@ -12,6 +12,7 @@ import {
 } from '../../gen/ts/rollout/v1/rollout.js';
 import { collect, invariantViolations, mathTask, startHarness, type Harness } from '../support/harness.js';
 import { rawRollout } from '../support/raw-rollout.js';
+import { encodeFields, len, utf8, varint } from '../support/wire-bytes.js';
 
 const OK = new Set([TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED, TrajectoryStatus.TRAJECTORY_STATUS_TRUNCATED]);
 
@@ -23,6 +24,29 @@ function nested(depth: number): Record<string, unknown> {
 }
 
 const taskBytes = (spec: Partial<TaskSpec>): Uint8Array => RolloutRequest.encode({ kind: { $case: 'task', value: TaskSpec.fromPartial(spec) } }).finish();
+
+/** `bytes` with the (ASCII) `mark` replaced by a same-length run ending in 0xff: a string that is no longer UTF-8. */
+function breakUtf8(bytes: Uint8Array, mark: string): Uint8Array {
+  const at = Buffer.from(bytes).indexOf(mark);
+  if (at < 0) throw new Error(`no ${mark} in the bytes`);
+  const out = Uint8Array.from(bytes);
+  out[at + mark.length - 1] = 0xff;
+  return out;
+}
+
+/** Raw bytes to any unary method: its status code and `rollout-field` trailer. */
+function rawUnary(client: Client, path: string, bytes: Uint8Array): Promise<{ code: number; field: string; details: string }> {
+  return new Promise((resolve) => {
+    client.makeUnaryRequest(
+      path,
+      (b: Uint8Array) => Buffer.from(b),
+      (b: Buffer) => b,
+      bytes,
+      new Metadata(),
+      (err: ServiceError | null) => resolve(err ? { code: err.code, field: String(err.metadata.get('rollout-field')[0] ?? ''), details: err.details } : { code: status.OK, field: '', details: '' }),
+    );
+  });
+}
 
 describe('nothing a client sends kills its stream', () => {
   let h: Harness;
@@ -71,6 +95,9 @@ describe('nothing a client sends kills its stream', () => {
       for (const [spec, field] of [
         [TaskSpec.fromPartial({ ...mathTask('unary-seed', 1, 1), sampling: { seed: 2 ** 60 } }), 'task.sampling.seed'],
         [TaskSpec.fromPartial({ ...mathTask('unary-deep', 1, 1), instance: nested(40) }), 'task.instance'],
+        // Validation names the field the same way (request-relative), in the trailer and the message.
+        [TaskSpec.fromPartial({ ...mathTask('unary-n', 1, 1), numSamples: 0 }), 'task.num_samples'],
+        [TaskSpec.fromPartial({ ...mathTask('unary-answer', 1, 1), instance: { problem: 'x' } }), 'task.instance.answer'],
       ] as const) {
         const err = await submit(spec);
         expect(err.code).toBe(status.INVALID_ARGUMENT);
@@ -127,6 +154,90 @@ describe('nothing a client sends kills its stream', () => {
     }
   });
 
+  it('answers a request with no kind (a kind sent with the wrong wire type, an unknown kind, nothing) naming the field', async () => {
+    const raw = rawRollout(h.server.address);
+    try {
+      raw.send(RolloutRequest.encode({ kind: { $case: 'open', value: { sessionId: '', resume: false, stageEvents: false } } }).finish());
+      raw.send(encodeFields([varint(2, 5n)]));
+      raw.send(encodeFields([len(9, utf8('a kind from a newer contract'))]));
+      raw.send(new Uint8Array());
+      raw.send(taskBytes({ ...mathTask('kind-after', 1, 12) }));
+      raw.end();
+      const responses = await raw.responses;
+      expect(await raw.status).toBe(status.OK);
+      const answers = responses.flatMap((r) => (r.kind?.$case === 'accepted' || r.kind?.$case === 'rejected' ? [r.kind] : []));
+      expect(answers.map((a) => (a.$case === 'rejected' ? `rejected ${a.value.field}` : `accepted ${a.value.taskId}`))).toEqual(['rejected task', 'rejected kind', 'rejected kind', 'accepted kind-after']);
+      const rejected = answers.flatMap((a) => (a.$case === 'rejected' ? [a.value] : []));
+      expect(rejected[0]!.reason).toContain('wrong wire type');
+      expect(rejected[1]!.reason).toContain('field 9');
+      for (const r of rejected.slice(1)) expect(r.reason).toContain('open, task, cancel, ack');
+      expect(responses.some((r) => r.kind?.$case === 'trajectory' && r.kind.value.taskId === 'kind-after')).toBe(true);
+    } finally {
+      raw.client.close();
+    }
+  });
+
+  it('refuses strings that are not UTF-8 by field on every RPC, and accepts a U+FFFD sent as UTF-8', async () => {
+    const badId = breakUtf8(taskBytes({ ...mathTask('utf8-idMARK', 1, 13) }), 'MARK');
+    const badAnswer = breakUtf8(taskBytes({ ...mathTask('utf8-answer', 1, 14), instance: { problem: 'What is 1 + 1?', answer: '2MARK' } }), 'MARK');
+    const badMeta = breakUtf8(taskBytes({ ...mathTask('utf8-meta', 1, 15), metadata: { run: 'vMARK' } }), 'MARK');
+    const badKey = breakUtf8(taskBytes({ ...mathTask('utf8-key', 1, 16), metadata: { kMARK: 'v' } }), 'MARK');
+    const legit = taskBytes({ ...mathTask('utf8-legit-\uFFFD', 1, 17), metadata: { note: 'replacement \uFFFD char' } });
+    const raw = rawRollout(h.server.address);
+    try {
+      for (const bytes of [badId, badAnswer, badMeta, badKey, legit]) raw.send(bytes);
+      raw.end();
+      const responses = await raw.responses;
+      expect(await raw.status).toBe(status.OK);
+      const answers = responses.flatMap((r) => (r.kind?.$case === 'accepted' || r.kind?.$case === 'rejected' ? [r.kind] : []));
+      expect(answers.map((a) => `${a.$case} ${a.value.taskId} ${a.$case === 'rejected' ? a.value.field : ''}`)).toEqual([
+        // A task_id that is not UTF-8 has no honest spelling: the rejection carries none.
+        'rejected  task_id',
+        'rejected utf8-answer instance.answer',
+        'rejected utf8-meta metadata.run',
+        'rejected utf8-key metadata',
+        'accepted utf8-legit-\uFFFD ',
+      ]);
+      for (const a of answers) if (a.$case === 'rejected') expect(a.value.reason).toContain('UTF-8');
+      const legitTrajectory = responses.flatMap((r) => (r.kind?.$case === 'trajectory' ? [r.kind.value] : []));
+      expect(legitTrajectory.map((t) => t.taskId)).toEqual(['utf8-legit-\uFFFD']);
+    } finally {
+      raw.client.close();
+    }
+    // The unary RPCs: INVALID_ARGUMENT naming the field from the request.
+    const client = new Client(h.server.address, credentials.createInsecure());
+    const asSubmit = (bytes: Uint8Array): Uint8Array => Uint8Array.from([0x0a, ...bytes.subarray(1)]);
+    const bad = Uint8Array.of(0x61, 0xff);
+    try {
+      for (const [path, bytes, field] of [
+        ['/rollout.v1.RolloutService/Submit', asSubmit(badId), 'task.task_id'],
+        ['/rollout.v1.RolloutService/Submit', asSubmit(badAnswer), 'task.instance.answer'],
+        ['/rollout.v1.RolloutService/GetTrajectory', encodeFields([len(1, bad)]), 'task_id'],
+        ['/rollout.v1.RolloutService/Cancel', encodeFields([len(1, bad)]), 'task_id'],
+        ['/rollout.v1.BackendService/AddBackend', encodeFields([len(1, Uint8Array.of(...utf8('http://x/'), 0xc0, 0xaf))]), 'url'],
+        ['/rollout.v1.BackendService/RemoveBackend', encodeFields([len(1, bad)]), 'id'],
+      ] as const) {
+        const got = await rawUnary(client, path, bytes);
+        expect(got, path).toMatchObject({ code: status.INVALID_ARGUMENT, field });
+        expect(got.details, path).toContain(`${field}: `);
+      }
+      const watch = client.makeServerStreamRequest(
+        '/rollout.v1.RolloutService/Watch',
+        (b: Uint8Array) => Buffer.from(b),
+        (b: Buffer) => WatchResponse.decode(b),
+        encodeFields([len(1, bad)]),
+        new Metadata(),
+      );
+      const watched = await new Promise<ServiceError>((resolve) => watch.on('error', resolve));
+      expect(watched.code).toBe(status.INVALID_ARGUMENT);
+      expect(watched.metadata.get('rollout-field')).toEqual(['environments']);
+      // A legitimate U+FFFD (valid UTF-8) on a unary call is a task id like any other.
+      expect((await rawUnary(client, '/rollout.v1.RolloutService/GetTrajectory', encodeFields([len(1, utf8('utf8-legit-\uFFFD'))]))).code).toBe(status.OK);
+    } finally {
+      client.close();
+    }
+  });
+
   it('property: any mutation of a valid request gets its answer and never ends the stream', async () => {
     const valid = taskBytes({ ...mathTask('fuzz-base', 1, 21), sampling: { temperature: 1, seed: 21, maxTokensPerTurn: 64, maxTotalTokens: 2048, stop: [] }, instance: { problem: 'What is 2 + 3?', answer: '5', deep: nested(30) } });
     const mutation = fc.oneof(
@@ -148,7 +259,7 @@ describe('nothing a client sends kills its stream', () => {
         if (request.kind?.$case === 'task') {
           expectedAnswers++;
           decodedTaskIds.add(request.kind.value.taskId);
-        } else if (request.kind?.$case === 'open') expectedAnswers++;
+        } else if (!request.kind || request.kind.$case === 'open') expectedAnswers++;
       } catch {
         expectedAnswers++;
       }
@@ -161,7 +272,7 @@ describe('nothing a client sends kills its stream', () => {
       const responses = await raw.responses;
       expect(await raw.status).toBe(status.OK);
       const answers = responses.filter((r) => r.kind?.$case === 'accepted' || r.kind?.$case === 'rejected');
-      // One answer per message that decoded to a task or an open, or did not decode; plus the final task's.
+      // One answer per message that decoded to a task, an open or no kind at all, or did not decode; plus the final task's.
       expect(answers).toHaveLength(expectedAnswers + 1);
       const trajectories: Trajectory[] = responses.flatMap((r) => (r.kind?.$case === 'trajectory' ? [r.kind.value] : []));
       expect(trajectories.some((t) => t.taskId === 'fuzz-final' && OK.has(t.status))).toBe(true);

@@ -106,7 +106,7 @@ describe.runIf(process.getuid?.() === 0 || process.env.CI)('SWE tasks from PyPI 
     const good = sweTask(task, images.get(task.id)!, 'gold', 0);
     const bad = (await h.client.submit({ ...good, taskId: 'swe-bad', instance: { ...good.instance, FAIL_TO_PASS: [] } }).catch((e: unknown) => e)) as ServiceError;
     expect(bad.code).toBe(status.INVALID_ARGUMENT);
-    expect(bad.metadata.get('rollout-field')).toEqual(['instance.FAIL_TO_PASS']);
+    expect(bad.metadata.get('rollout-field')).toEqual(['task.instance.FAIL_TO_PASS']);
 
     await h.client.submit({ ...good, taskId: 'swe-no-image', instance: { ...good.instance, image: '/nonexistent/task.sif' } });
     await h.client.submit({ ...good, taskId: 'swe-no-pytest', instance: { ...good.instance, test_command: 'exit 127' } });

@@ -33,8 +33,8 @@ describe('unary RPCs, BackendService, health and reflection', () => {
   it('maps bad unary requests to INVALID_ARGUMENT naming the field, and unknown tasks to NOT_FOUND', async () => {
     const err = (await h.client.submit({ ...mathTask('unary-bad', 1, 1), numSamples: -2 }).catch((e: unknown) => e)) as ServiceError;
     expect(err.code).toBe(status.INVALID_ARGUMENT);
-    expect(err.details).toContain('num_samples');
-    expect(err.metadata.get('rollout-field')).toEqual(['num_samples']);
+    expect(err.details).toContain('task.num_samples');
+    expect(err.metadata.get('rollout-field')).toEqual(['task.num_samples']);
     const missing = (await h.client.getTrajectory('nope').catch((e: unknown) => e)) as ServiceError;
     expect(missing.code).toBe(status.NOT_FOUND);
     const cancelMissing = (await h.client.cancel('nope').catch((e: unknown) => e)) as ServiceError;

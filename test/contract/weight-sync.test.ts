@@ -227,7 +227,7 @@ describe('PauseGeneration / ResumeGeneration through the server', () => {
   it('refuses a negative max_staleness naming the field', async () => {
     const err = (await h.client.submit(mathTask('stale-bad', 1, 17, { limits: { ...limits({}), maxStaleness: -1 } })).catch((e: unknown) => e)) as ServiceError;
     expect(err.code).toBe(status.INVALID_ARGUMENT);
-    expect(err.metadata.get('rollout-field')).toEqual(['limits.max_staleness']);
+    expect(err.metadata.get('rollout-field')).toEqual(['task.limits.max_staleness']);
   });
 });
 

@@ -37,8 +37,11 @@ const SEED = 20_261_124;
 const S = TrajectoryStatus;
 const OK = new Set([S.TRAJECTORY_STATUS_COMPLETED, S.TRAJECTORY_STATUS_TRUNCATED]);
 const MAX_SAFE = BigInt(Number.MAX_SAFE_INTEGER);
-/** A field path a rejection may name: a request field below the stream's request (the `task.` prefix dropped). */
-const FIELD_PATH = /^$|^(open|cancel|ack|task|task_id|group_id|num_samples|environment|instance|sampling|limits|metadata|include_messages)(\.[a-z_]+)*$/;
+/**
+ * A field path a rejection may name: a request field below the stream's request (the `task.` prefix dropped), or
+ * `kind` for a request with none; map and Struct entries are named by key, any key (`metadata.k`, `instance.answer`).
+ */
+const FIELD_PATH = /^$|^(kind|open|cancel|ack|task|task_id|group_id|num_samples|environment|instance|sampling|limits|metadata|include_messages)(\.[a-z_]+)*$|^(instance|metadata)\..+$/;
 /** Bound for one stream's whole run (thousands of requests and the tasks accepted among them) on a busy 2-core box. */
 const STREAM_BOUND_MS = 240_000;
 
@@ -93,8 +96,13 @@ function byDecoding(bytes: Uint8Array, what: string): Case {
     return { bytes, what, expect: { answer: 'rejected', field: '*' } };
   }
   const kind = request.kind;
-  if (kind?.$case === 'task') return { bytes, what, taskId: kind.value.taskId, expect: { answer: 'one' } };
-  if (kind?.$case === 'open') return { bytes, what, taskId: '', expect: { answer: 'rejected', field: 'open' } };
+  // No kind set (a kind with the wrong wire type, only unknown fields, nothing): refused, naming the kind or `kind`.
+  if (!kind) return { bytes, what, expect: { answer: 'rejected', field: '*' } };
+  // U+FFFD where the generated decoder met invalid UTF-8 (refused by field, a cancel or ack too) or, in these fixed
+  // samples never, a real one: one answer, the task id not known.
+  if (JSON.stringify(request).includes('\uFFFD')) return { bytes, what, expect: { answer: 'one' } };
+  if (kind.$case === 'task') return { bytes, what, taskId: kind.value.taskId, expect: { answer: 'one' } };
+  if (kind.$case === 'open') return { bytes, what, taskId: '', expect: { answer: 'rejected', field: 'open' } };
   return { bytes, what, expect: { answer: 'none' } };
 }
 
@@ -137,20 +145,42 @@ function malformedCases(s: string): fc.Arbitrary<Case>[] {
       const bytes = outer ? concat(encodeFields([len(2, spec)]), encodeFields(extra)) : encodeFields([len(2, concat(spec, encodeFields(extra)))]);
       return { bytes, taskId, what: 'unknown fields', expect: { answer: 'accepted' } };
     }),
-    // Invalid UTF-8 in a string field: decoded with U+FFFD by the generated decoder, then validated as any string.
+    // Invalid UTF-8 in a string field (or a key): refused naming it, never decoded with U+FFFD in its place; a U+FFFD
+    // sent as UTF-8 is a character like any other.
     fc
-      .record({ taskId: id('u8'), bad: fc.constantFrom(...INVALID_UTF8), where: fc.constantFrom('environment', 'task_id', 'metadata', 'group_id') })
-      .map(({ taskId, bad, where }) => {
+      .record({
+        taskId: id('u8'),
+        bad: fc.constantFrom(...INVALID_UTF8),
+        where: fc.constantFrom('environment', 'task_id', 'metadata.k', 'metadata', 'group_id', 'instance.hint', 'legit'),
+      })
+      .map(({ taskId, bad, where }): Case => {
         const spec = goodSpec(taskId);
+        const legit = utf8('\uFFFD');
         const fields: RawField[] = [len(1, where === 'task_id' ? concat(utf8(taskId), bad) : utf8(taskId))];
         if (where === 'environment') fields.push(len(4, concat(utf8(CALC_ENVIRONMENT), bad)));
         if (where === 'group_id') fields.push(len(2, concat(utf8('g'), bad)));
-        if (where === 'metadata') fields.push(len(8, encodeFields([len(1, utf8('k')), len(2, concat(utf8('v'), bad))])));
+        if (where === 'metadata.k') fields.push(len(8, encodeFields([len(1, utf8('k')), len(2, concat(utf8('v'), bad))])));
+        if (where === 'metadata') fields.push(len(8, encodeFields([len(1, concat(utf8('k'), bad)), len(2, utf8('v'))])));
+        // After the task's own instance (the generated decoder keeps the last of a message field sent twice) and a
+        // key it does not have: a value the decoder drops is never used, and not checked.
+        const after: RawField[] = [];
+        if (where === 'instance.hint') after.push(len(5, encodeFields([len(1, encodeFields([len(1, utf8('hint')), len(2, encodeFields([len(3, concat(utf8('5'), bad))]))]))])));
+        if (where === 'legit') fields.push(len(2, concat(utf8('g'), legit)), len(8, encodeFields([len(1, legit), len(2, legit)])));
         const rest = TaskSpec.encode({ ...spec, taskId: '', ...(where === 'environment' && { environment: '' }) }).finish();
-        const c = byDecoding(encodeFields([len(2, concat(encodeFields(fields), rest))]), `invalid UTF-8 in ${where}`);
-        // A name no environment has once decoded (with U+FFFD): refused naming it.
-        return where === 'environment' ? { ...c, taskId, expect: { answer: 'rejected', field: 'environment' } as Expect } : c;
+        const bytes = encodeFields([len(2, concat(concat(encodeFields(fields), rest), encodeFields(after)))]);
+        if (where === 'legit') return { bytes, taskId, what: 'U+FFFD as UTF-8', expect: { answer: 'accepted' } };
+        // A task_id that is not UTF-8 has no honest spelling: the rejection carries none.
+        return { bytes, taskId: where === 'task_id' ? '' : taskId, what: `invalid UTF-8 in ${where}`, expect: { answer: 'rejected', field: where } };
       }),
+    // A request with no kind: the kind sent with a wire type it does not have, or a kind this server does not know.
+    fc
+      .record({ no: fc.integer({ min: 1, max: 4 }), wt: fc.constantFrom(WireType.Varint, WireType.Bit32, WireType.Bit64) })
+      .map(({ no, wt }): Case => {
+        const payload = wt === WireType.Varint ? 5n : new Uint8Array(wt === WireType.Bit32 ? 4 : 8);
+        const field = ['open', 'task', 'cancel', 'ack'][no - 1]!;
+        return { bytes: encodeFields([{ no, wireType: wt, payload }]), taskId: '', what: `${field} as wire type ${wt}`, expect: { answer: 'rejected', field } };
+      }),
+    fc.array(unknownField(), { minLength: 1, maxLength: 3 }).map((extra): Case => ({ bytes: encodeFields(extra), taskId: '', what: 'an unknown kind', expect: { answer: 'rejected', field: 'kind' } })),
     // Structs (and lists) nested deep: too deep is refused naming `instance`; shallow enough runs.
     fc.record({ taskId: id('dn'), depth: fc.integer({ min: 1, max: 400 }), lists: fc.boolean() }).map(({ taskId, depth, lists }): Case => {
       const bytes = taskBytes(goodSpec(taskId, { instance: { problem: 'What is 1 + 1?', answer: '2', extra: nested(depth, lists) } }));
@@ -275,7 +305,7 @@ function orderCases(s: string): fc.Arbitrary<Case>[] {
       expect: { answer: 'none' },
     })),
     fc.string({ maxLength: 300 }).map((sessionId): Case => ({ bytes: openBytes(sessionId), taskId: '', what: 'open after the first request', expect: { answer: 'rejected', field: 'open' } })),
-    fc.constant<Case>({ bytes: new Uint8Array(), what: 'an empty request', expect: { answer: 'none' } }),
+    fc.constant<Case>({ bytes: new Uint8Array(), taskId: '', what: 'an empty request', expect: { answer: 'rejected', field: 'kind' } }),
     fc.constant<Case>({ bytes: taskBytes(goodSpec('', {})), taskId: '', what: 'an empty task_id', expect: { answer: 'rejected', field: 'task_id' } }),
   ];
 }
@@ -338,7 +368,7 @@ function checkStream(run: StreamRun, cases: readonly Case[], sampled: Map<string
     }
   }
   const emptyIdRejections = (field: string) => rejected.filter((r) => r.taskId === '' && r.field === field).length;
-  for (const field of ['open', 'task_id']) {
+  for (const field of ['open', 'task', 'cancel', 'ack', 'kind', 'task_id']) {
     const want = cases.filter((c) => c.taskId === '' && c.expect.answer === 'rejected' && c.expect.field === field).length;
     expect(emptyIdRejections(field), `rejections of ${field} without a task id`).toBeGreaterThanOrEqual(want);
   }
@@ -473,8 +503,9 @@ describe('wire-level fuzzing of the Rollout stream (fast-check)', () => {
         if (e.answer === 'accepted') expect(got.code, at).toBe(status.OK);
         else expect([status.OK, status.INVALID_ARGUMENT], at).toContain(got.code);
         if (got.code === status.INVALID_ARGUMENT) expect(got.field.replace(/^task\./, ''), at).toMatch(FIELD_PATH);
-        // Validation names the field below the task ("num_samples"), decoding names it from the request ("task.…").
-        if (e.answer === 'rejected' && e.field !== '*') expect([e.field, `task.${e.field}`], at).toContain(got.field);
+        // Unary calls name the field from the request ("task.num_samples", "task.sampling.seed"), validation and
+        // decoding alike; the stream's TaskRejected names it below the task.
+        if (e.answer === 'rejected' && e.field !== '*') expect(got.field, at).toBe(e.field === 'task' ? 'task' : `task.${e.field}`);
       }
     } finally {
       client.close();
