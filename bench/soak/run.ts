@@ -1,4 +1,4 @@
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { randomUUID } from 'node:crypto';
@@ -40,6 +40,8 @@ export interface MemorySample {
   phase: 'before' | 'after';
   pid: number;
   rss: number;
+  /** The server's V8 heap in use (process.memoryUsage().heapUsed, as the server last wrote it), bytes. */
+  heapUsed: number;
   /** CPU seconds the server process has used so far. */
   cpuSeconds: number;
   /** CPU seconds the whole machine had used (from /proc/stat), to tell how busy the rest of it was. */
@@ -91,6 +93,8 @@ export interface SoakResult {
    * collections) are what a leak raises.
    */
   rssTroughsMiB: { before: number[]; after: number[] };
+  /** The same for the server's V8 heap in use: what a leak of JavaScript objects raises, without RSS's noise. */
+  heapTroughsMiB: { before: number[]; after: number[] };
   /** Linear fit of the server's RSS over each steady phase, MiB per minute. */
   rssSlopeMiBPerMin: { before: number | undefined; after: number | undefined };
   rss: { minMiB: number; maxMiB: number };
@@ -165,8 +169,8 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
     if (!serverAlive) return;
     const s: ProcessSample | undefined = sampleProcess(server.pid);
     if (!s) return;
-    samples.push({ t: (performance.now() - loadStarted) / 1000, phase, pid: server.pid, rss: s.rss, cpuSeconds: s.cpuSeconds, machineCpuSeconds: (machineBusyMicros() ?? NaN) / 1e6, fds: s.fds, threads: s.threads, inflight: load.inflight, received: load.received });
-    if (o.verbose) say(`soak: t=${samples.at(-1)!.t.toFixed(0)}s ${phase} rss ${(s.rss / MIB).toFixed(0)} MiB fds ${s.fds} in flight ${load.inflight} received ${load.received}`);
+    samples.push({ t: (performance.now() - loadStarted) / 1000, phase, pid: server.pid, rss: s.rss, heapUsed: heapUsedOf(workDir, server.pid), cpuSeconds: s.cpuSeconds, machineCpuSeconds: (machineBusyMicros() ?? NaN) / 1e6, fds: s.fds, threads: s.threads, inflight: load.inflight, received: load.received });
+    if (o.verbose) say(`soak: t=${samples.at(-1)!.t.toFixed(0)}s ${phase} rss ${(s.rss / MIB).toFixed(0)} MiB heap ${(samples.at(-1)!.heapUsed / MIB).toFixed(0)} MiB fds ${s.fds} in flight ${load.inflight} received ${load.received}`);
   };
   const sampler = setInterval(sample, o.sampleSeconds * 1000);
   const running = load.run();
@@ -238,10 +242,10 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
     const steady = (from: number, to: number, which: MemorySample['phase']): MemorySample[] =>
       samples.filter((s) => s.phase === which && s.t >= from + Math.max(10, (to - from) / 4) && s.t <= to);
     const slope = (from: number, to: number, which: MemorySample['phase']): number | undefined => fitSlope(steady(from, to, which));
-    const troughs = (points: readonly MemorySample[]): number[] => {
+    const troughs = (points: readonly MemorySample[], of: (p: MemorySample) => number = (p) => p.rss): number[] => {
       if (points.length < 3) return [];
       const third = Math.ceil(points.length / 3);
-      return [0, 1, 2].map((i) => Math.min(...points.slice(i * third, (i + 1) * third).map((p) => p.rss)) / MIB).filter(Number.isFinite);
+      return [0, 1, 2].map((i) => Math.min(...points.slice(i * third, (i + 1) * third).map(of).filter(Number.isFinite)) / MIB).filter(Number.isFinite);
     };
     const result: SoakResult = {
       options: o,
@@ -264,6 +268,10 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
       rssTroughsMiB: {
         before: troughs(steady(0, killT ?? loadSeconds, 'before')),
         after: restartT !== undefined ? troughs(steady(restartT, loadSeconds, 'after')) : [],
+      },
+      heapTroughsMiB: {
+        before: troughs(steady(0, killT ?? loadSeconds, 'before'), (p) => p.heapUsed),
+        after: restartT !== undefined ? troughs(steady(restartT, loadSeconds, 'after'), (p) => p.heapUsed) : [],
       },
       rssSlopeMiBPerMin: {
         before: slope(0, killT ?? loadSeconds, 'before'),
@@ -364,4 +372,13 @@ function problemsOf(r: SoakResult): string[] {
 
 function sleep(ms: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+/** The heap the server process last wrote (bench/soak/server.ts), or NaN before its first write. */
+function heapUsedOf(dir: string, pid: number): number {
+  try {
+    return (JSON.parse(readFileSync(join(dir, `heap-${pid}.json`), 'utf8')) as { heapUsed: number }).heapUsed;
+  } catch {
+    return NaN;
+  }
 }

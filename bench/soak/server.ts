@@ -12,7 +12,8 @@
  * `--journal-dir` is handed to runServe as `journalDir` (the `rollout serve --journal-dir` option of the durable
  * journal); a runServe without that option ignores it, and the soak's accounting then shows what a restart loses.
  */
-import { readFileSync } from 'node:fs';
+import { readFileSync, writeFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { runServe, type ServeOptions } from '../../src/cli/serve.js';
 import { EnvironmentRegistry } from '../../src/environments/registry.js';
@@ -48,6 +49,13 @@ async function main(): Promise<void> {
   (process.stdin as NodeJS.ReadStream & { unref?: () => void }).unref?.();
   // Returns after SIGTERM's shutdown; the process must then end by itself (the bench times it: a handle left open
   // — a timer, a socket, a child — keeps it alive, and that is a finding, so no process.exit here).
+  // The V8 heap as the bench cannot see it from /proc (RSS also counts the journal's memory map and freed pages V8
+  // keeps): written next to the config every 2 s, read by the bench's sampler. Unref'd like the stdin watch.
+  const heapFile = join(dirname(values.config), `heap-${process.pid}.json`);
+  setInterval(() => {
+    const m = process.memoryUsage();
+    writeFileSync(heapFile, JSON.stringify({ heapUsed: m.heapUsed, heapTotal: m.heapTotal, external: m.external, arrayBuffers: m.arrayBuffers }));
+  }, 2_000).unref();
   await runServe(opts, { registry, sandboxes });
 }
 
