@@ -34,7 +34,7 @@ export function renderSoak(r: SoakResult): { text: string } {
   lines.push(`server RSS: min ${f0(r.rss.minMiB)} MiB, max ${f0(r.rss.maxMiB)} MiB; slope over the steady phase before the kill ${f2(r.rssSlopeMiBPerMin.before)} MiB/min, after the restart ${f2(r.rssSlopeMiBPerMin.after)} MiB/min`);
   lines.push(`server RSS troughs (lowest in each third of the steady phase; what a leak raises): before the kill ${r.rssTroughsMiB.before.map(f0).join(' → ')} MiB` +
     (r.rssTroughsMiB.after.length > 0 ? `, after the restart ${r.rssTroughsMiB.after.map(f0).join(' → ')} MiB` : ''));
-  lines.push(`server V8 heap-in-use troughs (the same thirds): before the kill ${r.heapTroughsMiB.before.map(f0).join(' → ')} MiB` +
+  lines.push(`server live V8 heap after a full GC (lowest in each third): before the kill ${r.heapTroughsMiB.before.map(f0).join(' → ')} MiB` +
     (r.heapTroughsMiB.after.length > 0 ? `, after the restart ${r.heapTroughsMiB.after.map(f0).join(' → ')} MiB` : ''));
   lines.push(`server CPU before the kill: ${f2(r.cpu.serverMsPerTrajectory)} ms per trajectory, ${f2(r.cpu.serverCores)} cores; the rest of the machine (client, engine, other work): ${f2(r.cpu.otherCores)} cores`);
   lines.push(`client (this process) over the load phase: ${f2(r.client.cores)} cores; event loop late p50 ${f0(r.client.loopDelayP50Ms)} ms, p99 ${f0(r.client.loopDelayP99Ms)} ms, max ${f0(r.client.loopDelayMaxMs)} ms`);

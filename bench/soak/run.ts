@@ -40,7 +40,7 @@ export interface MemorySample {
   phase: 'before' | 'after';
   pid: number;
   rss: number;
-  /** The server's V8 heap in use (process.memoryUsage().heapUsed, as the server last wrote it), bytes. */
+  /** The server's live V8 heap (heapUsed after the full collection the server runs every 10 s), bytes. */
   heapUsed: number;
   /** CPU seconds the server process has used so far. */
   cpuSeconds: number;

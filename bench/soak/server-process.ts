@@ -33,7 +33,7 @@ export class ServerProcess {
 
   static async start(o: ServerProcessOptions): Promise<ServerProcess> {
     const started = performance.now();
-    const args = ['--import', 'tsx', SERVER_SCRIPT, '--config', o.configPath, '--run-tag', o.runTag, ...(o.journalDir !== undefined ? ['--journal-dir', o.journalDir] : [])];
+    const args = ['--expose-gc', '--import', 'tsx', SERVER_SCRIPT, '--config', o.configPath, '--run-tag', o.runTag, ...(o.journalDir !== undefined ? ['--journal-dir', o.journalDir] : [])];
     const child = spawn(process.execPath, args, {
       cwd: REPO_ROOT,
       // stdin is a pipe the server watches: it shuts down when the bench goes away (see server.ts).

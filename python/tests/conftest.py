@@ -21,10 +21,10 @@ REPO = Path(os.environ.get("ROLLOUT_REPO") or Path(__file__).resolve().parents[2
 class Server:
     """One `rollout serve --fake-engine` process (its own process group, so kill() takes its sandboxes too)."""
 
-    def __init__(self, latency_ms: int = 1, port: int = 0) -> None:
+    def __init__(self, latency_ms: int = 1, port: int = 0, extra_args: Optional[List[str]] = None) -> None:
         self.log = tempfile.NamedTemporaryFile(prefix="rollout-pyclient-server-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(
-            ["node", str(REPO / "bin" / "rollout.js"), "serve", "--fake-engine", "--fake-latency-ms", str(latency_ms), "--host", "127.0.0.1", "--port", str(port)],
+            ["node", str(REPO / "bin" / "rollout.js"), "serve", "--fake-engine", "--fake-latency-ms", str(latency_ms), "--host", "127.0.0.1", "--port", str(port), *(extra_args or [])],
             cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         deadline = time.monotonic() + 120

@@ -1,8 +1,8 @@
-"""Token and TLS options, against a grpc.aio server double in this process (named as such: it speaks the real
-RolloutService contract from the generated stubs, but runs no rollouts). It records the metadata each call carried
-and answers each task with num_samples canned trajectories. Certificates are made with openssl at test time.
-The Rollout server's own token/TLS support is being added on another branch; these tests pin down what the client
-sends: `authorization: Bearer <token>`, TLS with a given root CA, and a client certificate for mTLS."""
+"""Token and TLS options: against the real server (`rollout serve` with --token-file and mTLS flags), and against a
+grpc.aio server double in this process (named as such: it speaks the real RolloutService contract from the generated
+stubs, but runs no rollouts) that records the metadata each call carried, to pin down exactly what the client sends:
+`authorization: Bearer <token>`, TLS with a given root CA, a client certificate for mTLS. Certificates are made with
+openssl at test time."""
 from __future__ import annotations
 
 import asyncio
@@ -15,6 +15,7 @@ import grpc.aio
 import pytest
 
 from rollout.v1 import rollout_pb2, rollout_pb2_grpc
+from conftest import Server
 from rollout_client import AsyncRolloutClient, RolloutClientError, TlsOptions
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl makes the test certificates")
@@ -133,3 +134,29 @@ def test_a_refused_token_fails_the_waiting_calls_instead_of_retrying_forever(cer
 def test_tls_options_refuse_half_a_client_certificate():
     with pytest.raises(ValueError, match="certificate_chain and private_key"):
         TlsOptions(certificate_chain=b"x").credentials()
+
+
+def test_the_real_server_with_a_token_and_mtls_serves_the_client_and_refuses_a_wrong_token(certs, tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("real-s3cret\n")
+    server = Server(extra_args=[
+        "--token-file", str(token_file),
+        "--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server.key"),
+        "--tls-client-ca", str(certs / "ca.pem"), "--tls-require-client-cert",
+    ])
+
+    async def main():
+        tls = TlsOptions(root_certificates=certs / "ca.pem", certificate_chain=certs / "client.pem", private_key=certs / "client.key")
+        async with AsyncRolloutClient(server.address, token="real-s3cret", tls=tls) as client:
+            group = await asyncio.wait_for(client.run_group("math", {"problem": "What is 2 + 3?", "answer": "5"}, 2), 120)
+            assert len(group.samples) == 2
+            assert all(not s.is_infra_failure for s in group.samples), [s.error for s in group.samples]
+            assert all(len(s.response_ids) == len(s.loss_mask) == len(s.logprobs) > 0 for s in group.samples)
+        async with AsyncRolloutClient(server.address, token="wrong", tls=tls) as client:
+            with pytest.raises(RolloutClientError, match="UNAUTHENTICATED"):
+                await asyncio.wait_for(client.run_group("math", {"problem": "1 + 1?", "answer": "2"}, 1), 60)
+
+    try:
+        asyncio.run(main())
+    finally:
+        server.stop()
