@@ -234,6 +234,9 @@ class AsyncRolloutClient:
         """
         while True:
             if until_idle and self._stream_outstanding == 0 and self._stream.empty():
+                # Yield to the loop first: a caller that iterates again in a loop (waiting for a submit that is
+                # itself waiting for room) must not spin without letting that submit run.
+                await asyncio.sleep(0)
                 return
             sample = await self._next_stream_sample()
             if sample is None:
@@ -247,6 +250,7 @@ class AsyncRolloutClient:
         """Complete groups of submit()ted tasks, in the order they completed (see samples() for until_idle)."""
         while True:
             if until_idle and self._stream_outstanding == sum(len(p) for p in self._partial.values()) and self._stream.empty():
+                await asyncio.sleep(0)  # as in samples(): never a busy loop for a caller that iterates again
                 return
             sample = await self._next_stream_sample()
             if sample is None:
