@@ -453,14 +453,19 @@ export class BackendPool {
    */
   #suspect(backend: BackendState, cause: unknown): Promise<void> {
     backend.suspecting ??= (async () => {
+      const budget = AbortSignal.timeout(this.#healthTimeoutMs);
       let ok: boolean;
       try {
-        ok = await backend.client.health(AbortSignal.timeout(this.#healthTimeoutMs));
+        ok = await backend.client.health(budget);
       } catch {
         ok = false;
       }
-      this.#log.warn({ backend: backend.id, healthy: ok, err: cause }, 'engine unreachable; health checked at once');
-      if (!ok && this.#backends.get(backend.id) === backend) this.setHealthy(backend.id, false);
+      // Only a definite answer moves every trajectory: an error status or a refused/reset connection. A probe that
+      // merely ran out of time says nothing (a starved event loop here, or a busy engine, delays it as much as a
+      // dead one) — the request still moves, and the prober's consecutive failures decide about the engine.
+      const inconclusive = !ok && budget.aborted;
+      this.#log.warn({ backend: backend.id, healthy: ok, inconclusive, err: cause }, 'engine unreachable; health checked at once');
+      if (!ok && !inconclusive && this.#backends.get(backend.id) === backend) this.setHealthy(backend.id, false);
     })().finally(() => {
       backend.suspecting = undefined;
     });

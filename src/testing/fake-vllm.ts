@@ -121,6 +121,7 @@ export class FakeVllmEngine {
   readonly #sampler: FakeSampler;
   readonly #inflight = new FakeInflight();
   #healthy = true;
+  #healthLatencyMs = 0;
   #listModels: boolean;
   #url = '';
   #server: Server | undefined;
@@ -173,6 +174,11 @@ export class FakeVllmEngine {
     this.#healthy = healthy;
   }
 
+  /** `/health` answers only after this many ms (an engine alive but slow to answer, or a congested link). */
+  setHealthLatency(ms: number): void {
+    this.#healthLatencyMs = ms;
+  }
+
   /** Whether GET /v1/models answers (true) or is a 404 (false), e.g. to test learning the limit later. */
   setModelsListed(listed: boolean): void {
     this.#listModels = listed;
@@ -189,6 +195,7 @@ export class FakeVllmEngine {
     const dev = this.options.devMode ?? true;
     if (req.method === 'GET' && path === '/health') {
       this.#stats.healthChecks++;
+      if (this.#healthLatencyMs > 0) await new Promise((resolve) => setTimeout(resolve, this.#healthLatencyMs));
       res.writeHead(this.#healthy ? 200 : 503).end();
     } else if (req.method === 'GET' && path === '/v1/models' && this.#listModels) {
       const card = { id: this.model, object: 'model', created: nowSeconds(), owned_by: 'vllm', root: this.model, parent: null,

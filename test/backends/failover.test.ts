@@ -75,6 +75,18 @@ describe('failover from a dead engine', () => {
     expect(pool.list()[0]!.healthy).toBe(true);
   });
 
+  it('a dropped connection to an engine whose health answers late (past the probe budget): not marked unhealthy, tried again on it', async () => {
+    const slow = await engine();
+    slow.failNext(1, { kind: 'drop' });
+    slow.setHealthLatency(400);
+    const pool = makePool({ healthTimeoutMs: 100 });
+    addVllm(pool, 'slow', slow.url);
+    const lease = await pool.acquire('t');
+    await expect(lease.generate(ask())).resolves.toMatchObject({ backendId: 'slow', finishReason: 'stop' });
+    expect(slow.stats()).toMatchObject({ received: 2, served: 1, healthChecks: 1 });
+    expect(pool.list()[0]!.healthy).toBe(true);
+  });
+
   it('an engine that drops every request: backend_error after maxFailoversPerRequest + 1 attempts, naming the cause', async () => {
     const broken = await engine({ inject: () => ({ kind: 'drop' }) });
     const pool = makePool({ maxFailoversPerRequest: 2 });
