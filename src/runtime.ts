@@ -113,7 +113,7 @@ export class RolloutRuntime {
    * Idempotent on task_id: a retry with the same spec returns duplicate = true, and `sink` still receives every
    * trajectory of the task (finished ones at once). Throws RolloutError('invalid_argument') naming the field.
    */
-  async submit(spec: TaskSpec, sink?: TrajectorySink, callSignal?: AbortSignal, session = ''): Promise<SubmitResult> {
+  async submit(spec: TaskSpec, sink?: TrajectorySink, callSignal?: AbortSignal, session = '', onAdmitted?: () => void): Promise<SubmitResult> {
     this.throwIfNotAdmitting();
     // Draining gives up every wait for admission at once: the caller hears UNAVAILABLE "draining", not a hang. The
     // link to the long-lived admission signal is undone when the submit settles, so listeners do not pile up on it.
@@ -122,14 +122,18 @@ export class RolloutRuntime {
     if (callSignal?.aborted) onCall();
     else callSignal?.addEventListener('abort', onCall, { once: true });
     try {
-      return await this.admit(spec, sink, controller.signal, session);
+      return await this.admit(spec, sink, controller.signal, session, onAdmitted);
     } finally {
       dispose();
       callSignal?.removeEventListener('abort', onCall);
     }
   }
 
-  private async admit(spec: TaskSpec, sink: TrajectorySink | undefined, signal: AbortSignal, session: string): Promise<SubmitResult> {
+  /**
+   * `onAdmitted` is called once the task holds its capacity and its id, before the journal's write: a stream reads
+   * its next task from there on, so tasks arriving together share one commit instead of an fsync each.
+   */
+  private async admit(spec: TaskSpec, sink: TrajectorySink | undefined, signal: AbortSignal, session: string, onAdmitted?: () => void): Promise<SubmitResult> {
     const { tokenizer, template, pool } = this.deps;
     const task = validateTask(spec, this.deps.registry, this.deps.config);
     const known = this.store.existing(task);
@@ -153,6 +157,7 @@ export class RolloutRuntime {
     }
     const entry = this.store.add(task);
     if (sink) entry.sinks.add(sink);
+    onAdmitted?.();
     const { journal } = this.deps;
     if (journal) {
       // On disk before the caller answers `accepted` (Journal.accepted waits for the fsync); a failure (journal

@@ -76,8 +76,12 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
     const aborted = new AbortController();
     let session: Session | undefined;
     let clean = false;
-    /** The task of this stream now waiting for admission, if any. */
-    let waiting: { taskId: string; controller: AbortController; done: Promise<void> } | undefined;
+    /**
+     * This stream's tasks not answered yet, in arrival order. At most one of them waits for admission (the last);
+     * the others are admitted and wait for the journal's commit, which those arriving together share.
+     */
+    const submitting = new Map<string, Submitting>();
+    let last: Submitting | undefined;
     const unsubscribe = runtime.pipeline.events$.subscribe((event) => {
       if (event.type === 'stage' && session?.stageEvents && session.owns(event.sample.task.taskId)) {
         // Advisory: a client that stopped reading misses them rather than growing the outbox.
@@ -157,19 +161,41 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
         session ??= openSession('', false, false);
         if (kind.$case === 'task') {
           // One task may wait for admission while the stream keeps reading, so a cancel or ack right behind it is
-          // not stuck; a second task waits for the first (flow control: the server reads no further).
-          if (waiting) await waiting.done;
+          // not stuck; a second task waits until the first is admitted (flow control: the server reads no further).
+          // It does not wait for the first one's journal write: tasks in a row share one commit and one fsync.
+          if (last) await last.admitted;
           const { controller, dispose } = linkedController(aborted.signal);
-          const entry = { taskId: kind.value.taskId, controller, done: Promise.resolve() };
-          entry.done = submitOnStream(session, kind.value, writer, controller.signal, aborted.signal).finally(() => {
+          let admitted!: () => void;
+          const entry: Submitting = {
+            taskId: kind.value.taskId,
+            controller,
+            isAdmitted: false,
+            cancelRequested: false,
+            admitted: new Promise<void>((resolve) => (admitted = resolve)),
+            done: Promise.resolve(),
+          };
+          const onAdmitted = (): void => {
+            entry.isAdmitted = true;
+            admitted();
+          };
+          entry.done = submitOnStream(session, kind.value, writer, controller.signal, aborted.signal, onAdmitted, entry).finally(() => {
             dispose();
-            if (waiting === entry) waiting = undefined;
+            admitted();
+            if (submitting.get(entry.taskId) === entry) submitting.delete(entry.taskId);
+            if (last === entry) last = undefined;
           });
-          waiting = entry;
+          if (!submitting.has(entry.taskId)) submitting.set(entry.taskId, entry);
+          last = entry;
         } else if (kind.$case === 'cancel') {
-          if (waiting?.taskId === kind.value.taskId) {
+          const entry = submitting.get(kind.value.taskId);
+          if (entry && !entry.isAdmitted) {
             // Still waiting for admission: it never starts (answered as rejected).
-            waiting.controller.abort(new RolloutError('cancelled', 'cancelled before it was admitted'));
+            entry.controller.abort(new RolloutError('cancelled', 'cancelled before it was admitted'));
+            continue;
+          }
+          if (entry) {
+            // Admitted, its journal write under way: cancelled as soon as it is accepted (its samples exist then).
+            entry.cancelRequested = true;
             continue;
           }
           try {
@@ -191,7 +217,8 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
         throw lifetime.reason;
       }
       // The client half-closed: finish delivering what it asked for, then end the stream.
-      if (waiting) await waiting.done;
+      if (last) await last.done;
+      await Promise.all([...submitting.values()].map((e) => e.done));
       if (session) {
         await session.idle();
         await writer.flushed();
@@ -222,6 +249,8 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
     writer: StreamWriter<RolloutResponse>,
     signal: AbortSignal,
     stream: AbortSignal,
+    onAdmitted: () => void,
+    entry: Submitting,
   ): Promise<void> {
     session.claim(spec.taskId);
     try {
@@ -232,11 +261,13 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
           `delivery to session "${session.id}" is paused: ${session.unackedBytes} bytes of trajectories are unacked (limit ${session.maxUnackedBytes}); ack what you received, then submit again`,
         );
       }
-      // Checked before `expect`: a task this session accepted before (re-sent after a resume) is owed already.
+      const result = await runtime.submit(spec, session.sink, signal, session.id, onAdmitted);
+      // Checked before `expect`: a task this session accepted before (re-sent after a resume, or twice in a row) is
+      // owed already.
       const alreadyOwed = session.hasAccepted(spec.taskId);
-      const result = await runtime.submit(spec, session.sink, signal, session.id);
       session.expect(result.taskId, result.numSamples);
       writer.sendUrgent({ kind: { $case: 'accepted', value: { ...result, alreadyOwed } } });
+      if (entry.cancelRequested) runtime.cancel(result.taskId);
     } catch (err) {
       session.unclaim(spec.taskId);
       if (stream.aborted || writer.isClosed) return;
@@ -247,4 +278,16 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
       writer.sendUrgent({ kind: { $case: 'rejected', value: { taskId: spec.taskId, field: e.field ?? '', reason } } });
     }
   }
+}
+
+/** A task of a stream between its arrival and its answer (accepted or rejected). */
+interface Submitting {
+  readonly taskId: string;
+  readonly controller: AbortController;
+  /** Resolves when the task holds its capacity (or its submit ended): the stream may read its next task. */
+  readonly admitted: Promise<void>;
+  isAdmitted: boolean;
+  /** A cancel arrived after admission, before the answer: applied right after `accepted` is sent. */
+  cancelRequested: boolean;
+  done: Promise<void>;
 }
