@@ -59,13 +59,18 @@ export class RolloutSession {
   private ended = false;
   private closing = false;
   private halfClosed = false;
-  /** Tasks accepted on this stream; their samples are what the stream owes (counted once per task). */
-  private readonly acceptedTasks = new Set<string>();
+  /**
+   * Tasks accepted on this stream with samples still to come, and the sample indices received so far: counted once
+   * per task, forgotten when complete (a week-long stream keeps only what is open; the server says `already_owed`
+   * for a task re-sent later).
+   */
+  private readonly openTasks = new Map<string, { numSamples: number; got: Set<number> }>();
   private expected = 0;
   /** Trajectories a resumed session owes us from before this stream. */
   private inherited = 0;
   private isOpen = false;
-  private readonly received = new Set<string>();
+  /** Distinct trajectories received (a sample of an open task counted once). */
+  private received = 0;
   private consumed = 0;
   private readonly pending = new Map<string, { resolve: (a: TaskAccepted) => void; reject: (e: Error) => void }[]>();
   /**
@@ -100,8 +105,8 @@ export class RolloutSession {
           break;
         case 'accepted':
           // A task re-sent after a resume that the session had accepted before is counted in `inherited` already.
-          if (!this.acceptedTasks.has(kind.value.taskId) && !kind.value.alreadyOwed) {
-            this.acceptedTasks.add(kind.value.taskId);
+          if (!this.openTasks.has(kind.value.taskId) && !kind.value.alreadyOwed) {
+            this.openTasks.set(kind.value.taskId, { numSamples: kind.value.numSamples, got: new Set() });
             this.expected += kind.value.numSamples;
           }
           this.settle(kind.value.taskId, (p) => p.resolve(kind.value));
@@ -118,7 +123,7 @@ export class RolloutSession {
           this.onDeliveryPaused?.(kind.value);
           break;
         case 'trajectory':
-          this.received.add(`${kind.value.taskId}\u0000${kind.value.sampleIndex}`);
+          this.count(kind.value);
           this.queue.push(kind.value);
           break;
       }
@@ -207,9 +212,22 @@ export class RolloutSession {
     if (!this.closing || !this.isOpen || this.halfClosed || this.ended || this.pending.size > 0) return;
     // Checked after every trajectory consumed: kept O(1) with running counts.
     const expected = this.inherited + this.expected;
-    if (this.received.size < expected || this.consumed < this.received.size) return;
+    if (this.received < expected || this.consumed < this.received) return;
     this.halfClosed = true;
     this.call.end();
+  }
+
+  private count(t: Trajectory): void {
+    const task = this.openTasks.get(t.taskId);
+    if (!task) {
+      // Owed from before this stream (a resumed session) or replayed for a task re-sent after it completed.
+      this.received++;
+      return;
+    }
+    if (task.got.has(t.sampleIndex)) return;
+    task.got.add(t.sampleIndex);
+    this.received++;
+    if (task.got.size >= task.numSamples) this.openTasks.delete(t.taskId);
   }
 
   private settle(taskId: string, fn: (p: { resolve: (a: TaskAccepted) => void; reject: (e: Error) => void }) => void): void {

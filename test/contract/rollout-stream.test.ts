@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TaskRejectedError } from '../../src/client/rollout-client.js';
-import { TrajectoryStatus } from '../../gen/ts/rollout/v1/rollout.js';
+import { TrajectoryStatus, type Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { collect, invariantViolations, mathTask, startHarness, type Harness } from '../support/harness.js';
 
 const OK = new Set([TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED, TrajectoryStatus.TRAJECTORY_STATUS_TRUNCATED]);
@@ -118,6 +118,26 @@ describe('Rollout stream against a real server, bubblewrap sandboxes and the fak
     const hang = new Promise<never>((_, reject) => setTimeout(() => reject(new Error('trajectories() did not end')), 20_000));
     const rest = await Promise.race([collect(s2.trajectories()), hang]);
     expect(rest.map((t) => `${t.taskId}#${t.sampleIndex}`).sort()).toEqual(['owed-a#0', 'owed-a#1']);
+  });
+
+  it('keeps no per-task state for completed tasks; a completed, acked task re-sent on the same stream comes again and the stream still ends', async () => {
+    const session = h.client.openSession();
+    const ids = Array.from({ length: 12 }, (_, i) => `forget-${i}`);
+    await Promise.all(ids.map((id, i) => session.submit(mathTask(id, 2, 300 + i))));
+    const stream = session.trajectories();
+    const got: Trajectory[] = [];
+    while (got.length < ids.length * 2) got.push((await stream.next()).value as Trajectory);
+    // White-box: what the client holds per task while a stream lives (a week-long stream must not grow with it).
+    expect((session as unknown as { openTasks: Map<string, unknown> }).openTasks.size).toBe(0);
+    // The session forgot it too (delivered and acked — autoAck acks a trajectory when the loop asks for the next, so
+    // not the task of the last one), so it is a new debt: its trajectories are sent again.
+    const pick = ids.findIndex((id) => id !== got.at(-1)!.taskId);
+    expect(await session.submit(mathTask(ids[pick]!, 2, 300 + pick))).toMatchObject({ duplicate: true, alreadyOwed: false });
+    session.close();
+    const hang = new Promise<never>((_, reject) => setTimeout(() => reject(new Error('trajectories() did not end')), 20_000));
+    const rest = await Promise.race([collect(stream), hang]);
+    expect(rest.map((t) => `${t.taskId}#${t.sampleIndex}`).sort()).toEqual([`${ids[pick]}#0`, `${ids[pick]}#1`]);
+    expect(rest.map((t) => t.responseTokenIds)).toEqual(expect.arrayContaining(got.filter((t) => t.taskId === ids[pick]).map((t) => t.responseTokenIds)));
   });
 
   it('resumes a broken session: unacked trajectories come again, acked ones do not', async () => {
