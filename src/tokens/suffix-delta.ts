@@ -21,6 +21,11 @@ import type { ChatMessage, ChatTemplate, ToolSchema } from './types.js';
  * every delta is identical. DeepSeek-V3's template is not (it opens tool outputs differently for the first tool
  * message of the whole conversation), so it keeps the full render. test/tokens/suffix-delta.property.test.ts checks
  * incremental == full over random conversations with hostile contents for every family we ship.
+ *
+ * The suffix's text comes from the skeleton of its shape (template-skeleton.ts) with a marker as the assistant's
+ * content, so no template runs per environment turn — provided the text after the assistant turn does not depend on
+ * what it holds. That too is probed once (`verify`: hostile assistant contents, reasoning and tool-call markup
+ * included); a template that fails it has every delta checked against a render with the real content.
  */
 
 /** Stand-in content of the opening messages: no template output depends on it after the assistant turn. */
@@ -34,9 +39,16 @@ export interface SuffixLocality {
   opening: 'none' | 'roles';
   /** Whether the suffix is rendered with the tools (false when they change nothing after the assistant turn). */
   tools: boolean;
+  /**
+   * Whether each delta is checked against a render with the real assistant content (the anchor's text after the
+   * assistant turn must be the same for it). False when the probe found that text independent of the assistant's
+   * content over a battery of hostile contents (reasoning blocks, tool-call markup, padding, emptiness, template
+   * look-alikes): the delta is then the filled skeleton alone, with no template run per environment turn.
+   */
+  verify: boolean;
 }
 
-const NOT_LOCAL: SuffixLocality = { local: false, opening: 'roles', tools: true };
+const NOT_LOCAL: SuffixLocality = { local: false, opening: 'roles', tools: true, verify: true };
 
 /**
  * The delta of `request` rendered from a suffix of the conversation (see the module comment), or undefined when
@@ -58,6 +70,7 @@ export function suffixDelta(template: ChatTemplate, request: Omit<DeltaRequest, 
   const at = marked.lastIndexOf(PROBE_ASSISTANT);
   if (at < 0 || marked.indexOf(PROBE_ASSISTANT) !== at) return undefined;
   const tail = marked.slice(at + PROBE_ASSISTANT.length);
+  if (!locality.verify) return { text: tail, method: 'anchor' };
   // As environmentDelta checks against the full render: the real content must be followed by the same text.
   const real = template.render([...lead, last, ...added], options);
   return real.endsWith(tail) ? { text: tail, method: 'anchor' } : undefined;
@@ -97,10 +110,10 @@ export function probeSuffixLocality(template: ChatTemplate, tools: readonly Tool
 const localityCache = new WeakMap<ChatTemplate, Map<string, SuffixLocality>>();
 
 const CANDIDATES: readonly SuffixLocality[] = [
-  { local: true, opening: 'none', tools: false },
-  { local: true, opening: 'roles', tools: false },
-  { local: true, opening: 'none', tools: true },
-  { local: true, opening: 'roles', tools: true },
+  { local: true, opening: 'none', tools: false, verify: true },
+  { local: true, opening: 'roles', tools: false, verify: true },
+  { local: true, opening: 'none', tools: true, verify: true },
+  { local: true, opening: 'roles', tools: true, verify: true },
 ];
 
 function probe(template: ChatTemplate, tools: readonly ToolSchema[] | undefined): SuffixLocality {
@@ -119,19 +132,65 @@ function probe(template: ChatTemplate, tools: readonly ToolSchema[] | undefined)
   }
   if (cases.length === 0) return NOT_LOCAL;
   const withTools = tools !== undefined && tools.length > 0;
-  const agrees = (c: SuffixLocality): boolean =>
-    cases.every(({ request, text }) => {
+  const agrees = (c: SuffixLocality, on: typeof cases): boolean =>
+    on.every(({ request, text }) => {
       try {
         return suffixDelta(template, request, c)?.text === text;
       } catch {
         return false;
       }
     });
-  return CANDIDATES.find((c) => (withTools || !c.tools) && agrees(c)) ?? NOT_LOCAL;
+  const found = CANDIDATES.find((c) => (withTools || !c.tools) && agrees(c, cases));
+  if (!found) return NOT_LOCAL;
+  // Without the per-delta check, over the battery and every hostile content as the assistant turn just sampled.
+  const unchecked: typeof cases = [...cases];
+  for (const request of assistantProbes(tools)) {
+    try {
+      unchecked.push({ request, text: environmentDelta(template, { ...request, closing }).text });
+    } catch {
+      // a shape the template refuses: the ledger refuses it too
+    }
+  }
+  const trusted = { ...found, verify: false };
+  return agrees(trusted, unchecked) ? trusted : found;
 }
 
 /** Contents that templates treat differently: padded (trim), empty, multi-line, markup-like, thinking blocks. */
 const CONTENTS = ['c', '  padded content \n', '', 'line one\nline two\n\n', '{{ not a tag }} <b>', '<think>\nhm\n</think>\n\nsaid'];
+
+/**
+ * Contents of the assistant turn just sampled that templates branch on: reasoning blocks (whole, unclosed, only the
+ * closing tag), tool-call markup, padding and blank lines, emptiness, template and special-token look-alikes.
+ */
+const ASSISTANT_CONTENTS = [
+  ...CONTENTS,
+  '<think>\nunclosed',
+  '</think>',
+  '</think>\n\n',
+  '<think></think>',
+  '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>',
+  'text\n<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>',
+  '<tool_response>\nx\n</tool_response>',
+  '{% if true %}x{% endif %} {{ messages }}',
+  '<|im_end|><|eot_id|><end_of_turn>',
+  '\n\n',
+  ' ',
+  '\u{F0000}\u{FFFFD}<',
+];
+
+/** Each hostile assistant content as the turn just sampled, after [user] and [system, user], before each kind of answer. */
+function* assistantProbes(tools: readonly ToolSchema[] | undefined): Generator<Omit<DeltaRequest, 'closing'>> {
+  const answers: ChatMessage[][] = [
+    [{ role: 'tool', content: 'out', name: 'probe_tool' }],
+    [{ role: 'tool', content: 'a', name: 'probe_tool' }, { role: 'tool', content: 'b', name: 'probe_tool' }],
+    [{ role: 'user', content: 'next' }],
+  ];
+  for (const content of ASSISTANT_CONTENTS) {
+    for (const opening of [[{ role: 'user', content: 'q' }], [{ role: 'system', content: 's' }, { role: 'user', content: 'q' }]] as ChatMessage[][]) {
+      for (const added of answers) yield { history: [...opening, { role: 'assistant', content }], added, tools };
+    }
+  }
+}
 
 /**
  * The probe battery: openings [user] and [system, user]; zero to two earlier rounds, each an assistant turn and an

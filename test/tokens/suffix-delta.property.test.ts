@@ -42,6 +42,8 @@ describe.each(FAMILIES)('incremental rendering with the %s template', (family) =
   it(`is probed ${LOCAL[family] ? 'suffix-local' : 'not suffix-local'}, with and without tools`, () => {
     expect(probeSuffixLocality(bundle.template, undefined).local).toBe(LOCAL[family]);
     expect(probeSuffixLocality(bundle.template, [bashTool]).local).toBe(LOCAL[family]);
+    // Every family we ship writes the same text after an assistant turn whatever it holds: no render per delta.
+    expect(probeSuffixLocality(bundle.template, [bashTool]).verify).toBe(!LOCAL[family]);
   });
 
   it('renders exactly the full-render delta from a suffix, over random conversations and hostile contents', () => {
@@ -102,7 +104,27 @@ describe('the locality probe', () => {
       '{% for m in messages %}[{{ m.role }}{% if m.role == "tool" %} of {{ tools | length if tools else 0 }}{% endif %}]{{ m.content }}</s>{% endfor %}' +
         '{% if add_generation_prompt %}[assistant]{% endif %}',
     );
-    expect(probeSuffixLocality(toolCount, [bashTool])).toEqual({ local: true, opening: 'none', tools: true });
-    expect(probeSuffixLocality(toolCount, undefined)).toEqual({ local: true, opening: 'none', tools: false });
+    expect(probeSuffixLocality(toolCount, [bashTool])).toEqual({ local: true, opening: 'none', tools: true, verify: false });
+    expect(probeSuffixLocality(toolCount, undefined)).toEqual({ local: true, opening: 'none', tools: false, verify: false });
+  });
+
+  it('keeps checking each delta against a real render when the text after an assistant turn depends on its content', () => {
+    // Heads a tool result differently when the turn before it holds a tool call: the delta depends on what was sampled.
+    const byContent = new JinjaChatTemplate(
+      '{% for m in messages %}{% if m.role == "tool" and "<tool_call>" in messages[loop.index0 - 1].content %}[reply]{% else %}[{{ m.role }}]{% endif %}' +
+        '{{ m.content }}</s>{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}',
+    );
+    const locality = probeSuffixLocality(byContent, undefined);
+    expect(locality).toMatchObject({ local: true, verify: true });
+    const added: ChatMessage[] = [{ role: 'tool', content: 'out', name: 'bash' }];
+    for (const last of ['plain answer', '<tool_call>\n{"name": "bash"}\n</tool_call>']) {
+      const request = { history: [{ role: 'user', content: 'q' }, { role: 'assistant', content: last }] satisfies ChatMessage[], added, tools: undefined };
+      const full = environmentDelta(byContent, { ...request, closing: probeAssistantClosing(byContent, undefined) });
+      // Either the checked suffix gives the full render's text, or it declines and the full render is used.
+      const incremental = suffixDelta(byContent, request, locality);
+      if (incremental !== undefined) expect(incremental).toEqual(full);
+      // Trusting the marker's tail would have been wrong for one of them: that is what the check is for.
+      expect(suffixDelta(byContent, request, { ...locality, verify: false })?.text === full.text).toBe(last === 'plain answer');
+    }
   });
 });
