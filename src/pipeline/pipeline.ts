@@ -98,7 +98,8 @@ export class Pipeline {
       sample.signal.addEventListener(
         'abort',
         () => {
-          if (!sample.active) void this.finish(sample, buildFailedTrajectory(sample, RolloutError.from(sample.signal.reason)));
+          // Finishing aborts the signal too (to release what listens to it): nothing to build then.
+          if (!sample.active && !sample.finished) void this.finish(sample, buildFailedTrajectory(sample, RolloutError.from(sample.signal.reason)));
         },
         { once: true },
       );
