@@ -77,10 +77,10 @@ export class ChildHandle<Api extends ChildApi, Info> {
    * environment variable BENCH_CPU_PROF=<dir>, each child writes a V8 CPU profile there when it exits; with
    * BENCH_TRACE_GC=1 each prints V8's --trace-gc lines; BENCH_NODE_FLAGS adds node flags (e.g. V8 heap sizes).
    */
-  static async spawn<Api extends ChildApi, Info>(name: string, script: URL, args: readonly string[], timeoutMs = 60_000): Promise<ChildHandle<Api, Info>> {
+  static async spawn<Api extends ChildApi, Info>(name: string, script: URL, args: readonly string[], timeoutMs = 60_000, nodeFlags: readonly string[] = []): Promise<ChildHandle<Api, Info>> {
     const child = fork(fileURLToPath(script), [...args], {
       cwd: REPO_ROOT,
-      execArgv: ['--expose-gc', ...(process.env.BENCH_TRACE_GC ? ['--trace-gc'] : []), ...(process.env.BENCH_NODE_FLAGS?.split(' ').filter(Boolean) ?? []), '--import', 'tsx', ...(process.env.BENCH_CPU_PROF ? ['--cpu-prof', '--cpu-prof-dir', process.env.BENCH_CPU_PROF] : [])],
+      execArgv: ['--expose-gc', ...nodeFlags, ...(process.env.BENCH_TRACE_GC ? ['--trace-gc'] : []), ...(process.env.BENCH_NODE_FLAGS?.split(' ').filter(Boolean) ?? []), '--import', 'tsx', ...(process.env.BENCH_CPU_PROF ? ['--cpu-prof', '--cpu-prof-dir', process.env.BENCH_CPU_PROF] : [])],
       serialization: 'advanced',
       stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
     });

@@ -16,6 +16,7 @@ import { fileURLToPath } from 'node:url';
 import { RolloutClient } from '../src/client/rollout-client.js';
 import { CALC_ENVIRONMENT } from '../src/testing/calc-environment.js';
 import { LONG_CONTEXT_ENVIRONMENT } from '../src/testing/long-context-environment.js';
+import { NODE_FLAGS } from '../src/cli/node-flags.js';
 import { ChildHandle } from './child-rpc.js';
 import { driveServer, percentile, replayDirect, type DriveResult, type ReplayResult } from './drive.js';
 import type { EngineApi, EngineInfo, EngineStats } from './engine-child.js';
@@ -139,7 +140,8 @@ async function startServer(
   tokenWorkers?: number,
 ): Promise<{ server: Server; client: RolloutClient }> {
   const options = serverConfig(engine, sandbox, concurrency, retainFinishedTasks, tokenWorkers);
-  const server = await ChildHandle.spawn<ServerApi, ServerInfo>(`server-child(${sandbox})`, SERVER_CHILD, [JSON.stringify(options)]);
+  // Run as the `rollout` command runs node (src/cli/node-flags.ts), so the figures are the product's.
+  const server = await ChildHandle.spawn<ServerApi, ServerInfo>(`server-child(${sandbox})`, SERVER_CHILD, [JSON.stringify(options)], 60_000, NODE_FLAGS);
   children.add(server);
   return { server, client: new RolloutClient(server.info.address) };
 }

@@ -1,5 +1,6 @@
-#!/usr/bin/env node
-// The `rollout` CLI. Runs the TypeScript sources through tsx's loader (no build step to forget).
+#!/usr/bin/env -S node --max-semi-space-size=64
+// The `rollout` CLI. Runs the TypeScript sources through tsx's loader (no build step to forget). The node flags on
+// the first line are src/cli/node-flags.ts's (a test keeps them equal).
 import { register } from 'tsx/esm/api';
 
 register();

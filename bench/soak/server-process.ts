@@ -1,6 +1,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createWriteStream, type WriteStream } from 'node:fs';
 import { fileURLToPath } from 'node:url';
+import { NODE_FLAGS } from '../../src/cli/node-flags.js';
 
 const REPO_ROOT = fileURLToPath(new URL('../..', import.meta.url));
 const SERVER_SCRIPT = fileURLToPath(new URL('./server.ts', import.meta.url));
@@ -33,7 +34,7 @@ export class ServerProcess {
 
   static async start(o: ServerProcessOptions): Promise<ServerProcess> {
     const started = performance.now();
-    const args = ['--expose-gc', '--import', 'tsx', SERVER_SCRIPT, '--config', o.configPath, '--run-tag', o.runTag, ...(o.journalDir !== undefined ? ['--journal-dir', o.journalDir] : [])];
+    const args = ['--expose-gc', ...NODE_FLAGS, '--import', 'tsx', SERVER_SCRIPT, '--config', o.configPath, '--run-tag', o.runTag, ...(o.journalDir !== undefined ? ['--journal-dir', o.journalDir] : [])];
     const child = spawn(process.execPath, args, {
       cwd: REPO_ROOT,
       // stdin is a pipe the server watches: it shuts down when the bench goes away (see server.ts).

@@ -1,5 +1,6 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
+import { NODE_FLAGS } from '../../src/cli/node-flags.js';
 import { eventually } from './wait.js';
 
 const root = fileURLToPath(new URL('../../', import.meta.url));
@@ -16,7 +17,7 @@ export interface ServeProcess {
 
 /** Spawns `node bin/rollout.js serve --port 0 ...args` and waits for its "listening" line. */
 export async function spawnServe(args: string[], env: Record<string, string> = {}): Promise<ServeProcess> {
-  const child = spawn(process.execPath, ['bin/rollout.js', 'serve', '--port', '0', ...args], {
+  const child = spawn(process.execPath, [...NODE_FLAGS, 'bin/rollout.js', 'serve', '--port', '0', ...args], {
     cwd: root,
     stdio: ['ignore', 'pipe', 'pipe'],
     env: { ...process.env, ROLLOUT_LOG_LEVEL: 'info', ...env },

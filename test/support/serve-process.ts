@@ -2,6 +2,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { NODE_FLAGS } from '../../src/cli/node-flags.js';
 import { eventually } from './wait.js';
 
 const root = fileURLToPath(new URL('../../', import.meta.url));
@@ -20,7 +21,7 @@ export interface ServeProcess {
 
 /** Starts `rollout serve --port 0 <args>` and resolves once it printed its address. */
 export async function startServeProcess(args: readonly string[], env: Record<string, string> = {}): Promise<ServeProcess> {
-  const child = spawn(process.execPath, ['bin/rollout.js', 'serve', '--port', '0', ...args], {
+  const child = spawn(process.execPath, [...NODE_FLAGS, 'bin/rollout.js', 'serve', '--port', '0', ...args], {
     cwd: root,
     stdio: ['ignore', 'pipe', 'pipe'],
     env: { ...process.env, ROLLOUT_LOG_LEVEL: 'info', ...env },
