@@ -107,6 +107,15 @@ export function probeSuffixLocality(template: ChatTemplate, tools: readonly Tool
   return found;
 }
 
+/**
+ * What {@link probeSuffixLocality} found for this template and tool list, if it has probed them already; never
+ * probes (a probe renders the template a few hundred times: ~200 ms with a long tool list, which must not run on
+ * the event loop just to decide where a task should run).
+ */
+export function knownSuffixLocality(template: ChatTemplate, tools: readonly ToolSchema[] | undefined): SuffixLocality | undefined {
+  return localityCache.get(template)?.get(toolsKey(tools));
+}
+
 const localityCache = new WeakMap<ChatTemplate, Map<string, SuffixLocality>>();
 
 const CANDIDATES: readonly SuffixLocality[] = [

@@ -1,5 +1,5 @@
 import { encodeRendered, escapeMessage } from './opaque-content.js';
-import { probeSuffixLocality, suffixDelta } from './suffix-delta.js';
+import { knownSuffixLocality, probeSuffixLocality, suffixDelta } from './suffix-delta.js';
 import { contentSlots, renderWithSkeleton } from './template-skeleton.js';
 import { environmentDelta, type DeltaMethod, type DeltaRequest } from './template-delta.js';
 import type { ChatMessage, ChatTemplate, Tokenizer, ToolSchema } from './types.js';
@@ -102,6 +102,8 @@ export function runTokenTask(tokenizer: Tokenizer, template: ChatTemplate, task:
 export function taskChars(template: ChatTemplate, task: TokenTask): number {
   const chars = (messages: readonly ChatMessage[]): number => messages.reduce((n, m) => n + m.content.length, 0);
   if (task.kind === 'prompt') return chars(task.messages);
-  const local = probeSuffixLocality(template, task.tools).local;
+  // Not probed here: until this thread has probed the template with these tools, the task counts as a full render
+  // (a long conversation then goes to a token thread, which probes there).
+  const local = knownSuffixLocality(template, task.tools)?.local ?? false;
   return chars(task.added) + (local ? (task.history.at(-1)?.content.length ?? 0) : chars(task.history));
 }

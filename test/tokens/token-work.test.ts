@@ -4,6 +4,7 @@ import { attachedIdsJson, idsJson } from '../../src/backends/prompt-json.js';
 import { TokenLedger } from '../../src/tokens/ledger.js';
 import type { ModelBundle } from '../../src/tokens/model-bundle.js';
 import { escapeMessage } from '../../src/tokens/opaque-content.js';
+import { knownSuffixLocality } from '../../src/tokens/suffix-delta.js';
 import { probeAssistantClosing } from '../../src/tokens/template-delta.js';
 import { TokenPool } from '../../src/tokens/token-pool.js';
 import { PACK_IDS_FROM, type TokenTask, type TokenTaskResult } from '../../src/tokens/token-tasks.js';
@@ -71,6 +72,21 @@ describe.each<Family>(['qwen3', 'deepseek_v3'])('token work on a %s token thread
       { numRuns: 25 },
     );
     expect(pool.stats().crashes).toBe(0);
+  });
+
+  it('decides where an environment turn runs without probing the template on the event loop', async () => {
+    // A tool list this thread has not seen: probing it renders the template a few hundred times.
+    const tools = [{ ...bashTool, function: { ...bashTool.function, name: `never_seen_${family}` } }];
+    const routed = new TokenWork({ tokenizer: bundle.tokenizer, template: bundle.template, pool, inlineMaxChars: 2_000 });
+    const history: ChatMessage[] = [
+      { role: 'user', content: 'x'.repeat(5_000) },
+      { role: 'assistant', content: familyToolCall(bundle, 'ls') },
+    ];
+    const task = { history, added: [{ role: 'tool' as const, content: 'out', name: tools[0]!.function.name }], tools, closing: probeAssistantClosing(bundle.template, tools), stopText: undefined };
+    const ids = await routed.environmentIds(task);
+    // The long conversation went to the thread, which probed there; this thread still knows nothing of the tool list.
+    expect(knownSuffixLocality(bundle.template, tools)).toBeUndefined();
+    expect(ids).toEqual(inline.environmentIdsSync(task));
   });
 
   it(`sends a long prompt's ids packed (over ${PACK_IDS_FROM}) and gives exactly the inline ids, with their JSON`, async () => {
