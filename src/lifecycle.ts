@@ -1,3 +1,4 @@
+import { setMaxListeners } from 'node:events';
 import { BehaviorSubject, filter, firstValueFrom } from 'rxjs';
 import { RolloutError } from './errors.js';
 
@@ -35,6 +36,12 @@ export class ServerLifecycle {
   readonly state$ = new BehaviorSubject<LifecycleState>('starting');
   private readonly admissionController = new AbortController();
   private readonly lifetimeController = new AbortController();
+
+  constructor() {
+    // Every waiting submit and every open call listens to these for the server's life: many listeners by design
+    // (each removed when its call ends), not a leak to warn about.
+    setMaxListeners(0, this.admissionController.signal, this.lifetimeController.signal);
+  }
   /** When draining: the time (Unix ms) past which the work in flight is cancelled. */
   drainDeadline: number | undefined;
 

@@ -1,3 +1,4 @@
+import { setMaxListeners } from 'node:events';
 import type { ServerDuplexStream } from '@grpc/grpc-js';
 import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
@@ -74,6 +75,8 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
     const writer = new StreamWriter<RolloutResponse>(call, rolloutResponseBytes);
     const { maxOutboxBytes } = runtime.deps.config.sessions;
     const aborted = new AbortController();
+    // Each task being submitted on the stream listens to it until answered: as many as the stream has in flight.
+    setMaxListeners(0, aborted.signal);
     let session: Session | undefined;
     let clean = false;
     /**
