@@ -1,10 +1,10 @@
+import { connectionOptions, type ConnectionFlags } from './connection.js';
 import { RolloutClient } from '../client/rollout-client.js';
 import { BackendKind, CapacitySource, LogprobsMode, type Backend } from '../../gen/ts/rollout/v1/backend.js';
 
 /** Where a server is and the admin token its BackendService needs (flag, else ROLLOUT_ADMIN_TOKEN). */
-export interface BackendsOptions {
+export interface BackendsOptions extends ConnectionFlags {
   address: string;
-  adminToken?: string;
 }
 
 /** `rollout backends add` flags. */
@@ -46,8 +46,7 @@ export function formatBackends(backends: readonly Backend[]): string {
 }
 
 function connect(opts: BackendsOptions): RolloutClient {
-  const adminToken = opts.adminToken ?? process.env.ROLLOUT_ADMIN_TOKEN;
-  return new RolloutClient(opts.address, adminToken ? { adminToken } : {});
+  return new RolloutClient(opts.address, connectionOptions(opts));
 }
 
 /** `rollout backends`: prints the server's backends. */

@@ -1,3 +1,4 @@
+import { connectionOptions, withConnectionFlags, type ConnectionFlags } from './connection.js';
 import { status, type ServiceError } from '@grpc/grpc-js';
 import { Command, InvalidArgumentError, Option } from 'commander';
 import { readFileSync } from 'node:fs';
@@ -70,7 +71,7 @@ program
     process.exitCode = await runDemo(opts);
   });
 
-program
+withConnectionFlags(program
   .command('submit')
   .description('run every row of a dataset (JSONL, or Parquet in verl\'s layout) on a server, writing trajectories as they arrive; resumable')
   .requiredOption('--dataset <file>', 'JSONL or .parquet dataset')
@@ -82,17 +83,17 @@ program
   .option('--concurrency <n>', 'rows in flight at once', int, 64)
   .option('--temperature <t>', 'sampling temperature', Number)
   .option('--max-tokens-per-turn <n>', 'sampling budget per turn', int)
-  .option('--max-total-tokens <n>', 'sampling budget per trajectory', int)
+  .option('--max-total-tokens <n>', 'sampling budget per trajectory', int))
   .action(async (opts) => {
     process.exitCode = await runSubmit(opts);
   });
 
-program
+withConnectionFlags(program
   .command('envs')
   .description('list the environments a server offers')
-  .option('--address <host:port>', 'server address', '127.0.0.1:50051')
-  .action(async (opts: { address: string }) => {
-    const client = new RolloutClient(opts.address);
+  .option('--address <host:port>', 'server address', '127.0.0.1:50051'))
+  .action(async (opts: { address: string } & ConnectionFlags) => {
+    const client = new RolloutClient(opts.address, connectionOptions(opts));
     try {
       const { environments } = await client.listEnvironments();
       for (const e of environments) console.log(`${e.name}\t${e.description}\ttools: ${e.tools.join(', ')}`);
@@ -102,19 +103,19 @@ program
   });
 
 const backends = program.command('backends').description("a server's engines (BackendService)");
-backends
+withConnectionFlags(backends
   .command('list', { isDefault: true })
   .description('list them: health, capacity and where it came from, logprobs mode, context length, load')
   .option('--address <host:port>', 'server address', '127.0.0.1:50051')
-  .option('--admin-token <token>', 'BackendService bearer token (or ROLLOUT_ADMIN_TOKEN)')
+  .option('--admin-token <token>', 'BackendService bearer token (or ROLLOUT_ADMIN_TOKEN; prefer --admin-token-file)'), { admin: true })
   .action(async (opts: { address: string; adminToken?: string }) => {
     await runBackendsList(opts);
   });
-backends
+withConnectionFlags(backends
   .command('add <url>')
   .description('add an engine; prints what the server learned about it (capacity, logprobs mode, context length)')
   .option('--address <host:port>', 'server address', '127.0.0.1:50051')
-  .option('--admin-token <token>', 'BackendService bearer token (or ROLLOUT_ADMIN_TOKEN)')
+  .option('--admin-token <token>', 'BackendService bearer token (or ROLLOUT_ADMIN_TOKEN; prefer --admin-token-file)'), { admin: true })
   .addOption(new Option('--kind <kind>', 'engine kind').choices(['vllm', 'sglang']).default('vllm'))
   .option('--id <id>', 'backend id (default: the url)')
   .option('--model <name>', "model name sent to the engine (default: the server's)")

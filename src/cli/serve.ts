@@ -1,6 +1,5 @@
-import { readFileSync } from 'node:fs';
+import { readSecret } from './connection.js';
 import { startRolloutServer, type RolloutServerOptions } from '../app.js';
-import { RolloutError } from '../errors.js';
 import { defaultRegistry } from '../environments/registry.js';
 import { parseConfig, type ServerConfigInput } from '../config.js';
 import { createLogger } from '../observability/logger.js';
@@ -88,8 +87,8 @@ export async function runServe(opts: ServeOptions, inject: Pick<RolloutServerOpt
     };
   }
   // Tokens from files or the environment, so they never show in process listings; a file wins over the environment.
-  const adminToken = (opts.adminTokenFile !== undefined ? readToken(opts.adminTokenFile, '--admin-token-file') : undefined) ?? opts.adminToken ?? process.env.ROLLOUT_ADMIN_TOKEN;
-  const token = (opts.tokenFile !== undefined ? readToken(opts.tokenFile, '--token-file') : undefined) ?? process.env.ROLLOUT_TOKEN;
+  const adminToken = (opts.adminTokenFile !== undefined ? readSecret(opts.adminTokenFile, '--admin-token-file') : undefined) ?? opts.adminToken ?? process.env.ROLLOUT_ADMIN_TOKEN;
+  const token = (opts.tokenFile !== undefined ? readSecret(opts.tokenFile, '--token-file') : undefined) ?? process.env.ROLLOUT_TOKEN;
   if (adminToken || token) {
     config.auth = { ...config.auth, ...(token && { token }), ...(adminToken && { adminToken }) };
   }
@@ -128,17 +127,6 @@ export async function runServe(opts: ServeOptions, inject: Pick<RolloutServerOpt
 }
 
 /** A bearer token from a file (trailing newline trimmed); an empty or unreadable file is a usage error naming the flag. */
-function readToken(file: string, flag: string): string {
-  let text: string;
-  try {
-    text = readFileSync(file, 'utf8').trim();
-  } catch (err) {
-    throw new RolloutError('invalid_argument', `${flag}: cannot read ${file}: ${(err as Error).message}`);
-  }
-  if (text === '') throw new RolloutError('invalid_argument', `${flag}: ${file} is empty`);
-  return text;
-}
-
 /** The `model` section with some fields set: a file's string form is the name, its object form is kept. */
 function withModel(model: ServerConfigInput['model'], fields: { name?: string; dir?: string }): ServerConfigInput['model'] {
   const base = typeof model === 'string' ? { name: model } : (model ?? {});

@@ -1,3 +1,4 @@
+import { connectionOptions, type ConnectionFlags } from './connection.js';
 import cliProgress from 'cli-progress';
 import { randomUUID } from 'node:crypto';
 import { existsSync } from 'node:fs';
@@ -7,7 +8,7 @@ import { TrajectoryStatus, type Trajectory } from '../../gen/ts/rollout/v1/rollo
 import { countRows, mapRow, readDataset, taskIdFor } from './submit-dataset.js';
 import { openTrajectoryOutput } from './submit-output.js';
 
-export interface SubmitOptions {
+export interface SubmitOptions extends ConnectionFlags {
   dataset: string;
   environment: string;
   numSamples: number;
@@ -74,7 +75,7 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
   const out = opts.progress ?? process.stderr;
   const total = await countRows(opts.dataset);
   const output = await openTrajectoryOutput(outputPath);
-  const client = new RolloutClient(opts.server);
+  const client = new RolloutClient(opts.server, connectionOptions(opts));
   const session = client.openSession({ sessionId: `submit-${randomUUID()}` });
   const slots = new Slots(opts.concurrency);
 

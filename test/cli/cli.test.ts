@@ -1,9 +1,14 @@
 import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { RolloutClient } from '../../src/client/rollout-client.js';
 import { TrajectoryStatus } from '../../gen/ts/rollout/v1/rollout.js';
 import { collect, mathTask } from '../support/harness.js';
+import { makeTestCerts } from '../support/test-certs.js';
+import { makeMathProblem } from '../../src/testing/arithmetic.js';
 
 const root = fileURLToPath(new URL('../../', import.meta.url));
 
@@ -91,6 +96,45 @@ describe('the rollout CLI', () => {
     }
     expect(await serve.exited).toBe(0);
   });
+
+  it('client commands reach a server that asks for tokens and mTLS (token files, CA, client certificate); without the token they say UNAUTHENTICATED', async () => {
+    const certs = await makeTestCerts();
+    const dir = mkdtempSync(join(tmpdir(), 'rollout-cli-auth-'));
+    const tokenFile = join(dir, 'token');
+    const adminFile = join(dir, 'admin');
+    writeFileSync(tokenFile, 'trainer-secret\n');
+    writeFileSync(adminFile, 'admin-secret\n');
+    const serve = rollout(['serve', '--port', '0', '--fake-engine', '--fake-latency-ms', '0', '--token-file', tokenFile, '--admin-token-file', adminFile,
+      '--tls-cert', certs.serverCertFile, '--tls-key', certs.serverKeyFile, '--tls-client-ca', certs.caFile, '--tls-require-client-cert']);
+    try {
+      const [, address] = await waitFor(() => serve.output().match(/rollout server listening on (\S+)/), 30_000);
+      const tls = ['--tls-ca', certs.caFile, '--tls-cert', certs.clientCertFile, '--tls-key', certs.clientKeyFile];
+      const envs = rollout(['envs', '--address', address!, '--token-file', tokenFile, ...tls]);
+      expect(await envs.exited, envs.output()).toBe(0);
+      expect(envs.output()).toMatch(/^math\t/m);
+      const noToken = rollout(['envs', '--address', address!, ...tls]);
+      expect(await noToken.exited).toBe(1);
+      expect(noToken.output()).toMatch(/rollout: the server answered UNAUTHENTICATED/);
+      const list = rollout(['backends', '--address', address!, '--admin-token-file', adminFile, ...tls]);
+      expect(await list.exited, list.output()).toBe(0);
+      expect(list.output()).toMatch(/^id\s+kind\s+healthy/m);
+      const dataset = join(dir, 'rows.jsonl');
+      const p = makeMathProblem(7);
+      writeFileSync(dataset, `${JSON.stringify({ problem: p.question, answer: String(p.answer) })}\n`);
+      const output = join(dir, 'out.jsonl');
+      const submit = rollout(['submit', '--dataset', dataset, '--environment', 'math', '--server', address!, '--output', output, '--token-file', tokenFile, ...tls]);
+      expect(await submit.exited, submit.output()).toBe(0);
+      expect(readFileSync(output, 'utf8').trim().split('\n')).toHaveLength(1);
+      const badFile = rollout(['envs', '--address', address!, '--token-file', join(dir, 'missing'), ...tls]);
+      expect(await badFile.exited).toBe(2); // a usage mistake
+      expect(badFile.output()).toMatch(/rollout: --token-file: cannot read .*missing/);
+    } finally {
+      serve.child.kill('SIGTERM');
+      await certs.remove();
+      rmSync(dir, { recursive: true, force: true });
+    }
+    expect(await serve.exited).toBe(0);
+  }, 120_000);
 
   it('rejects a bad flag with a message, not a stack trace', async () => {
     const bad = rollout(['serve', '--port', 'abc']);

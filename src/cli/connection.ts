@@ -1,0 +1,70 @@
+import { readFileSync } from 'node:fs';
+import type { Command } from 'commander';
+import type { ConnectionOptions } from '../client/rollout-client.js';
+import { RolloutError } from '../errors.js';
+
+/** The flags every client command takes to reach a server that asks for tokens or TLS (see {@link withConnectionFlags}). */
+export interface ConnectionFlags {
+  tokenFile?: string;
+  adminToken?: string;
+  adminTokenFile?: string;
+  tlsCa?: string;
+  tlsCert?: string;
+  tlsKey?: string;
+}
+
+/**
+ * Adds the connection flags to a client command: tokens from files (or ROLLOUT_TOKEN / ROLLOUT_ADMIN_TOKEN), never
+ * literals for the RolloutService token (a literal shows in process listings); TLS with the server's CA, and a client
+ * certificate for a server that requires one (mTLS).
+ */
+export function withConnectionFlags(command: Command, options: { admin?: boolean } = {}): Command {
+  command
+    .option('--token-file <file>', 'RolloutService bearer token from this file (or ROLLOUT_TOKEN)')
+    .option('--tls-ca <file>', "connect with TLS, trusting this PEM CA for the server's certificate")
+    .option('--tls-cert <file>', 'client certificate (PEM) for a server that requires one (with --tls-key)')
+    .option('--tls-key <file>', 'private key (PEM) of --tls-cert');
+  if (options.admin) command.option('--admin-token-file <file>', 'BackendService/AdminService bearer token from this file (or ROLLOUT_ADMIN_TOKEN)');
+  return command;
+}
+
+/** The client's ConnectionOptions from the flags and the environment; throws invalid_argument naming a bad flag. */
+export function connectionOptions(flags: ConnectionFlags): ConnectionOptions {
+  const token = (flags.tokenFile !== undefined ? readSecret(flags.tokenFile, '--token-file') : undefined) ?? process.env.ROLLOUT_TOKEN;
+  const adminToken =
+    (flags.adminTokenFile !== undefined ? readSecret(flags.adminTokenFile, '--admin-token-file') : undefined) ?? flags.adminToken ?? process.env.ROLLOUT_ADMIN_TOKEN;
+  if ((flags.tlsCert === undefined) !== (flags.tlsKey === undefined)) {
+    throw new RolloutError('invalid_argument', '--tls-cert and --tls-key go together');
+  }
+  const useTls = flags.tlsCa !== undefined || flags.tlsCert !== undefined;
+  return {
+    ...(token && { token }),
+    ...(adminToken && { adminToken }),
+    ...(useTls && {
+      tls: {
+        ...(flags.tlsCa !== undefined && { ca: readPem(flags.tlsCa, '--tls-ca') }),
+        ...(flags.tlsCert !== undefined && { cert: readPem(flags.tlsCert, '--tls-cert') }),
+        ...(flags.tlsKey !== undefined && { key: readPem(flags.tlsKey, '--tls-key') }),
+      },
+    }),
+  };
+}
+
+/** A token file's content, trimmed; invalid_argument naming the flag when unreadable or empty. */
+export function readSecret(file: string, flag: string): string {
+  const text = readFlagFile(file, flag).toString('utf8').trim();
+  if (text === '') throw new RolloutError('invalid_argument', `${flag}: ${file} is empty`);
+  return text;
+}
+
+function readPem(file: string, flag: string): Buffer {
+  return readFlagFile(file, flag);
+}
+
+function readFlagFile(file: string, flag: string): Buffer {
+  try {
+    return readFileSync(file);
+  } catch (err) {
+    throw new RolloutError('invalid_argument', `${flag}: cannot read ${file}: ${(err as Error).message}`);
+  }
+}
