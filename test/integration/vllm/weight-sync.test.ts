@@ -1,4 +1,6 @@
+import { Writable } from 'node:stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createLogger } from '../../../src/observability/logger.js';
 import { PauseMode } from '../../../gen/ts/rollout/v1/backend.js';
 import { Role, TrajectoryStatus, type Trajectory, type Turn } from '../../../gen/ts/rollout/v1/rollout.js';
 import { TINY_QWEN3_DIR, VllmServer, vllmInstalled } from '../../../src/testing/vllm-server.js';
@@ -235,8 +237,18 @@ describe.skipIf(!installed)('weight sync and failover end to end on two real vLL
 
   describe('failover', () => {
     let h: ServerHarness;
+    /** The server's log lines (info and up), quoted when a wait fails so a failure in CI says what the server saw. */
+    const serverLog: string[] = [];
     beforeAll(async () => {
+      const destination = new Writable({
+        write(chunk: Buffer, _encoding, done) {
+          serverLog.push(...chunk.toString().split('\n').filter(Boolean));
+          if (serverLog.length > 400) serverLog.splice(0, serverLog.length - 400);
+          done();
+        },
+      });
       h = await startServerHarness({
+        logger: createLogger({ level: 'info', destination }),
         sandboxes: new NullSandboxDriver(),
         config: {
           model: vllmA.model,
@@ -255,9 +267,19 @@ describe.skipIf(!installed)('weight sync and failover end to end on two real vLL
     it('kill -9 of one engine mid-run: its trajectories finish on the other, ids exactly what the survivor returned; none hangs', async () => {
       const before = { A: proxyA.exchanges.length, B: proxyB.exchanges.length };
       const pending = await run(h, [group('killed-a', 4, 601), group('killed-b', 4, 602)]);
-      await expect.poll(() => proxyA.inflight() + proxyB.inflight(), { timeout: 120_000 }).toBe(8);
+      const state = (): string =>
+        `in flight A ${proxyA.inflight()}, B ${proxyB.inflight()}; pool ${JSON.stringify(h.server.pool.list().map((b) => ({ id: b.id, healthy: b.healthy, trajectories: b.inflightTrajectories, requests: b.inflightRequests })))}\n${serverLog.slice(-60).join('\n')}`;
+      // Both engines decoding (B's requests are what the kill must catch), then B well into its answers.
+      const saying = async (wait: Promise<unknown>): Promise<void> => {
+        try {
+          await wait;
+        } catch (err) {
+          throw new Error(`${(err as Error).message}\n${state()}`, { cause: err });
+        }
+      };
+      await saying(expect.poll(() => proxyA.inflight() > 0 && proxyB.inflight() > 0, { timeout: 120_000 }).toBe(true));
       const from = await generatedTokens(vllmB.url);
-      await expect.poll(() => generatedTokens(vllmB.url), { timeout: 120_000, interval: 50 }).toBeGreaterThanOrEqual(from + 80);
+      await saying(expect.poll(() => generatedTokens(vllmB.url), { timeout: 120_000, interval: 50 }).toBeGreaterThanOrEqual(from + 80));
       const onB = proxyB.inflight();
       const killedAt = Date.now();
       process.kill(-vllmB.pid!, 'SIGKILL');
