@@ -7,7 +7,7 @@ import { RolloutServiceClient, TaskSpec, TrajectoryStatus, type RolloutRequest, 
 import { AdminServiceClient, ServerState, type GetServerStateResponse } from '../../gen/ts/rollout/v1/admin.js';
 import { mathTask } from '../support/harness.js';
 import { healthStatuses } from '../support/health.js';
-import { pidAlive, sandboxesOf, startServeProcess, type ServeProcess } from '../support/serve-process.js';
+import { pidAlive, sandboxesOf, spawnServe, type ServeProcess } from '../support/rollout-process.js';
 import { eventually, within } from '../support/wait.js';
 
 const ADMIN_TOKEN = 'drain-admin-5b1e';
@@ -93,7 +93,7 @@ describe('lifecycle: a real `rollout serve` drains on SIGTERM and on AdminServic
 
   it('SIGTERM mid-load: admission stops, every accepted sample is delivered once, health goes NOT_SERVING, streams end UNAVAILABLE, no sandbox is left, exit 0', async () => {
     // 30 ms per sampled token: each sample runs for seconds, so the signal lands while work is in flight.
-    serve = await startServeProcess(['--fake-engine', '--fake-latency-ms', '30', '--admin-token-file', tokenFile, '--drain-grace-ms', '120000']);
+    serve = await spawnServe(['--fake-engine', '--fake-latency-ms', '30', '--admin-token-file', tokenFile, '--drain-grace-ms', '120000']);
     const { address, pid } = serve;
     // The admin token came from a file: it is not in the process's command line.
     expect(serve.child.spawnargs.join(' ')).not.toContain(ADMIN_TOKEN);
@@ -135,7 +135,7 @@ describe('lifecycle: a real `rollout serve` drains on SIGTERM and on AdminServic
     expect(stream.trajectories).toHaveLength(16);
     expect(stream.trajectories.every((t) => t.status === TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED || t.status === TrajectoryStatus.TRAJECTORY_STATUS_TRUNCATED)).toBe(true);
 
-    expect(await within(serve.exited, 60_000, 'the server to exit')).toBe(0);
+    expect(await within(serve.exited, 60_000, 'the server to exit')).toEqual({ code: 0, signal: null });
     expect(serve.output()).toContain('rollout server stopped');
     expect(await sandboxesOf(pid)).toEqual([]);
     expect(seen.size).toBeGreaterThan(0);
@@ -145,7 +145,7 @@ describe('lifecycle: a real `rollout serve` drains on SIGTERM and on AdminServic
 
   it('Drain needs the admin token; past its grace the work in flight is delivered CANCELLED (never a reward-0 completion), then exit 0', async () => {
     // 400 ms per token: no sample can finish within the 1.5 s grace.
-    serve = await startServeProcess(['--fake-engine', '--fake-latency-ms', '400', '--admin-token-file', tokenFile]);
+    serve = await spawnServe(['--fake-engine', '--fake-latency-ms', '400', '--admin-token-file', tokenFile]);
     const { address, pid } = serve;
     const stub = new RolloutServiceClient(address, credentials.createInsecure());
     const admin = new AdminServiceClient(address, credentials.createInsecure());
@@ -177,12 +177,12 @@ describe('lifecycle: a real `rollout serve` drains on SIGTERM and on AdminServic
       expect(t.status).toBe(TrajectoryStatus.TRAJECTORY_STATUS_CANCELLED);
       expect(t.error).toMatch(/grace period/);
     }
-    expect(await within(serve.exited, 60_000, 'the server to exit')).toBe(0);
+    expect(await within(serve.exited, 60_000, 'the server to exit')).toEqual({ code: 0, signal: null });
     expect(await sandboxesOf(pid)).toEqual([]);
   }, 180_000);
 
   it('a second SIGTERM during a long grace cancels the work in flight at once', async () => {
-    serve = await startServeProcess(['--fake-engine', '--fake-latency-ms', '400', '--drain-grace-ms', '600000']);
+    serve = await spawnServe(['--fake-engine', '--fake-latency-ms', '400', '--drain-grace-ms', '600000']);
     const stub = new RolloutServiceClient(serve.address, credentials.createInsecure());
     stubs.push(stub);
     const stream = new RecordedStream(stub);
@@ -194,6 +194,6 @@ describe('lifecycle: a real `rollout serve` drains on SIGTERM and on AdminServic
     const end = await within(stream.ended, 60_000, 'the stream to end');
     expect(end.code, `${end.details}\n${serve.output()}`).toBe(status.UNAVAILABLE);
     expect(stream.trajectories.map((t) => t.status)).toEqual([TrajectoryStatus.TRAJECTORY_STATUS_CANCELLED, TrajectoryStatus.TRAJECTORY_STATUS_CANCELLED]);
-    expect(await within(serve.exited, 60_000, 'the server to exit')).toBe(0);
+    expect(await within(serve.exited, 60_000, 'the server to exit')).toEqual({ code: 0, signal: null });
   }, 120_000);
 });
