@@ -83,7 +83,7 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
      * This stream's tasks not answered yet, in arrival order. At most one of them waits for admission (the last);
      * the others are admitted and wait for the journal's commit, which those arriving together share.
      */
-    const submitting = new Map<string, Submitting>();
+    const submitting = new Set<Submitting>();
     let last: Submitting | undefined;
     const unsubscribe = runtime.pipeline.events$.subscribe((event) => {
       if (event.type === 'stage' && session?.stageEvents && session.owns(event.sample.task.taskId)) {
@@ -168,29 +168,17 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
           // It does not wait for the first one's journal write: tasks in a row share one commit and one fsync.
           if (last) await last.admitted;
           const { controller, dispose } = linkedController(aborted.signal);
-          let admitted!: () => void;
-          const entry: Submitting = {
-            taskId: kind.value.taskId,
-            controller,
-            isAdmitted: false,
-            cancelRequested: false,
-            admitted: new Promise<void>((resolve) => (admitted = resolve)),
-            done: Promise.resolve(),
-          };
-          const onAdmitted = (): void => {
-            entry.isAdmitted = true;
-            admitted();
-          };
-          entry.done = submitOnStream(session, kind.value, writer, controller.signal, aborted.signal, onAdmitted, entry).finally(() => {
+          const entry = new Submitting(kind.value.taskId, controller);
+          entry.done = submitOnStream(session, kind.value, writer, entry, aborted.signal).finally(() => {
             dispose();
-            admitted();
-            if (submitting.get(entry.taskId) === entry) submitting.delete(entry.taskId);
+            entry.markAdmitted(); // however it ended: the stream reads on
+            submitting.delete(entry);
             if (last === entry) last = undefined;
           });
-          if (!submitting.has(entry.taskId)) submitting.set(entry.taskId, entry);
+          submitting.add(entry);
           last = entry;
         } else if (kind.$case === 'cancel') {
-          const entry = submitting.get(kind.value.taskId);
+          const entry = [...submitting].find((e) => e.taskId === kind.value.taskId);
           if (entry && !entry.isAdmitted) {
             // Still waiting for admission: it never starts (answered as rejected).
             entry.controller.abort(new RolloutError('cancelled', 'cancelled before it was admitted'));
@@ -220,8 +208,7 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
         throw lifetime.reason;
       }
       // The client half-closed: finish delivering what it asked for, then end the stream.
-      if (last) await last.done;
-      await Promise.all([...submitting.values()].map((e) => e.done));
+      await Promise.all([...submitting].map((e) => e.done));
       if (session) {
         await session.idle();
         await writer.flushed();
@@ -250,11 +237,10 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
     session: Session,
     spec: TaskSpec,
     writer: StreamWriter<RolloutResponse>,
-    signal: AbortSignal,
-    stream: AbortSignal,
-    onAdmitted: () => void,
     entry: Submitting,
+    stream: AbortSignal,
   ): Promise<void> {
+    const { signal } = entry.controller;
     session.claim(spec.taskId);
     try {
       if (session.deliveryPaused) {
@@ -264,7 +250,7 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
           `delivery to session "${session.id}" is paused: ${session.unackedBytes} bytes of trajectories are unacked (limit ${session.maxUnackedBytes}); ack what you received, then submit again`,
         );
       }
-      const result = await runtime.submit(spec, session.sink, signal, session.id, onAdmitted);
+      const result = await runtime.submit(spec, session.sink, signal, session.id, () => entry.markAdmitted());
       // Checked before `expect`: a task this session accepted before (re-sent after a resume, or twice in a row) is
       // owed already.
       const alreadyOwed = session.hasAccepted(spec.taskId);
@@ -284,13 +270,24 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
 }
 
 /** A task of a stream between its arrival and its answer (accepted or rejected). */
-interface Submitting {
-  readonly taskId: string;
-  readonly controller: AbortController;
+class Submitting {
   /** Resolves when the task holds its capacity (or its submit ended): the stream may read its next task. */
   readonly admitted: Promise<void>;
-  isAdmitted: boolean;
+  isAdmitted = false;
   /** A cancel arrived after admission, before the answer: applied right after `accepted` is sent. */
-  cancelRequested: boolean;
-  done: Promise<void>;
+  cancelRequested = false;
+  done: Promise<void> = Promise.resolve();
+  #resolve!: () => void;
+
+  constructor(
+    readonly taskId: string,
+    readonly controller: AbortController,
+  ) {
+    this.admitted = new Promise<void>((resolve) => (this.#resolve = resolve));
+  }
+
+  markAdmitted(): void {
+    this.isAdmitted = true;
+    this.#resolve();
+  }
 }
