@@ -28,37 +28,40 @@ export function withConnectionFlags(command: Command, options: { admin?: boolean
   return command;
 }
 
-/** The client's ConnectionOptions from the flags and the environment; throws invalid_argument naming a bad flag. */
-export function connectionOptions(flags: ConnectionFlags): ConnectionOptions {
+/**
+ * The bearer tokens the flags and the environment give, client and server alike: a file wins over a literal
+ * (`--admin-token`, kept for compatibility), which wins over ROLLOUT_TOKEN / ROLLOUT_ADMIN_TOKEN.
+ */
+export function tokensFrom(flags: Pick<ConnectionFlags, 'tokenFile' | 'adminToken' | 'adminTokenFile'>): { token?: string; adminToken?: string } {
   const token = (flags.tokenFile !== undefined ? readSecret(flags.tokenFile, '--token-file') : undefined) ?? process.env.ROLLOUT_TOKEN;
   const adminToken =
     (flags.adminTokenFile !== undefined ? readSecret(flags.adminTokenFile, '--admin-token-file') : undefined) ?? flags.adminToken ?? process.env.ROLLOUT_ADMIN_TOKEN;
+  return { ...(token && { token }), ...(adminToken && { adminToken }) };
+}
+
+/** The client's ConnectionOptions from the flags and the environment; throws invalid_argument naming a bad flag. */
+export function connectionOptions(flags: ConnectionFlags): ConnectionOptions {
   if ((flags.tlsCert === undefined) !== (flags.tlsKey === undefined)) {
     throw new RolloutError('invalid_argument', '--tls-cert and --tls-key go together');
   }
   const useTls = flags.tlsCa !== undefined || flags.tlsCert !== undefined;
   return {
-    ...(token && { token }),
-    ...(adminToken && { adminToken }),
+    ...tokensFrom(flags),
     ...(useTls && {
       tls: {
-        ...(flags.tlsCa !== undefined && { ca: readPem(flags.tlsCa, '--tls-ca') }),
-        ...(flags.tlsCert !== undefined && { cert: readPem(flags.tlsCert, '--tls-cert') }),
-        ...(flags.tlsKey !== undefined && { key: readPem(flags.tlsKey, '--tls-key') }),
+        ...(flags.tlsCa !== undefined && { ca: readFlagFile(flags.tlsCa, '--tls-ca') }),
+        ...(flags.tlsCert !== undefined && { cert: readFlagFile(flags.tlsCert, '--tls-cert') }),
+        ...(flags.tlsKey !== undefined && { key: readFlagFile(flags.tlsKey, '--tls-key') }),
       },
     }),
   };
 }
 
 /** A token file's content, trimmed; invalid_argument naming the flag when unreadable or empty. */
-export function readSecret(file: string, flag: string): string {
+function readSecret(file: string, flag: string): string {
   const text = readFlagFile(file, flag).toString('utf8').trim();
   if (text === '') throw new RolloutError('invalid_argument', `${flag}: ${file} is empty`);
   return text;
-}
-
-function readPem(file: string, flag: string): Buffer {
-  return readFlagFile(file, flag);
 }
 
 function readFlagFile(file: string, flag: string): Buffer {

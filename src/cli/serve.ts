@@ -1,4 +1,4 @@
-import { readSecret } from './connection.js';
+import { tokensFrom } from './connection.js';
 import { startRolloutServer, type RolloutServerOptions } from '../app.js';
 import { defaultRegistry } from '../environments/registry.js';
 import { parseConfig, type ServerConfigInput } from '../config.js';
@@ -87,11 +87,8 @@ export async function runServe(opts: ServeOptions, inject: Pick<RolloutServerOpt
     };
   }
   // Tokens from files or the environment, so they never show in process listings; a file wins over the environment.
-  const adminToken = (opts.adminTokenFile !== undefined ? readSecret(opts.adminTokenFile, '--admin-token-file') : undefined) ?? opts.adminToken ?? process.env.ROLLOUT_ADMIN_TOKEN;
-  const token = (opts.tokenFile !== undefined ? readSecret(opts.tokenFile, '--token-file') : undefined) ?? process.env.ROLLOUT_TOKEN;
-  if (adminToken || token) {
-    config.auth = { ...config.auth, ...(token && { token }), ...(adminToken && { adminToken }) };
-  }
+  const tokens = tokensFrom(opts);
+  if (tokens.token || tokens.adminToken) config.auth = { ...config.auth, ...tokens };
   if (opts.tlsCert !== undefined || opts.tlsKey !== undefined || opts.tlsClientCa !== undefined || opts.tlsRequireClientCert) {
     const tls = config.tls ?? { certFile: '', keyFile: '' };
     config.tls = {
@@ -126,7 +123,6 @@ export async function runServe(opts: ServeOptions, inject: Pick<RolloutServerOpt
   if (server.lifecycle.state === 'failed') process.exitCode = 1;
 }
 
-/** A bearer token from a file (trailing newline trimmed); an empty or unreadable file is a usage error naming the flag. */
 /** The `model` section with some fields set: a file's string form is the name, its object form is kept. */
 function withModel(model: ServerConfigInput['model'], fields: { name?: string; dir?: string }): ServerConfigInput['model'] {
   const base = typeof model === 'string' ? { name: model } : (model ?? {});

@@ -266,15 +266,13 @@ function bearer(token: string): Interceptor {
 export class RolloutClient {
   readonly rollout: RolloutServiceClient;
   readonly backends: BackendServiceClient;
-  private readonly adminMetadata = new Metadata();
 
   constructor(address: string, options: ConnectionOptions = {}) {
     const opts = { 'grpc.max_receive_message_length': 64 << 20 };
     const { tls } = options;
     const channel = tls ? credentials.createSsl(tls.ca ?? null, tls.key ?? null, tls.cert ?? null) : credentials.createInsecure();
     this.rollout = new RolloutServiceClient(address, channel, { ...opts, ...(options.token && { interceptors: [bearer(options.token)] }) });
-    this.backends = new BackendServiceClient(address, channel, opts);
-    if (options.adminToken) this.adminMetadata.set('authorization', `Bearer ${options.adminToken}`);
+    this.backends = new BackendServiceClient(address, channel, { ...opts, ...(options.adminToken && { interceptors: [bearer(options.adminToken)] }) });
   }
 
   openSession(options: SessionOptions = {}): RolloutSession {
@@ -312,16 +310,16 @@ export class RolloutClient {
 
   addBackend(request: Partial<AddBackendRequest> & { url: string }): Promise<Backend | undefined> {
     return promisify<{ backend?: Backend | undefined }>((cb) =>
-      this.backends.addBackend({ kind: 0, maxConcurrency: 0, id: '', model: '', logprobsMode: 0, ...request }, this.adminMetadata, cb),
+      this.backends.addBackend({ kind: 0, maxConcurrency: 0, id: '', model: '', logprobsMode: 0, ...request }, new Metadata(), cb),
     ).then((r) => r.backend);
   }
 
   listBackends(): Promise<Backend[]> {
-    return promisify<{ backends: Backend[] }>((cb) => this.backends.listBackends({}, this.adminMetadata, cb)).then((r) => r.backends);
+    return promisify<{ backends: Backend[] }>((cb) => this.backends.listBackends({}, new Metadata(), cb)).then((r) => r.backends);
   }
 
   removeBackend(id: string, drain = false): Promise<void> {
-    return promisify((cb) => this.backends.removeBackend({ id, drain }, this.adminMetadata, cb)).then(() => undefined);
+    return promisify((cb) => this.backends.removeBackend({ id, drain }, new Metadata(), cb)).then(() => undefined);
   }
 
   /**
@@ -336,7 +334,7 @@ export class RolloutClient {
   pauseGeneration(mode: PauseMode, options: { backendId?: string; deadlineMs?: number } = {}): Promise<Backend[]> {
     const deadline = new Date(Date.now() + (options.deadlineMs ?? 600_000));
     return promisify<{ backends: Backend[] }>((cb) =>
-      this.backends.pauseGeneration({ backendId: options.backendId ?? '', mode }, this.adminMetadata, { deadline }, cb),
+      this.backends.pauseGeneration({ backendId: options.backendId ?? '', mode }, new Metadata(), { deadline }, cb),
     ).then((r) => r.backends);
   }
 
@@ -345,7 +343,7 @@ export class RolloutClient {
     return promisify<{ backends: Backend[] }>((cb) =>
       this.backends.resumeGeneration(
         { backendId: options.backendId ?? '', ...(options.policyVersion !== undefined && { policyVersion: options.policyVersion }) },
-        this.adminMetadata,
+        new Metadata(),
         cb,
       ),
     ).then((r) => r.backends);
