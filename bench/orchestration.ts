@@ -8,7 +8,8 @@
  * engine, a test double, at zero token latency) and a server child (startRolloutServer), so the server's memory
  * and CPU are measured alone. See bench/README.md for what each figure means.
  */
-import { Command, InvalidArgumentError } from 'commander';
+import { Command } from 'commander';
+import { positiveInt } from './options.js';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg, platform, release, totalmem } from 'node:os';
 import { dirname } from 'node:path';
@@ -49,32 +50,27 @@ export interface BenchOptions {
 type Engine = ChildHandle<EngineApi, EngineInfo>;
 type Server = ChildHandle<ServerApi, ServerInfo>;
 
-const positive = (value: string): number => {
-  const n = Number(value);
-  if (!Number.isInteger(n) || n < 1) throw new InvalidArgumentError('must be a positive integer');
-  return n;
-};
 
 function parseOptions(argv: readonly string[]): BenchOptions {
   const program = new Command()
     .name('orchestration')
     .description('Rollout server throughput vs the engine-bound limit, and server memory per in-flight trajectory (fake vLLM engine).')
-    .option('--trajectories <n>', 'trajectories in the measured server pass', positive, 4000)
-    .option('--concurrency <n>', 'trajectories in flight (server pass) and requests in flight (direct pass)', positive, 1000)
-    .option('--group-size <n>', 'samples per task (GRPO group size)', positive, 1)
-    .option('--warmup <n>', 'trajectories (and replayed requests) to warm up before measuring', positive, 500)
-    .option('--hold <n>', 'trajectories held in flight for the memory measurement', positive, 1000)
-    .option('--sandbox-trajectories <n>', 'trajectories in the real-sandbox pass', positive, 64)
-    .option('--sandbox-concurrency <n>', 'concurrency of the real-sandbox pass', positive, 16)
+    .option('--trajectories <n>', 'trajectories in the measured server pass', positiveInt, 4000)
+    .option('--concurrency <n>', 'trajectories in flight (server pass) and requests in flight (direct pass)', positiveInt, 1000)
+    .option('--group-size <n>', 'samples per task (GRPO group size)', positiveInt, 1)
+    .option('--warmup <n>', 'trajectories (and replayed requests) to warm up before measuring', positiveInt, 500)
+    .option('--hold <n>', 'trajectories held in flight for the memory measurement', positiveInt, 1000)
+    .option('--sandbox-trajectories <n>', 'trajectories in the real-sandbox pass', positiveInt, 64)
+    .option('--sandbox-concurrency <n>', 'concurrency of the real-sandbox pass', positiveInt, 16)
     .option('--no-sandbox-pass', 'skip the bubblewrap pass')
-    .option('--long-trajectories <n>', 'trajectories in the long-context pass', positive, 16)
-    .option('--long-concurrency <n>', 'concurrency of the long-context pass', positive, 8)
-    .option('--long-prompt-chars <n>', 'characters of log in each long-context prompt (~1.56 per Qwen3 token)', positive, 86_000)
-    .option('--long-pages <n>', 'environment turns (pages read) per long-context trajectory', positive, 4)
-    .option('--long-page-chars <n>', 'characters per page the tool returns', positive, 3_500)
+    .option('--long-trajectories <n>', 'trajectories in the long-context pass', positiveInt, 16)
+    .option('--long-concurrency <n>', 'concurrency of the long-context pass', positiveInt, 8)
+    .option('--long-prompt-chars <n>', 'characters of log in each long-context prompt (~1.56 per Qwen3 token)', positiveInt, 86_000)
+    .option('--long-pages <n>', 'environment turns (pages read) per long-context trajectory', positiveInt, 4)
+    .option('--long-page-chars <n>', 'characters per page the tool returns', positiveInt, 3_500)
     .option('--no-long-pass', 'skip the long-context pass')
     .option('--output <path>', 'JSON results file', fileURLToPath(new URL('./results/orchestration.json', import.meta.url)))
-    .option('--phase-timeout <s>', 'give up on a phase after this many seconds', positive, 180)
+    .option('--phase-timeout <s>', 'give up on a phase after this many seconds', positiveInt, 180)
     .parse([...argv]);
   const o = program.opts<Omit<BenchOptions, 'phaseTimeout'> & { phaseTimeout: number }>();
   return { ...o, phaseTimeout: o.phaseTimeout * 1000 };

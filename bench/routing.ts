@@ -8,7 +8,8 @@
  *
  * See bench/README.md (routing) for the model and what each figure means.
  */
-import { Command, InvalidArgumentError } from 'commander';
+import { Command } from 'commander';
+import { positiveInt } from './options.js';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -18,18 +19,13 @@ import { POLICIES } from './routing/routers.js';
 import { simulate, type PolicyReport } from './routing/simulate.js';
 import { DEFAULT_WORKLOAD, makeWorkload } from './routing/workload.js';
 
-const positive = (value: string): number => {
-  const n = Number(value);
-  if (!Number.isInteger(n) || n < 1) throw new InvalidArgumentError('must be a positive integer');
-  return n;
-};
 
 const options = new Command()
   .name('routing')
   .description('Routing policies on simulated heterogeneous engines (virtual time, deterministic).')
-  .option('--trajectories <n>', 'trajectories in the simulated RL step', positive, 8000)
-  .option('--concurrency <n>', 'trajectories in flight at once (run-stage concurrency)', positive, 400)
-  .option('--seed <n>', 'workload seed', positive, 1)
+  .option('--trajectories <n>', 'trajectories in the simulated RL step', positiveInt, 8000)
+  .option('--concurrency <n>', 'trajectories in flight at once (run-stage concurrency)', positiveInt, 400)
+  .option('--seed <n>', 'workload seed', positiveInt, 1)
   .option('--output <path>', 'JSON results file', fileURLToPath(new URL('./results/routing.json', import.meta.url)))
   .parse()
   .opts<{ trajectories: number; concurrency: number; seed: number; output: string }>();

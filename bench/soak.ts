@@ -11,34 +11,25 @@
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { Command, InvalidArgumentError } from 'commander';
+import { Command } from 'commander';
+import { fraction, positiveNumber } from './options.js';
 import { renderSoak } from './soak/print.js';
 import { runSoak, type SoakOptions } from './soak/run.js';
 
-const positive = (value: string): number => {
-  const n = Number(value);
-  if (!(n > 0)) throw new InvalidArgumentError(`not a positive number: ${value}`);
-  return n;
-};
-const fraction = (value: string): number => {
-  const n = Number(value);
-  if (!(n > 0 && n < 1)) throw new InvalidArgumentError(`not in (0, 1): ${value}`);
-  return n;
-};
 
 const program = new Command()
   .name('soak')
   .description('The rollout server under sustained load with a kill -9 and restart midway: throughput, latency, memory over time, leaks, exactly-once accounting.')
-  .option('--minutes <m>', 'length of the load phase', positive, 10)
-  .option('--concurrency <n>', 'samples in flight', positive, 2000)
-  .option('--sessions <n>', 'Rollout sessions sharing the load', positive, 8)
-  .option('--group-size <n>', 'samples per task', positive, 1)
-  .option('--sandbox-every <k>', 'every k-th task runs math with python in bubblewrap, the rest soak-calc in a null sandbox', positive, 50)
+  .option('--minutes <m>', 'length of the load phase', positiveNumber, 10)
+  .option('--concurrency <n>', 'samples in flight', positiveNumber, 2000)
+  .option('--sessions <n>', 'Rollout sessions sharing the load', positiveNumber, 8)
+  .option('--group-size <n>', 'samples per task', positiveNumber, 1)
+  .option('--sandbox-every <k>', 'every k-th task runs math with python in bubblewrap, the rest soak-calc in a null sandbox', positiveNumber, 50)
   .option('--kill-at <fraction>', 'kill -9 the server at this fraction of the load phase and restart it', fraction, 0.5)
   .option('--no-kill', 'no kill -9 step')
   .option('--journal-dir <dir>', "the server's durable journal (`rollout serve --journal-dir`), kept across the restart")
-  .option('--sample-seconds <s>', 'server memory sampling interval', positive, 5)
-  .option('--drain-timeout <s>', 'after the load phase, how long to wait for what is in flight', positive, 120)
+  .option('--sample-seconds <s>', 'server memory sampling interval', positiveNumber, 5)
+  .option('--drain-timeout <s>', 'after the load phase, how long to wait for what is in flight', positiveNumber, 120)
   .option('--quick', 'validation run: 1 minute, 200 in flight, 2 sessions, sampled every 2 s')
   .option('--output <path>', 'JSON results', fileURLToPath(new URL('./results/soak.json', import.meta.url)))
   .parse();
