@@ -1,4 +1,5 @@
 import { attachedIdsJson, attachIdsJson } from '../backends/prompt-json.js';
+import { LRUCache } from 'lru-cache';
 import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
 import type { ModelBundleOptions } from './model-bundle.js';
@@ -41,17 +42,18 @@ export class TokenWork {
   readonly template: ChatTemplate;
   readonly #pool: TokenPool<TokenTask, TokenTaskResult> | undefined;
   readonly #inlineMaxChars: number;
-  readonly #cacheBytes: number;
-  readonly #prompts = new Map<string, { ids: readonly number[]; bytes: number; uses: number }>();
+  /** Least recently used first out past the byte bound (lru-cache: a Map's delete-and-set on every hit is O(size) in V8, see tokenizer.ts). */
+  readonly #prompts: LRUCache<string, { ids: readonly number[]; bytes: number; uses: number }>;
   readonly #pending = new Map<string, Promise<readonly number[]>>();
-  #cachedBytes = 0;
 
   constructor(options: TokenWorkOptions) {
     this.tokenizer = options.tokenizer;
     this.template = options.template;
     this.#pool = options.pool;
     this.#inlineMaxChars = options.inlineMaxChars ?? DEFAULT_INLINE_MAX_CHARS;
-    this.#cacheBytes = options.promptCacheBytes ?? DEFAULT_PROMPT_CACHE_BYTES;
+    const bytes = options.promptCacheBytes ?? DEFAULT_PROMPT_CACHE_BYTES;
+    // One huge prompt must not evict everything else either: at most a quarter of the bound per entry.
+    this.#prompts = new LRUCache({ maxSize: bytes, maxEntrySize: Math.max(1, Math.floor(bytes / 4)), sizeCalculation: (entry) => entry.bytes });
   }
 
   /** The shared inline instance of a tokenizer and template (what a ledger built without a TokenWork uses). */
@@ -92,7 +94,7 @@ export class TokenWork {
 
   /** Prompts kept for announced askers, and their bytes (for tests and metrics). */
   get promptCache(): { entries: number; bytes: number } {
-    return { entries: this.#prompts.size, bytes: this.#cachedBytes };
+    return { entries: this.#prompts.size, bytes: this.#prompts.calculatedSize };
   }
 
   /** The ids after an assistant turn (token-tasks.ts environmentIds), on a worker when large. */
@@ -119,9 +121,7 @@ export class TokenWork {
     const hit = this.#prompts.get(key);
     if (!hit) return undefined;
     hit.uses += keepFor - 1;
-    this.#prompts.delete(key);
-    if (hit.uses > 0) this.#prompts.set(key, hit); // Map order is the eviction order: refresh
-    else this.#cachedBytes -= hit.bytes;
+    if (hit.uses <= 0) this.#prompts.delete(key);
     return hit.ids;
   }
 
@@ -131,17 +131,11 @@ export class TokenWork {
       old.uses += keepFor;
       return old.ids;
     }
+    // Nobody announced: nothing to keep.
+    if (keepFor <= 0) return ids;
     // The key, the ids and, for a prompt from a token thread, its JSON (attached to the ids, see TokenTaskResult.idsJson).
     const bytes = 2 * key.length + 8 * ids.length + (attachedIdsJson(ids)?.[0]?.length ?? 0) + 64;
-    // Nobody announced: nothing to keep. One huge prompt must not evict everything else either.
-    if (keepFor <= 0 || bytes > this.#cacheBytes / 4) return ids;
     this.#prompts.set(key, { ids, bytes, uses: keepFor });
-    this.#cachedBytes += bytes;
-    for (const [k, entry] of this.#prompts) {
-      if (this.#cachedBytes <= this.#cacheBytes) break;
-      this.#prompts.delete(k);
-      this.#cachedBytes -= entry.bytes;
-    }
     return ids;
   }
 }

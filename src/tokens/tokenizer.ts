@@ -1,6 +1,7 @@
 import { createRequire } from 'node:module';
 import { dirname, resolve } from 'node:path';
 import { Tokenizer as HfTokenizerImpl } from '@huggingface/tokenizers';
+import { LRUCache } from 'lru-cache';
 import { RolloutError } from '../errors.js';
 import { JinjaChatTemplate } from './chat-template.js';
 import { probeAssistantClosing } from './template-delta.js';
@@ -52,14 +53,18 @@ export class HfTokenizer implements Tokenizer {
    * matched after normalization): only then can pieces be encoded, and cached, separately.
    */
   private readonly independent: boolean;
-  /** Encoded pieces, least recently used first (Map order), with their size in bytes (see pushSegment). */
   /**
-   * Keys are own copies (see {@link detachedCopy}): a piece is a slice of the text it came from, and V8 keeps a
-   * sliced string's whole parent alive — 72,050 rendered prompts (187 MiB) were held by short cached pieces in
-   * bench/soak before this. `key` is that copy, so a hit re-inserts it rather than the caller's slice.
+   * Encoded pieces by their text, least recently used evicted first past {@link MAX_CACHED_SEGMENT_BYTES} (see
+   * pushSegment). Keys are own copies (see {@link detachedCopy}): a piece is a slice of the text it came from, and V8
+   * keeps a sliced string's whole parent alive — 72,050 rendered prompts (187 MiB) were held by short cached pieces in
+   * bench/soak before this. An LRU on a plain Map (delete and set again on every hit) is not used: V8 leaves a
+   * deleted entry in its key's hash chain until the table is rebuilt, so re-adding the same key over and over makes
+   * that chain, and every later hit, longer — 20-48 µs per hit at 16-22K cached pieces (bench/orchestration).
    */
-  private readonly segments = new Map<string, { key: string; ids: readonly number[]; bytes: number }>();
-  private segmentBytes = 0;
+  private readonly segments = new LRUCache<string, readonly number[]>({
+    maxSize: MAX_CACHED_SEGMENT_BYTES,
+    sizeCalculation: (ids, key) => 2 * key.length + 8 * ids.length + 96,
+  });
   private readonly singles = new Map<number, string>();
 
   constructor(
@@ -175,25 +180,10 @@ export class HfTokenizer implements Tokenizer {
    * whatever its length. Least recently used pieces go first, past {@link MAX_CACHED_SEGMENT_BYTES}.
    */
   private pushSegment(out: number[], segment: string): void {
-    const hit = this.segments.get(segment);
-    let ids: readonly number[];
-    if (hit) {
-      this.segments.delete(hit.key);
-      this.segments.set(hit.key, hit);
-      ids = hit.ids;
-    } else {
+    let ids = this.segments.get(segment);
+    if (ids === undefined) {
       ids = this.encodeUncached(segment);
-      if (segment.length <= MAX_CACHED_SEGMENT) {
-        const bytes = 2 * segment.length + 8 * ids.length + 96;
-        const key = detachedCopy(segment);
-        this.segments.set(key, { key, ids, bytes });
-        this.segmentBytes += bytes;
-        for (const [key, entry] of this.segments) {
-          if (this.segmentBytes <= MAX_CACHED_SEGMENT_BYTES) break;
-          this.segments.delete(key);
-          this.segmentBytes -= entry.bytes;
-        }
-      }
+      if (segment.length <= MAX_CACHED_SEGMENT) this.segments.set(detachedCopy(segment), ids);
     }
     for (const id of ids) out.push(id);
   }
