@@ -3,6 +3,7 @@ import { dirname, resolve } from 'node:path';
 import { Tokenizer as HfTokenizerImpl } from '@huggingface/tokenizers';
 import { LRUCache } from 'lru-cache';
 import { RolloutError } from '../errors.js';
+import { ByteLevelDecoder } from './byte-level-decode.js';
 import { JinjaChatTemplate } from './chat-template.js';
 import { probeAssistantClosing } from './template-delta.js';
 import { alternation, coalesce } from './opaque-content.js';
@@ -66,6 +67,8 @@ export class HfTokenizer implements Tokenizer {
     sizeCalculation: (ids, key) => 2 * key.length + 8 * ids.length + 96,
   });
   private readonly singles = new Map<number, string>();
+  /** The library's decode without its per-token costs, for ByteLevel tokenizers (byte-level-decode.ts). */
+  private readonly byteLevel: ByteLevelDecoder | undefined;
 
   constructor(
     tokenizerJson: Record<string, unknown>,
@@ -93,6 +96,8 @@ export class HfTokenizer implements Tokenizer {
     this.specialIds = new Set(added.filter((t) => t.special).map((t) => t.id));
     this.matcher = alternation(this.addedTokens, 'g');
     this.independent = !added.some((t) => t.lstrip || t.rstrip || t.normalized || t.single_word);
+    const extra = (config as { additional_special_tokens?: unknown }).additional_special_tokens;
+    this.byteLevel = ByteLevelDecoder.from(tokenizerJson, Array.isArray(extra) ? extra.filter((t): t is string => typeof t === 'string') : []);
   }
 
   /**
@@ -206,7 +211,19 @@ export class HfTokenizer implements Tokenizer {
       if (this.singles.size < 4096) this.singles.set(id, text);
       return text;
     }
+    if (this.byteLevel) return this.byteLevel.decode(ids, skip);
     return this.impl.decode(ids.slice(), { skip_special_tokens: skip, clean_up_tokenization_spaces: false });
+  }
+
+  /** The library's own decode (what {@link decode} must equal; for tests). */
+  decodeWithLibrary(ids: readonly number[], options: { skipSpecialTokens?: boolean } = {}): string {
+    if (ids.length === 0) return '';
+    return this.impl.decode(ids.slice(), { skip_special_tokens: options.skipSpecialTokens ?? false, clean_up_tokenization_spaces: false });
+  }
+
+  /** Whether {@link decode} runs the ByteLevel table (byte-level-decode.ts) rather than the library (for tests). */
+  get fastDecode(): boolean {
+    return this.byteLevel !== undefined;
   }
 
   tokenId(token: string): number | undefined {
