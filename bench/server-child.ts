@@ -7,6 +7,7 @@
  * `bench-calc` (src/testing/calc-environment.ts) and `bench-long-context` (src/testing/long-context-environment.ts); with sandbox 'null' the TEST DOUBLE NullSandboxDriver
  * (src/testing/null-sandbox.ts) replaces bubblewrap, so no process is spawned per trajectory.
  */
+import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { writeHeapSnapshot } from 'node:v8';
 import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
@@ -91,6 +92,32 @@ async function collect(): Promise<void> {
   }
 }
 
+/**
+ * BENCH_LOOP_TRACE=<dir>: a 2 ms timer notes every tick more than 4 ms late, with what the main thread did meanwhile
+ * according to the kernel (/proc/thread-self/schedstat: time on a core, time runnable but waiting for one), and writes
+ * the list to <dir>/loop-trace.<pid>.txt at exit. "run" ≈ late is a block of our own; "wait" ≈ late is a busy
+ * machine. Times are CLOCK_MONOTONIC µs, the clock of V8's CPU profiles (BENCH_CPU_PROF), so a late tick can be looked
+ * up in the profile's samples.
+ */
+function traceLateTicks(dir: string): void {
+  const schedstat = (): number[] => readFileSync('/proc/thread-self/schedstat', 'utf8').trim().split(' ').map(Number);
+  const lines: string[] = ['monotonic_us late_ms run_ms wait_ms'];
+  let last = performance.now();
+  let before = schedstat();
+  setInterval(() => {
+    const now = performance.now();
+    const after = schedstat();
+    const lateMs = now - last - 2;
+    if (lateMs > 4) {
+      const ms = (i: number): string => ((after[i]! - before[i]!) / 1e6).toFixed(1);
+      lines.push(`${process.hrtime.bigint() / 1000n} ${lateMs.toFixed(1)} ${ms(0)} ${ms(1)}`);
+    }
+    last = now;
+    before = after;
+  }, 2).unref();
+  process.on('exit', () => writeFileSync(`${dir}/loop-trace.${process.pid}.txt`, `${lines.join('\n')}\n`));
+}
+
 async function main(): Promise<void> {
   const options = JSON.parse(process.argv[2] ?? '{}') as ServerChildOptions;
   const registry = defaultRegistry().register(createCalcEnvironment()).register(createLongContextEnvironment());
@@ -103,6 +130,7 @@ async function main(): Promise<void> {
   const delay = monitorEventLoopDelay({ resolution: LOOP_RESOLUTION_MS });
   const late = (ns: number): number => Math.max(0, ns / 1e6 - LOOP_RESOLUTION_MS);
   delay.enable();
+  if (process.env.BENCH_LOOP_TRACE) traceLateTicks(process.env.BENCH_LOOP_TRACE);
   let elu = performance.eventLoopUtilization();
   const api: ServerApi = {
     memory: async () => {
