@@ -3,7 +3,7 @@ import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
 import { FailureLog } from '../observability/failure-log.js';
 import type { Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
-import { raceAbort, withDeadline } from './rx.js';
+import { raceAbort } from './rx.js';
 import type { Sample } from './sample.js';
 import type { StageName } from './task.js';
 import { buildFailedTrajectory, buildTrajectory } from './trajectory.js';
@@ -156,13 +156,17 @@ export class Pipeline {
               counters.active++;
               sample.active = true;
               this.enter(sample, name);
-              const { signal, dispose } = withDeadline(sample.signal, timeoutOf(sample), `${name} stage`);
+              // The stage's deadline aborts the sample itself: a stage that runs out of time ends its sample (TIMEOUT),
+              // so a controller of its own per stage (three per sample, each linked to the sample's) bought nothing.
+              const ms = timeoutOf(sample);
+              const deadline = setTimeout(() => sample.abort('deadline_exceeded', `${name} stage timed out after ${ms} ms`), ms);
+              deadline.unref();
               const started = performance.now();
               try {
-                await raceAbort(this.fns[name](sample, signal), signal);
+                await raceAbort(this.fns[name](sample, sample.signal), sample.signal);
                 return sample;
               } finally {
-                dispose();
+                clearTimeout(deadline);
                 sample.timing[`${name}Ms`] += performance.now() - started;
                 sample.active = false;
                 counters.active--;

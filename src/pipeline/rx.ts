@@ -37,20 +37,3 @@ export function linkedController(parent: AbortSignal): { controller: AbortContro
   return { controller, dispose: () => parent.removeEventListener('abort', onParent) };
 }
 
-/** A signal that fires on the parent's abort or after `ms`, with a deadline_exceeded reason naming `what`. */
-export function withDeadline(parent: AbortSignal, ms: number, what: string): { signal: AbortSignal; dispose: () => void } {
-  const { controller, dispose } = linkedController(parent);
-  const timer = setTimeout(() => {
-    const reason = new Error(`${what} timed out after ${ms} ms`);
-    reason.name = 'TimeoutError';
-    controller.abort(reason);
-  }, ms);
-  timer.unref();
-  return {
-    signal: controller.signal,
-    dispose: () => {
-      clearTimeout(timer);
-      dispose();
-    },
-  };
-}
