@@ -4,6 +4,7 @@ import { Tokenizer as HfTokenizerImpl } from '@huggingface/tokenizers';
 import { LRUCache } from 'lru-cache';
 import { RolloutError } from '../errors.js';
 import { ByteLevelDecoder } from './byte-level-decode.js';
+import { accelerateByteLevel } from './byte-level-fast.js';
 import { JinjaChatTemplate } from './chat-template.js';
 import { probeAssistantClosing } from './template-delta.js';
 import { alternation, coalesce } from './opaque-content.js';
@@ -24,6 +25,8 @@ export interface HfTokenizerOptions {
   stopTokens?: readonly string[];
   /** More ids that end a turn, e.g. generation_config.json's eos_token_id. */
   stopTokenIds?: readonly number[];
+  /** The ByteLevel pre-tokenizer's ASCII fast path (byte-level-fast.ts); default true. Tests compare against false. */
+  accelerate?: boolean;
 }
 
 /**
@@ -67,6 +70,8 @@ export class HfTokenizer implements Tokenizer {
     sizeCalculation: (ids, key) => 2 * key.length + 8 * ids.length + 96,
   });
   private readonly singles = new Map<number, string>();
+  /** Whether the ByteLevel pre-tokenizer's ASCII fast path is on (byte-level-fast.ts; for tests). */
+  readonly fastPreTokenize: boolean;
   /** The library's decode without its per-token costs, for ByteLevel tokenizers (byte-level-decode.ts). */
   private readonly byteLevel: ByteLevelDecoder | undefined;
 
@@ -78,6 +83,7 @@ export class HfTokenizer implements Tokenizer {
     try {
       this.impl = new HfTokenizerImpl(tokenizerJson, config);
       this.plain = new HfTokenizerImpl({ ...tokenizerJson, added_tokens: [] }, config);
+      this.fastPreTokenize = (options.accelerate ?? true) && accelerateByteLevel(this.impl) + accelerateByteLevel(this.plain) > 0;
     } catch (err) {
       throw new RolloutError('failed_precondition', 'tokenizer.json is not a supported tokenizer', { cause: err });
     }
