@@ -18,6 +18,7 @@ import { createStages } from './pipeline/stages.js';
 import { TaskStore, type TaskEntry } from './pipeline/task-store.js';
 import type { ResolvedTask, TrajectorySink } from './pipeline/task.js';
 import { checkPromptFits, validateTask } from './pipeline/validate-task.js';
+import { yieldIfBusy } from './pipeline/yield.js';
 import { linkedController } from './pipeline/rx.js';
 import { ServerLifecycle } from './lifecycle.js';
 
@@ -135,6 +136,7 @@ export class RolloutRuntime {
    */
   private async admit(spec: TaskSpec, sink: TrajectorySink | undefined, signal: AbortSignal, session: string, onAdmitted?: () => void): Promise<SubmitResult> {
     const { tokenizer, template, pool } = this.deps;
+    for (let turn = yieldIfBusy(); turn; turn = yieldIfBusy()) await turn;
     const task = validateTask(spec, this.deps.registry, this.deps.config);
     const known = this.store.existing(task);
     if (known) return this.duplicate(known, sink);

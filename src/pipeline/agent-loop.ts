@@ -1,3 +1,4 @@
+import { yieldIfBusy } from './yield.js';
 import { RolloutError, throwIfAborted } from '../errors.js';
 import type { BackendPool } from '../backends/pool.js';
 import type { BackendLease, LeaseResult } from '../backends/lease.js';
@@ -204,6 +205,7 @@ async function sampleTurn(ctx: {
     if (segment > maxContinuations) {
       throw new RolloutError('backend_error', `turn ${turn} was aborted ${segment} times by engine ${lease.backendId} (at most ${maxContinuations} continuations per turn)`);
     }
+    for (let loopTurn = yieldIfBusy(); loopTurn; loopTurn = yieldIfBusy()) await loopTurn;
     let result: LeaseResult;
     try {
       result = await lease.generate({

@@ -4,6 +4,7 @@ import type { Logger } from '../observability/logger.js';
 import { FailureLog } from '../observability/failure-log.js';
 import type { Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { raceAbort } from './rx.js';
+import { yieldIfBusy } from './yield.js';
 import type { Sample } from './sample.js';
 import type { StageName } from './task.js';
 import { buildFailedTrajectory, buildTrajectory } from './trajectory.js';
@@ -148,6 +149,8 @@ export class Pipeline {
         mergeMap(
           (sample) =>
             defer(async () => {
+              // Still counted as queued while the loop takes its turn (see yieldIfBusy).
+              for (let turn = yieldIfBusy(); turn; turn = yieldIfBusy()) await turn;
               if (sample.queuedIn === name) {
                 counters.queued--;
                 sample.queuedIn = undefined;
@@ -225,6 +228,7 @@ export class Pipeline {
     } catch (err) {
       this.log.error({ err, sample: sample.key }, 'releasing sandbox failed');
     }
+    for (let turn = yieldIfBusy(); turn; turn = yieldIfBusy()) await turn;
     sample.timing.totalMs = performance.now() - sample.createdAt;
     // Encoded and size-checked once, before anything queues it: a trajectory that cannot go on the wire would end
     // every stream it is written to (see wireSafe).

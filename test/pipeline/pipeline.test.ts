@@ -208,6 +208,8 @@ describe('Pipeline: cancel', () => {
     try {
       const [, queued] = r.submit(r.sample('stats-running'), r.sample('stats-queued'));
       const initStats = (): StageStats => r.pipeline.stageStats().find((x) => x.stage === 'init')!;
+      // A stage may start a loop turn later (the pipeline yields when the loop has been busy, see yield.ts).
+      await eventually(() => initStats().active === 1, 'the first sample in its stage', 1_000);
       expect(initStats()).toMatchObject({ active: 1, queued: 1 });
       r.pipeline.cancel(queued!);
       await eventually(() => r.deliveriesOf(queued!) === 1, 'the cancelled sample', 1_000);
