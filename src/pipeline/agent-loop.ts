@@ -1,4 +1,3 @@
-import { yieldIfBusy } from './yield.js';
 import { RolloutError, throwIfAborted } from '../errors.js';
 import type { BackendPool } from '../backends/pool.js';
 import type { BackendLease, LeaseResult } from '../backends/lease.js';
@@ -18,6 +17,7 @@ import { toolSchemas } from '../tools/registry.js';
 import type { RunResult, Sample } from './sample.js';
 import { segmentSeed } from './seeds.js';
 import { exceedsStaleness, VersionTracker } from './staleness.js';
+import { yieldIfBusy } from './yield.js';
 
 export interface AgentLoopDeps {
   pool: BackendPool;
