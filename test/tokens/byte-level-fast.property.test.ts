@@ -29,6 +29,26 @@ describe('the ByteLevel pre-tokenizer fast path (byte-level-fast.ts)', () => {
     ]);
   });
 
+  it('equals the library with the pre-tokenizer options no family here uses (ByteLevel alone: its own regex, a prefix space)', async () => {
+    const { tokenizerJson, config } = await readModelFiles(familyDir('qwen3'));
+    for (const options of [
+      { add_prefix_space: true, use_regex: true },
+      { add_prefix_space: true, use_regex: false },
+      { add_prefix_space: false, use_regex: true },
+    ]) {
+      const json = { ...tokenizerJson, pre_tokenizer: { type: 'ByteLevel', trim_offsets: false, ...options } };
+      const fast = new HfTokenizer(json, config);
+      const library = new HfTokenizer(json, config, { accelerate: false });
+      expect(fast.fastPreTokenize).toBe(true);
+      fc.assert(
+        fc.property(text, (t) => {
+          expect(fast.encodeUncached(t)).toEqual(library.encodeUncached(t));
+        }),
+        { numRuns: 200 },
+      );
+    }
+  });
+
   for (const family of FAMILIES) {
     it(`${family}: encodes exactly as the library does (encode, encodeUncached, encodeText)`, () => {
       const { fast, library } = pairs.get(family)!;
