@@ -50,7 +50,6 @@ export interface BenchOptions {
 type Engine = ChildHandle<EngineApi, EngineInfo>;
 type Server = ChildHandle<ServerApi, ServerInfo>;
 
-
 function parseOptions(argv: readonly string[]): BenchOptions {
   const program = new Command()
     .name('orchestration')

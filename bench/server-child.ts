@@ -99,6 +99,8 @@ async function collect(): Promise<void> {
  * machine. Times are CLOCK_MONOTONIC µs, the clock of V8's CPU profiles (BENCH_CPU_PROF), so a late tick can be looked
  * up in the profile's samples.
  */
+const TRACE_TICK_MS = 2;
+
 function traceLateTicks(dir: string): void {
   const schedstat = (): number[] => readFileSync('/proc/thread-self/schedstat', 'utf8').trim().split(' ').map(Number);
   const lines: string[] = ['monotonic_us late_ms run_ms wait_ms'];
@@ -107,14 +109,14 @@ function traceLateTicks(dir: string): void {
   setInterval(() => {
     const now = performance.now();
     const after = schedstat();
-    const lateMs = now - last - 2;
+    const lateMs = now - last - TRACE_TICK_MS;
     if (lateMs > 4) {
       const ms = (i: number): string => ((after[i]! - before[i]!) / 1e6).toFixed(1);
       lines.push(`${process.hrtime.bigint() / 1000n} ${lateMs.toFixed(1)} ${ms(0)} ${ms(1)}`);
     }
     last = now;
     before = after;
-  }, 2).unref();
+  }, TRACE_TICK_MS).unref();
   process.on('exit', () => writeFileSync(`${dir}/loop-trace.${process.pid}.txt`, `${lines.join('\n')}\n`));
 }
 

@@ -58,7 +58,7 @@ export class FakeSampler {
       return { ids, logprobs: this.#logprobs(ids, seed, promptIds.length), finish: ids.length < rest.length ? 'length' : 'stop', stopReason: null };
     }
     const { tokenizer } = this.options;
-    let text = (this.options.policy ?? scriptedMathPolicy)(tokenizer.decode([...promptIds]), policyContext(seed, promptIds));
+    let text = (this.options.policy ?? scriptedMathPolicy)(tokenizer.decode(promptIds), policyContext(seed, promptIds));
     let stopReason: string | null = null;
     for (const stop of stops) {
       const at = text.indexOf(stop);
@@ -82,7 +82,7 @@ export class FakeSampler {
   }
 
   #remember(promptIds: readonly number[], ids: readonly number[]): void {
-    const key = prefixKeys(promptIds, promptIds.length, promptIds.length)[promptIds.length]!;
+    const key = prefixKeys(promptIds, promptIds.length, promptIds.length)[0]!;
     if (!this.#answers.has(key)) this.#lengths.set(promptIds.length, (this.#lengths.get(promptIds.length) ?? 0) + 1);
     this.#answers.set(key, [...ids]);
     if (this.#answers.size <= MAX_REMEMBERED) return;
@@ -106,7 +106,7 @@ export class FakeSampler {
     for (let length = promptIds.length - 1; length >= from && length > 0; length--) {
       if (!this.#lengths.has(length)) continue;
       keys ??= prefixKeys(promptIds, from, promptIds.length - 1);
-      const answer = this.#answers.get(keys[length]!);
+      const answer = this.#answers.get(keys[length - from]!);
       const partial = promptIds.length - length;
       if (answer === undefined || partial >= answer.length) continue;
       if (answer.slice(0, partial).every((id, i) => id === promptIds[length + i])) return answer.slice(partial);
@@ -116,16 +116,16 @@ export class FakeSampler {
 }
 
 /**
- * Keys of the prompt's prefixes of `from` to `upTo` ids (index = prefix length; shorter ones are left empty): the
- * length and two 32-bit running hashes. Joining a 64K-id prompt into a string per request (what the key was) cost
- * the engine double milliseconds per request.
+ * Keys of the prompt's prefixes of `from` to `upTo` ids (keys[k] is the prefix of `from + k` ids): the length and two
+ * 32-bit running hashes. Joining a 64K-id prompt into a string per request (what the key was) cost the engine double
+ * milliseconds per request.
  */
 function prefixKeys(ids: readonly number[], from: number, upTo: number): string[] {
-  const keys = new Array<string>(upTo + 1);
+  const keys = new Array<string>(upTo - from + 1);
   let a = 0x811c9dc5;
   let b = 0x9e3779b9;
   for (let i = 0; i <= upTo; i++) {
-    if (i >= from) keys[i] = `${i}:${a >>> 0}:${b >>> 0}`;
+    if (i >= from) keys[i - from] = `${i}:${a >>> 0}:${b >>> 0}`;
     if (i === upTo) break;
     const id = ids[i]!;
     a = Math.imul(a ^ id, 0x01000193);

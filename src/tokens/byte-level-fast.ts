@@ -16,7 +16,7 @@ const { ByteLevelPreTokenizer, SequencePreTokenizer } = hf as unknown as { ByteL
  * and without this are equal for every ByteLevel family we ship.
  *
  * Patches the ByteLevel pre-tokenizer instances of one tokenizer (alone or inside a Sequence), nothing global; a
- * tokenizer without one is left alone. Returns how many were patched.
+ * tokenizer without one, or whose byte alphabet is not GPT-2's, is left alone. Returns how many were patched.
  */
 export function accelerateByteLevel(tokenizer: hf.Tokenizer): number {
   const root = (tokenizer as unknown as { pre_tokenizer?: unknown }).pre_tokenizer;
@@ -26,8 +26,7 @@ export function accelerateByteLevel(tokenizer: hf.Tokenizer): number {
     else if (node instanceof SequencePreTokenizer) for (const child of (node as unknown as { tokenizers?: unknown[] }).tokenizers ?? []) visit(child);
   };
   visit(root);
-  for (const pre of found) patch(pre);
-  return found.length;
+  return found.filter(patch).length;
 }
 
 interface ByteLevelFields {
@@ -43,16 +42,17 @@ const ASCII = /^[\x00-\x7f]*$/;
 const REWRITTEN = /[\x00-\x20\x7f]/;
 const REWRITTEN_ALL = /[\x00-\x20\x7f]/g;
 
-function patch(pre: object): void {
+/** Installs the fast path on one ByteLevel pre-tokenizer; false (left alone) when its byte alphabet is not GPT-2's. */
+function patch(pre: object): boolean {
   const fields = pre as unknown as ByteLevelFields;
   const original = fields.pre_tokenize_text.bind(pre);
   const encoder = fields.byte_encoder;
   const table = new Map<string, string>();
   for (let b = 0; b < 0x80; b++) {
+    const ch = String.fromCharCode(b);
     const written = encoder[b];
-    if (typeof written !== 'string') return; // not the alphabet this was written for: leave the library alone
-    if (REWRITTEN.test(String.fromCharCode(b)) ? written === String.fromCharCode(b) : written !== String.fromCharCode(b)) return;
-    table.set(String.fromCharCode(b), written);
+    if (typeof written !== 'string' || (REWRITTEN.test(ch) ? written === ch : written !== ch)) return false;
+    table.set(ch, written);
   }
   const rewrite = (c: string): string => table.get(c)!;
   fields.pre_tokenize_text = (text: string, options?: unknown): string[] => {
@@ -61,4 +61,5 @@ function patch(pre: object): void {
     const tokens = fields.use_regex ? (prefixed.match(fields.pattern) ?? []) : [prefixed];
     return tokens.map((token) => (REWRITTEN.test(token) ? token.replace(REWRITTEN_ALL, rewrite) : token));
   };
+  return true;
 }

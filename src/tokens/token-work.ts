@@ -43,7 +43,7 @@ export class TokenWork {
   readonly #pool: TokenPool<TokenTask, TokenTaskResult> | undefined;
   readonly #inlineMaxChars: number;
   /** Least recently used first out past the byte bound (lru-cache: a Map's delete-and-set on every hit is O(size) in V8, see tokenizer.ts). */
-  readonly #prompts: LRUCache<string, { ids: readonly number[]; bytes: number; uses: number }>;
+  readonly #prompts: LRUCache<string, { ids: readonly number[]; uses: number }>;
   readonly #pending = new Map<string, Promise<readonly number[]>>();
 
   constructor(options: TokenWorkOptions) {
@@ -52,8 +52,13 @@ export class TokenWork {
     this.#pool = options.pool;
     this.#inlineMaxChars = options.inlineMaxChars ?? DEFAULT_INLINE_MAX_CHARS;
     const bytes = options.promptCacheBytes ?? DEFAULT_PROMPT_CACHE_BYTES;
-    // One huge prompt must not evict everything else either: at most a quarter of the bound per entry.
-    this.#prompts = new LRUCache({ maxSize: bytes, maxEntrySize: Math.max(1, Math.floor(bytes / 4)), sizeCalculation: (entry) => entry.bytes });
+    // One huge prompt must not evict everything else either: at most a quarter of the bound per entry. An entry holds
+    // the key, the ids and, for a prompt from a token thread, its JSON (attached to the ids, see TokenTaskResult.idsJson).
+    this.#prompts = new LRUCache({
+      maxSize: bytes,
+      maxEntrySize: Math.max(1, Math.floor(bytes / 4)),
+      sizeCalculation: ({ ids }, key) => 2 * key.length + 8 * ids.length + (attachedIdsJson(ids)?.[0]?.length ?? 0) + 64,
+    });
   }
 
   /** The shared inline instance of a tokenizer and template (what a ledger built without a TokenWork uses). */
@@ -131,11 +136,8 @@ export class TokenWork {
       old.uses += keepFor;
       return old.ids;
     }
-    // Nobody announced: nothing to keep.
-    if (keepFor <= 0) return ids;
-    // The key, the ids and, for a prompt from a token thread, its JSON (attached to the ids, see TokenTaskResult.idsJson).
-    const bytes = 2 * key.length + 8 * ids.length + (attachedIdsJson(ids)?.[0]?.length ?? 0) + 64;
-    this.#prompts.set(key, { ids, bytes, uses: keepFor });
+    // Kept only for askers announced (keepFor), none otherwise.
+    if (keepFor > 0) this.#prompts.set(key, { ids, uses: keepFor });
     return ids;
   }
 }

@@ -69,6 +69,7 @@ export class HfTokenizer implements Tokenizer {
     maxSize: MAX_CACHED_SEGMENT_BYTES,
     sizeCalculation: (ids, key) => 2 * key.length + 8 * ids.length + 96,
   });
+  /** Ids decoded alone by the library (see decode), when there is no byte table. */
   private readonly singles = new Map<number, string>();
   /** Whether the ByteLevel pre-tokenizer's ASCII fast path is on (byte-level-fast.ts; for tests). */
   readonly fastPreTokenize: boolean;
@@ -206,22 +207,21 @@ export class HfTokenizer implements Tokenizer {
    * the re-rendered conversation would not be the one the ids stand for. vLLM's detokenizer does not apply it either.
    */
   decode(ids: readonly number[], options: { skipSpecialTokens?: boolean } = {}): string {
-    if (ids.length === 0) return '';
     const skip = options.skipSpecialTokens ?? false;
+    if (this.byteLevel) return this.byteLevel.decode(ids, skip);
     // One id alone is the ledger's question after every turn (which stop token ended it): answered from a cache.
     if (ids.length === 1 && !skip) {
       const id = ids[0]!;
       const known = this.singles.get(id);
       if (known !== undefined) return known;
-      const text: string = this.impl.decode([id], { skip_special_tokens: false, clean_up_tokenization_spaces: false });
+      const text = this.decodeWithLibrary(ids);
       if (this.singles.size < 4096) this.singles.set(id, text);
       return text;
     }
-    if (this.byteLevel) return this.byteLevel.decode(ids, skip);
-    return this.impl.decode(ids.slice(), { skip_special_tokens: skip, clean_up_tokenization_spaces: false });
+    return this.decodeWithLibrary(ids, options);
   }
 
-  /** The library's own decode (what {@link decode} must equal; for tests). */
+  /** The library's own decode: what {@link decode} uses without a byte table, and must equal with one (tests). */
   decodeWithLibrary(ids: readonly number[], options: { skipSpecialTokens?: boolean } = {}): string {
     if (ids.length === 0) return '';
     return this.impl.decode(ids.slice(), { skip_special_tokens: options.skipSpecialTokens ?? false, clean_up_tokenization_spaces: false });
