@@ -23,7 +23,7 @@ import { driveServer, percentile, replayDirect, type DriveResult, type ReplayRes
 import type { EngineApi, EngineInfo, EngineStats } from './engine-child.js';
 import { holdInFlight, type HoldResult } from './memory.js';
 import { note } from './progress.js';
-import type { EventLoopStats, ServerApi, ServerChildOptions, ServerInfo, ServerStats } from './server-child.js';
+import type { EventLoopStats, ServerApi, ServerChildOptions, ServerInfo, ServerStats, ThreadCpu } from './server-child.js';
 import { renderReport } from './report.js';
 import { sampleInFlight, type InFlightSamples } from './sampler.js';
 import { machineBusyMicros } from './system-load.js';
@@ -85,11 +85,14 @@ export interface CpuSpent {
   /** Other processes on the machine (from /proc/stat); NaN where unknown. */
   others: number;
   wallMicros: number;
+  /** The server's CPU by thread (event loop, token threads, V8/libuv helpers); undefined off Linux. */
+  serverThreads: ThreadCpu | undefined;
 }
 
 interface CpuSnapshot {
   client: number;
   server: number;
+  serverThreads: ThreadCpu | undefined;
   engine: number;
   machine: number | undefined;
   at: number;
@@ -97,13 +100,16 @@ interface CpuSnapshot {
 
 async function cpuSnapshot(engine: Engine, server?: Server): Promise<CpuSnapshot> {
   const [e, s] = await Promise.all([engine.call('stats'), server?.call('stats')]);
-  return { client: cpuMicros(process.cpuUsage()), server: s ? cpuMicros(s.cpu) : 0, engine: cpuMicros(e.cpu), machine: machineBusyMicros(), at: performance.now() };
+  return { client: cpuMicros(process.cpuUsage()), server: s ? cpuMicros(s.cpu) : 0, serverThreads: s?.threads, engine: cpuMicros(e.cpu), machine: machineBusyMicros(), at: performance.now() };
 }
 
 function spent(a: CpuSnapshot, b: CpuSnapshot): CpuSpent {
   const ours = b.client - a.client + (b.server - a.server) + (b.engine - a.engine);
   const machine = a.machine !== undefined && b.machine !== undefined ? b.machine - a.machine : NaN;
-  return { client: b.client - a.client, server: b.server - a.server, engine: b.engine - a.engine, others: Math.max(0, machine - ours), wallMicros: (b.at - a.at) * 1000 };
+  const t0 = a.serverThreads;
+  const t1 = b.serverThreads;
+  const serverThreads = t0 && t1 && { main: t1.main - t0.main, tokenThreads: t1.tokenThreads - t0.tokenThreads, helpers: t1.helpers - t0.helpers };
+  return { client: b.client - a.client, server: b.server - a.server, serverThreads, engine: b.engine - a.engine, others: Math.max(0, machine - ours), wallMicros: (b.at - a.at) * 1000 };
 }
 
 /**

@@ -26,6 +26,20 @@ const infraFailures = (d: DriveResult): number => d.trajectories - (d.statuses.C
 
 const LONG_ENV = 'bench-long-context';
 
+/** Where a long pass's CPU went, per trajectory: the server by thread, then the engine double and the client. */
+function longCpuRow(pass: LongPass): string[] {
+  const perTrajectory = (micros: number): string => `${f0(micros / 1000 / Math.max(1, pass.drive.trajectories))}`;
+  const t = pass.cpu.serverThreads;
+  return [
+    pass.tokenWorkers === 0 ? 'all token work on the event loop' : `${pass.tokenWorkers} token thread${pass.tokenWorkers === 1 ? '' : 's'} (default)`,
+    t ? perTrajectory(t.main) : '-',
+    t ? perTrajectory(t.tokenThreads) : '-',
+    t ? perTrajectory(t.helpers) : '-',
+    perTrajectory(pass.cpu.engine),
+    perTrajectory(pass.cpu.client),
+  ];
+}
+
 function longRow(pass: LongPass, concurrency: number): string[] {
   const d = pass.drive;
   return [
@@ -130,6 +144,7 @@ export function renderReport(r: BenchResults): { table: string; figures: Figures
   };
   const sandboxRows = [...small('nullSmall', r.nullSmall), ...small('bwrap', r.bwrap)];
   const longRows: string[][] = [];
+  const longCpuRows: string[][] = [];
   for (const [name, pass] of r.long ? ([['Threads', r.long.threads], ['Inline', r.long.inline]] as const) : []) {
     if (pass.drive.trajectories !== o.longTrajectories) problems.push(`long-context pass (${pass.tokenWorkers} token threads) delivered ${pass.drive.trajectories}/${o.longTrajectories}`);
     if (notCompleted(pass.drive) > 0) {
@@ -142,7 +157,14 @@ export function renderReport(r: BenchResults): { table: string; figures: Figures
     figures[`long${name}EventLoopUtilization`] = pass.eventLoop.utilization;
     figures[`long${name}ContextTokensMean`] = pass.contextTokens.mean;
     figures[`long${name}ServerCpuMsPerTrajectory`] = pass.cpu.server / 1000 / Math.max(1, pass.drive.trajectories);
+    const t = pass.cpu.serverThreads;
+    if (t) {
+      figures[`long${name}ServerMainThreadCpuMsPerTrajectory`] = t.main / 1000 / Math.max(1, pass.drive.trajectories);
+      figures[`long${name}ServerTokenThreadsCpuMsPerTrajectory`] = t.tokenThreads / 1000 / Math.max(1, pass.drive.trajectories);
+      figures[`long${name}ServerHelperThreadsCpuMsPerTrajectory`] = t.helpers / 1000 / Math.max(1, pass.drive.trajectories);
+    }
     longRows.push(longRow(pass, o.longConcurrency));
+    longCpuRows.push(longCpuRow(pass));
   }
 
   const cpuPerTurn = s.cpu.server / s.turns;
@@ -204,7 +226,9 @@ export function renderReport(r: BenchResults): { table: string; figures: Figures
       `long contexts: ${o.longTrajectories} trajectories of ${LONG_ENV}, ${o.longPages} environment turns each (pages of ${o.longPageChars} characters), ` +
         `prompts of ${o.longPromptChars} characters`,
       table([['server', 'traj', 'conc', 'wall s', 'context at env turns (tokens)', 'loop delay p50 ms', 'p99 ms', 'max ms', 'loop busy', 'server cpu/traj', 'others (cores)', 'statuses'], ...longRows]),
-      'loop delay: how late a 10 ms timer ran on the server\'s event loop (0 = never blocked); it includes waiting for a core when other processes take them'
+      'loop delay: how late a 10 ms timer ran on the server\'s event loop (0 = never blocked); it includes waiting for a core when other processes take them',
+      '',
+      table([['cpu ms per trajectory (long contexts)', 'server event loop', 'token threads', 'V8/libuv helpers', 'engine', 'client'], ...longCpuRows]),
     );
   }
   if (sandboxRows.length > 0) {

@@ -7,7 +7,7 @@
  * `bench-calc` (src/testing/calc-environment.ts) and `bench-long-context` (src/testing/long-context-environment.ts); with sandbox 'null' the TEST DOUBLE NullSandboxDriver
  * (src/testing/null-sandbox.ts) replaces bubblewrap, so no process is spawned per trajectory.
  */
-import { readFileSync, writeFileSync } from 'node:fs';
+import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { writeHeapSnapshot } from 'node:v8';
 import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
@@ -30,6 +30,8 @@ export interface ServerChildOptions {
 
 export interface ServerStats {
   cpu: NodeJS.CpuUsage;
+  /** The same CPU split by thread (µs, from /proc/self/task; Linux only, undefined elsewhere). */
+  threads: ThreadCpu | undefined;
   inFlight: number;
   admitted: number;
   completedTotal: number;
@@ -152,6 +154,7 @@ async function main(): Promise<void> {
     },
     stats: () => ({
       cpu: process.cpuUsage(),
+      threads: threadCpu(),
       inFlight: runtime.pipeline.inFlight,
       admitted: runtime.admission.inFlight,
       completedTotal: runtime.pipeline.completedTotal,
@@ -184,3 +187,40 @@ void main().catch((err: unknown) => {
   console.error('server child failed:', err);
   process.exit(1);
 });
+
+/**
+ * CPU time (µs) of this process by thread: the event loop (the main thread), the token threads (the only ones
+ * below normal priority: token-worker.ts lowers its own) and the rest (V8's GC and compiler threads, libuv's pool).
+ */
+export interface ThreadCpu {
+  main: number;
+  tokenThreads: number;
+  helpers: number;
+}
+
+const TICK_MICROS = 10_000; // USER_HZ = 100 on Linux
+
+function threadCpu(): ThreadCpu | undefined {
+  let tids: string[];
+  try {
+    tids = readdirSync('/proc/self/task');
+  } catch {
+    return undefined;
+  }
+  const out: ThreadCpu = { main: 0, tokenThreads: 0, helpers: 0 };
+  for (const tid of tids) {
+    let stat: string;
+    try {
+      stat = readFileSync(`/proc/self/task/${tid}/stat`, 'utf8');
+    } catch {
+      continue; // the thread ended meanwhile
+    }
+    // Fields after the parenthesised name: state is field 3, utime 14, stime 15, nice 19 (proc(5)).
+    const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    const micros = (Number(f[11]) + Number(f[12])) * TICK_MICROS;
+    if (Number(tid) === process.pid) out.main += micros;
+    else if (Number(f[16]) > 0) out.tokenThreads += micros;
+    else out.helpers += micros;
+  }
+  return out;
+}

@@ -1,9 +1,10 @@
 import * as hf from '@huggingface/tokenizers';
+import { preTokenizers } from './library-fast-paths.js';
 
 // Exported by the library at run time; its type declarations re-export them through paths TypeScript's NodeNext
 // resolution does not follow, so they are named here.
 type Class = abstract new (...args: never[]) => object;
-const { ByteLevelPreTokenizer, SequencePreTokenizer } = hf as unknown as { ByteLevelPreTokenizer: Class; SequencePreTokenizer: Class };
+const { ByteLevelPreTokenizer } = hf as unknown as { ByteLevelPreTokenizer: Class };
 
 /**
  * Speeds up @huggingface/tokenizers' ByteLevel pre-tokenizer (Qwen, Llama 3, DeepSeek) for ASCII text, where it is
@@ -19,14 +20,7 @@ const { ByteLevelPreTokenizer, SequencePreTokenizer } = hf as unknown as { ByteL
  * tokenizer without one, or whose byte alphabet is not GPT-2's, is left alone. Returns how many were patched.
  */
 export function accelerateByteLevel(tokenizer: hf.Tokenizer): number {
-  const root = (tokenizer as unknown as { pre_tokenizer?: unknown }).pre_tokenizer;
-  const found: object[] = [];
-  const visit = (node: unknown): void => {
-    if (node instanceof ByteLevelPreTokenizer) found.push(node);
-    else if (node instanceof SequencePreTokenizer) for (const child of (node as unknown as { tokenizers?: unknown[] }).tokenizers ?? []) visit(child);
-  };
-  visit(root);
-  return found.filter(patch).length;
+  return preTokenizers(tokenizer).filter((node) => node instanceof ByteLevelPreTokenizer && patch(node)).length;
 }
 
 interface ByteLevelFields {

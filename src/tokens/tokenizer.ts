@@ -5,6 +5,7 @@ import { LRUCache } from 'lru-cache';
 import { RolloutError } from '../errors.js';
 import { ByteLevelDecoder } from './byte-level-decode.js';
 import { accelerateByteLevel } from './byte-level-fast.js';
+import { bpeCacheOnLruCache, flattenWithoutFlat } from './library-fast-paths.js';
 import { JinjaChatTemplate } from './chat-template.js';
 import { probeAssistantClosing } from './template-delta.js';
 import { alternation, coalesce } from './opaque-content.js';
@@ -25,7 +26,10 @@ export interface HfTokenizerOptions {
   stopTokens?: readonly string[];
   /** More ids that end a turn, e.g. generation_config.json's eos_token_id. */
   stopTokenIds?: readonly number[];
-  /** The ByteLevel pre-tokenizer's ASCII fast path (byte-level-fast.ts); default true. Tests compare against false. */
+  /**
+   * The library's fast paths: the ByteLevel pre-tokenizer's ASCII path (byte-level-fast.ts), pre-tokenizers without
+   * Array.flat and the BPE word cache on lru-cache (library-fast-paths.ts); default true. Tests compare against false.
+   */
   accelerate?: boolean;
 }
 
@@ -73,6 +77,8 @@ export class HfTokenizer implements Tokenizer {
   private readonly singles = new Map<number, string>();
   /** Whether the ByteLevel pre-tokenizer's ASCII fast path is on (byte-level-fast.ts; for tests). */
   readonly fastPreTokenize: boolean;
+  /** Which of library-fast-paths.ts's patches are on, over both library instances (for tests). */
+  readonly fastPaths: { preTokenizersWithoutFlat: number; bpeCaches: number };
   /** The library's decode without its per-token costs, for ByteLevel tokenizers (byte-level-decode.ts). */
   private readonly byteLevel: ByteLevelDecoder | undefined;
 
@@ -84,7 +90,11 @@ export class HfTokenizer implements Tokenizer {
     try {
       this.impl = new HfTokenizerImpl(tokenizerJson, config);
       this.plain = new HfTokenizerImpl({ ...tokenizerJson, added_tokens: [] }, config);
-      this.fastPreTokenize = (options.accelerate ?? true) && accelerateByteLevel(this.impl) + accelerateByteLevel(this.plain) > 0;
+      const accelerate = options.accelerate ?? true;
+      this.fastPreTokenize = accelerate && accelerateByteLevel(this.impl) + accelerateByteLevel(this.plain) > 0;
+      this.fastPaths = accelerate
+        ? { preTokenizersWithoutFlat: flattenWithoutFlat(this.impl) + flattenWithoutFlat(this.plain), bpeCaches: [this.impl, this.plain].filter(bpeCacheOnLruCache).length }
+        : { preTokenizersWithoutFlat: 0, bpeCaches: 0 };
     } catch (err) {
       throw new RolloutError('failed_precondition', 'tokenizer.json is not a supported tokenizer', { cause: err });
     }

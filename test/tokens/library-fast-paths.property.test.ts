@@ -19,7 +19,7 @@ const text = fc.oneof(
   fc.string({ unit: 'grapheme', maxLength: 60 }),
 );
 
-describe('the ByteLevel pre-tokenizer fast path (byte-level-fast.ts)', () => {
+describe('the library fast paths (byte-level-fast.ts, library-fast-paths.ts)', () => {
   it('is on for the ByteLevel families and off for Gemma 3 (and when asked not to be)', () => {
     expect(FAMILIES.map((f) => [f, pairs.get(f)!.fast.fastPreTokenize, pairs.get(f)!.library.fastPreTokenize])).toEqual([
       ['qwen3', true, false],
@@ -27,6 +27,30 @@ describe('the ByteLevel pre-tokenizer fast path (byte-level-fast.ts)', () => {
       ['deepseek_v3', true, false],
       ['gemma3', false, false],
     ]);
+  });
+
+  it('the flat-free pre-tokenizers and the BPE word cache on lru-cache (library-fast-paths.ts) are on for every family, off when asked', () => {
+    for (const family of FAMILIES) {
+      const { fast, library } = pairs.get(family)!;
+      // Two library instances each (with and without added tokens): a Sequence and its children, or one Split.
+      expect(fast.fastPaths.preTokenizersWithoutFlat, family).toBeGreaterThanOrEqual(2);
+      expect(fast.fastPaths.bpeCaches, family).toBe(2);
+      expect(library.fastPaths).toEqual({ preTokenizersWithoutFlat: 0, bpeCaches: 0 });
+    }
+  });
+
+  it('equals the library past the BPE word cache\'s capacity (10,000 words: evictions, then words seen again)', () => {
+    // Distinct words (base-36 numbers in letters) in batches, each batch encoded twice, so the word cache fills,
+    // evicts its least recently used words and is asked again for some it dropped.
+    const word = (n: number): string => n.toString(36).replace(/[0-9]/g, (d) => 'qrstuvwxyz'[Number(d)]!);
+    for (const family of FAMILIES) {
+      const { fast, library } = pairs.get(family)!;
+      for (let batch = 0; batch < 14; batch++) {
+        const text = Array.from({ length: 1_000 }, (_, i) => word(((batch * 7919 + i) % 13_000) + 50_000)).join(' ');
+        expect(fast.encodeUncached(text), `${family} batch ${batch}`).toEqual(library.encodeUncached(text));
+        expect(fast.encodeText(text), `${family} batch ${batch}`).toEqual(library.encodeText(text));
+      }
+    }
   });
 
   it('equals the library with the pre-tokenizer options no family here uses (ByteLevel alone: its own regex, a prefix space)', async () => {
