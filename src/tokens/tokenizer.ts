@@ -5,7 +5,7 @@ import { LRUCache } from 'lru-cache';
 import { RolloutError } from '../errors.js';
 import { ByteLevelDecoder } from './byte-level-decode.js';
 import { accelerateByteLevel } from './byte-level-fast.js';
-import { bpeCacheOnLruCache, flattenWithoutFlat } from './library-fast-paths.js';
+import { bpeCacheOnLruCache, flattenWithoutFlat, segmentEncoder, splitByMatch } from './library-fast-paths.js';
 import { JinjaChatTemplate } from './chat-template.js';
 import { probeAssistantClosing } from './template-delta.js';
 import { alternation, coalesce } from './opaque-content.js';
@@ -78,7 +78,11 @@ export class HfTokenizer implements Tokenizer {
   /** Whether the ByteLevel pre-tokenizer's ASCII fast path is on (byte-level-fast.ts; for tests). */
   readonly fastPreTokenize: boolean;
   /** Which of library-fast-paths.ts's patches are on, over both library instances (for tests). */
-  readonly fastPaths: { preTokenizersWithoutFlat: number; bpeCaches: number };
+  readonly fastPaths: { preTokenizersWithoutFlat: number; splitsByMatch: number; bpeCaches: number; segmentEncoders: number };
+  /** The library's encode for text without added tokens, minus its added-token steps (library-fast-paths.ts). */
+  private readonly encodeSegment: (text: string) => number[];
+  /** The same for {@link plain}, whose every text is without added tokens. */
+  private readonly encodePlain: (text: string) => number[];
   /** The library's decode without its per-token costs, for ByteLevel tokenizers (byte-level-decode.ts). */
   private readonly byteLevel: ByteLevelDecoder | undefined;
 
@@ -92,9 +96,19 @@ export class HfTokenizer implements Tokenizer {
       this.plain = new HfTokenizerImpl({ ...tokenizerJson, added_tokens: [] }, config);
       const accelerate = options.accelerate ?? true;
       this.fastPreTokenize = accelerate && accelerateByteLevel(this.impl) + accelerateByteLevel(this.plain) > 0;
+      const library = (impl: HfTokenizerImpl) => (text: string): number[] => impl.encode(text, { add_special_tokens: false }).ids;
+      const segment = accelerate ? segmentEncoder(this.impl, library(this.impl)) : undefined;
+      const plain = accelerate ? segmentEncoder(this.plain, library(this.plain)) : undefined;
+      this.encodeSegment = segment ?? library(this.impl);
+      this.encodePlain = plain ?? library(this.plain);
       this.fastPaths = accelerate
-        ? { preTokenizersWithoutFlat: flattenWithoutFlat(this.impl) + flattenWithoutFlat(this.plain), bpeCaches: [this.impl, this.plain].filter(bpeCacheOnLruCache).length }
-        : { preTokenizersWithoutFlat: 0, bpeCaches: 0 };
+        ? {
+            preTokenizersWithoutFlat: flattenWithoutFlat(this.impl) + flattenWithoutFlat(this.plain),
+            splitsByMatch: splitByMatch(this.impl) + splitByMatch(this.plain),
+            bpeCaches: [this.impl, this.plain].filter(bpeCacheOnLruCache).length,
+            segmentEncoders: [segment, plain].filter(Boolean).length,
+          }
+        : { preTokenizersWithoutFlat: 0, splitsByMatch: 0, bpeCaches: 0, segmentEncoders: 0 };
     } catch (err) {
       throw new RolloutError('failed_precondition', 'tokenizer.json is not a supported tokenizer', { cause: err });
     }
@@ -148,7 +162,7 @@ export class HfTokenizer implements Tokenizer {
    */
   encodeText(text: string): number[] {
     if (text.length === 0) return [];
-    const ids: number[] = this.plain.encode(text, { add_special_tokens: false }).ids;
+    const ids = this.encodePlain(text);
     if (ids.some((id) => this.specialIds.has(id))) {
       throw new RolloutError('internal', 'the tokenizer encodes plain text to a special token');
     }
@@ -204,7 +218,8 @@ export class HfTokenizer implements Tokenizer {
   private pushSegment(out: number[], segment: string): void {
     let ids = this.segments.get(segment);
     if (ids === undefined) {
-      ids = this.encodeUncached(segment);
+      // Callers cut the text at every added token (`matcher`), so the piece holds none: encodeSegment's condition.
+      ids = this.encodeSegment(segment);
       if (segment.length <= MAX_CACHED_SEGMENT) this.segments.set(detachedCopy(segment), ids);
     }
     for (const id of ids) out.push(id);
