@@ -10,7 +10,7 @@
 import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { writeHeapSnapshot } from 'node:v8';
-import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
+import { monitorEventLoopDelay, performance, PerformanceObserver } from 'node:perf_hooks';
 import { startRolloutServer } from '../src/app.js';
 import type { ServerConfigInput } from '../src/config.js';
 import { defaultRegistry } from '../src/environments/registry.js';
@@ -105,7 +105,12 @@ const TRACE_TICK_MS = 2;
 
 function traceLateTicks(dir: string): void {
   const schedstat = (): number[] => readFileSync('/proc/thread-self/schedstat', 'utf8').trim().split(' ').map(Number);
-  const lines: string[] = ['monotonic_us late_ms run_ms wait_ms'];
+  const ticks: { monotonicUs: bigint; from: number; to: number; lateMs: number; runMs: number; waitMs: number }[] = [];
+  // The main isolate's GC pauses (performance entries, delivered after the fact), matched to the ticks at exit.
+  const pauses: { start: number; end: number }[] = [];
+  new PerformanceObserver((list) => {
+    for (const e of list.getEntries()) pauses.push({ start: e.startTime, end: e.startTime + e.duration });
+  }).observe({ entryTypes: ['gc'] });
   let last = performance.now();
   let before = schedstat();
   setInterval(() => {
@@ -113,13 +118,17 @@ function traceLateTicks(dir: string): void {
     const after = schedstat();
     const lateMs = now - last - TRACE_TICK_MS;
     if (lateMs > 4) {
-      const ms = (i: number): string => ((after[i]! - before[i]!) / 1e6).toFixed(1);
-      lines.push(`${process.hrtime.bigint() / 1000n} ${lateMs.toFixed(1)} ${ms(0)} ${ms(1)}`);
+      const ms = (i: number): number => (after[i]! - before[i]!) / 1e6;
+      ticks.push({ monotonicUs: process.hrtime.bigint() / 1000n, from: last, to: now, lateMs, runMs: ms(0), waitMs: ms(1) });
     }
     last = now;
     before = after;
   }, TRACE_TICK_MS).unref();
-  process.on('exit', () => writeFileSync(`${dir}/loop-trace.${process.pid}.txt`, `${lines.join('\n')}\n`));
+  process.on('exit', () => {
+    const gcMs = (from: number, to: number): number => pauses.reduce((sum, p) => sum + Math.max(0, Math.min(to, p.end) - Math.max(from, p.start)), 0);
+    const lines = ticks.map((t) => `${t.monotonicUs} ${t.lateMs.toFixed(1)} ${t.runMs.toFixed(1)} ${t.waitMs.toFixed(1)} ${gcMs(t.from, t.to).toFixed(1)}`);
+    writeFileSync(`${dir}/loop-trace.${process.pid}.txt`, `${['monotonic_us late_ms run_ms wait_ms gc_ms', ...lines].join('\n')}\n`);
+  });
 }
 
 async function main(): Promise<void> {
