@@ -107,31 +107,105 @@ export function largestField(bytes: Uint8Array, typeName: string): { field: stri
 }
 
 /**
- * The checks a request that did decode still needs, for `typeName`: the generated decoder accepts two things the
- * contract does not mean, and answers neither. A request that is a oneof of kinds (RolloutRequest) with no kind
- * set — its only field sent with the wrong wire type, a kind this server does not know, nothing at all — would be
- * skipped without an answer; it is refused naming the field the bytes show, or `kind`. A string that is not valid
- * UTF-8 (proto3 requires it) would be decoded with U+FFFD in place, silently another task_id; it is refused naming
- * the field. The happy path pays a look at the decoded object: the bytes are walked only when it holds a U+FFFD,
- * and a U+FFFD sent as valid UTF-8 passes.
+ * The checks a request that did decode still needs, for `typeName`: the generated decoder accepts three things the
+ * contract does not mean, and answers none of them. A field of the contract sent with a wire type it cannot have
+ * (num_samples as a string, a temperature as a varint — an older or hand-made stub) is skipped, so the task would
+ * run with that field at its default; it is refused naming the field. A request that is a oneof of kinds
+ * (RolloutRequest) with no kind set — its only field sent with the wrong wire type, a kind this server does not
+ * know, nothing at all — would be skipped without an answer; it is refused naming the field the bytes show, or
+ * `kind`. A string that is not valid UTF-8 (proto3 requires it) would be decoded with U+FFFD in place, silently
+ * another task_id; it is refused naming the field. Every request's bytes are walked once for wire types (nested
+ * messages entered, every other value skipped by its length); they are walked for UTF-8 only when the decoded
+ * object holds a U+FFFD, and a U+FFFD sent as valid UTF-8 passes.
  */
 export function decodedChecks(typeName: string): (bytes: Uint8Array, decoded: unknown) => DecodeDiagnosis | undefined {
   const type = contractSchema().lookupType(typeName);
   const kinds = type.oneofsArray.find((o) => o.fieldsArray.length === type.fieldsArray.length && o.fieldsArray.length > 1);
   const kindKey = kinds && protobuf.util.camelCase(kinds.name);
-  return (bytes, decoded) => {
-    try {
+  const checks: ((bytes: Uint8Array, decoded: unknown) => void)[] = [
+    (bytes, decoded) => {
       if (kinds && kindKey && (decoded as Record<string, unknown>)[kindKey] === undefined) noKind(bytes, kinds);
-      if (holdsReplacement(decoded, 0)) {
-        const found = { taskId: '' };
-        invalidUtf8(bytes, new BinaryReader(bytes), bytes.length, type, '', found);
+    },
+    (bytes, decoded) => {
+      if (holdsReplacement(decoded, 0)) invalidUtf8(bytes, new BinaryReader(bytes), bytes.length, type, '', { taskId: '' });
+    },
+    (bytes, decoded) => wrongWireType(new BinaryReader(bytes), bytes.length, type, '', taskIdOf(decoded)),
+  ];
+  return (bytes, decoded) => {
+    for (const check of checks) {
+      try {
+        check(bytes, decoded);
+      } catch (err) {
+        if (err instanceof Finding) return { field: err.field, reason: err.reason, taskId: err.taskId ?? '' };
+        // A walk that stumbles on bytes the generated decoder never read (it stops at a zero tag or an end-group
+        // marker) proves nothing about them: that check passes, and the next one still runs.
       }
-    } catch (err) {
-      if (err instanceof Finding) return { field: err.field, reason: err.reason, taskId: err.taskId ?? '' };
-      // The bytes decoded, so a walk cannot fail on them; if it did, the request stands as decoded.
     }
     return undefined;
   };
+}
+
+/** The wire type a value of `field` is written with (a repeated number may also come packed, as wire type 2). */
+function wireTypeOf(type: string, resolved: protobuf.Type | protobuf.Enum | null): WireType {
+  if (resolved instanceof protobuf.Type) return WireType.LengthDelimited;
+  if (resolved instanceof protobuf.Enum) return WireType.Varint;
+  const basic = (protobuf.types.basic as Record<string, number | undefined>)[type];
+  return basic === undefined ? WireType.LengthDelimited : (basic as WireType);
+}
+
+const WIRE_TYPE_NAMES = ['varint', '64-bit', 'length-delimited', 'group start', 'group end', '32-bit'];
+
+/**
+ * Throws the Finding for the first field of the contract whose wire type is not its own (message, map entry and
+ * Struct fields included); unknown fields are skipped (a newer client's). The Finding names `taskId`.
+ */
+function wrongWireType(reader: BinaryReader, end: number, type: protobuf.Type, path: string, taskId: string): void {
+  const transparent = STRUCT_TYPES.has(type.fullName);
+  while (reader.pos < end) {
+    const [number, wireType] = reader.tag();
+    const field = type.fieldsById[number];
+    if (!field) {
+      reader.skip(wireType, number);
+      continue;
+    }
+    const name = transparent ? path : path ? `${path}.${field.name}` : field.name;
+    const expected = field.map ? WireType.LengthDelimited : wireTypeOf(field.type, field.resolvedType);
+    const packed = field.repeated && expected !== WireType.LengthDelimited && wireType === WireType.LengthDelimited;
+    if (wireType !== expected && !packed) {
+      const what = field.map ? 'a map' : field.resolvedType instanceof protobuf.Type ? 'a message' : field.type;
+      throw new Finding(name, `wrong wire type: ${field.name} is ${what} (${WIRE_TYPE_NAMES[expected]}), sent as ${WIRE_TYPE_NAMES[wireType] ?? String(wireType)}`, taskId);
+    }
+    if (field.map && field instanceof protobuf.MapField) {
+      const entryEnd = reader.uint32() + reader.pos;
+      const valueType = field.resolvedType instanceof protobuf.Type ? field.resolvedType : null;
+      while (reader.pos < entryEnd) {
+        const [n, wt] = reader.tag();
+        const want = n === 1 ? wireTypeOf(field.keyType, null) : n === 2 ? wireTypeOf(field.type, field.resolvedType) : undefined;
+        if (want !== undefined && wt !== want) {
+          throw new Finding(name, `wrong wire type in a ${n === 1 ? 'key' : 'value'} (${WIRE_TYPE_NAMES[want]} expected, sent as ${WIRE_TYPE_NAMES[wt] ?? String(wt)})`, taskId);
+        }
+        if (n === 2 && valueType) {
+          const valueEnd = reader.uint32() + reader.pos;
+          wrongWireType(reader, valueEnd, valueType, name, taskId);
+          reader.pos = valueEnd;
+        } else reader.skip(wt, n);
+      }
+      reader.pos = entryEnd;
+    } else if (field.resolvedType instanceof protobuf.Type) {
+      const fieldEnd = reader.uint32() + reader.pos;
+      wrongWireType(reader, fieldEnd, field.resolvedType, name, taskId);
+      reader.pos = fieldEnd;
+    } else {
+      reader.skip(wireType, number);
+    }
+  }
+}
+
+/** The id of the task a decoded request carries (a stream's task kind, Submit's task), as the client knows it. */
+function taskIdOf(decoded: unknown): string {
+  const r = decoded as { kind?: { $case?: string; value?: { taskId?: unknown } }; task?: { taskId?: unknown } } | null;
+  const id = r?.kind?.$case === 'task' ? r.kind.value?.taskId : r?.task?.taskId;
+  return typeof id === 'string' && !id.includes('\uFFFD') ? id : '';
 }
 
 /** Throws the Finding for a request of kinds `oneof` with none set: the kind the bytes show broken, or `kind`. */

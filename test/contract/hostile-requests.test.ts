@@ -238,6 +238,53 @@ describe('nothing a client sends kills its stream', () => {
     }
   });
 
+  it('refuses a field sent with a wire type it does not have, naming it, instead of running the task with that field at its default', async () => {
+    // Each case: a valid task's TaskSpec bytes with one more field appended (a later field wins in protobuf, and
+    // the generated decoder skips one whose wire type is not its own: num_samples would silently be 1).
+    const spec = (id: string): Uint8Array => TaskSpec.encode(TaskSpec.fromPartial({ ...mathTask(id, 1, 31) })).finish();
+    const withField = (id: string, field: Uint8Array): Uint8Array => encodeFields([len(2, Uint8Array.from([...spec(id), ...field]))]);
+    const value = (fields: Parameters<typeof encodeFields>[0]): Uint8Array => encodeFields(fields);
+    const cases: [string, Uint8Array, string][] = [
+      ['wt-samples', encodeFields([len(3, utf8('4'))]), 'num_samples'],
+      ['wt-temperature', encodeFields([len(6, value([varint(1, 1n)]))]), 'sampling.temperature'],
+      ['wt-seed', encodeFields([len(6, value([len(4, utf8('7'))]))]), 'sampling.seed'],
+      ['wt-limits', encodeFields([varint(7, 3n)]), 'limits'],
+      ['wt-meta', encodeFields([len(8, value([len(1, utf8('k')), varint(2, 1n)]))]), 'metadata'],
+      // instance { n: <number_value sent as a varint> }: Struct.fields entry { key, Value { number_value } }.
+      ['wt-instance', encodeFields([len(5, value([len(1, value([len(1, utf8('n')), len(2, value([varint(2, 3n)]))]))]))]), 'instance'],
+      ['wt-include', encodeFields([len(9, utf8('yes'))]), 'include_messages'],
+    ];
+    const raw = rawRollout(h.server.address);
+    try {
+      for (const [id, field] of cases) raw.send(withField(id, field));
+      // A cancel whose task_id is a varint: refused by field too (it would cancel the task with id "").
+      raw.send(encodeFields([len(3, encodeFields([varint(1, 5n)]))]));
+      // An unknown field (a newer client's) with any wire type is no reason to refuse.
+      raw.send(withField('wt-unknown', encodeFields([len(99, utf8('from a newer contract')), varint(98, 1n)])));
+      raw.end();
+      const responses = await raw.responses;
+      expect(await raw.status).toBe(status.OK);
+      const answers = responses.flatMap((r) => (r.kind?.$case === 'accepted' || r.kind?.$case === 'rejected' ? [r.kind] : []));
+      expect(answers.map((a) => `${a.$case} ${a.value.taskId} ${a.$case === 'rejected' ? a.value.field : ''}`)).toEqual([
+        ...cases.map(([id, , field]) => `rejected ${id} ${field}`),
+        'rejected  cancel.task_id',
+        'accepted wt-unknown ',
+      ]);
+      for (const a of answers) if (a.$case === 'rejected') expect(a.value.reason).toContain('wrong wire type');
+      expect(answers[0]!.value).toMatchObject({ reason: expect.stringContaining('num_samples is int32 (varint), sent as length-delimited') as unknown });
+    } finally {
+      raw.client.close();
+    }
+    const client = new Client(h.server.address, credentials.createInsecure());
+    try {
+      const submit = Uint8Array.from([0x0a, ...withField('wt-submit', encodeFields([len(3, utf8('4'))])).subarray(1)]);
+      const got = await rawUnary(client, '/rollout.v1.RolloutService/Submit', submit);
+      expect(got).toMatchObject({ code: status.INVALID_ARGUMENT, field: 'task.num_samples' });
+    } finally {
+      client.close();
+    }
+  });
+
   it('property: any mutation of a valid request gets its answer and never ends the stream', async () => {
     const valid = taskBytes({ ...mathTask('fuzz-base', 1, 21), sampling: { temperature: 1, seed: 21, maxTokensPerTurn: 64, maxTotalTokens: 2048, stop: [] }, instance: { problem: 'What is 2 + 3?', answer: '5', deep: nested(30) } });
     const mutation = fc.oneof(

@@ -52,7 +52,9 @@ type Expect =
   | { answer: 'accepted' }
   /** One answer, either way (a mutation whose validity the test does not predict). */
   | { answer: 'one' }
-  | { answer: 'none' };
+  | { answer: 'none' }
+  /** No answer, or one rejection (a mutated cancel or ack: refused when one of its fields has another wire type). */
+  | { answer: 'noneOrRejected' };
 
 interface Case {
   bytes: Uint8Array;
@@ -103,7 +105,9 @@ function byDecoding(bytes: Uint8Array, what: string): Case {
   if (JSON.stringify(request).includes('\uFFFD')) return { bytes, what, expect: { answer: 'one' } };
   if (kind.$case === 'task') return { bytes, what, taskId: kind.value.taskId, expect: { answer: 'one' } };
   if (kind.$case === 'open') return { bytes, what, taskId: '', expect: { answer: 'rejected', field: 'open' } };
-  return { bytes, what, expect: { answer: 'none' } };
+  // A cancel or ack is answered only when one of its fields came with a wire type it does not have; a mutation
+  // decides that in ways this oracle does not predict (hostile-requests.test.ts holds the exact cases).
+  return { bytes, what, expect: { answer: 'noneOrRejected' } };
 }
 
 /** Malformed-bytes cases for stream `s`: each built to break the wire format in one known way. */
@@ -344,8 +348,10 @@ function checkStream(run: StreamRun, cases: readonly Case[], sampled: Map<string
   const answers = run.responses.flatMap((r) => (r.kind?.$case === 'accepted' || r.kind?.$case === 'rejected' ? [r.kind] : []));
   const rejected = answers.flatMap((a) => (a.$case === 'rejected' ? [a.value] : []));
   const accepted = answers.flatMap((a) => (a.$case === 'accepted' ? [a.value] : []));
-  const expected = cases.filter((c) => c.expect.answer !== 'none').length + run.goodIds.length;
-  expect(answers.length, 'one answer per request that deserves one').toBe(expected);
+  const expected = cases.filter((c) => c.expect.answer !== 'none' && c.expect.answer !== 'noneOrRejected').length + run.goodIds.length;
+  const optional = cases.filter((c) => c.expect.answer === 'noneOrRejected').length;
+  expect(answers.length, 'one answer per request that deserves one').toBeGreaterThanOrEqual(expected);
+  expect(answers.length, 'one answer per request that deserves one').toBeLessThanOrEqual(expected + optional);
 
   // Every rejection says what to fix, and never hides an internal error.
   for (const r of rejected) {
@@ -357,7 +363,7 @@ function checkStream(run: StreamRun, cases: readonly Case[], sampled: Map<string
   const byTask = new Map<string, (typeof answers)[number][]>();
   for (const a of answers) byTask.set(a.value.taskId, [...(byTask.get(a.value.taskId) ?? []), a]);
   for (const c of cases) {
-    if (c.taskId === undefined || c.taskId === '' || c.expect.answer === 'none') continue;
+    if (c.taskId === undefined || c.taskId === '' || c.expect.answer === 'none' || c.expect.answer === 'noneOrRejected') continue;
     const mine = byTask.get(c.taskId) ?? [];
     expect(mine.length, `${c.what}: answers for ${c.taskId.slice(0, 80)}`).toBeGreaterThanOrEqual(1);
     const e = c.expect;
