@@ -160,15 +160,7 @@ const WIRE_TYPE_NAMES = ['varint', '64-bit', 'length-delimited', 'group start', 
  * Struct fields included); unknown fields are skipped (a newer client's). The Finding names `taskId`.
  */
 function wrongWireType(reader: BinaryReader, end: number, type: protobuf.Type, path: string, taskId: string): void {
-  const transparent = STRUCT_TYPES.has(type.fullName);
-  while (reader.pos < end) {
-    const [number, wireType] = reader.tag();
-    const field = type.fieldsById[number];
-    if (!field) {
-      reader.skip(wireType, number);
-      continue;
-    }
-    const name = transparent ? path : path ? `${path}.${field.name}` : field.name;
+  eachKnownField(reader, end, type, path, (field, wireType, name, number) => {
     const expected = field.map ? WireType.LengthDelimited : wireTypeOf(field.type, field.resolvedType);
     const packed = field.repeated && expected !== WireType.LengthDelimited && wireType === WireType.LengthDelimited;
     if (wireType !== expected && !packed) {
@@ -198,6 +190,27 @@ function wrongWireType(reader: BinaryReader, end: number, type: protobuf.Type, p
     } else {
       reader.skip(wireType, number);
     }
+  });
+}
+
+/**
+ * Calls `visit` for each field of `type` in the bytes up to `end` that the schema knows (others are skipped), with
+ * its wire type and its name below `path` — a Struct, Value or ListValue adds no name of its own: its place is the
+ * path of the field (or key) holding it. `visit` leaves the reader after the field.
+ */
+function eachKnownField(
+  reader: BinaryReader,
+  end: number,
+  type: protobuf.Type,
+  path: string,
+  visit: (field: protobuf.Field, wireType: WireType, name: string, number: number) => void,
+): void {
+  const transparent = STRUCT_TYPES.has(type.fullName);
+  while (reader.pos < end) {
+    const [number, wireType] = reader.tag();
+    const field = type.fieldsById[number];
+    if (field) visit(field, wireType, transparent ? path : path ? `${path}.${field.name}` : field.name, number);
+    else reader.skip(wireType, number);
   }
 }
 
@@ -256,16 +269,8 @@ function holdsReplacement(value: unknown, depth: number): boolean {
  * "task.metadata.k"); a key that is itself not UTF-8 is named by its map ("task.metadata").
  */
 function invalidUtf8(bytes: Uint8Array, reader: BinaryReader, end: number, type: protobuf.Type, path: string, found: { taskId: string }): void {
-  // A Struct, Value or ListValue adds no name of its own: its place is the path of the field (or key) holding it.
-  const transparent = STRUCT_TYPES.has(type.fullName);
-  while (reader.pos < end) {
-    const [number, wireType] = reader.tag();
-    const field = type.fieldsById[number];
-    if (!field || wireType !== WireType.LengthDelimited) {
-      reader.skip(wireType, number);
-      continue;
-    }
-    const name = transparent ? path : path ? `${path}.${field.name}` : field.name;
+  eachKnownField(reader, end, type, path, (field, wireType, name, number) => {
+    if (wireType !== WireType.LengthDelimited) return void reader.skip(wireType, number);
     const fieldEnd = reader.uint32() + reader.pos;
     if (field.map) {
       let key: string | undefined;
@@ -295,7 +300,7 @@ function invalidUtf8(bytes: Uint8Array, reader: BinaryReader, end: number, type:
       if (!valid) throw new Finding(name, 'not valid UTF-8 (proto3 strings must be)', name === 'task.task_id' ? '' : found.taskId);
     }
     reader.pos = fieldEnd;
-  }
+  });
 }
 
 function walk(
@@ -308,14 +313,8 @@ function walk(
   found: { taskId: string },
 ): void {
   const level = enter(depth, structField ?? path);
-  while (reader.pos < end) {
-    const [number, wireType] = reader.tag();
-    const field = type.fieldsById[number];
-    if (!field) {
-      reader.skip(wireType, number);
-      continue;
-    }
-    const name = structField ?? (path ? `${path}.${field.name}` : field.name);
+  // Inside a Struct every type is transparent, so each field there is named by the Struct's field.
+  eachKnownField(reader, end, type, structField ?? path, (field, wireType, name) => {
     if (field.map) {
       // A map entry is a message { 1: key, 2: value }, and a level of the guard.
       const entryEnd = lengthDelimited(reader, wireType, name, end);
@@ -329,7 +328,7 @@ function walk(
     } else {
       value(reader, wireType, field, name, end, level, structField, found);
     }
-  }
+  });
   if (reader.pos > end) throw new Finding(structField ?? path, 'truncated');
 }
 

@@ -19,6 +19,18 @@ const text = fc.oneof(
   fc.string({ unit: 'grapheme', maxLength: 60 }),
 );
 
+/** Asserts that `fast` encodes random texts exactly as `library` does, through encode, encodeUncached and encodeText. */
+function encodesAsLibrary(fast: HfTokenizer, library: HfTokenizer, numRuns: number): void {
+  fc.assert(
+    fc.property(text, (t) => {
+      expect(fast.encodeUncached(t)).toEqual(library.encodeUncached(t));
+      expect(fast.encode(t)).toEqual(library.encode(t));
+      expect(fast.encodeText(t)).toEqual(library.encodeText(t));
+    }),
+    { numRuns },
+  );
+}
+
 describe('the library fast paths (byte-level-fast.ts, library-fast-paths.ts)', () => {
   it('is on for the ByteLevel families and off for Gemma 3 (and when asked not to be)', () => {
     expect(FAMILIES.map((f) => [f, pairs.get(f)!.fast.fastPreTokenize, pairs.get(f)!.library.fastPreTokenize])).toEqual([
@@ -91,28 +103,14 @@ describe('the library fast paths (byte-level-fast.ts, library-fast-paths.ts)', (
       const fast = new HfTokenizer(json, config);
       const library = new HfTokenizer(json, config, { accelerate: false });
       expect(fast.fastPaths.splitsByMatch, JSON.stringify(split)).toBe(patched);
-      fc.assert(
-        fc.property(text, (t) => {
-          expect(fast.encodeUncached(t)).toEqual(library.encodeUncached(t));
-          expect(fast.encode(t)).toEqual(library.encode(t));
-          expect(fast.encodeText(t)).toEqual(library.encodeText(t));
-        }),
-        { numRuns: 150 },
-      );
+      encodesAsLibrary(fast, library, 150);
     }
   });
 
   for (const family of FAMILIES) {
     it(`${family}: encodes exactly as the library does (encode, encodeUncached, encodeText)`, () => {
       const { fast, library } = pairs.get(family)!;
-      fc.assert(
-        fc.property(text, (t) => {
-          expect(fast.encodeUncached(t)).toEqual(library.encodeUncached(t));
-          expect(fast.encode(t)).toEqual(library.encode(t));
-          expect(fast.encodeText(t)).toEqual(library.encodeText(t));
-        }),
-        { numRuns: 400 },
-      );
+      encodesAsLibrary(fast, library, 400);
     });
   }
 });
