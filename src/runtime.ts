@@ -49,6 +49,21 @@ export interface SubmitResult {
  * The server's core, independent of gRPC: validates and admits tasks, expands them into samples, runs them
  * through the pipeline and routes each finished trajectory to the task's sinks and store.
  */
+/** What {@link RolloutRuntime.submit} is told besides the task. */
+export interface SubmitOptions {
+  /** Receives every trajectory of the task (a stream's session sink); none for a unary Submit. */
+  sink?: TrajectorySink;
+  /** The caller's call: aborted, the wait for admission is given up. */
+  signal?: AbortSignal;
+  /** The session that submitted the task (journaled with it, for resume); '' for none. */
+  session?: string;
+  /**
+   * Called once the task holds its capacity and its id, before the journal's write: a stream reads its next task
+   * from there on, so tasks arriving together share one commit instead of an fsync each.
+   */
+  onAdmitted?: () => void;
+}
+
 export class RolloutRuntime {
   readonly pipeline: Pipeline;
   readonly store: TaskStore;
@@ -111,10 +126,11 @@ export class RolloutRuntime {
 
   /**
    * Validates, waits for admission (this is where a full server pushes back), and queues the task's samples.
-   * Idempotent on task_id: a retry with the same spec returns duplicate = true, and `sink` still receives every
-   * trajectory of the task (finished ones at once). Throws RolloutError('invalid_argument') naming the field.
+   * Idempotent on task_id: a retry with the same spec returns duplicate = true, and `options.sink` still receives
+   * every trajectory of the task (finished ones at once). Throws RolloutError('invalid_argument') naming the field.
    */
-  async submit(spec: TaskSpec, sink?: TrajectorySink, callSignal?: AbortSignal, session = '', onAdmitted?: () => void): Promise<SubmitResult> {
+  async submit(spec: TaskSpec, options: SubmitOptions = {}): Promise<SubmitResult> {
+    const { sink, signal: callSignal, session = '', onAdmitted } = options;
     this.throwIfNotAdmitting();
     // Draining gives up every wait for admission at once: the caller hears UNAVAILABLE "draining", not a hang. The
     // link to the long-lived admission signal is undone when the submit settles, so listeners do not pile up on it.

@@ -42,7 +42,7 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
     submit: unary(log, async (request, signal) => {
       if (!request.task) throw RolloutError.invalid('task', 'required');
       try {
-        return await runtime.submit(request.task, undefined, signal);
+        return await runtime.submit(request.task, { signal });
       } catch (err) {
         throw fieldBelow('task', err);
       }
@@ -250,7 +250,7 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
           `delivery to session "${session.id}" is paused: ${session.unackedBytes} bytes of trajectories are unacked (limit ${session.maxUnackedBytes}); ack what you received, then submit again`,
         );
       }
-      const result = await runtime.submit(spec, session.sink, signal, session.id, () => entry.markAdmitted());
+      const result = await runtime.submit(spec, { sink: session.sink, signal, session: session.id, onAdmitted: () => entry.markAdmitted() });
       // Checked before `expect`: a task this session accepted before (re-sent after a resume, or twice in a row) is
       // owed already.
       const alreadyOwed = session.hasAccepted(spec.taskId);
