@@ -62,7 +62,7 @@ function parseOptions(argv: readonly string[]): BenchOptions {
     .option('--sandbox-trajectories <n>', 'trajectories in the real-sandbox pass', positiveInt, 64)
     .option('--sandbox-concurrency <n>', 'concurrency of the real-sandbox pass', positiveInt, 16)
     .option('--no-sandbox-pass', 'skip the bubblewrap pass')
-    .option('--long-trajectories <n>', 'trajectories in the long-context pass', positiveInt, 16)
+    .option('--long-trajectories <n>', 'trajectories in the long-context pass', positiveInt, 64)
     .option('--long-concurrency <n>', 'concurrency of the long-context pass', positiveInt, 8)
     .option('--long-prompt-chars <n>', 'characters of log in each long-context prompt (~1.56 per Qwen3 token)', positiveInt, 86_000)
     .option('--long-pages <n>', 'environment turns (pages read) per long-context trajectory', positiveInt, 4)
