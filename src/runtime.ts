@@ -45,10 +45,6 @@ export interface SubmitResult {
   duplicate: boolean;
 }
 
-/**
- * The server's core, independent of gRPC: validates and admits tasks, expands them into samples, runs them
- * through the pipeline and routes each finished trajectory to the task's sinks and store.
- */
 /** What {@link RolloutRuntime.submit} is told besides the task. */
 export interface SubmitOptions {
   /** Receives every trajectory of the task (a stream's session sink); none for a unary Submit. */
@@ -64,6 +60,10 @@ export interface SubmitOptions {
   onAdmitted?: () => void;
 }
 
+/**
+ * The server's core, independent of gRPC: validates and admits tasks, expands them into samples, runs them
+ * through the pipeline and routes each finished trajectory to the task's sinks and store.
+ */
 export class RolloutRuntime {
   readonly pipeline: Pipeline;
   readonly store: TaskStore;

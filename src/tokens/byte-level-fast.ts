@@ -1,10 +1,7 @@
-import * as hf from '@huggingface/tokenizers';
-import { preTokenizers } from './library-fast-paths.js';
+import type * as hf from '@huggingface/tokenizers';
+import { libraryClasses, preTokenizers } from './library-fast-paths.js';
 
-// Exported by the library at run time; its type declarations re-export them through paths TypeScript's NodeNext
-// resolution does not follow, so they are named here.
-type Class = abstract new (...args: never[]) => object;
-const { ByteLevelPreTokenizer } = hf as unknown as { ByteLevelPreTokenizer: Class };
+const { ByteLevelPreTokenizer } = libraryClasses;
 
 /**
  * Speeds up @huggingface/tokenizers' ByteLevel pre-tokenizer (Qwen, Llama 3, DeepSeek) for ASCII text, where it is

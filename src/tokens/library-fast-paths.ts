@@ -4,12 +4,14 @@ import { LRUCache } from 'lru-cache';
 // Exported by the library at run time; its type declarations re-export them through paths TypeScript's NodeNext
 // resolution does not follow, so they are named here.
 type Class = abstract new (...args: never[]) => object;
-const { PreTokenizer, SequencePreTokenizer, SplitPreTokenizer, BPE } = hf as unknown as {
+export const libraryClasses = hf as unknown as {
   PreTokenizer: Class;
   SequencePreTokenizer: Class;
   SplitPreTokenizer: Class;
+  ByteLevelPreTokenizer: Class;
   BPE: Class;
 };
+const { PreTokenizer, SequencePreTokenizer, SplitPreTokenizer, BPE } = libraryClasses;
 
 interface PreTokenizerFields {
   pre_tokenize(text: string | string[], options?: unknown): string[];
@@ -124,7 +126,7 @@ export function bpeCacheOnLruCache(tokenizer: hf.Tokenizer): boolean {
   return true;
 }
 
-/** The parts of the library's Tokenizer (0.2.0) that its encode runs through, as `encodeSegment` reads them. */
+/** The parts of the library's Tokenizer (0.2.0) that its encode runs through, as `segmentEncoder` reads them. */
 interface LibraryTokenizer {
   remove_space?: boolean;
   do_lowercase_and_remove_accent?: boolean;

@@ -96,11 +96,10 @@ export class HfTokenizer implements Tokenizer {
       this.plain = new HfTokenizerImpl({ ...tokenizerJson, added_tokens: [] }, config);
       const accelerate = options.accelerate ?? true;
       this.fastPreTokenize = accelerate && accelerateByteLevel(this.impl) + accelerateByteLevel(this.plain) > 0;
-      const library = (impl: HfTokenizerImpl) => (text: string): number[] => impl.encode(text, { add_special_tokens: false }).ids;
-      const segment = accelerate ? segmentEncoder(this.impl, library(this.impl)) : undefined;
-      const plain = accelerate ? segmentEncoder(this.plain, library(this.plain)) : undefined;
-      this.encodeSegment = segment ?? library(this.impl);
-      this.encodePlain = plain ?? library(this.plain);
+      const segment = accelerate ? segmentEncoder(this.impl, libraryEncode(this.impl)) : undefined;
+      const plain = accelerate ? segmentEncoder(this.plain, libraryEncode(this.plain)) : undefined;
+      this.encodeSegment = segment ?? libraryEncode(this.impl);
+      this.encodePlain = plain ?? libraryEncode(this.plain);
       this.fastPaths = accelerate
         ? {
             preTokenizersWithoutFlat: flattenWithoutFlat(this.impl) + flattenWithoutFlat(this.plain),
@@ -152,7 +151,7 @@ export class HfTokenizer implements Tokenizer {
 
   /** The library's encode of the whole text, without the segment cache. */
   encodeUncached(text: string): number[] {
-    return this.impl.encode(text, { add_special_tokens: false }).ids;
+    return libraryEncode(this.impl)(text);
   }
 
   /**
@@ -260,6 +259,11 @@ export class HfTokenizer implements Tokenizer {
   tokenId(token: string): number | undefined {
     return this.impl.token_to_id(token);
   }
+}
+
+/** The library's own encode of a text, special tokens parsed, none added (BOS/EOS are the template's to write). */
+function libraryEncode(impl: HfTokenizerImpl): (text: string) => number[] {
+  return (text) => impl.encode(text, { add_special_tokens: false }).ids;
 }
 
 const MAX_CACHED_SEGMENT = 64 * 1024;
