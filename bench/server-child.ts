@@ -10,6 +10,7 @@
 import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { writeHeapSnapshot } from 'node:v8';
+import { Session } from 'node:inspector';
 import { monitorEventLoopDelay, performance, PerformanceObserver } from 'node:perf_hooks';
 import { startRolloutServer } from '../src/app.js';
 import type { ServerConfigInput } from '../src/config.js';
@@ -131,6 +132,24 @@ function traceLateTicks(dir: string): void {
   });
 }
 
+/**
+ * BENCH_HEAP_SAMPLE=<dir>: V8's sampling heap profiler from start to shutdown, counting objects a scavenge did not
+ * collect (promoted to the old generation, or allocated there or in large-object space) and not those it did: where
+ * the memory that survives young collections was allocated (objects that survive one scavenge and die before the
+ * next are not counted); with BENCH_HEAP_SAMPLE_ALL=1 every allocation. Written to <dir>/server-<pid>.heapprofile.
+ */
+function startHeapSampling(): (dir: string) => Promise<void> {
+  const session = new Session();
+  session.connect();
+  const post = (method: string, params?: object): Promise<unknown> =>
+    new Promise((resolve, reject) => session.post(method, params ?? {}, (err, result) => (err ? reject(err) : resolve(result))));
+  void post('HeapProfiler.startSampling', { samplingInterval: 16384, includeObjectsCollectedByMajorGC: true, includeObjectsCollectedByMinorGC: process.env.BENCH_HEAP_SAMPLE_ALL === '1' });
+  return async (dir) => {
+    const { profile } = (await post('HeapProfiler.stopSampling')) as { profile: unknown };
+    writeFileSync(join(dir, `server-${process.pid}.heapprofile`), JSON.stringify(profile));
+  };
+}
+
 async function main(): Promise<void> {
   const options = JSON.parse(process.argv[2] ?? '{}') as ServerChildOptions;
   const registry = defaultRegistry().register(createCalcEnvironment()).register(createLongContextEnvironment());
@@ -144,6 +163,7 @@ async function main(): Promise<void> {
   const late = (ns: number): number => Math.max(0, ns / 1e6 - LOOP_RESOLUTION_MS);
   delay.enable();
   if (process.env.BENCH_LOOP_TRACE) traceLateTicks(process.env.BENCH_LOOP_TRACE);
+  const heapSample = process.env.BENCH_HEAP_SAMPLE ? startHeapSampling() : undefined;
   let elu = performance.eventLoopUtilization();
   const api: ServerApi = {
     memory: async () => {
@@ -185,6 +205,7 @@ async function main(): Promise<void> {
       return writeHeapSnapshot(join(dir, `server-${process.pid}-${Date.now()}.heapsnapshot`));
     },
     shutdown: async () => {
+      if (heapSample && process.env.BENCH_HEAP_SAMPLE) await heapSample(process.env.BENCH_HEAP_SAMPLE);
       await server.shutdown();
       setImmediate(() => process.exit(0));
     },

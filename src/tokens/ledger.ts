@@ -5,6 +5,7 @@ import type { ChatMessage, ChatTemplate, Tokenizer, ToolSchema } from './types.j
 import { verifyLedgerSnapshot } from './verify.js';
 import { escapeMessage } from './opaque-content.js';
 import { TokenWork } from './token-work.js';
+import { idColumn, logprobColumn, maskColumn } from './token-column.js';
 import { attachedIdsJson, attachIdsJson } from '../backends/prompt-json.js';
 
 /** What came of a tool call, as the contract's ToolOutcome. */
@@ -95,6 +96,9 @@ export interface TokenLedgerOptions {
   work?: TokenWork;
 }
 
+/** The largest id a trajectory can carry: token ids are int32 in the contract (and in the ledger's columns). */
+const MAX_TOKEN_ID = 0x7fffffff;
+
 /** Prompt ids computed by {@link TokenLedger.create} for the options object it then constructs with. */
 const preparedPrompts = new WeakMap<TokenLedgerOptions, readonly number[]>();
 
@@ -133,9 +137,10 @@ const preparedPrompts = new WeakMap<TokenLedgerOptions, readonly number[]>();
  */
 export class TokenLedger {
   readonly promptIds: readonly number[];
-  private readonly ids: number[] = [];
-  private readonly mask: number[] = [];
-  private readonly logprobs: number[] = [];
+  /** The response's columns, off the V8 heap while the trajectory runs (see token-column.ts). */
+  private readonly ids = idColumn();
+  private readonly mask = maskColumn();
+  private readonly logprobs = logprobColumn();
   private readonly turns: LedgerTurn[] = [];
   private readonly history: ChatMessage[];
   /** The history as the template renders it: environment contents escaped (see opaque-content.ts). */
@@ -212,7 +217,7 @@ export class TokenLedger {
     // megabyte of garbage per turn and what made long-context turns wait for the garbage collector.
     this.context ??= this.promptIds.slice();
     const context = this.context;
-    for (let i = context.length - this.promptIds.length; i < this.ids.length; i++) context.push(this.ids[i]!);
+    for (let i = context.length - this.promptIds.length; i < this.ids.length; i++) context.push(this.ids.at(i));
     const { pieces } = this.serialized;
     const promptJson = this.serialized.count === 0 ? attachedIdsJson(this.promptIds) : undefined;
     if (promptJson?.length === 1 && this.promptIds.length > 0) {
@@ -249,18 +254,16 @@ export class TokenLedger {
         `engine returned ${turn.tokenIds.length} token ids but ${turn.logprobs.length} logprobs`,
       );
     }
-    if (!turn.tokenIds.every((id) => Number.isInteger(id) && id >= 0)) {
-      throw new RolloutError('backend_error', 'engine returned a token id that is not a non-negative integer');
+    if (!turn.tokenIds.every((id) => Number.isInteger(id) && id >= 0 && id <= MAX_TOKEN_ID)) {
+      throw new RolloutError('backend_error', 'engine returned a token id that is not a non-negative int32');
     }
     if (turn.logprobs.some((p) => Number.isNaN(p))) throw new RolloutError('backend_error', 'engine returned a NaN logprob');
     const start = this.ids.length;
     if (!continues) this.messageStart = start;
-    for (let i = 0; i < turn.tokenIds.length; i++) {
-      this.ids.push(turn.tokenIds[i]!);
-      this.mask.push(1);
-      this.logprobs.push(turn.logprobs[i]!);
-    }
-    const messageIds = this.ids.slice(this.messageStart);
+    this.ids.append(turn.tokenIds);
+    this.mask.fill(1, turn.tokenIds.length);
+    this.logprobs.append(turn.logprobs);
+    const messageIds = this.ids.toArray(this.messageStart);
     const lastId = messageIds.at(-1);
     const stopped = lastId !== undefined && this.tokenizer.stopTokenIds.includes(lastId);
     const contentIds = stopped ? messageIds.slice(0, -1) : messageIds;
@@ -331,11 +334,9 @@ export class TokenLedger {
     this.expect('appending_environment', 'appendEnvironment');
     this.methods[delta.method]++;
     const start = this.ids.length;
-    for (const id of delta.ids) {
-      this.ids.push(id);
-      this.mask.push(0);
-      this.logprobs.push(0);
-    }
+    this.ids.append(delta.ids);
+    this.mask.fill(0, delta.ids.length);
+    this.logprobs.fill(0, delta.ids.length);
     const turn: LedgerTurn = { role: added.some((m) => m.role === 'tool') ? 'tool' : 'user', start, end: this.ids.length };
     if (meta.toolName !== undefined) turn.toolName = meta.toolName;
     if (meta.toolOutcome !== undefined) turn.toolOutcome = meta.toolOutcome;
@@ -361,9 +362,9 @@ export class TokenLedger {
     const versions = this.turns.flatMap((t) => [t.policyVersion, t.policyVersionStart].filter((v): v is number => v !== undefined));
     const snapshot: LedgerSnapshot = {
       promptIds: this.promptIds.slice(),
-      responseIds: this.ids.slice(),
-      mask: this.mask.slice(),
-      logprobs: this.logprobs.slice(),
+      responseIds: this.ids.toArray(),
+      mask: this.mask.toArray(),
+      logprobs: this.logprobs.toArray(),
       turns: this.turns.map((t) => ({ ...t })),
       messages: this.messages,
       policyVersionMin: versions.length === 0 ? 0 : Math.min(...versions),

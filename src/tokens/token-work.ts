@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { attachedIdsJson, attachIdsJson } from '../backends/prompt-json.js';
 import { LRUCache } from 'lru-cache';
 import { RolloutError } from '../errors.js';
@@ -159,8 +160,13 @@ const TOKEN_WORKER_ENTRY = new URL('./token-worker-entry.mjs', import.meta.url);
 
 const inlineInstances = new WeakMap<ChatTemplate, WeakMap<Tokenizer, TokenWork>>();
 
-/** The cache key of a prompt: its messages and tools, exactly (JSON), so equal keys render to equal text. */
+/**
+ * The cache key of a prompt: the SHA-256 of its messages and tools, exactly (JSON), so equal keys render to equal
+ * text. A digest, not the JSON itself: a long prompt's key was a second copy of its text (86 KB for a 64K-token
+ * prompt) kept for as long as the prompt waited for its samples, and flattened again by every lookup.
+ */
 function promptKey(messages: readonly ChatMessage[], tools: readonly ToolSchema[] | undefined): string {
-  return `${toolsKey(tools)}\u0000${JSON.stringify(messages.map((m) => (m.name === undefined ? [m.role, m.content] : [m.role, m.content, m.name])))}`;
+  const json = JSON.stringify(messages.map((m) => (m.name === undefined ? [m.role, m.content] : [m.role, m.content, m.name])));
+  return createHash('sha256').update(toolsKey(tools)).update('\u0000').update(json).digest('base64');
 }
 

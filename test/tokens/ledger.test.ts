@@ -190,5 +190,12 @@ describe('TokenLedger', () => {
       expect(() => ledger.appendSampled({ ...sampled([1.5], 'stop') })).toThrow(expect.objectContaining({ code: 'backend_error' }));
       expect(ledger.snapshot().responseIds).toEqual([]);
     });
+
+    it('a token id beyond int32 (the contract\'s type and the ledger\'s column): refused, never stored wrapped', () => {
+      const ledger = newLedger();
+      expect(() => ledger.appendSampled({ ...sampled([2 ** 31], 'stop') })).toThrow(expect.objectContaining({ code: 'backend_error' }));
+      ledger.appendSampled({ ...sampled([2 ** 31 - 1], 'length') });
+      expect(ledger.snapshot().responseIds).toEqual([2 ** 31 - 1]);
+    });
   });
 });
