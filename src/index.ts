@@ -35,7 +35,7 @@ export type { Sandbox, SandboxDriver, SandboxLimits, ExecOptions, ExecResult } f
 export { BubblewrapDriver } from './sandboxes/bwrap.js';
 
 // Engines and routing
-export type { EngineClient, GenerateRequest, GenerateResult, BackendKind, PauseMode, EngineModelInfo } from './backends/types.js';
+export type { EngineClient, GenerateRequest, GenerateResult, BackendKind, PauseMode, EngineModelInfo, TokenIds } from './backends/types.js';
 export { VllmClient } from './backends/vllm-client.js';
 export { SglangClient } from './backends/sglang-client.js';
 export { BACKEND_KIND_NAMES, backendKind, createEngineClient, type BackendCapabilities, type BackendKindEntry } from './backends/kinds.js';

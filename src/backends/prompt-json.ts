@@ -1,3 +1,5 @@
+import type { TokenIds } from './types.js';
+
 /**
  * The JSON of a prompt's token ids, kept by whoever builds the prompt turn after turn.
  *
@@ -11,28 +13,28 @@
  * never changed. (It is not frozen: V8 takes slow paths for frozen arrays, e.g. JSON.stringify 4x slower, spread
  * 1.2x, so freezing a 64K-id array costs milliseconds downstream.)
  */
-const attached = new WeakMap<readonly number[], readonly string[]>();
+const attached = new WeakMap<TokenIds, readonly string[]>();
 
 /** Attaches the JSON of `ids` in pieces (joined, they must be `JSON.stringify(ids)`); `ids` must never change. */
-export function attachIdsJson(ids: readonly number[], pieces: readonly string[]): readonly number[] {
+export function attachIdsJson<T extends TokenIds>(ids: T, pieces: readonly string[]): T {
   attached.set(ids, pieces);
   return ids;
 }
 
 /** The pieces attached to `ids`, if any (joined, they are `JSON.stringify(ids)`). */
-export function attachedIdsJson(ids: readonly number[]): readonly string[] | undefined {
+export function attachedIdsJson(ids: TokenIds): readonly string[] | undefined {
   return attached.get(ids);
 }
 
 /** `JSON.stringify(ids)` in pieces: the attached ones when there are. */
-export function idsJson(ids: readonly number[]): readonly string[] {
-  return attached.get(ids) ?? [JSON.stringify(ids)];
+export function idsJson(ids: TokenIds): readonly string[] {
+  return attached.get(ids) ?? [JSON.stringify(Array.isArray(ids) ? ids : Array.from(ids))];
 }
 
 /**
  * A JSON object with `key` set to the ids (first) and then the fields of `rest` (which must not be empty and must
  * not hold `key`), in pieces: the request body, without serializing the ids again.
  */
-export function bodyWithIds(key: string, ids: readonly number[], rest: Record<string, unknown>): string[] {
+export function bodyWithIds(key: string, ids: TokenIds, rest: Record<string, unknown>): string[] {
   return [`{${JSON.stringify(key)}:`, ...idsJson(ids), `,${JSON.stringify(rest).slice(1)}`];
 }

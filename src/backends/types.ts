@@ -1,9 +1,15 @@
 import type { BackendKind } from './kinds.js';
 
+/**
+ * Token ids as engine calls take them: an array, or an Int32Array (the token ledger's context, see
+ * TokenLedger.contextIds). Read-only either way.
+ */
+export type TokenIds = readonly number[] | Int32Array;
+
 /** Sampling settings for one engine call (one assistant turn). */
 export interface GenerateRequest {
   /** The whole context as token ids (prompt + response so far): token-in. */
-  promptIds: readonly number[];
+  promptIds: TokenIds;
   maxTokens: number;
   temperature?: number;
   topP?: number;

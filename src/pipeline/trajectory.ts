@@ -76,7 +76,8 @@ function base(sample: Sample): Trajectory {
 function withTokens(trajectory: Trajectory, tokens: LedgerSnapshot, includeMessages: boolean): Trajectory {
   return {
     ...trajectory,
-    promptTokenIds: tokens.promptIds,
+    // The ledger's prompt ids, shared (a trajectory is never changed after it is built; wireSafe copies to degrade).
+    promptTokenIds: tokens.promptIds as number[],
     responseTokenIds: tokens.responseIds,
     responseMask: tokens.mask,
     responseLogprobs: tokens.logprobs,

@@ -51,6 +51,14 @@ export class TokenColumn<S extends Storage> {
     this.#length = at;
   }
 
+  /**
+   * The values so far, as a view of the column's storage (no copy). Values are only ever appended, so what the view
+   * shows never changes; it must not be written to.
+   */
+  view(): S {
+    return this.#data.subarray(0, this.#length) as S;
+  }
+
   /** The values in [start, end) as a new number[] (the caller's to keep). */
   toArray(start = 0, end = this.#length): number[] {
     const out = new Array<number>(Math.max(0, end - start));
@@ -67,6 +75,6 @@ export class TokenColumn<S extends Storage> {
   }
 }
 
-export const idColumn = (): TokenColumn<Int32Array> => new TokenColumn((n) => new Int32Array(n));
+export const idColumn = (capacity?: number): TokenColumn<Int32Array> => new TokenColumn((n) => new Int32Array(n), capacity);
 export const maskColumn = (): TokenColumn<Uint8Array> => new TokenColumn((n) => new Uint8Array(n));
 export const logprobColumn = (): TokenColumn<Float64Array> => new TokenColumn((n) => new Float64Array(n));

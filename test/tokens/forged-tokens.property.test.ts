@@ -110,7 +110,7 @@ describe('environment text never yields added tokens (property)', () => {
     await fc.assert(
       fc.asyncProperty(episode(content), async (e) => {
         const { ledger, messages, tools } = await run(e);
-        const ids = ledger.contextIds();
+        const ids = [...ledger.contextIds()];
         const own = templateOwn(messages, tools);
         // Gemma's SentencePiece decodes a literal "▁" as a space (any "▁" in text, forged or not): one char for one.
         const text = family === 'gemma3' ? own.text.replaceAll('\u2581', ' ') : own.text;
@@ -126,7 +126,7 @@ describe('environment text never yields added tokens (property)', () => {
       fc.asyncProperty(episode(benignContent), async (e) => {
         const { ledger, messages, tools } = await run(e);
         const own = templateOwn(messages, tools);
-        expect(ledger.contextIds()).toEqual(tokenizer.encode(own.text));
+        expect([...ledger.contextIds()]).toEqual(tokenizer.encode(own.text));
       }),
       { numRuns: 80 },
     );

@@ -46,7 +46,7 @@ describe('TokenLedger: a turn continued after an aborted request', () => {
     const cut = 5;
     const first = ledger.appendSampled(segment(ids.slice(0, cut), 'abort', 3));
     expect(first).toBe(tokenizer.decode(ids.slice(0, cut)));
-    expect(ledger.contextIds().slice(ledger.promptIds.length)).toEqual(ids.slice(0, cut));
+    expect([...ledger.contextIds()].slice(ledger.promptIds.length)).toEqual(ids.slice(0, cut));
     const whole = ledger.appendSampled(segment(ids.slice(cut), 'stop', 4, 4, cut));
     expect(whole).toBe(text);
     await ledger.appendEnvironment([{ role: 'tool', content: 'a b c', name: 'bash' }], { toolName: 'bash', toolOutcome: 'ok' });
@@ -61,7 +61,7 @@ describe('TokenLedger: a turn continued after an aborted request', () => {
     expect(s.messages.filter((m) => m.role === 'assistant')).toEqual([{ role: 'assistant', content: text }]);
     expect(s).toMatchObject({ policyVersionMin: 3, policyVersionMax: 4 });
     // The context is the conversation as the template renders it: the cut left no trace.
-    expect(ledger.contextIds()).toEqual(retokenized(ledger));
+    expect([...ledger.contextIds()]).toEqual(retokenized(ledger));
   });
 
   it('decodes a character whose bytes straddle the cut whole, never as two replacement characters', () => {
@@ -99,7 +99,7 @@ describe('TokenLedger: a turn continued after an aborted request', () => {
     ledger.appendSampled(segment([...tokenizer.encode('ok'), imEnd], 'stop', 2));
     const s = ledger.finish();
     expect(s.turns.map((t) => [t.role, t.continuesTurn ?? false])).toEqual([['assistant', false], ['user', false], ['assistant', false]]);
-    expect(ledger.contextIds()).toEqual([...s.promptIds, ...s.responseIds]);
+    expect([...ledger.contextIds()]).toEqual([...s.promptIds, ...s.responseIds]);
   });
 });
 
@@ -163,7 +163,7 @@ describe('TokenLedger continuation properties', () => {
         expect(b.mask).toEqual(a.mask);
         expect(b.logprobs).toEqual(a.logprobs);
         expect(b.messages).toEqual(a.messages);
-        expect(cut.contextIds()).toEqual(whole.contextIds());
+        expect([...cut.contextIds()]).toEqual([...whole.contextIds()]);
         // Spans: each segment its own assistant span, the later ones continuing; together they cover the turn.
         const assistant = b.turns.filter((t) => t.role === 'assistant');
         expect(assistant.filter((t) => t.continuesTurn !== true)).toHaveLength(turns.length);

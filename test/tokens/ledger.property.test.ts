@@ -77,12 +77,17 @@ function checkInvariants(s: LedgerSnapshot): void {
     await fc.assert(
       fc.asyncProperty(episode, async ({ opening, tools, steps, endAfterSample }) => {
         const ledger = new TokenLedger({ tokenizer, template, messages: opening, ...(tools ? { tools: [bashTool] } : {}) });
-        let context = [...ledger.contextIds()];
+        let view = ledger.contextIds();
+        let context = [...view];
         const grows = (): void => {
-          const next = [...ledger.contextIds()];
+          const nextView = ledger.contextIds();
+          const next = [...nextView];
           expect(next.slice(0, context.length)).toEqual(context);
+          // A view handed out earlier (an engine request may still be reading it) shows what it showed then.
+          expect([...view]).toEqual(context);
           // The JSON the engine client writes is the context's, though only the new ids were serialized.
-          expect(idsJson(ledger.contextIds()).join('')).toBe(JSON.stringify(next));
+          expect(idsJson(nextView).join('')).toBe(JSON.stringify(next));
+          view = nextView;
           context = next;
           checkInvariants(ledger.snapshot());
         };
@@ -136,7 +141,7 @@ function checkInvariants(s: LedgerSnapshot): void {
           await ledger.appendEnvironment(messages);
         }
         const rendered = template.render(ledger.snapshot().messages, { addGenerationPrompt: true, ...(schemas ? { tools: schemas } : {}) });
-        expect(ledger.contextIds()).toEqual(tokenizer.encode(rendered));
+        expect([...ledger.contextIds()]).toEqual(tokenizer.encode(rendered));
       }),
       { numRuns: 100 },
     );

@@ -33,7 +33,7 @@ describe('TokenLedger', () => {
     const ledger = newLedger();
     const prompt = template.render(opening, { addGenerationPrompt: true, tools: [bashTool] });
     expect(ledger.promptIds).toEqual(tokenizer.encode(prompt));
-    expect(ledger.contextIds()).toEqual(ledger.promptIds);
+    expect([...ledger.contextIds()]).toEqual(ledger.promptIds);
     expect(ledger.snapshot()).toMatchObject({ responseIds: [], turns: [], policyVersionMin: 0, totalTokens: ledger.promptIds.length });
   });
 
@@ -49,7 +49,7 @@ describe('TokenLedger', () => {
     expect(snapshot.mask.slice(0, ids.length)).toEqual(ids.map(() => 1));
     expect(snapshot.logprobs.slice(0, ids.length)).toEqual(sampled(ids, 'stop').logprobs);
     expect(snapshot.messages[2]).toEqual({ role: 'assistant', content: 'hello world' });
-    expect(ledger.contextIds().slice(ledger.promptIds.length, ledger.promptIds.length + ids.length)).toEqual(ids);
+    expect([...ledger.contextIds()].slice(ledger.promptIds.length, ledger.promptIds.length + ids.length)).toEqual(ids);
   });
 
   it('matches a fresh tokenization of the conversation when the sampled ids are canonical', async () => {
@@ -68,7 +68,7 @@ describe('TokenLedger', () => {
     for (const [version, [text, ending, reply]] of steps.entries()) {
       ledger.appendSampled(canonicalSample(tokenizer, text, ending, version));
       await ledger.appendEnvironment(reply, { toolName: 'bash', toolOutcome: 'ok' });
-      expect(ledger.contextIds()).toEqual(retokenized(ledger));
+      expect([...ledger.contextIds()]).toEqual(retokenized(ledger));
     }
     const snapshot = ledger.finish();
     expect(snapshot.turns.map((t) => t.role)).toEqual(['assistant', 'tool', 'assistant', 'tool', 'assistant', 'tool', 'assistant', 'user', 'assistant', 'user']);
@@ -103,7 +103,7 @@ describe('TokenLedger', () => {
     await ledger.appendEnvironment([{ role: 'tool', content: 'a.txt' }], { toolName: 'bash', toolOutcome: 'ok' });
     ledger.appendSampled(canonicalSample(tokenizer, '<think>\nOne file.\n</think>\n\nOne file.', 'stop'));
     await ledger.appendEnvironment([{ role: 'tool', content: 'b.txt' }]);
-    expect(ledger.contextIds()).toEqual(retokenized(ledger));
+    expect([...ledger.contextIds()]).toEqual(retokenized(ledger));
     expect(ledger.deltaMethods.anchor).toBe(2);
   });
 
@@ -111,10 +111,10 @@ describe('TokenLedger', () => {
     const ledger = newLedger();
     ledger.appendSampled(canonicalSample(tokenizer, '<think>\nsecret plan\n</think>\n\nDone.', 'stop'));
     await ledger.appendEnvironment([{ role: 'user', content: 'And now?' }]);
-    expect(tokenizer.decode(ledger.contextIds())).toContain('secret plan');
+    expect(tokenizer.decode([...ledger.contextIds()])).toContain('secret plan');
     expect(tokenizer.decode(retokenized(ledger))).not.toContain('secret plan');
     expect(ledger.deltaMethods.anchor).toBe(1);
-    expect(tokenizer.decode(ledger.contextIds()).endsWith('Done.<|im_end|>\n<|im_start|>user\nAnd now?<|im_end|>\n<|im_start|>assistant\n')).toBe(true);
+    expect(tokenizer.decode([...ledger.contextIds()]).endsWith('Done.<|im_end|>\n<|im_start|>user\nAnd now?<|im_end|>\n<|im_start|>assistant\n')).toBe(true);
   });
 
   it('records what the model saw with enable_thinking=false: the empty think block of each generation prompt', async () => {
@@ -122,7 +122,7 @@ describe('TokenLedger', () => {
     const ledger = new TokenLedger({ tokenizer, template: bundle.template, messages: opening });
     ledger.appendSampled(canonicalSample(tokenizer, 'Hi.', 'stop'));
     await ledger.appendEnvironment([{ role: 'user', content: 'Hi?' }]);
-    const text = tokenizer.decode(ledger.contextIds());
+    const text = tokenizer.decode([...ledger.contextIds()]);
     expect(text.endsWith('<|im_start|>assistant\n<think>\n\n</think>\n\nHi.<|im_end|>\n<|im_start|>user\nHi?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n')).toBe(true);
   });
 

@@ -51,7 +51,7 @@ describe.each<Family>(['qwen3', 'deepseek_v3'])('token work on a %s token thread
         expect(attachedIdsJson(prompt)?.join('')).toBe(JSON.stringify(prompt));
         const ledger = await TokenLedger.create({ tokenizer: bundle.tokenizer, template: bundle.template, messages: opening, ...(schemas && { tools: schemas }), work: threaded });
         const contextJsonIsExact = (): void => {
-          const context = ledger.contextIds();
+          const context = [...ledger.contextIds()];
           expect(idsJson(context).join('')).toBe(JSON.stringify(context));
         };
         contextJsonIsExact();
@@ -65,7 +65,7 @@ describe.each<Family>(['qwen3', 'deepseek_v3'])('token work on a %s token thread
           expect(await threaded.environmentIds(task)).toEqual(inline.environmentIdsSync(task));
           const before = ledger.totalTokens;
           await ledger.appendEnvironment(reply);
-          expect(ledger.contextIds().slice(before)).toEqual(inline.environmentIdsSync(task).ids);
+          expect([...ledger.contextIds()].slice(before)).toEqual(inline.environmentIdsSync(task).ids);
           contextJsonIsExact();
         }
       }),
@@ -100,7 +100,7 @@ describe.each<Family>(['qwen3', 'deepseek_v3'])('token work on a %s token thread
     const ledger = await TokenLedger.create({ tokenizer: bundle.tokenizer, template: bundle.template, messages: opening, tools: [bashTool], work: threaded });
     ledger.appendSampled(familySample(bundle, familyToolCall(bundle, 'ls'), 'stop'));
     await ledger.appendEnvironment([{ role: 'tool', content: log.slice(0, 20_000) }]);
-    const context = ledger.contextIds();
+    const context = [...ledger.contextIds()];
     expect(idsJson(context).join('')).toBe(JSON.stringify(context));
     expect(context.slice(0, prompt.length)).toEqual(prompt);
   });
@@ -151,6 +151,6 @@ describe('a token thread that crashes', () => {
     // Nothing was appended to the failed ledger: it still awaits the environment's answer.
     expect(doomed.snapshot().turns.map((t) => t.role)).toEqual(['assistant']);
     await doomed.appendEnvironment([{ role: 'tool', name: 'bash', content: 'a.txt' }]);
-    expect(doomed.contextIds()).toEqual(bystander.contextIds());
+    expect([...doomed.contextIds()]).toEqual([...bystander.contextIds()]);
   });
 });

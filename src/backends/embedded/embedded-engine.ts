@@ -268,7 +268,7 @@ export class EmbeddedEngineClient implements EngineClient {
 
 /** The prompt as node-llama-cpp's token type (a branded number): the very ids given, copied. */
 function promptIds(request: GenerateRequest): Token[] {
-  return request.promptIds.slice() as Token[];
+  return Array.from(request.promptIds) as Token[];
 }
 
 /** llama.cpp seeds are uint32: any integer seed maps to one, deterministically (vLLM takes any int). */
