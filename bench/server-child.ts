@@ -11,7 +11,7 @@ import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { writeHeapSnapshot } from 'node:v8';
 import { Session } from 'node:inspector';
-import { monitorEventLoopDelay, performance, PerformanceObserver } from 'node:perf_hooks';
+import { constants, monitorEventLoopDelay, performance, PerformanceObserver } from 'node:perf_hooks';
 import { startRolloutServer } from '../src/app.js';
 import type { ServerConfigInput } from '../src/config.js';
 import { defaultRegistry } from '../src/environments/registry.js';
@@ -99,8 +99,8 @@ async function collect(): Promise<void> {
  * BENCH_LOOP_TRACE=<dir>: a 2 ms timer notes every tick more than 4 ms late, with what the main thread did meanwhile
  * according to the kernel (/proc/thread-self/schedstat: time on a core, time runnable but waiting for one), and writes
  * the list to <dir>/loop-trace.<pid>.txt at exit. "run" ≈ late is a block of our own; "wait" ≈ late is a busy
- * machine. Times are CLOCK_MONOTONIC µs, the clock of V8's CPU profiles (BENCH_CPU_PROF), so a late tick can be looked
- * up in the profile's samples.
+ * machine; gc_ms and major_gc_ms: the main isolate's young and full collections in it. Times are CLOCK_MONOTONIC
+ * µs, the clock of V8's CPU profiles (BENCH_CPU_PROF), so a late tick can be looked up in the profile's samples.
  */
 const TRACE_TICK_MS = 2;
 
@@ -108,9 +108,13 @@ function traceLateTicks(dir: string): void {
   const schedstat = (): number[] => readFileSync('/proc/thread-self/schedstat', 'utf8').trim().split(' ').map(Number);
   const ticks: { monotonicUs: bigint; from: number; to: number; lateMs: number; runMs: number; waitMs: number }[] = [];
   // The main isolate's GC pauses (performance entries, delivered after the fact), matched to the ticks at exit.
-  const pauses: { start: number; end: number }[] = [];
+  const pauses: { start: number; end: number; major: boolean }[] = [];
   new PerformanceObserver((list) => {
-    for (const e of list.getEntries()) pauses.push({ start: e.startTime, end: e.startTime + e.duration });
+    for (const e of list.getEntries()) {
+      // detail.kind: NODE_PERFORMANCE_GC_MINOR (scavenge), _MAJOR (mark-compact), _INCREMENTAL, _WEAKCB.
+      const kind = (e as { detail?: { kind?: number } }).detail?.kind ?? 0;
+      pauses.push({ start: e.startTime, end: e.startTime + e.duration, major: kind === constants.NODE_PERFORMANCE_GC_MAJOR });
+    }
   }).observe({ entryTypes: ['gc'] });
   let last = performance.now();
   let before = schedstat();
@@ -126,9 +130,10 @@ function traceLateTicks(dir: string): void {
     before = after;
   }, TRACE_TICK_MS).unref();
   process.on('exit', () => {
-    const gcMs = (from: number, to: number): number => pauses.reduce((sum, p) => sum + Math.max(0, Math.min(to, p.end) - Math.max(from, p.start)), 0);
-    const lines = ticks.map((t) => `${t.monotonicUs} ${t.lateMs.toFixed(1)} ${t.runMs.toFixed(1)} ${t.waitMs.toFixed(1)} ${gcMs(t.from, t.to).toFixed(1)}`);
-    writeFileSync(`${dir}/loop-trace.${process.pid}.txt`, `${['monotonic_us late_ms run_ms wait_ms gc_ms', ...lines].join('\n')}\n`);
+    const gcMs = (from: number, to: number, major: boolean): string =>
+      pauses.reduce((sum, p) => sum + (p.major === major ? Math.max(0, Math.min(to, p.end) - Math.max(from, p.start)) : 0), 0).toFixed(1);
+    const lines = ticks.map((t) => `${t.monotonicUs} ${t.lateMs.toFixed(1)} ${t.runMs.toFixed(1)} ${t.waitMs.toFixed(1)} ${gcMs(t.from, t.to, false)} ${gcMs(t.from, t.to, true)}`);
+    writeFileSync(`${dir}/loop-trace.${process.pid}.txt`, `${['monotonic_us late_ms run_ms wait_ms gc_ms major_gc_ms', ...lines].join('\n')}\n`);
   });
 }
 

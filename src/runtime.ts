@@ -273,7 +273,7 @@ export class RolloutRuntime {
     await this.durable.get(entry.task.taskId);
     if (sink && entry.pending > 0) entry.sinks.add(sink);
     // After the caller has answered `accepted`, so a stream sees the acceptance before the task's trajectories.
-    if (sink) setImmediate(() => entry.trajectories.forEach((t) => t && sink(t)));
+    if (sink) setImmediate(() => entry.trajectories.forEach((t) => t && sink(t.trajectory())));
     return { taskId: entry.task.taskId, numSamples: entry.task.numSamples, duplicate: true };
   }
 }

@@ -1,6 +1,6 @@
 import { RolloutError } from '../errors.js';
 import type { Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
-import { encodedTrajectory } from './wire-safe.js';
+import { StoredTrajectory } from './wire-safe.js';
 import type { Sample } from './sample.js';
 import type { ResolvedTask, TrajectorySink } from './task.js';
 
@@ -8,7 +8,8 @@ import type { ResolvedTask, TrajectorySink } from './task.js';
 export interface TaskEntry {
   task: ResolvedTask;
   samples: Sample[];
-  trajectories: (Trajectory | undefined)[];
+  /** Finished samples, as their wire bytes (see StoredTrajectory). */
+  trajectories: (StoredTrajectory | undefined)[];
   pending: number;
   waiters: Set<() => void>;
   /** Where each finished trajectory goes: the sessions that submitted (or re-submitted) the task. */
@@ -23,9 +24,9 @@ export interface TaskEntry {
  * long trajectories does not grow the server without bound.
  *
  * Bytes count everything an entry holds, as it comes: the spec (its canonical JSON and the validated instance
- * object) from `add`, and each trajectory from `record` — its token arrays, turns, transcript, eval report,
- * reward details, metadata and error text in memory, plus the encoded bytes kept beside it for the streams — even
- * while other samples of its task still run (a 256-sample group of long trajectories is large before it is done).
+ * object) from `add`, and each trajectory from `record` — kept as its wire bytes only (StoredTrajectory: token
+ * arrays, transcript, eval report and all, off the V8 heap) — even while other samples of its task still run (a
+ * 256-sample group of long trajectories is large before it is done).
  * Running tasks are never dropped (they are bounded by admission, `maxAdmitted`); `bytes` reports them too.
  */
 export class TaskStore {
@@ -57,7 +58,7 @@ export class TaskStore {
     const entry: TaskEntry = {
       task,
       samples: [],
-      trajectories: new Array<Trajectory | undefined>(task.numSamples).fill(undefined),
+      trajectories: new Array<StoredTrajectory | undefined>(task.numSamples).fill(undefined),
       pending: task.numSamples,
       waiters: new Set(),
       sinks: new Set(),
@@ -77,9 +78,10 @@ export class TaskStore {
   record(trajectory: Trajectory): void {
     const entry = this.tasks.get(trajectory.taskId);
     if (!entry || entry.trajectories[trajectory.sampleIndex] !== undefined) return;
-    entry.trajectories[trajectory.sampleIndex] = trajectory;
+    const stored = StoredTrajectory.of(trajectory);
+    entry.trajectories[trajectory.sampleIndex] = stored;
     entry.pending--;
-    const added = trajectoryMemoryBytes(trajectory);
+    const added = storedBytes(stored);
     entry.bytes += added;
     this.totalBytes += added;
     for (const wake of entry.waiters) wake();
@@ -152,31 +154,7 @@ function specBytes(task: ResolvedTask): number {
   return 512 + 4 * task.fingerprint.length;
 }
 
-/**
- * One trajectory in memory: token arrays as JS numbers (8 bytes an element: ids, mask and logprobs), turns, every
- * string (transcript, error, metadata, reward details, eval report: two bytes a character, plus object overhead),
- * and the encoded bytes kept beside it for the streams (wireSafe). The eval report was the big miss of the old
- * estimate: a SWE test log is megabytes and was counted only inside the encoded copy.
- */
-export function trajectoryMemoryBytes(t: Trajectory): number {
-  let bytes = 512 + 8 * (t.promptTokenIds.length + 3 * t.responseTokenIds.length) + 64 * t.turns.length + 2 * t.error.length;
-  bytes += encodedTrajectory(t)?.length ?? 0;
-  for (const m of t.messages) bytes += 2 * m.content.length + 64;
-  for (const [k, v] of Object.entries(t.metadata)) bytes += 2 * (k.length + v.length) + 64;
-  bytes += 64 * Object.keys(t.rewardDetails).length;
-  if (t.evalReport) bytes += 2 * jsonLength(t.evalReport);
-  return bytes;
-}
-
-/**
- * About the length of a JSON value's text, without building it (reports can be megabytes). Trajectories come here
- * after wireSafe, whose encode refused cycles and excess depth; the depth guard only makes that not matter.
- */
-function jsonLength(value: unknown, depth = 0): number {
-  if (typeof value === 'string') return value.length + 2;
-  if (value === null || typeof value !== 'object' || depth > 100) return 8;
-  let n = 2;
-  if (Array.isArray(value)) for (const v of value) n += jsonLength(v, depth + 1) + 1;
-  else for (const [k, v] of Object.entries(value)) n += k.length + 3 + jsonLength(v, depth + 1) + 1;
-  return n;
+/** One stored trajectory in memory: its bytes (off the V8 heap) and the small object holding them. */
+function storedBytes(stored: StoredTrajectory): number {
+  return 128 + stored.bytes.byteLength;
 }

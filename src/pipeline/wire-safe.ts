@@ -14,6 +14,30 @@ export function encodedTrajectory(trajectory: Trajectory): Uint8Array | undefine
   return encoded.get(trajectory);
 }
 
+/**
+ * A finished trajectory as the task store keeps it: only the bytes wireSafe encoded (what every stream sends), not
+ * the object. A 64K-token trajectory's token arrays as JS numbers are ~2 MB on the V8 heap — four arrays the
+ * garbage collector copies when they are promoted and marks through at every full collection for as long as the
+ * task is retained (up to `retainFinishedTasks`/`retainFinishedBytes`) — where its bytes are ~0.3 MB off the heap.
+ * Whoever needs the object again (GetTrajectory, a re-submitted task's replay) decodes it; the decoded object is
+ * what a client would decode from the wire (logprobs as float32) and is sent as these same bytes.
+ */
+export class StoredTrajectory {
+  private constructor(readonly bytes: Uint8Array) {}
+
+  /** The trajectory's wire bytes (encoding it through wireSafe if nothing did yet: such a trajectory may be degraded). */
+  static of(trajectory: Trajectory): StoredTrajectory {
+    return new StoredTrajectory(encodedTrajectory(trajectory) ?? encodedTrajectory(wireSafe(trajectory, Number.MAX_SAFE_INTEGER))!);
+  }
+
+  /** The trajectory decoded from its bytes, registered with them (sending it does not encode it again). */
+  trajectory(): Trajectory {
+    const trajectory = Trajectory.decode(this.bytes);
+    encoded.set(trajectory, this.bytes);
+    return trajectory;
+  }
+}
+
 /** What a trajectory loses, in order, until it encodes and fits. */
 const DEGRADE_STEPS: readonly [string, (t: Trajectory) => Trajectory][] = [
   ['eval_report, reward_details', (t) => ({ ...t, evalReport: undefined, rewardDetails: {}, reward: 0 })],

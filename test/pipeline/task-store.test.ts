@@ -1,11 +1,20 @@
 import { describe, expect, it } from 'vitest';
 import { Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { TaskStore } from '../../src/pipeline/task-store.js';
+import { encodedTrajectory } from '../../src/pipeline/wire-safe.js';
+import { encodeTrajectory } from '../../src/pipeline/trajectory-encode.js';
 import type { ResolvedTask } from '../../src/pipeline/task.js';
 
 const task = (taskId: string, numSamples = 1, fingerprint = 'spec'): ResolvedTask => ({ taskId, numSamples, fingerprint }) as unknown as ResolvedTask;
+// Ids of 3 varint bytes each (as most of a real vocabulary's), mask 1 byte, logprobs 4: ~8 bytes per token stored.
 const finished = (taskId: string, responseTokens: number): Trajectory =>
-  Trajectory.fromPartial({ taskId, sampleIndex: 0, responseTokenIds: new Array<number>(responseTokens).fill(1) });
+  Trajectory.fromPartial({
+    taskId,
+    sampleIndex: 0,
+    responseTokenIds: new Array<number>(responseTokens).fill(100_000),
+    responseMask: new Array<number>(responseTokens).fill(1),
+    responseLogprobs: new Array<number>(responseTokens).fill(-0.5),
+  });
 
 describe('TaskStore', () => {
   it('keeps at most `retain` finished tasks, dropping the oldest, never a running one', () => {
@@ -22,12 +31,12 @@ describe('TaskStore', () => {
   });
 
   it('keeps finished trajectories within a byte budget, so long trajectories cannot exhaust memory', () => {
-    const store = new TaskStore(1_000, 200_000);
+    const store = new TaskStore(1_000, 100_000);
     for (let i = 0; i < 20; i++) {
       store.add(task(`long-${i}`));
-      store.record(finished(`long-${i}`, 4_000)); // ~96 KB each by the estimate
+      store.record(finished(`long-${i}`, 4_000)); // ~32 KB each as stored
     }
-    expect(store.retainedBytes).toBeLessThanOrEqual(200_000);
+    expect(store.retainedBytes).toBeLessThanOrEqual(100_000);
     expect(store.get('long-19')).toBeDefined();
     expect(store.get('long-0')).toBeUndefined();
   });
@@ -49,14 +58,35 @@ describe('TaskStore byte accounting', () => {
     expect(specOnly).toBeGreaterThan(2 * 10_000);
     const report = { log: 'x'.repeat(1 << 20) };
     store.record(Trajectory.fromPartial({ taskId: 'group', sampleIndex: 0, evalReport: report, messages: [{ role: 'tool', content: 'y'.repeat(100_000) }] }));
-    // Still running (1 of 3 done): counted anyway, and the 1 MiB report is in it.
-    expect(store.bytes - specOnly).toBeGreaterThan((1 << 20) + 200_000);
+    // Still running (1 of 3 done): counted anyway, and the 1 MiB report and the transcript are in it (as encoded).
+    expect(store.bytes - specOnly).toBeGreaterThan((1 << 20) + 100_000);
     expect(store.retainedBytes).toBe(0);
     store.record(Trajectory.fromPartial({ taskId: 'group', sampleIndex: 1 }));
     store.record(Trajectory.fromPartial({ taskId: 'group', sampleIndex: 2 }));
     expect(store.retainedBytes).toBe(store.bytes);
     store.dropFinished();
     expect(store.bytes).toBe(0);
+  });
+
+  it('keeps a trajectory as its wire bytes and gives back what a client would decode, sent as those same bytes', () => {
+    const store = new TaskStore(10);
+    store.add(task('kept'));
+    const original = Trajectory.fromPartial({
+      taskId: 'kept',
+      sampleIndex: 0,
+      promptTokenIds: [1, 2, 151_643],
+      responseTokenIds: [7, 8],
+      responseMask: [1, 0],
+      responseLogprobs: [-0.1, 0],
+      messages: [{ role: 'user', content: 'héllo' }],
+      evalReport: { log: 'ok', passed: 3 },
+    });
+    store.record(original);
+    const stored = store.get('kept')!.trajectories[0]!;
+    expect(stored.bytes).toEqual(encodeTrajectory(original));
+    const back = stored.trajectory();
+    expect(back).toEqual({ ...original, responseLogprobs: [Math.fround(-0.1), 0] });
+    expect(encodedTrajectory(back)).toBe(stored.bytes);
   });
 
   it('drops a finished task whose report alone is over the budget', () => {
