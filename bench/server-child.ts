@@ -99,14 +99,30 @@ async function collect(): Promise<void> {
  * BENCH_LOOP_TRACE=<dir>: a 2 ms timer notes every tick more than 4 ms late, with what the main thread did meanwhile
  * according to the kernel (/proc/thread-self/schedstat: time on a core, time runnable but waiting for one), and writes
  * the list to <dir>/loop-trace.<pid>.txt at exit. "run" ≈ late is a block of our own; "wait" ≈ late is a busy
- * machine; gc_ms and major_gc_ms: the main isolate's young and full collections in it. Times are CLOCK_MONOTONIC
- * µs, the clock of V8's CPU profiles (BENCH_CPU_PROF), so a late tick can be looked up in the profile's samples.
+ * machine; gc_ms and major_gc_ms: the main isolate's young and full collections in it; token_threads_ms and
+ * helpers_ms: what the process's other threads ran meanwhile (the rest of two cores' time went to other processes
+ * or was idle). Times are CLOCK_MONOTONIC µs, the clock of V8's CPU profiles (BENCH_CPU_PROF), so a late tick can
+ * be looked up in the profile's samples.
  */
 const TRACE_TICK_MS = 2;
 
 function traceLateTicks(dir: string): void {
   const schedstat = (): number[] => readFileSync('/proc/thread-self/schedstat', 'utf8').trim().split(' ').map(Number);
-  const ticks: { monotonicUs: bigint; from: number; to: number; lateMs: number; runMs: number; waitMs: number }[] = [];
+  const ticks: { monotonicUs: bigint; from: number; to: number; lateMs: number; runMs: number; waitMs: number; tokenMs: number; helpersMs: number }[] = [];
+  const tokenThread = new Map<string, boolean>();
+  // The process's other threads (token threads, V8 and libuv helpers): ns on a core so far, by thread id.
+  const otherThreads = (): Map<string, number> => {
+    const out = new Map<string, number>();
+    for (const tid of readdirSync('/proc/self/task')) {
+      if (Number(tid) === process.pid) continue;
+      try {
+        out.set(tid, Number(readFileSync(`/proc/self/task/${tid}/schedstat`, 'utf8').split(' ')[0]));
+      } catch {
+        // the thread ended meanwhile
+      }
+    }
+    return out;
+  };
   // The main isolate's GC pauses (performance entries, delivered after the fact), matched to the ticks at exit.
   const pauses: { start: number; end: number; major: boolean }[] = [];
   new PerformanceObserver((list) => {
@@ -118,22 +134,38 @@ function traceLateTicks(dir: string): void {
   }).observe({ entryTypes: ['gc'] });
   let last = performance.now();
   let before = schedstat();
+  let othersBefore = otherThreads();
   setInterval(() => {
     const now = performance.now();
     const after = schedstat();
+    const othersAfter = otherThreads();
     const lateMs = now - last - TRACE_TICK_MS;
     if (lateMs > 4) {
       const ms = (i: number): number => (after[i]! - before[i]!) / 1e6;
-      ticks.push({ monotonicUs: process.hrtime.bigint() / 1000n, from: last, to: now, lateMs, runMs: ms(0), waitMs: ms(1) });
+      let tokenMs = 0;
+      let helpersMs = 0;
+      for (const [tid, ns] of othersAfter) {
+        const ran = (ns - (othersBefore.get(tid) ?? ns)) / 1e6;
+        // Token threads are the ones below normal priority (token-worker.ts lowers its own once started).
+        if (ran > 0 && (tokenThread.get(tid) ?? tokenThread.set(tid, niceOf(tid) > 0).get(tid))) tokenMs += ran;
+        else helpersMs += ran;
+      }
+      ticks.push({ monotonicUs: process.hrtime.bigint() / 1000n, from: last, to: now, lateMs, runMs: ms(0), waitMs: ms(1), tokenMs, helpersMs });
     }
     last = now;
     before = after;
+    othersBefore = othersAfter;
   }, TRACE_TICK_MS).unref();
   process.on('exit', () => {
     const gcMs = (from: number, to: number, major: boolean): string =>
       pauses.reduce((sum, p) => sum + (p.major === major ? Math.max(0, Math.min(to, p.end) - Math.max(from, p.start)) : 0), 0).toFixed(1);
-    const lines = ticks.map((t) => `${t.monotonicUs} ${t.lateMs.toFixed(1)} ${t.runMs.toFixed(1)} ${t.waitMs.toFixed(1)} ${gcMs(t.from, t.to, false)} ${gcMs(t.from, t.to, true)}`);
-    writeFileSync(`${dir}/loop-trace.${process.pid}.txt`, `${['monotonic_us late_ms run_ms wait_ms gc_ms major_gc_ms', ...lines].join('\n')}\n`);
+    const lines = ticks.map(
+      (t) =>
+        `${t.monotonicUs} ${t.lateMs.toFixed(1)} ${t.runMs.toFixed(1)} ${t.waitMs.toFixed(1)} ${gcMs(t.from, t.to, false)} ${gcMs(t.from, t.to, true)} ` +
+        `${t.tokenMs.toFixed(1)} ${t.helpersMs.toFixed(1)}`,
+    );
+    const header = 'monotonic_us late_ms run_ms wait_ms gc_ms major_gc_ms token_threads_ms helpers_ms';
+    writeFileSync(`${dir}/loop-trace.${process.pid}.txt`, `${[header, ...lines].join('\n')}\n`);
   });
 }
 
@@ -234,6 +266,16 @@ export interface ThreadCpu {
 }
 
 const TICK_MICROS = 10_000; // USER_HZ = 100 on Linux
+
+/** A thread's nice value (proc(5) stat field 19), 0 when it cannot be read. */
+function niceOf(tid: string): number {
+  try {
+    const stat = readFileSync(`/proc/self/task/${tid}/stat`, 'utf8');
+    return Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[16]);
+  } catch {
+    return 0;
+  }
+}
 
 function threadCpu(): ThreadCpu | undefined {
   let tids: string[];
