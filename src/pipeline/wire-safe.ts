@@ -19,24 +19,46 @@ export function encodedTrajectory(trajectory: Trajectory): Uint8Array | undefine
  * the object. A 64K-token trajectory's token arrays as JS numbers are ~2 MB on the V8 heap — four arrays the
  * garbage collector copies when they are promoted and marks through at every full collection for as long as the
  * task is retained (up to `retainFinishedTasks`/`retainFinishedBytes`) — where its bytes are ~0.3 MB off the heap.
- * Whoever needs the object again (GetTrajectory, a re-submitted task's replay) decodes it; the decoded object is
- * what a client would decode from the wire (logprobs as float32) and is sent as these same bytes.
+ * Whoever needs the object again (GetTrajectory, a re-submitted task's replay) gets one that is sent as these same
+ * bytes and decodes them only if its fields are read: what a client would decode from the wire (logprobs as float32).
  */
 export class StoredTrajectory {
-  private constructor(readonly bytes: Uint8Array) {}
+  private constructor(
+    readonly bytes: Uint8Array,
+    /** Fields read without decoding (a session's ack bookkeeping reads these). */
+    private readonly identity: Pick<Trajectory, IdentityField>,
+  ) {}
 
   /** The trajectory's wire bytes (encoding it through wireSafe if nothing did yet: such a trajectory may be degraded). */
   static of(trajectory: Trajectory): StoredTrajectory {
-    return new StoredTrajectory(encodedTrajectory(trajectory) ?? encodedTrajectory(wireSafe(trajectory, Number.MAX_SAFE_INTEGER))!);
+    const safe = encodedTrajectory(trajectory) === undefined ? wireSafe(trajectory, Number.MAX_SAFE_INTEGER) : trajectory;
+    const { taskId, sampleIndex, groupId, status } = safe;
+    return new StoredTrajectory(encodedTrajectory(safe)!, { taskId, sampleIndex, groupId, status });
   }
 
-  /** The trajectory decoded from its bytes, registered with them (sending it does not encode it again). */
+  /**
+   * The trajectory, decoded from its bytes when a field is first read (a read-only object: assigning a field
+   * throws). It is registered with the bytes, so sending it — GetTrajectory, a replay to a stream — writes them
+   * without decoding at all; only code that reads its fields pays for the decode (~2 ms for 64K tokens), once.
+   */
   trajectory(): Trajectory {
-    const trajectory = Trajectory.decode(this.bytes);
-    encoded.set(trajectory, this.bytes);
-    return trajectory;
+    const bytes = this.bytes;
+    let decoded: Trajectory | undefined;
+    const lazy = {} as Trajectory;
+    const identity: Partial<Trajectory> = this.identity;
+    for (const key of TRAJECTORY_FIELDS) {
+      const get = key in identity ? () => identity[key] : () => (decoded ??= Trajectory.decode(bytes))[key];
+      Object.defineProperty(lazy, key, { enumerable: true, get });
+    }
+    encoded.set(lazy, bytes);
+    return lazy;
   }
 }
+
+type IdentityField = 'taskId' | 'sampleIndex' | 'groupId' | 'status';
+
+/** Every field of a Trajectory (the generated base object has them all). */
+const TRAJECTORY_FIELDS = Object.keys(Trajectory.fromPartial({})) as (keyof Trajectory)[];
 
 /** What a trajectory loses, in order, until it encodes and fits. */
 const DEGRADE_STEPS: readonly [string, (t: Trajectory) => Trajectory][] = [

@@ -1,4 +1,4 @@
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, vi } from 'vitest';
 import { Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { TaskStore } from '../../src/pipeline/task-store.js';
 import { encodedTrajectory } from '../../src/pipeline/wire-safe.js';
@@ -84,9 +84,22 @@ describe('TaskStore byte accounting', () => {
     store.record(original);
     const stored = store.get('kept')!.trajectories[0]!;
     expect(stored.bytes).toEqual(encodeTrajectory(original));
-    const back = stored.trajectory();
-    expect(back).toEqual({ ...original, responseLogprobs: [Math.fround(-0.1), 0] });
-    expect(encodedTrajectory(back)).toBe(stored.bytes);
+    const decode = vi.spyOn(Trajectory, 'decode');
+    try {
+      const back = stored.trajectory();
+      // Sending it (the serializers look up its bytes) and a session's bookkeeping (identity fields) decode nothing.
+      expect(encodedTrajectory(back)).toBe(stored.bytes);
+      expect([back.taskId, back.sampleIndex, back.groupId, back.status]).toEqual(['kept', 0, '', original.status]);
+      expect(decode).not.toHaveBeenCalled();
+      expect(back.promptTokenIds).toEqual([1, 2, 151_643]);
+      expect({ ...back }).toEqual({ ...original, responseLogprobs: [Math.fround(-0.1), 0] });
+      expect(decode).toHaveBeenCalledTimes(1);
+      expect(() => {
+        (back as { error: string }).error = 'changed';
+      }).toThrow(TypeError);
+    } finally {
+      decode.mockRestore();
+    }
   });
 
   it('drops a finished task whose report alone is over the budget', () => {
