@@ -138,8 +138,11 @@ const preparedPrompts = new WeakMap<TokenLedgerOptions, readonly number[]>();
  */
 export class TokenLedger {
   readonly promptIds: readonly number[];
-  /** The response's columns, off the V8 heap while the trajectory runs (see token-column.ts). */
-  private readonly ids = idColumn();
+  /**
+   * The engine's context, prompt then response ids, and the response's mask and logprobs: columns off the V8 heap
+   * while the trajectory runs (see token-column.ts). Response position i is context position promptIds.length + i.
+   */
+  private readonly context: TokenColumn<Int32Array>;
   private readonly mask = maskColumn();
   private readonly logprobs = logprobColumn();
   private readonly turns: LedgerTurn[] = [];
@@ -158,8 +161,6 @@ export class TokenLedger {
   private readonly methods: Record<DeltaMethod, number> = { prefix: 0, anchor: 0, isolated: 0 };
   /** The context's first `count` ids, comma-separated, in pieces: JSON kept for contextIds (ids are only ever appended). */
   private readonly serialized = { pieces: [] as string[], count: 0 };
-  /** prompt + response ids, extended by contextIds (see there); created by its first call. */
-  private context: TokenColumn<Int32Array> | undefined;
 
   /**
    * A ledger whose prompt is rendered and tokenized on the event loop, whatever its length; see
@@ -176,6 +177,8 @@ export class TokenLedger {
     this.history = options.messages.map((m) => ({ ...m }));
     this.rendered = this.history.map((m) => escapeMessage(this.tokenizer, m));
     this.promptIds = preparedPrompts.get(options) ?? this.work.promptIdsSync(this.history, this.tools);
+    this.context = idColumn(this.promptIds.length + 1024);
+    this.context.append(this.promptIds);
     this.closing = probeAssistantClosing(options.template, this.tools);
   }
 
@@ -188,9 +191,14 @@ export class TokenLedger {
     return new TokenLedger(prepared);
   }
 
+  /** Tokens in the response so far (sampled and environment). */
+  private get responseLength(): number {
+    return this.context.length - this.promptIds.length;
+  }
+
   /** Tokens in the engine's context: prompt + response. */
   get totalTokens(): number {
-    return this.promptIds.length + this.ids.length;
+    return this.context.length;
   }
 
   /**
@@ -210,15 +218,15 @@ export class TokenLedger {
    * The ids to send to the engine for the next assistant turn (prompt + response), with their JSON attached for the
    * engine client (prompt-json.ts): a read-only view of the ledger's own context column, which only ever grows at
    * its end, so the view never changes (copy it with `Array.from` to keep a number[]). Neither the ids nor their JSON
-   * are built again each turn: the column and the JSON pieces are extended with the ids added since the last call.
+   * are built again each turn: the column holds every id as it is appended, and the JSON kept in pieces is extended
+   * with the ids added since the last call.
    *
    * Why a typed array: a 64K-token context as a number[] was copied from the prompt and grown by reallocation once
    * per trajectory — two half-megabyte arrays on the V8 heap each time, which made young collections more frequent
    * and slower; a typed array's elements are off the heap.
    */
   contextIds(): Int32Array {
-    const context = (this.context ??= this.promptColumn());
-    for (let i = context.length - this.promptIds.length; i < this.ids.length; i++) context.push(this.ids.at(i));
+    const { context } = this;
     const { pieces } = this.serialized;
     const promptJson = this.serialized.count === 0 ? attachedIdsJson(this.promptIds) : undefined;
     if (promptJson?.length === 1 && this.promptIds.length > 0) {
@@ -235,12 +243,6 @@ export class TokenLedger {
     const view = context.view();
     attachIdsJson(view, ['[', ...pieces, ']']);
     return view;
-  }
-
-  private promptColumn(): TokenColumn<Int32Array> {
-    const column = idColumn(this.promptIds.length + 1024);
-    column.append(this.promptIds);
-    return column;
   }
 
   /**
@@ -267,12 +269,12 @@ export class TokenLedger {
       throw new RolloutError('backend_error', 'engine returned a token id that is not a non-negative int32');
     }
     if (turn.logprobs.some((p) => Number.isNaN(p))) throw new RolloutError('backend_error', 'engine returned a NaN logprob');
-    const start = this.ids.length;
+    const start = this.responseLength;
     if (!continues) this.messageStart = start;
-    this.ids.append(turn.tokenIds);
+    this.context.append(turn.tokenIds);
     this.mask.fill(1, turn.tokenIds.length);
     this.logprobs.append(turn.logprobs);
-    const messageIds = this.ids.toArray(this.messageStart);
+    const messageIds = this.context.toArray(this.promptIds.length + this.messageStart);
     const lastId = messageIds.at(-1);
     const stopped = lastId !== undefined && this.tokenizer.stopTokenIds.includes(lastId);
     const contentIds = stopped ? messageIds.slice(0, -1) : messageIds;
@@ -289,7 +291,7 @@ export class TokenLedger {
     this.turns.push({
       role: 'assistant',
       start,
-      end: this.ids.length,
+      end: this.responseLength,
       backend: turn.backend,
       policyVersion: turn.policyVersion,
       policyVersionStart: turn.policyVersionStart ?? turn.policyVersion,
@@ -342,11 +344,11 @@ export class TokenLedger {
     }
     this.expect('appending_environment', 'appendEnvironment');
     this.methods[delta.method]++;
-    const start = this.ids.length;
-    this.ids.append(delta.ids);
+    const start = this.responseLength;
+    this.context.append(delta.ids);
     this.mask.fill(0, delta.ids.length);
     this.logprobs.fill(0, delta.ids.length);
-    const turn: LedgerTurn = { role: added.some((m) => m.role === 'tool') ? 'tool' : 'user', start, end: this.ids.length };
+    const turn: LedgerTurn = { role: added.some((m) => m.role === 'tool') ? 'tool' : 'user', start, end: this.responseLength };
     if (meta.toolName !== undefined) turn.toolName = meta.toolName;
     if (meta.toolOutcome !== undefined) turn.toolOutcome = meta.toolOutcome;
     this.turns.push(turn);
@@ -372,7 +374,7 @@ export class TokenLedger {
     const snapshot: LedgerSnapshot = {
       // Shared, not copied: the prompt ids are never changed (the ledger's, and the prompt cache's for a group).
       promptIds: this.promptIds,
-      responseIds: this.ids.toArray(),
+      responseIds: this.context.toArray(this.promptIds.length),
       mask: this.mask.toArray(),
       logprobs: this.logprobs.toArray(),
       turns: this.turns.map((t) => ({ ...t })),

@@ -2,8 +2,8 @@
 type Storage = Int32Array | Uint8Array | Float64Array;
 
 /**
- * An append-only column of numbers in a typed array that doubles when full: a ledger's response ids, mask or
- * logprobs while its trajectory runs.
+ * An append-only column of numbers in a typed array that doubles when full: a ledger's context ids, response mask
+ * or logprobs while its trajectory runs.
  *
  * Why not a number[]: a long trajectory's columns live as long as it runs (seconds, many young-generation
  * collections) and a JS array's elements are on the V8 heap, so every scavenge copied them — tens of kilobytes per
@@ -24,15 +24,6 @@ export class TokenColumn<S extends Storage> {
 
   get length(): number {
     return this.#length;
-  }
-
-  at(index: number): number {
-    return this.#data[index]!;
-  }
-
-  push(value: number): void {
-    if (this.#length === this.#data.length) this.#grow(this.#length + 1);
-    this.#data[this.#length++] = value;
   }
 
   /** Appends `count` copies of `value`. */
