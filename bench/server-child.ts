@@ -175,13 +175,13 @@ function traceLateTicks(dir: string): void {
  * the memory that survives young collections was allocated (objects that survive one scavenge and die before the
  * next are not counted); with BENCH_HEAP_SAMPLE_ALL=1 every allocation. Written to <dir>/server-<pid>.heapprofile.
  */
-function startHeapSampling(): (dir: string) => Promise<void> {
+function startHeapSampling(dir: string): () => Promise<void> {
   const session = new Session();
   session.connect();
   const post = (method: string, params?: object): Promise<unknown> =>
     new Promise((resolve, reject) => session.post(method, params ?? {}, (err, result) => (err ? reject(err) : resolve(result))));
   void post('HeapProfiler.startSampling', { samplingInterval: 16384, includeObjectsCollectedByMajorGC: true, includeObjectsCollectedByMinorGC: process.env.BENCH_HEAP_SAMPLE_ALL === '1' });
-  return async (dir) => {
+  return async () => {
     const { profile } = (await post('HeapProfiler.stopSampling')) as { profile: unknown };
     writeFileSync(join(dir, `server-${process.pid}.heapprofile`), JSON.stringify(profile));
   };
@@ -200,7 +200,7 @@ async function main(): Promise<void> {
   const late = (ns: number): number => Math.max(0, ns / 1e6 - LOOP_RESOLUTION_MS);
   delay.enable();
   if (process.env.BENCH_LOOP_TRACE) traceLateTicks(process.env.BENCH_LOOP_TRACE);
-  const heapSample = process.env.BENCH_HEAP_SAMPLE ? startHeapSampling() : undefined;
+  const stopHeapSampling = process.env.BENCH_HEAP_SAMPLE ? startHeapSampling(process.env.BENCH_HEAP_SAMPLE) : undefined;
   let elu = performance.eventLoopUtilization();
   const api: ServerApi = {
     memory: async () => {
@@ -242,7 +242,7 @@ async function main(): Promise<void> {
       return writeHeapSnapshot(join(dir, `server-${process.pid}-${Date.now()}.heapsnapshot`));
     },
     shutdown: async () => {
-      if (heapSample && process.env.BENCH_HEAP_SAMPLE) await heapSample(process.env.BENCH_HEAP_SAMPLE);
+      await stopHeapSampling?.();
       await server.shutdown();
       setImmediate(() => process.exit(0));
     },
@@ -267,14 +267,22 @@ export interface ThreadCpu {
 
 const TICK_MICROS = 10_000; // USER_HZ = 100 on Linux
 
-/** A thread's nice value (proc(5) stat field 19), 0 when it cannot be read. */
-function niceOf(tid: string): number {
+/**
+ * A thread's /proc stat fields after its parenthesised name (state first: proc(5) field 3 is index 0, utime 14 is
+ * 11, stime 15 is 12, nice 19 is 16), or undefined when the thread has ended.
+ */
+function taskStat(tid: string): string[] | undefined {
   try {
     const stat = readFileSync(`/proc/self/task/${tid}/stat`, 'utf8');
-    return Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[16]);
+    return stat.slice(stat.lastIndexOf(')') + 2).split(' ');
   } catch {
-    return 0;
+    return undefined;
   }
+}
+
+/** A thread's nice value, 0 when it cannot be read. */
+function niceOf(tid: string): number {
+  return Number(taskStat(tid)?.[16] ?? 0);
 }
 
 function threadCpu(): ThreadCpu | undefined {
@@ -286,14 +294,8 @@ function threadCpu(): ThreadCpu | undefined {
   }
   const out: ThreadCpu = { main: 0, tokenThreads: 0, helpers: 0 };
   for (const tid of tids) {
-    let stat: string;
-    try {
-      stat = readFileSync(`/proc/self/task/${tid}/stat`, 'utf8');
-    } catch {
-      continue; // the thread ended meanwhile
-    }
-    // Fields after the parenthesised name: state is field 3, utime 14, stime 15, nice 19 (proc(5)).
-    const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    const f = taskStat(tid);
+    if (!f) continue; // the thread ended meanwhile
     const micros = (Number(f[11]) + Number(f[12])) * TICK_MICROS;
     if (Number(tid) === process.pid) out.main += micros;
     else if (Number(f[16]) > 0) out.tokenThreads += micros;
