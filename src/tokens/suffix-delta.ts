@@ -1,5 +1,6 @@
+import { LRUCache } from 'lru-cache';
 import { RolloutError } from '../errors.js';
-import { environmentDelta, MAX_CACHED_TOOLS_KEY, PROBE_ASSISTANT, probeAssistantClosing, type Delta, type DeltaRequest } from './template-delta.js';
+import { environmentDelta, MAX_PROBED_TOOL_LISTS, PROBE_ASSISTANT, probeAssistantClosing, type Delta, type DeltaRequest } from './template-delta.js';
 import { renderWithSkeleton } from './template-skeleton.js';
 import { toolsKey } from './tools-key.js';
 import type { ChatMessage, ChatTemplate, ToolSchema } from './types.js';
@@ -95,16 +96,25 @@ function opening(history: readonly ChatMessage[]): ChatMessage[] {
  * before the assistant turn, else the opening's roles; without the tools, else with them.
  */
 export function probeSuffixLocality(template: ChatTemplate, tools: readonly ToolSchema[] | undefined): SuffixLocality {
-  let byTools = localityCache.get(template);
-  if (!byTools) localityCache.set(template, (byTools = new Map()));
+  const byTools = localities(template);
   const key = toolsKey(tools);
   let found = byTools.get(key);
   if (found === undefined) {
     found = probe(template, tools);
-    // Bounded in bytes: at most 256 tool lists of 32 Ki characters (16 MiB) per template; longer ones are probed each time.
-    if (byTools.size < 256 && key.length <= MAX_CACHED_TOOLS_KEY) byTools.set(key, found);
+    byTools.set(key, found);
   }
   return found;
+}
+
+/**
+ * Keeps what a token thread's {@link probeSuffixLocality} found for this template and tool list (its answer to an
+ * environment task, TokenTaskResult.locality), so this thread learns it without probing: the thread loaded the same
+ * model folder, so its template is this one and the probe, a pure function of the two, found what it would find here.
+ */
+export function rememberSuffixLocality(template: ChatTemplate, tools: readonly ToolSchema[] | undefined, locality: SuffixLocality): void {
+  const byTools = localities(template);
+  const key = toolsKey(tools);
+  if (!byTools.has(key)) byTools.set(key, { local: locality.local, opening: locality.opening, tools: locality.tools, verify: locality.verify });
 }
 
 /**
@@ -116,7 +126,13 @@ export function knownSuffixLocality(template: ChatTemplate, tools: readonly Tool
   return localityCache.get(template)?.get(toolsKey(tools));
 }
 
-const localityCache = new WeakMap<ChatTemplate, Map<string, SuffixLocality>>();
+function localities(template: ChatTemplate): LRUCache<string, SuffixLocality> {
+  let byTools = localityCache.get(template);
+  if (!byTools) localityCache.set(template, (byTools = new LRUCache({ max: MAX_PROBED_TOOL_LISTS })));
+  return byTools;
+}
+
+const localityCache = new WeakMap<ChatTemplate, LRUCache<string, SuffixLocality>>();
 
 const CANDIDATES: readonly SuffixLocality[] = [
   { local: true, opening: 'none', tools: false, verify: true },

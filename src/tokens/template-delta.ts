@@ -1,3 +1,4 @@
+import { LRUCache } from 'lru-cache';
 import { RolloutError } from '../errors.js';
 import { toolsKey } from './tools-key.js';
 import type { ChatMessage, ChatTemplate, ToolSchema } from './types.js';
@@ -30,21 +31,24 @@ export type DeltaMethod = 'prefix' | 'anchor' | 'isolated';
 export function probeAssistantClosing(template: ChatTemplate, tools: readonly ToolSchema[] | undefined): string {
   // Depends only on the template and the tools: cached, since every trajectory asks.
   let byTools = closingCache.get(template);
-  if (!byTools) closingCache.set(template, (byTools = new Map()));
+  if (!byTools) closingCache.set(template, (byTools = new LRUCache({ max: MAX_PROBED_TOOL_LISTS })));
   const key = tools ? `t${toolsKey(tools)}` : '';
   let closing = byTools.get(key);
   if (closing === undefined) {
     closing = renderProbeClosing(template, tools);
-    // Bounded in bytes: at most 256 tool lists of 32 Ki characters (16 MiB) per template; longer ones are probed each time.
-    if (byTools.size < 256 && key.length <= MAX_CACHED_TOOLS_KEY) byTools.set(key, closing);
+    byTools.set(key, closing);
   }
   return closing;
 }
 
-const closingCache = new WeakMap<ChatTemplate, Map<string, string>>();
+const closingCache = new WeakMap<ChatTemplate, LRUCache<string, string>>();
 
-/** Longest tool-list key (JSON characters) the per-template probe caches keep (see probeSuffixLocality too). */
-export const MAX_CACHED_TOOLS_KEY = 32 * 1024;
+/**
+ * Tool lists the per-template probe caches keep (here and in suffix-delta.ts), least recently used out first. Keys
+ * are small whatever the schemas (tools-key.ts), so this bounds their memory; past it a list is probed again when it
+ * comes back, instead of on every turn as when a full cache refused new lists.
+ */
+export const MAX_PROBED_TOOL_LISTS = 256;
 
 function renderProbeClosing(template: ChatTemplate, tools: readonly ToolSchema[] | undefined): string {
   const probe: ChatMessage[] = [

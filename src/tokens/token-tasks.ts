@@ -1,7 +1,8 @@
 import { encodeRendered, escapeMessage } from './opaque-content.js';
-import { knownSuffixLocality, probeSuffixLocality, suffixDelta } from './suffix-delta.js';
+import { knownSuffixLocality, probeSuffixLocality, suffixDelta, type SuffixLocality } from './suffix-delta.js';
 import { contentSlots, renderWithSkeleton } from './template-skeleton.js';
 import { environmentDelta, type DeltaMethod, type DeltaRequest } from './template-delta.js';
+import { toolsChars } from './tools-key.js';
 import type { ChatMessage, ChatTemplate, Tokenizer, ToolSchema } from './types.js';
 
 /**
@@ -31,6 +32,11 @@ export interface TokenTaskResult {
   ids: number[];
   /** For environment tasks: how the between-turns text was found. */
   method?: DeltaMethod;
+  /**
+   * For environment tasks: the template's suffix locality with the task's tools, as the thread that ran it probed it;
+   * the event loop keeps it (rememberSuffixLocality) instead of probing itself.
+   */
+  locality?: SuffixLocality;
   /**
    * `JSON.stringify(ids)`, for prompt tasks run on a token thread: the first engine request of a trajectory sends
    * the whole prompt as JSON, and at 55K ids serializing it cost the event loop milliseconds (see prompt-json.ts).
@@ -81,12 +87,12 @@ export function promptIds(tokenizer: Tokenizer, template: ChatTemplate, task: Om
  * conversation when the template is suffix-local, else from the whole conversation; minus the stop token the
  * model sampled itself; encoded with environment contents opaque.
  */
-export function environmentIds(tokenizer: Tokenizer, template: ChatTemplate, task: Omit<EnvironmentTask, 'kind'>): Required<Pick<TokenTaskResult, 'ids' | 'method'>> {
+export function environmentIds(tokenizer: Tokenizer, template: ChatTemplate, task: Omit<EnvironmentTask, 'kind'>): Required<Pick<TokenTaskResult, 'ids' | 'method' | 'locality'>> {
   const locality = probeSuffixLocality(template, task.tools);
   const delta = (locality.local ? suffixDelta(template, task, locality) : undefined) ?? environmentDelta(template, task);
   const stop = task.stopText;
   const text = stop !== undefined && delta.text.startsWith(stop) ? delta.text.slice(stop.length) : delta.text;
-  return { ids: encodeRendered(tokenizer, text), method: delta.method };
+  return { ids: encodeRendered(tokenizer, text), method: delta.method, locality };
 }
 
 /** Runs a task. */
@@ -96,14 +102,17 @@ export function runTokenTask(tokenizer: Tokenizer, template: ChatTemplate, task:
 
 /**
  * Characters a task renders and encodes: what its cost is proportional to, to choose between the event loop and
- * a worker. An environment task on a suffix-local template costs its new messages and the last assistant turn,
- * whatever the length of the conversation.
+ * a worker. The tools' schemas count where the render writes them (a prompt; a delta rendered with them). An
+ * environment task on a suffix-local template costs its new messages and the last assistant turn, whatever the
+ * length of the conversation. An environment task for a tool list this thread has not probed the template with is
+ * unbounded (Infinity): the probe renders the template a few hundred times (70-600 ms), so it belongs on a token
+ * thread, whose answer then tells this thread the locality (TokenTaskResult.locality).
  */
 export function taskChars(template: ChatTemplate, task: TokenTask): number {
   const chars = (messages: readonly ChatMessage[]): number => messages.reduce((n, m) => n + m.content.length, 0);
-  if (task.kind === 'prompt') return chars(task.messages);
-  // Not probed here: until this thread has probed the template with these tools, the task counts as a full render
-  // (a long conversation then goes to a token thread, which probes there).
-  const local = knownSuffixLocality(template, task.tools)?.local ?? false;
-  return chars(task.added) + (local ? (task.history.at(-1)?.content.length ?? 0) : chars(task.history));
+  if (task.kind === 'prompt') return chars(task.messages) + toolsChars(task.tools);
+  const locality = knownSuffixLocality(template, task.tools);
+  if (locality === undefined) return Number.POSITIVE_INFINITY;
+  const rendered = locality.local ? (task.history.at(-1)?.content.length ?? 0) : chars(task.history);
+  return chars(task.added) + rendered + (!locality.local || locality.tools ? toolsChars(task.tools) : 0);
 }

@@ -6,6 +6,7 @@ import type { Logger } from '../observability/logger.js';
 import type { ModelBundleOptions } from './model-bundle.js';
 import { TokenPool } from './token-pool.js';
 import { environmentIds, promptIds, taskChars, unpackIds, type EnvironmentTask, type TokenTask, type TokenTaskResult } from './token-tasks.js';
+import { rememberSuffixLocality } from './suffix-delta.js';
 import { toolsKey } from './tools-key.js';
 import type { ChatMessage, ChatTemplate, Tokenizer, ToolSchema } from './types.js';
 
@@ -107,12 +108,15 @@ export class TokenWork {
   async environmentIds(task: Omit<EnvironmentTask, 'kind'>, signal?: AbortSignal): Promise<Required<Pick<TokenTaskResult, 'ids' | 'method'>>> {
     const result = await this.#run({ kind: 'environment', ...task }, signal);
     if (result.method === undefined) throw new RolloutError('internal', 'token worker answered an environment task without its method');
+    // A token thread's probe, kept here: the next turns with these tools can run inline without probing.
+    if (result.locality !== undefined) rememberSuffixLocality(this.template, task.tools, result.locality);
     return { ids: result.ids, method: result.method };
   }
 
   /** {@link environmentIds} on the event loop. */
   environmentIdsSync(task: Omit<EnvironmentTask, 'kind'>): Required<Pick<TokenTaskResult, 'ids' | 'method'>> {
-    return environmentIds(this.tokenizer, this.template, task);
+    const { ids, method } = environmentIds(this.tokenizer, this.template, task);
+    return { ids, method };
   }
 
   async #run(task: TokenTask, signal: AbortSignal | undefined): Promise<TokenTaskResult> {

@@ -74,19 +74,49 @@ describe.each<Family>(['qwen3', 'deepseek_v3'])('token work on a %s token thread
     expect(pool.stats().crashes).toBe(0);
   });
 
-  it('decides where an environment turn runs without probing the template on the event loop', async () => {
-    // A tool list this thread has not seen: probing it renders the template a few hundred times.
+  it('sends the first turn with a tool list this thread has not probed to the thread, and learns its locality from the answer', async () => {
+    // The template this thread sees, counting its renders (a fresh object: the per-template caches start empty).
+    let renders = 0;
+    const template = { render: (...args: Parameters<ModelBundle['template']['render']>) => (renders++, bundle.template.render(...args)) };
+    const routed = new TokenWork({ tokenizer: bundle.tokenizer, template, pool, inlineMaxChars: 2_000 });
     const tools = [{ ...bashTool, function: { ...bashTool.function, name: `never_seen_${family}` } }];
+    const turn = (user: string, out: string) => ({
+      history: [
+        { role: 'user' as const, content: user },
+        { role: 'assistant' as const, content: familyToolCall(bundle, 'ls') },
+      ],
+      added: [{ role: 'tool' as const, content: out, name: tools[0]!.function.name }],
+      tools,
+      closing: probeAssistantClosing(bundle.template, tools),
+      stopText: undefined,
+    });
+    // A short conversation, small enough to run inline, but probing the tool list renders the template a few hundred
+    // times: it goes to the thread, which probes there and says what it found.
+    const before = pool.stats().completed;
+    const first = turn('short', 'out');
+    expect(await routed.environmentIds(first)).toEqual(inline.environmentIdsSync(first));
+    expect(pool.stats().completed).toBe(before + 1);
+    expect(renders).toBe(0);
+    expect(knownSuffixLocality(template, tools)).toEqual(knownSuffixLocality(bundle.template, tools));
+    // Learned: the next short turn runs here, from the suffix when the template is suffix-local.
+    const second = turn('short again', 'more out');
+    expect(await routed.environmentIds(second)).toEqual(inline.environmentIdsSync(second));
+    expect(pool.stats().completed).toBe(before + 1);
+    // A long conversation still goes to the thread when its render would be long (not suffix-local: DeepSeek-V3).
+    const long = turn('x'.repeat(5_000), 'out');
+    expect(await routed.environmentIds(long)).toEqual(inline.environmentIdsSync(long));
+    expect(pool.stats().completed).toBe(before + (knownSuffixLocality(template, tools)!.local ? 1 : 2));
+  });
+
+  it('counts the tool schemas a prompt renders: a prompt with long schemas goes to the thread', async () => {
+    const long = { ...bashTool, function: { ...bashTool.function, name: `schemas_${family}`, description: 'Runs a command. '.repeat(200) } };
     const routed = new TokenWork({ tokenizer: bundle.tokenizer, template: bundle.template, pool, inlineMaxChars: 2_000 });
-    const history: ChatMessage[] = [
-      { role: 'user', content: 'x'.repeat(5_000) },
-      { role: 'assistant', content: familyToolCall(bundle, 'ls') },
-    ];
-    const task = { history, added: [{ role: 'tool' as const, content: 'out', name: tools[0]!.function.name }], tools, closing: probeAssistantClosing(bundle.template, tools), stopText: undefined };
-    const ids = await routed.environmentIds(task);
-    // The long conversation went to the thread, which probed there; this thread still knows nothing of the tool list.
-    expect(knownSuffixLocality(bundle.template, tools)).toBeUndefined();
-    expect(ids).toEqual(inline.environmentIdsSync(task));
+    const messages: ChatMessage[] = [{ role: 'user', content: 'short' }];
+    const before = pool.stats().completed;
+    expect(await routed.promptIds(messages, [long])).toEqual(inline.promptIdsSync(messages, [long]));
+    expect(pool.stats().completed).toBe(before + 1);
+    expect(await routed.promptIds(messages, [bashTool])).toEqual(inline.promptIdsSync(messages, [bashTool]));
+    expect(pool.stats().completed).toBe(before + 1);
   });
 
   it(`sends a long prompt's ids packed (over ${PACK_IDS_FROM}) and gives exactly the inline ids, with their JSON`, async () => {
