@@ -341,7 +341,9 @@ class AsyncRolloutClient:
         task = self._tasks.get(t.task_id)
         if task is None:
             # Handed out before and re-sent (the ack was lost with a broken stream), or a task this client never sent.
-            if t.task_id not in self._finished:
+            if t.task_id in self._finished:
+                self.stats["duplicates_dropped"] += 1
+            else:
                 log.warning("%s: trajectory of unknown task %s (session %s): acked and dropped", conn.target, t.task_id, conn.session_id)
             conn.ack([(t.task_id, t.sample_index)])
             return
