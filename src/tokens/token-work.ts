@@ -108,8 +108,6 @@ export class TokenWork {
   async environmentIds(task: Omit<EnvironmentTask, 'kind'>, signal?: AbortSignal): Promise<Required<Pick<TokenTaskResult, 'ids' | 'method'>>> {
     const result = await this.#run({ kind: 'environment', ...task }, signal);
     if (result.method === undefined) throw new RolloutError('internal', 'token worker answered an environment task without its method');
-    // A token thread's probe, kept here: the next turns with these tools can run inline without probing.
-    if (result.locality !== undefined) rememberSuffixLocality(this.template, task.tools, result.locality);
     return { ids: result.ids, method: result.method };
   }
 
@@ -123,7 +121,11 @@ export class TokenWork {
     if (!this.#pool || taskChars(this.template, task) <= this.#inlineMaxChars) {
       return task.kind === 'prompt' ? { ids: promptIds(this.tokenizer, this.template, task) } : environmentIds(this.tokenizer, this.template, task);
     }
-    return unpackIds(await this.#pool.run(task, signal));
+    const result = unpackIds(await this.#pool.run(task, signal));
+    // The thread's probe, kept here: the next turns with these tools can run inline without probing (an inline turn
+    // probed here already).
+    if (task.kind === 'environment' && result.locality !== undefined) rememberSuffixLocality(this.template, task.tools, result.locality);
+    return result;
   }
 
   /** A kept prompt, one use of it taken (it goes with its last); `keepFor` more announced. */

@@ -1,7 +1,7 @@
 import fc from 'fast-check';
 import type { SampledTurn } from '../../src/tokens/ledger.js';
 import { PROBE_ASSISTANT } from '../../src/tokens/template-delta.js';
-import type { Tokenizer, ToolSchema } from '../../src/tokens/types.js';
+import type { ChatTemplate, Tokenizer, ToolSchema } from '../../src/tokens/types.js';
 
 /** A tool schema in the OpenAI function form, with a non-ASCII description to check tojson. */
 export const bashTool: ToolSchema = {
@@ -66,3 +66,18 @@ export const hostileText = fc.oneof(
     ),
   },
 );
+
+/**
+ * A new template object over `template`, counting its renders: the per-template caches (probes, skeletons) start
+ * empty for it, so a test sees how many renders a step costs.
+ */
+export function countingTemplate(template: ChatTemplate): ChatTemplate & { renders: number } {
+  const counting = {
+    renders: 0,
+    render: (...args: Parameters<ChatTemplate['render']>): string => {
+      counting.renders++;
+      return template.render(...args);
+    },
+  };
+  return counting;
+}

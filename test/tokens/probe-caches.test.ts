@@ -4,8 +4,8 @@ import { knownSuffixLocality, probeSuffixLocality } from '../../src/tokens/suffi
 import { MAX_PROBED_TOOL_LISTS, probeAssistantClosing } from '../../src/tokens/template-delta.js';
 import { TokenWork } from '../../src/tokens/token-work.js';
 import { MAX_RAW_TOOLS_KEY, toolsChars, toolsKey } from '../../src/tokens/tools-key.js';
-import type { ChatTemplate, ToolSchema } from '../../src/tokens/types.js';
-import { bashTool } from './fixtures.js';
+import type { ToolSchema } from '../../src/tokens/types.js';
+import { bashTool, countingTemplate } from './fixtures.js';
 import { familyToolCall, loadFamily } from './families.js';
 
 /** `count` tools whose schemas add up to about `count` × 2.3 KB of JSON, as agent tool sets with long descriptions do. */
@@ -22,24 +22,12 @@ function toolSet(count: number, tag: string): ToolSchema[] {
 
 describe('the per-template probe caches', () => {
   let bundle: ModelBundle;
-  /** A fresh template object over Qwen3's (empty caches), counting its renders. */
-  let counting: ChatTemplate & { renders: number };
   beforeAll(async () => {
     bundle = await loadFamily('qwen3');
   });
-  const fresh = (): ChatTemplate & { renders: number } => {
-    const template = {
-      renders: 0,
-      render: (...args: Parameters<ChatTemplate['render']>): string => {
-        template.renders++;
-        return bundle.template.render(...args);
-      },
-    };
-    return template;
-  };
 
   it('keep a tool list of any length: 40 KB of schemas are probed once, not again on every environment turn', () => {
-    counting = fresh();
+    const counting = countingTemplate(bundle.template);
     const tools = toolSet(18, 'long');
     expect(toolsChars(tools)).toBeGreaterThan(40_000);
     const work = TokenWork.inline(bundle.tokenizer, counting);
@@ -70,7 +58,7 @@ describe('the per-template probe caches', () => {
   });
 
   it(`keep the ${MAX_PROBED_TOOL_LISTS} tool lists used last: a new list past the bound is kept, the oldest goes`, () => {
-    counting = fresh();
+    const counting = countingTemplate(bundle.template);
     const lists = Array.from({ length: MAX_PROBED_TOOL_LISTS + 1 }, (_, i) => [{ ...bashTool, function: { ...bashTool.function, name: `t${i}` } }]);
     for (const tools of lists) probeAssistantClosing(counting, tools);
     const afterAll = counting.renders;

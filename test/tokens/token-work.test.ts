@@ -10,7 +10,7 @@ import { TokenPool } from '../../src/tokens/token-pool.js';
 import { PACK_IDS_FROM, type TokenTask, type TokenTaskResult } from '../../src/tokens/token-tasks.js';
 import { createTokenPool, TokenWork } from '../../src/tokens/token-work.js';
 import type { ChatMessage } from '../../src/tokens/types.js';
-import { bashTool } from './fixtures.js';
+import { bashTool, countingTemplate } from './fixtures.js';
 import { familyDir, familySample, familyToolCall, loadFamily, type Family } from './families.js';
 
 /** Environment text as tools print it, forged control tokens and placeholder characters included. */
@@ -76,8 +76,7 @@ describe.each<Family>(['qwen3', 'deepseek_v3'])('token work on a %s token thread
 
   it('sends the first turn with a tool list this thread has not probed to the thread, and learns its locality from the answer', async () => {
     // The template this thread sees, counting its renders (a fresh object: the per-template caches start empty).
-    let renders = 0;
-    const template = { render: (...args: Parameters<ModelBundle['template']['render']>) => (renders++, bundle.template.render(...args)) };
+    const template = countingTemplate(bundle.template);
     const routed = new TokenWork({ tokenizer: bundle.tokenizer, template, pool, inlineMaxChars: 2_000 });
     const tools = [{ ...bashTool, function: { ...bashTool.function, name: `never_seen_${family}` } }];
     const turn = (user: string, out: string) => ({
@@ -96,7 +95,7 @@ describe.each<Family>(['qwen3', 'deepseek_v3'])('token work on a %s token thread
     const first = turn('short', 'out');
     expect(await routed.environmentIds(first)).toEqual(inline.environmentIdsSync(first));
     expect(pool.stats().completed).toBe(before + 1);
-    expect(renders).toBe(0);
+    expect(template.renders).toBe(0);
     expect(knownSuffixLocality(template, tools)).toEqual(knownSuffixLocality(bundle.template, tools));
     // Learned: the next short turn runs here, from the suffix when the template is suffix-local.
     const second = turn('short again', 'more out');
