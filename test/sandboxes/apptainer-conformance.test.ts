@@ -4,7 +4,7 @@ import { ApptainerDriver } from '../../src/sandboxes/apptainer.js';
 import { makeApptainerDouble } from './apptainer-double.js';
 import { describeSandboxConformance } from './conformance.js';
 import { describeShellConformance, shellTestLimits } from './shell-conformance.js';
-import { testSpec } from './helpers.js';
+import { closeAfterAll, testSpec } from './helpers.js';
 
 /** `apptainer` or `singularity` when one is on PATH. */
 function installedBinary(): string | undefined {
@@ -27,7 +27,8 @@ describeSandboxConformance(`apptainer (${binary ?? 'not installed'})`, () => new
 // The persistent shell on real Apptainer (the double's execs have PID namespaces of their own, so the shell's
 // in-sandbox interrupter could not see the shell there: it runs only on the real thing).
 describe.skipIf(binary === undefined || image === undefined)(`apptainer shell (${binary === undefined ? 'skipped: not installed' : image === undefined ? 'skipped: no ROLLOUT_TEST_APPTAINER_IMAGE' : binary})`, () => {
-  describeShellConformance('apptainer', () => new ApptainerDriver({ binary: binary ?? 'apptainer' }).start(testSpec({ ...shellTestLimits, ...(image !== undefined && { image }) })));
+  const driver = closeAfterAll(new ApptainerDriver({ binary: binary ?? 'apptainer' }));
+  describeShellConformance('apptainer', () => driver.start(testSpec({ ...shellTestLimits, ...(image !== undefined && { image }) })));
 });
 
 // The same suite over the apptainer TEST DOUBLE (test/fixtures/apptainer-test-double.sh, bwrap-backed), so the

@@ -4,9 +4,9 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BubblewrapDriver, type BubblewrapSandbox } from '../../src/sandboxes/bwrap.js';
-import { testSpec } from './helpers.js';
+import { closeAfterAll, testSpec } from './helpers.js';
 
-const driver = new BubblewrapDriver();
+const driver = closeAfterAll(new BubblewrapDriver());
 
 /** A tiny directory image: dash, a few coreutils and find, with their libraries; no /work, /tmp or /proc. */
 async function makeTinyImage(root: string): Promise<void> {

@@ -8,9 +8,9 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { afterEach, describe, expect, it } from 'vitest';
 import { BubblewrapDriver, type BubblewrapSandbox } from '../../src/sandboxes/bwrap.js';
 import type { SandboxLimits } from '../../src/sandboxes/types.js';
-import { cgroupsMatching, findHostProcessesWithEnv, isAlive, testSpec, waitFor } from './helpers.js';
+import { cgroupsMatching, closeAfterAll, findHostProcessesWithEnv, isAlive, testSpec, waitFor } from './helpers.js';
 
-const driver = new BubblewrapDriver();
+const driver = closeAfterAll(new BubblewrapDriver());
 const started: BubblewrapSandbox[] = [];
 const MiB = 1024 * 1024;
 

@@ -4,9 +4,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BubblewrapDriver, type BubblewrapSandbox } from '../../src/sandboxes/bwrap.js';
-import { testSpec } from './helpers.js';
+import { closeAfterAll, testSpec } from './helpers.js';
 
-const driver = new BubblewrapDriver();
+const driver = closeAfterAll(new BubblewrapDriver());
 
 describe('bubblewrap sandbox isolation', () => {
   let sandbox: BubblewrapSandbox;

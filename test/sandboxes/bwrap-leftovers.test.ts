@@ -5,9 +5,9 @@ import { randomUUID } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
 import { abortReason } from '../../src/errors.js';
 import { BubblewrapDriver } from '../../src/sandboxes/bwrap.js';
-import { cgroupsMatching, findHostProcessesWithEnv, mountsMatching, processesInOurCgroups, testSpec, waitFor } from './helpers.js';
+import { cgroupsMatching, closeAfterAll, findHostProcessesWithEnv, mountsMatching, processesInOurCgroups, testSpec, waitFor } from './helpers.js';
 
-const driver = new BubblewrapDriver();
+const driver = closeAfterAll(new BubblewrapDriver());
 const TAG = 'SBX_LEFTOVER_TAG';
 
 function legacyDirs(): string[] {

@@ -4,9 +4,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BubblewrapDriver } from '../../src/sandboxes/bwrap.js';
-import { cgroupsMatching, findHostProcessesWithEnv, isAlive, testSpec, waitForFileInSandbox } from './helpers.js';
+import { cgroupsMatching, closeAfterAll, findHostProcessesWithEnv, isAlive, testSpec, waitForFileInSandbox } from './helpers.js';
 
-const driver = new BubblewrapDriver();
+const driver = closeAfterAll(new BubblewrapDriver());
 
 describe('bubblewrap sandbox lifecycle', () => {
   let fakes: string;

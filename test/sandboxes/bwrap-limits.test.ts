@@ -3,9 +3,9 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { abortReason } from '../../src/errors.js';
 import { BubblewrapDriver, type BubblewrapSandbox } from '../../src/sandboxes/bwrap.js';
 import type { SandboxLimits } from '../../src/sandboxes/types.js';
-import { findHostProcessesWithEnv, isAlive, testSpec, waitFor, waitForFileInSandbox } from './helpers.js';
+import { closeAfterAll, findHostProcessesWithEnv, isAlive, testSpec, waitFor, waitForFileInSandbox } from './helpers.js';
 
-const driver = new BubblewrapDriver();
+const driver = closeAfterAll(new BubblewrapDriver());
 const started: BubblewrapSandbox[] = [];
 
 async function start(overrides: Partial<SandboxLimits> = {}): Promise<BubblewrapSandbox> {

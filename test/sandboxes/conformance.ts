@@ -41,6 +41,7 @@ export function describeSandboxConformance(name: string, makeDriver: () => Sandb
     });
     afterAll(async () => {
       await sandbox?.stop();
+      await driver?.close?.();
     });
 
     it('separates stdout, stderr and the exit code', async () => {

@@ -1,6 +1,7 @@
 import { readdirSync, readFileSync } from 'node:fs';
 import { setTimeout as sleep } from 'node:timers/promises';
-import type { Sandbox, SandboxLimits, SandboxSpec } from '../../src/sandboxes/types.js';
+import { afterAll } from 'vitest';
+import type { Sandbox, SandboxDriver, SandboxLimits, SandboxSpec } from '../../src/sandboxes/types.js';
 
 /** A host-layout sandbox spec with limits small enough for CI, large enough for a Python interpreter. */
 export function testSpec(overrides: Partial<SandboxLimits> & { network?: boolean; image?: string } = {}): SandboxSpec {
@@ -111,4 +112,14 @@ export function processesInOurCgroups(): number[] {
 /** Lines of this process's mount table that mention `needle`. */
 export function mountsMatching(needle: string): string[] {
   return readFileSync('/proc/self/mountinfo', 'utf8').split('\n').filter((l) => l.includes(needle));
+}
+
+/**
+ * Registers `afterAll(() => driver.close?.())` where it is called (a file's top level or a describe) and returns the
+ * driver. A driver keeps images mounted for a grace period after its sandboxes stop; a test file whose worker exits
+ * meanwhile would leave the mount behind (test/support/leftovers.global.ts fails the run when one is left).
+ */
+export function closeAfterAll<T extends SandboxDriver>(driver: T): T {
+  afterAll(() => driver.close?.());
+  return driver;
 }

