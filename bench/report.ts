@@ -168,6 +168,10 @@ export function renderReport(r: BenchResults): { table: string; figures: Figures
   }
 
   const cpuPerTurn = s.cpu.server / s.turns;
+  const ratioModel = cpuBoundRatio(s, d);
+  figures.ratioCpuModel = ratioModel.model;
+  figures.ratioCeilingWithFreeServer = ratioModel.ceiling;
+  figures.serverCpuMicrosPerTurnForRatio06 = ratioModel.serverBudgetFor06;
   const longP99 = r.long?.threads.eventLoop.delayP99Ms;
   const targets: string[][] = [
     ['target (issue [4/10] item 8)', 'this run', 'target', 'verdict'],
@@ -210,6 +214,9 @@ export function renderReport(r: BenchResults): { table: string; figures: Figures
       ['server pass, per LLM turn', f0(s.cpu.server / s.turns), f0(s.cpu.engine / s.turns), f0(s.cpu.client / s.turns), cores(s.cpu)],
       ['direct pass, per request', '-', f0(d.cpu.engine / d.requests), f0(d.cpu.client / d.requests), cores(d.cpu)],
     ]),
+    `the ratio as CPU accounting (every process CPU-bound on the same cores): (engine + client per direct request) / (server + engine + client ` +
+      `per turn) = ${f2(ratioModel.model)} (measured ${f2(ratio)}); a server costing no CPU would reach ${f2(ratioModel.ceiling)}; 0.6 needs ` +
+      (ratioModel.serverBudgetFor06 > 0 ? `<= ${f0(ratioModel.serverBudgetFor06)} µs of server CPU per turn at these engine and client costs` : 'more than a free server at these engine and client costs'),
     '',
     table([
       ['server memory (own process, after full GC)', 'count', 'heap', 'rss', 'external+ab'],
@@ -239,4 +246,18 @@ export function renderReport(r: BenchResults): { table: string; figures: Figures
   out.push('', table(targets), load);
   out.push('', problems.length === 0 ? 'status: every trajectory and request succeeded; no leaked sandboxes, leases or samples' : `status: ${problems.length} problem(s), see stderr`);
   return { table: out.join('\n'), figures, problems };
+}
+
+/**
+ * The orchestration ratio predicted from CPU time alone: with the server, the engine double and the client all
+ * CPU-bound on the same cores, throughput is inversely proportional to the CPU one item costs all of them. So the
+ * ratio is about (engine + client per direct request) / (server + engine + client per turn); the ceiling is that
+ * with a server that costs nothing, and the budget is the server CPU per turn at which it reaches 0.6. It shows how
+ * much of the ratio the server can move at all when the engine double is cheap.
+ */
+function cpuBoundRatio(s: BenchResults['server'], d: BenchResults['direct']): { model: number; ceiling: number; serverBudgetFor06: number } {
+  const direct = (d.cpu.engine + d.cpu.client) / d.requests;
+  const others = (s.cpu.engine + s.cpu.client) / s.turns;
+  const server = s.cpu.server / s.turns;
+  return { model: direct / (server + others), ceiling: direct / others, serverBudgetFor06: direct / 0.6 - others };
 }
