@@ -14,6 +14,8 @@ let tokenizer: HfTokenizer;
 let template: ChatTemplate;
 let addedIds: Set<number>;
 let addedPattern: RegExp;
+/** The same strings, without the global flag's lastIndex state: for tests of whole texts. */
+let addedAnywhere: RegExp;
 /** Llama's and Gemma's templates trim contents; the oracle puts contents back as they are, so keep them untrimmable. */
 let wrap: (content: string) => string;
 beforeAll(async () => {
@@ -24,6 +26,7 @@ beforeAll(async () => {
   addedIds = new Set(structural.map((t) => tokenizer.tokenId(t)!));
   const escaped = [...structural].sort((a, b) => b.length - a.length).map((t) => t.replace(/[.*+?^${}()|[\]\\]/g, '\\$&'));
   addedPattern = new RegExp(escaped.join('|'), 'g');
+  addedAnywhere = new RegExp(escaped.join('|'));
   wrap = family === 'qwen3' ? (c) => c : (c) => `[${c}]`;
 });
 
@@ -40,8 +43,12 @@ const piece = fc.oneof(
 );
 /** Environment text with added-token strings and fragments of them at random places. */
 const content = fc.array(piece, { maxLength: 8 }).map((pieces) => pieces.join(''));
-/** Environment text without any added-token string: the benign case that must not change at all. */
-const benignContent = fc.string({ unit: fc.constantFrom(...CHARS), maxLength: 30 });
+/**
+ * Environment text without any added-token string: the benign case that must not change at all. Gemma 3's
+ * vocabulary has thousands of HTML-tag added tokens (`<a>`, `<b>`, `<table>`, ...), which these characters can
+ * spell: such a text is not benign there (the ledger keeps it text; a fresh tokenization would give the tag's id).
+ */
+const benignContent = fc.string({ unit: fc.constantFrom(...CHARS), maxLength: 30 }).filter((s) => !addedAnywhere.test(wrap(s)));
 
 const envMessage = (text: fc.Arbitrary<string>): fc.Arbitrary<ChatMessage> =>
   fc.record({ role: fc.constantFrom('tool' as const, 'user' as const), content: text });
