@@ -1,8 +1,8 @@
 import { bodyWithIds } from './prompt-json.js';
 import { RolloutError } from '../errors.js';
-import { CompletionRejected } from './completion.js';
-import { ContextOverflowError, parseSglangContextOverflow } from './context-overflow.js';
-import { checkRequestId, EngineHttp, EngineHttpError, modelCardMaxLen, probeHealth } from './engine-http.js';
+import { parseSglangContextOverflow } from './context-overflow.js';
+import { readGenerateAnswer, type GenerateAnswerKind } from './generate-answer.js';
+import { checkRequestId, EngineHttp, modelCardMaxLen, probeHealth } from './engine-http.js';
 import { checkSglangGenerate } from './sglang-answer.js';
 import { fetchServerInfo, parseSglangServerInfo } from './server-info.js';
 import type { EngineClient, EngineModelInfo, EngineServerInfo, GenerateRequest, GenerateResult, PauseMode } from './types.js';
@@ -24,6 +24,14 @@ export interface SglangClientOptions {
 
 /** SGLang's pause modes for ours: `keep` is SGLang's `in_place` (requests frozen with their KV cache). */
 const PAUSE_MODE: Partial<Record<PauseMode, string>> = { abort: 'abort', keep: 'in_place' };
+
+/** SGLang's /generate answer: its context-length refusal (context-overflow.ts) and checkSglangGenerate. */
+const SGLANG_ANSWER: GenerateAnswerKind = {
+  engine: 'SGLang',
+  noun: 'answer',
+  overflow: (status, text) => parseSglangContextOverflow(status, text),
+  check: checkSglangGenerate,
+};
 
 /**
  * Talks to an SGLang server through its native API, token in and token out (followed: SGLang v0.5.6+ —
@@ -90,32 +98,8 @@ export class SglangClient implements EngineClient {
     }
 
     const cap = this.#maxResponseBytes > 0 ? this.#maxResponseBytes : defaultMaxResponseBytes(request.promptIds.length, request.maxTokens);
-    const { status, text } = await this.#http.request('POST', '/generate', bodyWithIds('input_ids', request.promptIds, body), request.signal, cap);
-    if (status < 200 || status >= 300) {
-      const cause = new EngineHttpError(status, text);
-      const overflow = parseSglangContextOverflow(status, text);
-      if (overflow) {
-        throw new ContextOverflowError(
-          overflow.maxModelLen,
-          overflow.promptTokens,
-          `SGLang ${this.url}: ${request.promptIds.length} context + ${request.maxTokens} max_tokens exceed max_model_len ${overflow.maxModelLen}`,
-          cause,
-        );
-      }
-      throw new RolloutError('backend_error', `SGLang ${this.url} answered HTTP ${status}`, { cause });
-    }
-    let json: unknown;
-    try {
-      json = JSON.parse(text);
-    } catch (err) {
-      throw this.#malformed('body is not JSON', err);
-    }
-    try {
-      return checkSglangGenerate(json, { maxTokens: request.maxTokens, ...(request.vocabSize !== undefined && { vocabSize: request.vocabSize }) });
-    } catch (err) {
-      if (err instanceof CompletionRejected) throw this.#malformed(err.reason);
-      throw err;
-    }
+    const answer = await this.#http.request('POST', '/generate', bodyWithIds('input_ids', request.promptIds, body), request.signal, cap);
+    return readGenerateAnswer(SGLANG_ANSWER, this.url, answer, { promptTokens: request.promptIds.length, maxTokens: request.maxTokens, ...(request.vocabSize !== undefined && { vocabSize: request.vocabSize }) });
   }
 
   /** GET /health_generate: 200 when the engine can generate (it runs a one-token request when idle). */
@@ -158,7 +142,4 @@ export class SglangClient implements EngineClient {
     await this.#http.control('/continue_generation', {}, signal);
   }
 
-  #malformed(what: string, cause?: unknown): RolloutError {
-    return new RolloutError('backend_error', `SGLang ${this.url} sent a malformed answer: ${what}`, { cause });
-  }
 }

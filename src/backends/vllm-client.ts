@@ -1,7 +1,8 @@
 import { RolloutError } from '../errors.js';
-import { checkCompletion, CompletionRejected } from './completion.js';
+import { checkCompletion } from './completion.js';
 import { bodyWithIds } from './prompt-json.js';
-import { ContextOverflowError, parseContextOverflow } from './context-overflow.js';
+import { parseContextOverflow } from './context-overflow.js';
+import { readGenerateAnswer, type GenerateAnswerKind } from './generate-answer.js';
 import { checkRequestId, EngineHttp, EngineHttpError, modelCardMaxLen, probeHealth } from './engine-http.js';
 import { fetchServerInfo, parseVllmServerInfo } from './server-info.js';
 import type { EngineClient, EngineModelInfo, EngineServerInfo, GenerateRequest, GenerateResult, PauseMode } from './types.js';
@@ -40,6 +41,14 @@ export function defaultMaxResponseBytes(promptTokens: number, maxTokens: number)
 /** A non-2xx answer from vLLM (the shared {@link EngineHttpError}; the name is kept for existing callers). */
 export const VllmHttpError = EngineHttpError;
 export type VllmHttpError = EngineHttpError;
+
+/** vLLM's /v1/completions answer: its context-length refusals (context-overflow.ts) and checkCompletion. */
+const VLLM_ANSWER: GenerateAnswerKind = {
+  engine: 'vLLM',
+  noun: 'completion',
+  overflow: (status, text, r) => parseContextOverflow(status, text, r.maxTokens > 0 ? r.promptTokens : undefined),
+  check: checkCompletion,
+};
 
 /**
  * Talks to a vLLM OpenAI-compatible server through `/v1/completions` with a token-id prompt ("token in, token
@@ -112,34 +121,8 @@ export class VllmClient implements EngineClient {
     }
 
     const cap = this.#maxResponseBytes > 0 ? this.#maxResponseBytes : defaultMaxResponseBytes(request.promptIds.length, request.maxTokens);
-    const { status, text } = await this.#http.request('POST', '/v1/completions', bodyWithIds('prompt', request.promptIds, body), request.signal, cap, headers);
-    if (status < 200 || status >= 300) {
-      const cause = new VllmHttpError(status, text);
-      const overflow = parseContextOverflow(status, text, request.maxTokens > 0 ? request.promptIds.length : undefined);
-      if (overflow) {
-        throw new ContextOverflowError(
-          overflow.maxModelLen,
-          overflow.promptTokens,
-          `vLLM ${this.url}: ${request.promptIds.length} context + ${request.maxTokens} max_tokens exceed max_model_len ${overflow.maxModelLen}`,
-          cause,
-        );
-      }
-      throw new RolloutError('backend_error', `vLLM ${this.url} answered HTTP ${status}`, { cause });
-    }
-    let json: unknown;
-    try {
-      // V8's JSON.parse is iterative (no stack overflow on deep nesting) and the body is bounded by `cap`, so
-      // parsing is bounded too; checkCompletion copies out only the checked primitives.
-      json = JSON.parse(text);
-    } catch (err) {
-      throw this.#malformed('body is not JSON', err);
-    }
-    try {
-      return checkCompletion(json, { maxTokens: request.maxTokens, ...(request.vocabSize !== undefined && { vocabSize: request.vocabSize }) });
-    } catch (err) {
-      if (err instanceof CompletionRejected) throw this.#malformed(err.reason);
-      throw err;
-    }
+    const answer = await this.#http.request('POST', '/v1/completions', bodyWithIds('prompt', request.promptIds, body), request.signal, cap, headers);
+    return readGenerateAnswer(VLLM_ANSWER, this.url, answer, { promptTokens: request.promptIds.length, maxTokens: request.maxTokens, ...(request.vocabSize !== undefined && { vocabSize: request.vocabSize }) });
   }
 
   /** GET /health: vLLM answers 200 with an empty body when the engine is alive, 503 when it is dead. */
@@ -187,7 +170,4 @@ export class VllmClient implements EngineClient {
     await this.#http.control('/resume', undefined, signal);
   }
 
-  #malformed(what: string, cause?: unknown): RolloutError {
-    return new RolloutError('backend_error', `vLLM ${this.url} sent a malformed completion: ${what}`, { cause });
-  }
 }

@@ -1,0 +1,60 @@
+import { RolloutError } from '../errors.js';
+import { CompletionRejected, type CompletionExpectation } from './completion.js';
+import { ContextOverflowError } from './context-overflow.js';
+import { EngineHttpError } from './engine-http.js';
+import type { GenerateResult } from './types.js';
+
+/** How one engine kind's generate answer is read: its name in messages, its overflow refusal and its answer check. */
+export interface GenerateAnswerKind {
+  /** The engine's name in error messages ("vLLM", "SGLang"). */
+  engine: string;
+  /** What a body that fails the check is called in its error ("completion", "answer"). */
+  noun: string;
+  /** Recognises the engine's context-length refusal among non-2xx answers; undefined for anything else. */
+  overflow: (status: number, text: string, request: { promptTokens: number; maxTokens: number }) => { maxModelLen: number; promptTokens: number | undefined } | undefined;
+  /** Checks a parsed body and copies out the result; throws {@link CompletionRejected} for what it refuses. */
+  check: (json: unknown, expect: CompletionExpectation) => GenerateResult;
+}
+
+/**
+ * One generate request's HTTP answer, read the same way for every engine kind: a context-length refusal is a
+ * {@link ContextOverflowError} (the policy ran out of room, not the engine failing), any other non-2xx answer is
+ * backend_error with the status and body as its cause, and a 2xx body that is not JSON or fails the kind's check
+ * is backend_error "sent a malformed <noun>". The body is bounded by the caller's byte cap, so parsing is bounded
+ * too (V8's JSON.parse is iterative: no stack overflow on deep nesting); the check copies out only checked values.
+ */
+export function readGenerateAnswer(
+  kind: GenerateAnswerKind,
+  url: string,
+  answer: { status: number; text: string },
+  request: { promptTokens: number; maxTokens: number; vocabSize?: number },
+): GenerateResult {
+  const { status, text } = answer;
+  if (status < 200 || status >= 300) {
+    const cause = new EngineHttpError(status, text);
+    const overflow = kind.overflow(status, text, request);
+    if (overflow) {
+      throw new ContextOverflowError(
+        overflow.maxModelLen,
+        overflow.promptTokens,
+        `${kind.engine} ${url}: ${request.promptTokens} context + ${request.maxTokens} max_tokens exceed max_model_len ${overflow.maxModelLen}`,
+        cause,
+      );
+    }
+    throw new RolloutError('backend_error', `${kind.engine} ${url} answered HTTP ${status}`, { cause });
+  }
+  const malformed = (what: string, cause?: unknown): RolloutError =>
+    new RolloutError('backend_error', `${kind.engine} ${url} sent a malformed ${kind.noun}: ${what}`, { cause });
+  let json: unknown;
+  try {
+    json = JSON.parse(text);
+  } catch (err) {
+    throw malformed('body is not JSON', err);
+  }
+  try {
+    return kind.check(json, { maxTokens: request.maxTokens, ...(request.vocabSize !== undefined && { vocabSize: request.vocabSize }) });
+  } catch (err) {
+    if (err instanceof CompletionRejected) throw malformed(err.reason);
+    throw err;
+  }
+}
