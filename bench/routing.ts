@@ -14,6 +14,7 @@ import { mkdirSync, writeFileSync } from 'node:fs';
 import { dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { defaultEngines } from './routing/engines.js';
+import { stepEnd, type StepEnd } from './routing/critical-path.js';
 import { invariantProblems } from './routing/invariants.js';
 import { POLICIES } from './routing/routers.js';
 import { simulate, type PolicyReport } from './routing/simulate.js';
@@ -33,13 +34,15 @@ const options = new Command()
 const engines = defaultEngines();
 const workload = makeWorkload({ trajectories: options.trajectories, seed: options.seed, ...DEFAULT_WORKLOAD });
 const reports: PolicyReport[] = [];
+const ends = new Map<string, StepEnd>();
 const problems: string[] = [];
 for (const policy of POLICIES) {
   const started = performance.now();
   const report = await simulate(policy, { engines, workload, concurrency: options.concurrency });
   process.stderr.write(`${policy}: simulated in ${((performance.now() - started) / 1000).toFixed(1)} s\n`);
   reports.push(report);
-  problems.push(...invariantProblems(report, workload).map((p) => `${policy}: ${p}`));
+  ends.set(policy, stepEnd(report, workload, engines));
+  problems.push(...invariantProblems(report, workload, engines).map((p) => `${policy}: ${p}`));
 }
 
 const pct = (x: number): string => `${(100 * x).toFixed(1)}%`;
@@ -58,11 +61,17 @@ console.log(`${workload.length} trajectories (${turns} turns, seed ${options.see
 console.log(rows.map((row) => row.map((c, i) => (i === 0 || i === 2 ? c.padEnd(widths[i]!) : c.padStart(widths[i]!))).join('  ')).join('\n'));
 const best = (f: (r: PolicyReport) => number): string => [...reports].sort((a, b) => f(a) - f(b))[0]!.policy;
 console.log(`best makespan: ${best((r) => r.makespan)}; best p90: ${best((r) => r.latencyP90)}; highest utilisation: ${best((r) => -r.utilisation)}`);
+const ours = ends.get('capacity-heap')!;
+console.log(
+  `how the step ended (capacity-heap): trajectory #${ours.trajectory} (${ours.turns} turns) started at ${sec(ours.start)} (${pct(ours.startShare)} of the makespan) and ran ${sec(ours.ran)}; ` +
+    `alone on the fastest idle engine it needs ${sec(ours.alone)}. From this run's starts no routing ends the step before ${sec(ours.bound)}, ` +
+    `where this run's busy time would be ${pct(ours.utilisationAtBound)} utilisation`,
+);
 
 mkdirSync(dirname(options.output), { recursive: true });
 writeFileSync(options.output, `${JSON.stringify({
   options, engines, workload: DEFAULT_WORKLOAD, turns,
-  policies: reports.map(({ trajectories: _omitted, ...r }) => r),
+  policies: reports.map(({ trajectories: _omitted, ...r }) => ({ ...r, stepEnd: ends.get(r.policy) })),
   problems,
 }, null, 2)}\n`);
 console.error(`results written to ${options.output}`);

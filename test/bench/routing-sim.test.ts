@@ -12,7 +12,7 @@ const scenario = { engines: defaultEngines(), workload, concurrency: 60 };
 describe('routing simulator', () => {
   it.each(POLICIES)('%s: every trajectory finishes, no engine exceeds its sequences, cache hits only on the sticky engine', async (policy) => {
     const report = await simulate(policy, scenario);
-    expect(invariantProblems(report, workload)).toEqual([]);
+    expect(invariantProblems(report, workload, scenario.engines)).toEqual([]);
     expect(report.trajectories.filter((t) => Number.isFinite(t.end))).toHaveLength(workload.length);
     for (const e of report.engines) {
       expect(e.maxRunning).toBeLessThanOrEqual(e.maxSequences);
