@@ -1,5 +1,6 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { closeSync, existsSync, mkdirSync, openSync, readFileSync } from 'node:fs';
+import { closeSync, existsSync, mkdirSync, mkdtempSync, openSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { createServer } from 'node:net';
 import { dirname, isAbsolute, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -119,6 +120,8 @@ export class VllmServer {
     readonly logprobsMode: VllmLogprobsMode,
     private readonly child: ChildProcess,
     private readonly exited: Promise<void>,
+    /** The server's own temp directory (TMPDIR, VLLM_RPC_BASE_PATH), removed once it has exited. */
+    readonly scratchDir: string,
   ) {}
 
   /** Starts the server and waits until it is healthy; on failure the process group is killed and the log's tail is in the error. */
@@ -127,12 +130,18 @@ export class VllmServer {
     if (!existsSync(python)) throw new Error(`no vLLM venv at ${dirname(dirname(python))}: run ./scripts/setup.sh`);
     const port = await freePort();
     const { command, args, env } = vllmServeCommand(python, { ...options, port });
+    // vLLM puts its ZMQ IPC sockets (/tmp/<uuid>, VLLM_RPC_BASE_PATH) and other scratch files in the temp directory and
+    // leaves them there when it is killed (and some when it is not): each server gets its own, removed by close().
+    const scratch = mkdtempSync(join(tmpdir(), 'rollout-vllm-'));
     const logFile = options.logFile ?? join(ROOT, `.cache/vllm-logs/vllm-${port}.log`);
     mkdirSync(dirname(logFile), { recursive: true });
     const fd = openSync(logFile, 'w');
     let child: ChildProcess;
     try {
-      child = spawn(command, args, { cwd: ROOT, env: { ...process.env, ...env }, stdio: ['ignore', fd, fd], detached: true });
+      child = spawn(command, args, { cwd: ROOT, env: { ...process.env, TMPDIR: scratch, VLLM_RPC_BASE_PATH: scratch, ...env }, stdio: ['ignore', fd, fd], detached: true });
+    } catch (err) {
+      rmSync(scratch, { recursive: true, force: true });
+      throw err;
     } finally {
       closeSync(fd);
     }
@@ -148,7 +157,7 @@ export class VllmServer {
       });
     });
     const model = options.servedModelName ?? modelName(options.modelDir);
-    const server = new VllmServer(`http://127.0.0.1:${port}`, model, logFile, options.logprobsMode ?? 'processed_logprobs', child, exited);
+    const server = new VllmServer(`http://127.0.0.1:${port}`, model, logFile, options.logprobsMode ?? 'processed_logprobs', child, exited, scratch);
     const deadline = Date.now() + (options.startTimeoutMs ?? 300_000);
     while (exitInfo === undefined && Date.now() < deadline) {
       if (await healthy(server.url)) return server;
@@ -164,17 +173,23 @@ export class VllmServer {
     return this.child.pid;
   }
 
-  /** SIGTERM to the whole process group, SIGKILL after `graceMs`; resolves when the server has exited. Idempotent. */
+  /**
+   * SIGTERM to the whole process group, SIGKILL after `graceMs`; resolves when the server has exited and its temp
+   * directory is removed (also when it had already died, e.g. killed by a test). Idempotent.
+   */
   close(graceMs = 10_000): Promise<void> {
     return (this.#closing ??= (async () => {
       const pid = this.child.pid;
-      if (pid === undefined || this.child.exitCode !== null || this.child.signalCode !== null) return;
-      signalGroup(pid, 'SIGTERM');
-      const timer = setTimeout(() => signalGroup(pid, 'SIGKILL'), graceMs);
-      await this.exited;
-      clearTimeout(timer);
-      // Whatever the leader left in its group goes too.
-      signalGroup(pid, 'SIGKILL');
+      // A leader that already exited is not signalled again: its group id may be free for reuse by then.
+      if (pid !== undefined && this.child.exitCode === null && this.child.signalCode === null) {
+        signalGroup(pid, 'SIGTERM');
+        const timer = setTimeout(() => signalGroup(pid, 'SIGKILL'), graceMs);
+        await this.exited;
+        clearTimeout(timer);
+        // Whatever the leader left in its group goes too (before its files do).
+        signalGroup(pid, 'SIGKILL');
+      }
+      rmSync(this.scratchDir, { recursive: true, force: true });
     })());
   }
 }

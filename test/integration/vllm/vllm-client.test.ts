@@ -1,3 +1,6 @@
+import { existsSync, readdirSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ContextOverflowError } from '../../../src/backends/context-overflow.js';
 import { BackendPool } from '../../../src/backends/pool.js';
@@ -190,5 +193,14 @@ describe.skipIf(!installed)('VllmClient against a real vLLM server (tiny random 
     // Generation works again after resume.
     const result = await client.generate({ promptIds: prompt, maxTokens: 4, temperature: 1, seed: 2, signal: signal() });
     expect(result.tokenIds).toHaveLength(4);
+  });
+
+  // Last in the file: it stops the server (afterAll's close is then a no-op).
+  it('keeps its scratch files (ZMQ IPC sockets) in its own temp directory, removed with it by close()', async () => {
+    const sockets = readdirSync(vllm.scratchDir).filter((name) => statSync(join(vllm.scratchDir, name)).isSocket());
+    expect(sockets.length, `vLLM's IPC sockets in ${vllm.scratchDir}`).toBeGreaterThan(0);
+    await vllm.close();
+    expect(existsSync(vllm.scratchDir)).toBe(false);
+    for (const name of sockets) expect(existsSync(join(tmpdir(), name)), `${name} in the shared temp directory`).toBe(false);
   });
 });
