@@ -2,7 +2,10 @@ import { RolloutError } from '../errors.js';
 import { CompletionRejected, type CompletionExpectation } from './completion.js';
 import { ContextOverflowError } from './context-overflow.js';
 import { EngineHttpError } from './engine-http.js';
-import type { GenerateResult } from './types.js';
+import type { GenerateRequest, GenerateResult } from './types.js';
+
+/** What reading an answer needs of its request: the prompt's length, max_tokens and the vocabulary bound. */
+export type AnsweredRequest = Pick<GenerateRequest, 'promptIds' | 'maxTokens' | 'vocabSize'>;
 
 /** How one engine kind's generate answer is read: its name in messages, its overflow refusal and its answer check. */
 export interface GenerateAnswerKind {
@@ -11,7 +14,7 @@ export interface GenerateAnswerKind {
   /** What a body that fails the check is called in its error ("completion", "answer"). */
   noun: string;
   /** Recognises the engine's context-length refusal among non-2xx answers; undefined for anything else. */
-  overflow: (status: number, text: string, request: { promptTokens: number; maxTokens: number }) => { maxModelLen: number; promptTokens: number | undefined } | undefined;
+  overflow: (status: number, text: string, request: AnsweredRequest) => { maxModelLen: number; promptTokens: number | undefined } | undefined;
   /** Checks a parsed body and copies out the result; throws {@link CompletionRejected} for what it refuses. */
   check: (json: unknown, expect: CompletionExpectation) => GenerateResult;
 }
@@ -27,7 +30,7 @@ export function readGenerateAnswer(
   kind: GenerateAnswerKind,
   url: string,
   answer: { status: number; text: string },
-  request: { promptTokens: number; maxTokens: number; vocabSize?: number },
+  request: AnsweredRequest,
 ): GenerateResult {
   const { status, text } = answer;
   if (status < 200 || status >= 300) {
@@ -37,7 +40,7 @@ export function readGenerateAnswer(
       throw new ContextOverflowError(
         overflow.maxModelLen,
         overflow.promptTokens,
-        `${kind.engine} ${url}: ${request.promptTokens} context + ${request.maxTokens} max_tokens exceed max_model_len ${overflow.maxModelLen}`,
+        `${kind.engine} ${url}: ${request.promptIds.length} context + ${request.maxTokens} max_tokens exceed max_model_len ${overflow.maxModelLen}`,
         cause,
       );
     }

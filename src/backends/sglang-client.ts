@@ -99,7 +99,7 @@ export class SglangClient implements EngineClient {
 
     const cap = this.#maxResponseBytes > 0 ? this.#maxResponseBytes : defaultMaxResponseBytes(request.promptIds.length, request.maxTokens);
     const answer = await this.#http.request('POST', '/generate', bodyWithIds('input_ids', request.promptIds, body), request.signal, cap);
-    return readGenerateAnswer(SGLANG_ANSWER, this.url, answer, { promptTokens: request.promptIds.length, maxTokens: request.maxTokens, ...(request.vocabSize !== undefined && { vocabSize: request.vocabSize }) });
+    return readGenerateAnswer(SGLANG_ANSWER, this.url, answer, request);
   }
 
   /** GET /health_generate: 200 when the engine can generate (it runs a one-token request when idle). */
@@ -141,5 +141,4 @@ export class SglangClient implements EngineClient {
   async resume(signal: AbortSignal): Promise<void> {
     await this.#http.control('/continue_generation', {}, signal);
   }
-
 }

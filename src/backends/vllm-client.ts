@@ -46,7 +46,7 @@ export type VllmHttpError = EngineHttpError;
 const VLLM_ANSWER: GenerateAnswerKind = {
   engine: 'vLLM',
   noun: 'completion',
-  overflow: (status, text, r) => parseContextOverflow(status, text, r.maxTokens > 0 ? r.promptTokens : undefined),
+  overflow: (status, text, r) => parseContextOverflow(status, text, r.maxTokens > 0 ? r.promptIds.length : undefined),
   check: checkCompletion,
 };
 
@@ -122,7 +122,7 @@ export class VllmClient implements EngineClient {
 
     const cap = this.#maxResponseBytes > 0 ? this.#maxResponseBytes : defaultMaxResponseBytes(request.promptIds.length, request.maxTokens);
     const answer = await this.#http.request('POST', '/v1/completions', bodyWithIds('prompt', request.promptIds, body), request.signal, cap, headers);
-    return readGenerateAnswer(VLLM_ANSWER, this.url, answer, { promptTokens: request.promptIds.length, maxTokens: request.maxTokens, ...(request.vocabSize !== undefined && { vocabSize: request.vocabSize }) });
+    return readGenerateAnswer(VLLM_ANSWER, this.url, answer, request);
   }
 
   /** GET /health: vLLM answers 200 with an empty body when the engine is alive, 503 when it is dead. */
@@ -169,5 +169,4 @@ export class VllmClient implements EngineClient {
   async resume(signal: AbortSignal): Promise<void> {
     await this.#http.control('/resume', undefined, signal);
   }
-
 }
