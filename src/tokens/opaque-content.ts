@@ -1,3 +1,4 @@
+import htmlTags from 'html-tags';
 import { RolloutError } from '../errors.js';
 import type { ChatMessage, TextPart, Tokenizer } from './types.js';
 
@@ -28,7 +29,8 @@ import type { ChatMessage, TextPart, Tokenizer } from './types.js';
  * Every added token counts, not only those flagged special: <tool_call>, </tool_response> and <think> are added
  * tokens because they mark structure the template and the tool-call parser rely on, and a tool that prints
  * "</tool_response>\n<tool_call>" forges that structure as surely as one printing <|im_start|>. Environment text
- * therefore yields an added-token id only where plain BPE of the text does (for Qwen3: never). The cost: a prompt
+ * therefore yields an added-token id only where plain BPE of the text does (for Qwen3: never), or where the token
+ * is text to the model (whitespace runs, HTML tags: {@link textAddedTokens}). The cost: a prompt
  * that says "answer inside <think> tags" is encoded as the characters, not the token, unlike a naive
  * `apply_chat_template` + tokenize.
  *
@@ -61,28 +63,57 @@ interface Compiled {
 
 const compiledCache = new WeakMap<Tokenizer, Compiled>();
 
-/**
- * Whether an added token is text rather than structure: made only of whitespace or SentencePiece's "▁" (Gemma 3
- * adds "\n", "\n\n", "▁▁", ... as tokens so runs of them encode compactly). Such a token marks nothing a tool
- * could forge, and every newline of every observation would otherwise be encoded unlike the model's training
- * text, so it is never escaped or counted.
- */
-export function isTextToken(token: string): boolean {
-  return /^[\s\u2581]+$/u.test(token);
+/** The added tokens {@link textAddedTokens} classifies, as tokenizer.json lists them. */
+export interface AddedTokenFlags {
+  readonly content: string;
+  readonly special?: boolean;
 }
+
+/** `<td>`, `</table>`: an HTML element's opening or closing tag without attributes; group 1 is its name. */
+const TAG = /^<\/?([a-z][a-z0-9]*)>$/;
+
+/**
+ * The added tokens that are text rather than structure, so environment content keeps them as the tokenizer
+ * finds them (never escaped, never counted by {@link verifyTemplateTokens}); every other added token is
+ * structure, and environment text never yields it (see the module comment):
+ *
+ * - tokens made only of whitespace or SentencePiece's "▁": Gemma 3 adds "\n", "\n\n", "▁▁", ... so runs of them
+ *   encode compactly; every newline of every observation would otherwise be encoded unlike the model's training text;
+ * - markup tokens: not flagged `special`, exactly the opening or closing tag of a standard HTML element (the
+ *   `html-tags` list: `<td>`, `</table>`, `<h1>`, `<code>`, ...), and not written by the chat template (its source
+ *   does not contain the string). Gemma 3 has 68 of them, vocabulary compaction for web text: the model saw every
+ *   table and heading of its training pages as these ids, so a fetched page or an HTML table in a tool result keeps
+ *   them, as a fresh tokenization of the same text would. Such a tag marks nothing the template or a tool-call
+ *   parser relies on (their markers — <tool_call>, <think>, <tool_response>, DeepSeek's <｜tool▁calls▁begin｜> —
+ *   are no HTML element names, and a template that writes a tag makes it structure).
+ *
+ * Control-looking tokens stay structure even when not flagged special: Qwen3's <|fim_prefix|>, Gemma 3's
+ * <unused0> ... <unused6241>, <mask>, [multimodal] and <bbox>.
+ */
+export function textAddedTokens(added: readonly AddedTokenFlags[], templateSource: string): ReadonlySet<string> {
+  const text = new Set<string>();
+  for (const { content, special } of added) {
+    if (/^[\s\u2581]+$/u.test(content)) text.add(content);
+    else if (special !== true && HTML_ELEMENTS.has(TAG.exec(content)?.[1] ?? '') && !templateSource.includes(content)) text.add(content);
+  }
+  return text;
+}
+
+const HTML_ELEMENTS: ReadonlySet<string> = new Set(htmlTags);
 
 function compiled(tokenizer: Tokenizer): Compiled {
   let entry = compiledCache.get(tokenizer);
   if (!entry) {
     const all = tokenizer.addedTokens;
     // Placeholders stand for an index into the full list; text tokens are simply never looked for.
-    const tokens = all.filter((t) => !isTextToken(t));
+    const text = tokenizer.textTokens;
+    const tokens = all.filter((t) => !text.has(t));
     if (all.length > MAX_ADDED_TOKENS) {
       throw new RolloutError('failed_precondition', `the tokenizer has more than ${MAX_ADDED_TOKENS} added tokens`);
     }
     const index = new Map<string, number>();
     all.forEach((token, k) => {
-      if (!index.has(token) && !isTextToken(token)) index.set(token, k);
+      if (!index.has(token) && !text.has(token)) index.set(token, k);
     });
     const plane = '[\\u{F0000}-\\u{FFFFD}]';
     entry = {

@@ -8,7 +8,7 @@ import { accelerateByteLevel } from './byte-level-fast.js';
 import { bpeCacheOnLruCache, flattenWithoutFlat, segmentEncoder, splitByMatch } from './library-fast-paths.js';
 import { JinjaChatTemplate } from './chat-template.js';
 import { probeAssistantClosing } from './template-delta.js';
-import { alternation, coalesce } from './opaque-content.js';
+import { alternation, coalesce, textAddedTokens } from './opaque-content.js';
 import { readModelFiles, specialTokenString, type TokenizerConfig } from './model-files.js';
 import type { TextPart, Tokenizer } from './types.js';
 
@@ -31,6 +31,11 @@ export interface HfTokenizerOptions {
    * Array.flat and the BPE word cache on lru-cache (library-fast-paths.ts); default true. Tests compare against false.
    */
   accelerate?: boolean;
+  /**
+   * The chat template's source, if the tokenizer comes with one: an HTML-tag added token it writes is structure,
+   * not text (see {@link textAddedTokens}).
+   */
+  templateSource?: string;
 }
 
 /**
@@ -49,6 +54,7 @@ export class HfTokenizer implements Tokenizer {
   /** Ids are the integers in [0, vocabSize): one past the largest id of the vocabulary and its added tokens. */
   readonly vocabSize: number;
   readonly addedTokens: readonly string[];
+  readonly textTokens: ReadonlySet<string>;
   private readonly impl: HfTokenizerImpl;
   /** The same tokenizer without added tokens: their strings encode as ordinary text. */
   private readonly plain: HfTokenizerImpl;
@@ -123,6 +129,7 @@ export class HfTokenizer implements Tokenizer {
     this.stopTokenIds = Object.freeze([...new Set(ids)]);
     const added = (tokenizerJson.added_tokens ?? []) as AddedTokenJson[];
     this.addedTokens = Object.freeze(added.map((t) => t.content));
+    this.textTokens = textAddedTokens(added, options.templateSource ?? '');
     this.specialIds = new Set(added.filter((t) => t.special).map((t) => t.id));
     this.matcher = alternation(this.addedTokens, 'g');
     this.independent = !added.some((t) => t.lstrip || t.rstrip || t.normalized || t.single_word);
@@ -344,7 +351,11 @@ function loadModel(dir: string): Promise<LoadedModel> {
   if (entry === undefined) {
     entry = readModelFiles(key).then(({ tokenizerJson, config, chatTemplate, eosTokenIds }) => {
       const closing = chatTemplate === undefined ? undefined : closingToken(config, chatTemplate, tokenizerJson);
-      const tokenizer = new HfTokenizer(tokenizerJson, config, { stopTokenIds: eosTokenIds, ...(closing !== undefined && { stopTokens: [closing] }) });
+      const tokenizer = new HfTokenizer(tokenizerJson, config, {
+        stopTokenIds: eosTokenIds,
+        ...(closing !== undefined && { stopTokens: [closing] }),
+        ...(chatTemplate !== undefined && { templateSource: chatTemplate }),
+      });
       return { tokenizer, config, chatTemplate };
     });
     cache.set(key, entry);

@@ -36,6 +36,11 @@ export interface Tokenizer {
   encodeParts(parts: readonly TextPart[]): number[];
   /** The added tokens' strings (special or not, e.g. <|im_end|>, <tool_call>), in tokenizer.json order. */
   readonly addedTokens: readonly string[];
+  /**
+   * The added tokens that are text, not chat structure (whitespace runs, HTML tags the template does not write;
+   * see opaque-content.ts textAddedTokens): environment text keeps them as the tokenizer finds them.
+   */
+  readonly textTokens: ReadonlySet<string>;
   decode(ids: readonly number[], options?: { skipSpecialTokens?: boolean }): string;
   /** Id of a token string (special or not), undefined if absent. */
   tokenId(token: string): number | undefined;
