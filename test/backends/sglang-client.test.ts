@@ -1,13 +1,12 @@
-import { createServer, type Server } from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { abortReason, RolloutError } from '../../src/errors.js';
+import { abortReason } from '../../src/errors.js';
 import { ContextOverflowError } from '../../src/backends/context-overflow.js';
 import { MAX_ERROR_BODY_BYTES, type EngineHttpError } from '../../src/backends/engine-http.js';
 import { SglangClient } from '../../src/backends/sglang-client.js';
 import { FakeSglangEngine } from '../../src/testing/fake-sglang.js';
 import { loadQwen3 } from '../../src/tokens/tokenizer.js';
 import type { Tokenizer } from '../../src/tokens/types.js';
+import { expectRolloutError, rawServer } from '../support/engine-client-support.js';
 
 let tokenizer: Tokenizer;
 let engine: FakeSglangEngine;
@@ -26,24 +25,6 @@ afterAll(async () => {
 });
 
 const signal = (): AbortSignal => new AbortController().signal;
-
-async function expectRolloutError(promise: Promise<unknown>, code: string): Promise<RolloutError> {
-  const err = await promise.then(
-    () => expect.fail('expected a RolloutError'),
-    (e: unknown) => e,
-  );
-  expect(err).toBeInstanceOf(RolloutError);
-  expect((err as RolloutError).code).toBe(code);
-  return err as RolloutError;
-}
-
-/** A one-route server answering every request with `body`, for answers the fake engine never gives. */
-async function rawServer(body: unknown, status = 200): Promise<{ url: string; server: Server }> {
-  const text = typeof body === 'string' ? body : JSON.stringify(body);
-  const server = createServer((_req, res) => res.writeHead(status, { 'content-type': 'application/json' }).end(text));
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, server };
-}
 
 /** An SGLang answer with the given sampled pairs. */
 const answer = (pairs: unknown[], extra: Record<string, unknown> = {}) => ({
