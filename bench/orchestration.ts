@@ -18,6 +18,7 @@ import { RolloutClient } from '../src/client/rollout-client.js';
 import { CALC_ENVIRONMENT } from '../src/testing/calc-environment.js';
 import { LONG_CONTEXT_ENVIRONMENT } from '../src/testing/long-context-environment.js';
 import { NODE_FLAGS } from '../src/cli/node-flags.js';
+import { referenceWorkMs } from './calibration.js';
 import { ChildHandle } from './child-rpc.js';
 import { driveServer, percentile, replayDirect, type DriveResult, type ReplayResult } from './drive.js';
 import type { EngineApi, EngineInfo, EngineStats } from './engine-child.js';
@@ -180,6 +181,7 @@ export interface LongPass {
 
 async function run(o: BenchOptions): Promise<BenchResults> {
   const t = o.phaseTimeout;
+  const referenceAtStart = referenceWorkMs();
   const engine = await ChildHandle.spawn<EngineApi, EngineInfo>('engine-child', ENGINE_CHILD, []);
   children.add(engine);
   note(`fake vLLM engine ${engine.info.url} (pid ${engine.pid}); starting server child (null sandboxes, ${CALC_ENVIRONMENT})`);
@@ -214,6 +216,8 @@ async function run(o: BenchOptions): Promise<BenchResults> {
   const direct = await replayDirect(engine.info.url, engine.info.model, recorded, o.concurrency, 'direct pass (VllmClient)');
   const d1 = await cpuSnapshot(engine);
   const engineStats = await engine.call('stats');
+  // The machine's speed again, with the children idle: a change since the start shows the speed drifting mid-run.
+  const referenceAfterPasses = referenceWorkMs();
 
   // 3. Memory per in-flight trajectory, on a fresh server that keeps no finished task (so what is left after the
   // held trajectories end is a leak, not the task store).
@@ -254,6 +258,7 @@ async function run(o: BenchOptions): Promise<BenchResults> {
       platform: `${platform()} ${release()}`,
       loadavg: loadavg(),
       date: new Date().toISOString(),
+      referenceWorkMs: { atStart: referenceAtStart, afterPasses: referenceAfterPasses },
     },
     server: { ...serverPass, cpu: spent(c0, c1), inFlight, eventLoop, retained, after: serverAfter },
     direct: { ...direct, cpu: spent(d0, d1), engine: engineStats },

@@ -190,6 +190,7 @@ export function renderReport(r: BenchResults): { table: string; figures: Figures
   const out = [
     `Orchestration benchmark: fake vLLM engine (test double) at zero token latency`,
     `machine: ${String(m.cpus)} × ${String(m.cpuModel)}, ${f1(Number(m.totalMemoryBytes) / KIB ** 3)} GiB, node ${String(m.node)}, ${String(m.platform)}`,
+    `machine speed now: a fixed reference workload (bench/calibration.ts) took ${referenceLine(m.referenceWorkMs)} ms of CPU at the start / after the throughput passes; CPU figures of two runs compare only next to it`,
     `processes: client (this one) | server child | engine child; null sandboxes + bench-calc (2 LLM turns per trajectory)`,
     '',
     table([
@@ -260,4 +261,10 @@ function cpuBoundRatio(s: BenchResults['server'], d: BenchResults['direct']): { 
   const others = (s.cpu.engine + s.cpu.client) / s.turns;
   const server = s.cpu.server / s.turns;
   return { model: direct / (server + others), ceiling: direct / others, serverBudgetFor06: direct / 0.6 - others };
+}
+
+/** "150.4 / 152.0" from the machine's reference times, "-" when the results predate them. */
+function referenceLine(value: unknown): string {
+  const r = value as { atStart?: number; afterPasses?: number } | undefined;
+  return r?.atStart === undefined || r.afterPasses === undefined ? '-' : `${f1(r.atStart)} / ${f1(r.afterPasses)}`;
 }
