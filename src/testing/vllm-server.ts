@@ -81,6 +81,12 @@ export function vllmServeCommand(python: string, options: VllmServerOptions & { 
     '--generation-config', 'vllm',
     '--logprobs-mode', options.logprobsMode ?? 'processed_logprobs',
     ...(options.maxModelLen !== undefined ? ['--max-model-len', String(options.maxModelLen)] : []),
+    // vLLM 0.32's CPU engine dies (RuntimeError: CPU Generator does not use offset, gpu_model_runner
+    // _bookkeeping_sync) when a seeded request's prompt is prefilled in chunks: the runner rewinds the request's
+    // generator for the partial step, which CPU generators cannot. Several long prompts arriving at once (held turns
+    // released by a resume) exceed the step's 2,048-token budget and get chunked, so prompts are scheduled whole
+    // (vLLM then raises the step's budget to max_model_len).
+    '--no-enable-chunked-prefill',
     ...(options.extraArgs ?? []),
   ];
   const env = {

@@ -1,5 +1,5 @@
 import { Writable } from 'node:stream';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { createLogger } from '../../../src/observability/logger.js';
 import { PauseMode } from '../../../gen/ts/rollout/v1/backend.js';
 import { Role, TrajectoryStatus, type Trajectory, type Turn } from '../../../gen/ts/rollout/v1/rollout.js';
@@ -16,19 +16,29 @@ import { startServerHarness, type ServerHarness } from '../../support/server-har
 // produced it, to exactly the ledger's context before it. The random policy almost never samples <|im_end|>, so a
 // math sample is one long turn cut by max_tokens (TRUNCATED): long enough for a pause to land inside it. Its tools
 // never run, so the sandboxes are the no-op double (what is under test is the engines, not process spawning).
+//
+// Timing: a pause goes test -> gRPC -> server -> proxy -> vLLM, and on a loaded machine (CI's other test files share
+// its two cores) that took longer than the tiny model needs for the rest of a 400-token turn (~1,300 tokens of a
+// batch of four at ~300 tokens/s): turns ended before the pause landed, KEEP found nothing to freeze. The turns a
+// pause must land inside are 1,500 tokens, so the same pause has ~4x the time; and what a test counts is read from the engine's own record
+// (the proxy's exchanges), not from a moment the test assumes it caught. After each test the engine is resumed and
+// idle again, so one failure cannot leave a paused engine to the next (a failover then hung for its whole budget).
 const installed = vllmInstalled();
 if (!installed && process.env.CI === 'true') throw new Error('CI=true but the real vLLM is not installed: run ./scripts/setup.sh');
 
 const OK = [TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED, TrajectoryStatus.TRAJECTORY_STATUS_TRUNCATED];
 const TOKEN = 'sync';
 const TURN_TOKENS = 400;
+/** Turns a pause must land inside (ABORT, KEEP): see the timing note above. */
+const LONG_TURN_TOKENS = 1500;
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
 const name = (t: Trajectory): string => `${t.taskId}#${t.sampleIndex} ${TrajectoryStatus[t.status]} ${t.finishReason} ${t.error}`;
 const assistant = (t: Trajectory): Turn[] => t.turns.filter((x) => x.role === Role.ROLE_ASSISTANT);
 
-/** A group of math samples, each one turn of up to TURN_TOKENS tokens. */
-const group = (id: string, n: number, seed: number) =>
-  mathTask(id, n, seed, { sampling: { temperature: 1, seed, maxTokensPerTurn: TURN_TOKENS, maxTotalTokens: 1800, stop: [] } });
+/** A group of math samples, each one turn of up to `turnTokens` tokens. */
+const group = (id: string, n: number, seed: number, turnTokens = TURN_TOKENS) =>
+  // max_total_tokens counts the prompt too (~575 tokens with the math environment's tools).
+  mathTask(id, n, seed, { sampling: { temperature: 1, seed, maxTokensPerTurn: turnTokens, maxTotalTokens: turnTokens + 1400, stop: [] } });
 
 /** vLLM's count of tokens it has generated (GET /metrics, vllm:generation_tokens_total; updated every engine step). */
 async function generatedTokens(url: string): Promise<number> {
@@ -71,8 +81,8 @@ describe.skipIf(!installed)('weight sync and failover end to end on two real vLL
   beforeAll(async () => {
     const started = Date.now();
     [vllmA, vllmB] = await Promise.all([
-      VllmServer.start({ modelDir: TINY_QWEN3_DIR, servedModelName: 'tiny-qwen3', maxModelLen: 2048 }),
-      VllmServer.start({ modelDir: TINY_QWEN3_DIR, servedModelName: 'tiny-qwen3', maxModelLen: 2048 }),
+      VllmServer.start({ modelDir: TINY_QWEN3_DIR, servedModelName: 'tiny-qwen3', maxModelLen: 4096 }),
+      VllmServer.start({ modelDir: TINY_QWEN3_DIR, servedModelName: 'tiny-qwen3', maxModelLen: 4096 }),
     ]);
     console.log(`two vLLMs started in ${Date.now() - started} ms`);
     [proxyA, proxyB] = await Promise.all([recordingProxy(vllmA.url), recordingProxy(vllmB.url)]);
@@ -97,7 +107,8 @@ describe.skipIf(!installed)('weight sync and failover end to end on two real vLL
 
   describe('PauseGeneration / ResumeGeneration on one engine', () => {
     let h: ServerHarness;
-    let version = 0;
+    /** The version backend A serves now: each test bumps it from there, whatever an earlier test left. */
+    const servedVersion = (): number => h.server.pool.list()[0]!.policyVersion;
     const exchanges = (): readonly Exchange[] => proxyA.exchanges;
 
     beforeAll(async () => {
@@ -113,10 +124,16 @@ describe.skipIf(!installed)('weight sync and failover end to end on two real vLL
       });
     }, 120_000);
     afterAll(async () => h?.close());
+    // A test that failed while the engine was paused must not leave it so: resume (no version change), then wait
+    // until its trajectories have left the engine.
+    afterEach(async () => {
+      await h.client.resumeGeneration();
+      await expect.poll(() => proxyA.inflight(), { timeout: 240_000 }).toBe(0);
+    }, 300_000);
 
     /**
      * Until all `n` requests are at the engine and it has generated ~20 tokens for each since: they are then
-     * decoding, far from their TURN_TOKENS, so a pause lands inside the turns (timing alone is not enough: the first
+     * decoding, far from their LONG_TURN_TOKENS, so a pause lands inside the turns (timing alone is not enough: the first
      * batches of a fresh engine take seconds to produce a token).
      */
     async function decoding(n = 4): Promise<void> {
@@ -126,7 +143,9 @@ describe.skipIf(!installed)('weight sync and failover end to end on two real vLL
     }
 
     it('ABORT: each interrupted turn goes on after resume as a second span, v then v+1, both exactly what vLLM returned', async () => {
-      const pending = await run(h, [group('abort-a', 4, 501)]);
+      const version = servedVersion();
+      const start = proxyA.exchanges.length;
+      const pending = await run(h, [group('abort-a', 4, 501, LONG_TURN_TOKENS)]);
       await decoding();
       const paused = await h.client.pauseGeneration(PauseMode.PAUSE_MODE_ABORT);
       expect(paused.map((b) => [b.id, b.paused])).toEqual([['A', true]]);
@@ -152,17 +171,21 @@ describe.skipIf(!installed)('weight sync and failover end to end on two real vLL
         expect(spans[cut - 1]!.end).toBe(spans[cut]!.start);
         // The continuation asked for the rest of the turn's budget only.
         const rest = exchanges().find((e) => e.prompt.length === t.promptTokenIds.length + spans[cut]!.start && e.tokenIds.length === spans[cut]!.end - spans[cut]!.start);
-        expect(rest?.maxTokens).toBe(TURN_TOKENS - (spans[cut - 1]!.end - spans[cut - 1]!.start));
+        expect(rest?.maxTokens).toBe(LONG_TURN_TOKENS - (spans[cut - 1]!.end - spans[cut - 1]!.start));
         expect([t.policyVersionMin, t.policyVersionMax]).toEqual([version, version + 1]);
       }
-      // All four were decoding when the pause came (see decoding()).
-      expect(splits, 'turns split by the pause').toBe(4);
+      // Every turn vLLM aborted went on as a second span, and the pause landed inside turns (see decoding(): with
+      // 1,500-token turns, all four).
+      const aborted = proxyA.exchanges.slice(start).filter((e) => e.finishReason === 'abort').length;
+      expect(splits, 'turns split by the pause').toBe(aborted);
+      expect(aborted, 'turns vLLM aborted').toBeGreaterThan(0);
       const sizes = trajectories.map((t) => assistant(t).map((s) => s.end - s.start).join('+'));
       console.log(`ABORT on vLLM: ${splits}/4 turns split; tokens per segment: ${sizes.join(', ')}`);
-      version++;
     }, 300_000);
 
     it('WAIT: answers once the requests in flight have finished (none aborted); requests held meanwhile run with the new version', async () => {
+      const version = servedVersion();
+      const firstAnswers = proxyA.exchanges.length;
       const first = await run(h, [group('wait-a', 4, 502)]);
       try {
         await expect.poll(() => proxyA.inflight(), { timeout: 120_000 }).toBe(4);
@@ -170,7 +193,6 @@ describe.skipIf(!installed)('weight sync and failover end to end on two real vLL
         console.log('diagnosis:', JSON.stringify({ stats: h.server.pool.stats(), list: h.server.pool.list(), stages: h.server.runtime.pipeline.stageStats(), inflight: proxyA.inflight() }));
         throw err;
       }
-      const firstAnswers = proxyA.exchanges.length;
       await h.client.pauseGeneration(PauseMode.PAUSE_MODE_WAIT);
       // All four first-batch turns were answered before the pause answered.
       expect(proxyA.inflight()).toBe(0);
@@ -191,11 +213,11 @@ describe.skipIf(!installed)('weight sync and failover end to end on two real vLL
           expect(span.policyVersion).toBe(t.taskId === 'wait-a' ? version : version + 1);
         }
       }
-      version++;
     }, 300_000);
 
     it('KEEP: requests freeze in vLLM and finish after resume, each turn recorded as spanning v → v+1', async () => {
-      const pending = await run(h, [group('keep-a', 4, 504)]);
+      const version = servedVersion();
+      const pending = await run(h, [group('keep-a', 4, 504, LONG_TURN_TOKENS)]);
       await decoding();
       await h.client.pauseGeneration(PauseMode.PAUSE_MODE_KEEP);
       // An answer vLLM finished just before the pause may still be on its way through the proxy when the pause
@@ -231,7 +253,6 @@ describe.skipIf(!installed)('weight sync and failover end to end on two real vLL
         }
       }
       expect(mixed).toBeGreaterThanOrEqual(frozen);
-      version++;
     }, 300_000);
   });
 
