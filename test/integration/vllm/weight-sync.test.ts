@@ -20,9 +20,10 @@ import { startServerHarness, type ServerHarness } from '../../support/server-har
 // Timing: a pause goes test -> gRPC -> server -> proxy -> vLLM, and on a loaded machine (CI's other test files share
 // its two cores) that took longer than the tiny model needs for the rest of a 400-token turn (~1,300 tokens of a
 // batch of four at ~300 tokens/s): turns ended before the pause landed, KEEP found nothing to freeze. The turns a
-// pause must land inside are 1,500 tokens, so the same pause has ~4x the time; and what a test counts is read from the engine's own record
-// (the proxy's exchanges), not from a moment the test assumes it caught. After each test the engine is resumed and
-// idle again, so one failure cannot leave a paused engine to the next (a failover then hung for its whole budget).
+// pause must land inside are 1,500 tokens, so the same pause has ~4x the time; and what a test counts is read from
+// the engine's own record (the proxy's exchanges), not from a moment the test assumes it caught. After each test the
+// engine is resumed and idle again, so one failure cannot leave a paused engine to the next (a failover then hung
+// for its whole budget).
 const installed = vllmInstalled();
 if (!installed && process.env.CI === 'true') throw new Error('CI=true but the real vLLM is not installed: run ./scripts/setup.sh');
 
