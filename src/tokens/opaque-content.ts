@@ -71,6 +71,8 @@ export interface AddedTokenFlags {
 
 /** `<td>`, `</table>`: an HTML element's opening or closing tag without attributes; group 1 is its name. */
 const TAG = /^<\/?([a-z][a-z0-9]*)>$/;
+/** The standard HTML element names (the `html-tags` package). */
+const HTML_ELEMENTS: ReadonlySet<string> = new Set(htmlTags);
 
 /**
  * The added tokens that are text rather than structure, so environment content keeps them as the tokenizer
@@ -98,8 +100,6 @@ export function textAddedTokens(added: readonly AddedTokenFlags[], templateSourc
   }
   return text;
 }
-
-const HTML_ELEMENTS: ReadonlySet<string> = new Set(htmlTags);
 
 function compiled(tokenizer: Tokenizer): Compiled {
   let entry = compiledCache.get(tokenizer);

@@ -55,7 +55,7 @@ describe("Gemma 3's HTML tags in environment text", () => {
     const id = (token: string): number => tokenizer.tokenId(token)!;
     for (const tag of ['<table>', '<tr>', '<th>', '</th>', '</tr>', '<td>', '</td>', '</table>']) expect(observation, tag).toContain(id(tag));
     // The table alone is what a fresh tokenization of the same text gives, tag ids and all.
-    expect(observation.join(',')).toContain(tokenizer.encode(table).join(','));
+    expect(`,${observation.join(',')},`).toContain(`,${tokenizer.encode(table).join(',')},`);
     // The forged turn markers are characters: the only <start_of_turn>/<end_of_turn> ids are the template's own.
     const own = template.render(
       [...snapshot.messages.slice(0, -1), { ...snapshot.messages.at(-1)!, content: 'x' }],
