@@ -67,6 +67,6 @@ export function renderSoak(r: SoakResult): { text: string } {
   const l = r.leftovers;
   lines.push(`after the final stop: cgroups ${l.cgroups.length}, processes in them ${l.cgroupProcesses.length}, tagged sandbox processes ${l.taggedProcesses.length}, mounts ${l.mounts.length}, bench children ${l.children.length}`);
   lines.push('');
-  lines.push(r.problems.length === 0 ? 'RESULT: accounting clean' : `RESULT: ${r.problems.length} problem(s):\n${r.problems.map((p) => `- ${p}`).join('\n')}`);
+  lines.push(r.problems.length === 0 ? 'RESULT: accounting clean' : `RESULT: ${r.problems.length} problem(s):\n${r.problems.map((p) => `- ${p}`).join('\n')}\nthe server's log and config are kept in ${r.workDir}`);
   return { text: `${lines.join('\n')}\n` };
 }

@@ -1,4 +1,4 @@
-import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { randomUUID } from 'node:crypto';
@@ -165,6 +165,7 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
   const loadStarted = performance.now();
   let phase: MemorySample['phase'] = 'before';
   let serverAlive = true;
+  let clean = false;
   const sample = (): void => {
     if (!serverAlive) return;
     const s: ProcessSample | undefined = sampleProcess(server.pid);
@@ -284,12 +285,15 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
       problems: [],
     };
     result.problems = problemsOf(result);
+    clean = result.problems.length === 0;
     return result;
   } finally {
     clearInterval(sampler);
     client.close();
     if (serverAlive) await server.terminate(5_000).catch(() => undefined);
     engine.kill();
+    // The server's log and config are kept to be read only when the run went wrong (the result names the directory).
+    if (clean) rmSync(workDir, { recursive: true, force: true });
   }
 }
 

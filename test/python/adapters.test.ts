@@ -1,5 +1,8 @@
 import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startHarness, type Harness } from '../support/harness.js';
 import { ROOT, type PythonRun, type PythonRuntime } from './runtimes.js';
@@ -41,9 +44,11 @@ describe('the trainer adapters (verl, SkyRL, NeMo-RL, slime), over a real server
 });
 
 /** Runs the adapters' pytest suite in their venv from the repo root, pointed at `target`. */
-function pytest(target: string): Promise<PythonRun> {
-  return new Promise((resolve, reject) => {
-    const args = ['-m', 'pytest', '-q', '-p', 'no:cacheprovider', '-W', 'error::pytest.PytestUnraisableExceptionWarning', 'python/tests/adapters'];
+async function pytest(target: string): Promise<PythonRun> {
+  // pytest's own tmp_path root (it keeps the last three runs' directories otherwise): this run's, removed after it.
+  const basetemp = await mkdtemp(join(tmpdir(), 'rollout-pytest-'));
+  return new Promise<PythonRun>((resolve, reject) => {
+    const args = ['-m', 'pytest', '-q', '-p', 'no:cacheprovider', `--basetemp=${basetemp}`, '-W', 'error::pytest.PytestUnraisableExceptionWarning', 'python/tests/adapters'];
     const child = spawn(`${ROOT}${ADAPTERS.venv}/bin/python`, args, {
       cwd: ROOT,
       stdio: ['ignore', 'pipe', 'pipe'],
@@ -55,5 +60,5 @@ function pytest(target: string): Promise<PythonRun> {
     child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
     child.on('error', reject);
     child.on('close', (code) => resolve({ code, stdout, stderr }));
-  });
+  }).finally(() => rm(basetemp, { recursive: true, force: true }));
 }

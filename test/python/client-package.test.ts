@@ -92,7 +92,11 @@ describe('the Python client package', () => {
     expect(where.grpcio).toMatch(leg.grpcio);
     expect(where.client).toContain('site-packages');
     expect(where.stubs).toContain('site-packages');
-    const r = await run(`${ROOT}${leg.venv}/bin/pytest`, ['-q', '-p', 'no:cacheprovider', 'python/tests'], { ROLLOUT_REPO: ROOT });
+    // pytest's own tmp_path root (it keeps the last three runs' directories otherwise): this test's, removed below.
+    const basetemp = await mkdtemp(join(tmpdir(), 'rollout-pytest-'));
+    const r = await run(`${ROOT}${leg.venv}/bin/pytest`, ['-q', '-p', 'no:cacheprovider', `--basetemp=${basetemp}`, 'python/tests'], { ROLLOUT_REPO: ROOT }).finally(() =>
+      rm(basetemp, { recursive: true, force: true }),
+    );
     const last = r.stdout.trim().split('\n').at(-1) ?? '';
     expect(r.code, `${leg.venv}:\n${r.stdout.slice(-6000)}\n${r.stderr.slice(-3000)}`).toBe(0);
     expect(last).toMatch(/^\d+ passed in /); // nothing skipped, nothing failed

@@ -1,5 +1,7 @@
 import { randomUUID } from 'node:crypto';
-import { readdirSync, readFileSync } from 'node:fs';
+import { chmodSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { listMounts, unmountFuse } from '../../src/sandboxes/images/fuse-mounts.js';
 
@@ -7,7 +9,8 @@ import { listMounts, unmountFuse } from '../../src/sandboxes/images/fuse-mounts.
 const MARKER = 'ROLLOUT_TEST_RUN';
 
 /**
- * vitest global setup: the test run must leave nothing behind — no image mount, no orphaned process.
+ * vitest global setup: the test run must leave nothing behind — no image mount, no orphaned process, no temporary
+ * file.
  *
  * A SandboxDriver (or SifImageMounts) that is never closed keeps an image mounted for its grace period; when the
  * test file's worker exits meanwhile, the squashfuse daemon and its mount outlive the run (a fresh CI machine was
@@ -17,10 +20,19 @@ const MARKER = 'ROLLOUT_TEST_RUN';
  * of this run are unmounted, this run's processes still alive outside vitest's own tree after a settling time are
  * killed by pid, and the run fails naming them, so the test that leaked is fixed rather than hidden. (Sandboxes are
  * launched with a clean environment, so a leaked bwrap is not seen here: the sandbox suites check those themselves.)
+ *
+ * Temporary files: the run gets a directory of its own and every process it starts finds it as TMPDIR (os.tmpdir(),
+ * Python's tempfile, pytest's base directory, mktemp), so what a test created and did not remove is told from
+ * everything else in /tmp. At the end, whatever is left in it except {@link KEPT} is named, the run fails, and the
+ * directory is removed either way (test runs had left dozens of empty sandbox roots and soak work directories).
  */
 export default async function setup(): Promise<() => Promise<void>> {
   const run = randomUUID();
   process.env[MARKER] = run;
+  const runTmp = mkdtempSync(join(tmpdir(), 'rollout-test-run-'));
+  // Like /tmp itself (sticky, open to all): a sandbox or helper running as another user finds it as it finds /tmp.
+  chmodSync(runTmp, 0o1777);
+  process.env.TMPDIR = runTmp;
   const before = new Set((await squashfuseMounts()).map((m) => m.mountPoint));
   return async () => {
     const problems: string[] = [];
@@ -47,11 +59,46 @@ export default async function setup(): Promise<() => Promise<void>> {
       }
       problems.push(`${orphans.length} orphaned process(es), killed: ${orphans.map((o) => `${o.pid} ${o.command}`).join('; ')}`);
     }
+    const files = leftFiles(runTmp);
+    try {
+      rmSync(runTmp, { recursive: true, force: true, maxRetries: 3 });
+    } catch (err) {
+      problems.push(`a TMPDIR that could not be removed: ${runTmp} (${String(err)})`);
+    }
+    if (files.length > 0) problems.push(`${files.length} temporary file(s) or directories in TMPDIR, removed: ${files.join(', ')}`);
     if (problems.length === 0) return;
     // vitest reports an error thrown here but still exits 0: the exit code is what fails the run.
     process.exitCode = 1;
     throw new Error(`the test run left ${problems.join(', and ')}`);
   };
+}
+
+/**
+ * What may stay in the run's TMPDIR, each for its reason: tsx's transform cache (`tsx-<uid>`: a cache, written by
+ * every process started through tsx) and the image mount root servers share (`rollout-images-<uid>`, kept between
+ * servers by design) when it is empty.
+ */
+const KEPT: readonly { name: RegExp; onlyEmpty: boolean }[] = [
+  { name: /^tsx-\d+$/, onlyEmpty: false },
+  { name: /^rollout-images-\w+$/, onlyEmpty: true },
+];
+
+/** The entries left in `dir` (one level; a directory's entry count in brackets), {@link KEPT} excepted. */
+function leftFiles(dir: string): string[] {
+  const left: string[] = [];
+  for (const name of readdirSync(dir)) {
+    const path = join(dir, name);
+    let entries: number | undefined;
+    try {
+      entries = statSync(path).isDirectory() ? readdirSync(path).length : undefined;
+    } catch {
+      // Unreadable (a sandbox's own permissions) or gone meanwhile: reported as it is.
+    }
+    const kept = KEPT.find((k) => k.name.test(name));
+    if (kept && (!kept.onlyEmpty || entries === 0)) continue;
+    left.push(entries === undefined ? name : `${name}/ (${entries} entries)`);
+  }
+  return left;
 }
 
 async function squashfuseMounts() {
