@@ -66,8 +66,17 @@ def server():
 
 @pytest.fixture(scope="session")
 def slow_server():
-    """Tokens at 20 ms each: a sample runs for seconds, long enough to break its stream or cancel it mid-run."""
+    """Tokens at 20 ms each: a sample runs for seconds, long enough to break its stream mid-run."""
     s = Server(latency_ms=20)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def stalled_server():
+    """Tokens at 10 minutes each: a sample never ends on its own within a test, so a cancel always finds it running
+    (at 20 ms per token, a busy machine could let the samples finish before the cancel reached the server)."""
+    s = Server(latency_ms=600_000)
     yield s
     s.stop()
 

@@ -88,9 +88,9 @@ def test_a_bad_spec_is_rejected_naming_the_field_and_bad_options_fail_before_sen
     run(main())
 
 
-def test_cancel_ends_the_unfinished_samples_as_cancelled_infrastructure_failures(slow_server):
+def test_cancel_ends_the_unfinished_samples_as_cancelled_infrastructure_failures(stalled_server):
     async def main():
-        async with AsyncRolloutClient(slow_server.address) as client:
+        async with AsyncRolloutClient(stalled_server.address) as client:
             job = asyncio.ensure_future(client.run_group("math", math_instance(3), 3, task_id="to-cancel"))
             while "to-cancel" not in client._tasks or not client._tasks["to-cancel"].accepted.done():
                 await asyncio.sleep(0.05)

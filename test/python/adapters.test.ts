@@ -45,14 +45,16 @@ describe('the trainer adapters (verl, SkyRL, NeMo-RL, slime), over a real server
 
 /** Runs the adapters' pytest suite in their venv from the repo root, pointed at `target`. */
 async function pytest(target: string): Promise<PythonRun> {
-  // pytest's own tmp_path root (it keeps the last three runs' directories otherwise): this run's, removed after it.
-  const basetemp = await mkdtemp(join(tmpdir(), 'rollout-pytest-'));
+  // pytest's own tmp_path root (it keeps the last three runs' directories otherwise) and torch's cache: this run's,
+  // removed after it.
+  const work = await mkdtemp(join(tmpdir(), 'rollout-pytest-'));
   return new Promise<PythonRun>((resolve, reject) => {
-    const args = ['-m', 'pytest', '-q', '-p', 'no:cacheprovider', `--basetemp=${basetemp}`, '-W', 'error::pytest.PytestUnraisableExceptionWarning', 'python/tests/adapters'];
+    const args = ['-m', 'pytest', '-q', '-p', 'no:cacheprovider', `--basetemp=${join(work, 'pytest')}`, '-W', 'error::pytest.PytestUnraisableExceptionWarning', 'python/tests/adapters'];
     const child = spawn(`${ROOT}${ADAPTERS.venv}/bin/python`, args, {
       cwd: ROOT,
       stdio: ['ignore', 'pipe', 'pipe'],
-      env: { ...process.env, ROLLOUT_TARGETS: target, ROLLOUT_ADAPTER_TESTS: '1' },
+      // torch (imported by verl) makes its inductor cache directory at import: in this run's work dir, not in TMPDIR.
+      env: { ...process.env, ROLLOUT_TARGETS: target, ROLLOUT_ADAPTER_TESTS: '1', TORCHINDUCTOR_CACHE_DIR: join(work, 'torchinductor') },
     });
     let stdout = '';
     let stderr = '';
@@ -60,5 +62,5 @@ async function pytest(target: string): Promise<PythonRun> {
     child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
     child.on('error', reject);
     child.on('close', (code) => resolve({ code, stdout, stderr }));
-  }).finally(() => rm(basetemp, { recursive: true, force: true }));
+  }).finally(() => rm(work, { recursive: true, force: true }));
 }

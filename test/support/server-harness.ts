@@ -1,7 +1,8 @@
 import { mkdtemp, readdir, rm } from 'node:fs/promises';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { basename, join } from 'node:path';
+import { expect } from 'vitest';
 import { startRolloutServer, type RolloutServer } from '../../src/app.js';
 import type { ServerConfigInput } from '../../src/config.js';
 import { RolloutClient, type RolloutSession } from '../../src/client/rollout-client.js';
@@ -48,17 +49,29 @@ export interface ServerHarness {
 export async function startServerHarness(options: ServerHarnessOptions = {}): Promise<ServerHarness> {
   const { tokenizer } = await loadQwen3();
   const engine = await FakeVllmEngine.start({ tokenizer, tokenLatencyMs: 0, ...options.engine });
-  const sandboxRoot = options.sandboxes ? undefined : await mkdtemp(join(tmpdir(), 'rollout-test-root-'));
+  // Named after the test file, so a root the run's leftover check finds says which file left it.
+  const sandboxRoot = options.sandboxes ? undefined : await mkdtemp(join(tmpdir(), `rollout-test-root-${basename(expect.getState().testPath ?? 'unknown', '.test.ts')}-`));
+  const removeRoot = async (): Promise<void> => {
+    if (sandboxRoot) await rm(sandboxRoot, { recursive: true, force: true });
+  };
   const sandboxes = options.sandboxes ?? new BubblewrapDriver({ logger: silentLogger(), tmpRoot: sandboxRoot! });
-  const server = await startRolloutServer(
-    { port: 0, model: engine.model, backends: [{ url: engine.url, maxConcurrency: 256 }], ...options.config },
-    {
-      logger: options.logger ?? silentLogger(),
-      sandboxes,
-      ...(options.registry && { registry: options.registry }),
-      ...(options.tokenWorkerScript && { tokenWorkerScript: options.tokenWorkerScript }),
-    },
-  );
+  let server: RolloutServer;
+  try {
+    server = await startRolloutServer(
+      { port: 0, model: engine.model, backends: [{ url: engine.url, maxConcurrency: 256 }], ...options.config },
+      {
+        logger: options.logger ?? silentLogger(),
+        sandboxes,
+        ...(options.registry && { registry: options.registry }),
+        ...(options.tokenWorkerScript && { tokenWorkerScript: options.tokenWorkerScript }),
+      },
+    );
+  } catch (err) {
+    // A server that did not start (a test of a refused config) leaves neither its engine nor its work dir behind.
+    await engine.close();
+    await removeRoot();
+    throw err;
+  }
   const client = new RolloutClient(server.address, options.config?.adminToken ? { adminToken: options.config.adminToken } : {});
   let closing: Promise<void> | undefined;
   return {
@@ -68,10 +81,14 @@ export async function startServerHarness(options: ServerHarnessOptions = {}): Pr
     sandboxRoot,
     close: () =>
       (closing ??= (async () => {
-        client.close();
-        await server.shutdown();
-        await engine.close();
-        if (sandboxRoot) await rm(sandboxRoot, { recursive: true, force: true });
+        try {
+          client.close();
+          await server.shutdown();
+        } finally {
+          // Also when the shutdown throws (a test that stopped the server its own way): nothing left behind.
+          await engine.close();
+          await removeRoot();
+        }
       })()),
   };
 }
