@@ -1,10 +1,12 @@
 /**
  * Benchmark child: the fake vLLM engine (src/testing/fake-vllm.ts, a TEST DOUBLE speaking vLLM's HTTP API) in its
- * own process at zero token latency, driven by bench/orchestration.ts over IPC (see child-rpc.ts). It can
+ * own process at zero token latency (or a fixed service time per request, `setServiceMs`), driven by
+ * bench/orchestration.ts over IPC (see child-rpc.ts). It can
  * record the completion requests it receives (to replay them straight at the engine, without the server) and
  * hold second-turn requests unanswered (to keep trajectories in flight for the memory measurement).
  */
 import { FakeVllmEngine } from '../src/testing/fake-vllm.js';
+import { hashInts } from '../src/testing/arithmetic.js';
 import { calcPolicy } from '../src/testing/calc-environment.js';
 import { longContextPolicy } from '../src/testing/long-context-environment.js';
 import { scriptedMathPolicy, type FakePolicy } from '../src/testing/scripted-policy.js';
@@ -40,6 +42,14 @@ export interface EngineStats {
 
 export type EngineApi = {
   setMode: (mode: EngineMode) => void;
+  /**
+   * Every completion is answered a service time after it arrives: on average `ms` (0: at once, the default), spread
+   * uniformly over 0.5-1.5 × `ms` by a hash of the request's seed and prompt length, so requests do not finish in
+   * lockstep and a request replayed directly takes as long as it did through the server. Timers only: the wait
+   * costs the engine child no CPU, as a GPU's decoding costs the host little — so with `ms` > 0 the engine, not
+   * these cores, bounds throughput (bench/orchestration's engine-bound passes).
+   */
+  setServiceMs: (ms: number) => void;
   record: (on: boolean) => void;
   takeRecorded: () => RecordedRequest[];
   /** While on, every request whose prompt already holds a tool response (turn 2 and later) gets no answer. */
@@ -58,6 +68,7 @@ const POLICIES: Record<EngineMode, FakePolicy> = { calc: calcPolicy, math: scrip
 async function main(): Promise<void> {
   const { tokenizer } = await loadQwen3();
   let mode: EngineMode = 'calc';
+  let serviceMs = 0;
   let recording = false;
   let recorded: RecordedRequest[] = [];
   let holding = false;
@@ -69,6 +80,7 @@ async function main(): Promise<void> {
   const engine = await FakeVllmEngine.start({
     tokenizer,
     tokenLatencyMs: 0,
+    requestLatencyMs: ({ body }) => (serviceMs === 0 ? 0 : serviceMs * (0.5 + serviceSpread(body))),
     // Room for the long-context pass (~64K-token conversations).
     maxModelLen: 131_072,
     policy: (prompt, ctx) => POLICIES[mode](prompt, ctx),
@@ -84,6 +96,7 @@ async function main(): Promise<void> {
 
   const api: EngineApi = {
     setMode: (m) => void (mode = m),
+    setServiceMs: (ms) => void (serviceMs = ms),
     record: (on) => void (recording = on),
     takeRecorded: () => {
       const out = recorded;
@@ -104,6 +117,13 @@ async function main(): Promise<void> {
     },
   };
   await serveChild<EngineInfo>(Promise.resolve({ url: engine.url, model: engine.model }), api);
+}
+
+/** A uniform [0, 1) fixed by the request's seed and prompt length (the same request, the same draw). */
+function serviceSpread(body: Record<string, unknown>): number {
+  const seed = typeof body.seed === 'number' ? body.seed : 0;
+  const length = Array.isArray(body.prompt) ? body.prompt.length : 0;
+  return hashInts(seed, length, 0x5e7) / 2 ** 32;
 }
 
 function pick(body: Record<string, unknown>): Omit<RecordedRequest, 'laterTurn'> {

@@ -44,6 +44,9 @@ export interface BenchOptions {
   longPages: number;
   longPageChars: number;
   longPass: boolean;
+  /** Service times (ms per request) of the engine-bound passes, in order. */
+  engineBoundMs: number[];
+  engineBoundPass: boolean;
   output: string;
   phaseTimeout: number;
 }
@@ -69,11 +72,18 @@ function parseOptions(argv: readonly string[]): BenchOptions {
     .option('--long-pages <n>', 'environment turns (pages read) per long-context trajectory', positiveInt, 4)
     .option('--long-page-chars <n>', 'characters per page the tool returns', positiveInt, 3_500)
     .option('--no-long-pass', 'skip the long-context pass')
+    .option('--engine-bound-ms <list>', 'service times (ms per request, comma-separated) of the engine-bound passes', msList, [1000, 500, 250])
+    .option('--no-engine-bound-pass', 'skip the engine-bound passes')
     .option('--output <path>', 'JSON results file', fileURLToPath(new URL('./results/orchestration.json', import.meta.url)))
     .option('--phase-timeout <s>', 'give up on a phase after this many seconds', positiveInt, 180)
     .parse([...argv]);
   const o = program.opts<Omit<BenchOptions, 'phaseTimeout'> & { phaseTimeout: number }>();
   return { ...o, phaseTimeout: o.phaseTimeout * 1000 };
+}
+
+/** "1000,500,250" as [1000, 500, 250]: each a positive integer. */
+function msList(value: string): number[] {
+  return value.split(',').map((part) => positiveInt(part.trim()));
 }
 
 const cpuMicros = (c: NodeJS.CpuUsage): number => c.user + c.system;
@@ -167,6 +177,21 @@ export interface BenchResults {
   bwrap: DriveResult | undefined;
   /** The long-context pass: with the default token threads, then with none (all token work on the event loop). */
   long: { threads: LongPass; inline: LongPass } | undefined;
+  /** The engine-bound passes, one per service time. */
+  engineBound: EngineBoundPass[];
+}
+
+/**
+ * One engine-bound pass: the engine double answers every request a fixed `serviceMs` after it arrives (timers, no
+ * CPU), so the engine and not the shared cores is the limit while the server keeps up; the same server load, then
+ * its recorded requests replayed straight at the engine at the same concurrency.
+ */
+export interface EngineBoundPass {
+  serviceMs: number;
+  server: DriveResult;
+  serverCpu: CpuSpent;
+  direct: ReplayResult;
+  directCpu: CpuSpent;
 }
 
 /** One long-context pass: how the server's event loop fared while ~64K-token conversations took environment turns. */
@@ -245,6 +270,7 @@ async function run(o: BenchOptions): Promise<BenchResults> {
     long = { threads: await longPass(engine, o, undefined), inline: await longPass(engine, o, 0) };
     await engine.call('setMode', 'calc');
   }
+  const engineBound = o.engineBoundPass ? await engineBoundPasses(engine, o) : [];
   await engine.stop('shutdown');
   children.delete(engine);
 
@@ -266,7 +292,38 @@ async function run(o: BenchOptions): Promise<BenchResults> {
     nullSmall,
     bwrap,
     long,
+    engineBound,
   };
+}
+
+/**
+ * The engine-bound passes: for each service time, the server load (its requests recorded), then those requests
+ * straight at the engine, both at `--concurrency`. One server for all of them, warmed up once.
+ */
+async function engineBoundPasses(engine: Engine, o: BenchOptions): Promise<EngineBoundPass[]> {
+  const s = await startServer(engine, 'null', o.concurrency);
+  const base = { environment: CALC_ENVIRONMENT, groupSize: o.groupSize, timeoutMs: o.phaseTimeout };
+  await driveServer(s.client, { ...base, label: 'engine-bound warm-up', prefix: 'ewarm', trajectories: o.warmup, concurrency: Math.min(o.concurrency, o.warmup), seed: 1_000_000 });
+  const passes: EngineBoundPass[] = [];
+  try {
+    for (const [i, serviceMs] of o.engineBoundMs.entries()) {
+      await engine.call('setServiceMs', serviceMs);
+      await engine.call('record', true);
+      const c0 = await cpuSnapshot(engine, s.server);
+      const server = await driveServer(s.client, { ...base, label: `engine-bound ${serviceMs} ms: server`, prefix: `eb${i}`, trajectories: o.trajectories, concurrency: o.concurrency, seed: 1_100_000 + i * o.trajectories });
+      const c1 = await cpuSnapshot(engine, s.server);
+      await engine.call('record', false);
+      const recorded = await engine.call('takeRecorded');
+      const d0 = await cpuSnapshot(engine);
+      const direct = await replayDirect(engine.info.url, engine.info.model, recorded, o.concurrency, `engine-bound ${serviceMs} ms: direct`);
+      const d1 = await cpuSnapshot(engine);
+      passes.push({ serviceMs, server, serverCpu: spent(c0, c1), direct, directCpu: spent(d0, d1) });
+    }
+  } finally {
+    await engine.call('setServiceMs', 0);
+    await stopServer(s);
+  }
+  return passes;
 }
 
 async function longPass(engine: Engine, o: BenchOptions, tokenWorkers: number | undefined): Promise<LongPass> {
@@ -332,6 +389,9 @@ function summarizeRaw(r: BenchResults): Record<string, unknown> {
     hold: r.hold,
     nullSmall: drive(r.nullSmall),
     bwrap: drive(r.bwrap),
+    engineBound: r.engineBound.map((p) => ({ serviceMs: p.serviceMs, server: { ...drive(p.server), cpuMicros: p.serverCpu },
+      direct: { requests: p.direct.requests, wallMs: p.direct.wallMs, errors: p.direct.errors, cpuMicros: p.directCpu,
+        latencyMs: { p50: percentile(p.direct.latenciesMs, 50), p99: percentile(p.direct.latenciesMs, 99) } } })),
     long: r.long && Object.fromEntries(Object.entries(r.long).map(([k, p]) => [k, { tokenWorkers: p.tokenWorkers, ...drive(p.drive), eventLoop: p.eventLoop, cpuMicros: p.cpu, contextTokens: p.contextTokens }])),
   };
 }

@@ -1,4 +1,4 @@
-import type { BenchResults, CpuSpent, LongPass } from './orchestration.js';
+import type { BenchResults, CpuSpent, EngineBoundPass, LongPass } from './orchestration.js';
 import { percentile, type DriveResult } from './drive.js';
 
 /** Figures of one run, flat, for the JSON file and for comparing runs. */
@@ -184,6 +184,7 @@ export function renderReport(r: BenchResults): { table: string; figures: Figures
       longP99 === undefined ? '-' : longP99 <= 5 ? 'met' : `not met (${f1(longP99 / 5)}x)`,
     ],
   ];
+  const engineBoundRows = r.engineBound.map((pass) => engineBoundRow(pass, o.trajectories, figures, problems));
   if (r.nullSmall && r.bwrap) figures.sandboxSlowdown = Number(figures.nullSmallTrajectoriesPerS) / Number(figures.bwrapTrajectoriesPerS);
 
   const m = r.machine;
@@ -243,10 +244,56 @@ export function renderReport(r: BenchResults): { table: string; figures: Figures
     out.push('', table([['sandboxes (same load)', 'traj', 'conc', 'wall s', 'traj/s', 'turns/s', 'p50 ms', 'p99 ms', 'statuses'], ...sandboxRows]));
     if (figures.sandboxSlowdown !== undefined) out.push(`real sandboxes: ${f1(Number(figures.sandboxSlowdown))}× fewer trajectories/s than null sandboxes`);
   }
+  if (engineBoundRows.length > 0) {
+    out.push(
+      '',
+      `engine-bound passes: the engine double answers each request a service time after it arrives (uniform over 0.5-1.5 × the mean, the same for a ` +
+        `request in both passes; a timer: no CPU, as a GPU engine's decoding costs the host little), the same load as above, then its requests ` +
+        `straight at the engine; ${o.concurrency} in flight`,
+      table([['mean service time', 'server turns/s', 'direct req/s', 'ratio', 'server cores', 'server cpu/turn', 'traj p50 ms', 'direct req p50 ms', 'others (cores)', 'failed'], ...engineBoundRows]),
+      'the ratio here says whether the server keeps an engine that is the bottleneck as busy as a direct client does (1.00: as busy); it falls ' +
+        'once turns/s × server CPU per turn nears the cores the server shares with the client and the engine double (2 in all); ' +
+        'traj p50 against 2 × direct req p50 is about the latency the server adds per 2-turn trajectory',
+    );
+  }
   const load = `other processes took ${cores(s.cpu)} cores during the server pass (2 cores in all: wall-clock figures and the ratio suffer when it is not near 0; CPU per turn much less)`;
   out.push('', table(targets), load);
   out.push('', problems.length === 0 ? 'status: every trajectory and request succeeded; no leaked sandboxes, leases or samples' : `status: ${problems.length} problem(s), see stderr`);
   return { table: out.join('\n'), figures, problems };
+}
+
+/** One engine-bound pass as a table row; its figures and problems are added to the run's. */
+function engineBoundRow(pass: EngineBoundPass, trajectories: number, figures: Figures, problems: string[]): string[] {
+  const { server: s, direct: d, serviceMs } = pass;
+  const name = `engine-bound pass (${serviceMs} ms)`;
+  if (s.trajectories !== trajectories) problems.push(`${name} delivered ${s.trajectories}/${trajectories} trajectories`);
+  if (notCompleted(s) > 0) problems.push(`${name}: ${notCompleted(s)} trajectories not COMPLETED (${statusList(s.statuses)}), e.g. ${s.errors[0] ?? '?'}`);
+  if (s.rejected.length > 0) problems.push(`${name}: ${s.rejected.length} tasks rejected, e.g. ${s.rejected[0]}`);
+  if (d.requests !== s.turns) problems.push(`${name}: engine recorded ${d.requests} requests for ${s.turns} turns`);
+  if (d.errors > 0) problems.push(`${name}, direct: ${d.errors} failed requests, e.g. ${d.firstError}`);
+  const turnsPerS = s.turns / (s.wallMs / 1000);
+  const reqPerS = d.requests / (d.wallMs / 1000);
+  const serverCores = pass.serverCpu.server / pass.serverCpu.wallMicros;
+  const key = `engineBound${serviceMs}ms`;
+  figures[`${key}ServerTurnsPerS`] = turnsPerS;
+  figures[`${key}DirectRequestsPerS`] = reqPerS;
+  figures[`${key}Ratio`] = turnsPerS / reqPerS;
+  figures[`${key}ServerCores`] = serverCores;
+  figures[`${key}ServerCpuMicrosPerTurn`] = pass.serverCpu.server / s.turns;
+  figures[`${key}TrajectoryLatencyP50Ms`] = percentile(s.latenciesMs, 50);
+  figures[`${key}DirectLatencyP50Ms`] = percentile(d.latenciesMs, 50);
+  return [
+    `${serviceMs} ms`,
+    f0(turnsPerS),
+    f0(reqPerS),
+    f2(turnsPerS / reqPerS),
+    f2(serverCores),
+    `${f0(pass.serverCpu.server / s.turns)} µs`,
+    f0(percentile(s.latenciesMs, 50)),
+    f0(percentile(d.latenciesMs, 50)),
+    cores(pass.serverCpu),
+    String(notCompleted(s) + d.errors),
+  ];
 }
 
 /**
