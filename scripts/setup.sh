@@ -128,7 +128,8 @@ else
       --overrides python/vllm/overrides.txt --excludes python/vllm/excludes.txt
     echo "$vllm_sum" > "$vllm_venv/.rollout-stamp"
   fi
-  "$vllm_venv/bin/python" python/vllm/make_tiny_model.py .cache/models/tiny-qwen3
+  # torch makes its inductor cache dir (/tmp/torchinductor_<user>) at import: kept in the project instead.
+  TORCHINDUCTOR_CACHE_DIR="$PWD/.cache/torchinductor" "$vllm_venv/bin/python" python/vllm/make_tiny_model.py .cache/models/tiny-qwen3
 fi
 
 # grpcurl for the reflection contract test (test/contract/reflection-grpcurl.test.ts), built from the Go module
