@@ -1,6 +1,6 @@
 /**
  * Benchmark child: the fake vLLM engine (src/testing/fake-vllm.ts, a TEST DOUBLE speaking vLLM's HTTP API) in its
- * own process at zero token latency (or a fixed service time per request, `setServiceMs`), driven by
+ * own process at zero token latency (or after a service time per request, `setServiceMs`), driven by
  * bench/orchestration.ts over IPC (see child-rpc.ts). It can
  * record the completion requests it receives (to replay them straight at the engine, without the server) and
  * hold second-turn requests unanswered (to keep trajectories in flight for the memory measurement).

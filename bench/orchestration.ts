@@ -5,8 +5,9 @@
  *   npx tsx bench/orchestration.ts [--trajectories 4000] [--concurrency 1000] [--hold 1000] ...
  *
  * Three processes: this one (the TS gRPC client and the direct VllmClient), an engine child (the fake vLLM
- * engine, a test double, at zero token latency) and a server child (startRolloutServer), so the server's memory
- * and CPU are measured alone. See bench/README.md for what each figure means.
+ * engine, a test double, at zero token latency; after a service time per request in the engine-bound passes) and a
+ * server child (startRolloutServer), so the server's memory and CPU are measured alone. See bench/README.md for what
+ * each figure means.
  */
 import { Command } from 'commander';
 import { positiveInt } from './options.js';
@@ -44,7 +45,7 @@ export interface BenchOptions {
   longPages: number;
   longPageChars: number;
   longPass: boolean;
-  /** Service times (ms per request) of the engine-bound passes, in order. */
+  /** Mean service times (ms per request) of the engine-bound passes, in order. */
   engineBoundMs: number[];
   engineBoundPass: boolean;
   output: string;
@@ -72,7 +73,7 @@ function parseOptions(argv: readonly string[]): BenchOptions {
     .option('--long-pages <n>', 'environment turns (pages read) per long-context trajectory', positiveInt, 4)
     .option('--long-page-chars <n>', 'characters per page the tool returns', positiveInt, 3_500)
     .option('--no-long-pass', 'skip the long-context pass')
-    .option('--engine-bound-ms <list>', 'service times (ms per request, comma-separated) of the engine-bound passes', msList, [1000, 500, 250])
+    .option('--engine-bound-ms <list>', 'mean service times (ms per request, comma-separated) of the engine-bound passes', msList, [1000, 500, 250])
     .option('--no-engine-bound-pass', 'skip the engine-bound passes')
     .option('--output <path>', 'JSON results file', fileURLToPath(new URL('./results/orchestration.json', import.meta.url)))
     .option('--phase-timeout <s>', 'give up on a phase after this many seconds', positiveInt, 180)
@@ -182,11 +183,13 @@ export interface BenchResults {
 }
 
 /**
- * One engine-bound pass: the engine double answers every request a fixed `serviceMs` after it arrives (timers, no
- * CPU), so the engine and not the shared cores is the limit while the server keeps up; the same server load, then
- * its recorded requests replayed straight at the engine at the same concurrency.
+ * One engine-bound pass: the engine double answers every request a service time after it arrives (timers, no CPU;
+ * 0.5-1.5 × `serviceMs`, see the engine child's `setServiceMs`), so the engine and not the shared cores is the limit
+ * while the server keeps up; the same server load, then its recorded requests replayed straight at the engine at the
+ * same concurrency.
  */
 export interface EngineBoundPass {
+  /** The mean service time, ms. */
   serviceMs: number;
   server: DriveResult;
   serverCpu: CpuSpent;

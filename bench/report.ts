@@ -189,7 +189,7 @@ export function renderReport(r: BenchResults): { table: string; figures: Figures
 
   const m = r.machine;
   const out = [
-    `Orchestration benchmark: fake vLLM engine (test double) at zero token latency`,
+    `Orchestration benchmark: fake vLLM engine (test double) at zero token latency (after a service time in the engine-bound passes)`,
     `machine: ${String(m.cpus)} × ${String(m.cpuModel)}, ${f1(Number(m.totalMemoryBytes) / KIB ** 3)} GiB, node ${String(m.node)}, ${String(m.platform)}`,
     `machine speed now: a fixed reference workload (bench/calibration.ts) took ${referenceLine(m.referenceWorkMs)} ms of CPU at the start / after the throughput passes; CPU figures of two runs compare only next to it`,
     `processes: client (this one) | server child | engine child; null sandboxes + bench-calc (2 LLM turns per trajectory)`,
