@@ -47,6 +47,8 @@ export interface BenchOptions {
   longPass: boolean;
   /** Mean service times (ms per request) of the engine-bound passes, in order. */
   engineBoundMs: number[];
+  /** Server processes sharing the load in the engine-bound passes: each count is run at every mean. */
+  engineBoundServers: number[];
   engineBoundPass: boolean;
   output: string;
   phaseTimeout: number;
@@ -74,6 +76,7 @@ function parseOptions(argv: readonly string[]): BenchOptions {
     .option('--long-page-chars <n>', 'characters per page the tool returns', positiveInt, 3_500)
     .option('--no-long-pass', 'skip the long-context pass')
     .option('--engine-bound-ms <list>', 'mean service times (ms per request, comma-separated) of the engine-bound passes', msList, [1000, 500, 250])
+    .option('--engine-bound-servers <list>', 'server processes sharing the load in the engine-bound passes (comma-separated: each is run)', msList, [1])
     .option('--no-engine-bound-pass', 'skip the engine-bound passes')
     .option('--output <path>', 'JSON results file', fileURLToPath(new URL('./results/orchestration.json', import.meta.url)))
     .option('--phase-timeout <s>', 'give up on a phase after this many seconds', positiveInt, 180)
@@ -110,9 +113,15 @@ interface CpuSnapshot {
   at: number;
 }
 
-async function cpuSnapshot(engine: Engine, server?: Server): Promise<CpuSnapshot> {
-  const [e, s] = await Promise.all([engine.call('stats'), server?.call('stats')]);
-  return { client: cpuMicros(process.cpuUsage()), server: s ? cpuMicros(s.cpu) : 0, serverThreads: s?.threads, engine: cpuMicros(e.cpu), machine: machineBusyMicros(), at: performance.now() };
+/** CPU so far of this process, the engine child and the given server children (summed, with their threads). */
+async function cpuSnapshot(engine: Engine, ...servers: Server[]): Promise<CpuSnapshot> {
+  const [e, ...s] = await Promise.all([engine.call('stats'), ...servers.map((server) => server.call('stats'))]);
+  const threads = s.map((x) => x.threads);
+  const serverThreads = s.length > 0 && threads.every((t) => t !== undefined)
+    ? threads.reduce((a, b) => ({ main: a.main + b.main, tokenThreads: a.tokenThreads + b.tokenThreads, helpers: a.helpers + b.helpers }))
+    : undefined;
+  const server = s.reduce((sum, x) => sum + cpuMicros(x.cpu), 0);
+  return { client: cpuMicros(process.cpuUsage()), server, serverThreads, engine: cpuMicros(e.cpu), machine: machineBusyMicros(), at: performance.now() };
 }
 
 function spent(a: CpuSnapshot, b: CpuSnapshot): CpuSpent {
@@ -191,6 +200,8 @@ export interface BenchResults {
 export interface EngineBoundPass {
   /** The mean service time, ms. */
   serviceMs: number;
+  /** Server processes the load was split over (each its own session, its share of the trajectories and concurrency). */
+  servers: number;
   server: DriveResult;
   serverCpu: CpuSpent;
   direct: ReplayResult;
@@ -300,33 +311,64 @@ async function run(o: BenchOptions): Promise<BenchResults> {
 }
 
 /**
- * The engine-bound passes: for each service time, the server load (its requests recorded), then those requests
- * straight at the engine, both at `--concurrency`. One server for all of them, warmed up once.
+ * The engine-bound passes: for each server count and mean service time, the server load (its requests recorded),
+ * then those requests straight at the engine, both at `--concurrency`. With n servers the load is split over n
+ * server children, each its own session with its share of the trajectories and the concurrency, driven at once (as a
+ * client given n addresses spreads tasks). The servers of a count are warmed up once and serve all its means.
  */
 async function engineBoundPasses(engine: Engine, o: BenchOptions): Promise<EngineBoundPass[]> {
-  const s = await startServer(engine, 'null', o.concurrency);
   const base = { environment: CALC_ENVIRONMENT, groupSize: o.groupSize, timeoutMs: o.phaseTimeout };
-  await driveServer(s.client, { ...base, label: 'engine-bound warm-up', prefix: 'ewarm', trajectories: o.warmup, concurrency: Math.min(o.concurrency, o.warmup), seed: 1_000_000 });
   const passes: EngineBoundPass[] = [];
-  try {
-    for (const [i, serviceMs] of o.engineBoundMs.entries()) {
-      await engine.call('setServiceMs', serviceMs);
-      await engine.call('record', true);
-      const c0 = await cpuSnapshot(engine, s.server);
-      const server = await driveServer(s.client, { ...base, label: `engine-bound ${serviceMs} ms: server`, prefix: `eb${i}`, trajectories: o.trajectories, concurrency: o.concurrency, seed: 1_100_000 + i * o.trajectories });
-      const c1 = await cpuSnapshot(engine, s.server);
-      await engine.call('record', false);
-      const recorded = await engine.call('takeRecorded');
-      const d0 = await cpuSnapshot(engine);
-      const direct = await replayDirect(engine.info.url, engine.info.model, recorded, o.concurrency, `engine-bound ${serviceMs} ms: direct`);
-      const d1 = await cpuSnapshot(engine);
-      passes.push({ serviceMs, server, serverCpu: spent(c0, c1), direct, directCpu: spent(d0, d1) });
+  for (const n of o.engineBoundServers) {
+    const share = (total: number, k: number): number => Math.floor(total / n) + (k < total % n ? 1 : 0);
+    const servers: { server: Server; client: RolloutClient }[] = [];
+    try {
+      for (let k = 0; k < n; k++) servers.push(await startServer(engine, 'null', share(o.concurrency, k)));
+      await Promise.all(servers.map((s, k) => driveServer(s.client, { ...base, label: `engine-bound warm-up (server ${k + 1}/${n})`, prefix: 'ewarm',
+        trajectories: share(o.warmup, k), concurrency: Math.min(share(o.concurrency, k), share(o.warmup, k)), seed: 1_000_000 + k * o.warmup })));
+      for (const [i, serviceMs] of o.engineBoundMs.entries()) {
+        const label = `engine-bound ${serviceMs} ms${n > 1 ? `, ${n} servers` : ''}`;
+        await engine.call('setServiceMs', serviceMs);
+        await engine.call('record', true);
+        const c0 = await cpuSnapshot(engine, ...servers.map((s) => s.server));
+        const started = performance.now();
+        const drives = await Promise.all(servers.map((s, k) => driveServer(s.client, { ...base, label: `${label}: server${n > 1 ? ` ${k + 1}` : ''}`, prefix: `eb${i}`,
+          trajectories: share(o.trajectories, k), concurrency: share(o.concurrency, k), seed: 1_100_000 + i * o.trajectories + k * share(o.trajectories, 0) })));
+        const wallMs = performance.now() - started;
+        const c1 = await cpuSnapshot(engine, ...servers.map((s) => s.server));
+        await engine.call('record', false);
+        const recorded = await engine.call('takeRecorded');
+        const d0 = await cpuSnapshot(engine);
+        const direct = await replayDirect(engine.info.url, engine.info.model, recorded, o.concurrency, `${label}: direct`);
+        const d1 = await cpuSnapshot(engine);
+        passes.push({ serviceMs, servers: n, server: mergeDrives(drives, wallMs), serverCpu: spent(c0, c1), direct, directCpu: spent(d0, d1) });
+      }
+    } finally {
+      await engine.call('setServiceMs', 0);
+      for (const s of servers) await stopServer(s);
     }
-  } finally {
-    await engine.call('setServiceMs', 0);
-    await stopServer(s);
   }
   return passes;
+}
+
+/** Loads driven at once through several servers, as one: everything summed or joined, over the common wall time. */
+function mergeDrives(drives: readonly DriveResult[], wallMs: number): DriveResult {
+  if (drives.length === 1 && drives[0]) return drives[0];
+  const out: DriveResult = { trajectories: 0, wallMs, turns: 0, latenciesMs: [], acceptMs: [], serverTotalMs: [], statuses: {}, meanReward: 0, rejected: [], errors: [] };
+  let rewardSum = 0;
+  for (const d of drives) {
+    out.trajectories += d.trajectories;
+    out.turns += d.turns;
+    out.latenciesMs.push(...d.latenciesMs);
+    out.acceptMs.push(...d.acceptMs);
+    out.serverTotalMs.push(...d.serverTotalMs);
+    for (const [k, v] of Object.entries(d.statuses)) out.statuses[k] = (out.statuses[k] ?? 0) + v;
+    out.rejected.push(...d.rejected);
+    out.errors.push(...d.errors);
+    rewardSum += d.meanReward * d.trajectories;
+  }
+  out.meanReward = out.trajectories > 0 ? rewardSum / out.trajectories : 0;
+  return out;
 }
 
 async function longPass(engine: Engine, o: BenchOptions, tokenWorkers: number | undefined): Promise<LongPass> {
@@ -392,7 +434,7 @@ function summarizeRaw(r: BenchResults): Record<string, unknown> {
     hold: r.hold,
     nullSmall: drive(r.nullSmall),
     bwrap: drive(r.bwrap),
-    engineBound: r.engineBound.map((p) => ({ serviceMs: p.serviceMs, server: { ...drive(p.server), cpuMicros: p.serverCpu },
+    engineBound: r.engineBound.map((p) => ({ serviceMs: p.serviceMs, servers: p.servers, server: { ...drive(p.server), cpuMicros: p.serverCpu },
       direct: { requests: p.direct.requests, wallMs: p.direct.wallMs, errors: p.direct.errors, cpuMicros: p.directCpu,
         latencyMs: { p50: percentile(p.direct.latenciesMs, 50), p99: percentile(p.direct.latenciesMs, 99) } } })),
     long: r.long && Object.fromEntries(Object.entries(r.long).map(([k, p]) => [k, { tokenWorkers: p.tokenWorkers, ...drive(p.drive), eventLoop: p.eventLoop, cpuMicros: p.cpu, contextTokens: p.contextTokens }])),

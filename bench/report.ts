@@ -264,8 +264,8 @@ export function renderReport(r: BenchResults): { table: string; figures: Figures
 
 /** One engine-bound pass as a table row; its figures and problems are added to the run's. */
 function engineBoundRow(pass: EngineBoundPass, trajectories: number, figures: Figures, problems: string[]): string[] {
-  const { server: s, direct: d, serviceMs } = pass;
-  const name = `engine-bound pass (${serviceMs} ms)`;
+  const { server: s, direct: d, serviceMs, servers } = pass;
+  const name = `engine-bound pass (${serviceMs} ms${servers > 1 ? `, ${servers} servers` : ''})`;
   if (s.trajectories !== trajectories) problems.push(`${name} delivered ${s.trajectories}/${trajectories} trajectories`);
   if (notCompleted(s) > 0) problems.push(`${name}: ${notCompleted(s)} trajectories not COMPLETED (${statusList(s.statuses)}), e.g. ${s.errors[0] ?? '?'}`);
   if (s.rejected.length > 0) problems.push(`${name}: ${s.rejected.length} tasks rejected, e.g. ${s.rejected[0]}`);
@@ -274,7 +274,7 @@ function engineBoundRow(pass: EngineBoundPass, trajectories: number, figures: Fi
   const turnsPerS = s.turns / (s.wallMs / 1000);
   const reqPerS = d.requests / (d.wallMs / 1000);
   const serverCores = pass.serverCpu.server / pass.serverCpu.wallMicros;
-  const key = `engineBound${serviceMs}ms`;
+  const key = `engineBound${serviceMs}ms${servers > 1 ? `${servers}Servers` : ''}`;
   figures[`${key}ServerTurnsPerS`] = turnsPerS;
   figures[`${key}DirectRequestsPerS`] = reqPerS;
   figures[`${key}Ratio`] = turnsPerS / reqPerS;
@@ -283,7 +283,7 @@ function engineBoundRow(pass: EngineBoundPass, trajectories: number, figures: Fi
   figures[`${key}TrajectoryLatencyP50Ms`] = percentile(s.latenciesMs, 50);
   figures[`${key}DirectLatencyP50Ms`] = percentile(d.latenciesMs, 50);
   return [
-    `${serviceMs} ms`,
+    servers > 1 ? `${serviceMs} ms, ${servers} servers` : `${serviceMs} ms`,
     f0(turnsPerS),
     f0(reqPerS),
     f2(turnsPerS / reqPerS),

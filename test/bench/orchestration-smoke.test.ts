@@ -21,7 +21,7 @@ describe('bench/orchestration (tiny load)', () => {
   it('runs every pass, finds no problem and writes each figure', async () => {
     const output = join(dir, 'orchestration.json');
     const args = ['--import', 'tsx', BENCH, '--trajectories', '120', '--concurrency', '60', '--warmup', '30', '--hold', '40',
-      '--no-sandbox-pass', '--long-trajectories', '2', '--long-concurrency', '2', '--engine-bound-ms', '50,20', '--output', output];
+      '--no-sandbox-pass', '--long-trajectories', '2', '--long-concurrency', '2', '--engine-bound-ms', '50', '--engine-bound-servers', '1,2', '--output', output];
     const { stdout } = await run(process.execPath, args, { timeout: 240_000, maxBuffer: 16 << 20 });
     const results = JSON.parse(readFileSync(output, 'utf8')) as { figures: Record<string, number>; problems: string[] };
     expect(results.problems).toEqual([]);
@@ -29,13 +29,15 @@ describe('bench/orchestration (tiny load)', () => {
     expect(f.serverTrajectories).toBe(120);
     expect(f.directRequests).toBe(240); // 2 LLM turns per bench-calc trajectory, each replayed once
     for (const key of ['ratioServerTurnsToDirectRequests', 'serverCpuMicrosPerTurn', 'heapBytesPerInFlightTrajectory', 'longThreadsEventLoopDelayP99Ms',
-      'longInlineEventLoopDelayP99Ms', 'engineBound50msRatio', 'engineBound20msRatio', 'engineBound50msServerCpuMicrosPerTurn']) {
+      'longInlineEventLoopDelayP99Ms', 'engineBound50msRatio', 'engineBound50msServerCpuMicrosPerTurn', 'engineBound50ms2ServersRatio',
+      'engineBound50ms2ServersServerCpuMicrosPerTurn']) {
       expect(f[key], key).toBeGreaterThan(0);
     }
     // Half the mean service time is a floor under every request's latency (the engine double answers no sooner),
     // so under each median too: a pass whose engine ignored its service time would be far below.
     expect(f.engineBound50msDirectLatencyP50Ms).toBeGreaterThanOrEqual(25);
     expect(f.engineBound50msTrajectoryLatencyP50Ms).toBeGreaterThanOrEqual(50);
+    expect(f.engineBound50ms2ServersTrajectoryLatencyP50Ms).toBeGreaterThanOrEqual(50);
     expect(stdout).toContain('engine-bound passes');
     expect(stdout).toContain('status: every trajectory and request succeeded');
   }, 300_000);
