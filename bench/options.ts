@@ -9,6 +9,9 @@ export const positiveInt = (value: string): number => {
   return n;
 };
 
+/** Comma-separated integers ≥ 1 ("1000,500,250": durations in ms, server counts, ...). */
+export const positiveIntList = (value: string): number[] => value.split(',').map((part) => positiveInt(part.trim()));
+
 /** A number > 0 (durations in minutes or seconds). */
 export const positiveNumber = (value: string): number => {
   const n = Number(value);

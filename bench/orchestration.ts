@@ -10,7 +10,7 @@
  * each figure means.
  */
 import { Command } from 'commander';
-import { positiveInt } from './options.js';
+import { positiveInt, positiveIntList } from './options.js';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg, platform, release, totalmem } from 'node:os';
 import { dirname } from 'node:path';
@@ -75,19 +75,14 @@ function parseOptions(argv: readonly string[]): BenchOptions {
     .option('--long-pages <n>', 'environment turns (pages read) per long-context trajectory', positiveInt, 4)
     .option('--long-page-chars <n>', 'characters per page the tool returns', positiveInt, 3_500)
     .option('--no-long-pass', 'skip the long-context pass')
-    .option('--engine-bound-ms <list>', 'mean service times (ms per request, comma-separated) of the engine-bound passes', msList, [1000, 500, 250])
-    .option('--engine-bound-servers <list>', 'server processes sharing the load in the engine-bound passes (comma-separated: each is run)', msList, [1])
+    .option('--engine-bound-ms <list>', 'mean service times (ms per request, comma-separated) of the engine-bound passes', positiveIntList, [1000, 500, 250])
+    .option('--engine-bound-servers <list>', 'server processes sharing the load in the engine-bound passes (comma-separated: each is run)', positiveIntList, [1])
     .option('--no-engine-bound-pass', 'skip the engine-bound passes')
     .option('--output <path>', 'JSON results file', fileURLToPath(new URL('./results/orchestration.json', import.meta.url)))
     .option('--phase-timeout <s>', 'give up on a phase after this many seconds', positiveInt, 180)
     .parse([...argv]);
   const o = program.opts<Omit<BenchOptions, 'phaseTimeout'> & { phaseTimeout: number }>();
   return { ...o, phaseTimeout: o.phaseTimeout * 1000 };
-}
-
-/** "1000,500,250" as [1000, 500, 250]: each a positive integer. */
-function msList(value: string): number[] {
-  return value.split(',').map((part) => positiveInt(part.trim()));
 }
 
 const cpuMicros = (c: NodeJS.CpuUsage): number => c.user + c.system;

@@ -1,5 +1,5 @@
 import type { BenchResults, CpuSpent, EngineBoundPass, LongPass } from './orchestration.js';
-import { percentile, type DriveResult } from './drive.js';
+import { percentile, type DriveResult, type ReplayResult } from './drive.js';
 
 /** Figures of one run, flat, for the JSON file and for comparing runs. */
 export type Figures = Record<string, number | string>;
@@ -72,11 +72,7 @@ export function renderReport(r: BenchResults): { table: string; figures: Figures
   const directReqPerS = d.requests / sec(d.wallMs);
   const ratio = serverTurnsPerS / directReqPerS;
 
-  if (s.trajectories !== o.trajectories) problems.push(`server pass delivered ${s.trajectories}/${o.trajectories} trajectories`);
-  if (notCompleted(s) > 0) problems.push(`server pass: ${notCompleted(s)} trajectories not COMPLETED (${statusList(s.statuses)}), e.g. ${s.errors[0] ?? '?'}`);
-  if (s.rejected.length > 0) problems.push(`server pass: ${s.rejected.length} tasks rejected, e.g. ${s.rejected[0]}`);
-  if (d.requests !== s.turns) problems.push(`engine recorded ${d.requests} requests for ${s.turns} turns`);
-  if (d.errors > 0) problems.push(`direct pass: ${d.errors} failed requests, e.g. ${d.firstError}`);
+  problems.push(...passProblems('server pass', 'direct pass', s, d, o.trajectories));
   for (const [when, st] of [['after the server pass', s.after], ['after the memory phase', h.serverAfter]] as const) {
     if (st.inFlight !== 0 || st.admitted !== 0) problems.push(`${when}: ${st.inFlight} samples still in the pipeline, ${st.admitted} admitted`);
     if (st.liveSandboxes) problems.push(`${when}: ${st.liveSandboxes} sandboxes not stopped`);
@@ -262,15 +258,25 @@ export function renderReport(r: BenchResults): { table: string; figures: Figures
   return { table: out.join('\n'), figures, problems };
 }
 
+/**
+ * What went wrong in a server pass and the direct replay of its requests: trajectories missing, not COMPLETED or
+ * rejected, an engine request count other than one per turn, failed direct requests. Empty when nothing did.
+ */
+function passProblems(serverName: string, directName: string, s: DriveResult, d: ReplayResult, trajectories: number): string[] {
+  const out: string[] = [];
+  if (s.trajectories !== trajectories) out.push(`${serverName} delivered ${s.trajectories}/${trajectories} trajectories`);
+  if (notCompleted(s) > 0) out.push(`${serverName}: ${notCompleted(s)} trajectories not COMPLETED (${statusList(s.statuses)}), e.g. ${s.errors[0] ?? '?'}`);
+  if (s.rejected.length > 0) out.push(`${serverName}: ${s.rejected.length} tasks rejected, e.g. ${s.rejected[0]}`);
+  if (d.requests !== s.turns) out.push(`${serverName}: engine recorded ${d.requests} requests for ${s.turns} turns`);
+  if (d.errors > 0) out.push(`${directName}: ${d.errors} failed requests, e.g. ${d.firstError}`);
+  return out;
+}
+
 /** One engine-bound pass as a table row; its figures and problems are added to the run's. */
 function engineBoundRow(pass: EngineBoundPass, trajectories: number, figures: Figures, problems: string[]): string[] {
   const { server: s, direct: d, serviceMs, servers } = pass;
   const name = `engine-bound pass (${serviceMs} ms${servers > 1 ? `, ${servers} servers` : ''})`;
-  if (s.trajectories !== trajectories) problems.push(`${name} delivered ${s.trajectories}/${trajectories} trajectories`);
-  if (notCompleted(s) > 0) problems.push(`${name}: ${notCompleted(s)} trajectories not COMPLETED (${statusList(s.statuses)}), e.g. ${s.errors[0] ?? '?'}`);
-  if (s.rejected.length > 0) problems.push(`${name}: ${s.rejected.length} tasks rejected, e.g. ${s.rejected[0]}`);
-  if (d.requests !== s.turns) problems.push(`${name}: engine recorded ${d.requests} requests for ${s.turns} turns`);
-  if (d.errors > 0) problems.push(`${name}, direct: ${d.errors} failed requests, e.g. ${d.firstError}`);
+  problems.push(...passProblems(name, `${name}, direct`, s, d, trajectories));
   const turnsPerS = s.turns / (s.wallMs / 1000);
   const reqPerS = d.requests / (d.wallMs / 1000);
   const serverCores = pass.serverCpu.server / pass.serverCpu.wallMicros;
