@@ -161,12 +161,20 @@ const WIRE_TYPE_NAMES = ['varint', '64-bit', 'length-delimited', 'group start', 
  * Struct fields included); unknown fields are skipped (a newer client's). The Finding names `taskId`.
  */
 function wrongWireType(reader: BinaryReader, end: number, type: protobuf.Type, path: string, taskId: string): void {
-  eachKnownField(reader, end, type, path, (field, wireType, name, number) => {
+  // This walk runs on every request: a field's path is spelled out only to name it in a Finding or to descend.
+  const transparent = STRUCT_TYPES.has(type.fullName);
+  while (reader.pos < end) {
+    const [number, wireType] = reader.tag();
+    const field = type.fieldsById[number];
+    if (!field) {
+      reader.skip(wireType, number);
+      continue;
+    }
     const expected = field.map ? WireType.LengthDelimited : wireTypeOf(field.type, field.resolvedType);
     const packed = field.repeated && expected !== WireType.LengthDelimited && wireType === WireType.LengthDelimited;
     if (wireType !== expected && !packed) {
       const what = field.map ? 'a map' : field.resolvedType instanceof protobuf.Type ? 'a message' : field.type;
-      throw new Finding(name, `wrong wire type: ${field.name} is ${what} (${WIRE_TYPE_NAMES[expected]}), sent as ${WIRE_TYPE_NAMES[wireType] ?? String(wireType)}`, taskId);
+      throw new Finding(fieldPath(path, field, transparent), `wrong wire type: ${field.name} is ${what} (${WIRE_TYPE_NAMES[expected]}), sent as ${WIRE_TYPE_NAMES[wireType] ?? String(wireType)}`, taskId);
     }
     if (field.map && field instanceof protobuf.MapField) {
       const entryEnd = reader.uint32() + reader.pos;
@@ -175,23 +183,23 @@ function wrongWireType(reader: BinaryReader, end: number, type: protobuf.Type, p
         const [n, wt] = reader.tag();
         const want = n === 1 ? wireTypeOf(field.keyType, null) : n === 2 ? wireTypeOf(field.type, field.resolvedType) : undefined;
         if (want !== undefined && wt !== want) {
-          throw new Finding(name, `wrong wire type in a ${n === 1 ? 'key' : 'value'} (${WIRE_TYPE_NAMES[want]} expected, sent as ${WIRE_TYPE_NAMES[wt] ?? String(wt)})`, taskId);
+          throw new Finding(fieldPath(path, field, transparent), `wrong wire type in a ${n === 1 ? 'key' : 'value'} (${WIRE_TYPE_NAMES[want]} expected, sent as ${WIRE_TYPE_NAMES[wt] ?? String(wt)})`, taskId);
         }
         if (n === 2 && valueType) {
           const valueEnd = reader.uint32() + reader.pos;
-          wrongWireType(reader, valueEnd, valueType, name, taskId);
+          wrongWireType(reader, valueEnd, valueType, fieldPath(path, field, transparent), taskId);
           reader.pos = valueEnd;
         } else reader.skip(wt, n);
       }
       reader.pos = entryEnd;
     } else if (field.resolvedType instanceof protobuf.Type) {
       const fieldEnd = reader.uint32() + reader.pos;
-      wrongWireType(reader, fieldEnd, field.resolvedType, name, taskId);
+      wrongWireType(reader, fieldEnd, field.resolvedType, fieldPath(path, field, transparent), taskId);
       reader.pos = fieldEnd;
     } else {
       reader.skip(wireType, number);
     }
-  });
+  }
 }
 
 /**
@@ -210,9 +218,14 @@ function eachKnownField(
   while (reader.pos < end) {
     const [number, wireType] = reader.tag();
     const field = type.fieldsById[number];
-    if (field) visit(field, wireType, transparent ? path : path ? `${path}.${field.name}` : field.name, number);
+    if (field) visit(field, wireType, fieldPath(path, field, transparent), number);
     else reader.skip(wireType, number);
   }
+}
+
+/** A field's name below `path`; a field of a Struct, Value or ListValue (`transparent`) is named by `path` itself. */
+function fieldPath(path: string, field: protobuf.Field, transparent: boolean): string {
+  return transparent ? path : path ? `${path}.${field.name}` : field.name;
 }
 
 /** The id of the task a decoded request carries (a stream's task kind, Submit's task), as the client knows it. */

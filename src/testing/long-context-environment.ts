@@ -62,11 +62,13 @@ function generateLog(seed: number, chars: number): string {
   return lines.join('').slice(0, chars);
 }
 
+const readPageArgs = z.object({ page: z.number().int().min(0).describe('page number, from 0') });
+
 function readPageTool(instance: LongContextInstance): ValidatedTool {
   return defineTool({
     name: 'read_page',
     description: 'Returns one page of the rest of the log.',
-    args: z.object({ page: z.number().int().min(0).describe('page number, from 0') }),
+    args: readPageArgs,
     async run({ page }) {
       if (page >= instance.pages) return { output: `Error: there are ${instance.pages} pages`, outcome: 'error' };
       return { output: logText(instance.seed * 1000 + page + 1, instance.pageChars), outcome: 'ok' };
@@ -96,6 +98,14 @@ export function createLongContextEnvironment(): Environment<LongContextInstance>
     }
     return messages.map((m) => ({ ...m }));
   };
+  // Its tool, too, once per instance (stateless, so its samples share it, as every real environment shares its tools):
+  // building one derives its JSON Schema (~0.2 ms), and a new tool list per call is a new cache key for the prompt.
+  const toolLists = new WeakMap<LongContextInstance, ValidatedTool[]>();
+  const tools = (instance: LongContextInstance): ValidatedTool[] => {
+    let list = toolLists.get(instance);
+    if (!list) toolLists.set(instance, (list = [readPageTool(instance)]));
+    return list;
+  };
   return {
     name: LONG_CONTEXT_ENVIRONMENT,
     description: 'Benchmark double: a long log in the prompt, more pages through an in-process tool.',
@@ -112,7 +122,7 @@ export function createLongContextEnvironment(): Environment<LongContextInstance>
     async init({ instance }) {
       return { messages: prompt(instance) };
     },
-    tools: (instance) => [readPageTool(instance)],
+    tools,
     async evaluate({ instance, outcome }) {
       const last = outcome.messages.at(-1);
       const done = last?.role === 'assistant' && last.content.includes(`read ${instance.pages} pages`);

@@ -167,12 +167,18 @@ const TOKEN_WORKER_ENTRY = new URL('./token-worker-entry.mjs', import.meta.url);
 const inlineInstances = new WeakMap<ChatTemplate, WeakMap<Tokenizer, TokenWork>>();
 
 /**
- * The cache key of a prompt: the SHA-256 of its messages and tools, exactly (JSON), so equal keys render to equal
- * text. A digest, not the JSON itself: a long prompt's key was a second copy of its text (86 KB for a 64K-token
- * prompt) kept for as long as the prompt waited for its samples, and flattened again by every lookup.
+ * The cache key of a prompt: its messages and tools, exactly (JSON), so equal keys render to equal text. A short
+ * prompt's JSON is its own key (hashing it cost more than the lookup: every task's prompt is keyed twice, at
+ * admission and by each sample's ledger); a longer one is keyed by its SHA-256: a long prompt's key was a second copy
+ * of its text (86 KB for a 64K-token prompt) kept for as long as the prompt waited for its samples, and flattened
+ * again by every lookup. A raw key holds a NUL, a digest ("#" and base64) none: never equal.
  */
 function promptKey(messages: readonly ChatMessage[], tools: readonly ToolSchema[] | undefined): string {
   const json = JSON.stringify(messages.map((m) => (m.name === undefined ? [m.role, m.content] : [m.role, m.content, m.name])));
-  return createHash('sha256').update(toolsKey(tools)).update('\u0000').update(json).digest('base64');
+  const tk = toolsKey(tools);
+  if (json.length <= MAX_RAW_PROMPT_KEY) return `${tk}\u0000${json}`;
+  return `#${createHash('sha256').update(tk).update('\u0000').update(json).digest('base64')}`;
 }
 
+/** Prompt JSON of at most this many characters is its own cache key (see promptKey). */
+export const MAX_RAW_PROMPT_KEY = 1024;

@@ -8,7 +8,7 @@ import { knownSuffixLocality } from '../../src/tokens/suffix-delta.js';
 import { probeAssistantClosing } from '../../src/tokens/template-delta.js';
 import { TokenPool } from '../../src/tokens/token-pool.js';
 import { PACK_IDS_FROM, type TokenTask, type TokenTaskResult } from '../../src/tokens/token-tasks.js';
-import { createTokenPool, TokenWork } from '../../src/tokens/token-work.js';
+import { createTokenPool, MAX_RAW_PROMPT_KEY, TokenWork } from '../../src/tokens/token-work.js';
 import type { ChatMessage } from '../../src/tokens/types.js';
 import { bashTool, countingTemplate } from './fixtures.js';
 import { familyDir, familySample, familyToolCall, loadFamily, type Family } from './families.js';
@@ -149,6 +149,33 @@ describe('the prompt cache', () => {
     // Unannounced, nothing is kept.
     await work.promptIds([{ role: 'user', content: 'What is 3 + 3?' }], undefined);
     expect(work.promptCache.entries).toBe(0);
+  });
+
+  it(`keys prompts by their exact messages and tools, short ones (up to ${MAX_RAW_PROMPT_KEY} characters of JSON) by the JSON, longer ones by a digest`, async () => {
+    const bundle = await loadFamily('qwen3');
+    const work = new TokenWork({ tokenizer: bundle.tokenizer, template: bundle.template });
+    const long = 'x'.repeat(MAX_RAW_PROMPT_KEY);
+    // Neighbours that a careless key would confuse: role vs content boundaries, a name, the tools, each length class.
+    const prompts: [ChatMessage[], typeof bashTool[] | undefined][] = [];
+    for (const body of ['What is 2 + 2?', long]) {
+      prompts.push([[{ role: 'user', content: body }], undefined]);
+      prompts.push([[{ role: 'user', content: body }], [bashTool]]);
+      prompts.push([[{ role: 'system', content: body }], undefined]);
+      prompts.push([[{ role: 'user', content: `${body} ` }], undefined]);
+      prompts.push([[{ role: 'user', content: 'a' }, { role: 'user', content: body }], undefined]);
+      prompts.push([[{ role: 'user', content: `a", "user", "${body}` }], undefined]);
+      prompts.push([[{ role: 'tool', content: body, name: 'bash' }], undefined]);
+    }
+    const first = await Promise.all(prompts.map(([messages, tools]) => work.promptIds(messages, tools, undefined, 1)));
+    expect(work.promptCache.entries).toBe(prompts.length);
+    // Each asker gets its own prompt's ids back from the cache: no two prompts share an entry.
+    const again = await Promise.all(prompts.map(([messages, tools]) => work.promptIds(messages.map((m) => ({ ...m })), tools, undefined, 0)));
+    again.forEach((ids, k) => expect(ids).toBe(first[k]));
+    expect(work.promptCache.entries).toBe(0);
+    for (let k = 0; k < prompts.length; k++) {
+      const [messages, tools] = prompts[k]!;
+      expect(first[k]).toEqual(new TokenWork({ tokenizer: bundle.tokenizer, template: bundle.template }).promptIdsSync(messages, tools));
+    }
   });
 });
 
