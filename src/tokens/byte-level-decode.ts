@@ -102,7 +102,10 @@ export class ByteLevelDecoder {
     let scratch = this.#scratch;
     let out = '';
     let length = 0;
-    for (const raw of ids) {
+    // An indexed loop: the ids come as arrays and as typed arrays, and for-of over both allocates an iterator result
+    // per id wherever V8 does not optimise the loop.
+    for (let k = 0; k < ids.length; k++) {
+      const raw = ids[k]!;
       // An id without a token (outside the table, or a hole in it) stands for the unk token, or for nothing.
       const id = Number.isInteger(raw) && raw >= 0 && raw < size && kind[raw] !== HOLE ? raw : this.#unk;
       if (id < 0) continue;

@@ -211,7 +211,12 @@ export function verifyTemplateTokens(tokenizer: Tokenizer, parts: readonly TextP
   const { added, addedIds } = compiled(tokenizer);
   let written = 0;
   if (added) {
-    for (const part of coalesce(parts)) if (!part.literal) for (const _ of part.text.matchAll(added)) written++;
+    for (const part of coalesce(parts)) {
+      if (part.literal) continue;
+      // exec on the shared global regex rather than matchAll (a clone of it per call); lastIndex reset first.
+      added.lastIndex = 0;
+      while (added.exec(part.text) !== null) written++;
+    }
   }
   let found = 0;
   for (const id of ids) if (addedIds.has(id)) found++;

@@ -147,7 +147,11 @@ export class HfTokenizer implements Tokenizer {
     if (!this.matcher || !this.independent) return this.encodeUncached(text);
     const out: number[] = [];
     let at = 0;
-    for (const match of text.matchAll(this.matcher)) {
+    // exec on the shared global regex, not matchAll (which clones the regex on every call); nothing between two
+    // execs uses this regex.
+    const matcher = this.matcher;
+    matcher.lastIndex = 0;
+    for (let match = matcher.exec(text); match !== null; match = matcher.exec(text)) {
       if (match.index > at) this.pushSegment(out, text.slice(at, match.index));
       out.push(this.impl.token_to_id(match[0])!);
       at = match.index + match[0].length;
@@ -204,11 +208,16 @@ export class HfTokenizer implements Tokenizer {
         continue;
       }
       let at = 0;
-      for (const match of this.matcher ? part.text.matchAll(this.matcher) : []) {
-        run += part.text.slice(at, match.index);
-        flush();
-        out.push(this.impl.token_to_id(match[0])!);
-        at = match.index + match[0].length;
+      const matcher = this.matcher;
+      if (matcher) {
+        // As in encode: exec on the shared regex (flush never uses it).
+        matcher.lastIndex = 0;
+        for (let match = matcher.exec(part.text); match !== null; match = matcher.exec(part.text)) {
+          run += part.text.slice(at, match.index);
+          flush();
+          out.push(this.impl.token_to_id(match[0])!);
+          at = match.index + match[0].length;
+        }
       }
       run += part.text.slice(at);
     }
