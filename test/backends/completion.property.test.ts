@@ -1,6 +1,6 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { checkCompletion, CompletionRejected, LOGPROB_TOLERANCE } from '../../src/backends/completion.js';
+import { checkCompletion, CompletionRejected, LOGPROB_TOLERANCE, tokenIdOf } from '../../src/backends/completion.js';
 
 const VOCAB = 1000;
 
@@ -89,5 +89,32 @@ describe('checkCompletion, the one check of an engine answer', () => {
     for (const json of [null, [], 'text', { choices: [] }, { choices: [null] }, { choices: [{ token_ids: [1] }] }, { choices: [{ token_ids: [[[1]]], logprobs: { token_logprobs: [-1] } }] }]) {
       expect(() => checkCompletion(json, { maxTokens: 8, vocabSize: VOCAB }), JSON.stringify(json)).toThrow(CompletionRejected);
     }
+  });
+});
+
+describe('reading vLLM\'s "token_id:<id>" tokens', () => {
+  /** The rule as a regex (what the reader replaced): decimal, at most 16 digits, no leading zero but "0". */
+  const reference = (token: unknown): number => {
+    const match = typeof token === 'string' ? /^token_id:(0|[1-9][0-9]{0,15})$/.exec(token) : null;
+    return match === null ? -1 : Number(match[1]);
+  };
+
+  it('reads exactly the tokens the rule allows, and their ids', () => {
+    const digits = fc.string({ unit: fc.constantFrom('0', '1', '7', '9', 'a', ' ', '-', '\u0660'), maxLength: 18 });
+    const token = fc.oneof(
+      digits.map((d) => `token_id:${d}`),
+      fc.nat().map((n) => `token_id:${n}`),
+      fc.bigInt({ min: 0n, max: 10n ** 17n }).map((n) => `token_id:${n}`),
+      fc.string().map((s) => `token_id:${s}`),
+      fc.string(),
+      fc.constantFrom('token_id:', 'token_id:0', 'token_id:00', 'token_id:01', 'token_id:9999999999999999', 'token_id:10000000000000000', 'Token_id:1', ' token_id:1', 'token_id:1 ', 'token_id:+1'),
+      fc.anything(),
+    );
+    fc.assert(
+      fc.property(token, (t) => {
+        expect(tokenIdOf(t)).toBe(reference(t));
+      }),
+      { numRuns: 5000 },
+    );
   });
 });
