@@ -58,6 +58,8 @@ describe.runIf(existsSync(image) || process.env.CI)('the code environment throug
   const policy: FakePolicy = (prompt, ctx) => {
     const script = Math.floor(ctx.seed / SCRIPT);
     if (prompt.includes('a + b')) return fence(STDIO_PROGRAMS[script] ?? 'print()');
+    // The task with broken test code (below) gets a correct solution of its own: only its tests can fail it.
+    if (prompt.includes('"""Identity."""')) return fence('def f(x):\n    return x');
     const problem = problems.find((p) => prompt.includes(`def ${String(p.instance.entry_point)}(`));
     if (!problem) return 'I do not know this problem.';
     const body = String(problem.instance.canonical_solution);
