@@ -161,20 +161,12 @@ const WIRE_TYPE_NAMES = ['varint', '64-bit', 'length-delimited', 'group start', 
  * Struct fields included); unknown fields are skipped (a newer client's). The Finding names `taskId`.
  */
 function wrongWireType(reader: BinaryReader, end: number, type: protobuf.Type, path: string, taskId: string): void {
-  // This walk runs on every request: a field's path is spelled out only to name it in a Finding or to descend.
-  const transparent = STRUCT_TYPES.has(type.fullName);
-  while (reader.pos < end) {
-    const [number, wireType] = reader.tag();
-    const field = type.fieldsById[number];
-    if (!field) {
-      reader.skip(wireType, number);
-      continue;
-    }
+  eachKnownField(reader, end, type, path, (field, wireType, name, number) => {
     const expected = field.map ? WireType.LengthDelimited : wireTypeOf(field.type, field.resolvedType);
     const packed = field.repeated && expected !== WireType.LengthDelimited && wireType === WireType.LengthDelimited;
     if (wireType !== expected && !packed) {
       const what = field.map ? 'a map' : field.resolvedType instanceof protobuf.Type ? 'a message' : field.type;
-      throw new Finding(fieldPath(path, field, transparent), `wrong wire type: ${field.name} is ${what} (${WIRE_TYPE_NAMES[expected]}), sent as ${WIRE_TYPE_NAMES[wireType] ?? String(wireType)}`, taskId);
+      throw new Finding(name(), `wrong wire type: ${field.name} is ${what} (${WIRE_TYPE_NAMES[expected]}), sent as ${WIRE_TYPE_NAMES[wireType] ?? String(wireType)}`, taskId);
     }
     if (field.map && field instanceof protobuf.MapField) {
       const entryEnd = reader.uint32() + reader.pos;
@@ -183,49 +175,50 @@ function wrongWireType(reader: BinaryReader, end: number, type: protobuf.Type, p
         const [n, wt] = reader.tag();
         const want = n === 1 ? wireTypeOf(field.keyType, null) : n === 2 ? wireTypeOf(field.type, field.resolvedType) : undefined;
         if (want !== undefined && wt !== want) {
-          throw new Finding(fieldPath(path, field, transparent), `wrong wire type in a ${n === 1 ? 'key' : 'value'} (${WIRE_TYPE_NAMES[want]} expected, sent as ${WIRE_TYPE_NAMES[wt] ?? String(wt)})`, taskId);
+          throw new Finding(name(), `wrong wire type in a ${n === 1 ? 'key' : 'value'} (${WIRE_TYPE_NAMES[want]} expected, sent as ${WIRE_TYPE_NAMES[wt] ?? String(wt)})`, taskId);
         }
         if (n === 2 && valueType) {
           const valueEnd = reader.uint32() + reader.pos;
-          wrongWireType(reader, valueEnd, valueType, fieldPath(path, field, transparent), taskId);
+          wrongWireType(reader, valueEnd, valueType, name(), taskId);
           reader.pos = valueEnd;
         } else reader.skip(wt, n);
       }
       reader.pos = entryEnd;
     } else if (field.resolvedType instanceof protobuf.Type) {
       const fieldEnd = reader.uint32() + reader.pos;
-      wrongWireType(reader, fieldEnd, field.resolvedType, fieldPath(path, field, transparent), taskId);
+      wrongWireType(reader, fieldEnd, field.resolvedType, name(), taskId);
       reader.pos = fieldEnd;
     } else {
       reader.skip(wireType, number);
     }
-  }
+  });
 }
 
 /**
  * Calls `visit` for each field of `type` in the bytes up to `end` that the schema knows (others are skipped), with
  * its wire type and its name below `path` — a Struct, Value or ListValue adds no name of its own: its place is the
- * path of the field (or key) holding it. `visit` leaves the reader after the field.
+ * path of the field (or key) holding it. `visit` leaves the reader after the field. The name is spelled out only
+ * when asked for (`name()`, one function per message walked): wrongWireType runs on every request and needs a
+ * field's path only to name it in a Finding or to descend.
  */
 function eachKnownField(
   reader: BinaryReader,
   end: number,
   type: protobuf.Type,
   path: string,
-  visit: (field: protobuf.Field, wireType: WireType, name: string, number: number) => void,
+  visit: (field: protobuf.Field, wireType: WireType, name: () => string, number: number) => void,
 ): void {
   const transparent = STRUCT_TYPES.has(type.fullName);
+  let current: protobuf.Field | undefined;
+  const name = (): string => (transparent ? path : path ? `${path}.${current!.name}` : current!.name);
   while (reader.pos < end) {
     const [number, wireType] = reader.tag();
     const field = type.fieldsById[number];
-    if (field) visit(field, wireType, fieldPath(path, field, transparent), number);
-    else reader.skip(wireType, number);
+    if (field) {
+      current = field;
+      visit(field, wireType, name, number);
+    } else reader.skip(wireType, number);
   }
-}
-
-/** A field's name below `path`; a field of a Struct, Value or ListValue (`transparent`) is named by `path` itself. */
-function fieldPath(path: string, field: protobuf.Field, transparent: boolean): string {
-  return transparent ? path : path ? `${path}.${field.name}` : field.name;
 }
 
 /** The id of the task a decoded request carries (a stream's task kind, Submit's task), as the client knows it. */
@@ -279,8 +272,9 @@ function holdsReplacement(value: unknown, depth: number): boolean {
  * "task.metadata.k"); a key that is itself not UTF-8 is named by its map ("task.metadata").
  */
 function invalidUtf8(bytes: Uint8Array, reader: BinaryReader, end: number, type: protobuf.Type, path: string, found: { taskId: string }): void {
-  eachKnownField(reader, end, type, path, (field, wireType, name, number) => {
+  eachKnownField(reader, end, type, path, (field, wireType, nameOf, number) => {
     if (wireType !== WireType.LengthDelimited) return void reader.skip(wireType, number);
+    const name = nameOf();
     const fieldEnd = reader.uint32() + reader.pos;
     if (field.map) {
       let key: string | undefined;
@@ -324,7 +318,8 @@ function walk(
 ): void {
   const level = enter(depth, structField ?? path);
   // Inside a Struct every type is transparent, so each field there is named by the Struct's field.
-  eachKnownField(reader, end, type, structField ?? path, (field, wireType, name) => {
+  eachKnownField(reader, end, type, structField ?? path, (field, wireType, nameOf) => {
+    const name = nameOf();
     if (field.map) {
       // A map entry is a message { 1: key, 2: value }, and a level of the guard.
       const entryEnd = lengthDelimited(reader, wireType, name, end);
