@@ -22,11 +22,14 @@ afterEach(async () => {
 const ESCAPING_SPINNER = `
 import os, subprocess, time
 subprocess.Popen(["sleep", "300"], start_new_session=True)
-if os.fork() == 0:
+child = os.fork()
+if child == 0:
     os.setsid()
     if os.fork() == 0:
         time.sleep(300)
     os._exit(0)
+# The intermediate child exits only once it has forked the grandchild: after this, all three processes exist.
+os.waitpid(child, 0)
 open("/work/ready", "w").write("1")
 while True:
     pass
