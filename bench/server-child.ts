@@ -20,7 +20,7 @@ import type { PoolStats } from '../src/backends/pool.js';
 import type { StageStats } from '../src/pipeline/pipeline.js';
 import type { TokenPoolStats } from '../src/tokens/token-pool.js';
 import { createCalcEnvironment } from '../src/testing/calc-environment.js';
-import { createLongContextEnvironment } from '../src/testing/long-context-environment.js';
+import { createLongContextEnvironment, forgetPreparedLongContext, prepareLongContext, type LongContextInstance } from '../src/testing/long-context-environment.js';
 import { NullSandboxDriver } from '../src/testing/null-sandbox.js';
 import { serveChild } from './child-rpc.js';
 
@@ -73,6 +73,11 @@ export type ServerApi = {
   tokenWork: () => { tokenWorkers: number; stats: TokenPoolStats | undefined };
   /** Writes a V8 heap snapshot into `dir` (after full GCs); returns its path. */
   heapSnapshot: (dir: string) => Promise<string>;
+  /**
+   * Has the long-context double generate ahead the texts of these instances (see prepareLongContext), dropping what
+   * it prepared before; returns the characters prepared.
+   */
+  prepareLongContext: (instances: LongContextInstance[]) => number;
   shutdown: () => Promise<void>;
 };
 
@@ -240,6 +245,10 @@ async function main(): Promise<void> {
     heapSnapshot: async (dir) => {
       await collect();
       return writeHeapSnapshot(join(dir, `server-${process.pid}-${Date.now()}.heapsnapshot`));
+    },
+    prepareLongContext: (instances) => {
+      forgetPreparedLongContext();
+      return prepareLongContext(instances);
     },
     shutdown: async () => {
       await stopHeapSampling?.();

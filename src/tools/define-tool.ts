@@ -32,7 +32,7 @@ export interface ToolSpec<S extends z.ZodObject> {
  * });
  */
 export function defineTool<S extends z.ZodObject>(spec: ToolSpec<S>): ValidatedTool {
-  const { $schema: _ignored, ...parameters } = z.toJSONSchema(spec.args) as Record<string, unknown>;
+  const parameters = jsonSchemaOf(spec.args);
   const validate = (args: Record<string, unknown>): ArgsCheck => {
     const parsed = spec.args.safeParse(args);
     if (parsed.success) return { ok: true, args: parsed.data as Record<string, unknown> };
@@ -49,6 +49,30 @@ export function defineTool<S extends z.ZodObject>(spec: ToolSpec<S>): ValidatedT
       return spec.run(check.args as z.output<S>, context);
     },
   };
+}
+
+/**
+ * The JSON Schema of an argument schema, derived once per schema object and shared, frozen, by every tool built from
+ * it: an environment that builds its tools per instance (closing over the instance) passes the same zod schema each
+ * time, and deriving it again cost ~0.2 ms per tool.
+ */
+function jsonSchemaOf(args: z.ZodObject): Record<string, unknown> {
+  let schema = jsonSchemas.get(args);
+  if (schema === undefined) {
+    const { $schema: _ignored, ...rest } = z.toJSONSchema(args) as Record<string, unknown>;
+    jsonSchemas.set(args, (schema = deepFreeze(rest)));
+  }
+  return schema;
+}
+
+const jsonSchemas = new WeakMap<z.ZodObject, Record<string, unknown>>();
+
+function deepFreeze<T>(value: T): T {
+  if (typeof value === 'object' && value !== null && !Object.isFrozen(value)) {
+    Object.freeze(value);
+    for (const inner of Object.values(value)) deepFreeze(inner);
+  }
+  return value;
 }
 
 function describeIssues(tool: string, issues: readonly z.core.$ZodIssue[]): string {
