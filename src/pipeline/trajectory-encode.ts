@@ -1,4 +1,5 @@
 import { Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
+import { attachedVarints, packedVarintSize, varintSize, writeVarint } from '../tokens/packed-varints.js';
 
 /**
  * `Trajectory.encode(t).finish()`, byte for byte, with the four token arrays written by a tight loop.
@@ -14,10 +15,14 @@ import { Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
  * int32 varints or little-endian float32s). Values the generated encoder would refuse (not an int32, a finite double
  * beyond float32) or write differently (negative int32s, ten bytes each) are left to it: the whole trajectory is then
  * encoded by `Trajectory.encode`, which throws or writes them as it always did.
+ *
+ * A prompt whose varints are attached to its ids (a long prompt tokenized on a token thread, see
+ * tokens/packed-varints.ts) is copied from them, not encoded again.
  */
 export function encodeTrajectory(trajectory: Trajectory): Uint8Array {
   const { promptTokenIds, responseTokenIds, responseMask, responseLogprobs } = trajectory;
-  const sizes = [packedVarintSize(promptTokenIds), packedVarintSize(responseTokenIds), packedVarintSize(responseMask)];
+  const promptVarints = attachedVarints(promptTokenIds);
+  const sizes = [promptVarints?.length ?? packedVarintSize(promptTokenIds), packedVarintSize(responseTokenIds), packedVarintSize(responseMask)];
   const floatsOk = responseLogprobs.every(isFloat32);
   if (sizes.some((s) => s < 0) || !floatsOk) return Trajectory.encode(trajectory).finish();
 
@@ -54,7 +59,8 @@ export function encodeTrajectory(trajectory: Trajectory): Uint8Array {
   const out = new Uint8Array(head.length + packed + tail.length);
   out.set(head, 0);
   let pos = head.length;
-  pos = writeVarints(out, pos, FIELD_TAGS[0]!, promptTokenIds, sizes[0]!);
+  if (promptVarints !== undefined) pos = writeBytes(out, pos, FIELD_TAGS[0]!, promptVarints);
+  else pos = writeVarints(out, pos, FIELD_TAGS[0]!, promptTokenIds, sizes[0]!);
   pos = writeVarints(out, pos, FIELD_TAGS[1]!, responseTokenIds, sizes[1]!);
   pos = writeVarints(out, pos, FIELD_TAGS[2]!, responseMask, sizes[2]!);
   if (floatBytes > 0) {
@@ -73,34 +79,9 @@ const EMPTY: Trajectory = Trajectory.fromPartial({});
 /** Tags of prompt_token_ids (8), response_token_ids (9), response_mask (10): wire type 2; response_logprobs (11). */
 const FIELD_TAGS = [(8 << 3) | 2, (9 << 3) | 2, (10 << 3) | 2, (11 << 3) | 2] as const;
 
-/** Bytes of the packed varints of `values`, or -1 when one is not a non-negative int32 (left to the generated encoder). */
-function packedVarintSize(values: readonly number[]): number {
-  let size = 0;
-  for (let i = 0; i < values.length; i++) {
-    const v = values[i]!;
-    // Non-negative int32: (v | 0) === v excludes fractions, NaN, and anything outside int32.
-    if ((v | 0) !== v || v < 0) return -1;
-    size += varintSize(v);
-  }
-  return size;
-}
-
-function varintSize(v: number): number {
-  return v < 0x80 ? 1 : v < 0x4000 ? 2 : v < 0x200000 ? 3 : v < 0x10000000 ? 4 : 5;
-}
-
 /** What the generated encoder's float() accepts: a number whose float32 rounding is finite unless it already was not. */
 function isFloat32(v: number): boolean {
   return typeof v === 'number' && (Number.isFinite(Math.fround(v)) || !Number.isFinite(v));
-}
-
-function writeVarint(out: Uint8Array, pos: number, v: number): number {
-  while (v > 0x7f) {
-    out[pos++] = (v & 0x7f) | 0x80;
-    v >>>= 7;
-  }
-  out[pos++] = v;
-  return pos;
 }
 
 function writeVarints(out: Uint8Array, pos: number, tag: number, values: readonly number[], size: number): number {
@@ -109,4 +90,12 @@ function writeVarints(out: Uint8Array, pos: number, tag: number, values: readonl
   pos = writeVarint(out, pos, size);
   for (let i = 0; i < values.length; i++) pos = writeVarint(out, pos, values[i]!);
   return pos;
+}
+
+function writeBytes(out: Uint8Array, pos: number, tag: number, bytes: Uint8Array): number {
+  if (bytes.length === 0) return pos;
+  out[pos++] = tag;
+  pos = writeVarint(out, pos, bytes.length);
+  out.set(bytes, pos);
+  return pos + bytes.length;
 }

@@ -48,6 +48,12 @@ export interface TokenTaskResult {
    * transferred buffer a quarter of that. {@link unpackIds} restores `ids`.
    */
   packedIds?: Int32Array;
+  /**
+   * For prompt tasks with many ids run on a token thread: the ids as the packed varints of the trajectory's
+   * prompt_token_ids (tokens/packed-varints.ts), written there and transferred, so delivering each of the prompt's
+   * trajectories copies them instead of encoding 55K ids on the event loop.
+   */
+  promptVarints?: Uint8Array;
 }
 
 /** Ids past which a token thread sends them packed (see TokenTaskResult.packedIds). */

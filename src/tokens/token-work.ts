@@ -1,5 +1,6 @@
 import { createHash } from 'node:crypto';
 import { attachedIdsJson, attachIdsJson } from '../backends/prompt-json.js';
+import { attachedVarints, attachVarints } from './packed-varints.js';
 import { LRUCache } from 'lru-cache';
 import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
@@ -55,11 +56,12 @@ export class TokenWork {
     this.#inlineMaxChars = options.inlineMaxChars ?? DEFAULT_INLINE_MAX_CHARS;
     const bytes = options.promptCacheBytes ?? DEFAULT_PROMPT_CACHE_BYTES;
     // One huge prompt must not evict everything else either: at most a quarter of the bound per entry. An entry holds
-    // the key, the ids and, for a prompt from a token thread, its JSON (attached to the ids, see TokenTaskResult.idsJson).
+    // the key, the ids and, for a prompt from a token thread, its JSON and varints (attached to the ids, see
+    // TokenTaskResult.idsJson and .promptVarints).
     this.#prompts = new LRUCache({
       maxSize: bytes,
       maxEntrySize: Math.max(1, Math.floor(bytes / 4)),
-      sizeCalculation: ({ ids }, key) => 2 * key.length + 8 * ids.length + (attachedIdsJson(ids)?.[0]?.length ?? 0) + 64,
+      sizeCalculation: ({ ids }, key) => 2 * key.length + 8 * ids.length + (attachedIdsJson(ids)?.[0]?.length ?? 0) + (attachedVarints(ids)?.length ?? 0) + 64,
     });
   }
 
@@ -122,6 +124,7 @@ export class TokenWork {
       return task.kind === 'prompt' ? { ids: promptIds(this.tokenizer, this.template, task) } : environmentIds(this.tokenizer, this.template, task);
     }
     const result = unpackIds(await this.#pool.run(task, signal));
+    if (result.promptVarints !== undefined) attachVarints(result.ids, result.promptVarints);
     // The thread's probe, kept here: the next turns with these tools can run inline without probing (an inline turn
     // probed here already).
     if (task.kind === 'environment' && result.locality !== undefined) rememberSuffixLocality(this.template, task.tools, result.locality);

@@ -3,7 +3,8 @@ import { parentPort, workerData } from 'node:worker_threads';
 import { RolloutError } from '../errors.js';
 import { loadModelBundle, type ModelBundleOptions } from './model-bundle.js';
 import type { WorkerReply, WorkerRequest } from './token-pool.js';
-import { packIds, runTokenTask, type TokenTask, type TokenTaskResult } from './token-tasks.js';
+import { packedVarints } from './packed-varints.js';
+import { PACK_IDS_FROM, packIds, runTokenTask, type TokenTask, type TokenTaskResult } from './token-tasks.js';
 
 /**
  * A token worker thread (started by TokenPool through token-worker-entry.mjs): loads the same model folder as the
@@ -36,8 +37,14 @@ try {
       const result = runTokenTask(tokenizer, template, task);
       // A prompt's JSON is built here, off the event loop, for its first engine request (see TokenTaskResult.idsJson).
       if (task.kind === 'prompt') result.idsJson = JSON.stringify(result.ids);
+      // And a long prompt's varints, for its trajectories' encoding (see TokenTaskResult.promptVarints).
+      const varints = task.kind === 'prompt' && result.ids.length >= PACK_IDS_FROM ? packedVarints(result.ids) : undefined;
       // Many ids go as a transferred Int32Array (see TokenTaskResult.packedIds).
       transfer = packIds(result);
+      if (varints !== undefined) {
+        result.promptVarints = varints;
+        transfer.push(varints.buffer as ArrayBuffer);
+      }
       reply = { type: 'result', id, result };
     } catch (err) {
       const e = RolloutError.from(err);

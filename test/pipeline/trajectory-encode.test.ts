@@ -2,6 +2,7 @@ import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { Role, Trajectory, TrajectoryStatus } from '../../gen/ts/rollout/v1/rollout.js';
 import { encodeTrajectory } from '../../src/pipeline/trajectory-encode.js';
+import { attachVarints, packedVarints } from '../../src/tokens/packed-varints.js';
 
 const generated = (t: Trajectory): Uint8Array => Trajectory.encode(t).finish();
 
@@ -73,6 +74,39 @@ describe('encodeTrajectory', () => {
     const back = Trajectory.decode(bytes);
     expect(back.promptTokenIds).toEqual(prompt);
     expect(back.responseTokenIds).toEqual(response);
+  });
+
+  it('copies a prompt\'s attached varints, and the bytes are still the generated encoder\'s', () => {
+    fc.assert(
+      fc.property(trajectory, fc.array(fc.integer({ min: 0, max: 2_147_483_647 }), { maxLength: 300 }), (partial, prompt) => {
+        const t = Trajectory.fromPartial({ ...partial, promptTokenIds: prompt, responseLogprobs: partial.responseLogprobs.map(Math.fround) });
+        attachVarints(t.promptTokenIds, packedVarints(t.promptTokenIds)!);
+        let expected: Uint8Array;
+        try {
+          expected = generated(t);
+        } catch {
+          return; // refused for another field (covered above)
+        }
+        expect(Buffer.from(encodeTrajectory(t)).equals(Buffer.from(expected))).toBe(true);
+      }),
+      { numRuns: 200 },
+    );
+  });
+
+  it('uses the attached varints instead of encoding the ids again', () => {
+    const t = Trajectory.fromPartial({ promptTokenIds: [1, 2, 3] });
+    // Deliberately not the ids' varints: only a copy of the attached bytes can produce them.
+    attachVarints(t.promptTokenIds, Uint8Array.of(0x7f, 0x7f));
+    const bytes = encodeTrajectory(t);
+    expect(Trajectory.decode(bytes).promptTokenIds).toEqual([127, 127]);
+  });
+
+  it('leaves ids it cannot write as varints to the generated encoder', () => {
+    expect(packedVarints([1, -1])).toBeUndefined();
+    expect(packedVarints([1.5])).toBeUndefined();
+    expect(packedVarints([2 ** 31])).toBeUndefined();
+    expect(packedVarints([])).toEqual(new Uint8Array(0));
+    expect(packedVarints([0, 127, 128, 300])).toEqual(Uint8Array.of(0, 0x7f, 0x80, 0x01, 0xac, 0x02));
   });
 
   it('refuses what the generated encoder refuses, with its error', () => {

@@ -1,7 +1,9 @@
 import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { attachedIdsJson, idsJson } from '../../src/backends/prompt-json.js';
+import { Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { TokenLedger } from '../../src/tokens/ledger.js';
+import { attachedVarints } from '../../src/tokens/packed-varints.js';
 import type { ModelBundle } from '../../src/tokens/model-bundle.js';
 import { escapeMessage } from '../../src/tokens/opaque-content.js';
 import { knownSuffixLocality } from '../../src/tokens/suffix-delta.js';
@@ -126,12 +128,20 @@ describe.each<Family>(['qwen3', 'deepseek_v3'])('token work on a %s token thread
     expect(Array.isArray(prompt)).toBe(true);
     expect(prompt).toEqual(inline.promptIdsSync(opening, [bashTool]));
     expect(attachedIdsJson(prompt)?.join('')).toBe(JSON.stringify(prompt));
+    // And their varints, as the generated encoder writes prompt_token_ids (tag, length, then these bytes).
+    const varints = attachedVarints(prompt);
+    expect(varints).toBeDefined();
+    expect(Buffer.from(Trajectory.encode({ ...Trajectory.fromPartial({}), promptTokenIds: [...prompt] }).finish()).subarray(1 + varintLength(varints!.length)).equals(Buffer.from(varints!))).toBe(true);
     const ledger = await TokenLedger.create({ tokenizer: bundle.tokenizer, template: bundle.template, messages: opening, tools: [bashTool], work: threaded });
     ledger.appendSampled(familySample(bundle, familyToolCall(bundle, 'ls'), 'stop'));
     await ledger.appendEnvironment([{ role: 'tool', content: log.slice(0, 20_000) }]);
     const context = [...ledger.contextIds()];
     expect(idsJson(context).join('')).toBe(JSON.stringify(context));
     expect(context.slice(0, prompt.length)).toEqual(prompt);
+    // The ledger's prompt (the trajectory's prompt_token_ids) came from the thread too: its encoding copies the varints.
+    const promptIds = ledger.snapshot().promptIds;
+    expect(promptIds).toEqual(prompt);
+    expect(attachedVarints(promptIds)).toEqual(varints);
   });
 });
 
@@ -210,3 +220,13 @@ describe('a token thread that crashes', () => {
     expect([...doomed.contextIds()]).toEqual([...bystander.contextIds()]);
   });
 });
+
+/** Bytes of the varint of a length. */
+function varintLength(n: number): number {
+  let bytes = 1;
+  while (n > 0x7f) {
+    n >>>= 7;
+    bytes++;
+  }
+  return bytes;
+}
