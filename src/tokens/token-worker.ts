@@ -35,10 +35,13 @@ try {
     let transfer: ArrayBuffer[] = [];
     try {
       const result = runTokenTask(tokenizer, template, task);
-      // A prompt's JSON is built here, off the event loop, for its first engine request (see TokenTaskResult.idsJson).
-      if (task.kind === 'prompt') result.idsJson = JSON.stringify(result.ids);
-      // And a long prompt's varints, for its trajectories' encoding (see TokenTaskResult.promptVarints).
-      const varints = task.kind === 'prompt' && result.ids.length >= PACK_IDS_FROM ? packedVarints(result.ids) : undefined;
+      let varints: Uint8Array | undefined;
+      if (task.kind === 'prompt') {
+        // A prompt's JSON is built here, off the event loop, for its first engine request (see TokenTaskResult.idsJson),
+        // and a long prompt's varints for its trajectories' encoding (see TokenTaskResult.promptVarints).
+        result.idsJson = JSON.stringify(result.ids);
+        if (result.ids.length >= PACK_IDS_FROM) varints = packedVarints(result.ids);
+      }
       // Many ids go as a transferred Int32Array (see TokenTaskResult.packedIds).
       transfer = packIds(result);
       if (varints !== undefined) {

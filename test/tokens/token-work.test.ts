@@ -3,7 +3,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { attachedIdsJson, idsJson } from '../../src/backends/prompt-json.js';
 import { Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { TokenLedger } from '../../src/tokens/ledger.js';
-import { attachedVarints } from '../../src/tokens/packed-varints.js';
+import { attachedVarints, varintSize } from '../../src/tokens/packed-varints.js';
 import type { ModelBundle } from '../../src/tokens/model-bundle.js';
 import { escapeMessage } from '../../src/tokens/opaque-content.js';
 import { knownSuffixLocality } from '../../src/tokens/suffix-delta.js';
@@ -131,7 +131,7 @@ describe.each<Family>(['qwen3', 'deepseek_v3'])('token work on a %s token thread
     // And their varints, as the generated encoder writes prompt_token_ids (tag, length, then these bytes).
     const varints = attachedVarints(prompt);
     expect(varints).toBeDefined();
-    expect(Buffer.from(Trajectory.encode({ ...Trajectory.fromPartial({}), promptTokenIds: [...prompt] }).finish()).subarray(1 + varintLength(varints!.length)).equals(Buffer.from(varints!))).toBe(true);
+    expect(Buffer.from(Trajectory.encode({ ...Trajectory.fromPartial({}), promptTokenIds: [...prompt] }).finish()).subarray(1 + varintSize(varints!.length)).equals(Buffer.from(varints!))).toBe(true);
     const ledger = await TokenLedger.create({ tokenizer: bundle.tokenizer, template: bundle.template, messages: opening, tools: [bashTool], work: threaded });
     ledger.appendSampled(familySample(bundle, familyToolCall(bundle, 'ls'), 'stop'));
     await ledger.appendEnvironment([{ role: 'tool', content: log.slice(0, 20_000) }]);
@@ -220,13 +220,3 @@ describe('a token thread that crashes', () => {
     expect([...doomed.contextIds()]).toEqual([...bystander.contextIds()]);
   });
 });
-
-/** Bytes of the varint of a length. */
-function varintLength(n: number): number {
-  let bytes = 1;
-  while (n > 0x7f) {
-    n >>>= 7;
-    bytes++;
-  }
-  return bytes;
-}
