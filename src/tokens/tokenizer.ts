@@ -5,7 +5,7 @@ import { LRUCache } from 'lru-cache';
 import { RolloutError } from '../errors.js';
 import { ByteLevelDecoder } from './byte-level-decode.js';
 import { accelerateByteLevel } from './byte-level-fast.js';
-import { bpeCacheOnLruCache, flattenWithoutFlat, segmentEncoder, splitByMatch } from './library-fast-paths.js';
+import { bpeCacheOnLruCache, flattenWithoutFlat, releaseBpeConstructionData, segmentEncoder, splitByMatch } from './library-fast-paths.js';
 import { JinjaChatTemplate } from './chat-template.js';
 import { probeAssistantClosing } from './template-delta.js';
 import { alternation, coalesce, textAddedTokens } from './opaque-content.js';
@@ -84,7 +84,7 @@ export class HfTokenizer implements Tokenizer {
   /** Whether the ByteLevel pre-tokenizer's ASCII fast path is on (byte-level-fast.ts; for tests). */
   readonly fastPreTokenize: boolean;
   /** Which of library-fast-paths.ts's patches are on, over both library instances (for tests). */
-  readonly fastPaths: { preTokenizersWithoutFlat: number; splitsByMatch: number; bpeCaches: number; segmentEncoders: number };
+  readonly fastPaths: { preTokenizersWithoutFlat: number; splitsByMatch: number; bpeCaches: number; segmentEncoders: number; bpeDataReleased: boolean };
   /** The library's encode for text without added tokens, minus its added-token steps (library-fast-paths.ts). */
   private readonly encodeSegment: (text: string) => number[];
   /** The same for {@link plain}, whose every text is without added tokens. */
@@ -93,14 +93,18 @@ export class HfTokenizer implements Tokenizer {
   private readonly byteLevel: ByteLevelDecoder | undefined;
 
   constructor(
-    tokenizerJson: Record<string, unknown>,
+    json: Record<string, unknown>,
     readonly config: TokenizerConfig,
     options: HfTokenizerOptions = {},
   ) {
+    // The library instances keep the object they are built from; with a model of their own (a shallow copy), the
+    // construction data they no longer need can be released below without touching the caller's tokenizer.json.
+    const model: unknown = json.model;
+    const tokenizerJson = typeof model === 'object' && model !== null ? { ...json, model: { ...model } } : json;
+    const accelerate = options.accelerate ?? true;
     try {
       this.impl = new HfTokenizerImpl(tokenizerJson, config);
       this.plain = new HfTokenizerImpl({ ...tokenizerJson, added_tokens: [] }, config);
-      const accelerate = options.accelerate ?? true;
       this.fastPreTokenize = accelerate && accelerateByteLevel(this.impl) + accelerateByteLevel(this.plain) > 0;
       const segment = accelerate ? segmentEncoder(this.impl, libraryEncode(this.impl)) : undefined;
       const plain = accelerate ? segmentEncoder(this.plain, libraryEncode(this.plain)) : undefined;
@@ -112,8 +116,9 @@ export class HfTokenizer implements Tokenizer {
             splitsByMatch: splitByMatch(this.impl) + splitByMatch(this.plain),
             bpeCaches: [this.impl, this.plain].filter(bpeCacheOnLruCache).length,
             segmentEncoders: [segment, plain].filter(Boolean).length,
+            bpeDataReleased: false,
           }
-        : { preTokenizersWithoutFlat: 0, splitsByMatch: 0, bpeCaches: 0, segmentEncoders: 0 };
+        : { preTokenizersWithoutFlat: 0, splitsByMatch: 0, bpeCaches: 0, segmentEncoders: 0, bpeDataReleased: false };
     } catch (err) {
       throw new RolloutError('failed_precondition', 'tokenizer.json is not a supported tokenizer', { cause: err });
     }
@@ -135,6 +140,8 @@ export class HfTokenizer implements Tokenizer {
     this.independent = !added.some((t) => t.lstrip || t.rstrip || t.normalized || t.single_word);
     const extra = (config as { additional_special_tokens?: unknown }).additional_special_tokens;
     this.byteLevel = ByteLevelDecoder.from(tokenizerJson, Array.isArray(extra) ? extra.filter((t): t is string => typeof t === 'string') : []);
+    // Last: the byte table above reads the vocabulary this releases.
+    if (accelerate) this.fastPaths.bpeDataReleased = releaseBpeConstructionData(this.impl, this.plain);
   }
 
   /**

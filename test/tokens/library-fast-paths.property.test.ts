@@ -44,14 +44,31 @@ describe('the library fast paths (byte-level-fast.ts, library-fast-paths.ts)', (
   it('library-fast-paths.ts is on for every family (where its conditions hold), off when asked', () => {
     // Two library instances per tokenizer (with and without added tokens), each a Sequence and its children or one Split.
     expect(FAMILIES.map((f) => [f, pairs.get(f)!.fast.fastPaths])).toEqual([
-      ['qwen3', { preTokenizersWithoutFlat: 6, splitsByMatch: 2, bpeCaches: 2, segmentEncoders: 2 }],
-      ['llama3_1', { preTokenizersWithoutFlat: 6, splitsByMatch: 2, bpeCaches: 2, segmentEncoders: 2 }],
+      ['qwen3', { preTokenizersWithoutFlat: 6, splitsByMatch: 2, bpeCaches: 2, segmentEncoders: 2, bpeDataReleased: true }],
+      ['llama3_1', { preTokenizersWithoutFlat: 6, splitsByMatch: 2, bpeCaches: 2, segmentEncoders: 2, bpeDataReleased: true }],
       // DeepSeek-V3 has added tokens matched after normalization: its own segments keep the library's encode.
-      ['deepseek_v3', { preTokenizersWithoutFlat: 10, splitsByMatch: 6, bpeCaches: 2, segmentEncoders: 1 }],
-      ['gemma3', { preTokenizersWithoutFlat: 2, splitsByMatch: 2, bpeCaches: 2, segmentEncoders: 2 }],
+      ['deepseek_v3', { preTokenizersWithoutFlat: 10, splitsByMatch: 6, bpeCaches: 2, segmentEncoders: 1, bpeDataReleased: true }],
+      ['gemma3', { preTokenizersWithoutFlat: 2, splitsByMatch: 2, bpeCaches: 2, segmentEncoders: 2, bpeDataReleased: true }],
     ]);
     for (const family of FAMILIES) {
-      expect(pairs.get(family)!.library.fastPaths, family).toEqual({ preTokenizersWithoutFlat: 0, splitsByMatch: 0, bpeCaches: 0, segmentEncoders: 0 });
+      expect(pairs.get(family)!.library.fastPaths, family).toEqual({ preTokenizersWithoutFlat: 0, splitsByMatch: 0, bpeCaches: 0, segmentEncoders: 0, bpeDataReleased: false });
+    }
+  });
+
+  it('releases the BPE construction data from its own copy of tokenizer.json, never from the caller\'s', async () => {
+    for (const family of FAMILIES) {
+      const { tokenizerJson, config } = await readModelFiles(familyDir(family));
+      const model = tokenizerJson.model as { vocab: Record<string, number>; merges: unknown[] };
+      const [vocab, merges] = [model.vocab, model.merges];
+      const released = new HfTokenizer(tokenizerJson, config);
+      expect(released.fastPaths.bpeDataReleased, family).toBe(true);
+      // The caller's object is as it was: a second tokenizer built from it (which needs both) encodes the same.
+      expect(tokenizerJson.model, family).toBe(model);
+      expect([model.vocab, model.merges], family).toEqual([vocab, merges]);
+      const again = new HfTokenizer(tokenizerJson, config, { accelerate: false });
+      const sample = 'Hello <|im_end|> wörld 🙂 {"x": 1}\n\tdone';
+      expect(released.encode(sample), family).toEqual(again.encode(sample));
+      expect(released.encodeText(sample), family).toEqual(again.encodeText(sample));
     }
   });
 
