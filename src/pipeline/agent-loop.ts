@@ -77,6 +77,7 @@ async function runWithTools(sample: Sample, deps: AgentLoopDeps, signal: AbortSi
       template: deps.template,
       messages: sample.initialMessages,
       tools: toolSchemas(tools),
+      promptKeyHint: task,
       ...(deps.tokenWork && { work: deps.tokenWork }),
     },
     signal,

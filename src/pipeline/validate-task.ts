@@ -125,7 +125,7 @@ export async function checkPromptFits(task: ResolvedTask, budget: PromptBudget, 
   const maxTotalTokens = task.sampling.maxTotalTokens;
   const messages = environment.prompt(instance);
   // Kept for the task's samples: their ledgers take it from the cache instead of rendering and encoding it again.
-  const promptTokens = (await budget.work.promptIds(messages, toolSchemas(environment.tools(instance)), signal, task.numSamples)).length;
+  const promptTokens = (await budget.work.promptIds(messages, toolSchemas(environment.tools(instance)), signal, task.numSamples, task)).length;
   const maxModelLen = budget.maxModelLen();
   const limit = Math.min(maxTotalTokens, maxModelLen ?? Infinity);
   if (promptTokens >= limit) {

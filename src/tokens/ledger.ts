@@ -95,6 +95,11 @@ export interface TokenLedgerOptions {
    * It must hold this `tokenizer` and `template`. Default: inline, on the calling thread.
    */
   work?: TokenWork;
+  /**
+   * An object every asker of this prompt shares (the task): with it, `work` computes the prompt's cache key once for
+   * the task's admission check and ledgers instead of once per ledger (see TokenWork.promptIds).
+   */
+  promptKeyHint?: object;
 }
 
 /** The largest id a trajectory can carry: token ids are int32 in the contract (and in the ledger's columns). */
@@ -187,7 +192,7 @@ export class TokenLedger {
     if (options.messages.length === 0) throw RolloutError.invalid('messages', 'a conversation needs a first message');
     const work = options.work ?? TokenWork.inline(options.tokenizer, options.template);
     const prepared = { ...options };
-    preparedPrompts.set(prepared, await work.promptIds(options.messages, options.tools, signal));
+    preparedPrompts.set(prepared, await work.promptIds(options.messages, options.tools, signal, 0, options.promptKeyHint));
     return new TokenLedger(prepared);
   }
 

@@ -48,6 +48,9 @@ export class TokenWork {
   /** Least recently used first out past the byte bound (lru-cache: a Map's delete-and-set on every hit is O(size) in V8, see tokenizer.ts). */
   readonly #prompts: LRUCache<string, { ids: readonly number[]; uses: number }>;
   readonly #pending = new Map<string, Promise<readonly number[]>>();
+  #keysComputed = 0;
+  /** Prompt keys by the hint their callers gave (see #keyOf): gone with the hint. */
+  readonly #keysByHint = new WeakMap<object, { messages: readonly ChatMessage[]; tools: readonly ToolSchema[] | undefined; key: string; uses: number }>();
 
   constructor(options: TokenWorkOptions) {
     this.tokenizer = options.tokenizer;
@@ -80,8 +83,14 @@ export class TokenWork {
    * which would make V8 copy and serialize it several times slower). `keepFor`: how many later calls will ask for
    * this prompt (a task's samples); it is kept for them. Concurrent calls for one prompt share one computation.
    */
-  async promptIds(messages: readonly ChatMessage[], tools: readonly ToolSchema[] | undefined, signal?: AbortSignal, keepFor = 0): Promise<readonly number[]> {
-    const key = promptKey(messages, tools);
+  async promptIds(
+    messages: readonly ChatMessage[],
+    tools: readonly ToolSchema[] | undefined,
+    signal?: AbortSignal,
+    keepFor = 0,
+    keyHint?: object,
+  ): Promise<readonly number[]> {
+    const key = this.#keyOf(messages, tools, keyHint, keepFor);
     const hit = this.#cached(key, keepFor);
     if (hit) return hit;
     let pending = this.#pending.get(key);
@@ -97,8 +106,13 @@ export class TokenWork {
 
   /** {@link promptIds} on the event loop, whatever its size (the synchronous TokenLedger constructor). */
   promptIdsSync(messages: readonly ChatMessage[], tools: readonly ToolSchema[] | undefined): readonly number[] {
-    const key = promptKey(messages, tools);
+    const key = this.#computeKey(messages, tools);
     return this.#cached(key, 0) ?? promptIds(this.tokenizer, this.template, { messages, tools });
+  }
+
+  /** Prompt cache keys computed so far: each a serialization (and, when long, a digest) of a whole prompt (for tests). */
+  get promptKeysComputed(): number {
+    return this.#keysComputed;
   }
 
   /** Prompts kept for announced askers, and their bytes (for tests and metrics). */
@@ -129,6 +143,32 @@ export class TokenWork {
     // probed here already).
     if (task.kind === 'environment' && result.locality !== undefined) rememberSuffixLocality(this.template, task.tools, result.locality);
     return result;
+  }
+
+  /**
+   * The prompt's cache key, computed once per `hint` (any object the callers asking for one prompt share, e.g. the
+   * task, whose admission check announces its samples' ledgers as `keepFor` later askers): a later call with the
+   * same hint and the same messages and tools — compared field by field, which for the same strings is a pointer
+   * comparison — reuses it instead of serializing and hashing the prompt again (JSON and SHA-256 of 86 KB for a
+   * 64K-token prompt, ~0.3 ms and as much garbage). Kept for the askers announced, like the prompt itself, so a
+   * finished task holds no prompt text here; other messages under the same hint get their own key, as without one.
+   */
+  #keyOf(messages: readonly ChatMessage[], tools: readonly ToolSchema[] | undefined, hint: object | undefined, keepFor: number): string {
+    if (hint === undefined) return this.#computeKey(messages, tools);
+    const known = this.#keysByHint.get(hint);
+    if (known !== undefined && sameMessages(known.messages, messages) && toolsKey(known.tools) === toolsKey(tools)) {
+      known.uses += keepFor - 1;
+      if (known.uses <= 0) this.#keysByHint.delete(hint);
+      return known.key;
+    }
+    const key = this.#computeKey(messages, tools);
+    if (keepFor > 0) this.#keysByHint.set(hint, { messages: messages.map((m) => ({ ...m })), tools, key, uses: keepFor });
+    return key;
+  }
+
+  #computeKey(messages: readonly ChatMessage[], tools: readonly ToolSchema[] | undefined): string {
+    this.#keysComputed++;
+    return promptKey(messages, tools);
   }
 
   /** A kept prompt, one use of it taken (it goes with its last); `keepFor` more announced. */
@@ -181,6 +221,17 @@ function promptKey(messages: readonly ChatMessage[], tools: readonly ToolSchema[
   const tk = toolsKey(tools);
   if (json.length <= MAX_RAW_PROMPT_KEY) return `${tk}\u0000${json}`;
   return `#${createHash('sha256').update(tk).update('\u0000').update(json).digest('base64')}`;
+}
+
+/** Whether two message lists are equal in what a prompt key holds (role, content, name). */
+function sameMessages(a: readonly ChatMessage[], b: readonly ChatMessage[]): boolean {
+  if (a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) {
+    const x = a[i]!;
+    const y = b[i]!;
+    if (x.role !== y.role || x.content !== y.content || x.name !== y.name) return false;
+  }
+  return true;
 }
 
 /** Prompt JSON of at most this many characters is its own cache key (see promptKey). */

@@ -189,6 +189,57 @@ describe('the prompt cache', () => {
   });
 });
 
+describe('the prompt key hint', () => {
+  it('keys a task\'s prompt once for its admission and its ledgers, and only while their messages are the same', async () => {
+    const bundle = await loadFamily('qwen3');
+    const work = new TokenWork({ tokenizer: bundle.tokenizer, template: bundle.template });
+    const task = {};
+    const prompt = (): ChatMessage[] => [
+      { role: 'system', content: 'Read the log.' },
+      { role: 'user', content: `log:\n${'line 17 ok\n'.repeat(200)}` },
+    ];
+    const admitted = await work.promptIds(prompt(), [bashTool], undefined, 2, task);
+    expect(work.promptKeysComputed).toBe(1);
+    // Each sample's init gives new message objects (equal contents): the key is not computed again, the ids are shared.
+    const ledgers = await Promise.all(
+      [1, 2].map(() => TokenLedger.create({ tokenizer: bundle.tokenizer, template: bundle.template, messages: prompt(), tools: [bashTool], work, promptKeyHint: task })),
+    );
+    for (const l of ledgers) expect(l.promptIds).toBe(admitted);
+    expect(work.promptKeysComputed).toBe(1);
+    // The announced askers have come: neither the prompt nor its key is kept for the task any more.
+    expect(work.promptCache.entries).toBe(0);
+    await work.promptIds(prompt(), [bashTool], undefined, 0, task);
+    expect(work.promptKeysComputed).toBe(2);
+  });
+
+  it('never gives a key for other messages or tools under the same hint', async () => {
+    const bundle = await loadFamily('qwen3');
+    const work = new TokenWork({ tokenizer: bundle.tokenizer, template: bundle.template });
+    const reference = new TokenWork({ tokenizer: bundle.tokenizer, template: bundle.template });
+    const task = {};
+    const base: ChatMessage[] = [{ role: 'user', content: 'What is 2 + 2?' }];
+    await work.promptIds(base, [bashTool], undefined, 10, task);
+    // An init that differs from the admission's prompt in any field the key holds, or in the tools.
+    const variants: [ChatMessage[], typeof bashTool[] | undefined][] = [
+      [[{ role: 'user', content: 'What is 2 + 3?' }], [bashTool]],
+      [[{ role: 'system', content: 'What is 2 + 2?' }], [bashTool]],
+      [[{ role: 'user', content: 'What is 2 + 2?', name: 'x' }], [bashTool]],
+      [[{ role: 'user', content: 'What is 2 + 2?' }, { role: 'user', content: '' }], [bashTool]],
+      [[{ role: 'user', content: 'What is 2 + 2?' }], undefined],
+      [[{ role: 'user', content: 'What is 2 + 2?' }], [{ ...bashTool, function: { ...bashTool.function, description: 'another' } }]],
+    ];
+    for (const [messages, tools] of variants) {
+      const before = work.promptKeysComputed;
+      expect(await work.promptIds(messages, tools, undefined, 0, task)).toEqual(reference.promptIdsSync(messages, tools));
+      expect(work.promptKeysComputed, JSON.stringify([messages, tools])).toBe(before + 1);
+    }
+    // The admission's own prompt still finds its key (the hint's entry was not replaced by the variants).
+    const before = work.promptKeysComputed;
+    expect(await work.promptIds(base.map((m) => ({ ...m })), [bashTool], undefined, 0, task)).toEqual(reference.promptIdsSync(base, [bashTool]));
+    expect(work.promptKeysComputed).toBe(before);
+  });
+});
+
 describe('a token thread that crashes', () => {
   let bundle: ModelBundle;
   let pool: TokenPool<TokenTask, TokenTaskResult>;
