@@ -41,6 +41,7 @@ export interface BenchOptions {
   sandboxPass: boolean;
   longTrajectories: number;
   longConcurrency: number;
+  longWarmup: number;
   longPromptChars: number;
   longPages: number;
   longPageChars: number;
@@ -64,13 +65,14 @@ function parseOptions(argv: readonly string[]): BenchOptions {
     .option('--trajectories <n>', 'trajectories in the measured server pass', positiveInt, 4000)
     .option('--concurrency <n>', 'trajectories in flight (server pass) and requests in flight (direct pass)', positiveInt, 1000)
     .option('--group-size <n>', 'samples per task (GRPO group size)', positiveInt, 1)
-    .option('--warmup <n>', 'trajectories (and replayed requests) to warm up before measuring', positiveInt, 500)
+    .option('--warmup <n>', 'trajectories (and replayed requests) to warm up before measuring: enough for V8 to be done optimizing the server at this load (bench/README round 14)', positiveInt, 8000)
     .option('--hold <n>', 'trajectories held in flight for the memory measurement', positiveInt, 1000)
     .option('--sandbox-trajectories <n>', 'trajectories in the real-sandbox pass', positiveInt, 64)
     .option('--sandbox-concurrency <n>', 'concurrency of the real-sandbox pass', positiveInt, 16)
     .option('--no-sandbox-pass', 'skip the bubblewrap pass')
     .option('--long-trajectories <n>', 'trajectories in the long-context pass', positiveInt, 64)
     .option('--long-concurrency <n>', 'concurrency of the long-context pass', positiveInt, 8)
+    .option('--long-warmup <n>', 'long-context trajectories to warm up each long-context server before measuring', positiveInt, 2)
     .option('--long-prompt-chars <n>', 'characters of log in each long-context prompt (~1.56 per Qwen3 token)', positiveInt, 86_000)
     .option('--long-pages <n>', 'environment turns (pages read) per long-context trajectory', positiveInt, 4)
     .option('--long-page-chars <n>', 'characters per page the tool returns', positiveInt, 3_500)
@@ -382,8 +384,8 @@ async function longPass(engine: Engine, o: BenchOptions, tokenWorkers: number | 
   // each drive, as a dataset's would already be in memory: the loop delay measured is the server's, not the double's.
   const prepare = (seed: number, trajectories: number) =>
     s.server.call('prepareLongContext', Array.from({ length: trajectories }, (_, i) => task('', '', 1, seed + i).instance));
-  await prepare(900_000, 2);
-  await driveServer(s.client, { ...base, label: `long contexts warm-up (${label})`, prefix: 'lwarm', trajectories: 2, concurrency: 2, seed: 900_000 });
+  await prepare(900_000, o.longWarmup);
+  await driveServer(s.client, { ...base, label: `long contexts warm-up (${label})`, prefix: 'lwarm', trajectories: o.longWarmup, concurrency: Math.min(o.longConcurrency, o.longWarmup), seed: 900_000 });
   await prepare(910_000, o.longTrajectories);
   await engine.call('record', true);
   await s.server.call('eventLoop');
