@@ -183,14 +183,15 @@ interface BpeConstructionFields {
  * The library's BPE model keeps, for as long as it lives, what it was built from: tokenizer.json's `vocab` object
  * (151K properties for Qwen3) and `merges` (151K two-string arrays), besides what it encodes with (`tokens_to_ids`,
  * `vocab`, `bpe_ranks`); and the second, added-token-free instance (see HfTokenizer.plain) builds its own
- * `bpe_ranks` (151K JSON string keys) from the same merges. That was 34 of the 81 MB a Qwen3 tokenizer holds on the
- * V8 heap, in every isolate that loads one (the event loop and each token thread), and every full collection marks
- * all of it again: a full GC of a server's heap took 49 ms with it, 40 without.
+ * `bpe_ranks` (151K JSON string keys) from the same merges. That was 34 of the 75-81 MB a Qwen3 tokenizer holds on
+ * the V8 heap, in every isolate that loads one (the event loop and each token thread), and every full collection
+ * marks all of it again: one of a process holding a tokenizer took 49-53 ms with it, 36-38 without.
  *
  * `plain` is given `tokenizer`'s `bpe_ranks` when both were built from the same model object (the same ranks: a
- * function of its `merges` only, in either of their formats); then both models drop their construction data (`config.vocab`, `config.merges`,
- * `merges`), which the library reads nowhere after its constructor. `model` is the object both were built from as
- * tokenizer.json's `model`: the caller's own copy, not a shared one. Only BPE models; returns whether it applied.
+ * function of its `merges` only, in either of their formats); then both drop their construction data (the model
+ * object's `vocab` and `merges`, each model's `merges`), which the library reads nowhere after its constructor. That
+ * model object is deleted from, so it must be the caller's own copy of tokenizer.json's `model` (HfTokenizer makes
+ * one). Only BPE models; returns whether it applied.
  */
 export function releaseBpeConstructionData(tokenizer: hf.Tokenizer, plain: hf.Tokenizer): boolean {
   const a = (tokenizer as unknown as { model?: unknown }).model;
