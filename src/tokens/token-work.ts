@@ -49,8 +49,12 @@ export class TokenWork {
   readonly #prompts: LRUCache<string, { ids: readonly number[]; uses: number }>;
   readonly #pending = new Map<string, Promise<readonly number[]>>();
   #keysComputed = 0;
-  /** Prompt keys by the hint their callers gave (see #keyOf): gone with the hint. */
-  readonly #keysByHint = new WeakMap<object, { messages: readonly ChatMessage[]; tools: readonly ToolSchema[] | undefined; key: string; uses: number }>();
+  /**
+   * Long prompts' keys by the hint their callers gave (see #keyOf), until their announced askers have come. Bounded by
+   * the characters of the messages they keep: a task whose samples never reach a ledger (every init failed) must not
+   * keep its prompt's text for as long as the task store keeps the task.
+   */
+  readonly #keysByHint = new LRUCache<object, HintedKey>({ maxSize: MAX_HINTED_PROMPT_CHARS, sizeCalculation: ({ chars }) => chars });
 
   constructor(options: TokenWorkOptions) {
     this.tokenizer = options.tokenizer;
@@ -150,19 +154,21 @@ export class TokenWork {
    * task, whose admission check announces its samples' ledgers as `keepFor` later askers): a later call with the
    * same hint and the same messages and tools — compared field by field, which for the same strings is a pointer
    * comparison — reuses it instead of serializing and hashing the prompt again (JSON and SHA-256 of 86 KB for a
-   * 64K-token prompt, ~0.3 ms and as much garbage). Kept for the askers announced, like the prompt itself, so a
-   * finished task holds no prompt text here; other messages under the same hint get their own key, as without one.
+   * 64K-token prompt, ~0.3 ms and as much garbage). Only for prompts of more than MAX_RAW_PROMPT_KEY characters: a
+   * shorter one's key is (about) its JSON, cheaper to make again than to keep. Kept for the askers announced, like the prompt itself; other messages under the
+   * same hint get their own key, as without one.
    */
   #keyOf(messages: readonly ChatMessage[], tools: readonly ToolSchema[] | undefined, hint: object | undefined, keepFor: number): string {
     if (hint === undefined) return this.#computeKey(messages, tools);
+    const chars = messages.reduce((n, m) => n + m.content.length, 0);
+    if (chars <= MAX_RAW_PROMPT_KEY) return this.#computeKey(messages, tools);
     const known = this.#keysByHint.get(hint);
     if (known !== undefined && sameMessages(known.messages, messages) && toolsKey(known.tools) === toolsKey(tools)) {
-      known.uses += keepFor - 1;
-      if (known.uses <= 0) this.#keysByHint.delete(hint);
+      if (usedUp(known, keepFor)) this.#keysByHint.delete(hint);
       return known.key;
     }
     const key = this.#computeKey(messages, tools);
-    if (keepFor > 0) this.#keysByHint.set(hint, { messages: messages.map((m) => ({ ...m })), tools, key, uses: keepFor });
+    if (keepFor > 0) this.#keysByHint.set(hint, { messages: messages.map((m) => ({ ...m })), tools, key, uses: keepFor, chars });
     return key;
   }
 
@@ -175,8 +181,7 @@ export class TokenWork {
   #cached(key: string, keepFor: number): readonly number[] | undefined {
     const hit = this.#prompts.get(key);
     if (!hit) return undefined;
-    hit.uses += keepFor - 1;
-    if (hit.uses <= 0) this.#prompts.delete(key);
+    if (usedUp(hit, keepFor)) this.#prompts.delete(key);
     return hit.ids;
   }
 
@@ -221,6 +226,25 @@ function promptKey(messages: readonly ChatMessage[], tools: readonly ToolSchema[
   const tk = toolsKey(tools);
   if (json.length <= MAX_RAW_PROMPT_KEY) return `${tk}\u0000${json}`;
   return `#${createHash('sha256').update(tk).update('\u0000').update(json).digest('base64')}`;
+}
+
+/** A long prompt's key kept for the askers its hint announced (see TokenWork.#keyOf). */
+interface HintedKey {
+  messages: readonly ChatMessage[];
+  tools: readonly ToolSchema[] | undefined;
+  key: string;
+  uses: number;
+  /** Characters of the messages' contents: what keeping them costs. */
+  chars: number;
+}
+
+/** Most characters of messages kept with hinted prompt keys (see TokenWork.#keysByHint): 32 MB of UTF-16 at most. */
+const MAX_HINTED_PROMPT_CHARS = 16 << 20;
+
+/** Takes one use of a kept entry and announces `keepFor` more; whether it is used up (to be dropped). */
+function usedUp(entry: { uses: number }, keepFor: number): boolean {
+  entry.uses += keepFor - 1;
+  return entry.uses <= 0;
 }
 
 /** Whether two message lists are equal in what a prompt key holds (role, content, name). */

@@ -217,16 +217,18 @@ describe('the prompt key hint', () => {
     const work = new TokenWork({ tokenizer: bundle.tokenizer, template: bundle.template });
     const reference = new TokenWork({ tokenizer: bundle.tokenizer, template: bundle.template });
     const task = {};
-    const base: ChatMessage[] = [{ role: 'user', content: 'What is 2 + 2?' }];
+    // Long enough to be hinted (over MAX_RAW_PROMPT_KEY characters); the variants differ at the very end.
+    const log = 'line 17 ok\n'.repeat(200);
+    const base: ChatMessage[] = [{ role: 'user', content: `${log}What is 2 + 2?` }];
     await work.promptIds(base, [bashTool], undefined, 10, task);
     // An init that differs from the admission's prompt in any field the key holds, or in the tools.
     const variants: [ChatMessage[], typeof bashTool[] | undefined][] = [
-      [[{ role: 'user', content: 'What is 2 + 3?' }], [bashTool]],
-      [[{ role: 'system', content: 'What is 2 + 2?' }], [bashTool]],
-      [[{ role: 'user', content: 'What is 2 + 2?', name: 'x' }], [bashTool]],
-      [[{ role: 'user', content: 'What is 2 + 2?' }, { role: 'user', content: '' }], [bashTool]],
-      [[{ role: 'user', content: 'What is 2 + 2?' }], undefined],
-      [[{ role: 'user', content: 'What is 2 + 2?' }], [{ ...bashTool, function: { ...bashTool.function, description: 'another' } }]],
+      [[{ role: 'user', content: `${log}What is 2 + 3?` }], [bashTool]],
+      [[{ role: 'system', content: `${log}What is 2 + 2?` }], [bashTool]],
+      [[{ role: 'user', content: `${log}What is 2 + 2?`, name: 'x' }], [bashTool]],
+      [[{ role: 'user', content: `${log}What is 2 + 2?` }, { role: 'user', content: '' }], [bashTool]],
+      [[{ role: 'user', content: `${log}What is 2 + 2?` }], undefined],
+      [[{ role: 'user', content: `${log}What is 2 + 2?` }], [{ ...bashTool, function: { ...bashTool.function, description: 'another' } }]],
     ];
     for (const [messages, tools] of variants) {
       const before = work.promptKeysComputed;
@@ -237,6 +239,17 @@ describe('the prompt key hint', () => {
     const before = work.promptKeysComputed;
     expect(await work.promptIds(base.map((m) => ({ ...m })), [bashTool], undefined, 0, task)).toEqual(reference.promptIdsSync(base, [bashTool]));
     expect(work.promptKeysComputed).toBe(before);
+  });
+
+  it('keys a short prompt as before, without keeping anything for its hint', async () => {
+    const bundle = await loadFamily('qwen3');
+    const work = new TokenWork({ tokenizer: bundle.tokenizer, template: bundle.template });
+    const task = {};
+    const messages = (): ChatMessage[] => [{ role: 'user', content: 'What is 2 + 2?' }];
+    const admitted = await work.promptIds(messages(), [bashTool], undefined, 1, task);
+    // Its key is its JSON: computed again by the ledger (cheap), and the prompt still comes from the cache.
+    expect(await work.promptIds(messages(), [bashTool], undefined, 0, task)).toBe(admitted);
+    expect(work.promptKeysComputed).toBe(2);
   });
 });
 
