@@ -1,4 +1,5 @@
 import { Stage, type StageEvent, type Trajectory, type TrajectorySummary } from '../../gen/ts/rollout/v1/rollout.js';
+import { promptIdsOf } from '../pipeline/lazy-prompt.js';
 import type { Sample } from '../pipeline/sample.js';
 import type { StageName } from '../pipeline/task.js';
 
@@ -35,7 +36,7 @@ export function summaryOf(t: Trajectory): TrajectorySummary {
     finishReason: t.finishReason,
     reward: t.reward,
     numTurns: t.numTurns,
-    promptTokens: t.promptTokenIds.length,
+    promptTokens: promptIdsOf(t).length,
     responseTokens: t.responseTokenIds.length,
     timing: t.timing,
   };

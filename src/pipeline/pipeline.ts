@@ -232,7 +232,10 @@ export class Pipeline {
     sample.timing.totalMs = performance.now() - sample.createdAt;
     // Encoded and size-checked once, before anything queues it: a trajectory that cannot go on the wire would end
     // every stream it is written to (see wireSafe).
-    const trajectory = wireSafe({ ...built, timing: { ...sample.timing } }, this.maxMessageBytes);
+    // Assigned, not spread: `built` is this sample's own fresh object, and a spread would make a lazily kept
+    // prompt's number[] (lazy-prompt.ts).
+    built.timing = { ...sample.timing };
+    const trajectory = wireSafe(built, this.maxMessageBytes);
     this.completedTotal++;
     this.events$.next({ type: 'stage', sample, stage: 'done' });
     this.events$.next({ type: 'finished', sample, trajectory });

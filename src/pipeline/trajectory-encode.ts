@@ -1,5 +1,6 @@
 import { Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { attachedVarints, packedVarintSize, varintSize, writeVarint } from '../tokens/packed-varints.js';
+import { promptIdsOf } from './lazy-prompt.js';
 
 /**
  * `Trajectory.encode(t).finish()`, byte for byte, with the four token arrays written by a tight loop.
@@ -20,7 +21,9 @@ import { attachedVarints, packedVarintSize, varintSize, writeVarint } from '../t
  * tokens/packed-varints.ts) is copied from them, not encoded again.
  */
 export function encodeTrajectory(trajectory: Trajectory): Uint8Array {
-  const { promptTokenIds, responseTokenIds, responseMask, responseLogprobs } = trajectory;
+  const { responseTokenIds, responseMask, responseLogprobs } = trajectory;
+  // Not `trajectory.promptTokenIds`: that would make a lazily kept prompt's number[] (lazy-prompt.ts).
+  const promptTokenIds = promptIdsOf(trajectory);
   const promptVarints = attachedVarints(promptTokenIds);
   const sizes = [promptVarints?.length ?? packedVarintSize(promptTokenIds), packedVarintSize(responseTokenIds), packedVarintSize(responseMask)];
   const floatsOk = responseLogprobs.every(isFloat32);
@@ -36,20 +39,7 @@ export function encodeTrajectory(trajectory: Trajectory): Uint8Array {
     finishReason: trajectory.finishReason,
     error: trajectory.error,
   }).finish();
-  const tail = Trajectory.encode({
-    ...trajectory,
-    taskId: '',
-    sampleIndex: 0,
-    groupId: '',
-    environment: '',
-    status: 0,
-    finishReason: '',
-    error: '',
-    promptTokenIds: [],
-    responseTokenIds: [],
-    responseMask: [],
-    responseLogprobs: [],
-  }).finish();
+  const tail = Trajectory.encode(tailOf(trajectory)).finish();
 
   const floatBytes = 4 * responseLogprobs.length;
   let packed = 0;
@@ -76,6 +66,18 @@ export function encodeTrajectory(trajectory: Trajectory): Uint8Array {
 /** A trajectory with every field at its default (encodes to nothing). */
 const EMPTY: Trajectory = Trajectory.fromPartial({});
 
+/** The fields after the token arrays (12-24), each read once: the head's and the token arrays are not read at all. */
+const TAIL_FIELDS = (Object.keys(EMPTY) as (keyof Trajectory)[]).filter(
+  (k) => !['taskId', 'sampleIndex', 'groupId', 'environment', 'status', 'finishReason', 'error', 'promptTokenIds', 'responseTokenIds', 'responseMask', 'responseLogprobs'].includes(k),
+);
+
+/** The trajectory with its head fields and token arrays at their defaults (what `tail` encodes). */
+function tailOf(trajectory: Trajectory): Trajectory {
+  const tail: Record<string, unknown> = { ...EMPTY };
+  for (const k of TAIL_FIELDS) tail[k] = trajectory[k];
+  return tail as unknown as Trajectory;
+}
+
 /** Tags of prompt_token_ids (8), response_token_ids (9), response_mask (10): wire type 2; response_logprobs (11). */
 const FIELD_TAGS = [(8 << 3) | 2, (9 << 3) | 2, (10 << 3) | 2, (11 << 3) | 2] as const;
 
@@ -84,7 +86,7 @@ function isFloat32(v: number): boolean {
   return typeof v === 'number' && (Number.isFinite(Math.fround(v)) || !Number.isFinite(v));
 }
 
-function writeVarints(out: Uint8Array, pos: number, tag: number, values: readonly number[], size: number): number {
+function writeVarints(out: Uint8Array, pos: number, tag: number, values: ArrayLike<number>, size: number): number {
   if (size === 0) return pos;
   out[pos++] = tag;
   pos = writeVarint(out, pos, size);

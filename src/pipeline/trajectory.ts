@@ -6,6 +6,7 @@ import type { LedgerSnapshot, LedgerTurn } from '../tokens/ledger.js';
 import { finishReasonForError, statusForError } from './outcome.js';
 import type { Sample } from './sample.js';
 import { exceedsStaleness } from './staleness.js';
+import { setPromptTokenIds } from './lazy-prompt.js';
 
 /** The trajectory of a sample that went through eval: COMPLETED, or TRUNCATED when a budget ended it. */
 export function buildTrajectory(sample: Sample): Trajectory {
@@ -16,17 +17,22 @@ export function buildTrajectory(sample: Sample): Trajectory {
     // Unreachable by construction (eval runs after run); reported as an environment error rather than reward 0.
     return { ...trajectory, status: TrajectoryStatus.TRAJECTORY_STATUS_ENVIRONMENT_ERROR, finishReason: 'error', error: 'sample finished without run or eval result' };
   }
-  return {
-    ...withTokens(trajectory, run.tokens, sample.task.includeMessages),
-    status: run.truncated ? TrajectoryStatus.TRAJECTORY_STATUS_TRUNCATED : TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED,
-    finishReason: run.outcome.finishReason,
-    reward: evaluation.reward,
-    rewardDetails: { ...evaluation.details },
-    evalReport: evaluation.report,
-    numTurns: run.numTurns,
-    // Past max_staleness: FLAG, or RESTART with no restart left. The reward is computed all the same.
-    stale: exceedsStaleness(sample.task.limits, run.tokens),
-  };
+  // One object, the tokens set last: a spread of it would make a lazily kept prompt's number[] (lazy-prompt.ts).
+  return withTokens(
+    {
+      ...trajectory,
+      status: run.truncated ? TrajectoryStatus.TRAJECTORY_STATUS_TRUNCATED : TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED,
+      finishReason: run.outcome.finishReason,
+      reward: evaluation.reward,
+      rewardDetails: { ...evaluation.details },
+      evalReport: evaluation.report,
+      numTurns: run.numTurns,
+      // Past max_staleness: FLAG, or RESTART with no restart left. The reward is computed all the same.
+      stale: exceedsStaleness(sample.task.limits, run.tokens),
+    },
+    run.tokens,
+    sample.task.includeMessages,
+  );
 }
 
 /**
@@ -43,9 +49,9 @@ export function buildFailedTrajectory(sample: Sample, err: RolloutError): Trajec
   // The tokens are kept for debugging when they can be; a run result too broken to map is left out, so building
   // the failure can never throw in turn.
   try {
-    if (sample.run) return { ...withTokens(trajectory, sample.run.tokens, sample.task.includeMessages), numTurns: sample.run.numTurns };
+    if (sample.run) return withTokens({ ...trajectory, numTurns: sample.run.numTurns }, sample.run.tokens, sample.task.includeMessages);
     const partial = partialTokens(sample);
-    if (partial) return { ...withTokens(trajectory, partial, sample.task.includeMessages), numTurns: partial.turns.filter((t) => t.role === 'assistant').length };
+    if (partial) return withTokens({ ...trajectory, numTurns: partial.turns.filter((t) => t.role === 'assistant').length }, partial, sample.task.includeMessages);
   } catch {
     return { ...trajectory, error: `${trajectory.error} (its tokens could not be read)` };
   }
@@ -73,20 +79,18 @@ function base(sample: Sample): Trajectory {
   });
 }
 
+/** Sets the token fields on `trajectory` (a fresh object, returned): the prompt's ids shared, or kept lazily. */
 function withTokens(trajectory: Trajectory, tokens: LedgerSnapshot, includeMessages: boolean): Trajectory {
-  return {
-    ...trajectory,
-    // The ledger's prompt ids, shared (a trajectory is never changed after it is built; wireSafe copies to degrade).
-    promptTokenIds: tokens.promptIds as number[],
-    responseTokenIds: tokens.responseIds,
-    responseMask: tokens.mask,
-    responseLogprobs: tokens.logprobs,
-    turns: tokens.turns.map(toTurn),
-    messages: includeMessages ? tokens.messages.map((m) => ({ role: m.role, content: m.content, name: m.name ?? '' })) : [],
-    policyVersionMin: tokens.policyVersionMin,
-    policyVersionMax: tokens.policyVersionMax,
-    logprobsMode: logprobsModeToProto(trajectoryLogprobsMode(tokens.turns)),
-  };
+  setPromptTokenIds(trajectory, tokens.promptIds);
+  trajectory.responseTokenIds = tokens.responseIds;
+  trajectory.responseMask = tokens.mask;
+  trajectory.responseLogprobs = tokens.logprobs;
+  trajectory.turns = tokens.turns.map(toTurn);
+  trajectory.messages = includeMessages ? tokens.messages.map((m) => ({ role: m.role, content: m.content, name: m.name ?? '' })) : [];
+  trajectory.policyVersionMin = tokens.policyVersionMin;
+  trajectory.policyVersionMax = tokens.policyVersionMax;
+  trajectory.logprobsMode = logprobsModeToProto(trajectoryLogprobsMode(tokens.turns));
+  return trajectory;
 }
 
 /**

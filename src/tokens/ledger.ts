@@ -1,4 +1,4 @@
-import type { GenerateResult, LogprobsMode } from '../backends/types.js';
+import type { GenerateResult, LogprobsMode, TokenIds } from '../backends/types.js';
 import { RolloutError } from '../errors.js';
 import { probeAssistantClosing, type DeltaMethod } from './template-delta.js';
 import type { ChatMessage, ChatTemplate, Tokenizer, ToolSchema } from './types.js';
@@ -42,8 +42,11 @@ export interface LedgerTurn {
  * the mask is 0; turns tile [0, responseIds.length); assistant turns are exactly the mask-1 spans.
  */
 export interface LedgerSnapshot {
-  /** The ledger's own prompt ids (shared with the other samples of its group): read-only. */
-  promptIds: readonly number[];
+  /**
+   * The ledger's own prompt ids (shared with the other samples of its group): read-only. A number[], or the
+   * Int32Array a long prompt came in from its token thread (see TokenWork.promptIds).
+   */
+  promptIds: TokenIds;
   responseIds: number[];
   /** 1 = sampled by the policy (trained on), 0 = template or environment (never trained on). */
   mask: number[];
@@ -106,7 +109,7 @@ export interface TokenLedgerOptions {
 const MAX_TOKEN_ID = 0x7fffffff;
 
 /** Prompt ids computed by {@link TokenLedger.create} for the options object it then constructs with. */
-const preparedPrompts = new WeakMap<TokenLedgerOptions, readonly number[]>();
+const preparedPrompts = new WeakMap<TokenLedgerOptions, TokenIds>();
 
 /**
  * The token record of one trajectory: what the engine saw (prompt + response) and, for each response token,
@@ -142,7 +145,8 @@ const preparedPrompts = new WeakMap<TokenLedgerOptions, readonly number[]>();
  * await ledger.appendEnvironment([{ role: 'tool', content: 'ok', name: 'bash' }], { toolName: 'bash', toolOutcome: 'ok' });
  */
 export class TokenLedger {
-  readonly promptIds: readonly number[];
+  /** The prompt's ids, read-only: a number[], or the Int32Array a long prompt came in from its token thread. */
+  readonly promptIds: TokenIds;
   /**
    * The engine's context, prompt then response ids, and the response's mask and logprobs: columns off the V8 heap
    * while the trajectory runs (see token-column.ts). Response position i is context position promptIds.length + i.

@@ -33,10 +33,15 @@ export class TokenColumn<S extends Storage> {
     this.#length += count;
   }
 
-  /** Appends every value of `values`. */
-  append(values: readonly number[]): void {
+  /** Appends every value of `values` (a typed array is copied in one `set`). */
+  append(values: readonly number[] | Int32Array): void {
     this.#grow(this.#length + values.length);
     const data = this.#data;
+    if (!Array.isArray(values)) {
+      data.set(values as Int32Array, this.#length);
+      this.#length += values.length;
+      return;
+    }
     let at = this.#length;
     for (let i = 0; i < values.length; i++) data[at++] = values[i]!;
     this.#length = at;

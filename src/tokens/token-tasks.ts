@@ -45,7 +45,8 @@ export interface TokenTaskResult {
   /**
    * The ids as sent by a token thread when there are many: an Int32Array whose buffer is transferred, not cloned, and
    * `ids` left empty. Deserializing a cloned 55K-element array cost the event loop ~1 ms; copying the ids out of a
-   * transferred buffer a quarter of that. {@link unpackIds} restores `ids`.
+   * transferred buffer a quarter of that. {@link unpackIds} restores `ids` (an environment delta's); a prompt's stay
+   * packed (TokenWork.promptIds).
    */
   packedIds?: Int32Array;
   /**

@@ -1,5 +1,6 @@
 import { createHash } from 'node:crypto';
 import { attachedIdsJson, attachIdsJson } from '../backends/prompt-json.js';
+import type { TokenIds } from '../backends/types.js';
 import { attachedVarints, attachVarints } from './packed-varints.js';
 import { LRUCache } from 'lru-cache';
 import { RolloutError } from '../errors.js';
@@ -46,8 +47,8 @@ export class TokenWork {
   readonly #pool: TokenPool<TokenTask, TokenTaskResult> | undefined;
   readonly #inlineMaxChars: number;
   /** Least recently used first out past the byte bound (lru-cache: a Map's delete-and-set on every hit is O(size) in V8, see tokenizer.ts). */
-  readonly #prompts: LRUCache<string, { ids: readonly number[]; uses: number }>;
-  readonly #pending = new Map<string, Promise<readonly number[]>>();
+  readonly #prompts: LRUCache<string, { ids: TokenIds; uses: number }>;
+  readonly #pending = new Map<string, Promise<TokenIds>>();
   #keysComputed = 0;
   /**
    * Long prompts' keys by the hint their callers gave (see #keyOf), until their announced askers have come. Bounded by
@@ -68,7 +69,8 @@ export class TokenWork {
     this.#prompts = new LRUCache({
       maxSize: bytes,
       maxEntrySize: Math.max(1, Math.floor(bytes / 4)),
-      sizeCalculation: ({ ids }, key) => 2 * key.length + 8 * ids.length + (attachedIdsJson(ids)?.[0]?.length ?? 0) + (attachedVarints(ids)?.length ?? 0) + 64,
+      sizeCalculation: ({ ids }, key) =>
+        2 * key.length + (Array.isArray(ids) ? 8 : 4) * ids.length + (attachedIdsJson(ids)?.[0]?.length ?? 0) + (attachedVarints(ids)?.length ?? 0) + 64,
     });
   }
 
@@ -83,8 +85,12 @@ export class TokenWork {
 
   /**
    * The ids of the first prompt (escaped messages rendered with the generation prompt, see token-tasks.ts), on a
-   * worker when large. The array is shared with every caller asking for the same prompt: read-only (not frozen,
-   * which would make V8 copy and serialize it several times slower). `keepFor`: how many later calls will ask for
+   * worker when large: a number[], or for a prompt a token thread sent packed (TokenTaskResult.packedIds) the
+   * Int32Array it came in — no 55K-element number[] is built on the event loop for a 64K-token prompt (~0.3-0.7 ms,
+   * mostly page faults of a fresh 440 KB array, and a large object on the V8 heap for as long as the prompt is
+   * kept); the ledger copies it into its column with one `set` and the trajectory makes a number[] of it only if
+   * its prompt_token_ids field is read (pipeline/lazy-prompt.ts). Shared with every caller asking for the same
+   * prompt: read-only (not frozen, which would make V8 copy and serialize it several times slower). `keepFor`: how many later calls will ask for
    * this prompt (a task's samples); it is kept for them. Concurrent calls for one prompt share one computation.
    */
   async promptIds(
@@ -93,7 +99,7 @@ export class TokenWork {
     signal?: AbortSignal,
     keepFor = 0,
     keyHint?: object,
-  ): Promise<readonly number[]> {
+  ): Promise<TokenIds> {
     const key = this.#keyOf(messages, tools, keyHint, keepFor);
     const hit = this.#cached(key, keepFor);
     if (hit) return hit;
@@ -109,7 +115,7 @@ export class TokenWork {
   }
 
   /** {@link promptIds} on the event loop, whatever its size (the synchronous TokenLedger constructor). */
-  promptIdsSync(messages: readonly ChatMessage[], tools: readonly ToolSchema[] | undefined): readonly number[] {
+  promptIdsSync(messages: readonly ChatMessage[], tools: readonly ToolSchema[] | undefined): TokenIds {
     const key = this.#computeKey(messages, tools);
     return this.#cached(key, 0) ?? promptIds(this.tokenizer, this.template, { messages, tools });
   }
@@ -127,8 +133,8 @@ export class TokenWork {
   /** The ids after an assistant turn (token-tasks.ts environmentIds), on a worker when large. */
   async environmentIds(task: Omit<EnvironmentTask, 'kind'>, signal?: AbortSignal): Promise<Required<Pick<TokenTaskResult, 'ids' | 'method'>>> {
     const result = await this.#run({ kind: 'environment', ...task }, signal);
-    if (result.method === undefined) throw new RolloutError('internal', 'token worker answered an environment task without its method');
-    return { ids: result.ids, method: result.method };
+    if (result.method === undefined || !Array.isArray(result.ids)) throw new RolloutError('internal', 'token worker answered an environment task without its method');
+    return { ids: result.ids as number[], method: result.method };
   }
 
   /** {@link environmentIds} on the event loop. */
@@ -137,11 +143,13 @@ export class TokenWork {
     return { ids, method };
   }
 
-  async #run(task: TokenTask, signal: AbortSignal | undefined): Promise<TokenTaskResult> {
+  async #run(task: TokenTask, signal: AbortSignal | undefined): Promise<RunResult> {
     if (!this.#pool || taskChars(this.template, task) <= this.#inlineMaxChars) {
       return task.kind === 'prompt' ? { ids: promptIds(this.tokenizer, this.template, task) } : environmentIds(this.tokenizer, this.template, task);
     }
-    const result = unpackIds(await this.#pool.run(task, signal));
+    const answer = await this.#pool.run(task, signal);
+    // A prompt's packed ids stay packed (see promptIds); an environment delta's become a number[] again.
+    const result: RunResult = task.kind === 'prompt' ? keepPacked(answer) : unpackIds(answer);
     if (result.promptVarints !== undefined) attachVarints(result.ids, result.promptVarints);
     // The thread's probe, kept here: the next turns with these tools can run inline without probing (an inline turn
     // probed here already).
@@ -178,14 +186,14 @@ export class TokenWork {
   }
 
   /** A kept prompt, one use of it taken (it goes with its last); `keepFor` more announced. */
-  #cached(key: string, keepFor: number): readonly number[] | undefined {
+  #cached(key: string, keepFor: number): TokenIds | undefined {
     const hit = this.#prompts.get(key);
     if (!hit) return undefined;
     if (usedUp(hit, keepFor)) this.#prompts.delete(key);
     return hit.ids;
   }
 
-  #remember(key: string, ids: readonly number[], keepFor: number): readonly number[] {
+  #remember(key: string, ids: TokenIds, keepFor: number): TokenIds {
     const old = this.#prompts.get(key);
     if (old) {
       old.uses += keepFor;
@@ -226,6 +234,15 @@ function promptKey(messages: readonly ChatMessage[], tools: readonly ToolSchema[
   const tk = toolsKey(tools);
   if (json.length <= MAX_RAW_PROMPT_KEY) return `${tk}\u0000${json}`;
   return `#${createHash('sha256').update(tk).update('\u0000').update(json).digest('base64')}`;
+}
+
+/** A token task's result as TokenWork hands it on: a prompt's ids may be the Int32Array a token thread sent. */
+type RunResult = Omit<TokenTaskResult, 'ids' | 'packedIds'> & { ids: TokenIds };
+
+/** A token thread's answer with its packed ids (if it packed them) as the ids: no number[] is built. */
+function keepPacked(result: TokenTaskResult): RunResult {
+  const { packedIds, ...rest } = result;
+  return packedIds === undefined ? rest : { ...rest, ids: packedIds };
 }
 
 /** A long prompt's key kept for the askers its hint announced (see TokenWork.#keyOf). */

@@ -125,9 +125,10 @@ describe.each<Family>(['qwen3', 'deepseek_v3'])('token work on a %s token thread
     const opening: ChatMessage[] = [{ role: 'user', content: log }];
     const prompt = await threaded.promptIds(opening, [bashTool]);
     expect(prompt.length).toBeGreaterThan(PACK_IDS_FROM);
-    expect(Array.isArray(prompt)).toBe(true);
-    expect(prompt).toEqual(inline.promptIdsSync(opening, [bashTool]));
-    expect(attachedIdsJson(prompt)?.join('')).toBe(JSON.stringify(prompt));
+    // Kept as the Int32Array the thread sent: no number[] of them is built on the event loop.
+    expect(prompt).toBeInstanceOf(Int32Array);
+    expect([...prompt]).toEqual(inline.promptIdsSync(opening, [bashTool]));
+    expect(attachedIdsJson(prompt)?.join('')).toBe(JSON.stringify([...prompt]));
     // And their varints, as the generated encoder writes prompt_token_ids (tag, length, then these bytes).
     const varints = attachedVarints(prompt);
     expect(varints).toBeDefined();
@@ -137,9 +138,10 @@ describe.each<Family>(['qwen3', 'deepseek_v3'])('token work on a %s token thread
     await ledger.appendEnvironment([{ role: 'tool', content: log.slice(0, 20_000) }]);
     const context = [...ledger.contextIds()];
     expect(idsJson(context).join('')).toBe(JSON.stringify(context));
-    expect(context.slice(0, prompt.length)).toEqual(prompt);
-    // The ledger's prompt (the trajectory's prompt_token_ids) came from the thread too: its encoding copies the varints.
+    expect(context.slice(0, prompt.length)).toEqual([...prompt]);
+    // The ledger's prompt (the trajectory's prompt_token_ids) came packed from the thread too: its encoding copies the varints.
     const promptIds = ledger.snapshot().promptIds;
+    expect(promptIds).toBeInstanceOf(Int32Array);
     expect(promptIds).toEqual(prompt);
     expect(attachedVarints(promptIds)).toEqual(varints);
   });
