@@ -1,5 +1,6 @@
 import { Pool, type Dispatcher } from 'undici';
 import { RolloutError } from '../errors.js';
+import type { JsonPiece } from './prompt-json.js';
 
 /** Error bodies (non-2xx) are read up to this many bytes; the rest is dropped with the connection. */
 export const MAX_ERROR_BODY_BYTES = 64 * 1024;
@@ -111,7 +112,7 @@ export class EngineHttp {
   request(
     method: 'GET' | 'POST',
     path: string,
-    body: string | readonly string[] | undefined,
+    body: string | readonly JsonPiece[] | undefined,
     signal: AbortSignal,
     cap: number,
     extraHeaders: Record<string, string> = {},
@@ -143,13 +144,19 @@ export class EngineHttp {
 }
 
 /** `pieces` as one UTF-8 buffer of exactly their size, written piece by piece (no intermediate joined string). */
-function joinPieces(pieces: readonly string[]): Buffer {
-  if (pieces.length === 1) return Buffer.from(pieces[0] ?? '');
+function joinPieces(pieces: readonly JsonPiece[]): Buffer {
   let size = 0;
-  for (const piece of pieces) size += Buffer.byteLength(piece);
+  for (const piece of pieces) size += typeof piece === 'string' ? Buffer.byteLength(piece) : piece.length;
   const out = Buffer.allocUnsafe(size);
   let at = 0;
-  for (const piece of pieces) at += out.write(piece, at);
+  for (const piece of pieces) {
+    if (typeof piece === 'string') {
+      at += out.write(piece, at);
+    } else {
+      out.set(piece, at);
+      at += piece.length;
+    }
+  }
   return out;
 }
 

@@ -6,7 +6,7 @@ import { verifyLedgerSnapshot } from './verify.js';
 import { escapeMessage } from './opaque-content.js';
 import { TokenWork } from './token-work.js';
 import { idColumn, logprobColumn, maskColumn, type TokenColumn } from './token-column.js';
-import { attachedIdsJson, attachIdsJson } from '../backends/prompt-json.js';
+import { attachedIdsJson, attachIdsJson, innerPiece, type JsonPiece } from '../backends/prompt-json.js';
 
 /** What came of a tool call, as the contract's ToolOutcome. */
 export type ToolOutcome = 'ok' | 'error' | 'malformed' | 'finish';
@@ -169,7 +169,7 @@ export class TokenLedger {
   private messageStart = 0;
   private readonly methods: Record<DeltaMethod, number> = { prefix: 0, anchor: 0, isolated: 0 };
   /** The context's first `count` ids, comma-separated, in pieces: JSON kept for contextIds (ids are only ever appended). */
-  private readonly serialized = { pieces: [] as string[], count: 0 };
+  private readonly serialized = { pieces: [] as JsonPiece[], count: 0 };
 
   /**
    * A ledger whose prompt is rendered and tokenized on the event loop, whatever its length; see
@@ -240,7 +240,7 @@ export class TokenLedger {
     const promptJson = this.serialized.count === 0 ? attachedIdsJson(this.promptIds) : undefined;
     if (promptJson?.length === 1 && this.promptIds.length > 0) {
       // The prompt's JSON came with its ids from the token thread that tokenized it (a long prompt): not built here.
-      pieces.push(promptJson[0]!.slice(1, -1));
+      pieces.push(innerPiece(promptJson[0]!));
       this.serialized.count = this.promptIds.length;
     }
     if (context.length > this.serialized.count) {

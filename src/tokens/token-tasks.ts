@@ -40,8 +40,9 @@ export interface TokenTaskResult {
   /**
    * `JSON.stringify(ids)`, for prompt tasks run on a token thread: the first engine request of a trajectory sends
    * the whole prompt as JSON, and at 55K ids serializing it cost the event loop milliseconds (see prompt-json.ts).
+   * With as many ids as are sent packed, the text's bytes, transferred (JsonPiece).
    */
-  idsJson?: string;
+  idsJson?: string | Uint8Array;
   /**
    * The ids as sent by a token thread when there are many: an Int32Array whose buffer is transferred, not cloned, and
    * `ids` left empty. Deserializing a cloned 55K-element array cost the event loop ~1 ms; copying the ids out of a

@@ -37,8 +37,10 @@ describe('EngineHttp (undici pool per engine)', () => {
     server = s.server;
     http = new EngineHttp({ url: s.url, label: 'test engine' });
     for (let i = 0; i < 10; i++) {
-      const answer = await http.request('POST', '/echo', ['{"prompt":', '[1,2', `,${i}]`, ',"é":1}'], signal(), 1 << 20);
-      expect(answer).toEqual({ status: 200, text: `{"prompt":[1,2,${i}],"é":1}` });
+      // Text pieces and byte pieces (a long prompt's JSON as its token thread wrote it), in one body.
+      const bytes = new TextEncoder().encode(`[[1,2,${i}]]`).subarray(1, -1);
+      const answer = await http.request('POST', '/echo', ['{"prompt":', '[1,2', `,${i}]`, ',"é":1,"b":', bytes, '}'], signal(), 1 << 20);
+      expect(answer).toEqual({ status: 200, text: `{"prompt":[1,2,${i}],"é":1,"b":[1,2,${i}]}` });
     }
     // undici's pool marks a connection free a tick after its answer ends, so a request sent at once from the answer's
     // continuation opens a second one; from then on the two are reused, never one connection per request.

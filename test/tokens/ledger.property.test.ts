@@ -1,6 +1,6 @@
 import fc from 'fast-check';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { idsJson } from '../../src/backends/prompt-json.js';
+import { idsJson, piecesText } from '../../src/backends/prompt-json.js';
 import { TokenLedger, type LedgerSnapshot, type SampledTurn } from '../../src/tokens/ledger.js';
 import type { ModelBundle } from '../../src/tokens/model-bundle.js';
 import type { HfTokenizer } from '../../src/tokens/tokenizer.js';
@@ -86,7 +86,7 @@ function checkInvariants(s: LedgerSnapshot): void {
           // A view handed out earlier (an engine request may still be reading it) shows what it showed then.
           expect([...view]).toEqual(context);
           // The JSON the engine client writes is the context's, though only the new ids were serialized.
-          expect(idsJson(nextView).join('')).toBe(JSON.stringify(next));
+          expect(piecesText(idsJson(nextView))).toBe(JSON.stringify(next));
           view = nextView;
           context = next;
           checkInvariants(ledger.snapshot());

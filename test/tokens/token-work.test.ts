@@ -1,6 +1,6 @@
 import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { attachedIdsJson, idsJson } from '../../src/backends/prompt-json.js';
+import { attachedIdsJson, idsJson, piecesText } from '../../src/backends/prompt-json.js';
 import { Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { TokenLedger } from '../../src/tokens/ledger.js';
 import { attachedVarints, varintSize } from '../../src/tokens/packed-varints.js';
@@ -50,11 +50,11 @@ describe.each<Family>(['qwen3', 'deepseek_v3'])('token work on a %s token thread
         const prompt = await threaded.promptIds(opening, schemas);
         expect(prompt).toEqual(inline.promptIdsSync(opening, schemas));
         // The thread also sends the prompt's JSON, which the ledger's first engine request then writes as it is.
-        expect(attachedIdsJson(prompt)?.join('')).toBe(JSON.stringify(prompt));
+        expect(piecesText(attachedIdsJson(prompt) ?? [])).toBe(JSON.stringify(prompt));
         const ledger = await TokenLedger.create({ tokenizer: bundle.tokenizer, template: bundle.template, messages: opening, ...(schemas && { tools: schemas }), work: threaded });
         const contextJsonIsExact = (): void => {
           const context = [...ledger.contextIds()];
-          expect(idsJson(context).join('')).toBe(JSON.stringify(context));
+          expect(piecesText(idsJson(context))).toBe(JSON.stringify(context));
         };
         contextJsonIsExact();
         for (const [text, ending, reply] of steps) {
@@ -128,7 +128,9 @@ describe.each<Family>(['qwen3', 'deepseek_v3'])('token work on a %s token thread
     // Kept as the Int32Array the thread sent: no number[] of them is built on the event loop.
     expect(prompt).toBeInstanceOf(Int32Array);
     expect([...prompt]).toEqual(inline.promptIdsSync(opening, [bashTool]));
-    expect(attachedIdsJson(prompt)?.join('')).toBe(JSON.stringify([...prompt]));
+    expect(piecesText(attachedIdsJson(prompt) ?? [])).toBe(JSON.stringify([...prompt]));
+    // Its JSON came as the thread's bytes (transferred), not as a string to deserialize.
+    expect(attachedIdsJson(prompt)?.[0]).toBeInstanceOf(Uint8Array);
     // And their varints, as the generated encoder writes prompt_token_ids (tag, length, then these bytes).
     const varints = attachedVarints(prompt);
     expect(varints).toBeDefined();
@@ -137,7 +139,7 @@ describe.each<Family>(['qwen3', 'deepseek_v3'])('token work on a %s token thread
     ledger.appendSampled(familySample(bundle, familyToolCall(bundle, 'ls'), 'stop'));
     await ledger.appendEnvironment([{ role: 'tool', content: log.slice(0, 20_000) }]);
     const context = [...ledger.contextIds()];
-    expect(idsJson(context).join('')).toBe(JSON.stringify(context));
+    expect(piecesText(idsJson(context))).toBe(JSON.stringify(context));
     expect(context.slice(0, prompt.length)).toEqual([...prompt]);
     // The ledger's prompt (the trajectory's prompt_token_ids) came packed from the thread too: its encoding copies the varints.
     const promptIds = ledger.snapshot().promptIds;
