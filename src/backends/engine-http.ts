@@ -106,8 +106,10 @@ export class EngineHttp {
 
   /**
    * One exchange; `body` is sent as JSON when given. A body in pieces (a 64K-token prompt kept serialized by the
-   * ledger, prompt-json.ts) is written into one buffer of its exact size: one copy, no joined string. See the class
-   * for the bounds.
+   * ledger, prompt-json.ts) is written into one buffer of its exact size: one copy, no joined string — unless a piece
+   * is bytes of {@link MIN_UNCOPIED_PIECE_BYTES} or more (a long prompt's JSON from its token thread): the pieces are
+   * then written to the socket one after another, those bytes as they are, with a content-length (see
+   * {@link bodyChunks}). See the class for the bounds.
    */
   request(
     method: 'GET' | 'POST',
@@ -120,14 +122,19 @@ export class EngineHttp {
     if (signal.aborted) return Promise.reject(RolloutError.from(signal.reason, 'cancelled'));
     const headers: Record<string, string> = { ...extraHeaders };
     if (this.#authorization !== undefined) headers.authorization = this.#authorization;
-    let payload: string | Buffer | null = null;
+    let payload: string | Buffer | Buffer[] | null = null;
     if (body !== undefined) {
       headers['content-type'] = 'application/json';
-      payload = typeof body === 'string' ? body : joinPieces(body);
+      const chunks = typeof body === 'string' ? undefined : bodyChunks(body);
+      if (chunks !== undefined) headers['content-length'] = String(chunks.reduce((n, c) => n + c.length, 0));
+      payload = typeof body === 'string' ? body : (chunks ?? joinPieces(body));
     }
     return new Promise<HttpAnswer>((resolve, reject) => {
       const exchange = new Exchange(this, method, path, cap, signal, this.#timeoutMs, resolve, reject);
-      this.#pool.dispatch({ origin: undefined, path: `${this.#base}${path}`, method, headers, body: payload }, exchange);
+      // An array of buffers is an iterable body (undici's docs/api/Dispatcher.md: `body` may be an Iterable; its
+      // DispatchOptions typing omits it): written in order, with the content-length set above.
+      const dispatchBody = payload as Dispatcher.DispatchOptions['body'];
+      this.#pool.dispatch({ origin: undefined, path: `${this.#base}${path}`, method, headers, body: dispatchBody }, exchange);
     });
   }
 
@@ -141,6 +148,41 @@ export class EngineHttp {
       throw new RolloutError('backend_error', `${this.label} ${this.url} answered HTTP ${status} to POST ${path}`, { cause: new EngineHttpError(status, text) });
     }
   }
+}
+
+/**
+ * Byte pieces this long are written to the socket as they are, not copied into the request's body buffer. A 64K-token
+ * prompt's JSON is ~330 KB, sent with every turn of its trajectory: copied, each request was a fresh buffer of its
+ * size, and that churn of external memory was what set off most of the server's garbage collections at 64K-token
+ * contexts (V8 collects on external memory pressure: a scavenge every ~0.3 s and a full collection every ~2 s, each
+ * pausing the event loop for milliseconds; bench/README.md round 15).
+ */
+const MIN_UNCOPIED_PIECE_BYTES = 64 * 1024;
+
+/**
+ * A body in pieces as the buffers undici writes one after another (an iterable body, sent with a content-length, so
+ * not chunked): each run of text pieces joined into one buffer, each byte piece of at least
+ * {@link MIN_UNCOPIED_PIECE_BYTES} a view of its own bytes (never changed: prompt-json.ts). Undefined when no piece is
+ * that large: one joined buffer is then cheaper (one write).
+ */
+function bodyChunks(pieces: readonly JsonPiece[]): Buffer[] | undefined {
+  if (!pieces.some((p) => typeof p !== 'string' && p.length >= MIN_UNCOPIED_PIECE_BYTES)) return undefined;
+  const chunks: Buffer[] = [];
+  let run: JsonPiece[] = [];
+  const flush = (): void => {
+    if (run.length > 0) chunks.push(joinPieces(run));
+    run = [];
+  };
+  for (const piece of pieces) {
+    if (typeof piece !== 'string' && piece.length >= MIN_UNCOPIED_PIECE_BYTES) {
+      flush();
+      chunks.push(Buffer.from(piece.buffer, piece.byteOffset, piece.length));
+    } else {
+      run.push(piece);
+    }
+  }
+  flush();
+  return chunks.filter((c) => c.length > 0);
 }
 
 /** `pieces` as one UTF-8 buffer of exactly their size, written piece by piece (no intermediate joined string). */

@@ -186,7 +186,9 @@ export class TokenLedger {
     this.history = options.messages.map((m) => ({ ...m }));
     this.rendered = this.history.map((m) => escapeMessage(this.tokenizer, m));
     this.promptIds = preparedPrompts.get(options) ?? this.work.promptIdsSync(this.history, this.tools);
-    this.context = idColumn(this.promptIds.length + 1024);
+    // Room for the response without regrowing for most trajectories: a quarter of the prompt (at least 1,024 ids).
+    // A 64K-token context regrown once was a fresh 450 KB of external memory and a copy of the prompt per trajectory.
+    this.context = idColumn(this.promptIds.length + Math.max(1024, this.promptIds.length >> 2));
     this.context.append(this.promptIds);
     this.closing = probeAssistantClosing(options.template, this.tools);
   }

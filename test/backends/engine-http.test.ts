@@ -7,10 +7,20 @@ import { RolloutError } from '../../src/errors.js';
 
 const signal = (): AbortSignal => new AbortController().signal;
 
-/** An engine stand-in that counts connections and echoes the request body; `keepAliveMs` is its idle-close timeout. */
-async function countingServer(keepAliveMs: number): Promise<{ url: string; server: Server; connections: () => number }> {
+/**
+ * An engine stand-in that counts connections, notes each request's body framing headers and echoes the request body;
+ * `keepAliveMs` is its idle-close timeout.
+ */
+async function countingServer(
+  keepAliveMs: number,
+): Promise<{ url: string; server: Server; connections: () => number; framing: { contentLength?: string; transferEncoding?: string }[] }> {
   let connections = 0;
+  const framing: { contentLength?: string; transferEncoding?: string }[] = [];
   const server = createServer((req, res) => {
+    framing.push({
+      ...(req.headers['content-length'] !== undefined && { contentLength: req.headers['content-length'] }),
+      ...(req.headers['transfer-encoding'] !== undefined && { transferEncoding: req.headers['transfer-encoding'] }),
+    });
     const chunks: Buffer[] = [];
     req.on('data', (c: Buffer) => chunks.push(c));
     req.on('end', () => res.writeHead(200, { 'content-type': 'application/json' }).end(Buffer.concat(chunks)));
@@ -18,7 +28,7 @@ async function countingServer(keepAliveMs: number): Promise<{ url: string; serve
   server.keepAliveTimeout = keepAliveMs;
   server.on('connection', () => connections++);
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, server, connections: () => connections };
+  return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, server, connections: () => connections, framing };
 }
 
 describe('EngineHttp (undici pool per engine)', () => {
@@ -44,6 +54,27 @@ describe('EngineHttp (undici pool per engine)', () => {
     }
     // undici's pool marks a connection free a tick after its answer ends, so a request sent at once from the answer's
     // continuation opens a second one; from then on the two are reused, never one connection per request.
+    expect(s.connections()).toBeLessThanOrEqual(2);
+  });
+
+  it('writes a long prompt\'s JSON bytes into the body as they are: the same text, with a content-length, not chunked', async () => {
+    const s = await countingServer(5_000);
+    server = s.server;
+    http = new EngineHttp({ url: s.url, label: 'test engine' });
+    const ids = Array.from({ length: 30_000 }, (_, i) => (i * 7919) % 151_936);
+    const json = new TextEncoder().encode(JSON.stringify(ids));
+    expect(json.length).toBeGreaterThan(64 * 1024);
+    const before = Buffer.from(json);
+    for (let i = 0; i < 3; i++) {
+      // The ledger's pieces: text, the prompt's bytes without their brackets (a view), then the new ids and the rest.
+      const pieces = ['{"prompt":[', json.subarray(1, json.length - 1), `,${i}]`, ',"é":1}'];
+      const answer = await http.request('POST', '/echo', pieces, signal(), 1 << 20);
+      const expected = `{"prompt":${JSON.stringify([...ids, i])},"é":1}`;
+      expect(answer.status).toBe(200);
+      expect(answer.text === expected).toBe(true);
+      expect(s.framing.at(-1)).toEqual({ contentLength: String(Buffer.byteLength(expected)) });
+    }
+    expect(Buffer.from(json).equals(before)).toBe(true);
     expect(s.connections()).toBeLessThanOrEqual(2);
   });
 
