@@ -125,9 +125,13 @@ export class EngineHttp {
     let payload: string | Buffer | Buffer[] | null = null;
     if (body !== undefined) {
       headers['content-type'] = 'application/json';
-      const chunks = typeof body === 'string' ? undefined : bodyChunks(body);
-      if (chunks !== undefined) headers['content-length'] = String(chunks.reduce((n, c) => n + c.length, 0));
-      payload = typeof body === 'string' ? body : (chunks ?? joinPieces(body));
+      if (typeof body === 'string') {
+        payload = body;
+      } else {
+        const chunks = bodyChunks(body);
+        if (chunks !== undefined) headers['content-length'] = String(chunks.reduce((n, c) => n + c.length, 0));
+        payload = chunks ?? joinPieces(body);
+      }
     }
     return new Promise<HttpAnswer>((resolve, reject) => {
       const exchange = new Exchange(this, method, path, cap, signal, this.#timeoutMs, resolve, reject);

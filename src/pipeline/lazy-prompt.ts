@@ -1,6 +1,7 @@
 import type { TokenIds } from '../backends/types.js';
 import type { Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { attachedVarints, attachVarints } from '../tokens/packed-varints.js';
+import { toNumberArray } from '../tokens/token-column.js';
 
 /**
  * A trajectory's prompt_token_ids kept as the Int32Array a long prompt came in from its token thread until someone
@@ -37,7 +38,7 @@ export function setPromptTokenIds(trajectory: Trajectory, ids: TokenIds): void {
     enumerable: true,
     configurable: true,
     get: () => {
-      const array = toArray(typed);
+      const array = toNumberArray(typed);
       const varints = attachedVarints(typed);
       if (varints !== undefined) attachVarints(array, varints);
       return settle(array);
@@ -54,11 +55,4 @@ export function promptIdsOf(trajectory: Trajectory): TokenIds {
 /** Whether the trajectory's prompt ids are still the Int32Array they came in (no number[] made yet; for tests). */
 export function promptIdsPending(trajectory: Trajectory): boolean {
   return packed.has(trajectory);
-}
-
-function toArray(ids: Int32Array): number[] {
-  // A plain loop: Array.from over a typed array is several times slower.
-  const out = new Array<number>(ids.length);
-  for (let i = 0; i < ids.length; i++) out[i] = ids[i]!;
-  return out;
 }

@@ -29,17 +29,8 @@ export function encodeTrajectory(trajectory: Trajectory): Uint8Array {
   const floatsOk = responseLogprobs.every(isFloat32);
   if (sizes.some((s) => s < 0) || !floatsOk) return Trajectory.encode(trajectory).finish();
 
-  const head = Trajectory.encode({
-    ...EMPTY,
-    taskId: trajectory.taskId,
-    sampleIndex: trajectory.sampleIndex,
-    groupId: trajectory.groupId,
-    environment: trajectory.environment,
-    status: trajectory.status,
-    finishReason: trajectory.finishReason,
-    error: trajectory.error,
-  }).finish();
-  const tail = Trajectory.encode(tailOf(trajectory)).finish();
+  const head = Trajectory.encode(only(trajectory, HEAD_FIELDS)).finish();
+  const tail = Trajectory.encode(only(trajectory, TAIL_FIELDS)).finish();
 
   const floatBytes = 4 * responseLogprobs.length;
   let packed = 0;
@@ -66,16 +57,21 @@ export function encodeTrajectory(trajectory: Trajectory): Uint8Array {
 /** A trajectory with every field at its default (encodes to nothing). */
 const EMPTY: Trajectory = Trajectory.fromPartial({});
 
-/** The fields after the token arrays (12-24), each read once: the head's and the token arrays are not read at all. */
-const TAIL_FIELDS = (Object.keys(EMPTY) as (keyof Trajectory)[]).filter(
-  (k) => !['taskId', 'sampleIndex', 'groupId', 'environment', 'status', 'finishReason', 'error', 'promptTokenIds', 'responseTokenIds', 'responseMask', 'responseLogprobs'].includes(k),
-);
+/** The fields before the token arrays (1-7). */
+const HEAD_FIELDS: readonly (keyof Trajectory)[] = ['taskId', 'sampleIndex', 'groupId', 'environment', 'status', 'finishReason', 'error'];
+/** The token arrays (8-11), written here. */
+const TOKEN_FIELDS: readonly (keyof Trajectory)[] = ['promptTokenIds', 'responseTokenIds', 'responseMask', 'responseLogprobs'];
+/** The fields after the token arrays (12-24). */
+const TAIL_FIELDS = (Object.keys(EMPTY) as (keyof Trajectory)[]).filter((k) => !HEAD_FIELDS.includes(k) && !TOKEN_FIELDS.includes(k));
 
-/** The trajectory with its head fields and token arrays at their defaults (what `tail` encodes). */
-function tailOf(trajectory: Trajectory): Trajectory {
-  const tail: Record<string, unknown> = { ...EMPTY };
-  for (const k of TAIL_FIELDS) tail[k] = trajectory[k];
-  return tail as unknown as Trajectory;
+/**
+ * The trajectory with only `fields` set, the rest at their defaults. Each of those fields is read once and no other
+ * is read: a spread would read the prompt's ids and make a lazily kept prompt's number[] (lazy-prompt.ts).
+ */
+function only(trajectory: Trajectory, fields: readonly (keyof Trajectory)[]): Trajectory {
+  const out: Record<string, unknown> = { ...EMPTY };
+  for (const k of fields) out[k] = trajectory[k];
+  return out as unknown as Trajectory;
 }
 
 /** Tags of prompt_token_ids (8), response_token_ids (9), response_mask (10): wire type 2; response_logprobs (11). */

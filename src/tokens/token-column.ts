@@ -57,10 +57,7 @@ export class TokenColumn<S extends Storage> {
 
   /** The values in [start, end) as a new number[] (the caller's to keep). */
   toArray(start = 0, end = this.#length): number[] {
-    const out = new Array<number>(Math.max(0, end - start));
-    const data = this.#data;
-    for (let i = start; i < end; i++) out[i - start] = data[i]!;
-    return out;
+    return toNumberArray(this.#data, start, end);
   }
 
   #grow(needed: number): void {
@@ -69,6 +66,16 @@ export class TokenColumn<S extends Storage> {
     bigger.set(this.#data.subarray(0, this.#length) as never);
     this.#data = bigger;
   }
+}
+
+/**
+ * The values of a typed array in [start, end) as a new number[]: a plain loop into a preallocated array (Array.from
+ * over a typed array is several times slower).
+ */
+export function toNumberArray(values: Storage, start = 0, end = values.length): number[] {
+  const out = new Array<number>(Math.max(0, end - start));
+  for (let i = start; i < end; i++) out[i - start] = values[i]!;
+  return out;
 }
 
 export const idColumn = (capacity?: number): TokenColumn<Int32Array> => new TokenColumn((n) => new Int32Array(n), capacity);

@@ -1,3 +1,4 @@
+import { toNumberArray } from './token-column.js';
 import { encodeRendered, escapeMessage } from './opaque-content.js';
 import { knownSuffixLocality, probeSuffixLocality, suffixDelta, type SuffixLocality } from './suffix-delta.js';
 import { contentSlots, renderWithSkeleton } from './template-skeleton.js';
@@ -74,10 +75,7 @@ export function packIds(result: TokenTaskResult): ArrayBuffer[] {
 export function unpackIds(result: TokenTaskResult): TokenTaskResult {
   const { packedIds, ...rest } = result;
   if (packedIds === undefined) return result;
-  // A plain loop: V8 builds a packed SMI array, and Array.from over a typed array is several times slower.
-  const ids = new Array<number>(packedIds.length);
-  for (let i = 0; i < packedIds.length; i++) ids[i] = packedIds[i]!;
-  return { ...rest, ids };
+  return { ...rest, ids: toNumberArray(packedIds) };
 }
 
 /** Renders the escaped prompt with the generation prompt and encodes it (template tokens only from the template). */

@@ -133,7 +133,8 @@ export class TokenWork {
   /** The ids after an assistant turn (token-tasks.ts environmentIds), on a worker when large. */
   async environmentIds(task: Omit<EnvironmentTask, 'kind'>, signal?: AbortSignal): Promise<Required<Pick<TokenTaskResult, 'ids' | 'method'>>> {
     const result = await this.#run({ kind: 'environment', ...task }, signal);
-    if (result.method === undefined || !Array.isArray(result.ids)) throw new RolloutError('internal', 'token worker answered an environment task without its method');
+    if (result.method === undefined) throw new RolloutError('internal', 'token worker answered an environment task without its method');
+    if (!Array.isArray(result.ids)) throw new RolloutError('internal', 'token worker answered an environment task with packed ids (only a prompt\'s stay packed)');
     return { ids: result.ids as number[], method: result.method };
   }
 

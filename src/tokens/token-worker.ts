@@ -36,23 +36,23 @@ try {
     try {
       const result = runTokenTask(tokenizer, template, task);
       let varints: Uint8Array | undefined;
-      const extra: ArrayBuffer[] = [];
+      let jsonBytes: Uint8Array | undefined;
       if (task.kind === 'prompt') {
         // A prompt's JSON is built here, off the event loop, for its first engine request (see TokenTaskResult.idsJson),
         // and a long prompt's varints for its trajectories' encoding (see TokenTaskResult.promptVarints).
         const json = JSON.stringify(result.ids);
         if (result.ids.length >= PACK_IDS_FROM) {
           // As bytes, transferred: no copy of a 330 KB string for the event loop to deserialize (see JsonPiece).
-          const bytes = new TextEncoder().encode(json);
-          result.idsJson = bytes;
-          extra.push(bytes.buffer as ArrayBuffer);
+          jsonBytes = new TextEncoder().encode(json);
+          result.idsJson = jsonBytes;
           varints = packedVarints(result.ids);
         } else {
           result.idsJson = json;
         }
       }
       // Many ids go as a transferred Int32Array (see TokenTaskResult.packedIds).
-      transfer = [...packIds(result), ...extra];
+      transfer = packIds(result);
+      if (jsonBytes !== undefined) transfer.push(jsonBytes.buffer as ArrayBuffer);
       if (varints !== undefined) {
         result.promptVarints = varints;
         transfer.push(varints.buffer as ArrayBuffer);
