@@ -22,6 +22,7 @@ import type { TokenPoolStats } from '../src/tokens/token-pool.js';
 import { createCalcEnvironment } from '../src/testing/calc-environment.js';
 import { createLongContextEnvironment, forgetPreparedLongContext, prepareLongContext, type LongContextInstance } from '../src/testing/long-context-environment.js';
 import { NullSandboxDriver } from '../src/testing/null-sandbox.js';
+import { BELOW_NORMAL } from '../src/thread-priority.js';
 import { serveChild } from './child-rpc.js';
 
 export interface ServerChildOptions {
@@ -88,6 +89,9 @@ export interface ServerInfo {
 
 const gc = (globalThis as { gc?: () => void }).gc;
 
+/** Threads of the process before the server started (see main). */
+const startupThreads = new Set<string>();
+
 /** Interval of the event-loop delay timer, ms. */
 const LOOP_RESOLUTION_MS = 10;
 
@@ -114,7 +118,7 @@ const TRACE_TICK_MS = 2;
 function traceLateTicks(dir: string): void {
   const schedstat = (): number[] => readFileSync('/proc/thread-self/schedstat', 'utf8').trim().split(' ').map(Number);
   const ticks: { monotonicUs: bigint; from: number; to: number; lateMs: number; runMs: number; waitMs: number; tokenMs: number; helpersMs: number }[] = [];
-  const tokenThread = new Map<string, boolean>();
+  const tokenThreads = new Set<string>();
   // The process's other threads (token threads, V8 and libuv helpers): ns on a core so far, by thread id.
   const otherThreads = (): Map<string, number> => {
     const out = new Map<string, number>();
@@ -151,8 +155,8 @@ function traceLateTicks(dir: string): void {
       let helpersMs = 0;
       for (const [tid, ns] of othersAfter) {
         const ran = (ns - (othersBefore.get(tid) ?? ns)) / 1e6;
-        // Token threads are the ones below normal priority (token-worker.ts lowers its own once started).
-        if (ran > 0 && (tokenThread.get(tid) ?? tokenThread.set(tid, niceOf(tid) > 0).get(tid))) tokenMs += ran;
+        // Remembered once known (a token thread is not one until it has lowered its own priority).
+        if (ran > 0 && (tokenThreads.has(tid) || (isTokenThread(tid, taskStat(tid)) && tokenThreads.add(tid)))) tokenMs += ran;
         else helpersMs += ran;
       }
       ticks.push({ monotonicUs: process.hrtime.bigint() / 1000n, from: last, to: now, lateMs, runMs: ms(0), waitMs: ms(1), tokenMs, helpersMs });
@@ -194,6 +198,9 @@ function startHeapSampling(dir: string): () => Promise<void> {
 
 async function main(): Promise<void> {
   const options = JSON.parse(process.argv[2] ?? '{}') as ServerChildOptions;
+  // Threads the process had before the server started (V8's workers, libuv's pool, tsx's loader): helpers, even
+  // once the server lowers them to the token threads' priority (src/thread-priority.ts).
+  for (const tid of readdirSync('/proc/self/task')) startupThreads.add(tid);
   const registry = defaultRegistry().register(createCalcEnvironment()).register(createLongContextEnvironment());
   const nullSandboxes = options.sandbox === 'null' ? new NullSandboxDriver() : undefined;
   const server = await startRolloutServer(
@@ -265,8 +272,8 @@ void main().catch((err: unknown) => {
 });
 
 /**
- * CPU time (µs) of this process by thread: the event loop (the main thread), the token threads (the only ones
- * below normal priority: token-worker.ts lowers its own) and the rest (V8's GC and compiler threads, libuv's pool).
+ * CPU time (µs) of this process by thread: the event loop (the main thread), the token threads (isTokenThread) and
+ * the rest (V8's GC and compiler threads, libuv's pool).
  */
 export interface ThreadCpu {
   main: number;
@@ -289,9 +296,12 @@ function taskStat(tid: string): string[] | undefined {
   }
 }
 
-/** A thread's nice value, 0 when it cannot be read. */
-function niceOf(tid: string): number {
-  return Number(taskStat(tid)?.[16] ?? 0);
+/**
+ * Token threads: started after the server (so not a V8 worker, libuv's pool or tsx's loader) and below normal
+ * priority (token-worker.ts lowers its own once started; a libuv thread started later stays at normal).
+ */
+function isTokenThread(tid: string, stat: string[] | undefined): boolean {
+  return !startupThreads.has(tid) && Number(stat?.[16] ?? 0) >= BELOW_NORMAL;
 }
 
 function threadCpu(): ThreadCpu | undefined {
@@ -307,7 +317,7 @@ function threadCpu(): ThreadCpu | undefined {
     if (!f) continue; // the thread ended meanwhile
     const micros = (Number(f[11]) + Number(f[12])) * TICK_MICROS;
     if (Number(tid) === process.pid) out.main += micros;
-    else if (Number(f[16]) > 0) out.tokenThreads += micros;
+    else if (isTokenThread(tid, f)) out.tokenThreads += micros;
     else out.helpers += micros;
   }
   return out;

@@ -1,5 +1,6 @@
 import { parseConfig, type ServerConfig, type ServerConfigInput } from './config.js';
 import { RolloutError } from './errors.js';
+import { BELOW_NORMAL, lowerHelperThreads } from './thread-priority.js';
 import { createLogger, type Logger } from './observability/logger.js';
 import { defaultRegistry, type EnvironmentRegistry } from './environments/registry.js';
 import { BackendPool } from './backends/pool.js';
@@ -47,6 +48,10 @@ export interface RolloutServer extends RunningServer {
 export async function startRolloutServer(input: ServerConfigInput = {}, options: RolloutServerOptions = {}): Promise<RolloutServer> {
   const config = parseConfig(input);
   const logger = options.logger ?? createLogger();
+  if (config.lowerHelperThreads) {
+    const lowered = lowerHelperThreads();
+    logger.child({ component: 'process' }).debug({ threads: lowered.length, nice: BELOW_NORMAL }, 'helper threads below the event loop');
+  }
   const registry = options.registry ?? defaultRegistry();
   const { tokenizer, template, parser, profile, dir, parserSource } = await loadModelBundle(config.model);
   logger.child({ component: 'model' }).info({ dir, parser: parser.name, parserSource, ...profile, stopTokenIds: tokenizer.stopTokenIds }, 'model loaded');

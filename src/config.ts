@@ -121,6 +121,12 @@ export const serverConfigSchema = z.strictObject({
       maxQueued: z.number().int().min(1).default(65_536),
     })
     .prefault({}),
+  /**
+   * Lower the process's helper threads (V8's garbage-collector and compiler workers, libuv's pool) below the event
+   * loop's priority when the server starts, as token threads lower their own, so on a busy machine the thread that
+   * serves gRPC and the engines gets a core first (Linux only; src/thread-priority.ts). Off: they keep the process's.
+   */
+  lowerHelperThreads: z.boolean().default(true),
   backends: z.array(backendSchema).default([]),
   /** Capacity of a backend whose maxConcurrency is 0 and whose engine does not report one (or not yet). */
   backendDefaultMaxConcurrency: z.number().int().min(1).default(256),

@@ -1,6 +1,6 @@
-import { constants, setPriority } from 'node:os';
 import { parentPort, workerData } from 'node:worker_threads';
 import { RolloutError } from '../errors.js';
+import { lowerThisThread } from '../thread-priority.js';
 import { loadModelBundle, type ModelBundleOptions } from './model-bundle.js';
 import type { WorkerReply, WorkerRequest } from './token-pool.js';
 import { packedVarints } from './packed-varints.js';
@@ -18,15 +18,8 @@ if (!port) throw new Error('token-worker.ts runs in a worker thread (see token-p
 type Reply = WorkerReply<TokenTaskResult>;
 
 // Below the event loop's priority: on a busy machine the thread serving gRPC and the engines gets a core first, and
-// token work (throughput, not latency) waits. On Linux the nice value is per thread, so this lowers only this one;
-// elsewhere it would lower the whole server, so it is not done.
-if (process.platform === 'linux') {
-  try {
-    setPriority(constants.priority.PRIORITY_BELOW_NORMAL);
-  } catch {
-    // Not allowed (some containers): run at the normal priority.
-  }
-}
+// token work (throughput, not latency) waits (src/thread-priority.ts).
+lowerThisThread();
 
 try {
   const { tokenizer, template } = await loadModelBundle(workerData as ModelBundleOptions);

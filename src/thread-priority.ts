@@ -1,0 +1,74 @@
+import { readdirSync, readFileSync } from 'node:fs';
+import { constants, setPriority } from 'node:os';
+
+/**
+ * The priority of the server's threads beside its event loop. On a busy machine (two cores shared with engines,
+ * sandboxes or a trainer) the one thread that serves gRPC and the engines should get a core first; the others
+ * serve it and can wait a little:
+ * - token threads (src/tokens/token-worker.ts) lower their own priority when they start;
+ * - the process's helper threads — V8's platform workers (the parallel and concurrent parts of every isolate's
+ *   garbage collections, the token threads' included, and the optimizing compiler), libuv's pool (fs, dns) and
+ *   node's signal thread — are lowered by {@link lowerHelperThreads} when the server starts (config
+ *   `lowerHelperThreads`, default on). A starved helper costs throughput, not correctness: V8's main thread joins
+ *   or takes over whatever collection work the helpers have not picked up.
+ *
+ * Linux only: there the nice value is per thread (setpriority on a thread id), so this lowers exactly the threads
+ * named and never the event loop. Elsewhere it would lower the whole process, so nothing is done. Lowering never
+ * needs privileges; a thread already below normal is left as it is (never raised).
+ *
+ * Measured (bench/README.md, orchestration round 16): with the helpers at normal priority the event loop waited for
+ * a core while they ran (up to 32 ms at a time) at 64K-token contexts.
+ */
+export const BELOW_NORMAL = constants.priority.PRIORITY_BELOW_NORMAL;
+
+/** Lowers the calling thread to {@link BELOW_NORMAL} (Linux); false when not done (another OS, or not allowed). */
+export function lowerThisThread(): boolean {
+  if (process.platform !== 'linux') return false;
+  try {
+    setPriority(BELOW_NORMAL);
+    return true;
+  } catch {
+    return false; // not allowed (some containers): the thread runs at the normal priority
+  }
+}
+
+/**
+ * Lowers every thread of this process but the main one (the event loop) to {@link BELOW_NORMAL}, unless it already
+ * is at least that low; returns the ids of the threads it lowered (none elsewhere than Linux). Threads created
+ * later (a libuv pool thread started by a later first use) keep the priority of the thread that made them.
+ */
+export function lowerHelperThreads(): number[] {
+  if (process.platform !== 'linux') return [];
+  let tids: string[];
+  try {
+    tids = readdirSync('/proc/self/task');
+  } catch {
+    return [];
+  }
+  const lowered: number[] = [];
+  for (const name of tids) {
+    const tid = Number(name);
+    if (tid === process.pid) continue;
+    const nice = niceOfThread(tid);
+    if (nice === undefined || nice >= BELOW_NORMAL) continue;
+    try {
+      setPriority(tid, BELOW_NORMAL);
+      lowered.push(tid);
+    } catch {
+      // the thread ended meanwhile, or lowering is not allowed: leave it
+    }
+  }
+  return lowered;
+}
+
+/** A thread's nice value from /proc (proc(5) stat field 19), or undefined when it cannot be read (it ended). */
+export function niceOfThread(tid: number): number | undefined {
+  try {
+    const stat = readFileSync(`/proc/self/task/${tid}/stat`, 'utf8');
+    // Fields after the parenthesised name (which may hold spaces): state is field 3, nice field 19.
+    const nice = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[16]);
+    return Number.isInteger(nice) ? nice : undefined;
+  } catch {
+    return undefined;
+  }
+}
