@@ -111,6 +111,8 @@ export function renderReport(r: BenchResults): { table: string; figures: Figures
     directRequests: d.requests,
     directWallS: sec(d.wallMs),
     directRequestsPerS: directReqPerS,
+    directRequestsPerSSlowestPass: d.requests / sec(Math.max(...d.passesWallMs)),
+    directRequestsPerSFastestPass: d.requests / sec(Math.min(...d.passesWallMs)),
     directLatencyP50Ms: percentile(d.latenciesMs, 50),
     directLatencyP99Ms: percentile(d.latenciesMs, 99),
     ratioServerTurnsToDirectRequests: ratio,
@@ -194,13 +196,14 @@ export function renderReport(r: BenchResults): { table: string; figures: Figures
       ['throughput', 'items', 'conc', 'wall s', 'traj/s', 'turns/s', 'req/s', 'p50 ms', 'p99 ms', 'failed'],
       ['server (gRPC session -> pipeline -> engine)', `${s.trajectories} traj`, String(o.concurrency), f1(sec(s.wallMs)), f0(serverTrajPerS), f0(serverTurnsPerS), '-',
         f0(percentile(s.latenciesMs, 50)), f0(percentile(s.latenciesMs, 99)), String(notCompleted(s))],
-      ['direct (VllmClient -> engine, same requests)', `${d.requests} req`, String(o.concurrency), f1(sec(d.wallMs)), '-', '-', f0(directReqPerS),
+      [`direct (VllmClient -> engine, same requests; median of ${d.passesWallMs.length})`, `${d.requests} req`, String(o.concurrency), f1(sec(d.wallMs)), '-', '-', f0(directReqPerS),
         f0(percentile(d.latenciesMs, 50)), f0(percentile(d.latenciesMs, 99)), String(d.errors)],
       ['ratio: server turns/s / direct req/s', '', '', '', '', '', f2(ratio), '', '', ''],
     ]),
     `where the server pass's latency goes: submit -> accepted p50 ${f0(percentile(s.acceptMs, 50))} ms (p99 ${f0(percentile(s.acceptMs, 99))}), ` +
       `accepted -> trajectory sent (server timing.totalMs) p50 ${f0(percentile(s.serverTotalMs, 50))} ms (p99 ${f0(percentile(s.serverTotalMs, 99))})`,
-    `requests: mean ${f0(d.promptTokens / d.requests)} prompt tokens, ${f0(d.completionTokens / d.requests)} completion tokens`,
+    `requests: mean ${f0(d.promptTokens / d.requests)} prompt tokens, ${f0(d.completionTokens / d.requests)} completion tokens; ` +
+      `direct passes ${d.passesWallMs.map((ms) => f0(d.requests / sec(ms))).join(' / ')} req/s`,
     `server event loop during the pass: utilization ${f2(s.eventLoop.utilization)}, delay p50 ${f0(s.eventLoop.delayP50Ms)} ms, ` +
       `p99 ${f0(s.eventLoop.delayP99Ms)} ms, max ${f0(s.eventLoop.delayMaxMs)} ms`,
     `the client's ${o.concurrency} outstanding trajectories, on average over ${s.inFlight.samples} samples of the server's counters: ` +
