@@ -124,7 +124,9 @@ export const serverConfigSchema = z.strictObject({
   /**
    * Lower the process's helper threads (V8's garbage-collector and compiler workers, libuv's pool) below the event
    * loop's priority when the server starts, as token threads lower their own, so on a busy machine the thread that
-   * serves gRPC and the engines gets a core first (Linux only; src/thread-priority.ts). Off: they keep the process's.
+   * serves gRPC and the engines gets a core first (Linux only; src/thread-priority.ts). The pool also runs the
+   * journal's commits and an embedded engine's evaluation, which then yield to normal-priority work on a machine
+   * with no core to spare. Off: they keep the process's.
    */
   lowerHelperThreads: z.boolean().default(true),
   backends: z.array(backendSchema).default([]),

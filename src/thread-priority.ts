@@ -7,10 +7,14 @@ import { constants, setPriority } from 'node:os';
  * serve it and can wait a little:
  * - token threads (src/tokens/token-worker.ts) lower their own priority when they start;
  * - the process's helper threads — V8's platform workers (the parallel and concurrent parts of every isolate's
- *   garbage collections, the token threads' included, and the optimizing compiler), libuv's pool (fs, dns) and
- *   node's signal thread — are lowered by {@link lowerHelperThreads} when the server starts (config
- *   `lowerHelperThreads`, default on). A starved helper costs throughput, not correctness: V8's main thread joins
- *   or takes over whatever collection work the helpers have not picked up.
+ *   garbage collections, the token threads' included, and the optimizing compiler), libuv's pool and node's signal
+ *   thread — are lowered by {@link lowerHelperThreads} when the server starts (config `lowerHelperThreads`, default
+ *   on). A starved helper costs throughput, not correctness: V8's main thread joins or takes over whatever
+ *   collection work the helpers have not picked up. libuv's pool also runs the journal's LMDB commits and native
+ *   addons' work — the embedded llama.cpp engine's evaluation and the threads it starts — so on a machine whose
+ *   cores are all taken by normal-priority work (sandboxes, a trainer) those wait longer too; nothing can tell the
+ *   pool's threads from V8's on Node 20 (all are named "node"), and where nothing else wants the cores the
+ *   priority changes nothing. Turn the option off when an embedded engine should compete as an equal.
  *
  * Linux only: there the nice value is per thread (setpriority on a thread id), so this lowers exactly the threads
  * named and never the event loop. Elsewhere it would lower the whole process, so nothing is done. Lowering never
