@@ -1,5 +1,6 @@
 import { readdirSync, readFileSync } from 'node:fs';
 import { constants, setPriority } from 'node:os';
+import { isMainThread } from 'node:worker_threads';
 
 /**
  * The priority of the server's threads beside its event loop. On a busy machine (two cores shared with engines,
@@ -39,10 +40,12 @@ export function lowerThisThread(): boolean {
 /**
  * Lowers every thread of this process but the main one (the event loop) to {@link BELOW_NORMAL}, unless it already
  * is at least that low; returns the ids of the threads it lowered (none elsewhere than Linux). Threads created
- * later (a libuv pool thread started by a later first use) keep the priority of the thread that made them.
+ * later (a libuv pool thread started by a later first use) keep the priority of the thread that made them. Called
+ * from a worker thread it does nothing: that thread's event loop would be one of the threads lowered, and so would
+ * the embedding application's other threads.
  */
 export function lowerHelperThreads(): number[] {
-  if (process.platform !== 'linux') return [];
+  if (process.platform !== 'linux' || !isMainThread) return [];
   let tids: string[];
   try {
     tids = readdirSync('/proc/self/task');

@@ -37,6 +37,12 @@ describe.skipIf(process.platform !== 'linux')('helper threads below the event lo
     if (inherited < BELOW_NORMAL) expect(r.lowered!.length).toBe(Object.keys(others).length - 1);
   }, 90_000);
 
+  it('does nothing when called from a worker thread (its own event loop and the other threads stay)', async () => {
+    const r = await child('worker');
+    expect(r.lowered).toEqual([]);
+    for (const [tid, nice] of Object.entries(r.nices)) expect(nice, `thread ${tid}`).toBe(inherited);
+  }, 90_000);
+
   it('is what a server does when it starts (config lowerHelperThreads, default on), and nothing when it is off', async () => {
     const [on, off] = await Promise.all([child('server-on'), child('server-off')]);
     const helpers = (r: ChildReport): (number | undefined)[] => Object.entries(r.nices).filter(([tid]) => Number(tid) !== r.pid).map(([, nice]) => nice);

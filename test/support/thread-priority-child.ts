@@ -3,6 +3,7 @@
  * lowering threads never touches the test runner's own. Prints one JSON line: the main thread's nice value and every
  * thread's after the MODE's step.
  * - direct: a worker thread running, one helper thread already at nice 15, then lowerHelperThreads().
+ * - worker: lowerHelperThreads() called from a worker thread.
  * - server-on / server-off: a rollout server started with `lowerHelperThreads` true / false (null sandboxes, no
  *   engines), read while it runs.
  */
@@ -24,6 +25,15 @@ if (mode === 'direct') {
   setPriority(alreadyLow, 15);
   const lowered = lowerHelperThreads();
   console.log(JSON.stringify({ pid: process.pid, alreadyLow, lowered, nices: nices() }));
+  await worker.terminate();
+} else if (mode === 'worker') {
+  // lowerHelperThreads called from a worker thread: what it returned, and every thread's nice value afterwards.
+  const code = `const { parentPort } = require('node:worker_threads'); require('tsx/cjs/api').register();
+    const { lowerHelperThreads } = require(${JSON.stringify(new URL('../../src/thread-priority.ts', import.meta.url).pathname)});
+    parentPort.postMessage(lowerHelperThreads());`;
+  const worker = new Worker(code, { eval: true });
+  const lowered = await new Promise((resolve, reject) => worker.once('message', resolve).once('error', reject));
+  console.log(JSON.stringify({ pid: process.pid, lowered, nices: nices() }));
   await worker.terminate();
 } else {
   const server = await startRolloutServer(
