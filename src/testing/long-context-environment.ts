@@ -110,6 +110,9 @@ function readPageTool(instance: LongContextInstance): ValidatedTool {
   });
 }
 
+/** Instances whose prompt the long-context double keeps built (oldest dropped first). */
+const PROMPT_MEMO = 64;
+
 /**
  * TEST DOUBLE environment for the long-context benchmark: the prompt holds a long log and the tool `read_page`
  * returns more of it, so a conversation of tens of thousands of tokens takes environment turns (what used to block
@@ -119,8 +122,11 @@ function readPageTool(instance: LongContextInstance): ValidatedTool {
  */
 export function createLongContextEnvironment(): Environment<LongContextInstance> {
   // The admission check (Environment.prompt) and every sample's init ask for the same instance's prompt: built once
-  // (a 86K-character log is ~2 ms of the event loop), as an environment reading its prompt from a dataset would.
-  const prompts = new WeakMap<LongContextInstance, ChatMessage[]>();
+  // (a 86K-character log is ~2 ms of the event loop), as an environment reading its prompt from a dataset would, and
+  // kept for the PROMPT_MEMO most recent instances only. (A memo tied to the instance object, as this was, kept each
+  // task's ~86 KB prompt on the server's heap for as long as the task store keeps the finished task: the heap grew by
+  // that per long task through the benchmark's pass, which a dataset-backed environment's would not.)
+  const prompts = new Map<LongContextInstance, ChatMessage[]>();
   const prompt = (instance: LongContextInstance): ChatMessage[] => {
     let messages = prompts.get(instance);
     if (!messages) {
@@ -129,6 +135,7 @@ export function createLongContextEnvironment(): Environment<LongContextInstance>
         { role: 'user', content: `Here is the start of the log:\n${logText(instance.seed, instance.promptChars)}\nRead all ${instance.pages} remaining pages, then say "done".` },
       ];
       prompts.set(instance, messages);
+      if (prompts.size > PROMPT_MEMO) prompts.delete(prompts.keys().next().value!);
     }
     return messages.map((m) => ({ ...m }));
   };

@@ -224,17 +224,27 @@ const TOKEN_WORKER_ENTRY = new URL('./token-worker-entry.mjs', import.meta.url);
 const inlineInstances = new WeakMap<ChatTemplate, WeakMap<Tokenizer, TokenWork>>();
 
 /**
- * The cache key of a prompt: its messages and tools, exactly (JSON), so equal keys render to equal text. A short
- * prompt's JSON is its own key (hashing it cost more than the lookup: every task's prompt is keyed twice, at
- * admission and by each sample's ledger); a longer one is keyed by its SHA-256: a long prompt's key was a second copy
- * of its text (86 KB for a 64K-token prompt) kept for as long as the prompt waited for its samples, and flattened
- * again by every lookup. A raw key holds a NUL, a digest ("#" and base64) none: never equal.
+ * The cache key of a prompt: its messages and tools, exactly, so equal keys render to equal text. A short prompt's
+ * JSON is its own key (hashing it cost more than the lookup: every task's prompt is keyed twice, at admission and by
+ * each sample's ledger); a longer one is keyed by a SHA-256 of its fields, each length-prefixed, the contents hashed as
+ * their UTF-16 code units: a long prompt's key was a second copy of its text (86 KB for a 64K-token prompt) kept for as
+ * long as the prompt waited for its samples, and later a JSON of it made only to be hashed — a string of that size per
+ * prompt, which the main isolate's collector then moved (BENCH_HEAP_SAMPLE on the 64K pass: ~100 KB surviving per
+ * trajectory). Code units, not UTF-8: two contents that differ only in a lone surrogate would have the same UTF-8 (both
+ * become U+FFFD) and must not share a key. A raw key holds a NUL, a digest ("#" and base64) none: never equal.
  */
-function promptKey(messages: readonly ChatMessage[], tools: readonly ToolSchema[] | undefined): string {
-  const json = JSON.stringify(messages.map((m) => (m.name === undefined ? [m.role, m.content] : [m.role, m.content, m.name])));
+export function promptKey(messages: readonly ChatMessage[], tools: readonly ToolSchema[] | undefined): string {
   const tk = toolsKey(tools);
-  if (json.length <= MAX_RAW_PROMPT_KEY) return `${tk}\u0000${json}`;
-  return `#${createHash('sha256').update(tk).update('\u0000').update(json).digest('base64')}`;
+  if (messages.reduce((n, m) => n + m.content.length, 0) <= MAX_RAW_PROMPT_KEY) {
+    const json = JSON.stringify(messages.map((m) => (m.name === undefined ? [m.role, m.content] : [m.role, m.content, m.name])));
+    if (json.length <= MAX_RAW_PROMPT_KEY) return `${tk}\u0000${json}`;
+  }
+  const hash = createHash('sha256').update(`${tk.length}:${tk}|${messages.length}|`, 'utf16le');
+  for (const m of messages) {
+    const name = m.name === undefined ? '-' : `${m.name.length}:${m.name}`;
+    hash.update(`${m.role.length}:${m.role}|${name}|${m.content.length}:`, 'utf16le').update(m.content, 'utf16le');
+  }
+  return `#${hash.digest('base64')}`;
 }
 
 /** A token task's result as TokenWork hands it on: a prompt's ids may be the Int32Array a token thread sent. */

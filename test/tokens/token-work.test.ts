@@ -10,7 +10,7 @@ import { knownSuffixLocality } from '../../src/tokens/suffix-delta.js';
 import { probeAssistantClosing } from '../../src/tokens/template-delta.js';
 import { TokenPool } from '../../src/tokens/token-pool.js';
 import { PACK_IDS_FROM, type TokenTask, type TokenTaskResult } from '../../src/tokens/token-tasks.js';
-import { createTokenPool, MAX_RAW_PROMPT_KEY, TokenWork } from '../../src/tokens/token-work.js';
+import { createTokenPool, MAX_RAW_PROMPT_KEY, promptKey, TokenWork } from '../../src/tokens/token-work.js';
 import type { ChatMessage } from '../../src/tokens/types.js';
 import { bashTool, countingTemplate } from './fixtures.js';
 import { familyDir, familySample, familyToolCall, loadFamily, type Family } from './families.js';
@@ -254,6 +254,39 @@ describe('the prompt key hint', () => {
     // Its key is its JSON: computed again by the ledger (cheap), and the prompt still comes from the cache.
     expect(await work.promptIds(messages(), [bashTool], undefined, 0, task)).toBe(admitted);
     expect(work.promptKeysComputed).toBe(2);
+  });
+});
+
+describe('promptKey', () => {
+  const log = 'line 17 ok\n'.repeat(200); // over MAX_RAW_PROMPT_KEY characters: a digest key
+  const user = (content: string, name?: string): ChatMessage => ({ role: 'user', content, ...(name !== undefined && { name }) });
+
+  it('is the JSON for a short prompt and a digest for a long one, equal for equal prompts', () => {
+    expect(promptKey([user('hi')], [bashTool])).toContain('\u0000');
+    const long = promptKey([user(`${log}?`)], [bashTool]);
+    expect(long).toMatch(/^#[A-Za-z0-9+/]+=*$/);
+    expect(promptKey([user(`${log}?`)], [{ ...bashTool }])).toBe(long);
+  });
+
+  it('tells apart long prompts that differ in a lone surrogate, a field boundary, a name or the tools', () => {
+    const keys = [
+      promptKey([user(`${log}\ud800`)], undefined),
+      promptKey([user(`${log}\ud801`)], undefined), // the same UTF-8 (U+FFFD) as the one above
+      promptKey([user(`${log}\ufffd`)], undefined),
+      promptKey([user(`${log}ab`)], undefined),
+      promptKey([user(`${log}a`), user('b')], undefined),
+      promptKey([user(log), user('ab')], undefined),
+      promptKey([user(`${log}ab`, '')], undefined),
+      promptKey([user(`${log}ab`, 'x')], undefined),
+      promptKey([{ role: 'system', content: `${log}ab` }], undefined),
+      promptKey([user(`${log}ab`)], [bashTool]),
+    ];
+    expect(new Set(keys).size).toBe(keys.length);
+  });
+
+  it('keeps no copy of a long prompt in its key', () => {
+    const key = promptKey([user(log.repeat(40))], [bashTool]);
+    expect(key.length).toBeLessThan(64);
   });
 });
 
