@@ -65,8 +65,28 @@ export function prepareLongContext(instances: readonly LongContextInstance[]): n
   for (const instance of instances) {
     keep(instance.seed, instance.promptChars);
     for (let page = 0; page < instance.pages; page++) keep(pageSeed(instance, page), instance.pageChars);
+    const key = promptKeyOf(instance);
+    if (!prepared.has(key)) prepared.set(key, buildPromptContent(instance));
   }
   return chars;
+}
+
+/**
+ * The user message of an instance's prompt: the log and the instruction, as one flat string (prepared ahead with the
+ * texts, like a dataset's prompt already in memory). Built by a template literal it was a rope that the server's
+ * first read of it (its prompt key, its render) flattened into a fresh 86 KB string on the event loop per task.
+ */
+function promptContent(instance: LongContextInstance): string {
+  return prepared.get(promptKeyOf(instance)) ?? buildPromptContent(instance);
+}
+
+function promptKeyOf(instance: LongContextInstance): string {
+  return `prompt:${instance.seed}:${instance.promptChars}:${instance.pages}`;
+}
+
+function buildPromptContent(instance: LongContextInstance): string {
+  // Array#join makes a flat string (a template literal of three parts makes a rope).
+  return ['Here is the start of the log:\n', logText(instance.seed, instance.promptChars), `\nRead all ${instance.pages} remaining pages, then say "done".`].join('');
 }
 
 /** Drops what {@link prepareLongContext} made. */
@@ -132,7 +152,7 @@ export function createLongContextEnvironment(): Environment<LongContextInstance>
     if (!messages) {
       messages = [
         { role: 'system', content: 'You read logs with the read_page tool and report what you found.' },
-        { role: 'user', content: `Here is the start of the log:\n${logText(instance.seed, instance.promptChars)}\nRead all ${instance.pages} remaining pages, then say "done".` },
+        { role: 'user', content: promptContent(instance) },
       ];
       prompts.set(instance, messages);
       if (prompts.size > PROMPT_MEMO) prompts.delete(prompts.keys().next().value!);
