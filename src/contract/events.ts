@@ -1,4 +1,3 @@
-import { numbersOf } from '../tokens/lazy-numbers.js';
 import { Stage, type StageEvent, type Trajectory, type TrajectorySummary } from '../../gen/ts/rollout/v1/rollout.js';
 import { promptIdsOf } from '../pipeline/lazy-prompt.js';
 import type { Sample } from '../pipeline/sample.js';
@@ -38,7 +37,7 @@ export function summaryOf(t: Trajectory): TrajectorySummary {
     reward: t.reward,
     numTurns: t.numTurns,
     promptTokens: promptIdsOf(t).length,
-    responseTokens: numbersOf(t, 'responseTokenIds').length,
+    responseTokens: t.responseTokenIds.length,
     timing: t.timing,
   };
 }

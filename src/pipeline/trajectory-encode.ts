@@ -1,6 +1,5 @@
 import { Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { attachedVarints, packedVarintSize, varintSize, writeVarint } from '../tokens/packed-varints.js';
-import { numbersOf } from '../tokens/lazy-numbers.js';
 import { promptIdsOf } from './lazy-prompt.js';
 
 /**
@@ -22,16 +21,12 @@ import { promptIdsOf } from './lazy-prompt.js';
  * tokens/packed-varints.ts) is copied from them, not encoded again.
  */
 export function encodeTrajectory(trajectory: Trajectory): Uint8Array {
-  // Not `trajectory.promptTokenIds` and the like: that would make a lazily kept field's number[] (lazy-prompt.ts,
-  // tokens/lazy-numbers.ts).
+  const { responseTokenIds, responseMask, responseLogprobs } = trajectory;
+  // Not `trajectory.promptTokenIds`: that would make a lazily kept prompt's number[] (lazy-prompt.ts).
   const promptTokenIds = promptIdsOf(trajectory);
-  const responseTokenIds = numbersOf(trajectory, 'responseTokenIds');
-  const responseMask = numbersOf(trajectory, 'responseMask');
-  const responseLogprobs = numbersOf(trajectory, 'responseLogprobs');
   const promptVarints = attachedVarints(promptTokenIds);
   const sizes = [promptVarints?.length ?? packedVarintSize(promptTokenIds), packedVarintSize(responseTokenIds), packedVarintSize(responseMask)];
-  let floatsOk = true;
-  for (let i = 0; i < responseLogprobs.length && floatsOk; i++) floatsOk = isFloat32(responseLogprobs[i]!);
+  const floatsOk = responseLogprobs.every(isFloat32);
   if (sizes.some((s) => s < 0) || !floatsOk) return Trajectory.encode(trajectory).finish();
 
   const head = Trajectory.encode(only(trajectory, HEAD_FIELDS)).finish();

@@ -1,4 +1,3 @@
-import { numbersOf, setLazyNumbers } from '../tokens/lazy-numbers.js';
 import type { LogprobsMode as EngineLogprobsMode } from '../backends/types.js';
 import { describeError, type RolloutError } from '../errors.js';
 import { LogprobsMode } from '../../gen/ts/rollout/v1/backend.js';
@@ -80,13 +79,12 @@ function base(sample: Sample): Trajectory {
   });
 }
 
-/** Sets the token fields on `trajectory` (a fresh object, returned): the prompt's ids shared or kept lazily, the rest kept lazily. */
+/** Sets the token fields on `trajectory` (a fresh object, returned): the prompt's ids shared, or kept lazily. */
 function withTokens(trajectory: Trajectory, tokens: LedgerSnapshot, includeMessages: boolean): Trajectory {
   setPromptTokenIds(trajectory, tokens.promptIds);
-  // The ledger's columns, made number[]s only when read (tokens/lazy-numbers.ts).
-  setLazyNumbers(trajectory, 'responseTokenIds', numbersOf(tokens, 'responseIds'));
-  setLazyNumbers(trajectory, 'responseMask', numbersOf(tokens, 'mask'));
-  setLazyNumbers(trajectory, 'responseLogprobs', numbersOf(tokens, 'logprobs'));
+  trajectory.responseTokenIds = tokens.responseIds;
+  trajectory.responseMask = tokens.mask;
+  trajectory.responseLogprobs = tokens.logprobs;
   trajectory.turns = tokens.turns.map(toTurn);
   trajectory.messages = includeMessages ? tokens.messages.map((m) => ({ role: m.role, content: m.content, name: m.name ?? '' })) : [];
   trajectory.policyVersionMin = tokens.policyVersionMin;

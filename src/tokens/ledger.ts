@@ -3,7 +3,6 @@ import { RolloutError } from '../errors.js';
 import { probeAssistantClosing, type DeltaMethod } from './template-delta.js';
 import type { ChatMessage, ChatTemplate, Tokenizer, ToolSchema } from './types.js';
 import { verifyLedgerSnapshot } from './verify.js';
-import { setLazyNumbers } from './lazy-numbers.js';
 import { escapeMessage } from './opaque-content.js';
 import { TokenWork } from './token-work.js';
 import { idColumn, logprobColumn, maskColumn, type TokenColumn } from './token-column.js';
@@ -383,20 +382,18 @@ export class TokenLedger {
   /** A copy of the record so far, verified against the invariants. */
   snapshot(): LedgerSnapshot {
     const versions = this.turns.flatMap((t) => [t.policyVersion, t.policyVersionStart].filter((v): v is number => v !== undefined));
-    const snapshot = {
+    const snapshot: LedgerSnapshot = {
       // Shared, not copied: the prompt ids are never changed (the ledger's, and the prompt cache's for a group).
       promptIds: this.promptIds,
+      responseIds: this.context.toArray(this.promptIds.length),
+      mask: this.mask.toArray(),
+      logprobs: this.logprobs.toArray(),
       turns: this.turns.map((t) => ({ ...t })),
       messages: this.messages,
       policyVersionMin: versions.length === 0 ? 0 : Math.min(...versions),
       policyVersionMax: versions.length === 0 ? 0 : Math.max(...versions),
       totalTokens: this.totalTokens,
-    } as LedgerSnapshot;
-    // Views of the columns, made number[]s only when read (lazy-numbers.ts): values are only ever appended, so what a
-    // view shows never changes, even when the column grows into a new array or the ledger goes on.
-    setLazyNumbers(snapshot, 'responseIds', this.context.view().subarray(this.promptIds.length));
-    setLazyNumbers(snapshot, 'mask', this.mask.view());
-    setLazyNumbers(snapshot, 'logprobs', this.logprobs.view());
+    };
     verifyLedgerSnapshot(snapshot);
     return snapshot;
   }

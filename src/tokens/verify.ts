@@ -1,6 +1,5 @@
 import { RolloutError } from '../errors.js';
 import type { LedgerSnapshot } from './ledger.js';
-import { numbersOf } from './lazy-numbers.js';
 
 /**
  * Throws `internal` unless a snapshot holds the ledger invariants: equal lengths of ids, mask and logprobs;
@@ -16,25 +15,21 @@ export function verifyLedgerSnapshot(snapshot: LedgerSnapshot): void {
 }
 
 function findProblem(s: LedgerSnapshot): string | undefined {
-  // Read without making number[]s of lazily kept columns (lazy-numbers.ts).
-  const ids = numbersOf(s, 'responseIds');
-  const masks = numbersOf(s, 'mask');
-  const logprobs = numbersOf(s, 'logprobs');
-  const n = ids.length;
-  if (masks.length !== n || logprobs.length !== n) {
-    return `lengths differ: ids ${n}, mask ${masks.length}, logprobs ${logprobs.length}`;
+  const n = s.responseIds.length;
+  if (s.mask.length !== n || s.logprobs.length !== n) {
+    return `lengths differ: ids ${n}, mask ${s.mask.length}, logprobs ${s.logprobs.length}`;
   }
   for (let i = 0; i < n; i++) {
-    const mask = masks[i];
+    const mask = s.mask[i];
     if (mask !== 0 && mask !== 1) return `mask[${i}] is ${mask}`;
-    if (mask === 0 && logprobs[i] !== 0) return `logprobs[${i}] is ${logprobs[i]} where the mask is 0`;
+    if (mask === 0 && s.logprobs[i] !== 0) return `logprobs[${i}] is ${s.logprobs[i]} where the mask is 0`;
   }
   let at = 0;
   for (const [k, turn] of s.turns.entries()) {
     if (turn.start !== at || turn.end < turn.start) return `turn ${k} spans [${turn.start}, ${turn.end}), expected start ${at}`;
     const expected = turn.role === 'assistant' ? 1 : 0;
     for (let i = turn.start; i < turn.end; i++) {
-      if (masks[i] !== expected) return `mask[${i}] is ${masks[i]} inside ${turn.role} turn ${k}`;
+      if (s.mask[i] !== expected) return `mask[${i}] is ${s.mask[i]} inside ${turn.role} turn ${k}`;
     }
     const previous = k > 0 ? s.turns[k - 1] : undefined;
     const afterAssistant = turn.role === 'assistant' && previous?.role === 'assistant';
