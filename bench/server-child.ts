@@ -22,7 +22,7 @@ import type { TokenPoolStats } from '../src/tokens/token-pool.js';
 import { createCalcEnvironment } from '../src/testing/calc-environment.js';
 import { createLongContextEnvironment, forgetPreparedLongContext, prepareLongContext, type LongContextInstance } from '../src/testing/long-context-environment.js';
 import { NullSandboxDriver } from '../src/testing/null-sandbox.js';
-import { BELOW_NORMAL } from '../src/thread-priority.js';
+import { BELOW_NORMAL, threadStat } from '../src/thread-priority.js';
 import { serveChild } from './child-rpc.js';
 
 export interface ServerChildOptions {
@@ -156,7 +156,7 @@ function traceLateTicks(dir: string): void {
       for (const [tid, ns] of othersAfter) {
         const ran = (ns - (othersBefore.get(tid) ?? ns)) / 1e6;
         // Remembered once known (a token thread is not one until it has lowered its own priority).
-        if (ran > 0 && (tokenThreads.has(tid) || (isTokenThread(tid, taskStat(tid)) && tokenThreads.add(tid)))) tokenMs += ran;
+        if (ran > 0 && (tokenThreads.has(tid) || (isTokenThread(tid, threadStat(tid)) && tokenThreads.add(tid)))) tokenMs += ran;
         else helpersMs += ran;
       }
       ticks.push({ monotonicUs: process.hrtime.bigint() / 1000n, from: last, to: now, lateMs, runMs: ms(0), waitMs: ms(1), tokenMs, helpersMs });
@@ -284,19 +284,6 @@ export interface ThreadCpu {
 const TICK_MICROS = 10_000; // USER_HZ = 100 on Linux
 
 /**
- * A thread's /proc stat fields after its parenthesised name (state first: proc(5) field 3 is index 0, utime 14 is
- * 11, stime 15 is 12, nice 19 is 16), or undefined when the thread has ended.
- */
-function taskStat(tid: string): string[] | undefined {
-  try {
-    const stat = readFileSync(`/proc/self/task/${tid}/stat`, 'utf8');
-    return stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-  } catch {
-    return undefined;
-  }
-}
-
-/**
  * Token threads: started after the server (so not a V8 worker, libuv's pool or tsx's loader) and below normal
  * priority (token-worker.ts lowers its own once started; a libuv thread started later stays at normal).
  */
@@ -313,7 +300,7 @@ function threadCpu(): ThreadCpu | undefined {
   }
   const out: ThreadCpu = { main: 0, tokenThreads: 0, helpers: 0 };
   for (const tid of tids) {
-    const f = taskStat(tid);
+    const f = threadStat(tid);
     if (!f) continue; // the thread ended meanwhile
     const micros = (Number(f[11]) + Number(f[12])) * TICK_MICROS;
     if (Number(tid) === process.pid) out.main += micros;

@@ -70,11 +70,18 @@ export function lowerHelperThreads(): number[] {
 
 /** A thread's nice value from /proc (proc(5) stat field 19), or undefined when it cannot be read (it ended). */
 export function niceOfThread(tid: number): number | undefined {
+  const nice = Number(threadStat(tid)?.[16]);
+  return Number.isInteger(nice) ? nice : undefined;
+}
+
+/**
+ * A thread of this process's /proc stat fields after its parenthesised name (which may hold spaces): proc(5) field 3
+ * (state) is index 0, utime (14) is 11, stime (15) is 12, nice (19) is 16. Undefined when it cannot be read (it ended).
+ */
+export function threadStat(tid: number | string): string[] | undefined {
   try {
     const stat = readFileSync(`/proc/self/task/${tid}/stat`, 'utf8');
-    // Fields after the parenthesised name (which may hold spaces): state is field 3, nice field 19.
-    const nice = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[16]);
-    return Number.isInteger(nice) ? nice : undefined;
+    return stat.slice(stat.lastIndexOf(')') + 2).split(' ');
   } catch {
     return undefined;
   }

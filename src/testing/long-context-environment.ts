@@ -37,13 +37,21 @@ export function logText(seed: number, chars: number): string {
   let text = prepared.get(key) ?? recent.get(key);
   if (text === undefined) {
     text = generateLog(seed, chars);
-    recent.set(key, text);
-    if (recent.size > 64) recent.delete(recent.keys().next().value!);
+    remember(recent, key, text);
   }
   return text;
 }
 
 const recent = new Map<string, string>();
+
+/** Entries the double's memos keep (oldest dropped first). */
+const MEMO_SIZE = 64;
+
+/** Sets `key` in a memo, dropping its oldest entry past {@link MEMO_SIZE}. */
+function remember<K, V>(memo: Map<K, V>, key: K, value: V): void {
+  memo.set(key, value);
+  if (memo.size > MEMO_SIZE) memo.delete(memo.keys().next().value!);
+}
 
 /** Texts made ahead by {@link prepareLongContext}, kept until {@link forgetPreparedLongContext}. */
 const prepared = new Map<string, string>();
@@ -130,9 +138,6 @@ function readPageTool(instance: LongContextInstance): ValidatedTool {
   });
 }
 
-/** Instances whose prompt the long-context double keeps built (oldest dropped first). */
-const PROMPT_MEMO = 64;
-
 /**
  * TEST DOUBLE environment for the long-context benchmark: the prompt holds a long log and the tool `read_page`
  * returns more of it, so a conversation of tens of thousands of tokens takes environment turns (what used to block
@@ -143,7 +148,7 @@ const PROMPT_MEMO = 64;
 export function createLongContextEnvironment(): Environment<LongContextInstance> {
   // The admission check (Environment.prompt) and every sample's init ask for the same instance's prompt: built once
   // (a 86K-character log is ~2 ms of the event loop), as an environment reading its prompt from a dataset would, and
-  // kept for the PROMPT_MEMO most recent instances only. (A memo tied to the instance object, as this was, kept each
+  // kept for the MEMO_SIZE most recent instances only. (A memo tied to the instance object, as this was, kept each
   // task's ~86 KB prompt on the server's heap for as long as the task store keeps the finished task: the heap grew by
   // that per long task through the benchmark's pass, which a dataset-backed environment's would not.)
   const prompts = new Map<LongContextInstance, ChatMessage[]>();
@@ -154,8 +159,7 @@ export function createLongContextEnvironment(): Environment<LongContextInstance>
         { role: 'system', content: 'You read logs with the read_page tool and report what you found.' },
         { role: 'user', content: promptContent(instance) },
       ];
-      prompts.set(instance, messages);
-      if (prompts.size > PROMPT_MEMO) prompts.delete(prompts.keys().next().value!);
+      remember(prompts, instance, messages);
     }
     return messages.map((m) => ({ ...m }));
   };
