@@ -97,3 +97,56 @@ export async function holdInFlight(
   if (snapshotDir) process.stderr.write(`heap snapshot after the held trajectories ended: ${await server.call('heapSnapshot', snapshotDir)}\n`);
   return { held: count, base, during, after, serverBase, serverDuring, serverAfter, settled, serverSettled, settleMs, statuses, fillMs, cancelMs };
 }
+
+export interface UnackedResult {
+  count: number;
+  /** Server process memory after full GCs: every trajectory finished and received, none acked; then all acked. */
+  unacked: NodeJS.MemoryUsage;
+  acked: NodeJS.MemoryUsage;
+  /** Bytes the session counted against its bound (sessions.stats) while nothing was acked. */
+  unackedBytes: number;
+}
+
+/**
+ * What a session keeps of a finished trajectory its client has not acked (a trainer that acks once per training
+ * step leaves a whole step unacked). On a server that retains no finished task, so what the session holds is all
+ * that holds it: `count` trajectories are run and received without acking, memory is measured, then all are acked and
+ * it is measured again; the difference per trajectory is the session's.
+ */
+export async function holdUnacked(client: RolloutClient, server: ChildHandle<ServerApi, ServerInfo>, count: number, timeoutMs: number): Promise<UnackedResult> {
+  const session = client.openSession({ sessionId: 'memory-unacked-session', autoAck: false });
+  await session.opened;
+  const refs: { taskId: string; sampleIndex: number }[] = [];
+  const progress = startProgress(`memory: ${count} finished, not acked`, count);
+  const watchdog = setTimeout(() => session.abort(), timeoutMs);
+  try {
+    await Promise.all(Array.from({ length: count }, (_, i) => session.submit(benchTask(`unacked-${i}`, CALC_ENVIRONMENT, 1, 950_000 + i))));
+    for await (const t of session.trajectories()) {
+      if (statusName(t.status) !== 'COMPLETED') throw new Error(`memory phase: unacked trajectory ${t.taskId} ended ${statusName(t.status)}`);
+      refs.push({ taskId: t.taskId, sampleIndex: t.sampleIndex });
+      progress.update(refs.length);
+      if (refs.length === count) break;
+    }
+  } finally {
+    clearTimeout(watchdog);
+    progress.stop();
+  }
+  if (refs.length !== count) throw new Error(`memory phase: received ${refs.length}/${count} unacked trajectories`);
+  const unackedBytes = (await server.call('stats')).sessions.unackedBytes;
+  const unacked = await server.call('memory');
+  // Leaving the loop cancelled the stream; the session stays resumable. Resume it and ack everything.
+  const resumed = client.openSession({ sessionId: 'memory-unacked-session', resume: true, autoAck: false });
+  await resumed.opened;
+  resumed.ack(refs);
+  resumed.close();
+  const drain = setTimeout(() => resumed.abort(), timeoutMs);
+  try {
+    for await (const _ of resumed.trajectories()) {
+      // the re-sent copies of what was unacked: acked above already
+    }
+  } finally {
+    clearTimeout(drain);
+  }
+  const acked = await server.call('memory');
+  return { count, unacked, acked, unackedBytes };
+}

@@ -23,7 +23,7 @@ import { referenceWorkMs } from './calibration.js';
 import { ChildHandle } from './child-rpc.js';
 import { driveServer, percentile, replayDirect, type DriveResult, type ReplayResult } from './drive.js';
 import type { EngineApi, EngineInfo, EngineStats } from './engine-child.js';
-import { holdInFlight, type HoldResult } from './memory.js';
+import { holdInFlight, holdUnacked, type HoldResult, type UnackedResult } from './memory.js';
 import { note } from './progress.js';
 import type { EventLoopStats, ServerApi, ServerChildOptions, ServerInfo, ServerStats, ThreadCpu } from './server-child.js';
 import { renderReport } from './report.js';
@@ -199,6 +199,8 @@ export interface BenchResults {
   /** The median of the direct passes (by wall time; errors of all of them), CPU per pass (their mean). */
   direct: ReplayResult & { cpu: CpuSpent; engine: EngineStats; passesWallMs: number[] };
   hold: HoldResult;
+  /** Finished trajectories a session keeps until acked (same server as `hold`, which retains no finished task). */
+  unacked: UnackedResult;
   nullSmall: DriveResult | undefined;
   bwrap: DriveResult | undefined;
   /** The long-context pass: with the default token threads, then with none (all token work on the event loop). */
@@ -285,6 +287,7 @@ async function run(o: BenchOptions): Promise<BenchResults> {
   const b = await startServer(engine, 'null', o.hold, 0);
   await driveServer(b.client, { ...base, label: 'memory warm-up', prefix: 'mwarm', trajectories: Math.min(o.warmup, 200), concurrency: Math.min(o.warmup, 200), seed: 700_000 });
   const hold = await holdInFlight(b.client, engine, b.server, o.hold, t);
+  const unacked = await holdUnacked(b.client, b.server, o.hold, t);
   await stopServer(b);
 
   // 4. Real sandboxes: the math environment, its python tool in bubblewrap.
@@ -325,6 +328,7 @@ async function run(o: BenchOptions): Promise<BenchResults> {
     server: { ...serverPass, cpu: spent(c0, c1), inFlight, eventLoop, retained, after: serverAfter },
     direct: { ...direct, cpu: perPass(spent(d0, d1), DIRECT_PASSES), engine: engineStats, passesWallMs: directPasses.map((p) => p.wallMs) },
     hold,
+    unacked,
     nullSmall,
     bwrap,
     long,
@@ -460,6 +464,7 @@ function summarizeRaw(r: BenchResults): Record<string, unknown> {
     server: { ...drive(r.server), cpuMicros: r.server.cpu, inFlight: r.server.inFlight, eventLoop: r.server.eventLoop, retained: r.server.retained, after: r.server.after },
     direct: { ...direct, latencyMs: { p50: percentile(latenciesMs, 50), p99: percentile(latenciesMs, 99) } },
     hold: r.hold,
+    unacked: r.unacked,
     nullSmall: drive(r.nullSmall),
     bwrap: drive(r.bwrap),
     engineBound: r.engineBound.map((p) => ({ serviceMs: p.serviceMs, servers: p.servers, server: { ...drive(p.server), cpuMicros: p.serverCpu },

@@ -88,7 +88,8 @@ export function renderReport(r: BenchResults): { table: string; figures: Figures
   }
 
   const perHeld = (key: 'heapUsed' | 'rss'): number => (h.during[key] - h.base[key]) / h.held;
-  const offHeap = (m: NodeJS.MemoryUsage): number => m.external + m.arrayBuffers;
+  // `external` includes `arrayBuffers` (Node's docs); adding them counted every ArrayBuffer twice before 2026-12-01.
+  const offHeap = (m: NodeJS.MemoryUsage): number => m.external;
   const figures: Figures = {
     cpus: Number(r.machine.cpus),
     serverTrajectories: s.trajectories,
@@ -130,6 +131,10 @@ export function renderReport(r: BenchResults): { table: string; figures: Figures
     heapBytesLeftAfterEnd: h.after.heapUsed - h.base.heapUsed,
     heapBytesLeftAfterSettle: h.settled.heapUsed - h.base.heapUsed,
     retainedHeapBytesPerFinishedTrajectory: s.retained.heapBytes / s.retained.trajectories,
+    unackedTrajectories: r.unacked.count,
+    heapBytesPerUnackedTrajectory: (r.unacked.unacked.heapUsed - r.unacked.acked.heapUsed) / r.unacked.count,
+    offHeapBytesPerUnackedTrajectory: (offHeap(r.unacked.unacked) - offHeap(r.unacked.acked)) / r.unacked.count,
+    countedBytesPerUnackedTrajectory: r.unacked.unackedBytes / r.unacked.count,
   };
   const small = (name: string, pass: DriveResult | undefined): string[][] => {
     if (!pass) return [];
@@ -220,10 +225,12 @@ export function renderReport(r: BenchResults): { table: string; figures: Figures
       (ratioModel.serverBudgetFor06 > 0 ? `<= ${f0(ratioModel.serverBudgetFor06)} µs of server CPU per turn at these engine and client costs` : 'more than a free server at these engine and client costs'),
     '',
     table([
-      ['server memory (own process, after full GC)', 'count', 'heap', 'rss', 'external+ab'],
+      ['server memory (own process, after full GC)', 'count', 'heap', 'rss', 'external'],
       ['per in-flight trajectory (turn 2 pending)', String(h.held), kib(perHeld('heapUsed')), kib(perHeld('rss')),
         kib(Number(figures.offHeapBytesPerInFlightTrajectory))],
       [`retained per finished trajectory (task store, ${s.retained.tasks} tasks)`, String(s.retained.trajectories), kib(Number(figures.retainedHeapBytesPerFinishedTrajectory)), '', ''],
+      [`kept per finished, unacked trajectory (its session; ${kib(Number(figures.countedBytesPerUnackedTrajectory))} counted by the bound)`, String(r.unacked.count),
+        kib(Number(figures.heapBytesPerUnackedTrajectory)), '', kib(Number(figures.offHeapBytesPerUnackedTrajectory))],
     ]),
     `heap after the ${h.held} held trajectories were cancelled, vs before them: ${signedKib(h.after.heapUsed - h.base.heapUsed)} at once, ` +
       `${signedKib(h.settled.heapUsed - h.base.heapUsed)} ${f1(h.settleMs / 1000)} s later (idle engine connections closed)`,

@@ -44,6 +44,8 @@ export interface ServerStats {
   liveSandboxes: number | undefined;
   /** Ref'ed TCP sockets (getActiveResourcesInfo): connections with a request or stream open; idle pooled ones are unref'ed. */
   tcpSockets: number;
+  /** Bytes of trajectories sent to trainer sessions and not acked (what sessions.maxUnackedBytes bounds). */
+  sessions: { unackedBytes: number };
 }
 
 /**
@@ -241,6 +243,7 @@ async function main(): Promise<void> {
       pool: pool.stats(),
       liveSandboxes: nullSandboxes?.live,
       tcpSockets: process.getActiveResourcesInfo().filter((r) => r === 'TCPSocketWrap').length,
+      sessions: { unackedBytes: server.sessions.stats().unackedBytes },
     }),
     dropTaskStore: async () => {
       const before = (await api.memory()).heapUsed;

@@ -1,5 +1,5 @@
 import type { Ack, DeliveryPaused, RolloutResponse, Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
-import { trajectoryBytes } from './response-encode.js';
+import { encodedTrajectory, StoredTrajectory } from '../pipeline/wire-safe.js';
 import type { StreamWriter } from './stream-writer.js';
 
 /** What a session knows of one of its tasks; forgotten once every sample was delivered and acked. */
@@ -9,8 +9,8 @@ interface SessionTask {
   accepted: boolean;
   /** Samples finished and taken by the session (sent, or held while delivery is paused). */
   delivered: Set<number>;
-  /** Sent and not acked, with their encoded size. */
-  unacked: Map<number, { trajectory: Trajectory; bytes: number }>;
+  /** Sent and not acked: their wire bytes only (see Session on memory), with their size as counted. */
+  unacked: Map<number, { stored: StoredTrajectory; bytes: number }>;
   /** Samples held (finished, not sent yet). */
   held: number;
 }
@@ -32,7 +32,11 @@ export interface Attachment {
  * Memory is bounded in bytes: trajectories sent and not acked are counted by their encoded size; one that would
  * take them past `maxUnackedBytes` is held instead, in completion order, and the client is told
  * (`delivery_paused`); acks send the held ones as room frees, and the client is told when none are left
- * (`resumed`). Held trajectories are never dropped; they are the same objects the task store keeps (no copy). While
+ * (`resumed`). Held trajectories are never dropped. What the bound counts is what the session holds: unacked and
+ * held trajectories are kept as their wire bytes (StoredTrajectory, the same bytes the task store keeps: no copy),
+ * not as objects — a trajectory object's token arrays take ~2x its encoded size on the V8 heap, and a trainer that
+ * acks once per training step can leave a whole step's trajectories unacked. A re-send (resume, release after a
+ * pause) writes those bytes without decoding them. While
  * delivery is paused the session admits no new task (rollout-service refuses them with RESOURCE_EXHAUSTED, to be
  * re-submitted after acking: task ids are idempotent), so what it holds is bounded by maxUnackedBytes plus the
  * work it had in flight when the bound was reached. A task is forgotten once all its samples were delivered and
@@ -47,7 +51,7 @@ export class Session {
   private attachment: Attachment | undefined;
   private readonly idleWaiters = new Set<() => void>();
   /** Finished, not yet sent: delivery is paused while this is not empty. */
-  private readonly held: Trajectory[] = [];
+  private readonly held: StoredTrajectory[] = [];
   private heldBytesTotal = 0;
   private unackedBytesTotal = 0;
   private unackedTotal = 0;
@@ -65,8 +69,10 @@ export class Session {
     if (task.delivered.has(trajectory.sampleIndex)) return;
     task.delivered.add(trajectory.sampleIndex);
     this.delivered++;
-    if (this.held.length > 0 || !this.fits(trajectory)) this.hold(task, trajectory);
-    else this.deliver(task, trajectory);
+    const stored = StoredTrajectory.of(trajectory);
+    if (this.held.length > 0 || !this.fits(storedBytes(stored))) this.hold(task, stored);
+    // The object itself when it is what the bytes encode (the pipeline's, through wireSafe): no lazy view to make.
+    else this.deliver(task, stored, encodedTrajectory(trajectory) === stored.bytes ? trajectory : undefined);
     this.wakeIdle();
   };
 
@@ -116,8 +122,8 @@ export class Session {
     if (!resume) return { redelivered: 0, tookOver };
     let redelivered = 0;
     for (const task of this.tasks.values()) {
-      for (const { trajectory } of task.unacked.values()) {
-        attachment.writer.send({ kind: { $case: 'trajectory', value: trajectory } });
+      for (const { stored } of task.unacked.values()) {
+        attachment.writer.send({ kind: { $case: 'trajectory', value: stored.trajectory() } });
         redelivered++;
       }
     }
@@ -208,35 +214,39 @@ export class Session {
     }
   }
 
-  /** Room for this trajectory under the bound; one alone always fits, so a huge trajectory cannot wedge delivery. */
-  private fits(trajectory: Trajectory): boolean {
-    return this.unackedTotal === 0 || this.unackedBytesTotal + trajectoryBytes(trajectory) <= this.maxUnackedBytes;
+  /** Room for this many bytes under the bound; one trajectory alone always fits, so a huge one cannot wedge delivery. */
+  private fits(bytes: number): boolean {
+    return this.unackedTotal === 0 || this.unackedBytesTotal + bytes <= this.maxUnackedBytes;
   }
 
-  private deliver(task: SessionTask, trajectory: Trajectory): void {
-    const bytes = trajectoryBytes(trajectory);
-    task.unacked.set(trajectory.sampleIndex, { trajectory, bytes });
+  /**
+   * Sends a trajectory and keeps its bytes until acked. `trajectory` is the object the pipeline made, sent as is (the
+   * writer holds it only until the transport takes it); a held one is sent from its bytes.
+   */
+  private deliver(task: SessionTask, stored: StoredTrajectory, trajectory: Trajectory = stored.trajectory()): void {
+    const bytes = storedBytes(stored);
+    task.unacked.set(stored.sampleIndex, { stored, bytes });
     this.unackedBytesTotal += bytes;
     this.unackedTotal++;
     this.attachment?.writer.send({ kind: { $case: 'trajectory', value: trajectory } });
   }
 
-  private hold(task: SessionTask, trajectory: Trajectory): void {
+  private hold(task: SessionTask, stored: StoredTrajectory): void {
     task.held++;
-    this.held.push(trajectory);
-    this.heldBytesTotal += trajectoryBytes(trajectory);
+    this.held.push(stored);
+    this.heldBytesTotal += storedBytes(stored);
     if (this.held.length === 1) this.attachment?.writer.sendUrgent(this.notice(false));
   }
 
   /** Sends held trajectories while they fit; tells the client when delivery resumes. */
   private release(): void {
     if (this.held.length === 0) return;
-    while (this.held.length > 0 && this.fits(this.held[0]!)) {
-      const trajectory = this.held.shift()!;
-      this.heldBytesTotal -= trajectoryBytes(trajectory);
-      const task = this.task(trajectory.taskId);
+    while (this.held.length > 0 && this.fits(storedBytes(this.held[0]!))) {
+      const stored = this.held.shift()!;
+      this.heldBytesTotal -= storedBytes(stored);
+      const task = this.task(stored.taskId);
       task.held--;
-      this.deliver(task, trajectory);
+      this.deliver(task, stored);
     }
     if (this.held.length === 0) {
       this.heldBytesTotal = 0;
@@ -280,4 +290,9 @@ export class Session {
   private wakeIdle(): void {
     for (const wake of [...this.idleWaiters]) wake();
   }
+}
+
+/** What a trajectory counts against the bound: its encoded size plus its field tag and length, as response-encode.ts trajectoryBytes counts it. */
+function storedBytes(stored: StoredTrajectory): number {
+  return stored.bytes.length + 6;
 }

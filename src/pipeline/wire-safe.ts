@@ -29,6 +29,14 @@ export class StoredTrajectory {
     private readonly identity: Pick<Trajectory, IdentityField>,
   ) {}
 
+  get taskId(): string {
+    return this.identity.taskId;
+  }
+
+  get sampleIndex(): number {
+    return this.identity.sampleIndex;
+  }
+
   /** The trajectory's wire bytes (encoding it through wireSafe if nothing did yet: such a trajectory may be degraded). */
   static of(trajectory: Trajectory): StoredTrajectory {
     const safe = encodedTrajectory(trajectory) === undefined ? wireSafe(trajectory, Number.MAX_SAFE_INTEGER) : trajectory;

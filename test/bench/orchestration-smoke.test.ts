@@ -41,6 +41,9 @@ describe('bench/orchestration (tiny load)', () => {
     expect(f.engineBound50msDirectLatencyP50Ms).toBeGreaterThanOrEqual(25);
     expect(f.engineBound50msTrajectoryLatencyP50Ms).toBeGreaterThanOrEqual(50);
     expect(f.engineBound50ms2ServersTrajectoryLatencyP50Ms).toBeGreaterThanOrEqual(50);
+    // Every held trajectory was received unacked, and the session's bound counted each one's bytes.
+    expect(f.unackedTrajectories).toBe(40);
+    expect(f.countedBytesPerUnackedTrajectory).toBeGreaterThan(0);
     expect(stdout).toContain('engine-bound passes');
     expect(stdout).toContain('status: every trajectory and request succeeded');
   }, 300_000);

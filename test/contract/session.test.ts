@@ -1,7 +1,10 @@
+import { setFlagsFromString } from 'node:v8';
+import { runInNewContext } from 'node:vm';
 import { describe, expect, it } from 'vitest';
 import { Trajectory, type RolloutResponse } from '../../gen/ts/rollout/v1/rollout.js';
 import { Session, type Attachment } from '../../src/contract/session.js';
 import { trajectoryBytes } from '../../src/contract/response-encode.js';
+import { encodedTrajectory, wireSafe } from '../../src/pipeline/wire-safe.js';
 import type { StreamWriter } from '../../src/contract/stream-writer.js';
 
 /** Records what the session writes; stands in for the gRPC stream writer. */
@@ -107,5 +110,57 @@ describe('Session', () => {
     expect(fresh.sent).toEqual(['a#0']);
     session.detach(old.writer); // the old stream's cleanup must not detach the new one
     expect(session.isAttached).toBe(true);
+  });
+
+  it('keeps unacked and held trajectories as their bytes, not their objects, and re-sends those bytes intact', async () => {
+    setFlagsFromString('--expose-gc');
+    const gc = runInNewContext('gc') as () => void;
+    /** A pipeline-made (wireSafe) trajectory of a long response: its token arrays are what a session must not pin. */
+    const long = (sampleIndex: number): Trajectory => {
+      const n = 20_000;
+      const t = Trajectory.fromPartial({
+        taskId: 'long',
+        sampleIndex,
+        responseTokenIds: Array.from({ length: n }, (_, i) => (i * 7919 + sampleIndex) % 150_000),
+        responseMask: Array.from({ length: n }, () => 1),
+        responseLogprobs: Array.from({ length: n }, (_, i) => -(i % 97) / 8),
+      });
+      return wireSafe(t, 1 << 30);
+    };
+    const sentBytes: Uint8Array[] = [];
+    const bytesOfSent = (m: RolloutResponse): void => {
+      if (m.kind?.$case === 'trajectory') sentBytes.push(encodedTrajectory(m.kind.value)!);
+    };
+    const attachment = (): Attachment => ({ writer: { send: bytesOfSent, sendUrgent: () => {} } as unknown as StreamWriter<RolloutResponse>, evict: () => {} });
+    const one = trajectoryBytes(long(0));
+    const session = new Session('s', false, one + 100); // room for one: the second is held
+    const first = attachment();
+    session.attach(first, false);
+    session.expect('long', 2);
+    const expected: Uint8Array[] = [];
+    const alive: WeakRef<Trajectory>[] = [];
+    const finish = (i: number): void => {
+      const t = long(i);
+      expected.push(encodedTrajectory(t)!.slice());
+      alive.push(new WeakRef(t));
+      session.sink(t);
+    };
+    finish(0);
+    finish(1);
+    expect(session.unackedCount).toBe(1);
+    expect(session.heldCount).toBe(1);
+    expect(session.unackedBytes).toBe(one);
+    expect(sentBytes).toHaveLength(1);
+    sentBytes.length = 0; // the writer took it (a transport would have written it by now)
+
+    await new Promise((resolve) => setImmediate(resolve)); // WeakRefs made in a job are kept until it ends
+    gc();
+    expect(alive.map((ref) => ref.deref() === undefined)).toEqual([true, true]);
+
+    session.detach(first.writer);
+    expect(session.attach(attachment(), true).redelivered).toBe(1);
+    session.ack({ taskIds: [], trajectories: [{ taskId: 'long', sampleIndex: 0 }] }); // frees room: the held one is sent
+    expect(sentBytes.map((b, i) => Buffer.from(b).equals(Buffer.from(expected[i]!)))).toEqual([true, true]);
+    expect(Trajectory.decode(sentBytes[1]!).responseTokenIds.slice(0, 3)).toEqual([1, 7920, 15839]);
   });
 });
