@@ -45,21 +45,62 @@ export class StoredTrajectory {
   }
 
   /**
-   * The trajectory, decoded from its bytes when a field is first read (a read-only object: assigning a field
-   * throws). It is registered with the bytes, so sending it — GetTrajectory, a replay to a stream — writes them
-   * without decoding at all; only code that reads its fields pays for the decode (~2 ms for 64K tokens), once.
+   * The trajectory, decoded from its bytes when a field is first read (a read-only object: assigning, defining or
+   * deleting a field throws in strict code). It is registered with the bytes, so sending it — GetTrajectory, a replay
+   * or re-send to a stream — writes them without decoding at all; only code that reads its fields pays for the decode
+   * (~2 ms for 64K tokens), once. A Proxy over the fields, so making one costs ~0.1 µs (own accessors defined per
+   * object cost ~9 µs: a resumed session re-sends every unacked trajectory through this, in one go); to spreads,
+   * JSON, Object.keys and equality it is an object with every Trajectory field as its own enumerable property.
+   * `util.inspect` shows a Proxy's empty target unless asked to show proxies.
    */
   trajectory(): Trajectory {
-    const bytes = this.bytes;
-    let decoded: Trajectory | undefined;
-    const lazy = {} as Trajectory;
-    const identity: Partial<Trajectory> = this.identity;
-    for (const key of TRAJECTORY_FIELDS) {
-      const get = key in identity ? () => identity[key] : () => (decoded ??= Trajectory.decode(bytes))[key];
-      Object.defineProperty(lazy, key, { enumerable: true, get });
-    }
-    encoded.set(lazy, bytes);
+    const lazy = new Proxy({}, new LazyFields(this.bytes, this.identity)) as Trajectory;
+    encoded.set(lazy, this.bytes);
     return lazy;
+  }
+}
+
+/** Proxy handler of {@link StoredTrajectory.trajectory}: identity fields as kept, the others from one decode. */
+class LazyFields implements ProxyHandler<object> {
+  private decoded: Trajectory | undefined;
+
+  constructor(
+    private readonly bytes: Uint8Array,
+    private readonly identity: Pick<Trajectory, IdentityField>,
+  ) {}
+
+  private field(key: keyof Trajectory): unknown {
+    if (key in this.identity) return this.identity[key as IdentityField];
+    return (this.decoded ??= Trajectory.decode(this.bytes))[key];
+  }
+
+  get(target: object, key: string | symbol, receiver: unknown): unknown {
+    return typeof key === 'string' && FIELD_SET.has(key) ? this.field(key as keyof Trajectory) : Reflect.get(target, key, receiver);
+  }
+
+  has(target: object, key: string | symbol): boolean {
+    return (typeof key === 'string' && FIELD_SET.has(key)) || Reflect.has(target, key);
+  }
+
+  ownKeys(): string[] {
+    return [...TRAJECTORY_FIELDS];
+  }
+
+  getOwnPropertyDescriptor(_target: object, key: string | symbol): PropertyDescriptor | undefined {
+    if (typeof key !== 'string' || !FIELD_SET.has(key)) return undefined;
+    return { value: this.field(key as keyof Trajectory), writable: false, enumerable: true, configurable: true };
+  }
+
+  set(): boolean {
+    return false;
+  }
+
+  defineProperty(): boolean {
+    return false;
+  }
+
+  deleteProperty(): boolean {
+    return false;
   }
 }
 
@@ -67,6 +108,7 @@ type IdentityField = 'taskId' | 'sampleIndex' | 'groupId' | 'status';
 
 /** Every field of a Trajectory (the generated base object has them all). */
 const TRAJECTORY_FIELDS = Object.keys(Trajectory.fromPartial({})) as (keyof Trajectory)[];
+const FIELD_SET: ReadonlySet<string> = new Set(TRAJECTORY_FIELDS);
 
 /** What a trajectory loses, in order, until it encodes and fits. */
 const DEGRADE_STEPS: readonly [string, (t: Trajectory) => Trajectory][] = [

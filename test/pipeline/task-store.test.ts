@@ -68,7 +68,7 @@ describe('TaskStore byte accounting', () => {
     expect(store.bytes).toBe(0);
   });
 
-  it('keeps a trajectory as its wire bytes and gives back what a client would decode, sent as those same bytes', () => {
+  it('keeps a trajectory as its wire bytes and gives back what a client would decode, sent as those same bytes', async () => {
     const store = new TaskStore(10);
     store.add(task('kept'));
     const original = Trajectory.fromPartial({
@@ -97,6 +97,14 @@ describe('TaskStore byte accounting', () => {
       expect(() => {
         (back as { error: string }).error = 'changed';
       }).toThrow(TypeError);
+      expect(() => delete (back as { error?: string }).error).toThrow(TypeError);
+      // An ordinary object to keys, JSON, `in` and promises (not a thenable); decoded once for all of it.
+      const plain = Trajectory.decode(stored.bytes);
+      expect(Object.keys(back)).toEqual(Object.keys(plain));
+      expect(JSON.parse(JSON.stringify(back))).toEqual(JSON.parse(JSON.stringify(plain)));
+      expect('responseTokenIds' in back && !('nope' in back)).toBe(true);
+      expect(await Promise.resolve(back)).toBe(back);
+      expect(decode).toHaveBeenCalledTimes(2); // the lazy object's one decode, and `plain` above
     } finally {
       decode.mockRestore();
     }
