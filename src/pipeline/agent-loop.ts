@@ -54,7 +54,8 @@ export interface AgentLoopDeps {
  * same turn is asked again for the rest — context including the partial tokens, max_tokens reduced by them, the
  * segment's own seed (see segmentSeed) — after the pause, since the pool holds the request until resume. The
  * ledger keeps each segment as its own span and decodes the message from all of them. An abort with no token is
- * simply asked again. At most `maxContinuationsPerTurn` times per turn; then backend_error.
+ * simply asked again, with the same seed (a seeded sample does not depend on when a pause hit it). At most
+ * `maxContinuationsPerTurn` continuations per turn, and as many aborts before a first token; then backend_error.
  */
 export async function runAgentLoop(sample: Sample, deps: AgentLoopDeps, signal: AbortSignal): Promise<RunResult> {
   const { task } = sample;
@@ -202,7 +203,10 @@ async function sampleTurn(ctx: {
   const { sampling } = sample.task;
   const maxContinuations = deps.maxContinuationsPerTurn ?? 8;
   const out: SampledTurnResult = { text: '', tokens: 0, finishReason: 'length', versions: [] };
-  for (let segment = 0; ; segment++) {
+  // `segment` counts the turn's recorded segments (its seed is the segment's: segment 0 has the turn's usual seed,
+  // however many times a request was aborted before its first token); aborts that recorded nothing are bounded apart.
+  let emptyAborts = 0;
+  for (let segment = 0; ; ) {
     if (segment > maxContinuations) {
       throw new RolloutError('backend_error', `turn ${turn} was aborted ${segment} times by engine ${lease.backendId} (at most ${maxContinuations} continuations per turn)`);
     }
@@ -226,8 +230,13 @@ async function sampleTurn(ctx: {
       out.overflow = err;
       return out;
     }
-    // Aborted before its first token: nothing to record, ask again (the pool holds it while paused).
-    if (result.finishReason === 'abort' && result.tokenIds.length === 0) continue;
+    // Aborted before its first token: nothing to record, ask again (the pool holds it while paused) with the same seed.
+    if (result.finishReason === 'abort' && result.tokenIds.length === 0) {
+      if (++emptyAborts > maxContinuations) {
+        throw new RolloutError('backend_error', `turn ${turn}'s request was aborted before its first token ${emptyAborts} times by engine ${result.backendId} (at most ${maxContinuations})`);
+      }
+      continue;
+    }
     out.text = ledger.appendSampled({
       tokenIds: result.tokenIds,
       logprobs: result.logprobs,
@@ -246,6 +255,7 @@ async function sampleTurn(ctx: {
       out.finishReason = 'length';
       return out;
     }
+    segment++;
   }
 }
 

@@ -314,3 +314,53 @@ describe('an engine that aborts every request', () => {
     expect(invariantViolations(t!)).toEqual([]);
   });
 });
+
+describe('an engine that aborts requests before their first token', () => {
+  let h: ServerHarness;
+  let emptyAborts = 0;
+  const seeds: unknown[] = [];
+  const empty = (choice: Record<string, unknown>): void => {
+    choice.finish_reason = 'abort';
+    choice.text = '';
+    choice.logprobs = { text_offset: [], token_logprobs: [], tokens: [], top_logprobs: [] };
+  };
+  beforeAll(async () => {
+    h = await startServerHarness({
+      config: { maxContinuationsPerTurn: 3 },
+      engine: {
+        inject: ({ body }) => {
+          seeds.push(body.seed);
+          if (emptyAborts === 0) return undefined;
+          emptyAborts--;
+          return { kind: 'tamper', tamper: empty };
+        },
+      },
+    });
+  });
+  afterAll(async () => h?.close());
+
+  it('asks again with the same seed: a seeded turn does not depend on how many pauses hit it before its first token', async () => {
+    const [clean] = await (await start(h.client, [mathTask('never-aborted', 1, 21)])).done;
+    const cleanSeeds = seeds.splice(0);
+    emptyAborts = 2;
+    const [hit] = await (await start(h.client, [mathTask('aborted-twice-empty', 1, 21)])).done;
+    expect(hit!.status, name(hit!)).toBe(TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED);
+    // The first turn was asked three times, each with the turn's seed; the rest as in the clean run.
+    expect(seeds.slice(0, 3)).toEqual([cleanSeeds[0], cleanSeeds[0], cleanSeeds[0]]);
+    expect(seeds.slice(2)).toEqual(cleanSeeds);
+    expect(hit!.responseTokenIds).toEqual(clean!.responseTokenIds);
+    expect(assistant(hit!).map((s) => s.continuesTurn)).toEqual(assistant(clean!).map(() => false));
+    expect(invariantViolations(hit!)).toEqual([]);
+  });
+
+  it('ends BACKEND_ERROR once aborts before a first token pass the bound, never loops', async () => {
+    seeds.length = 0;
+    emptyAborts = 1_000;
+    const [t] = await (await start(h.client, [mathTask('always-aborted-empty', 1, 22)])).done;
+    emptyAborts = 0;
+    expect(t!.status, name(t!)).toBe(TrajectoryStatus.TRAJECTORY_STATUS_BACKEND_ERROR);
+    expect(t!.error).toMatch(/turn 0's request was aborted before its first token 4 times .*at most 3/);
+    expect(seeds).toHaveLength(4);
+    expect(t!.responseTokenIds).toEqual([]);
+  });
+});
