@@ -208,6 +208,15 @@ export class BackendState {
   readonly gate = new PauseGate();
   /** The engine's own pause was called (not only the pool's gate closed), so resuming must call its resume. */
   enginePaused = false;
+  /**
+   * PauseGeneration and ResumeGeneration calls that reached this backend, counted when each starts: a pause that
+   * sees a resume begin after it started has been superseded (it must not leave the engine paused behind an open
+   * gate), and a resume that sees a pause begin after it started must not open that pause's gate.
+   */
+  pauses = 0;
+  resumes = 0;
+  /** A pool-wide resume found this backend down with its engine paused: resumed when it is healthy again. */
+  resumePending = false;
   /** A health check after a transport failure, shared by the requests that failed together. */
   suspecting: Promise<void> | undefined;
   /** Resolvers waiting for the last trajectory to leave (drain). */

@@ -13,6 +13,11 @@ export interface PauseOptions {
   log: Logger;
   /** Called once the mode is known to be possible on every target, before any of them pauses. */
   beforePause?: () => void;
+  /**
+   * A pool-wide call: a target that is down (unhealthy) has its gate closed but its engine is not called, so one dead
+   * engine left in the pool neither fails nor stalls every weight sync. A call naming one backend calls it anyway.
+   */
+  skipUnhealthy?: boolean;
 }
 
 /**
@@ -30,7 +35,9 @@ export interface PauseOptions {
  *
  * Throws failed_precondition, pausing nothing, when an engine lacks the mode (abort and keep need the engine, see
  * kinds.ts). An engine whose pause call fails is left unpaused and named in the error (failed_precondition), the
- * others stay paused until resumed. Returns the targets.
+ * others stay paused until resumed. A resume that starts while this pause is still under way wins: the pause does
+ * not pause that engine (or, if its engine call was already out, resumes it again once that call returns), and the
+ * pause answers `aborted` naming it. Returns the targets.
  */
 export async function pauseBackends(targets: readonly BackendState[], mode: PauseMode, options: PauseOptions): Promise<readonly BackendState[]> {
   const { signal, log } = options;
@@ -40,16 +47,30 @@ export async function pauseBackends(targets: readonly BackendState[], mode: Paus
     throw new RolloutError('failed_precondition', `cannot pause in ${mode} mode: ${names} cannot; nothing was paused`);
   }
   options.beforePause?.();
-  for (const backend of targets) backend.gate.close();
+  const started = targets.map((b) => {
+    b.gate.close();
+    b.pauses++;
+    b.resumePending = false; // this pause is what the engine is in now
+    return { pauses: b.pauses, resumes: b.resumes };
+  });
+  const skipped = options.skipUnhealthy ? targets.filter((b) => !b.usable) : [];
+  if (skipped.length > 0) log.warn({ backends: skipped.map((b) => b.id), mode }, 'unhealthy backends held at their gates, their engines not paused');
   log.info({ backends: targets.map((b) => b.id), mode }, 'generation pausing');
-  const results = await Promise.allSettled(targets.map((b) => pauseEngine(b, mode, options)));
+  const results = await Promise.allSettled(targets.map((b, i) => (skipped.includes(b) ? Promise.resolve() : pauseEngine(b, mode, options, started[i]!.resumes))));
   throwIfAborted(signal);
   const failed = targets.filter((_, i) => results[i]!.status === 'rejected');
   if (failed.length > 0) {
-    for (const backend of failed) if (!backend.enginePaused) backend.gate.open();
+    for (const backend of failed) {
+      if (!backend.enginePaused && backend.pauses === started[targets.indexOf(backend)]!.pauses) backend.gate.open();
+    }
     const first: unknown = (results.find((r) => r.status === 'rejected') as PromiseRejectedResult).reason;
     const names = failed.map((b) => b.id).join(', ');
     throw new RolloutError('failed_precondition', `could not pause ${names} in ${mode} mode (left unpaused): ${RolloutError.from(first).message}`, { cause: first });
+  }
+  const superseded = targets.filter((b, i) => b.resumes !== started[i]!.resumes);
+  if (superseded.length > 0) {
+    const names = superseded.map((b) => b.id).join(', ');
+    throw new RolloutError('aborted', `the pause of ${names} was superseded by a ResumeGeneration that started while it was pausing: ${names} not paused`);
   }
   log.info({ backends: targets.map((b) => b.id), mode }, 'generation paused');
   return targets;
@@ -61,26 +82,52 @@ export interface ResumeOptions {
   /** The policy version the engines serve from now on; unset keeps theirs. */
   policyVersion?: number;
   log: Logger;
+  /**
+   * A pool-wide call: a target that is down (unhealthy) is not called; an engine of it this pool paused is resumed
+   * when it is healthy again (`resumePending`), its gate closed until then. A call naming one backend calls it anyway.
+   */
+  skipUnhealthy?: boolean;
 }
 
 /**
  * Resumes generation on `targets` (the pool's half of ResumeGeneration). The policy version, when given, is set
  * first — while the engines are still paused —, so every token sampled after the resume is recorded with it; then
- * each engine whose own pause was called is resumed, and its gate opens (held requests go, oldest first). An
- * engine whose resume call fails stays paused and is named in the error (unavailable): retry the resume.
+ * each engine is resumed and its gate opens (held requests go, oldest first). An engine this pool paused must
+ * resume: one whose resume call fails stays paused and is named in the error (unavailable): retry the resume. An
+ * engine this pool did not pause is asked to resume too, and its failure ignored (engines' resume calls are
+ * idempotent): a trainer whose rollout server restarted between its pause and its resume would otherwise find the
+ * engines still paused by the server before, and every request held there until its timeout. A pause that started
+ * after this resume keeps its gate closed.
  */
 export async function resumeBackends(targets: readonly BackendState[], options: ResumeOptions): Promise<readonly BackendState[]> {
   const { policyVersion, signal, log } = options;
+  const pausesAtStart = targets.map((b) => {
+    b.resumes++;
+    return b.pauses;
+  });
   if (policyVersion !== undefined) for (const backend of targets) backend.policyVersion = policyVersion;
+  const down = options.skipUnhealthy ? targets.filter((b) => !b.usable) : [];
   const results = await Promise.allSettled(
-    targets.map(async (backend) => {
-      if (backend.enginePaused) {
-        await backend.client.resume!(signal);
-        backend.enginePaused = false;
+    targets.map(async (backend, i) => {
+      if (down.includes(backend)) {
+        if (backend.enginePaused) {
+          backend.resumePending = true;
+          return;
+        }
+      } else {
+        if (backend.enginePaused) {
+          await backend.client.resume!(signal);
+          backend.enginePaused = false;
+        } else if (backend.client.resume && enginePausesAtAll(backend.client)) {
+          await backend.client.resume(signal).catch((err: unknown) => log.debug({ backend: backend.id, err }, 'resume of an engine this pool had not paused failed (ignored)'));
+        }
+        backend.resumePending = false;
       }
-      backend.gate.open();
+      if (backend.pauses === pausesAtStart[i]) backend.gate.open();
     }),
   );
+  const pending = down.filter((b) => b.resumePending);
+  if (pending.length > 0) log.warn({ backends: pending.map((b) => b.id) }, 'unhealthy backends stay paused: their engines are resumed when they are healthy again');
   const failed = targets.filter((_, i) => results[i]!.status === 'rejected');
   if (failed.length > 0) {
     const first: unknown = (results.find((r) => r.status === 'rejected') as PromiseRejectedResult).reason;
@@ -90,8 +137,9 @@ export async function resumeBackends(targets: readonly BackendState[], options: 
   return targets;
 }
 
-async function pauseEngine(backend: BackendState, mode: PauseMode, options: PauseOptions): Promise<void> {
+async function pauseEngine(backend: BackendState, mode: PauseMode, options: PauseOptions, resumesAtStart: number): Promise<void> {
   const { signal } = options;
+  const superseded = (): boolean => backend.resumes !== resumesAtStart;
   // The gate is closed and a request re-checks it when it takes its slot, so no new request reaches the engine:
   // these are all the requests the pause concerns.
   const inflight = [...backend.requests].map((r) => r.ended);
@@ -99,7 +147,14 @@ async function pauseEngine(backend: BackendState, mode: PauseMode, options: Paus
     await untilSettled(inflight, signal);
     if (!enginePauses(backend.client, 'wait')) return;
   }
+  if (superseded()) return;
   await backend.client.pause!(mode, signal);
+  if (superseded()) {
+    // A resume started while the engine's pause call was out (the engine may have seen the two in either order):
+    // the resume wins, so the engine is resumed again here rather than left paused behind an open gate.
+    await backend.client.resume!(signal);
+    return;
+  }
   backend.enginePaused = true;
   if (mode !== 'abort') return;
   const timer = AbortSignal.timeout(options.abortGraceMs);
@@ -109,6 +164,11 @@ async function pauseEngine(backend: BackendState, mode: PauseMode, options: Paus
     if (!timer.aborted || signal.aborted) throw err;
     options.log.warn({ backend: backend.id, graceMs: options.abortGraceMs }, 'aborted requests did not all come back in time; paused anyway');
   }
+}
+
+/** Whether the engine can pause itself in some mode (so it has a pause another server may have left on). */
+function enginePausesAtAll(client: EngineClient): boolean {
+  return client.pause !== undefined && client.resume !== undefined && backendKind(client.kind).capabilities.pauseModes.length > 0;
 }
 
 /** Whether the engine implements a pause mode itself (kinds.ts capabilities, and the client has the calls). */

@@ -320,8 +320,17 @@ export class BackendPool {
     backend.slots.rejectAll(gone);
     for (const request of backend.requests) request.controller.abort(gone);
     for (const resolve of backend.drainWaiters.splice(0)) resolve();
-    backend.client.close?.();
     this.#log.info({ backend: id, drained: options.drain, movedTrajectories: backend.inflightTrajectories }, 'backend removed');
+    // An engine this pool paused is not left paused for whoever uses it next (this pool, if it is added back).
+    if (backend.enginePaused && backend.client.resume) {
+      await backend.client
+        .resume(AbortSignal.timeout(this.#healthTimeoutMs))
+        .then(
+          () => (backend.enginePaused = false),
+          (err: unknown) => this.#log.warn({ backend: id, err }, 'could not resume the removed backend\'s engine: it stays paused'),
+        );
+    }
+    backend.client.close?.();
   }
 
   /** Marks a backend (un)healthy: unhealthy ones take no trajectories and their trajectories move on next use. */
@@ -330,7 +339,10 @@ export class BackendPool {
     if (backend.healthy === healthy) return;
     this.#heap.update(backend, eligible, (b) => (b.healthy = healthy));
     this.#log.warn({ backend: id, healthy }, healthy ? 'backend healthy again' : 'backend unhealthy');
-    if (healthy) this.#wake();
+    if (healthy) {
+      if (backend.resumePending) this.#resumeRecovered(backend);
+      this.#wake();
+    }
     else {
       // Queued and running requests both move: an engine that stopped answering must not hold its trajectories
       // until their run timeout.
@@ -339,6 +351,24 @@ export class BackendPool {
       backend.slots.rejectAll(gone);
       for (const request of backend.requests) request.controller.abort(gone);
     }
+  }
+
+  /**
+   * The engine of a backend that was down when a pool-wide resume came, and that this pool had paused: resumed now
+   * that it answers again, and its gate opened unless a pause started since.
+   */
+  #resumeRecovered(backend: BackendState): void {
+    const { pauses, resumes } = backend;
+    // A pause or resume since then has taken over what this one was for (a pause clears resumePending).
+    const current = (): boolean => backend.resumePending && backend.pauses === pauses && backend.resumes === resumes;
+    void (async () => {
+      if (backend.enginePaused) await backend.client.resume!(AbortSignal.timeout(this.#healthTimeoutMs));
+      if (!current()) return;
+      backend.enginePaused = false;
+      backend.resumePending = false;
+      backend.gate.open();
+      this.#log.info({ backend: backend.id }, 'backend resumed after it recovered');
+    })().catch((err: unknown) => this.#log.warn({ backend: backend.id, err }, 'could not resume the recovered backend\'s engine: resume it by id'));
   }
 
   /**
@@ -363,6 +393,7 @@ export class BackendPool {
       signal: options.signal ?? new AbortController().signal,
       abortGraceMs: this.#pauseAbortGraceMs,
       log: this.#log,
+      skipUnhealthy: options.id === undefined,
       // Only once the mode is known to be possible everywhere, before any gate closes.
       beforePause: () => {
         if (options.id === undefined) this.#pausedAll = true;
@@ -383,7 +414,12 @@ export class BackendPool {
       this.#pausedAll = false;
       if (policyVersion !== undefined) this.#poolVersion = policyVersion;
     }
-    const resumed = await resumeBackends(targets, { signal: options.signal ?? new AbortController().signal, log: this.#log, ...(policyVersion !== undefined && { policyVersion }) });
+    const resumed = await resumeBackends(targets, {
+      signal: options.signal ?? new AbortController().signal,
+      log: this.#log,
+      skipUnhealthy: options.id === undefined,
+      ...(policyVersion !== undefined && { policyVersion }),
+    });
     return resumed.map(info);
   }
 

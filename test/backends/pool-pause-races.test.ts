@@ -1,0 +1,189 @@
+import { afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { BackendPool, type BackendPoolOptions } from '../../src/backends/pool.js';
+import type { GenerateRequest, PauseMode } from '../../src/backends/types.js';
+import { VllmClient } from '../../src/backends/vllm-client.js';
+import { RolloutError } from '../../src/errors.js';
+import { FakeVllmEngine } from '../../src/testing/fake-vllm.js';
+import { InMemoryEngineClient } from '../../src/testing/in-memory-engine.js';
+import { loadQwen3 } from '../../src/tokens/tokenizer.js';
+import type { Tokenizer } from '../../src/tokens/types.js';
+
+// PauseGeneration / ResumeGeneration against what goes wrong around a weight sync: an engine that is down, a resume
+// that overtakes a pause still under way, a paused engine removed (or its rollout server restarted) before the
+// resume. The state that matters is the engine's own (is it paused?) against the pool's (is its gate open?): the two
+// must never end up as "engine paused behind an open gate", where every request waits in the engine until it times
+// out. Engines: the fake vLLM over real HTTP (its dev-mode pause routes), or the in-memory double with a pause call
+// the test completes.
+
+let tokenizer: Tokenizer;
+let prompt: number[];
+const pools: BackendPool[] = [];
+const engines: FakeVllmEngine[] = [];
+
+beforeAll(async () => {
+  ({ tokenizer } = await loadQwen3());
+  prompt = tokenizer.encode('<|im_start|>user\nWhat is 17 * 23 + 5?<|im_end|>\n<|im_start|>assistant\n');
+});
+
+afterEach(async () => {
+  for (const pool of pools.splice(0)) pool.close();
+  for (const engine of engines.splice(0)) await engine.close();
+});
+
+function makePool(options: BackendPoolOptions = {}): BackendPool {
+  const pool = new BackendPool({ acquireTimeoutMs: 500, healthTimeoutMs: 500, ...options });
+  pools.push(pool);
+  return pool;
+}
+
+async function fakeVllm(tokenLatencyMs = 0): Promise<{ engine: FakeVllmEngine; client: () => VllmClient }> {
+  const engine = await FakeVllmEngine.start({ tokenizer, tokenLatencyMs, devMode: true });
+  engines.push(engine);
+  return { engine, client: () => new VllmClient({ url: engine.url, model: engine.model, requestTimeoutMs: 2_000 }) };
+}
+
+const ask = (): GenerateRequest => ({ promptIds: prompt, maxTokens: 32, seed: 3, signal: AbortSignal.timeout(3_000) });
+const outcome = (p: Promise<unknown>): Promise<string> =>
+  p.then(
+    () => 'ok',
+    (e: unknown) => (e instanceof RolloutError ? `${e.code}: ${e.message}` : String(e)),
+  );
+
+/** The in-memory double with a pause of its own whose call the test completes, and a health the test sets. */
+class ControlledEngine extends InMemoryEngineClient {
+  pausedInEngine = false;
+  readonly pauseCalls: { mode: PauseMode; finish: () => void }[] = [];
+  resumeCalls = 0;
+  autoFinish = false;
+  pause(mode: PauseMode): Promise<void> {
+    return new Promise<void>((resolve) => {
+      const finish = (): void => {
+        this.pausedInEngine = true;
+        resolve();
+      };
+      this.pauseCalls.push({ mode, finish });
+      if (this.autoFinish) finish();
+    });
+  }
+  resume(): Promise<void> {
+    this.resumeCalls++;
+    if (!this.healthy) return Promise.reject(new Error('connection refused'));
+    this.pausedInEngine = false;
+    return Promise.resolve();
+  }
+}
+
+describe('an engine that is down during a weight sync', () => {
+  it('a pool-wide pause and resume succeed on the live engines; the dead one neither fails nor stalls them', async () => {
+    const live = await fakeVllm();
+    const dead = await fakeVllm();
+    const pool = makePool();
+    pool.add(live.client(), { id: 'live', maxConcurrency: 4, model: live.engine.model, maxModelLen: 40960 });
+    pool.add(dead.client(), { id: 'dead', maxConcurrency: 4, model: dead.engine.model, maxModelLen: 40960 });
+    await dead.engine.close();
+    await pool.probeHealth();
+    await pool.probeHealth();
+    expect(pool.list().map((b) => [b.id, b.healthy])).toEqual([['live', true], ['dead', false]]);
+    expect(await outcome(pool.pause('abort'))).toBe('ok');
+    expect(live.engine.paused).toBe(true);
+    expect(await outcome(pool.resume({ policyVersion: 1 }))).toBe('ok');
+    expect(live.engine.paused).toBe(false);
+    // Naming the dead engine still calls it, and says it failed.
+    expect(await outcome(pool.pause('abort', { id: 'dead' }))).toMatch(/^failed_precondition: could not pause dead/);
+  });
+
+  it('an engine paused, then down at the resume, is resumed when it is healthy again; its gate stays closed until then', async () => {
+    const engine = new ControlledEngine();
+    engine.autoFinish = true;
+    const pool = makePool();
+    pool.add(engine, { id: 'a', maxConcurrency: 2, model: 'm' });
+    await pool.pause('abort');
+    expect(engine.pausedInEngine).toBe(true);
+    engine.healthy = false;
+    await pool.probeHealth();
+    await pool.probeHealth();
+    expect(pool.list()[0]).toMatchObject({ healthy: false, paused: true });
+    expect(await outcome(pool.resume({ policyVersion: 2 }))).toBe('ok');
+    expect(engine.resumeCalls).toBe(0); // not called while down
+    expect(pool.list()[0]).toMatchObject({ paused: true, policyVersion: 2 });
+    engine.healthy = true;
+    await pool.probeHealth();
+    await expect.poll(() => pool.list()[0]!.paused).toBe(false);
+    expect(engine.pausedInEngine).toBe(false);
+    expect(engine.resumeCalls).toBe(1);
+  });
+});
+
+describe('a resume that overtakes a pause still under way', () => {
+  it('WAIT: the pause does not pause the engine once the resume started; it answers aborted', async () => {
+    const { engine, client } = await fakeVllm(5);
+    const pool = makePool();
+    pool.add(client(), { id: 'v', maxConcurrency: 4, model: engine.model, maxModelLen: 40960 });
+    const lease = await pool.acquire('t');
+    const running = lease.generate(ask());
+    await expect.poll(() => engine.inflightRequestIds().length).toBe(1);
+    const pausing = outcome(pool.pause('wait', { id: 'v' }));
+    await new Promise((resolve) => setTimeout(resolve, 10));
+    await pool.resume({ id: 'v', policyVersion: 1 });
+    await running;
+    expect(await pausing).toMatch(/^aborted: the pause of v was superseded by a ResumeGeneration/);
+    expect(pool.list()[0]!.paused).toBe(false);
+    expect(engine.paused).toBe(false);
+    expect((await lease.generate(ask())).finishReason).toBe('stop');
+  });
+
+  it('ABORT: a resume while the engine pause call is out is not left behind: the engine is resumed again', async () => {
+    const engine = new ControlledEngine();
+    const pool = makePool();
+    pool.add(engine, { id: 'a', maxConcurrency: 2, model: 'm' });
+    const pausing = outcome(pool.pause('abort', { id: 'a', signal: AbortSignal.timeout(2_000) }));
+    await expect.poll(() => engine.pauseCalls.length).toBe(1);
+    await pool.resume({ id: 'a', policyVersion: 2 }); // the engine may see it before the pause: it resumes nothing
+    engine.pauseCalls[0]!.finish(); // ... and then pauses
+    expect(await pausing).toMatch(/^aborted: /);
+    expect(pool.list()[0]!.paused).toBe(false);
+    expect(engine.pausedInEngine).toBe(false);
+  });
+
+  it('a pause that starts after a resume keeps its gate closed when that resume finishes', async () => {
+    const engine = new ControlledEngine();
+    engine.autoFinish = true;
+    const pool = makePool();
+    pool.add(engine, { id: 'a', maxConcurrency: 2, model: 'm' });
+    await pool.pause('keep');
+    const resuming = pool.resume({ policyVersion: 1 });
+    await pool.pause('keep'); // the next sync begins before the resume's engine call came back
+    await resuming;
+    expect(pool.list()[0]!.paused).toBe(true);
+    expect(engine.pausedInEngine).toBe(true);
+  });
+});
+
+describe('a paused engine that leaves the pool before the resume', () => {
+  it('removed while paused: its engine is resumed on the way out, so adding it back works', async () => {
+    const { engine, client } = await fakeVllm();
+    const pool = makePool();
+    pool.add(client(), { id: 'v', maxConcurrency: 4, model: engine.model, maxModelLen: 40960 });
+    await pool.pause('abort');
+    await pool.remove('v', { drain: false });
+    expect(engine.paused).toBe(false);
+    await pool.resume({ policyVersion: 1 });
+    pool.add(client(), { id: 'v2', maxConcurrency: 8, model: engine.model, maxModelLen: 40960 });
+    const lease = await pool.acquire('t2');
+    expect((await lease.generate(ask())).finishReason).toBe('stop');
+  });
+
+  it('its rollout server restarted between the pause and the resume: the new server\'s resume resumes the engine', async () => {
+    const { engine, client } = await fakeVllm();
+    const before = makePool();
+    before.add(client(), { id: 'v', maxConcurrency: 4, model: engine.model, maxModelLen: 40960 });
+    await before.pause('abort');
+    before.close(); // a crash or redeploy while the trainer pushes weights
+    const after = makePool();
+    after.add(client(), { id: 'v', maxConcurrency: 4, model: engine.model, maxModelLen: 40960 });
+    await after.resume({ policyVersion: 1 });
+    expect(engine.paused).toBe(false);
+    const lease = await after.acquire('t');
+    expect((await lease.generate(ask())).finishReason).toBe('stop');
+  });
+});
