@@ -100,7 +100,11 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
   const journal = opened?.journal;
   const runtime: RolloutRuntime = new RolloutRuntime({ config, registry, sandboxes, pool, tokenizer, template, tokenWork, parser, logger, ...(journal && { journal }) });
   const sessions = new SessionManager(options.sessionTtlMs ?? config.sessions.ttlMs, config.sessions.maxUnackedBytes, journal && { opened: (id) => journal.sessionOpened(id), ended: (id) => journal.sessionEnded(id) });
-  if (opened) recoverFromJournal(opened.contents, { runtime, sessions, registry, config, journal: opened.journal, logger });
+  if (opened) {
+    if (opened.contents.weights) pool.restoreWeights(opened.contents.weights);
+    pool.recordWeights = (state) => opened.journal.weightsChanged(state);
+    recoverFromJournal(opened.contents, { runtime, sessions, registry, config, journal: opened.journal, logger });
+  }
   let server: RunningServer;
   // Run by the drain once the transport is closed: after the pipeline stopped, every finished trajectory's journal
   // write has been issued (close waits for the fsync) and no sample waits on a token thread, an engine or a sandbox.

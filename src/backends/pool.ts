@@ -39,6 +39,12 @@ export interface BackendPoolOptions {
   pauseAbortGraceMs?: number;
 }
 
+/** The pool-wide weight-sync state: a pool-wide pause in effect, and the version set for the whole pool. */
+export interface PoolWeights {
+  paused: boolean;
+  policyVersion: number;
+}
+
 /** How a new engine joins the pool (AddBackend's fields once the client is built). */
 export interface AddBackendOptions {
   /** Unique id; defaults to `backend-<n>`. */
@@ -147,6 +153,11 @@ export class BackendPool {
   #pausedAll = false;
   /** The policy version last set for the whole pool: what a backend added without one serves. */
   #poolVersion = 0;
+  /**
+   * Where the pool-wide weight-sync state is made durable (the journal, see WeightsRecord): called after every
+   * pool-wide pause and resume, awaited before the call answers. Unset: nothing is kept across a restart.
+   */
+  recordWeights: ((state: PoolWeights) => Promise<void>) | undefined;
 
   constructor(options: BackendPoolOptions = {}) {
     this.#log = (options.logger ?? silentLogger()).child({ component: 'backend-pool' });
@@ -389,17 +400,23 @@ export class BackendPool {
    */
   async pause(mode: PauseMode, options: { id?: string; signal?: AbortSignal } = {}): Promise<BackendInfo[]> {
     const targets = options.id === undefined ? [...this.#backends.values()] : [this.#get(options.id)];
-    const paused = await pauseBackends(targets, mode, {
-      signal: options.signal ?? new AbortController().signal,
-      abortGraceMs: this.#pauseAbortGraceMs,
-      log: this.#log,
-      skipUnhealthy: options.id === undefined,
-      // Only once the mode is known to be possible everywhere, before any gate closes.
-      beforePause: () => {
-        if (options.id === undefined) this.#pausedAll = true;
-      },
-    });
-    return paused.map(info);
+    let began = false;
+    try {
+      const paused = await pauseBackends(targets, mode, {
+        signal: options.signal ?? new AbortController().signal,
+        abortGraceMs: this.#pauseAbortGraceMs,
+        log: this.#log,
+        skipUnhealthy: options.id === undefined,
+        // Only once the mode is known to be possible everywhere, before any gate closes.
+        beforePause: () => {
+          began = true;
+          if (options.id === undefined) this.#pausedAll = true;
+        },
+      });
+      return paused.map(info);
+    } finally {
+      if (began && options.id === undefined) await this.#recordPoolWeights();
+    }
   }
 
   /**
@@ -414,13 +431,44 @@ export class BackendPool {
       this.#pausedAll = false;
       if (policyVersion !== undefined) this.#poolVersion = policyVersion;
     }
-    const resumed = await resumeBackends(targets, {
-      signal: options.signal ?? new AbortController().signal,
-      log: this.#log,
-      skipUnhealthy: options.id === undefined,
-      ...(policyVersion !== undefined && { policyVersion }),
-    });
-    return resumed.map(info);
+    try {
+      const resumed = await resumeBackends(targets, {
+        signal: options.signal ?? new AbortController().signal,
+        log: this.#log,
+        skipUnhealthy: options.id === undefined,
+        ...(policyVersion !== undefined && { policyVersion }),
+      });
+      return resumed.map(info);
+    } finally {
+      if (options.id === undefined) await this.#recordPoolWeights();
+    }
+  }
+
+  /**
+   * The pool-wide state a restarted server found in its journal: the version backends serve (and backends added
+   * later), and whether a pool-wide pause was in effect — then every gate is closed until the trainer's resume (the
+   * engines are not called: the server before left them as they are).
+   */
+  restoreWeights(state: PoolWeights): void {
+    this.#poolVersion = state.policyVersion;
+    for (const backend of this.#backends.values()) backend.policyVersion = state.policyVersion;
+    if (!state.paused) return;
+    this.#pausedAll = true;
+    for (const backend of this.#backends.values()) backend.gate.close();
+    this.#log.warn({ policyVersion: state.policyVersion }, 'a pool-wide pause was in effect when the server stopped: generation stays paused until ResumeGeneration');
+  }
+
+  /** The pool-wide weight-sync state, as {@link recordWeights} keeps it. */
+  get weights(): PoolWeights {
+    return { paused: this.#pausedAll, policyVersion: this.#poolVersion };
+  }
+
+  async #recordPoolWeights(): Promise<void> {
+    try {
+      await this.recordWeights?.(this.weights);
+    } catch (err) {
+      this.#log.error({ err, ...this.weights }, 'could not record the weight-sync state in the journal: a restart will not know it');
+    }
   }
 
   /**

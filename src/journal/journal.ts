@@ -4,7 +4,7 @@ import { open, type RootDatabase } from 'lmdb';
 import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
 import type { Ack } from '../../gen/ts/rollout/v1/rollout.js';
-import { isFull, keys, type JournalTask, type SessionRecord, type TaskIndex, type TaskRecord } from './records.js';
+import { isFull, keys, type JournalTask, type SessionRecord, type TaskIndex, type TaskRecord, type WeightsRecord } from './records.js';
 
 export interface JournalOptions {
   dir: string;
@@ -26,6 +26,8 @@ export interface JournalContents {
   sessions: string[];
   /** Accepted tasks, oldest first. */
   tasks: JournalTask[];
+  /** The pool-wide weight-sync state last recorded (none before the first pool-wide pause or resume). */
+  weights?: WeightsRecord;
 }
 
 /**
@@ -101,7 +103,18 @@ export class Journal {
       this.tasks.set(t.taskId, { numSamples: t.numSamples, session: t.session, finished: new Set(t.finished.keys()), acked: new Set(t.acked) });
     }
     this.log.info({ dir: this.options.dir, tasks: tasks.size, sessions: this.sessions.size, bytes: this.usedBytes() }, 'journal opened');
-    return { sessions: [...this.sessions], tasks: [...tasks.values()].sort((a, b) => a.acceptedAt - b.acceptedAt) };
+    const weights = this.db.get(keys.weights) as WeightsRecord | undefined;
+    return {
+      sessions: [...this.sessions],
+      tasks: [...tasks.values()].sort((a, b) => a.acceptedAt - b.acceptedAt),
+      ...(weights && { weights }),
+    };
+  }
+
+  /** Records the pool-wide weight-sync state (see WeightsRecord); resolves once it is on disk. */
+  async weightsChanged(state: { paused: boolean; policyVersion: number }): Promise<void> {
+    if (this.closed) return;
+    await this.settled(this.db.put(keys.weights, { ...state, at: Date.now() } satisfies WeightsRecord));
   }
 
   /** A new session. Not awaited by callers: writes commit in order, so it is durable before any task accepted on it. */

@@ -19,6 +19,17 @@ export interface SessionRecord {
   openedAt: number;
 }
 
+/**
+ * `['w']`: the pool-wide weight-sync state, rewritten by each pool-wide PauseGeneration and ResumeGeneration, so a
+ * server restarted mid-run tags tokens with the version its engines serve (not 0) and, restarted during a weight
+ * update, comes back paused (it must not send requests to engines whose weights are being replaced).
+ */
+export interface WeightsRecord {
+  paused: boolean;
+  policyVersion: number;
+  at: number;
+}
+
 /** A journaled task as recovery sees it: its record, the bytes of its finished samples, the acked ones. */
 export interface JournalTask extends TaskRecord {
   taskId: string;
@@ -37,6 +48,7 @@ export interface TaskIndex {
 const TOP = '\uffff';
 
 export const keys = {
+  weights: ['w'],
   session: (id: string) => ['s', id],
   task: (id: string) => ['t', id],
   result: (taskId: string, sample: number) => ['r', taskId, sample],

@@ -2,6 +2,7 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
+import { PauseMode } from '../../gen/ts/rollout/v1/backend.js';
 import { TrajectoryStatus, type Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { mathTask } from '../support/harness.js';
 import { startServerHarness, type ServerHarness } from '../support/server-harness.js';
@@ -63,4 +64,42 @@ describe('a journaled server stopped and started again', () => {
     expect(contents.sessions).toEqual([]);
     expect(contents.tasks.map((t) => [t.taskId, t.finished.size])).toEqual(['g-0', 'g-1', 'g-2', 'g-3', 'g-fence'].map((id) => [id, 1]));
   }, 180_000);
+});
+
+describe('a journaled server restarted around a weight sync', () => {
+  it('comes back at the version its engines serve, paused if it stopped during a pool-wide pause, until the trainer resumes', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'rollout-restart-weights-'));
+    dirs.push(dir);
+    const start = async (): Promise<ServerHarness> => {
+      const h = await startServerHarness({ config: { journal: { dir }, adminToken: 'w' } });
+      harnesses.push(h);
+      return h;
+    };
+    const a = await start();
+    await a.client.pauseGeneration(PauseMode.PAUSE_MODE_ABORT);
+    await a.client.resumeGeneration({ policyVersion: 7 });
+    await a.client.pauseGeneration(PauseMode.PAUSE_MODE_WAIT); // the next update begins ...
+    await a.close(); // ... and the server is redeployed before the trainer's resume
+
+    const b = await start();
+    expect((await b.client.listBackends()).map((x) => [x.paused, x.policyVersion])).toEqual([[true, 7]]);
+    const session = b.client.openSession();
+    await session.submit(mathTask('after-restart', 1, 5));
+    session.close();
+    const done = (async () => {
+      const out: Trajectory[] = [];
+      for await (const t of session.trajectories()) out.push(t);
+      return out;
+    })();
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    expect(b.engine.stats().received).toBe(0); // held at the gate: no request reaches an engine being updated
+    await b.client.resumeGeneration({ policyVersion: 8 });
+    const [t] = await done;
+    expect(t!.status).toBe(TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED);
+    expect([t!.policyVersionMin, t!.policyVersionMax]).toEqual([8, 8]);
+    await b.close();
+    const { journal, contents } = Journal.open({ dir, maxBytes: 1 << 30, logger: silentLogger() });
+    await journal.close();
+    expect(contents.weights).toMatchObject({ paused: false, policyVersion: 8 });
+  }, 120_000);
 });
