@@ -313,14 +313,37 @@ export class BackendPool {
   /**
    * Takes a backend out. With `drain`, it stops receiving trajectories and the promise resolves when its last
    * trajectory has ended; without, it goes at once: its running requests are aborted and their trajectories
-   * fail over to other backends on the spot.
+   * fail over to other backends on the spot. A drain whose `signal` fires first (the RPC's deadline or
+   * cancellation) stops waiting and rejects, and the backend takes trajectories again unless another drain of it
+   * is still waiting: a call that did not complete changes nothing. (A drain of a paused backend waits for the
+   * resume: its trajectories are held at its gate.)
    */
-  async remove(id: string, options: { drain: boolean }): Promise<void> {
+  async remove(id: string, options: { drain: boolean; signal?: AbortSignal }): Promise<void> {
     const backend = this.#get(id);
     if (options.drain && backend.inflightTrajectories > 0) {
       this.#heap.update(backend, eligible, (b) => (b.draining = true));
       this.#log.info({ backend: id, trajectories: backend.inflightTrajectories }, 'backend draining');
-      await new Promise<void>((resolve) => backend.drainWaiters.push(resolve));
+      const { signal } = options;
+      await new Promise<void>((resolve, reject) => {
+        const drained = (): void => {
+          signal?.removeEventListener('abort', onAbort);
+          resolve();
+        };
+        const onAbort = (): void => {
+          const at = backend.drainWaiters.indexOf(drained);
+          if (at < 0) return;
+          backend.drainWaiters.splice(at, 1);
+          if (backend.drainWaiters.length === 0 && !backend.removed) {
+            this.#heap.update(backend, eligible, (b) => (b.draining = false));
+            this.#log.info({ backend: id }, 'drain given up (its call ended first): the backend takes trajectories again');
+            this.#wake();
+          }
+          reject(RolloutError.from(signal!.reason, 'cancelled'));
+        };
+        backend.drainWaiters.push(drained);
+        if (signal?.aborted) onAbort();
+        else signal?.addEventListener('abort', onAbort, { once: true });
+      });
     }
     if (backend.removed) return;
     backend.removed = true;

@@ -114,9 +114,9 @@ export function backendService(deps: BackendServiceDeps): BackendServiceServer {
       log.info({ id: snapshot.id, url: snapshot.url }, 'backend added');
       return { backend: toBackend(snapshot) };
     }),
-    removeBackend: admin(async (request) => {
+    removeBackend: admin(async (request, signal) => {
       if (!request.id) throw RolloutError.invalid('id', 'required');
-      await deps.pool.remove(request.id, { drain: request.drain });
+      await deps.pool.remove(request.id, { drain: request.drain, signal });
       log.info({ id: request.id, drain: request.drain }, 'backend removed');
       return {};
     }),

@@ -168,6 +168,26 @@ describe('BackendPool membership and health', () => {
     expect(pool.list().map((b) => b.id)).toEqual(['b']);
   });
 
+  it('a drain whose call ends first (deadline, cancel) stops waiting and changes nothing: the backend takes trajectories again', async () => {
+    const pool = makePool();
+    pool.add(new InMemoryEngineClient(), { id: 'a', maxConcurrency: 1, model: 'm' });
+    const lease = await pool.acquire('t');
+    const call = new AbortController();
+    const removal = pool.remove('a', { drain: true, signal: call.signal });
+    await flush();
+    expect(pool.list()[0]).toMatchObject({ id: 'a', draining: true });
+    call.abort(new RolloutError('deadline_exceeded', 'RemoveBackend deadline'));
+    expect(await codeOf(removal)).toBe('deadline_exceeded');
+    expect(pool.list()[0]).toMatchObject({ id: 'a', draining: false });
+    expect((await pool.acquire('u')).backendId).toBe('a');
+    // An already-cancelled call does not start draining for good either.
+    const gone = new AbortController();
+    gone.abort();
+    expect(await codeOf(pool.remove('a', { drain: true, signal: gone.signal }))).toBe('cancelled');
+    expect(pool.list()[0]).toMatchObject({ draining: false });
+    lease.release();
+  });
+
   it('removes without drain: aborts running requests and fails them over transparently', async () => {
     const logs: Array<Record<string, unknown>> = [];
     const destination = new Writable({ write: (chunk, _enc, done) => (logs.push(JSON.parse(String(chunk))), done()) });
