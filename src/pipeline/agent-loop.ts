@@ -145,11 +145,21 @@ async function runWithTools(sample: Sample, deps: AgentLoopDeps, signal: AbortSi
         break;
       }
       if (turn + 1 >= limits.maxTurns) break;
-      await ledger.appendEnvironment(
+      // What the tools printed counts against the budget too: a trajectory never holds more than its budget, so an
+      // observation that does not fit ends the episode (truncated) without it.
+      const appended = await ledger.appendEnvironment(
         observations.map((o) => ({ role: 'tool' as const, content: o.output, name: o.toolName })),
-        { toolName: observations.map((o) => o.toolName).join(','), toolOutcome: worstOutcome(observations.map((o) => o.outcome)) },
+        {
+          toolName: observations.map((o) => o.toolName).join(','),
+          toolOutcome: worstOutcome(observations.map((o) => o.outcome)),
+          maxTotalTokens: Math.min(sampling.maxTotalTokens, lease.maxModelLen ?? Infinity),
+        },
         signal,
       );
+      if (!appended) {
+        finishReason = lease.maxModelLen !== undefined && lease.maxModelLen < sampling.maxTotalTokens ? 'max_model_len' : 'max_total_tokens';
+        break;
+      }
     }
   } finally {
     lease.release();

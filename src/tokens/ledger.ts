@@ -82,6 +82,12 @@ export interface SampledTurn {
 export interface EnvironmentMeta {
   toolName?: string;
   toolOutcome?: ToolOutcome;
+  /**
+   * The most tokens the context may hold (prompt + response): environment text that would take it past this is not
+   * appended (appendEnvironment answers false and the ledger stays as it was), so a trajectory never exceeds its
+   * budget through what a tool printed.
+   */
+  maxTotalTokens?: number;
 }
 
 type LedgerState = 'awaiting_sample' | 'awaiting_environment' | 'appending_environment' | 'finished';
@@ -334,7 +340,7 @@ export class TokenLedger {
    * large). Until the returned promise settles the ledger accepts no other call; on failure nothing was appended
    * and the call may be retried. An abort of `signal` fails the call with its reason.
    */
-  async appendEnvironment(messages: readonly ChatMessage[], meta: EnvironmentMeta = {}, signal?: AbortSignal): Promise<void> {
+  async appendEnvironment(messages: readonly ChatMessage[], meta: EnvironmentMeta = {}, signal?: AbortSignal): Promise<boolean> {
     this.expect('awaiting_environment', 'appendEnvironment');
     if (messages.length === 0) throw RolloutError.invalid('messages', 'at least one environment message is needed');
     if (messages.some((m) => m.role === 'assistant')) {
@@ -354,6 +360,10 @@ export class TokenLedger {
       throw err;
     }
     this.expect('appending_environment', 'appendEnvironment');
+    if (meta.maxTotalTokens !== undefined && this.context.length + delta.ids.length > meta.maxTotalTokens) {
+      this.state = 'awaiting_environment';
+      return false;
+    }
     this.methods[delta.method]++;
     const start = this.responseLength;
     this.context.append(delta.ids);
@@ -366,6 +376,7 @@ export class TokenLedger {
     this.history.push(...added);
     this.rendered.push(...escaped);
     this.state = 'awaiting_sample';
+    return true;
   }
 
   /**

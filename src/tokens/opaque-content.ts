@@ -154,10 +154,16 @@ export function escapeContent(tokenizer: Tokenizer, content: string): string {
   });
 }
 
-/** {@link escapeContent} of a message's content; the message itself (not a copy) when nothing changes. */
+/**
+ * {@link escapeContent} of a message's content and of its name (a tool message's name is the name the policy
+ * sampled when it called a tool that does not exist, and a template may write it: Llama 3.1's and Gemma 3's
+ * adapted tool role put it in the observation's header); the message itself (not a copy) when nothing changes.
+ */
 export function escapeMessage(tokenizer: Tokenizer, message: ChatMessage): ChatMessage {
   const content = escapeContent(tokenizer, message.content);
-  return content === message.content ? message : { ...message, content };
+  const name = message.name === undefined ? undefined : escapeContent(tokenizer, message.name);
+  if (content === message.content && name === message.name) return message;
+  return { ...message, content, ...(name !== undefined && { name }) };
 }
 
 /**

@@ -68,3 +68,22 @@ export function jsonValueEnd(text: string, start: number): number {
   }
   return -1;
 }
+
+/** How many times `needle` occurs in `text` from `from` on (not overlapping). */
+export function occurrences(text: string, needle: string, from = 0): number {
+  let count = 0;
+  for (let at = text.indexOf(needle, from); at !== -1; at = text.indexOf(needle, at + needle.length)) count++;
+  return count;
+}
+
+/**
+ * The part of an assistant message a tool-call parser reads: what follows its reasoning. A model that reasons
+ * inside `<think>…</think>` (Qwen3, DeepSeek-R1) may mention or draft a call there; as vLLM's reasoning parsers do,
+ * only the text after the last `</think>` holds calls. A message that opens `<think>` and never closes it was cut
+ * inside its reasoning: it holds none.
+ */
+export function afterReasoning(text: string): string {
+  const end = text.lastIndexOf('</think>');
+  if (end >= 0) return text.slice(end + '</think>'.length);
+  return text.includes('<think>') ? '' : text;
+}

@@ -39,9 +39,16 @@ export async function executeToolCalls(parsed: ParsedToolCalls, tools: readonly 
     finished = observation.outcome === 'finish';
     observations.push(observation);
   }
-  for (const error of parsed.errors) observations.push({ toolName: '', outcome: 'malformed', output: `Error: ${error}` });
+  // One message per problem, up to a few: a degenerate completion (thousands of opening tags) must not become
+  // thousands of observations the context then carries.
+  for (const error of parsed.errors.slice(0, MAX_ERROR_OBSERVATIONS)) observations.push({ toolName: '', outcome: 'malformed', output: `Error: ${error}` });
+  const unlisted = parsed.errors.length - MAX_ERROR_OBSERVATIONS;
+  if (unlisted > 0) observations.push({ toolName: '', outcome: 'malformed', output: `Error: ${unlisted} more malformed tool calls in this message (not listed)` });
   return observations;
 }
+
+/** Parse problems reported one observation each; the rest are counted in one more. */
+export const MAX_ERROR_OBSERVATIONS = 8;
 
 const INFRASTRUCTURE = new Set<ErrorCode>(['cancelled', 'deadline_exceeded', 'sandbox_error', 'backend_error', 'environment_error', 'resource_exhausted']);
 

@@ -1,4 +1,4 @@
-import { describeJson, isPlainObject, jsonValueEnd, parseArguments, pythonJson, shortReason } from './call-json.js';
+import { afterReasoning, describeJson, isPlainObject, jsonValueEnd, parseArguments, pythonJson, shortReason } from './call-json.js';
 import type { ParsedToolCalls, ToolCall, ToolCallParser } from './types.js';
 
 const PYTHON_TAG = '<|python_tag|>';
@@ -17,7 +17,8 @@ const EXPECTED = 'write only {"name": "<tool name>", "parameters": {...}} as the
 export class Llama3JsonToolCallParser implements ToolCallParser {
   readonly name = 'llama3_json';
 
-  parse(text: string): ParsedToolCalls {
+  parse(message: string): ParsedToolCalls {
+    const text = afterReasoning(message);
     let body = text.trimStart();
     const tagged = body.startsWith(PYTHON_TAG);
     if (tagged) body = body.slice(PYTHON_TAG.length);

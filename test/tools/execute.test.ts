@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BubblewrapDriver, type BubblewrapSandbox } from '../../src/sandboxes/bwrap.js';
-import { executeToolCalls } from '../../src/tools/execute.js';
+import { executeToolCalls, MAX_ERROR_OBSERVATIONS } from '../../src/tools/execute.js';
 import { HermesToolCallParser } from '../../src/tools/hermes-parser.js';
 import { defaultToolRegistry, toolSchemas, ToolRegistry } from '../../src/tools/registry.js';
 import type { Tool, ToolContext } from '../../src/tools/types.js';
@@ -59,6 +59,14 @@ describe('executeToolCalls', () => {
     const observations = await executeToolCalls(parser.parse(text), tools, context);
     expect(observations[0]).toEqual({ toolName: 'python', outcome: 'ok', output: '3' });
     expect(observations[1]).toMatchObject({ toolName: '', outcome: 'malformed', output: expect.stringMatching(/^Error: tool call 2: invalid JSON/) });
+  });
+
+  it('reports a few parse errors one by one and counts the rest in one observation', async () => {
+    const errors = Array.from({ length: 1_000 }, (_, i) => `problem ${i + 1}`);
+    const observations = await executeToolCalls({ calls: [], errors }, tools, context);
+    expect(observations).toHaveLength(MAX_ERROR_OBSERVATIONS + 1);
+    expect(observations.slice(0, 2).map((o) => o.output)).toEqual(['Error: problem 1', 'Error: problem 2']);
+    expect(observations.at(-1)).toEqual({ toolName: '', outcome: 'malformed', output: `Error: ${1_000 - MAX_ERROR_OBSERVATIONS} more malformed tool calls in this message (not listed)` });
   });
 
   it('throws infrastructure failures instead of showing them to the model', async () => {

@@ -81,15 +81,36 @@ describe('HermesToolCallParser', () => {
     expect(parser.parse('no call here </tool_call>')).toEqual({ calls: [], errors: [] });
   });
 
-  it('never throws, and accounts for every opening tag', () => {
+  it('never throws, and accounts for every opening tag (the unclosed ones after the last closing tag in one error)', () => {
     const piece = fc.oneof(fc.constantFrom('<tool_call>', '</tool_call>', '{"name": "x", "arguments": {}}', '{', '"', '\n'), fc.string({ maxLength: 8 }));
     fc.assert(
       fc.property(fc.array(piece, { maxLength: 12 }), (pieces) => {
         const text = pieces.join('');
         const parsed = parser.parse(text);
         const opens = text.split('<tool_call>').length - 1;
-        expect(parsed.calls.length + parsed.errors.length).toBe(opens);
+        const grouped = parsed.errors.reduce((n, e) => n + Number(/\(and the (\d+) after it\)/.exec(e)?.[1] ?? 0), 0);
+        expect(parsed.calls.length + parsed.errors.length + grouped).toBe(opens);
       }),
     );
+  });
+
+  it('stays linear on degenerate output: thousands of opening tags are one error, however far a closing tag is', () => {
+    const many = '<tool_call>'.repeat(20_000);
+    const started = performance.now();
+    expect(parser.parse(many).errors).toEqual([expect.stringMatching(/^tool call 1 \(and the 19999 after it\): <tool_call> is not closed/)]);
+    const beforeOneClose = parser.parse(`${many}{"name": "x"}</tool_call>`);
+    expect(beforeOneClose.calls).toEqual([{ name: 'x', arguments: {} }]);
+    expect(beforeOneClose.errors).toHaveLength(19_999);
+    expect(performance.now() - started).toBeLessThan(500);
+  });
+
+  it('reads calls only after the reasoning: a tag mentioned or a call drafted inside <think> is neither an error nor run', () => {
+    expect(parser.parse('<think>\nI could wrap a call in <tool_call> tags, but 2+2 is easy.\n</think>\n\nThe answer is \\boxed{4}.')).toEqual({ calls: [], errors: [] });
+    const drafted = '<think>\nDraft: <tool_call>\n{"name": "bash", "arguments": {"cmd": "rm -rf /work"}}\n</tool_call> -- no, unsafe.\n</think>\n\nI will not run that.';
+    expect(parser.parse(drafted).calls).toEqual([]);
+    const after = '<think>\nneed python\n</think>\n<tool_call>\n{"name": "python", "arguments": {"code": "1"}}\n</tool_call>';
+    expect(parser.parse(after).calls).toEqual([{ name: 'python', arguments: { code: '1' } }]);
+    // Cut inside its reasoning (a length stop): no call, even a complete one.
+    expect(parser.parse('<think>\n<tool_call>\n{"name": "python", "arguments": {}}\n</tool_call>').calls).toEqual([]);
   });
 });
