@@ -92,7 +92,7 @@ export function createEditorTool(): ValidatedTool {
               return fail(
                 r.count === 0
                   ? `old_str does not occur in ${path}; nothing was replaced. It must match exactly, whitespace included.`
-                  : `old_str occurs ${r.count} times in ${path} (lines ${r.lines.join(', ')}${r.count > r.lines.length ? ', ...' : ''}); nothing was replaced. Include more context to make it unique.`,
+                  : `old_str occurs ${r.more ? `more than ${r.count}` : r.count} times in ${path} (lines ${r.lines.join(', ')}${r.more ? ', ...' : ''}); nothing was replaced. Include more context to make it unique.`,
               );
             }
             remember(sandbox, path, text);

@@ -27,15 +27,24 @@ export function splitLines(text: string): string[] {
   return lines;
 }
 
-export type ReplaceResult = { ok: true; text: string; line: number } | { ok: false; count: number; lines: number[] };
+/** A failed replacement's `count` is exact up to {@link MAX_REPORTED}; past it, `more` is set and `count` is that bound. */
+export type ReplaceResult = { ok: true; text: string; line: number } | { ok: false; count: number; more: boolean; lines: number[] };
+
+/** Occurrences counted (and lines shown) when `old_str` is not unique. */
+export const MAX_REPORTED = 20;
 
 /**
  * Replaces `oldStr` by `newStr` when it occurs exactly once (counting overlaps, so an ambiguous edit is never
- * applied); otherwise says how often and on which lines (at most 20) it occurs. `line` is where the edit starts.
+ * applied); otherwise says how often (exactly up to 20, then "more than 20") and on which lines (the first 20) it
+ * occurs. `line` is where the edit starts. Counting stops there: counting every overlapping occurrence of a long
+ * repetitive `old_str` in a large repetitive file took time quadratic in their sizes (seconds for a 16 MiB file).
  */
 export function replaceUnique(text: string, oldStr: string, newStr: string): ReplaceResult {
-  const found = occurrences(text, oldStr, 21);
-  if (found.length !== 1) return { ok: false, count: found.length > 20 ? occurrences(text, oldStr).length : found.length, lines: found.slice(0, 20).map((at) => lineOf(text, at)) };
+  const found = occurrences(text, oldStr, MAX_REPORTED + 1);
+  if (found.length !== 1) {
+    const more = found.length > MAX_REPORTED;
+    return { ok: false, count: Math.min(found.length, MAX_REPORTED), more, lines: found.slice(0, MAX_REPORTED).map((at) => lineOf(text, at)) };
+  }
   const at = found[0]!;
   return { ok: true, text: text.slice(0, at) + newStr + text.slice(at + oldStr.length), line: lineOf(text, at) };
 }

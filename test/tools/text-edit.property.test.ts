@@ -45,6 +45,15 @@ describe('text edits', () => {
   });
 
   it('counts overlapping occurrences, so an ambiguous edit is refused', () => {
-    expect(replaceUnique('aaa', 'aa', 'b')).toEqual({ ok: false, count: 2, lines: [1, 1] });
+    expect(replaceUnique('aaa', 'aa', 'b')).toEqual({ ok: false, count: 2, more: false, lines: [1, 1] });
+  });
+
+  it('counts up to 20 and then says "more", in time linear in the file (a repetitive file and old_str were quadratic)', () => {
+    const text = `${'a'.repeat(1 << 20)}\n`;
+    const started = performance.now();
+    const r = replaceUnique(text, 'a'.repeat(1 << 18), 'b');
+    expect(performance.now() - started).toBeLessThan(500);
+    expect(r).toEqual({ ok: false, count: 20, more: true, lines: Array.from({ length: 20 }, () => 1) });
+    expect(replaceUnique('x\nx\nx', 'x', 'y')).toEqual({ ok: false, count: 3, more: false, lines: [1, 2, 3] });
   });
 });

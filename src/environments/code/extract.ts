@@ -23,9 +23,9 @@ export function lastPythonBlock(text: string): string | undefined {
   let found: string | undefined;
   let open: { fence: string; tag: string; from: number } | undefined;
   for (let i = 0; i < lines.length; i++) {
-    const m = /^[ \t]{0,3}(`{3,}|~{3,})[ \t]*([^\s`]*)[^`]*$/.exec(lines[i]!);
-    if (!m) continue;
-    const [, fence = '', tag = ''] = m;
+    const fenced = fenceOf(lines[i]!);
+    if (!fenced) continue;
+    const { fence, tag } = fenced;
     if (!open) {
       open = { fence, tag: tag.toLowerCase(), from: i + 1 };
     } else if (fence[0] === open.fence[0] && fence.length >= open.fence.length && lines[i]!.trim() === fence) {
@@ -49,4 +49,19 @@ export function findSolution(outcome: Pick<EpisodeOutcome, 'messages' | 'finishA
   const last = outcome.messages.findLast((m) => m.role === 'assistant');
   const block = last === undefined ? undefined : lastPythonBlock(last.content);
   return block !== undefined && block.trim() !== '' ? { code: block, source: 'code_block' } : undefined;
+}
+
+/**
+ * A fence line: up to three spaces or tabs, three or more backticks or tildes, then an info string without
+ * backticks whose first word is the tag. Read in one pass: the regular expression this replaces
+ * (`[ \t]*([^\s`]*)[^`]*$` after the fence) backtracked quadratically on a long line ending in a backtick, and
+ * lines of model output run to 100K characters (a 64K-character line took 2 s of the event loop).
+ */
+function fenceOf(line: string): { fence: string; tag: string } | undefined {
+  const m = /^[ \t]{0,3}(`{3,}|~{3,})(.*)$/s.exec(line);
+  if (!m) return undefined;
+  const [, fence = '', rest = ''] = m;
+  if (rest.includes('`')) return undefined;
+  const info = rest.replace(/^[ \t]+/, '');
+  return { fence, tag: /^[^\s`]*/.exec(info)![0] };
 }

@@ -100,7 +100,12 @@ function reportPatch(patch: string): JsonObject {
   const bytes = Buffer.byteLength(patch);
   if (bytes <= REPORT_PATCH_BYTES) return { patch, patch_bytes: bytes, patch_truncated: false };
   // Cut at a code point, so the report stays valid UTF-8.
-  const head = Buffer.from(patch).subarray(0, REPORT_PATCH_BYTES).toString('utf8').replace(/\uFFFD+$/, '');
+  // Trailing U+FFFD (a character cut by the byte bound) dropped by a scan from the end: `replace(/\uFFFD+$/, '')`
+  // is quadratic in a long run of them elsewhere in the patch.
+  const decoded = Buffer.from(patch).subarray(0, REPORT_PATCH_BYTES).toString('utf8');
+  let end = decoded.length;
+  while (end > 0 && decoded.charCodeAt(end - 1) === 0xfffd) end--;
+  const head = decoded.slice(0, end);
   return { patch: head, patch_bytes: bytes, patch_truncated: true };
 }
 

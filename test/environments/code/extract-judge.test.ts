@@ -2,6 +2,8 @@ import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { findSolution, lastPythonBlock } from '../../../src/environments/code/extract.js';
 import { judgeOutput } from '../../../src/environments/code/judge.js';
+import { codePrompt } from '../../../src/environments/code/code-environment.js';
+import type { CodeInstance } from '../../../src/environments/code/instance.js';
 
 describe('finding the submitted program', () => {
   it('takes the last complete python (or untagged) block, indentation kept', () => {
@@ -88,5 +90,75 @@ describe('judging stdout token by token', () => {
         expect(judgeOutput(changed, expected).accepted).toBe(false);
       }),
     );
+  });
+});
+
+/** The regular expressions these replaced (they backtracked super-linearly on hostile text): the oracles. */
+const OLD_FENCE = /^[ \t]{0,3}(`{3,}|~{3,})[ \t]*([^\s`]*)[^`]*$/;
+const OLD_DECIMAL = /^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$/;
+
+/** lastPythonBlock as it was, with the old fence expression: what the new reader must agree with. */
+function oldLastPythonBlock(text: string): string | undefined {
+  const lines = text.split('\n');
+  let found: string | undefined;
+  let open: { fence: string; tag: string; from: number } | undefined;
+  for (let i = 0; i < lines.length; i++) {
+    const m = OLD_FENCE.exec(lines[i]!);
+    if (!m) continue;
+    const [, fence = '', tag = ''] = m;
+    if (!open) open = { fence, tag: tag.toLowerCase(), from: i + 1 };
+    else if (fence[0] === open.fence[0] && fence.length >= open.fence.length && lines[i]!.trim() === fence) {
+      if (['', 'python', 'python3', 'py', 'py3'].includes(open.tag)) found = lines.slice(open.from, i).join('\n');
+      open = undefined;
+    }
+  }
+  return found;
+}
+
+describe('hostile model output and program output, read in linear time', () => {
+  it('finds code blocks exactly as the fence expression it replaced did (property)', () => {
+    const piece = fc.constantFrom('```', '````', '~~~', '`', ' ', '\t', '\r', 'python', 'py', 'bash', 'x = 1', '\n');
+    fc.assert(
+      fc.property(fc.array(piece, { maxLength: 16 }), (pieces) => {
+        const text = pieces.join('');
+        expect(lastPythonBlock(text)).toBe(oldLastPythonBlock(text));
+      }),
+      { numRuns: 5_000 },
+    );
+  });
+
+  it('reads a 200K-character line ending in a backtick at once (the fence expression took seconds)', () => {
+    const started = performance.now();
+    expect(findSolution({ messages: [{ role: 'assistant', content: `\`\`\`${' '.repeat(200_000)}\`` }] })).toBeUndefined();
+    expect(findSolution({ messages: [], finishAnswer: `\`\`\`${'='.repeat(200_000)}\`` })?.source).toBe('finish_tool');
+    expect(performance.now() - started).toBeLessThan(2_000);
+  });
+
+  it('tells decimal numbers exactly as the expression it replaced did, and reads a long digit run at once', () => {
+    const piece = fc.constantFrom('1', '0', '9', '.', 'e', 'E', '+', '-', 'x');
+    fc.assert(
+      fc.property(fc.array(piece, { maxLength: 10 }), (pieces) => {
+        const token = pieces.join('');
+        // Equal tokens are accepted either way; compare a number within tolerance of itself shifted.
+        const accepted = judgeOutput(token, `${token} `, { absolute: 0 }).accepted;
+        expect(accepted).toBe(true);
+        const asNumber = judgeOutput(`${token}`, '0', { absolute: 1e300 }).accepted;
+        const oldAsNumber = OLD_DECIMAL.test(token) && Number.isFinite(Number(token)) && token !== '' ;
+        expect(asNumber).toBe(oldAsNumber || token === '0');
+      }),
+      { numRuns: 5_000 },
+    );
+    const started = performance.now();
+    expect(judgeOutput(`${'1'.repeat(200_000)}x`, '1', { absolute: 0.5 }).accepted).toBe(false);
+    expect(judgeOutput('1', `${'1'.repeat(200_000)}x`, { absolute: 0.5 }).accepted).toBe(false);
+    expect(performance.now() - started).toBeLessThan(2_000);
+  });
+
+  it('trims a prompt\'s trailing newlines by a scan, not a backtracking replace', () => {
+    const task = { format: 'stdio', prompt: `${'\n'.repeat(500_000)}Read n.\n\n\n`, tests: [{ input: '1', output: '1' }], timeLimitS: 1, memoryLimitMb: 256 } as unknown as CodeInstance;
+    const started = performance.now();
+    const [, user] = codePrompt(task);
+    expect(performance.now() - started).toBeLessThan(2_000);
+    expect(user!.content.startsWith(`${'\n'.repeat(500_000)}Read n.\n\nTime limit`)).toBe(true);
   });
 });

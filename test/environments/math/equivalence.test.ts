@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { answersEquivalent, checkEquivalence } from '../../../src/environments/math/equivalence.js';
+import { rational } from '../../../src/environments/math/rational.js';
 
 /** [predicted, reference, equivalent?, why] */
 const TABLE: ReadonlyArray<readonly [string, string | number, boolean, string]> = [
@@ -121,5 +122,19 @@ describe('answer equivalence table', () => {
     expect(checkEquivalence('\\text{Yes}', 'yes').method).toBe('text');
     expect(checkEquivalence('(1,0.5)', '(1, \\frac12)').method).toBe('elements');
     expect(checkEquivalence('', '1').method).toBe('none');
+  });
+});
+
+describe('answers made to be expensive', () => {
+  it('keeps fractions exact up to 1024 bits and no further, so a repetition loop of powers is judged in milliseconds', () => {
+    expect(rational(2n ** 1000n)).toMatchObject({ exact: true });
+    expect(rational(2n ** 1100n)).toMatchObject({ exact: false });
+    expect(rational(1n, 3n ** 700n)).toMatchObject({ exact: false }); // too big however it reduces: no gcd taken
+    expect(rational(6n ** 300n, 3n ** 300n)).toEqual({ exact: true, n: 2n ** 300n, d: 1n });
+    const started = performance.now();
+    // x^9x^9… (333 factors, the 1000-character cap): at 8192 bits every product's gcd was quadratic in its bits.
+    expect(checkEquivalence('x^9'.repeat(333), 'x^2+2x+1').equivalent).toBe(false);
+    expect(checkEquivalence('x^9'.repeat(333), 'x^9'.repeat(333)).equivalent).toBe(true);
+    expect(performance.now() - started).toBeLessThan(2_000);
   });
 });
