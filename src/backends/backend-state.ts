@@ -217,6 +217,12 @@ export class BackendState {
   resumes = 0;
   /** A pool-wide resume found this backend down with its engine paused: resumed when it is healthy again. */
   resumePending = false;
+  /**
+   * The engine pause or resume call of this pool in flight, if any: calls go one at a time, in the pool's order (two
+   * at once over separate connections could reach the engine in either order), and a resume aborts a pause call it
+   * overtakes instead of waiting for it (see pause-control.ts engineCall).
+   */
+  engineCall: { kind: 'pause' | 'resume'; controller: AbortController; settled: Promise<void> } | undefined;
   /** A health check after a transport failure, shared by the requests that failed together. */
   suspecting: Promise<void> | undefined;
   /** Resolvers waiting for the last trajectory to leave (drain). */

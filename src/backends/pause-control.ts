@@ -50,13 +50,12 @@ export async function pauseBackends(targets: readonly BackendState[], mode: Paus
   const started = targets.map((b) => {
     b.gate.close();
     b.pauses++;
-    b.resumePending = false; // this pause is what the engine is in now
     return { pauses: b.pauses, resumes: b.resumes };
   });
   const skipped = options.skipUnhealthy ? targets.filter((b) => !b.usable) : [];
   if (skipped.length > 0) log.warn({ backends: skipped.map((b) => b.id), mode }, 'unhealthy backends held at their gates, their engines not paused');
   log.info({ backends: targets.map((b) => b.id), mode }, 'generation pausing');
-  const results = await Promise.allSettled(targets.map((b, i) => (skipped.includes(b) ? Promise.resolve() : pauseEngine(b, mode, options, started[i]!.resumes))));
+  const results = await Promise.allSettled(targets.map((b, i) => (skipped.includes(b) ? Promise.resolve() : pauseEngine(b, mode, options, started[i]!.resumes, started[i]!.pauses))));
   throwIfAborted(signal);
   const failed = targets.filter((_, i) => results[i]!.status === 'rejected');
   if (failed.length > 0) {
@@ -115,13 +114,8 @@ export async function resumeBackends(targets: readonly BackendState[], options: 
           return;
         }
       } else {
-        if (backend.enginePaused) {
-          await backend.client.resume!(signal);
-          backend.enginePaused = false;
-        } else if (backend.client.resume && enginePausesAtAll(backend.client)) {
-          await backend.client.resume(signal).catch((err: unknown) => log.debug({ backend: backend.id, err }, 'resume of an engine this pool had not paused failed (ignored)'));
-        }
-        backend.resumePending = false;
+        await resumeEngine(backend, signal, log);
+        if (backend.pauses === pausesAtStart[i]) backend.resumePending = false;
       }
       if (backend.pauses === pausesAtStart[i]) backend.gate.open();
     }),
@@ -137,8 +131,8 @@ export async function resumeBackends(targets: readonly BackendState[], options: 
   return targets;
 }
 
-async function pauseEngine(backend: BackendState, mode: PauseMode, options: PauseOptions, resumesAtStart: number): Promise<void> {
-  const { signal } = options;
+async function pauseEngine(backend: BackendState, mode: PauseMode, options: PauseOptions, resumesAtStart: number, ownPauses: number): Promise<void> {
+  const { signal, log } = options;
   const superseded = (): boolean => backend.resumes !== resumesAtStart;
   // The gate is closed and a request re-checks it when it takes its slot, so no new request reaches the engine:
   // these are all the requests the pause concerns.
@@ -148,15 +142,42 @@ async function pauseEngine(backend: BackendState, mode: PauseMode, options: Paus
     if (!enginePauses(backend.client, 'wait')) return;
   }
   if (superseded()) return;
-  await backend.client.pause!(mode, signal);
-  if (superseded()) {
-    // A resume started while the engine's pause call was out (the engine may have seen the two in either order):
-    // the resume wins, so the engine is resumed again here rather than left paused behind an open gate.
-    await backend.client.resume!(signal);
-    return;
+  try {
+    await engineCall(backend, 'pause', signal, async (callSignal) => {
+      if (superseded()) return;
+      try {
+        await backend.client.pause!(mode, callSignal);
+      } catch (err) {
+        // Cut short by the resume that overtook it: the engine may have paused; that resume resumes it next.
+        if (superseded()) backend.enginePaused = true;
+        throw err;
+      }
+      backend.enginePaused = true;
+      if (callSignal.aborted) {
+        // Answered after it was given up (a client that does not honour aborts): the resume that overtook it may have
+        // reached the engine first. Resume again, unless a later pause wants it paused.
+        if (backend.pauses !== ownPauses) return;
+        // Held at its gate until the engine is resumed; if that fails, retried at each health probe (resumePending).
+        backend.gate.close();
+        const resumes = backend.resumes;
+        void resumeEngine(backend, AbortSignal.timeout(30_000), log).then(
+          () => {
+            if (backend.pauses === ownPauses && backend.resumes === resumes && !backend.removed) backend.gate.open();
+          },
+          (err: unknown) => {
+            backend.resumePending = true;
+            log.warn({ backend: backend.id, err }, 'could not resume an engine whose overtaken pause answered late: retried at its next health probe');
+          },
+        );
+        return;
+      }
+      backend.resumePending = false;
+    });
+  } catch (err) {
+    if (superseded()) return; // the pause answers ABORTED (see pauseBackends)
+    throw err;
   }
-  backend.enginePaused = true;
-  if (mode !== 'abort') return;
+  if (mode !== 'abort' || superseded()) return;
   const timer = AbortSignal.timeout(options.abortGraceMs);
   try {
     await untilSettled(inflight, AbortSignal.any([signal, timer]));
@@ -165,6 +186,48 @@ async function pauseEngine(backend: BackendState, mode: PauseMode, options: Paus
     options.log.warn({ backend: backend.id, graceMs: options.abortGraceMs }, 'aborted requests did not all come back in time; paused anyway');
   }
 }
+
+/**
+ * Resumes the engine: one this pool paused (or may have: a pause call cut short, a server restarted during a pause)
+ * must resume, and a failure is thrown; any other engine that can pause is asked too and its failure ignored
+ * (resume is idempotent: another server may have left it paused).
+ */
+export async function resumeEngine(backend: BackendState, signal: AbortSignal, log: Logger): Promise<void> {
+  await engineCall(backend, 'resume', signal, async (callSignal) => {
+    if (backend.enginePaused) {
+      await backend.client.resume!(callSignal);
+      backend.enginePaused = false;
+    } else if (backend.client.resume && enginePausesAtAll(backend.client)) {
+      await backend.client.resume(callSignal).catch((err: unknown) => log.debug({ backend: backend.id, err }, 'resume of an engine this pool had not paused failed (ignored)'));
+    }
+  });
+}
+
+/**
+ * Runs one engine pause or resume call of this pool after the one in flight has settled, so the engine sees them in
+ * the pool's order and `enginePaused` (set inside `call`) always says what the last one did. A resume overtaking a
+ * pause call still out aborts it rather than wait for an engine that may not answer.
+ */
+async function engineCall(backend: BackendState, kind: 'pause' | 'resume', signal: AbortSignal, call: (signal: AbortSignal) => Promise<void>): Promise<void> {
+  const previous = backend.engineCall;
+  if (kind === 'resume' && previous?.kind === 'pause') previous.controller.abort(new RolloutError('aborted', 'overtaken by a resume'));
+  const controller = new AbortController();
+  const run = (async () => {
+    await previous?.settled;
+    throwIfAborted(controller.signal);
+    const callSignal = AbortSignal.any([signal, controller.signal]);
+    // Settles when aborted even if the client does not honour the signal: the next call must not wait on it.
+    await Promise.race([call(callSignal), new Promise<never>((_, reject) => callSignal.addEventListener('abort', () => reject(RolloutError.from(callSignal.reason, 'aborted')), { once: true }))]);
+  })();
+  const entry = { kind, controller, settled: run.then(noop, noop) };
+  backend.engineCall = entry;
+  void entry.settled.then(() => {
+    if (backend.engineCall === entry) backend.engineCall = undefined;
+  });
+  await run;
+}
+
+const noop = (): void => undefined;
 
 /** Whether the engine can pause itself in some mode (so it has a pause another server may have left on). */
 function enginePausesAtAll(client: EngineClient): boolean {

@@ -6,7 +6,7 @@ import { EngineUnreachableError } from './engine-http.js';
 import { HealthProber } from './health-prober.js';
 import { PoolLease, type BackendLease, type LeaseHost, type SampledVersions } from './lease.js';
 import { logprobsMismatch } from './logprobs-mode.js';
-import { pauseBackends, resumeBackends } from './pause-control.js';
+import { pauseBackends, resumeBackends, resumeEngine } from './pause-control.js';
 import { LoadHeap, type PickResult } from './picker.js';
 import type { BackendKind, EngineClient, EngineServerInfo, GenerateRequest, GenerateResult, LogprobsMode, PauseMode } from './types.js';
 
@@ -181,6 +181,8 @@ export class BackendPool {
         onHealthy: (id) => {
           const backend = this.#backends.get(id);
           if (backend !== undefined && needsLearning(backend)) void this.learn(id).catch(() => undefined);
+          // A resume that could not reach it yet is retried at every probe it answers (not only when it recovers).
+          if (backend?.resumePending === true && backend.healthy) this.#resumeRecovered(backend);
         },
         logger: this.#log,
       },
@@ -355,14 +357,13 @@ export class BackendPool {
     for (const request of backend.requests) request.controller.abort(gone);
     for (const resolve of backend.drainWaiters.splice(0)) resolve();
     this.#log.info({ backend: id, drained: options.drain, movedTrajectories: backend.inflightTrajectories }, 'backend removed');
-    // An engine this pool paused is not left paused for whoever uses it next (this pool, if it is added back).
-    if (backend.enginePaused && backend.client.resume) {
-      await backend.client
-        .resume(AbortSignal.timeout(this.#healthTimeoutMs))
-        .then(
-          () => (backend.enginePaused = false),
-          (err: unknown) => this.#log.warn({ backend: id, err }, 'could not resume the removed backend\'s engine: it stays paused'),
-        );
+    // An engine this pool paused (or is pausing) is not left paused for whoever uses it next (this pool, if it is
+    // added back): resumed after — or instead of — a pause call still out.
+    if ((backend.enginePaused || backend.engineCall?.kind === 'pause') && backend.client.resume) {
+      backend.resumes++; // a resume: a pause still under way is superseded by it
+      await resumeEngine(backend, AbortSignal.timeout(this.#healthTimeoutMs), this.#log).catch((err: unknown) =>
+        this.#log.warn({ backend: id, err }, 'could not resume the removed backend\'s engine: it stays paused'),
+      );
     }
     backend.client.close?.();
   }
@@ -392,17 +393,18 @@ export class BackendPool {
    * that it answers again, and its gate opened unless a pause started since.
    */
   #resumeRecovered(backend: BackendState): void {
+    if (backend.engineCall !== undefined) return; // a call is out (this retry's, or a pause's or resume's that decides)
     const { pauses, resumes } = backend;
-    // A pause or resume since then has taken over what this one was for (a pause clears resumePending).
+    // A pause or resume since then has taken over what this one was for.
     const current = (): boolean => backend.resumePending && backend.pauses === pauses && backend.resumes === resumes;
-    void (async () => {
-      if (backend.enginePaused) await backend.client.resume!(AbortSignal.timeout(this.#healthTimeoutMs));
-      if (!current()) return;
-      backend.enginePaused = false;
-      backend.resumePending = false;
-      backend.gate.open();
-      this.#log.info({ backend: backend.id }, 'backend resumed after it recovered');
-    })().catch((err: unknown) => this.#log.warn({ backend: backend.id, err }, 'could not resume the recovered backend\'s engine: resume it by id'));
+    void resumeEngine(backend, AbortSignal.timeout(this.#healthTimeoutMs), this.#log)
+      .then(() => {
+        if (!current()) return;
+        backend.resumePending = false;
+        backend.gate.open();
+        this.#log.info({ backend: backend.id }, 'backend resumed after it recovered');
+      })
+      .catch((err: unknown) => this.#log.warn({ backend: backend.id, err }, 'could not resume the recovered backend\'s engine yet: retried at its next health probe'));
   }
 
   /**
@@ -477,7 +479,11 @@ export class BackendPool {
     for (const backend of this.#backends.values()) backend.policyVersion = state.policyVersion;
     if (!state.paused) return;
     this.#pausedAll = true;
-    for (const backend of this.#backends.values()) backend.gate.close();
+    // The server before may have paused their engines: the resume must resume them (and, for one down then, later).
+    for (const backend of this.#backends.values()) {
+      backend.gate.close();
+      backend.enginePaused = true;
+    }
     this.#log.warn({ policyVersion: state.policyVersion }, 'a pool-wide pause was in effect when the server stopped: generation stays paused until ResumeGeneration');
   }
 

@@ -138,11 +138,11 @@ describe('a resume that overtakes a pause still under way', () => {
     pool.add(engine, { id: 'a', maxConcurrency: 2, model: 'm' });
     const pausing = outcome(pool.pause('abort', { id: 'a', signal: AbortSignal.timeout(2_000) }));
     await expect.poll(() => engine.pauseCalls.length).toBe(1);
-    await pool.resume({ id: 'a', policyVersion: 2 }); // the engine may see it before the pause: it resumes nothing
-    engine.pauseCalls[0]!.finish(); // ... and then pauses
+    await pool.resume({ id: 'a', policyVersion: 2 }); // aborts the pause call; the engine may see it first ...
+    engine.pauseCalls[0]!.finish(); // ... and then pause (this double ignores the abort and answers late)
     expect(await pausing).toMatch(/^aborted: /);
-    expect(pool.list()[0]!.paused).toBe(false);
-    expect(engine.pausedInEngine).toBe(false);
+    // Resumed again, and its gate open once it is.
+    await expect.poll(() => [pool.list()[0]!.paused, engine.pausedInEngine]).toEqual([false, false]);
   });
 
   it('a pause that starts after a resume keeps its gate closed when that resume finishes', async () => {
@@ -185,5 +185,190 @@ describe('a paused engine that leaves the pool before the resume', () => {
     expect(engine.paused).toBe(false);
     const lease = await after.acquire('t');
     expect((await lease.generate(ask())).finishReason).toBe('stop');
+  });
+});
+
+const flush = async (): Promise<void> => {
+  for (let i = 0; i < 5; i++) await new Promise((resolve) => setImmediate(resolve));
+};
+
+/**
+ * The in-memory double as an engine whose pause state is `paused`: each call applies its effect and answers when the
+ * test says (`auto`: at once), and a call's effect and its answer can be split, so every interleaving of the pool's
+ * calls with the engine's handling of them can be staged.
+ */
+interface Call { op: 'pause' | 'resume'; mode?: PauseMode; apply: () => void; reply: () => void; finish: () => void; fail: () => void }
+
+/** Engine truth in `paused`; calls auto-complete unless `auto` is false; a call's effect (apply) and answer (reply) can be split. */
+class Engine extends InMemoryEngineClient {
+  paused = false;
+  auto = true;
+  failResume = 0;
+  failPauseWhenDown = true;
+  readonly ops: Call[] = [];
+  #call(op: 'pause' | 'resume', mode?: PauseMode): Promise<void> {
+    if (!this.healthy && (op === 'resume' || this.failPauseWhenDown)) return Promise.reject(new Error('connection refused'));
+    if (op === 'resume' && this.failResume > 0) {
+      this.failResume--;
+      return Promise.reject(new Error('resume failed (transient)'));
+    }
+    return new Promise<void>((resolve) => {
+      let applied = false;
+      const apply = (): void => {
+        if (applied) return;
+        applied = true;
+        this.paused = op === 'pause';
+      };
+      const c: Call = { op, ...(mode && { mode }), apply, reply: () => resolve(), finish: () => (apply(), resolve()), fail: () => undefined };
+      this.ops.push(c);
+      if (this.auto) c.finish();
+    });
+  }
+  pause(mode: PauseMode): Promise<void> {
+    return this.#call('pause', mode);
+  }
+  resume(): Promise<void> {
+    return this.#call('resume');
+  }
+}
+
+function setup(): { pool: BackendPool; engine: Engine } {
+  const engine = new Engine();
+  const pool = makePool();
+  pool.add(engine, { id: 'a', maxConcurrency: 2, model: 'm' });
+  return { pool, engine };
+}
+
+describe('pause and resume calls that overlap (one engine call at a time, in the pool\'s order)', () => {
+  it('a pause issued while a resume is out runs after it: the engine ends paused, the pool knows it, a removal resumes it', async () => {
+    const { pool, engine } = setup();
+    await pool.pause('keep');
+    expect(engine.paused).toBe(true);
+    engine.auto = false;
+    const resuming = pool.resume({ policyVersion: 1 });
+    const resumeCall = engine.ops.at(-1)!;
+    resumeCall.apply(); // the engine resumes now, its answer is slow
+    engine.auto = true;
+    expect(await outcome(pool.pause('keep'))).toBe('ok'); // next sync: engine paused again
+    expect(engine.paused).toBe(true);
+    resumeCall.reply(); // the old resume's answer arrives: the pool sets enginePaused = false
+    await resuming;
+    expect(pool.list()[0]!.paused).toBe(true);
+    // the engine is paused; removing it must resume it on the way out
+    await pool.remove('a', { drain: false });
+    expect(engine.paused).toBe(false);
+  });
+
+  it('so a later resume whose engine call fails says so instead of opening the gate on a paused engine', async () => {
+    const { pool, engine } = setup();
+    await pool.pause('keep');
+    engine.auto = false;
+    const resuming = pool.resume({ policyVersion: 1 });
+    const resumeCall = engine.ops.at(-1)!;
+    resumeCall.apply();
+    engine.auto = true;
+    await pool.pause('keep');
+    resumeCall.reply();
+    await resuming;
+    engine.failResume = 1;
+    const r = await outcome(pool.resume({ policyVersion: 2 }));
+    // invariant: never "engine paused behind an open gate" after an ok resume
+    expect({ r, gateOpen: !pool.list()[0]!.paused, enginePaused: engine.paused }).not.toEqual({ r: 'ok', gateOpen: true, enginePaused: true });
+  });
+
+  it('a pause overtaken by a resume whose engine call answers late does not undo a later pause', async () => {
+    const { pool, engine } = setup();
+    engine.auto = false;
+    const p1 = outcome(pool.pause('keep', { id: 'a' }));
+    await flush();
+    const p1Call = engine.ops.at(-1)!;
+    expect(p1Call.op).toBe('pause');
+    engine.auto = true;
+    expect(await outcome(pool.resume({ id: 'a', policyVersion: 1 }))).toBe('ok');
+    expect(await outcome(pool.pause('keep', { id: 'a' }))).toBe('ok'); // P2: in effect now
+    expect(engine.paused).toBe(true);
+    p1Call.finish(); // P1's call comes back (engine paused again): P1 sees itself superseded and resumes the engine
+    expect(await p1).toMatch(/^aborted/);
+    expect(pool.list()[0]!.paused).toBe(true); // P2's gate is closed ...
+    expect(engine.paused).toBe(true); // ... but is the engine still paused (keep: frozen requests must stay frozen)?
+  });
+
+  it('a pause overtaken by a resume that answers late is resumed again; if that fails, its gate stays closed', async () => {
+    const { pool, engine } = setup();
+    engine.auto = false;
+    const p1 = outcome(pool.pause('abort', { id: 'a' }));
+    await flush();
+    const p1Call = engine.ops.at(-1)!;
+    engine.auto = true;
+    expect(await outcome(pool.resume({ id: 'a', policyVersion: 1 }))).toBe('ok');
+    engine.failResume = 1;
+    p1Call.finish();
+    expect(await p1).toMatch(/^aborted: /);
+    await flush();
+    // Never an engine paused behind an open gate: held until a probe's retry resumes it.
+    expect({ gateOpen: !pool.list()[0]!.paused, enginePaused: engine.paused }).toEqual({ gateOpen: false, enginePaused: true });
+    await pool.probeHealth();
+    await expect.poll(() => [!pool.list()[0]!.paused, engine.paused]).toEqual([true, false]);
+  });
+});
+
+describe('engines down or leaving around a weight sync, restarted servers', () => {
+  it('a recovered engine whose first resume fails is retried at each probe while it stays healthy', async () => {
+    const { pool, engine } = setup();
+    await pool.pause('abort');
+    engine.healthy = false;
+    await pool.probeHealth();
+    await pool.probeHealth();
+    expect(await outcome(pool.resume({ policyVersion: 2 }))).toBe('ok');
+    engine.healthy = true;
+    engine.failResume = 1;
+    await pool.probeHealth();
+    await flush();
+    for (let i = 0; i < 3; i++) {
+      await pool.probeHealth();
+      await flush();
+    }
+    expect(engine.paused).toBe(false);
+    expect(pool.list()[0]!.paused).toBe(false);
+  });
+
+  it('after a restart during a pool-wide pause, an engine down at the resume is resumed when it recovers (the old server paused it)', async () => {
+    const { pool, engine } = setup();
+    engine.paused = true; // left paused by the server before the restart
+    pool.restoreWeights({ paused: true, policyVersion: 7 });
+    engine.healthy = false;
+    await pool.probeHealth();
+    await pool.probeHealth();
+    expect(await outcome(pool.resume({ policyVersion: 8 }))).toBe('ok');
+    engine.healthy = true;
+    await pool.probeHealth();
+    await expect.poll(() => [!pool.list()[0]!.paused, engine.paused]).toEqual([true, false]);
+  });
+
+  it('a backend removed while its pause call is out: the engine is resumed, not left paused', async () => {
+    const { pool, engine } = setup();
+    engine.auto = false;
+    const p = outcome(pool.pause('abort'));
+    await flush();
+    const call = engine.ops.at(-1)!;
+    engine.auto = true; // the engine answers what comes next at once
+    await pool.remove('a', { drain: false });
+    call.finish(); // ... and the pause it had not answered applies now
+    expect(await p).toMatch(/^aborted: /);
+    await expect.poll(() => engine.paused).toBe(false);
+  });
+
+  it('a by-id pause that fails on a down engine keeps its pending resume: resumed on recovery', async () => {
+    const { pool, engine } = setup();
+    await pool.pause('abort');
+    engine.healthy = false;
+    await pool.probeHealth();
+    await pool.probeHealth();
+    await pool.resume({ policyVersion: 2 });
+    const r = await outcome(pool.pause('abort', { id: 'a' }));
+    expect(r).toMatch(/^failed_precondition: could not pause a .*left unpaused/);
+    engine.healthy = true;
+    await pool.probeHealth();
+    await expect.poll(() => [!pool.list()[0]!.paused, engine.paused]).toEqual([true, false]);
   });
 });
