@@ -230,7 +230,7 @@ async function engineCall(backend: BackendState, kind: 'pause' | 'resume', signa
 const noop = (): void => undefined;
 
 /** Whether the engine can pause itself in some mode (so it has a pause another server may have left on). */
-function enginePausesAtAll(client: EngineClient): boolean {
+export function enginePausesAtAll(client: EngineClient): boolean {
   return client.pause !== undefined && client.resume !== undefined && backendKind(client.kind).capabilities.pauseModes.length > 0;
 }
 

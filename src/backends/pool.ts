@@ -6,7 +6,7 @@ import { EngineUnreachableError } from './engine-http.js';
 import { HealthProber } from './health-prober.js';
 import { PoolLease, type BackendLease, type LeaseHost, type SampledVersions } from './lease.js';
 import { logprobsMismatch } from './logprobs-mode.js';
-import { pauseBackends, resumeBackends, resumeEngine } from './pause-control.js';
+import { enginePausesAtAll, pauseBackends, resumeBackends, resumeEngine } from './pause-control.js';
 import { LoadHeap, type PickResult } from './picker.js';
 import type { BackendKind, EngineClient, EngineServerInfo, GenerateRequest, GenerateResult, LogprobsMode, PauseMode } from './types.js';
 
@@ -482,7 +482,7 @@ export class BackendPool {
     // The server before may have paused their engines: the resume must resume them (and, for one down then, later).
     for (const backend of this.#backends.values()) {
       backend.gate.close();
-      backend.enginePaused = true;
+      if (enginePausesAtAll(backend.client)) backend.enginePaused = true;
     }
     this.#log.warn({ policyVersion: state.policyVersion }, 'a pool-wide pause was in effect when the server stopped: generation stays paused until ResumeGeneration');
   }

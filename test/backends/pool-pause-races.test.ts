@@ -173,6 +173,15 @@ describe('a paused engine that leaves the pool before the resume', () => {
     expect((await lease.generate(ask())).finishReason).toBe('stop');
   });
 
+  it('restored paused from the journal: an engine without a pause of its own is held at its gate and released by the resume', async () => {
+    const pool = makePool();
+    pool.add(new InMemoryEngineClient(), { id: 'plain', maxConcurrency: 1, model: 'm' });
+    pool.restoreWeights({ paused: true, policyVersion: 3 });
+    expect(pool.list()[0]).toMatchObject({ paused: true, policyVersion: 3 });
+    expect(await outcome(pool.resume({ policyVersion: 4 }))).toBe('ok');
+    expect(pool.list()[0]).toMatchObject({ paused: false, policyVersion: 4 });
+  });
+
   it('its rollout server restarted between the pause and the resume: the new server\'s resume resumes the engine', async () => {
     const { engine, client } = await fakeVllm();
     const before = makePool();
