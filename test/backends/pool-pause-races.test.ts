@@ -116,7 +116,7 @@ describe('an engine that is down during a weight sync', () => {
 
 describe('a resume that overtakes a pause still under way', () => {
   it('WAIT: the pause does not pause the engine once the resume started; it answers aborted', async () => {
-    const { engine, client } = await fakeVllm(5);
+    const { engine, client } = await fakeVllm(20); // ~600 ms per answer: the pause surely waits on it
     const pool = makePool();
     pool.add(client(), { id: 'v', maxConcurrency: 4, model: engine.model, maxModelLen: 40960 });
     const lease = await pool.acquire('t');

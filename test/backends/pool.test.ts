@@ -179,13 +179,28 @@ describe('BackendPool membership and health', () => {
     call.abort(new RolloutError('deadline_exceeded', 'RemoveBackend deadline'));
     expect(await codeOf(removal)).toBe('deadline_exceeded');
     expect(pool.list()[0]).toMatchObject({ id: 'a', draining: false });
-    expect((await pool.acquire('u')).backendId).toBe('a');
+    const again = await pool.acquire('u');
+    expect(again.backendId).toBe('a');
+    // Two drains: the one whose call ends leaves the other waiting, and the backend draining.
+    const first = new AbortController();
+    const one = pool.remove('a', { drain: true, signal: first.signal });
+    const two = pool.remove('a', { drain: true });
+    await flush();
+    first.abort(new RolloutError('cancelled', 'client went away'));
+    expect(await codeOf(one)).toBe('cancelled');
+    expect(pool.list()[0]).toMatchObject({ draining: true });
+    lease.release();
+    again.release();
+    await two;
+    expect(pool.list()).toEqual([]);
+    pool.add(new InMemoryEngineClient(), { id: 'a', maxConcurrency: 1, model: 'm' });
     // An already-cancelled call does not start draining for good either.
     const gone = new AbortController();
     gone.abort();
+    const held = await pool.acquire('w');
     expect(await codeOf(pool.remove('a', { drain: true, signal: gone.signal }))).toBe('cancelled');
     expect(pool.list()[0]).toMatchObject({ draining: false });
-    lease.release();
+    held.release();
   });
 
   it('removes without drain: aborts running requests and fails them over transparently', async () => {
