@@ -3,6 +3,7 @@
  * longer text, and writing JSON the way the models were trained to (Python's `json.dumps` spacing).
  */
 
+import type { ParsedToolCalls, ToolCall } from './types.js';
 /** A call's arguments: an object, a JSON string holding one (OpenAI-style encoded arguments), or absent (`{}`). */
 export function parseArguments(value: unknown): Record<string, unknown> | string {
   if (value === undefined || value === null) return {};
@@ -69,11 +70,41 @@ export function jsonValueEnd(text: string, start: number): number {
   return -1;
 }
 
-/** How many times `needle` occurs in `text` from `from` on (not overlapping). */
-export function occurrences(text: string, needle: string, from = 0): number {
-  let count = 0;
-  for (let at = text.indexOf(needle, from); at !== -1; at = text.indexOf(needle, at + needle.length)) count++;
-  return count;
+/**
+ * Every `open … close` call of `text`, in order, each body read by `parseBody`; linear in the text. An opening tag not
+ * closed before the next one is an error; one with no closing tag after it at all is one error for it and every
+ * later one (not one per tag). Errors are numbered by the call's position and end with `expected`. The next closing
+ * tag is kept between calls, so many opening tags before one far closing tag do not each scan the text again.
+ */
+export function parseTaggedCalls(text: string, open: string, close: string, expected: string, parseBody: (body: string) => ToolCall | string): ParsedToolCalls {
+  const calls: ToolCall[] = [];
+  const errors: string[] = [];
+  const unclosed = `${open} is not closed by ${close}; ${expected}`;
+  let pos = 0;
+  let end = 0; // the next closing tag at or after the current body; -1: none left
+  for (let index = 1; ; index++) {
+    const start = text.indexOf(open, pos);
+    if (start === -1) break;
+    const bodyStart = start + open.length;
+    if (end !== -1 && end < bodyStart) end = text.indexOf(close, bodyStart);
+    if (end === -1) {
+      let later = 0;
+      for (let at = text.indexOf(open, bodyStart); at !== -1; at = text.indexOf(open, at + open.length)) later++;
+      errors.push(`tool call ${index}${later > 0 ? ` (and the ${later} after it)` : ''}: ${unclosed}`);
+      break;
+    }
+    const nextOpen = text.indexOf(open, bodyStart);
+    if (nextOpen !== -1 && nextOpen < end) {
+      errors.push(`tool call ${index}: ${unclosed}`);
+      pos = nextOpen;
+      continue;
+    }
+    const parsed = parseBody(text.slice(bodyStart, end));
+    if (typeof parsed === 'string') errors.push(`tool call ${index}: ${parsed}`);
+    else calls.push(parsed);
+    pos = end + close.length;
+  }
+  return { calls, errors };
 }
 
 /**

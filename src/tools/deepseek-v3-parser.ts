@@ -1,4 +1,4 @@
-import { afterReasoning, isPlainObject, occurrences, parseArguments, pythonJson, shortReason } from './call-json.js';
+import { afterReasoning, isPlainObject, parseArguments, parseTaggedCalls, pythonJson, shortReason } from './call-json.js';
 import type { ParsedToolCalls, ToolCall, ToolCallParser } from './types.js';
 
 const CALLS_BEGIN = '<｜tool▁calls▁begin｜>';
@@ -28,38 +28,13 @@ export class DeepSeekV3ToolCallParser implements ToolCallParser {
 
   parse(message: string): ParsedToolCalls {
     const text = afterReasoning(message);
-    const calls: ToolCall[] = [];
-    const errors: string[] = [];
     const begin = text.indexOf(CALLS_BEGIN);
-    if (begin < 0) return { calls, errors };
+    if (begin < 0) return { calls: [], errors: [] };
     const endAll = text.indexOf(CALLS_END, begin);
     const region = text.slice(begin + CALLS_BEGIN.length, endAll < 0 ? undefined : endAll);
-    let pos = 0;
-    // The next CALL_END at or after the current body (-1: none left), kept between calls: linear in the text.
-    let end = 0;
-    for (let index = 1; ; index++) {
-      const start = region.indexOf(CALL_BEGIN, pos);
-      if (start < 0) break;
-      const bodyStart = start + CALL_BEGIN.length;
-      if (end !== -1 && end < bodyStart) end = region.indexOf(CALL_END, bodyStart);
-      if (end < 0) {
-        const later = occurrences(region, CALL_BEGIN, bodyStart);
-        errors.push(`tool call ${index}${later > 0 ? ` (and the ${later} after it)` : ''}: ${CALL_BEGIN} is not closed by ${CALL_END}; ${EXPECTED}`);
-        break;
-      }
-      const next = region.indexOf(CALL_BEGIN, bodyStart);
-      if (next >= 0 && next < end) {
-        errors.push(`tool call ${index}: ${CALL_BEGIN} is not closed by ${CALL_END}; ${EXPECTED}`);
-        pos = next;
-        continue;
-      }
-      const parsed = parseBody(region.slice(bodyStart, end));
-      if (typeof parsed === 'string') errors.push(`tool call ${index}: ${parsed}`);
-      else calls.push(parsed);
-      pos = end + CALL_END.length;
-    }
-    if (calls.length === 0 && errors.length === 0) errors.push(`${CALLS_BEGIN} holds no ${CALL_BEGIN}; ${EXPECTED}`);
-    return { calls, errors };
+    const parsed = parseTaggedCalls(region, CALL_BEGIN, CALL_END, EXPECTED, parseBody);
+    if (parsed.calls.length === 0 && parsed.errors.length === 0) parsed.errors.push(`${CALLS_BEGIN} holds no ${CALL_BEGIN}; ${EXPECTED}`);
+    return parsed;
   }
 
   /** The template's own form: calls joined by "\n" inside one calls block. */

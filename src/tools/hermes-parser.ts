@@ -1,4 +1,4 @@
-import { afterReasoning, isPlainObject, occurrences, parseArguments, pythonJson, shortReason, describeJson as describe } from './call-json.js';
+import { afterReasoning, isPlainObject, parseArguments, parseTaggedCalls, pythonJson, shortReason, describeJson as describe } from './call-json.js';
 import type { ParsedToolCalls, ToolCall, ToolCallParser } from './types.js';
 
 const OPEN = '<tool_call>';
@@ -22,36 +22,7 @@ export class HermesToolCallParser implements ToolCallParser {
   readonly name = 'hermes';
 
   parse(message: string): ParsedToolCalls {
-    const text = afterReasoning(message);
-    const calls: ToolCall[] = [];
-    const errors: string[] = [];
-    let pos = 0;
-    // The next closing tag at or after the current call's body (-1: none left). Kept between calls, so many opening
-    // tags before one far closing tag do not each scan the text again: parsing stays linear in the text.
-    let end = 0;
-    for (let index = 1; ; index++) {
-      const start = text.indexOf(OPEN, pos);
-      if (start === -1) break;
-      const bodyStart = start + OPEN.length;
-      if (end !== -1 && end < bodyStart) end = text.indexOf(CLOSE, bodyStart);
-      if (end === -1) {
-        // No closing tag after it: this call and every later one are unclosed — one error for all of them.
-        const later = occurrences(text, OPEN, bodyStart);
-        errors.push(`tool call ${index}${later > 0 ? ` (and the ${later} after it)` : ''}: ${OPEN} is not closed by ${CLOSE}; ${EXPECTED}`);
-        break;
-      }
-      const nextOpen = text.indexOf(OPEN, bodyStart);
-      if (nextOpen !== -1 && nextOpen < end) {
-        errors.push(`tool call ${index}: ${OPEN} is not closed by ${CLOSE}; ${EXPECTED}`);
-        pos = nextOpen;
-        continue;
-      }
-      const parsed = parseCallBody(text.slice(bodyStart, end));
-      if (typeof parsed === 'string') errors.push(`tool call ${index}: ${parsed}`);
-      else calls.push(parsed);
-      pos = end + CLOSE.length;
-    }
-    return { calls, errors };
+    return parseTaggedCalls(afterReasoning(message), OPEN, CLOSE, EXPECTED, parseCallBody);
   }
 
   format(calls: readonly ToolCall[]): string {
