@@ -157,17 +157,9 @@ async function pauseEngine(backend: BackendState, mode: PauseMode, options: Paus
         // Answered after it was given up (a client that does not honour aborts): the resume that overtook it may have
         // reached the engine first. Resume again, unless a later pause wants it paused.
         if (backend.pauses !== ownPauses) return;
-        // Held at its gate until the engine is resumed; if that fails, retried at each health probe (resumePending).
         backend.gate.close();
-        const resumes = backend.resumes;
-        void resumeEngine(backend, AbortSignal.timeout(30_000), log).then(
-          () => {
-            if (backend.pauses === ownPauses && backend.resumes === resumes && !backend.removed) backend.gate.open();
-          },
-          (err: unknown) => {
-            backend.resumePending = true;
-            log.warn({ backend: backend.id, err }, 'could not resume an engine whose overtaken pause answered late: retried at its next health probe');
-          },
+        void resumeHeld(backend, AbortSignal.timeout(30_000), log).catch((err: unknown) =>
+          log.warn({ backend: backend.id, err }, 'could not resume an engine whose overtaken pause answered late: retried at its next health probe'),
         );
         return;
       }
@@ -201,6 +193,25 @@ export async function resumeEngine(backend: BackendState, signal: AbortSignal, l
       await backend.client.resume(callSignal).catch((err: unknown) => log.debug({ backend: backend.id, err }, 'resume of an engine this pool had not paused failed (ignored)'));
     }
   });
+}
+
+/**
+ * Resumes the engine of a backend held at its gate and opens the gate, unless a pause or resume started meanwhile
+ * (that call decides) or the backend was removed; resolves whether it opened it. If the engine cannot be reached,
+ * the backend is marked `resumePending` (the pool retries at its health probes) and the error is thrown.
+ */
+export async function resumeHeld(backend: BackendState, signal: AbortSignal, log: Logger): Promise<boolean> {
+  const { pauses, resumes } = backend;
+  try {
+    await resumeEngine(backend, signal, log);
+  } catch (err) {
+    backend.resumePending = true;
+    throw err;
+  }
+  if (backend.pauses !== pauses || backend.resumes !== resumes || backend.removed) return false;
+  backend.resumePending = false;
+  backend.gate.open();
+  return true;
 }
 
 /**

@@ -6,7 +6,7 @@ import { EngineUnreachableError } from './engine-http.js';
 import { HealthProber } from './health-prober.js';
 import { PoolLease, type BackendLease, type LeaseHost, type SampledVersions } from './lease.js';
 import { logprobsMismatch } from './logprobs-mode.js';
-import { enginePausesAtAll, pauseBackends, resumeBackends, resumeEngine } from './pause-control.js';
+import { enginePausesAtAll, pauseBackends, resumeBackends, resumeEngine, resumeHeld } from './pause-control.js';
 import { LoadHeap, type PickResult } from './picker.js';
 import type { BackendKind, EngineClient, EngineServerInfo, GenerateRequest, GenerateResult, LogprobsMode, PauseMode } from './types.js';
 
@@ -394,17 +394,10 @@ export class BackendPool {
    */
   #resumeRecovered(backend: BackendState): void {
     if (backend.engineCall !== undefined) return; // a call is out (this retry's, or a pause's or resume's that decides)
-    const { pauses, resumes } = backend;
-    // A pause or resume since then has taken over what this one was for.
-    const current = (): boolean => backend.resumePending && backend.pauses === pauses && backend.resumes === resumes;
-    void resumeEngine(backend, AbortSignal.timeout(this.#healthTimeoutMs), this.#log)
-      .then(() => {
-        if (!current()) return;
-        backend.resumePending = false;
-        backend.gate.open();
-        this.#log.info({ backend: backend.id }, 'backend resumed after it recovered');
-      })
-      .catch((err: unknown) => this.#log.warn({ backend: backend.id, err }, 'could not resume the recovered backend\'s engine yet: retried at its next health probe'));
+    void resumeHeld(backend, AbortSignal.timeout(this.#healthTimeoutMs), this.#log).then(
+      (opened) => opened && this.#log.info({ backend: backend.id }, 'backend resumed after it recovered'),
+      (err: unknown) => this.#log.warn({ backend: backend.id, err }, 'could not resume the recovered backend\'s engine yet: retried at its next health probe'),
+    );
   }
 
   /**

@@ -2,8 +2,8 @@
  * JSON helpers the tool-call parsers share: reading a call's arguments, finding where one JSON value ends in
  * longer text, and writing JSON the way the models were trained to (Python's `json.dumps` spacing).
  */
-
 import type { ParsedToolCalls, ToolCall } from './types.js';
+
 /** A call's arguments: an object, a JSON string holding one (OpenAI-style encoded arguments), or absent (`{}`). */
 export function parseArguments(value: unknown): Record<string, unknown> | string {
   if (value === undefined || value === null) return {};
