@@ -63,5 +63,10 @@ export function watchResponseBytes(m: WatchResponse): number {
 
 /** Encoded bytes of a trajectory (plus its field tag and length); encoded here if it did not come through wireSafe. */
 export function trajectoryBytes(t: Trajectory): number {
-  return (encodedTrajectory(t)?.length ?? Trajectory.encode(t).finish().length) + 6;
+  return framedBytes(encodedTrajectory(t) ?? Trajectory.encode(t).finish());
+}
+
+/** A trajectory's encoded bytes as a response carries them: plus its field tag and length (at most 6 bytes). */
+export function framedBytes(encoded: Uint8Array): number {
+  return encoded.length + 6;
 }

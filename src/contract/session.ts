@@ -1,5 +1,6 @@
 import type { Ack, DeliveryPaused, RolloutResponse, Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { encodedTrajectory, StoredTrajectory } from '../pipeline/wire-safe.js';
+import { framedBytes } from './response-encode.js';
 import type { StreamWriter } from './stream-writer.js';
 
 /** What a session knows of one of its tasks; forgotten once every sample was delivered and acked. */
@@ -292,7 +293,7 @@ export class Session {
   }
 }
 
-/** What a trajectory counts against the bound: its encoded size plus its field tag and length, as response-encode.ts trajectoryBytes counts it. */
+/** What a trajectory counts against the bound: its bytes as a response carries them, as trajectoryBytes counts. */
 function storedBytes(stored: StoredTrajectory): number {
-  return stored.bytes.length + 6;
+  return framedBytes(stored.bytes);
 }
