@@ -1,48 +1,27 @@
-import { afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { BackendPool, type BackendPoolOptions } from '../../src/backends/pool.js';
+import { describe, expect, it } from 'vitest';
+import type { BackendPool } from '../../src/backends/pool.js';
 import { VllmClient } from '../../src/backends/vllm-client.js';
 import { describeError } from '../../src/errors.js';
 import { FakeVllmEngine, type FakeVllmOptions } from '../../src/testing/fake-vllm.js';
-import { loadQwen3 } from '../../src/tokens/tokenizer.js';
-import type { Tokenizer } from '../../src/tokens/types.js';
+import { poolSuite } from '../support/pool-suite.js';
 import { deadUrl } from '../support/server-harness.js';
 
 // A dead engine (process gone, connection refused or reset mid-request) against the pool, over real HTTP to the
 // fake vLLM: the trajectory's request moves to another engine at once, nothing of the lost request is kept, and
 // when nothing can serve it the request ends backend_error with the cause after bounded attempts — never hangs.
 
-let tokenizer: Tokenizer;
-let prompt: number[];
-const pools: BackendPool[] = [];
-const engines: FakeVllmEngine[] = [];
-
-beforeAll(async () => {
-  ({ tokenizer } = await loadQwen3());
-  prompt = tokenizer.encode('<|im_start|>user\nWhat is 6 * 7?<|im_end|>\n<|im_start|>assistant\n');
-});
-
-afterEach(async () => {
-  for (const pool of pools.splice(0)) pool.close();
-  for (const engine of engines.splice(0)) await engine.close();
-});
-
-function makePool(options: BackendPoolOptions = {}): BackendPool {
-  const pool = new BackendPool({ acquireTimeoutMs: 500, healthTimeoutMs: 1_000, ...options });
-  pools.push(pool);
-  return pool;
-}
+const suite = poolSuite({ pool: { acquireTimeoutMs: 500, healthTimeoutMs: 1_000 }, question: 'What is 6 * 7?' });
+const makePool = suite.makePool;
 
 async function engine(options: Partial<FakeVllmOptions> = {}): Promise<FakeVllmEngine> {
-  const e = await FakeVllmEngine.start({ tokenizer, tokenLatencyMs: 0, ...options });
-  engines.push(e);
-  return e;
+  return suite.track(await FakeVllmEngine.start({ tokenizer: suite.tokenizer, tokenLatencyMs: 0, ...options }));
 }
 
 function addVllm(pool: BackendPool, id: string, url: string, model = 'fake-qwen3'): void {
   pool.add(new VllmClient({ url, model }), { id, maxConcurrency: 4, model, maxModelLen: 40960 });
 }
 
-const ask = () => ({ promptIds: prompt, maxTokens: 64, seed: 5, signal: new AbortController().signal });
+const ask = () => ({ promptIds: suite.prompt, maxTokens: 64, seed: 5, signal: new AbortController().signal });
 
 describe('failover from a dead engine', () => {
   it('an engine killed mid-request: marked unhealthy at once, the request moves to the other engine, whose answer alone is kept', async () => {

@@ -1,24 +1,15 @@
 import { Writable } from 'node:stream';
-import { afterEach, describe, expect, it } from 'vitest';
-import { BackendPool, type BackendPoolOptions } from '../../src/backends/pool.js';
+import { describe, expect, it } from 'vitest';
 import type { EngineServerInfo, GenerateRequest } from '../../src/backends/types.js';
 import { RolloutError } from '../../src/errors.js';
 import { createLogger } from '../../src/observability/logger.js';
 import { trajectoryLogprobsMode } from '../../src/pipeline/trajectory.js';
 import { InMemoryEngineClient } from '../../src/testing/in-memory-engine.js';
+import { poolSuite } from '../support/pool-suite.js';
 
 /** What the pool learns from engines about themselves — capacity and logprobs mode — and what it does with it. */
 
-const pools: BackendPool[] = [];
-afterEach(() => {
-  for (const pool of pools.splice(0)) pool.close();
-});
-
-function makePool(options: BackendPoolOptions = {}): BackendPool {
-  const pool = new BackendPool({ acquireTimeoutMs: 1_000, ...options });
-  pools.push(pool);
-  return pool;
-}
+const makePool = poolSuite({ pool: { acquireTimeoutMs: 1_000 } }).makePool;
 
 const flush = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
 const request = (overrides: Partial<GenerateRequest> = {}): GenerateRequest => ({ promptIds: [1, 2], maxTokens: 4, signal: new AbortController().signal, ...overrides });

@@ -1,12 +1,11 @@
-import { afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { BackendPool, type BackendPoolOptions } from '../../src/backends/pool.js';
+import { describe, expect, it } from 'vitest';
 import type { GenerateRequest, PauseMode } from '../../src/backends/types.js';
 import { VllmClient } from '../../src/backends/vllm-client.js';
 import { RolloutError } from '../../src/errors.js';
 import { FakeVllmEngine } from '../../src/testing/fake-vllm.js';
 import { InMemoryEngineClient } from '../../src/testing/in-memory-engine.js';
-import { loadQwen3 } from '../../src/tokens/tokenizer.js';
-import type { Tokenizer } from '../../src/tokens/types.js';
+import type { BackendPool } from '../../src/backends/pool.js';
+import { poolSuite } from '../support/pool-suite.js';
 
 // PauseGeneration / ResumeGeneration against what goes wrong around a weight sync: an engine that is down, a resume
 // that overtakes a pause still under way, a paused engine removed (or its rollout server restarted) before the
@@ -15,34 +14,15 @@ import type { Tokenizer } from '../../src/tokens/types.js';
 // out. Engines: the fake vLLM over real HTTP (its dev-mode pause routes), or the in-memory double with a pause call
 // the test completes.
 
-let tokenizer: Tokenizer;
-let prompt: number[];
-const pools: BackendPool[] = [];
-const engines: FakeVllmEngine[] = [];
-
-beforeAll(async () => {
-  ({ tokenizer } = await loadQwen3());
-  prompt = tokenizer.encode('<|im_start|>user\nWhat is 17 * 23 + 5?<|im_end|>\n<|im_start|>assistant\n');
-});
-
-afterEach(async () => {
-  for (const pool of pools.splice(0)) pool.close();
-  for (const engine of engines.splice(0)) await engine.close();
-});
-
-function makePool(options: BackendPoolOptions = {}): BackendPool {
-  const pool = new BackendPool({ acquireTimeoutMs: 500, healthTimeoutMs: 500, ...options });
-  pools.push(pool);
-  return pool;
-}
+const suite = poolSuite({ pool: { acquireTimeoutMs: 500, healthTimeoutMs: 500 }, question: 'What is 17 * 23 + 5?' });
+const makePool = suite.makePool;
 
 async function fakeVllm(tokenLatencyMs = 0): Promise<{ engine: FakeVllmEngine; client: () => VllmClient }> {
-  const engine = await FakeVllmEngine.start({ tokenizer, tokenLatencyMs, devMode: true });
-  engines.push(engine);
+  const engine = suite.track(await FakeVllmEngine.start({ tokenizer: suite.tokenizer, tokenLatencyMs, devMode: true }));
   return { engine, client: () => new VllmClient({ url: engine.url, model: engine.model, requestTimeoutMs: 2_000 }) };
 }
 
-const ask = (): GenerateRequest => ({ promptIds: prompt, maxTokens: 32, seed: 3, signal: AbortSignal.timeout(3_000) });
+const ask = (): GenerateRequest => ({ promptIds: suite.prompt, maxTokens: 32, seed: 3, signal: AbortSignal.timeout(3_000) });
 const outcome = (p: Promise<unknown>): Promise<string> =>
   p.then(
     () => 'ok',

@@ -1,5 +1,4 @@
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { BackendPool, type BackendPoolOptions } from '../../src/backends/pool.js';
+import { describe, expect, it } from 'vitest';
 import { SglangClient } from '../../src/backends/sglang-client.js';
 import type { GenerateRequest } from '../../src/backends/types.js';
 import { VllmClient } from '../../src/backends/vllm-client.js';
@@ -7,47 +6,23 @@ import { RolloutError } from '../../src/errors.js';
 import { FakeSglangEngine } from '../../src/testing/fake-sglang.js';
 import { FakeVllmEngine } from '../../src/testing/fake-vllm.js';
 import { InMemoryEngineClient } from '../../src/testing/in-memory-engine.js';
-import { loadQwen3 } from '../../src/tokens/tokenizer.js';
-import type { Tokenizer } from '../../src/tokens/types.js';
+import { poolSuite } from '../support/pool-suite.js';
 
 // The pool's half of PauseGeneration / ResumeGeneration: held requests, the three modes, versions per answer.
 // Engines are the in-memory double (exact control of when a request ends) or the fake vLLM/SGLang over real HTTP
 // (their pause routes, decoding at a fixed latency per token so requests are in flight long enough to pause).
 
-let tokenizer: Tokenizer;
-let prompt: number[];
-const pools: BackendPool[] = [];
-const engines: Array<{ close(): Promise<void> }> = [];
-
-beforeAll(async () => {
-  ({ tokenizer } = await loadQwen3());
-  prompt = tokenizer.encode('<|im_start|>user\nWhat is 17 * 23 + 5?<|im_end|>\n<|im_start|>assistant\n');
-});
-
-afterEach(async () => {
-  for (const pool of pools.splice(0)) pool.close();
-  for (const engine of engines.splice(0)) await engine.close();
-});
-
-afterAll(async () => {
-  for (const engine of engines.splice(0)) await engine.close();
-});
-
-function makePool(options: BackendPoolOptions = {}): BackendPool {
-  const pool = new BackendPool({ acquireTimeoutMs: 100, ...options });
-  pools.push(pool);
-  return pool;
-}
+const suite = poolSuite({ pool: { acquireTimeoutMs: 100 }, question: 'What is 17 * 23 + 5?' });
+const makePool = suite.makePool;
 
 async function fakeVllm(tokenLatencyMs = 10, devMode = true): Promise<{ engine: FakeVllmEngine; client: VllmClient }> {
-  const engine = await FakeVllmEngine.start({ tokenizer, tokenLatencyMs, devMode });
-  engines.push(engine);
+  const engine = suite.track(await FakeVllmEngine.start({ tokenizer: suite.tokenizer, tokenLatencyMs, devMode }));
   return { engine, client: new VllmClient({ url: engine.url, model: engine.model }) };
 }
 
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
 const request = (signal = new AbortController().signal): GenerateRequest => ({ promptIds: [1, 2], maxTokens: 4, signal });
-const ask = (signal = new AbortController().signal, seed = 3): GenerateRequest => ({ promptIds: prompt, maxTokens: 256, seed, signal });
+const ask = (signal = new AbortController().signal, seed = 3): GenerateRequest => ({ promptIds: suite.prompt, maxTokens: 256, seed, signal });
 
 /** Whether a promise has settled, read synchronously. */
 function track<T>(promise: Promise<T>): { settled: () => boolean } {
@@ -215,8 +190,7 @@ describe('BackendPool.pause modes', () => {
   });
 
   it('a mode the engine lacks is failed_precondition and pauses nothing; SGLang keeps abort and keep, and waits through the pool', async () => {
-    const sglang = await FakeSglangEngine.start({ tokenizer, tokenLatencyMs: 5 });
-    engines.push(sglang);
+    const sglang = suite.track(await FakeSglangEngine.start({ tokenizer: suite.tokenizer, tokenLatencyMs: 5 }));
     const pool = makePool();
     pool.add(new SglangClient({ url: sglang.url, model: 'm' }), { id: 's', maxConcurrency: 2, model: 'm', maxModelLen: 40960 });
     pool.add(new InMemoryEngineClient(), { id: 'mem', maxConcurrency: 2, model: 'm' });

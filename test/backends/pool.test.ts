@@ -1,24 +1,15 @@
 import { Writable } from 'node:stream';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { RolloutError } from '../../src/errors.js';
 import { createLogger } from '../../src/observability/logger.js';
-import { BackendPool, type BackendPoolOptions } from '../../src/backends/pool.js';
 import type { GenerateRequest } from '../../src/backends/types.js';
 import { VllmClient } from '../../src/backends/vllm-client.js';
 import { InMemoryEngineClient } from '../../src/testing/in-memory-engine.js';
 import { FakeVllmEngine } from '../../src/testing/fake-vllm.js';
 import { loadQwen3 } from '../../src/tokens/tokenizer.js';
+import { poolSuite } from '../support/pool-suite.js';
 
-const pools: BackendPool[] = [];
-afterEach(() => {
-  for (const pool of pools.splice(0)) pool.close();
-});
-
-function makePool(options: BackendPoolOptions = {}): BackendPool {
-  const pool = new BackendPool({ acquireTimeoutMs: 1_000, ...options });
-  pools.push(pool);
-  return pool;
-}
+const makePool = poolSuite({ pool: { acquireTimeoutMs: 1_000 } }).makePool;
 
 const flush = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
 const request = (signal = new AbortController().signal): GenerateRequest => ({ promptIds: [1, 2], maxTokens: 4, signal });
