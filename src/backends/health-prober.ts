@@ -18,6 +18,8 @@ export interface ProbeTarget {
   readonly id: string;
   readonly client: EngineClient;
   readonly healthy: boolean;
+  /** The pool paused its engine (see EngineClient.health). */
+  readonly enginePaused: boolean;
 }
 
 /**
@@ -87,7 +89,7 @@ export class HealthProber {
   async #probe(target: ProbeTarget): Promise<void> {
     let ok: boolean;
     try {
-      ok = await target.client.health(AbortSignal.timeout(this.options.timeoutMs));
+      ok = await target.client.health(AbortSignal.timeout(this.options.timeoutMs), { paused: target.enginePaused });
     } catch (err) {
       this.options.logger.debug({ backend: target.id, err }, 'health probe threw');
       ok = false;

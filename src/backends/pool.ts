@@ -562,7 +562,7 @@ export class BackendPool {
       const budget = AbortSignal.timeout(this.#healthTimeoutMs);
       let ok: boolean;
       try {
-        ok = await backend.client.health(budget);
+        ok = await backend.client.health(budget, { paused: backend.enginePaused });
       } catch {
         ok = false;
       }

@@ -12,10 +12,14 @@ import type { GenerateResult } from './types.js';
  * ```
  *
  * The sampled ids and their logprobs come from `meta_info.output_token_logprobs` (one entry per sampled token,
- * SGLang's own pairing); `output_ids`, when present, must be the very same ids — an answer whose two lists
- * disagree is refused rather than one of them trusted. `finish_reason` is an object whose `type` is the reason; a
- * null one (an unfinished answer) is refused. A batch answer (a JSON array) is refused: the client sends one
- * prompt. Throws {@link CompletionRejected} naming the first violation.
+ * SGLang's own pairing). `output_ids`, when present, must end with the very same ids: SGLang's detokenizer sends
+ * its decode ids there, which can start with a few of the prompt's last tokens (its incremental detokenizing's
+ * "surrounding" offset; sgl-project/sglang#10896, #17240) — an answer whose ids are not that suffix is refused
+ * rather than one of the lists trusted. A request aborted in SGLang's waiting queue (an abort-mode
+ * pause_generation or abort_request before its prefill: "Abort before prefill") answers without either list; that
+ * is an abort with no tokens, as the agent loop expects of an abort before the first token. `finish_reason` is an
+ * object whose `type` is the reason; a null one (an unfinished answer) is refused. A batch answer (a JSON array) is
+ * refused: the client sends one prompt. Throws {@link CompletionRejected} naming the first violation.
  */
 export function checkSglangGenerate(json: unknown, expect: CompletionExpectation): GenerateResult {
   if (Array.isArray(json)) throw new CompletionRejected('a batch answer (JSON array) to a single-prompt request');
@@ -24,6 +28,17 @@ export function checkSglangGenerate(json: unknown, expect: CompletionExpectation
   if (!isRecord(meta)) throw new CompletionRejected('meta_info missing');
 
   const pairs = meta.output_token_logprobs;
+  const finish = meta.finish_reason;
+  if (!isRecord(finish)) throw new CompletionRejected(`meta_info.finish_reason is ${preview(finish)}, not an object (unfinished answer?)`);
+  const finishReason = checkFinishReason(finish.type);
+  const text = json.text;
+  if (typeof text !== 'string') throw new CompletionRejected(`text is ${preview(text)}, not a string`);
+  const outputIds = json.output_ids;
+  if (outputIds !== undefined && outputIds !== null && !Array.isArray(outputIds)) throw new CompletionRejected(`output_ids is ${preview(outputIds)}, not an array`);
+
+  if ((pairs === undefined || pairs === null) && finishReason === 'abort' && text === '' && (outputIds ?? []).length === 0 && (meta.completion_tokens ?? 0) === 0) {
+    return { tokenIds: [], logprobs: [], finishReason, text };
+  }
   if (!Array.isArray(pairs)) throw new CompletionRejected('meta_info.output_token_logprobs missing (return_logprob: true needed)');
   if (pairs.length > expect.maxTokens) throw new CompletionRejected(`${pairs.length} token ids for max_tokens ${expect.maxTokens}`);
   const ids = new Array<unknown>(pairs.length);
@@ -39,17 +54,10 @@ export function checkSglangGenerate(json: unknown, expect: CompletionExpectation
     logprobs: (i) => `output_token_logprobs[${i}][0]`,
   });
 
-  const outputIds = json.output_ids;
-  if (outputIds !== undefined && outputIds !== null) {
-    if (!Array.isArray(outputIds)) throw new CompletionRejected(`output_ids is ${preview(outputIds)}, not an array`);
-    const same = outputIds.length === checked.tokenIds.length && checked.tokenIds.every((id, i) => outputIds[i] === id);
-    if (!same) throw new CompletionRejected('output_ids disagree with the ids in meta_info.output_token_logprobs');
+  if (Array.isArray(outputIds)) {
+    const offset = outputIds.length - checked.tokenIds.length;
+    const suffix = offset >= 0 && checked.tokenIds.every((id, i) => outputIds[offset + i] === id);
+    if (!suffix) throw new CompletionRejected('output_ids do not end with the ids in meta_info.output_token_logprobs');
   }
-
-  const finish = meta.finish_reason;
-  if (!isRecord(finish)) throw new CompletionRejected(`meta_info.finish_reason is ${preview(finish)}, not an object (unfinished answer?)`);
-  const finishReason = checkFinishReason(finish.type);
-  const text = json.text;
-  if (typeof text !== 'string') throw new CompletionRejected(`text is ${preview(text)}, not a string`);
   return { ...checked, finishReason, text };
 }

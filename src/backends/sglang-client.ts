@@ -5,7 +5,7 @@ import { readGenerateAnswer, type GenerateAnswerKind } from './generate-answer.j
 import { checkRequestId, EngineHttp, modelCardMaxLen, probeHealth } from './engine-http.js';
 import { checkSglangGenerate } from './sglang-answer.js';
 import { fetchServerInfo, parseSglangServerInfo } from './server-info.js';
-import type { EngineClient, EngineModelInfo, EngineServerInfo, GenerateRequest, GenerateResult, PauseMode } from './types.js';
+import type { EngineClient, EngineModelInfo, EngineServerInfo, GenerateRequest, HealthOptions, GenerateResult, PauseMode } from './types.js';
 import { defaultMaxResponseBytes } from './vllm-client.js';
 
 /** Where an SGLang server is and how long one request may take (the same knobs as the vLLM client). */
@@ -41,7 +41,7 @@ const SGLANG_ANSWER: GenerateAnswerKind = {
  *   stop, skip_special_tokens: false}, return_logprob: true, logprob_start_len: -1, stream: false, rid}` — the
  *   sampled ids and logprobs come back in `meta_info.output_token_logprobs` (`[logprob, id, null]` per token) and
  *   `output_ids`, and are used exactly as returned;
- * - `GET /health_generate` (200 once the engine produced a token, 503 otherwise);
+ * - `GET /health_generate` (200 once the engine produced a token, 503 otherwise; `GET /get_model_info` while paused);
  * - `GET /v1/models` for `max_model_len` (SGLang's context_len; `/get_model_info` does not state it) and
  *   `GET /get_server_info` for the running-request cap (the backend's capacity when none is configured);
  * - `POST /abort_request` `{rid}` or `{abort_all: true}`; `POST /pause_generation` `{mode: 'abort'|'in_place'}`
@@ -102,9 +102,16 @@ export class SglangClient implements EngineClient {
     return readGenerateAnswer(SGLANG_ANSWER, this.url, answer, request);
   }
 
-  /** GET /health_generate: 200 when the engine can generate (it runs a one-token request when idle). */
-  async health(signal: AbortSignal): Promise<boolean> {
-    return probeHealth(this.#http, '/health_generate', signal);
+  /**
+   * GET /health_generate: 200 when the engine can generate (it runs a one-token request when idle). SGLang's health
+   * check is a generate request: while the engine is paused it waits at the pause like any other (and answers 503
+   * after SGLang's 20 s), so a paused engine (`options.paused`) is asked GET /get_model_info instead — the server
+   * answers, which is all a probe can learn until the resume. (Probing /health_generate there marked every engine
+   * unhealthy during any weight sync longer than two probes, and the pool-wide resume then waited for a probe that
+   * could not pass: the engines stayed paused for good.)
+   */
+  async health(signal: AbortSignal, options: HealthOptions = {}): Promise<boolean> {
+    return probeHealth(this.#http, options.paused === true ? '/get_model_info' : '/health_generate', signal);
   }
 
   /** GET /v1/models: the card of this client's model (or the only card); its max_model_len is context_len. */

@@ -83,6 +83,12 @@ export interface GenerateResult {
 
 export type { BackendKind };
 
+/** What the pool knows when it asks an engine's health. */
+export interface HealthOptions {
+  /** The pool paused the engine (PauseGeneration) and has not resumed it yet, or may have (see BackendPool.restoreWeights). */
+  paused?: boolean;
+}
+
 /**
  * A client for one engine. Implementations: vLLM (/v1/completions with token-id prompts) and SGLang (/generate
  * with input_ids); the kinds and what each can do are enumerated once, in ./kinds.ts. The control operations are
@@ -92,8 +98,12 @@ export interface EngineClient {
   readonly kind: BackendKind;
   readonly url: string;
   generate(request: GenerateRequest): Promise<GenerateResult>;
-  /** True when the engine answers its health endpoint. */
-  health(signal: AbortSignal): Promise<boolean>;
+  /**
+   * True when the engine answers its health endpoint. `paused`: the pool has paused this engine (or may have, after
+   * a restart during a pause); a kind whose health check is itself a generation (SGLang's) cannot pass it then and
+   * checks only that the server answers, so a weight sync never marks its engines down.
+   */
+  health(signal: AbortSignal, options?: HealthOptions): Promise<boolean>;
   /**
    * Asks the engine about its model (context length). Throws backend_error when it cannot be learned; the pool
    * then keeps the limit unknown and asks again after the next successful health probe.

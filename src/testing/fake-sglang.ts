@@ -32,6 +32,12 @@ export interface FakeSglangOptions {
   maxRunningRequests?: number;
   /** Data-parallel ranks (`dp_size`, one internal state each; default 1). */
   dpSize?: number;
+  /**
+   * How many of the prompt's last ids `output_ids` starts with before the sampled ones (default 0): SGLang's
+   * detokenizer sends its decode ids there, which can include up to 5 "surrounding" prompt tokens
+   * (sgl-project/sglang#10896, #17240); `meta_info.output_token_logprobs` holds the sampled ones only.
+   */
+  surroundingIds?: number;
   /** Sees every answer the engine returns. */
   onCompletion?: (completion: { promptIds: readonly number[]; tokenIds: readonly number[]; logprobs: readonly number[]; finishReason: FakeSample['finish'] }) => void;
 }
@@ -60,9 +66,12 @@ function finishReason(sample: FakeSample, stopId: number): Record<string, unknow
  * - `POST /generate` `{input_ids, sampling_params: {max_new_tokens, temperature, top_p, top_k, sampling_seed, stop,
  *   ...}, return_logprob, logprob_start_len, rid, stream: false}` → `{text, output_ids, meta_info: {id,
  *   finish_reason: {type, matched|length|message}, prompt_tokens, completion_tokens, cached_tokens,
- *   output_token_logprobs: [[logprob, id, null], ...] (with return_logprob)}}`; errors are HTTP 400
+ *   output_token_logprobs: [[logprob, id, null], ...] (with return_logprob)}}`, a request aborted before its first
+ *   token answering as one aborted in SGLang's waiting queue (`{text: '', meta_info: {finish_reason: {type: 'abort',
+ *   message: 'Abort before prefill'}, prompt_tokens: 0, completion_tokens: 0}}`); errors are HTTP 400
  *   `{"error": {"message"}}`, the context-length ones with SGLang's wording;
- * - `GET /health`, `GET /health_generate` (200, or 503 when unhealthy), `GET /get_model_info`, `GET /v1/models`
+ * - `GET /health`, `GET /health_generate` (200, or 503 when unhealthy; held while paused, as SGLang's generate-based
+ *   check is), `GET /get_model_info`, `GET /v1/models`
  *   (`max_model_len` = context_len), `GET /get_server_info` (server args, `internal_states` with the running cap);
  * - `POST /abort_request {rid | abort_all}`, `POST /pause_generation {mode: abort|retract|in_place}`,
  *   `POST /continue_generation`.
@@ -130,6 +139,8 @@ export class FakeSglangEngine {
     const post = req.method === 'POST' || req.method === 'PUT';
     if (req.method === 'GET' && (path === '/health' || path === '/health_generate')) {
       this.#stats.healthChecks++;
+      // SGLang's health check is a one-token generate request: while paused it waits at the pause like any other.
+      await this.#inflight.admit();
       res.writeHead(this.#healthy ? 200 : 503).end();
     } else if (req.method === 'GET' && path === '/get_model_info') {
       sendJson(res, 200, { model_path: this.model, tokenizer_path: this.model, is_generation: true, preferred_sampling_params: null, weight_version: 'default' });
@@ -248,13 +259,15 @@ export class FakeSglangEngine {
     stats.served++;
     if (outcome.aborted) sample = abortedSample(sample, outcome.produced);
     this.options.onCompletion?.({ promptIds: promptIds as number[], tokenIds: sample.ids, logprobs: sample.logprobs, finishReason: sample.finish });
-    const answer = this.#render(body, sampling, rid, promptIds.length, sample);
+    const answer = outcome.aborted && sample.ids.length === 0
+      ? { text: '', meta_info: { id: rid, finish_reason: { type: 'abort', message: 'Abort before prefill', status_code: null, err_type: null }, prompt_tokens: 0, completion_tokens: 0 } }
+      : this.#render(body, sampling, rid, promptIds as number[], sample);
     if (fault?.kind === 'tamper') fault.tamper(answer);
     sendJson(res, 200, answer);
   }
 
   /** The non-streaming /generate answer for one prompt. */
-  #render(body: Record<string, unknown>, sampling: Record<string, unknown>, rid: string, promptTokens: number, sample: FakeSample): Record<string, unknown> {
+  #render(body: Record<string, unknown>, sampling: Record<string, unknown>, rid: string, promptIds: readonly number[], sample: FakeSample): Record<string, unknown> {
     const { tokenizer } = this.options;
     // SGLang trims a matched stop token or string from the text unless no_stop_trim; special tokens are skipped
     // unless skip_special_tokens is false.
@@ -263,7 +276,7 @@ export class FakeSglangEngine {
     const meta: Record<string, unknown> = {
       id: rid,
       finish_reason: finishReason(sample, this.#sampler.stopId),
-      prompt_tokens: promptTokens,
+      prompt_tokens: promptIds.length,
       weight_version: 'default',
       completion_tokens: sample.ids.length,
       cached_tokens: 0,
@@ -274,7 +287,8 @@ export class FakeSglangEngine {
       meta.input_token_logprobs = [];
       meta.output_token_logprobs = sample.ids.map((id, i) => [sample.logprobs[i], id, withText ? tokenizer.decode([id]) : null]);
     }
-    return { text, output_ids: sample.ids, meta_info: meta };
+    const surrounding = Math.min(this.options.surroundingIds ?? 0, promptIds.length);
+    return { text, output_ids: [...promptIds.slice(promptIds.length - surrounding), ...sample.ids], meta_info: meta };
   }
 }
 

@@ -1,7 +1,9 @@
 import { describe, expect, it } from 'vitest';
 import type { GenerateRequest, PauseMode } from '../../src/backends/types.js';
+import { SglangClient } from '../../src/backends/sglang-client.js';
 import { VllmClient } from '../../src/backends/vllm-client.js';
 import { RolloutError } from '../../src/errors.js';
+import { FakeSglangEngine } from '../../src/testing/fake-sglang.js';
 import { FakeVllmEngine } from '../../src/testing/fake-vllm.js';
 import { InMemoryEngineClient } from '../../src/testing/in-memory-engine.js';
 import type { BackendPool } from '../../src/backends/pool.js';
@@ -359,5 +361,31 @@ describe('engines down or leaving around a weight sync, restarted servers', () =
     engine.healthy = true;
     await pool.probeHealth();
     await expect.poll(() => [!pool.list()[0]!.paused, engine.paused]).toEqual([true, false]);
+  });
+});
+
+describe('an engine whose health check is a generation (SGLang) through a weight sync', () => {
+  it('stays healthy through a pause that spans several probe rounds, and the pool-wide resume resumes it', async () => {
+    // SGLang's /health_generate waits at the pause like any request (the fake SGLang holds it so): probed there, the
+    // paused engine failed every probe, was marked unhealthy, and the pool-wide resume then waited for a probe that
+    // could not pass — the engine stayed paused for good.
+    const sglang = suite.track(await FakeSglangEngine.start({ tokenizer: suite.tokenizer, tokenLatencyMs: 5 }));
+    const pool = suite.makePool({ healthTimeoutMs: 300, healthFailureThreshold: 2 });
+    pool.add(new SglangClient({ url: sglang.url, model: 'm' }), { id: 's', maxConcurrency: 4, model: 'm', maxModelLen: 40959 });
+    for (const mode of ['keep', 'abort'] as const) {
+      const lease = await pool.acquire(`t-${mode}`);
+      const running = lease.generate({ ...ask(), maxTokens: 200, signal: AbortSignal.timeout(10_000) });
+      await expect.poll(() => sglang.inflightRequestIds().length).toBe(1);
+      await pool.pause(mode);
+      expect(sglang.paused).toBe(true);
+      for (let round = 0; round < 3; round++) await pool.probeHealth(); // the weight update, as long as it takes
+      expect(pool.list()[0]!.healthy).toBe(true);
+      await pool.resume({ policyVersion: mode === 'keep' ? 1 : 2 });
+      expect(sglang.paused).toBe(false);
+      const out = await running;
+      expect(out.finishReason).toBe(mode === 'keep' ? 'stop' : 'abort');
+      lease.release();
+      expect(pool.list()[0]!.healthy).toBe(true);
+    }
   });
 });

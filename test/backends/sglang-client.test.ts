@@ -105,6 +105,7 @@ describe('SglangClient against the fake SGLang engine', () => {
     expect(await client.health(signal())).toBe(false);
     engine.setHealthy(true);
     expect(await new SglangClient({ url: 'http://127.0.0.1:1', model: 'm' }).health(AbortSignal.timeout(1_000))).toBe(false);
+    expect(await new SglangClient({ url: 'http://127.0.0.1:1', model: 'm' }).health(AbortSignal.timeout(1_000), { paused: true })).toBe(false);
     const small = await FakeSglangEngine.start({ tokenizer, model: 'qwen3-test', contextLength: 3072 });
     try {
       expect(await new SglangClient({ url: small.url, model: 'qwen3-test' }).modelInfo(signal())).toEqual({ maxModelLen: 3071 });
@@ -150,9 +151,11 @@ describe('SglangClient checks every engine answer before it becomes a trajectory
     expect((await expectRolloutError(ask(client), 'backend_error')).message).toContain('output_token_logprobs[2] is an object, not [logprob, token_id, text]');
   });
 
-  it('refuses output_ids that disagree with output_token_logprobs, and an unfinished answer', async () => {
+  it('refuses output_ids that do not end with the ids of output_token_logprobs, and an unfinished answer', async () => {
     tamper((a) => (a.output_ids[0] = a.output_ids[0]! + 1));
-    expect((await expectRolloutError(ask(client), 'backend_error')).message).toContain('output_ids disagree');
+    expect((await expectRolloutError(ask(client), 'backend_error')).message).toContain('output_ids do not end with the ids');
+    tamper((a) => a.output_ids.pop());
+    expect((await expectRolloutError(ask(client), 'backend_error')).message).toContain('output_ids do not end with the ids');
     tamper((a) => (a.meta_info.finish_reason = null));
     expect((await expectRolloutError(ask(client), 'backend_error')).message).toContain('finish_reason is null, not an object');
     tamper((a) => (a.meta_info.finish_reason = { type: 'eos' }));
@@ -178,6 +181,47 @@ describe('SglangClient checks every engine answer before it becomes a trajectory
       expect(await ask(new SglangClient({ url: ok.url, model: 'm' }))).toEqual({ tokenIds: [7], logprobs: [-0.1], finishReason: 'stop', text: 'x' });
     } finally {
       ok.server.close();
+    }
+  });
+
+  it('takes the sampled ids when output_ids start with prompt ids (SGLang\u2019s detokenizer\u2019s "surrounding" ids)', async () => {
+    const sampled: Array<{ tokenIds: readonly number[]; logprobs: readonly number[] }> = [];
+    const surrounding = await FakeSglangEngine.start({ tokenizer, model: 'm', surroundingIds: 5, onCompletion: (c) => sampled.push(c) });
+    try {
+      const c = new SglangClient({ url: surrounding.url, model: 'm' });
+      const result = await ask(c);
+      expect(sampled).toHaveLength(1);
+      expect(result.tokenIds).toEqual(sampled[0]!.tokenIds);
+      expect(result.logprobs).toEqual(sampled[0]!.logprobs);
+      const raw = (await (await fetch(`${surrounding.url}/generate`, { method: 'POST', body: JSON.stringify(surrounding.lastRequest) })).json()) as { output_ids: number[] };
+      expect(raw.output_ids).toEqual([...prompt.slice(-5), ...result.tokenIds]);
+    } finally {
+      await surrounding.close();
+    }
+  });
+
+  it('reads "Abort before prefill" (a request aborted in SGLang\u2019s waiting queue: no ids, no logprobs) as an abort with no tokens', async () => {
+    const before = { text: '', meta_info: { id: 'r', finish_reason: { type: 'abort', message: 'Abort before prefill' }, prompt_tokens: 0, completion_tokens: 0 } };
+    const { url, server } = await rawServer(before);
+    try {
+      expect(await ask(new SglangClient({ url, model: 'm' }))).toEqual({ tokenIds: [], logprobs: [], finishReason: 'abort', text: '' });
+    } finally {
+      server.close();
+    }
+    // Only that: an abort that reports sampled tokens (or text) without their logprobs is still refused.
+    const cases = [
+      { ...before, meta_info: { ...before.meta_info, completion_tokens: 3 } },
+      { ...before, output_ids: [7, 8] },
+      { ...before, text: 'partial' },
+      { ...before, meta_info: { ...before.meta_info, finish_reason: { type: 'stop', matched: 151645 } } },
+    ];
+    for (const body of cases) {
+      const raw = await rawServer(body);
+      try {
+        expect((await expectRolloutError(ask(new SglangClient({ url: raw.url, model: 'm' })), 'backend_error')).message).toContain('output_token_logprobs missing');
+      } finally {
+        raw.server.close();
+      }
     }
   });
 
@@ -255,6 +299,9 @@ describe('SglangClient control operations', () => {
       await expect.poll(() => slow.inflightRequestIds()).toEqual(['a']);
       await c.pause('abort', signal());
       expect((await running).finishReason).toBe('abort');
+      // Paused, SGLang's generate-based health check waits at the pause; the liveness check a paused engine gets answers.
+      expect(await c.health(AbortSignal.timeout(300))).toBe(false);
+      expect(await c.health(AbortSignal.timeout(2_000), { paused: true })).toBe(true);
       let settled = false;
       const waiting = c.generate({ promptIds: prompt, maxTokens: 256, requestId: 'b', signal: signal() }).finally(() => (settled = true));
       await new Promise((resolve) => setTimeout(resolve, 100));
