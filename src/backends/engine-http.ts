@@ -109,7 +109,8 @@ export class EngineHttp {
    * ledger, prompt-json.ts) is written into one buffer of its exact size: one copy, no joined string — unless a piece
    * is bytes of {@link MIN_UNCOPIED_PIECE_BYTES} or more (a long prompt's JSON from its token thread): the pieces are
    * then written to the socket one after another, those bytes as they are, with a content-length (see
-   * {@link bodyChunks}). See the class for the bounds.
+   * {@link bodyChunks}). See the class for the bounds. `options.pausedMs`: the engine's time paused, which the
+   * request budget does not count (see GenerateRequest.pausedMs).
    */
   request(
     method: 'GET' | 'POST',
@@ -117,10 +118,10 @@ export class EngineHttp {
     body: string | readonly JsonPiece[] | undefined,
     signal: AbortSignal,
     cap: number,
-    extraHeaders: Record<string, string> = {},
+    options: { headers?: Record<string, string>; pausedMs?: (() => number) | undefined } = {},
   ): Promise<HttpAnswer> {
     if (signal.aborted) return Promise.reject(RolloutError.from(signal.reason, 'cancelled'));
-    const headers: Record<string, string> = { ...extraHeaders };
+    const headers: Record<string, string> = { ...options.headers };
     if (this.#authorization !== undefined) headers.authorization = this.#authorization;
     let payload: string | Buffer | Buffer[] | null = null;
     if (body !== undefined) {
@@ -134,7 +135,7 @@ export class EngineHttp {
       }
     }
     return new Promise<HttpAnswer>((resolve, reject) => {
-      const exchange = new Exchange(this, method, path, cap, signal, this.#timeoutMs, resolve, reject);
+      const exchange = new Exchange(this, method, path, cap, signal, this.#timeoutMs, options.pausedMs, resolve, reject);
       // An array of buffers is an iterable body (undici's docs/api/Dispatcher.md: `body` may be an Iterable; its
       // DispatchOptions typing omits it): written in order, with the content-length set above.
       const dispatchBody = payload as Dispatcher.DispatchOptions['body'];
@@ -232,16 +233,23 @@ class Exchange implements Dispatcher.DispatchHandler {
     readonly cap: number,
     readonly signal: AbortSignal,
     readonly timeoutMs: number,
+    readonly pausedMs: (() => number) | undefined,
     readonly resolve: (answer: HttpAnswer) => void,
     readonly reject: (err: unknown) => void,
   ) {
     signal.addEventListener('abort', this.#onAbort, { once: true });
-    if (timeoutMs > 0) {
-      this.#timer = setTimeout(() => {
-        this.#timedOut = true;
-        this.#fail(new Error('request timeout'));
-      }, timeoutMs);
-    }
+    if (timeoutMs > 0) this.#arm(timeoutMs, performance.now(), pausedMs?.() ?? 0);
+  }
+
+  /** The request budget: time the engine spent paused (pausedMs) is given back, so the timer re-arms for it. */
+  #arm(delayMs: number, startedAt: number, pausedAtStart: number): void {
+    this.#timer = setTimeout(() => {
+      const paused = (this.pausedMs?.() ?? 0) - pausedAtStart;
+      const counted = performance.now() - startedAt - paused;
+      if (counted < this.timeoutMs - 1) return this.#arm(this.timeoutMs - counted, startedAt, pausedAtStart);
+      this.#timedOut = true;
+      this.#fail(new Error('request timeout'));
+    }, delayMs);
   }
 
   onRequestStart(controller: Dispatcher.DispatchController): void {

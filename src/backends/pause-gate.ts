@@ -14,10 +14,17 @@ interface Held {
  */
 export class PauseGate {
   #closed = false;
+  #closedAt = 0;
+  #closedMs = 0;
   readonly #held = new Set<Held>();
 
   get closed(): boolean {
     return this.#closed;
+  }
+
+  /** How long the gate has been closed, in all (ms): the backend's time paused (see GenerateRequest.pausedMs). */
+  closedMs(): number {
+    return this.#closedMs + (this.#closed ? performance.now() - this.#closedAt : 0);
   }
 
   /** Requests waiting for the gate to open. */
@@ -26,11 +33,14 @@ export class PauseGate {
   }
 
   close(): void {
+    if (this.#closed) return;
     this.#closed = true;
+    this.#closedAt = performance.now();
   }
 
   /** Opens the gate and lets every held request go, oldest first. */
   open(): void {
+    if (this.#closed) this.#closedMs += performance.now() - this.#closedAt;
     this.#closed = false;
     for (const held of [...this.#held]) {
       this.#held.delete(held);

@@ -689,7 +689,7 @@ export class BackendPool {
       signal.addEventListener('abort', onAbort, { once: true });
       try {
         throwIfAborted(signal);
-        const result = await backend.client.generate({ ...request, signal: controller.signal });
+        const result = await backend.client.generate({ ...request, signal: controller.signal, pausedMs: () => backend.gate.closedMs() });
         // Read when the answer arrives: versions change only in resume, so this is the version of its last token.
         return { ...result, policyVersionStart: inflight.policyVersionStart, policyVersion: backend.policyVersion };
       } catch (err) {

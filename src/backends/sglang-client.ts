@@ -98,7 +98,7 @@ export class SglangClient implements EngineClient {
     }
 
     const cap = this.#maxResponseBytes > 0 ? this.#maxResponseBytes : defaultMaxResponseBytes(request.promptIds.length, request.maxTokens);
-    const answer = await this.#http.request('POST', '/generate', bodyWithIds('input_ids', request.promptIds, body), request.signal, cap);
+    const answer = await this.#http.request('POST', '/generate', bodyWithIds('input_ids', request.promptIds, body), request.signal, cap, { pausedMs: request.pausedMs });
     return readGenerateAnswer(SGLANG_ANSWER, this.url, answer, request);
   }
 

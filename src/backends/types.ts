@@ -29,6 +29,12 @@ export interface GenerateRequest {
    */
   requestId?: string;
   signal: AbortSignal;
+  /**
+   * How long (ms, cumulative) the pool has held this request's engine paused. Time paused does not count against the
+   * client's request budget (`requestTimeoutMs`): a request a KEEP pause froze in the engine makes no progress by
+   * design, and a weight update longer than what was left of its budget failed every frozen request.
+   */
+  pausedMs?: () => number;
 }
 
 /**

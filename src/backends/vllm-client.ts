@@ -121,7 +121,7 @@ export class VllmClient implements EngineClient {
     }
 
     const cap = this.#maxResponseBytes > 0 ? this.#maxResponseBytes : defaultMaxResponseBytes(request.promptIds.length, request.maxTokens);
-    const answer = await this.#http.request('POST', '/v1/completions', bodyWithIds('prompt', request.promptIds, body), request.signal, cap, headers);
+    const answer = await this.#http.request('POST', '/v1/completions', bodyWithIds('prompt', request.promptIds, body), request.signal, cap, { headers, pausedMs: request.pausedMs });
     return readGenerateAnswer(VLLM_ANSWER, this.url, answer, request);
   }
 

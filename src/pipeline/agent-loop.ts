@@ -14,6 +14,7 @@ import type { Logger } from '../observability/logger.js';
 import type { Sandbox } from '../sandboxes/types.js';
 import type { TokenWork } from '../tokens/token-work.js';
 import { toolSchemas } from '../tools/registry.js';
+import { stopAcrossBoundary } from './continuation-stop.js';
 import type { RunResult, Sample } from './sample.js';
 import { segmentSeed } from './seeds.js';
 import { exceedsStaleness, VersionTracker } from './staleness.js';
@@ -127,7 +128,7 @@ async function runWithTools(sample: Sample, deps: AgentLoopDeps, signal: AbortSi
       if (parsed.calls.length === 0 && parsed.errors.length === 0) {
         // A plain answer ends the episode; one cut by max_tokens is a truncation, not an answer.
         if (sampled.finishReason === 'length') {
-          finishReason = maxTokens === totalLeft ? 'max_total_tokens' : maxTokens === modelLeft ? 'max_model_len' : 'max_tokens_per_turn';
+          finishReason = maxTokens === totalLeft ? 'max_total_tokens' : maxTokens === modelLeft || sampled.cappedByModelLen === true ? 'max_model_len' : 'max_tokens_per_turn';
         } else {
           finishReason = 'answer';
           truncated = false;
@@ -187,12 +188,16 @@ interface SampledTurnResult {
   text: string;
   /** Sampled tokens recorded for the turn, over all its segments. */
   tokens: number;
+  /** Those tokens' ids. */
+  ids: number[];
   /** The turn's finish: its last segment's, or "length" when an abort left no token of the turn's budget. */
   finishReason: GenerateResult['finishReason'];
   /** The policy versions of its segments (start and end of each). */
   versions: number[];
   /** The engine refused the context: the turn ends there (its segments so far stay recorded). */
   overflow?: ContextOverflowError;
+  /** The pool lowered its last request's max_tokens to the engine's room (see LeaseResult.cappedByModelLen). */
+  cappedByModelLen?: boolean;
 }
 
 /**
@@ -212,10 +217,11 @@ async function sampleTurn(ctx: {
   const { sample, deps, lease, ledger, turn, maxTokens, signal } = ctx;
   const { sampling } = sample.task;
   const maxContinuations = deps.maxContinuationsPerTurn ?? 8;
-  const out: SampledTurnResult = { text: '', tokens: 0, finishReason: 'length', versions: [] };
+  const out: SampledTurnResult = { text: '', tokens: 0, ids: [], finishReason: 'length', versions: [] };
   // `segment` counts the turn's recorded segments (its seed is the segment's: segment 0 has the turn's usual seed,
   // however many times a request was aborted before its first token); aborts that recorded nothing are bounded apart.
   let emptyAborts = 0;
+  let overflowRetried = false;
   for (let segment = 0; ; ) {
     if (segment > maxContinuations) {
       throw new RolloutError('backend_error', `turn ${turn} was aborted ${segment} times by engine ${lease.backendId} (at most ${maxContinuations} continuations per turn)`);
@@ -237,6 +243,14 @@ async function sampleTurn(ctx: {
       });
     } catch (err) {
       if (!(err instanceof ContextOverflowError) || signal.aborted) throw err;
+      // Refused for max_tokens, not for the context: the request was sized before the engine's limit was known (the
+      // pool learns it from this very answer). Asked once more, the lease sizes it to the room left (a turn never
+      // ends TRUNCATED over a limit the server had not learned yet).
+      const context = ledger.totalTokens;
+      if (!overflowRetried && context < err.maxModelLen && (err.promptTokens === undefined || err.promptTokens < err.maxModelLen) && lease.maxModelLen === err.maxModelLen) {
+        overflowRetried = true;
+        continue;
+      }
       out.overflow = err;
       return out;
     }
@@ -247,19 +261,29 @@ async function sampleTurn(ctx: {
       }
       continue;
     }
+    let { tokenIds, logprobs, finishReason } = result;
+    // A continuation: a stop string begun before the abort is no match for the engine (see continuation-stop.ts).
+    const keep = out.tokens > 0 ? stopAcrossBoundary(out.ids, tokenIds, sampling.stop, (ids) => deps.tokenizer.decode(ids)) : undefined;
+    if (keep !== undefined) {
+      tokenIds = tokenIds.slice(0, keep);
+      logprobs = logprobs.slice(0, keep);
+      finishReason = 'stop';
+    }
     out.text = ledger.appendSampled({
-      tokenIds: result.tokenIds,
-      logprobs: result.logprobs,
+      tokenIds,
+      logprobs,
       backend: result.backendId,
       policyVersion: result.policyVersion,
       policyVersionStart: result.policyVersionStart,
-      finishReason: result.finishReason,
+      finishReason,
       logprobsMode: result.logprobsMode,
     });
-    out.tokens += result.tokenIds.length;
+    out.tokens += tokenIds.length;
+    for (const id of tokenIds) out.ids.push(id);
     out.versions.push(result.policyVersionStart, result.policyVersion);
-    out.finishReason = result.finishReason;
-    if (result.finishReason !== 'abort') return out;
+    out.finishReason = finishReason;
+    out.cappedByModelLen = result.cappedByModelLen === true;
+    if (finishReason !== 'abort') return out;
     // Aborted with the whole budget sampled: the turn is as long as it may be.
     if (out.tokens >= maxTokens) {
       out.finishReason = 'length';

@@ -51,7 +51,7 @@ export function buildFailedTrajectory(sample: Sample, err: RolloutError): Trajec
   try {
     if (sample.run) return withTokens({ ...trajectory, numTurns: sample.run.numTurns }, sample.run.tokens, sample.task.includeMessages);
     const partial = partialTokens(sample);
-    if (partial) return withTokens({ ...trajectory, numTurns: partial.turns.filter((t) => t.role === 'assistant').length }, partial, sample.task.includeMessages);
+    if (partial) return withTokens({ ...trajectory, numTurns: partial.turns.filter((t) => t.role === 'assistant' && t.continuesTurn !== true).length }, partial, sample.task.includeMessages);
   } catch {
     return { ...trajectory, error: `${trajectory.error} (its tokens could not be read)` };
   }

@@ -116,6 +116,29 @@ describe('BackendPool.pause holds new requests', () => {
 });
 
 describe('BackendPool.pause modes', () => {
+  it('keep: a request frozen longer than its engine client\u2019s request budget continues on resume (time paused is not counted)', async () => {
+    // Scaled down: a 1 s budget, a 1.5 s weight update. The budget kept running while the engine held the request
+    // frozen, so every request in flight failed backend_error "did not answer within" after any longer update.
+    const engine = suite.track(await FakeVllmEngine.start({ tokenizer: suite.tokenizer, tokenLatencyMs: 10, devMode: true, policy: () => 'word '.repeat(300) }));
+    const pool = makePool();
+    pool.add(new VllmClient({ url: engine.url, model: engine.model, requestTimeoutMs: 1_000 }), { id: 'a', model: engine.model, maxConcurrency: 4, maxModelLen: 40960 });
+    const lease = await pool.acquire('t');
+    const out = lease.generate({ ...ask(), maxTokens: 20 }); // ~200 ms of decoding in all
+    await expect.poll(() => engine.inflightRequestIds().length).toBe(1);
+    await sleep(50);
+    await pool.pause('keep');
+    await sleep(1_500);
+    await pool.resume({ policyVersion: 1 });
+    await expect(out).resolves.toMatchObject({ policyVersionStart: 0, policyVersion: 1 });
+    // Unpaused, the budget still holds: a request that outlives it fails.
+    const slow = await pool.acquire('t2');
+    const late = await slow.generate({ ...ask(), maxTokens: 200 }).catch((e: unknown) => e);
+    expect(late).toBeInstanceOf(RolloutError);
+    expect((late as RolloutError).message).toContain('did not answer within 1000 ms');
+    lease.release();
+    slow.release();
+  });
+
   it('wait: resolves only once the requests in flight have finished, unaborted, on any engine (emulated by the pool)', async () => {
     const pool = makePool();
     const a = new InMemoryEngineClient();
