@@ -53,11 +53,13 @@ interface Loaded {
  * callback per token. An abort of the request's signal stops generation after the token in flight.
  *
  * Control, as vLLM's dev-mode routes: {@link abort} by request id or all (the generation ends after its current
- * token with finish "abort" and what it sampled), {@link pause} in abort, wait or keep mode (keep freezes running
- * generations between two tokens, their sequences kept) and {@link resume}; while paused, new requests wait.
+ * token with finish "abort" and what it sampled; a request still waiting for a sequence or held by a pause answers
+ * "abort" with no tokens), {@link pause} in abort, wait or keep mode (keep freezes running generations between two
+ * tokens, their sequences kept) and {@link resume}; while paused, new requests wait.
  *
- * The model loads in the background from construction; `generate`, `modelInfo` and `health` wait for it, and
- * health is true exactly while it is loaded. `close()` frees the context and the model.
+ * The model loads in the background from construction; `generate`, `modelInfo` and `health` wait for it (no longer
+ * than their signal allows), and health is true exactly while it is loaded. `close()` frees the context and the
+ * model.
  *
  * @example
  * const engine = new EmbeddedEngineClient({ url: 'embedded://tiny-qwen3?threads=1' });
@@ -112,8 +114,38 @@ export class EmbeddedEngineClient implements EngineClient {
   }
 
   async generate(request: GenerateRequest): Promise<GenerateResult> {
-    const { context, slots, vocabSize, model } = await this.#loaded;
-    const { promptIds, maxTokens, signal } = request;
+    const { signal } = request;
+    // Known to the control from arrival, so that an abort (by id, all, or a pause in abort mode) also ends the
+    // request while it waits for the model, at the pause gate or for a sequence.
+    const generation = this.#control.begin(request.requestId);
+    try {
+      let loaded: Loaded;
+      let sequence: LlamaContextSequence;
+      try {
+        const waiting = AbortSignal.any([signal, generation.stopped]);
+        loaded = await this.#whenLoaded(waiting);
+        this.#check(request, loaded.context, loaded.vocabSize);
+        sequence = await this.#sequence(loaded.slots, waiting);
+      } catch (err) {
+        // Aborted before it had a sequence: it answers as every aborted request does, with what it sampled (nothing).
+        if (generation.aborted && !signal.aborted) return { tokenIds: [], logprobs: [], finishReason: 'abort', text: '' };
+        throw err;
+      }
+      this.#control.start(generation);
+      try {
+        const { model, vocabSize } = loaded;
+        return await this.#sample(model, sequence, request, Math.min(vocabSize, request.vocabSize ?? vocabSize), generation);
+      } finally {
+        loaded.slots.release(sequence);
+      }
+    } finally {
+      this.#control.end(generation);
+    }
+  }
+
+  /** Refuses a request the engine cannot run: closed, empty or out-of-vocabulary prompt, context overflow. */
+  #check(request: GenerateRequest, context: LlamaContext, vocabSize: number): void {
+    const { promptIds, maxTokens } = request;
     if (this.#closed) throw new RolloutError('backend_error', `embedded engine ${this.url} is closed`);
     if (promptIds.length === 0) throw new RolloutError('backend_error', `embedded engine ${this.url}: empty prompt`);
     for (const id of promptIds) {
@@ -126,21 +158,30 @@ export class EmbeddedEngineClient implements EngineClient {
         `embedded engine ${this.url}: ${promptIds.length} context + ${maxTokens} max_tokens exceed the context size ${context.contextSize}`,
       );
     }
-    // Paused: wait before taking a sequence, and again if a pause began while waiting for one.
-    let sequence: LlamaContextSequence;
+  }
+
+  /** A sequence, once the engine is not paused: waits before taking one, and again if a pause began meanwhile. */
+  async #sequence(slots: SequenceSlots<LlamaContextSequence>, signal: AbortSignal): Promise<LlamaContextSequence> {
     for (;;) {
       await this.#control.admit(signal);
-      sequence = await slots.acquire(signal);
-      if (!this.#control.paused) break;
+      const sequence = await slots.acquire(signal);
+      if (!this.#control.paused) return sequence;
       slots.release(sequence);
     }
-    const generation = this.#control.begin(request.requestId);
-    try {
-      return await this.#sample(model, sequence, request, Math.min(vocabSize, request.vocabSize ?? vocabSize), generation);
-    } finally {
-      this.#control.end(generation);
-      slots.release(sequence);
-    }
+  }
+
+  /**
+   * The loaded model, or the signal's reason (a RolloutError) if it fires first: a caller with a budget (a health
+   * probe, a request) never waits a whole load. Without a signal (in-process callers such as tests), waits the load.
+   */
+  #whenLoaded(signal?: AbortSignal): Promise<Loaded> {
+    if (signal === undefined) return this.#loaded;
+    if (signal.aborted) return Promise.reject(RolloutError.from(signal.reason, 'cancelled'));
+    return new Promise<Loaded>((resolve, reject) => {
+      const onAbort = (): void => reject(RolloutError.from(signal.reason, 'cancelled'));
+      signal.addEventListener('abort', onAbort, { once: true });
+      void this.#loaded.then(resolve, reject).finally(() => signal.removeEventListener('abort', onAbort));
+    });
   }
 
   /** The generations running now: request id and tokens sampled so far (for statistics and tests). */
@@ -225,16 +266,19 @@ export class EmbeddedEngineClient implements EngineClient {
   async health(signal: AbortSignal): Promise<boolean> {
     if (signal.aborted || this.#closed) return false;
     try {
-      await this.#loaded;
+      await this.#whenLoaded(signal);
       return !this.#closed;
     } catch {
       return false;
     }
   }
 
-  /** The context size of one sequence: prompt + generated tokens of one request. */
-  async modelInfo(): Promise<EngineModelInfo> {
-    const { context } = await this.#loaded;
+  /**
+   * The context size of one sequence: prompt + generated tokens of one request. While the model loads, a signal that
+   * fires first rejects with its reason (a RolloutError), as a request to a remote engine would.
+   */
+  async modelInfo(signal?: AbortSignal): Promise<EngineModelInfo> {
+    const { context } = await this.#whenLoaded(signal);
     return { maxModelLen: context.contextSize };
   }
 
@@ -246,7 +290,10 @@ export class EmbeddedEngineClient implements EngineClient {
     return { logprobsMode: 'processed', maxConcurrency: this.#sequences };
   }
 
-  /** Frees the context and the model (once loaded); requests waiting for a sequence fail with backend_error. */
+  /**
+   * Frees the context and the model (once loaded); requests waiting for a sequence or held by a pause, and
+   * generations frozen by a keep pause, fail with backend_error.
+   */
   close(): void {
     void this.closed();
   }
@@ -254,6 +301,7 @@ export class EmbeddedEngineClient implements EngineClient {
   /** Like close(), and resolves once the model's native memory is freed (tests, orderly shutdown). */
   closed(): Promise<void> {
     this.#closed = true;
+    this.#control.close();
     this.#disposal ??= this.#loaded.then(
       async ({ context, model, slots }) => {
         slots.close();
