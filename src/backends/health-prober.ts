@@ -1,5 +1,11 @@
 import type { Logger } from '../observability/logger.js';
+import { backendKind } from './kinds.js';
 import type { EngineClient } from './types.js';
+
+/** The budget of one health probe of `client`: the pool's, plus what its kind's check takes by design. */
+export function healthBudgetMs(client: EngineClient, timeoutMs: number): number {
+  return timeoutMs + backendKind(client.kind).capabilities.healthAnswerDelayMs;
+}
 
 export interface HealthProberOptions {
   /** Time between the end of one probe round and the start of the next. */
@@ -89,7 +95,7 @@ export class HealthProber {
   async #probe(target: ProbeTarget): Promise<void> {
     let ok: boolean;
     try {
-      ok = await target.client.health(AbortSignal.timeout(this.options.timeoutMs), { paused: target.enginePaused });
+      ok = await target.client.health(AbortSignal.timeout(healthBudgetMs(target.client, this.options.timeoutMs)), { paused: target.enginePaused });
     } catch (err) {
       this.options.logger.debug({ backend: target.id, err }, 'health probe threw');
       ok = false;

@@ -21,6 +21,11 @@ export interface BackendCapabilities {
   readonly abortByRequestId: boolean;
   /** Whether the engine states its context length (EngineClient.modelInfo). */
   readonly statesMaxModelLen: boolean;
+  /**
+   * How long the engine's health check takes to answer at the least, ms: added to the pool's probe budget
+   * (healthTimeoutMs), which is meant for the network and a busy engine, not for a check that waits by design.
+   */
+  readonly healthAnswerDelayMs: number;
 }
 
 /** One kind of engine: how to build its client and what it can do. */
@@ -48,17 +53,18 @@ export type BackendKind = (typeof BACKEND_KIND_NAMES)[number];
 const KINDS: Readonly<Record<BackendKind, BackendKindEntry>> = {
   vllm: {
     description: 'vLLM OpenAI-compatible server (/v1/completions with token ids; dev-mode /pause, /resume, /abort_requests)',
-    capabilities: { pauseModes: ['abort', 'wait', 'keep'], abortByRequestId: true, statesMaxModelLen: true },
+    capabilities: { pauseModes: ['abort', 'wait', 'keep'], abortByRequestId: true, statesMaxModelLen: true, healthAnswerDelayMs: 0 },
     create: (url, model, o) => new VllmClient({ url, model, requestTimeoutMs: o.requestTimeoutMs ?? 0, maxResponseBytes: o.maxResponseBytes ?? 0 }),
   },
   sglang: {
     description: 'SGLang native server (/generate with input_ids; /pause_generation, /continue_generation, /abort_request)',
-    capabilities: { pauseModes: ['abort', 'keep'], abortByRequestId: true, statesMaxModelLen: true },
+    // SGLang's /health_generate sleeps a second before it looks for the engine's answer (http_server.py's loop).
+    capabilities: { pauseModes: ['abort', 'keep'], abortByRequestId: true, statesMaxModelLen: true, healthAnswerDelayMs: 1_000 },
     create: (url, model, o) => new SglangClient({ url, model, requestTimeoutMs: o.requestTimeoutMs ?? 0, maxResponseBytes: o.maxResponseBytes ?? 0 }),
   },
   embedded: {
     description: 'llama.cpp in process on CPU (node-llama-cpp): file:///path/model.gguf or embedded://tiny-qwen3; pause, resume and abort in process',
-    capabilities: { pauseModes: ['abort', 'wait', 'keep'], abortByRequestId: true, statesMaxModelLen: true },
+    capabilities: { pauseModes: ['abort', 'wait', 'keep'], abortByRequestId: true, statesMaxModelLen: true, healthAnswerDelayMs: 0 },
     create: (url, _model, o) => new EmbeddedEngineClient({ url, ...(o.maxConcurrency !== undefined && { maxConcurrency: o.maxConcurrency }) }),
   },
 };

@@ -3,7 +3,7 @@ import { silentLogger, type Logger } from '../observability/logger.js';
 import { BackendGone, BackendState, InflightRequest, type CapacitySource } from './backend-state.js';
 import { ContextOverflowError } from './context-overflow.js';
 import { EngineUnreachableError } from './engine-http.js';
-import { HealthProber } from './health-prober.js';
+import { healthBudgetMs, HealthProber } from './health-prober.js';
 import { PoolLease, type BackendLease, type LeaseHost, type SampledVersions } from './lease.js';
 import { logprobsMismatch } from './logprobs-mode.js';
 import { enginePausesAtAll, pauseBackends, resumeBackends, resumeEngine, resumeHeld } from './pause-control.js';
@@ -559,7 +559,7 @@ export class BackendPool {
    */
   #suspect(backend: BackendState, cause: unknown): Promise<void> {
     backend.suspecting ??= (async () => {
-      const budget = AbortSignal.timeout(this.#healthTimeoutMs);
+      const budget = AbortSignal.timeout(healthBudgetMs(backend.client, this.#healthTimeoutMs));
       let ok: boolean;
       try {
         ok = await backend.client.health(budget, { paused: backend.enginePaused });

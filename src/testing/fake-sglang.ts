@@ -38,6 +38,8 @@ export interface FakeSglangOptions {
    * (sgl-project/sglang#10896, #17240); `meta_info.output_token_logprobs` holds the sampled ones only.
    */
   surroundingIds?: number;
+  /** How long /health and /health_generate take to answer (default 0; SGLang's take at least 1 s: they poll every second). */
+  healthDelayMs?: number;
   /** Sees every answer the engine returns. */
   onCompletion?: (completion: { promptIds: readonly number[]; tokenIds: readonly number[]; logprobs: readonly number[]; finishReason: FakeSample['finish'] }) => void;
 }
@@ -141,6 +143,8 @@ export class FakeSglangEngine {
       this.#stats.healthChecks++;
       // SGLang's health check is a one-token generate request: while paused it waits at the pause like any other.
       await this.#inflight.admit();
+      const delay = this.options.healthDelayMs ?? 0;
+      if (delay > 0) await new Promise((resolve) => setTimeout(resolve, delay));
       res.writeHead(this.#healthy ? 200 : 503).end();
     } else if (req.method === 'GET' && path === '/get_model_info') {
       sendJson(res, 200, { model_path: this.model, tokenizer_path: this.model, is_generation: true, preferred_sampling_params: null, weight_version: 'default' });

@@ -388,4 +388,15 @@ describe('an engine whose health check is a generation (SGLang) through a weight
       expect(pool.list()[0]!.healthy).toBe(true);
     }
   });
+
+  it('gets its check\u2019s own delay on top of the pool\u2019s probe budget (SGLang answers after a second at the least)', async () => {
+    const sglang = suite.track(await FakeSglangEngine.start({ tokenizer: suite.tokenizer, healthDelayMs: 1_000 }));
+    const pool = suite.makePool({ healthTimeoutMs: 300, healthFailureThreshold: 1 });
+    pool.add(new SglangClient({ url: sglang.url, model: 'm' }), { id: 's', maxConcurrency: 4, model: 'm', maxModelLen: 40959 });
+    await pool.probeHealth();
+    expect(pool.list()[0]!.healthy).toBe(true);
+    sglang.setHealthy(false);
+    await pool.probeHealth();
+    expect(pool.list()[0]!.healthy).toBe(false);
+  });
 });
