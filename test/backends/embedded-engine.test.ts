@@ -51,6 +51,14 @@ describe('the embedded llama.cpp engine', () => {
     expect(c.tokenIds).not.toEqual(a.tokenIds);
   });
 
+  it('is reproducible for seeds whose low 32 bits are llama.cpp\u2019s "random seed" (-1, 2^32 - 1)', async () => {
+    for (const seed of [-1, 2 ** 32 - 1]) {
+      const a = await ask({ maxTokens: 24, seed });
+      const b = await ask({ maxTokens: 24, seed });
+      expect(b.tokenIds, `seed ${seed}`).toEqual(a.tokenIds);
+    }
+  });
+
   it('reports logprobs under the sampling distribution: top_k 1 leaves one candidate, so every logprob is 0', async () => {
     const free = await ask({ maxTokens: 16 });
     const topOne = await ask({ maxTokens: 16, topK: 1 });

@@ -319,7 +319,14 @@ function promptIds(request: GenerateRequest): Token[] {
   return Array.from(request.promptIds) as Token[];
 }
 
-/** llama.cpp seeds are uint32: any integer seed maps to one, deterministically (vLLM takes any int). */
+/**
+ * llama.cpp seeds are uint32: any integer seed maps to one, deterministically (vLLM takes any int). 0xFFFFFFFF is
+ * llama.cpp's LLAMA_DEFAULT_SEED, "draw a random seed": a seed landing there (-1, 2^32 - 1, ...) would sample
+ * irreproducibly, so it moves to 0xFFFFFFFE.
+ */
 function uint32(seed: number): number {
-  return Number(BigInt.asUintN(32, BigInt(Math.trunc(seed))));
+  const u = Number(BigInt.asUintN(32, BigInt(Math.trunc(seed))));
+  return u === LLAMA_DEFAULT_SEED ? LLAMA_DEFAULT_SEED - 1 : u;
 }
+
+const LLAMA_DEFAULT_SEED = 0xffffffff;
