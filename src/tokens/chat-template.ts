@@ -112,3 +112,22 @@ const plainToolsCache = new WeakMap<readonly ToolSchema[], unknown[]>();
 function describe(err: unknown): string {
   return err instanceof Error ? err.message : String(err);
 }
+
+/**
+ * A model's named templates as transformers picks them (PreTrainedTokenizerBase.get_chat_template, and so vLLM's
+ * chat endpoint): `toolUse` ("tool_use") for a render given tools, `base` ("default") otherwise. Chosen per render
+ * by its tools, which a trajectory passes the same to every render (TokenLedger's `tools`), so all of a trajectory's
+ * renders come from one template; every cache of renders and probes is keyed by the tools too (tools-key.ts).
+ * An empty tool list counts as none, as everywhere in this project (the template sees `tools` = none); transformers
+ * would take "tool_use" for `tools=[]`.
+ */
+export class ToolUseChatTemplate implements ChatTemplate {
+  constructor(
+    readonly base: ChatTemplate,
+    readonly toolUse: ChatTemplate,
+  ) {}
+
+  render(messages: readonly ChatMessage[], options: { addGenerationPrompt: boolean; tools?: readonly ToolSchema[] }): string {
+    return (options.tools !== undefined && options.tools.length > 0 ? this.toolUse : this.base).render(messages, options);
+  }
+}

