@@ -1,3 +1,6 @@
+import { tokenize } from '@huggingface/jinja';
+import { AdaptedChatTemplate } from './adapted-template.js';
+import { JinjaChatTemplate } from './chat-template.js';
 import { toolsKey } from './tools-key.js';
 import type { ChatMessage, ChatTemplate, ToolSchema } from './types.js';
 
@@ -15,10 +18,13 @@ import type { ChatMessage, ChatTemplate, ToolSchema } from './types.js';
  * as suffix-delta.ts probes locality: the shape is rendered with marker contents (each must appear exactly once, in
  * order), then with a battery of contents (empty, padded, multi-line, markup, thinking blocks, tool-response
  * wrappers, added-token look-alikes) and each render must equal its filled skeleton. A shape that fails any probe,
- * or that the template refuses, is remembered as such and always rendered. Assistant messages are never slots:
- * templates commonly branch on their contents (reasoning), so a conversation holding one as a slot is rendered.
- * test/tokens/template-skeleton.property.test.ts checks filled == rendered over random hostile conversations for
- * every family we ship.
+ * or that the template refuses, is remembered as such and always rendered. No fixed battery holds the flags a
+ * template may test contents for (SmolLM3 reads "/no_think" out of its system prompt and changes every generation
+ * prompt), so the probe also tries every flag of the template's own source ({@link contentFlags}) in every slot.
+ * Assistant messages are never slots: templates commonly branch on their contents (reasoning), so a conversation
+ * holding one as a slot is rendered. test/tokens/template-skeleton.property.test.ts checks filled == rendered over
+ * random hostile conversations for every family we ship, content-dependent-templates.property.test.ts for templates
+ * that branch on contents.
  */
 
 /** A render cut at the slot contents: `pieces[0] slot0 pieces[1] slot1 ... pieces[n]`. */
@@ -133,10 +139,18 @@ function probe(template: ChatTemplate, messages: readonly ChatMessage[], options
   }
   pieces.push(marked.slice(from));
   const skeleton: Skeleton = { pieces };
-  // Every probe content in every slot, and distinct contents side by side.
-  const rounds = PROBE_CONTENTS.length + 1;
+  // Every probe content in every slot, distinct contents side by side, then every flag the template may test for in
+  // every slot (rotated, so a shape costs one render per flag whatever its number of slots).
+  const flags = contentFlags(template);
+  const rounds = PROBE_CONTENTS.length + 1 + flags.length;
   for (let r = 0; r < rounds; r++) {
-    const contents = slots.map((_, k) => (r < PROBE_CONTENTS.length ? PROBE_CONTENTS[(r + k) % PROBE_CONTENTS.length]! : `content ${k}`));
+    const contents = slots.map((_, k) =>
+      r < PROBE_CONTENTS.length
+        ? PROBE_CONTENTS[(r + k) % PROBE_CONTENTS.length]!
+        : r === PROBE_CONTENTS.length
+          ? `content ${k}`
+          : flags[(r - PROBE_CONTENTS.length - 1 + k) % flags.length]!,
+    );
     let rendered: string;
     try {
       rendered = template.render(withContents(contents), options);
@@ -146,4 +160,56 @@ function probe(template: ChatTemplate, messages: readonly ChatMessage[], options
     if (rendered !== fillSkeleton(skeleton, contents)) return undefined;
   }
   return skeleton;
+}
+
+/**
+ * Contents a template may branch on: the string literals of its source that are not plain output, then each one
+ * joined to the next. A template that tests a content (`"/no_think" in messages[0].content`, `startswith`,
+ * `replace`, `==`) tests it against a literal of its own, so these are the contents a probe must try to see such a
+ * branch, where a fixed battery only sees the branches of the templates it was written for. A literal counts unless
+ * it is only a piece of an output expression (`{{ '<|im_start|>' + m.role }}`); one in a statement (`{% set %}`)
+ * is kept, since a variable may carry it to the test. The joined pairs reach tests of two literals together (Qwen3
+ * takes a user message that starts with "<tool_response>" and ends with "</tool_response>" for a tool result).
+ * Cached per template; none for a template without a Jinja source (a stand-in), which is then probed with the fixed
+ * batteries alone. At most {@link MAX_FLAGS}, single literals first: each costs a render per probed shape.
+ */
+export function contentFlags(template: ChatTemplate): readonly string[] {
+  let flags = flagCache.get(template);
+  if (flags === undefined) flagCache.set(template, (flags = findFlags(templateSource(template))));
+  return flags;
+}
+
+const MAX_FLAGS = 64;
+const flagCache = new WeakMap<ChatTemplate, readonly string[]>();
+
+/** The Jinja source a template renders, through the adapter that shapes its messages (adapted-template.ts). */
+function templateSource(template: ChatTemplate): string | undefined {
+  if (template instanceof JinjaChatTemplate) return template.source;
+  if (template instanceof AdaptedChatTemplate) return templateSource(template.inner);
+  return undefined;
+}
+
+function findFlags(source: string | undefined): readonly string[] {
+  if (source === undefined) return [];
+  let tokens: ReturnType<typeof tokenize>;
+  try {
+    // As the Template constructor tokenizes; literals do not depend on it, only whitespace outside them does.
+    tokens = tokenize(source, { lstrip_blocks: true, trim_blocks: true });
+  } catch {
+    return []; // a source that does not parse does not render either
+  }
+  // Plain output: inside `{{ }}`, between its delimiters and concatenation operators only.
+  const joins = new Set<string | undefined>(['OpenExpression', 'CloseExpression', 'AdditiveBinaryOperator']);
+  const singles = new Set<string>();
+  let output = false;
+  for (let i = 0; i < tokens.length; i++) {
+    const t = tokens[i]!;
+    if (t.type === 'OpenExpression' || t.type === 'CloseExpression') output = t.type === 'OpenExpression';
+    if (t.type !== 'StringLiteral' || t.value === '') continue;
+    if (!(output && joins.has(tokens[i - 1]?.type) && joins.has(tokens[i + 1]?.type))) singles.add(t.value);
+  }
+  const single = [...singles].slice(0, MAX_FLAGS);
+  const flags = [...single];
+  for (let i = 0; i + 1 < single.length && flags.length < MAX_FLAGS; i++) flags.push(single[i]! + single[i + 1]!);
+  return flags;
 }

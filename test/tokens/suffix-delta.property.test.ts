@@ -3,7 +3,7 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { JinjaChatTemplate } from '../../src/tokens/chat-template.js';
 import type { ModelBundle } from '../../src/tokens/model-bundle.js';
 import { escapeMessage } from '../../src/tokens/opaque-content.js';
-import { probeSuffixLocality, suffixDelta } from '../../src/tokens/suffix-delta.js';
+import { probeSuffixLocality, suffixDelta, type SuffixLocality } from '../../src/tokens/suffix-delta.js';
 import { environmentDelta, probeAssistantClosing } from '../../src/tokens/template-delta.js';
 import type { ChatMessage, ToolSchema } from '../../src/tokens/types.js';
 import { bashTool, hostileText as text } from './fixtures.js';
@@ -11,6 +11,11 @@ import { FAMILIES, familyToolCall, loadFamily, type Family } from './families.js
 
 /** What the probe finds for each family we ship (DeepSeek-V3 opens the first tool output of a whole conversation differently). */
 const LOCAL: Record<Family, boolean> = { qwen3: true, llama3_1: true, deepseek_v3: false, gemma3: true };
+/**
+ * What the local ones keep before the assistant turn: nothing, or (Gemma 3's alternation) the opening's roles. None
+ * needs the opening's real contents, though their probes try every flag their templates test contents for.
+ */
+const OPENING: Partial<Record<Family, SuffixLocality['opening']>> = { qwen3: 'none', llama3_1: 'none', gemma3: 'roles' };
 
 
 describe.each(FAMILIES)('incremental rendering with the %s template', (family) => {
@@ -24,6 +29,10 @@ describe.each(FAMILIES)('incremental rendering with the %s template', (family) =
     expect(probeSuffixLocality(bundle.template, [bashTool]).local).toBe(LOCAL[family]);
     // Every family we ship writes the same text after an assistant turn whatever it holds: no render per delta.
     expect(probeSuffixLocality(bundle.template, [bashTool]).verify).toBe(!LOCAL[family]);
+    if (LOCAL[family]) {
+      expect(probeSuffixLocality(bundle.template, undefined)).toMatchObject({ opening: OPENING[family], tools: false });
+      expect(probeSuffixLocality(bundle.template, [bashTool])).toMatchObject({ opening: OPENING[family], tools: false });
+    }
   });
 
   it('renders exactly the full-render delta from a suffix, over random conversations and hostile contents', () => {
