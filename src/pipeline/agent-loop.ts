@@ -188,7 +188,7 @@ interface SampledTurnResult {
   text: string;
   /** Sampled tokens recorded for the turn, over all its segments. */
   tokens: number;
-  /** Those tokens' ids. */
+  /** The ids of its segments that ended "abort" (what a continuation's stop check looks back on). */
   ids: number[];
   /** The turn's finish: its last segment's, or "length" when an abort left no token of the turn's budget. */
   finishReason: GenerateResult['finishReason'];
@@ -279,7 +279,8 @@ async function sampleTurn(ctx: {
       logprobsMode: result.logprobsMode,
     });
     out.tokens += tokenIds.length;
-    for (const id of tokenIds) out.ids.push(id);
+    // Kept only for a continuation's stop check: every segment before another one ended "abort".
+    if (finishReason === 'abort') for (const id of tokenIds) out.ids.push(id);
     out.versions.push(result.policyVersionStart, result.policyVersion);
     out.finishReason = finishReason;
     out.cappedByModelLen = result.cappedByModelLen === true;
