@@ -10,7 +10,7 @@ import type { GenerateRequest, LogprobsMode } from './types.js';
  * - SGLang's `processed` logprobs are after temperature but before top-p/top-k (src/backends/server-info.ts), so
  *   they still differ when top-p/top-k cut. vLLM's processed_logprobs and the embedded engine's include the cut.
  *
- * Unset sampling fields are the engines' defaults: temperature 1, no top-p (1), no top-k (0 or negative).
+ * Unset sampling fields are neutral (NEUTRAL_SAMPLING: temperature 1, no top-p, no top-k), as the clients send them.
  */
 export function logprobsMismatch(kind: BackendKind, mode: LogprobsMode | undefined, request: Pick<GenerateRequest, 'temperature' | 'topP' | 'topK'>): string | undefined {
   const tempered = request.temperature !== undefined && request.temperature !== 1;

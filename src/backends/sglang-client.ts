@@ -5,7 +5,7 @@ import { readGenerateAnswer, type GenerateAnswerKind } from './generate-answer.j
 import { checkRequestId, EngineHttp, modelCardMaxLen, probeHealth } from './engine-http.js';
 import { checkSglangGenerate } from './sglang-answer.js';
 import { fetchServerInfo, parseSglangServerInfo } from './server-info.js';
-import type { EngineClient, EngineModelInfo, EngineServerInfo, GenerateRequest, HealthOptions, GenerateResult, PauseMode } from './types.js';
+import { NEUTRAL_SAMPLING, type EngineClient, type EngineModelInfo, type EngineServerInfo, type GenerateRequest, type GenerateResult, type HealthOptions, type PauseMode } from './types.js';
 import { defaultMaxResponseBytes } from './vllm-client.js';
 
 /** Where an SGLang server is and how long one request may take (the same knobs as the vLLM client). */
@@ -79,10 +79,18 @@ export class SglangClient implements EngineClient {
   }
 
   async generate(request: GenerateRequest): Promise<GenerateResult> {
-    const sampling: Record<string, unknown> = { max_new_tokens: request.maxTokens, skip_special_tokens: false };
-    if (request.temperature !== undefined) sampling.temperature = request.temperature;
-    if (request.topP !== undefined) sampling.top_p = request.topP;
-    if (request.topK !== undefined) sampling.top_k = request.topK;
+    // Every sampling field is sent, unset ones neutral (see NEUTRAL_SAMPLING: SGLang would take the model's defaults).
+    const sampling: Record<string, unknown> = {
+      max_new_tokens: request.maxTokens,
+      skip_special_tokens: false,
+      temperature: request.temperature ?? NEUTRAL_SAMPLING.temperature,
+      top_p: request.topP ?? NEUTRAL_SAMPLING.topP,
+      top_k: request.topK ?? NEUTRAL_SAMPLING.topK,
+      min_p: NEUTRAL_SAMPLING.minP,
+      repetition_penalty: NEUTRAL_SAMPLING.repetitionPenalty,
+      presence_penalty: NEUTRAL_SAMPLING.presencePenalty,
+      frequency_penalty: NEUTRAL_SAMPLING.frequencyPenalty,
+    };
     if (request.seed !== undefined) sampling.sampling_seed = request.seed;
     if (request.stop !== undefined && request.stop.length > 0) sampling.stop = request.stop;
     // The ids are written from the ledger's serialized context (prompt-json.ts), not serialized again.

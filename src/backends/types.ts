@@ -38,6 +38,15 @@ export interface GenerateRequest {
 }
 
 /**
+ * What an unset sampling field of a {@link GenerateRequest} means: the model's own distribution (temperature 1, no
+ * top-p/top-k/min-p cut, no penalty). Engine clients send these values rather than leaving fields out: vLLM (its
+ * default `--generation-config auto`) and SGLang (`--sampling-defaults model`) fill a field a request leaves out
+ * from the model's generation_config.json (Qwen3's: temperature 0.6, top-k 20, top-p 0.95), which would sample
+ * from another distribution than the trajectory records (and than its logprobs were checked against).
+ */
+export const NEUTRAL_SAMPLING = { temperature: 1, topP: 1, topK: -1, minP: 0, repetitionPenalty: 1, presencePenalty: 0, frequencyPenalty: 0 } as const;
+
+/**
  * What a pause does with the requests in flight (the contract's PauseGeneration modes):
  * `abort` — they end now with finish_reason "abort" and what was sampled so far;
  * `wait` — the pause completes once they have finished;

@@ -5,7 +5,7 @@ import { parseContextOverflow } from './context-overflow.js';
 import { readGenerateAnswer, type GenerateAnswerKind } from './generate-answer.js';
 import { checkRequestId, EngineHttp, EngineHttpError, modelCardMaxLen, probeHealth } from './engine-http.js';
 import { fetchServerInfo, parseVllmServerInfo } from './server-info.js';
-import type { EngineClient, EngineModelInfo, EngineServerInfo, GenerateRequest, GenerateResult, PauseMode } from './types.js';
+import { NEUTRAL_SAMPLING, type EngineClient, type EngineModelInfo, type EngineServerInfo, type GenerateRequest, type GenerateResult, type PauseMode } from './types.js';
 
 export { MAX_ERROR_BODY_BYTES } from './engine-http.js';
 
@@ -108,9 +108,14 @@ export class VllmClient implements EngineClient {
       skip_special_tokens: false,
       stream: false,
     };
-    if (request.temperature !== undefined) body.temperature = request.temperature;
-    if (request.topP !== undefined) body.top_p = request.topP;
-    if (request.topK !== undefined) body.top_k = request.topK;
+    // Every sampling field is sent, unset ones neutral (see NEUTRAL_SAMPLING: vLLM would take the model's defaults).
+    body.temperature = request.temperature ?? NEUTRAL_SAMPLING.temperature;
+    body.top_p = request.topP ?? NEUTRAL_SAMPLING.topP;
+    body.top_k = request.topK ?? NEUTRAL_SAMPLING.topK;
+    body.min_p = NEUTRAL_SAMPLING.minP;
+    body.repetition_penalty = NEUTRAL_SAMPLING.repetitionPenalty;
+    body.presence_penalty = NEUTRAL_SAMPLING.presencePenalty;
+    body.frequency_penalty = NEUTRAL_SAMPLING.frequencyPenalty;
     if (request.seed !== undefined) body.seed = request.seed;
     if (request.stop !== undefined && request.stop.length > 0) body.stop = request.stop;
     const headers: Record<string, string> = {};

@@ -39,12 +39,30 @@ describe('SglangClient against the fake SGLang engine', () => {
     await client.generate({ promptIds: prompt, maxTokens: 64, temperature: 0.7, topP: 0.9, topK: 20, seed: 7, stop: ['</answer>'], requestId: 'traj-1-0', signal: signal() });
     expect(engine.lastRequest).toEqual({
       input_ids: prompt,
-      sampling_params: { max_new_tokens: 64, temperature: 0.7, top_p: 0.9, top_k: 20, sampling_seed: 7, stop: ['</answer>'], skip_special_tokens: false },
+      sampling_params: {
+        max_new_tokens: 64,
+        temperature: 0.7,
+        top_p: 0.9,
+        top_k: 20,
+        sampling_seed: 7,
+        stop: ['</answer>'],
+        skip_special_tokens: false,
+        // Sent neutral when the task leaves them unset: SGLang would fill them from the model's generation_config.json.
+        min_p: 0,
+        repetition_penalty: 1,
+        presence_penalty: 0,
+        frequency_penalty: 0,
+      },
       return_logprob: true,
       logprob_start_len: -1,
       stream: false,
       rid: 'traj-1-0',
     });
+  });
+
+  it('sends an unset temperature, top-p and top-k neutral (1, 1, -1), not left to the model\u2019s defaults', async () => {
+    await client.generate({ promptIds: prompt, maxTokens: 8, signal: signal() });
+    expect(engine.lastRequest?.sampling_params).toMatchObject({ temperature: 1, top_p: 1, top_k: -1 });
   });
 
   it('returns the ids and logprobs of meta_info.output_token_logprobs exactly', async () => {

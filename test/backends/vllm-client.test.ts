@@ -48,6 +48,11 @@ describe('VllmClient against the fake vLLM engine', () => {
     expect(engine.lastRequest).not.toHaveProperty('return_token_ids');
   });
 
+  it('sends every sampling field, the unset ones neutral: vLLM would fill them from the model\u2019s generation_config.json', async () => {
+    await client.generate({ promptIds: prompt, maxTokens: 8, signal: signal() });
+    expect(engine.lastRequest).toMatchObject({ temperature: 1, top_p: 1, top_k: -1, min_p: 0, repetition_penalty: 1, presence_penalty: 0, frequency_penalty: 0 });
+  });
+
   it('returns token ids and logprobs exactly as the engine sent them', async () => {
     const result = await client.generate({ promptIds: prompt, maxTokens: 256, seed: 3, signal: signal() });
     const raw = (await (
