@@ -37,7 +37,8 @@ export interface PauseOptions {
  * kinds.ts). An engine whose pause call fails is left unpaused and named in the error (failed_precondition), the
  * others stay paused until resumed. A resume that starts while this pause is still under way wins: the pause does
  * not pause that engine (or, if its engine call was already out, resumes it again once that call returns), and the
- * pause answers `aborted` naming it. Returns the targets.
+ * pause answers `aborted` naming it. A target removed from the pool while the pause is under way (RemoveBackend)
+ * is no longer its business: not called, not named in an error. Returns the targets still in the pool.
  */
 export async function pauseBackends(targets: readonly BackendState[], mode: PauseMode, options: PauseOptions): Promise<readonly BackendState[]> {
   const { signal, log } = options;
@@ -57,7 +58,7 @@ export async function pauseBackends(targets: readonly BackendState[], mode: Paus
   log.info({ backends: targets.map((b) => b.id), mode }, 'generation pausing');
   const results = await Promise.allSettled(targets.map((b, i) => (skipped.includes(b) ? Promise.resolve() : pauseEngine(b, mode, options, started[i]!.resumes, started[i]!.pauses))));
   throwIfAborted(signal);
-  const failed = targets.filter((_, i) => results[i]!.status === 'rejected');
+  const failed = targets.filter((b, i) => results[i]!.status === 'rejected' && !b.removed);
   if (failed.length > 0) {
     for (const backend of failed) {
       if (!backend.enginePaused && backend.pauses === started[targets.indexOf(backend)]!.pauses) backend.gate.open();
@@ -66,13 +67,15 @@ export async function pauseBackends(targets: readonly BackendState[], mode: Paus
     const names = failed.map((b) => b.id).join(', ');
     throw new RolloutError('failed_precondition', `could not pause ${names} in ${mode} mode (left unpaused): ${RolloutError.from(first).message}`, { cause: first });
   }
-  const superseded = targets.filter((b, i) => b.resumes !== started[i]!.resumes);
+  // remove() resumes a paused engine on its way out, which is no resume of the caller's to report.
+  const superseded = targets.filter((b, i) => b.resumes !== started[i]!.resumes && !b.removed);
   if (superseded.length > 0) {
     const names = superseded.map((b) => b.id).join(', ');
     throw new RolloutError('aborted', `the pause of ${names} was superseded by a ResumeGeneration that started while it was pausing: ${names} not paused`);
   }
-  log.info({ backends: targets.map((b) => b.id), mode }, 'generation paused');
-  return targets;
+  const remaining = targets.filter((b) => !b.removed);
+  log.info({ backends: remaining.map((b) => b.id), mode }, 'generation paused');
+  return remaining;
 }
 
 /** How {@link resumeBackends} runs. */
@@ -141,7 +144,8 @@ async function pauseEngine(backend: BackendState, mode: PauseMode, options: Paus
     await untilSettled(inflight, signal);
     if (!enginePauses(backend.client, 'wait')) return;
   }
-  if (superseded()) return;
+  // Removed meanwhile (its client closed): nothing to pause.
+  if (superseded() || backend.removed) return;
   try {
     await engineCall(backend, 'pause', signal, async (callSignal) => {
       if (superseded()) return;

@@ -414,13 +414,15 @@ export class BackendPool {
    * Pauses generation on one backend, or on all of them when `id` is omitted (a weight update); see
    * {@link pauseBackends} for what each mode does. Held requests wait in the pool — they do not fail, fail over,
    * or count against acquire timeouts —, and new trajectories go to backends that are not paused while there are
-   * any. A pool-wide pause also holds backends added before the pool-wide resume.
+   * any. A pool-wide pause also holds backends added before the pool-wide resume. With a journal, the pool-wide
+   * state is recorded before the call answers; a record that fails is `unavailable` (see #recordPoolWeights).
    */
   async pause(mode: PauseMode, options: { id?: string; signal?: AbortSignal } = {}): Promise<BackendInfo[]> {
     const targets = options.id === undefined ? [...this.#backends.values()] : [this.#get(options.id)];
     let began = false;
+    let paused: readonly BackendState[];
     try {
-      const paused = await pauseBackends(targets, mode, {
+      paused = await pauseBackends(targets, mode, {
         signal: options.signal ?? new AbortController().signal,
         abortGraceMs: this.#pauseAbortGraceMs,
         log: this.#log,
@@ -431,10 +433,13 @@ export class BackendPool {
           if (options.id === undefined) this.#pausedAll = true;
         },
       });
-      return paused.map(info);
-    } finally {
-      if (began && options.id === undefined) await this.#recordPoolWeights();
+    } catch (err) {
+      // The pause's own error is the answer; the state it left is recorded as well as can be.
+      if (began && options.id === undefined) await this.#recordPoolWeights().catch(() => undefined);
+      throw err;
     }
+    if (began && options.id === undefined) await this.#recordPoolWeights();
+    return paused.map(info);
   }
 
   /**
@@ -449,17 +454,20 @@ export class BackendPool {
       this.#pausedAll = false;
       if (policyVersion !== undefined) this.#poolVersion = policyVersion;
     }
+    let resumed: readonly BackendState[];
     try {
-      const resumed = await resumeBackends(targets, {
+      resumed = await resumeBackends(targets, {
         signal: options.signal ?? new AbortController().signal,
         log: this.#log,
         skipUnhealthy: options.id === undefined,
         ...(policyVersion !== undefined && { policyVersion }),
       });
-      return resumed.map(info);
-    } finally {
-      if (options.id === undefined) await this.#recordPoolWeights();
+    } catch (err) {
+      if (options.id === undefined) await this.#recordPoolWeights().catch(() => undefined);
+      throw err;
     }
+    if (options.id === undefined) await this.#recordPoolWeights();
+    return resumed.map(info);
   }
 
   /**
@@ -485,11 +493,19 @@ export class BackendPool {
     return { paused: this.#pausedAll, policyVersion: this.#poolVersion };
   }
 
+  /**
+   * Records the pool-wide state (journal). A failed record is `unavailable` for the caller — the pause or resume is in
+   * effect, but a restart would not know it (it would come back unpaused, or tag tokens with the version before):
+   * the trainer hears it, rather than an OK that is not durable, and retries once the journal can write (both calls
+   * are idempotent).
+   */
   async #recordPoolWeights(): Promise<void> {
     try {
       await this.recordWeights?.(this.weights);
     } catch (err) {
       this.#log.error({ err, ...this.weights }, 'could not record the weight-sync state in the journal: a restart will not know it');
+      const state = this.weights.paused ? 'generation is paused' : `generation is resumed at policy version ${this.weights.policyVersion}`;
+      throw new RolloutError('unavailable', `${state}, but the journal could not record it (a restart would not know it): ${RolloutError.from(err).message}; retry the call`, { cause: err });
     }
   }
 

@@ -345,8 +345,35 @@ describe('engines down or leaving around a weight sync, restarted servers', () =
     engine.auto = true; // the engine answers what comes next at once
     await pool.remove('a', { drain: false });
     call.finish(); // ... and the pause it had not answered applies now
-    expect(await p).toMatch(/^aborted: /);
+    // Not the caller's business any more: the pause answers for the backends still in the pool (none).
+    expect(await p).toBe('ok');
     await expect.poll(() => engine.paused).toBe(false);
+  });
+
+  it('a backend removed while a pool-wide WAIT pause waits for its requests: the pause answers OK for the others, all paused', async () => {
+    const pool = makePool();
+    const a = new Engine();
+    const b = new Engine();
+    pool.add(a, { id: 'a', maxConcurrency: 2, model: 'm' });
+    pool.add(b, { id: 'b', maxConcurrency: 2, model: 'm' });
+    // A request in flight on each engine: the WAIT pause waits for both.
+    const leases = [await pool.acquire('t1'), await pool.acquire('t2')];
+    const running = leases.map((l) => outcome(l.generate({ promptIds: [1, 2], maxTokens: 4, signal: new AbortController().signal })));
+    await expect.poll(() => a.pending.length + b.pending.length).toBe(2);
+    const pausing = pool.pause('wait').then(
+      (paused) => paused.map((x) => [x.id, x.paused]),
+      (e: unknown) => (e instanceof RolloutError ? `${e.code}: ${e.message}` : String(e)),
+    );
+    await flush();
+    await pool.remove('b', { drain: false }); // an operator takes b out; its request moves on (held: a is paused)
+    a.pending[0]!.resolve({ tokenIds: [7], logprobs: [-1], finishReason: 'stop', text: '' });
+    expect(await pausing).toEqual([['a', true]]);
+    expect(a.paused).toBe(true);
+    await pool.resume({ policyVersion: 1 });
+    await expect.poll(() => a.pending.length).toBe(1); // the request that lost b, held until the resume
+    a.pending[0]!.resolve({ tokenIds: [8], logprobs: [-1], finishReason: 'stop', text: '' });
+    expect(await Promise.all(running)).toEqual(['ok', 'ok']);
+    for (const l of leases) l.release();
   });
 
   it('a by-id pause that fails on a down engine keeps its pending resume: resumed on recovery', async () => {

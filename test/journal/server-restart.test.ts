@@ -1,7 +1,8 @@
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterEach, describe, expect, it } from 'vitest';
+import { status, type ServiceError } from '@grpc/grpc-js';
+import { afterEach, describe, expect, it, vi } from 'vitest';
 import { PauseMode } from '../../gen/ts/rollout/v1/backend.js';
 import { TrajectoryStatus, type Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { mathTask } from '../support/harness.js';
@@ -13,6 +14,7 @@ import { silentLogger } from '../../src/observability/logger.js';
 const dirs: string[] = [];
 const harnesses: ServerHarness[] = [];
 afterEach(async () => {
+  vi.restoreAllMocks();
   await Promise.all(harnesses.splice(0).map((h) => h.close()));
   await Promise.all(dirs.splice(0).map((d) => rm(d, { recursive: true, force: true })));
 });
@@ -102,4 +104,27 @@ describe('a journaled server restarted around a weight sync', () => {
     await journal.close();
     expect(contents.weights).toMatchObject({ paused: false, policyVersion: 8 });
   }, 120_000);
+
+  it('answers UNAVAILABLE, not OK, to a pool-wide pause or resume whose state the journal could not record, and a retry records it', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'rollout-weights-'));
+    dirs.push(dir);
+    const a = await journaled(dir, 5);
+    // The disk is full: the weights record's write fails (what lmdb reports for ENOSPC).
+    const full = vi.spyOn(Journal.prototype, 'weightsChanged').mockRejectedValue(Object.assign(new Error('ENOSPC: no space left on device'), { code: 'ENOSPC' }));
+    const refused = await a.client.pauseGeneration(PauseMode.PAUSE_MODE_WAIT).catch((err: unknown) => err as ServiceError);
+    expect(refused).toMatchObject({ code: status.UNAVAILABLE });
+    expect((refused as ServiceError).details).toMatch(/generation is paused, but the journal could not record it.*ENOSPC/u);
+    full.mockRestore();
+    // The pause is in effect (idempotent): retried with the journal writing, it is recorded, and a restart finds it.
+    expect((await a.client.pauseGeneration(PauseMode.PAUSE_MODE_WAIT)).map((b) => b.paused)).toEqual([true]);
+    vi.spyOn(Journal.prototype, 'weightsChanged').mockRejectedValueOnce(new Error('ENOSPC: no space left on device'));
+    expect(await a.client.resumeGeneration({ policyVersion: 3 }).catch((err: unknown) => (err as ServiceError).code)).toBe(status.UNAVAILABLE);
+    await a.close();
+    const b = await journaled(dir, 5);
+    // The resume was not recorded: the restarted server is still paused, at the version before (the safe direction).
+    expect((await b.client.listBackends()).map((x) => [x.paused, x.policyVersion])).toEqual([[true, 0]]);
+    await b.client.resumeGeneration({ policyVersion: 3 });
+    expect((await b.client.listBackends()).map((x) => [x.paused, x.policyVersion])).toEqual([[false, 3]]);
+  });
 });
+
