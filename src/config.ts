@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { withoutCredentials } from './backends/engine-http.js';
 import { BACKEND_KIND_NAMES } from './backends/kinds.js';
 import { RolloutError } from './errors.js';
 
@@ -41,20 +42,52 @@ const modelSchema = z
 /** The `model` section after defaults. */
 export type ModelConfig = z.output<typeof modelObjectSchema>;
 
-const backendSchema = z.strictObject({
-  url: z.string().url(),
-  kind: z.enum(BACKEND_KIND_NAMES).default('vllm'),
-  /** Requests the engine runs at once; 0 (default): what the engine reports, else `backendDefaultMaxConcurrency`. */
-  maxConcurrency: z.number().int().min(0).default(0),
-  id: z.string().optional(),
-  model: z.string().optional(),
-  /**
-   * The engine's logprobs mode when you know how it was started (`processed`: vLLM --logprobs-mode
-   * processed_logprobs, SGLang without SGLANG_RETURN_ORIGINAL_LOGPROB; `raw`: vLLM's default). Unset: learned where
-   * the engine says (vLLM in dev mode), else unknown. An engine that reports another mode stops the server.
-   */
-  logprobsMode: z.enum(['raw', 'processed']).optional(),
-});
+/**
+ * Bounds of what a backend may be declared with (config `backends`, AddBackend): ids, urls and model names are listed by
+ * every ListBackends and Watch stats message, so an unbounded one could make those answers too large for anyone.
+ */
+export const MAX_BACKEND_ID_BYTES = 256;
+export const MAX_BACKEND_URL_BYTES = 2048;
+export const MAX_BACKEND_MODEL_BYTES = 1024;
+
+/** Why `id` cannot name a backend, or undefined when it can: at most 256 bytes of UTF-8, no control characters. */
+export function backendIdProblem(id: string): string | undefined {
+  if (Buffer.byteLength(id) > MAX_BACKEND_ID_BYTES) return `at most ${MAX_BACKEND_ID_BYTES} bytes`;
+  if (/\p{Cc}/u.test(id)) return 'must not contain control characters';
+  return undefined;
+}
+
+/** A string of at most `max` bytes of UTF-8. */
+const stringOfMaxBytes = (max: number) => z.string().refine((s) => Buffer.byteLength(s) <= max, { message: `at most ${max} bytes` });
+
+const backendSchema = z
+  .strictObject({
+    /**
+     * The engine's base URL. Userinfo (`http://user:pass@host:8000`) is sent as HTTP basic auth and never shown: the
+     * backend's url (ListBackends, logs, errors) and its default id are the URL without it.
+     */
+    url: stringOfMaxBytes(MAX_BACKEND_URL_BYTES).pipe(z.string().url()),
+    kind: z.enum(BACKEND_KIND_NAMES).default('vllm'),
+    /** Requests the engine runs at once; 0 (default): what the engine reports, else `backendDefaultMaxConcurrency`. */
+    maxConcurrency: z.number().int().min(0).default(0),
+    /** Default: the url without its userinfo. */
+    id: z
+      .string()
+      .superRefine((id, ctx) => {
+        const problem = backendIdProblem(id);
+        if (problem !== undefined) ctx.addIssue({ code: 'custom', message: problem });
+      })
+      .optional(),
+    model: stringOfMaxBytes(MAX_BACKEND_MODEL_BYTES).optional(),
+    /**
+     * The engine's logprobs mode when you know how it was started (`processed`: vLLM --logprobs-mode
+     * processed_logprobs, SGLang without SGLANG_RETURN_ORIGINAL_LOGPROB; `raw`: vLLM's default). Unset: learned where
+     * the engine says (vLLM in dev mode), else unknown. An engine that reports another mode stops the server.
+     */
+    logprobsMode: z.enum(['raw', 'processed']).optional(),
+  })
+  // The default id is set here, not where the backend is added, so that it never carries the URL's credentials.
+  .transform((backend) => ({ ...backend, id: backend.id ?? withoutCredentials(backend.url) }));
 
 /**
  * Server configuration, validated once at start-up with zod so a typo fails loudly instead of running with a

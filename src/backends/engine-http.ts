@@ -36,7 +36,11 @@ export interface HttpAnswer {
 
 /** Where an engine is and how its requests are bounded. */
 export interface EngineHttpOptions {
-  /** Base URL without a trailing slash. */
+  /**
+   * Base URL without a trailing slash. Userinfo (`http://user:pass@host:8000`) is sent as HTTP basic auth
+   * (`authorization: Basic base64(user:pass)`, as curl and browsers do) and never shown: {@link EngineHttp.url} is the
+   * URL without it (see {@link withoutCredentials}).
+   */
   url: string;
   /** Names the engine in messages: "vLLM", "SGLang". */
   label: string;
@@ -44,6 +48,37 @@ export interface EngineHttpOptions {
   requestTimeoutMs?: number;
   /** Open connections kept to the engine (keep-alive); requests beyond wait for one. Default 1024. */
   maxSockets?: number;
+}
+
+/**
+ * `url` as it may be shown (ListBackends, logs, error messages, a backend's default id): without its userinfo, the
+ * rest as given. Both the password and the user name go: a user name alone is often the secret (`https://<token>@host`,
+ * which curl sends as basic auth with an empty password), and the engine's address is what an operator needs to tell
+ * backends apart. A URL without userinfo is returned unchanged (same text, so ids derived from it stay as they were).
+ * Credentials in the query string (`?api_key=`) are not recognized: pass them as userinfo.
+ */
+export function withoutCredentials(url: string): string {
+  let parsed: URL;
+  try {
+    parsed = new URL(url);
+  } catch {
+    // Not a URL (it is refused elsewhere): still never echo what looks like userinfo.
+    return url.replace(/\/\/[^/?#\\]*@/, '//');
+  }
+  if (parsed.username === '' && parsed.password === '') return url;
+  parsed.username = '';
+  parsed.password = '';
+  // The WHATWG serializer adds a "/" to an empty path; keep the caller's form (with or without a trailing slash).
+  return url.endsWith('/') || !parsed.href.endsWith('/') ? parsed.href : parsed.href.slice(0, -1);
+}
+
+/** A percent-decoded userinfo part; a malformed escape is sent as written (as curl does) rather than failing. */
+function decodeUserinfo(part: string): string {
+  try {
+    return decodeURIComponent(part);
+  } catch {
+    return part;
+  }
 }
 
 /** A request id goes into an HTTP header: printable ASCII without spaces, at most 256 characters. */
@@ -71,22 +106,27 @@ export function checkRequestId(id: string): void {
  * (cancelled / deadline_exceeded).
  */
 export class EngineHttp {
+  /** The engine's base URL without userinfo (see {@link withoutCredentials}): what messages and callers show. */
   readonly url: string;
   readonly label: string;
   readonly #timeoutMs: number;
   readonly #pool: Pool;
   /** Base path of `url` (prefixed to every request's path) and its basic-auth header, parsed once. */
   readonly #base: string;
+  /**
+   * `Basic base64(user:password)` from the URL's userinfo, sent with every request unless the request gives its own
+   * authorization header (an explicit key wins over the URL's).
+   */
   readonly #authorization: string | undefined;
 
   constructor(options: EngineHttpOptions) {
-    this.url = options.url.replace(/\/+$/, '');
-    const parsed = new URL(this.url);
+    const parsed = new URL(options.url.replace(/\/+$/, ''));
+    this.url = withoutCredentials(options.url).replace(/\/+$/, '');
     this.#base = parsed.pathname.replace(/\/+$/, '') + parsed.search;
     this.#authorization =
-      parsed.username === ''
+      parsed.username === '' && parsed.password === ''
         ? undefined
-        : `Basic ${Buffer.from(`${decodeURIComponent(parsed.username)}:${decodeURIComponent(parsed.password)}`).toString('base64')}`;
+        : `Basic ${Buffer.from(`${decodeUserinfo(parsed.username)}:${decodeUserinfo(parsed.password)}`).toString('base64')}`;
     this.label = options.label;
     this.#timeoutMs = options.requestTimeoutMs ?? 0;
     this.#pool = new Pool(parsed.origin, {
@@ -122,7 +162,9 @@ export class EngineHttp {
   ): Promise<HttpAnswer> {
     if (signal.aborted) return Promise.reject(RolloutError.from(signal.reason, 'cancelled'));
     const headers: Record<string, string> = { ...options.headers };
-    if (this.#authorization !== undefined) headers.authorization = this.#authorization;
+    if (this.#authorization !== undefined && !Object.keys(headers).some((name) => name.toLowerCase() === 'authorization')) {
+      headers.authorization = this.#authorization;
+    }
     let payload: string | Buffer | Buffer[] | null = null;
     if (body !== undefined) {
       headers['content-type'] = 'application/json';

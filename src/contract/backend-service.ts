@@ -1,10 +1,12 @@
-import type { Metadata } from '@grpc/grpc-js';
+import type { Metadata, ServerUnaryCall } from '@grpc/grpc-js';
 import { timingSafeEqual } from 'node:crypto';
 import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
 import type { BackendPool, BackendInfo } from '../backends/pool.js';
 import { BACKEND_KIND_NAMES, createEngineClient, type BackendKind as EngineKind } from '../backends/kinds.js';
 import type { CapacitySource as EngineCapacitySource } from '../backends/backend-state.js';
+import { withoutCredentials } from '../backends/engine-http.js';
+import { backendIdProblem, MAX_BACKEND_MODEL_BYTES, MAX_BACKEND_URL_BYTES } from '../config.js';
 import type { LogprobsMode as EngineLogprobsMode } from '../backends/types.js';
 import type { PauseMode as EnginePauseMode } from '../backends/types.js';
 import { type Backend, BackendKind, type BackendServiceServer, CapacitySource, LogprobsMode, PauseMode } from '../../gen/ts/rollout/v1/backend.js';
@@ -66,49 +68,98 @@ function pauseModeFromProto(value: PauseMode): EnginePauseMode {
   }
 }
 
+/**
+ * AddBackend answers this long before the call's deadline with what the engine has told so far (what it has not is
+ * learned in the background, as for an engine that does not answer within modelInfoTimeoutMs), so that the answer
+ * reaches the caller before its deadline does.
+ */
+const ANSWER_BEFORE_DEADLINE_MS = 250;
+
+/** Milliseconds until the call's deadline; Infinity when it has none. */
+function msUntilDeadline(call: ServerUnaryCall<unknown, unknown>): number {
+  const deadline = call.getDeadline();
+  const at = deadline instanceof Date ? deadline.getTime() : Number(deadline);
+  return Number.isFinite(at) ? at - Date.now() : Infinity;
+}
+
+/**
+ * The backend's snapshot once the pool has learned what its engine says about itself, or at `budgetMs` what is
+ * known by then (the learning goes on in the background). Rejects with the signal's reason (cancelled,
+ * deadline_exceeded, unavailable) when the call ends first.
+ */
+function learnWithin(pool: BackendPool, added: BackendInfo, signal: AbortSignal, budgetMs: number): Promise<BackendInfo> {
+  const current = (): BackendInfo => pool.list().find((b) => b.id === added.id) ?? added;
+  return new Promise<BackendInfo>((resolve, reject) => {
+    if (signal.aborted) return reject(RolloutError.from(signal.reason, 'cancelled'));
+    let timer: NodeJS.Timeout | undefined;
+    const settle = (fn: () => void): void => {
+      clearTimeout(timer);
+      signal.removeEventListener('abort', onAbort);
+      fn();
+    };
+    const onAbort = (): void => settle(() => reject(RolloutError.from(signal.reason, 'cancelled')));
+    signal.addEventListener('abort', onAbort, { once: true });
+    if (Number.isFinite(budgetMs)) timer = setTimeout(() => settle(() => resolve(current())), Math.max(0, budgetMs));
+    pool.learn(added.id).then(
+      (snapshot) => settle(() => resolve(snapshot)),
+      () => settle(() => resolve(current())),
+    );
+  });
+}
+
 /** BackendService (admin): add, remove and list the engines the pool routes to; pause and resume them around weight updates. */
 export function backendService(deps: BackendServiceDeps): BackendServiceServer {
   const log = deps.logger.child({ component: 'backend-service' });
-  const admin = <Req, Res>(fn: (request: Req, signal: AbortSignal) => Promise<Res> | Res) =>
+  const admin = <Req, Res>(fn: (request: Req, signal: AbortSignal, call: ServerUnaryCall<Req, Res>) => Promise<Res> | Res) =>
     unary<Req, Res>(
       log,
       (request, signal, call) => {
         authorize(call.metadata, deps.adminToken);
-        return fn(request, signal);
+        return fn(request, signal, call);
       },
       deps.lifetime,
     );
 
   return {
-    addBackend: admin(async (request) => {
+    addBackend: admin(async (request, signal, call) => {
+      if (Buffer.byteLength(request.url) > MAX_BACKEND_URL_BYTES) throw RolloutError.invalid('url', `at most ${MAX_BACKEND_URL_BYTES} bytes`);
+      const idProblem = backendIdProblem(request.id);
+      if (idProblem !== undefined) throw RolloutError.invalid('id', idProblem);
+      if (Buffer.byteLength(request.model) > MAX_BACKEND_MODEL_BYTES) throw RolloutError.invalid('model', `at most ${MAX_BACKEND_MODEL_BYTES} bytes`);
       let url: URL;
       try {
         url = new URL(request.url);
       } catch {
-        throw RolloutError.invalid('url', `not a URL: "${request.url}"`);
+        throw RolloutError.invalid('url', `not a URL: "${withoutCredentials(request.url)}"`);
       }
       if (url.protocol !== 'http:' && url.protocol !== 'https:') throw RolloutError.invalid('url', 'must be http(s)');
       if (request.maxConcurrency < 0) throw RolloutError.invalid('max_concurrency', 'must not be negative');
       const kindName = kindFromProto(request.kind);
       if (kindName === undefined) throw RolloutError.invalid('kind', `unknown kind ${request.kind}`);
       const logprobsMode = logprobsModeFromProto(request.logprobsMode);
+      // The client is given the URL with its userinfo (sent as basic auth); everything shown — the default id, the
+      // url ListBackends lists (client.url), logs and engine errors — is the URL without it.
       const client = createEngineClient(kindName, url.toString().replace(/\/$/, ''), request.model || deps.defaultModel, {
         requestTimeoutMs: deps.requestTimeoutMs,
         maxResponseBytes: deps.maxResponseBytes ?? 0,
       });
       const added = deps.pool.add(client, {
-        id: request.id || url.toString().replace(/\/$/, ''),
+        id: request.id || withoutCredentials(url.toString()).replace(/\/$/, ''),
         maxConcurrency: request.maxConcurrency, // 0: what the engine reports, else the pool's default
         model: request.model || deps.defaultModel,
         ...(logprobsMode !== undefined && { logprobsMode }),
       });
-      // Answer with what the engine says about itself when it can be learned in time (bounded; an engine that cannot
-      // answer does not fail the call), and refuse it when it contradicts what the request declared.
-      const snapshot = await deps.pool.learn(added.id).catch(() => added);
+      // Answer with what the engine says about itself when it can be learned in time — within modelInfoTimeoutMs and
+      // before the call's deadline (an engine that cannot answer by then does not fail the call) — and refuse it when
+      // it contradicts what the request declared. A call that ends without an answer (cancelled, its deadline passed,
+      // the server stopping) takes the backend out again: as for RemoveBackend, a call that did not complete changes
+      // nothing, so a retry is not ALREADY_EXISTS.
+      let snapshot: BackendInfo;
       try {
+        snapshot = await learnWithin(deps.pool, added, signal, msUntilDeadline(call) - ANSWER_BEFORE_DEADLINE_MS);
         deps.pool.checkEngineAgrees(added.id);
       } catch (err) {
-        await deps.pool.remove(added.id, { drain: false });
+        await deps.pool.remove(added.id, { drain: false }).catch(() => undefined);
         throw err;
       }
       log.info({ id: snapshot.id, url: snapshot.url }, 'backend added');

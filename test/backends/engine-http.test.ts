@@ -2,7 +2,7 @@ import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterEach, describe, expect, it } from 'vitest';
-import { EngineHttp } from '../../src/backends/engine-http.js';
+import { EngineHttp, withoutCredentials } from '../../src/backends/engine-http.js';
 import { RolloutError } from '../../src/errors.js';
 
 const signal = (): AbortSignal => new AbortController().signal;
@@ -104,5 +104,99 @@ describe('EngineHttp (undici pool per engine)', () => {
     expect((err as RolloutError).code).toBe('cancelled');
     http.close();
     expect(await first).toBeInstanceOf(RolloutError);
+  });
+});
+
+describe('EngineHttp: credentials in the URL', () => {
+  let server: Server | undefined;
+  let http: EngineHttp | undefined;
+  afterEach(async () => {
+    http?.close();
+    server?.closeAllConnections();
+    await new Promise<void>((resolve) => (server ? server.close(() => resolve()) : resolve()));
+    server = undefined;
+    http = undefined;
+  });
+
+  /** An engine stand-in that answers each request with its path and authorization header (`status` as asked). */
+  async function recordingServer(status = 200): Promise<string> {
+    const s = createServer((req, res) => res.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify({ path: req.url, authorization: req.headers.authorization ?? null })));
+    server = s;
+    await new Promise<void>((resolve) => s.listen(0, '127.0.0.1', resolve));
+    return `127.0.0.1:${(s.address() as AddressInfo).port}`;
+  }
+
+  it('withoutCredentials drops user and password, keeps the rest as given, and leaves a URL without userinfo unchanged', () => {
+    expect(withoutCredentials('http://user:pass@host:8000')).toBe('http://host:8000');
+    expect(withoutCredentials('http://user:pass@host:8000/')).toBe('http://host:8000/');
+    expect(withoutCredentials('https://token@host/base/?q=1')).toBe('https://host/base/?q=1');
+    expect(withoutCredentials('http://:pass@host')).toBe('http://host');
+    expect(withoutCredentials('http://a@b:c@host/')).toBe('http://host/');
+    expect(withoutCredentials('http://host:8000')).toBe('http://host:8000');
+    expect(withoutCredentials('HTTP://Host:8000/')).toBe('HTTP://Host:8000/');
+    // Not a URL (refused elsewhere): what looks like userinfo still goes.
+    expect(withoutCredentials('http://user:pass@host:notaport')).toBe('http://host:notaport');
+  });
+
+  it('sends the userinfo as basic auth (percent-decoded, as curl does) and shows the URL without it', async () => {
+    const hostPort = await recordingServer();
+    http = new EngineHttp({ url: `http://operator:s3cret%40pass@${hostPort}/base/`, label: 'test engine' });
+    expect(http.url).toBe(`http://${hostPort}/base`);
+    const answer = JSON.parse((await http.request('GET', '/v1/models', undefined, signal(), 1024)).text) as unknown;
+    expect(answer).toEqual({ path: '/base/v1/models', authorization: `Basic ${Buffer.from('operator:s3cret@pass').toString('base64')}` });
+  });
+
+  it('sends a user without a password as "user:" and nothing without userinfo', async () => {
+    const hostPort = await recordingServer();
+    http = new EngineHttp({ url: `http://token-as-user@${hostPort}`, label: 'test engine' });
+    expect(http.url).toBe(`http://${hostPort}`);
+    expect(JSON.parse((await http.request('GET', '/x', undefined, signal(), 1024)).text)).toMatchObject({ authorization: `Basic ${Buffer.from('token-as-user:').toString('base64')}` });
+    http.close();
+    http = new EngineHttp({ url: `http://${hostPort}`, label: 'test engine' });
+    expect(JSON.parse((await http.request('GET', '/x', undefined, signal(), 1024)).text)).toMatchObject({ authorization: null });
+  });
+
+  it('an explicit authorization header of a request wins over the URL\'s', async () => {
+    const hostPort = await recordingServer();
+    http = new EngineHttp({ url: `http://operator:pass@${hostPort}`, label: 'test engine' });
+    const answer = await http.request('GET', '/x', undefined, signal(), 1024, { headers: { Authorization: 'Bearer api-key' } });
+    expect(JSON.parse(answer.text)).toMatchObject({ authorization: 'Bearer api-key' });
+  });
+
+  it('keeps the password out of its error messages (unreachable, timed out, oversized, control calls)', async () => {
+    const messages: string[] = [];
+    const failure = async (p: Promise<unknown>): Promise<void> => {
+      const err = await p.then(() => expect.fail('expected a rejection'), (e: unknown) => e);
+      expect(err).toBeInstanceOf(RolloutError);
+      messages.push((err as Error).message);
+    };
+    // Unreachable: a port where nothing listens.
+    const closed = createServer();
+    await new Promise<void>((resolve) => closed.listen(0, '127.0.0.1', resolve));
+    const deadPort = (closed.address() as AddressInfo).port;
+    await new Promise<void>((resolve) => closed.close(() => resolve()));
+    const dead = new EngineHttp({ url: `http://operator:s3cret-pass@127.0.0.1:${deadPort}`, label: 'test engine' });
+    await failure(dead.request('GET', '/x', undefined, signal(), 1024));
+    dead.close();
+    // Oversized answer and a refused control call.
+    const hostPort = await recordingServer(500);
+    http = new EngineHttp({ url: `http://operator:s3cret-pass@${hostPort}`, label: 'test engine', requestTimeoutMs: 5_000 });
+    await failure(http.control('/pause', undefined, signal()));
+    const ok = new EngineHttp({ url: `http://operator:s3cret-pass@${hostPort}`, label: 'test engine' });
+    server!.removeAllListeners('request');
+    server!.on('request', (_req, res) => res.writeHead(200).end('x'.repeat(4096)));
+    await failure(ok.request('GET', '/big', undefined, signal(), 16));
+    ok.close();
+    // Timed out: the engine never answers.
+    server!.removeAllListeners('request');
+    const slow = new EngineHttp({ url: `http://operator:s3cret-pass@${hostPort}`, label: 'test engine', requestTimeoutMs: 50 });
+    await failure(slow.request('GET', '/slow', undefined, signal(), 1024));
+    slow.close();
+    expect(messages).toHaveLength(4);
+    for (const message of messages) {
+      expect(message).toContain(`http://127.0.0.1:`);
+      expect(message).not.toContain('s3cret-pass');
+      expect(message).not.toContain('operator');
+    }
   });
 });
