@@ -58,15 +58,23 @@ export class FakeSampler {
       return { ids, logprobs: this.#logprobs(ids, seed, promptIds.length), finish: ids.length < rest.length ? 'length' : 'stop', stopReason: null };
     }
     const { tokenizer } = this.options;
-    let text = (this.options.policy ?? scriptedMathPolicy)(tokenizer.decode(promptIds), policyContext(seed, promptIds));
+    const text = (this.options.policy ?? scriptedMathPolicy)(tokenizer.decode(promptIds), policyContext(seed, promptIds));
     let stopReason: string | null = null;
     for (const stop of stops) {
       const at = text.indexOf(stop);
       if (stop !== '' && at >= 0 && (stopReason === null || at < text.indexOf(stopReason))) stopReason = stop;
     }
-    if (stopReason !== null) text = text.slice(0, text.indexOf(stopReason));
-    let ids = this.options.tokenize ? this.options.tokenize(text) : tokenizer.encode(text);
-    if (stopReason === null) ids.push(this.stopId);
+    const encode = (t: string): number[] => (this.options.tokenize ? this.options.tokenize(t) : tokenizer.encode(t));
+    let ids: number[];
+    if (stopReason === null) {
+      ids = encode(text);
+      ids.push(this.stopId);
+    } else {
+      // As vLLM does (v1/engine/detokenizer.py): the ids are every sampled one up to and including the token that
+      // completes the stop string; only the text is cut before it.
+      const end = text.indexOf(stopReason) + stopReason.length;
+      ids = idsThrough(encode(text.slice(0, end + 16)), end, (prefix) => tokenizer.decode(prefix));
+    }
     this.#remember(promptIds, ids);
     let finish: FakeSample['finish'] = 'stop';
     if (ids.length > maxTokens) {
@@ -137,4 +145,16 @@ function prefixKeys(ids: readonly number[], from: number, upTo: number): string[
 /** The first `produced` tokens of a sample that was aborted (pause in abort mode, or an abort by id). */
 export function abortedSample(sample: FakeSample, produced: number): FakeSample {
   return { ids: sample.ids.slice(0, produced), logprobs: sample.logprobs.slice(0, produced), finish: 'abort', stopReason: null };
+}
+
+/** The fewest leading ids of `ids` whose decoded text is at least `chars` long (a binary search over prefixes). */
+function idsThrough(ids: readonly number[], chars: number, decode: (ids: readonly number[]) => string): number[] {
+  let lo = 1;
+  let hi = ids.length;
+  while (lo < hi) {
+    const mid = (lo + hi) >>> 1;
+    if (decode(ids.slice(0, mid)).replace(/\uFFFD+$/u, '').length >= chars) hi = mid;
+    else lo = mid + 1;
+  }
+  return ids.slice(0, lo);
 }

@@ -276,7 +276,10 @@ export class FakeSglangEngine {
     // SGLang trims a matched stop token or string from the text unless no_stop_trim; special tokens are skipped
     // unless skip_special_tokens is false.
     const trimmed = sample.finish === 'stop' && sample.stopReason === null && sampling.no_stop_trim !== true ? sample.ids.slice(0, -1) : sample.ids;
-    const text = tokenizer.decode(trimmed, { skipSpecialTokens: sampling.skip_special_tokens !== false });
+    const decoded = tokenizer.decode(trimmed, { skipSpecialTokens: sampling.skip_special_tokens !== false });
+    // A matched stop string is cut from the text (its tokens stay in the ids) unless no_stop_trim.
+    const stop = sample.stopReason;
+    const text = stop !== null && sampling.no_stop_trim !== true && decoded.includes(stop) ? decoded.slice(0, decoded.indexOf(stop)) : decoded;
     const meta: Record<string, unknown> = {
       id: rid,
       finish_reason: finishReason(sample, this.#sampler.stopId),

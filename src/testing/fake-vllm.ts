@@ -339,7 +339,9 @@ export class FakeVllmEngine {
     const { ids, logprobs, finish, stopReason } = sample;
     // vLLM leaves the terminating stop token out of the text; other special tokens stay unless skipped.
     const textIds = finish === 'stop' && stopReason === null ? ids.slice(0, -1) : ids;
-    const outText = tokenizer.decode(textIds, { skipSpecialTokens: body.skip_special_tokens !== false });
+    const decoded = tokenizer.decode(textIds, { skipSpecialTokens: body.skip_special_tokens !== false });
+    // The text stops before a matched stop string (its tokens are in the ids), as vLLM's does.
+    const outText = stopReason !== null && decoded.includes(stopReason) ? decoded.slice(0, decoded.indexOf(stopReason)) : decoded;
     const wantIds = body.return_token_ids === true;
     const choice = {
       index: 0,

@@ -108,6 +108,23 @@ describe('FakeVllmEngine with the scripted math policy', () => {
   });
 });
 
+describe('FakeVllmEngine after a stop string, as vLLM 0.32 (v1/engine/detokenizer.py)', () => {
+  it('returns the ids up to and including the token completing the stop string, and the text without it', async () => {
+    const stopping = await FakeVllmEngine.start({ tokenizer, tokenLatencyMs: 0, policy: () => 'The answer is <answer>42</answer> and more words after it.' });
+    try {
+      const c = new VllmClient({ url: stopping.url, model: stopping.model });
+      const prompt = tokenizer.encode('<|im_start|>user\nWhat is 6*7?<|im_end|>\n<|im_start|>assistant\n');
+      const out = await c.generate({ promptIds: prompt, maxTokens: 64, stop: ['</answer>'], signal: new AbortController().signal });
+      expect(out.finishReason).toBe('stop');
+      expect(out.text).toBe('The answer is <answer>42');
+      expect(tokenizer.decode(out.tokenIds)).toMatch(/<\/answer>$/u);
+      expect(tokenizer.decode(out.tokenIds.slice(0, -1))).not.toContain('</answer>');
+    } finally {
+      await stopping.close();
+    }
+  });
+});
+
 describe('math problems', () => {
   it('evaluates what it generates, with the usual precedence', () => {
     expect(evaluateArithmetic('2 + 3 * (4 - 1)')).toBe(11);
