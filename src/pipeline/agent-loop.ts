@@ -128,7 +128,10 @@ async function runWithTools(sample: Sample, deps: AgentLoopDeps, signal: AbortSi
       if (parsed.calls.length === 0 && parsed.errors.length === 0) {
         // A plain answer ends the episode; one cut by max_tokens is a truncation, not an answer.
         if (sampled.finishReason === 'length') {
-          finishReason = maxTokens === totalLeft ? 'max_total_tokens' : maxTokens === modelLeft || sampled.cappedByModelLen === true ? 'max_model_len' : 'max_tokens_per_turn';
+          // Fewer tokens than asked, finish "length": the engine cut it to its context (vLLM >= 0.3x shortens max_tokens
+          // to the room left instead of refusing) — a limit the pool may not know yet.
+          const engineCut = sampled.cappedByModelLen === true || sampled.tokens < maxTokens;
+          finishReason = maxTokens === totalLeft ? 'max_total_tokens' : maxTokens === modelLeft || engineCut ? 'max_model_len' : 'max_tokens_per_turn';
         } else {
           finishReason = 'answer';
           truncated = false;

@@ -160,4 +160,17 @@ describe('max_tokens against the serving engine\u2019s context', () => {
     const result = await run;
     expect({ finishReason: result.outcome.finishReason, truncated: result.truncated }).toEqual({ finishReason: 'max_model_len', truncated: true });
   });
+
+  it('a turn the engine cut short of max_tokens (finish length, fewer tokens: vLLM 0.3x shortens to its context) is max_model_len', async () => {
+    const pool = suite.makePool();
+    const engine = new InMemoryEngineClient();
+    pool.add(engine, { id: 'a', model: 'm', maxConcurrency: 4 }); // its limit unknown
+    const run = runLoop(makeSample({ sampling: { maxTokensPerTurn: 64 } }), pool);
+    await expect.poll(() => engine.pending.length).toBe(1);
+    expect(engine.pending[0]!.request.maxTokens).toBe(64);
+    engine.pending[0]!.resolve(answer(suite.tokenizer.encode(' word'.repeat(10)), 'length'));
+    const result = await run;
+    expect({ finishReason: result.outcome.finishReason, truncated: result.truncated }).toEqual({ finishReason: 'max_model_len', truncated: true });
+  });
 });
+
