@@ -448,7 +448,7 @@ export class BackendPool {
    */
   async resume(options: { id?: string; policyVersion?: number; signal?: AbortSignal } = {}): Promise<BackendInfo[]> {
     const { policyVersion } = options;
-    if (policyVersion !== undefined && !Number.isSafeInteger(policyVersion)) throw RolloutError.invalid('policy_version', `must be an integer, got ${policyVersion}`);
+    if (policyVersion !== undefined && (!Number.isSafeInteger(policyVersion) || policyVersion < 0)) throw RolloutError.invalid('policy_version', `must be a non-negative integer, got ${policyVersion}`);
     const targets = options.id === undefined ? [...this.#backends.values()] : [this.#get(options.id)];
     if (options.id === undefined) {
       this.#pausedAll = false;

@@ -87,7 +87,11 @@ describe('PauseGeneration / ResumeGeneration through the server', () => {
     expect(bad.metadata.get('rollout-field')).toEqual(['mode']);
     const unknown = (await h.client.pauseGeneration(PauseMode.PAUSE_MODE_WAIT, { backendId: 'nope' }).catch((e: unknown) => e)) as ServiceError;
     expect(unknown.code).toBe(status.NOT_FOUND);
-    expect((await h.client.listBackends()).map((b) => b.paused)).toEqual([false]);
+    // A version is a count of weight updates: a negative one is refused, naming it (nothing resumed or recorded).
+    const negative = (await h.client.resumeGeneration({ policyVersion: -3 }).catch((e: unknown) => e)) as ServiceError;
+    expect(negative.code).toBe(status.INVALID_ARGUMENT);
+    expect(negative.metadata.get('rollout-field')).toEqual(['policy_version']);
+    expect((await h.client.listBackends()).map((b) => [b.paused, b.policyVersion])).toEqual([[false, 0]]);
   });
 
   it('ABORT: interrupted turns continue after resume as spans of versions v and v+1, one message, every span verbatim', async () => {
