@@ -181,8 +181,17 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
         } else if (kind.$case === 'cancel') {
           const entry = [...submitting].find((e) => e.taskId === kind.value.taskId);
           if (entry && !entry.isAdmitted) {
-            // Still waiting for admission: it never starts (answered as rejected).
+            // Still waiting for admission: it never starts (answered as rejected). Unless it is a spec sent again of a
+            // task already accepted (a client re-sends the specs it has no answer for when its stream opens): that
+            // one is answered `accepted` whatever the abort, so the cancel is applied to the task now if it runs, and
+            // again once that answer is sent.
             entry.controller.abort(new RolloutError('cancelled', 'cancelled before it was admitted'));
+            entry.cancelRequested = true;
+            try {
+              runtime.cancel(kind.value.taskId);
+            } catch {
+              // Not running (yet): the answer above decides.
+            }
             continue;
           }
           if (entry) {
@@ -275,7 +284,7 @@ class Submitting {
   /** Resolves when the task holds its capacity (or its submit ended): the stream may read its next task. */
   readonly admitted: Promise<void>;
   isAdmitted = false;
-  /** A cancel arrived after admission, before the answer: applied right after `accepted` is sent. */
+  /** A cancel arrived before the answer: applied right after `accepted` is sent, if it is. */
   cancelRequested = false;
   done: Promise<void> = Promise.resolve();
   #resolve!: () => void;
