@@ -218,6 +218,11 @@ export class BackendState {
   /** A pool-wide resume found this backend down with its engine paused: resumed when it is healthy again. */
   resumePending = false;
   /**
+   * Back after it was down while serving a policy version other than 0: held at its gate until a resume reaches it
+   * (BackendPoolOptions.holdRecoveredBackends), since it may have restarted with other weights.
+   */
+  weightsUnknown = false;
+  /**
    * The engine pause or resume call of this pool in flight, if any: calls go one at a time, in the pool's order (two
    * at once over separate connections could reach the engine in either order), and a resume aborts a pause call it
    * overtakes instead of waiting for it (see pause-control.ts engineCall).

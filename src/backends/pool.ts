@@ -37,6 +37,15 @@ export interface BackendPoolOptions {
    * answers anyway (a request that reached the engine only after the engine paused is held there until resume).
    */
   pauseAbortGraceMs?: number;
+  /**
+   * A backend that comes back healthy after it was down, while it serves a policy version other than 0, is held (its
+   * gate closed) until the trainer's next ResumeGeneration reaches it (default true): the engine may have been
+   * restarted, from the base checkpoint or another one, and its tokens would be recorded with weights it no longer
+   * serves — off-policy samples labelled on-policy. Nothing tells a restart from a network blip (engines report no
+   * weight version), so the hold costs a blip at most one weight-sync step of that engine's capacity. At version 0
+   * (weights never updated) a restarted engine serves what it always did, and it is not held.
+   */
+  holdRecoveredBackends?: boolean;
 }
 
 /** The pool-wide weight-sync state: a pool-wide pause in effect, and the version set for the whole pool. */
@@ -147,6 +156,7 @@ export class BackendPool {
   readonly #host: LeaseHost;
   readonly #healthTimeoutMs: number;
   readonly #pauseAbortGraceMs: number;
+  readonly #holdRecovered: boolean;
   #nextId = 0;
   #failovers = 0;
   /** A pool-wide pause is in effect: backends added meanwhile join paused. */
@@ -167,6 +177,7 @@ export class BackendPool {
     this.#defaultMaxConcurrency = options.defaultMaxConcurrency ?? 256;
     this.#healthTimeoutMs = options.healthTimeoutMs ?? 2_000;
     this.#pauseAbortGraceMs = options.pauseAbortGraceMs ?? 10_000;
+    this.#holdRecovered = options.holdRecoveredBackends ?? true;
     this.#prober = new HealthProber(
       () => [...this.#backends.values()],
       // A probe can finish after its backend was removed: such a report is moot, never an error.
@@ -182,7 +193,7 @@ export class BackendPool {
           const backend = this.#backends.get(id);
           if (backend !== undefined && needsLearning(backend)) void this.learn(id).catch(() => undefined);
           // A resume that could not reach it yet is retried at every probe it answers (not only when it recovers).
-          if (backend?.resumePending === true && backend.healthy) this.#resumeRecovered(backend);
+          if (backend?.resumePending === true && backend.healthy && !backend.weightsUnknown) this.#resumeRecovered(backend);
         },
         logger: this.#log,
       },
@@ -375,7 +386,14 @@ export class BackendPool {
     this.#heap.update(backend, eligible, (b) => (b.healthy = healthy));
     this.#log.warn({ backend: id, healthy }, healthy ? 'backend healthy again' : 'backend unhealthy');
     if (healthy) {
-      if (backend.resumePending) this.#resumeRecovered(backend);
+      if (this.#holdRecovered && backend.policyVersion !== 0) {
+        // Perhaps restarted with other weights (see BackendPoolOptions.holdRecoveredBackends): held until a resume.
+        backend.weightsUnknown = true;
+        backend.gate.close();
+        this.#log.warn({ backend: id, policyVersion: backend.policyVersion }, 'backend back after it was down: held until the next ResumeGeneration confirms its weights (it may have restarted with others)');
+      } else if (backend.resumePending) {
+        this.#resumeRecovered(backend);
+      }
       this.#wake();
     }
     else {
@@ -466,6 +484,7 @@ export class BackendPool {
       if (options.id === undefined) await this.#recordPoolWeights().catch(() => undefined);
       throw err;
     }
+    for (const backend of resumed) backend.weightsUnknown = false;
     if (options.id === undefined) await this.#recordPoolWeights();
     return resumed.map(info);
   }

@@ -6,7 +6,7 @@ import { RolloutError } from '../../src/errors.js';
 import { FakeSglangEngine } from '../../src/testing/fake-sglang.js';
 import { FakeVllmEngine } from '../../src/testing/fake-vllm.js';
 import { InMemoryEngineClient } from '../../src/testing/in-memory-engine.js';
-import type { BackendPool } from '../../src/backends/pool.js';
+import type { BackendPool, BackendPoolOptions } from '../../src/backends/pool.js';
 import { poolSuite } from '../support/pool-suite.js';
 
 // PauseGeneration / ResumeGeneration against what goes wrong around a weight sync: an engine that is down, a resume
@@ -18,6 +18,11 @@ import { poolSuite } from '../support/pool-suite.js';
 
 const suite = poolSuite({ pool: { acquireTimeoutMs: 500, healthTimeoutMs: 500 }, question: 'What is 17 * 23 + 5?' });
 const makePool = suite.makePool;
+/**
+ * The resume-on-recovery mechanism (resumePending) on its own: a recovered backend serving a version other than 0 is
+ * otherwise held until the trainer's next resume (holdRecoveredBackends, tested below), which supersedes it.
+ */
+const UNHELD: BackendPoolOptions = { holdRecoveredBackends: false };
 
 async function fakeVllm(tokenLatencyMs = 0): Promise<{ engine: FakeVllmEngine; client: () => VllmClient }> {
   const engine = suite.track(await FakeVllmEngine.start({ tokenizer: suite.tokenizer, tokenLatencyMs, devMode: true }));
@@ -77,7 +82,7 @@ describe('an engine that is down during a weight sync', () => {
   it('an engine paused, then down at the resume, is resumed when it is healthy again; its gate stays closed until then', async () => {
     const engine = new ControlledEngine();
     engine.autoFinish = true;
-    const pool = makePool();
+    const pool = makePool(UNHELD);
     pool.add(engine, { id: 'a', maxConcurrency: 2, model: 'm' });
     await pool.pause('abort');
     expect(engine.pausedInEngine).toBe(true);
@@ -223,9 +228,9 @@ class Engine extends InMemoryEngineClient {
   }
 }
 
-function setup(): { pool: BackendPool; engine: Engine } {
+function setup(options: BackendPoolOptions = {}): { pool: BackendPool; engine: Engine } {
   const engine = new Engine();
-  const pool = makePool();
+  const pool = makePool(options);
   pool.add(engine, { id: 'a', maxConcurrency: 2, model: 'm' });
   return { pool, engine };
 }
@@ -305,7 +310,7 @@ describe('pause and resume calls that overlap (one engine call at a time, in the
 
 describe('engines down or leaving around a weight sync, restarted servers', () => {
   it('a recovered engine whose first resume fails is retried at each probe while it stays healthy', async () => {
-    const { pool, engine } = setup();
+    const { pool, engine } = setup(UNHELD);
     await pool.pause('abort');
     engine.healthy = false;
     await pool.probeHealth();
@@ -324,7 +329,7 @@ describe('engines down or leaving around a weight sync, restarted servers', () =
   });
 
   it('after a restart during a pool-wide pause, an engine down at the resume is resumed when it recovers (the old server paused it)', async () => {
-    const { pool, engine } = setup();
+    const { pool, engine } = setup(UNHELD);
     engine.paused = true; // left paused by the server before the restart
     pool.restoreWeights({ paused: true, policyVersion: 7 });
     engine.healthy = false;
@@ -377,7 +382,7 @@ describe('engines down or leaving around a weight sync, restarted servers', () =
   });
 
   it('a by-id pause that fails on a down engine keeps its pending resume: resumed on recovery', async () => {
-    const { pool, engine } = setup();
+    const { pool, engine } = setup(UNHELD);
     await pool.pause('abort');
     engine.healthy = false;
     await pool.probeHealth();
@@ -427,3 +432,39 @@ describe('an engine whose health check is a generation (SGLang) through a weight
     expect(pool.list()[0]!.healthy).toBe(false);
   });
 });
+
+describe('a backend back after it was down, while the pool serves updated weights (holdRecoveredBackends)', () => {
+  it('is held until the trainer\u2019s next resume (it may have restarted with other weights); at version 0 it is not', async () => {
+    const pool = makePool();
+    const a = new InMemoryEngineClient({ respond: () => ({ tokenIds: [7], logprobs: [-1], finishReason: 'stop', text: '' }) });
+    const b = new InMemoryEngineClient({ respond: () => ({ tokenIds: [8], logprobs: [-1], finishReason: 'stop', text: '' }) });
+    pool.add(a, { id: 'a', maxConcurrency: 4, model: 'm' });
+    pool.add(b, { id: 'b', maxConcurrency: 4, model: 'm' });
+    // Version 0 (weights never updated): a blip or a restart serves the same weights, no hold.
+    pool.setHealthy('a', false);
+    pool.setHealthy('a', true);
+    expect(pool.list().map((x) => [x.id, x.paused])).toEqual([['a', false], ['b', false]]);
+
+    await pool.resume({ policyVersion: 3 });
+    pool.setHealthy('a', false);
+    pool.setHealthy('a', true);
+    // Held: new trajectories go to b, a request sent to a waits at its gate (nothing sampled with unknown weights).
+    expect(pool.list().map((x) => [x.id, x.paused, x.policyVersion])).toEqual([['a', true, 3], ['b', false, 3]]);
+    const lease = await pool.acquire('t');
+    expect(lease.backendId).toBe('b');
+    lease.release();
+    // The trainer's next weight sync: its resume confirms a's weights and version.
+    await pool.resume({ policyVersion: 4 });
+    expect(pool.list().map((x) => [x.id, x.paused, x.policyVersion])).toEqual([['a', false, 4], ['b', false, 4]]);
+  });
+
+  it('can be turned off: the engine takes trajectories at once with the pool\u2019s version', async () => {
+    const pool = makePool({ holdRecoveredBackends: false });
+    pool.add(new InMemoryEngineClient(), { id: 'a', maxConcurrency: 4, model: 'm' });
+    await pool.resume({ policyVersion: 3 });
+    pool.setHealthy('a', false);
+    pool.setHealthy('a', true);
+    expect(pool.list().map((x) => [x.id, x.paused])).toEqual([['a', false]]);
+  });
+});
+
