@@ -23,12 +23,6 @@ export interface SampledVersions {
 /** A completion plus where it came from, for the trajectory's turn record (backend, policy versions, logprobs mode). */
 export interface LeaseResult extends GenerateResult, SampledVersions {
   backendId: string;
-  /**
-   * The request's max_tokens was lowered to the room the serving engine's context left (its max_model_len less the
-   * prompt): after a failover to an engine with a shorter context, or once a limit unknown when the turn was sized
-   * was learned. A "length" finish of such a request is the context's limit, not max_tokens'.
-   */
-  cappedByModelLen?: true;
   /** Which logprobs the backend reports (BackendState.logprobsMode); undefined when unknown. */
   logprobsMode: LogprobsMode | undefined;
 }
@@ -153,13 +147,15 @@ export class PoolLease implements BackendLease {
       if (!backend.usable) backend = await this.#failover(backend, request.signal, lost);
       const requestId = request.requestId ?? `${this.#idBase}-${this.#calls++}`;
       this.#inflightRequestId = requestId;
-      // The caller sized max_tokens for the engine it knew of; the one serving now may leave less room (see
-      // LeaseResult.cappedByModelLen). No room at all is left for the engine to refuse (a context overflow).
+      // The caller sized max_tokens for the engine it knew of; the one serving now may leave less room (after a failover
+      // to an engine with a shorter context, or once a limit unknown when the turn was sized was learned): the request
+      // is lowered to it, and its "length" finish with fewer tokens than asked reads as the context's limit. No room at
+      // all is left for the engine to refuse (a context overflow).
       const room = backend.maxModelLen === undefined ? Infinity : backend.maxModelLen - request.promptIds.length;
       const capped = room > 0 && room < request.maxTokens;
       try {
         const result = await this.host.send(backend, { ...request, requestId, ...(capped && { maxTokens: room }) }, turn);
-        return { ...result, backendId: backend.id, logprobsMode: backend.logprobsMode, ...(capped && { cappedByModelLen: true as const }) };
+        return { ...result, backendId: backend.id, logprobsMode: backend.logprobsMode };
       } catch (err) {
         if (!(err instanceof BackendGone)) throw err;
         lost = err;

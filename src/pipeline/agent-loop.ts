@@ -128,9 +128,10 @@ async function runWithTools(sample: Sample, deps: AgentLoopDeps, signal: AbortSi
       if (parsed.calls.length === 0 && parsed.errors.length === 0) {
         // A plain answer ends the episode; one cut by max_tokens is a truncation, not an answer.
         if (sampled.finishReason === 'length') {
-          // Fewer tokens than asked, finish "length": the engine cut it to its context (vLLM >= 0.3x shortens max_tokens
-          // to the room left instead of refusing) — a limit the pool may not know yet.
-          const engineCut = sampled.cappedByModelLen === true || sampled.tokens < maxTokens;
+          // Fewer tokens than asked, finish "length": cut to the engine's context — by the lease, sizing the request for
+          // the engine that served it, or by the engine (vLLM >= 0.3x shortens max_tokens to the room left instead of
+          // refusing), a limit the pool may not know yet.
+          const engineCut = sampled.tokens < maxTokens;
           finishReason = maxTokens === totalLeft ? 'max_total_tokens' : maxTokens === modelLeft || engineCut ? 'max_model_len' : 'max_tokens_per_turn';
         } else {
           finishReason = 'answer';
@@ -191,16 +192,12 @@ interface SampledTurnResult {
   text: string;
   /** Sampled tokens recorded for the turn, over all its segments. */
   tokens: number;
-  /** The ids of its segments that ended "abort" (what a continuation's stop check looks back on). */
-  ids: number[];
   /** The turn's finish: its last segment's, or "length" when an abort left no token of the turn's budget. */
   finishReason: GenerateResult['finishReason'];
   /** The policy versions of its segments (start and end of each). */
   versions: number[];
   /** The engine refused the context: the turn ends there (its segments so far stay recorded). */
   overflow?: ContextOverflowError;
-  /** The pool lowered its last request's max_tokens to the engine's room (see LeaseResult.cappedByModelLen). */
-  cappedByModelLen?: boolean;
 }
 
 /**
@@ -220,7 +217,7 @@ async function sampleTurn(ctx: {
   const { sample, deps, lease, ledger, turn, maxTokens, signal } = ctx;
   const { sampling } = sample.task;
   const maxContinuations = deps.maxContinuationsPerTurn ?? 8;
-  const out: SampledTurnResult = { text: '', tokens: 0, ids: [], finishReason: 'length', versions: [] };
+  const out: SampledTurnResult = { text: '', tokens: 0, finishReason: 'length', versions: [] };
   // `segment` counts the turn's recorded segments (its seed is the segment's: segment 0 has the turn's usual seed,
   // however many times a request was aborted before its first token); aborts that recorded nothing are bounded apart.
   let emptyAborts = 0;
@@ -266,7 +263,7 @@ async function sampleTurn(ctx: {
     }
     let { tokenIds, logprobs, finishReason } = result;
     // A continuation: a stop string begun before the abort is no match for the engine (see continuation-stop.ts).
-    const keep = out.tokens > 0 ? stopAcrossBoundary(out.ids, tokenIds, sampling.stop, (ids) => deps.tokenizer.decode(ids)) : undefined;
+    const keep = out.tokens > 0 ? stopAcrossBoundary(ledger.messageIds(), tokenIds, sampling.stop, (ids) => deps.tokenizer.decode(ids)) : undefined;
     if (keep !== undefined) {
       tokenIds = tokenIds.slice(0, keep);
       logprobs = logprobs.slice(0, keep);
@@ -282,11 +279,8 @@ async function sampleTurn(ctx: {
       logprobsMode: result.logprobsMode,
     });
     out.tokens += tokenIds.length;
-    // Kept only for a continuation's stop check: every segment before another one ended "abort".
-    if (finishReason === 'abort') for (const id of tokenIds) out.ids.push(id);
     out.versions.push(result.policyVersionStart, result.policyVersion);
     out.finishReason = finishReason;
-    out.cappedByModelLen = result.cappedByModelLen === true;
     if (finishReason !== 'abort') return out;
     // Aborted with the whole budget sampled: the turn is as long as it may be.
     if (out.tokens >= maxTokens) {

@@ -320,6 +320,11 @@ export class TokenLedger {
     return content;
   }
 
+  /** The ids sampled so far for the assistant message under way (all its spans; empty before the first). */
+  messageIds(): number[] {
+    return this.turns.at(-1)?.role === 'assistant' ? this.context.toArray(this.promptIds.length + this.messageStart) : [];
+  }
+
   /** The last span is an assistant span whose request was aborted: the next completion continues its message. */
   private continuesMessage(): boolean {
     const last = this.turns.at(-1);
