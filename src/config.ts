@@ -23,8 +23,8 @@ const modelObjectSchema = z.strictObject({
   /** Model name sent to engines. */
   name: z.string().default('policy'),
   /**
-   * A Hugging Face model folder: tokenizer.json, tokenizer_config.json and optionally chat_template.jinja and
-   * generation_config.json. Unset: the Qwen3 tokenizer and template shipped with the project.
+   * A Hugging Face model folder: tokenizer.json, tokenizer_config.json and optionally chat_template.jinja,
+   * generation_config.json and config.json (its vocab_size). Unset: the Qwen3 tokenizer and template shipped with the project.
    */
   dir: z.string().min(1).optional(),
   /** Extra chat-template variables, e.g. `{ "enable_thinking": false }` for Qwen3. */

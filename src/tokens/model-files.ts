@@ -24,7 +24,7 @@ const TOOL_USE_FILE = 'additional_chat_templates/tool_use.jinja';
  * The files of a model directory this project reads. additional_chat_templates/<name>.jinja holds the named templates
  * besides chat_template.jinja (the "default") as transformers saves them now; only "tool_use" is ever rendered.
  */
-export const MODEL_FILE_NAMES = ['tokenizer.json', 'tokenizer_config.json', 'chat_template.jinja', TOOL_USE_FILE, 'generation_config.json'] as const;
+export const MODEL_FILE_NAMES = ['tokenizer.json', 'tokenizer_config.json', 'chat_template.jinja', TOOL_USE_FILE, 'generation_config.json', 'config.json'] as const;
 export type ModelFileName = (typeof MODEL_FILE_NAMES)[number];
 
 /**
@@ -67,6 +67,12 @@ export interface ModelFiles {
   toolUseTemplate: TemplateSource | undefined;
   /** generation_config.json's `eos_token_id` (a number or a list): the ids generation stops at. Empty without it. */
   eosTokenIds: number[];
+  /**
+   * config.json's `vocab_size` (`text_config.vocab_size` for a multimodal model such as Gemma 3): how many rows the
+   * model's output layer has. Often more than the tokenizer's ids (Qwen3: 151,936 against 151,669; Gemma 3: 262,208
+   * against 262,145), padded for the GPU; the engine can sample any of them. Undefined without config.json or the field.
+   */
+  modelVocabSize: number | undefined;
   /** The files as read, which all of the above comes from. */
   contents: ModelFileContents;
 }
@@ -79,7 +85,7 @@ export function specialTokenString(value: SpecialTokenValue): string | undefined
 }
 
 /**
- * Reads tokenizer.json and tokenizer_config.json, and the optional chat_template.jinja and generation_config.json,
+ * Reads tokenizer.json and tokenizer_config.json, and the optional chat_template.jinja, generation_config.json and config.json,
  * from `dir`, and parses them (see {@link parseModelFiles}). A missing required file is `not_found`; a file that is
  * not JSON is `failed_precondition`: both are deployment mistakes that must fail loudly at start-up rather than
  * produce wrong token ids later.
@@ -128,7 +134,31 @@ export function parseModelFiles(contents: ModelFileContents): ModelFiles {
   const generation = bytes['generation_config.json'] === undefined ? {} : parseJson(contents, 'generation_config.json');
   const eos = generation['eos_token_id'];
   const eosTokenIds = (Array.isArray(eos) ? eos : [eos]).filter((id): id is number => Number.isInteger(id));
-  return { dir, tokenizerJson, config, ...templates, eosTokenIds, contents };
+  const modelVocabSize = bytes['config.json'] === undefined ? undefined : vocabSizeOf(parseJson(contents, 'config.json'), join(dir, 'config.json'));
+  return { dir, tokenizerJson, config, ...templates, eosTokenIds, modelVocabSize, contents };
+}
+
+/** The most ids a model may declare (2^24: sixty times the largest vocabulary of a released model, Gemma 3's 262K). */
+export const MAX_VOCAB_IDS = 2 ** 24;
+
+/**
+ * config.json's `vocab_size`, or its `text_config`'s (transformers' composite configs: the language model's);
+ * undefined when neither has one. One that is there but is not an integer in [1, MAX_VOCAB_IDS] is refused
+ * (failed_precondition): the bound every sampled id is checked against must not be a guess.
+ */
+function vocabSizeOf(config: Record<string, unknown>, path: string): number | undefined {
+  const textConfig = config['text_config'];
+  const [field, value] =
+    config['vocab_size'] !== undefined && config['vocab_size'] !== null
+      ? ['vocab_size', config['vocab_size']]
+      : typeof textConfig === 'object' && textConfig !== null
+        ? ['text_config.vocab_size', (textConfig as Record<string, unknown>)['vocab_size']]
+        : ['vocab_size', undefined];
+  if (value === undefined || value === null) return undefined;
+  if (typeof value !== 'number' || !Number.isInteger(value) || value < 1 || value > MAX_VOCAB_IDS) {
+    throw new RolloutError('failed_precondition', `${path}: ${field} must be an integer in [1, ${MAX_VOCAB_IDS}], got ${String(JSON.stringify(value)).slice(0, 40)}`);
+  }
+  return value;
 }
 
 /**
@@ -171,7 +201,7 @@ function parseJson(contents: ModelFileContents, name: ModelFileName): Record<str
     if (value === null || typeof value !== 'object' || Array.isArray(value)) throw new Error('not a JSON object');
     return value as Record<string, unknown>;
   } catch (err) {
-    throw new RolloutError('failed_precondition', `invalid tokenizer file ${path}`, { cause: err });
+    throw new RolloutError('failed_precondition', `invalid ${name === 'config.json' ? 'model' : 'tokenizer'} file ${path}`, { cause: err });
   }
 }
 

@@ -9,7 +9,7 @@ import { bpeCacheOnLruCache, flattenWithoutFlat, releaseBpeConstructionData, seg
 import { JinjaChatTemplate } from './chat-template.js';
 import { probeAssistantClosing } from './template-delta.js';
 import { alternation, coalesce, textAddedTokens } from './opaque-content.js';
-import { parseModelFiles, readModelFileContents, specialTokenString, type ModelFileContents, type ModelFiles, type TemplateSource, type TokenizerConfig } from './model-files.js';
+import { MAX_VOCAB_IDS, parseModelFiles, readModelFileContents, specialTokenString, type ModelFileContents, type ModelFiles, type TemplateSource, type TokenizerConfig } from './model-files.js';
 import { PROBE_TOOL, requireRendersContents } from './template-profile.js';
 import type { TextPart, Tokenizer, ToolSchema } from './types.js';
 
@@ -27,6 +27,8 @@ export interface HfTokenizerOptions {
   stopTokens?: readonly string[];
   /** More ids that end a turn, e.g. generation_config.json's eos_token_id. */
   stopTokenIds?: readonly number[];
+  /** The model's output vocabulary (config.json's vocab_size), when it has more rows than the tokenizer has ids. */
+  modelVocabSize?: number;
   /**
    * The library's fast paths: the ByteLevel pre-tokenizer's ASCII path (byte-level-fast.ts), pre-tokenizers without
    * Array.flat and the BPE word cache on lru-cache (library-fast-paths.ts); default true. Tests compare against false.
@@ -54,6 +56,12 @@ export class HfTokenizer implements Tokenizer {
   readonly stopTokenIds: readonly number[];
   /** Ids are the integers in [0, vocabSize): one past the largest id of the vocabulary and its added tokens. */
   readonly vocabSize: number;
+  /**
+   * Ids the model can sample: the integers in [0, modelVocabSize), the larger of {@link vocabSize} and the model's
+   * own vocabulary (config.json's vocab_size, padded past the tokenizer's ids in most models). An id past the
+   * tokenizer's is what the policy sampled (kept, mask 1; it decodes to ""), not an engine fault.
+   */
+  readonly modelVocabSize: number;
   readonly addedTokens: readonly string[];
   readonly textTokens: ReadonlySet<string>;
   private readonly impl: HfTokenizerImpl;
@@ -103,6 +111,14 @@ export class HfTokenizer implements Tokenizer {
     const model: unknown = json.model;
     const tokenizerJson = typeof model === 'object' && model !== null ? { ...json, model: { ...model } } : json;
     const accelerate = options.accelerate ?? true;
+    // Ids index tables (the byte-level decoder's, vocabSize): one far past any vocabulary is refused here, clearly.
+    const addedJson: unknown = tokenizerJson.added_tokens;
+    for (const token of Array.isArray(addedJson) ? (addedJson as unknown[]) : []) {
+      const { id, content } = (typeof token === 'object' && token !== null ? token : {}) as Partial<AddedTokenJson>;
+      if (typeof id !== 'number' || !Number.isInteger(id) || id < 0 || id >= MAX_VOCAB_IDS) {
+        throw new RolloutError('failed_precondition', `tokenizer.json: added token ${JSON.stringify(String(content).slice(0, 40))} has id ${String(id)}, not an integer in [0, ${MAX_VOCAB_IDS})`);
+      }
+    }
     try {
       this.impl = new HfTokenizerImpl(tokenizerJson, config);
       this.plain = new HfTokenizerImpl({ ...tokenizerJson, added_tokens: [] }, config);
@@ -127,7 +143,9 @@ export class HfTokenizer implements Tokenizer {
     const candidates = [specialTokenString(config.eos_token), ...(options.stopTokens ?? []), ...KNOWN_STOP_TOKENS];
     let largest = -1;
     for (const id of this.impl.get_vocab(true).values()) if (id > largest) largest = id;
+    if (largest >= MAX_VOCAB_IDS) throw new RolloutError('failed_precondition', `tokenizer.json: token id ${largest} is past the ${MAX_VOCAB_IDS} ids a vocabulary may have`);
     this.vocabSize = largest + 1;
+    this.modelVocabSize = Math.max(this.vocabSize, options.modelVocabSize ?? 0);
     const ids = [
       ...candidates.flatMap((token) => (token === undefined ? [] : (this.tokenId(token) ?? []))),
       ...(options.stopTokenIds ?? []).filter((id) => Number.isInteger(id) && id >= 0 && id < this.vocabSize),
@@ -409,7 +427,7 @@ function loadModel(dir: string): Promise<LoadedModel> {
 }
 
 /** The tokenizer of parsed model files, stopping also at the closing token of each of its templates. */
-function buildModel({ tokenizerJson, config, chatTemplate, toolUseTemplate, eosTokenIds, contents }: ModelFiles): LoadedModel {
+function buildModel({ tokenizerJson, config, chatTemplate, toolUseTemplate, eosTokenIds, modelVocabSize, contents }: ModelFiles): LoadedModel {
   const closings = [
     chatTemplate && closingToken(config, chatTemplate.source, tokenizerJson),
     toolUseTemplate && closingToken(config, toolUseTemplate.source, tokenizerJson, [PROBE_TOOL]),
@@ -418,6 +436,7 @@ function buildModel({ tokenizerJson, config, chatTemplate, toolUseTemplate, eosT
   const sources = [chatTemplate, toolUseTemplate].flatMap((t) => (t === undefined ? [] : [t.source]));
   const tokenizer = new HfTokenizer(tokenizerJson, config, {
     stopTokenIds: eosTokenIds,
+    ...(modelVocabSize !== undefined && { modelVocabSize }),
     ...(closings.length > 0 && { stopTokens: [...new Set(closings)] }),
     ...(sources.length > 0 && { templateSource: sources.join('\n') }),
   });

@@ -1,3 +1,6 @@
+import { cpSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { Writable } from 'node:stream';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { TaskRejectedError, type TaskInput } from '../../src/client/rollout-client.js';
@@ -8,7 +11,7 @@ import { calcPolicy, CALC_ENVIRONMENT, createCalcEnvironment } from '../../src/t
 import { FakeVllmEngine, type FakeVllmOptions } from '../../src/testing/fake-vllm.js';
 import { NullSandboxDriver } from '../../src/testing/null-sandbox.js';
 import { hermesToolCall } from '../../src/testing/scripted-policy.js';
-import { loadQwen3 } from '../../src/tokens/tokenizer.js';
+import { loadQwen3, qwen3ModelDir } from '../../src/tokens/tokenizer.js';
 import { toolSchemas } from '../../src/tools/registry.js';
 import { TrajectoryStatus, type Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { collect, invariantViolations, mathTask } from '../support/harness.js';
@@ -104,6 +107,29 @@ describe('engine answers are checked before they become trajectories, and the se
     expect(h.engine.stats().oversizedBytesSent - before).toBeLessThan(32 << 20);
     const [next] = await runTask(h, mathTask('after-huge-answer', 1, 1106));
     expect(OK.has(next!.status), name(next!)).toBe(true);
+  });
+});
+
+describe('a model whose vocabulary is padded past the tokenizer\u2019s ids (config.json vocab_size)', () => {
+  it('a sampled padding id is the policy\u2019s token (mask 1, its logprob), not BACKEND_ERROR; past the model\u2019s rows it still is', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'padded-vocab-'));
+    try {
+      cpSync(qwen3ModelDir(), dir, { recursive: true });
+      writeFileSync(join(dir, 'config.json'), JSON.stringify({ architectures: ['Qwen3ForCausalLM'], vocab_size: 151_936 }));
+      const h = await harness({ config: { model: { name: 'fake-qwen3', dir } } });
+      h.engine.failNext(1, { kind: 'tamper', tamper: (choice) => ((choice.logprobs as { tokens: string[] }).tokens[0] = 'token_id:151935') });
+      const [t] = await runTask(h, mathTask('padding-id', 1, 1111));
+      expect(OK.has(t!.status), name(t!)).toBe(true);
+      expect(t!.responseTokenIds[0]).toBe(151_935);
+      expect(t!.responseMask[0]).toBe(1);
+      expect(t!.responseLogprobs[0]).toBeLessThanOrEqual(0);
+      expect(invariantViolations(t!)).toEqual([]);
+      h.engine.failNext(1, { kind: 'tamper', tamper: (choice) => ((choice.logprobs as { tokens: string[] }).tokens[0] = 'token_id:151936') });
+      const [past] = await runTask(h, mathTask('past-model-rows', 1, 1112));
+      expectBackendError(past!, /logprobs\.tokens\[0\] \(token_id\) = 151936 is not an integer in \[0, 151936\)/);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
 

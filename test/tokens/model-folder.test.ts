@@ -2,7 +2,9 @@ import { cpSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } f
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { loadModelBundle, type ModelBundle } from '../../src/tokens/model-bundle.js';
+import { loadModelBundle, modelBundleFromContents, type ModelBundle } from '../../src/tokens/model-bundle.js';
+import { loadedModelContents } from '../../src/tokens/tokenizer.js';
+import { vocabSize } from '../../src/tokens/vocab.js';
 import type { TokenPool } from '../../src/tokens/token-pool.js';
 import type { TokenTask, TokenTaskResult } from '../../src/tokens/token-tasks.js';
 import { createTokenPool, TokenWork } from '../../src/tokens/token-work.js';
@@ -193,5 +195,64 @@ describe('named chat templates in tokenizer_config.json', () => {
     const dir = modelCopy('qwen3', { jinja: '{% for m in messages %}[{{ m.content }}]{% endfor %}', config: (c) => void (c.chat_template = [{ name: 'default', template: DEFAULT }, { name: 'tool_use', template: TOOL_USE }]) });
     const bundle = await loadModelBundle({ dir });
     expect(bundle.template.render([{ role: 'user', content: 'hi' }], { addGenerationPrompt: false, tools: [bashTool] })).not.toContain('TOOL-USE');
+  });
+});
+
+describe("a model's own vocabulary (config.json vocab_size)", () => {
+  /** A Qwen3 folder with a config.json holding `config`. */
+  function withConfig(config: unknown): string {
+    const dir = modelCopy('qwen3');
+    writeFileSync(join(dir, 'config.json'), typeof config === 'string' ? config : JSON.stringify(config));
+    return dir;
+  }
+
+  it('widens the ids a model can sample past the tokenizer\u2019s (Qwen3: 151,936 rows, 151,669 ids), on token threads too', async () => {
+    const bundle = await loadModelBundle({ dir: withConfig({ architectures: ['Qwen3ForCausalLM'], vocab_size: 151_936 }) });
+    expect(bundle.tokenizer.vocabSize).toBe(151_669);
+    expect(bundle.tokenizer.modelVocabSize).toBe(151_936);
+    expect(vocabSize(bundle.tokenizer)).toBe(151_936);
+    // A padding row decodes to nothing, as it does in the engine's detokenizer.
+    expect(bundle.tokenizer.decode([151_900])).toBe('');
+    const thread = modelBundleFromContents(loadedModelContents(bundle.dir)!);
+    expect(thread.tokenizer.modelVocabSize).toBe(151_936);
+  });
+
+  it('reads a composite config\u2019s text_config (Gemma 3: 262,208 rows)', async () => {
+    const bundle = await loadModelBundle({ dir: withConfig({ model_type: 'gemma3', text_config: { vocab_size: 262_208 }, vision_config: {} }) });
+    expect(bundle.tokenizer.modelVocabSize).toBe(262_208);
+  });
+
+  it('never narrows below the tokenizer\u2019s ids, and is the tokenizer\u2019s without config.json or the field', async () => {
+    expect((await loadModelBundle({ dir: withConfig({ vocab_size: 1000 }) })).tokenizer.modelVocabSize).toBe(151_669);
+    expect((await loadModelBundle({ dir: withConfig({ hidden_size: 64 }) })).tokenizer.modelVocabSize).toBe(151_669);
+    expect((await loadModelBundle({ dir: modelCopy('qwen3') })).tokenizer.modelVocabSize).toBe(151_669);
+  });
+
+  it('is refused at start-up when it is not a vocabulary size, naming the file and field (failed_precondition)', async () => {
+    for (const [config, field] of [
+      [{ vocab_size: '151936' }, 'vocab_size'],
+      [{ vocab_size: -1 }, 'vocab_size'],
+      [{ vocab_size: 1.5 }, 'vocab_size'],
+      [{ vocab_size: 2 ** 40 }, 'vocab_size'],
+      [{ text_config: { vocab_size: true } }, 'text_config.vocab_size'],
+    ] as const) {
+      const dir = withConfig(config);
+      await expect(loadModelBundle({ dir }), JSON.stringify(config)).rejects.toMatchObject({ code: 'failed_precondition', message: expect.stringContaining(`${join(dir, 'config.json')}: ${field} must be an integer`) });
+    }
+    const dir = withConfig('{ not json');
+    await expect(loadModelBundle({ dir })).rejects.toMatchObject({ code: 'failed_precondition', message: `invalid model file ${join(dir, 'config.json')}` });
+  });
+});
+
+describe('tokenizer.json with an added token id no vocabulary has', () => {
+  it('is refused at start-up naming the token and id (failed_precondition), not a RangeError or a silently dropped token', async () => {
+    for (const id of [2 ** 24, 2 ** 31, 2 ** 40, -3, 1.5, '7']) {
+      const dir = modelCopy('qwen3');
+      const path = join(dir, 'tokenizer.json');
+      const json = JSON.parse(readFileSync(path, 'utf8')) as { added_tokens: Record<string, unknown>[] };
+      json.added_tokens.push({ id, content: '<|absurd|>', single_word: false, lstrip: false, rstrip: false, normalized: false, special: true });
+      writeFileSync(path, JSON.stringify(json));
+      await expect(loadModelBundle({ dir }), String(id)).rejects.toMatchObject({ code: 'failed_precondition', message: `tokenizer.json: added token "<|absurd|>" has id ${String(id)}, not an integer in [0, 16777216)` });
+    }
   });
 });
