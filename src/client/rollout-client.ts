@@ -1,11 +1,11 @@
-import { credentials, InterceptingCall, Metadata, type ClientDuplexStream, type Interceptor, type ServiceError } from '@grpc/grpc-js';
+import { credentials, InterceptingCall, Metadata, status, type ClientDuplexStream, type Interceptor, type ServiceError } from '@grpc/grpc-js';
 import {
+  RolloutRequest,
   RolloutServiceClient,
   TaskSpec,
   type DeliveryPaused,
   type GetTrajectoryResponse,
   type ListEnvironmentsResponse,
-  type RolloutRequest,
   type RolloutResponse,
   type SessionOpened,
   type TaskAccepted,
@@ -25,9 +25,19 @@ export class TaskRejectedError extends Error {
     readonly taskId: string,
     readonly field: string,
     readonly reason: string,
+    /** The refusal's gRPC status code (TaskRejected.code; 0 from an older server, or a spec refused by this client). */
+    readonly code = 0,
   ) {
     super(`task ${taskId} rejected: ${reason}`);
     this.name = 'TaskRejectedError';
+  }
+
+  /**
+   * Whether the refusal is temporary (RESOURCE_EXHAUSTED: the session's delivery is paused or the server is full;
+   * UNAVAILABLE: draining, an outage): the same spec may be submitted again later. Anything else needs the spec fixed.
+   */
+  get retryable(): boolean {
+    return this.code === status.RESOURCE_EXHAUSTED || this.code === status.UNAVAILABLE;
   }
 }
 
@@ -37,7 +47,12 @@ export interface SessionOptions {
   stageEvents?: boolean;
   /** Trajectories buffered before the client stops reading (gRPC flow control reaches the server). */
   highWater?: number;
-  /** Ack each trajectory once the consumer has taken it from the iterator (default true). */
+  /**
+   * Ack each trajectory once the consumer has taken it from the iterator (default true). With false, the caller
+   * acks (`ack`) when its trajectories are safe (e.g. after the training step): iteration still ends once everything
+   * was received, and the stream stays open until every received trajectory is acked, so acks sent after the loop
+   * reach the server.
+   */
   autoAck?: boolean;
 }
 
@@ -72,6 +87,10 @@ export class RolloutSession {
   /** Distinct trajectories received (a sample of an open task counted once). */
   private received = 0;
   private consumed = 0;
+  /** With autoAck off: trajectories received and not acked yet (task, sample), which keep the stream open. */
+  private readonly unacked = new Set<string>();
+  /** Why the stream ended, once it has: a submit after that fails at once with it. */
+  private endedWith: Error | undefined;
   private readonly pending = new Map<string, { resolve: (a: TaskAccepted) => void; reject: (e: Error) => void }[]>();
   /**
    * The server paused delivery (this session's unacked trajectories reached its byte bound; ack to resume) or
@@ -113,7 +132,7 @@ export class RolloutSession {
           this.maybeHalfClose();
           break;
         case 'rejected':
-          this.settle(kind.value.taskId, (p) => p.reject(new TaskRejectedError(kind.value.taskId, kind.value.field, kind.value.reason)));
+          this.settle(kind.value.taskId, (p) => p.reject(new TaskRejectedError(kind.value.taskId, kind.value.field, kind.value.reason, kind.value.code)));
           this.maybeHalfClose();
           break;
         case 'stage':
@@ -124,12 +143,14 @@ export class RolloutSession {
           break;
         case 'trajectory':
           this.count(kind.value);
+          if (!this.autoAck) this.unacked.add(refKey(kind.value.taskId, kind.value.sampleIndex));
           this.queue.push(kind.value);
           break;
       }
     });
     const fail = (err: ServiceError | Error): void => {
       this.ended = true;
+      this.endedWith ??= err;
       failed(err);
       for (const waiters of this.pending.values()) for (const w of waiters) w.reject(err);
       this.pending.clear();
@@ -139,6 +160,7 @@ export class RolloutSession {
     this.call.on('end', () => {
       this.ended = true;
       const err = new Error('rollout stream ended');
+      this.endedWith ??= err;
       failed(err);
       for (const waiters of this.pending.values()) for (const w of waiters) w.reject(err);
       this.queue.end();
@@ -148,14 +170,25 @@ export class RolloutSession {
     });
   }
 
-  /** Queues a task; resolves when the server accepts it, rejects with TaskRejectedError naming the field. */
+  /**
+   * Queues a task; resolves when the server accepts it, rejects with TaskRejectedError naming the field. A spec
+   * that cannot be encoded (e.g. a bigint in `instance`) is rejected here, alone (field `instance`): written to the
+   * stream, it would make grpc-js cancel the whole call. After the stream ended, or after `close()`, rejects at once.
+   */
   submit(task: TaskInput): Promise<TaskAccepted> {
-    const spec = TaskSpec.fromPartial({ numSamples: 1, ...task });
+    if (this.ended) return Promise.reject(new Error(`rollout stream ended: ${this.endedWith?.message ?? 'closed'}`));
+    if (this.closing) return Promise.reject(new Error('session closed: submit before close()'));
+    const request: RolloutRequest = { kind: { $case: 'task', value: TaskSpec.fromPartial({ numSamples: 1, ...task }) } };
+    try {
+      RolloutRequest.encode(request);
+    } catch (err) {
+      return Promise.reject(new TaskRejectedError(task.taskId, 'instance', `the spec cannot be encoded: ${err instanceof Error ? err.message : String(err)}`, status.INVALID_ARGUMENT));
+    }
     return new Promise((resolve, reject) => {
-      const list = this.pending.get(spec.taskId) ?? [];
+      const list = this.pending.get(task.taskId) ?? [];
       list.push({ resolve, reject });
-      this.pending.set(spec.taskId, list);
-      this.call.write({ kind: { $case: 'task', value: spec } });
+      this.pending.set(task.taskId, list);
+      this.call.write(request);
     });
   }
 
@@ -167,6 +200,9 @@ export class RolloutSession {
   ack(refs: { taskId: string; sampleIndex: number }[]): void {
     if (this.halfClosed || this.ended) return;
     this.call.write({ kind: { $case: 'ack', value: { taskIds: [], trajectories: refs } } });
+    if (this.autoAck) return;
+    for (const r of refs) this.unacked.delete(refKey(r.taskId, r.sampleIndex));
+    this.maybeHalfClose();
   }
 
   /**
@@ -213,6 +249,12 @@ export class RolloutSession {
     // Checked after every trajectory consumed: kept O(1) with running counts.
     const expected = this.inherited + this.expected;
     if (this.received < expected || this.consumed < this.received) return;
+    if (this.unacked.size > 0) {
+      // Everything is here and consumed, but the caller has not acked it all (autoAck off): iteration ends now; the
+      // stream stays open for those acks and is half-closed after the last one.
+      this.queue.end();
+      return;
+    }
     this.halfClosed = true;
     this.call.end();
   }
@@ -238,6 +280,10 @@ export class RolloutSession {
   }
 }
 
+function refKey(taskId: string, sampleIndex: number): string {
+  return `${sampleIndex}\u0000${taskId}`;
+}
+
 /** How the client reaches a server: bearer tokens and TLS (PEM contents, not paths). */
 export interface ConnectionOptions {
   /** RolloutService bearer token (the server's `auth.token`), sent on every call, streams included. */
@@ -249,6 +295,13 @@ export interface ConnectionOptions {
    * `cert` + `key`: this client's certificate for a server that asks for one (mTLS).
    */
   tls?: { ca?: Buffer; cert?: Buffer; key?: Buffer };
+  /**
+   * HTTP/2 keepalive: the client pings the server every `timeMs` (default 30 s) and drops the connection when the
+   * answer does not come within `timeoutMs` (default 10 s), so a server whose host vanished without closing the
+   * connection (power loss, a NAT that forgot the flow) fails the streams within about timeMs + timeoutMs instead
+   * of leaving them waiting forever. `timeMs: 0` turns pings off. The server does not police client pings.
+   */
+  keepalive?: { timeMs?: number; timeoutMs?: number };
 }
 
 /** A client interceptor adding `authorization: Bearer <token>` to every call (works on plaintext channels too). */
@@ -268,7 +321,17 @@ export class RolloutClient {
   readonly backends: BackendServiceClient;
 
   constructor(address: string, options: ConnectionOptions = {}) {
-    const opts = { 'grpc.max_receive_message_length': 64 << 20 };
+    const keepaliveMs = options.keepalive?.timeMs ?? 30_000;
+    const opts = {
+      'grpc.max_receive_message_length': 64 << 20,
+      ...(keepaliveMs > 0 && {
+        'grpc.keepalive_time_ms': keepaliveMs,
+        'grpc.keepalive_timeout_ms': options.keepalive?.timeoutMs ?? 10_000,
+        // Also while no call is open: a session stream between tasks is a call, but a client about to open one
+        // should learn the server is gone before it waits on it.
+        'grpc.keepalive_permit_without_calls': 1,
+      }),
+    };
     const { tls } = options;
     const channel = tls ? credentials.createSsl(tls.ca ?? null, tls.key ?? null, tls.cert ?? null) : credentials.createInsecure();
     this.rollout = new RolloutServiceClient(address, channel, { ...opts, ...(options.token && { interceptors: [bearer(options.token)] }) });

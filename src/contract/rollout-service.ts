@@ -1,5 +1,5 @@
 import { setMaxListeners } from 'node:events';
-import type { ServerDuplexStream } from '@grpc/grpc-js';
+import { status, type ServerDuplexStream } from '@grpc/grpc-js';
 import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
 import type { EnvironmentRegistry } from '../environments/registry.js';
@@ -7,7 +7,7 @@ import type { RolloutRuntime } from '../runtime.js';
 import type { Session } from './session.js';
 import type { SessionManager } from './sessions.js';
 import { StreamWriter } from './stream-writer.js';
-import { toServiceError } from './status.js';
+import { grpcCodeOf, toServiceError } from './status.js';
 import { fieldBelow, unary } from './unary.js';
 import { rolloutResponseBytes } from './response-encode.js';
 import { stageEventOf } from './events.js';
@@ -130,7 +130,8 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
             redelivered,
             serverVersion: deps.serverVersion,
             maxNumSamples: runtime.deps.config.maxNumSamples,
-            pending: s.pending,
+            // Held ones (finished, waiting for room: delivery paused) arrive on this stream as well.
+            pending: s.pending + s.heldCount,
             maxUnackedBytes: s.maxUnackedBytes,
             tookOver,
           },
@@ -147,7 +148,7 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
           // Bytes that did not decode: that one request is rejected by field, the stream and its tasks go on.
           session ??= openSession('', false, false);
           const field = bad.field.replace(/^task\./, '');
-          writer.sendUrgent({ kind: { $case: 'rejected', value: { taskId: bad.taskId, field, reason: field ? `${field}: ${bad.reason}` : bad.reason } } });
+          writer.sendUrgent({ kind: { $case: 'rejected', value: { taskId: bad.taskId, field, reason: field ? `${field}: ${bad.reason}` : bad.reason, code: status.INVALID_ARGUMENT } } });
           continue;
         }
         const kind = request.kind;
@@ -156,7 +157,7 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
         if (kind.$case === 'open') {
           if (session) {
             // A client bug, not a reason to drop every delivery of the stream: answered, then ignored.
-            writer.sendUrgent({ kind: { $case: 'rejected', value: { taskId: '', field: 'open', reason: 'open must be the first request of a stream, once' } } });
+            writer.sendUrgent({ kind: { $case: 'rejected', value: { taskId: '', field: 'open', reason: 'open must be the first request of a stream, once', code: status.INVALID_ARGUMENT } } });
             continue;
           }
           session = openSession(kind.value.sessionId, kind.value.resume, kind.value.stageEvents);
@@ -253,8 +254,9 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
     const { signal } = entry.controller;
     session.claim(spec.taskId);
     try {
-      if (session.deliveryPaused) {
-        // Admitting more would grow what the session holds without bound; the client was told (delivery_paused).
+      if (session.deliveryPaused && !session.hasAccepted(spec.taskId)) {
+        // Admitting more would grow what the session holds without bound; the client was told (delivery_paused). A
+        // spec of a task this session accepted before (re-sent after a resume) adds nothing: it is answered as owed.
         throw new RolloutError(
           'resource_exhausted',
           `delivery to session "${session.id}" is paused: ${session.unackedBytes} bytes of trajectories are unacked (limit ${session.maxUnackedBytes}); ack what you received, then submit again`,
@@ -274,7 +276,7 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
       if (e.code === 'internal') log.error({ err, taskId: spec.taskId }, 'submit failed');
       // Bounded: an environment's validation message may quote the (large) value it refused.
       const reason = e.code === 'internal' ? 'internal error' : e.message.length > 4096 ? `${e.message.slice(0, 4096)}…` : e.message;
-      writer.sendUrgent({ kind: { $case: 'rejected', value: { taskId: spec.taskId, field: e.field ?? '', reason } } });
+      writer.sendUrgent({ kind: { $case: 'rejected', value: { taskId: spec.taskId, field: e.field ?? '', reason, code: grpcCodeOf(e) } } });
     }
   }
 }

@@ -19,6 +19,11 @@ const GRPC_CODE: Record<ErrorCode, status> = {
   environment_error: status.INTERNAL,
 };
 
+/** The gRPC status code of an error (INTERNAL for anything not a RolloutError): also TaskRejected.code. */
+export function grpcCodeOf(err: unknown): status {
+  return err instanceof RolloutError ? GRPC_CODE[err.code] : status.INTERNAL;
+}
+
 /**
  * The one place where errors become gRPC statuses. Known errors keep their message (and the field, as the
  * `rollout-field` trailer); unknown errors become INTERNAL with a generic message, the cause going to the log.

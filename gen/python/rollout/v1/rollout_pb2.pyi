@@ -184,14 +184,16 @@ class TaskAccepted(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., num_samples: _Optional[int] = ..., duplicate: bool = ..., already_owed: bool = ...) -> None: ...
 
 class TaskRejected(_message.Message):
-    __slots__ = ("task_id", "field", "reason")
+    __slots__ = ("task_id", "field", "reason", "code")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     FIELD_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     field: str
     reason: str
-    def __init__(self, task_id: _Optional[str] = ..., field: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    code: int
+    def __init__(self, task_id: _Optional[str] = ..., field: _Optional[str] = ..., reason: _Optional[str] = ..., code: _Optional[int] = ...) -> None: ...
 
 class StageEvent(_message.Message):
     __slots__ = ("task_id", "sample_index", "stage", "group_id", "environment", "unix_ms")

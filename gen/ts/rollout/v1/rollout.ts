@@ -385,7 +385,10 @@ export interface SessionOpened {
   serverVersion: string;
   /** Upper bound on num_samples per task. */
   maxNumSamples: number;
-  /** On resume: samples accepted on this session that have not finished yet (they will arrive on this stream). */
+  /**
+   * On resume: samples accepted on this session that have not been sent yet (they will arrive on this stream): those
+   * still running and those finished but held while delivery is paused.
+   */
   pending: number;
   /** Bytes of unacked trajectories past which delivery to this session pauses (see DeliveryPaused). */
   maxUnackedBytes: number;
@@ -413,6 +416,13 @@ export interface TaskRejected {
   /** Path of the offending field, e.g. "instance.answer" or "sampling.temperature". */
   field: string;
   reason: string;
+  /**
+   * The refusal as a gRPC status code (google.rpc.Code): 3 INVALID_ARGUMENT (the spec is wrong: fix it),
+   * 6 ALREADY_EXISTS, 9 FAILED_PRECONDITION, 8 RESOURCE_EXHAUSTED (the session's delivery is paused or the server is at
+   * its admission limit) and 14 UNAVAILABLE (draining, an engine or sandbox outage): the last two are temporary, the
+   * same spec may be sent again later. 0 from servers older than this field.
+   */
+  code: number;
 }
 
 export interface StageEvent {
@@ -1849,7 +1859,7 @@ export const TaskAccepted: MessageFns<TaskAccepted> = {
 };
 
 function createBaseTaskRejected(): TaskRejected {
-  return { taskId: "", field: "", reason: "" };
+  return { taskId: "", field: "", reason: "", code: 0 };
 }
 
 export const TaskRejected: MessageFns<TaskRejected> = {
@@ -1862,6 +1872,9 @@ export const TaskRejected: MessageFns<TaskRejected> = {
     }
     if (message.reason !== "") {
       writer.uint32(26).string(message.reason);
+    }
+    if (message.code !== 0) {
+      writer.uint32(32).int32(message.code);
     }
     return writer;
   },
@@ -1903,6 +1916,14 @@ export const TaskRejected: MessageFns<TaskRejected> = {
             message.reason = reader.string();
             continue;
           }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.code = reader.int32();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1924,6 +1945,7 @@ export const TaskRejected: MessageFns<TaskRejected> = {
         : "",
       field: isSet(object.field) ? globalThis.String(object.field) : "",
       reason: isSet(object.reason) ? globalThis.String(object.reason) : "",
+      code: isSet(object.code) ? globalThis.Number(object.code) : 0,
     };
   },
 
@@ -1938,6 +1960,9 @@ export const TaskRejected: MessageFns<TaskRejected> = {
     if (message.reason !== "") {
       obj.reason = message.reason;
     }
+    if (message.code !== 0) {
+      obj.code = Math.round(message.code);
+    }
     return obj;
   },
 
@@ -1949,6 +1974,7 @@ export const TaskRejected: MessageFns<TaskRejected> = {
     message.taskId = object.taskId ?? "";
     message.field = object.field ?? "";
     message.reason = object.reason ?? "";
+    message.code = object.code ?? 0;
     return message;
   },
 };
