@@ -20,8 +20,16 @@ from .tls import TlsOptions, call_metadata
 
 log = logging.getLogger("rollout_client")
 
-#: How many finished task ids are remembered, so a trajectory re-sent after a lost ack is acked again, not re-delivered.
+#: How many finished task ids are remembered, so a trajectory re-sent after a lost ack is dropped, not re-delivered.
 _FINISHED_MEMORY = 65536
+
+#: Backoff between the submits of a task the server refused for now (TaskRejectedError.retryable): first, cap.
+_RETRY_FIRST, _RETRY_CAP = 0.05, 2.0
+
+
+class _GiveBack(Exception):
+    """Thrown into samples()/groups() at their yield when what they yielded never reached the caller (the sync
+    client's caller was interrupted meanwhile): the samples go back to the head of the queue, not handed off."""
 
 
 class _Task:
@@ -37,12 +45,13 @@ class _Task:
         self.accepted: "asyncio.Future[int]" = asyncio.get_running_loop().create_future()
         self.complete: "asyncio.Future[None]" = asyncio.get_running_loop().create_future()
         self.samples: Dict[int, Sample] = {}
-        #: The servers that delivered each sample (a failed-over task may get one from each): all of them get the ack.
-        self.sources: Dict[int, Set[Connection]] = collections.defaultdict(set)
         self.handed: Set[int] = set()
         self.cancel_requested = False
-        #: run_group's caller went away: hand the samples off (ack, free their slots) as soon as they are complete.
+        #: run_group's caller went away: hand the samples off (free their slots) as soon as they are complete.
         self.abandoned = False
+        #: A temporary rejection (server busy, draining, delivery paused): retried until this loop time, with backoff.
+        self.retry_until: Optional[float] = None
+        self.retry_delay = _RETRY_FIRST
 
     def group(self) -> Group:
         return Group(self.task_id, self.spec.group_id, [self.samples[i] for i in sorted(self.samples)])
@@ -68,11 +77,27 @@ class AsyncRolloutClient:
     most once per (task_id, sample_index): when a moved task's samples come from two servers, the first to arrive is
     kept and the other dropped (both acked). The group may then mix samples of two servers; each sample is whole.
 
-    A trajectory is acked when it is handed to the caller (run_group returning, samples()/groups() yielding), so a
-    resumed stream re-delivers exactly what the caller has not seen.
+    Acks (at-least-once delivery): a trajectory is acked to the server that sent it as soon as the client has stored
+    it, in the record of its task that run_group returns or in the queue samples()/groups() read: from then on the
+    caller will get it from this process, so the server need not keep it. A broken stream is resumed and the server
+    re-sends only what was not acked yet (stored ones are dropped as duplicates). Acking on receipt, not on hand-off,
+    keeps the server's bound on a session's unacked bytes (sessions.maxUnackedBytes) from ever stalling a group: with
+    acks sent only once a whole group was handed out, a group larger than that bound would wait forever for its
+    held samples. What the process has not handed out is lost if the process dies, as is its session: this client
+    does not resume a session across processes. What the client buffers is bounded by max_in_flight.
 
     max_in_flight bounds the samples submitted and not yet handed to the caller (submit waits for room), which also
-    bounds what the client buffers. Call close() (or use `async with`) to end the streams.
+    bounds what the client buffers. A sample yielded by samples() (a group by groups()) counts as handed out once the
+    caller comes back for the next one or leaves the loop. Call close() (or use `async with`) to end the streams.
+
+    A task the server refuses for now (TaskRejectedError.retryable: RESOURCE_EXHAUSTED, UNAVAILABLE) is submitted
+    again, to the least-loaded server, with backoff (50 ms doubling to 2 s) for up to `retry_rejected_for` seconds;
+    then submit/run_group raise the TaskRejectedError. A stream status that a retry would get again
+    (UNAUTHENTICATED, PERMISSION_DENIED, UNIMPLEMENTED, INVALID_ARGUMENT, and ALREADY_EXISTS: another stream holds
+    this session id) fails every call with RolloutClientError; other broken streams are re-opened, logged at WARNING.
+
+    keepalive_time/keepalive_timeout (seconds): HTTP/2 pings that find a connection whose peer vanished without a
+    reset (None turns them off); without them such a stream would wait forever and failover would never fire.
 
     Example:
         async with AsyncRolloutClient(["10.0.0.1:50051", "10.0.0.2:50051"], token=os.environ["ROLLOUT_TOKEN"]) as client:
@@ -90,6 +115,9 @@ class AsyncRolloutClient:
         max_in_flight: int = 1024,
         failover_after: float = 10.0,
         channel_options: Sequence[Tuple[str, Any]] = (),
+        keepalive_time: Optional[float] = 30.0,
+        keepalive_timeout: float = 10.0,
+        retry_rejected_for: float = 60.0,
     ) -> None:
         names = [targets] if isinstance(targets, str) else list(targets)
         if not names:
@@ -98,16 +126,21 @@ class AsyncRolloutClient:
             raise ValueError("max_in_flight must be >= 1")
         self.session_id = session_id or f"py-{uuid.uuid4().hex}"
         self.max_in_flight = max_in_flight
+        self.retry_rejected_for = retry_rejected_for
         self._loop = asyncio.get_running_loop()  # raises outside a coroutine: the client belongs to one event loop
         metadata = call_metadata(token)
         self._conns = [
-            Connection(t, self, session_id=self.session_id, metadata=metadata, tls=tls, channel_options=channel_options, failover_after=failover_after)
+            Connection(
+                t, self, session_id=self.session_id, metadata=metadata, tls=tls, channel_options=channel_options,
+                failover_after=failover_after, keepalive_time=keepalive_time, keepalive_timeout=keepalive_timeout,
+            )
             for t in names
         ]
         self._tasks: Dict[str, _Task] = {}
         self._finished: "collections.OrderedDict[str, None]" = collections.OrderedDict()
         self._stream: "asyncio.Queue[Optional[Sample]]" = asyncio.Queue()
         self._stream_outstanding = 0  # samples of submit()ted tasks not yet handed out
+        self._lent = 0  # samples yielded by samples()/groups() whose caller has not come back yet (still outstanding)
         self._partial: Dict[str, Dict[int, Sample]] = {}
         self._in_flight = 0
         self._room = asyncio.Condition()
@@ -115,7 +148,7 @@ class AsyncRolloutClient:
         self._fatal: Optional[BaseException] = None
         self._waiters: Set["asyncio.Future[Any]"] = set()
         self._round_robin = itertools.count()
-        self.stats: Dict[str, int] = {"resubmitted": 0, "duplicates_dropped": 0}
+        self.stats: Dict[str, int] = {"resubmitted": 0, "duplicates_dropped": 0, "rejections_retried": 0}
         for conn in self._conns:
             conn.start()
 
@@ -142,7 +175,8 @@ class AsyncRolloutClient:
         """Submits one task of num_samples samples; returns its task id once a server accepted it.
 
         Its samples arrive through samples() or, whole, through groups(). Raises TaskRejectedError (naming the field)
-        when the server rejects the spec, ValueError when sampling/limits hold an unknown field.
+        when the server rejects the spec (a temporary refusal only once retry_rejected_for has passed), ValueError when
+        sampling/limits hold an unknown field or task_id is already in flight on this client.
         """
         task = await self._submit(environment, instance, num_samples, sampling, limits, task_id, group_id, metadata, via_run_group=False)
         return task.task_id
@@ -197,9 +231,12 @@ class AsyncRolloutClient:
             # A group larger than max_in_flight still runs, alone; otherwise wait until the caller has taken enough.
             await self._room.wait_for(lambda: self._closed or self._in_flight == 0 or self._in_flight + need <= self.max_in_flight)
             self._check_open()
+            # Again, under the lock: a call with the same task_id may have got room (and the id) while this one waited.
+            if task_id in self._tasks:
+                raise ValueError(f"task_id: {task_id!r} is already in flight on this client")
             self._in_flight += need
-        task = _Task(spec, via_run_group)
-        self._tasks[task_id] = task
+            task = _Task(spec, via_run_group)
+            self._tasks[task_id] = task
         if not via_run_group:
             self._stream_outstanding += need
         self._pick().assign(task)
@@ -233,7 +270,7 @@ class AsyncRolloutClient:
         it runs until close(). Use either samples() or groups(), not both at once: they share one queue.
         """
         while True:
-            if until_idle and self._stream_outstanding == 0 and self._stream.empty():
+            if until_idle and self._stream_outstanding - self._lent <= 0 and self._stream.empty():
                 # Yield to the loop first: a caller that iterates again in a loop (waiting for a submit that is
                 # itself waiting for room) must not spin without letting that submit run.
                 await asyncio.sleep(0)
@@ -241,15 +278,24 @@ class AsyncRolloutClient:
             sample = await self._next_stream_sample()
             if sample is None:
                 return
-            task = self._tasks.get(sample.task_id)
-            if task is not None:
-                self._hand_off(task, [sample.sample_index])
-            yield sample
+            # Handed off (its slot freed) once the caller comes back for the next one or leaves the loop holding it.
+            self._lent += 1
+            given_back = False
+            try:
+                yield sample
+            except _GiveBack:
+                given_back = True
+                self._give_back([sample])
+                return
+            finally:
+                self._lent -= 1
+                if not given_back:
+                    self._hand_off_samples([sample])
 
     async def groups(self, *, until_idle: bool = True) -> AsyncIterator[Group]:
         """Complete groups of submit()ted tasks, in the order they completed (see samples() for until_idle)."""
         while True:
-            if until_idle and self._stream_outstanding == sum(len(p) for p in self._partial.values()) and self._stream.empty():
+            if until_idle and self._stream_outstanding - self._lent <= sum(len(p) for p in self._partial.values()) and self._stream.empty():
                 await asyncio.sleep(0)  # as in samples(): never a busy loop for a caller that iterates again
                 return
             sample = await self._next_stream_sample()
@@ -262,8 +308,20 @@ class AsyncRolloutClient:
             partial[sample.sample_index] = sample
             if len(partial) >= task.num_samples:
                 del self._partial[task.task_id]
-                self._hand_off(task, list(partial))
-                yield Group(task.task_id, task.spec.group_id, [partial[i] for i in sorted(partial)])
+                samples = [partial[i] for i in sorted(partial)]
+                # As in samples(): handed off once the caller comes back for the next group or leaves the loop.
+                self._lent += len(samples)
+                given_back = False
+                try:
+                    yield Group(task.task_id, task.spec.group_id, samples)
+                except _GiveBack:
+                    given_back = True
+                    self._give_back(samples)
+                    return
+                finally:
+                    self._lent -= len(samples)
+                    if not given_back:
+                        self._hand_off_samples(samples)
 
     async def _next_stream_sample(self) -> Optional[Sample]:
         """The next sample of the shared queue; None once the client is closed (or failed: then it raises)."""
@@ -285,16 +343,23 @@ class AsyncRolloutClient:
         finally:
             self._waiters.discard(fut)
 
+    def _give_back(self, samples: List[Sample]) -> None:
+        """Puts samples an iterator yielded to nobody back at the head of the queue, in order."""
+        rest: List[Optional[Sample]] = []
+        while not self._stream.empty():
+            rest.append(self._stream.get_nowait())
+        for item in [*samples, *rest]:
+            self._stream.put_nowait(item)
+
+    def _hand_off_samples(self, samples: List[Sample]) -> None:
+        task = self._tasks.get(samples[0].task_id) if samples else None
+        if task is not None:
+            self._hand_off(task, [s.sample_index for s in samples])
+
     def _hand_off(self, task: _Task, indices: List[int]) -> None:
-        """The caller now holds these samples: ack them on every server that sent them, free their slots."""
+        """The caller now holds these samples (acked already, on arrival): free their slots."""
         fresh = [i for i in indices if i not in task.handed]
         task.handed.update(fresh)
-        by_conn: Dict[Connection, List[Tuple[str, int]]] = collections.defaultdict(list)
-        for i in fresh:
-            for conn in task.sources.get(i, ()):
-                by_conn[conn].append((task.task_id, i))
-        for conn, refs in by_conn.items():
-            conn.ack(refs)
         self._release(len(fresh), stream=not task.via_run_group)
         if len(task.handed) >= task.num_samples:
             self._forget(task)
@@ -323,11 +388,43 @@ class AsyncRolloutClient:
     # -- what the connections report ---------------------------------------------------------------------------
 
     def _on_accepted(self, task: _Task, num_samples: int) -> None:
+        task.retry_until, task.retry_delay = None, _RETRY_FIRST  # a later refusal (a re-sent spec) gets a fresh budget
         if not task.accepted.done():
             task.accepted.set_result(num_samples)
 
-    def _on_rejected(self, task: _Task, field: str, reason: str) -> None:
-        error = TaskRejectedError(task.task_id, field, reason)
+    def _on_rejected(self, conn: Connection, task: _Task, field: str, reason: str, code: int = 0) -> None:
+        error = TaskRejectedError(task.task_id, field, reason, code)
+        if error.retryable and self._retry_later(conn, task, error):
+            return
+        self._reject(task, error)
+
+    def _retry_later(self, conn: Connection, task: _Task, error: TaskRejectedError) -> bool:
+        """Schedules a temporarily refused task to be submitted again; False when its time is up (or nobody wants it)."""
+        if self._closed or self._fatal is not None or task.cancel_requested or task.abandoned:
+            return False
+        now = self._loop.time()
+        if task.retry_until is None:
+            task.retry_until = now + self.retry_rejected_for
+        if now + task.retry_delay > task.retry_until:
+            return False
+        delay, task.retry_delay = task.retry_delay, min(task.retry_delay * 2, _RETRY_CAP)
+        conn.release([task.task_id])
+        task.conn = None
+        self.stats["rejections_retried"] += 1
+        # INFO, not WARNING: a busy server or paused delivery refusing for a moment is ordinary backpressure.
+        log.info("%s: task %s refused for now (%s); submitting it again in %.2f s", conn.target, task.task_id, error, delay)
+        self._loop.call_later(delay, self._resubmit, task, error)
+        return True
+
+    def _resubmit(self, task: _Task, error: TaskRejectedError) -> None:
+        if self._tasks.get(task.task_id) is not task or self._closed or self._fatal is not None:
+            return
+        if task.cancel_requested or task.abandoned:
+            self._reject(task, error)  # cancelled while it waited: it never ran, it ends refused
+            return
+        self._pick().assign(task)
+
+    def _reject(self, task: _Task, error: TaskRejectedError) -> None:
         if not task.accepted.done():
             task.accepted.set_exception(error)
         if not task.complete.done():
@@ -338,6 +435,9 @@ class AsyncRolloutClient:
         self._forget(task)
 
     def _on_trajectory(self, conn: Connection, t: Any) -> None:
+        # Acked at once, whatever follows: stored below (the caller gets it from this process), or a duplicate of one
+        # stored before, or nobody's (see the class docstring for what an ack means here).
+        conn.ack([(t.task_id, t.sample_index)])
         task = self._tasks.get(t.task_id)
         if task is None:
             # Handed out before and re-sent (the ack was lost with a broken stream), or a task this client never sent.
@@ -345,14 +445,10 @@ class AsyncRolloutClient:
                 self.stats["duplicates_dropped"] += 1
             else:
                 log.warning("%s: trajectory of unknown task %s (session %s): acked and dropped", conn.target, t.task_id, conn.session_id)
-            conn.ack([(t.task_id, t.sample_index)])
             return
         index = t.sample_index
-        task.sources[index].add(conn)
         if index in task.samples:
             self.stats["duplicates_dropped"] += 1
-            if index in task.handed:
-                conn.ack([(t.task_id, index)])
             return
         sample = Sample.from_proto(t)
         task.samples[index] = sample
@@ -391,8 +487,9 @@ class AsyncRolloutClient:
 
     def _failover(self, lost: Connection) -> None:
         moved = [t for t in list(lost.tasks.values()) if len(t.samples) < t.num_samples]
+        # Their specs (and cancels) still queued for the lost server are dropped: it would start them when it came back.
+        lost.release(t.task_id for t in moved)
         for task in moved:
-            lost.tasks.pop(task.task_id, None)
             target = self._pick()
             target.assign(task)
             if task.cancel_requested:

@@ -2,16 +2,22 @@
 
 A broken stream is re-opened with OpenSession(resume=true) and the same session id: the server then re-sends every
 trajectory not acked, and the samples still running arrive on the new stream. Task specs the server had not answered
-and cancels not known to have arrived are sent again (the server is idempotent on task_id). When the session is gone
-(NOT_FOUND: the server restarted, or the session outlived its resume window) the session is opened afresh and every
-unfinished task is submitted again. A server that stays unreachable for `failover_after` seconds while another one
-is up is declared lost: the client moves its unfinished tasks elsewhere (see AsyncRolloutClient).
+and cancels not known to have arrived are sent again (the server is idempotent on task_id; a spec the session had
+accepted already is answered `already_owed`, which needs no bookkeeping here: the client counts samples per task).
+When the session is gone (NOT_FOUND: the server restarted, or the session outlived its resume window) the session is
+opened afresh and every unfinished task is submitted again. A server that stays unreachable for `failover_after`
+seconds while another one is up is declared lost: the client moves its unfinished tasks elsewhere (see
+AsyncRolloutClient).
+
+A dead peer that sends no RST (a host that vanished, a silently dropped NAT entry) is found by HTTP/2 keepalive
+pings: without them the stream would wait forever and failover would never fire. The failover clock runs on its own
+timer, so a reconnect attempt that hangs (a black-holed address) does not stop it either.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import grpc
 import grpc.aio
@@ -28,9 +34,46 @@ log = logging.getLogger("rollout_client.connection")
 #: Trajectories can be large (long agent transcripts); grpc's 4 MiB default would break the stream on one of them.
 _DEFAULT_OPTIONS: List[Tuple[str, Any]] = [("grpc.max_receive_message_length", 256 << 20)]
 
+#: Stream statuses that the same request will get again: retrying would hide a configuration error forever.
+#: ALREADY_EXISTS answers a fresh open of a session id another stream holds (two trainers with one session_id);
+#: a resume never gets it (it takes the session over), so it is fatal only when the open was not a resume.
+_FATAL = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.INVALID_ARGUMENT})
+
+#: A broken stream is reported at WARNING when it starts failing, when its status changes, and then at most this often.
+_WARN_EVERY = 30.0
+
+
+def keepalive_options(keepalive_time: Optional[float], keepalive_timeout: float) -> List[Tuple[str, Any]]:
+    """grpc channel options for HTTP/2 keepalive pings every `keepalive_time` seconds (None or 0: off), the connection
+    being dropped when a ping is not answered within `keepalive_timeout`. Pings go out with no call open and without
+    data frames in between (a stream that waits minutes for a long sample sends nothing): the server (grpc-js) does
+    not police client pings."""
+    if not keepalive_time:
+        return []
+    return [
+        ("grpc.keepalive_time_ms", max(1, int(keepalive_time * 1000))),
+        ("grpc.keepalive_timeout_ms", max(1, int(keepalive_timeout * 1000))),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        # Newer grpc cores (1.85) time the keepalive ping out by this one and no longer by keepalive_timeout_ms.
+        ("grpc.http2.ping_timeout_ms", max(1, int(keepalive_timeout * 1000))),
+    ]
+
 
 class _StreamEnded(Exception):
     """The server ended the stream without an error (e.g. it is shutting down)."""
+
+
+def _task_of(request: Any) -> Optional[str]:
+    """The task id a queued spec or cancel is about (None for acks and the close marker)."""
+    if request is None:
+        return None
+    kind = request.WhichOneof("kind")
+    if kind == "task":
+        return request.task.task_id
+    if kind == "cancel":
+        return request.cancel.task_id
+    return None
 
 
 class Connection:
@@ -44,17 +87,25 @@ class Connection:
         tls: Optional[TlsOptions],
         channel_options: Sequence[Tuple[str, Any]],
         failover_after: float,
+        keepalive_time: Optional[float] = 30.0,
+        keepalive_timeout: float = 10.0,
     ) -> None:
         self.target = target
         self.session_id = session_id
         self._client = client
         self._metadata = tuple(metadata)
         self._tls = tls
-        self._channel_options = list(_DEFAULT_OPTIONS) + list(channel_options) + (tls.channel_options() if tls else [])
+        # Later entries win: the caller's channel_options override the defaults and the keepalive settings.
+        options: Dict[str, Any] = {}
+        for key, value in [*_DEFAULT_OPTIONS, *keepalive_options(keepalive_time, keepalive_timeout), *channel_options, *(tls.channel_options() if tls else [])]:
+            options[key] = value
+        self._channel_options = list(options.items())
         self._failover_after = failover_after
         #: Unfinished tasks this server runs for us, by task id.
         self.tasks: Dict[str, "_Task"] = {}
         self._outbox: "asyncio.Queue[Any]" = asyncio.Queue()
+        #: Acks of trajectories received in this turn of the event loop, sent as one Ack message.
+        self._acks: List[Tuple[str, int]] = []
         self.connected = asyncio.Event()
         #: Declared lost (its tasks moved elsewhere); it keeps reconnecting and takes new tasks again once back.
         self.dead = False
@@ -63,12 +114,17 @@ class Connection:
         self._resend_all = False
         self._call: Optional[Any] = None
         self._runner: Optional["asyncio.Task[None]"] = None
-        self.stats = {"reconnects": 0, "redelivered": 0, "sessions_lost": 0}
+        self._opened_at: Optional[float] = None
+        #: Since when the stream is down (None while it is open), and the timer that declares the server lost.
+        self._down_since: Optional[float] = None
+        self._failover_timer: Optional[asyncio.TimerHandle] = None
+        self.stats = {"reconnects": 0, "redelivered": 0, "sessions_lost": 0, "delivery_paused": 0}
 
     # -- what the client calls ---------------------------------------------------------------------------------
 
     def start(self) -> None:
         self._runner = asyncio.ensure_future(self._run())
+        self._stream_down()  # not open yet: a server that never answers is failed over like one that went away
 
     @property
     def load(self) -> int:
@@ -81,17 +137,42 @@ class Connection:
         task.answered = False
         self._outbox.put_nowait(rollout_pb2.RolloutRequest(task=task.spec))
 
+    def release(self, task_ids: Iterable[str]) -> None:
+        """Forgets tasks that now run elsewhere (failover) or wait to be submitted again (a temporary rejection): their
+        specs and cancels still queued here are dropped, so this server does not start them when it comes back."""
+        ids: Set[str] = set(task_ids)
+        for task_id in ids:
+            self.tasks.pop(task_id, None)
+        kept: List[Any] = []
+        while not self._outbox.empty():
+            request = self._outbox.get_nowait()
+            if _task_of(request) not in ids:
+                kept.append(request)
+        for request in kept:
+            self._outbox.put_nowait(request)
+
     def cancel(self, task_id: str) -> None:
         self._outbox.put_nowait(rollout_pb2.RolloutRequest(cancel=rollout_pb2.CancelTask(task_id=task_id)))
 
     def ack(self, refs: List[Tuple[str, int]]) -> None:
+        """Acks trajectories; those of one turn of the event loop (a burst read from the stream) go as one message."""
+        if not refs or self._closing:
+            return
+        if not self._acks:
+            asyncio.get_running_loop().call_soon(self._flush_acks)
+        self._acks.extend(refs)
+
+    def _flush_acks(self) -> None:
+        refs, self._acks = self._acks, []
         if refs and not self._closing:
             ack = rollout_pb2.Ack(trajectories=[rollout_pb2.TrajectoryRef(task_id=t, sample_index=i) for t, i in refs])
             self._outbox.put_nowait(rollout_pb2.RolloutRequest(ack=ack))
 
     async def close(self, grace: float = 1.0) -> None:
         """Ends the stream: sends what is queued (acks, cancels), half-closes, and drops the call after `grace`."""
+        self._flush_acks()
         self._closing = True
+        self._cancel_failover_timer()
         self._outbox.put_nowait(None)
         if self._runner is not None:
             try:
@@ -106,6 +187,39 @@ class Connection:
             except BaseException:  # noqa: BLE001
                 pass
 
+    # -- failover ----------------------------------------------------------------------------------------------
+
+    def _stream_down(self) -> None:
+        """The stream is not open: start the failover clock (once per outage)."""
+        if self._down_since is None:
+            self._down_since = asyncio.get_running_loop().time()
+        if self._failover_timer is None and not self.dead and not self._closing:
+            self._failover_timer = asyncio.get_running_loop().call_later(self._failover_after, self._check_failover)
+
+    def _stream_up(self) -> None:
+        self._down_since = None
+        self._cancel_failover_timer()
+
+    def _cancel_failover_timer(self) -> None:
+        if self._failover_timer is not None:
+            self._failover_timer.cancel()
+            self._failover_timer = None
+
+    def _check_failover(self) -> None:
+        """`failover_after` seconds without an open stream: move the tasks if another server can take them."""
+        self._failover_timer = None
+        if self._closing or self.dead or self.connected.is_set():
+            return
+        loop = asyncio.get_running_loop()
+        if not self._client._has_live_peer(self):
+            # Nowhere to move them now: look again soon (a peer may come up; this server may come back first).
+            self._failover_timer = loop.call_later(min(self._failover_after, 1.0), self._check_failover)
+            return
+        self.dead = True
+        down_for = loop.time() - (self._down_since if self._down_since is not None else loop.time())
+        log.warning("%s: unreachable for %.1f s; moving its tasks to the other servers", self.target, down_for)
+        self._client._failover(self)
+
     # -- the stream --------------------------------------------------------------------------------------------
 
     def _channel(self) -> grpc.aio.Channel:
@@ -117,11 +231,14 @@ class Connection:
         channel = self._channel()
         stub = rollout_pb2_grpc.RolloutServiceStub(channel)
         loop = asyncio.get_running_loop()
-        failing_since: Optional[float] = None
         backoff = 0.05
+        failures = 0
+        last_code: Optional[str] = None
+        warned_at = float("-inf")
         try:
             while not self._closing:
                 resume = self._opened_once and not self._resend_all
+                code, detail = "", ""
                 try:
                     await self._attach(stub, resume)
                     if self._closing:
@@ -136,33 +253,38 @@ class Connection:
                         self.stats["sessions_lost"] += 1
                         self._resend_all = True
                         continue
-                    if err.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                    if err.code() in _FATAL or (err.code() == grpc.StatusCode.ALREADY_EXISTS and not resume):
                         self._client._on_fatal(self, err)
                         return
-                    log.info("%s: stream broke (%s: %s)", self.target, err.code().name, err.details())
+                    code, detail = err.code().name, err.details() or ""
                 except _StreamEnded:
-                    log.info("%s: the server ended the stream", self.target)
+                    code, detail = "OK", "the server ended the stream"
                 finally:
                     self.connected.clear()
                     self._call = None
+                    if not self._closing:
+                        self._stream_down()
                 if self._closing:
                     return
-                if self._opened_at is not None:
-                    failing_since, backoff = None, 0.05
-                    self._opened_at = None
                 now = loop.time()
-                failing_since = now if failing_since is None else failing_since
-                if not self.dead and now - failing_since >= self._failover_after and self._client._has_live_peer(self):
-                    self.dead = True
-                    log.warning("%s: unreachable for %.1f s; moving its tasks to the other servers", self.target, now - failing_since)
-                    self._client._failover(self)
+                if self._opened_at is not None:
+                    # It had opened: a new outage starts, unless it broke at once again (a stream that opens and then
+                    # fails every time, e.g. on a write the channel refuses, must not be retried in a tight loop).
+                    if now - self._opened_at >= 1.0:
+                        backoff, failures, last_code = 0.05, 0, None
+                    self._opened_at = None
+                failures += 1
+                if code != last_code or now - warned_at >= _WARN_EVERY:
+                    log.warning("%s: stream broke (%s: %s); reconnecting (attempt %d, next in %.2f s)", self.target, code, detail, failures, backoff)
+                    last_code, warned_at = code, now
+                else:
+                    log.debug("%s: stream broke (%s: %s); reconnecting (attempt %d)", self.target, code, detail, failures)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
                 self.stats["reconnects"] += 1
         finally:
+            self._cancel_failover_timer()
             await channel.close(None)
-
-    _opened_at: Optional[float] = None
 
     async def _attach(self, stub: Any, resume: bool) -> None:
         call = stub.Rollout(metadata=self._metadata)
@@ -185,6 +307,7 @@ class Connection:
         self.session_id = first.opened.session_id or self.session_id
         self.stats["redelivered"] += first.opened.redelivered
         self._opened_at = asyncio.get_running_loop().time()
+        self._stream_up()
         if self.dead:
             log.info("%s: back; taking new tasks again", self.target)
             self.dead = False
@@ -198,6 +321,7 @@ class Connection:
                 resend.append(rollout_pb2.RolloutRequest(cancel=rollout_pb2.CancelTask(task_id=task.task_id)))
         self.connected.set()
         writer = asyncio.ensure_future(self._write(call, resend))
+        writer.add_done_callback(lambda done: self._writer_done(done, call))
         try:
             while True:
                 response = await call.read()
@@ -217,6 +341,20 @@ class Connection:
                 return
             await call.write(request)
 
+    def _writer_done(self, writer: "asyncio.Future[None]", call: Any) -> None:
+        """A writer that failed is logged (its exception retrieved) and ends the call: a stream that can no longer
+        send would keep reading while its acks and specs pile up; ended, it is re-opened and they are sent again."""
+        if writer.cancelled():
+            return
+        err = writer.exception()
+        if err is None:
+            return
+        if isinstance(err, grpc.aio.AioRpcError):
+            log.debug("%s: write failed (%s); the stream is re-opened", self.target, err.code().name)
+        else:
+            log.warning("%s: write failed (%r); re-opening the stream", self.target, err)
+        call.cancel()
+
     def _dispatch(self, response: Any) -> None:
         kind = response.WhichOneof("kind")
         if kind == "trajectory":
@@ -227,6 +365,14 @@ class Connection:
                 task.answered = True
                 self._client._on_accepted(task, response.accepted.num_samples)
         elif kind == "rejected":
-            task = self.tasks.get(response.rejected.task_id)
+            rejected = response.rejected
+            task = self.tasks.get(rejected.task_id)
             if task is not None:
-                self._client._on_rejected(task, response.rejected.field, response.rejected.reason)
+                self._client._on_rejected(self, task, rejected.field, rejected.reason, rejected.code)
+        elif kind == "delivery_paused":
+            # Every trajectory is acked as soon as it arrives (AsyncRolloutClient), so a pause lasts until those acks
+            # reach the server; nothing is waiting on us here.
+            notice = response.delivery_paused
+            if not notice.resumed:
+                self.stats["delivery_paused"] += 1
+            log.debug("%s: delivery %s (%d unacked bytes, limit %d, %d held)", self.target, "resumed" if notice.resumed else "paused", notice.unacked_bytes, notice.limit_bytes, notice.held)

@@ -5,16 +5,26 @@ import asyncio
 import threading
 from typing import Any, AsyncIterator, Callable, Coroutine, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
 
-from .client import AsyncRolloutClient
+from .client import AsyncRolloutClient, _GiveBack
 from .results import Group, Sample
 from .tls import TlsOptions
 
 T = TypeVar("T")
 
+#: How long an interrupted call waits for its coroutine to finish cancelling (cancel on the server, give samples back).
+_CANCEL_GRACE = 5.0
+#: The main thread waits in slices this long: Python runs signal handlers (Ctrl-C) between them even when the signal
+#: did not interrupt the wait itself (it went to another thread, or came from _thread.interrupt_main).
+_SIGNAL_SLICE = 0.1
+
 
 class RolloutClient:
     """Same methods as AsyncRolloutClient, blocking. Thread-safe: many threads may call run_group at once (they
     share the one stream per server). Use as a context manager or call close().
+
+    A call interrupted while it waits (Ctrl-C: KeyboardInterrupt) is cancelled as an async caller's cancellation
+    would be: run_group/submit cancel the task on the server, and a samples()/groups() loop loses nothing (a sample
+    that arrived as the interrupt did goes back to the queue; the next loop gets it).
 
     Example:
         with RolloutClient("127.0.0.1:50051") as client:
@@ -31,28 +41,78 @@ class RolloutClient:
         max_in_flight: int = 1024,
         failover_after: float = 10.0,
         channel_options: Sequence[Tuple[str, Any]] = (),
+        keepalive_time: Optional[float] = 30.0,
+        keepalive_timeout: float = 10.0,
+        retry_rejected_for: float = 60.0,
     ) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rollout-client", daemon=True)
         self._thread.start()
 
         async def make() -> AsyncRolloutClient:
-            return AsyncRolloutClient(targets, token=token, tls=tls, session_id=session_id, max_in_flight=max_in_flight, failover_after=failover_after, channel_options=channel_options)
+            return AsyncRolloutClient(
+                targets, token=token, tls=tls, session_id=session_id, max_in_flight=max_in_flight, failover_after=failover_after,
+                channel_options=channel_options, keepalive_time=keepalive_time, keepalive_timeout=keepalive_timeout,
+                retry_rejected_for=retry_rejected_for,
+            )
 
         self._client = self._run(make())
         self.session_id = self._client.session_id
 
-    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+    def _run(self, coro: Coroutine[Any, Any, T], abandoned: Optional[Callable[[T], None]] = None) -> T:
+        """Runs coro on the client's loop and returns its result.
+
+        When this thread is interrupted while it waits (KeyboardInterrupt, or any exception a signal handler raises),
+        the coroutine's task is cancelled and waited for (up to _CANCEL_GRACE s), so what it does when cancelled (run_group
+        cancels the task on the server) is done before the interrupt propagates. A result it produced all the same (it
+        finished as the interrupt came) is passed to `abandoned`. (run_coroutine_threadsafe's future cannot do this:
+        cancelling it drops a result that was on its way.)
+        """
+        done = threading.Event()
+        box: List["asyncio.Task[T]"] = []
+
+        def start() -> None:
+            task = self._loop.create_task(coro)
+            task.add_done_callback(lambda _: done.set())
+            box.append(task)
+
+        self._loop.call_soon_threadsafe(start)
+        try:
+            if threading.current_thread() is threading.main_thread():
+                while not done.wait(_SIGNAL_SLICE):
+                    pass
+            else:
+                done.wait()
+        except BaseException:
+            # start() ran before this (call_soon_threadsafe keeps the order): box holds the task.
+            self._loop.call_soon_threadsafe(lambda: box[0].cancel())
+            if done.wait(_CANCEL_GRACE):
+                task = box[0]
+                if not task.cancelled() and task.exception() is None and abandoned is not None:
+                    abandoned(task.result())
+            raise
+        return box[0].result()
 
     def _iterate(self, make: Callable[[], AsyncIterator[T]]) -> Iterator[T]:
         iterator = make()
+
+        def give_back(_: T) -> None:
+            # The iterator yielded to a caller that was interrupted: its samples go back to the head of the queue.
+            async def throw() -> None:
+                try:
+                    await iterator.athrow(_GiveBack())  # type: ignore[attr-defined]
+                except (StopAsyncIteration, _GiveBack):
+                    pass
+
+            asyncio.run_coroutine_threadsafe(throw(), self._loop).result(_CANCEL_GRACE)
+
         try:
             while True:
                 try:
-                    yield self._run(iterator.__anext__())  # type: ignore[arg-type]
+                    item = self._run(iterator.__anext__(), give_back)  # type: ignore[arg-type]
                 except StopAsyncIteration:
                     return
+                yield item
         finally:
             if self._loop.is_running():
                 self._run(iterator.aclose())  # type: ignore[attr-defined]
