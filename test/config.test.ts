@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { parseConfig } from '../src/config.js';
+import { checkConfigShape, parseConfig } from '../src/config.js';
 import { RolloutError } from '../src/errors.js';
 
 const failure = (input: unknown): RolloutError => {
@@ -67,5 +67,47 @@ describe('server configuration', () => {
     expect(failure({ tls: { certFile: '/c.pem', keyFile: '/k.pem', requireClientCert: true } }).field).toBe('tls.requireClientCert');
     expect(failure({ auth: { token: '' } }).field).toBe('auth.token');
     expect(failure({ auth: { tokne: 'x' } }).message).toContain('tokne');
+  });
+
+  it.each([
+    ['auth.token', { auth: { token: 'secret-from-template\n' } }],
+    ['auth.token', { auth: { token: 'two words' } }],
+    ['auth.adminToken', { auth: { adminToken: 'caf\u00e9-secret' } }],
+    ['adminToken', { adminToken: 'tab\tsecret' }],
+  ])('refuses a token an HTTP/2 header cannot carry, naming %s and never quoting the token', (field, input) => {
+    const err = failure(input);
+    expect(err.field).toBe(field);
+    expect(err.message).toContain('printable ASCII');
+    expect(err.message).not.toContain('secret');
+    expect(parseConfig({ auth: { token: 'A-z0-9._~+/=!#$%&*' } }).auth.token).toBe('A-z0-9._~+/=!#$%&*');
+  });
+
+  it('limits open watches (watch.maxOpen, default 64)', () => {
+    expect(parseConfig({}).watch).toEqual({ maxOpen: 64 });
+    expect(parseConfig({ watch: { maxOpen: 2 } }).watch.maxOpen).toBe(2);
+    expect(failure({ watch: { maxOpen: -1 } }).field).toBe('watch.maxOpen');
+  });
+
+  it.each([
+    ['backends', { backends: { url: 'http://127.0.0.1:8000' } }, 'expected array'],
+    ['auth', { auth: ['t'] }, 'expected object'],
+    ['sandbox', { sandbox: 'bwrap' }, 'expected object'],
+    ['init', { init: 8 }, 'expected object'],
+    ['tls', { tls: null }, 'expected object'],
+    ['model', { model: 7 }, ''],
+  ])('checks the shape of a config file before flags are merged into it: %s', (field, input, message) => {
+    let err: unknown;
+    try {
+      checkConfigShape(input);
+    } catch (e) {
+      err = e;
+    }
+    expect(err).toBeInstanceOf(RolloutError);
+    expect((err as RolloutError).field).toBe(field);
+    expect((err as RolloutError).message).toContain(message);
+  });
+
+  it('lets any well-shaped file through the shape check (values are parseConfig\'s to judge)', () => {
+    expect(() => checkConfigShape({ model: 'qwen', backends: [], init: { concurrency: 0 }, tls: { certFile: '/c.pem' }, unknownKey: 1 })).not.toThrow();
   });
 });

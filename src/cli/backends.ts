@@ -45,8 +45,10 @@ export function formatBackends(backends: readonly Backend[]): string {
   return rows.map((r) => r.map((cell, i) => (i === r.length - 1 ? cell : cell.padEnd(widths[i]!))).join('  ')).join('\n');
 }
 
+/** A client of the server's BackendService: the admin token, else the trainer token (which a server without an admin token takes there). */
 function connect(opts: BackendsOptions): RolloutClient {
-  return new RolloutClient(opts.address, connectionOptions(opts));
+  const options = connectionOptions(opts);
+  return new RolloutClient(opts.address, { ...options, ...(options.adminToken === undefined && options.token !== undefined && { adminToken: options.token }) });
 }
 
 /** `rollout backends`: prints the server's backends. */

@@ -169,14 +169,16 @@ function readConfigFile(path: string): Record<string, unknown> {
 try {
   await program.parseAsync(process.argv);
 } catch (err) {
-  // A configuration or usage mistake, or a server's refusal, is a message for a person, not a stack trace.
+  // A configuration or usage mistake, a server's refusal or a start-up failure the operator can fix (the port in use,
+  // Apptainer missing, a journal directory that is a file) is one line for a person, not a stack trace: exit 2 for
+  // a mistake in what was asked, 1 otherwise. An `internal` error or anything else thrown is a bug: its stack is kept.
   if (isServiceError(err)) {
     console.error(`rollout: the server answered ${status[err.code]}: ${err.details}`);
     process.exitCode = 1;
   } else {
-    if (!(err instanceof RolloutError) || (err.code !== 'invalid_argument' && err.code !== 'failed_precondition')) throw err;
+    if (!(err instanceof RolloutError) || err.code === 'internal') throw err;
     console.error(`rollout: ${err.message}`);
-    process.exitCode = 2;
+    process.exitCode = err.code === 'invalid_argument' || err.code === 'failed_precondition' ? 2 : 1;
   }
 }
 

@@ -1,7 +1,7 @@
 import { tokensFrom } from './connection.js';
-import { startRolloutServer, type RolloutServerOptions } from '../app.js';
+import { startRolloutServer, type RolloutServer, type RolloutServerOptions } from '../app.js';
 import { defaultRegistry } from '../environments/registry.js';
-import { parseConfig, type ServerConfigInput } from '../config.js';
+import { checkConfigShape, parseConfig, type ServerConfigInput } from '../config.js';
 import { createLogger } from '../observability/logger.js';
 import { FakeVllmEngine } from '../testing/fake-vllm.js';
 import { loadModelBundle } from '../tokens/model-bundle.js';
@@ -46,6 +46,8 @@ export interface ServeOptions {
  */
 export async function runServe(opts: ServeOptions, inject: Pick<RolloutServerOptions, 'registry' | 'sandboxes'> = {}): Promise<void> {
   const logger = createLogger();
+  // The file's shape first (a list where a list belongs, objects where flags are merged in), naming the field.
+  checkConfigShape(opts.file);
   // Flags override the config file; the file overrides the built-in defaults.
   const config: ServerConfigInput = {
     ...(opts.file as ServerConfigInput),
@@ -54,16 +56,6 @@ export async function runServe(opts: ServeOptions, inject: Pick<RolloutServerOpt
   };
   const backends = [...(config.backends ?? []), ...opts.backend.map((url) => ({ url }))];
   if (opts.modelDir) config.model = withModel(config.model, { dir: opts.modelDir });
-  let engine: FakeVllmEngine | undefined;
-  if (opts.fakeEngine) {
-    // The fake engine decodes and encodes with the served model's tokenizer, as a real engine would.
-    const dir = typeof config.model === 'object' ? config.model.dir : undefined;
-    const { tokenizer } = await loadModelBundle(dir === undefined ? {} : { dir });
-    engine = await FakeVllmEngine.start({ tokenizer, tokenLatencyMs: opts.fakeLatencyMs });
-    backends.push({ url: engine.url });
-    config.model = withModel(config.model, { name: engine.model });
-    logger.warn({ url: engine.url }, 'routing to the fake vLLM engine (a test double)');
-  }
   if (opts.model) config.model = withModel(config.model, { name: opts.model });
   // Flags override single fields; what neither sets keeps its stage's default (applied by parseConfig).
   const stage = (key: 'init' | 'run' | 'eval', concurrency: number | undefined, timeoutMs: number | undefined): void => {
@@ -101,10 +93,27 @@ export async function runServe(opts: ServeOptions, inject: Pick<RolloutServerOpt
   }
   if (opts.drainGraceMs !== undefined) config.drainGraceMs = opts.drainGraceMs;
   config.backends = backends;
-  // Validated before anything starts (the fake engine aside), so a typo fails with its path, not a stack trace.
-  parseConfig(config);
-  const registry = inject.registry ?? (opts.mathChecker === undefined ? undefined : defaultRegistry({ math: { checker: opts.mathChecker } }));
-  const server = await startRolloutServer(config, { logger, ...(registry && { registry }), ...(inject.sandboxes && { sandboxes: inject.sandboxes }) });
+  // Validated before anything starts — the fake engine too —, so a typo fails with its path, not a stack trace
+  // (and not after an engine was started that nothing would close).
+  const parsed = parseConfig(config);
+  let engine: FakeVllmEngine | undefined;
+  let server: RolloutServer;
+  try {
+    if (opts.fakeEngine) {
+      // The fake engine decodes and encodes with the served model's tokenizer, as a real engine would.
+      const { tokenizer } = await loadModelBundle(parsed.model.dir === undefined ? {} : { dir: parsed.model.dir });
+      engine = await FakeVllmEngine.start({ tokenizer, tokenLatencyMs: opts.fakeLatencyMs });
+      config.backends = [...backends, { url: engine.url }];
+      if (!opts.model) config.model = withModel(config.model, { name: engine.model });
+      logger.warn({ url: engine.url }, 'routing to the fake vLLM engine (a test double)');
+    }
+    const registry = inject.registry ?? (opts.mathChecker === undefined ? undefined : defaultRegistry({ math: { checker: opts.mathChecker } }));
+    server = await startRolloutServer(config, { logger, ...(registry && { registry }), ...(inject.sandboxes && { sandboxes: inject.sandboxes }) });
+  } catch (err) {
+    // Nothing started may outlive a failed start: the process must exit.
+    await engine?.close();
+    throw err;
+  }
   // A plain line scripts and tests can wait for, beside the JSON logs.
   console.log(`rollout server listening on ${server.address}`);
   let signals = 0;

@@ -1,12 +1,13 @@
 import { Metadata, ServerInterceptingCall, status, type ServerInterceptor } from '@grpc/grpc-js';
 import { createHash, timingSafeEqual } from 'node:crypto';
 import type { Logger } from '../observability/logger.js';
+import { RateLimitedLog, type RateLimitOptions } from '../observability/rate-limited-log.js';
 
 /** Which token each service asks for; services not named here (health, reflection) are open. */
 export interface AuthPolicy {
   /** Bearer token of RolloutService (the trainer's side); unset: open. */
   token?: string | undefined;
-  /** Bearer token of the admin services (BackendService, AdminService); unset: open. */
+  /** Bearer token of the admin services (BackendService, AdminService); unset: `token`'s (and open when both are). */
   adminToken?: string | undefined;
 }
 
@@ -19,18 +20,25 @@ const ADMIN_SERVICES = new Set(['rollout.v1.BackendService', 'rollout.v1.AdminSe
  * Rollout stream or a Watch without the token never starts), answering UNAUTHENTICATED otherwise. One server
  * interceptor is the one place this happens: handlers need no check of their own.
  *
+ * With a trainer token and no admin token, the admin services take the trainer token: a server that asks a token of
+ * its trainers must not leave engines and drains to anyone (and a trainer calls PauseGeneration/ResumeGeneration
+ * around weight updates anyway). With an admin token, neither token opens the other's services.
+ *
  * The comparison is constant-time: both sides are hashed (SHA-256) first, so neither the token's bytes nor its
- * length leak through timing.
+ * length leak through timing. Refused calls are logged at warn through a RateLimitedLog (`logRate`), so a client
+ * without a token cannot flood the log.
  */
-export function authInterceptor(policy: AuthPolicy, logger: Logger): ServerInterceptor {
-  const log = logger.child({ component: 'auth' });
+export function authInterceptor(policy: AuthPolicy, logger: Logger, logRate: RateLimitOptions = {}): ServerInterceptor {
+  const refusals = new RateLimitedLog(logger.child({ component: 'auth' }), logRate);
   const trainer = policy.token === undefined ? undefined : digest(`Bearer ${policy.token}`);
-  const admin = policy.adminToken === undefined ? undefined : digest(`Bearer ${policy.adminToken}`);
+  const adminToken = policy.adminToken ?? policy.token;
+  const admin = adminToken === undefined ? undefined : digest(`Bearer ${adminToken}`);
+  const adminWhich = policy.adminToken === undefined ? 'token' : 'admin token';
   return (method, call) => {
     const service = method.path.split('/')[1] ?? '';
     const expected = TRAINER_SERVICES.has(service) ? trainer : ADMIN_SERVICES.has(service) ? admin : undefined;
     if (expected === undefined) return new ServerInterceptingCall(call);
-    const which = expected === admin ? 'admin token' : 'token';
+    const which = TRAINER_SERVICES.has(service) ? 'token' : adminWhich;
     return new ServerInterceptingCall(call, {
       start: (next) =>
         next({
@@ -40,7 +48,7 @@ export function authInterceptor(policy: AuthPolicy, logger: Logger): ServerInter
               mdNext(metadata);
               return;
             }
-            log.warn({ method: method.path, peer: call.getPeer(), given: given !== undefined }, 'call refused: missing or wrong bearer token');
+            refusals.write('warn', () => ({ method: method.path, peer: call.getPeer(), given: given !== undefined }), 'call refused: missing or wrong bearer token');
             call.sendStatus({
               code: status.UNAUTHENTICATED,
               details: given === undefined ? `${which} required: authorization: Bearer <${which}>` : `wrong ${which}`,

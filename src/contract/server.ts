@@ -18,7 +18,8 @@ import { backendService } from './backend-service.js';
 import { reflectedDefinition } from './reflection.js';
 import { rolloutService } from './rollout-service.js';
 import { SessionManager } from './sessions.js';
-import { tolerantService, transportReceiveLimit } from './tolerant-decode.js';
+import { smallRequestLimits, tolerantService, transportReceiveLimit } from './tolerant-decode.js';
+import { encodedResponsesPassThrough } from './stream-writer.js';
 import { trajectorySerializers } from './response-encode.js';
 
 export const SERVER_VERSION = '0.1.0';
@@ -74,10 +75,17 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
     ...keepaliveOptions(config.keepalive),
     interceptors: [authInterceptor({ token: config.auth.token, adminToken: config.auth.adminToken ?? config.adminToken }, logger)],
   });
+  // Watch and the admin calls carry a few ids and flags: their requests get a small bound of their own (the
+  // transport's limit is sized for task specs), checked before anything is decoded.
+  const limits = smallRequestLimits(RolloutServiceService, BackendServiceService, AdminServiceService);
   const sessions = options.sessions ?? new SessionManager(options.sessionTtlMs ?? config.sessions.ttlMs, config.sessions.maxUnackedBytes);
-  server.addService(trajectorySerializers(tolerantService(RolloutServiceService, config.maxMessageBytes), config.maxMessageBytes), rolloutService({ runtime, registry, sessions, logger, serverVersion: SERVER_VERSION }));
   server.addService(
-    tolerantService(BackendServiceService, config.maxMessageBytes),
+    // Watch queues most of its messages already encoded (see watch.ts): those bytes go out as they are.
+    encodedResponsesPassThrough(trajectorySerializers(tolerantService(RolloutServiceService, config.maxMessageBytes, limits), config.maxMessageBytes), ['/rollout.v1.RolloutService/Watch']),
+    rolloutService({ runtime, registry, sessions, logger, serverVersion: SERVER_VERSION }),
+  );
+  server.addService(
+    tolerantService(BackendServiceService, config.maxMessageBytes, limits),
     backendService({
       pool: runtime.deps.pool,
       logger,
@@ -88,7 +96,7 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
     }),
   );
   server.addService(
-    tolerantService(AdminServiceService, config.maxMessageBytes),
+    tolerantService(AdminServiceService, config.maxMessageBytes, limits),
     adminService({ lifecycle, logger, inFlight: () => runtime.pipeline.inFlight, drain: (graceMs) => void drain(graceMs).catch(() => undefined) }),
   );
   const health = new HealthImplementation(Object.fromEntries(HEALTH_SERVICES.map((name) => [name, 'SERVING'])));
@@ -99,7 +107,7 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
   try {
     const credentials = await serverCredentials(config.tls);
     port = await new Promise<number>((resolve, reject) =>
-      server.bindAsync(`${config.host}:${config.port}`, credentials, (err, boundPort) => (err ? reject(err) : resolve(boundPort))),
+      server.bindAsync(`${config.host}:${config.port}`, credentials, (err, boundPort) => (err ? reject(bindError(config.host, config.port, err)) : resolve(boundPort))),
     );
   } catch (err) {
     lifecycle.transition('failed');
@@ -109,8 +117,9 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
   }
   runtime.start();
   lifecycle.transition('running');
-  if (config.auth.adminToken === undefined && config.adminToken === undefined && !/^(127\.|localhost$|::1$)/.test(config.host)) {
-    log.warn({ host: config.host }, 'no admin token: anyone who reaches this address may add backends or drain the server (set auth.adminToken)');
+  if (config.auth.token === undefined && config.auth.adminToken === undefined && config.adminToken === undefined) {
+    // Open is for local use; on a shared node, 127.0.0.1 is reachable by every user of the machine too.
+    log.warn({ host: config.host, port }, 'no tokens: anyone who reaches this address may submit tasks, add or remove engines and drain the server (set auth.token, and auth.adminToken for the admin services)');
   }
   log.info({ host: config.host, port, tls: config.tls === undefined ? 'off' : config.tls.requireClientCert ? 'mtls' : 'on' }, 'rollout server listening');
 
@@ -192,6 +201,16 @@ async function closeTransport(server: Server): Promise<void> {
       resolve();
     });
   });
+}
+
+/**
+ * A failed bind as a one-line error for the operator: "cannot listen on 127.0.0.1:50051: EADDRINUSE" (grpc-js
+ * says "No address added out of total 1 resolved" and puts the cause after it).
+ */
+function bindError(host: string, port: number, err: Error): RolloutError {
+  const code = /\b(E[A-Z]{3,})\b/.exec(err.message)?.[1];
+  const detail = code ?? err.message.split('\n')[0];
+  return new RolloutError('unavailable', `cannot listen on ${host}:${port}: ${detail}${code === 'EADDRINUSE' ? ' (the port is in use)' : ''}`, { cause: err });
 }
 
 /** Plaintext, or TLS from the configured PEM files (verifying client certificates against clientCaFile when set). */

@@ -1,6 +1,65 @@
-import type { ServerWritableStream, ServerDuplexStream } from '@grpc/grpc-js';
+import type { ServerWritableStream, ServerDuplexStream, ServiceDefinition } from '@grpc/grpc-js';
 
 type WritableCall<T> = ServerWritableStream<unknown, T> | ServerDuplexStream<unknown, T>;
+
+/** One queued message: an object the service's serializer encodes, or a run of messages already encoded. */
+type Item<T> = { message: T; bytes: number } | EncodedRun;
+
+/** Room of one run of encoded messages: small messages share it, so each costs its bytes and no object. */
+const RUN_BYTES = 64 << 10;
+/** An encoded message larger than this gets a run of its own, sized to fit. */
+const RUN_MESSAGE_MAX = 16 << 10;
+/** Bytes before each message in a run: its length. */
+const LENGTH_PREFIX = 4;
+
+/**
+ * Encoded messages back to back in one buffer, each after its 4-byte length: thousands of queued stage events are
+ * one allocation whose size is what the byte bound counts (as objects, each was a few hundred bytes of heap beside
+ * its ~40 encoded ones). Read in order; the buffer is released when the run is taken off the queue.
+ */
+class EncodedRun {
+  readonly #buffer: Buffer;
+  #writeAt = 0;
+  #readAt = 0;
+
+  constructor(capacity: number) {
+    this.#buffer = Buffer.allocUnsafeSlow(capacity);
+  }
+
+  /** Appends `bytes` when they fit; false when the run is full. */
+  tryAppend(bytes: Uint8Array): boolean {
+    if (this.#writeAt + LENGTH_PREFIX + bytes.length > this.#buffer.length) return false;
+    this.#buffer.writeUInt32LE(bytes.length, this.#writeAt);
+    this.#buffer.set(bytes, this.#writeAt + LENGTH_PREFIX);
+    this.#writeAt += LENGTH_PREFIX + bytes.length;
+    return true;
+  }
+
+  get isEmpty(): boolean {
+    return this.#readAt >= this.#writeAt;
+  }
+
+  /** The next message's bytes (a view into the run) and what it counted. */
+  shift(): { bytes: Buffer; counted: number } {
+    const length = this.#buffer.readUInt32LE(this.#readAt);
+    const bytes = this.#buffer.subarray(this.#readAt + LENGTH_PREFIX, this.#readAt + LENGTH_PREFIX + length);
+    this.#readAt += LENGTH_PREFIX + length;
+    return { bytes, counted: LENGTH_PREFIX + length };
+  }
+}
+
+/**
+ * The service with the response serializer of `paths` passing Buffers through as they are (a writer's
+ * {@link StreamWriter.sendEncodedDroppable} messages) and encoding everything else as before.
+ */
+export function encodedResponsesPassThrough<S extends ServiceDefinition>(service: S, paths: readonly string[]): S {
+  const out: Record<string, unknown> = {};
+  for (const [name, method] of Object.entries(service)) {
+    const serialize = method.responseSerialize as (message: unknown) => Buffer;
+    out[name] = paths.includes(method.path) ? { ...method, responseSerialize: (message: unknown): Buffer => (Buffer.isBuffer(message) ? message : serialize(message)) } : method;
+  }
+  return out as S;
+}
 
 /**
  * Serialises writes to a server stream and respects backpressure: when `call.write()` returns false the next
@@ -8,9 +67,13 @@ type WritableCall<T> = ServerWritableStream<unknown, T> | ServerDuplexStream<unk
  * bounds nothing when one trajectory is 1 KiB and the next 50 MiB. `queuedBytes` lets producers stop reading
  * requests when a client is slow, and `sendDroppable` refuses advisory messages past a bound, so the queue stays
  * bounded in bytes. After the call closes, writes are dropped.
+ *
+ * A writer may also queue messages already encoded ({@link sendEncodedDroppable}): they are kept as those bytes,
+ * packed into shared runs, so what the bound counts is what the queue holds. The call's service must then pass
+ * Buffers through its response serializer ({@link encodedResponsesPassThrough}).
  */
 export class StreamWriter<T> {
-  private readonly queue: { message: T; bytes: number }[] = [];
+  private readonly queue: Item<T>[] = [];
   /** Small control messages (opened, accepted, rejected) that go ahead of queued trajectories. */
   private readonly urgent: { message: T; bytes: number }[] = [];
   private bytes = 0;
@@ -38,7 +101,7 @@ export class StreamWriter<T> {
     return this.closed;
   }
 
-  /** Messages queued (both lanes), not yet handed to the transport. */
+  /** Entries queued (both lanes; a run of encoded messages is one), not yet handed to the transport: 0 when idle. */
   get queued(): number {
     return this.queue.length + this.urgent.length;
   }
@@ -60,6 +123,24 @@ export class StreamWriter<T> {
   sendDroppable(message: T, limitBytes: number): boolean {
     if (this.closed || this.bytes > limitBytes) return false;
     this.enqueue(this.queue, message);
+    return true;
+  }
+
+  /**
+   * {@link sendDroppable} for a message already encoded: queued as its bytes (plus a 4-byte length, counted), packed
+   * with the other encoded messages queued behind each other, and written as they are. Only for a call whose
+   * service passes Buffers through ({@link encodedResponsesPassThrough}).
+   */
+  sendEncodedDroppable(encoded: Uint8Array, limitBytes: number): boolean {
+    if (this.closed || this.bytes > limitBytes) return false;
+    const last = this.queue.at(-1);
+    if (!(last instanceof EncodedRun && last.tryAppend(encoded))) {
+      const run = new EncodedRun(encoded.length > RUN_MESSAGE_MAX ? LENGTH_PREFIX + encoded.length : RUN_BYTES);
+      run.tryAppend(encoded);
+      this.queue.push(run);
+    }
+    this.bytes += LENGTH_PREFIX + encoded.length;
+    if (!this.pumping) void this.pump();
     return true;
   }
 
@@ -92,7 +173,7 @@ export class StreamWriter<T> {
     this.call.end();
   }
 
-  private enqueue(lane: { message: T; bytes: number }[], message: T): void {
+  private enqueue(lane: Item<T>[], message: T): void {
     const bytes = this.sizeOf(message);
     lane.push({ message, bytes });
     this.bytes += bytes;
@@ -103,17 +184,36 @@ export class StreamWriter<T> {
     this.pumping = true;
     try {
       while (this.queued > 0 && !this.closed) {
-        const item = this.urgent.length > 0 ? this.urgent.shift()! : this.queue.shift()!;
-        this.bytes -= item.bytes;
+        const message = this.next();
         // Handed to grpc-js: it serializes at once and holds the bytes in the HTTP/2 stream's buffer until the
         // peer's flow-control window takes them; past its high-water mark write() says false and we wait.
-        if (!this.call.write(item.message)) await this.drained();
+        if (!this.call.write(message)) await this.drained();
         this.wakeIdle();
       }
     } finally {
       this.pumping = false;
       this.wakeIdle();
     }
+  }
+
+  /** Takes the next message off the queue (urgent first), uncounting its bytes. */
+  private next(): T {
+    if (this.urgent.length > 0) {
+      const item = this.urgent.shift()!;
+      this.bytes -= item.bytes;
+      return item.message;
+    }
+    const head = this.queue[0]!;
+    if (head instanceof EncodedRun) {
+      const { bytes, counted } = head.shift();
+      if (head.isEmpty) this.queue.shift();
+      this.bytes -= counted;
+      // A Buffer where a T is expected: the service's serializer passes it through (encodedResponsesPassThrough).
+      return bytes as unknown as T;
+    }
+    this.queue.shift();
+    this.bytes -= head.bytes;
+    return head.message;
   }
 
   private drained(): Promise<void> {

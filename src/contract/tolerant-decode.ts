@@ -19,21 +19,26 @@ interface UndecodableRequest {
  * refused the same way, naming its largest field, as long as the transport let it in (see transportReceiveLimit).
  * Bytes that decode but do not mean a request of the contract (no kind set, a string that is not UTF-8: see
  * {@link decodedChecks}) get the same marker, so every RPC answers them by field.
+ *
+ * `limits` gives some methods a smaller bound than `maxRequestBytes` (see {@link smallRequestLimits}): grpc-js has
+ * one receive limit per server, sized for trajectories and task specs, and no per-method one; this is the earliest
+ * place after it where a method is known, and the bytes are not decoded at all when over the method's bound.
  */
-export function tolerantService<S extends ServiceDefinition>(service: S, maxRequestBytes: number): S {
+export function tolerantService<S extends ServiceDefinition>(service: S, maxRequestBytes: number, limits: RequestLimits = {}): S {
   const out: Record<string, unknown> = {};
   for (const [name, method] of Object.entries(service)) {
     const typeName = requestTypeOf(method.path);
     const decode = method.requestDeserialize;
     const check = decodedChecks(typeName);
+    const own = limits[method.path];
+    const limit = own === undefined ? maxRequestBytes : Math.min(own, maxRequestBytes);
     out[name] = {
       ...method,
       requestDeserialize: (bytes: Buffer): unknown => {
-        if (bytes.length > maxRequestBytes) {
-          // Over the request limit but under the transport's (see transportReceiveLimit): refused by field.
-          const largest = largestField(bytes, typeName);
-          const reason = `the request is ${bytes.length} bytes, over the ${maxRequestBytes}-byte limit (${largest.field || 'its largest field'} is ${largest.bytes} bytes)`;
-          const marker: UndecodableRequest = { [UNDECODABLE]: { field: largest.field, reason, taskId: largest.taskId } };
+        if (bytes.length > limit) {
+          // Over the request limit but under the transport's (see transportReceiveLimit): refused by field, before
+          // anything is decoded.
+          const marker: UndecodableRequest = { [UNDECODABLE]: own === undefined ? overLimit(bytes, typeName, limit) : overMethodLimit(bytes, typeName, limit, method.path) };
           return marker;
         }
         try {
@@ -50,6 +55,101 @@ export function tolerantService<S extends ServiceDefinition>(service: S, maxRequ
     };
   }
   return out as S;
+}
+
+/** Receive bounds by method path ("/rollout.v1.RolloutService/Watch"), below the server's `maxRequestBytes`. */
+export type RequestLimits = Readonly<Record<string, number>>;
+
+/** Bound of a Watch request: its filters (at most 2 × 1024 entries of 256 bytes, see watch.ts) fit with room to spare. */
+export const WATCH_REQUEST_BYTES = 1 << 20;
+/** Bound of the requests that carry a few ids and flags (admin and backend calls, Cancel, GetTrajectory, ...). */
+export const SMALL_REQUEST_BYTES = 64 << 10;
+/** Methods whose requests carry task specs or acks: bounded by the server's `maxMessageBytes` only. */
+const LARGE_REQUESTS = new Set(['/rollout.v1.RolloutService/Rollout', '/rollout.v1.RolloutService/Submit']);
+
+/**
+ * The receive bounds of every method of `services` that is small by contract: Watch gets WATCH_REQUEST_BYTES, every
+ * other method but Rollout and Submit SMALL_REQUEST_BYTES. A Watch of 60 MiB of group ids is then refused by field
+ * in a few milliseconds instead of being decoded into millions of strings on the event loop.
+ */
+export function smallRequestLimits(...services: ServiceDefinition[]): RequestLimits {
+  const limits: Record<string, number> = {};
+  for (const service of services) {
+    for (const method of Object.values(service)) {
+      if (LARGE_REQUESTS.has(method.path)) continue;
+      limits[method.path] = method.path === '/rollout.v1.RolloutService/Watch' ? WATCH_REQUEST_BYTES : SMALL_REQUEST_BYTES;
+    }
+  }
+  return limits;
+}
+
+/** Over the server's request limit: named by the largest field (one level down, where a task's fields are). */
+function overLimit(bytes: Uint8Array, typeName: string, limit: number): DecodeDiagnosis {
+  const largest = largestField(bytes, typeName);
+  const reason = `the request is ${bytes.length} bytes, over the ${limit}-byte limit (${largest.field || 'its largest field'} is ${largest.bytes} bytes)`;
+  return { field: largest.field, reason, taskId: largest.taskId };
+}
+
+/**
+ * Over a method's own bound: named by the top-level field holding the most bytes, a repeated field's entries summed
+ * (what the client can shrink is the whole list, not one entry). One pass over the tags, no strings made, and cut
+ * short — this runs on the event loop for a request of up to the transport's limit: it stops at the first field that
+ * alone is over the bound, or after 4 × the bound of bytes walked.
+ */
+function overMethodLimit(bytes: Uint8Array, typeName: string, limit: number, path: string): DecodeDiagnosis {
+  const type = contractSchema().lookupType(typeName);
+  const largest = largestTopLevelField(bytes, limit, 4 * limit);
+  const method = path.slice(path.lastIndexOf('/') + 1);
+  let reason = `the request is ${bytes.length} bytes, over the ${limit}-byte limit of ${method}`;
+  let field = '';
+  if (largest !== undefined) {
+    field = type.fieldsById[largest.field]?.name ?? String(largest.field);
+    reason += largest.bytes > limit ? ` (${field} alone is over it)` : ` (${field} is ${largest.bytes} bytes)`;
+  }
+  return { field, reason, taskId: '' };
+}
+
+/**
+ * The top-level field number with the most bytes on the wire (tags included, a repeated field's entries summed),
+ * walking until one field has more than `enough` bytes or `walkAtMost` bytes were walked; stops at the first
+ * malformed or group field.
+ */
+function largestTopLevelField(bytes: Uint8Array, enough: number, walkAtMost: number): { field: number; bytes: number } | undefined {
+  const totals = new Map<number, number>();
+  let best: { field: number; bytes: number } | undefined;
+  let pos = 0;
+  const varint = (): number => {
+    let value = 0;
+    for (let shift = 0; pos < bytes.length; shift += 7) {
+      const b = bytes[pos++]!;
+      if (shift < 35) value += (b & 0x7f) * 2 ** shift;
+      if ((b & 0x80) === 0) return value;
+    }
+    return -1;
+  };
+  const end = Math.min(bytes.length, walkAtMost);
+  while (pos < end) {
+    const start = pos;
+    const tag = varint();
+    if (tag < 0) break;
+    const wireType = tag % 8;
+    if (wireType === 0) {
+      if (varint() < 0) break;
+    } else if (wireType === 1) pos += 8;
+    else if (wireType === 2) {
+      const length = varint();
+      if (length < 0) break;
+      pos += length;
+    } else if (wireType === 5) pos += 4;
+    else break;
+    if (pos > bytes.length) break;
+    const field = Math.floor(tag / 8);
+    const total = (totals.get(field) ?? 0) + (pos - start);
+    totals.set(field, total);
+    if (best === undefined || total > best.bytes) best = { field, bytes: total };
+    if (total > enough) break;
+  }
+  return best;
 }
 
 /** The diagnosis carried by a request that did not decode; undefined for a real request. */

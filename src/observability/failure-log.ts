@@ -1,15 +1,9 @@
 import { TrajectoryStatus, type Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import type { Logger } from './logger.js';
+import { RateLimitedLog, type RateLimitOptions } from './rate-limited-log.js';
 
-/** Rate of the failure log: a token bucket of `burst` lines refilled at `linesPerSecond`. */
-export interface FailureLogOptions {
-  /** Sustained lines per second (default 10). */
-  linesPerSecond?: number;
-  /** Lines that may be written at once after a quiet period (default 20). */
-  burst?: number;
-  /** Clock in ms (tests pass a fake one). */
-  now?: () => number;
-}
+/** Rate of the failure log (see RateLimitedLog): default 10 lines per second after a burst of 20. */
+export type FailureLogOptions = RateLimitOptions;
 
 const NOT_FAILED = new Set([TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED, TrajectoryStatus.TRAJECTORY_STATUS_TRUNCATED]);
 
@@ -25,52 +19,32 @@ const NOT_FAILED = new Set([TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED, Trajec
  * failures.record(trajectory); // after it is built, before it is delivered
  */
 export class FailureLog {
-  readonly #log: Logger;
-  readonly #rate: number;
-  readonly #burst: number;
-  readonly #now: () => number;
-  #tokens: number;
-  #last: number;
-  #suppressed = 0;
+  readonly #lines: RateLimitedLog;
 
   constructor(logger: Logger, options: FailureLogOptions = {}) {
-    this.#log = logger;
-    this.#rate = options.linesPerSecond ?? 10;
-    this.#burst = options.burst ?? 20;
-    this.#now = options.now ?? Date.now;
-    this.#tokens = this.#burst;
-    this.#last = this.#now();
+    this.#lines = new RateLimitedLog(logger, options);
   }
 
   /** Lines dropped since the last line written. */
   get suppressed(): number {
-    return this.#suppressed;
+    return this.#lines.suppressed;
   }
 
   /** Logs the trajectory if it failed and the rate allows; otherwise counts it as suppressed. */
   record(trajectory: Trajectory): void {
     if (NOT_FAILED.has(trajectory.status)) return;
-    const now = this.#now();
-    this.#tokens = Math.min(this.#burst, this.#tokens + ((now - this.#last) / 1000) * this.#rate);
-    this.#last = now;
-    if (this.#tokens < 1) {
-      this.#suppressed++;
-      return;
-    }
-    this.#tokens -= 1;
-    const backend = trajectory.turns.findLast((t) => t.backend !== '')?.backend;
-    const line = {
-      task: trajectory.taskId,
-      sample: trajectory.sampleIndex,
-      environment: trajectory.environment,
-      status: TrajectoryStatus[trajectory.status].replace('TRAJECTORY_STATUS_', ''),
-      finishReason: trajectory.finishReason,
-      ...(backend !== undefined && { backend }),
-      cause: trajectory.error,
-      ...(this.#suppressed > 0 && { suppressed: this.#suppressed }),
+    const line = (): object => {
+      const backend = trajectory.turns.findLast((t) => t.backend !== '')?.backend;
+      return {
+        task: trajectory.taskId,
+        sample: trajectory.sampleIndex,
+        environment: trajectory.environment,
+        status: TrajectoryStatus[trajectory.status].replace('TRAJECTORY_STATUS_', ''),
+        finishReason: trajectory.finishReason,
+        ...(backend !== undefined && { backend }),
+        cause: trajectory.error,
+      };
     };
-    this.#suppressed = 0;
-    if (trajectory.status === TrajectoryStatus.TRAJECTORY_STATUS_CANCELLED) this.#log.info(line, 'trajectory failed');
-    else this.#log.warn(line, 'trajectory failed');
+    this.#lines.write(trajectory.status === TrajectoryStatus.TRAJECTORY_STATUS_CANCELLED ? 'info' : 'warn', line, 'trajectory failed');
   }
 }

@@ -1,7 +1,10 @@
-import { credentials, Metadata, status, type ChannelCredentials, type ServiceError } from '@grpc/grpc-js';
+import { credentials, Metadata, Server, ServerCredentials, status, type ChannelCredentials, type ServiceError } from '@grpc/grpc-js';
+import { Writable } from 'node:stream';
+import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { RolloutClient } from '../../src/client/rollout-client.js';
-import { RolloutServiceClient, TaskSpec } from '../../gen/ts/rollout/v1/rollout.js';
+import { authInterceptor } from '../../src/contract/auth.js';
+import { RolloutServiceClient, RolloutServiceService, TaskSpec } from '../../gen/ts/rollout/v1/rollout.js';
 import { BackendServiceClient } from '../../gen/ts/rollout/v1/backend.js';
 import { AdminServiceClient, ServerState } from '../../gen/ts/rollout/v1/admin.js';
 import { collect, mathTask } from '../support/harness.js';
@@ -193,4 +196,85 @@ describe('TLS and mTLS with certificates made at test time', () => {
     expect(err.message).toContain('tls.certFile');
     expect(err.field).toBe('tls.certFile');
   }, 60_000);
+});
+
+describe('the admin services when only the trainer token is set', () => {
+  let h: ServerHarness;
+  beforeAll(async () => {
+    h = await startServerHarness({ config: { auth: { token: TOKEN } } });
+  }, 60_000);
+  afterAll(() => h?.close());
+
+  it('take the trainer token: without it, BackendService and AdminService are UNAUTHENTICATED, not open', async () => {
+    const backends = new BackendServiceClient(h.server.address, credentials.createInsecure());
+    const admin = new AdminServiceClient(h.server.address, credentials.createInsecure());
+    try {
+      for (const token of [undefined, 'wrong', ADMIN_TOKEN]) {
+        expect(await codeOf((_, cb) => backends.listBackends({}, bearer(token), cb))).toBe(status.UNAUTHENTICATED);
+        expect(await codeOf((_, cb) => admin.getServerState({}, bearer(token), cb))).toBe(status.UNAUTHENTICATED);
+        expect(await codeOf((_, cb) => admin.drain({}, bearer(token), cb))).toBe(status.UNAUTHENTICATED);
+      }
+      expect(await codeOf((_, cb) => backends.listBackends({}, bearer(TOKEN), cb))).toBe(status.OK);
+      expect(await codeOf((_, cb) => admin.getServerState({}, bearer(TOKEN), cb))).toBe(status.OK);
+      // The refusal names the token to send: the trainer's.
+      const details = await new Promise<string>((resolve) => backends.listBackends({}, new Metadata(), (err) => resolve(err?.details ?? '')));
+      expect(details).toBe('token required: authorization: Bearer <token>');
+    } finally {
+      backends.close();
+      admin.close();
+    }
+  });
+});
+
+describe('refused calls are logged at a bounded rate', () => {
+  it('lets a burst of lines through, then counts the rest and reports the count on the next line', async () => {
+    const lines: Array<Record<string, unknown>> = [];
+    const sink = new Writable({
+      write(chunk: Buffer, _enc, cb) {
+        for (const line of chunk.toString().split('\n').filter(Boolean)) lines.push(JSON.parse(line) as Record<string, unknown>);
+        cb();
+      },
+    });
+    let now = 0;
+    const server = new Server({ interceptors: [authInterceptor({ token: TOKEN }, pino({ level: 'info' }, sink), { burst: 5, linesPerSecond: 1, now: () => now })] });
+    server.addService(RolloutServiceService, { listEnvironments: (_call: unknown, cb: (e: null, r: object) => void) => cb(null, { environments: [] }) } as never);
+    const port = await new Promise<number>((resolve, reject) => server.bindAsync('127.0.0.1:0', ServerCredentials.createInsecure(), (e, p) => (e ? reject(e) : resolve(p))));
+    const stub = new RolloutServiceClient(`127.0.0.1:${port}`, credentials.createInsecure());
+    try {
+      const refused = async (n: number): Promise<void> => {
+        for (let i = 0; i < n; i++) expect(await codeOf((_, cb) => stub.listEnvironments({}, bearer('wrong'), cb))).toBe(status.UNAUTHENTICATED);
+      };
+      await refused(50);
+      await new Promise((r) => setImmediate(r));
+      expect(lines.filter((l) => l.msg === 'call refused: missing or wrong bearer token')).toHaveLength(5);
+      now += 1_000; // one line's worth of rate
+      await refused(1);
+      await new Promise((r) => setImmediate(r));
+      const refusals = lines.filter((l) => l.msg === 'call refused: missing or wrong bearer token');
+      expect(refusals).toHaveLength(6);
+      expect(refusals[5]).toMatchObject({ level: 40, component: 'auth', method: '/rollout.v1.RolloutService/ListEnvironments', given: true, suppressed: 45 });
+    } finally {
+      stub.close();
+      server.forceShutdown();
+    }
+  });
+});
+
+describe('a server with no token at all', () => {
+  it('stays open (local use) but warns, whatever the host', async () => {
+    let logs = '';
+    const sink = new Writable({
+      write(chunk: Buffer, _enc, cb) {
+        logs += chunk.toString();
+        cb();
+      },
+    });
+    const h = await startServerHarness({ config: { host: '127.0.0.1' }, logger: pino({ level: 'warn' }, sink) });
+    try {
+      expect(logs).toContain('no tokens: anyone who reaches this address may submit tasks, add or remove engines and drain the server');
+      expect(await h.client.listBackends()).toHaveLength(1);
+    } finally {
+      await h.close();
+    }
+  });
 });
