@@ -4,6 +4,19 @@ import { ContextOverflowError } from './context-overflow.js';
 import { EngineHttpError } from './engine-http.js';
 import type { GenerateRequest, GenerateResult } from './types.js';
 
+/**
+ * A generate request the engine (or a gateway in front of it) refused for now, nothing sampled: HTTP 429 (too many
+ * requests) or 503 (service unavailable), what a bounded waiting queue answers when it is full (vLLM's
+ * --max-waiting-queue-length proposals, SGLang and gateways such as Envoy). The lease asks again after a backoff
+ * (see BackendPoolOptions.maxBusyRetries); a backend_error like any other once those run out.
+ */
+export class EngineBusyError extends RolloutError {
+  constructor(message: string, cause: EngineHttpError) {
+    super('backend_error', message, { cause });
+    this.name = 'EngineBusyError';
+  }
+}
+
 /** What reading an answer needs of its request: the prompt's length, max_tokens and the vocabulary bound. */
 export type AnsweredRequest = Pick<GenerateRequest, 'promptIds' | 'maxTokens' | 'vocabSize'>;
 
@@ -44,6 +57,7 @@ export function readGenerateAnswer(
         cause,
       );
     }
+    if (status === 429 || status === 503) throw new EngineBusyError(`${kind.engine} ${url} answered HTTP ${status} (busy)`, cause);
     throw new RolloutError('backend_error', `${kind.engine} ${url} answered HTTP ${status}`, { cause });
   }
   const malformed = (what: string, cause?: unknown): RolloutError =>

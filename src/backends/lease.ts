@@ -1,6 +1,8 @@
 import { randomUUID } from 'node:crypto';
+import { setTimeout as delay } from 'node:timers/promises';
 import { RolloutError, throwIfAborted } from '../errors.js';
 import { BackendGone, type BackendState } from './backend-state.js';
+import { EngineBusyError } from './generate-answer.js';
 import type { GenerateRequest, GenerateResult, LogprobsMode } from './types.js';
 
 /**
@@ -63,9 +65,25 @@ export interface BackendLease {
   release(): void;
 }
 
+/** The longest wait between two requests an engine answered busy. */
+const MAX_BUSY_BACKOFF_MS = 8_000;
+
+/** Waits `ms`, or rejects with the signal's reason (cancelled) when it fires first. */
+async function abortableDelay(ms: number, signal: AbortSignal | undefined): Promise<void> {
+  try {
+    await delay(ms, undefined, signal === undefined ? {} : { signal });
+  } catch (err) {
+    if (signal?.aborted === true) throw RolloutError.from(signal.reason, 'cancelled');
+    throw err;
+  }
+}
+
 /** What a lease needs from its pool; implemented privately by BackendPool. */
 export interface LeaseHost {
   readonly maxFailoversPerRequest: number;
+  /** How many times one `generate` is asked again after its engine answered busy (HTTP 429/503), and the first wait. */
+  readonly maxBusyRetries: number;
+  readonly busyBackoffMs: number;
   /** A new backend for a trajectory (counted on it), waiting like `acquire` when none is eligible. */
   assign(signal: AbortSignal | undefined): Promise<BackendState>;
   /**
@@ -136,11 +154,16 @@ export class PoolLease implements BackendLease {
    * Sends the request, again after each lost backend (removed, unhealthy, unreachable): on the same backend while
    * it is still usable (a dropped connection to a live engine), elsewhere once it is not. What a lost request had
    * sampled never arrived, so nothing of it is recorded: the retry asks again from the same context. Bounded by
-   * `maxFailoversPerRequest`; then backend_error with the last loss as cause.
+   * `maxFailoversPerRequest`; then backend_error with the last loss as cause. An engine that answers busy (HTTP
+   * 429/503: its waiting queue is full, nothing sampled) is asked again after a backoff (doubling from
+   * `busyBackoffMs`, at most 8 s), on the same backend unless it has become unusable meanwhile, up to
+   * `maxBusyRetries` times; then backend_error saying so.
    */
   async #generate(request: GenerateRequest, turn: number): Promise<LeaseResult> {
     let lost: BackendGone | undefined;
-    for (let attempt = 0; ; attempt++) {
+    let attempt = 0;
+    let busy = 0;
+    for (;;) {
       if (this.#released) throw new RolloutError('failed_precondition', `lease ${this.trajectoryKey} was released`);
       throwIfAborted(request.signal);
       let backend = this.#backend;
@@ -157,6 +180,14 @@ export class PoolLease implements BackendLease {
         const result = await this.host.send(backend, { ...request, requestId, ...(capped && { maxTokens: room }) }, turn);
         return { ...result, backendId: backend.id, logprobsMode: backend.logprobsMode };
       } catch (err) {
+        if (err instanceof EngineBusyError) {
+          if (busy >= this.host.maxBusyRetries) {
+            throw new RolloutError('backend_error', `request of ${this.trajectoryKey}: the engine was busy ${busy + 1} times in a row (last: ${err.message})`, { cause: err });
+          }
+          await abortableDelay(Math.min(this.host.busyBackoffMs * 2 ** busy, MAX_BUSY_BACKOFF_MS), request.signal);
+          busy++;
+          continue;
+        }
         if (!(err instanceof BackendGone)) throw err;
         lost = err;
         if (attempt >= this.host.maxFailoversPerRequest) {
@@ -164,6 +195,7 @@ export class PoolLease implements BackendLease {
             cause: err,
           });
         }
+        attempt++;
       }
     }
   }

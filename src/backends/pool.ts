@@ -22,6 +22,13 @@ export interface BackendPoolOptions {
   healthFailureThreshold?: number;
   /** How many times one `generate` may lose its backend and retry elsewhere before giving up. */
   maxFailoversPerRequest?: number;
+  /**
+   * How many times one `generate` is asked again after its engine answered busy (HTTP 429 or 503: a full waiting
+   * queue, nothing sampled; default 8), waiting `busyBackoffMs` (default 250) doubling up to 8 s in between: about
+   * 40 s in all before the sample ends BACKEND_ERROR.
+   */
+  maxBusyRetries?: number;
+  busyBackoffMs?: number;
   /** Budget of one attempt to learn an engine's limits (GET /v1/models, server info) when it is added or probed. */
   modelInfoTimeoutMs?: number;
   /** The capacity of a backend whose max concurrency is neither configured nor reported by its engine (default 256). */
@@ -200,6 +207,8 @@ export class BackendPool {
     );
     this.#host = {
       maxFailoversPerRequest: options.maxFailoversPerRequest ?? 3,
+      maxBusyRetries: options.maxBusyRetries ?? 8,
+      busyBackoffMs: options.busyBackoffMs ?? 250,
       assign: (signal) => this.#assign(signal),
       send: (backend, request, turn) => this.#send(backend, request, this.#queueOrder === 'turns' ? turn : 0),
       leave: (backend, lease) => this.#leave(backend, lease),

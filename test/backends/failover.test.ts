@@ -106,3 +106,41 @@ describe('failover from a dead engine', () => {
     expect(pool.stats()).toMatchObject({ leases: 0, inflightTrajectories: 0, inflightRequests: 0, failovers: 3 });
   });
 });
+
+describe('an engine that answers busy (HTTP 429 or 503: its waiting queue is full, nothing sampled)', () => {
+  it('is asked again after a backoff, on the same engine, and the answer that finally comes is the one kept', async () => {
+    const busy = await engine();
+    busy.failNext(2, { kind: 'status', status: 429, message: 'waiting queue is full' });
+    const pool = makePool({ busyBackoffMs: 20 });
+    addVllm(pool, 'busy', busy.url);
+    const lease = await pool.acquire('t');
+    await expect(lease.generate(ask())).resolves.toMatchObject({ backendId: 'busy', finishReason: 'stop' });
+    expect(busy.stats()).toMatchObject({ received: 3, served: 1 });
+    expect(lease.failovers).toBe(0);
+    expect(pool.list()[0]!.healthy).toBe(true);
+  });
+
+  it('ends backend_error after maxBusyRetries + 1 answers, saying the engine was busy and how it answered', async () => {
+    const busy = await engine();
+    busy.failNext(100, { kind: 'status', status: 503, message: 'overloaded' });
+    const pool = makePool({ busyBackoffMs: 5, maxBusyRetries: 2 });
+    addVllm(pool, 'busy', busy.url);
+    const lease = await pool.acquire('t');
+    const err = await lease.generate(ask()).catch((e: unknown) => e);
+    expect(describeError(err)).toMatch(/the engine was busy 3 times in a row \(last: vLLM .* answered HTTP 503 \(busy\)\)/);
+    expect(busy.stats().received).toBe(3);
+  });
+
+  it('stops waiting at once when the request is cancelled during its backoff', async () => {
+    const busy = await engine();
+    busy.failNext(100, { kind: 'status', status: 429 });
+    const pool = makePool({ busyBackoffMs: 60_000 });
+    addVllm(pool, 'busy', busy.url);
+    const lease = await pool.acquire('t');
+    const controller = new AbortController();
+    const out = lease.generate({ ...ask(), signal: controller.signal }).catch((e: unknown) => e);
+    await expect.poll(() => busy.stats().received).toBe(1);
+    controller.abort(new Error('trajectory cancelled'));
+    expect(await out).toMatchObject({ code: 'cancelled' });
+  });
+});
