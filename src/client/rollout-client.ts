@@ -288,7 +288,7 @@ function refKey(taskId: string, sampleIndex: number): string {
 export interface ConnectionOptions {
   /** RolloutService bearer token (the server's `auth.token`), sent on every call, streams included. */
   token?: string;
-  /** BackendService bearer token (the server's admin token). */
+  /** BackendService bearer token (the server's admin token); unset: `token` (a server with no admin token takes it there). */
   adminToken?: string;
   /**
    * TLS instead of plaintext. `ca`: the CA that signed the server's certificate (default: the system's roots);
@@ -333,9 +333,14 @@ export class RolloutClient {
       }),
     };
     const { tls } = options;
+    for (const [name, value] of [['token', options.token], ['adminToken', options.adminToken]] as const) {
+      // What HTTP/2 metadata can carry; anything else would throw inside grpc-js on every call, message included.
+      if (value !== undefined && !/^[\x21-\x7e]+$/.test(value)) throw new Error(`${name}: must be printable ASCII without spaces (a token file with a trailing newline inside, or a non-ASCII character?)`);
+    }
+    const adminToken = options.adminToken ?? options.token;
     const channel = tls ? credentials.createSsl(tls.ca ?? null, tls.key ?? null, tls.cert ?? null) : credentials.createInsecure();
     this.rollout = new RolloutServiceClient(address, channel, { ...opts, ...(options.token && { interceptors: [bearer(options.token)] }) });
-    this.backends = new BackendServiceClient(address, channel, { ...opts, ...(options.adminToken && { interceptors: [bearer(options.adminToken)] }) });
+    this.backends = new BackendServiceClient(address, channel, { ...opts, ...(adminToken && { interceptors: [bearer(adminToken)] }) });
   }
 
   openSession(options: SessionOptions = {}): RolloutSession {

@@ -224,6 +224,22 @@ describe('the admin services when only the trainer token is set', () => {
       admin.close();
     }
   });
+
+  it('are reached by the TypeScript client given only the trainer token (it sends that token there too)', async () => {
+    const client = new RolloutClient(h.server.address, { token: TOKEN });
+    try {
+      expect((await client.listBackends()).length).toBe(1);
+    } finally {
+      client.close();
+    }
+  });
+
+  it('a token no HTTP/2 header can carry is refused by the TypeScript client at once, without quoting it', () => {
+    for (const token of ['secret\nsecond-half', 'sécret', 'with space']) {
+      expect(() => new RolloutClient(h.server.address, { token })).toThrow(/^token: must be printable ASCII/);
+      expect(() => new RolloutClient(h.server.address, { adminToken: token })).toThrow(/^adminToken: must be printable ASCII/);
+    }
+  });
 });
 
 describe('refused calls are logged at a bounded rate', () => {
