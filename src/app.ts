@@ -71,6 +71,9 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
     acquireTimeoutMs: config.backendAcquireTimeoutMs,
     modelInfoTimeoutMs: config.backendModelInfoTimeoutMs,
     defaultMaxConcurrency: config.backendDefaultMaxConcurrency,
+    holdRecoveredBackends: config.backendHoldRecovered,
+    maxBusyRetries: config.backendMaxBusyRetries,
+    busyBackoffMs: config.backendBusyBackoffMs,
   });
   // Whatever has started is released when a later step fails (an engine that contradicts its config, Apptainer
   // missing, a journal directory that is a file, the port in use), so a failed start leaves no timer or thread that
@@ -111,13 +114,15 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
     pool.startHealthChecks();
     sandboxes = options.sandboxes ?? createSandboxDriver(config.sandbox, logger);
     await sandboxes.reap?.(); // what a crashed predecessor left (cgroups, mounts) goes before the first sandbox starts
-    const { count, inlineMaxChars, maxQueued } = config.tokenWorkers;
+    const { count, inlineMaxChars, maxQueued, taskTimeoutMs, abandonedTaskGraceMs } = config.tokenWorkers;
     tokenPool =
       count === 0
         ? undefined
         : createTokenPool(config.model, {
             ...(count !== undefined && { size: count }),
             maxQueued,
+            taskTimeoutMs,
+            abandonedTaskGraceMs,
             logger,
             ...(options.tokenWorkerScript && { script: options.tokenWorkerScript }),
           });

@@ -3,6 +3,9 @@ import { withoutCredentials } from './backends/engine-http.js';
 import { BACKEND_KIND_NAMES } from './backends/kinds.js';
 import { RolloutError } from './errors.js';
 
+/** The longest a Node timer can wait (ms): a larger timeout would fire at once. */
+const MAX_TIMER_MS = 2 ** 31 - 1;
+
 /**
  * Per-stage worker pool settings: concurrency and the default timeout of one sample in that stage. Each field has
  * its stage's own default, so `{ "init": { "concurrency": 8 } }` keeps init's default timeout.
@@ -168,6 +171,13 @@ export const serverConfigSchema = z.strictObject({
       inlineMaxChars: z.number().int().min(0).default(2048),
       /** Tasks waiting for a thread beyond which more fail with RESOURCE_EXHAUSTED. */
       maxQueued: z.number().int().min(1).default(65_536),
+      /**
+       * A thread still on one task after this long is stopped and replaced (the task fails INTERNAL): a render stuck
+       * in a pathological template must not hold a thread for good. 0 = no limit.
+       */
+      taskTimeoutMs: z.number().int().min(0).max(MAX_TIMER_MS).default(60_000),
+      /** A thread still on a task its caller gave up (cancelled, timed out) this long after is stopped and replaced. */
+      abandonedTaskGraceMs: z.number().int().min(0).max(MAX_TIMER_MS).default(1_000),
     })
     .prefault({}),
   /**
@@ -193,6 +203,16 @@ export const serverConfigSchema = z.strictObject({
   backendModelInfoTimeoutMs: z.number().int().min(1).default(5_000),
   /** How long a trajectory waits for an eligible backend before failing with BACKEND_ERROR. */
   backendAcquireTimeoutMs: z.number().int().min(1).default(30_000),
+  /**
+   * An engine that comes back after it was down, while the pool serves a policy version other than 0, is held until
+   * the trainer's next ResumeGeneration (it may have restarted with the base checkpoint's weights: its tokens would be
+   * recorded with a version it no longer serves). False: it serves again at once (a blip then costs nothing, a
+   * restart mislabels its tokens until the next weight sync).
+   */
+  backendHoldRecovered: z.boolean().default(true),
+  /** How often one request is asked again after its engine answered busy (HTTP 429/503), and the first wait (doubling, at most 8 s). */
+  backendMaxBusyRetries: z.number().int().min(0).default(8),
+  backendBusyBackoffMs: z.number().int().min(1).max(MAX_TIMER_MS).default(250),
   /**
    * How often one assistant turn is asked again for the rest after its request was aborted (PauseGeneration ABORT,
    * an engine's abort) before the sample fails with BACKEND_ERROR: an engine that aborts forever must not loop.

@@ -517,6 +517,12 @@ export class BackendPool {
   }
 
   /** The pool-wide weight-sync state, as {@link recordWeights} keeps it. */
+  /** The pool's settings a config sets (what the server was started with; for its log and tests). */
+  get settings(): { holdRecoveredBackends: boolean; maxBusyRetries: number; busyBackoffMs: number; maxFailoversPerRequest: number } {
+    const { maxBusyRetries, busyBackoffMs, maxFailoversPerRequest } = this.#host;
+    return { holdRecoveredBackends: this.#holdRecovered, maxBusyRetries, busyBackoffMs, maxFailoversPerRequest };
+  }
+
   get weights(): PoolWeights {
     return { paused: this.#pausedAll, policyVersion: this.#poolVersion };
   }

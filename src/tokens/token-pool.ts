@@ -107,6 +107,10 @@ const MAX_TIMER_MS = 2 ** 31 - 1;
  */
 export class TokenPool<Task, Result> {
   readonly size: number;
+  /** How long a thread may stay on one task, and on one its caller gave up, before it is replaced (0: no limit). */
+  get deadlines(): { taskTimeoutMs: number; abandonedTaskGraceMs: number } {
+    return { taskTimeoutMs: this.#taskTimeoutMs, abandonedTaskGraceMs: this.#abandonedGraceMs };
+  }
   readonly #options: TokenPoolOptions;
   readonly #maxQueued: number;
   readonly #taskTimeoutMs: number;

@@ -218,7 +218,7 @@ export class TokenWork {
  */
 export function createTokenPool(
   model: ModelBundleOptions,
-  options: { size?: number; maxQueued?: number; logger?: Logger; script?: URL } = {},
+  options: { size?: number; maxQueued?: number; taskTimeoutMs?: number; abandonedTaskGraceMs?: number; logger?: Logger; script?: URL } = {},
 ): TokenPool<TokenTask, TokenTaskResult> {
   const { dir = qwen3ModelDir(), templateVariables, toolCallParser } = model;
   const contents = loadedModelContents(dir);

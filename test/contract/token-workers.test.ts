@@ -93,3 +93,26 @@ describe('token threads in a server', () => {
     await expect.poll(() => threads(), { timeout: 5_000 }).toBeLessThanOrEqual(before);
   });
 });
+
+describe('deadlines and pool settings from the config file', () => {
+  it('reach the token threads and the backend pool (defaults: 60 s, 1 s; engines held after an outage, 8 busy retries from 250 ms)', async () => {
+    const h = await startServerHarness({
+      sandboxes: new NullSandboxDriver(),
+      config: { tokenWorkers: { count: 1, taskTimeoutMs: 5_000, abandonedTaskGraceMs: 200 }, backendHoldRecovered: false, backendMaxBusyRetries: 2, backendBusyBackoffMs: 40 },
+    });
+    harnesses.push(h);
+    expect(h.server.tokenPool!.deadlines).toEqual({ taskTimeoutMs: 5_000, abandonedTaskGraceMs: 200 });
+    expect(h.server.runtime.deps.pool.settings).toMatchObject({ holdRecoveredBackends: false, maxBusyRetries: 2, busyBackoffMs: 40 });
+    const d = await startServerHarness({ sandboxes: new NullSandboxDriver(), config: { tokenWorkers: { count: 1 } } });
+    harnesses.push(d);
+    expect(d.server.tokenPool!.deadlines).toEqual({ taskTimeoutMs: 60_000, abandonedTaskGraceMs: 1_000 });
+    expect(d.server.runtime.deps.pool.settings).toMatchObject({ holdRecoveredBackends: true, maxBusyRetries: 8, busyBackoffMs: 250 });
+  });
+
+  it('are refused past what a timer can wait, naming the field', async () => {
+    await expect(startServerHarness({ sandboxes: new NullSandboxDriver(), config: { tokenWorkers: { taskTimeoutMs: 2 ** 31 } } })).rejects.toMatchObject({
+      code: 'invalid_argument',
+      message: expect.stringContaining('tokenWorkers.taskTimeoutMs'),
+    });
+  });
+});
