@@ -2,7 +2,7 @@ import { RolloutError } from '../../errors.js';
 import type { Sandbox } from '../../sandboxes/types.js';
 import type { JsonObject } from '../json.js';
 import type { Evaluation } from '../types.js';
-import { gradeTests, parsePytestReport, pytestPluginSource, PYTEST_PLUGIN_MODULE, type ListGrade, type TestStatus } from './grading.js';
+import { gradeTests, parsePytestReport, pytestPluginSource, PYTEST_PLUGIN_MODULE, type ListGrade, type PytestReport, type TestStatus } from './grading.js';
 import type { SweInstance } from './instance.js';
 import { applyPatch, applyTestPatch, prepareWorkingCopy, runTests } from './repo-ops.js';
 import { touchedPaths } from './patch-paths.js';
@@ -68,16 +68,29 @@ export async function evaluatePatch(sandbox: Sandbox, instance: SweInstance, pat
     );
   }
   // pytest started but ended without finishing its session (e.g. a conftest the patch broke, or the tests ran past
-  // their budget): what it did not report did not pass.
-  const report = run.report === undefined ? undefined : parsePytestReport(run.report);
+  // their budget): what it did not report did not pass. Once pytest has started, the report is the patch's to break
+  // too (its code runs inside pytest as the same user: a conftest can overwrite the file): a report that is not JSON,
+  // malformed or too large is no results — reward 0 with test_error saying why — never an environment failure, which
+  // the trainer would filter out (the policy could opt out of a 0).
+  let report: PytestReport | undefined;
+  let reportProblem = run.reportProblem;
+  if (run.report !== undefined) {
+    try {
+      report = parsePytestReport(run.report);
+    } catch (err) {
+      reportProblem = RolloutError.from(err).message.slice(0, 500);
+    }
+  }
   const grade = gradeTests(report?.tests ?? {}, instance.failToPass, instance.passToPass);
   // SWE-bench's rule: tests that run past the timeout with the patch applied leave the instance unresolved.
   const resolved = grade.resolved && !timedOut;
   const testError = timedOut
     ? `the tests did not finish within ${options.testTimeoutMs} ms with the patch applied: unresolved (SWE-bench's rule for a timeout)`
-    : report === undefined
-      ? 'pytest ended without finishing its session: no test results'
-      : undefined;
+    : reportProblem !== undefined
+      ? `the pytest report could not be used (${reportProblem}): no test results`
+      : report === undefined
+        ? 'pytest ended without finishing its session: no test results'
+        : undefined;
   return {
     reward: resolved ? 1 : 0,
     details: { fail_to_pass: grade.failToPass.fraction, pass_to_pass: grade.passToPass.fraction, applied: 1, tests_timed_out: timedOut ? 1 : 0 },

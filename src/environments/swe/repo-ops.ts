@@ -153,12 +153,20 @@ export async function applyTestPatch(sandbox: Sandbox, dir: string, testPatch: s
   if (result.exitCode !== 0) throw failure("applying the instance's test_patch to the base", result);
 }
 
+/** The largest pytest report read back (a real one is a few KB per test). */
+const REPORT_MAX_BYTES = 64 << 20;
+
 export interface TestRun {
   result: ExecResult;
   /** The plugin was imported: pytest started. */
   started: boolean;
   /** The plugin's JSON, when pytest finished its session. */
   report: string | undefined;
+  /**
+   * Why a report file that is there could not be read (larger than REPORT_MAX_BYTES): the code under test can write
+   * it (it runs as the same user), so this is the attempt's doing, not the environment's.
+   */
+  reportProblem?: string;
   /** The last bytes of the test command's output. */
   outputTail: string;
 }
@@ -180,10 +188,17 @@ export async function runTests(sandbox: Sandbox, dir: string, command: string, p
   const started = first === 'started';
   const hasReport = (started ? second : first) === 'report';
   const outputTail = probe.stdout.split('\n').slice(Number(started) + Number(hasReport)).join('\n');
-  return {
-    result,
-    started,
-    report: hasReport ? await sandbox.readFile(report, { signal: options.signal, maxBytes: 64 << 20 }) : undefined,
-    outputTail,
-  };
+  let text: string | undefined;
+  let reportProblem: string | undefined;
+  if (hasReport) {
+    try {
+      text = await sandbox.readFile(report, { signal: options.signal, maxBytes: REPORT_MAX_BYTES });
+    } catch (err) {
+      // Over the bound (readFile says invalid_argument naming its path): anything else (the sandbox died) is the
+      // infrastructure's and propagates.
+      if (!(err instanceof RolloutError) || err.code !== 'invalid_argument') throw err;
+      reportProblem = `the report file is over ${REPORT_MAX_BYTES >> 20} MiB`;
+    }
+  }
+  return { result, started, report: text, ...(reportProblem !== undefined && { reportProblem }), outputTail };
 }

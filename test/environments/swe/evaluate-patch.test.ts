@@ -180,4 +180,24 @@ describe.runIf(process.getuid?.() === 0 || process.env.CI)('evaluatePatch in a r
     const noRepo = evaluatePatch(await sandbox(), instance({ repo_path: '/nowhere' }), FIX, { testTimeoutMs: 60_000 });
     await expect(noRepo).rejects.toMatchObject({ code: 'environment_error', message: expect.stringContaining('/nowhere') });
   }, 180_000);
+
+  // Found by review: the patch's code runs inside pytest as the same user as the report plugin, so a conftest can
+  // overwrite the report. Breaking it must grade the attempt 0, not make it an infrastructure failure the trainer
+  // filters out (the policy could opt out of a 0).
+  function conftest(body: string): string {
+    const lines = ['import os', '', 'def pytest_unconfigure(config):', ...body.split('\n').map((l) => `    ${l}`)];
+    return [`diff --git a/conftest.py b/conftest.py`, 'new file mode 100644', '--- /dev/null', '+++ b/conftest.py', `@@ -0,0 +1,${lines.length} @@`, ...lines.map((l) => `+${l}`), ''].join('\n');
+  }
+
+  it('gives 0 with the reason when the patch overwrites the pytest report with garbage or past its read bound', async () => {
+    const garbage = await evaluatePatch(await sandbox(), instance(), conftest('open(os.environ["ROLLOUT_SWE_REPORT"], "w").write("garbage")'), { testTimeoutMs: 60_000 });
+    expect(garbage).toMatchObject({ reward: 0, report: { applied: true, resolved: false, test_error: expect.stringContaining('the pytest report could not be used (the pytest report is not JSON') } });
+    const huge = await evaluatePatch(
+      await sandbox(),
+      instance(),
+      conftest('with open(os.environ["ROLLOUT_SWE_REPORT"], "w") as f:\n    f.write(" " * (65 << 20))'),
+      { testTimeoutMs: 60_000 },
+    );
+    expect(huge).toMatchObject({ reward: 0, report: { resolved: false, test_error: expect.stringContaining('the report file is over 64 MiB') } });
+  }, 180_000);
 });
