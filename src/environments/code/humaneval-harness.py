@@ -1,31 +1,86 @@
 # The test harness of HumanEval-format tasks, run inside the sample's sandbox by humaneval-runner.ts as
-#   python3 -I -c "<this file>" NONCE        with stdin: {"prompt", "completion", "test", "entry_point"} as JSON
+#   python3 -I -c "<this file>"     with stdin: "L1 L2\n", L1 bytes of {"prompt", "completion", "entry_point"} as
+#                                    JSON, L2 bytes of {"test"} as JSON, then the nonce and "\n"
 #
-# It assembles the solution (the prompt followed by the model's code; when that does not compile and the code
-# defines whole functions, the prompt's imports followed by the code), loads it, loads the test, and runs the
-# body of check(candidate) one top-level statement at a time: each statement holding an assert is one test, the
-# others are set-up. Results are JSON lines "NONCE {...}" on a duplicate of the original stdout; the solution's
-# own stdin, stdout and stderr are /dev/null, so nothing it prints can be taken for a result (or flood the pipe).
-# Events: ready {total}; result {index, passed, error?}; test_error {error}; done. A test with no result line
-# (the program timed out, was killed, or called os._exit) did not pass.
+# Trust. Code running in a process can do anything that process can (read its memory, /proc/self/cmdline, its
+# descriptors, its callers' frames, exit with any status), so nothing inside a process that runs the solution is
+# trusted: not a secret, not a channel, not an exit status. Three kinds of process:
+#   - the judge (this process): reads the payload, loads the prompt and the task's test code, runs check's body and
+#     writes the results. It never runs solution code, and holds the test, the nonce and the result channel (stdout).
+#     It makes itself non-dumpable (prctl), so a process of the same uid cannot open its /proc/PID/fd or mem.
+#   - the zygote: forked before the judge reads the test and the nonce, so they are never in its memory (nor in its
+#     children's); it keeps only a socket to the judge (stdin, stdout and stderr become /dev/null, every other
+#     descriptor is closed), compiles the solution once and forks one worker per test, reporting each one's exit.
+#   - a worker: loads the solution (the prompt followed by the model's code; when that does not compile and the code
+#     defines whole functions, the prompt's imports followed by the code) and answers calls: the judge's `candidate`
+#     is a stub that sends the arguments (pickled: judge to worker only) and reads back the return value as data
+#     (tagged JSON of None, bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset; anything else is
+#     an opaque value equal to nothing) or the name and text of the exception raised.
+# So a test passes only when the judge's own assert holds on plain values the judge rebuilt: printing, exiting,
+# threads, patching modules or reaching __main__ in the worker change no verdict, and an object overriding __eq__
+# arrives as its plain contents (an int subclass as an int, a list subclass as a list, any other object as opaque).
+# The residual: the answer itself is the solution's choice, so a solution that finds the expected values elsewhere
+# (a file the task left in the sandbox, a guess) is not caught; the judge's non-dumpable state is best effort (no
+# ctypes: the judge stays dumpable, and a same-uid process could read its memory where ptrace is allowed).
+#
+# Tests: check(candidate)'s body runs in the judge one top-level statement at a time: each statement holding an
+# assert is one test, the others are set-up (a set-up statement that fails marks the later tests "not run"). A check
+# whose body returns or yields runs whole, as one test. Each test gets a fresh worker (set-up calls before it use the
+# same one), so the solution's state does not carry from one test to the next; the statements themselves run in order
+# in the judge, as before. Differences from running check in the solution's process: the test code sees the prompt's
+# names (its imports and helpers such as HumanEval's `poly`), not the solution's redefinitions of them; arguments are
+# copies, so a test cannot observe the solution mutating them; arguments that cannot be pickled fail their test.
+# Results are JSON lines "NONCE {...}" on stdout. Events: ready {total}; result {index, passed, error?};
+# test_error {error}; harness_error {error}; done. A test with no result line (the time limit) did not pass.
 import ast
+import builtins
 import json
 import os
+import pickle
+import socket
+import struct
 import sys
 
-_nonce = sys.argv[1]
-_payload = json.loads(sys.stdin.read())
-_out = os.fdopen(os.dup(1), "w")
-_null = os.open(os.devnull, os.O_RDWR)
-for _fd in (0, 1, 2):
-    os.dup2(_null, _fd)
-# Kept before the solution runs, so a solution that patches json or os cannot change how results are written.
-_dumps, _write, _flush, _exit = json.dumps, _out.write, _out.flush, os._exit
+_MAX_FRAME = 64 << 20
 
 
-def _emit(**event):
-    _write(_nonce + " " + _dumps(event) + "\n")
-    _flush()
+def _read_exact(fd, n):
+    parts, left = [], n
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            return None
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
+def _read_line(fd):
+    """A short line read byte by byte, so that nothing after it is read into this process."""
+    line = b""
+    while len(line) < 200:
+        byte = os.read(fd, 1)
+        if byte in (b"", b"\n"):
+            break
+        line += byte
+    return line.decode()
+
+
+def _send(fd, data):
+    view = memoryview(struct.pack(">I", len(data)) + data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _recv(fd):
+    """One frame, or None at the end of the stream; raises ValueError past the size bound."""
+    header = _read_exact(fd, 4)
+    if header is None:
+        return None
+    (size,) = struct.unpack(">I", header)
+    if size > _MAX_FRAME:
+        raise ValueError("a frame of %d bytes" % size)
+    return _read_exact(fd, size)
 
 
 def _describe(error):
@@ -33,8 +88,243 @@ def _describe(error):
         text = str(error)
     except BaseException:
         text = ""
+    if isinstance(error, _SolutionError):
+        return text[:300]
     name = type(error).__name__
     return (name + ": " + text if text else name)[:300]
+
+
+class _SolutionError(Exception):
+    """Something the solution's process did (or failed to do) during a call; its text is the detail."""
+
+
+# ---- the zygote and its workers: they never see the test or the nonce ----
+
+def _assemble(prompt, completion):
+    joined = prompt + ("" if prompt.endswith("\n") else "\n") + completion + "\n"
+    try:
+        compile(joined, "solution.py", "exec")
+        return joined
+    except SyntaxError:
+        pass
+    imports = [line for line in prompt.splitlines() if line.startswith(("import ", "from "))]
+    return "\n".join(imports + [completion]) + "\n"
+
+
+def _encode(value):
+    """The return value as tagged JSON data (run in the worker: an honest value's faithful copy)."""
+    if value is None or isinstance(value, bool):
+        return bool(value) if value is not None else None
+    if isinstance(value, int):
+        return {"i": hex(int.__index__(value))}
+    if isinstance(value, float):
+        return {"f": float.__float__(value)}
+    if isinstance(value, complex):
+        return {"c": [value.real, value.imag]}
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, (bytes, bytearray)):
+        return {"b": bytes(value).hex()}
+    if isinstance(value, list):
+        return [_encode(v) for v in list.__iter__(value)]
+    if isinstance(value, tuple):
+        return {"t": [_encode(v) for v in tuple.__iter__(value)]}
+    if isinstance(value, dict):
+        return {"d": [[_encode(k), _encode(v)] for k, v in dict.items(value)]}
+    if isinstance(value, frozenset):
+        return {"z": [_encode(v) for v in frozenset.__iter__(value)]}
+    if isinstance(value, set):
+        return {"s": [_encode(v) for v in set.__iter__(value)]}
+    import numbers
+    if isinstance(value, numbers.Integral):
+        return {"i": hex(int(value))}
+    if isinstance(value, numbers.Real):
+        return {"f": float(value)}
+    return {"o": type(value).__name__[:100]}
+
+
+def _worker(fd, code, load_error, entry):
+    def reply(**message):
+        _send(fd, json.dumps(message).encode())
+
+    if code is None:
+        reply(load_error=load_error)
+        os._exit(0)
+    scope = {"__name__": "solution", "__builtins__": builtins}
+    try:
+        exec(code, scope)
+    except BaseException as error:
+        reply(load_error=_describe(error))
+        os._exit(0)
+    function = scope.get(entry)
+    if not callable(function):
+        reply(missing=True)
+        os._exit(0)
+    reply(loaded=True)
+    while True:
+        frame = _recv(fd)
+        if frame is None or frame == b"end":
+            os._exit(0)
+        try:
+            args, kwargs = pickle.loads(frame)
+            message = {"value": _encode(function(*args, **kwargs))}
+        except BaseException as error:
+            message = {"raised": [type(error).__name__[:100], _describe(error).partition(": ")[2]]}
+        try:
+            reply(**message)
+        except BaseException as error:
+            reply(raised=["", "the return value could not be sent: " + _describe(error)])
+
+
+def _zygote(fd, solution):
+    try:
+        code = compile(_assemble(solution["prompt"], solution["completion"]), "solution.py", "exec")
+        load_error = None
+    except BaseException as error:
+        code, load_error = None, _describe(error)
+    while True:
+        frame = _recv(fd)
+        if frame != b"spawn":
+            os._exit(0)
+        pid = os.fork()
+        if pid == 0:
+            _worker(fd, code, load_error, solution["entry_point"])
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        _send(fd, json.dumps({"exited": os.waitstatus_to_exitcode(status)}).encode())
+
+
+# ---- the judge ----
+
+class _Opaque:
+    """A returned value of a type that does not cross as data: equal to nothing but itself."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return "<%s object>" % self.name
+
+
+def _decode(data):
+    if data is None or isinstance(data, (bool, str)):
+        return data
+    if isinstance(data, list):
+        return [_decode(v) for v in data]
+    if not isinstance(data, dict) or len(data) != 1:
+        raise ValueError("not a value")
+    (tag, v), = data.items()
+    if tag == "i" and isinstance(v, str):
+        return int(v, 16)
+    if tag == "f" and isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    if tag == "c" and isinstance(v, list) and len(v) == 2 and all(type(x) in (int, float) for x in v):
+        return complex(v[0], v[1])
+    if tag == "b" and isinstance(v, str):
+        return bytes.fromhex(v)
+    if tag in ("t", "s", "z") and isinstance(v, list):
+        items = [_decode(x) for x in v]
+        return tuple(items) if tag == "t" else set(items) if tag == "s" else frozenset(items)
+    if tag == "d" and isinstance(v, list) and all(isinstance(p, list) and len(p) == 2 for p in v):
+        return {_decode(k): _decode(x) for k, x in v}
+    if tag == "o" and isinstance(v, str):
+        return _Opaque(v)
+    raise ValueError("not a value")
+
+
+_UNSAFE_EXCEPTIONS = (StopIteration, StopAsyncIteration, GeneratorExit)
+
+
+def _rebuild_exception(name, text):
+    cls = getattr(builtins, name, None) if isinstance(name, str) else None
+    if isinstance(cls, type) and issubclass(cls, Exception) and not issubclass(cls, _UNSAFE_EXCEPTIONS):
+        try:
+            return cls(text) if text else cls()
+        except BaseException:
+            pass
+    return _SolutionError((str(name) + ": " + str(text)) if name and text else str(name or text))
+
+
+class _Solution:
+    """The judge's side of the zygote socket: one worker at a time, started on the first call of a test."""
+
+    def __init__(self, fd):
+        self.fd = fd
+        self.alive = False
+        self.gone = None  # why no further worker can be asked, once the protocol broke
+
+    def _message(self):
+        try:
+            frame = _recv(self.fd)
+            message = json.loads(frame) if frame is not None else None
+        except BaseException as error:
+            message, frame = None, b"?"
+            self.gone = "the solution broke the harness protocol: " + _describe(error)
+        if not isinstance(message, dict):
+            self.alive = False
+            self.gone = self.gone or ("the solution's processes ended" if frame is None else "the solution broke the harness protocol")
+            raise _SolutionError(self.gone)
+        if "exited" in message:
+            self.alive = False
+        return message
+
+    def start(self):
+        if self.gone:
+            raise _SolutionError(self.gone)
+        _send(self.fd, b"spawn")
+        self.alive = True
+        message = self._message()
+        if message.get("loaded") is True:
+            return
+        self.end()
+        if "load_error" in message:
+            raise _SolutionError("the solution did not load: " + str(message["load_error"])[:250])
+        if "missing" in message:
+            raise _SolutionError("the solution defines no function " + _entry)
+        raise _SolutionError("the solution's process ended while loading (%s)" % _how(message.get("exited")))
+
+    def call(self, args, kwargs):
+        try:
+            frame = pickle.dumps((args, kwargs))
+        except BaseException as error:
+            raise _SolutionError("the test's arguments cannot be sent to the solution: " + _describe(error))
+        if not self.alive:
+            self.start()
+        _send(self.fd, frame)
+        message = self._message()
+        if "value" in message:
+            try:
+                return _decode(message["value"])
+            except BaseException:
+                raise _SolutionError("the solution returned something that is not a value") from None
+        if "raised" in message and isinstance(message["raised"], list) and len(message["raised"]) == 2:
+            raise _rebuild_exception(*message["raised"])
+        raise _SolutionError("the solution's process ended during the call (%s)" % _how(message.get("exited")))
+
+    def end(self):
+        """Ends the current worker (a worker that will not end runs into the time limit)."""
+        if not self.alive or self.gone:
+            return
+        _send(self.fd, b"end")
+        while self.alive:
+            try:
+                self._message()
+            except _SolutionError:
+                return
+
+
+def _how(code):
+    if not isinstance(code, int):
+        return "unknown"
+    return "exit code %d" % code if code >= 0 else "killed by signal %d" % -code
+
+
+def _non_dumpable():
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+    except BaseException:
+        pass
 
 
 def _returns_at_top(node):
@@ -61,42 +351,81 @@ def _plan(test):
     return None
 
 
-def _assemble(prompt, completion):
-    joined = prompt + ("" if prompt.endswith("\n") else "\n") + completion + "\n"
-    try:
-        compile(joined, "solution.py", "exec")
-        return joined
-    except SyntaxError:
-        pass
-    imports = [line for line in prompt.splitlines() if line.startswith(("import ", "from "))]
-    return "\n".join(imports + [completion]) + "\n"
+def _start_zygote(solution):
+    _non_dumpable()
+    ours, theirs = (s.detach() for s in socket.socketpair())
+    if os.fork() == 0:
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.dup2(theirs, 3)
+        os.closerange(4, 1 << 16)
+        try:
+            _zygote(3, solution)
+        finally:
+            os._exit(0)
+    os.close(theirs)
+    return ours
+
+
+_entry = ""
+_nonce = []  # set after the zygote is forked
+
+
+def _emit(**event):
+    data = (_nonce[0] + " " + json.dumps(event) + "\n").encode()
+    while data:
+        data = data[os.write(1, data):]
 
 
 def _main():
-    test, entry = _payload["test"], _payload["entry_point"]
+    global _entry
+    lengths = [int(n) for n in _read_line(0).split()]
+    solution = json.loads(_read_exact(0, lengths[0]))
+    _entry = solution["entry_point"]
+    fd = _start_zygote(solution)
+    test = json.loads(_read_exact(0, lengths[1]))["test"]
+    _nonce.append(_read_line(0))
+    os.dup2(os.open(os.devnull, os.O_RDWR), 0)
     plan = _plan(test)
     total = len(plan[2]) if plan else 1
     _emit(kind="ready", total=total)
+    stub = _Solution(fd)
 
-    def fail_all(error):
-        for i in range(total):
-            _emit(kind="result", index=i, passed=False, error=error)
+    def finish():
         _emit(kind="done")
-        _exit(0)
+        try:
+            _send(fd, b"quit")
+        except OSError:
+            pass
+        os._exit(0)
 
-    scope = {"__name__": "solution", "__builtins__": __builtins__}
     try:
-        exec(compile(_assemble(_payload["prompt"], _payload["completion"]), "solution.py", "exec"), scope)
-    except BaseException as error:
-        fail_all("the solution did not load: " + _describe(error))
-    candidate = scope.get(entry)
-    if not callable(candidate):
-        fail_all("the solution defines no function " + entry)
+        stub.start()
+    except _SolutionError as error:
+        for i in range(total):
+            _emit(kind="result", index=i, passed=False, error=_describe(error))
+        finish()
+
+    def candidate(*args, **kwargs):
+        return stub.call(args, kwargs)
+
+    # The test code sees the prompt's names (imports, helpers), never the solution's.
+    scope = {"__name__": "task", "__builtins__": builtins}
+    try:
+        exec(compile(solution["prompt"], "prompt.py", "exec"), scope)
+    except BaseException:
+        imports = [line for line in solution["prompt"].splitlines() if line.startswith(("import ", "from "))]
+        try:
+            exec(compile("\n".join(imports), "prompt.py", "exec"), scope)
+        except BaseException:
+            pass
+    scope[_entry] = candidate
     try:
         exec(compile(test, "test.py", "exec"), scope)
     except BaseException as error:
         _emit(kind="test_error", error=_describe(error))
-        _exit(0)
+        os._exit(0)
 
     if plan is None:
         try:
@@ -104,11 +433,11 @@ def _main():
             _emit(kind="result", index=0, passed=True)
         except BaseException as error:
             _emit(kind="result", index=0, passed=False, error=_describe(error))
-        _emit(kind="done")
-        _exit(0)
+        stub.end()
+        finish()
 
     body, parameter, tests = plan
-    names = dict(scope)
+    names = scope
     names[parameter] = candidate
     setup_error = None
     index = 0
@@ -124,14 +453,18 @@ def _main():
         else:
             error = "not run: a set-up statement failed: " + setup_error
         if i in tests:
+            stub.end()
             _emit(kind="result", index=index, passed=error is None, **({"error": error} if error else {}))
             index += 1
-    _emit(kind="done")
-    _exit(0)
+    stub.end()
+    finish()
 
 
-try:
-    _main()
-except BaseException as _error:
-    _emit(kind="harness_error", error=_describe(_error))
-    _exit(3)
+if __name__ == "__main__":
+    try:
+        _main()
+    except BaseException as _error:
+        if _nonce:
+            _emit(kind="harness_error", error=_describe(_error))
+        sys.stderr.write("harness failed: " + _describe(_error) + "\n")
+        os._exit(3)

@@ -22,10 +22,14 @@ interface HarnessEvent {
 }
 
 /**
- * Runs a HumanEval-format task's tests on `completion` inside the sandbox: one Python process (isolated mode: no
+ * Runs a HumanEval-format task's tests on `completion` inside the sandbox: one Python program (isolated mode: no
  * PYTHON* variables, no user site, the working directory not on sys.path, so files the model left behind cannot
  * shadow modules) under the task's time and address-space limits, driven by humaneval-harness.py. Each top-level
- * statement of `check` that asserts is one test; the tests a timeout or crash left without a result failed.
+ * statement of `check` that asserts is one test; the tests a timeout left without a result failed.
+ *
+ * Invariant: a verdict is decided by a process that never runs solution code. The harness's judge runs the test
+ * code and calls the solution in per-test worker processes, receiving only return values as data, and only the
+ * judge knows the nonce and holds the real stdout (see the harness's header for the design and its residual).
  *
  * The model's failures (syntax errors, exceptions, wrong results, timeouts, exiting early, printing floods) are
  * outcomes. Throws when the evaluation itself failed: environment_error when the harness never started (no
@@ -33,9 +37,9 @@ interface HarnessEvent {
  */
 export async function runHumanEvalTests(sandbox: Sandbox, task: HumanEvalTask, completion: string, signal: AbortSignal): Promise<TestRun> {
   const nonce = randomBytes(12).toString('hex');
-  const payload = JSON.stringify({ prompt: task.prompt, completion, test: task.test, entry_point: task.entryPoint });
   const timeoutMs = Math.round(task.timeoutS * 1000);
-  const result = await sandbox.exec(limitedCommand(task.memoryLimitMb, ['python3', '-I', '-c', harness(), nonce]), { stdin: payload, timeoutMs, signal });
+  const stdin = harnessInput(nonce, { prompt: task.prompt, completion, entry_point: task.entryPoint }, { test: task.test });
+  const result = await sandbox.exec(limitedCommand(task.memoryLimitMb, ['python3', '-I', '-c', harness()]), { stdin, timeoutMs, signal });
   const events = parseEvents(result.stdout, nonce);
   const ready = events.find((e) => e.kind === 'ready');
   if (!ready) {
@@ -58,6 +62,18 @@ export async function runHumanEvalTests(sandbox: Sandbox, task: HumanEvalTask, c
     else tests.push({ index, passed: false, ...missing });
   }
   return { tests, durationMs: result.durationMs, completed: finished };
+}
+
+/**
+ * The harness's stdin: "L1 L2\n", the solution part (L1 bytes), the test part (L2 bytes), the nonce and "\n". The
+ * harness forks the process that runs the solution after reading the solution part and before reading the rest, so
+ * the test and the nonce are never in its memory; the nonce is not in argv either (/proc/PID/cmdline is readable by
+ * every process).
+ */
+function harnessInput(nonce: string, solution: object, test: object): string {
+  const first = JSON.stringify(solution);
+  const second = JSON.stringify(test);
+  return `${Buffer.byteLength(first)} ${Buffer.byteLength(second)}\n${first}${second}${nonce}\n`;
 }
 
 /** The harness's JSON lines, recognised by the nonce; anything else on stdout is ignored. */
