@@ -79,6 +79,7 @@ export class ApptainerSandbox implements Sandbox {
       outputLimitBytes: this.spec.limits.outputLimitBytes,
       stdin: options.stdin,
       signal: options.signal,
+      killLeftovers: options.killLeftovers === true,
     });
     if (r.exitCode === CWD_EXIT_CODE && r.stdout === '' && r.stderr.startsWith(CWD_MARKER)) {
       throw RolloutError.invalid('cwd', `${options.cwd ?? this.workdir} is not a directory`);
@@ -178,7 +179,7 @@ export class ApptainerSandbox implements Sandbox {
   }
 
   /** Runs one exec through the wrapper; a timeout or abort also kills what it tagged inside the instance. */
-  private async run(argv: readonly string[], o: { cwd: string; env: Readonly<Record<string, string>> | undefined; timeoutMs: number; outputLimitBytes: number; stdin: string | undefined; signal: AbortSignal | undefined }): Promise<ContainedRunResult> {
+  private async run(argv: readonly string[], o: { cwd: string; env: Readonly<Record<string, string>> | undefined; timeoutMs: number; outputLimitBytes: number; stdin: string | undefined; signal: AbortSignal | undefined; killLeftovers?: boolean }): Promise<ContainedRunResult> {
     if (o.timeoutMs <= 0) throw this.wallClockError();
     const tag = newTag();
     const args = execArgs({ name: this.init.name, workdir: this.workdir, cwd: o.cwd, env: this.envFor(o.env), tag, rlimits: this.init.rlimits, argv });
@@ -194,7 +195,7 @@ export class ApptainerSandbox implements Sandbox {
     const r = await proc.result.finally(() => this.running.delete(proc));
     this.log.debug({ argv0: argv[0], exitCode: r.exitCode, timedOut: r.timedOut, droppedBytes: r.droppedBytes, ms: r.durationMs }, 'exec');
     if (r.spawnError) throw new RolloutError('sandbox_error', `cannot run ${this.init.binary}: ${r.spawnError.message}`, { cause: r.spawnError });
-    if ((r.timedOut || r.aborted) && !r.killed) await this.killTagged(tag);
+    if ((r.timedOut || r.aborted || o.killLeftovers === true) && !r.killed) await this.killTagged(tag);
     if (r.aborted) throw RolloutError.from(o.signal?.reason, 'cancelled');
     if (r.killed || this.stopping) {
       if (this.expired) throw this.wallClockError();

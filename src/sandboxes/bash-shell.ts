@@ -13,6 +13,11 @@ export interface BashShellOptions {
   remainingMs?: () => number;
   /** How long a timed-out command may take to give the shell back before the shell is restarted, ms. Default 1000. */
   interruptGraceMs?: number;
+  /**
+   * Explains a shell that would not start, from its stderr: an error to throw instead of the generic
+   * sandbox_error (e.g. the sandbox is at its own process limit: SandboxLimitError), or undefined.
+   */
+  startFailure?: (stderr: string) => RolloutError | undefined;
 }
 
 /** Bytes of shell stderr kept to explain a shell that would not start. */
@@ -77,11 +82,12 @@ export class BashShell implements PersistentShell {
   private queue: Promise<unknown> = Promise.resolve();
 
   /** The shell of a driver's sandbox: its output limit and command timeout, bounded by its remaining wall clock. */
-  static forSandbox(sandbox: Pick<Sandbox, 'spawn' | 'spec'> & { readonly remainingMs: number }): BashShell {
+  static forSandbox(sandbox: Pick<Sandbox, 'spawn' | 'spec'> & { readonly remainingMs: number }, startFailure?: BashShellOptions['startFailure']): BashShell {
     return new BashShell(sandbox, {
       outputLimitBytes: sandbox.spec.limits.outputLimitBytes,
       defaultTimeoutMs: sandbox.spec.limits.commandTimeoutMs,
       remainingMs: () => sandbox.remainingMs,
+      ...(startFailure !== undefined && { startFailure }),
     });
   }
 
@@ -195,7 +201,7 @@ export class BashShell implements PersistentShell {
     const outcome = scanner.outcome;
     if (event.kind !== 'marker' || !outcome || !('marker' in outcome)) {
       await this.kill();
-      throw new RolloutError('sandbox_error', `the shell did not start: ${stderr.text().trim() || event.kind}`);
+      throw this.options.startFailure?.(stderr.text()) ?? new RolloutError('sandbox_error', `the shell did not start: ${stderr.text().trim() || event.kind}`);
     }
     live.pid = outcome.marker.pid;
     this.finish(scanner, outcome.marker, outcome.rest);

@@ -106,6 +106,12 @@ export interface HolderCommandSpec {
 }
 
 const JOIN = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"';
+/**
+ * JOIN for a command: also marks it (and all it starts) first in line for the OOM killer. Raising oom_score_adj
+ * needs no privilege, unlike lowering the holder's (which needs CAP_SYS_RESOURCE): either way the sandbox's memory
+ * limit kills the user's processes before the processes that hold the sandbox.
+ */
+const EXEC_JOIN = `{ echo 1000 > /proc/self/oom_score_adj; } 2>/dev/null; ${JOIN}`;
 const STAGE = [
   'stage=$1; shift',
   'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift',
@@ -145,7 +151,7 @@ export function buildHolderArgv(spec: HolderCommandSpec): string[] {
   const nLayout = offset + spec.layout.binds.length;
   spec.layout.binds.forEach((b, i) => bwrap.push(...bindArgs(b, offset + i)));
   bwrap.push('--proc', '/proc', '--dev', '/dev');
-  const bytes = String(limits.diskMb * 1024 * 1024);
+  const bytes = String(tmpfsSizeMb(limits) * 1024 * 1024);
   bwrap.push('--size', bytes, '--perms', '1777', '--tmpfs', '/tmp');
   bwrap.push('--size', bytes, '--perms', '0755', '--tmpfs', spec.workdir);
   spec.mounts.forEach((b, i) => bwrap.push(...bindArgs(b, nLayout + i)));
@@ -159,6 +165,18 @@ export function buildHolderArgv(spec: HolderCommandSpec): string[] {
     ];
   }
   return spec.cgroupProcs.length > 0 ? ['/bin/sh', '-c', JOIN, 'rollout-join', ...spec.cgroupProcs, '--', ...bwrap] : bwrap;
+}
+
+/**
+ * Size of each of the sandbox's two tmpfs (/tmp and the workspace), MiB: diskMb, but at most what leaves a quarter
+ * of the memory limit (64 MiB at least, half of it at most) free of files. Why: tmpfs pages count against the
+ * sandbox's memory cgroup and cannot be reclaimed by killing processes, so 2 × diskMb ≥ memoryMb (the defaults:
+ * 512 and 1024) let files alone fill the cgroup, whose OOM killer then had nothing left to kill but the sandbox's
+ * launchers and holder. With this cap the OOM killer always finds the user's processes first.
+ */
+export function tmpfsSizeMb(limits: Pick<SandboxLimits, 'diskMb' | 'memoryMb'>): number {
+  const reserve = Math.max(Math.floor(limits.memoryMb / 4), Math.min(64, Math.floor(limits.memoryMb / 2)));
+  return Math.max(1, Math.min(limits.diskMb, Math.floor((limits.memoryMb - reserve) / 2)));
 }
 
 /** Directories bwrap must create (0755) above a bind target; the root, /usr and the workspace already exist. */
@@ -221,7 +239,7 @@ export function buildExecArgv(spec: ExecCommandSpec): string[] {
     '-S', String(SANDBOX_UID), '-G', String(SANDBOX_UID), '--',
     '/bin/sh', '-c', INNER, 'sandbox-exec', spec.cwd, ...Object.entries(spec.env).map(([k, v]) => `${k}=${v}`), '--', ...spec.argv,
   ];
-  return spec.cgroupProcs.length > 0 ? ['/bin/sh', '-c', JOIN, 'rollout-join', ...spec.cgroupProcs, '--', ...argv] : argv;
+  return spec.cgroupProcs.length > 0 ? ['/bin/sh', '-c', EXEC_JOIN, 'rollout-join', ...spec.cgroupProcs, '--', ...argv] : argv;
 }
 
 /** Variables every command gets (before spec.env and the command's own). */

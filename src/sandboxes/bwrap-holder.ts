@@ -52,7 +52,7 @@ export class Holder {
    * Starts the holder from its full host argv (see buildHolderArgv) and waits until it says it is up. Throws
    * sandbox_error with bwrap's own words when it cannot start; the signal kills a half-started holder.
    */
-  static async start(argv: readonly string[], options: { signal?: AbortSignal; lowerOomScore: boolean; timeoutMs: number }): Promise<Holder> {
+  static async start(argv: readonly string[], options: { signal?: AbortSignal; lowerOomScore: boolean; timeoutMs: number; onOomScoreError?: (err: unknown) => void }): Promise<Holder> {
     const child = spawn(argv[0]!, argv.slice(1), { detached: true, stdio: ['pipe', 'pipe', 'pipe', 'ignore', 'pipe'], env: LAUNCH_ENV });
     const stderr = new CappedOutput(8192);
     child.stderr?.on('data', (c: Buffer) => stderr.push(c));
@@ -119,11 +119,14 @@ export class Holder {
       }
       if (options.lowerOomScore) {
         // The memory limit's OOM killer must pick the user's processes, never the ones that hold the sandbox.
+        // Best effort (root without CAP_SYS_RESOURCE gets EACCES): reported, and commands' raised scores
+        // (bwrap-command.ts) still make the OOM killer pick the user's processes first.
         for (const pid of [child.pid, initPid, holderPid]) {
           try {
             writeFileSync(`/proc/${pid}/oom_score_adj`, '-1000');
-          } catch {
-            // Best effort: a holder killed by OOM still takes the whole sandbox down cleanly.
+          } catch (err) {
+            options.onOomScoreError?.(err);
+            break;
           }
         }
       }

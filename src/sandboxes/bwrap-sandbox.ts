@@ -8,6 +8,7 @@ import { LAUNCH_ENV, namespaceFdNumbers, type Holder } from './bwrap-holder.js';
 import type { SandboxCgroup } from './cgroups.js';
 import { spawnContained, type ContainedRunResult } from './contained-process.js';
 import type { HostPython } from './host-python.js';
+import { exhaustedLimit } from './limit-errors.js';
 import { SandboxFiles, type RunInside } from './sandbox-files.js';
 import { BashShell } from './bash-shell.js';
 import type {
@@ -56,6 +57,8 @@ export class BubblewrapSandbox implements Sandbox {
   private readonly baseEnv: Record<string, string>;
   private stopping: Promise<void> | undefined;
   private expired = false;
+  /** Why the holder died on its own (read from the cgroups when it did, before stop() removes them). */
+  private death: RolloutError | undefined;
 
   constructor(private readonly init: BubblewrapSandboxInit) {
     this.id = init.id;
@@ -72,7 +75,9 @@ export class BubblewrapSandbox implements Sandbox {
     this.deadlineTimer.unref();
     this.files = new SandboxFiles(this.workdir, this.runInside);
     void init.holder.exited.then(() => {
-      if (!this.stopping) this.log.warn('the sandbox died on its own (its holder exited)');
+      if (this.stopping) return;
+      const death = this.deathError();
+      this.log.warn({ reason: death.message }, 'the sandbox died on its own (its holder exited)');
     });
   }
 
@@ -138,7 +143,7 @@ export class BubblewrapSandbox implements Sandbox {
 
   shell(): PersistentShell {
     this.assertLive();
-    this.#shell ??= BashShell.forSandbox(this);
+    this.#shell ??= BashShell.forSandbox(this, (detail) => this.launchFailure(null, detail));
     return this.#shell;
   }
 
@@ -185,7 +190,25 @@ export class BubblewrapSandbox implements Sandbox {
   private assertLive(): void {
     if (this.expired) throw new RolloutError('deadline_exceeded', `sandbox ${this.id} used up its ${this.spec.limits.wallClockMs} ms wall-clock budget`);
     if (this.stopping) throw new RolloutError('sandbox_error', `sandbox ${this.id} is stopped`);
-    if (!this.init.holder.alive) throw new RolloutError('sandbox_error', `sandbox ${this.id} died`);
+    if (!this.init.holder.alive) throw this.deathError();
+  }
+
+  /**
+   * Why the holder died: the sandbox's own memory limit (a policy outcome, SandboxLimitError) or something else
+   * (sandbox_error). Decided once, from the cgroups as they were when it died.
+   */
+  private deathError(): RolloutError {
+    this.death ??= exhaustedLimit(this.init.cgroup.usage(), { kind: 'died' }, this.spec.limits) ?? new RolloutError('sandbox_error', `sandbox ${this.id} died`);
+    return this.death;
+  }
+
+  /**
+   * Why a launcher could not enter the sandbox: the sandbox at its own process or memory limit (SandboxLimitError,
+   * the policy's doing), its holder dead, or else an infrastructure failure (undefined: the caller says which).
+   */
+  private launchFailure(signal: string | null, detail: string): RolloutError | undefined {
+    if (!this.init.holder.alive && !this.stopping) return this.deathError();
+    return exhaustedLimit(this.init.cgroup.usage(), { kind: 'launch', signal, detail }, this.spec.limits);
   }
 
   private readonly runInside: RunInside = (argv, options) => this.execRaw(argv, options);
@@ -213,7 +236,9 @@ export class BubblewrapSandbox implements Sandbox {
     const entry: Running = { kill: () => proc.kill(), done: proc.result };
     this.running.add(entry);
     const r = await proc.result.finally(() => this.running.delete(entry));
-    if (r.timedOut || r.aborted || r.killed) await cmd.kill();
+    // Leftovers (background, setsid()ed) of a command live on unless it timed out, was aborted or the caller
+    // asked (graders: one test's leftovers must not take the next test's processes or memory).
+    if (r.timedOut || r.aborted || r.killed || options.killLeftovers === true) await cmd.kill();
     await cmd.release();
     this.log.debug({ argv0: argv[0], exitCode: r.exitCode, timedOut: r.timedOut, droppedBytes: r.droppedBytes, ms: r.durationMs }, 'exec');
 
@@ -223,7 +248,8 @@ export class BubblewrapSandbox implements Sandbox {
     if (r.killed) throw new RolloutError('sandbox_error', `sandbox ${this.id} was stopped while running ${argv[0]}`);
     if (r.startByte === 'c') throw RolloutError.invalid('cwd', `${options.cwd ?? ''} is not a directory`);
     if (r.startByte !== '1' && !r.timedOut) {
-      throw new RolloutError('sandbox_error', `could not enter sandbox ${this.id} (exit ${r.exitCode ?? r.signal}): ${r.stderr.trim()}`);
+      throw this.launchFailure(r.signal, r.stderr) ??
+        new RolloutError('sandbox_error', `could not enter sandbox ${this.id} (exit ${r.exitCode ?? r.signal}): ${r.stderr.trim()}`);
     }
     return r;
   }

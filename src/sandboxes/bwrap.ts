@@ -44,6 +44,11 @@ export interface BubblewrapCapabilities {
   /** How memory and process limits hold: per sandbox through cgroup v1/v2, or per process only (`none`). */
   cgroups: CgroupKind;
   identity: SandboxIdentity['kind'];
+  /**
+   * Whether the processes holding a sandbox are exempt from its OOM killer (oom_score_adj -1000: root with
+   * CAP_SYS_RESOURCE). False once a write failed (warned once); commands' own raised scores hold either way.
+   */
+  oomProtection: boolean;
 }
 
 interface Probe {
@@ -98,7 +103,7 @@ export class BubblewrapDriver implements SandboxDriver {
     this.uidRange = options.uidRange ?? { first: 0x6000_0000, count: 1 << 24 };
     this.images = options.images ?? new SifImageMounts({ logger: this.log });
     this.cgroups = createCgroupManager({ logger: this.log, ...(options.cgroups !== undefined && { kind: options.cgroups }) });
-    this.capabilities = { cgroups: this.cgroups.kind, identity: this.identityMode };
+    this.capabilities = { cgroups: this.cgroups.kind, identity: this.identityMode, oomProtection: isRoot };
   }
 
   async start(spec: SandboxSpec, signal?: AbortSignal): Promise<BubblewrapSandbox> {
@@ -130,7 +135,8 @@ export class BubblewrapDriver implements SandboxDriver {
         workdir: spec.workdir, cgroupProcs: cgroup.procs, stageDir: probe.stageDir, infoFd: 4,
       });
       const holder = await Holder.start(argv, {
-        lowerOomScore: process.getuid?.() === 0,
+        lowerOomScore: this.capabilities.oomProtection,
+        onOomScoreError: (err) => this.oomScoreFailed(err),
         timeoutMs: this.options.startTimeoutMs ?? 30_000,
         ...(signal !== undefined && { signal }),
       });
@@ -188,6 +194,16 @@ export class BubblewrapDriver implements SandboxDriver {
     }
     this.log.info({ identity: this.identityMode, cgroups: this.cgroups.kind, python: python?.executable ?? null }, 'bubblewrap sandboxes available');
     return { python, host: hostLayout(), stageDir };
+  }
+
+  /** A holder's oom_score_adj could not be lowered: said once, then not tried again (capabilities tell). */
+  private oomScoreFailed(err: unknown): void {
+    if (!this.capabilities.oomProtection) return;
+    this.capabilities.oomProtection = false;
+    this.log.warn(
+      { err: (err as Error).message },
+      'cannot exempt sandbox holders from the OOM killer (oom_score_adj -1000; needs CAP_SYS_RESOURCE): they rely on the raised scores of sandbox commands and on the tmpfs cap below the memory limit',
+    );
   }
 
   private allocateIdentity(): SandboxIdentity {

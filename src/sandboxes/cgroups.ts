@@ -27,8 +27,24 @@ export interface SandboxCgroup {
   command(): CommandCgroup;
   /** Highest memory use seen (v1 max_usage_in_bytes, v2 memory.peak), bytes; undefined when the kernel cannot say. */
   peakMemoryBytes(): Promise<number | undefined>;
+  /**
+   * Where the sandbox stands against its own limits right now, read synchronously (a few small cgroup files: the
+   * answer must be there before the sandbox's stop removes them); undefined without cgroups or when unreadable.
+   */
+  usage(): CgroupUsage | undefined;
   /** Kills every process in the sandbox's cgroups, waits until they are gone, and removes the cgroups. Idempotent. */
   remove(): Promise<void>;
+}
+
+/** What a sandbox's cgroups say of its own limits (see SandboxCgroup.usage). Counts are since its start. */
+export interface CgroupUsage {
+  /**
+   * Processes and threads of the whole sandbox and its limit (pids.max, INFRA_PROCESSES included). Why no count
+   * of refused forks: v1 records pids.events in the forking task's own (command) cgroup, not the limiting one.
+   */
+  pids?: { current: number; max: number };
+  /** Memory of the whole sandbox (processes and tmpfs pages), its limit, times it hit it, and OOM kills in it. */
+  memory?: { usageBytes: number; limitBytes: number; failures: number; oomKills: number };
 }
 
 /**
@@ -112,6 +128,7 @@ const NO_CGROUP: SandboxCgroup = {
   procs: [],
   command: () => NO_COMMAND,
   peakMemoryBytes: () => Promise.resolve(undefined),
+  usage: () => undefined,
   remove: () => Promise.resolve(),
 };
 
@@ -147,6 +164,11 @@ class V1Manager implements CgroupManager {
         return { procs: [memory.procs, cmd.procs], kill: () => cmd.kill(), release: () => cmd.removeIfEmpty() };
       },
       peakMemoryBytes: async () => Number(await readFile(join(memory.path, 'memory.max_usage_in_bytes'), 'utf8')),
+      usage: () => readUsage({
+        pidsCurrent: join(pids.path, 'pids.current'), pidsMax: join(pids.path, 'pids.max'),
+        memoryUsage: join(memory.path, 'memory.usage_in_bytes'), memoryLimit: join(memory.path, 'memory.limit_in_bytes'),
+        memoryFailures: { file: join(memory.path, 'memory.failcnt') }, memoryOomKills: { file: join(memory.path, 'memory.oom_control'), key: 'oom_kill' },
+      }),
       remove: async () => {
         const gone = (await pids.remove()) && (await memory.remove());
         if (!gone) throw new Error(`cgroups of sandbox ${id} are still busy after their processes were killed`);
@@ -221,6 +243,11 @@ class V2Manager implements CgroupManager {
         const text = await readFile(join(top.path, 'memory.peak'), 'utf8').catch(() => undefined);
         return text === undefined ? undefined : Number(text);
       },
+      usage: () => readUsage({
+        pidsCurrent: join(top.path, 'pids.current'), pidsMax: join(top.path, 'pids.max'),
+        memoryUsage: join(top.path, 'memory.current'), memoryLimit: join(top.path, 'memory.max'),
+        memoryFailures: { file: join(top.path, 'memory.events'), key: 'max' }, memoryOomKills: { file: join(top.path, 'memory.events'), key: 'oom_kill' },
+      }),
       remove: async () => {
         if (!(await top.remove())) throw new Error(`cgroups of sandbox ${id} are still busy after their processes were killed`);
       },
@@ -230,6 +257,39 @@ class V2Manager implements CgroupManager {
   async reap(): Promise<{ removed: number }> {
     return { removed: await reapOwners(join(this.own, PARENT), this.log, true) };
   }
+}
+
+interface UsageFiles {
+  pidsCurrent: string;
+  pidsMax: string;
+  memoryUsage: string;
+  memoryLimit: string;
+  /** A plain counter (`key` absent) or a `key N` line of a flat-keyed file. */
+  memoryFailures: { file: string; key?: string };
+  memoryOomKills: { file: string; key?: string };
+}
+
+function readUsage(files: UsageFiles): CgroupUsage | undefined {
+  const num = (text: string | undefined): number | undefined => {
+    const n = text === undefined ? NaN : Number(text.trim());
+    return Number.isFinite(n) ? n : undefined;
+  };
+  const counter = (c: { file: string; key?: string }): number => {
+    const text = readText(c.file);
+    if (c.key === undefined) return num(text) ?? 0;
+    const line = text?.split('\n').find((l) => l.startsWith(`${c.key} `));
+    return num(line?.slice(c.key.length + 1)) ?? 0;
+  };
+  const usage: CgroupUsage = {};
+  const current = num(readText(files.pidsCurrent));
+  const max = num(readText(files.pidsMax)); // 'max' (no limit) reads as undefined
+  if (current !== undefined && max !== undefined) usage.pids = { current, max };
+  const usageBytes = num(readText(files.memoryUsage));
+  const limitBytes = num(readText(files.memoryLimit));
+  if (usageBytes !== undefined && limitBytes !== undefined) {
+    usage.memory = { usageBytes, limitBytes, failures: counter(files.memoryFailures), oomKills: counter(files.memoryOomKills) };
+  }
+  return usage.pids || usage.memory ? usage : undefined;
 }
 
 /** Removes `<parent>/<owner>` trees whose owner process is gone; counts the sandboxes in them when `count`. */

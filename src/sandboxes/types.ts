@@ -61,6 +61,11 @@ export interface ExecOptions {
   /** Working directory inside the sandbox; default its workdir. */
   cwd?: string;
   env?: Readonly<Record<string, string>>;
+  /**
+   * Kill whatever the command left running (background, setsid()ed, double-forked processes) when it ends, as a
+   * timeout does. Default false: a model's command may start a server for its next command.
+   */
+  killLeftovers?: boolean;
 }
 
 export interface ExecResult {

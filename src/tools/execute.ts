@@ -1,4 +1,5 @@
 import { RolloutError, throwIfAborted, type ErrorCode } from '../errors.js';
+import { isSandboxLimitError } from '../sandboxes/limit-errors.js';
 import { isValidatedTool } from './define-tool.js';
 import type { ParsedToolCalls, Tool, ToolCall, ToolContext, ToolResult } from './types.js';
 
@@ -21,7 +22,8 @@ export interface ToolObservation {
  *
  * The model's mistakes become observations, never throws: an unknown tool name ('malformed', listing the
  * available tools), arguments that do not fit the tool's schema ('malformed', with the reason), a failing
- * program ('error'). Infrastructure failures (sandbox stopped, wall clock used up, abort) do throw, as a
+ * program ('error'), a sandbox the model filled to its own process or memory limit ('error', SandboxLimitError —
+ * also when that killed the sandbox: every later call then says so). Infrastructure failures (sandbox stopped, wall clock used up, abort) do throw, as a
  * RolloutError, so they are never scored as the model's fault. Calls after a `finish` are not run: the episode
  * is over.
  */
@@ -68,6 +70,8 @@ async function executeOne(call: ToolCall, byName: ReadonlyMap<string, Tool>, con
   try {
     result = await tool.run(args, context);
   } catch (err) {
+    // The sandbox at its own process or memory limit (the model filled it): the model's outcome, which it sees.
+    if (isSandboxLimitError(err)) return { toolName: call.name, outcome: 'error', output: `Error: ${err.message}` };
     // Not the model's fault: a tool that throws is broken or its sandbox is; the trajectory must fail loudly.
     // Aborts and infrastructure codes keep their meaning; anything else is the environment's failure (never
     // INVALID_TASK: the task was valid, a tool broke).

@@ -31,7 +31,7 @@ async function hostFreeBytes(): Promise<number> {
 
 describe('whole-sandbox limits (cgroups, tmpfs quotas)', () => {
   it('uses cgroup v1 on this machine (root, v1 memory and pids controllers)', () => {
-    expect(driver.capabilities).toEqual({ cgroups: 'v1', identity: 'setuid' });
+    expect(driver.capabilities).toMatchObject({ cgroups: 'v1', identity: 'setuid' });
   });
 
   it('holds the memory limit across 5 processes of 300 MiB each under 512 MiB: some are OOM-killed', async () => {

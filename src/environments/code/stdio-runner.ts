@@ -1,6 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { RolloutError } from '../../errors.js';
-import type { Sandbox } from '../../sandboxes/types.js';
+import { isSandboxLimitError } from '../../sandboxes/limit-errors.js';
+import type { ExecResult, Sandbox } from '../../sandboxes/types.js';
 import type { StdioTask } from './instance.js';
 import { judgeOutput } from './judge.js';
 import { limitedCommand, type TestOutcome, type TestRun } from './test-run.js';
@@ -15,6 +16,9 @@ const STDERR_TAIL = 300;
  * request of the code environment sizes that cap to the largest expected output). After the first timeout the
  * remaining tests are not run and count as failed: a program that hangs on one input mostly hangs on the next
  * too, and each would cost the full time limit of the evaluation's budget.
+ *
+ * Each test's leftover processes are killed when it ends. A test that cannot start because an earlier one filled
+ * the sandbox to its own process or memory limit fails ('runtime_error'), as the program's doing.
  *
  * Throws when the evaluation itself failed: environment_error when the sandbox has no working python3, or the
  * solution file cannot be written; sandbox errors propagate as they are.
@@ -39,7 +43,23 @@ export async function runStdioTests(sandbox: Sandbox, task: StdioTask, program: 
       tests.push({ index, passed: false, status: 'not_run', detail: 'not run after an earlier test timed out' });
       continue;
     }
-    const r = await sandbox.exec(argv, { stdin: test.input, timeoutMs, signal, cwd: dir });
+    // Each test's leftovers (a daemon the program forked) are killed with it: they must not take the next test's
+    // processes or memory.
+    let r: ExecResult;
+    try {
+      r = await sandbox.exec(argv, { stdin: test.input, timeoutMs, signal, cwd: dir, killLeftovers: true });
+    } catch (err) {
+      // The program filled the grading sandbox to its process or memory limit (what the untrusted program did,
+      // not the infrastructure): this test fails; the next ones still run (its leftovers are gone), unless the
+      // sandbox died of it.
+      if (!isSandboxLimitError(err)) throw err;
+      tests.push({ index, passed: false, status: 'runtime_error', detail: err.message });
+      if (err.fatal) {
+        for (const rest of task.tests.keys()) if (rest > index) tests.push({ index: rest, passed: false, status: 'not_run', detail: 'not run: the sandbox died of its memory limit' });
+        return { tests, durationMs, completed: false };
+      }
+      continue;
+    }
     durationMs += r.durationMs;
     const timeMs = Math.round(r.durationMs);
     if (r.timedOut) timedOut = true;
@@ -61,7 +81,7 @@ export async function runStdioTests(sandbox: Sandbox, task: StdioTask, program: 
 
 /** Fails the evaluation (not the model) when the sandbox cannot run Python at all. */
 async function checkPython(sandbox: Sandbox, signal: AbortSignal): Promise<void> {
-  const r = await sandbox.exec(['python3', '-I', '-c', 'print("ok")'], { timeoutMs: 30_000, signal });
+  const r = await sandbox.exec(['python3', '-I', '-c', 'print("ok")'], { timeoutMs: 30_000, signal, killLeftovers: true });
   if (r.exitCode !== 0 || r.stdout.trim() !== 'ok') {
     throw new RolloutError('environment_error', `the sandbox cannot run python3 (exit ${r.exitCode ?? r.signal}): ${r.stderr.slice(-300)}`);
   }
