@@ -42,9 +42,9 @@ export interface RolloutServer extends RunningServer {
 }
 
 /** Opens the journal; a directory that cannot be one (a file, no permission) is failed_precondition naming journal.dir. */
-function openJournal(dir: string, maxBytes: number, logger: Logger, retained: (taskId: string) => boolean): ReturnType<typeof Journal.open> {
+function openJournal(dir: string, maxBytes: number, logger: Logger, retained: (taskId: string) => boolean, shed: () => number): ReturnType<typeof Journal.open> {
   try {
-    return Journal.open({ dir, maxBytes, logger, retained });
+    return Journal.open({ dir, maxBytes, logger, retained, shed });
   } catch (err) {
     if (err instanceof RolloutError) throw err;
     throw new RolloutError('failed_precondition', `journal.dir: cannot open a journal in ${dir}: ${err instanceof Error ? err.message : String(err)}`, { field: 'journal.dir', cause: err });
@@ -130,7 +130,13 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
     // The journal is read and the state it holds rebuilt (tasks, sessions) before the server listens, so the first
     // call already sees every task accepted before a crash; unfinished samples queue when the pipeline starts.
     // (`retained` is only called once the runtime exists: by compaction, which starts with the first accept or timer.)
-    const opened = config.journal.dir === null ? undefined : openJournal(config.journal.dir, config.journal.maxBytes, logger, (taskId): boolean => runtime.store.get(taskId) !== undefined);
+    const opened = config.journal.dir === null ? undefined : openJournal(
+            config.journal.dir,
+            config.journal.maxBytes,
+            logger,
+            (taskId): boolean => runtime.store.get(taskId) !== undefined,
+            (): number => runtime.store.dropOldestFinished(),
+          );
     journal = opened?.journal;
     const journaled = journal;
     runtime = new RolloutRuntime({ config, registry, sandboxes, pool, tokenizer, template, tokenWork, parser, logger, ...(journaled && { journal: journaled }) });

@@ -328,9 +328,28 @@ export type ServerConfigInput = z.input<typeof serverConfigSchema>;
  */
 export function parseConfig(input: unknown = {}): ServerConfig {
   const result = serverConfigSchema.safeParse(input);
-  if (result.success) return result.data;
-  throw configError(result.error);
+  if (!result.success) throw configError(result.error);
+  return withJournalRetention(result.data, (input as { retainFinishedBytes?: unknown } | null | undefined)?.retainFinishedBytes !== undefined);
 }
+
+/**
+ * Finished tasks retained for GetTrajectory stay in the journal too (compaction keeps what memory still serves), so
+ * with a journal their bytes must leave room under `journal.maxBytes` for running work (the journal stores them with
+ * some overhead: hence 1.6). An explicit retainFinishedBytes that does not is refused, naming both fields; the
+ * default is lowered to fit.
+ */
+function withJournalRetention(config: ServerConfig, explicit: boolean): ServerConfig {
+  const { dir, maxBytes } = config.journal;
+  if (dir === null || config.retainFinishedBytes * RETENTION_OVERHEAD < maxBytes) return config;
+  if (!explicit) return { ...config, retainFinishedBytes: Math.floor(maxBytes / (2 * RETENTION_OVERHEAD)) };
+  throw new RolloutError(
+    'invalid_argument',
+    `invalid configuration: retainFinishedBytes (${config.retainFinishedBytes}) times ${RETENTION_OVERHEAD} must be below journal.maxBytes (${maxBytes}): retained finished tasks stay in the journal, and would leave it no room to accept tasks`,
+    { field: 'retainFinishedBytes' },
+  );
+}
+
+const RETENTION_OVERHEAD = 1.6;
 
 /** The sections a config file may hold that a caller merges flags into: each a list or an object, when present. */
 const configShapeSchema = z.looseObject({

@@ -144,10 +144,17 @@ export class Session {
     this.attachment?.writer.send(message);
   }
 
+  /**
+   * Acks trajectories. An acked one is never sent (again): it leaves the unacked set and, acked by reference, the
+   * held queue if it waits there. An ack of a sample of an accepted task that was not delivered yet (recovery replays
+   * the journal's acks before the trajectories come back) marks it delivered, so it is not sent when it arrives: the
+   * client says it has it. A whole-task ack acks what was sent so far.
+   */
   ack(ack: Ack): void {
     for (const taskId of ack.taskIds) {
       const task = this.tasks.get(taskId);
       if (!task) continue;
+      // A whole-task ack acks what was sent: held samples were not, and are sent later.
       for (const index of [...task.unacked.keys()]) this.unack(task, index);
       this.forgetIfDone(taskId);
     }
@@ -155,9 +162,30 @@ export class Session {
       const task = this.tasks.get(ref.taskId);
       if (!task) continue;
       this.unack(task, ref.sampleIndex);
+      if (task.held > 0) this.dropHeld(task, ref.taskId, ref.sampleIndex);
+      if (task.accepted && Number.isInteger(ref.sampleIndex) && ref.sampleIndex >= 0 && ref.sampleIndex < task.n && !task.delivered.has(ref.sampleIndex)) {
+        task.delivered.add(ref.sampleIndex);
+        this.delivered++;
+      }
       this.forgetIfDone(ref.taskId);
     }
     this.release();
+    this.wakeIdle();
+  }
+
+  /** Removes an acked sample from the held queue: it must never be sent. */
+  private dropHeld(task: SessionTask, taskId: string, sampleIndex: number): void {
+    for (let i = this.held.length - 1; i >= 0; i--) {
+      const stored = this.held[i]!;
+      if (stored.taskId !== taskId || stored.sampleIndex !== sampleIndex) continue;
+      this.held.splice(i, 1);
+      this.heldBytesTotal -= storedBytes(stored);
+      task.held--;
+    }
+    if (this.held.length === 0) {
+      this.heldBytesTotal = 0;
+      this.attachment?.writer.sendUrgent(this.notice(true));
+    }
   }
 
   /** Tasks the session still remembers (not yet fully delivered and acked). */

@@ -1,10 +1,12 @@
-import { mkdirSync } from 'node:fs';
+import { mkdirSync, statSync } from 'node:fs';
+import { join } from 'node:path';
 import { statfs } from 'node:fs/promises';
-import { open, type RootDatabase } from 'lmdb';
+import { open, type Key, type RootDatabase } from 'lmdb';
 import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
 import type { Ack } from '../../gen/ts/rollout/v1/rollout.js';
-import { isFull, keys, type JournalTask, type SessionRecord, type TaskIndex, type TaskRecord, type WeightsRecord } from './records.js';
+import { DirLock } from './dir-lock.js';
+import { FORMAT_VERSION, inRange, isFull, keys, validTaskRecord, type JournalTask, type SessionRecord, type TaskIndex, type TaskRecord, type WeightsRecord } from './records.js';
 
 export interface JournalOptions {
   dir: string;
@@ -17,6 +19,11 @@ export interface JournalOptions {
    * serves.
    */
   retained?: (taskId: string) => boolean;
+  /**
+   * Asks the owner of `retained` to let go of its oldest retained finished tasks; returns how many it let go (0: none
+   * left). Called when an accept finds the bound reached and compaction alone freed too little.
+   */
+  shed?: () => number;
   /** How often compaction runs in the background (besides when an accept finds the bound reached). */
   compactEveryMs?: number;
 }
@@ -28,6 +35,8 @@ export interface JournalContents {
   tasks: JournalTask[];
   /** The pool-wide weight-sync state last recorded (none before the first pool-wide pause or resume). */
   weights?: WeightsRecord;
+  /** Records that could not be read at open, moved aside to the quarantine range (`['x', ...key]`), not deleted. */
+  quarantined: number;
 }
 
 /**
@@ -46,13 +55,17 @@ export interface JournalContents {
  * bench/journal-accepts.ts). Finished trajectories and acks are written the same way; writes commit in the order
  * they were issued, so an ack is never durable without the trajectory it acknowledges.
  *
- * Invariant: keys are `['s', session]`, `['t', task]`, `['r', task, sample]` (trajectory bytes) and
- * `['a', task, sample]`; a trajectory or ack key exists only beside its task key. An in-memory index mirrors the
+ * Invariant: keys are `['v']` (the format version), `['w']`, `['s', session]`, `['t', task]`, `['r', task, sample]`
+ * (trajectory bytes) and `['a', task, sample]`; a trajectory or ack key exists only beside its task key (a task is
+ * compacted in one transaction; leftovers are removed at open and before an accept of the same id). `['x', ...key]`
+ * holds records quarantined at start-up, never read. One journal per directory at a time (DirLock). An in-memory index mirrors the
  * task keys (small: ids and sample sets, never trajectories) so compaction and acks need no scan.
  */
 export class Journal {
   private readonly db: RootDatabase;
+  private readonly lock: DirLock;
   private readonly log: Logger;
+  private quarantinedCount = 0;
   private readonly tasks = new Map<string, TaskIndex>();
   private readonly sessions = new Set<string>();
   private full: string | undefined;
@@ -64,6 +77,9 @@ export class Journal {
   private constructor(private readonly options: JournalOptions) {
     this.log = options.logger.child({ component: 'journal' });
     mkdirSync(options.dir, { recursive: true });
+    // One server per directory, taken before LMDB is opened (two would re-run the same samples and compact away
+    // each other's tasks). Released by close, or here when the open fails.
+    this.lock = DirLock.acquire(options.dir);
     // The map is the hard ceiling LMDB enforces (MDB_MAP_FULL); the soft bound (maxBytes) is checked before each
     // accept, with room left above it for the trajectories and acks of work already accepted.
     // eventTurnBatching off: with it on, lmdb-js 3.5 starts each batch with an internal write whose promise nobody
@@ -72,7 +88,20 @@ export class Journal {
     // overlappingSync off: each commit fsyncs before it resolves (LMDB's own durable commit), so a write's promise
     // is its durability. With it on, `db.flushed` waits for the latest batch's flush, which never comes when that
     // batch's commit fails (a full disk) — an accept committed before it would wait forever.
-    this.db = open({ path: options.dir, mapSize: Math.max(options.maxBytes * 2, 64 << 20), compression: false, eventTurnBatching: false, overlappingSync: false });
+    try {
+      this.db = open({ path: options.dir, mapSize: Math.max(options.maxBytes * 2, 64 << 20), compression: false, eventTurnBatching: false, overlappingSync: false });
+    } catch (err) {
+      this.lock.release();
+      throw err;
+    }
+    try {
+      this.checkFileSize();
+      this.checkVersion();
+    } catch (err) {
+      void this.db.close();
+      this.lock.release();
+      throw err;
+    }
     this.compactor = setInterval(() => void this.compact().catch((err: unknown) => this.log.error({ err }, 'journal compaction failed')), options.compactEveryMs ?? 60_000);
     this.compactor.unref();
   }
@@ -80,35 +109,145 @@ export class Journal {
   /** Opens (or creates) the journal in `dir` and reads what it holds. */
   static open(options: JournalOptions): { journal: Journal; contents: JournalContents } {
     const journal = new Journal(options);
-    return { journal, contents: journal.load() };
+    try {
+      return { journal, contents: journal.load() };
+    } catch (err) {
+      // Not served: the store is closed and the directory released, so a corrected start can take it.
+      clearInterval(journal.compactor);
+      journal.closed = true;
+      void journal.db.close();
+      journal.lock.release();
+      throw err;
+    }
   }
 
+  /**
+   * A data.mdb shorter than the pages LMDB's meta page says are in use (an interrupted copy or rsync) would be read
+   * past its end through the memory map: SIGBUS, the process gone without a word. Checked before any data page is
+   * read; LMDB's stats come from the meta pages alone.
+   */
+  private checkFileSize(): void {
+    const file = join(this.options.dir, 'data.mdb');
+    const { pageSize, lastPageNumber } = this.db.getStats() as { pageSize: number; lastPageNumber: number };
+    const needed = (lastPageNumber + 1) * pageSize;
+    const size = statSync(file).size;
+    if (size < needed) {
+      throw new RolloutError('failed_precondition', `journal.dir: ${file} is truncated (${size} bytes; its pages in use need ${needed}): restore the journal directory from a complete copy, or move it aside to start empty`, { field: 'journal.dir' });
+    }
+  }
+
+  /** Stamps a new journal with the format version; refuses one written by a newer format than this server reads. */
+  private checkVersion(): void {
+    const version = this.db.get(keys.version) as unknown;
+    if (version === undefined) {
+      // A new journal, or one written before the version key existed (the same format): stamped now.
+      this.db.putSync(keys.version, FORMAT_VERSION);
+      return;
+    }
+    if (typeof version !== 'number' || !Number.isInteger(version) || version > FORMAT_VERSION) {
+      throw new RolloutError('failed_precondition', `journal.dir: the journal in ${this.options.dir} has format version ${JSON.stringify(version)}; this server reads version ${FORMAT_VERSION} and older (a newer server wrote it)`, { field: 'journal.dir' });
+    }
+  }
+
+  /**
+   * Reads every record, checking its shape; one that cannot be read (a partial or hand edit, another version's
+   * shape) is moved aside ({@link quarantine}) and the rest is loaded. Results and acks without a task (left by a
+   * compaction cut short by a kill -9, or beside a quarantined task) are removed, so a later task with the same id
+   * does not inherit them.
+   */
   private load(): JournalContents {
-    for (const { key } of this.db.getRange(keys.sessions)) this.sessions.add((key as string[])[1]!);
+    for (const key of this.db.getKeys(keys.sessions)) this.sessions.add((key as string[])[1]!);
     const tasks = new Map<string, JournalTask>();
-    for (const { key, value } of this.db.getRange(keys.tasks)) {
-      const record = value as TaskRecord;
-      const taskId = (key as string[])[1]!;
+    const orphans: unknown[][] = [];
+    for (const key of this.db.getKeys(keys.tasks)) {
+      const taskId = (key as unknown[])[1];
+      const record = this.read(key);
+      if (typeof taskId !== 'string' || !validTaskRecord(record)) {
+        this.quarantine(key as unknown[], 'not a task record this version writes');
+        continue;
+      }
       tasks.set(taskId, { taskId, ...record, spec: new Uint8Array(record.spec), finished: new Map(), acked: new Set() });
     }
-    for (const { key, value } of this.db.getRange(keys.results)) {
-      const [, taskId, index] = key as [string, string, number];
-      tasks.get(taskId)?.finished.set(index, new Uint8Array(value as Uint8Array));
+    for (const key of this.db.getKeys(keys.results)) {
+      const [, taskId, index] = key as [string, unknown, unknown];
+      const task = typeof taskId === 'string' ? tasks.get(taskId) : undefined;
+      if (!task) {
+        orphans.push(key as unknown[]);
+        continue;
+      }
+      const value = this.read(key);
+      if (!inRange(index, task.numSamples) || !(value instanceof Uint8Array)) {
+        this.quarantine(key as unknown[], 'not a trajectory record');
+        continue;
+      }
+      task.finished.set(index, new Uint8Array(value));
     }
-    for (const { key } of this.db.getRange(keys.acks)) {
-      const [, taskId, index] = key as [string, string, number];
-      tasks.get(taskId)?.acked.add(index);
+    for (const key of this.db.getKeys(keys.acks)) {
+      const [, taskId, index] = key as [string, unknown, unknown];
+      const task = typeof taskId === 'string' ? tasks.get(taskId) : undefined;
+      if (!task) orphans.push(key as unknown[]);
+      else if (!inRange(index, task.numSamples)) this.quarantine(key as unknown[], 'not an ack record');
+      else task.acked.add(index);
+    }
+    if (orphans.length > 0) {
+      this.db.transactionSync(() => {
+        for (const key of orphans) void this.db.remove(key as Key[]);
+      });
+      this.log.warn({ records: orphans.length }, 'journal: removed results and acks left without their task (a compaction cut short)');
     }
     for (const t of tasks.values()) {
       this.tasks.set(t.taskId, { numSamples: t.numSamples, session: t.session, finished: new Set(t.finished.keys()), acked: new Set(t.acked) });
     }
-    this.log.info({ dir: this.options.dir, tasks: tasks.size, sessions: this.sessions.size, bytes: this.usedBytes() }, 'journal opened');
-    const weights = this.db.get(keys.weights) as WeightsRecord | undefined;
+    this.log.info({ dir: this.options.dir, tasks: tasks.size, sessions: this.sessions.size, bytes: this.usedBytes(), quarantined: this.quarantinedCount }, 'journal opened');
+    const weights = this.read(keys.weights) as WeightsRecord | undefined;
     return {
       sessions: [...this.sessions],
       tasks: [...tasks.values()].sort((a, b) => a.acceptedAt - b.acceptedAt),
       ...(weights && { weights }),
+      quarantined: this.quarantinedCount,
     };
+  }
+
+  /** A record's value, or undefined when it does not decode. */
+  private read(key: unknown): unknown {
+    try {
+      return this.db.get(key as string[]);
+    } catch {
+      return undefined;
+    }
+  }
+
+  /**
+   * Moves a record that cannot be read out of the way, without deleting it: its bytes as stored go to
+   * `['x', ...key]` (a range nothing reads), in one transaction with the removal. A quarantined task takes its
+   * results and acks with it. Logged (warn, with the key) and counted; for start-up (synchronous).
+   */
+  quarantine(key: readonly unknown[], reason: string): void {
+    const moved: unknown[][] = [[...key]];
+    if (key[0] === 't' && typeof key[1] === 'string') {
+      const taskId = key[1];
+      for (const k of this.db.getKeys({ start: ['r', taskId], end: ['r', taskId, keys.TOP] })) moved.push(k as unknown[]);
+      for (const k of this.db.getKeys({ start: ['a', taskId], end: ['a', taskId, keys.TOP] })) moved.push(k as unknown[]);
+      this.tasks.delete(taskId);
+    } else if ((key[0] === 'r' || key[0] === 'a') && typeof key[1] === 'string' && typeof key[2] === 'number') {
+      const task = this.tasks.get(key[1]);
+      task?.finished.delete(key[2]);
+      task?.acked.delete(key[2]);
+    }
+    this.db.transactionSync(() => {
+      for (const k of moved) {
+        const raw = this.db.getBinary(k as string[]);
+        if (raw !== undefined) void this.db.put(['x', ...k] as string[], new Uint8Array(raw));
+        void this.db.remove(k as string[]);
+      }
+    });
+    this.quarantinedCount++;
+    this.log.warn({ key, reason, moved: moved.length }, 'journal: a record that cannot be read was moved aside to the quarantine range [x, ...key]');
+  }
+
+  /** Records quarantined since open (at open and by recovery). */
+  get quarantined(): number {
+    return this.quarantinedCount;
   }
 
   /** Records the pool-wide weight-sync state (see WeightsRecord); resolves once it is on disk. */
@@ -138,6 +277,8 @@ export class Journal {
     if (this.closed) throw new RolloutError('unavailable', 'the journal is closed (server stopping)');
     if (this.usedBytes() + spec.length > this.options.maxBytes) {
       await this.compact();
+      // Retained finished tasks are not compacted; past the bound the bound wins: the oldest are let go, then dropped.
+      while (this.usedBytes() + spec.length > this.options.maxBytes && (this.options.shed?.() ?? 0) > 0) await this.compact();
       const used = this.usedBytes();
       if (used + spec.length > this.options.maxBytes) {
         throw this.markFull(`the journal is full: ${used} bytes in use of its ${this.options.maxBytes}-byte bound (journal.maxBytes), after compaction`);
@@ -147,7 +288,15 @@ export class Journal {
     this.tasks.set(taskId, { numSamples, session, finished: new Set(), acked: new Set() });
     try {
       // Resolves once the transaction holding it is committed and fsynced (overlappingSync off, see the constructor).
-      await this.settled(this.db.put(keys.task(taskId), record));
+      // Results and acks left under this id (a compaction cut short by a kill -9) go in the same transaction, so the
+      // new task never inherits an older task's trajectories.
+      await this.settled(
+        this.db.transaction(() => {
+          for (const k of this.db.getKeys({ start: ['r', taskId], end: ['r', taskId, keys.TOP] })) void this.db.remove(k);
+          for (const k of this.db.getKeys({ start: ['a', taskId], end: ['a', taskId, keys.TOP] })) void this.db.remove(k);
+          return this.db.put(keys.task(taskId), record);
+        }),
+      );
     } catch (err) {
       this.tasks.delete(taskId);
       // Nothing was committed (LMDB aborts the whole transaction); the same write may succeed once space is back.
@@ -158,6 +307,10 @@ export class Journal {
       }
       throw new RolloutError('unavailable', `the journal could not record the task: ${errorText(err)}`, { cause: err });
     }
+    this.clearFull();
+  }
+
+  private clearFull(): void {
     if (this.full !== undefined) {
       this.full = undefined;
       this.log.info('journal accepts tasks again');
@@ -199,17 +352,26 @@ export class Journal {
       if (task.session && this.sessions.has(task.session) && task.acked.size < task.numSamples) continue;
       if (this.options.retained?.(taskId)) continue;
       this.tasks.delete(taskId);
-      this.write(this.db.remove(keys.task(taskId)), 'compaction');
-      for (let i = 0; i < task.numSamples; i++) {
-        this.write(this.db.remove(keys.result(taskId, i)), 'compaction');
-        if (task.acked.has(i)) this.write(this.db.remove(keys.ack(taskId, i)), 'compaction');
-      }
+      // One transaction per task: a kill -9 leaves it whole or gone, never results or acks without their task.
+      this.write(
+        this.db.transaction(() => {
+          void this.db.remove(keys.task(taskId));
+          for (let i = 0; i < task.numSamples; i++) {
+            void this.db.remove(keys.result(taskId, i));
+            if (task.acked.has(i)) void this.db.remove(keys.ack(taskId, i));
+          }
+        }),
+        'compaction',
+      );
       dropped++;
     }
     if (dropped > 0) {
-      await this.db.committed;
+      await Promise.resolve(this.db.committed).catch(() => undefined);
       this.log.info({ dropped, bytes: this.usedBytes() }, 'journal compacted');
     }
+    // Admission (and the rollout.admission health status) comes back as soon as compaction made room, not only at
+    // the next accepted task: a balancer routing by that status would never send it.
+    if (this.full !== undefined && this.usedBytes() < this.options.maxBytes) this.clearFull();
     return dropped;
   }
 
@@ -236,6 +398,7 @@ export class Journal {
     // Every write issued so far is committed (and so fsynced) or has failed and was reported where it was issued.
     await Promise.resolve(this.db.committed).catch(() => undefined);
     await this.db.close();
+    this.lock.release();
   }
 
   private markFull(reason: string, cause?: unknown): RolloutError {

@@ -47,7 +47,15 @@ export interface TaskIndex {
 
 const TOP = '\uffff';
 
+/**
+ * The journal's format version, stored at `['v']` when a journal is created: a server refuses a journal with a
+ * higher one (written by a newer format it cannot read) instead of quarantining all of it.
+ */
+export const FORMAT_VERSION = 1;
+
 export const keys = {
+  TOP,
+  version: ['v'],
   weights: ['w'],
   session: (id: string) => ['s', id],
   task: (id: string) => ['t', id],
@@ -64,4 +72,23 @@ export function isFull(err: unknown): boolean {
   const e = err as { code?: unknown; message?: unknown } | undefined;
   const text = `${String(e?.code ?? '')} ${String(e?.message ?? err)}`;
   return /ENOSPC|EDQUOT|MDB_MAP_FULL|No space left|quota exceeded|MDB_TXN_FULL/i.test(text);
+}
+
+/** Whether a value read at `['t', id]` is a TaskRecord of this format (anything else is quarantined at open). */
+export function validTaskRecord(value: unknown): value is TaskRecord {
+  const r = value as Partial<TaskRecord> | null | undefined;
+  return (
+    typeof r === 'object' &&
+    r !== null &&
+    r.spec instanceof Uint8Array &&
+    Number.isInteger(r.numSamples) &&
+    r.numSamples! > 0 &&
+    typeof r.session === 'string' &&
+    typeof r.acceptedAt === 'number'
+  );
+}
+
+/** Whether `index` is a sample index of a task with `numSamples` samples. */
+export function inRange(index: unknown, numSamples: number): index is number {
+  return typeof index === 'number' && Number.isInteger(index) && index >= 0 && index < numSamples;
 }

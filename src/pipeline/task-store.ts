@@ -115,6 +115,23 @@ export class TaskStore {
     return { tasks, trajectories };
   }
 
+  /**
+   * Drops the oldest retained finished tasks — about an eighth of them, at least one — and returns how many. For the
+   * journal: its size bound wins over retention for GetTrajectory (a finished task the store still retains cannot be
+   * compacted away), or admission would be refused until a new task finished, which admission no longer lets happen.
+   */
+  dropOldestFinished(): number {
+    const count = Math.min(this.finished.size, Math.max(1, Math.ceil(this.finished.size / 8)));
+    for (let i = 0; i < count; i++) {
+      const [oldest, size] = this.finished.entries().next().value!;
+      this.finished.delete(oldest);
+      this.finishedBytes -= size;
+      this.totalBytes -= size;
+      this.tasks.delete(oldest);
+    }
+    return count;
+  }
+
   /** Estimated bytes held by finished tasks. */
   get retainedBytes(): number {
     return this.finishedBytes;

@@ -22,7 +22,7 @@ describe('the journal', () => {
   it('gives back, after reopening, the sessions, accepted tasks (spec bytes, session), finished trajectories and acks it recorded', async () => {
     const dir = await freshDir();
     const { journal, contents } = Journal.open({ dir, maxBytes: 1 << 30, logger: silentLogger() });
-    expect(contents).toEqual({ sessions: [], tasks: [] });
+    expect(contents).toEqual({ sessions: [], tasks: [], quarantined: 0 });
     journal.sessionOpened('s1');
     await journal.accepted('a', bytes(10, 1), 2, 's1');
     await journal.accepted('b', bytes(20, 2), 1, '');
