@@ -39,7 +39,7 @@ export async function runHumanEvalTests(sandbox: Sandbox, task: HumanEvalTask, c
   const nonce = randomBytes(12).toString('hex');
   const timeoutMs = Math.round(task.timeoutS * 1000);
   const stdin = harnessInput(nonce, { prompt: task.prompt, completion, entry_point: task.entryPoint }, { test: task.test });
-  const result = await sandbox.exec(limitedCommand(task.memoryLimitMb, ['python3', '-I', '-c', harness()]), { stdin, timeoutMs, signal });
+  const result = await sandbox.exec(limitedCommand(task.memoryLimitMb, ['python3', '-I', '-c', harness()]), { stdin, timeoutMs, signal, killLeftovers: true });
   const events = parseEvents(result.stdout, nonce);
   const ready = events.find((e) => e.kind === 'ready');
   if (!ready) {

@@ -67,6 +67,28 @@ describe('HumanEval harness: a wrong solution cannot forge its results', () => {
     expect(run.tests[0]!.detail).toMatch(/ended while loading \(exit code 0\)/);
   }, 60_000);
 
+  it('a daemon the solution leaves behind (its own session, double fork) is gone when grading ends', async () => {
+    const daemon = [
+      '    return a + b',
+      'import os, time',
+      'r, w = os.pipe()',
+      'if os.fork() == 0:',
+      '    os.setsid()',
+      '    if os.fork() == 0:',
+      '        open("/tmp/daemon-alive", "w").write(str(os.getpid()))',
+      '        os.write(w, b"x")',
+      '        time.sleep(1000)',
+      '    os._exit(0)',
+      'os.read(r, 1)  # loading goes on once the daemon has said where it is',
+    ].join('\n');
+    const run = await runHumanEvalTests(sandbox, task, daemon, signal);
+    expect(passed(run)).toBe(3);
+    const pid = (await sandbox.exec(['cat', '/tmp/daemon-alive'], { timeoutMs: 10_000, signal })).stdout.trim();
+    expect(pid).toMatch(/^\d+$/);
+    const alive = await sandbox.exec(['sh', '-c', `test -d /proc/${pid} && echo alive || echo gone`], { timeoutMs: 10_000, signal });
+    expect(alive.stdout.trim()).toBe('gone');
+  }, 60_000);
+
   it('exiting with status 0 inside the function, for some inputs only, fails exactly those tests', async () => {
     const run = await runHumanEvalTests(sandbox, task, '    import os\n    if a == 1:\n        os._exit(0)\n    return a + b', signal);
     expect(statuses(run)).toEqual(['failed', 'passed', 'passed']);
