@@ -196,6 +196,19 @@ export class RolloutSession {
     this.call.write({ kind: { $case: 'cancel', value: { taskId } } });
   }
 
+  /**
+   * Acks every trajectory of these tasks the server has sent this session so far (samples not sent yet, e.g. held
+   * while delivery is paused, are not covered and come later).
+   */
+  ackTasks(taskIds: string[]): void {
+    if (this.halfClosed || this.ended) return;
+    this.call.write({ kind: { $case: 'ack', value: { taskIds, trajectories: [] } } });
+    if (this.autoAck) return;
+    const tasks = new Set(taskIds);
+    for (const key of this.unacked) if (tasks.has(key.slice(key.indexOf('\u0000') + 1))) this.unacked.delete(key);
+    this.maybeHalfClose();
+  }
+
   /** Tells the server these trajectories are safely received (a resumed session will not get them again). */
   ack(refs: { taskId: string; sampleIndex: number }[]): void {
     if (this.halfClosed || this.ended) return;

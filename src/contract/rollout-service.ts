@@ -206,8 +206,9 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
             log.debug({ err, taskId: kind.value.taskId }, 'cancel of unknown task');
           }
         } else {
-          session.ack(kind.value);
-          runtime.deps.journal?.ack(kind.value);
+          // The journal records what the session acked: a whole-task ack covers only what was sent (see Session.ack).
+          const durable = session.ack(kind.value);
+          runtime.deps.journal?.ack(durable);
         }
         // A slow reader: stop pulling requests until the outbox drains (bounded in bytes per stream).
         await writer.below(maxOutboxBytes);

@@ -149,13 +149,24 @@ export class Session {
    * held queue if it waits there. An ack of a sample of an accepted task that was not delivered yet (recovery replays
    * the journal's acks before the trajectories come back) marks it delivered, so it is not sent when it arrives: the
    * client says it has it. A whole-task ack acks what was sent so far.
+   *
+   * Returns the same ack as the journal must record it: a whole-task ack of a task this session still remembers
+   * becomes the samples it had sent (held ones were not: they are sent later, and a restart must send them too); one
+   * of a task it does not remember (everything delivered and acked, or never this session's) stays whole.
    */
-  ack(ack: Ack): void {
+  ack(ack: Ack): Ack {
+    const durable: Ack = { taskIds: [], trajectories: [...ack.trajectories] };
     for (const taskId of ack.taskIds) {
       const task = this.tasks.get(taskId);
-      if (!task) continue;
+      if (!task) {
+        durable.taskIds.push(taskId);
+        continue;
+      }
       // A whole-task ack acks what was sent: held samples were not, and are sent later.
-      for (const index of [...task.unacked.keys()]) this.unack(task, index);
+      for (const index of [...task.unacked.keys()]) {
+        durable.trajectories.push({ taskId, sampleIndex: index });
+        this.unack(task, index);
+      }
       this.forgetIfDone(taskId);
     }
     for (const ref of ack.trajectories) {
@@ -171,6 +182,7 @@ export class Session {
     }
     this.release();
     this.wakeIdle();
+    return durable;
   }
 
   /** Removes an acked sample from the held queue: it must never be sent. */
