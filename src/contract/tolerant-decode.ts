@@ -1,3 +1,4 @@
+import { BinaryReader, WireType } from '@bufbuild/protobuf/wire';
 import type { ServiceDefinition } from '@grpc/grpc-js';
 import type protobuf from 'protobufjs';
 import { RolloutError } from '../errors.js';
@@ -117,37 +118,21 @@ function overMethodLimit(bytes: Uint8Array, typeName: string, limit: number, pat
 function largestTopLevelField(bytes: Uint8Array, enough: number, walkAtMost: number): { field: number; bytes: number } | undefined {
   const totals = new Map<number, number>();
   let best: { field: number; bytes: number } | undefined;
-  let pos = 0;
-  const varint = (): number => {
-    let value = 0;
-    for (let shift = 0; pos < bytes.length; shift += 7) {
-      const b = bytes[pos++]!;
-      if (shift < 35) value += (b & 0x7f) * 2 ** shift;
-      if ((b & 0x80) === 0) return value;
-    }
-    return -1;
-  };
+  const reader = new BinaryReader(bytes);
   const end = Math.min(bytes.length, walkAtMost);
-  while (pos < end) {
-    const start = pos;
-    const tag = varint();
-    if (tag < 0) break;
-    const wireType = tag % 8;
-    if (wireType === 0) {
-      if (varint() < 0) break;
-    } else if (wireType === 1) pos += 8;
-    else if (wireType === 2) {
-      const length = varint();
-      if (length < 0) break;
-      pos += length;
-    } else if (wireType === 5) pos += 4;
-    else break;
-    if (pos > bytes.length) break;
-    const field = Math.floor(tag / 8);
-    const total = (totals.get(field) ?? 0) + (pos - start);
-    totals.set(field, total);
-    if (best === undefined || total > best.bytes) best = { field, bytes: total };
-    if (total > enough) break;
+  try {
+    while (reader.pos < end) {
+      const start = reader.pos;
+      const [field, wireType] = reader.tag();
+      if (wireType === WireType.StartGroup || wireType === WireType.EndGroup) break;
+      reader.skip(wireType, field); // throws past the end of the bytes
+      const total = (totals.get(field) ?? 0) + (reader.pos - start);
+      totals.set(field, total);
+      if (best === undefined || total > best.bytes) best = { field, bytes: total };
+      if (total > enough) break;
+    }
+  } catch {
+    // A malformed tail: what was found so far is the answer.
   }
   return best;
 }
