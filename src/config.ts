@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import { withoutCredentials } from './backends/engine-http.js';
 import { BACKEND_KIND_NAMES } from './backends/kinds.js';
+import { tokenProblem } from './bearer-token.js';
 import { RolloutError } from './errors.js';
 
 /** The longest a Node timer can wait (ms): a larger timeout would fire at once. */
@@ -60,17 +61,6 @@ export function backendIdProblem(id: string): string | undefined {
   return undefined;
 }
 
-/**
- * What a bearer token may hold: printable ASCII without spaces. An HTTP/2 header value cannot carry a newline or a
- * non-ASCII character, so a token with one could never be sent by any client (grpc-js refuses to set it).
- */
-export const TOKEN_PATTERN = /^[\x21-\x7e]+$/;
-/** Why `token` cannot be a bearer token (never quoting it), or undefined when it can. */
-export function tokenProblem(token: string): string | undefined {
-  if (token === '') return 'must not be empty';
-  if (!TOKEN_PATTERN.test(token)) return 'must be printable ASCII without spaces or control characters (an HTTP/2 header cannot carry it)';
-  return undefined;
-}
 const tokenSchema = z.string().superRefine((token, ctx) => {
   const problem = tokenProblem(token);
   if (problem !== undefined) ctx.addIssue({ code: 'custom', message: problem });

@@ -1,7 +1,7 @@
 import { readFileSync } from 'node:fs';
 import type { Command } from 'commander';
 import type { ConnectionOptions } from '../client/rollout-client.js';
-import { tokenProblem } from '../config.js';
+import { tokenProblem } from '../bearer-token.js';
 import { RolloutError } from '../errors.js';
 
 /** The flags every client command takes to reach a server that asks for tokens or TLS (see {@link withConnectionFlags}). */

@@ -14,6 +14,7 @@ import {
   type WatchResponse,
 } from '../../gen/ts/rollout/v1/rollout.js';
 import { BackendServiceClient, type AddBackendRequest, type Backend, type PauseMode } from '../../gen/ts/rollout/v1/backend.js';
+import { tokenProblem } from '../bearer-token.js';
 import { AsyncQueue } from './async-queue.js';
 
 /** A task spec as a caller writes it: only task_id, environment, instance and num_samples are needed. */
@@ -348,7 +349,8 @@ export class RolloutClient {
     const { tls } = options;
     for (const [name, value] of [['token', options.token], ['adminToken', options.adminToken]] as const) {
       // What HTTP/2 metadata can carry; anything else would throw inside grpc-js on every call, message included.
-      if (value !== undefined && !/^[\x21-\x7e]+$/.test(value)) throw new Error(`${name}: must be printable ASCII without spaces (a token file with a trailing newline inside, or a non-ASCII character?)`);
+      const problem = value === undefined ? undefined : tokenProblem(value);
+      if (problem !== undefined) throw new Error(`${name}: ${problem}`);
     }
     const adminToken = options.adminToken ?? options.token;
     const channel = tls ? credentials.createSsl(tls.ca ?? null, tls.key ?? null, tls.cert ?? null) : credentials.createInsecure();
