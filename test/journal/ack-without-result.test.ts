@@ -1,29 +1,17 @@
-import { mkdtemp, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import type { Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { mathTask } from '../support/harness.js';
-import { startServerHarness, type ServerHarness } from '../support/server-harness.js';
+import { journalSuite } from '../support/journal-suite.js';
+import type { ServerHarness } from '../support/server-harness.js';
 import { eventually } from '../support/wait.js';
 
-const dirs: string[] = [];
-const harnesses: ServerHarness[] = [];
-afterEach(async () => {
-  await Promise.all(harnesses.splice(0).map((h) => h.close()));
-  await Promise.all(dirs.splice(0).map((d) => rm(d, { recursive: true, force: true })));
-});
+const suite = journalSuite();
 
-async function journaled(dir: string): Promise<ServerHarness> {
-  const h = await startServerHarness({ config: { journal: { dir } } });
-  harnesses.push(h);
-  return h;
-}
+const journaled = (dir: string): Promise<ServerHarness> => suite.server(dir);
 
 describe('a trajectory whose journal write failed (a transient ENOSPC), delivered and acked anyway', () => {
   it('is not run again and delivered again to the session that acked it after a restart', async () => {
-    const dir = await mkdtemp(join(tmpdir(), 'journal-ackonly-'));
-    dirs.push(dir);
+    const dir = await suite.dir('journal-ackonly-');
     const a = await journaled(dir);
     // The trajectory's write fails once (what a momentarily full disk does); later writes succeed.
     const db = (a.server.journal as unknown as { db: { put: (k: unknown, v: unknown) => Promise<boolean> } }).db;

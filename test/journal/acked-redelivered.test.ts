@@ -1,30 +1,18 @@
-import { mkdtemp, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import type { Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { mathTask } from '../support/harness.js';
-import { startServerHarness, type ServerHarness } from '../support/server-harness.js';
+import { journalSuite } from '../support/journal-suite.js';
+import type { ServerHarness } from '../support/server-harness.js';
 import { eventually } from '../support/wait.js';
 
-const dirs: string[] = [];
-const harnesses: ServerHarness[] = [];
-afterEach(async () => {
-  await Promise.all(harnesses.splice(0).map((h) => h.close()));
-  await Promise.all(dirs.splice(0).map((d) => rm(d, { recursive: true, force: true })));
-});
+const suite = journalSuite();
 
-async function journaled(dir: string): Promise<ServerHarness> {
-  // A small per-session bound: the bound every trainer that acks once per step reaches (256 MiB by default).
-  const h = await startServerHarness({ config: { journal: { dir }, sessions: { maxUnackedBytes: 1 } } });
-  harnesses.push(h);
-  return h;
-}
+// A small per-session bound: the bound every trainer that acks once per step reaches (256 MiB by default).
+const journaled = (dir: string): Promise<ServerHarness> => suite.server(dir, { config: { sessions: { maxUnackedBytes: 1 } } });
 
 describe('a restart of a session whose journaled trajectories exceed its unacked-bytes bound', () => {
   it('never re-delivers a trajectory the session acked before the restart', async () => {
-    const dir = await mkdtemp(join(tmpdir(), 'journal-acked-'));
-    dirs.push(dir);
+    const dir = await suite.dir('journal-acked-');
     const a = await journaled(dir);
     const session = a.client.openSession({ sessionId: 'acker', autoAck: false });
     const got: Trajectory[] = [];
@@ -59,8 +47,7 @@ describe('a restart of a session whose journaled trajectories exceed its unacked
 
 describe('a whole-task ack while some of the task\u2019s trajectories are held (delivery paused)', () => {
   it('acks what was sent only: after a restart the held ones are still delivered, not lost', async () => {
-    const dir = await mkdtemp(join(tmpdir(), 'journal-task-ack-'));
-    dirs.push(dir);
+    const dir = await suite.dir('journal-task-ack-');
     const a = await journaled(dir);
     const session = a.client.openSession({ sessionId: 'task-acker', autoAck: false });
     const got: Trajectory[] = [];

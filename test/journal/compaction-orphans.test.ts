@@ -1,24 +1,13 @@
-import { mkdtemp, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { open } from 'lmdb';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import type { Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { mathTask } from '../support/harness.js';
-import { startServerHarness, type ServerHarness } from '../support/server-harness.js';
+import { journalSuite } from '../support/journal-suite.js';
+import type { ServerHarness } from '../support/server-harness.js';
 
-const dirs: string[] = [];
-const harnesses: ServerHarness[] = [];
-afterEach(async () => {
-  await Promise.all(harnesses.splice(0).map((h) => h.close()));
-  await Promise.all(dirs.splice(0).map((d) => rm(d, { recursive: true, force: true })));
-});
+const suite = journalSuite();
 
-async function journaled(dir: string, tokenLatencyMs: number): Promise<ServerHarness> {
-  const h = await startServerHarness({ config: { journal: { dir } }, engine: { tokenLatencyMs } });
-  harnesses.push(h);
-  return h;
-}
+const journaled = (dir: string, tokenLatencyMs: number): Promise<ServerHarness> => suite.server(dir, { engine: { tokenLatencyMs } });
 
 /**
  * Journal.compact issues `remove(task)` then `remove(result)`/`remove(ack)` as separate writes; lmdb-js (with
@@ -28,8 +17,7 @@ async function journaled(dir: string, tokenLatencyMs: number): Promise<ServerHar
  */
 describe('a kill -9 in the middle of a compaction (task key removed, its result keys not yet)', () => {
   it('the orphaned result is not attached to a later task with the same task_id (an epoch-2 re-submit)', async () => {
-    const dir = await mkdtemp(join(tmpdir(), 'journal-orphan-'));
-    dirs.push(dir);
+    const dir = await suite.dir('journal-orphan-');
     const a = await journaled(dir, 0);
     await a.client.submit(mathTask('e1', 1, 41, { metadata: { epoch: '1' } }));
     await a.client.getTrajectory('e1', { wait: true, deadlineMs: 60_000 });

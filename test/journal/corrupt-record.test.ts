@@ -1,35 +1,22 @@
-import { mkdtemp, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { open } from 'lmdb';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { mathTask } from '../support/harness.js';
-import { startServerHarness, type ServerHarness } from '../support/server-harness.js';
+import { journalSuite } from '../support/journal-suite.js';
+import type { ServerHarness } from '../support/server-harness.js';
 
-const dirs: string[] = [];
-const harnesses: ServerHarness[] = [];
-afterEach(async () => {
-  await Promise.all(harnesses.splice(0).map((h) => h.close()));
-  await Promise.all(dirs.splice(0).map((d) => rm(d, { recursive: true, force: true })));
-});
+const suite = journalSuite();
 
-async function journaled(dir: string): Promise<ServerHarness> {
-  const h = await startServerHarness({ config: { journal: { dir } } });
-  harnesses.push(h);
-  return h;
-}
+const journaled = (dir: string): Promise<ServerHarness> => suite.server(dir);
 
 /** A journal with two good tasks (one finished), then one record damaged by `damage`. */
 async function journalWith(damage: (db: ReturnType<typeof open>) => void): Promise<string> {
-  const dir = await mkdtemp(join(tmpdir(), 'journal-corrupt-'));
-  dirs.push(dir);
+  const dir = await suite.dir('journal-corrupt-');
   const a = await journaled(dir);
   await a.client.submit(mathTask('good', 1, 11));
   await a.client.submit(mathTask('victim', 1, 12));
   await a.client.getTrajectory('good', { wait: true, deadlineMs: 60_000 });
   await a.client.getTrajectory('victim', { wait: true, deadlineMs: 60_000 });
-  await a.close();
-  harnesses.splice(harnesses.indexOf(a), 1);
+  await a.close(); // idempotent: the suite's close after the test does nothing more
   const db = open({ path: dir, compression: false });
   damage(db);
   await db.close();
@@ -42,7 +29,7 @@ describe('a journal holding one damaged record (partial write, other version, ha
       const bytes = db.get(['r', 'victim', 0]) as Uint8Array;
       db.putSync(['r', 'victim', 0], bytes.subarray(0, Math.floor(bytes.length / 2)));
     });
-    const b = await journaled(dir); // today: rejects with a RangeError from Trajectory.decode
+    const b = await journaled(dir); // before the fix: rejected with a RangeError from Trajectory.decode
     expect((await b.client.submit(mathTask('good', 1, 11))).duplicate).toBe(true);
   }, 120_000);
 

@@ -1,27 +1,17 @@
-import { mkdtemp, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { afterEach, describe, expect, it } from 'vitest';
-import { startServerHarness, type ServerHarness } from '../support/server-harness.js';
+import { describe, expect, it } from 'vitest';
+import { journalSuite } from '../support/journal-suite.js';
+import type { ServerHarness } from '../support/server-harness.js';
 
-const dirs: string[] = [];
-const harnesses: ServerHarness[] = [];
-afterEach(async () => {
-  await Promise.all(harnesses.splice(0).map((h) => h.close()));
-  await Promise.all(dirs.splice(0).map((d) => rm(d, { recursive: true, force: true })));
-});
+const suite = journalSuite();
 
 describe('one journal directory, two servers at once', () => {
   it('the second server refuses to start (failed_precondition naming journal.dir) instead of sharing the journal', async () => {
-    const dir = await mkdtemp(join(tmpdir(), 'journal-shared-'));
-    dirs.push(dir);
-    const a = await startServerHarness({ config: { journal: { dir } } });
-    harnesses.push(a);
+    const dir = await suite.dir('journal-shared-');
+    await suite.server(dir);
     let second: ServerHarness | undefined;
-    const outcome = await startServerHarness({ config: { journal: { dir } } }).then(
+    const outcome = await suite.server(dir).then(
       (h) => {
         second = h;
-        harnesses.push(h);
         return 'started';
       },
       (err: unknown) => err,
