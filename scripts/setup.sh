@@ -24,6 +24,24 @@ if [ ${#apt_missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${apt_missing[@]}" >/dev/null
 fi
 
+# The sandboxes' pid 1 (src/sandboxes/init/sandbox-init.c): a static binary, built with the host's C compiler when
+# its source changed (gcc and libc6-dev, for the static libc, from apt when missing). Without it sandboxes still run,
+# on bwrap's own init, but a sandboxed `kill -9 -1` ends its sandbox (the server warns).
+init_src=src/sandboxes/init/sandbox-init.c init_bin=.cache/bin/rollout-sandbox-init
+init_sum=$(cat "$init_src" <(echo "cc -static -Os -s") | sha256sum | cut -d' ' -f1)
+if [ ! -x "$init_bin" ] || [ "$(cat "$init_bin.stamp" 2>/dev/null)" != "$init_sum" ]; then
+  if ! command -v cc >/dev/null 2>&1 || [ -z "$(find /usr/lib /usr/lib64 -maxdepth 2 -name libc.a -print -quit 2>/dev/null)" ]; then
+    log "installing gcc and libc6-dev (apt-get), to build the sandbox init"
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq gcc libc6-dev >/dev/null
+  fi
+  log "building $init_bin (cc -static)"
+  mkdir -p .cache/bin
+  cc -static -Os -s -Wall -Wextra -Werror -o "$init_bin.tmp" "$init_src"
+  mv -f "$init_bin.tmp" "$init_bin"
+  echo "$init_sum" > "$init_bin.stamp"
+fi
+
 lock_sum=$(sha256sum package-lock.json | cut -d' ' -f1)
 if [ ! -f node_modules/.rollout-stamp ] || [ "$(cat node_modules/.rollout-stamp)" != "$lock_sum" ]; then
   log "installing npm packages (npm ci)"

@@ -1,6 +1,7 @@
 import { lstatSync, readlinkSync, readdirSync } from 'node:fs';
 import { posix } from 'node:path';
 import type { HostPython } from './host-python.js';
+import { SANDBOX_INIT_PATH } from './init/sandbox-init.js';
 import type { SandboxLimits } from './types.js';
 
 /**
@@ -103,6 +104,12 @@ export interface HolderCommandSpec {
   stageDir: string;
   /** Descriptor bwrap writes its --info-fd JSON (child-pid) to. */
   infoFd: number;
+  /**
+   * Host path of the sandbox init (init/sandbox-init.c): bound at SANDBOX_INIT_PATH and run as the namespace's pid 1
+   * (`--as-pid-1`), the holder itself. Without it, bwrap's init is pid 1 and a holder shell pid 2, which the
+   * sandbox's own processes can kill (`kill -9 -1`), ending the sandbox.
+   */
+  init?: string;
 }
 
 const JOIN = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"';
@@ -123,7 +130,7 @@ const STAGE = [
   '  i=$((i + 1)); shift',
   'done; shift; exec "$@"',
 ].join('\n');
-/** The holder: says it is up, then lives until its stdin (the server's control pipe) closes. */
+/** The fallback holder (no init binary): says it is up, then lives until its stdin (the server's control pipe) closes. */
 const HOLDER = 'printf r; read -r _ || true';
 
 /**
@@ -135,12 +142,15 @@ export function buildHolderArgv(spec: HolderCommandSpec): string[] {
   const staged = identity.kind === 'setuid';
   const image = spec.layout.image;
   // Sources in staging order: the image root (if any), then the layout's binds, then spec.mounts.
-  const sources = [...(image ? [image.root] : []), ...spec.layout.binds.map((b) => b.source), ...spec.mounts.map((b) => b.source)];
+  const sources = [
+    ...(image ? [image.root] : []), ...spec.layout.binds.map((b) => b.source), ...spec.mounts.map((b) => b.source),
+    ...(spec.init !== undefined ? [spec.init] : []),
+  ];
   const source = (i: number): string => (staged ? `${spec.stageDir}/${i}` : sources[i]!);
   const offset = image ? 1 : 0;
   const bwrap = [
     spec.bwrapPath, '--unshare-user', '--uid', String(SANDBOX_UID), '--gid', String(SANDBOX_UID), '--disable-userns',
-    '--unshare-pid', '--unshare-ipc', '--unshare-uts', '--unshare-cgroup-try', ...(spec.network ? [] : ['--unshare-net']),
+    '--unshare-pid', ...(spec.init !== undefined ? ['--as-pid-1'] : []), '--unshare-ipc', '--unshare-uts', '--unshare-cgroup-try', ...(spec.network ? [] : ['--unshare-net']),
     '--die-with-parent', '--new-session', '--hostname', 'sandbox', ...spec.layout.args,
   ];
   const bindArgs = (bind: Bind, i: number): string[] => {
@@ -155,8 +165,10 @@ export function buildHolderArgv(spec: HolderCommandSpec): string[] {
   bwrap.push('--size', bytes, '--perms', '1777', '--tmpfs', '/tmp');
   bwrap.push('--size', bytes, '--perms', '0755', '--tmpfs', spec.workdir);
   spec.mounts.forEach((b, i) => bwrap.push(...bindArgs(b, nLayout + i)));
+  if (spec.init !== undefined) bwrap.push('--ro-bind', source(nLayout + spec.mounts.length), SANDBOX_INIT_PATH);
+  const holder = spec.init !== undefined ? [SANDBOX_INIT_PATH] : ['/bin/sh', '-c', HOLDER];
   // The root is bwrap's own tmpfs (holding /etc and mount points): read-only once everything is mounted.
-  bwrap.push('--remount-ro', '/', '--chdir', spec.workdir, '--info-fd', String(spec.infoFd), '--clearenv', '--', '/bin/sh', '-c', HOLDER);
+  bwrap.push('--remount-ro', '/', '--chdir', spec.workdir, '--info-fd', String(spec.infoFd), '--clearenv', '--', ...holder);
   if (staged) {
     return [
       'unshare', '-m', '--propagation', 'private', '/bin/sh', '-c', STAGE, 'rollout-stage', spec.stageDir,

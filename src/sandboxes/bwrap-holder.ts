@@ -17,9 +17,11 @@ export interface HeldNamespaces {
 }
 
 /**
- * The running holder of one sandbox: bwrap's monitor (our child, on the host), bwrap's init (pid 1 of the
- * sandbox's PID namespace) and the holder shell (pid 2), which lives until its stdin — the control pipe — closes.
- * Killing pid 1 makes the kernel kill every process of the namespace; the monitor then exits.
+ * The running holder of one sandbox: bwrap's monitor (our child, on the host) and pid 1 of the sandbox's PID
+ * namespace, which lives until its stdin — the control pipe — closes. Pid 1 is the sandbox init
+ * (init/sandbox-init.c: the holder itself, which the sandbox's processes cannot signal), or, without one, bwrap's
+ * init with a holder shell as pid 2. Killing pid 1 makes the kernel kill every process of the namespace; the monitor
+ * then exits.
  */
 export class Holder {
   private closed = false;
@@ -30,7 +32,7 @@ export class Holder {
     private readonly child: ChildProcess,
     /** Host pid of the PID namespace's init. */
     readonly initPid: number,
-    /** Host pid of the holder shell, whose namespaces commands enter. */
+    /** Host pid of the holder (the init itself, or the holder shell), whose namespaces commands enter. */
     readonly holderPid: number,
     readonly namespaces: HeldNamespaces,
   ) {
@@ -52,7 +54,10 @@ export class Holder {
    * Starts the holder from its full host argv (see buildHolderArgv) and waits until it says it is up. Throws
    * sandbox_error with bwrap's own words when it cannot start; the signal kills a half-started holder.
    */
-  static async start(argv: readonly string[], options: { signal?: AbortSignal; lowerOomScore: boolean; timeoutMs: number; onOomScoreError?: (err: unknown) => void }): Promise<Holder> {
+  static async start(
+    argv: readonly string[],
+    options: { signal?: AbortSignal; lowerOomScore: boolean; timeoutMs: number; onOomScoreError?: (err: unknown) => void; holderIsInit: boolean },
+  ): Promise<Holder> {
     const child = spawn(argv[0]!, argv.slice(1), { detached: true, stdio: ['pipe', 'pipe', 'pipe', 'ignore', 'pipe'], env: LAUNCH_ENV });
     const stderr = new CappedOutput(8192);
     child.stderr?.on('data', (c: Buffer) => stderr.push(c));
@@ -110,10 +115,11 @@ export class Holder {
     try {
       const initPid = parseInfo(info);
       if (initPid === undefined) throw new Error(`no child-pid in bwrap's info: ${info}`);
-      const holderPid = Number(readFileSync(`/proc/${initPid}/task/${initPid}/children`, 'utf8').trim().split(' ')[0]);
+      const holderPid = options.holderIsInit ? initPid : Number(readFileSync(`/proc/${initPid}/task/${initPid}/children`, 'utf8').trim().split(' ')[0]);
       const namespaces = holdNamespaces(holderPid);
-      // The holder must be bwrap init's child while we hold its namespaces: then they are this sandbox's.
-      if (parentOf(holderPid) !== initPid || parentOf(initPid) !== child.pid) {
+      // The holder must be (or be the child of) the monitor's child while we hold its namespaces: then they are
+      // this sandbox's.
+      if ((!options.holderIsInit && parentOf(holderPid) !== initPid) || parentOf(initPid) !== child.pid) {
         namespaces.close();
         throw new Error('the holder vanished during start-up');
       }
@@ -121,7 +127,7 @@ export class Holder {
         // The memory limit's OOM killer must pick the user's processes, never the ones that hold the sandbox.
         // Best effort (root without CAP_SYS_RESOURCE gets EACCES): reported, and commands' raised scores
         // (bwrap-command.ts) still make the OOM killer pick the user's processes first.
-        for (const pid of [child.pid, initPid, holderPid]) {
+        for (const pid of new Set([child.pid, initPid, holderPid])) {
           try {
             writeFileSync(`/proc/${pid}/oom_score_adj`, '-1000');
           } catch (err) {

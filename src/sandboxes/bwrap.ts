@@ -9,6 +9,7 @@ import { Holder } from './bwrap-holder.js';
 import { BubblewrapSandbox, newSandboxId } from './bwrap-sandbox.js';
 import { createCgroupManager, type CgroupKind, type CgroupManager } from './cgroups.js';
 import { resolveHostPython, type HostPython } from './host-python.js';
+import { resolveSandboxInit } from './init/sandbox-init.js';
 import type { ImageMounts, MountedImage } from './images/image-mounts.js';
 import { SifImageMounts } from './images/sif-mount.js';
 import type { SandboxDriver, SandboxLimits, SandboxSpec } from './types.js';
@@ -37,6 +38,12 @@ export interface BubblewrapDriverOptions {
   cgroups?: CgroupKind;
   /** How long a sandbox may take to start, ms (default 30 s). */
   startTimeoutMs?: number;
+  /**
+   * The sandbox init binary (init/sandbox-init.c, built by scripts/setup.sh), run as each sandbox's pid 1; default
+   * ROLLOUT_SANDBOX_INIT or `<project>/.cache/bin/rollout-sandbox-init`. `false`, or a missing binary (warned
+   * once), runs bwrap's own init and a holder shell instead, which a sandboxed `kill -9 -1` ends.
+   */
+  init?: string | false;
 }
 
 /** What isolation this driver achieves on this machine. */
@@ -44,6 +51,11 @@ export interface BubblewrapCapabilities {
   /** How memory and process limits hold: per sandbox through cgroup v1/v2, or per process only (`none`). */
   cgroups: CgroupKind;
   identity: SandboxIdentity['kind'];
+  /**
+   * Whether each sandbox's pid 1 is the sandbox init (the holder itself, out of reach of the sandbox's signals);
+   * false when it runs bwrap's init with a holder shell the sandbox's own `kill -9 -1` ends.
+   */
+  holderIsInit: boolean;
   /**
    * Whether the processes holding a sandbox are exempt from its OOM killer (oom_score_adj -1000: root with
    * CAP_SYS_RESOURCE). False once a write failed (warned once); commands' own raised scores hold either way.
@@ -53,14 +65,16 @@ export interface BubblewrapCapabilities {
 
 interface Probe {
   python: HostPython | undefined;
+  init: string | undefined;
   host: Layout;
   stageDir: string;
 }
 
 /**
  * Long-lived bubblewrap sandboxes. A sandbox is one bwrap process tree — its own user (with further user
- * namespaces disabled), mount, PID, IPC, UTS and (unless asked) network namespaces — whose pid 1 is bwrap's init
- * and whose pid 2 is a holder shell that lives until the server closes its stdin or kills it. The root file system
+ * namespaces disabled), mount, PID, IPC, UTS and (unless asked) network namespaces — whose pid 1 is the sandbox
+ * init (init/sandbox-init.c), which lives until the server closes its stdin or kills it, reaps orphans, and is the
+ * one process the sandbox's own processes cannot signal. The root file system
  * is the image's (each top-level entry read-only) or the host's /usr with a minimal /etc and the host Python; the
  * workspace (spec.workdir) and /tmp are size-limited tmpfs (`--size`, diskMb each).
  *
@@ -103,7 +117,7 @@ export class BubblewrapDriver implements SandboxDriver {
     this.uidRange = options.uidRange ?? { first: 0x6000_0000, count: 1 << 24 };
     this.images = options.images ?? new SifImageMounts({ logger: this.log });
     this.cgroups = createCgroupManager({ logger: this.log, ...(options.cgroups !== undefined && { kind: options.cgroups }) });
-    this.capabilities = { cgroups: this.cgroups.kind, identity: this.identityMode, oomProtection: isRoot };
+    this.capabilities = { cgroups: this.cgroups.kind, identity: this.identityMode, oomProtection: isRoot, holderIsInit: false };
   }
 
   async start(spec: SandboxSpec, signal?: AbortSignal): Promise<BubblewrapSandbox> {
@@ -133,11 +147,13 @@ export class BubblewrapDriver implements SandboxDriver {
         bwrapPath: this.bwrapPath, identity, limits: spec.limits, network: spec.network, layout,
         mounts: spec.mounts.map((m) => ({ source: m.source, dest: m.target, readOnly: m.readOnly ?? true })),
         workdir: spec.workdir, cgroupProcs: cgroup.procs, stageDir: probe.stageDir, infoFd: 4,
+        ...(probe.init !== undefined && { init: probe.init }),
       });
       const holder = await Holder.start(argv, {
         lowerOomScore: this.capabilities.oomProtection,
         onOomScoreError: (err) => this.oomScoreFailed(err),
         timeoutMs: this.options.startTimeoutMs ?? 30_000,
+        holderIsInit: probe.init !== undefined,
         ...(signal !== undefined && { signal }),
       });
       const sandbox = new BubblewrapSandbox({
@@ -192,8 +208,16 @@ export class BubblewrapDriver implements SandboxDriver {
       const st = await lstat(stageDir);
       if (!st.isDirectory() || st.uid !== 0) throw new RolloutError('sandbox_error', `${stageDir} is not a directory owned by root`);
     }
-    this.log.info({ identity: this.identityMode, cgroups: this.cgroups.kind, python: python?.executable ?? null }, 'bubblewrap sandboxes available');
-    return { python, host: hostLayout(), stageDir };
+    const init = await resolveSandboxInit(this.options.init);
+    this.capabilities.holderIsInit = init.path !== undefined;
+    if (init.path === undefined && init.tried !== 'disabled') {
+      this.log.warn(
+        { tried: init.tried },
+        "no sandbox init binary (scripts/setup.sh builds it): sandboxes run bwrap's init and a holder shell, and a sandboxed `kill -9 -1` ends its sandbox (sandbox_error)",
+      );
+    }
+    this.log.info({ identity: this.identityMode, cgroups: this.cgroups.kind, python: python?.executable ?? null, init: init.path ?? null }, 'bubblewrap sandboxes available');
+    return { python, init: init.path, host: hostLayout(), stageDir };
   }
 
   /** A holder's oom_score_adj could not be lowered: said once, then not tried again (capabilities tell). */

@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BubblewrapDriver, type BubblewrapSandbox } from '../../src/sandboxes/bwrap.js';
+import { SANDBOX_INIT_PATH } from '../../src/sandboxes/init/sandbox-init.js';
 import { closeAfterAll, testSpec } from './helpers.js';
 
 const driver = closeAfterAll(new BubblewrapDriver());
@@ -61,8 +62,8 @@ describe('bubblewrap sandbox escape attempts', () => {
       'echo "$ROLLOUT_ESCAPE_TEST_SECRET" | grep -c server-secret',
     ].join('; ')]);
     expect(r.stdout).toBe('0\n0\n');
-    // pid 1 inside is bwrap's init, never the host's init.
-    expect((await sandbox.exec(['cat', '/proc/1/cmdline'])).stdout.split('\0')[0]).toBe('bwrap');
+    // pid 1 inside is the sandbox init, never the host's init.
+    expect((await sandbox.exec(['cat', '/proc/1/cmdline'])).stdout.split('\0')[0]).toBe(SANDBOX_INIT_PATH);
   });
 
   it('cannot create user namespaces (unshare -r fails), nor gain privileges', async () => {

@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BubblewrapDriver, type BubblewrapSandbox } from '../../src/sandboxes/bwrap.js';
+import { SANDBOX_INIT_PATH } from '../../src/sandboxes/init/sandbox-init.js';
 import { closeAfterAll, testSpec } from './helpers.js';
 
 const driver = closeAfterAll(new BubblewrapDriver());
@@ -54,10 +55,9 @@ describe('bubblewrap sandbox isolation', () => {
     ].join('\n');
     const r = await sandbox.exec(['python3', '-c', code]);
     const procs = JSON.parse(r.stdout) as Record<string, string>;
-    // bwrap's init (pid 1), the holder shell (pid 2) and this python; nothing of the host.
-    expect(Object.keys(procs).length).toBe(3);
-    expect(procs['1']).toBe('bwrap');
-    expect(procs['2']).toBe('/bin/sh');
+    // The sandbox init (pid 1, the holder) and this python; nothing of the host.
+    expect(Object.keys(procs).length).toBe(2);
+    expect(procs['1']).toBe(SANDBOX_INIT_PATH);
     expect(Object.values(procs)).toContain('python3');
   });
 
