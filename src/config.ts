@@ -3,9 +3,7 @@ import { withoutCredentials } from './backends/engine-http.js';
 import { BACKEND_KIND_NAMES } from './backends/kinds.js';
 import { tokenProblem } from './bearer-token.js';
 import { RolloutError } from './errors.js';
-
-/** The longest a Node timer can wait (ms): a larger timeout would fire at once. */
-const MAX_TIMER_MS = 2 ** 31 - 1;
+import { MAX_TIMER_MS } from './timers.js';
 
 /**
  * Per-stage worker pool settings: concurrency and the default timeout of one sample in that stage. Each field has
@@ -15,7 +13,7 @@ const stageSchema = (defaults: { concurrency: number; timeoutMs: number }) =>
   z
     .strictObject({
       concurrency: z.number().int().min(1).max(100_000).default(defaults.concurrency),
-      timeoutMs: z.number().int().min(1).default(defaults.timeoutMs),
+      timeoutMs: z.number().int().min(1).max(MAX_TIMER_MS).default(defaults.timeoutMs),
     })
     .prefault({});
 
@@ -123,7 +121,7 @@ export const serverConfigSchema = z.strictObject({
       maxTurns: z.number().int().min(1).default(8),
       maxTokensPerTurn: z.number().int().min(1).default(1024),
       maxTotalTokens: z.number().int().min(1).default(16_384),
-      totalTimeoutMs: z.number().int().min(1).default(900_000),
+      totalTimeoutMs: z.number().int().min(1).max(MAX_TIMER_MS).default(900_000),
     })
     .prefault({}),
   sandbox: z
@@ -140,9 +138,9 @@ export const serverConfigSchema = z.strictObject({
       maxProcesses: z.number().int().min(1).default(64),
       /** Size quota of the workspace and of /tmp, MiB. */
       diskMb: z.number().int().min(1).default(512),
-      wallClockMs: z.number().int().min(1).default(900_000),
+      wallClockMs: z.number().int().min(1).max(MAX_TIMER_MS).default(900_000),
       /** Default timeout of one command, ms. */
-      commandTimeoutMs: z.number().int().min(1).default(60_000),
+      commandTimeoutMs: z.number().int().min(1).max(MAX_TIMER_MS).default(60_000),
       outputLimitBytes: z.number().int().min(256).default(16_384),
       maxFileMb: z.number().int().min(1).default(256),
       /** Workspace path inside sandboxes. */
@@ -182,7 +180,7 @@ export const serverConfigSchema = z.strictObject({
   /** Capacity of a backend whose maxConcurrency is 0 and whose engine does not report one (or not yet). */
   backendDefaultMaxConcurrency: z.number().int().min(1).default(256),
   /** Budget of one engine request (one turn); past it the request fails with BACKEND_ERROR. 0 = none. */
-  backendRequestTimeoutMs: z.number().int().min(0).default(300_000),
+  backendRequestTimeoutMs: z.number().int().min(0).max(MAX_TIMER_MS).default(300_000),
   /**
    * Largest engine answer (completion body) accepted, in bytes; a larger one fails its trajectory with
    * BACKEND_ERROR as soon as the cap is passed. 0 = derived per request from its prompt length and max_tokens
@@ -190,9 +188,9 @@ export const serverConfigSchema = z.strictObject({
    */
   backendMaxResponseBytes: z.number().int().min(0).default(0),
   /** Budget of asking an engine its limits (GET /v1/models → max_model_len) when it is added. */
-  backendModelInfoTimeoutMs: z.number().int().min(1).default(5_000),
+  backendModelInfoTimeoutMs: z.number().int().min(1).max(MAX_TIMER_MS).default(5_000),
   /** How long a trajectory waits for an eligible backend before failing with BACKEND_ERROR. */
-  backendAcquireTimeoutMs: z.number().int().min(1).default(30_000),
+  backendAcquireTimeoutMs: z.number().int().min(1).max(MAX_TIMER_MS).default(30_000),
   /**
    * An engine that comes back after it was down, while the pool serves a policy version other than 0, is held until
    * the trainer's next ResumeGeneration (it may have restarted with the base checkpoint's weights: its tokens would be
@@ -237,7 +235,7 @@ export const serverConfigSchema = z.strictObject({
        */
       maxOutboxBytes: z.number().int().min(1024).default(4 << 20),
       /** How long a session whose stream broke stays resumable. */
-      ttlMs: z.number().int().min(1).default(10 * 60_000),
+      ttlMs: z.number().int().min(1).max(MAX_TIMER_MS).default(10 * 60_000),
     })
     .prefault({}),
   /**
@@ -247,8 +245,8 @@ export const serverConfigSchema = z.strictObject({
    */
   keepalive: z
     .strictObject({
-      timeMs: z.number().int().min(0).default(30_000),
-      timeoutMs: z.number().int().min(1).default(10_000),
+      timeMs: z.number().int().min(0).max(MAX_TIMER_MS).default(30_000),
+      timeoutMs: z.number().int().min(1).max(MAX_TIMER_MS).default(10_000),
     })
     .prefault({}),
   /**
@@ -306,7 +304,7 @@ export const serverConfigSchema = z.strictObject({
    * On SIGTERM/SIGINT or AdminService.Drain: how long the work in flight may take before it is cancelled (delivered
    * with status CANCELLED), ms.
    */
-  drainGraceMs: z.number().int().min(0).default(30_000),
+  drainGraceMs: z.number().int().min(0).max(MAX_TIMER_MS).default(30_000),
 });
 
 export type ServerConfig = z.infer<typeof serverConfigSchema>;

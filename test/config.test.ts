@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { checkConfigShape, parseConfig } from '../src/config.js';
 import { RolloutError } from '../src/errors.js';
+import { MAX_TIMER_MS } from '../src/timers.js';
 
 const failure = (input: unknown): RolloutError => {
   try {
@@ -30,6 +31,27 @@ describe('server configuration', () => {
   it('says what is wrong with a value, with its path', () => {
     const err = failure({ run: { concurrency: 0 } });
     expect(err.message).toContain('at run.concurrency');
+  });
+
+  it('refuses every timeout (a *Ms field, at any depth) above what a Node timer holds, naming it; accepts the largest that fits', () => {
+    // Regression: Node fires a timer of more than 2^31 - 1 ms after 1 ms, so `run.timeoutMs: 3e9` (someone's "no
+    // limit") ended every sample DEADLINE_EXCEEDED at once, and a long sandbox wall clock killed every sandbox.
+    const paths: string[][] = [];
+    const walk = (value: unknown, path: string[]): void => {
+      if (value === null || typeof value !== 'object' || Array.isArray(value)) return;
+      for (const [key, child] of Object.entries(value)) {
+        if (/Ms$/.test(key) && typeof child === 'number') paths.push([...path, key]);
+        else walk(child, [...path, key]);
+      }
+    };
+    walk(parseConfig({}), []);
+    expect(paths.length).toBeGreaterThanOrEqual(15);
+    const at = (path: string[], v: number): Record<string, unknown> => path.reduceRight<unknown>((inner, key) => ({ [key]: inner }), v) as Record<string, unknown>;
+    for (const path of paths) {
+      const err = failure(at(path, MAX_TIMER_MS + 1));
+      expect(err.message, path.join('.')).toContain(`at ${path.join('.')}`);
+      expect(() => parseConfig(at(path, MAX_TIMER_MS)), path.join('.')).not.toThrow();
+    }
   });
 
   it('keeps the other defaults of a partially overridden object', () => {

@@ -2,6 +2,7 @@ import { credentials, InterceptingCall, Metadata, status, type ClientDuplexStrea
 import {
   RolloutRequest,
   RolloutServiceClient,
+  RolloutServiceService,
   TaskSpec,
   type DeliveryPaused,
   type GetTrajectoryResponse,
@@ -16,6 +17,7 @@ import {
 import { BackendServiceClient, type AddBackendRequest, type Backend, type PauseMode } from '../../gen/ts/rollout/v1/backend.js';
 import { tokenProblem } from '../bearer-token.js';
 import { AsyncQueue } from './async-queue.js';
+import { MAX_TIMER_MS } from '../timers.js';
 
 /** A task spec as a caller writes it: only task_id, environment, instance and num_samples are needed. */
 export type TaskInput = Partial<TaskSpec> & Pick<TaskSpec, 'taskId' | 'environment'> & { instance: Record<string, unknown> };
@@ -69,7 +71,8 @@ export interface SessionOptions {
  */
 export class RolloutSession {
   readonly opened: Promise<SessionOpened>;
-  private readonly call: ClientDuplexStream<RolloutRequest, RolloutResponse>;
+  /** Takes requests, or a request's bytes already encoded (a task, encoded once in submit()). */
+  private readonly call: ClientDuplexStream<RolloutRequest | Uint8Array, RolloutResponse>;
   private readonly queue: AsyncQueue<Trajectory>;
   private readonly autoAck: boolean;
   private ended = false;
@@ -102,7 +105,10 @@ export class RolloutSession {
   onStage: ((event: NonNullable<Extract<RolloutResponse['kind'], { $case: 'stage' }>>['value']) => void) | undefined;
 
   constructor(client: RolloutServiceClient, options: SessionOptions = {}) {
-    this.call = client.rollout();
+    // The generated rollout() would encode each request again; submit() has encoded its task already (to refuse an
+    // unencodable one alone), so the stream takes those bytes as they are.
+    const method = RolloutServiceService.rollout;
+    this.call = client.makeBidiStreamRequest(method.path, encodeRequest, method.responseDeserialize);
     this.autoAck = options.autoAck ?? true;
     this.queue = new AsyncQueue<Trajectory>(options.highWater ?? 1024, () => this.call.pause(), () => this.call.resume());
     let opened!: (s: SessionOpened) => void;
@@ -180,8 +186,9 @@ export class RolloutSession {
     if (this.ended) return Promise.reject(new Error(`rollout stream ended: ${this.endedWith?.message ?? 'closed'}`));
     if (this.closing) return Promise.reject(new Error('session closed: submit before close()'));
     const request: RolloutRequest = { kind: { $case: 'task', value: TaskSpec.fromPartial({ numSamples: 1, ...task }) } };
+    let bytes: Uint8Array;
     try {
-      RolloutRequest.encode(request);
+      bytes = RolloutRequest.encode(request).finish();
     } catch (err) {
       return Promise.reject(new TaskRejectedError(task.taskId, 'instance', `the spec cannot be encoded: ${err instanceof Error ? err.message : String(err)}`, status.INVALID_ARGUMENT));
     }
@@ -189,7 +196,7 @@ export class RolloutSession {
       const list = this.pending.get(task.taskId) ?? [];
       list.push({ resolve, reject });
       this.pending.set(task.taskId, list);
-      this.call.write(request);
+      this.call.write(bytes);
     });
   }
 
@@ -367,7 +374,7 @@ export class RolloutClient {
   }
 
   getTrajectory(taskId: string, options: { sampleIndex?: number; wait?: boolean; deadlineMs?: number } = {}): Promise<GetTrajectoryResponse> {
-    const deadline = new Date(Date.now() + (options.deadlineMs ?? 600_000));
+    const deadline = callDeadline(options.deadlineMs ?? 600_000);
     return promisify((cb) =>
       this.rollout.getTrajectory({ taskId, wait: options.wait ?? false, ...(options.sampleIndex !== undefined && { sampleIndex: options.sampleIndex }) }, new Metadata(), { deadline }, cb),
     );
@@ -415,7 +422,7 @@ export class RolloutClient {
    * await client.resumeGeneration({ policyVersion: 8 }); // interrupted turns continue, sampled by version 8
    */
   pauseGeneration(mode: PauseMode, options: { backendId?: string; deadlineMs?: number } = {}): Promise<Backend[]> {
-    const deadline = new Date(Date.now() + (options.deadlineMs ?? 600_000));
+    const deadline = callDeadline(options.deadlineMs ?? 600_000);
     return promisify<{ backends: Backend[] }>((cb) =>
       this.backends.pauseGeneration({ backendId: options.backendId ?? '', mode }, new Metadata(), { deadline }, cb),
     ).then((r) => r.backends);
@@ -440,4 +447,20 @@ export class RolloutClient {
 
 function promisify<T>(start: (cb: (err: ServiceError | null, value?: T) => void) => void): Promise<T> {
   return new Promise((resolve, reject) => start((err, value) => (err ? reject(err) : resolve(value as T))));
+}
+
+/** The Rollout stream's request serializer: a request's bytes pass as they are, a request object is encoded. */
+function encodeRequest(request: RolloutRequest | Uint8Array): Buffer {
+  if (request instanceof Uint8Array) return Buffer.from(request.buffer, request.byteOffset, request.byteLength);
+  return Buffer.from(RolloutRequest.encode(request).finish());
+}
+
+/**
+ * A call's deadline `ms` from now, at most a minute short of MAX_TIMER_MS (~24.8 days): a grpc-js server (1.14.7 and
+ * before) truncates the grpc-timeout header's milliseconds to an int32, so a longer one (or one the header rounds up
+ * past it: it carries whole seconds at that size) is negative and ends the call at once with DEADLINE_EXCEEDED.
+ * Infinity: no deadline.
+ */
+function callDeadline(ms: number): Date | number {
+  return ms === Infinity ? Infinity : new Date(Date.now() + Math.min(Math.max(0, ms), MAX_TIMER_MS - 60_000));
 }

@@ -21,6 +21,7 @@ import { SessionManager } from './sessions.js';
 import { smallRequestLimits, tolerantService, transportReceiveLimit } from './tolerant-decode.js';
 import { encodedResponsesPassThrough } from './stream-writer.js';
 import { trajectorySerializers } from './response-encode.js';
+import { setLongTimeout, type LongTimer } from '../timers.js';
 
 export const SERVER_VERSION = '0.1.0';
 const PROTO_DIR = fileURLToPath(new URL('../../proto/', import.meta.url));
@@ -144,12 +145,12 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
    */
   async function drainServer(deadline: number): Promise<void> {
     const grace = new AbortController();
-    let timer: NodeJS.Timeout | undefined;
+    let timer: LongTimer | undefined; // a long one: server.drain({ graceMs }) takes any grace
     const schedule = (at: number): void => {
       if (lifecycle.drainDeadline !== undefined && at >= lifecycle.drainDeadline) return;
       lifecycle.drainDeadline = at;
-      clearTimeout(timer);
-      timer = setTimeout(() => grace.abort(), Math.max(0, at - Date.now()));
+      timer?.clear();
+      timer = setLongTimeout(() => grace.abort(), Math.max(0, at - Date.now()), { unref: false });
     };
     try {
       schedule(deadline);
@@ -158,7 +159,7 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
       for (const name of HEALTH_SERVICES) health.setStatus(name, 'NOT_SERVING');
       log.info({ inFlight: runtime.pipeline.inFlight, graceMs: Math.max(0, deadline - Date.now()) }, 'draining: admission stopped');
       await runtime.idle(grace.signal);
-      clearTimeout(timer);
+      timer?.clear();
       const cancelled = runtime.pipeline.inFlight;
       if (cancelled > 0) log.warn({ cancelled }, 'drain grace period ended: cancelling the work in flight');
       await runtime.stop("the server's drain grace period ended before this sample finished");
@@ -170,7 +171,7 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
       lifecycle.transition('stopped');
       log.info('rollout server stopped');
     } catch (err) {
-      clearTimeout(timer);
+      timer?.clear();
       log.error({ err }, 'drain failed');
       if (lifecycle.state !== 'failed') lifecycle.transition('failed');
       server.forceShutdown();

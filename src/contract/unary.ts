@@ -3,6 +3,7 @@ import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
 import { toServiceError } from './status.js';
 import { undecodable, undecodableError } from './tolerant-decode.js';
+import { setLongTimeout } from '../timers.js';
 
 /**
  * Unary handler adapter: one try/catch, errors through the one status mapping, undecodable requests answered
@@ -45,14 +46,12 @@ function callSignal(call: ServerUnaryCall<unknown, unknown>, lifetime: AbortSign
   else lifetime?.addEventListener('abort', onStop, { once: true });
   const deadline = call.getDeadline();
   const ms = deadline instanceof Date ? deadline.getTime() - Date.now() : Number.isFinite(deadline) ? Number(deadline) - Date.now() : Infinity;
-  const timer = Number.isFinite(ms)
-    ? setTimeout(() => controller.abort(Object.assign(new Error('call deadline reached'), { name: 'TimeoutError' })), Math.max(0, ms - 50))
-    : undefined;
-  timer?.unref();
+  // A long timer: a client may set a deadline further away than a Node timer holds (~24.8 days).
+  const timer = Number.isFinite(ms) ? setLongTimeout(() => controller.abort(Object.assign(new Error('call deadline reached'), { name: 'TimeoutError' })), Math.max(0, ms - 50)) : undefined;
   return {
     signal: controller.signal,
     dispose: () => {
-      clearTimeout(timer);
+      timer?.clear();
       call.off('cancelled', onCancel);
       lifetime?.removeEventListener('abort', onStop);
     },

@@ -3,6 +3,7 @@ import { access, lstat, mkdir, stat } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, posix } from 'node:path';
 import { RolloutError, throwIfAborted } from '../errors.js';
+import { MAX_TIMER_MS } from '../timers.js';
 import { silentLogger, type Logger } from '../observability/logger.js';
 import { buildHolderArgv, hostLayout, imageLayout, pythonBinds, type Layout, type SandboxIdentity } from './bwrap-command.js';
 import { Holder } from './bwrap-holder.js';
@@ -267,6 +268,9 @@ function validateSpec(spec: SandboxSpec): void {
   for (const key of ['memoryMb', 'maxProcesses', 'diskMb', 'wallClockMs', 'commandTimeoutMs', 'outputLimitBytes', 'maxFileMb'] as const) {
     const value = limits[key];
     if (!Number.isInteger(value) || value <= 0) throw RolloutError.invalid(`limits.${key}`, `must be a positive integer, got ${value}`);
+  }
+  for (const key of ['wallClockMs', 'commandTimeoutMs'] as const) {
+    if (limits[key] > MAX_TIMER_MS) throw RolloutError.invalid(`limits.${key}`, `at most ${MAX_TIMER_MS} (what a timer holds), got ${limits[key]}`);
   }
   if (!posix.isAbsolute(spec.workdir) || posix.normalize(spec.workdir) === '/') throw RolloutError.invalid('workdir', `must be an absolute path below /, got ${spec.workdir}`);
   for (const m of spec.mounts) {

@@ -1,5 +1,6 @@
 import { posix } from 'node:path';
 import { RolloutError } from '../errors.js';
+import { MAX_TIMER_MS } from '../timers.js';
 import type { ServerConfig } from '../config.js';
 import type { SandboxLimits, SandboxMount, SandboxSpec } from './types.js';
 
@@ -36,6 +37,7 @@ export function resolveSandboxSpec(config: ServerConfig['sandbox'], request: San
   for (const [key, value] of Object.entries(limits)) {
     if (!Number.isInteger(value) || value <= 0) throw bad(`limits.${key} must be a positive integer, got ${String(value)}`);
   }
+  if (limits.commandTimeoutMs > MAX_TIMER_MS) throw bad(`limits.commandTimeoutMs must be at most ${MAX_TIMER_MS} (what a timer holds), got ${limits.commandTimeoutMs}`);
   const mounts = (request?.mounts ?? []).map((m) => {
     if (!posix.isAbsolute(m.source) || !posix.isAbsolute(m.target)) throw bad(`mount ${m.source} → ${m.target}: both paths must be absolute`);
     return { source: m.source, target: posix.normalize(m.target), readOnly: m.readOnly ?? true };

@@ -2,6 +2,7 @@ import { availableParallelism } from 'node:os';
 import { Worker } from 'node:worker_threads';
 import { RolloutError, type ErrorCode } from '../errors.js';
 import { silentLogger, type Logger } from '../observability/logger.js';
+import { MAX_TIMER_MS } from '../timers.js';
 
 /** What a worker script receives and answers (token-worker.ts speaks it). */
 export type WorkerRequest<Task> = { id: number; task: Task };
@@ -77,8 +78,6 @@ interface Thread<Task, Result> {
   deadline: NodeJS.Timeout | undefined;
 }
 
-/** Largest setTimeout delay (Node clamps longer ones to 1 ms). */
-const MAX_TIMER_MS = 2 ** 31 - 1;
 
 /**
  * A fixed-size pool of worker threads for CPU work that must not block the event loop (rendering and tokenizing

@@ -1,7 +1,7 @@
 import { connect, createServer, type Socket } from 'node:net';
 import { status } from '@grpc/grpc-js';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
+import { RolloutRequest, type Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { RolloutClient, TaskRejectedError } from '../../src/client/rollout-client.js';
 import { defaultRegistry } from '../../src/environments/registry.js';
 import type { Environment } from '../../src/environments/types.js';
@@ -112,6 +112,23 @@ describe('the TypeScript session on streams that end, specs that cannot be sent,
     const got: string[] = [];
     for await (const t of s.trajectories()) got.push(key(t));
     expect(got.sort()).toEqual(['good-1#0', 'good-1#1']);
+  }, 60_000);
+
+  it('a task is encoded once (submit encodes it to refuse an unencodable one; the stream sends those bytes)', async () => {
+    const s = h.client.openSession({ sessionId: 'encode-once' });
+    await s.opened;
+    const encode = vi.spyOn(RolloutRequest, 'encode');
+    try {
+      await s.submit(task('once', 2));
+      expect(encode.mock.calls.filter(([r]) => r.kind?.$case === 'task')).toHaveLength(1);
+    } finally {
+      encode.mockRestore();
+    }
+    s.close();
+    const got: Trajectory[] = [];
+    for await (const t of s.trajectories()) got.push(t);
+    expect(got.map(key).sort()).toEqual(['once#0', 'once#1']);
+    expect(got[0]!.environment).toBe('quick');
   }, 60_000);
 
   it('with autoAck off the loop ends once all is received, and acks sent after it reach the server (the session then closes)', async () => {

@@ -30,6 +30,16 @@ describe('unary RPCs, BackendService, health and reflection', () => {
     expect(one.trajectories[0]!.sampleIndex).toBe(1);
   });
 
+  it('a call asked with a deadline 30 days away waits for its answer (the client caps it at what grpc-js holds)', async () => {
+    // Regression: the call failed at once with DEADLINE_EXCEEDED. A grpc-js server truncates the grpc-timeout's
+    // milliseconds to an int32 (negative past ~24.8 days), and our server's own call timer (setTimeout) fired after
+    // 1 ms past 2^31 - 1 ms. The TS client caps deadlines a minute short of that; the server's timer is a long one.
+    await h.client.submit(mathTask('far-deadline', 2, 7));
+    const got = await h.client.getTrajectory('far-deadline', { wait: true, deadlineMs: 30 * 24 * 3_600_000 });
+    expect(got.pending).toBe(0);
+    expect(got.trajectories.map((t) => t.sampleIndex)).toEqual([0, 1]);
+  });
+
   it('maps bad unary requests to INVALID_ARGUMENT naming the field, and unknown tasks to NOT_FOUND', async () => {
     const err = (await h.client.submit({ ...mathTask('unary-bad', 1, 1), numSamples: -2 }).catch((e: unknown) => e)) as ServiceError;
     expect(err.code).toBe(status.INVALID_ARGUMENT);
