@@ -58,6 +58,12 @@ export interface SubmitOptions {
    * from there on, so tasks arriving together share one commit instead of an fsync each.
    */
   onAdmitted?: () => void;
+  /**
+   * For a duplicate: awaited before `sink` is attached to the task and sent its finished trajectories. A stream makes
+   * the task's debt to its session durable there (Journal.owed) before it answers `accepted`; a rejection fails the
+   * submit, the sink unattached.
+   */
+  onDuplicate?: () => Promise<void> | undefined;
 }
 
 /**
@@ -130,7 +136,7 @@ export class RolloutRuntime {
    * every trajectory of the task (finished ones at once). Throws RolloutError('invalid_argument') naming the field.
    */
   async submit(spec: TaskSpec, options: SubmitOptions = {}): Promise<SubmitResult> {
-    const { sink, signal: callSignal, session = '', onAdmitted } = options;
+    const { sink, signal: callSignal, session = '', onAdmitted, onDuplicate } = options;
     this.throwIfNotAdmitting();
     // Draining gives up every wait for admission at once: the caller hears UNAVAILABLE "draining", not a hang. The
     // link to the long-lived admission signal is undone when the submit settles, so listeners do not pile up on it.
@@ -139,7 +145,7 @@ export class RolloutRuntime {
     if (callSignal?.aborted) onCall();
     else callSignal?.addEventListener('abort', onCall, { once: true });
     try {
-      return await this.admit(spec, sink, controller.signal, session, onAdmitted);
+      return await this.admit(spec, sink, controller.signal, session, onAdmitted, onDuplicate);
     } finally {
       dispose();
       callSignal?.removeEventListener('abort', onCall);
@@ -150,12 +156,23 @@ export class RolloutRuntime {
    * `onAdmitted` is called once the task holds its capacity and its id, before the journal's write: a stream reads
    * its next task from there on, so tasks arriving together share one commit instead of an fsync each.
    */
-  private async admit(spec: TaskSpec, sink: TrajectorySink | undefined, signal: AbortSignal, session: string, onAdmitted?: () => void): Promise<SubmitResult> {
+  private async admit(
+    spec: TaskSpec,
+    sink: TrajectorySink | undefined,
+    signal: AbortSignal,
+    session: string,
+    onAdmitted?: () => void,
+    onDuplicate?: () => Promise<void> | undefined,
+  ): Promise<SubmitResult> {
     const { tokenizer, template, pool } = this.deps;
     for (let turn = yieldIfBusy(); turn; turn = yieldIfBusy()) await turn;
+    // A task recovered from the journal that no longer validates is still the task it was: a re-submit of its spec
+    // (which would fail validation again) is its duplicate.
+    const unrunnable = this.store.unrunnable(spec);
+    if (unrunnable) return this.duplicate(unrunnable, sink, onDuplicate);
     const task = validateTask(spec, this.deps.registry, this.deps.config);
     const known = this.store.existing(task);
-    if (known) return this.duplicate(known, sink);
+    if (known) return this.duplicate(known, sink, onDuplicate);
     const work = this.deps.tokenWork ?? TokenWork.inline(tokenizer, template);
     await checkPromptFits(task, { work, maxModelLen: () => pool.minMaxModelLen() }, signal);
     await this.admission.admit(task.numSamples, signal);
@@ -171,7 +188,7 @@ export class RolloutRuntime {
     }
     if (raced) {
       this.admission.release(task.numSamples);
-      return this.duplicate(raced, sink);
+      return this.duplicate(raced, sink, onDuplicate);
     }
     const entry = this.store.add(task);
     if (sink) entry.sinks.add(sink);
@@ -268,9 +285,11 @@ export class RolloutRuntime {
     );
   };
 
-  private async duplicate(entry: TaskEntry, sink: TrajectorySink | undefined): Promise<SubmitResult> {
+  private async duplicate(entry: TaskEntry, sink: TrajectorySink | undefined, onDuplicate?: () => Promise<void> | undefined): Promise<SubmitResult> {
     // A retry of a task still being written waits for it: `accepted` only once it is on disk, or the same error.
     await this.durable.get(entry.task.taskId);
+    // The caller's own record of it (its session's debt) first: nothing reaches the sink before that is durable.
+    await onDuplicate?.();
     if (sink && entry.pending > 0) entry.sinks.add(sink);
     // After the caller has answered `accepted`, so a stream sees the acceptance before the task's trajectories.
     if (sink) setImmediate(() => entry.trajectories.forEach((t) => t && sink(t.trajectory())));

@@ -208,7 +208,7 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
         } else {
           // The journal records what the session acked: a whole-task ack covers only what was sent (see Session.ack).
           const durable = session.ack(kind.value);
-          runtime.deps.journal?.ack(durable);
+          runtime.deps.journal?.ack(durable, session.id);
         }
         // A slow reader: stop pulling requests until the outbox drains (bounded in bytes per stream).
         await writer.below(maxOutboxBytes);
@@ -263,7 +263,22 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
           `delivery to session "${session.id}" is paused: ${session.unackedBytes} bytes of trajectories are unacked (limit ${session.maxUnackedBytes}); ack what you received, then submit again`,
         );
       }
-      const result = await runtime.submit(spec, { sink: session.sink, signal, session: session.id, onAdmitted: () => entry.markAdmitted() });
+      const { journal } = runtime.deps;
+      const result = await runtime.submit(spec, {
+        sink: session.sink,
+        signal,
+        session: session.id,
+        onAdmitted: () => entry.markAdmitted(),
+        // A duplicate this session does not hold (a restarted trainer's new session, a unary task, or one this session
+        // acked in full and forgot): it is sent every trajectory of the task from now on, so the journal records that
+        // debt before the answer — a resume after a crash is owed them too. The stream reads on meanwhile (those
+        // writes share commits, as accepts do).
+        onDuplicate: () => {
+          if (!journal || session.hasAccepted(spec.taskId)) return undefined;
+          entry.markAdmitted();
+          return journal.owed(spec.taskId, session.id);
+        },
+      });
       // Checked before `expect`: a task this session accepted before (re-sent after a resume, or twice in a row) is
       // owed already.
       const alreadyOwed = session.hasAccepted(spec.taskId);

@@ -41,8 +41,8 @@ export interface Attachment {
  * delivery is paused the session admits no new task (rollout-service refuses them with RESOURCE_EXHAUSTED, to be
  * re-submitted after acking: task ids are idempotent), so what it holds is bounded by maxUnackedBytes plus the
  * work it had in flight when the bound was reached. A task is forgotten once all its samples were delivered and
- * acked, so a long-lived session that acks stays small. In memory only: a server restart loses sessions (the
- * durable journal is another part).
+ * acked, so a long-lived session that acks stays small. In memory; with a journal, a restart rebuilds it from what
+ * the journal recorded: the tasks it was answered `accepted` for (duplicates included: Journal.owed) and its acks.
  */
 export class Session {
   private readonly tasks = new Map<string, SessionTask>();

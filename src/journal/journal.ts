@@ -6,7 +6,7 @@ import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
 import type { Ack } from '../../gen/ts/rollout/v1/rollout.js';
 import { DirLock } from './dir-lock.js';
-import { FORMAT_VERSION, inRange, isFull, keys, validTaskRecord, type JournalTask, type SessionRecord, type TaskIndex, type TaskRecord, type WeightsRecord } from './records.js';
+import { FORMAT_VERSION, inRange, isFull, keys, validOwnerRecord, validTaskRecord, type JournalTask, type OwnerRecord, type SessionRecord, type TaskIndex, type TaskRecord, type WeightsRecord } from './records.js';
 
 export interface JournalOptions {
   dir: string;
@@ -40,8 +40,9 @@ export interface JournalContents {
 }
 
 /**
- * The durable journal: accepted tasks (their spec as received and the session that submitted them), the bytes of
- * every finished trajectory, acks, and open sessions, in LMDB (lmdb-js).
+ * The durable journal: accepted tasks (their spec as received and the session that submitted them), the other
+ * sessions each is owed to, the bytes of every finished trajectory, acks (per session owed), and open sessions, in
+ * LMDB (lmdb-js).
  *
  * Why LMDB: a copy-on-write B-tree whose commit is one meta-page switch, so a `kill -9` (or a failed write on a
  * full disk) leaves the last committed state intact — there is no log to replay or repair; reads are synchronous
@@ -55,11 +56,18 @@ export interface JournalContents {
  * bench/journal-accepts.ts). Finished trajectories and acks are written the same way; writes commit in the order
  * they were issued, so an ack is never durable without the trajectory it acknowledges.
  *
+ * Ownership: a task is owed to the session that submitted it (in its TaskRecord) and to every session answered
+ * `accepted` for it later as a duplicate while it did not hold it ({@link owed}: an OwnerRecord, durable before that
+ * answer); each such session is owed every sample until it acks it, and an ack settles the debt of the session that
+ * sent it, no other's. So after a crash every session that was owed a trajectory is owed it again, as in memory.
+ *
  * Invariant: keys are `['v']` (the format version), `['w']`, `['s', session]`, `['t', task]`, `['r', task, sample]`
- * (trajectory bytes) and `['a', task, sample]`; a trajectory or ack key exists only beside its task key (a task is
- * compacted in one transaction; leftovers are removed at open and before an accept of the same id). `['x', ...key]`
- * holds records quarantined at start-up, never read. One journal per directory at a time (DirLock). An in-memory index mirrors the
- * task keys (small: ids and sample sets, never trajectories) so compaction and acks need no scan.
+ * (trajectory bytes), `['a', task, sample]` (acked by the task's session), `['o', task, session]` (OwnerRecord) and
+ * `['o', task, session, sample]` (acked by that owner); a trajectory, ack or owner key exists only beside its task key
+ * (a task is compacted in one transaction; leftovers are removed at open and before an accept of the same id), and an
+ * owner's ack only beside its owner key. `['x', ...key]` holds records quarantined at start-up, never read. One
+ * journal per directory at a time (DirLock). An in-memory index mirrors the task keys (small: ids, sample sets and
+ * owners, never trajectories) so compaction and acks need no scan.
  */
 export class Journal {
   private readonly db: RootDatabase;
@@ -68,6 +76,8 @@ export class Journal {
   private quarantinedCount = 0;
   private readonly tasks = new Map<string, TaskIndex>();
   private readonly sessions = new Set<string>();
+  /** Owner writes under way ({@link owed}), by `[task, session]`: a second call for the same pair waits for the first. */
+  private readonly owing = new Map<string, Promise<void>>();
   private full: string | undefined;
   private closed = false;
   private readonly compactor: NodeJS.Timeout;
@@ -166,7 +176,7 @@ export class Journal {
         this.quarantine(key as unknown[], 'not a task record this version writes');
         continue;
       }
-      tasks.set(taskId, { taskId, ...record, spec: new Uint8Array(record.spec), finished: new Map(), acked: new Set() });
+      tasks.set(taskId, { taskId, ...record, spec: new Uint8Array(record.spec), finished: new Map(), acked: new Set(), owners: new Map() });
     }
     for (const key of this.db.getKeys(keys.results)) {
       const [, taskId, index] = key as [string, unknown, unknown];
@@ -189,14 +199,38 @@ export class Journal {
       else if (!inRange(index, task.numSamples)) this.quarantine(key as unknown[], 'not an ack record');
       else task.acked.add(index);
     }
+    // An owner key sorts before its acks (a shorter array first), so an owner is known when its acks are read.
+    for (const key of this.db.getKeys(keys.owners)) {
+      const k = key as unknown[];
+      const [, taskId, session, index] = k;
+      const task = typeof taskId === 'string' ? tasks.get(taskId) : undefined;
+      if (!task) {
+        orphans.push(k);
+      } else if (typeof session !== 'string' || k.length > 4) {
+        this.quarantine(k, 'not an owner record');
+      } else if (k.length === 3) {
+        const value = this.read(key);
+        if (!validOwnerRecord(value)) this.quarantine(k, 'not an owner record');
+        // Left by an older acceptance of this task id (an older server compacts without removing owner records).
+        else if (value.taskAcceptedAt !== task.acceptedAt) orphans.push(k);
+        else task.owners.set(session, new Set());
+      } else {
+        const acked = task.owners.get(session);
+        if (!acked) orphans.push(k);
+        else if (!inRange(index, task.numSamples)) this.quarantine(k, 'not an ack record');
+        else acked.add(index);
+      }
+    }
     if (orphans.length > 0) {
       this.db.transactionSync(() => {
         for (const key of orphans) void this.db.remove(key as Key[]);
       });
-      this.log.warn({ records: orphans.length }, 'journal: removed results and acks left without their task (a compaction cut short)');
+      this.log.warn({ records: orphans.length }, 'journal: removed results, acks and owners left without their task (a compaction cut short, or done by an older server)');
     }
     for (const t of tasks.values()) {
-      this.tasks.set(t.taskId, { numSamples: t.numSamples, session: t.session, finished: new Set(t.finished.keys()), acked: new Set(t.acked) });
+      const index: TaskIndex = { numSamples: t.numSamples, session: t.session, acceptedAt: t.acceptedAt, finished: new Set(t.finished.keys()), acked: new Set(t.acked) };
+      if (t.owners.size > 0) index.owners = new Map([...t.owners].map(([s, acked]) => [s, new Set(acked)]));
+      this.tasks.set(t.taskId, index);
     }
     this.log.info({ dir: this.options.dir, tasks: tasks.size, sessions: this.sessions.size, bytes: this.usedBytes(), quarantined: this.quarantinedCount }, 'journal opened');
     const weights = this.read(keys.weights) as WeightsRecord | undefined;
@@ -226,13 +260,22 @@ export class Journal {
     const moved: unknown[][] = [[...key]];
     if (key[0] === 't' && typeof key[1] === 'string') {
       const taskId = key[1];
-      for (const k of this.db.getKeys({ start: ['r', taskId], end: ['r', taskId, keys.TOP] })) moved.push(k as unknown[]);
-      for (const k of this.db.getKeys({ start: ['a', taskId], end: ['a', taskId, keys.TOP] })) moved.push(k as unknown[]);
+      for (const range of keys.ofTask(taskId)) for (const k of this.db.getKeys(range)) moved.push(k as unknown[]);
       this.tasks.delete(taskId);
     } else if ((key[0] === 'r' || key[0] === 'a') && typeof key[1] === 'string' && typeof key[2] === 'number') {
       const task = this.tasks.get(key[1]);
       task?.finished.delete(key[2]);
       task?.acked.delete(key[2]);
+    } else if (key[0] === 'o' && typeof key[1] === 'string' && typeof key[2] === 'string') {
+      const session = key[2];
+      if (key.length === 3) {
+        // An owner takes its acks along.
+        const owner = keys.owner(key[1], session);
+        for (const k of this.db.getKeys({ start: owner, end: [...owner, keys.TOP] })) if ((k as unknown[]).length > 3) moved.push(k as unknown[]);
+        this.tasks.get(key[1])?.owners?.delete(session);
+      } else if (typeof key[3] === 'number') {
+        this.tasks.get(key[1])?.owners?.get(session)?.delete(key[3]);
+      }
     }
     this.db.transactionSync(() => {
       for (const k of moved) {
@@ -285,29 +328,85 @@ export class Journal {
       }
     }
     const record: TaskRecord = { spec, numSamples, session, acceptedAt: Date.now() };
-    this.tasks.set(taskId, { numSamples, session, finished: new Set(), acked: new Set() });
+    this.tasks.set(taskId, { numSamples, session, acceptedAt: record.acceptedAt, finished: new Set(), acked: new Set() });
     try {
       // Resolves once the transaction holding it is committed and fsynced (overlappingSync off, see the constructor).
-      // Results and acks left under this id (a compaction cut short by a kill -9) go in the same transaction, so the
-      // new task never inherits an older task's trajectories.
+      // Results, acks and owners left under this id (a compaction cut short by a kill -9) go in the same transaction,
+      // so the new task never inherits an older task's trajectories or debts.
       await this.settled(
         this.db.transaction(() => {
-          for (const k of this.db.getKeys({ start: ['r', taskId], end: ['r', taskId, keys.TOP] })) void this.db.remove(k);
-          for (const k of this.db.getKeys({ start: ['a', taskId], end: ['a', taskId, keys.TOP] })) void this.db.remove(k);
+          for (const range of keys.ofTask(taskId)) for (const k of this.db.getKeys(range)) void this.db.remove(k);
           return this.db.put(keys.task(taskId), record);
         }),
       );
     } catch (err) {
       this.tasks.delete(taskId);
-      // Nothing was committed (LMDB aborts the whole transaction); the same write may succeed once space is back.
-      const free = await this.freeBytes();
-      if (isFull(err) || (free !== undefined && free < NEARLY_FULL_BYTES)) {
-        const room = free === undefined ? '' : `: ${free} bytes free`;
-        throw this.markFull(`the journal's disk is full${room} on the file system of ${this.options.dir} (the write failed: ${errorText(err)})`, err);
-      }
-      throw new RolloutError('unavailable', `the journal could not record the task: ${errorText(err)}`, { cause: err });
+      throw await this.failedWrite(err, 'the task');
     }
     this.clearFull();
+  }
+
+  /**
+   * Records that the accepted task `taskId` is owed to `session` from now on: every sample, until that session acks
+   * it — whatever it acked of the task before. For a duplicate answered `accepted` on a session that did not hold the
+   * task (a restarted trainer's new session, a stream re-submitting a unary task, or the submitting session after it
+   * acked everything and forgot the task): in memory such a session is sent every trajectory of the task, so after a
+   * crash it must be owed them again. Resolves once on disk (committed and fsynced, sharing the commit of writes
+   * issued with it); at once, without a write, when the session is owed every sample already.
+   *
+   * Throws RolloutError 'unavailable' when the journal is closed or no longer holds the task (compacted a moment
+   * ago: submitted again, it is accepted anew), 'resource_exhausted' when the disk is full.
+   */
+  async owed(taskId: string, session: string): Promise<void> {
+    if (this.closed) throw new RolloutError('unavailable', 'the journal is closed (server stopping)');
+    const task = this.tasks.get(taskId);
+    if (!task) throw new RolloutError('unavailable', `task "${taskId}" was dropped from the journal a moment ago (finished and acknowledged); submit it again`);
+    if (!session) return;
+    const pair = JSON.stringify([taskId, session]);
+    const primary = session === task.session;
+    const before = primary ? task.acked : task.owners?.get(session);
+    // Owed every sample already — by a write still under way, maybe (the same task sent twice in a row): its fate.
+    if (before?.size === 0) return this.owing.get(pair);
+    const cleared = [...(before ?? [])];
+    if (primary) task.acked = new Set();
+    else (task.owners ??= new Map()).set(session, new Set());
+    const write = (async (): Promise<void> => {
+      try {
+        await this.settled(
+          this.db.transaction(() => {
+            if (!before) void this.db.put(keys.owner(taskId, session), { taskAcceptedAt: task.acceptedAt, at: Date.now() } satisfies OwnerRecord);
+            for (const i of cleared) void this.db.remove(primary ? keys.ack(taskId, i) : keys.ownerAck(taskId, session, i));
+          }),
+        );
+        // A disk that was full has room again (the soft bound is another matter: accepts check it).
+        if (this.full !== undefined && this.usedBytes() < this.options.maxBytes) this.clearFull();
+      } catch (err) {
+        // Nothing was committed: the debt is as it was (with any ack recorded meanwhile).
+        if (this.tasks.get(taskId) === task) {
+          if (primary) for (const i of cleared) task.acked.add(i);
+          else if (!before) task.owners?.delete(session);
+          else for (const i of cleared) task.owners?.get(session)?.add(i);
+        }
+        throw await this.failedWrite(err, `that task "${taskId}" is owed to session "${session}"`);
+      }
+    })();
+    this.owing.set(pair, write);
+    const forget = (): void => {
+      if (this.owing.get(pair) === write) this.owing.delete(pair);
+    };
+    write.then(forget, forget);
+    return write;
+  }
+
+  /** The error for a write whose transaction failed (nothing of it was committed): a full disk, or unavailable. */
+  private async failedWrite(err: unknown, what: string): Promise<RolloutError> {
+    // The same write may succeed once space is back.
+    const free = await this.freeBytes();
+    if (isFull(err) || (free !== undefined && free < NEARLY_FULL_BYTES)) {
+      const room = free === undefined ? '' : `: ${free} bytes free`;
+      return this.markFull(`the journal's disk is full${room} on the file system of ${this.options.dir} (the write failed: ${errorText(err)})`, err);
+    }
+    return new RolloutError('unavailable', `the journal could not record ${what}: ${errorText(err)}`, { cause: err });
   }
 
   private clearFull(): void {
@@ -326,39 +425,52 @@ export class Journal {
     await this.settled(this.db.put(keys.result(taskId, sampleIndex), bytes));
   }
 
-  /** Records acks (whole tasks: every sample finished so far). Not awaited: an ack has no answer to wait for. */
-  ack(ack: Ack): void {
+  /**
+   * Records the acks `session` sent (whole tasks: every sample finished so far). An ack settles that session's debt
+   * only: one of a task not owed to it (another session's, a unary one) records nothing. Not awaited: an ack has no
+   * answer to wait for.
+   */
+  ack(ack: Ack, session: string): void {
     if (this.closed) return;
     const refs = [...ack.trajectories.map((r) => [r.taskId, r.sampleIndex] as const)];
     for (const taskId of ack.taskIds) for (const i of this.tasks.get(taskId)?.finished ?? []) refs.push([taskId, i]);
     for (const [taskId, i] of refs) {
       const task = this.tasks.get(taskId);
-      if (!task || !task.finished.has(i) || task.acked.has(i)) continue;
-      task.acked.add(i);
-      this.write(this.db.put(keys.ack(taskId, i), 1), 'ack');
+      if (!task || !task.finished.has(i) || !session) continue;
+      const primary = session === task.session;
+      const acked = primary ? task.acked : task.owners?.get(session);
+      if (!acked || acked.has(i)) continue;
+      acked.add(i);
+      this.write(this.db.put(primary ? keys.ack(taskId, i) : keys.ownerAck(taskId, session, i), 1), 'ack');
     }
   }
 
   /**
-   * Drops every task that is finished, acknowledged by its session (or has no live session to acknowledge it) and
-   * no longer retained in memory: its spec, trajectories and acks. Freed pages are reused by LMDB. Returns how many
-   * tasks were dropped.
+   * Drops every task that is finished, acknowledged by every live session it is owed to (none left: closed, expired,
+   * or a unary Submit) and no longer retained in memory: its spec, trajectories, acks and owners. Freed pages are
+   * reused by LMDB. Returns how many tasks were dropped.
    */
   async compact(): Promise<number> {
     if (this.closed) return 0;
     let dropped = 0;
+    const owes = (task: TaskIndex, session: string, acked: ReadonlySet<number>): boolean => session !== '' && this.sessions.has(session) && acked.size < task.numSamples;
     for (const [taskId, task] of this.tasks) {
       if (task.finished.size < task.numSamples) continue;
-      if (task.session && this.sessions.has(task.session) && task.acked.size < task.numSamples) continue;
+      if (owes(task, task.session, task.acked)) continue;
+      if (task.owners && [...task.owners].some(([session, acked]) => owes(task, session, acked))) continue;
       if (this.options.retained?.(taskId)) continue;
       this.tasks.delete(taskId);
-      // One transaction per task: a kill -9 leaves it whole or gone, never results or acks without their task.
+      // One transaction per task: a kill -9 leaves it whole or gone, never results, acks or owners without their task.
       this.write(
         this.db.transaction(() => {
           void this.db.remove(keys.task(taskId));
           for (let i = 0; i < task.numSamples; i++) {
             void this.db.remove(keys.result(taskId, i));
             if (task.acked.has(i)) void this.db.remove(keys.ack(taskId, i));
+          }
+          for (const [session, acked] of task.owners ?? []) {
+            void this.db.remove(keys.owner(taskId, session));
+            for (const i of acked) void this.db.remove(keys.ownerAck(taskId, session, i));
           }
         }),
         'compaction',

@@ -14,6 +14,19 @@ export interface TaskRecord {
   acceptedAt: number;
 }
 
+/**
+ * `['o', taskId, sessionId]`: the task is owed to that session too — a session other than the one in its TaskRecord
+ * that was answered `accepted` for it as a duplicate (a restarted trainer re-submitting under a new session id; a
+ * stream session re-submitting a task first sent by the unary Submit). Written (and fsynced) before that `accepted`
+ * is sent. Its acks are `['o', taskId, sessionId, sample]` (value 1), beside it: an ack settles the debt of the
+ * session that sent it only. The TaskRecord's own session keeps its acks at `['a', taskId, sample]`.
+ */
+export interface OwnerRecord {
+  /** The owed task's `acceptedAt`: ties the record to that acceptance of the task id (a leftover of an older one is removed at open). */
+  taskAcceptedAt: number;
+  at: number;
+}
+
 /** `['s', sessionId]`: a session that may be resumed. */
 export interface SessionRecord {
   openedAt: number;
@@ -30,19 +43,27 @@ export interface WeightsRecord {
   at: number;
 }
 
-/** A journaled task as recovery sees it: its record, the bytes of its finished samples, the acked ones. */
+/**
+ * A journaled task as recovery sees it: its record, the bytes of its finished samples, the samples its session acked,
+ * and the other sessions it is owed to with the samples each of them acked.
+ */
 export interface JournalTask extends TaskRecord {
   taskId: string;
   finished: Map<number, Uint8Array>;
   acked: Set<number>;
+  owners: Map<string, Set<number>>;
 }
 
 /** What the journal keeps in memory per task (never trajectory bytes). */
 export interface TaskIndex {
   numSamples: number;
   session: string;
+  acceptedAt: number;
   finished: Set<number>;
+  /** Acked by `session`. */
   acked: Set<number>;
+  /** Other sessions the task is owed to (OwnerRecord), each with the samples it acked; absent while there are none. */
+  owners?: Map<string, Set<number>>;
 }
 
 const TOP = '\uffff';
@@ -50,6 +71,11 @@ const TOP = '\uffff';
 /**
  * The journal's format version, stored at `['v']` when a journal is created: a server refuses a journal with a
  * higher one (written by a newer format it cannot read) instead of quarantining all of it.
+ *
+ * Bumped when an older server would misread what a newer one writes. A record kind in a key range older servers do
+ * not scan is not such a change: the owner records (`['o', ...]`, OwnerRecord) came at version 1 — a server from
+ * before them opens such a journal, ignores them (owing each task to its submitting session only, as it always did)
+ * and leaves them behind, and a newer server removes those left without their task at open.
  */
 export const FORMAT_VERSION = 1;
 
@@ -61,10 +87,19 @@ export const keys = {
   task: (id: string) => ['t', id],
   result: (taskId: string, sample: number) => ['r', taskId, sample],
   ack: (taskId: string, sample: number) => ['a', taskId, sample],
+  owner: (taskId: string, session: string) => ['o', taskId, session],
+  ownerAck: (taskId: string, session: string, sample: number) => ['o', taskId, session, sample],
   sessions: { start: ['s'], end: ['s', TOP] },
   tasks: { start: ['t'], end: ['t', TOP] },
   results: { start: ['r'], end: ['r', TOP] },
   acks: { start: ['a'], end: ['a', TOP] },
+  owners: { start: ['o'], end: ['o', TOP] },
+  /** Every record of one task but its TaskRecord: results, acks, owners and their acks. */
+  ofTask: (taskId: string) => [
+    { start: ['r', taskId], end: ['r', taskId, TOP] },
+    { start: ['a', taskId], end: ['a', taskId, TOP] },
+    { start: ['o', taskId], end: ['o', taskId, TOP] },
+  ],
 };
 
 /** Whether a write failed for lack of space: LMDB's map is full, or the file system is (ENOSPC) or over quota. */
@@ -86,6 +121,12 @@ export function validTaskRecord(value: unknown): value is TaskRecord {
     typeof r.session === 'string' &&
     typeof r.acceptedAt === 'number'
   );
+}
+
+/** Whether a value read at `['o', taskId, sessionId]` is an OwnerRecord. */
+export function validOwnerRecord(value: unknown): value is OwnerRecord {
+  const r = value as Partial<OwnerRecord> | null | undefined;
+  return typeof r === 'object' && r !== null && typeof r.taskAcceptedAt === 'number' && typeof r.at === 'number';
 }
 
 /** Whether `index` is a sample index of a task with `numSamples` samples. */

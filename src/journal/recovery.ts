@@ -7,6 +7,7 @@ import type { SessionManager } from '../contract/sessions.js';
 import { validateTask } from '../pipeline/validate-task.js';
 import { wireSafe } from '../pipeline/wire-safe.js';
 import { RolloutError } from '../errors.js';
+import type { TrajectorySink } from '../pipeline/task.js';
 import { TaskSpec, Trajectory, TrajectoryStatus } from '../../gen/ts/rollout/v1/rollout.js';
 import type { Journal, JournalContents } from './journal.js';
 
@@ -25,7 +26,7 @@ export interface RecoveryReport {
   tasks: number;
   /** Samples whose trajectory the journal held (delivered again on resume unless acked). */
   finishedSamples: number;
-  /** Finished samples not acknowledged: what resumed sessions will get at once. */
+  /** Finished samples not acknowledged, counted per session owed them: what resumed sessions will get at once. */
   unackedSamples: number;
   /** Samples queued to run again (same spec, same seeds). */
   requeuedSamples: number;
@@ -37,15 +38,18 @@ export interface RecoveryReport {
 
 /**
  * Rebuilds the server's state from the journal before it serves: every session it knew, detached and resumable,
- * holding its unacknowledged trajectories; every accepted task in the task store (so Submit answers duplicate and
+ * holding its unacknowledged trajectories — of the tasks it submitted and of those it was answered `accepted` for as
+ * a duplicate (the journal's owners); every accepted task in the task store (so Submit answers duplicate and
  * GetTrajectory finds it), with its finished trajectories as they were delivered and its unfinished samples queued
  * to run again from the same spec. A task that no longer validates is not dropped silently: its unfinished
- * samples end INVALID_TASK with the reason, journaled and delivered like any trajectory.
+ * samples end INVALID_TASK with the reason, journaled, delivered to the sessions it is owed to and kept in the task
+ * store like any finished task (a re-submit of it is a duplicate).
  *
- * Acked samples are never handed to a session: the journal's acks are replayed first, and the session's sink only
- * gets the unacked ones. A sample acked whose trajectory the journal lacks (its write failed, e.g. a transient
- * ENOSPC, after it was delivered) is done: the client has it, so it is not run again. A record that does not decode
- * is moved aside (Journal.quarantine), logged and counted; the rest is recovered.
+ * Acked samples are never handed to a session: each session's acks are replayed first, and its sink only gets the
+ * samples it did not ack (another session's ack settles nothing of its debt). A sample acked whose trajectory the
+ * journal lacks (its write failed, e.g. a transient ENOSPC, after it was delivered) is done: the client has it, so it
+ * is not run again — unless a live session it is owed to did not ack it. A record that does not decode is moved aside
+ * (Journal.quarantine), logged and counted; the rest is recovered.
  */
 export function recoverFromJournal(contents: JournalContents, deps: RecoveryDeps): RecoveryReport {
   const { runtime, sessions, registry, config, journal } = deps;
@@ -73,14 +77,35 @@ export function recoverFromJournal(contents: JournalContents, deps: RecoveryDeps
         journal.quarantine(['r', record.taskId, i], `its trajectory does not decode: ${errorText(err)}`);
       }
     }
-    // Acked without a trajectory: the client has it; it counts as done (not run, not delivered again).
-    const ackedOnly = [...record.acked].filter((i) => !finished.has(i));
+    // Every session the task is owed to (its submitter's, then each later owner's), with the samples it acked.
+    const debts = [[record.session, record.acked] as const, ...record.owners];
     report.finishedSamples += finished.size;
-    report.unackedSamples += [...finished.keys()].filter((i) => !record.acked.has(i)).length;
-    const session = byId.get(record.session);
-    session?.expect(record.taskId, record.numSamples);
-    acknowledge(session, record.taskId, record.acked);
-    const sink = session && ((t: Trajectory): void => (record.acked.has(t.sampleIndex) ? undefined : session.sink(t)));
+    const sinks: TrajectorySink[] = [];
+    const live: ReadonlySet<number>[] = [];
+    for (const [id, acked] of debts) {
+      const session = byId.get(id);
+      if (!session) continue;
+      session.expect(record.taskId, record.numSamples);
+      acknowledge(session, record.taskId, acked);
+      sinks.push((t: Trajectory): void => (acked.has(t.sampleIndex) ? undefined : session.sink(t)));
+      live.push(acked);
+      report.unackedSamples += [...finished.keys()].filter((i) => !acked.has(i)).length;
+    }
+    // Acked without a trajectory (its write failed after it was delivered): the client has it; it counts as done (not
+    // run, not delivered again) — unless a live session it is owed to has not acked it: that one still needs it.
+    const ackedOnly = [...new Set(debts.flatMap(([, acked]) => [...acked]))].filter((i) => !finished.has(i) && live.every((acked) => acked.has(i)));
+    // GetTrajectory still answers for an acked-only sample (never sent to a session: each one owed it acked it).
+    const lost = (i: number): Trajectory =>
+      Trajectory.fromPartial({
+        taskId: record.taskId,
+        sampleIndex: i,
+        groupId: spec.groupId,
+        environment: spec.environment,
+        status: TrajectoryStatus.TRAJECTORY_STATUS_UNSPECIFIED,
+        finishReason: 'error',
+        error: `after a server restart: the client acknowledged this sample, but its trajectory was not journaled (its write failed), so it is not kept`,
+        metadata: spec.metadata,
+      });
     let task;
     try {
       task = validateTask(spec, registry, config);
@@ -88,25 +113,32 @@ export function recoverFromJournal(contents: JournalContents, deps: RecoveryDeps
       report.invalidTasks++;
       const reason = `after a server restart the task could not be run again: ${RolloutError.from(err).message}`;
       log.error({ taskId: record.taskId, err }, 'journaled task no longer validates');
-      for (const t of finished.values()) sink?.(t);
+      // Recorded like any finished task: GetTrajectory finds it, its sessions are owed its trajectories, and a
+      // re-submit of its spec is its duplicate (TaskStore.unrunnable).
+      const entry = runtime.store.addUnrunnable(spec, record.numSamples);
+      for (const sink of sinks) entry.sinks.add(sink);
+      for (const t of finished.values()) runtime.store.record(t);
+      for (const i of ackedOnly) runtime.store.record(lost(i));
       for (let i = 0; i < record.numSamples; i++) {
-        if (finished.has(i) || record.acked.has(i)) continue;
+        if (finished.has(i) || ackedOnly.includes(i)) continue;
         const t = wireSafe(
           Trajectory.fromPartial({ taskId: record.taskId, sampleIndex: i, groupId: spec.groupId, environment: spec.environment, status: TrajectoryStatus.TRAJECTORY_STATUS_INVALID_TASK, finishReason: 'error', error: reason, metadata: spec.metadata }),
           config.maxMessageBytes,
         );
-        void journal.finished(record.taskId, i, Trajectory.encode(t).finish()).catch((e: unknown) => log.error({ err: e }, 'journal write failed'));
-        sink?.(t);
+        // Recorded (so delivered) once committed, as the pipeline's trajectories are; a failed write still records it.
+        journal.finished(record.taskId, i, Trajectory.encode(t).finish()).then(
+          () => runtime.store.record(t),
+          (e: unknown) => {
+            log.error({ err: e, taskId: record.taskId, sampleIndex: i }, 'journal could not record an INVALID_TASK trajectory; delivered anyway');
+            runtime.store.record(t);
+          },
+        );
       }
       continue;
     }
     report.requeuedSamples += record.numSamples - finished.size - ackedOnly.length;
-    // GetTrajectory still answers for an acked-only sample (never sent to the session: it is acked).
-    for (const i of ackedOnly) {
-      const lost = `after a server restart: the client acknowledged this sample, but its trajectory was not journaled (its write failed), so it is not kept`;
-      finished.set(i, Trajectory.fromPartial({ taskId: record.taskId, sampleIndex: i, groupId: spec.groupId, environment: spec.environment, status: TrajectoryStatus.TRAJECTORY_STATUS_UNSPECIFIED, finishReason: 'error', error: lost, metadata: spec.metadata }));
-    }
-    runtime.restore(task, finished, sink ? [sink] : []);
+    for (const i of ackedOnly) finished.set(i, lost(i));
+    runtime.restore(task, finished, sinks);
   }
   report.quarantinedRecords = journal.quarantined;
   if (report.quarantinedRecords > 0) log.warn({ quarantined: report.quarantinedRecords }, 'journal records that could not be read were moved aside (key range [x, ...]); the rest was recovered');

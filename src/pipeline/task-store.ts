@@ -1,12 +1,21 @@
 import { RolloutError } from '../errors.js';
-import type { Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
+import { TaskSpec, type Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
+import { canonicalJson } from './canonical-json.js';
 import { StoredTrajectory } from './wire-safe.js';
 import type { Sample } from './sample.js';
 import type { ResolvedTask, TrajectorySink } from './task.js';
 
+/**
+ * What the store keeps of a task: a validated one (ResolvedTask), or one recovered from the journal that no longer
+ * validates, whose fingerprint is then its spec's as sent ({@link specFingerprint}).
+ */
+export type StoredTask = Pick<ResolvedTask, 'taskId' | 'numSamples' | 'fingerprint'>;
+
 /** A submitted task: its samples while they run, its trajectories once they finish. */
 export interface TaskEntry {
-  task: ResolvedTask;
+  task: StoredTask;
+  /** Recovered from the journal no longer valid ({@link TaskStore.addUnrunnable}): it has no samples, never runs. */
+  unrunnable?: true;
   samples: Sample[];
   /** Finished samples, as their wire bytes (see StoredTrajectory). */
   trajectories: (StoredTrajectory | undefined)[];
@@ -54,7 +63,7 @@ export class TaskStore {
     return entry;
   }
 
-  add(task: ResolvedTask): TaskEntry {
+  add(task: StoredTask): TaskEntry {
     const entry: TaskEntry = {
       task,
       samples: [],
@@ -67,6 +76,27 @@ export class TaskStore {
     this.totalBytes += entry.bytes;
     this.tasks.set(task.taskId, entry);
     return entry;
+  }
+
+  /**
+   * Adds a task recovered from the journal that no longer validates (its environment is gone, or its spec breaks a
+   * bound lowered since): none of its samples will run; the caller records a trajectory for each (INVALID_TASK, or
+   * the one journaled before the restart), so GetTrajectory finds it as any finished task, its sinks get them, and a
+   * re-submit of the same spec is its duplicate ({@link unrunnable}) — not a new task, not a rejection.
+   */
+  addUnrunnable(spec: TaskSpec, numSamples: number): TaskEntry {
+    const entry = this.add({ taskId: spec.taskId, numSamples, fingerprint: specFingerprint(spec) });
+    entry.unrunnable = true;
+    return entry;
+  }
+
+  /**
+   * The entry a re-submit of `spec` duplicates when it is a task recovered unrunnable with the same spec: checked
+   * before validation, which the spec would fail again. One lookup by id when there is none (the accept path).
+   */
+  unrunnable(spec: TaskSpec): TaskEntry | undefined {
+    const entry = this.tasks.get(spec.taskId);
+    return entry?.unrunnable && entry.task.fingerprint === specFingerprint(spec) ? entry : undefined;
   }
 
   /** Forgets a task that was never started (its acceptance could not be made durable). */
@@ -164,10 +194,18 @@ export class TaskStore {
 }
 
 /**
+ * A TaskSpec's canonical form as sent (proto3 JSON, keys sorted at every depth), for a task that cannot be resolved:
+ * two specs that differ only in the order of their Struct or map entries give the same string.
+ */
+export function specFingerprint(spec: TaskSpec): string {
+  return `spec:${canonicalJson(TaskSpec.toJSON(spec))}`;
+}
+
+/**
  * A task's spec in memory: the canonical JSON (two bytes a character: V8 may store it one-byte, the bound errs
  * high) and the validated instance object beside it, about as large again.
  */
-function specBytes(task: ResolvedTask): number {
+function specBytes(task: StoredTask): number {
   return 512 + 4 * task.fingerprint.length;
 }
 

@@ -82,6 +82,58 @@ describe('the journal on damaged or shared directories', () => {
     await edit(dir, (raw) => expect(raw.get(['r', 'gone', 0])).toBeUndefined());
   });
 
+  it('removes owner records left without their task or by an earlier acceptance of the id, and quarantines an unreadable one', async () => {
+    const dir = await freshDir();
+    const { journal } = opened(dir);
+    await journal.accepted('kept', bytes(10), 1, 'first');
+    await journal.owed('kept', 'second');
+    await journal.accepted('reused', bytes(10), 1, 'first');
+    await journal.close();
+    let acceptedAt = 0;
+    await edit(dir, (db) => {
+      acceptedAt = (db.get(['t', 'reused']) as { acceptedAt: number }).acceptedAt;
+      // What an older server leaves (it compacts without knowing owner records), or a compaction cut short.
+      db.putSync(['o', 'gone', 'second'], { taskAcceptedAt: 1, at: 1 });
+      db.putSync(['o', 'gone', 'second', 0], 1);
+      db.putSync(['o', 'reused', 'second'], { taskAcceptedAt: acceptedAt - 1, at: 1 }); // an earlier 'reused'
+      db.putSync(['o', 'reused', 'second', 0], 1);
+      db.putSync(['o', 'kept', 'garbled'], 'not an owner record');
+      db.putSync(['o', 'kept', 'garbled', 0], 1);
+    });
+    const again = opened(dir);
+    expect(again.contents.tasks.map((t) => [t.taskId, [...t.owners.keys()]])).toEqual([
+      ['kept', ['second']],
+      ['reused', []],
+    ]);
+    expect(again.contents.quarantined).toBe(1);
+    await again.journal.close();
+    await edit(dir, (db) => {
+      expect([...db.getKeys({ start: ['o'], end: ['o', '\uffff'] })]).toEqual([['o', 'kept', 'second']]);
+      expect(db.get(['x', 'o', 'kept', 'garbled'])).toBeInstanceOf(Uint8Array); // kept aside, with its ack
+      expect(db.get(['x', 'o', 'kept', 'garbled', 0])).toBeInstanceOf(Uint8Array);
+    });
+  });
+
+  it('opens a journal written before owner records existed as it was: each task owed to its session, its acks that session\u2019s', async () => {
+    const dir = await freshDir();
+    await edit(dir, (db) => {
+      // The records a server of that version wrote (format version 1, no owner records).
+      db.putSync(['v'], 1);
+      db.putSync(['s', 'first'], { openedAt: 1 });
+      db.putSync(['t', 'old'], { spec: bytes(10), numSamples: 2, session: 'first', acceptedAt: 5 });
+      db.putSync(['r', 'old', 0], bytes(5));
+      db.putSync(['r', 'old', 1], bytes(5));
+      db.putSync(['a', 'old', 1], 1);
+    });
+    const { journal, contents } = opened(dir);
+    expect(contents.tasks.map((t) => [t.taskId, t.session, [...t.finished.keys()], [...t.acked], t.owners.size])).toEqual([['old', 'first', [0, 1], [1], 0]]);
+    expect(await journal.compact()).toBe(0); // 'first' has not acked sample 0
+    journal.ack({ taskIds: ['old'], trajectories: [] }, 'first');
+    expect(await journal.compact()).toBe(1);
+    await journal.close();
+    await edit(dir, (db) => expect(db.get(['v'])).toBe(1));
+  });
+
   it('is held by one journal at a time (failed_precondition naming journal.dir and the holder); a dead holder’s lock is taken over', async () => {
     const dir = await freshDir();
     const first = opened(dir);

@@ -1,5 +1,5 @@
 import { describe, expect, it, vi } from 'vitest';
-import { Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
+import { TaskSpec, Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { TaskStore } from '../../src/pipeline/task-store.js';
 import { encodedTrajectory } from '../../src/pipeline/wire-safe.js';
 import { encodeTrajectory } from '../../src/pipeline/trajectory-encode.js';
@@ -116,5 +116,17 @@ describe('TaskStore byte accounting', () => {
     store.record(Trajectory.fromPartial({ taskId: 'huge-report', sampleIndex: 0, evalReport: { log: 'z'.repeat(1 << 20) } }));
     expect(store.get('huge-report')).toBeUndefined();
     expect(store.bytes).toBe(0);
+  });
+
+  it('matches a re-submit of a task recovered unrunnable on its spec as sent, whatever the order of its map and Struct entries', () => {
+    const store = new TaskStore(10);
+    const spec = (metadata: Record<string, string>, instance: Record<string, unknown>): TaskSpec => TaskSpec.fromPartial({ taskId: 'gone-env', environment: 'removed', numSamples: 2, metadata, instance });
+    const entry = store.addUnrunnable(spec({ a: '1', b: '2' }, { x: 1, y: [1, 2] }), 2);
+    for (const i of [0, 1]) store.record({ ...finished('gone-env', 1), sampleIndex: i });
+    expect(store.get('gone-env')).toBe(entry);
+    expect(store.unrunnable(spec({ b: '2', a: '1' }, { y: [1, 2], x: 1 }))).toBe(entry);
+    expect(store.unrunnable(spec({ a: '1', b: '3' }, { x: 1, y: [1, 2] }))).toBeUndefined();
+    expect(store.unrunnable(TaskSpec.fromPartial({ taskId: 'other' }))).toBeUndefined();
+    expect(entry.pending).toBe(0);
   });
 });

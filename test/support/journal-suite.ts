@@ -1,6 +1,7 @@
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import type { RootDatabase } from 'lmdb';
 import { afterEach } from 'vitest';
 import { startServerHarness, type ServerHarness, type ServerHarnessOptions } from './server-harness.js';
 
@@ -15,6 +16,13 @@ export interface JournalSuite {
   server(dir: string, options?: ServerHarnessOptions): Promise<ServerHarness>;
   /** Closes `h` after the test (a harness started some other way); returns it. */
   track(h: ServerHarness): ServerHarness;
+  /**
+   * What a `kill -9` of `h` at this instant leaves of its journal, in a new directory (removed after the test): the
+   * last committed transaction, as LMDB copies a live store (one consistent read). Writes issued and not committed yet
+   * are not in it, as they would not survive the kill; nothing a graceful shutdown writes is in it. `h` goes on; a
+   * server started on the copy recovers from the crash.
+   */
+  crashImage(h: ServerHarness): Promise<string>;
 }
 
 export function journalSuite(): JournalSuite {
@@ -28,13 +36,21 @@ export function journalSuite(): JournalSuite {
     harnesses.push(h);
     return h;
   };
+  const dir = async (prefix: string): Promise<string> => {
+    const made = await mkdtemp(join(tmpdir(), prefix));
+    dirs.push(made);
+    return made;
+  };
   return {
-    dir: async (prefix) => {
-      const dir = await mkdtemp(join(tmpdir(), prefix));
-      dirs.push(dir);
-      return dir;
-    },
-    server: async (dir, options = {}) => track(await startServerHarness({ ...options, config: { ...options.config, journal: { ...options.config?.journal, dir } } })),
+    dir,
+    server: async (journalDir, options = {}) => track(await startServerHarness({ ...options, config: { ...options.config, journal: { ...options.config?.journal, dir: journalDir } } })),
     track,
+    crashImage: async (h) => {
+      const image = await dir('journal-crash-image-');
+      const db = (h.server.journal as unknown as { db: RootDatabase } | undefined)?.db;
+      if (!db) throw new Error('crashImage: the server has no journal');
+      await db.backup(image, false);
+      return image;
+    },
   };
 }

@@ -1,0 +1,53 @@
+import { describe, expect, it } from 'vitest';
+import { TrajectoryStatus } from '../../gen/ts/rollout/v1/rollout.js';
+import { mathTask } from '../support/harness.js';
+import { journalSuite } from '../support/journal-suite.js';
+import type { ServerHarness } from '../support/server-harness.js';
+
+const suite = journalSuite();
+
+const key = (t: { taskId: string; sampleIndex: number }): string => `${t.taskId}#${t.sampleIndex}`;
+const status = (t: { status: TrajectoryStatus }): string => TrajectoryStatus[t.status];
+
+/** Resumes `sessionId` on `h` and takes everything it is owed; `key status`, sorted. */
+async function owedOnResume(h: ServerHarness, sessionId: string): Promise<string[]> {
+  const resumed = h.client.openSession({ sessionId, resume: true });
+  await resumed.opened;
+  resumed.close();
+  const got: string[] = [];
+  for await (const t of resumed.trajectories()) got.push(`${key(t)} ${status(t)}`);
+  return got.sort();
+}
+
+describe('a journaled task that no longer validates when the server comes back (a bound lowered, an environment gone)', () => {
+  it('is kept like any finished task: GetTrajectory finds its INVALID_TASK trajectories, its session is owed them, a re-submit is its duplicate', async () => {
+    // Slow tokens: the task is still running when the server is killed.
+    const a = await suite.server(await suite.dir('journal-invalid-'), { engine: { tokenLatencyMs: 2_000 } });
+    const session = a.client.openSession({ sessionId: 'trainer', autoAck: false });
+    await session.submit(mathTask('too-wide', 3, 51));
+    const image = await suite.crashImage(a); // kill -9 while it runs
+
+    // Restarted with max_num_samples lowered below the task's num_samples: recovery ends it INVALID_TASK.
+    const lowered = { maxNumSamples: 2 };
+    const b = await suite.server(image, { config: lowered });
+    // Before the fix: NOT_FOUND.
+    const stored = await b.client.getTrajectory('too-wide', { wait: true, deadlineMs: 10_000 });
+    expect(stored.pending).toBe(0);
+    expect(stored.trajectories.map((t) => `${key(t)} ${status(t)}`)).toEqual([0, 1, 2].map((i) => `too-wide#${i} TRAJECTORY_STATUS_INVALID_TASK`));
+    expect(stored.trajectories[0]!.error).toMatch(/after a server restart the task could not be run again: .*num_samples/);
+    // Before the fix: refused INVALID_ARGUMENT (num_samples), as if the task were new.
+    expect((await b.client.submit(mathTask('too-wide', 3, 51))).duplicate).toBe(true);
+    // The same id with another spec is still refused as a reuse, or by validation.
+    await expect(b.client.submit(mathTask('too-wide', 3, 52))).rejects.toMatchObject({ details: expect.stringMatching(/num_samples|different spec/) });
+
+    // Its session is owed them; a new session re-submitting it is a duplicate owed them too, also after a crash.
+    const other = b.client.openSession({ sessionId: 'other', autoAck: false });
+    expect(await other.submit(mathTask('too-wide', 3, 51))).toMatchObject({ duplicate: true, alreadyOwed: false });
+    const image2 = await suite.crashImage(b);
+    expect(await owedOnResume(b, 'trainer')).toEqual([0, 1, 2].map((i) => `too-wide#${i} TRAJECTORY_STATUS_INVALID_TASK`));
+
+    const c = await suite.server(image2, { config: lowered });
+    expect(await owedOnResume(c, 'other')).toEqual([0, 1, 2].map((i) => `too-wide#${i} TRAJECTORY_STATUS_INVALID_TASK`));
+    expect(await owedOnResume(c, 'trainer')).toEqual([0, 1, 2].map((i) => `too-wide#${i} TRAJECTORY_STATUS_INVALID_TASK`));
+  }, 180_000);
+});
