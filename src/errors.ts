@@ -55,6 +55,21 @@ export class RolloutError extends Error {
   }
 }
 
+/**
+ * What a stage's (or a tool's) own code threw, classified against the signal that code was given: the signal's
+ * reason when it fired (timeout or cancel), a RolloutError as it is, anything else as `fallback` — including an
+ * AbortError or TimeoutError the code raised itself (a grader call with its own deadline): nobody cancelled the
+ * sample and its deadline did not pass, so it is that code's failure, not TIMEOUT or CANCELLED.
+ */
+export function classifyThrown(err: unknown, fallback: ErrorCode, signal: AbortSignal | undefined): RolloutError {
+  if (signal?.aborted) return RolloutError.from(signal.reason, 'cancelled');
+  if (err instanceof RolloutError) return err;
+  if (err instanceof Error && (err.name === 'TimeoutError' || err.name === 'AbortError')) {
+    return new RolloutError(fallback, `${err.name}: ${err.message}`, { cause: err });
+  }
+  return RolloutError.from(err, fallback);
+}
+
 /** Throws the signal's reason as a RolloutError if it has fired. */
 export function throwIfAborted(signal: AbortSignal | undefined): void {
   if (signal?.aborted) throw RolloutError.from(signal.reason, 'cancelled');

@@ -113,10 +113,18 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
       log.info({ sessionId: session?.id }, 'session taken over by another stream');
       call.emit('error', toServiceError(new RolloutError('aborted', reason), log));
     };
-    // The server is drained: reading ends here as if the client had half-closed (what is already buffered is still
-    // read, and refused as draining), so the loop below exits and the call can end with UNAVAILABLE. Not an 'error'
-    // on the call: a pending read would destroy it, and the client would see CANCELLED instead of the status.
-    const stopReading = (): void => void call.push(null);
+    // The server is drained: the loop below goes on reading (acks are recorded, tasks refused as draining) until
+    // every trajectory handed to this stream is written, then reading ends as if the client had half-closed, the loop
+    // exits and the call ends with UNAVAILABLE. Not an 'error' on the call: a pending read would destroy it, and the
+    // client would see CANCELLED instead of the status. grpc-js has asked for the next message already and pushes what
+    // the client sends after that (an ack of the last trajectories): pushed after the end, a message would destroy the
+    // call (ERR_STREAM_PUSH_AFTER_EOF), its status lost — so from the end on, pushes of messages are dropped.
+    const stopReading = (): void =>
+      void writer.flushed().then(() => {
+        const push = call.push.bind(call);
+        call.push = (chunk: unknown): boolean => (chunk === null ? push(null) : false);
+        push(null);
+      });
     if (lifetime.aborted) stopReading();
     else lifetime.addEventListener('abort', stopReading, { once: true });
     const openSession = (sessionId: string, resume: boolean, stageEvents: boolean): Session => {

@@ -1,4 +1,5 @@
 import { RolloutError } from '../errors.js';
+import { MAX_TIMER_MS } from '../timers.js';
 import { defaultToolRegistry, type ToolRegistry } from '../tools/registry.js';
 import { createCodeEnvironment } from './code/code-environment.js';
 import { createMathEnvironment, type MathEnvironmentOptions } from './math/math-environment.js';
@@ -35,6 +36,11 @@ export class EnvironmentRegistry {
       throw new RolloutError('invalid_argument', `environment name "${name}" must be alphanumeric with - _ .`);
     }
     if (this.environments.has(name)) throw new RolloutError('already_exists', `environment "${name}" is already registered`);
+    for (const [key, ms] of Object.entries(environment.stageTimeouts ?? {})) {
+      if (ms !== undefined && (!Number.isInteger(ms) || ms < 1 || ms > MAX_TIMER_MS)) {
+        throw new RolloutError('invalid_argument', `environment "${name}": stageTimeouts.${key} must be a whole number of ms from 1 to ${MAX_TIMER_MS} (what a timer holds), got ${String(ms)}`);
+      }
+    }
     this.environments.set(name, environment as Environment);
     return this;
   }

@@ -1,5 +1,5 @@
 import { defer, EMPTY, Subject, type OperatorFunction, type Subscription, catchError, mergeMap, tap, filter } from 'rxjs';
-import { RolloutError } from '../errors.js';
+import { classifyThrown, RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
 import { FailureLog } from '../observability/failure-log.js';
 import type { Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
@@ -176,7 +176,7 @@ export class Pipeline {
               }
             }).pipe(
               catchError((err: unknown) => {
-                void this.finish(sample, buildFailedTrajectory(sample, RolloutError.from(err)));
+                void this.finish(sample, buildFailedTrajectory(sample, classifyThrown(err, 'internal', sample.signal)));
                 return EMPTY;
               }),
               filter((s): s is Sample => s !== undefined && !s.finished && !this.restarted(s)),

@@ -1,4 +1,4 @@
-import { RolloutError } from '../errors.js';
+import { classifyThrown, RolloutError } from '../errors.js';
 import type { RuntimeDeps } from '../runtime.js';
 import { runAgentLoop } from './agent-loop.js';
 import { jsonProblem } from '../environments/json.js';
@@ -17,8 +17,7 @@ import { exceedsStaleness, staleness } from './staleness.js';
 export function createStages(deps: RuntimeDeps): StageFns {
   const { config } = deps;
   const log = deps.logger.child({ component: 'stages' });
-  const classify = (err: unknown, code: 'sandbox_error' | 'environment_error', signal: AbortSignal): RolloutError =>
-    signal.aborted ? RolloutError.from(signal.reason, 'cancelled') : err instanceof RolloutError ? err : RolloutError.from(err, code);
+  const classify = (err: unknown, code: 'sandbox_error' | 'environment_error', signal: AbortSignal): RolloutError => classifyThrown(err, code, signal);
 
   /**
    * Environment.evaluate's `openSandbox` for one sample: resolved like the sample's own sandbox (the instance's

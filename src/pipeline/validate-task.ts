@@ -1,4 +1,5 @@
 import { RolloutError } from '../errors.js';
+import { MAX_TIMER_MS } from '../timers.js';
 import type { ServerConfig } from '../config.js';
 import type { EnvironmentRegistry } from '../environments/registry.js';
 import type { StageTimeouts } from '../environments/types.js';
@@ -168,6 +169,7 @@ function resolveStageBudgets(
   const initTimeoutMs = orDefault(l?.initTimeoutMs, env?.initMs ?? config.init.timeoutMs);
   const runTimeoutMs = orDefault(l?.runTimeoutMs, env?.runMs ?? config.run.timeoutMs);
   const evalTimeoutMs = orDefault(l?.evalTimeoutMs, env?.evalMs ?? config.eval.timeoutMs);
-  const fallbackTotal = env === undefined ? config.defaults.totalTimeoutMs : Math.max(config.defaults.totalTimeoutMs, initTimeoutMs + runTimeoutMs + evalTimeoutMs);
+  // The sum of three int32 budgets can pass what a timer holds (Node would fire it after 1 ms): past it, no limit.
+  const fallbackTotal = env === undefined ? config.defaults.totalTimeoutMs : Math.min(MAX_TIMER_MS, Math.max(config.defaults.totalTimeoutMs, initTimeoutMs + runTimeoutMs + evalTimeoutMs));
   return { initTimeoutMs, runTimeoutMs, evalTimeoutMs, totalTimeoutMs: orDefault(l?.totalTimeoutMs, fallbackTotal) };
 }

@@ -1,4 +1,4 @@
-import { RolloutError, throwIfAborted, type ErrorCode } from '../errors.js';
+import { classifyThrown, RolloutError, throwIfAborted, type ErrorCode } from '../errors.js';
 import { isSandboxLimitError } from '../sandboxes/limit-errors.js';
 import { isValidatedTool } from './define-tool.js';
 import type { ParsedToolCalls, Tool, ToolCall, ToolContext, ToolResult } from './types.js';
@@ -75,7 +75,7 @@ async function executeOne(call: ToolCall, byName: ReadonlyMap<string, Tool>, con
     // Not the model's fault: a tool that throws is broken or its sandbox is; the trajectory must fail loudly.
     // Aborts and infrastructure codes keep their meaning; anything else is the environment's failure (never
     // INVALID_TASK: the task was valid, a tool broke).
-    const e = RolloutError.from(err, 'environment_error');
+    const e = classifyThrown(err, 'environment_error', context.signal);
     throw INFRASTRUCTURE.has(e.code) ? e : new RolloutError('environment_error', `tool ${call.name} failed: ${e.message}`, { cause: e });
   }
   return {

@@ -36,6 +36,15 @@ describe('EnvironmentRegistry', () => {
     }
   });
 
+  it("refuses stage budgets a timer cannot hold (Node would fire them after 1 ms), naming the environment and the key", () => {
+    const registry = new EnvironmentRegistry();
+    for (const [i, bad] of [0, -5, 1.5, 2 ** 31, Number.NaN].entries()) {
+      expect(() => registry.register({ ...env(`e${i}`), stageTimeouts: { runMs: bad } })).toThrow(/stageTimeouts\.runMs must be a whole number of ms from 1 to 2147483647/);
+    }
+    registry.register({ ...env('ok'), stageTimeouts: { initMs: 1, runMs: 2 ** 31 - 1 } });
+    expect(registry.has('ok')).toBe(true);
+  });
+
   it('refuses duplicate and malformed names', () => {
     const registry = new EnvironmentRegistry().register(env('a'));
     expect(() => registry.register(env('a'))).toThrow(expect.objectContaining({ code: 'already_exists' }));
