@@ -126,7 +126,7 @@ export class RolloutRuntime {
     for (const sink of sinks) entry.sinks.add(sink);
     for (const trajectory of finished.values()) this.store.record(trajectory);
     entry.samples = [];
-    for (let i = 0; i < task.numSamples; i++) if (!finished.has(i)) entry.samples.push(new Sample(task, i, this.onFinished));
+    for (let i = 0; i < task.numSamples; i++) if (!finished.has(i)) entry.samples.push(this.newSample(task, i));
     if (entry.samples.length > 0) this.recovered.push(entry.samples);
   }
 
@@ -209,16 +209,26 @@ export class RolloutRuntime {
         this.durable.delete(task.taskId);
       }
     }
-    entry.samples = Array.from({ length: task.numSamples }, (_, i) => new Sample(task, i, this.onFinished));
+    entry.samples = Array.from({ length: task.numSamples }, (_, i) => this.newSample(task, i));
     this.pipeline.submit(entry.samples);
+    // Cancelled while its journal write was under way (the task was found, its samples did not exist yet).
+    if (entry.cancelRequested) for (const sample of entry.samples) this.pipeline.cancel(sample);
     this.log.debug({ taskId: task.taskId, numSamples: task.numSamples, environment: task.environment.name }, 'task accepted');
     return { taskId: task.taskId, numSamples: task.numSamples, duplicate: false };
   }
 
-  /** Cancels every unfinished sample of a task; returns how many were cancelled. */
+  /**
+   * Cancels every unfinished sample of a task; returns how many were cancelled. A task accepted a moment ago whose
+   * journal write is under way has no samples yet: it is marked, and its samples are cancelled as they are made.
+   */
   cancel(taskId: string): number {
+    if (!taskId) throw RolloutError.invalid('task_id', 'required');
     const entry = this.store.get(taskId);
     if (!entry) throw new RolloutError('not_found', `unknown task_id "${taskId}"`);
+    if (entry.samples.length === 0 && !entry.unrunnable && entry.pending > 0 && this.durable.has(taskId)) {
+      entry.cancelRequested = true;
+      return entry.pending;
+    }
     let cancelled = 0;
     for (const sample of entry.samples) {
       if (!sample.finished) {
@@ -263,18 +273,27 @@ export class RolloutRuntime {
     }
   }
 
+  /** A sample whose finished trajectory goes to onFinished. */
+  private newSample(task: ResolvedTask, index: number): Sample {
+    const sample: Sample = new Sample(task, index, (trajectory) => this.onFinished(trajectory, sample));
+    return sample;
+  }
+
   /**
    * Where every finished sample goes. With a journal its bytes are committed first, so a trajectory reaches a
-   * client only once a restart would find it (and never runs again after it was delivered). Samples cancelled
-   * because the server is stopping are neither journaled nor delivered: the restart runs them again, so the client
-   * gets one trajectory for them, not a CANCELLED one and then another (those that finish while it stops are kept). A failed write (disk full) still delivers —
-   * accepted work continues — and is logged: that sample would run again after a crash.
+   * client only once a restart would find it (and never runs again after it was delivered). Samples cancelled by
+   * the server stopping (Sample.cancelledByStop) are neither journaled nor delivered: the restart runs them again, so
+   * the client gets one trajectory for them, not a CANCELLED one and then another (those that finish while it stops,
+   * and those a client cancelled, are kept). A failed write (disk full) still delivers — accepted work continues —
+   * and is logged: that sample would run again after a crash.
    */
-  private readonly onFinished = (trajectory: Trajectory): void => {
+  private onFinished(trajectory: Trajectory, sample: Sample): void {
     this.admission.release(1);
     const { journal } = this.deps;
     if (!journal) return this.store.record(trajectory);
-    if (this.stopped && trajectory.status === TrajectoryStatus.TRAJECTORY_STATUS_CANCELLED) return;
+    // Only the stop's own cancels: a sample a client cancelled (or that ran out of time) while the server stopped
+    // ended on its own account, so it is journaled and delivered — it must not run again after the restart.
+    if (sample.cancelledByStop && trajectory.status === TrajectoryStatus.TRAJECTORY_STATUS_CANCELLED) return;
     const bytes = encodedTrajectory(trajectory) ?? Trajectory.encode(trajectory).finish();
     journal.finished(trajectory.taskId, trajectory.sampleIndex, bytes).then(
       () => this.store.record(trajectory),
@@ -283,7 +302,7 @@ export class RolloutRuntime {
         this.store.record(trajectory);
       },
     );
-  };
+  }
 
   private async duplicate(entry: TaskEntry, sink: TrajectorySink | undefined, onDuplicate?: () => Promise<void> | undefined): Promise<SubmitResult> {
     // A retry of a task still being written waits for it: `accepted` only once it is on disk, or the same error.

@@ -188,6 +188,11 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
           submitting.add(entry);
           last = entry;
         } else if (kind.$case === 'cancel') {
+          if (!kind.value.taskId) {
+            // No task has an empty id: a client bug, answered (a cancel of an unknown id is not: it may have finished).
+            writer.sendUrgent({ kind: { $case: 'rejected', value: { taskId: '', field: 'task_id', reason: 'task_id: a cancel must name a task', code: status.INVALID_ARGUMENT } } });
+            continue;
+          }
           const entry = [...submitting].find((e) => e.taskId === kind.value.taskId);
           if (entry && !entry.isAdmitted) {
             // Still waiting for admission: it never starts (answered as rejected). Unless it is a spec sent again of a

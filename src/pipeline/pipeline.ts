@@ -1,4 +1,4 @@
-import { defer, EMPTY, Subject, type OperatorFunction, type Subscription, catchError, mergeMap, tap, filter } from 'rxjs';
+import { defer, EMPTY, Subject, type OperatorFunction, type Subscription, catchError, mergeMap, tap, filter, identity } from 'rxjs';
 import { classifyThrown, RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
 import { FailureLog } from '../observability/failure-log.js';
@@ -55,6 +55,15 @@ export class Pipeline {
     eval: { active: 0, queued: 0 },
   };
   private readonly live = new Set<Sample>();
+  /**
+   * Stage permits, init + run + eval concurrency of them: a sample takes one before its first init (where it gets a
+   * sandbox) and gives it back when it finishes. Without them init ran ahead of a full run stage for every admitted
+   * sample (stages hand on through unbounded mergeMap buffers): up to maxAdmitted live sandboxes, each past its
+   * environment's setup, waiting for a run slot. With them at most this many samples hold a sandbox; the rest wait
+   * before init, holding nothing. A sample sent back to init (a staleness restart) keeps its permit, so no cycle of
+   * waits can form: every permit holder is in a stage or queued for one, and every stage drains on its own.
+   */
+  private readonly permits: Permits;
   private readonly finishing = new Map<Sample, Promise<void>>();
   private subscription: Subscription | undefined;
   private readonly failures: FailureLog;
@@ -68,6 +77,7 @@ export class Pipeline {
     private readonly maxMessageBytes: number = 64 << 20,
   ) {
     this.failures = new FailureLog(log);
+    this.permits = new Permits(settings.init.concurrency + settings.run.concurrency + settings.eval.concurrency);
   }
 
   start(): void {
@@ -125,7 +135,7 @@ export class Pipeline {
   /** Cancels everything in flight (status CANCELLED, `reason` as the error) and stops the line. */
   async stop(reason = 'server stopping'): Promise<void> {
     const live = [...this.live];
-    for (const sample of live) sample.abort('cancelled', reason);
+    for (const sample of live) sample.abortForStop(reason);
     // Running samples are finished here too (not left to their stage's rejection, which the unsubscribe below
     // would drop); then every finish under way — including those the aborts just started — is awaited, so every
     // sandbox is released and every sink hears CANCELLED before stop resolves.
@@ -146,6 +156,8 @@ export class Pipeline {
           counters.queued++;
           sample.queuedIn = name;
         }),
+        // Before init, a sample takes a stage permit (counted as queued for init while it waits): see `permits`.
+        name === 'init' ? this.permitted() : identity,
         mergeMap(
           (sample) =>
             defer(async () => {
@@ -186,6 +198,15 @@ export class Pipeline {
       );
   }
 
+  /** Passes each sample on once it holds a stage permit; drops one that finished while it waited. */
+  private permitted(): OperatorFunction<Sample, Sample> {
+    return (source) =>
+      source.pipe(
+        mergeMap((sample) => (sample.holdsPermit ? Promise.resolve(sample) : this.permits.take(sample))),
+        filter((s): s is Sample => s !== undefined),
+      );
+  }
+
   /**
    * A stage asked for the sample to start over (Sample.restart, e.g. too stale): it goes back to the line's start
    * instead of on to the next stage. It re-enters on a microtask, outside the operator chain that is emitting it.
@@ -217,6 +238,10 @@ export class Pipeline {
     sample.finished = true;
     sample.stage = 'done';
     this.live.delete(sample);
+    if (sample.holdsPermit) {
+      sample.holdsPermit = false;
+      this.permits.give();
+    }
     if (sample.queuedIn) {
       // Finished while waiting for a slot: it no longer counts as queued (it leaves the mergeMap buffer later).
       this.stats[sample.queuedIn].queued--;
@@ -245,5 +270,37 @@ export class Pipeline {
     } catch (err) {
       this.log.error({ err, sample: sample.key }, 'trajectory sink failed');
     }
+  }
+}
+
+/** A FIFO counting semaphore of stage permits (see Pipeline.permits). */
+class Permits {
+  private readonly waiting: { sample: Sample; resolve: (s: Sample | undefined) => void }[] = [];
+
+  constructor(private free: number) {}
+
+  /** Resolves with the sample once it holds a permit, or undefined when it finished while waiting (nothing to run). */
+  take(sample: Sample): Promise<Sample | undefined> {
+    if (sample.finished) return Promise.resolve(undefined);
+    if (this.free > 0) {
+      this.free--;
+      sample.holdsPermit = true;
+      return Promise.resolve(sample);
+    }
+    return new Promise((resolve) => this.waiting.push({ sample, resolve }));
+  }
+
+  give(): void {
+    for (let next = this.waiting.shift(); next; next = this.waiting.shift()) {
+      // One that finished while it waited (cancelled, its total deadline) takes nothing.
+      if (next.sample.finished) {
+        next.resolve(undefined);
+        continue;
+      }
+      next.sample.holdsPermit = true;
+      next.resolve(next.sample);
+      return;
+    }
+    this.free++;
   }
 }

@@ -25,6 +25,10 @@ export class Sample {
   active = false;
   /** The stage whose queue holds this sample, while it waits for a slot there. */
   queuedIn: 'init' | 'run' | 'eval' | undefined;
+  /** Holds one of the pipeline's stage permits (from its first init to its finish; see Pipeline). */
+  holdsPermit = false;
+  /** Cancelled by the server stopping (not by a client, a deadline or an error): see {@link abortForStop}. */
+  cancelledByStop = false;
   readonly timing: SampleTiming = { queueMs: 0, initMs: 0, runMs: 0, llmMs: 0, toolMs: 0, evalMs: 0, totalMs: 0 };
   readonly createdAt = performance.now();
   sandbox: Sandbox | undefined;
@@ -58,6 +62,16 @@ export class Sample {
 
   get signal(): AbortSignal {
     return this.controller.signal;
+  }
+
+  /**
+   * Cancels the sample because the server is stopping — unless something ended it first (a client's cancel, a
+   * deadline): only a sample whose own outcome this is is marked, so a journal can leave exactly those to run again.
+   */
+  abortForStop(message: string): void {
+    if (this.controller.signal.aborted) return;
+    this.cancelledByStop = true;
+    this.abort('cancelled', message);
   }
 
   abort(code: 'deadline_exceeded' | 'cancelled', message: string): void {

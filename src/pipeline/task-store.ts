@@ -17,6 +17,11 @@ export interface TaskEntry {
   /** Recovered from the journal no longer valid ({@link TaskStore.addUnrunnable}): it has no samples, never runs. */
   unrunnable?: true;
   samples: Sample[];
+  /**
+   * A cancel arrived before the samples existed (the task admitted, its journal write under way): they are
+   * cancelled as soon as they are made.
+   */
+  cancelRequested?: true;
   /** Finished samples, as their wire bytes (see StoredTrajectory). */
   trajectories: (StoredTrajectory | undefined)[];
   pending: number;
