@@ -1,29 +1,15 @@
 import { setTimeout as sleep } from 'node:timers/promises';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { BubblewrapDriver, type BubblewrapSandbox } from '../../src/sandboxes/bwrap.js';
 import { tmpfsSizeMb } from '../../src/sandboxes/bwrap-command.js';
 import { exhaustedLimit, isSandboxLimitError } from '../../src/sandboxes/limit-errors.js';
 import type { SandboxLimits } from '../../src/sandboxes/types.js';
-import { createBashTool } from '../../src/tools/bash-tool.js';
-import { executeToolCalls } from '../../src/tools/execute.js';
-import { createPythonTool } from '../../src/tools/python-tool.js';
-import { closeAfterAll, testSpec, waitFor } from './helpers.js';
+import { callTool, closeAfterAll, sandboxesStoppedAfterEach, testSpec, waitFor } from './helpers.js';
 
 const driver = closeAfterAll(new BubblewrapDriver());
-const started: BubblewrapSandbox[] = [];
-async function start(overrides: Partial<SandboxLimits> = {}): Promise<BubblewrapSandbox> {
-  const sandbox = await driver.start(testSpec(overrides));
-  started.push(sandbox);
-  return sandbox;
-}
-afterEach(async () => {
-  await Promise.all(started.splice(0).map((s) => s.stop()));
-});
-
-const tools = [createBashTool({ timeoutMs: 5_000 }), createPythonTool({ timeoutMs: 5_000 })];
-const signal = new AbortController().signal;
-const call = (name: string, args: Record<string, unknown>, sandbox: BubblewrapSandbox) =>
-  executeToolCalls({ calls: [{ name, arguments: args }], errors: [] }, tools, { sandbox, signal });
+const startSandbox = sandboxesStoppedAfterEach<BubblewrapSandbox>();
+const start = (overrides: Partial<SandboxLimits> = {}): Promise<BubblewrapSandbox> => startSandbox(driver, overrides);
+const call = callTool;
 const MiB = 1024 * 1024;
 const limits = testSpec({ memoryMb: 128, maxProcesses: 16 }).limits;
 

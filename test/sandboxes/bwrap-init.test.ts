@@ -1,12 +1,8 @@
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { BubblewrapDriver, type BubblewrapSandbox } from '../../src/sandboxes/bwrap.js';
 import { buildHolderArgv, hostLayout } from '../../src/sandboxes/bwrap-command.js';
 import { SANDBOX_INIT_PATH } from '../../src/sandboxes/init/sandbox-init.js';
-import type { SandboxLimits } from '../../src/sandboxes/types.js';
-import { createBashTool } from '../../src/tools/bash-tool.js';
-import { executeToolCalls } from '../../src/tools/execute.js';
-import { createPythonTool } from '../../src/tools/python-tool.js';
-import { closeAfterAll, testSpec } from './helpers.js';
+import { callTool, closeAfterAll, sandboxesStoppedAfterEach, testSpec } from './helpers.js';
 
 // Regression: the sandbox's pid 1 was bwrap's init, which exits with its first child, a holder shell at pid 2 of the
 // same uid as the model's commands: one `kill -9 -1` in a tool call ended the sandbox, and the trajectory ended
@@ -14,20 +10,8 @@ import { closeAfterAll, testSpec } from './helpers.js';
 // pid 1 and the holder: out of reach of the sandbox's signals, reaping orphans, not ptrace-able.
 
 const drivers = { setuid: closeAfterAll(new BubblewrapDriver()), userns: closeAfterAll(new BubblewrapDriver({ identity: 'userns' })) };
-const started: BubblewrapSandbox[] = [];
-async function start(driver: BubblewrapDriver, overrides: Partial<SandboxLimits> = {}): Promise<BubblewrapSandbox> {
-  const sandbox = await driver.start(testSpec(overrides));
-  started.push(sandbox);
-  return sandbox;
-}
-afterEach(async () => {
-  await Promise.all(started.splice(0).map((s) => s.stop()));
-});
-
-const tools = [createBashTool({ timeoutMs: 5_000 }), createPythonTool({ timeoutMs: 5_000 })];
-const signal = new AbortController().signal;
-const call = (name: string, args: Record<string, unknown>, sandbox: BubblewrapSandbox) =>
-  executeToolCalls({ calls: [{ name, arguments: args }], errors: [] }, tools, { sandbox, signal });
+const start = sandboxesStoppedAfterEach<BubblewrapSandbox>();
+const call = callTool;
 
 /** The sandbox's processes as `pid state command` lines, read inside it. */
 async function processes(sandbox: BubblewrapSandbox): Promise<string[]> {

@@ -1,6 +1,9 @@
 import { readdirSync, readFileSync } from 'node:fs';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { afterAll } from 'vitest';
+import { afterAll, afterEach } from 'vitest';
+import { createBashTool } from '../../src/tools/bash-tool.js';
+import { executeToolCalls } from '../../src/tools/execute.js';
+import { createPythonTool } from '../../src/tools/python-tool.js';
 import type { Sandbox, SandboxDriver, SandboxLimits, SandboxSpec } from '../../src/sandboxes/types.js';
 
 /** A host-layout sandbox spec with limits small enough for CI, large enough for a Python interpreter. */
@@ -123,3 +126,25 @@ export function closeAfterAll<T extends SandboxDriver>(driver: T): T {
   afterAll(() => driver.close?.());
   return driver;
 }
+
+/**
+ * Starts sandboxes of `driver` (host layout, testSpec limits) and stops every one after each test (registers
+ * `afterEach` where it is called).
+ */
+export function sandboxesStoppedAfterEach<S extends Sandbox>(): (driver: { start(spec: SandboxSpec): Promise<S> }, overrides?: Partial<SandboxLimits>) => Promise<S> {
+  const started: Sandbox[] = [];
+  afterEach(async () => {
+    await Promise.all(started.splice(0).map((s) => s.stop()));
+  });
+  return async (driver, overrides = {}) => {
+    const sandbox = await driver.start(testSpec(overrides));
+    started.push(sandbox);
+    return sandbox;
+  };
+}
+
+/** One tool call through the bash and python tools (5 s timeouts), as the agent loop makes it. */
+export function callTool(name: string, args: Record<string, unknown>, sandbox: Sandbox): ReturnType<typeof executeToolCalls> {
+  return executeToolCalls({ calls: [{ name, arguments: args }], errors: [] }, SHELL_TOOLS, { sandbox, signal: new AbortController().signal });
+}
+const SHELL_TOOLS = [createBashTool({ timeoutMs: 5_000 }), createPythonTool({ timeoutMs: 5_000 })];
