@@ -52,10 +52,10 @@ export function pythonJson(value: unknown): string {
  * outside strings, like Python's `JSONDecoder.raw_decode` (which vLLM's llama3_json parser uses) finds the end of
  * the first value; -1 when it does not close. The slice still has to pass JSON.parse.
  */
-export function jsonValueEnd(text: string, start: number): number {
+export function jsonValueEnd(text: string, start: number, limit = text.length): number {
   let depth = 0;
   let inString = false;
-  for (let i = start; i < text.length; i++) {
+  for (let i = start; i < limit; i++) {
     const c = text[i];
     if (inString) {
       if (c === '\\') i++;
@@ -82,11 +82,29 @@ export function parseTaggedCalls(text: string, open: string, close: string, expe
   const unclosed = `${open} is not closed by ${close}; ${expected}`;
   let pos = 0;
   let end = 0; // the next closing tag at or after the current body; -1: none left
+  let budget = 2 * text.length; // characters the JSON-aware ends below may scan in all (linear overall)
   for (let index = 1; ; index++) {
     const start = text.indexOf(open, pos);
     if (start === -1) break;
     const bodyStart = start + open.length;
     if (end !== -1 && end < bodyStart) end = text.indexOf(close, bodyStart);
+    // A JSON body may hold the tags in its strings (a call writing this very format): it ends where its JSON ends,
+    // when the closing tag follows there.
+    const jsonStart = skipSpace(text, bodyStart);
+    if (end !== -1 && text[jsonStart] === '{' && budget > 0) {
+      const limit = Math.min(text.length, jsonStart + budget);
+      const jsonEnd = jsonValueEnd(text, jsonStart, limit);
+      budget -= (jsonEnd < 0 ? limit : jsonEnd) - jsonStart;
+      const after = jsonEnd < 0 ? -1 : skipSpace(text, jsonEnd);
+      if (after > end && text.startsWith(close, after)) {
+        const parsed = parseBody(text.slice(bodyStart, after));
+        if (typeof parsed === 'string') errors.push(`tool call ${index}: ${parsed}`);
+        else calls.push(parsed);
+        pos = after + close.length;
+        end = 0;
+        continue;
+      }
+    }
     if (end === -1) {
       let later = 0;
       for (let at = text.indexOf(open, bodyStart); at !== -1; at = text.indexOf(open, at + open.length)) later++;
@@ -110,11 +128,28 @@ export function parseTaggedCalls(text: string, open: string, close: string, expe
 /**
  * The part of an assistant message a tool-call parser reads: what follows its reasoning. A model that reasons
  * inside `<think>…</think>` (Qwen3, DeepSeek-R1) may mention or draft a call there; as vLLM's reasoning parsers do,
- * only the text after the last `</think>` holds calls. A message that opens `<think>` and never closes it was cut
- * inside its reasoning: it holds none.
+ * reasoning is a block the message opens with, ended by the first `</think>` after it, and only the text after it
+ * holds calls (a message that opens `<think>` and never closes it was cut inside its reasoning: it holds none). A
+ * template may open the block in the prompt (DeepSeek-R1's): a message with no `<think>` of its own whose first
+ * `</think>` comes before its first call (`firstCall`: where the format's first call opens, -1 for none) reasoned up
+ * to there. Anywhere else the tags are content — a call whose arguments hold "<think>" or "</think>" (code that
+ * handles reasoning tags) is read as the call it is, not hidden or cut in half.
  */
-export function afterReasoning(text: string): string {
-  const end = text.lastIndexOf('</think>');
-  if (end >= 0) return text.slice(end + '</think>'.length);
-  return text.includes('<think>') ? '' : text;
+export function afterReasoning(text: string, firstCall: (text: string) => number): string {
+  const lead = text.length - text.trimStart().length;
+  if (text.startsWith(THINK, lead)) {
+    const end = text.indexOf(END_THINK, lead + THINK.length);
+    return end >= 0 ? text.slice(end + END_THINK.length) : '';
+  }
+  const end = text.indexOf(END_THINK);
+  if (end < 0) return text;
+  const call = firstCall(text);
+  return call === -1 || end < call ? text.slice(end + END_THINK.length) : text;
 }
+function skipSpace(text: string, from: number): number {
+  let i = from;
+  while (i < text.length && (text[i] === ' ' || text[i] === '\n' || text[i] === '\t' || text[i] === '\r')) i++;
+  return i;
+}
+const THINK = '<think>';
+const END_THINK = '</think>';

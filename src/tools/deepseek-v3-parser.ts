@@ -27,7 +27,7 @@ export class DeepSeekV3ToolCallParser implements ToolCallParser {
   readonly name = 'deepseek_v3';
 
   parse(message: string): ParsedToolCalls {
-    const text = afterReasoning(message);
+    const text = afterReasoning(message, (t) => t.indexOf(CALLS_BEGIN));
     const begin = text.indexOf(CALLS_BEGIN);
     if (begin < 0) return { calls: [], errors: [] };
     const endAll = text.indexOf(CALLS_END, begin);

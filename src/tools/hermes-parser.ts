@@ -22,7 +22,7 @@ export class HermesToolCallParser implements ToolCallParser {
   readonly name = 'hermes';
 
   parse(message: string): ParsedToolCalls {
-    return parseTaggedCalls(afterReasoning(message), OPEN, CLOSE, EXPECTED, parseCallBody);
+    return parseTaggedCalls(afterReasoning(message, (t) => t.indexOf(OPEN)), OPEN, CLOSE, EXPECTED, parseCallBody);
   }
 
   format(calls: readonly ToolCall[]): string {

@@ -18,7 +18,7 @@ export class Llama3JsonToolCallParser implements ToolCallParser {
   readonly name = 'llama3_json';
 
   parse(message: string): ParsedToolCalls {
-    const text = afterReasoning(message);
+    const text = afterReasoning(message, callAtStart);
     let body = text.trimStart();
     const tagged = body.startsWith(PYTHON_TAG);
     if (tagged) body = body.slice(PYTHON_TAG.length);
@@ -70,4 +70,10 @@ function parseCall(raw: string): ToolCall | string {
   const args = parseArguments(value.parameters ?? value.arguments);
   if (typeof args === 'string') return `${name}: ${args.replace('"arguments"', '"parameters"')}`;
   return { name: name.trim(), arguments: args };
+}
+
+/** Llama 3.1's calls are the whole message: one opens at its start (a JSON object or the python tag), or none does. */
+function callAtStart(text: string): number {
+  const body = text.trimStart();
+  return body.startsWith('{') || body.startsWith(PYTHON_TAG) ? text.length - body.length : -1;
 }
