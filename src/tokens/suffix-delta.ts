@@ -1,7 +1,7 @@
 import { LRUCache } from 'lru-cache';
 import { RolloutError } from '../errors.js';
 import { environmentDelta, MAX_PROBED_TOOL_LISTS, PROBE_ASSISTANT, probeAssistantClosing, type Delta, type DeltaRequest } from './template-delta.js';
-import { contentFlags, renderWithSkeleton } from './template-skeleton.js';
+import { contentFlags, LONG_PROBE_CONTENTS, renderWithSkeleton } from './template-skeleton.js';
 import { toolsKey } from './tools-key.js';
 import type { ChatMessage, ChatTemplate, ToolSchema } from './types.js';
 
@@ -199,8 +199,8 @@ function probe(template: ChatTemplate, tools: readonly ToolSchema[] | undefined)
   return agrees(trusted, unchecked) ? trusted : found;
 }
 
-/** Contents that templates treat differently: padded (trim), empty, multi-line, markup-like, thinking blocks. */
-const CONTENTS = ['c', '  padded content \n', '', 'line one\nline two\n\n', '{{ not a tag }} <b>', '<think>\nhm\n</think>\n\nsaid'];
+/** Contents that templates treat differently: padded (trim), empty, multi-line, markup-like, thinking blocks, long (caps). */
+const CONTENTS = ['c', '  padded content \n', '', 'line one\nline two\n\n', '{{ not a tag }} <b>', '<think>\nhm\n</think>\n\nsaid', ...LONG_PROBE_CONTENTS];
 
 /**
  * Contents of the assistant turn just sampled that templates branch on: reasoning blocks (whole, unclosed, only the

@@ -101,7 +101,17 @@ function shapeKey(messages: readonly ChatMessage[], options: RenderOptions, slot
 /** Slot markers: plane-16 private-use characters (never placeholders, see opaque-content.ts) around the slot's index. */
 const marker = (i: number): string => `\u{10FFF0}slot-${i}-7c1e\u{10FFF0}`;
 
-/** Contents templates treat differently (trim, emptiness, markup, reasoning, tool-response wrappers, special-token look-alikes). */
+/**
+ * Long contents of varied lengths: a template may cap or branch on a content's length (`content|length > 64`,
+ * `content[:4096]`), which no string literal of its source reveals. Past the longest, a cap goes unseen: 70,000
+ * characters is beyond every cap seen in real templates, and still a ~1 ms render per probed shape.
+ */
+export const LONG_PROBE_CONTENTS = [100, 700, 5_000, 70_000].map((n) => {
+  const unit = 'long content, line by line\n';
+  return `${unit.repeat(Math.ceil(n / unit.length))}`.slice(0, n - 1) + '.';
+});
+
+/** Contents templates treat differently (trim, emptiness, markup, reasoning, tool-response wrappers, special-token look-alikes, length). */
 const PROBE_CONTENTS = [
   'c',
   '',
@@ -114,6 +124,7 @@ const PROBE_CONTENTS = [
   '\u{F0000}\u{FFFFD}<',
   ' ',
   '\n',
+  ...LONG_PROBE_CONTENTS,
 ];
 
 function probe(template: ChatTemplate, messages: readonly ChatMessage[], options: RenderOptions, slots: readonly number[]): Skeleton | undefined {
