@@ -9,7 +9,7 @@ The generated stubs ship in the same distribution as the package `rollout` (roll
 """
 from .advantages import group_advantages, trainer_batch
 from .client import AsyncRolloutClient
-from .errors import ClientClosedError, RolloutClientError, TaskRejectedError
+from .errors import ClientClosedError, RolloutClientError, SessionTakenOverError, TaskRejectedError, TaskTooLargeError
 from .results import POLICY_OUTCOMES, Group, Sample, status_name
 from .sync import RolloutClient
 from .tls import TlsOptions
@@ -24,6 +24,8 @@ __all__ = [
     "trainer_batch",
     "RolloutClientError",
     "TaskRejectedError",
+    "TaskTooLargeError",
+    "SessionTakenOverError",
     "ClientClosedError",
     "POLICY_OUTCOMES",
     "status_name",

@@ -8,13 +8,12 @@ import logging
 import uuid
 from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
-import grpc
 from google.protobuf import json_format, struct_pb2
 
 from rollout.v1 import rollout_pb2
 
-from .connection import Connection
-from .errors import ClientClosedError, RolloutClientError, TaskRejectedError
+from .connection import Connection, task_request_size
+from .errors import ClientClosedError, RolloutClientError, TaskRejectedError, TaskTooLargeError
 from .results import Group, Sample
 from .tls import TlsOptions, call_metadata
 
@@ -94,7 +93,15 @@ class AsyncRolloutClient:
     again, to the least-loaded server, with backoff (50 ms doubling to 2 s) for up to `retry_rejected_for` seconds;
     then submit/run_group raise the TaskRejectedError. A stream status that a retry would get again
     (UNAUTHENTICATED, PERMISSION_DENIED, UNIMPLEMENTED, INVALID_ARGUMENT, and ALREADY_EXISTS: another stream holds
-    this session id) fails every call with RolloutClientError; other broken streams are re-opened, logged at WARNING.
+    this session id) fails every call with RolloutClientError, and so does ABORTED, with SessionTakenOverError: another
+    client resumed this session id and the server moved the session to it (resuming it back would start a fight).
+    Other broken streams are re-opened, logged at WARNING.
+
+    A spec over a message size limit fails alone with TaskTooLargeError (naming its size, the limit and its largest
+    field), never retried: over the channel's grpc.max_send_message_length, submit/run_group raise it before anything
+    is sent; over a limit met on the way (the channel's service config, the server's transport), once that ended the
+    stream, which is re-opened for the other tasks. A trajectory over the channel's max_receive_message_length (the
+    server would re-send it on every resume) fails every call, naming the option to raise.
 
     keepalive_time/keepalive_timeout (seconds): HTTP/2 pings that find a connection whose peer vanished without a
     reset (None turns them off); without them such a stream would wait forever and failover would never fire.
@@ -136,6 +143,8 @@ class AsyncRolloutClient:
             )
             for t in names
         ]
+        #: The smallest send bound of the channels: a spec over it could never be sent (see TaskTooLargeError).
+        self._max_send_bytes = min((c.max_send_bytes for c in self._conns if c.max_send_bytes is not None), default=None)
         self._tasks: Dict[str, _Task] = {}
         self._finished: "collections.OrderedDict[str, None]" = collections.OrderedDict()
         self._stream: "asyncio.Queue[Optional[Sample]]" = asyncio.Queue()
@@ -175,8 +184,9 @@ class AsyncRolloutClient:
         """Submits one task of num_samples samples; returns its task id once a server accepted it.
 
         Its samples arrive through samples() or, whole, through groups(). Raises TaskRejectedError (naming the field)
-        when the server rejects the spec (a temporary refusal only once retry_rejected_for has passed), ValueError when
-        sampling/limits hold an unknown field or task_id is already in flight on this client.
+        when the server rejects the spec (a temporary refusal only once retry_rejected_for has passed), its subclass
+        TaskTooLargeError when the spec is over a message size limit, ValueError when sampling/limits hold an unknown
+        field or task_id is already in flight on this client.
         """
         task = await self._submit(environment, instance, num_samples, sampling, limits, task_id, group_id, metadata, via_run_group=False)
         return task.task_id
@@ -196,7 +206,8 @@ class AsyncRolloutClient:
         """Runs one task of num_samples samples and returns the whole group (samples ordered by sample_index).
 
         Cancelling the awaiting coroutine cancels the task on the server. Failed samples are in the group with
-        is_infra_failure=True (see Group.ok / Group.failed); only a rejected spec raises (TaskRejectedError).
+        is_infra_failure=True (see Group.ok / Group.failed); only a rejected spec raises (TaskRejectedError, or
+        TaskTooLargeError over a message size limit), besides the client-wide errors (closed, fatal stream status).
         """
         task = await self._submit(environment, instance, num_samples, sampling, limits, task_id, group_id, metadata, via_run_group=True)
         try:
@@ -226,6 +237,10 @@ class AsyncRolloutClient:
             spec.sampling.CopyFrom(_message(rollout_pb2.SamplingParams, sampling, "sampling"))
         if limits is not None:
             spec.limits.CopyFrom(_message(rollout_pb2.TaskLimits, limits, "limits"))
+        size = task_request_size(spec)
+        if self._max_send_bytes is not None and size > self._max_send_bytes:
+            # The channel would refuse it and end the stream, every time it was sent again: it fails here, alone.
+            raise TaskTooLargeError.of(spec, size, self._max_send_bytes, "this client's channel (grpc.max_send_message_length)")
         need = max(num_samples, 0)
         async with self._room:
             # A group larger than max_in_flight still runs, alone; otherwise wait until the caller has taken enough.
@@ -425,6 +440,8 @@ class AsyncRolloutClient:
         self._pick().assign(task)
 
     def _reject(self, task: _Task, error: TaskRejectedError) -> None:
+        if task.conn is not None:
+            task.conn.release([task.task_id])  # a copy of its spec still queued there is not sent
         if not task.accepted.done():
             task.accepted.set_exception(error)
         if not task.complete.done():
@@ -462,9 +479,11 @@ class AsyncRolloutClient:
             if task.abandoned:
                 self._hand_off(task, list(task.samples))
 
-    def _on_fatal(self, conn: Connection, err: grpc.aio.AioRpcError) -> None:
-        log.error("%s: %s: %s", conn.target, err.code().name, err.details())
-        self._fatal = RolloutClientError(f"{conn.target}: {err.code().name}: {err.details()}")
+    def _on_fatal(self, conn: Connection, error: RolloutClientError) -> None:
+        """A stream status a retry would get again (see Connection): every waiting and later call raises `error`."""
+        log.error("%s", error)
+        if self._fatal is None:
+            self._fatal = error
         self._fail_waiters(self._fatal)
         self._stream.put_nowait(None)
 

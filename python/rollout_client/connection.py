@@ -9,6 +9,12 @@ opened afresh and every unfinished task is submitted again. A server that stays 
 seconds while another one is up is declared lost: the client moves its unfinished tasks elsewhere (see
 AsyncRolloutClient).
 
+What a re-open would meet again is not retried. A status no retry changes (a bad token, no such service, ...) fails
+the client, and so does ABORTED: another client resumed this session (SessionTakenOverError), and resuming it back
+would have the two evict each other for ever. A stream that ended on a message over a size limit fails the task specs
+over it (TaskTooLargeError), since they would end every stream they were re-sent on, and the stream is re-opened for
+the others; a trajectory over this channel's receive limit (re-sent on every resume) fails the client.
+
 A dead peer that sends no RST (a host that vanished, a silently dropped NAT entry) is found by HTTP/2 keepalive
 pings: without them the stream would wait forever and failover would never fire. The failover clock runs on its own
 timer, so a reconnect attempt that hangs (a black-holed address) does not stop it either.
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import grpc
@@ -24,6 +31,7 @@ import grpc.aio
 
 from rollout.v1 import rollout_pb2, rollout_pb2_grpc
 
+from .errors import RolloutClientError, SessionTakenOverError, TaskTooLargeError
 from .tls import TlsOptions
 
 if TYPE_CHECKING:
@@ -37,10 +45,19 @@ _DEFAULT_OPTIONS: List[Tuple[str, Any]] = [("grpc.max_receive_message_length", 2
 #: Stream statuses that the same request will get again: retrying would hide a configuration error forever.
 #: ALREADY_EXISTS answers a fresh open of a session id another stream holds (two trainers with one session_id);
 #: a resume never gets it (it takes the session over), so it is fatal only when the open was not a resume.
+#: ABORTED (handled apart, as SessionTakenOverError) is how the server ends a stream whose session another stream
+#: resumed; it sends ABORTED on a Rollout stream for nothing else (src/contract/rollout-service.ts: evict).
 _FATAL = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.INVALID_ARGUMENT})
+
+#: What grpc says when a message is over a size limit: "[CLIENT: ]Sent|Received message larger than max (N vs[.] M)",
+#: from grpc core (this client's channel: "vs.", and "CLIENT: " in newer grpcio) or grpc-js (the server's transport: "vs").
+_TOO_LARGE = re.compile(r"(CLIENT: )?(Sent|Received) message larger than max \((\d+) vs\.? (\d+)\)")
 
 #: A broken stream is reported at WARNING when it starts failing, when its status changes, and then at most this often.
 _WARN_EVERY = 30.0
+
+#: Seconds a call whose write failed gets to end with its own status before it is cancelled (see _writer_done).
+_WRITE_FAILED_GRACE = 1.0
 
 
 def keepalive_options(keepalive_time: Optional[float], keepalive_timeout: float) -> List[Tuple[str, Any]]:
@@ -58,6 +75,43 @@ def keepalive_options(keepalive_time: Optional[float], keepalive_timeout: float)
         # Newer grpc cores (1.85) time the keepalive ping out by this one and no longer by keepalive_timeout_ms.
         ("grpc.http2.ping_timeout_ms", max(1, int(keepalive_timeout * 1000))),
     ]
+
+
+def _limit(value: Any) -> Optional[int]:
+    """A grpc message size option as a bound in bytes; None when unlimited (-1) or not set."""
+    return None if value is None or int(value) < 0 else int(value)
+
+
+def task_request_size(spec: Any) -> int:
+    """Bytes of RolloutRequest(task=spec) on the wire (what a channel's message size limit counts), without copying
+    the spec: the field's tag, its length as a varint, the spec."""
+    n = spec.ByteSize()
+    return 1 + max(1, (n.bit_length() + 6) // 7) + n
+
+
+def _ack_requests(refs: List[Tuple[str, int]], limit: Optional[int]) -> List[Any]:
+    """Ack messages for refs, each under `limit` bytes: a burst of acks (the trajectories a resume re-sends arrive
+    together) must not make one message the channel refuses, which would end the stream and lose the acks with it."""
+    request = rollout_pb2.RolloutRequest(ack=rollout_pb2.Ack(trajectories=[rollout_pb2.TrajectoryRef(task_id=t, sample_index=i) for t, i in refs]))
+    if limit is None or len(refs) <= 1 or request.ByteSize() <= limit:
+        return [request]
+    half = len(refs) // 2
+    return _ack_requests(refs[:half], limit) + _ack_requests(refs[half:], limit)
+
+
+async def _final_status(call: Any, err: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
+    """The status the call ended with, when `err` hides it: grpcio >= 1.68 raises a failed batch (a write the channel
+    refused, and a read pending meanwhile) as INTERNAL "Internal error from Core", while the call's own status says
+    what happened (e.g. RESOURCE_EXHAUSTED "Sent message larger than max"), which decides what is retried."""
+    if err.code() != grpc.StatusCode.INTERNAL:
+        return err
+    try:
+        code = await asyncio.wait_for(call.code(), _WRITE_FAILED_GRACE)
+        if code is None or code == err.code():
+            return err
+        return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), await call.trailing_metadata(), await call.details(), err.debug_error_string())
+    except (asyncio.TimeoutError, grpc.RpcError):
+        return err
 
 
 class _StreamEnded(Exception):
@@ -100,6 +154,9 @@ class Connection:
         for key, value in [*_DEFAULT_OPTIONS, *keepalive_options(keepalive_time, keepalive_timeout), *channel_options, *(tls.channel_options() if tls else [])]:
             options[key] = value
         self._channel_options = list(options.items())
+        #: The channel's message size bounds in bytes (None: unlimited); grpc's default receive bound is 4 MiB.
+        self.max_send_bytes = _limit(options.get("grpc.max_send_message_length"))
+        self.max_receive_bytes = _limit(options.get("grpc.max_receive_message_length", 4 << 20))
         self._failover_after = failover_after
         #: Unfinished tasks this server runs for us, by task id.
         self.tasks: Dict[str, "_Task"] = {}
@@ -165,8 +222,8 @@ class Connection:
     def _flush_acks(self) -> None:
         refs, self._acks = self._acks, []
         if refs and not self._closing:
-            ack = rollout_pb2.Ack(trajectories=[rollout_pb2.TrajectoryRef(task_id=t, sample_index=i) for t, i in refs])
-            self._outbox.put_nowait(rollout_pb2.RolloutRequest(ack=ack))
+            for request in _ack_requests(refs, self.max_send_bytes):
+                self._outbox.put_nowait(request)
 
     async def close(self, grace: float = 1.0) -> None:
         """Ends the stream: sends what is queued (acks, cancels), half-closes, and drops the call after `grace`."""
@@ -253,9 +310,19 @@ class Connection:
                         self.stats["sessions_lost"] += 1
                         self._resend_all = True
                         continue
-                    if err.code() in _FATAL or (err.code() == grpc.StatusCode.ALREADY_EXISTS and not resume):
-                        self._client._on_fatal(self, err)
+                    if err.code() == grpc.StatusCode.ABORTED:
+                        # Another stream resumed this session and the server moved it there: resuming it again would
+                        # take it back, and the two clients would evict each other for ever.
+                        self._client._on_fatal(self, SessionTakenOverError(self.target, self.session_id, err.details() or ""))
                         return
+                    if err.code() in _FATAL or (err.code() == grpc.StatusCode.ALREADY_EXISTS and not resume):
+                        self._client._on_fatal(self, RolloutClientError(f"{self.target}: {err.code().name}: {err.details()}"))
+                        return
+                    if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                        fatal = self._message_too_large(err.details() or "")
+                        if fatal is not None:
+                            self._client._on_fatal(self, fatal)
+                            return
                     code, detail = err.code().name, err.details() or ""
                 except _StreamEnded:
                     code, detail = "OK", "the server ended the stream"
@@ -286,11 +353,44 @@ class Connection:
             self._cancel_failover_timer()
             await channel.close(None)
 
+    def _message_too_large(self, details: str) -> Optional[RolloutClientError]:
+        """The stream ended on a message over a size limit, which the same message would meet again after the re-open.
+
+        A task spec: this channel could not send it (a limit the client does not know, e.g. its service config's
+        maxRequestMessageBytes: grpc.max_send_message_length is checked before sending), or the server's transport
+        refused it. Every spec not answered yet that is over the limit fails (TaskTooLargeError) and is not re-sent; the
+        stream is re-opened for the others. A message this channel could not receive, and no spec to blame: a
+        trajectory, which the server re-sends on every resume; the error returned fails the client. Anything else (an
+        ack over the server's bound: re-sent smaller after the redelivery) is retried like any broken stream.
+        """
+        found = _TOO_LARGE.search(details)
+        if found is None:
+            return None
+        client_side = found.group(1) is not None or " vs. " in found.group(0)
+        sent, size, limit = found.group(2) == "Sent", int(found.group(3)), int(found.group(4))
+        sizes = {t.task_id: task_request_size(t.spec) for t in self.tasks.values() if not t.answered}
+        over = [t for t in list(self.tasks.values()) if sizes.get(t.task_id, 0) > limit]
+        if over:
+            where = "this client's channel (a limit of its service config)" if sent else f"the server's transport at {self.target}"
+            for task in over:
+                log.warning("%s: task %s: its spec is %d bytes, over the %d-byte limit of %s; failing it", self.target, task.task_id, sizes[task.task_id], limit, where)
+                self._client._reject(task, TaskTooLargeError.of(task.spec, sizes[task.task_id], limit, where))
+            return None
+        if not sent and (client_side or limit == self.max_receive_bytes):
+            return RolloutClientError(
+                f"{self.target}: RESOURCE_EXHAUSTED: {details}: a message of {size} bytes from the server is over this client's "
+                f"max_receive_message_length ({limit} bytes), and the server sends it again on every resume: raise "
+                '("grpc.max_receive_message_length", ...) in channel_options'
+            )
+        return None
+
     async def _attach(self, stub: Any, resume: bool) -> None:
         call = stub.Rollout(metadata=self._metadata)
         self._call = call
         try:
             await self._stream(call, resume)
+        except grpc.aio.AioRpcError as err:
+            raise await _final_status(call, err) from None
         finally:
             call.cancel()  # a no-op once the call ended; otherwise the server would keep the session attached to it
 
@@ -350,9 +450,12 @@ class Connection:
         if err is None:
             return
         if isinstance(err, grpc.aio.AioRpcError):
+            # The call failed under the write: the reader gets its status (e.g. a message over a size limit, which
+            # decides what is retried), which a cancel now would turn into CANCELLED. Cancelled only if it lingers.
             log.debug("%s: write failed (%s); the stream is re-opened", self.target, err.code().name)
-        else:
-            log.warning("%s: write failed (%r); re-opening the stream", self.target, err)
+            asyncio.get_running_loop().call_later(_WRITE_FAILED_GRACE, call.cancel)
+            return
+        log.warning("%s: write failed (%r); re-opening the stream", self.target, err)
         call.cancel()
 
     def _dispatch(self, response: Any) -> None:

@@ -422,36 +422,44 @@ asyncio.run(main())
     expect(lines(r, 'MOVED'), explain(r)).toEqual(['1 1 QUEUED FOR LOST []']);
   }, 60_000);
 
-  it('a stream whose writes fail is re-opened and the write failure is logged with its status, not dropped unseen', async () => {
-    // max_send_message_length below the spec's size: every write of the spec fails the call.
+  it('a spec the channel refuses by a limit the client cannot check fails alone, once: the write failure is logged and the stream re-opened', async () => {
+    // A per-method bound in the channel's service config: the client's own check (grpc.max_send_message_length, done
+    // before sending) does not see it, so the spec is written and the write fails, ending the call. Sent again after
+    // the re-open it would end every stream: it fails instead (TaskTooLargeError), and the other tasks go on.
     const r = await py(
       `${FAKE_SERVER}
-import logging, sys
-from rollout_client import AsyncRolloutClient
+import json, logging, sys
+from rollout_client import AsyncRolloutClient, TaskTooLargeError
 async def main():
-    failed = asyncio.Event()
     records = []
     class Catch(logging.Handler):
         def emit(self, record):
             if "write failed" in record.getMessage():
                 records.append(record.getMessage())
-                failed.set()
     logger = logging.getLogger("rollout_client")
     logger.setLevel(logging.DEBUG)
     logger.addHandler(Catch())
-    server, _, address = await start_fake()
-    async with AsyncRolloutClient(address, channel_options=[("grpc.max_send_message_length", 512)]) as c:
-        job = asyncio.ensure_future(c.run_group("quick", {"blob": "x" * 4096}, num_samples=1))
-        await asyncio.wait_for(failed.wait(), 15)
-        while c.connection_stats()[0]["reconnects"] < 2:  # and the stream is opened again
-            await asyncio.sleep(0.01)
-        job.cancel()
-        print("LOGGED", "INTERNAL" in records[0] or "RESOURCE_EXHAUSTED" in records[0])
+    server, fake, address = await start_fake()
+    config = json.dumps({"methodConfig": [{"name": [{"service": "rollout.v1.RolloutService"}], "maxRequestMessageBytes": 512}]})
+    async with AsyncRolloutClient(address, channel_options=[("grpc.service_config", config)]) as c:
+        await c.wait_connected(10)
+        try:
+            await asyncio.wait_for(c.run_group("quick", {"blob": "x" * 4096}, num_samples=1, task_id="too-big"), 15)
+            print("BIG ok")
+        except TaskTooLargeError as e:
+            print("BIG", e.size > 4096, e.limit, e.field, "512-byte" in str(e))
+        except asyncio.TimeoutError:
+            print("BIG hang", c.connection_stats())
+        g = await asyncio.wait_for(c.run_group("quick", {"n": 1}, num_samples=1), 15)
+        print("AFTER", len(g.samples), "RECONNECTS", c.connection_stats()[0]["reconnects"], "REACHED SERVER", "too-big" in fake.specs)
+        print("LOGGED", len(records) == 1 and ("INTERNAL" in records[0] or "RESOURCE_EXHAUSTED" in records[0]))
     await server.stop(None)
 asyncio.run(main())
 `,
       [],
     );
+    expect(lines(r, 'BIG'), explain(r)).toEqual(['True 512 instance True']);
+    expect(lines(r, 'AFTER'), explain(r)).toEqual(['1 RECONNECTS 1 REACHED SERVER False']);
     expect(lines(r, 'LOGGED'), explain(r)).toEqual(['True']);
   }, 60_000);
 
