@@ -54,8 +54,8 @@ export interface EngineCounters {
 /**
  * A simulated engine behind the real EngineClient interface, so the production pool can route to it. Requests
  * are served by processor sharing in virtual time: each needs `outputTokens + prefillCost · uncachedPromptTokens`
- * units of service and all running ones progress at the same per-sequence speed. Answers carry no ids (token
- * ids do not matter to routing; the simulation knows each turn's length).
+ * units of service and all running ones progress at the same per-sequence speed. Answers carry the turn's length
+ * in placeholder ids (their values do not matter to routing; the simulation knows each turn's length).
  */
 export class SimEngine implements EngineClient {
   readonly kind: BackendKind = 'vllm';
@@ -146,7 +146,9 @@ export class SimEngine implements EngineClient {
       if (previous !== undefined && previous !== this) previous.forget(r.trajectory);
       this.turns.lastEngine.set(r.trajectory, this);
       this.cache.insert(r.trajectory, r.promptTokens + r.outputTokens);
-      r.resolve({ tokenIds: [], logprobs: [], finishReason: 'length', text: '' });
+      // The turn's length in ids (their values do not matter), ended at its max_tokens: what a real engine answers,
+      // so the pool's checks of an answer (a 'length' stop short of both limits is refused) see a well-formed one.
+      r.resolve({ tokenIds: new Array<number>(r.outputTokens).fill(0), logprobs: new Array<number>(r.outputTokens).fill(0), finishReason: 'length', text: '' });
     }
     this.#schedule();
   }
