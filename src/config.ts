@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { withoutCredentials } from './backends/engine-http.js';
-import { BACKEND_KIND_NAMES } from './backends/kinds.js';
+import { BACKEND_KIND_NAMES, backendKind } from './backends/kinds.js';
 import { tokenProblem } from './bearer-token.js';
 import { RolloutError } from './errors.js';
 import { MAX_TIMER_MS } from './timers.js';
@@ -93,8 +93,24 @@ const backendSchema = z
      */
     logprobsMode: z.enum(['raw', 'processed']).optional(),
   })
+  // A URL its kind cannot reach (vllm/sglang over http(s); embedded file:/embedded:) is named here, not thrown later by
+  // the client's constructor. The URL itself is not echoed: it may carry credentials.
+  .superRefine((backend, ctx) => {
+    const problem = backendKind(backend.kind).urlProblem(backend.url);
+    if (problem !== undefined) ctx.addIssue({ code: 'custom', path: ['url'], message: problem });
+  })
   // The default id is set here, not where the backend is added, so that it never carries the URL's credentials.
   .transform((backend) => ({ ...backend, id: backend.id ?? withoutCredentials(backend.url) }));
+
+/** Backends are told apart by id (ListBackends, RemoveBackend, routing): two with one id are a mistake, named at the second. */
+const backendsSchema = z.array(backendSchema).superRefine((backends, ctx) => {
+  const first = new Map<string, number>();
+  backends.forEach((backend, i) => {
+    const earlier = first.get(backend.id);
+    if (earlier === undefined) first.set(backend.id, i);
+    else ctx.addIssue({ code: 'custom', path: [i, 'id'], message: `the same id as backends[${earlier}] (${JSON.stringify(backend.id)}; the url's unless set): give each backend its own` });
+  });
+});
 
 /**
  * Server configuration, validated once at start-up with zod so a typo fails loudly instead of running with a
@@ -176,7 +192,7 @@ export const serverConfigSchema = z.strictObject({
    * with no core to spare. Off: they keep the process's.
    */
   lowerHelperThreads: z.boolean().default(true),
-  backends: z.array(backendSchema).default([]),
+  backends: backendsSchema.default([]),
   /** Capacity of a backend whose maxConcurrency is 0 and whose engine does not report one (or not yet). */
   backendDefaultMaxConcurrency: z.number().int().min(1).default(256),
   /** Budget of one engine request (one turn); past it the request fails with BACKEND_ERROR. 0 = none. */

@@ -7,12 +7,13 @@ export type CapacitySource = 'configured' | 'engine' | 'default';
 
 /**
  * Why a request left its backend without an answer of its own: the backend was removed or marked unhealthy, or
- * the connection to it failed (`unreachable`, the transport error as cause). Internal to the pool: it never
+ * the connection to it failed (`unreachable`, the transport error as cause), or its engine turned out to serve another
+ * model (`not serving its model`, see BackendState.modelRefusal). Internal to the pool: it never
  * reaches a caller, it makes the lease try again — elsewhere when the backend is no longer usable — a bounded
  * number of times.
  */
 export class BackendGone extends Error {
-  constructor(readonly backendId: string, readonly why: 'removed' | 'unhealthy' | 'unreachable', options: { cause?: unknown } = {}) {
+  constructor(readonly backendId: string, readonly why: 'removed' | 'unhealthy' | 'unreachable' | 'not serving its model', options: { cause?: unknown } = {}) {
     super(`backend ${backendId} ${why}`, options);
     this.name = 'BackendGone';
   }
@@ -191,6 +192,22 @@ export class BackendState {
   failoversOut = 0;
   /** The engine's context length (prompt + generated tokens), undefined until learned (see BackendPool.learn). */
   maxModelLen: number | undefined;
+  /** `maxModelLen` was given when the backend was added: it is never asked or forgotten. */
+  maxModelLenConfigured = false;
+  /**
+   * What the engine said about its model (`maxModelLen`) or about how it runs (`serverInfo`) may no longer hold: it
+   * came back after it was down (perhaps restarted with another --max-model-len, --max-num-seqs, --logprobs-mode), or
+   * it cut an answer short of a limit it should not have reached. Asked again at the next learn; what was learned
+   * stays in use until the engine answers (what was configured is never asked).
+   */
+  modelInfoStale = false;
+  serverInfoStale = false;
+  /**
+   * The engine answered that it does not serve the backend's model (GET /v1/models lists no such card): every request
+   * would be refused, so the backend takes no trajectory and keeps none (not eligible, not usable) until a later
+   * answer lists the model. AddBackend and the start-up refuse such an engine (BackendPool.checkEngineAgrees).
+   */
+  modelRefusal: RolloutError | undefined;
   /** A GET /v1/models under way, so concurrent attempts to learn the limit share one request. */
   learning: Promise<void> | undefined;
   /** Where `maxConcurrency` came from. */
@@ -259,7 +276,7 @@ export class BackendState {
 
   /** May take new trajectories. */
   get eligible(): boolean {
-    return this.healthy && !this.draining && !this.removed;
+    return this.healthy && !this.draining && !this.removed && this.modelRefusal === undefined;
   }
 
   /** Generation is paused: new requests are held in {@link gate}. */
@@ -269,6 +286,11 @@ export class BackendState {
 
   /** May keep serving the trajectories it already has (draining backends finish their work). */
   get usable(): boolean {
-    return this.healthy && !this.removed;
+    return this.healthy && !this.removed && this.modelRefusal === undefined;
+  }
+
+  /** Why it is not {@link usable} (what a request that finds it so is told). */
+  get unusableWhy(): 'removed' | 'unhealthy' | 'not serving its model' {
+    return this.removed ? 'removed' : !this.healthy ? 'unhealthy' : 'not serving its model';
   }
 }

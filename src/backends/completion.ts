@@ -1,4 +1,4 @@
-import type { GenerateResult } from './types.js';
+import type { GenerateResult, TokenIds } from './types.js';
 
 /**
  * Largest logprob accepted. A logprob is log(p) with p <= 1, so it is <= 0; engines compute it in float32
@@ -14,6 +14,11 @@ export interface CompletionExpectation {
   maxTokens: number;
   /** The tokenizer's vocabulary size: every id must be an integer in [0, vocabSize). Unchecked when absent. */
   vocabSize?: number;
+  /**
+   * The request's prompt: what an answer may echo before its sampled ids (SGLang's detokenizer's "surrounding" ids,
+   * see checkSglangGenerate). Absent: no echo is accepted.
+   */
+  promptIds?: TokenIds;
 }
 
 /** Why an engine answer was refused; the engine client wraps it into a backend_error. */
@@ -76,6 +81,22 @@ export function checkFinishReason(value: unknown): GenerateResult['finishReason'
 }
 
 /**
+ * The count rules every engine answer obeys besides {@link checkSampledTokens}'s bound: with max_tokens >= 1 every
+ * decoding step samples a token — a stop token, or the token completing a stop string, is among the ids — so only an
+ * abort (a request ended before its first step) may come back with none; and when the engine states how many tokens
+ * it generated (vLLM `usage.completion_tokens`, SGLang `meta_info.completion_tokens`), the ids are exactly that many:
+ * an answer whose lists lost entries would otherwise drop sampled tokens from the trajectory without a trace (the next
+ * turn's context then lacks them too). `stated` is the engine's count as sent (undefined or null: not stated).
+ */
+export function checkTokenCount(count: number, finishReason: GenerateResult['finishReason'], expect: CompletionExpectation, stated: unknown, statedName: string): void {
+  if (count === 0 && finishReason !== 'abort' && expect.maxTokens > 0) {
+    throw new CompletionRejected(`no sampled token with finish_reason "${finishReason}" (every step samples one; only an abort may end with none)`);
+  }
+  if (stated === undefined || stated === null) return;
+  if (stated !== count) throw new CompletionRejected(`${statedName} = ${preview(stated)}, but the answer holds ${count} sampled token ids`);
+}
+
+/**
  * The one check of a parsed vLLM `/v1/completions` answer before it can become part of a trajectory: every
  * field the rollout uses is typed and bounded, and only those fields are copied out.
  *
@@ -85,8 +106,10 @@ export function checkFinishReason(value: unknown): GenerateResult['finishReason'
  * JSON to parse per turn at 64K tokens). Either way they are the engine's ids verbatim, never re-derived from text.
  *
  * Checked: `choices[0]` exists; the ids and `logprobs.token_logprobs` by {@link checkSampledTokens} (a token that is
- * not `"token_id:<decimal>"` is refused); `finish_reason` is stop/length/abort; `text` is a string. Throws
- * {@link CompletionRejected} naming the first violation.
+ * not `"token_id:<decimal>"` is refused; with both `token_ids` and `logprobs.tokens`, they name the same ids);
+ * `finish_reason` is stop/length/abort; `text` is a string; the count by {@link checkTokenCount} (no id only for an
+ * abort; exactly `usage.completion_tokens` of them when stated). Throws {@link CompletionRejected} naming the first
+ * violation.
  */
 export function checkCompletion(json: unknown, expect: CompletionExpectation): GenerateResult {
   if (!isRecord(json)) throw new CompletionRejected('body is not a JSON object');
@@ -97,6 +120,7 @@ export function checkCompletion(json: unknown, expect: CompletionExpectation): G
 
   const logprobsField = choice.logprobs;
   const raw = isRecord(logprobsField) ? logprobsField.token_logprobs : undefined;
+  const tokens = isRecord(logprobsField) ? logprobsField.tokens : undefined;
   const echoed = choice.token_ids;
   let ids: readonly unknown[];
   let idName: (i: number) => string;
@@ -104,7 +128,6 @@ export function checkCompletion(json: unknown, expect: CompletionExpectation): G
     ids = echoed;
     idName = (i) => `token_ids[${i}]`;
   } else {
-    const tokens = isRecord(logprobsField) ? logprobsField.tokens : undefined;
     if (!Array.isArray(tokens)) {
       throw new CompletionRejected('neither choices[0].token_ids nor choices[0].logprobs.tokens (vLLM with return_tokens_as_token_ids needed)');
     }
@@ -114,11 +137,25 @@ export function checkCompletion(json: unknown, expect: CompletionExpectation): G
   if (ids.length > expect.maxTokens) throw new CompletionRejected(`${ids.length} token ids for max_tokens ${expect.maxTokens}`);
   if (!Array.isArray(raw)) throw new CompletionRejected('choices[0].logprobs.token_logprobs missing');
   const { tokenIds, logprobs } = checkSampledTokens(ids, raw, expect, { ids: idName, logprobs: (i) => `token_logprobs[${i}]` });
+  // Both lists given (return_token_ids and return_tokens_as_token_ids): the logprobs' tokens are those very ids, one
+  // for one — a list that lost or gained entries would pair each logprob with another token.
+  if (Array.isArray(echoed) && Array.isArray(tokens)) checkSameTokens(tokenIds, tokens);
 
   const finishReason = checkFinishReason(choice.finish_reason);
   const text = choice.text;
   if (typeof text !== 'string') throw new CompletionRejected(`choices[0].text is ${preview(text)}, not a string`);
+  const usage = json.usage;
+  checkTokenCount(tokenIds.length, finishReason, expect, isRecord(usage) ? usage.completion_tokens : undefined, 'usage.completion_tokens');
   return { tokenIds, logprobs, finishReason, text };
+}
+
+/** `tokens` (logprobs.tokens) names the same ids as token_ids, in order, wherever it names them as "token_id:<id>". */
+function checkSameTokens(tokenIds: readonly number[], tokens: readonly unknown[]): void {
+  if (tokens.length !== tokenIds.length) throw new CompletionRejected(`${tokenIds.length} token_ids but ${tokens.length} logprobs.tokens`);
+  for (let i = 0; i < tokens.length; i++) {
+    const id = tokenIdOf(tokens[i]);
+    if (id >= 0 && id !== tokenIds[i]) throw new CompletionRejected(`logprobs.tokens[${i}] = ${preview(tokens[i])} but token_ids[${i}] = ${tokenIds[i]}`);
+  }
 }
 
 /** `"token_id:<decimal>"` as vLLM's return_tokens_as_token_ids writes a token (format_token_id_placeholder). */

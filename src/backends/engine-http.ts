@@ -119,8 +119,17 @@ export class EngineHttp {
    */
   readonly #authorization: string | undefined;
 
+  /** Throws invalid_argument (field url) for a URL an HTTP engine cannot be reached at (not http(s), not a URL). */
   constructor(options: EngineHttpOptions) {
-    const parsed = new URL(options.url.replace(/\/+$/, ''));
+    let parsed: URL;
+    try {
+      parsed = new URL(options.url.replace(/\/+$/, ''));
+    } catch {
+      throw RolloutError.invalid('url', `not a URL: "${withoutCredentials(options.url)}"`);
+    }
+    if (parsed.protocol !== 'http:' && parsed.protocol !== 'https:') {
+      throw RolloutError.invalid('url', `${options.label} engines are reached over http: or https:, not ${parsed.protocol} ("${withoutCredentials(options.url)}")`);
+    }
     this.url = withoutCredentials(options.url).replace(/\/+$/, '');
     this.#base = parsed.pathname.replace(/\/+$/, '') + parsed.search;
     this.#authorization =
@@ -129,14 +138,19 @@ export class EngineHttp {
         : `Basic ${Buffer.from(`${decodeUserinfo(parsed.username)}:${decodeUserinfo(parsed.password)}`).toString('base64')}`;
     this.label = options.label;
     this.#timeoutMs = options.requestTimeoutMs ?? 0;
-    this.#pool = new Pool(parsed.origin, {
-      connections: options.maxSockets ?? 1024,
-      pipelining: 1,
-      // The request's whole budget is ours (`requestTimeoutMs`); undici's own 300 s header/body timeouts would cut
-      // long generations short.
-      headersTimeout: 0,
-      bodyTimeout: 0,
-    });
+    try {
+      this.#pool = new Pool(parsed.origin, {
+        connections: options.maxSockets ?? 1024,
+        pipelining: 1,
+        // The request's whole budget is ours (`requestTimeoutMs`); undici's own 300 s header/body timeouts would cut
+        // long generations short.
+        headersTimeout: 0,
+        bodyTimeout: 0,
+      });
+    } catch (err) {
+      // undici refuses what it cannot connect to (its InvalidArgumentError): a mistake in the URL, never a stack trace.
+      throw new RolloutError('invalid_argument', `url: ${options.label} engine URL "${this.url}" is not usable: ${err instanceof Error ? err.message : String(err)}`, { field: 'url', cause: err });
+    }
   }
 
   /** Closes the engine's connections (when the backend is removed); requests in flight fail. */
@@ -389,11 +403,33 @@ export async function probeHealth(http: EngineHttp, path: string, signal: AbortS
 }
 
 /**
- * The `max_model_len` of `model`'s card in an OpenAI-style GET /v1/models answer (vLLM and SGLang both serve one):
- * the card whose id is the model, or the only card when the engine serves one under another name. Undefined when
- * the card states no usable length; backend_error when the engine answers an error, not JSON, or no such card.
+ * The engine answered GET /v1/models without the model the backend is to serve: every request naming it would be
+ * refused (vLLM answers 404 "The model `x` does not exist"). invalid_argument naming `model` (AddBackend's field; the
+ * start-up names `backends[i].model`), with the ids the engine does serve. The pool keeps such a backend out of
+ * routing (see BackendPool.checkEngineAgrees).
  */
-export async function modelCardMaxLen(http: EngineHttp, engine: string, model: string, signal: AbortSignal): Promise<number | undefined> {
+export class ModelNotServedError extends RolloutError {
+  constructor(
+    /** What is wrong, without the field: `vLLM http://… does not serve "policy" (it serves "other")`. */
+    readonly reason: string,
+  ) {
+    super('invalid_argument', `model: ${reason}`, { field: 'model' });
+    this.name = 'ModelNotServedError';
+  }
+}
+
+/** At most this many served ids are listed in a {@link ModelNotServedError}, each cut to 80 characters. */
+const MAX_LISTED_MODELS = 8;
+
+/**
+ * The `max_model_len` of `model`'s card in an OpenAI-style GET /v1/models answer (vLLM and SGLang both serve one):
+ * the card whose id is the model — or, unless `exact`, the only card when the engine serves one under another name
+ * (SGLang's /generate takes no model name, so its card's name does not matter; vLLM refuses every request naming a
+ * model it does not serve, so its client asks `exact`). Undefined when the card states no usable length;
+ * {@link ModelNotServedError} when the engine lists no such card; backend_error when it answers an error or not JSON
+ * (an engine that cannot say is asked again later: that is no answer about its model).
+ */
+export async function modelCardMaxLen(http: EngineHttp, engine: string, model: string, signal: AbortSignal, options: { exact?: boolean } = {}): Promise<number | undefined> {
   const { status, text } = await http.request('GET', '/v1/models', undefined, signal, MAX_INFO_BODY_BYTES);
   if (status < 200 || status >= 300) {
     throw new RolloutError('backend_error', `${engine} answered HTTP ${status} to GET /v1/models`, { cause: new EngineHttpError(status, text) });
@@ -405,8 +441,12 @@ export async function modelCardMaxLen(http: EngineHttp, engine: string, model: s
     throw new RolloutError('backend_error', `${engine} sent a /v1/models answer that is not JSON`, { cause: err });
   }
   const cards = Array.isArray(data) ? data.filter((c): c is Record<string, unknown> => typeof c === 'object' && c !== null) : [];
-  const card = cards.find((c) => c.id === model) ?? (cards.length === 1 ? cards[0] : undefined);
-  if (card === undefined) throw new RolloutError('backend_error', `${engine} does not list model ${JSON.stringify(model)} in /v1/models`);
+  const card = cards.find((c) => c.id === model) ?? (cards.length === 1 && options.exact !== true ? cards[0] : undefined);
+  if (card === undefined) {
+    const ids = cards.map((c) => (typeof c.id === 'string' ? JSON.stringify(c.id.length > 80 ? `${c.id.slice(0, 80)}…` : c.id) : '(no id)'));
+    const listed = ids.length === 0 ? 'it lists none' : `it serves ${ids.slice(0, MAX_LISTED_MODELS).join(', ')}${ids.length > MAX_LISTED_MODELS ? ` and ${ids.length - MAX_LISTED_MODELS} more` : ''}`;
+    throw new ModelNotServedError(`${engine} does not serve model ${JSON.stringify(model)} (GET /v1/models: ${listed})`);
+  }
   const len = card.max_model_len;
   return typeof len === 'number' && Number.isSafeInteger(len) && len > 0 ? len : undefined;
 }

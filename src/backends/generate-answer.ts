@@ -69,7 +69,7 @@ export function readGenerateAnswer(
     throw malformed('body is not JSON', err);
   }
   try {
-    return kind.check(json, { maxTokens: request.maxTokens, ...(request.vocabSize !== undefined && { vocabSize: request.vocabSize }) });
+    return kind.check(json, { maxTokens: request.maxTokens, promptIds: request.promptIds, ...(request.vocabSize !== undefined && { vocabSize: request.vocabSize }) });
   } catch (err) {
     if (err instanceof CompletionRejected) throw malformed(err.reason);
     throw err;

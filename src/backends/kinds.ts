@@ -1,4 +1,7 @@
+import { RolloutError } from '../errors.js';
 import { EmbeddedEngineClient } from './embedded/embedded-engine.js';
+import { parseEmbeddedUrl } from './embedded/embedded-url.js';
+import { withoutCredentials } from './engine-http.js';
 import { SglangClient } from './sglang-client.js';
 import type { EngineClient, PauseMode } from './types.js';
 import { VllmClient } from './vllm-client.js';
@@ -32,6 +35,12 @@ export interface BackendCapabilities {
 export interface BackendKindEntry {
   readonly description: string;
   readonly capabilities: BackendCapabilities;
+  /**
+   * Why `url` cannot name an engine of this kind (its scheme: http(s) for engines reached over HTTP, the embedded
+   * engine's `file:`/`embedded:` forms), or undefined when it can. Config validation asks it, so a wrong URL is a
+   * mistake named by its field, never an exception from the client's constructor.
+   */
+  urlProblem(url: string): string | undefined;
   /** Builds the client; throws invalid_argument (field kind) for a kind not implemented yet. */
   create(url: string, model: string, options: EngineClientOptions): EngineClient;
 }
@@ -54,20 +63,42 @@ const KINDS: Readonly<Record<BackendKind, BackendKindEntry>> = {
   vllm: {
     description: 'vLLM OpenAI-compatible server (/v1/completions with token ids; dev-mode /pause, /resume, /abort_requests)',
     capabilities: { pauseModes: ['abort', 'wait', 'keep'], abortByRequestId: true, statesMaxModelLen: true, healthAnswerDelayMs: 0 },
+    urlProblem: (url) => httpUrlProblem('vllm', url),
     create: (url, model, o) => new VllmClient({ url, model, requestTimeoutMs: o.requestTimeoutMs ?? 0, maxResponseBytes: o.maxResponseBytes ?? 0 }),
   },
   sglang: {
     description: 'SGLang native server (/generate with input_ids; /pause_generation, /continue_generation, /abort_request)',
     // SGLang's /health_generate sleeps a second before it looks for the engine's answer (http_server.py's loop).
     capabilities: { pauseModes: ['abort', 'keep'], abortByRequestId: true, statesMaxModelLen: true, healthAnswerDelayMs: 1_000 },
+    urlProblem: (url) => httpUrlProblem('sglang', url),
     create: (url, model, o) => new SglangClient({ url, model, requestTimeoutMs: o.requestTimeoutMs ?? 0, maxResponseBytes: o.maxResponseBytes ?? 0 }),
   },
   embedded: {
     description: 'llama.cpp in process on CPU (node-llama-cpp): file:///path/model.gguf or embedded://tiny-qwen3; pause, resume and abort in process',
     capabilities: { pauseModes: ['abort', 'wait', 'keep'], abortByRequestId: true, statesMaxModelLen: true, healthAnswerDelayMs: 0 },
+    urlProblem: (url) => {
+      try {
+        parseEmbeddedUrl(url);
+        return undefined;
+      } catch (err) {
+        const message = err instanceof RolloutError && err.field === 'url' ? err.message.replace(/^url: /, '') : String(err);
+        return message.split(url).join(withoutCredentials(url));
+      }
+    },
     create: (url, _model, o) => new EmbeddedEngineClient({ url, ...(o.maxConcurrency !== undefined && { maxConcurrency: o.maxConcurrency }) }),
   },
 };
+
+/** Engines reached over HTTP take http: and https: URLs only (undici cannot connect to anything else). */
+function httpUrlProblem(kind: BackendKind, url: string): string | undefined {
+  let protocol: string;
+  try {
+    protocol = new URL(url).protocol;
+  } catch {
+    return 'not a URL';
+  }
+  return protocol === 'http:' || protocol === 'https:' ? undefined : `a ${kind} engine is reached over http: or https:, not ${protocol}`;
+}
 
 /** The table entry of a kind. */
 export function backendKind(kind: BackendKind): BackendKindEntry {

@@ -227,7 +227,7 @@ export class PoolLease implements BackendLease {
         this.#backend = to;
         this.#failovers++;
         this.host.leave(from, this);
-        this.host.failedOver(this, from, to, from.removed ? 'removed' : 'unhealthy');
+        this.host.failedOver(this, from, to, from.unusableWhy);
         return to;
       } finally {
         this.#moving = undefined;

@@ -2,7 +2,8 @@ import { RolloutError, throwIfAborted } from '../errors.js';
 import { silentLogger, type Logger } from '../observability/logger.js';
 import { BackendGone, BackendState, InflightRequest, type CapacitySource } from './backend-state.js';
 import { ContextOverflowError } from './context-overflow.js';
-import { EngineUnreachableError } from './engine-http.js';
+import { EngineUnreachableError, ModelNotServedError } from './engine-http.js';
+import { shortLengthProblem } from './short-length.js';
 import { healthBudgetMs, HealthProber } from './health-prober.js';
 import { PoolLease, type BackendLease, type LeaseHost, type SampledVersions } from './lease.js';
 import { logprobsMismatch } from './logprobs-mode.js';
@@ -241,6 +242,7 @@ export class BackendPool {
     backend.declaredLogprobsMode = options.logprobsMode;
     backend.healthy = options.healthy ?? true;
     backend.maxModelLen = options.maxModelLen;
+    backend.maxModelLenConfigured = options.maxModelLen !== undefined;
     if (this.#pausedAll) backend.gate.close();
     this.#backends.set(id, backend);
     this.#heap.update(backend, eligible);
@@ -252,10 +254,13 @@ export class BackendPool {
 
   /**
    * Learns what the engine can say about itself, within `modelInfoTimeoutMs`: its context length (vLLM: GET
-   * /v1/models → max_model_len) and how it runs (EngineClient.serverInfo: logprobs mode, capacity). Never throws for
-   * an engine that cannot answer: what is unknown stays unknown (logged) and is asked again after the backend's next
-   * successful health probe. Concurrent calls share one attempt; what is known is not asked again (a context-length
-   * refusal from the engine updates the limit, see #send; an engine that answered without saying is not asked again).
+   * /v1/models → max_model_len; whether it serves the backend's model at all) and how it runs
+   * (EngineClient.serverInfo: logprobs mode, capacity). Never throws for an engine that cannot answer: what is unknown
+   * stays unknown (logged) and is asked again after the backend's next successful health probe. Concurrent calls
+   * share one attempt; what is known is not asked again (a context-length refusal from the engine updates the limit,
+   * see #send; an engine that answered without saying is not asked again) — unless it may have changed: after the
+   * backend came back from being down (see {@link setHealthy}), or after an answer cut short of a limit the engine
+   * should not have reached (see #checkShortLength). What was configured is never asked.
    */
   async learn(id: string): Promise<BackendInfo> {
     const backend = this.#get(id);
@@ -278,6 +283,7 @@ export class BackendPool {
    */
   checkEngineAgrees(id: string): void {
     const backend = this.#get(id);
+    if (backend.modelRefusal !== undefined) throw backend.modelRefusal;
     const reported = backend.serverInfo;
     if (reported?.unsupportedLogprobsMode !== undefined) {
       throw new RolloutError('failed_precondition', `engine ${backend.client.url} reports --logprobs-mode ${reported.unsupportedLogprobsMode}: logits, not ` +
@@ -291,23 +297,47 @@ export class BackendPool {
 
   async #learnModelInfo(backend: BackendState): Promise<void> {
     const modelInfo = backend.client.modelInfo?.bind(backend.client);
-    if (backend.maxModelLen !== undefined || modelInfo === undefined) return;
+    if (modelInfo === undefined || !asksModelInfo(backend)) return;
+    // Cleared as the engine is asked: a restart noticed while it answers sets it again, for the next attempt.
+    const stale = backend.modelInfoStale;
+    backend.modelInfoStale = false;
+    let maxModelLen: number | undefined;
     try {
-      const { maxModelLen } = await modelInfo(AbortSignal.timeout(this.#modelInfoTimeoutMs));
-      if (maxModelLen !== undefined) this.#setMaxModelLen(backend, maxModelLen, 'GET /v1/models');
-      else this.#log.warn({ backend: backend.id }, 'engine does not state max_model_len; context overflow is caught from its answers');
+      ({ maxModelLen } = await modelInfo(AbortSignal.timeout(this.#modelInfoTimeoutMs)));
     } catch (err) {
+      if (stale) backend.modelInfoStale = true;
+      if (err instanceof ModelNotServedError) {
+        if (!backend.removed) this.#setModelRefusal(backend, err);
+        return;
+      }
       this.#log.warn({ backend: backend.id, err }, 'could not learn max_model_len; retried after the next health probe');
+      return;
     }
+    if (backend.removed) return;
+    this.#setModelRefusal(backend, undefined);
+    if (maxModelLen !== undefined) {
+      this.#setMaxModelLen(backend, maxModelLen, 'GET /v1/models');
+      return;
+    }
+    if (backend.maxModelLen !== undefined) {
+      // Asked again (it came back from being down): a limit learned before is forgotten, not carried over to an engine
+      // that no longer states one.
+      this.#log.info({ backend: backend.id, previous: backend.maxModelLen }, 'backend max_model_len no longer stated: forgotten');
+      backend.maxModelLen = undefined;
+    }
+    this.#log.warn({ backend: backend.id }, 'engine does not state max_model_len; context overflow is caught from its answers');
   }
 
   async #learnServerInfo(backend: BackendState): Promise<void> {
     const serverInfo = backend.client.serverInfo?.bind(backend.client);
-    if (backend.serverInfo !== undefined || serverInfo === undefined) return;
+    if (serverInfo === undefined || (backend.serverInfo !== undefined && !backend.serverInfoStale)) return;
+    const stale = backend.serverInfoStale;
+    backend.serverInfoStale = false;
     let reported: EngineServerInfo;
     try {
       reported = await serverInfo(AbortSignal.timeout(this.#modelInfoTimeoutMs));
     } catch (err) {
+      if (stale) backend.serverInfoStale = true;
       this.#log.warn({ backend: backend.id, err }, 'could not ask the engine its logprobs mode and capacity; retried after the next health probe');
       return;
     }
@@ -316,6 +346,8 @@ export class BackendPool {
     const { logprobsMode, maxConcurrency, unsupportedLogprobsMode, note } = reported;
     this.#log.info({ backend: backend.id, logprobsMode, maxConcurrency, unsupportedLogprobsMode, note }, 'engine server info');
     if (maxConcurrency !== undefined && backend.capacitySource !== 'configured') this.#setCapacity(backend, maxConcurrency, 'engine');
+    // Asked again and no longer reported: the engine's earlier capacity is not carried over.
+    else if (maxConcurrency === undefined && backend.capacitySource === 'engine') this.#setCapacity(backend, this.#defaultMaxConcurrency, 'default');
     const declared = backend.declaredLogprobsMode;
     if (declared !== undefined && logprobsMode !== undefined && declared !== logprobsMode) {
       this.#log.error({ backend: backend.id, declared, reported: logprobsMode }, 'engine contradicts the declared logprobs mode; trajectories record what it reports');
@@ -323,6 +355,30 @@ export class BackendPool {
     if (unsupportedLogprobsMode !== undefined) {
       this.#log.error({ backend: backend.id, logprobsMode: unsupportedLogprobsMode }, 'engine returns logits, not logprobs: its answers will be refused');
     }
+  }
+
+  /**
+   * Records whether the engine serves the backend's model (see BackendState.modelRefusal). An engine found serving
+   * another one takes no more trajectories, and those on it move (as from an unhealthy backend); one that serves it
+   * again takes trajectories again.
+   */
+  #setModelRefusal(backend: BackendState, refusal: ModelNotServedError | undefined): void {
+    const was = backend.modelRefusal;
+    if ((was === undefined) === (refusal === undefined)) {
+      backend.modelRefusal = refusal;
+      return;
+    }
+    this.#heap.update(backend, eligible, (b) => (b.modelRefusal = refusal));
+    if (refusal === undefined) {
+      this.#log.warn({ backend: backend.id }, 'engine serves the backend\'s model again');
+      this.#wake();
+      return;
+    }
+    this.#log.error({ backend: backend.id, err: refusal }, 'engine does not serve the backend\'s model: no trajectory goes to it');
+    const gone = new BackendGone(backend.id, 'not serving its model');
+    backend.gate.rejectAll(gone);
+    backend.slots.rejectAll(gone);
+    for (const request of backend.requests) request.controller.abort(gone);
   }
 
   /** The smallest context length among backends that state one (undefined when none does), for admission. */
@@ -395,6 +451,11 @@ export class BackendPool {
     this.#heap.update(backend, eligible, (b) => (b.healthy = healthy));
     this.#log.warn({ backend: id, healthy }, healthy ? 'backend healthy again' : 'backend unhealthy');
     if (healthy) {
+      // Perhaps restarted, with another --max-model-len, capacity, logprobs mode or model: what the engine said about
+      // itself is asked again (learn, after this probe) — what was configured is kept. Until it answers, what it said
+      // before stays in use.
+      if (!backend.maxModelLenConfigured) backend.modelInfoStale = true;
+      if (backend.serverInfo !== undefined) backend.serverInfoStale = true;
       if (this.#holdRecovered && backend.policyVersion !== 0) {
         // Perhaps restarted with other weights (see BackendPoolOptions.holdRecoveredBackends): held until a resume.
         backend.weightsUnknown = true;
@@ -684,7 +745,7 @@ export class BackendPool {
       const timer = Number.isFinite(this.#acquireTimeoutMs)
         ? setTimeout(() => {
             const reason = now?.type === 'queue' ? now.reason : 'queued';
-            const states = [...this.#backends.values()].map((b) => `${b.id} ${b.removed ? 'removed' : !b.healthy ? 'unhealthy' : b.draining ? 'draining' : 'busy'}`);
+            const states = [...this.#backends.values()].map((b) => `${b.id} ${!b.usable ? b.unusableWhy : b.draining ? 'draining' : 'busy'}`);
             fail(new RolloutError('backend_error', `no eligible backend within ${this.#acquireTimeoutMs} ms (${[reason, ...states].join(', ')})`));
           }, this.#acquireTimeoutMs)
         : undefined;
@@ -729,6 +790,42 @@ export class BackendPool {
   }
 
   async #send(backend: BackendState, request: GenerateRequest, priority: number): Promise<GenerateResult & SampledVersions> {
+    const result = await this.#sendOnce(backend, request, priority);
+    if (result.finishReason === 'length' && result.tokenIds.length < request.maxTokens) await this.#checkShortLength(backend, request, result);
+    return result;
+  }
+
+  /**
+   * An answer that ended "length" with fewer tokens than its max_tokens: the engine stopped at the end of its context
+   * (vLLM >= 0.3x shortens max_tokens to the room left instead of refusing, SGLang's scheduler too), which the agent
+   * loop reads as the trajectory running out of context (TRUNCATED, max_model_len). That holds when prompt + sampled
+   * reach the limit the pool knows for the engine, and when the pool knows none (nothing contradicts the cut; see
+   * {@link shortLengthProblem}). Otherwise the engine's limit is not the one the pool knows — it was restarted with a
+   * smaller --max-model-len — so the engine is asked again (the pool re-learns it: the next turns are sized to it);
+   * an engine that still states a limit far from reached contradicts its own answer, which is refused as backend_error
+   * (a malformed answer is infrastructure, never a budget the policy used up). A configured limit is not asked: an
+   * answer far from it is refused the same way.
+   */
+  async #checkShortLength(backend: BackendState, request: GenerateRequest, result: GenerateResult): Promise<void> {
+    const shape = { promptTokens: request.promptIds.length, sampled: result.tokenIds.length, maxTokens: request.maxTokens };
+    if (shortLengthProblem(shape, backend.maxModelLen) === undefined) return;
+    if (backend.client.modelInfo !== undefined && !backend.maxModelLenConfigured && !backend.removed) {
+      const before = backend.maxModelLen;
+      backend.modelInfoStale = true;
+      const relearn = (async () => {
+        await this.learn(backend.id).catch(() => undefined);
+        // The attempt this shared may have been asked before the answer came: then once more.
+        if (backend.modelInfoStale && !backend.removed) await this.learn(backend.id).catch(() => undefined);
+      })();
+      // Bounded by modelInfoTimeoutMs per attempt; the caller's cancel or deadline does not wait for it.
+      await untilAborted(relearn, request.signal);
+      this.#log.warn({ backend: backend.id, ...shape, previous: before, maxModelLen: backend.maxModelLen }, 'engine cut an answer short of max_tokens below its known max_model_len: limit asked again');
+    }
+    const problem = shortLengthProblem(shape, backend.maxModelLen);
+    if (problem !== undefined) throw new RolloutError('backend_error', `engine ${backend.client.url} answered ${problem}`);
+  }
+
+  async #sendOnce(backend: BackendState, request: GenerateRequest, priority: number): Promise<GenerateResult & SampledVersions> {
     const { signal } = request;
     this.#checkLogprobs(backend, request);
     this.#heap.update(backend, eligible, (b) => b.inflightRequests++);
@@ -772,7 +869,7 @@ export class BackendPool {
    */
   async #admit(backend: BackendState, signal: AbortSignal, priority: number): Promise<InflightRequest> {
     for (;;) {
-      if (!backend.usable) throw new BackendGone(backend.id, backend.removed ? 'removed' : 'unhealthy');
+      if (!backend.usable) throw new BackendGone(backend.id, backend.unusableWhy);
       await backend.gate.pass(signal);
       await backend.slots.acquire(signal, priority);
       if (!backend.paused && backend.usable) {
@@ -794,7 +891,22 @@ function info(b: BackendState): BackendInfo {
   });
 }
 
-/** Something the engine may still be able to tell (see BackendPool.learn). */
+/** Waits for `work`, or rejects with the signal's reason (a RolloutError) as soon as it fires; `work` goes on either way. */
+function untilAborted(work: Promise<void>, signal: AbortSignal): Promise<void> {
+  throwIfAborted(signal);
+  return new Promise<void>((resolve, reject) => {
+    const onAbort = (): void => reject(RolloutError.from(signal.reason, 'cancelled'));
+    signal.addEventListener('abort', onAbort, { once: true });
+    void work.then(resolve, reject).finally(() => signal.removeEventListener('abort', onAbort));
+  });
+}
+
+/** Something the engine may still be able to tell, or tell otherwise than before (see BackendPool.learn). */
 function needsLearning(b: BackendState): boolean {
-  return (b.maxModelLen === undefined && b.client.modelInfo !== undefined) || (b.serverInfo === undefined && b.client.serverInfo !== undefined);
+  return (b.client.modelInfo !== undefined && asksModelInfo(b)) || (b.client.serverInfo !== undefined && (b.serverInfo === undefined || b.serverInfoStale));
+}
+
+/** Whether the engine's model card is to be asked: not configured, and unknown, possibly changed, or not served. */
+function asksModelInfo(b: BackendState): boolean {
+  return !b.maxModelLenConfigured && (b.maxModelLen === undefined || b.modelInfoStale || b.modelRefusal !== undefined);
 }

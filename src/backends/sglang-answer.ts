@@ -1,5 +1,12 @@
-import { checkFinishReason, checkSampledTokens, CompletionRejected, isRecord, preview, type CompletionExpectation } from './completion.js';
+import { checkFinishReason, checkSampledTokens, checkTokenCount, CompletionRejected, isRecord, preview, type CompletionExpectation } from './completion.js';
 import type { GenerateResult } from './types.js';
+
+/**
+ * How many of the prompt's last ids SGLang's `output_ids` may start with: its detokenizer decodes from up to
+ * INIT_INCREMENTAL_DETOKENIZATION_OFFSET (5) ids before the first sampled one (schedule_batch.py), and sends those
+ * decode ids as `output_ids` (sgl-project/sglang#10896, #17240).
+ */
+export const MAX_SURROUNDING_IDS = 5;
 
 /**
  * The check of a parsed SGLang `/generate` answer (one prompt, `return_logprob: true`, not streamed) before it
@@ -12,10 +19,13 @@ import type { GenerateResult } from './types.js';
  * ```
  *
  * The sampled ids and their logprobs come from `meta_info.output_token_logprobs` (one entry per sampled token,
- * SGLang's own pairing). `output_ids`, when present, must end with the very same ids: SGLang's detokenizer sends
- * its decode ids there, which can start with a few of the prompt's last tokens (its incremental detokenizing's
- * "surrounding" offset; sgl-project/sglang#10896, #17240) — an answer whose ids are not that suffix is refused
- * rather than one of the lists trusted. A request aborted in SGLang's waiting queue (an abort-mode
+ * SGLang's own pairing), which must cover every sampled id. `output_ids`, when present, must be the very same ids,
+ * preceded by at most {@link MAX_SURROUNDING_IDS} ids that are the prompt's last ones: SGLang's detokenizer sends its
+ * decode ids there, which can start with a few of the prompt's tokens (its incremental detokenizing's "surrounding"
+ * offset; sgl-project/sglang#10896, #17240). Anything else — ids that are not that suffix, a longer prefix, a prefix
+ * that is not the prompt's tail (a logprob list that lost its first entries) — is refused rather than one of the
+ * lists trusted; so is a `meta_info.completion_tokens` other than the number of pairs, and no pair at all unless
+ * the answer is an abort (see {@link checkTokenCount}). A request aborted in SGLang's waiting queue (an abort-mode
  * pause_generation or abort_request before its prefill: "Abort before prefill") answers without either list; that
  * is an abort with no tokens, as the agent loop expects of an abort before the first token. `finish_reason` is an
  * object whose `type` is the reason; a null one (an unfinished answer) is refused. A batch answer (a JSON array) is
@@ -58,6 +68,22 @@ export function checkSglangGenerate(json: unknown, expect: CompletionExpectation
     const offset = outputIds.length - checked.tokenIds.length;
     const suffix = offset >= 0 && checked.tokenIds.every((id, i) => outputIds[offset + i] === id);
     if (!suffix) throw new CompletionRejected('output_ids do not end with the ids in meta_info.output_token_logprobs');
+    if (offset > 0) checkSurrounding(outputIds.slice(0, offset), checked.tokenIds.length, expect);
   }
+  checkTokenCount(checked.tokenIds.length, finishReason, expect, meta.completion_tokens, 'meta_info.completion_tokens');
   return { ...checked, finishReason, text };
+}
+
+/**
+ * The ids `output_ids` holds before the sampled ones: at most {@link MAX_SURROUNDING_IDS}, and the prompt's last ids.
+ * Anything else is sampled ids output_token_logprobs does not cover.
+ */
+function checkSurrounding(prefix: readonly unknown[], sampled: number, expect: CompletionExpectation): void {
+  const prompt = expect.promptIds;
+  const uncovered = `output_ids hold ${prefix.length} ids before the ${sampled} of meta_info.output_token_logprobs`;
+  if (prefix.length > MAX_SURROUNDING_IDS) throw new CompletionRejected(`${uncovered} (at most ${MAX_SURROUNDING_IDS} of the prompt's last ids may precede them)`);
+  const start = prompt === undefined ? -1 : prompt.length - prefix.length;
+  if (prompt === undefined || start < 0 || prefix.some((id, i) => id !== prompt[start + i])) {
+    throw new CompletionRejected(`${uncovered}, and they are not the prompt's last ids: sampled ids without logprobs`);
+  }
 }

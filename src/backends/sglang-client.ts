@@ -122,7 +122,10 @@ export class SglangClient implements EngineClient {
     return probeHealth(this.#http, options.paused === true ? '/get_model_info' : '/health_generate', signal);
   }
 
-  /** GET /v1/models: the card of this client's model (or the only card); its max_model_len is context_len. */
+  /**
+   * GET /v1/models: the card of this client's model, or the only card (SGLang's /generate takes no model name, so an
+   * engine serving one model under another name still serves this client); its max_model_len is context_len.
+   */
   async modelInfo(signal: AbortSignal): Promise<EngineModelInfo> {
     const len = await modelCardMaxLen(this.#http, `SGLang ${this.url}`, this.model, signal);
     // SGLang refuses prompt + max_new_tokens >= its context length (vLLM only when >): one less keeps vLLM's meaning.

@@ -136,11 +136,12 @@ export class VllmClient implements EngineClient {
   }
 
   /**
-   * GET /v1/models: vLLM lists the served model names with their `max_model_len`. The card whose id is this
-   * client's model is used (or the only card, when the engine serves one under another name).
+   * GET /v1/models: vLLM lists the served model names with their `max_model_len`. Only the card whose id is exactly
+   * this client's model counts: vLLM answers 404 to every completion naming a model it does not serve, so an engine
+   * without that card is a {@link ModelNotServedError} (invalid_argument, field model), never another model's length.
    */
   async modelInfo(signal: AbortSignal): Promise<EngineModelInfo> {
-    const len = await modelCardMaxLen(this.#http, `vLLM ${this.url}`, this.model, signal);
+    const len = await modelCardMaxLen(this.#http, `vLLM ${this.url}`, this.model, signal, { exact: true });
     return len !== undefined ? { maxModelLen: len } : {};
   }
 

@@ -1,6 +1,7 @@
 import cliProgress from 'cli-progress';
 import { existsSync } from 'node:fs';
-import { startRolloutServer } from '../app.js';
+import { constants as osConstants } from 'node:os';
+import { startRolloutServer, type RolloutServer } from '../app.js';
 import { RolloutClient } from '../client/rollout-client.js';
 import { createLogger } from '../observability/logger.js';
 import { TINY_QWEN3_URL } from '../backends/embedded/embedded-url.js';
@@ -30,23 +31,85 @@ export interface DemoOptions {
 
 const statusName = (s: TrajectoryStatus): string => TrajectoryStatus[s]?.replace('TRAJECTORY_STATUS_', '') ?? String(s);
 
+/** The exit status of a process ended by `signal` (128 + its number: 130 for SIGINT, 143 for SIGTERM). */
+function signalExitCode(signal: NodeJS.Signals): number {
+  return 128 + (osConstants.signals[signal] ?? 0);
+}
+
+/**
+ * SIGINT and SIGTERM during the demo: the first stops it — the client's stream is dropped, and runDemo's cleanup
+ * shuts the server down (its sandboxes, their cgroups and the image's squashfuse mount released) and closes the
+ * engine before the process exits with 128 + the signal's number; a second signal exits at once, cleanup or not.
+ * Without it Ctrl-C killed node mid-run and left the image mounted and the sandboxes' cgroups behind.
+ */
+class DemoInterrupt {
+  readonly #controller = new AbortController();
+  #signal: NodeJS.Signals | undefined;
+  readonly #onSignal = (name: NodeJS.Signals): void => {
+    if (this.#signal !== undefined) {
+      console.error(`demo: ${name} again: exiting without finishing the cleanup`);
+      process.exit(signalExitCode(name));
+    }
+    this.#signal = name;
+    console.error(`\ndemo: ${name}: stopping — releasing the sandboxes and the engine (${name} again to exit at once)`);
+    this.#controller.abort();
+  };
+
+  constructor() {
+    process.on('SIGINT', this.#onSignal);
+    process.on('SIGTERM', this.#onSignal);
+  }
+
+  /** Fires on the first signal. */
+  get aborted(): AbortSignal {
+    return this.#controller.signal;
+  }
+
+  /** The exit code the signal asks for, once one came. */
+  get exitCode(): number | undefined {
+    return this.#signal === undefined ? undefined : signalExitCode(this.#signal);
+  }
+
+  dispose(): void {
+    process.off('SIGINT', this.#onSignal);
+    process.off('SIGTERM', this.#onSignal);
+  }
+}
+
 /**
  * `rollout demo`: starts the fake vLLM engine (test double), a server with bubblewrap sandboxes on a free
  * port, and a client that submits GRPO groups of math problems and prints each trajectory as it streams in.
- * Returns the exit code: 0 when every trajectory arrived and none was an infrastructure failure.
+ * Returns the exit code: 0 when every trajectory arrived and none was an infrastructure failure; 130 (143) when
+ * SIGINT (SIGTERM) stopped it, after everything it started was released (see {@link DemoInterrupt}).
  */
 export async function runDemo(opts: DemoOptions): Promise<number> {
+  const interrupt = new DemoInterrupt();
+  try {
+    return await demo(opts, interrupt);
+  } finally {
+    interrupt.dispose();
+  }
+}
+
+async function demo(opts: DemoOptions, interrupt: DemoInterrupt): Promise<number> {
   const logger = createLogger({ level: process.env.ROLLOUT_LOG_LEVEL ?? 'warn' });
   const { tokenizer } = await loadQwen3();
   const image = opts.image ?? (existsSync(defaultImagePath()) ? defaultImagePath() : undefined);
   const sandbox = { ...(image !== undefined && { image }) };
+  if (interrupt.exitCode !== undefined) return interrupt.exitCode;
   // The scripted agent computes through python or bash (half each), both running in the sandbox image.
   const engine =
     opts.engine === 'embedded'
       ? undefined
       : await FakeVllmEngine.start({ tokenizer, tokenLatencyMs: opts.latencyMs, policy: createScriptedMathPolicy({ bashRate: 0.5 }) });
   const backends = engine ? [{ url: engine.url }] : [{ kind: 'embedded' as const, url: `${TINY_QWEN3_URL}?sequences=2`, maxConcurrency: 2 }];
-  const server = await startRolloutServer({ port: 0, model: engine?.model ?? 'tiny-qwen3', backends, sandbox }, { logger });
+  let server: RolloutServer;
+  try {
+    server = await startRolloutServer({ port: 0, model: engine?.model ?? 'tiny-qwen3', backends, sandbox }, { logger });
+  } catch (err) {
+    await engine?.close();
+    throw err;
+  }
   const client = new RolloutClient(server.address);
   const total = opts.groups * opts.groupSize;
   console.log(`demo: server ${server.address}, ${engine ? `fake vLLM engine ${engine.url}` : `embedded llama.cpp engine ${TINY_QWEN3_URL} (random weights)`}, ${opts.groups} groups × ${opts.groupSize} samples`);
@@ -57,7 +120,11 @@ export async function runDemo(opts: DemoOptions): Promise<number> {
   const started = performance.now();
   const received: Trajectory[] = [];
   try {
+    if (interrupt.aborted.aborted) return interrupt.exitCode!;
     const session = client.openSession({ sessionId: `demo-${opts.seed}` });
+    // A signal drops the stream: the submits and the loop below end with its error, and the cleanup runs.
+    const onInterrupt = (): void => session.abort();
+    interrupt.aborted.addEventListener('abort', onInterrupt, { once: true });
     await session.opened;
     for (let g = 0; g < opts.groups; g++) {
       const problem = makeMathProblem(opts.seed * 1_000 + g);
@@ -87,11 +154,19 @@ export async function runDemo(opts: DemoOptions): Promise<number> {
       console.log(line);
       if (opts.messages && received.length === 1) for (const m of t.messages) console.log(`    ${m.role}: ${m.content.replace(/\n/g, '\n      ')}`);
     }
-    bar?.stop();
+    interrupt.aborted.removeEventListener('abort', onInterrupt);
+  } catch (err) {
+    // The stream the signal dropped (CANCELLED) is how an interrupted demo ends, not an error.
+    if (interrupt.exitCode === undefined) throw err;
   } finally {
+    bar?.stop();
     client.close();
     await server.shutdown();
     await engine?.close();
+  }
+  if (interrupt.exitCode !== undefined) {
+    console.error(`demo: stopped by a signal after ${received.length}/${total} trajectories; sandboxes and engine released`);
+    return interrupt.exitCode;
   }
   const seconds = (performance.now() - started) / 1000;
   const infra = received.filter((t) => t.status !== TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED && t.status !== TrajectoryStatus.TRAJECTORY_STATUS_TRUNCATED);

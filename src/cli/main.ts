@@ -1,6 +1,6 @@
 import { connectionOptions, withConnectionFlags, type ConnectionFlags } from './connection.js';
 import { status, type ServiceError } from '@grpc/grpc-js';
-import { Command, InvalidArgumentError, Option } from 'commander';
+import { Command, CommanderError, InvalidArgumentError, Option } from 'commander';
 import { readFileSync } from 'node:fs';
 import { runBackendsAdd, runBackendsList } from './backends.js';
 import { runDemo } from './demo.js';
@@ -21,7 +21,12 @@ const collect = (value: string, previous: string[] = []): string[] => [...previo
 const program = new Command()
   .name('rollout')
   .description('Multi-turn LLM agent rollouts for RL training, as a gRPC service')
-  .version('0.1.0');
+  .version('0.1.0')
+  // Usage mistakes (an unknown flag, a value that is not an integer, a missing argument) are thrown as CommanderError,
+  // not exited on with commander's own code 1: they are mistakes in what was asked, exit 2 (see the catch below).
+  // Subcommands inherit both settings (they are created after them).
+  .exitOverride()
+  .configureOutput({ outputError: () => undefined });
 
 program
   .command('serve')
@@ -172,7 +177,12 @@ try {
   // A configuration or usage mistake, a server's refusal or a start-up failure the operator can fix (the port in use,
   // Apptainer missing, a journal directory that is a file) is one line for a person, not a stack trace: exit 2 for
   // a mistake in what was asked, 1 otherwise. An `internal` error or anything else thrown is a bug: its stack is kept.
-  if (isServiceError(err)) {
+  if (err instanceof CommanderError) {
+    // --help and --version end here too (exit 0, their text already printed); so does a command given without its
+    // subcommand (commander printed the help). Anything else is a usage mistake: one line, exit 2.
+    if (err.exitCode !== 0 && err.code !== 'commander.help') console.error(`rollout: ${usageLine(err.message)}`);
+    process.exitCode = err.exitCode === 0 ? 0 : 2;
+  } else if (isServiceError(err)) {
     console.error(`rollout: the server answered ${status[err.code]}: ${err.details}`);
     process.exitCode = 1;
   } else {
@@ -180,6 +190,16 @@ try {
     console.error(`rollout: ${err.message}`);
     process.exitCode = err.code === 'invalid_argument' || err.code === 'failed_precondition' ? 2 : 1;
   }
+}
+
+/** Commander's message on one line, without its "error: " prefix ("unknown option '--prot' (Did you mean --port?)"). */
+function usageLine(message: string): string {
+  return message
+    .replace(/^error: /, '')
+    .split('\n')
+    .map((line) => line.trim())
+    .filter((line) => line !== '')
+    .join(' ');
 }
 
 function isServiceError(err: unknown): err is ServiceError {

@@ -5,6 +5,7 @@ import { checkConfigShape, parseConfig, type ServerConfigInput } from '../config
 import { createLogger } from '../observability/logger.js';
 import { FakeVllmEngine } from '../testing/fake-vllm.js';
 import { loadModelBundle } from '../tokens/model-bundle.js';
+import { checkModelDir } from '../tokens/model-files.js';
 
 export interface ServeOptions {
   file: Record<string, unknown>;
@@ -96,6 +97,8 @@ export async function runServe(opts: ServeOptions, inject: Pick<RolloutServerOpt
   // Validated before anything starts — the fake engine too —, so a typo fails with its path, not a stack trace
   // (and not after an engine was started that nothing would close).
   const parsed = parseConfig(config);
+  // A model folder that is not there is a mistake in the command, named before the fake engine loads from it.
+  if (parsed.model.dir !== undefined) await checkModelDir(parsed.model.dir);
   let engine: FakeVllmEngine | undefined;
   let server: RolloutServer;
   try {

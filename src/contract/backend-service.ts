@@ -151,7 +151,9 @@ export function backendService(deps: BackendServiceDeps): BackendServiceServer {
       });
       // Answer with what the engine says about itself when it can be learned in time — within modelInfoTimeoutMs and
       // before the call's deadline (an engine that cannot answer by then does not fail the call) — and refuse it when
-      // it contradicts what the request declared. A call that ends without an answer (cancelled, its deadline passed,
+      // it contradicts what the request declared: its logprobs mode, or the model (a vLLM engine whose GET /v1/models
+      // does not list the model exactly is INVALID_ARGUMENT naming `model` and what it serves; it would answer every
+      // request 404). A call that ends without an answer (cancelled, its deadline passed,
       // the server stopping) takes the backend out again: as for RemoveBackend, a call that did not complete changes
       // nothing, so a retry is not ALREADY_EXISTS.
       let snapshot: BackendInfo;

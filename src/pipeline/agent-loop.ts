@@ -128,11 +128,15 @@ async function runWithTools(sample: Sample, deps: AgentLoopDeps, signal: AbortSi
       if (parsed.calls.length === 0 && parsed.errors.length === 0) {
         // A plain answer ends the episode; one cut by max_tokens is a truncation, not an answer.
         if (sampled.finishReason === 'length') {
-          // Fewer tokens than asked, finish "length": cut to the engine's context — by the lease, sizing the request for
-          // the engine that served it, or by the engine (vLLM >= 0.3x shortens max_tokens to the room left instead of
-          // refusing), a limit the pool may not know yet.
+          // Fewer tokens than asked, finish "length": cut at the end of the engine's context — by the lease, sizing the
+          // request for the engine that served it, or by the engine (vLLM >= 0.3x shortens max_tokens to the room left
+          // instead of refusing), a limit the pool may not have known. The pool vouches for that reading: a short
+          // "length" answer from an engine whose known limit is far from reached makes it ask the engine again (a
+          // restart with a smaller limit is learned) and, if the engine still states that limit, fails as backend_error
+          // before it gets here (BackendPool #checkShortLength). The context is then the label even when the turn was
+          // sized by max_total_tokens: that budget was not reached.
           const engineCut = sampled.tokens < maxTokens;
-          finishReason = maxTokens === totalLeft ? 'max_total_tokens' : maxTokens === modelLeft || engineCut ? 'max_model_len' : 'max_tokens_per_turn';
+          finishReason = engineCut ? 'max_model_len' : maxTokens === totalLeft ? 'max_total_tokens' : maxTokens === modelLeft ? 'max_model_len' : 'max_tokens_per_turn';
         } else {
           finishReason = 'answer';
           truncated = false;

@@ -266,7 +266,7 @@ export class FakeSglangEngine {
     const answer = outcome.aborted && sample.ids.length === 0
       ? { text: '', meta_info: { id: rid, finish_reason: { type: 'abort', message: 'Abort before prefill', status_code: null, err_type: null }, prompt_tokens: 0, completion_tokens: 0 } }
       : this.#render(body, sampling, rid, promptIds as number[], sample);
-    if (fault?.kind === 'tamper') fault.tamper(answer);
+    if (fault?.kind === 'tamper') fault.tamper(answer, answer);
     sendJson(res, 200, answer);
   }
 

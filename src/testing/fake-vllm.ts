@@ -21,10 +21,17 @@ export type InjectedFailure =
   | { kind: 'status'; status: number; message?: string }
   | { kind: 'drop' }
   | { kind: 'hang' }
-  | { kind: 'tamper'; tamper: (choice: Record<string, unknown>) => void }
+  | { kind: 'tamper'; tamper: Tamper }
   | { kind: 'oversized'; bytes: number }
   | { kind: 'garbage'; body: string }
   | { kind: 'slowDrop'; afterMs: number; partial: string };
+
+/**
+ * Changes an answer before it is sent. The fake vLLM engine passes `choices[0]` and the whole completion (its `usage`
+ * counts the tokens sampled, whatever the tamper does to the choice, unless it changes `usage` too); the fake SGLang
+ * engine passes its whole answer.
+ */
+export type Tamper = (choice: Record<string, unknown>, answer: Record<string, unknown>) => void;
 
 /** Behaviour of a FakeVllmEngine: tokenizer, speed, policy and faults. */
 export interface FakeVllmOptions {
@@ -333,7 +340,7 @@ export class FakeVllmEngine {
   }
 
   /** Shapes a sample the way vLLM's non-streaming completion endpoint does. */
-  #render(body: Record<string, unknown>, index: number, sample: FakeSample, tamper?: (choice: Record<string, unknown>) => void): string {
+  #render(body: Record<string, unknown>, index: number, sample: FakeSample, tamper?: Tamper): string {
     const { tokenizer } = this.options;
     const promptIds = body.prompt as number[];
     const { ids, logprobs, finish, stopReason } = sample;
@@ -353,10 +360,12 @@ export class FakeVllmEngine {
       prompt_logprobs: null,
       prompt_token_ids: wantIds ? promptIds : null,
     };
-    tamper?.(choice);
+    // Usage counts what was sampled, whatever a tamper does to the choice (unless it changes usage too).
     const usage = { prompt_tokens: promptIds.length, total_tokens: promptIds.length + ids.length, completion_tokens: ids.length,
       prompt_tokens_details: null };
-    return JSON.stringify({ id: `cmpl-fake-${index}`, object: 'text_completion', created: nowSeconds(), model: this.model, choices: [choice], usage });
+    const answer = { id: `cmpl-fake-${index}`, object: 'text_completion', created: nowSeconds(), model: this.model, choices: [choice], usage };
+    tamper?.(choice, answer);
+    return JSON.stringify(answer);
   }
 }
 

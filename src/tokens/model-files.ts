@@ -1,4 +1,4 @@
-import { readFile } from 'node:fs/promises';
+import { readFile, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { RolloutError } from '../errors.js';
 
@@ -92,6 +92,22 @@ export function specialTokenString(value: SpecialTokenValue): string | undefined
  */
 export async function readModelFiles(dir: string): Promise<ModelFiles> {
   return parseModelFiles(await readModelFileContents(dir));
+}
+
+/**
+ * Refuses a model folder that is not there: invalid_argument naming `field` (the config's `model.dir`, which
+ * `--model-dir` sets) when `dir` does not exist or is not a directory — a mistake in what was asked, which an operator
+ * fixes in the command (exit 2), unlike a folder that is there but lacks a file (see {@link readModelFileContents}).
+ */
+export async function checkModelDir(dir: string, field = 'model.dir'): Promise<void> {
+  let isDirectory: boolean;
+  try {
+    isDirectory = (await stat(dir)).isDirectory();
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    throw new RolloutError('invalid_argument', `${field}: ${dir} ${code === 'ENOENT' ? 'does not exist' : `cannot be read (${code ?? String(err)})`}: a Hugging Face model folder is needed (tokenizer.json, tokenizer_config.json)`, { field, cause: err });
+  }
+  if (!isDirectory) throw new RolloutError('invalid_argument', `${field}: ${dir} is not a directory: a Hugging Face model folder is needed (tokenizer.json, tokenizer_config.json)`, { field });
 }
 
 /** The files of `dir` as they are now, unparsed; `not_found` when a required one is missing. */

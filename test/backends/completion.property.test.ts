@@ -16,7 +16,10 @@ const honest = fc
       maxTokens: fc.constant(maxTokens),
       finish: fc.constant(finish),
       text: fc.constant(text),
-      ids: fc.array(fc.integer({ min: 0, max: VOCAB - 1 }), { maxLength: maxTokens }),
+      // Every step samples a token: only an abort may come back with none.
+      ids: fc.array(fc.integer({ min: 0, max: VOCAB - 1 }), { minLength: finish === 'abort' ? 0 : 1, maxLength: maxTokens }),
+      // vLLM states the count in usage.completion_tokens; an answer without usage is read by its lists alone.
+      usage: fc.boolean(),
     }),
   )
   .chain((a) =>
@@ -26,15 +29,26 @@ const honest = fc
     }) as fc.Arbitrary<typeof a & { logprobs: number[] }>,
   );
 
-function body(a: { ids: unknown[]; logprobs: unknown[]; finish: unknown; text: unknown }): Record<string, unknown> {
+interface Answer {
+  ids: unknown[];
+  logprobs: unknown[];
+  finish: unknown;
+  text: unknown;
+  usage: boolean;
+  /** usage.completion_tokens when it is not the ids' count (a corruption). */
+  completionTokens?: unknown;
+}
+
+function body(a: Answer): Record<string, unknown> {
   return {
     id: 'cmpl-1',
     object: 'text_completion',
     choices: [{ index: 0, text: a.text, token_ids: a.ids, logprobs: { token_logprobs: a.logprobs }, finish_reason: a.finish, stop_reason: null }],
+    ...(a.usage && { usage: { prompt_tokens: 3, completion_tokens: 'completionTokens' in a ? a.completionTokens : a.ids.length } }),
   };
 }
 
-type Corruption = (a: { ids: unknown[]; logprobs: unknown[]; finish: unknown; text: unknown; maxTokens: number }, at: number) => string;
+type Corruption = (a: Answer & { maxTokens: number }, at: number) => string;
 
 /** Ways an engine answer can be wrong, each with the words the rejection must say. */
 const corruptions: Record<string, Corruption> = {
@@ -55,6 +69,19 @@ const corruptions: Record<string, Corruption> = {
   },
   'unknown finish_reason': (a) => ((a.finish = 'tool_calls'), 'finish_reason'),
   'text not a string': (a) => ((a.text = { nested: [1, 2] }), 'text'),
+  // Regression: an answer with no token but finish stop/length became a COMPLETED reward-0 (or TRUNCATED) trajectory.
+  'no token, not an abort': (a) => {
+    a.ids.length = 0;
+    a.logprobs.length = 0;
+    if (a.finish === 'abort') a.finish = 'stop';
+    return 'no sampled token with finish_reason';
+  },
+  // Regression: lists that lost entries (usage still counting them) silently dropped sampled tokens.
+  'usage.completion_tokens disagrees': (a, at) => {
+    a.usage = true;
+    a.completionTokens = a.ids.length + 1 + at;
+    return `usage.completion_tokens = ${a.ids.length + 1 + at}, but the answer holds ${a.ids.length} sampled token ids`;
+  },
 };
 
 describe('checkCompletion, the one check of an engine answer', () => {

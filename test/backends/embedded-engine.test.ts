@@ -1,11 +1,16 @@
+import { copyFileSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ContextOverflowError } from '../../src/backends/context-overflow.js';
 import { EmbeddedEngineClient } from '../../src/backends/embedded/embedded-engine.js';
 import { TINY_QWEN3_URL } from '../../src/backends/embedded/embedded-url.js';
+import { ensureTinyQwen3Gguf } from '../../src/backends/embedded/tiny-qwen3.js';
 import type { GenerateRequest } from '../../src/backends/types.js';
 import { RolloutError } from '../../src/errors.js';
 import { loadQwen3 } from '../../src/tokens/tokenizer.js';
+import { eventually } from '../support/wait.js';
 
 const signal = new AbortController().signal;
 let engine: EmbeddedEngineClient;
@@ -136,6 +141,26 @@ describe('the embedded llama.cpp engine', () => {
     expect(await other.health(signal)).toBe(false);
     await expect(other.generate({ promptIds, maxTokens: 4, signal })).rejects.toMatchObject({ code: 'backend_error' });
   });
+});
+
+describe('an embedded engine whose GGUF is not there when it is created', () => {
+  // Regression: the model loaded once, in the constructor; a failed load stayed failed until the server restarted.
+  it('loads it once the file is there (the copy finished, the mount came up): health turns true, requests are served', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'embedded-late-'));
+    const path = join(dir, 'late.gguf');
+    const late = new EmbeddedEngineClient({ url: `file://${path}?threads=1&sequences=1&contextSize=512` });
+    try {
+      expect(await late.health(AbortSignal.timeout(5_000))).toBe(false);
+      await expect(late.generate({ promptIds, maxTokens: 2, signal })).rejects.toMatchObject({ code: 'backend_error', message: expect.stringContaining(`cannot load ${path}`) });
+      copyFileSync(ensureTinyQwen3Gguf(), path);
+      // Asked again (as the pool's health probes do) once its backoff (1 s, then 2, 4, ...) has passed.
+      await eventually(() => late.health(AbortSignal.timeout(5_000)), 'the late model to load', 30_000);
+      expect((await late.generate({ promptIds, maxTokens: 2, seed: 1, vocabSize, signal })).tokenIds).toHaveLength(2);
+    } finally {
+      await late.closed();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  }, 60_000);
 });
 
 describe('the embedded engine\u2019s control: abort by id, pause in three modes, resume (as vLLM\u2019s dev-mode routes)', () => {

@@ -180,6 +180,48 @@ describe('SglangClient checks every engine answer before it becomes a trajectory
     expect((await expectRolloutError(ask(client), 'backend_error')).message).toContain('unexpected finish_reason "eos"');
   });
 
+  // Regression: a logprob list that lost entries was taken as the answer: sampled tokens vanished (or none were left at all).
+  it('refuses output_token_logprobs that do not cover every sampled id (output_ids, completion_tokens)', async () => {
+    const honest = await ask(client);
+    expect(honest.tokenIds.length).toBeGreaterThan(3);
+    tamper((a) => (a.meta_info.output_token_logprobs = a.meta_info.output_token_logprobs.slice(3)));
+    expect((await expectRolloutError(ask(client), 'backend_error')).message).toContain("output_ids hold 3 ids before the");
+    tamper((a) => (a.meta_info.output_token_logprobs = []));
+    expect((await expectRolloutError(ask(client), 'backend_error')).message).toContain('output_ids hold');
+    // Without output_ids the stated count still tells.
+    tamper((a) => {
+      a.meta_info.output_token_logprobs = a.meta_info.output_token_logprobs.slice(3);
+      delete (a as { output_ids?: unknown }).output_ids;
+    });
+    expect((await expectRolloutError(ask(client), 'backend_error')).message).toMatch(/meta_info\.completion_tokens = \d+, but the answer holds \d+ sampled token ids/);
+    tamper((a) => {
+      a.meta_info.output_token_logprobs = [];
+      a.output_ids = [];
+      (a.meta_info as Record<string, unknown>).completion_tokens = 0;
+    });
+    expect((await expectRolloutError(ask(client), 'backend_error')).message).toContain('no sampled token with finish_reason "stop"');
+  });
+
+  it('takes at most 5 "surrounding" ids before the sampled ones in output_ids, and only the prompt’s last ids', async () => {
+    const sampled = [[-0.5, 7, null], [-0.25, 8, null]];
+    const cases: Array<[number[], string | undefined]> = [
+      [[...prompt.slice(-5), 7, 8], undefined],
+      [[...prompt.slice(-1), 7, 8], undefined],
+      [[...prompt.slice(-6), 7, 8], 'output_ids hold 6 ids before the 2 of meta_info.output_token_logprobs (at most 5'],
+      [[prompt.at(-2)!, 7, 8], "not the prompt's last ids"],
+    ];
+    for (const [outputIds, refusal] of cases) {
+      const { url, server } = await rawServer(answer(sampled, { output_ids: outputIds }));
+      try {
+        const c = new SglangClient({ url, model: 'm' });
+        if (refusal === undefined) expect((await ask(c)).tokenIds).toEqual([7, 8]);
+        else expect((await expectRolloutError(ask(c), 'backend_error')).message).toContain(refusal);
+      } finally {
+        server.close();
+      }
+    }
+  });
+
   it('refuses an answer without logprobs, a batch answer and a body that is not JSON', async () => {
     const cases: Array<[unknown, string]> = [
       [{ text: 'a', output_ids: [1], meta_info: { finish_reason: { type: 'stop' } } }, 'output_token_logprobs missing'],

@@ -223,6 +223,36 @@ describe('VllmClient checks every engine answer before it becomes a trajectory',
     }
   });
 
+  // Regression: only an upper bound was checked: lists missing entries dropped sampled tokens, no token at all was COMPLETED.
+  it('refuses a token count that cannot be right: no token unless aborted, fewer than usage.completion_tokens, lists that disagree', async () => {
+    const drop = (keep: (list: unknown[]) => unknown[]) => (choice: Record<string, unknown>) => {
+      const lp = choice.logprobs as Record<string, unknown[]>;
+      for (const key of ['tokens', 'token_logprobs', 'top_logprobs', 'text_offset']) lp[key] = keep(lp[key]!);
+    };
+    engine.failNext(1, { kind: 'tamper', tamper: drop((list) => list.slice(3)) });
+    expect((await expectRolloutError(ask(client), 'backend_error')).message).toMatch(/usage\.completion_tokens = (\d+), but the answer holds \d+ sampled token ids/);
+    for (const finish of ['stop', 'length']) {
+      engine.failNext(1, { kind: 'tamper', tamper: (choice) => (drop(() => [])(choice), (choice.finish_reason = finish), (choice.text = '')) });
+      expect((await expectRolloutError(ask(client), 'backend_error')).message).toContain(`no sampled token with finish_reason "${finish}"`);
+    }
+    const bodies: Array<[Record<string, unknown>, string | undefined]> = [
+      // An abort before the first token is the one answer with none.
+      [{ text: '', logprobs: { token_logprobs: [], tokens: [] }, finish_reason: 'abort' }, undefined],
+      [{ text: 'ab', token_ids: [5, 6], logprobs: { token_logprobs: [-0.1, -0.2], tokens: ['token_id:5', 'token_id:7'] }, finish_reason: 'stop' }, 'logprobs.tokens[1] = "token_id:7" but token_ids[1] = 6'],
+      [{ text: 'ab', token_ids: [5, 6], logprobs: { token_logprobs: [-0.1, -0.2], tokens: ['token_id:6'] }, finish_reason: 'stop' }, '2 token_ids but 1 logprobs.tokens'],
+    ];
+    for (const [choice, refusal] of bodies) {
+      const { url, server } = await rawServer({ choices: [{ index: 0, ...choice }], usage: { prompt_tokens: 1, completion_tokens: (choice.token_ids as unknown[] | undefined)?.length ?? 0 } });
+      try {
+        const c = new VllmClient({ url, model: 'm' });
+        if (refusal === undefined) expect((await ask(c)).tokenIds).toEqual([]);
+        else expect((await expectRolloutError(ask(c), 'backend_error')).message).toContain(refusal);
+      } finally {
+        server.close();
+      }
+    }
+  });
+
   it('refuses a text that is not a string', async () => {
     engine.failNext(1, { kind: 'tamper', tamper: (choice) => (choice.text = ['not', 'text']) });
     expect((await expectRolloutError(ask(client), 'backend_error')).message).toContain('text is an array, not a string');

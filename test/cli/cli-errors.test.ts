@@ -114,6 +114,36 @@ describe('the rollout CLI against operator mistakes: one line, no stack trace, e
   }, 60_000);
 });
 
+describe('the rollout CLI: exit 2 for every mistake in what was asked, one line (or the config\u2019s report), no stack trace', () => {
+  // Regression: these exited 1 (commander's own exit, not_found, already_exists), crashed with a stack trace (ftp:) or started.
+  it('flags commander refuses, a model folder or a backend that cannot be used', async () => {
+    const embedded = file('embedded-missing.json', JSON.stringify({ port: 0, backends: [{ kind: 'embedded', url: `file://${join(dir, 'no-such.gguf')}` }] }));
+    const sglangFile = file('sglang-file-url.json', JSON.stringify({ port: 0, backends: [{ kind: 'sglang', url: 'file:///models/x' }] }));
+    const cases: Array<[string[], RegExp]> = [
+      [['serve', '--port', 'abc'], /^rollout: option '--port <port>' argument 'abc' is invalid\. not an integer: abc$/m],
+      [['serve', '--prot', '50051'], /^rollout: unknown option '--prot' \(Did you mean --port\?\)$/m],
+      [['serve', '--port', '0', '--model-dir', join(dir, 'no-such-model-dir')], /^rollout: model\.dir: .*no-such-model-dir does not exist/m],
+      [['serve', '--port', '0', '--backend', 'ftp://127.0.0.1:9'], /a vllm engine is reached over http: or https:, not ftp:\n\s+→ at backends\[0\]\.url/],
+      [['serve', '--config', sglangFile], /a sglang engine is reached over http: or https:, not file:\n\s+→ at backends\[0\]\.url/],
+      [['serve', '--port', '0', '--backend', 'http://127.0.0.1:9', '--backend', 'http://127.0.0.1:9'], /the same id as backends\[0\] .*\n\s+→ at backends\[1\]\.id/],
+      [['serve', '--config', embedded], /^rollout: backends\[0\]\.url: the embedded engine's model .*no-such\.gguf does not exist$/m],
+    ];
+    for (const [args, message] of cases) {
+      const r = await rollout(args);
+      expect({ args, code: r.code, stack: STACK.test(r.out) }).toEqual({ args, code: 2, stack: false });
+      expect(r.out).toMatch(message);
+      expect(r.out).not.toContain('rollout server listening');
+    }
+  }, 180_000);
+
+  it('--help and --version still exit 0', async () => {
+    for (const args of [['--help'], ['serve', '--help'], ['--version']]) {
+      const r = await rollout(args);
+      expect({ args, code: r.code }).toEqual({ args, code: 0 });
+    }
+  }, 60_000);
+});
+
 describe('`rollout backends` on a server with only the trainer token', () => {
   it('sends the trainer token (--token-file) to BackendService, which takes it there', async () => {
     const h = await startServerHarness({ config: { auth: { token: 'trainer-only-token' } } });

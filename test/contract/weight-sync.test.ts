@@ -323,10 +323,12 @@ describe('an engine that aborts requests before their first token', () => {
   let h: ServerHarness;
   let emptyAborts = 0;
   const seeds: unknown[] = [];
-  const empty = (choice: Record<string, unknown>): void => {
+  const empty = (choice: Record<string, unknown>, answer: Record<string, unknown>): void => {
     choice.finish_reason = 'abort';
     choice.text = '';
     choice.logprobs = { text_offset: [], token_logprobs: [], tokens: [], top_logprobs: [] };
+    // As vLLM counts a request aborted before its first step: no token (an answer whose usage disagrees is refused).
+    answer.usage = { prompt_tokens: (answer.usage as { prompt_tokens: number }).prompt_tokens, completion_tokens: 0, total_tokens: (answer.usage as { prompt_tokens: number }).prompt_tokens };
   };
   beforeAll(async () => {
     h = await startServerHarness({

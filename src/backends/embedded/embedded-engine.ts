@@ -25,6 +25,9 @@ export const DEFAULT_CONTEXT_SIZE = 4096;
  * Requests beyond the sequences queue.
  */
 export const MAX_DEFAULT_SEQUENCES = 4;
+/** A model that failed to load is tried again after 1 s, then 2, 4, ... at most 30 s after each failure. */
+const LOAD_RETRY_FIRST_MS = 1_000;
+const LOAD_RETRY_MAX_MS = 30_000;
 
 interface Loaded {
   model: LlamaModel;
@@ -58,7 +61,9 @@ interface Loaded {
  * tokens, their sequences kept) and {@link resume}; while paused, new requests wait.
  *
  * The model loads in the background from construction; `generate`, `modelInfo` and `health` wait for it (no longer
- * than their signal allows), and health is true exactly while it is loaded. `close()` frees the context and the
+ * than their signal allows), and health is true exactly while it is loaded. A load that fails (the file not there yet,
+ * or not loadable) is tried again by the next of those calls once a backoff has passed (1 s doubling to 30 s), so the
+ * pool's health probes bring the engine up when its model becomes loadable. `close()` frees the context and the
  * model.
  *
  * @example
@@ -69,7 +74,11 @@ export class EmbeddedEngineClient implements EngineClient {
   readonly kind = 'embedded' as const;
   readonly url: string;
   readonly #spec: EmbeddedModelSpec;
-  readonly #loaded: Promise<Loaded>;
+  /** The current load: in flight, done, or failed (then tried again once {@link #retryAt} has passed). */
+  #loaded: Promise<Loaded>;
+  /** Consecutive failed loads, and when the next may start (see {@link #current}). */
+  #failures = 0;
+  #retryAt = 0;
   readonly #sequences: number;
   readonly #control = new GenerationControl();
   #closed = false;
@@ -79,13 +88,43 @@ export class EmbeddedEngineClient implements EngineClient {
     this.url = options.url;
     this.#spec = parseEmbeddedUrl(options.url);
     this.#sequences = Math.max(1, this.#spec.sequences ?? Math.min(options.maxConcurrency ?? 1, MAX_DEFAULT_SEQUENCES));
-    this.#loaded = this.#load(this.#sequences);
-    this.#loaded.catch(() => undefined); // surfaced by generate/health/modelInfo, never as an unhandled rejection
+    this.#loaded = this.#attempt();
   }
 
-  /** Resolves once the model is loaded (rejects with backend_error when it cannot be). */
+  /** Resolves once the model is loaded (rejects with backend_error when it cannot be, now). */
   async ready(): Promise<void> {
-    await this.#loaded;
+    await this.#current();
+  }
+
+  /** One load, whose failure is counted and schedules the next attempt (backoff doubling from 1 s, at most 30 s). */
+  #attempt(): Promise<Loaded> {
+    const attempt = this.#load(this.#sequences).then(
+      (loaded) => {
+        this.#failures = 0;
+        return loaded;
+      },
+      (err: unknown) => {
+        this.#failures++;
+        this.#retryAt = performance.now() + Math.min(LOAD_RETRY_FIRST_MS * 2 ** (this.#failures - 1), LOAD_RETRY_MAX_MS);
+        throw err;
+      },
+    );
+    attempt.catch(() => undefined); // surfaced by generate/health/modelInfo, never as an unhandled rejection
+    return attempt;
+  }
+
+  /**
+   * The load to wait for: the one in flight or done, or — when the last one failed and its backoff has passed — a new
+   * one. A model that could not be loaded when the engine was created (its file not there yet: still being copied, a
+   * file system not mounted) is loaded once it can be, on the next health probe or request, instead of never.
+   */
+  #current(): Promise<Loaded> {
+    if (this.#failures > 0 && !this.#closed && performance.now() >= this.#retryAt) {
+      // Marks the attempt as under way (the next failure sets a new time), so concurrent callers share it.
+      this.#retryAt = Infinity;
+      this.#loaded = this.#attempt();
+    }
+    return this.#loaded;
   }
 
   async #load(sequences: number): Promise<Loaded> {
@@ -175,12 +214,13 @@ export class EmbeddedEngineClient implements EngineClient {
    * probe, a request) never waits a whole load. Without a signal (in-process callers such as tests), waits the load.
    */
   #whenLoaded(signal?: AbortSignal): Promise<Loaded> {
-    if (signal === undefined) return this.#loaded;
+    const loaded = this.#current();
+    if (signal === undefined) return loaded;
     if (signal.aborted) return Promise.reject(RolloutError.from(signal.reason, 'cancelled'));
     return new Promise<Loaded>((resolve, reject) => {
       const onAbort = (): void => reject(RolloutError.from(signal.reason, 'cancelled'));
       signal.addEventListener('abort', onAbort, { once: true });
-      void this.#loaded.then(resolve, reject).finally(() => signal.removeEventListener('abort', onAbort));
+      void loaded.then(resolve, reject).finally(() => signal.removeEventListener('abort', onAbort));
     });
   }
 

@@ -1,3 +1,4 @@
+import { statSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { RolloutError } from '../../errors.js';
 
@@ -59,4 +60,21 @@ export function parseEmbeddedUrl(text: string): EmbeddedModelSpec {
     ...(contextSize !== undefined && { contextSize }),
     ...(sequences !== undefined && { sequences }),
   };
+}
+
+/**
+ * Why the GGUF an embedded backend URL names cannot be loaded now because it is not there (no such file, or not a
+ * file), or undefined when it is there (or is the project's own tiny model, written on first use). What the start-up
+ * refuses: a backend that could only fail until someone notices. (A file that is there but does not load is the
+ * engine's own failure: it is retried, see EmbeddedEngineClient.)
+ */
+export function embeddedModelFileProblem(spec: EmbeddedModelSpec): string | undefined {
+  if (spec.model.kind !== 'file') return undefined;
+  const { path } = spec.model;
+  try {
+    return statSync(path).isFile() ? undefined : `${path} is not a file`;
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    return code === 'ENOENT' ? `${path} does not exist` : `${path} cannot be read (${code ?? String(err)})`;
+  }
 }
