@@ -3,11 +3,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';
-import { startRolloutServer } from '../../src/app.js';
 import type { ServerConfigInput } from '../../src/config.js';
-import { RolloutError } from '../../src/errors.js';
-import { silentLogger } from '../../src/observability/logger.js';
-import { NullSandboxDriver } from '../../src/testing/null-sandbox.js';
+import { startFailure as refusal } from '../support/start-failure.js';
 
 /**
  * Backends and the model folder a start-up cannot use are refused before anything starts, as invalid_argument naming
@@ -18,17 +15,6 @@ import { NullSandboxDriver } from '../../src/testing/null-sandbox.js';
 const dir = mkdtempSync(join(tmpdir(), 'rollout-startup-backends-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
-async function refusal(config: ServerConfigInput): Promise<RolloutError> {
-  const outcome = await startRolloutServer({ port: 0, tokenWorkers: { count: 0 }, ...config }, { logger: silentLogger(), sandboxes: new NullSandboxDriver() }).then(
-    async (s) => {
-      await s.shutdown();
-      return new Error('the server started');
-    },
-    (e: unknown) => e,
-  );
-  expect(outcome).toBeInstanceOf(RolloutError);
-  return outcome as RolloutError;
-}
 
 describe('start-up refuses backends it cannot use, naming the field', () => {
   // Regression: any URL passed the config check, and undici's Pool constructor threw its own error: a stack trace.

@@ -3,26 +3,15 @@ import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startRolloutServer } from '../../src/app.js';
 import type { ServerConfigInput } from '../../src/config.js';
-import { RolloutError } from '../../src/errors.js';
-import { silentLogger } from '../../src/observability/logger.js';
+import type { RolloutError } from '../../src/errors.js';
 import { FakeVllmEngine } from '../../src/testing/fake-vllm.js';
-import { NullSandboxDriver } from '../../src/testing/null-sandbox.js';
 import { loadQwen3 } from '../../src/tokens/tokenizer.js';
+import { startFailure as startRefused } from '../support/start-failure.js';
 
-/** What startRolloutServer fails with (a server that started is shut down and reported as a failure of the test). */
-async function startFailure(config: ServerConfigInput): Promise<RolloutError> {
-  const outcome = await startRolloutServer({ port: 0, backends: [], tokenWorkers: { count: 0 }, ...config }, { logger: silentLogger(), sandboxes: new NullSandboxDriver() }).then(
-    async (s) => {
-      await s.shutdown();
-      return new Error('the server started');
-    },
-    (e: unknown) => e,
-  );
-  expect(outcome).toBeInstanceOf(RolloutError);
-  return outcome as RolloutError;
-}
+/** What start-up fails with, for a config with no backends unless it names some. */
+const startFailure = (config: ServerConfigInput): Promise<RolloutError> => startRefused({ backends: [], ...config });
+
 
 describe('start-up failures say what is wrong, in one line an operator can act on', () => {
   const dir = mkdtempSync(join(tmpdir(), 'rollout-startup-errors-'));
