@@ -12,7 +12,6 @@ import { startFailure as startRefused } from '../support/start-failure.js';
 /** What start-up fails with, for a config with no backends unless it names some. */
 const startFailure = (config: ServerConfigInput): Promise<RolloutError> => startRefused({ backends: [], ...config });
 
-
 describe('start-up failures say what is wrong, in one line an operator can act on', () => {
   const dir = mkdtempSync(join(tmpdir(), 'rollout-startup-errors-'));
   afterAll(() => rmSync(dir, { recursive: true, force: true }));
