@@ -146,13 +146,19 @@ export const serverConfigSchema = z.strictObject({
       driver: z.enum(['bwrap', 'apptainer']).default('bwrap'),
       /** The Apptainer driver's binary: `apptainer`, `singularity` (SingularityCE takes the same flags) or a path. */
       apptainerPath: z.string().min(1).default('apptainer'),
+      /**
+       * How the Apptainer driver holds diskMb: `overlay` (each sandbox writes into an EXT3 overlay image of diskMb:
+       * a quota of the whole sandbox), `none` (host-dir workspace, no quota), `auto` (overlay, or none with a warning
+       * where apptainer cannot use overlay images). See ApptainerDriverOptions.disk.
+       */
+      apptainerDisk: z.enum(['auto', 'overlay', 'none']).default('auto'),
       /** Default root file system when an environment names none: a .sif, a directory, or unset for the host's /usr. */
       image: z.string().optional(),
       /** Memory of a whole sandbox (processes + tmpfs workspace and /tmp), MiB. */
       memoryMb: z.number().int().min(16).default(1024),
       /** Processes and threads of a whole sandbox. */
       maxProcesses: z.number().int().min(1).default(64),
-      /** Size quota of the workspace and of /tmp, MiB. */
+      /** Size quota of the workspace and of /tmp, MiB (bubblewrap: each; Apptainer's overlay: the whole sandbox's writes). */
       diskMb: z.number().int().min(1).default(512),
       wallClockMs: z.number().int().min(1).max(MAX_TIMER_MS).default(900_000),
       /** Default timeout of one command, ms. */

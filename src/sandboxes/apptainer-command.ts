@@ -11,6 +11,12 @@ import type { SandboxLimits, SandboxMount } from './types.js';
  * - `--no-mount home,cwd,tmp`: disables those `mount xxx` entries of apptainer.conf, comma-separated.
  * - `--writable-tmpfs`: the image's root is writable through a tmpfs overlay (size set by the admin's
  *   `sessiondir max size`), so programs may write anywhere without touching the image or the host.
+ * - `overlay create --size MiB --sparse --create-dir DIR IMG` (Apptainer 1.2+, SingularityCE 4.x; the "Persistent
+ *   Overlays" page): an EXT3 image of that size, sparse (no disk used until written), with DIR made in its upper
+ *   layer and owned by the caller; `--create-dir` may repeat. `instance start --overlay IMG` instead of
+ *   `--writable-tmpfs` makes the whole root writable through it: every write of the sandbox (workspace, /tmp,
+ *   anywhere) lands in the image, so its size is a disk quota of the whole sandbox (ENOSPC past it). As non-root this
+ *   needs fuse2fs and fuse-overlayfs on the host (root and setuid installations mount ext3 themselves).
  * - `--net --network none`: a new network namespace with loopback only; `none` must be used alone and is the one
  *   network type unprivileged users may ask for by default.
  * - `--bind src:dest:ro|rw`: a bind spec; `,` separates specs and `:` fields, so neither may appear in a path.
@@ -43,8 +49,12 @@ export interface InstanceStartSpec {
   image: string;
   name: string;
   network: boolean;
-  /** Host dir bound read-write at `workdir`. */
-  hostWorkdir: string;
+  /**
+   * Where the workspace (`workdir`) lives: in the sandbox's overlay image (made by overlayCreateArgs with `workdir`
+   * among its dirs; the root's writable layer and the disk quota), or a host dir bound read-write at `workdir` with
+   * the root writable through `--writable-tmpfs` (no quota: the fallback where overlay images cannot be used).
+   */
+  workspace: { overlay: string } | { hostWorkdir: string };
   workdir: string;
   mounts: readonly SandboxMount[];
   /** Pass cgroup limits (`--memory`, `--pids-limit`); false when they are enforced per exec by rlimits. */
@@ -61,14 +71,34 @@ export function bindSpec(source: string, target: string, readOnly: boolean): str
   return `${source}:${target}:${readOnly ? 'ro' : 'rw'}`;
 }
 
-/** `apptainer --silent instance start ... IMAGE NAME`. The workspace bind comes first; later binds may nest in it. */
+/**
+ * `apptainer --silent overlay create --size MiB --sparse --create-dir DIR... IMG`: the sandbox's writable layer. The
+ * dirs are the workspace and every mount target inside it (a bind needs its target to exist).
+ */
+export function overlayCreateArgs(spec: { path: string; sizeMb: number; dirs: readonly string[] }): string[] {
+  if (!spec.path.startsWith('/')) throw new Error(`overlay path ${JSON.stringify(spec.path)} must be absolute`);
+  if (!Number.isInteger(spec.sizeMb) || spec.sizeMb < 1) throw new Error(`overlay size ${spec.sizeMb} MiB must be a positive integer`);
+  const args = ['--silent', 'overlay', 'create', '--size', String(spec.sizeMb), '--sparse'];
+  for (const dir of spec.dirs) {
+    // --create-dir is a string slice flag: a comma would split the path.
+    if (!dir.startsWith('/') || /[,\0\n]/.test(dir)) throw new Error(`overlay dir ${JSON.stringify(dir)} must be absolute, without ',', a newline or NUL`);
+    args.push('--create-dir', dir);
+  }
+  args.push(spec.path);
+  return args;
+}
+
+/** `apptainer --silent instance start ... IMAGE NAME`. The workspace comes first; later binds may nest in it. */
 export function instanceStartArgs(spec: InstanceStartSpec): string[] {
-  const args = ['--silent', 'instance', 'start', '--containall', '--no-mount', 'home,cwd,tmp', '--writable-tmpfs', '--no-privs'];
+  const overlay = 'overlay' in spec.workspace ? spec.workspace.overlay : undefined;
+  // --overlay is a string slice flag with an optional ':ro' suffix: neither ',' nor ':' may appear in the path.
+  if (overlay !== undefined && (!overlay.startsWith('/') || /[,:\0\n]/.test(overlay))) throw new Error(`overlay path ${JSON.stringify(overlay)} must be absolute, without ',', ':', a newline or NUL`);
+  const args = ['--silent', 'instance', 'start', '--containall', '--no-mount', 'home,cwd,tmp', ...(overlay === undefined ? ['--writable-tmpfs'] : ['--overlay', overlay]), '--no-privs'];
   if (!spec.network) args.push('--net', '--network', 'none');
   if (spec.cgroupLimits) {
     args.push('--memory', String(spec.limits.memoryMb * 1024 * 1024), '--pids-limit', String(spec.limits.maxProcesses));
   }
-  args.push('--bind', bindSpec(spec.hostWorkdir, spec.workdir, false));
+  if ('hostWorkdir' in spec.workspace) args.push('--bind', bindSpec(spec.workspace.hostWorkdir, spec.workdir, false));
   for (const m of spec.mounts) args.push('--bind', bindSpec(m.source, m.target, m.readOnly ?? true));
   args.push(spec.image, spec.name);
   return args;

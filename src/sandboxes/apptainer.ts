@@ -3,14 +3,17 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { RolloutError, throwIfAborted } from '../errors.js';
 import { silentLogger, type Logger } from '../observability/logger.js';
-import { APPTAINER_PREFIX, apptainerHostEnv, bindSpec, instanceListArgs, instanceStartArgs, instanceStopArgs, type InstanceStartSpec, type WrapperLimits } from './apptainer-command.js';
+import { APPTAINER_PREFIX, apptainerHostEnv, bindSpec, instanceListArgs, instanceStartArgs, instanceStopArgs, overlayCreateArgs, type InstanceStartSpec, type WrapperLimits } from './apptainer-command.js';
 import { isProcessAlive, newInstanceName, orphanedInstances, ownerOfHostDir, parseInstanceList } from './apptainer-instances.js';
 import { ApptainerSandbox } from './apptainer-sandbox.js';
 import { spawnContained, type ContainedRunResult } from './contained-process.js';
 import { removeTree } from './remove-tree.js';
-import type { SandboxDriver, SandboxSpec } from './types.js';
+import type { SandboxDriver, SandboxLimits, SandboxSpec } from './types.js';
 
 export { ApptainerSandbox } from './apptainer-sandbox.js';
+
+/** What one instance start needs from the spec; the driver adds where the workspace lives and the cgroup choice. */
+type StartRequest = Omit<InstanceStartSpec, 'cgroupLimits' | 'workspace' | 'limits'> & { limits: Pick<SandboxLimits, 'memoryMb' | 'maxProcesses' | 'diskMb'> };
 
 export interface ApptainerDriverOptions {
   logger?: Logger;
@@ -26,6 +29,16 @@ export interface ApptainerDriverOptions {
    * driver's life the first time apptainer refuses cgroup limits, with a warning.
    */
   limits?: 'auto' | 'cgroups' | 'rlimits';
+  /**
+   * How the sandbox's disk (SandboxLimits.diskMb) holds. `overlay`: each sandbox's writable layer is an EXT3 overlay
+   * image of diskMb MiB (`apptainer overlay create --sparse`, `instance start --overlay`), holding the workspace,
+   * /tmp and every other write: a quota of the whole sandbox, writes past it fail with ENOSPC (as on bubblewrap's
+   * size-limited tmpfs). Needs Apptainer 1.2+ or SingularityCE 4.x, and as non-root fuse2fs and fuse-overlayfs on the
+   * host. `none`: the workspace is a host dir and the rest of the root a `--writable-tmpfs` (whose size the admin's
+   * `sessiondir max size` bounds); no quota of the workspace beyond maxFileMb per file. `auto` (default): overlay,
+   * falling back to none for the driver's life, with a warning, the first time apptainer refuses an overlay image.
+   */
+  disk?: 'auto' | 'overlay' | 'none';
   /** Budget of `instance start` (image mount, namespace set-up), ms. Default 60 s. */
   startTimeoutMs?: number;
   /** Grace before `instance stop` SIGKILLs the instance, s. Default 2. */
@@ -55,6 +68,7 @@ export class ApptainerDriver implements SandboxDriver {
   private readonly hostEnv: Record<string, string>;
   private readonly tmpRoot: string;
   private cgroups: boolean;
+  private overlay: boolean;
   private probe: Promise<string> | undefined;
 
   constructor(private readonly options: ApptainerDriverOptions = {}) {
@@ -63,6 +77,7 @@ export class ApptainerDriver implements SandboxDriver {
     this.hostEnv = apptainerHostEnv(process.env);
     this.tmpRoot = options.tmpRoot ?? tmpdir();
     this.cgroups = (options.limits ?? 'auto') !== 'rlimits';
+    this.overlay = (options.disk ?? 'auto') !== 'none';
   }
 
   async start(spec: SandboxSpec, signal?: AbortSignal): Promise<ApptainerSandbox> {
@@ -86,15 +101,13 @@ export class ApptainerDriver implements SandboxDriver {
     const name = newInstanceName();
     try {
       await chmod(hostDir, 0o700);
-      const hostWorkdir = join(hostDir, 'work');
-      await mkdir(hostWorkdir, { mode: 0o755 });
-      await this.startInstance({ image, name, network: spec.network, hostWorkdir, workdir: spec.workdir, mounts: spec.mounts, limits: spec.limits }, signal);
+      await this.startInstance(hostDir, { image, name, network: spec.network, workdir: spec.workdir, mounts: spec.mounts, limits: spec.limits }, signal);
       const rlimits: WrapperLimits = { maxFileMb: spec.limits.maxFileMb, ...(!this.cgroups && { memoryMb: spec.limits.memoryMb, maxProcesses: spec.limits.maxProcesses }) };
       const sandbox = new ApptainerSandbox({
         spec, binary: this.binary, hostEnv: this.hostEnv, name, rlimits, logger: this.log,
         teardown: () => this.teardown(name, hostDir),
       });
-      this.log.debug({ sandbox: name, image, hostDir, cgroups: this.cgroups }, 'sandbox started');
+      this.log.debug({ sandbox: name, image, hostDir, cgroups: this.cgroups, overlay: this.overlay }, 'sandbox started');
       return sandbox;
     } catch (err) {
       await this.teardown(name, hostDir);
@@ -125,17 +138,50 @@ export class ApptainerDriver implements SandboxDriver {
     return { removed };
   }
 
-  private async startInstance(spec: Omit<InstanceStartSpec, 'cgroupLimits'>, signal: AbortSignal | undefined): Promise<void> {
+  private async startInstance(hostDir: string, spec: StartRequest, signal: AbortSignal | undefined): Promise<void> {
     const timeoutMs = this.options.startTimeoutMs ?? 60_000;
-    let r = await this.apptainer(instanceStartArgs({ ...spec, cgroupLimits: this.cgroups }), timeoutMs, signal);
+    let workspace = await this.workspace(hostDir, spec, timeoutMs, signal);
+    let r = await this.apptainer(instanceStartArgs({ ...spec, workspace, cgroupLimits: this.cgroups }), timeoutMs, signal);
+    if (r.exitCode !== 0 && 'overlay' in workspace && this.options.disk !== 'overlay' && !r.aborted && /overlay|fuse2fs|ext3/i.test(r.stderr)) {
+      this.noOverlay(`apptainer instance start refused the overlay image: ${r.stderr.trim().slice(0, 500)}`);
+      workspace = await this.workspace(hostDir, spec, timeoutMs, signal);
+      r = await this.apptainer(instanceStartArgs({ ...spec, workspace, cgroupLimits: this.cgroups }), timeoutMs, signal);
+    }
     if (r.exitCode !== 0 && this.cgroups && this.options.limits !== 'cgroups' && !r.aborted && /cgroup/i.test(r.stderr)) {
       this.log.warn({ stderr: r.stderr.trim() }, 'apptainer refused cgroup limits: memory and processes are limited per process (rlimits) from now on');
       this.cgroups = false;
-      r = await this.apptainer(instanceStartArgs({ ...spec, cgroupLimits: false }), timeoutMs, signal);
+      r = await this.apptainer(instanceStartArgs({ ...spec, workspace, cgroupLimits: false }), timeoutMs, signal);
     }
     if (r.aborted) throw RolloutError.from(signal?.reason, 'cancelled');
     if (r.timedOut) throw new RolloutError('sandbox_error', `apptainer instance start timed out after ${timeoutMs} ms`);
     if (r.exitCode !== 0) throw new RolloutError('sandbox_error', `apptainer instance start failed (exit code ${r.exitCode ?? r.signal}): ${r.stderr.trim().slice(0, 2000)}`);
+  }
+
+  /**
+   * The sandbox's workspace: its overlay image (the disk quota, see ApptainerDriverOptions.disk), or a host dir when
+   * overlays are off or apptainer cannot make one (then, in `auto`, off for the driver's life).
+   */
+  private async workspace(hostDir: string, spec: Pick<StartRequest, 'workdir' | 'mounts' | 'limits'>, timeoutMs: number, signal: AbortSignal | undefined): Promise<InstanceStartSpec['workspace']> {
+    if (this.overlay) {
+      const overlay = join(hostDir, 'overlay.img');
+      const inside = (target: string): boolean => target === spec.workdir || target.startsWith(`${spec.workdir.replace(/\/+$/, '')}/`);
+      const dirs = [spec.workdir, ...spec.mounts.map((m) => m.target).filter(inside)];
+      const r = await this.apptainer(overlayCreateArgs({ path: overlay, sizeMb: spec.limits.diskMb, dirs }), timeoutMs, signal);
+      if (r.aborted) throw RolloutError.from(signal?.reason, 'cancelled');
+      if (r.exitCode === 0 && !r.timedOut) return { overlay };
+      const why = r.timedOut ? `timed out after ${timeoutMs} ms` : `exit code ${r.exitCode ?? r.signal}: ${r.stderr.trim().slice(0, 500)}`;
+      if (this.options.disk === 'overlay') throw new RolloutError('sandbox_error', `apptainer overlay create failed (${why}); the driver's disk option is 'overlay'`);
+      this.noOverlay(`apptainer overlay create failed (${why})`);
+    }
+    const hostWorkdir = join(hostDir, 'work');
+    await mkdir(hostWorkdir, { mode: 0o755 });
+    return { hostWorkdir };
+  }
+
+  private noOverlay(why: string): void {
+    if (!this.overlay) return;
+    this.overlay = false;
+    this.log.warn({ why }, 'apptainer cannot use overlay images: sandbox workspaces are host dirs without a disk quota from now on (maxFileMb still bounds each file)');
   }
 
   /** Stops the instance (grace, then --force) and removes the host dir; logs, never throws. */

@@ -6,7 +6,8 @@ import type { SandboxDriver } from './types.js';
 
 /**
  * The sandbox driver the config names (`sandbox.driver`): bubblewrap (rootless, the default) or
- * Apptainer/Singularity (`sandbox.apptainerPath`: `apptainer`, `singularity` or a path). Constructing a driver
+ * Apptainer/Singularity (`sandbox.apptainerPath`: `apptainer`, `singularity` or a path; `sandbox.apptainerDisk`: how
+ * diskMb holds there). Constructing a driver
  * checks nothing on the host; a driver that cannot work here fails its first `start` (or `reap`) with a
  * sandbox_error that says why.
  */
@@ -15,6 +16,6 @@ export function createSandboxDriver(config: ServerConfig['sandbox'], logger: Log
     case 'bwrap':
       return new BubblewrapDriver({ logger });
     case 'apptainer':
-      return new ApptainerDriver({ logger, binary: config.apptainerPath });
+      return new ApptainerDriver({ logger, binary: config.apptainerPath, disk: config.apptainerDisk });
   }
 }

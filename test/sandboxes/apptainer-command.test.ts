@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import {
-  apptainerHostEnv, bindSpec, execArgs, instanceListArgs, instanceStartArgs, instanceStopArgs, killTaggedArgs, wrapperScript, type InstanceStartSpec,
+  apptainerHostEnv, bindSpec, execArgs, instanceListArgs, instanceStartArgs, instanceStopArgs, killTaggedArgs, overlayCreateArgs, wrapperScript, type InstanceStartSpec,
 } from '../../src/sandboxes/apptainer-command.js';
 
 // Golden command lines, checked against the Apptainer 1.3/1.4 CLI (cmd/internal/cli/action_flags.go,
@@ -9,7 +9,7 @@ const base: InstanceStartSpec = {
   image: '/images/python.sif',
   name: 'rollout-apt-4242-0123456789abcdef',
   network: false,
-  hostWorkdir: '/tmp/rollout-apt-4242-AbC123/work',
+  workspace: { hostWorkdir: '/tmp/rollout-apt-4242-AbC123/work' },
   workdir: '/work',
   mounts: [],
   cgroupLimits: true,
@@ -25,6 +25,28 @@ describe('apptainer instance start command line', () => {
       '--bind', '/tmp/rollout-apt-4242-AbC123/work:/work:rw',
       '/images/python.sif', 'rollout-apt-4242-0123456789abcdef',
     ]);
+  });
+
+  it('makes the overlay image the writable layer (no --writable-tmpfs, no workspace bind) when the workspace lives in it', () => {
+    const args = instanceStartArgs({ ...base, workspace: { overlay: '/tmp/rollout-apt-4242-AbC123/overlay.img' }, mounts: [{ source: '/data/repo', target: '/work/repo' }] });
+    expect(args).toEqual([
+      '--silent', 'instance', 'start', '--containall', '--no-mount', 'home,cwd,tmp', '--overlay', '/tmp/rollout-apt-4242-AbC123/overlay.img', '--no-privs',
+      '--net', '--network', 'none',
+      '--memory', '1073741824', '--pids-limit', '64',
+      '--bind', '/data/repo:/work/repo:ro',
+      '/images/python.sif', 'rollout-apt-4242-0123456789abcdef',
+    ]);
+    expect(() => instanceStartArgs({ ...base, workspace: { overlay: '/tmp/a:b/overlay.img' } })).toThrow(/':'/);
+    expect(() => instanceStartArgs({ ...base, workspace: { overlay: 'overlay.img' } })).toThrow(/absolute/);
+  });
+
+  it('creates a sparse overlay image of the disk quota with the workspace and nested mount targets made in it', () => {
+    expect(overlayCreateArgs({ path: '/tmp/d/overlay.img', sizeMb: 512, dirs: ['/work', '/work/repo'] })).toEqual([
+      '--silent', 'overlay', 'create', '--size', '512', '--sparse', '--create-dir', '/work', '--create-dir', '/work/repo', '/tmp/d/overlay.img',
+    ]);
+    expect(() => overlayCreateArgs({ path: '/tmp/d/o.img', sizeMb: 0, dirs: [] })).toThrow(/positive/);
+    expect(() => overlayCreateArgs({ path: '/tmp/d/o.img', sizeMb: 1, dirs: ['/a,b'] })).toThrow(/','/);
+    expect(() => overlayCreateArgs({ path: 'o.img', sizeMb: 1, dirs: [] })).toThrow(/absolute/);
   });
 
   it('shares the host network only when the spec asks', () => {

@@ -21,14 +21,14 @@ export interface ApptainerDouble {
  * A fresh double (created synchronously, so suites can build drivers in describe bodies) with its own state, so parallel test files never see each other's instances. The driver runs
  * its binary with a minimal environment, so the state dir is baked into a small launcher script.
  */
-export function makeApptainerDouble(options: { refuseCgroups?: boolean } = {}): ApptainerDouble {
+export function makeApptainerDouble(options: { refuseCgroups?: boolean; refuseOverlay?: 'create' | 'start' } = {}): ApptainerDouble {
   const root = mkdtempSync(join(tmpdir(), 'apptainer-double-'));
   const state = join(root, 'state');
   const tmpRoot = join(root, 'tmp');
   mkdirSync(state);
   mkdirSync(tmpRoot);
   const binary = join(root, 'apptainer');
-  const env = `FAKE_APPTAINER_STATE='${state}'${options.refuseCgroups ? ' FAKE_APPTAINER_REFUSE_CGROUPS=1' : ''}`;
+  const env = `FAKE_APPTAINER_STATE='${state}'${options.refuseCgroups ? ' FAKE_APPTAINER_REFUSE_CGROUPS=1' : ''}${options.refuseOverlay ? ` FAKE_APPTAINER_REFUSE_OVERLAY=${options.refuseOverlay}` : ''}`;
   writeFileSync(binary, `#!/bin/sh\n${env} exec '${APPTAINER_DOUBLE}' "$@"\n`);
   chmodSync(binary, 0o755);
   return {

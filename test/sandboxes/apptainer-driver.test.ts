@@ -1,5 +1,5 @@
 import { spawnSync } from 'node:child_process';
-import { mkdirSync, readdirSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { ApptainerDriver } from '../../src/sandboxes/apptainer.js';
@@ -9,7 +9,7 @@ import { testSpec } from './helpers.js';
 // The driver's own behaviour (command lines it really runs, error mapping, fallback, stop, reap) against the
 // apptainer TEST DOUBLE; the Sandbox contract itself is in the conformance suite.
 const doubles: ApptainerDouble[] = [];
-function setup(options: { refuseCgroups?: boolean } = {}): { double: ApptainerDouble; driver: (o?: ConstructorParameters<typeof ApptainerDriver>[0]) => ApptainerDriver } {
+function setup(options: { refuseCgroups?: boolean; refuseOverlay?: 'create' | 'start' } = {}): { double: ApptainerDouble; driver: (o?: ConstructorParameters<typeof ApptainerDriver>[0]) => ApptainerDriver } {
   const double = makeApptainerDouble(options);
   doubles.push(double);
   return { double, driver: (o = {}) => new ApptainerDriver({ binary: double.binary, tmpRoot: double.tmpRoot, ...o }) };
@@ -22,23 +22,85 @@ const listed = (double: ApptainerDouble): string[] =>
   JSON.parse(spawnSync(double.binary, ['instance', 'list', '--json'], { encoding: 'utf8' }).stdout).instances.map((i: { instance: string }) => i.instance);
 
 describe('apptainer driver', () => {
-  it('starts one instance with the documented command line, and stop() stops it and removes its host dir', async () => {
+  it('starts one instance with the documented command line on an overlay image of diskMb, and stop() stops it and removes its host dir', async () => {
     const { double, driver } = setup();
     const sandbox = await driver().start(spec);
     expect(listed(double)).toEqual([sandbox.id]);
-    const start = (await double.calls()).find((c) => c.includes('start'));
     const dir = readdirSync(double.tmpRoot);
     expect(dir).toHaveLength(1);
-    expect(start).toEqual([
-      '--silent', 'instance', 'start', '--containall', '--no-mount', 'home,cwd,tmp', '--writable-tmpfs', '--no-privs',
-      '--net', '--network', 'none', '--memory', String(512 * 1024 * 1024), '--pids-limit', '64',
-      '--bind', `${join(double.tmpRoot, dir[0] ?? '')}/work:/work:rw`, '/', sandbox.id,
+    const overlay = `${join(double.tmpRoot, dir[0] ?? '')}/overlay.img`;
+    const calls = await double.calls();
+    expect(calls.find((c) => c.includes('overlay') && c.includes('create'))).toEqual(['--silent', 'overlay', 'create', '--size', '256', '--sparse', '--create-dir', '/work', overlay]);
+    expect(calls.find((c) => c.includes('start'))).toEqual([
+      '--silent', 'instance', 'start', '--containall', '--no-mount', 'home,cwd,tmp', '--overlay', overlay, '--no-privs',
+      '--net', '--network', 'none', '--memory', String(512 * 1024 * 1024), '--pids-limit', '64', '/', sandbox.id,
     ]);
+    // The workspace lives in the overlay: what one exec writes there, the next one reads.
+    await sandbox.exec(['sh', '-c', 'echo kept > /work/f']);
+    expect((await sandbox.exec(['cat', '/work/f'])).stdout).toBe('kept\n');
     await sandbox.stop();
     expect((await double.calls()).at(-1)).toEqual(['--silent', 'instance', 'stop', '--timeout', '2', sandbox.id]);
     expect(listed(double)).toEqual([]);
     expect(readdirSync(double.tmpRoot)).toEqual([]);
   });
+
+  it("with disk 'none', binds a host dir as the workspace over --writable-tmpfs, as before overlays", async () => {
+    const { double, driver } = setup();
+    const sandbox = await driver({ disk: 'none' }).start(spec);
+    try {
+      const dir = readdirSync(double.tmpRoot);
+      const calls = await double.calls();
+      expect(calls.some((c) => c.includes('overlay') && c.includes('create'))).toBe(false);
+      expect(calls.find((c) => c.includes('start'))).toEqual([
+        '--silent', 'instance', 'start', '--containall', '--no-mount', 'home,cwd,tmp', '--writable-tmpfs', '--no-privs',
+        '--net', '--network', 'none', '--memory', String(512 * 1024 * 1024), '--pids-limit', '64',
+        '--bind', `${join(double.tmpRoot, dir[0] ?? '')}/work:/work:rw`, '/', sandbox.id,
+      ]);
+    } finally {
+      await sandbox.stop();
+    }
+  });
+
+  it('makes mount targets inside the workspace in the overlay image, so their binds have somewhere to go', async () => {
+    const { double, driver } = setup();
+    const source = mkdtempSync(join(double.tmpRoot, '..', 'src-'));
+    writeFileSync(join(source, 'data'), 'mounted\n');
+    const sandbox = await driver().start({ ...spec, mounts: [{ source, target: '/work/repo' }, { source, target: '/mnt' }] });
+    try {
+      const create = (await double.calls()).find((c) => c.includes('overlay') && c.includes('create'));
+      expect(create?.filter((_, i, all) => all[i - 1] === '--create-dir')).toEqual(['/work', '/work/repo']);
+      const r = await sandbox.exec(['cat', '/work/repo/data']); expect(r).toMatchObject({ stdout: 'mounted\n', exitCode: 0 });
+    } finally {
+      await sandbox.stop();
+    }
+  });
+
+  for (const refuseOverlay of ['create', 'start'] as const) {
+    it(`falls back to a host-dir workspace for the driver's life when apptainer refuses overlay images (at ${refuseOverlay}), and refuses in disk 'overlay'`, async () => {
+      const { double, driver } = setup({ refuseOverlay });
+      const strict = driver({ disk: 'overlay' });
+      await expect(strict.start(spec)).rejects.toMatchObject({ code: 'sandbox_error', message: expect.stringMatching(refuseOverlay === 'create' ? /overlay create failed.*mkfs\.ext3/s : /instance start failed.*fuse2fs/s) });
+      expect(readdirSync(double.tmpRoot)).toEqual([]);
+      expect(listed(double)).toEqual([]);
+
+      const before = (await double.calls()).length;
+      const auto = driver();
+      const first = await auto.start(spec);
+      const second = await auto.start(spec);
+      try {
+        await first.exec(['sh', '-c', 'echo kept > /work/f']);
+        expect((await first.exec(['cat', '/work/f'])).stdout).toBe('kept\n');
+        const calls = (await double.calls()).slice(before);
+        const starts = calls.filter((c) => c.includes('start'));
+        // The refused attempt (if it got as far as a start), then both sandboxes on host dirs; overlay create is not tried again.
+        expect(starts.map((c) => c.includes('--overlay'))).toEqual(refuseOverlay === 'start' ? [true, false, false] : [false, false]);
+        expect(calls.filter((c) => c.includes('overlay') && c.includes('create'))).toHaveLength(1);
+      } finally {
+        await first.stop();
+        await second.stop();
+      }
+    });
+  }
 
   it('fails start with a sandbox_error that says what to do when the binary is missing', async () => {
     const driver = new ApptainerDriver({ binary: '/nonexistent/apptainer' });

@@ -11,6 +11,8 @@ export interface ConformanceOptions {
   skip?: string;
   /** The root file system every sandbox of the suite uses (undefined: the driver's host layout). */
   image?: string;
+  /** Why the disk quota cannot be checked here (a test double that keeps files in host dirs); the test is skipped. */
+  noDiskQuota?: string;
 }
 
 /**
@@ -119,6 +121,20 @@ export function describeSandboxConformance(name: string, makeDriver: () => Sandb
         await rm(outside, { recursive: true, force: true });
         await rm(join('/tmp', token), { force: true });
         await rm(join('/', token), { force: true }).catch(() => undefined);
+      }
+    });
+
+    it.skipIf(options.noDiskQuota !== undefined)(`holds the workspace to diskMb: a write past it fails (ENOSPC), the sandbox lives on${options.noDiskQuota ? ` — SKIPPED: ${options.noDiskQuota}` : ''}`, async () => {
+      const small = await makeDriver().start(spec({ diskMb: 8, maxFileMb: 64 }));
+      try {
+        const full = await small.exec(['sh', '-c', 'head -c 33554432 /dev/zero > big; echo "exit $?"; wc -c < big']);
+        expect(full.stdout).toMatch(/^exit [1-9]\d*\n/);
+        expect(full.stderr).toMatch(/No space left on device/);
+        expect(Number(full.stdout.split('\n')[1])).toBeLessThanOrEqual(8 * 1024 * 1024);
+        // Freed space is usable again: the quota is of what is there, not of what was ever written.
+        expect(await small.exec(['sh', '-c', 'rm big && head -c 1048576 /dev/zero > again && wc -c < again'])).toMatchObject({ exitCode: 0, stdout: '1048576\n' });
+      } finally {
+        await small.stop();
       }
     });
 
