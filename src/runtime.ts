@@ -10,12 +10,12 @@ import { TokenWork } from './tokens/token-work.js';
 import type { ToolCallParser } from './tools/types.js';
 import { TaskSpec, Trajectory, TrajectoryStatus } from '../gen/ts/rollout/v1/rollout.js';
 import type { Journal } from './journal/journal.js';
-import { encodedTrajectory } from './pipeline/wire-safe.js';
+import { encodedTrajectory, wireSafe } from './pipeline/wire-safe.js';
 import { Admission } from './pipeline/admission.js';
 import { Pipeline } from './pipeline/pipeline.js';
 import { Sample } from './pipeline/sample.js';
 import { createStages } from './pipeline/stages.js';
-import { TaskStore, type TaskEntry } from './pipeline/task-store.js';
+import { specFingerprint, TaskStore, type TaskEntry } from './pipeline/task-store.js';
 import type { ResolvedTask, TrajectorySink } from './pipeline/task.js';
 import { checkPromptFits, validateTask } from './pipeline/validate-task.js';
 import { yieldIfBusy } from './pipeline/yield.js';
@@ -171,7 +171,7 @@ export class RolloutRuntime {
     const unrunnable = this.store.unrunnable(spec);
     if (unrunnable) return this.duplicate(unrunnable, sink, onDuplicate);
     const task = validateTask(spec, this.deps.registry, this.deps.config);
-    const known = this.store.existing(task);
+    const known = this.store.existing(task) ?? this.revive(spec, task);
     if (known) return this.duplicate(known, sink, onDuplicate);
     const work = this.deps.tokenWork ?? TokenWork.inline(tokenizer, template);
     await checkPromptFits(task, { work, maxModelLen: () => pool.minMaxModelLen() }, signal);
@@ -302,6 +302,39 @@ export class RolloutRuntime {
         this.store.record(trajectory);
       },
     );
+  }
+
+  /**
+   * A task the store let go of (finished, past retention or shed for the journal's bound) that the journal still holds:
+   * owed, maybe, to a session that has not acked it. Its id is still taken: a re-submit is its duplicate, served from
+   * the journal's spec and trajectories (the store holds it again), never a new acceptance — that would overwrite its
+   * journal record, and with it every other session's debt, and roll it out a second time. For a trainer the task id is
+   * the idempotency key: the same id gets the same trajectories, whatever memory kept. A sample the journal lacks (its
+   * write failed) runs again, as after a restart. Another spec under the id is refused, as for a task in the store.
+   */
+  private revive(spec: TaskSpec, task: ResolvedTask): TaskEntry | undefined {
+    const held = this.deps.journal?.held(task.taskId);
+    if (!held) return undefined;
+    const { registry, config } = this.deps;
+    const first = TaskSpec.decode(held.spec);
+    let same: boolean;
+    try {
+      same = validateTask(first, registry, config).fingerprint === task.fingerprint;
+    } catch {
+      // Recovered unrunnable (it no longer validates): compared as sent.
+      same = specFingerprint(first) === specFingerprint(spec);
+    }
+    if (!same) throw RolloutError.invalid('task_id', `"${task.taskId}" was already submitted with a different spec`);
+    const entry = this.store.add(task);
+    for (const bytes of held.finished.values()) this.store.record(wireSafe(Trajectory.decode(bytes), config.maxMessageBytes));
+    const samples: Sample[] = [];
+    for (let i = 0; i < task.numSamples; i++) if (!held.finished.has(i)) samples.push(this.newSample(task, i));
+    entry.samples = samples;
+    if (samples.length > 0) {
+      void this.admission.admit(samples.length).then(() => (this.stopped ? this.admission.release(samples.length) : this.pipeline.submit(samples)));
+    }
+    this.log.info({ taskId: task.taskId, rerun: samples.length }, 'a task the store had let go of was re-submitted: served from the journal');
+    return entry;
   }
 
   private async duplicate(entry: TaskEntry, sink: TrajectorySink | undefined, onDuplicate?: () => Promise<void> | undefined): Promise<SubmitResult> {

@@ -89,9 +89,15 @@ def task_request_size(spec: Any) -> int:
     return 1 + max(1, (n.bit_length() + 6) // 7) + n
 
 
+# The most entries the server takes in one Ack (it refuses a larger one, field ack.trajectories).
+MAX_ACK_ENTRIES = 65_536
+
+
 def _ack_requests(refs: List[Tuple[str, int]], limit: Optional[int]) -> List[Any]:
     """Ack messages for refs, each under `limit` bytes: a burst of acks (the trajectories a resume re-sends arrive
     together) must not make one message the channel refuses, which would end the stream and lose the acks with it."""
+    if len(refs) > MAX_ACK_ENTRIES:
+        return _ack_requests(refs[:MAX_ACK_ENTRIES], limit) + _ack_requests(refs[MAX_ACK_ENTRIES:], limit)
     request = rollout_pb2.RolloutRequest(ack=rollout_pb2.Ack(trajectories=[rollout_pb2.TrajectoryRef(task_id=t, sample_index=i) for t, i in refs]))
     if limit is None or len(refs) <= 1 or request.ByteSize() <= limit:
         return [request]

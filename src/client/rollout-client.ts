@@ -22,6 +22,9 @@ import { MAX_TIMER_MS } from '../timers.js';
 /** A task spec as a caller writes it: only task_id, environment, instance and num_samples are needed. */
 export type TaskInput = Partial<TaskSpec> & Pick<TaskSpec, 'taskId' | 'environment'> & { instance: Record<string, unknown> };
 
+/** The most entries the server takes in one Ack (contract/session.ts MAX_ACK_ENTRIES): larger acks go in parts. */
+const MAX_ACK_ENTRIES = 65_536;
+
 /** The server rejected a task; `field` names what to fix. */
 export class TaskRejectedError extends Error {
   constructor(
@@ -210,7 +213,7 @@ export class RolloutSession {
    */
   ackTasks(taskIds: string[]): void {
     if (this.halfClosed || this.ended) return;
-    this.call.write({ kind: { $case: 'ack', value: { taskIds, trajectories: [] } } });
+    for (let i = 0; i < taskIds.length; i += MAX_ACK_ENTRIES) this.call.write({ kind: { $case: 'ack', value: { taskIds: taskIds.slice(i, i + MAX_ACK_ENTRIES), trajectories: [] } } });
     if (this.autoAck) return;
     const tasks = new Set(taskIds);
     for (const key of this.unacked) if (tasks.has(key.slice(key.indexOf('\u0000') + 1))) this.unacked.delete(key);
@@ -220,7 +223,7 @@ export class RolloutSession {
   /** Tells the server these trajectories are safely received (a resumed session will not get them again). */
   ack(refs: { taskId: string; sampleIndex: number }[]): void {
     if (this.halfClosed || this.ended) return;
-    this.call.write({ kind: { $case: 'ack', value: { taskIds: [], trajectories: refs } } });
+    for (let i = 0; i < refs.length; i += MAX_ACK_ENTRIES) this.call.write({ kind: { $case: 'ack', value: { taskIds: [], trajectories: refs.slice(i, i + MAX_ACK_ENTRIES) } } });
     if (this.autoAck) return;
     for (const r of refs) this.unacked.delete(refKey(r.taskId, r.sampleIndex));
     this.maybeHalfClose();

@@ -90,7 +90,8 @@ export function largestField(bytes: Uint8Array, typeName: string): { field: stri
           const [n, wt] = reader.tag();
           const at = reader.pos;
           const innerField = inner.fieldsById[n];
-          if (innerField?.name === 'task_id' && wt === WireType.LengthDelimited) taskId = reader.string();
+          // The rejection names the task by an id it could have (an id of megabytes would outgrow the answer).
+          if (innerField?.name === 'task_id' && wt === WireType.LengthDelimited) taskId = boundedString(reader, 1024) ?? '';
           else reader.skip(wt, n);
           const name = `${field.name}.${innerField?.name ?? n}`;
           if (reader.pos - at > best.bytes) best = { field: name, bytes: reader.pos - at };
@@ -104,6 +105,18 @@ export function largestField(bytes: Uint8Array, typeName: string): { field: stri
     // A malformed tail: what was found so far is the answer.
   }
   return { ...best, taskId };
+}
+
+/** Reads a string field's value: undefined (skipped) when it is over `maxBytes`. */
+function boundedString(reader: BinaryReader, maxBytes: number): string | undefined {
+  const at = reader.pos;
+  const length = reader.uint32();
+  if (length <= maxBytes) {
+    reader.pos = at;
+    return reader.string();
+  }
+  reader.pos += length;
+  return undefined;
 }
 
 /**

@@ -4,16 +4,17 @@ import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
 import type { EnvironmentRegistry } from '../environments/registry.js';
 import type { RolloutRuntime } from '../runtime.js';
-import type { Session } from './session.js';
+import { checkAckSize, type Session } from './session.js';
 import type { SessionManager } from './sessions.js';
 import { StreamWriter } from './stream-writer.js';
-import { grpcCodeOf, toServiceError } from './status.js';
+import { clipped, grpcCodeOf, MAX_FIELD_CHARS, toServiceError } from './status.js';
 import { fieldBelow, unary } from './unary.js';
 import { rolloutResponseBytes } from './response-encode.js';
 import { stageEventOf } from './events.js';
 import { handleWatch } from './watch.js';
 import { undecodable } from './tolerant-decode.js';
 import { linkedController } from '../pipeline/rx.js';
+import { checkIdLength } from '../pipeline/validate-task.js';
 import {
   type RolloutRequest,
   type RolloutResponse,
@@ -49,6 +50,7 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
     }, lifetime),
 
     getTrajectory: unary(log, async (request, signal) => {
+      checkIdLength('task_id', request.taskId);
       const entry = runtime.store.get(request.taskId);
       if (!entry) throw new RolloutError('not_found', `unknown task_id "${request.taskId}"`);
       const n = entry.task.numSamples;
@@ -63,7 +65,10 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
       return { trajectories, pending: indices.length - trajectories.length };
     }, lifetime),
 
-    cancel: unary(log, (request) => ({ cancelled: runtime.cancel(request.taskId) })),
+    cancel: unary(log, (request) => {
+      checkIdLength('task_id', request.taskId);
+      return { cancelled: runtime.cancel(request.taskId) };
+    }),
 
     watch: (call) => void handleWatch(call, runtime, log, lifetime),
 
@@ -151,11 +156,16 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
       // destroyOnReturn: false — the default iterator destroys the stream when the client half-closes, which
       // would close our (still needed) writing side.
       for await (const request of call.iterator({ destroyOnReturn: false }) as AsyncIterable<RolloutRequest>) {
+        // A slow reader: no request is handled until the outbox drains (bounded in bytes per stream). Here, not after
+        // the answer: a rejection of bad bytes counts too, and a client writing garbage without reading must not
+        // grow the outbox by one rejection per request.
+        await writer.below(maxOutboxBytes);
         const bad = undecodable(request);
         if (bad) {
           // Bytes that did not decode: that one request is rejected by field, the stream and its tasks go on.
           session ??= openSession('', false, false);
-          const field = bad.field.replace(/^task\./, '');
+          // Bounded: a path may name a Struct key as large as the request.
+          const field = clipped(bad.field.replace(/^task\./, ''), MAX_FIELD_CHARS);
           writer.sendUrgent({ kind: { $case: 'rejected', value: { taskId: bad.taskId, field, reason: field ? `${field}: ${bad.reason}` : bad.reason, code: status.INVALID_ARGUMENT } } });
           continue;
         }
@@ -168,6 +178,8 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
             writer.sendUrgent({ kind: { $case: 'rejected', value: { taskId: '', field: 'open', reason: 'open must be the first request of a stream, once', code: status.INVALID_ARGUMENT } } });
             continue;
           }
+          // Ends the stream like any open that fails (unknown, taken): the stream has no session to answer on.
+          checkIdLength('open.session_id', kind.value.sessionId);
           session = openSession(kind.value.sessionId, kind.value.resume, kind.value.stageEvents);
           continue;
         }
@@ -219,12 +231,18 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
             log.debug({ err, taskId: kind.value.taskId }, 'cancel of unknown task');
           }
         } else {
+          try {
+            checkAckSize(kind.value);
+          } catch (err) {
+            // Answered by field like any bad request; the stream and its session go on.
+            const e = RolloutError.from(err);
+            writer.sendUrgent({ kind: { $case: 'rejected', value: { taskId: '', field: e.field ?? '', reason: e.message, code: grpcCodeOf(e) } } });
+            continue;
+          }
           // The journal records what the session acked: a whole-task ack covers only what was sent (see Session.ack).
           const durable = session.ack(kind.value);
           runtime.deps.journal?.ack(durable, session.id);
         }
-        // A slow reader: stop pulling requests until the outbox drains (bounded in bytes per stream).
-        await writer.below(maxOutboxBytes);
       }
       if (lifetime.aborted) {
         // The server is drained: every trajectory of this stream's session has been handed to the writer. Let the
@@ -304,8 +322,8 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
       const e = err instanceof RolloutError ? err : RolloutError.from(signal.aborted ? signal.reason : err);
       if (e.code === 'internal') log.error({ err, taskId: spec.taskId }, 'submit failed');
       // Bounded: an environment's validation message may quote the (large) value it refused.
-      const reason = e.code === 'internal' ? 'internal error' : e.message.length > 4096 ? `${e.message.slice(0, 4096)}…` : e.message;
-      writer.sendUrgent({ kind: { $case: 'rejected', value: { taskId: spec.taskId, field: e.field ?? '', reason, code: grpcCodeOf(e) } } });
+      const reason = e.code === 'internal' ? 'internal error' : clipped(e.message, 4096);
+      writer.sendUrgent({ kind: { $case: 'rejected', value: { taskId: spec.taskId, field: clipped(e.field ?? '', MAX_FIELD_CHARS), reason, code: grpcCodeOf(e) } } });
     }
   }
 }

@@ -22,6 +22,7 @@ import { smallRequestLimits, tolerantService, transportReceiveLimit } from './to
 import { encodedResponsesPassThrough } from './stream-writer.js';
 import { trajectorySerializers } from './response-encode.js';
 import { setLongTimeout, type LongTimer } from '../timers.js';
+import { taskWireBounds } from '../pipeline/validate-task.js';
 
 export const SERVER_VERSION = '0.1.0';
 const PROTO_DIR = fileURLToPath(new URL('../../proto/', import.meta.url));
@@ -81,8 +82,9 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
   const limits = smallRequestLimits(RolloutServiceService, BackendServiceService, AdminServiceService);
   const sessions = options.sessions ?? new SessionManager(options.sessionTtlMs ?? config.sessions.ttlMs, config.sessions.maxUnackedBytes);
   server.addService(
+    // A task's fields are bounded on the wire before it is decoded (a 60 MiB instance is refused undecoded).
     // Watch queues most of its messages already encoded (see watch.ts): those bytes go out as they are.
-    encodedResponsesPassThrough(trajectorySerializers(tolerantService(RolloutServiceService, config.maxMessageBytes, limits), config.maxMessageBytes), ['/rollout.v1.RolloutService/Watch']),
+    encodedResponsesPassThrough(trajectorySerializers(tolerantService(RolloutServiceService, config.maxMessageBytes, limits, taskWireBounds(config.maxInstanceBytes)), config.maxMessageBytes), ['/rollout.v1.RolloutService/Watch']),
     rolloutService({ runtime, registry, sessions, logger, serverVersion: SERVER_VERSION }),
   );
   server.addService(

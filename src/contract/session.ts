@@ -1,7 +1,24 @@
+import { RolloutError } from '../errors.js';
 import type { Ack, DeliveryPaused, RolloutResponse, Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { encodedTrajectory, StoredTrajectory } from '../pipeline/wire-safe.js';
 import { framedBytes } from './response-encode.js';
 import type { StreamWriter } from './stream-writer.js';
+
+/**
+ * The most task ids and trajectory refs one Ack may list together. An ack is applied in one go on the event loop, and
+ * each ref is one journal write of the same transaction: bounded so one message (maxMessageBytes holds millions of
+ * refs) cannot stall the server or overfill a commit. Far above what a training step acks at once; a larger ack is
+ * refused by field (nothing of it applied) and the client sends it in parts.
+ */
+export const MAX_ACK_ENTRIES = 65_536;
+
+/** Refuses an Ack over {@link MAX_ACK_ENTRIES} (INVALID_ARGUMENT naming its larger list), before any of it is applied. */
+export function checkAckSize(ack: Ack): void {
+  const entries = ack.taskIds.length + ack.trajectories.length;
+  if (entries <= MAX_ACK_ENTRIES) return;
+  const field = ack.trajectories.length >= ack.taskIds.length ? 'ack.trajectories' : 'ack.task_ids';
+  throw RolloutError.invalid(field, `an ack may list at most ${MAX_ACK_ENTRIES} task ids and trajectories together, got ${entries}: send it as several acks (nothing of this one was applied)`);
+}
 
 /** What a session knows of one of its tasks; forgotten once every sample was delivered and acked. */
 interface SessionTask {
@@ -169,31 +186,43 @@ export class Session {
       }
       this.forgetIfDone(taskId);
     }
+    // Acked held samples are dropped in one pass after the loop: one scan of the held queue per ref would make an ack
+    // of many refs quadratic in what is held (seconds of event loop).
+    const dropping = new Set<string>();
     for (const ref of ack.trajectories) {
       const task = this.tasks.get(ref.taskId);
       if (!task) continue;
       this.unack(task, ref.sampleIndex);
-      if (task.held > 0) this.dropHeld(task, ref.taskId, ref.sampleIndex);
+      if (task.held > 0) dropping.add(heldKey(ref.taskId, ref.sampleIndex));
       if (task.accepted && Number.isInteger(ref.sampleIndex) && ref.sampleIndex >= 0 && ref.sampleIndex < task.n && !task.delivered.has(ref.sampleIndex)) {
         task.delivered.add(ref.sampleIndex);
         this.delivered++;
       }
       this.forgetIfDone(ref.taskId);
     }
+    if (dropping.size > 0) this.dropHeld(dropping);
     this.release();
     this.wakeIdle();
     return durable;
   }
 
-  /** Removes an acked sample from the held queue: it must never be sent. */
-  private dropHeld(task: SessionTask, taskId: string, sampleIndex: number): void {
-    for (let i = this.held.length - 1; i >= 0; i--) {
-      const stored = this.held[i]!;
-      if (stored.taskId !== taskId || stored.sampleIndex !== sampleIndex) continue;
-      this.held.splice(i, 1);
+  /** Removes acked samples (by {@link heldKey}) from the held queue, in one pass: they must never be sent. */
+  private dropHeld(acked: ReadonlySet<string>): void {
+    const touched = new Set<string>();
+    let kept = 0;
+    for (const stored of this.held) {
+      if (!acked.has(heldKey(stored.taskId, stored.sampleIndex))) {
+        this.held[kept++] = stored;
+        continue;
+      }
       this.heldBytesTotal -= storedBytes(stored);
-      task.held--;
+      const task = this.tasks.get(stored.taskId);
+      if (task) task.held--;
+      touched.add(stored.taskId);
     }
+    if (touched.size === 0) return;
+    this.held.length = kept;
+    for (const taskId of touched) this.forgetIfDone(taskId);
     if (this.held.length === 0) {
       this.heldBytesTotal = 0;
       this.attachment?.writer.sendUrgent(this.notice(true));
@@ -331,6 +360,11 @@ export class Session {
   private wakeIdle(): void {
     for (const wake of [...this.idleWaiters]) wake();
   }
+}
+
+/** A sample's key in a set of refs. */
+function heldKey(taskId: string, sampleIndex: number): string {
+  return `${sampleIndex}\u0000${taskId}`;
 }
 
 /** What a trajectory counts against the bound: its bytes as a response carries them, as trajectoryBytes counts. */

@@ -34,7 +34,9 @@ export class SessionManager {
    * is a takeover, not an error: that stream may be half-open (its client vanished without a FIN and keepalive has
    * not noticed yet), and refusing would lock the trainer out; `Session.attach` evicts the old stream. Opening an
    * attached id without resume stays ALREADY_EXISTS: two trainers picking the same id by mistake must not steal
-   * each other's deliveries silently.
+   * each other's deliveries silently. Opening a detached (or ended) id without resume starts a new, clean session:
+   * the earlier one's unacked trajectories are not its to receive (a trainer restarted with a fixed id that wants them
+   * resumes). The `opened` hook makes the journal forget them too (Journal.sessionOpened), so a restart agrees.
    */
   open(sessionId: string, resume: boolean, stageEvents: boolean): Session {
     const id = sessionId || randomUUID();

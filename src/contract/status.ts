@@ -34,6 +34,54 @@ export function toServiceError(err: unknown, log: Logger): Partial<ServiceError>
     return { code: status.INTERNAL, details: 'internal error' };
   }
   const metadata = new Metadata();
-  if (err.field) metadata.set('rollout-field', err.field);
-  return { code: GRPC_CODE[err.code], details: err.message, metadata };
+  if (err.field) metadata.set('rollout-field', headerSafeField(err.field));
+  return { code: GRPC_CODE[err.code], details: boundedDetails(err.message), metadata };
+}
+
+/**
+ * The most bytes a status message takes percent-encoded (grpc-js sends it as the grpc-message trailer). A message that
+ * quotes what a client sent (an unknown 40 KB task id) would otherwise make a trailer over the client's header list
+ * limit (8–64 KiB by implementation): the call is then left without a status until its deadline.
+ */
+const MAX_DETAILS_ENCODED = 4096;
+/** Longest field path answered (a path may hold a client's key); longer ones are cut, marked "...". */
+export const MAX_FIELD_CHARS = 256;
+/** What encodeURI leaves as it is (one byte each); anything else is %XX per UTF-8 byte. */
+const URI_SAFE = /[A-Za-z0-9;,/?:@&=+$\-_.!~*'()#]/;
+
+/** `message` cut (with "…") to at most MAX_DETAILS_ENCODED bytes once percent-encoded, at a code point. */
+function boundedDetails(message: string): string {
+  // encodeURI throws on a lone surrogate, and so would grpc-js sending it.
+  // Cut first (a message may quote megabytes); past 8192 units it is over the bound anyway.
+  const text = (message.length > 8192 ? message.slice(0, 8192) : message).replace(/[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/g, '\uFFFD');
+  // A UTF-16 unit is at most 9 bytes percent-encoded (a surrogate pair 12 for its two).
+  if (text.length * 9 <= MAX_DETAILS_ENCODED) return text;
+  let encoded = 0;
+  let end = 0;
+  for (const c of text) {
+    const size = URI_SAFE.test(c) ? 1 : 3 * Buffer.byteLength(c);
+    if (encoded + size > MAX_DETAILS_ENCODED - 9) return `${text.slice(0, end)}…`; // "…" is 9 bytes encoded
+    encoded += size;
+    end += c.length;
+  }
+  return text;
+}
+
+/**
+ * `text` cut to `max` characters (marked "..."), at a code point: what an answer echoes of a request (a field path
+ * holding a Struct key the client chose, a reason quoting a value) must not outgrow the message or trailer it goes in.
+ */
+export function clipped(text: string, max: number): string {
+  if (text.length <= max) return text;
+  const end = /[\uD800-\uDBFF]/.test(text[max - 1]!) ? max - 1 : max;
+  return `${text.slice(0, end)}...`;
+}
+
+/**
+ * A field path as a header value: metadata values are printable ASCII (grpc-js throws on anything else, leaving the
+ * call without a status), and a path may hold a map or Struct key the client chose. Other characters are written as
+ * JSON-style \uXXXX escapes; bounded like a field name.
+ */
+function headerSafeField(field: string): string {
+  return clipped(field, MAX_FIELD_CHARS).replace(/[^\x20-\x7e]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
 }

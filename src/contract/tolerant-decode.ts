@@ -1,7 +1,9 @@
 import { BinaryReader, WireType } from '@bufbuild/protobuf/wire';
+import { isUtf8 } from 'node:buffer';
 import type { ServiceDefinition } from '@grpc/grpc-js';
 import type protobuf from 'protobufjs';
 import { RolloutError } from '../errors.js';
+import type { WireBound } from '../pipeline/validate-task.js';
 import { contractSchema, decodedChecks, diagnoseDecodeFailure, largestField, type DecodeDiagnosis } from './decode-diagnosis.js';
 
 const UNDECODABLE = Symbol('undecodable request');
@@ -21,16 +23,20 @@ interface UndecodableRequest {
  * Bytes that decode but do not mean a request of the contract (no kind set, a string that is not UTF-8: see
  * {@link decodedChecks}) get the same marker, so every RPC answers them by field.
  *
+ * `taskBounds` bounds the fields of a task (Rollout's and Submit's) on the wire the same way, before decoding: a 60 MiB
+ * instance is refused naming `task.instance` without being turned into objects first (see taskWireBounds).
+ *
  * `limits` gives some methods a smaller bound than `maxRequestBytes` (see {@link smallRequestLimits}): grpc-js has
  * one receive limit per server, sized for trajectories and task specs, and no per-method one; this is the earliest
  * place after it where a method is known, and the bytes are not decoded at all when over the method's bound.
  */
-export function tolerantService<S extends ServiceDefinition>(service: S, maxRequestBytes: number, limits: RequestLimits = {}): S {
+export function tolerantService<S extends ServiceDefinition>(service: S, maxRequestBytes: number, limits: RequestLimits = {}, taskBounds?: TaskBounds): S {
   const out: Record<string, unknown> = {};
   for (const [name, method] of Object.entries(service)) {
     const typeName = requestTypeOf(method.path);
     const decode = method.requestDeserialize;
     const check = decodedChecks(typeName);
+    const taskCheck = taskBounds && taskFieldCheck(typeName, taskBounds);
     const own = limits[method.path];
     const limit = own === undefined ? maxRequestBytes : Math.min(own, maxRequestBytes);
     out[name] = {
@@ -40,6 +46,11 @@ export function tolerantService<S extends ServiceDefinition>(service: S, maxRequ
           // Over the request limit but under the transport's (see transportReceiveLimit): refused by field, before
           // anything is decoded.
           const marker: UndecodableRequest = { [UNDECODABLE]: own === undefined ? overLimit(bytes, typeName, limit) : overMethodLimit(bytes, typeName, limit, method.path) };
+          return marker;
+        }
+        const overBound = taskCheck?.(bytes);
+        if (overBound) {
+          const marker: UndecodableRequest = { [UNDECODABLE]: overBound };
           return marker;
         }
         try {
@@ -56,6 +67,70 @@ export function tolerantService<S extends ServiceDefinition>(service: S, maxRequ
     };
   }
   return out as S;
+}
+
+/** Wire bounds of a task's fields by TaskSpec field name (see taskWireBounds). */
+export type TaskBounds = Readonly<Record<string, WireBound>>;
+
+/**
+ * For a request type holding a TaskSpec in its `task` field (RolloutRequest, SubmitRequest): a check of the task's
+ * fields against `bounds` on the raw bytes, before anything is decoded. One pass over the tags of the request and of
+ * the task (a field's bytes are skipped by their length, repeated entries and repeated occurrences of the task summed),
+ * cut short at the first field over its bound. Bytes it cannot walk are left to the decoder and its diagnosis.
+ */
+function taskFieldCheck(typeName: string, bounds: TaskBounds): ((bytes: Uint8Array) => DecodeDiagnosis | undefined) | undefined {
+  const type = contractSchema().lookupType(typeName);
+  const taskField = type.fields.task;
+  if (taskField?.resolvedType?.fullName !== '.rollout.v1.TaskSpec') return undefined;
+  const spec = contractSchema().lookupType('rollout.v1.TaskSpec');
+  const byNumber = new Map<number, WireBound & { name: string }>();
+  for (const [name, bound] of Object.entries(bounds)) {
+    const field = spec.fields[name];
+    if (field) byNumber.set(field.id, { name, ...bound });
+  }
+  const taskIdNumber = spec.fields.task_id!.id;
+  return (bytes) => {
+    const totals = new Map<number, number>();
+    let taskId = '';
+    const reader = new BinaryReader(bytes);
+    try {
+      while (reader.pos < bytes.length) {
+        const [number, wireType] = reader.tag();
+        if (number !== taskField.id || wireType !== WireType.LengthDelimited) {
+          reader.skip(wireType, number);
+          continue;
+        }
+        const end = reader.uint32() + reader.pos;
+        if (end > bytes.length) return undefined;
+        while (reader.pos < end) {
+          const start = reader.pos;
+          const [n, wt] = reader.tag();
+          const bound = byNumber.get(n);
+          // The rejection names the task when its id is one a client could have meant (short, UTF-8).
+          if (n === taskIdNumber && wt === WireType.LengthDelimited) taskId = shortString(bytes, reader.pos, end) ?? taskId;
+          reader.skip(wt, n);
+          if (!bound) continue;
+          const total = (totals.get(n) ?? 0) + (reader.pos - start);
+          totals.set(n, total);
+          if (total > bound.bytes) return { field: `task.${bound.name}`, reason: bound.reason(total), taskId };
+        }
+        reader.pos = end;
+      }
+    } catch {
+      // Malformed: the decoder refuses it, and its diagnosis names the field.
+    }
+    return undefined;
+  };
+}
+
+/** The string whose length prefix is at `at`: when it ends by `end`, is at most 1024 bytes and valid UTF-8. */
+function shortString(bytes: Uint8Array, at: number, end: number): string | undefined {
+  const reader = new BinaryReader(bytes.subarray(at, end));
+  const length = reader.uint32();
+  const start = at + reader.pos;
+  if (length > 1024 || start + length > end) return undefined;
+  const value = bytes.subarray(start, start + length);
+  return isUtf8(value) ? Buffer.from(value).toString('utf8') : undefined;
 }
 
 /** Receive bounds by method path ("/rollout.v1.RolloutService/Watch"), below the server's `maxRequestBytes`. */

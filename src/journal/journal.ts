@@ -6,7 +6,7 @@ import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
 import type { Ack } from '../../gen/ts/rollout/v1/rollout.js';
 import { DirLock } from './dir-lock.js';
-import { FORMAT_VERSION, inRange, isFull, keys, validOwnerRecord, validTaskRecord, type JournalTask, type OwnerRecord, type SessionRecord, type TaskIndex, type TaskRecord, type WeightsRecord } from './records.js';
+import { FORMAT_VERSION, inRange, isFull, keys, validOwnerRecord, validTaskRecord, type JournalTask, type LostTask, type OwnerRecord, type SessionRecord, type TaskIndex, type TaskRecord, type WeightsRecord } from './records.js';
 
 export interface JournalOptions {
   dir: string;
@@ -59,7 +59,10 @@ export interface JournalContents {
  * Ownership: a task is owed to the session that submitted it (in its TaskRecord) and to every session answered
  * `accepted` for it later as a duplicate while it did not hold it ({@link owed}: an OwnerRecord, durable before that
  * answer); each such session is owed every sample until it acks it, and an ack settles the debt of the session that
- * sent it, no other's. So after a crash every session that was owed a trajectory is owed it again, as in memory.
+ * sent it, no other's. So after a crash every session that was owed a trajectory is owed it again, as in memory. A
+ * session id opened again without resume starts clean ({@link sessionOpened}); a task the journal holds keeps its id
+ * taken after the task store let go of it ({@link held}); a task record that cannot be read leaves, in
+ * {@link lostTasks}, whom it was owed to, for recovery to tell them.
  *
  * Invariant: keys are `['v']` (the format version), `['w']`, `['s', session]`, `['t', task]`, `['r', task, sample]`
  * (trajectory bytes), `['a', task, sample]` (acked by the task's session), `['o', task, session]` (OwnerRecord) and
@@ -74,6 +77,7 @@ export class Journal {
   private readonly lock: DirLock;
   private readonly log: Logger;
   private quarantinedCount = 0;
+  private readonly lost: LostTask[] = [];
   private readonly tasks = new Map<string, TaskIndex>();
   private readonly sessions = new Set<string>();
   /** Owner writes under way ({@link owed}), by `[task, session]`: a second call for the same pair waits for the first. */
@@ -210,7 +214,12 @@ export class Journal {
         this.quarantine(k, 'not an owner record');
       } else if (k.length === 3) {
         const value = this.read(key);
-        if (!validOwnerRecord(value)) this.quarantine(k, 'not an owner record');
+        if (!validOwnerRecord(value)) {
+          // Its key still says the task is owed to that session: the debt is kept (owed once more at worst, which a
+          // client dedupes; dropped, the session would wait for it forever). Only the value is moved aside.
+          this.quarantineOwnerValue(k, task.acceptedAt);
+          task.owners.set(session, new Set());
+        }
         // Left by an older acceptance of this task id (an older server compacts without removing owner records).
         else if (value.taskAcceptedAt !== task.acceptedAt) orphans.push(k);
         else task.owners.set(session, new Set());
@@ -260,6 +269,7 @@ export class Journal {
     const moved: unknown[][] = [[...key]];
     if (key[0] === 't' && typeof key[1] === 'string') {
       const taskId = key[1];
+      this.lost.push(this.lostTask(taskId));
       for (const range of keys.ofTask(taskId)) for (const k of this.db.getKeys(range)) moved.push(k as unknown[]);
       this.tasks.delete(taskId);
     } else if ((key[0] === 'r' || key[0] === 'a') && typeof key[1] === 'string' && typeof key[2] === 'number') {
@@ -288,6 +298,65 @@ export class Journal {
     this.log.warn({ key, reason, moved: moved.length }, 'journal: a record that cannot be read was moved aside to the quarantine range [x, ...key]');
   }
 
+  /**
+   * Whom a task about to be quarantined was owed to, from what can still be read: its record's session and sample
+   * count if those decode, its owner keys (an owner record of an older acceptance of the id excepted, when the record
+   * says which one it is), its ack keys, and the sample indices its records name.
+   */
+  private lostTask(taskId: string): LostTask {
+    const record = this.read(keys.task(taskId)) as Partial<TaskRecord> | null | undefined;
+    const session = typeof record?.session === 'string' ? record.session : undefined;
+    const acceptedAt = typeof record?.acceptedAt === 'number' ? record.acceptedAt : undefined;
+    const debts = new Map<string, Set<number>>();
+    if (session !== undefined) debts.set(session, new Set());
+    let top = -1;
+    const index = (i: unknown): number | undefined => (typeof i === 'number' && Number.isInteger(i) && i >= 0 ? i : undefined);
+    for (const k of this.db.getKeys({ start: ['r', taskId], end: ['r', taskId, keys.TOP] })) top = Math.max(top, index((k as unknown[])[2]) ?? -1);
+    for (const k of this.db.getKeys({ start: ['a', taskId], end: ['a', taskId, keys.TOP] })) {
+      const i = index((k as unknown[])[2]);
+      if (i === undefined) continue;
+      top = Math.max(top, i);
+      if (session !== undefined) debts.get(session)!.add(i);
+    }
+    for (const k of this.db.getKeys({ start: ['o', taskId], end: ['o', taskId, keys.TOP] })) {
+      const [, , owner, sample] = k as unknown[];
+      if (typeof owner !== 'string') continue;
+      if ((k as unknown[]).length === 3) {
+        const value = this.read(k);
+        if (acceptedAt !== undefined && validOwnerRecord(value) && value.taskAcceptedAt !== acceptedAt) continue;
+        if (!debts.has(owner)) debts.set(owner, new Set());
+        continue;
+      }
+      const i = index(sample);
+      if (i === undefined) continue;
+      top = Math.max(top, i);
+      debts.get(owner)?.add(i);
+    }
+    debts.delete('');
+    const n = record?.numSamples;
+    const numSamples = typeof n === 'number' && Number.isInteger(n) && n > 0 ? n : top >= 0 ? top + 1 : undefined;
+    return { taskId, numSamples, debts };
+  }
+
+  /** Tasks quarantined since open, with whom they were owed to: recovery tells those sessions they are lost. */
+  get lostTasks(): readonly LostTask[] {
+    return this.lost;
+  }
+
+  /**
+   * An owner record whose value cannot be read: its bytes go to the quarantine range and a record of the task's
+   * acceptance takes its place (its acks stay beside it); logged and counted like any quarantined record.
+   */
+  private quarantineOwnerValue(key: unknown[], taskAcceptedAt: number): void {
+    this.db.transactionSync(() => {
+      const raw = this.db.getBinary(key as string[]);
+      if (raw !== undefined) void this.db.put(['x', ...key] as string[], new Uint8Array(raw));
+      void this.db.put(key as string[], { taskAcceptedAt, at: Date.now() } satisfies OwnerRecord);
+    });
+    this.quarantinedCount++;
+    this.log.warn({ key }, 'journal: an owner record that cannot be read was moved aside to the quarantine range [x, ...key]; the task stays owed to the session its key names');
+  }
+
   /** Records quarantined since open (at open and by recovery). */
   get quarantined(): number {
     return this.quarantinedCount;
@@ -299,11 +368,53 @@ export class Journal {
     await this.settled(this.db.put(keys.weights, { ...state, at: Date.now() } satisfies WeightsRecord));
   }
 
-  /** A new session. Not awaited by callers: writes commit in order, so it is durable before any task accepted on it. */
+  /**
+   * A new session (opened without resume). Not awaited by callers: writes commit in order, so it is durable before
+   * any task accepted on it.
+   *
+   * An id used before — a detached session opened again without resume, or one that closed or expired — starts
+   * clean, as SessionManager makes it in memory: whatever the journal still owes under that id is forgotten in the
+   * same transaction, before anything of the new session, or a restart would hand the earlier session's unacked
+   * trajectories to a session that never asked for them (and compaction would keep them for it forever). A task the
+   * id submitted is then owed to no session (its record's session becomes '', as a unary Submit's: it still runs
+   * after a restart, GetTrajectory finds it); an owner record of the id is removed with its acks.
+   */
   sessionOpened(sessionId: string): void {
-    if (this.closed || this.sessions.has(sessionId)) return;
+    if (this.closed) return;
+    const submitted: string[] = [];
+    const owned: [string, number[]][] = [];
+    for (const [taskId, task] of this.tasks) {
+      if (task.session === sessionId) {
+        submitted.push(taskId);
+        task.session = '';
+        task.acked = new Set();
+      }
+      const acked = task.owners?.get(sessionId);
+      if (acked) {
+        owned.push([taskId, [...acked]]);
+        task.owners!.delete(sessionId);
+      }
+    }
     this.sessions.add(sessionId);
-    this.write(this.db.put(keys.session(sessionId), { openedAt: Date.now() } satisfies SessionRecord), 'session opened');
+    const record: SessionRecord = { openedAt: Date.now() };
+    if (submitted.length + owned.length === 0) return this.write(this.db.put(keys.session(sessionId), record), 'session opened');
+    this.write(
+      this.db.transaction(() => {
+        for (const taskId of submitted) {
+          // Read in the transaction: it sees the record of an accept issued just before, whatever its batch.
+          const record = this.read(keys.task(taskId)) as TaskRecord | undefined;
+          if (record) void this.db.put(keys.task(taskId), { ...record, session: '' } satisfies TaskRecord);
+          for (const k of this.db.getKeys({ start: ['a', taskId], end: ['a', taskId, keys.TOP] })) void this.db.remove(k);
+        }
+        for (const [taskId, acked] of owned) {
+          void this.db.remove(keys.owner(taskId, sessionId));
+          for (const i of acked) void this.db.remove(keys.ownerAck(taskId, sessionId, i));
+        }
+        void this.db.put(keys.session(sessionId), record);
+      }),
+      'session opened',
+    );
+    this.log.info({ sessionId, tasks: submitted.length + owned.length }, 'session id opened again without resume: what the journal owed its earlier session is forgotten');
   }
 
   /** A session expired or closed with everything acknowledged: its tasks need no acks any more. */
@@ -313,11 +424,31 @@ export class Journal {
   }
 
   /**
+   * The journal's copy of a task it still holds (committed: its spec and the bytes of its finished samples), for a
+   * re-submit of a task the task store let go of: that task is still owed, maybe, to sessions that have not acked it,
+   * so its id is still taken (see RolloutRuntime.revive). Undefined when the journal does not hold it.
+   */
+  held(taskId: string): { spec: Uint8Array; numSamples: number; finished: Map<number, Uint8Array> } | undefined {
+    if (this.closed || !this.tasks.has(taskId)) return undefined;
+    const record = this.read(keys.task(taskId));
+    if (!validTaskRecord(record)) return undefined;
+    const finished = new Map<number, Uint8Array>();
+    for (let i = 0; i < record.numSamples; i++) {
+      const bytes = this.read(keys.result(taskId, i));
+      if (bytes instanceof Uint8Array) finished.set(i, new Uint8Array(bytes));
+    }
+    return { spec: new Uint8Array(record.spec), numSamples: record.numSamples, finished };
+  }
+
+  /**
    * Records an accepted task; resolves once it is on disk (committed and fsynced). Throws RolloutError
    * 'resource_exhausted' naming the journal when it is over its size bound after compaction or the disk is full.
    */
   async accepted(taskId: string, spec: Uint8Array, numSamples: number, session: string): Promise<void> {
     if (this.closed) throw new RolloutError('unavailable', 'the journal is closed (server stopping)');
+    // Never over a task it still holds: its record, acks and owners are other sessions' debts (a re-submit of it is
+    // its duplicate: RolloutRuntime.revive).
+    if (this.tasks.has(taskId)) throw new RolloutError('internal', `the journal still holds task "${taskId}": accepting it anew would drop what it owes`);
     if (this.usedBytes() + spec.length > this.options.maxBytes) {
       await this.compact();
       // Retained finished tasks are not compacted; past the bound the bound wins: the oldest are let go, then dropped.
@@ -431,18 +562,20 @@ export class Journal {
    * answer to wait for.
    */
   ack(ack: Ack, session: string): void {
-    if (this.closed) return;
-    const refs = [...ack.trajectories.map((r) => [r.taskId, r.sampleIndex] as const)];
-    for (const taskId of ack.taskIds) for (const i of this.tasks.get(taskId)?.finished ?? []) refs.push([taskId, i]);
-    for (const [taskId, i] of refs) {
+    if (this.closed || !session) return;
+    const record = (taskId: string, i: number): void => {
       const task = this.tasks.get(taskId);
-      if (!task || !task.finished.has(i) || !session) continue;
+      if (!task || !task.finished.has(i)) return;
       const primary = session === task.session;
       const acked = primary ? task.acked : task.owners?.get(session);
-      if (!acked || acked.has(i)) continue;
+      if (!acked || acked.has(i)) return;
       acked.add(i);
       this.write(this.db.put(primary ? keys.ack(taskId, i) : keys.ownerAck(taskId, session, i), 1), 'ack');
-    }
+    };
+    for (const r of ack.trajectories) record(r.taskId, r.sampleIndex);
+    // Each task once, however often the ack names it: a whole-task ack stands for every finished sample, so a repeated
+    // id would otherwise cost its samples again each time (the ack's entries are bounded, not what they stand for).
+    for (const taskId of new Set(ack.taskIds)) for (const i of this.tasks.get(taskId)?.finished ?? []) record(taskId, i);
   }
 
   /**

@@ -54,6 +54,19 @@ export interface JournalTask extends TaskRecord {
   owners: Map<string, Set<number>>;
 }
 
+/**
+ * A task whose record could not be read at start-up (quarantined with its trajectories and acks): what its keys and
+ * the readable parts of its record still say of whom it was owed to, so those sessions are told it is lost instead of
+ * waiting for it. `numSamples` is the record's, else one past the highest sample index its other records name;
+ * undefined when nothing says (the loss is then logged and counted only).
+ */
+export interface LostTask {
+  taskId: string;
+  numSamples: number | undefined;
+  /** Sessions it was owed to ('' excluded: a unary Submit), each with the samples it had acked. */
+  debts: Map<string, Set<number>>;
+}
+
 /** What the journal keeps in memory per task (never trajectory bytes). */
 export interface TaskIndex {
   numSamples: number;

@@ -10,6 +10,7 @@ import { RolloutError } from '../errors.js';
 import type { TrajectorySink } from '../pipeline/task.js';
 import { TaskSpec, Trajectory, TrajectoryStatus } from '../../gen/ts/rollout/v1/rollout.js';
 import type { Journal, JournalContents } from './journal.js';
+import type { LostTask } from './records.js';
 
 export interface RecoveryDeps {
   runtime: RolloutRuntime;
@@ -34,6 +35,8 @@ export interface RecoveryReport {
   invalidTasks: number;
   /** Records that could not be read (a partial or hand edit, another version): moved aside to `['x', ...key]`. */
   quarantinedRecords: number;
+  /** Tasks whose record could not be read: the sessions they were owed to are sent a failed trajectory per sample. */
+  lostTasks: number;
 }
 
 /**
@@ -54,7 +57,7 @@ export interface RecoveryReport {
 export function recoverFromJournal(contents: JournalContents, deps: RecoveryDeps): RecoveryReport {
   const { runtime, sessions, registry, config, journal } = deps;
   const log = deps.logger.child({ component: 'recovery' });
-  const report: RecoveryReport = { sessions: contents.sessions.length, tasks: 0, finishedSamples: 0, unackedSamples: 0, requeuedSamples: 0, invalidTasks: 0, quarantinedRecords: 0 };
+  const report: RecoveryReport = { sessions: contents.sessions.length, tasks: 0, finishedSamples: 0, unackedSamples: 0, requeuedSamples: 0, invalidTasks: 0, quarantinedRecords: 0, lostTasks: 0 };
   const byId = new Map<string, Session>();
   for (const id of contents.sessions) byId.set(id, sessions.restore(id));
   for (const record of contents.tasks) {
@@ -140,10 +143,36 @@ export function recoverFromJournal(contents: JournalContents, deps: RecoveryDeps
     for (const i of ackedOnly) finished.set(i, lost(i));
     runtime.restore(task, finished, sinks);
   }
+  for (const lost of journal.lostTasks) tellLost(lost, byId, report, config.maxMessageBytes, log);
   report.quarantinedRecords = journal.quarantined;
   if (report.quarantinedRecords > 0) log.warn({ quarantined: report.quarantinedRecords }, 'journal records that could not be read were moved aside (key range [x, ...]); the rest was recovered');
   log.info(report, 'recovered from the journal');
   return report;
+}
+
+/**
+ * A task whose record could not be read (quarantined: its spec and trajectories are gone) is not dropped silently:
+ * each session it was owed to is sent, for every sample it had not acked, a trajectory with status ENVIRONMENT_ERROR
+ * (a server-side failure, never a result: a trainer filters it out) saying why and to submit it again — its id is free
+ * (the task store does not hold it). Logged with its id and sessions, and counted. When not even its sample count can
+ * be read, the sessions cannot be sent a trajectory per sample: the loss is logged and counted.
+ */
+function tellLost(lost: LostTask, byId: ReadonlyMap<string, Session>, report: RecoveryReport, maxMessageBytes: number, log: Logger): void {
+  const { taskId, numSamples } = lost;
+  report.lostTasks++;
+  const owed = [...lost.debts].filter(([id]) => byId.has(id));
+  log.error({ taskId, numSamples, sessions: [...lost.debts.keys()] }, numSamples === undefined ? 'a journaled task could not be read, nor how many samples it had: lost, its sessions cannot be told per sample' : 'a journaled task could not be read: its sessions are sent a failed trajectory per sample they had not acked');
+  if (numSamples === undefined) return;
+  const error = `after a server restart: the journal's record of task "${taskId}" could not be read (moved aside to its quarantine range ['x', 't', ...]), so its spec and trajectories are lost; submit it again`;
+  for (const [id, acked] of owed) {
+    const session = byId.get(id)!;
+    session.expect(taskId, numSamples);
+    acknowledge(session, taskId, acked);
+    for (let i = 0; i < numSamples; i++) {
+      if (acked.has(i)) continue;
+      session.sink(wireSafe(Trajectory.fromPartial({ taskId, sampleIndex: i, status: TrajectoryStatus.TRAJECTORY_STATUS_ENVIRONMENT_ERROR, finishReason: 'error', error }), maxMessageBytes));
+    }
+  }
 }
 
 function errorText(err: unknown): string {

@@ -17,10 +17,57 @@ export interface PromptBudget {
   maxModelLen(): number | undefined;
 }
 
-const MAX_ID_LENGTH = 256;
+/** Longest id (task, group, session) or environment name, in UTF-16 units. */
+export const MAX_ID_LENGTH = 256;
 const MAX_STOP_SEQUENCES = 16;
 const MAX_METADATA_ENTRIES = 64;
 const MAX_METADATA_BYTES = 16_384;
+
+/**
+ * Refuses an id (task, group, session, environment name) over MAX_ID_LENGTH characters, naming `field`: ids are map
+ * keys, log fields and quoted in answers, so every RPC that takes one bounds it before using it.
+ */
+export function checkIdLength(field: string, id: string): void {
+  if (id.length > MAX_ID_LENGTH) throw RolloutError.invalid(field, `longer than ${MAX_ID_LENGTH} characters`);
+}
+
+/** What a TaskSpec field may take on the wire before it is decoded (see {@link taskWireBounds}). */
+export interface WireBound {
+  bytes: number;
+  /** Why it is refused, given its size on the wire. */
+  reason: (bytes: number) => string;
+}
+
+/**
+ * A Struct takes at most this many times its JSON size on the wire: a number in a list is 11 bytes there (tag,
+ * length, tag, 8-byte double) and 2 as JSON ("0,"); every other value costs less per JSON byte.
+ */
+const STRUCT_WIRE_PER_JSON_BYTE = 6;
+
+/**
+ * Upper bounds, by TaskSpec field name, of what each field of a task that passes {@link validateTask} can take on the
+ * wire (tags and repeated entries included), with room to spare. A field beyond its bound is refused before the
+ * request is decoded (see tolerantService): otherwise a 60 MiB instance or a metadata map of a million entries is
+ * decoded into objects on the event loop only to be refused by size afterwards. Fields not named are small scalars.
+ */
+export function taskWireBounds(maxInstanceBytes: number): Readonly<Record<string, WireBound>> {
+  // A character is at most 3 bytes of UTF-8 per UTF-16 unit; tag and length add at most 6.
+  const id: WireBound = { bytes: 3 * MAX_ID_LENGTH + 6, reason: () => `longer than ${MAX_ID_LENGTH} characters` };
+  return {
+    task_id: id,
+    group_id: id,
+    environment: id,
+    instance: {
+      bytes: STRUCT_WIRE_PER_JSON_BYTE * maxInstanceBytes + 64,
+      reason: (n) => `too large: ${n} bytes on the wire, more than an instance of at most ${maxInstanceBytes} bytes (as JSON) takes`,
+    },
+    // Stop sequences are the only variable part: at most MAX_STOP_SEQUENCES of 256 characters.
+    sampling: { bytes: MAX_STOP_SEQUENCES * (3 * 256 + 6) + 1024, reason: (n) => `too large: ${n} bytes on the wire (at most ${MAX_STOP_SEQUENCES} stop sequences of 1–256 characters)` },
+    limits: { bytes: 1024, reason: (n) => `too large: ${n} bytes on the wire` },
+    // An entry takes about its JSON size (`"k":"v",`: UTF-8 as on the wire) plus a few bytes of tags and lengths.
+    metadata: { bytes: 2 * MAX_METADATA_BYTES + 16 * MAX_METADATA_ENTRIES, reason: () => `larger than ${MAX_METADATA_BYTES} bytes` },
+  };
+}
 
 /**
  * Validates a TaskSpec and applies server defaults. Throws RolloutError.invalid(field, reason) naming the first
@@ -30,13 +77,15 @@ const MAX_METADATA_BYTES = 16_384;
 export function validateTask(spec: TaskSpec, registry: EnvironmentRegistry, config: ServerConfig): ResolvedTask {
   const taskId = spec.taskId;
   if (!taskId) throw RolloutError.invalid('task_id', 'required');
-  if (taskId.length > MAX_ID_LENGTH) throw RolloutError.invalid('task_id', `longer than ${MAX_ID_LENGTH} characters`);
-  if (spec.groupId.length > MAX_ID_LENGTH) throw RolloutError.invalid('group_id', `longer than ${MAX_ID_LENGTH} characters`);
+  checkIdLength('task_id', taskId);
+  checkIdLength('group_id', spec.groupId);
   if (spec.numSamples <= 0) throw RolloutError.invalid('num_samples', `must be at least 1, got ${spec.numSamples}`);
   if (spec.numSamples > config.maxNumSamples) {
     throw RolloutError.invalid('num_samples', `at most ${config.maxNumSamples}, got ${spec.numSamples}`);
   }
   if (!spec.environment) throw RolloutError.invalid('environment', 'required');
+  // Before the registry: its refusal quotes the name.
+  checkIdLength('environment', spec.environment);
   const environment = registry.get(spec.environment);
 
   if (spec.instance === undefined) throw RolloutError.invalid('instance', 'required');
