@@ -1,4 +1,4 @@
-import { Template } from '@huggingface/jinja';
+import { Environment, Interpreter, Template } from '@huggingface/jinja';
 import { RolloutError } from '../errors.js';
 import { specialTokenString, type TokenizerConfig } from './model-files.js';
 import type { ChatMessage, ChatTemplate, ToolSchema } from './types.js';
@@ -25,6 +25,10 @@ export interface JinjaChatTemplateOptions {
  * `invalid_argument` RolloutError, since it means the conversation has a shape the model does not accept.
  *
  * Rendering is pure: the same arguments always give the same string (the ledger relies on this to diff renders).
+ *
+ * A template is a program, run on the event loop for small renders: each render is bounded in time
+ * ({@link renderTimeLimitMs}; past it, `internal`, see {@link isRenderOverrun}) and `range()` in size
+ * ({@link MAX_RANGE_ITEMS}), so a runaway template fails its sample instead of blocking the server.
  *
  * @example
  * const template = JinjaChatTemplate.fromConfig(config, { variables: { enable_thinking: false } });
@@ -74,6 +78,9 @@ export class JinjaChatTemplate implements ChatTemplate {
     options: { addGenerationPrompt: boolean; tools?: readonly ToolSchema[] },
   ): string {
     const tools = options.tools !== undefined && options.tools.length > 0 ? plainTools(options.tools) : null;
+    const limitMs = renderTimeLimitMs(messages);
+    const outer = budget;
+    budget = { endsAt: performance.now() + limitMs, limitMs, steps: STEPS_BETWEEN_CHECKS };
     try {
       return this.template.render({
         ...this.fixed,
@@ -82,12 +89,93 @@ export class JinjaChatTemplate implements ChatTemplate {
         add_generation_prompt: options.addGenerationPrompt,
       });
     } catch (err) {
+      if (err instanceof RenderOverrun) throw new RolloutError('internal', err.message, { cause: err });
       throw new RolloutError('invalid_argument', `chat template failed: ${describe(err)}`, {
         cause: err,
         field: 'messages',
       });
+    } finally {
+      budget = outer;
     }
   }
+}
+
+/**
+ * How long one render may take, ms: 250 ms plus 10 µs per character of the messages' contents. A real template
+ * renders at well under 1 µs per character (a 2,048-character render on the event loop takes about a millisecond),
+ * so only a template in a runaway loop (a bug, or a hostile one, possibly triggered by content) reaches it; without
+ * a bound such a render blocked the event loop (every gRPC stream and engine request) forever, since small renders
+ * run there with no pool deadline around them.
+ */
+export function renderTimeLimitMs(messages: readonly ChatMessage[]): number {
+  let chars = 0;
+  for (const m of messages) chars += m.content.length;
+  return 250 + chars / 100;
+}
+
+/**
+ * Most items a template's `range()` may make: Python's range is lazy, this port's an array (range(10**9) would fill the
+ * heap), and a for loop over one first builds a scope per item without an interpreter step (~1 µs each, unchecked). Chat
+ * templates range over messages.
+ */
+export const MAX_RANGE_ITEMS = 100_000;
+
+/**
+ * The time bound of the render under way on this thread (renders are synchronous; a nested one keeps the outer's
+ * to restore). Checked every STEPS_BETWEEN_CHECKS interpreter steps, so a step costs a decrement, not a clock read.
+ */
+let budget: { endsAt: number; limitMs: number; steps: number } | undefined;
+const STEPS_BETWEEN_CHECKS = 512;
+
+/** A render stopped at its time bound (turned into an `internal` RolloutError by render). */
+class RenderOverrun extends Error {}
+
+/**
+ * Whether `err` is a render stopped at its time bound. Probes that take a failed render for "a shape the template
+ * refuses" and go on must rethrow it instead: a template that runs away on a probe content would otherwise cost
+ * the bound once per probe render (dozens per turn, on the event loop) and be probed again on the next turn.
+ */
+export function isRenderOverrun(err: unknown): boolean {
+  return err instanceof RolloutError && err.cause instanceof RenderOverrun;
+}
+
+function checkBudget(b: { endsAt: number; limitMs: number; steps: number }): void {
+  b.steps = STEPS_BETWEEN_CHECKS;
+  if (performance.now() > b.endsAt) {
+    throw new RenderOverrun(`chat template render ran past its ${Math.round(b.limitMs)} ms bound (a runaway loop in the model's chat template?); stopped`);
+  }
+}
+
+// Every interpreter step counts against the render's bound: @huggingface/jinja has no step hook and creates its
+// Interpreter inside Template.render, so its evaluate is wrapped here, once. Outside a render of ours
+// (budget undefined) it is the library's own.
+const evaluate = Interpreter.prototype.evaluate;
+Interpreter.prototype.evaluate = function (this: Interpreter, ...args: Parameters<Interpreter['evaluate']>) {
+  const b = budget;
+  if (b !== undefined && --b.steps <= 0) checkBudget(b);
+  return evaluate.apply(this, args);
+};
+
+// The globals of a render of ours get a bounded range() (Template.render declares the library's, and a template
+// variable of the same name would be refused as already declared).
+const set = Environment.prototype.set;
+Environment.prototype.set = function (this: Environment, name: string, value: unknown) {
+  return set.call(this, name, budget !== undefined && name === 'range' && typeof value === 'function' ? boundedRange : value);
+};
+
+/** The library's range(), refusing more than MAX_RANGE_ITEMS items and checking the bound as it fills. */
+function boundedRange(start: number, stop?: number, step = 1): number[] {
+  if (stop === undefined) {
+    stop = start;
+    start = 0;
+  }
+  if (step === 0) throw new Error('range() step must not be zero');
+  const length = Math.max(0, Math.ceil((stop - start) / step));
+  if (!(length <= MAX_RANGE_ITEMS)) throw new Error(`range() of ${length} items (at most ${MAX_RANGE_ITEMS})`);
+  const out: number[] = [];
+  for (let i = 0, v = start; i < length; i++, v += step) out.push(v);
+  if (budget !== undefined) checkBudget(budget);
+  return out;
 }
 
 /** Copies a message, leaving out absent fields so `message.name is defined` behaves as in Python. */

@@ -1,5 +1,6 @@
 import { LRUCache } from 'lru-cache';
 import { RolloutError } from '../errors.js';
+import { isRenderOverrun } from './chat-template.js';
 import { environmentDelta, MAX_PROBED_TOOL_LISTS, PROBE_ASSISTANT, probeAssistantClosing, type Delta, type DeltaRequest } from './template-delta.js';
 import { contentFlags, LONG_PROBE_CONTENTS, renderWithSkeleton } from './template-skeleton.js';
 import { toolsKey } from './tools-key.js';
@@ -167,7 +168,8 @@ function probe(template: ChatTemplate, tools: readonly ToolSchema[] | undefined)
     let full: Delta;
     try {
       full = environmentDelta(template, { ...request, closing });
-    } catch {
+    } catch (err) {
+      if (isRenderOverrun(err)) throw err;
       continue; // a shape the template refuses: the ledger refuses it too
     }
     // Only the anchor method has a suffix form; a template that needs another one always renders in full.
@@ -180,7 +182,8 @@ function probe(template: ChatTemplate, tools: readonly ToolSchema[] | undefined)
     on.every(({ request, text }) => {
       try {
         return suffixDelta(template, request, c)?.text === text;
-      } catch {
+      } catch (err) {
+        if (isRenderOverrun(err)) throw err;
         return false;
       }
     });
@@ -191,7 +194,8 @@ function probe(template: ChatTemplate, tools: readonly ToolSchema[] | undefined)
   for (const request of assistantProbes(flags, tools)) {
     try {
       unchecked.push({ request, text: environmentDelta(template, { ...request, closing }).text });
-    } catch {
+    } catch (err) {
+      if (isRenderOverrun(err)) throw err;
       // a shape the template refuses: the ledger refuses it too
     }
   }

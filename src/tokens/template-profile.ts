@@ -1,4 +1,5 @@
 import { RolloutError } from '../errors.js';
+import { isRenderOverrun } from './chat-template.js';
 import type { ChatMessage, ChatTemplate, ToolSchema } from './types.js';
 
 /**
@@ -97,7 +98,8 @@ export function requireRendersContents(template: ChatTemplate, tools?: readonly 
 function tryRender(template: ChatTemplate, messages: ChatMessage[], tools?: readonly ToolSchema[]): string | undefined {
   try {
     return template.render(messages, { addGenerationPrompt: false, ...(tools && { tools }) });
-  } catch {
+  } catch (err) {
+    if (isRenderOverrun(err)) throw err;
     return undefined;
   }
 }

@@ -1,6 +1,6 @@
 import { tokenize } from '@huggingface/jinja';
 import { AdaptedChatTemplate } from './adapted-template.js';
-import { JinjaChatTemplate } from './chat-template.js';
+import { isRenderOverrun, JinjaChatTemplate } from './chat-template.js';
 import { toolsKey } from './tools-key.js';
 import type { ChatMessage, ChatTemplate, ToolSchema } from './types.js';
 
@@ -136,7 +136,8 @@ function probe(template: ChatTemplate, messages: readonly ChatMessage[], options
   let marked: string;
   try {
     marked = template.render(withContents(slots.map((_, k) => marker(k))), options);
-  } catch {
+  } catch (err) {
+    if (isRenderOverrun(err)) throw err;
     return undefined; // a shape the template refuses: rendered, so the refusal is the template's own
   }
   const pieces: string[] = [];
@@ -165,7 +166,8 @@ function probe(template: ChatTemplate, messages: readonly ChatMessage[], options
     let rendered: string;
     try {
       rendered = template.render(withContents(contents), options);
-    } catch {
+    } catch (err) {
+      if (isRenderOverrun(err)) throw err;
       return undefined;
     }
     if (rendered !== fillSkeleton(skeleton, contents)) return undefined;

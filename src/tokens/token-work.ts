@@ -50,7 +50,7 @@ export class TokenWork {
   readonly #inlineMaxChars: number;
   /** Least recently used first out past the byte bound (lru-cache: a Map's delete-and-set on every hit is O(size) in V8, see tokenizer.ts). */
   readonly #prompts: LRUCache<string, { ids: TokenIds; uses: number }>;
-  readonly #pending = new Map<string, Promise<TokenIds>>();
+  readonly #pending = new Map<string, PendingPrompt>();
   #keysComputed = 0;
   /**
    * Long prompts' keys by the hint their callers gave (see #keyOf), until their announced askers have come. Bounded by
@@ -93,7 +93,8 @@ export class TokenWork {
    * kept); the ledger copies it into its column with one `set` and the trajectory makes a number[] of it only if
    * its prompt_token_ids field is read (pipeline/lazy-prompt.ts). Shared with every caller asking for the same
    * prompt: read-only (not frozen, which would make V8 copy and serialize it several times slower). `keepFor`: how many later calls will ask for
-   * this prompt (a task's samples); it is kept for them. Concurrent calls for one prompt share one computation.
+   * this prompt (a task's samples); it is kept for them. Concurrent calls for one prompt share one computation; each
+   * caller may give up alone (its `signal`), and the computation stops once all of them have.
    */
   async promptIds(
     messages: readonly ChatMessage[],
@@ -108,12 +109,46 @@ export class TokenWork {
     let pending = this.#pending.get(key);
     if (!pending) {
       const task: TokenTask = { kind: 'prompt', messages, tools };
-      pending = this.#run(task, signal).then((r) => this.#remember(key, r.idsJson === undefined ? r.ids : attachIdsJson(r.ids, [r.idsJson]), keepFor));
-      this.#pending.set(key, pending);
-      const forget = (): void => void this.#pending.delete(key);
-      pending.then(forget, forget);
+      // Shared by every asker until it ends: run under a signal of its own that fires only once all of them gave up
+      // (the first asker's signal would have failed the others as cancelled, and ignored theirs).
+      const controller = new AbortController();
+      const promise = this.#run(task, controller.signal).then((r) => this.#remember(key, r.idsJson === undefined ? r.ids : attachIdsJson(r.ids, [r.idsJson]), keepFor));
+      const entry: PendingPrompt = { promise, controller, askers: 0 };
+      pending = entry;
+      this.#pending.set(key, entry);
+      const forget = (): void => {
+        if (this.#pending.get(key) === entry) this.#pending.delete(key);
+      };
+      promise.then(forget, forget);
     }
-    return pending;
+    return this.#join(key, pending, signal);
+  }
+
+  /** One asker's share of a pending prompt: it may give up alone; the last to give up stops the computation. */
+  #join(key: string, entry: PendingPrompt, signal: AbortSignal | undefined): Promise<TokenIds> {
+    if (signal?.aborted) return Promise.reject(RolloutError.from(signal.reason, 'cancelled'));
+    entry.askers++;
+    if (!signal) return entry.promise;
+    return new Promise<TokenIds>((resolve, reject) => {
+      const onAbort = (): void => {
+        reject(RolloutError.from(signal.reason, 'cancelled'));
+        if (--entry.askers > 0) return;
+        // Nobody waits any more: a later asker starts afresh rather than joining a computation being stopped.
+        if (this.#pending.get(key) === entry) this.#pending.delete(key);
+        entry.controller.abort(signal.reason);
+      };
+      signal.addEventListener('abort', onAbort, { once: true });
+      entry.promise.then(
+        (ids) => {
+          signal.removeEventListener('abort', onAbort);
+          resolve(ids);
+        },
+        (err: unknown) => {
+          signal.removeEventListener('abort', onAbort);
+          reject(err);
+        },
+      );
+    });
   }
 
   /** {@link promptIds} on the event loop, whatever its size (the synchronous TokenLedger constructor). */
@@ -267,6 +302,15 @@ type RunResult = Omit<TokenTaskResult, 'ids' | 'packedIds'> & { ids: TokenIds };
 function keepPacked(result: TokenTaskResult): RunResult {
   const { packedIds, ...rest } = result;
   return packedIds === undefined ? rest : { ...rest, ids: packedIds };
+}
+
+/** A first prompt being computed, shared by its askers (see TokenWork.promptIds). */
+interface PendingPrompt {
+  promise: Promise<TokenIds>;
+  /** Stops the computation (its token thread's task) once every asker gave up. */
+  controller: AbortController;
+  /** Askers still waiting for it (one without a signal never leaves). */
+  askers: number;
 }
 
 /** A long prompt's key kept for the askers its hint announced (see TokenWork.#keyOf). */
