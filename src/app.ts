@@ -91,6 +91,7 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
     holdRecoveredBackends: config.backendHoldRecovered,
     maxBusyRetries: config.backendMaxBusyRetries,
     busyBackoffMs: config.backendBusyBackoffMs,
+    maxBufferedResponseBytes: config.backendMaxBufferedResponseBytes,
   });
   // Whatever has started is released when a later step fails (an engine that contradicts its config, Apptainer
   // missing, a journal directory that is a file, the port in use), so a failed start leaves no timer or thread that
@@ -107,7 +108,7 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
   let server: RunningServer;
   let runtime: RolloutRuntime;
   try {
-    const clientOptions = { requestTimeoutMs: config.backendRequestTimeoutMs, maxResponseBytes: config.backendMaxResponseBytes };
+    const clientOptions = { requestTimeoutMs: config.backendRequestTimeoutMs, maxResponseBytes: config.backendMaxResponseBytes, responseBudget: pool.responseBudget };
     const added = config.backends.map((b, i) => {
       let client: EngineClient;
       try {

@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import { withoutCredentials } from './backends/engine-http.js';
 import { BACKEND_KIND_NAMES, backendKind } from './backends/kinds.js';
+import { DEFAULT_MAX_BUFFERED_RESPONSE_BYTES, MAX_BUFFERED_RESPONSE_BYTES, MIN_BUFFERED_RESPONSE_BYTES } from './backends/response-budget.js';
 import { tokenProblem } from './bearer-token.js';
 import { RolloutError } from './errors.js';
 import { MAX_TIMER_MS } from './timers.js';
@@ -209,6 +210,13 @@ export const serverConfigSchema = z.strictObject({
    * (64 KiB + 1 KiB per requested token + 16 bytes per prompt token).
    */
   backendMaxResponseBytes: z.number().int().min(0).default(0),
+  /**
+   * Bytes of engine answers buffered at once across all backends (1 MiB to 64 GiB; default 1 GiB). The per-answer cap
+   * above bounds one answer; this bounds them together (1,024 concurrent answers of 16 MiB would be 16 GiB). An answer
+   * without room waits, its reading paused, until answers being read end; one larger than the whole budget fails its
+   * trajectory with BACKEND_ERROR at once.
+   */
+  backendMaxBufferedResponseBytes: z.number().int().min(MIN_BUFFERED_RESPONSE_BYTES).max(MAX_BUFFERED_RESPONSE_BYTES).default(DEFAULT_MAX_BUFFERED_RESPONSE_BYTES),
   /** Budget of asking an engine its limits (GET /v1/models → max_model_len) when it is added. */
   backendModelInfoTimeoutMs: z.number().int().min(1).max(MAX_TIMER_MS).default(5_000),
   /** How long a trajectory waits for an eligible backend before failing with BACKEND_ERROR. */

@@ -2,6 +2,9 @@ import { RolloutError } from '../errors.js';
 import { PauseGate } from './pause-gate.js';
 import type { EngineClient, EngineServerInfo, LogprobsMode } from './types.js';
 
+/** Why an engine that answers is refused for serving (see BackendState.refusal). */
+export type RefusalWhy = 'not serving its model' | 'returning logits';
+
 /** Where a backend's capacity came from (the contract's CapacitySource). */
 export type CapacitySource = 'configured' | 'engine' | 'default';
 
@@ -13,7 +16,7 @@ export type CapacitySource = 'configured' | 'engine' | 'default';
  * number of times.
  */
 export class BackendGone extends Error {
-  constructor(readonly backendId: string, readonly why: 'removed' | 'unhealthy' | 'unreachable' | 'not serving its model', options: { cause?: unknown } = {}) {
+  constructor(readonly backendId: string, readonly why: 'removed' | 'unhealthy' | 'unreachable' | RefusalWhy, options: { cause?: unknown } = {}) {
     super(`backend ${backendId} ${why}`, options);
     this.name = 'BackendGone';
   }
@@ -208,6 +211,12 @@ export class BackendState {
    * answer lists the model. AddBackend and the start-up refuse such an engine (BackendPool.checkEngineAgrees).
    */
   modelRefusal: RolloutError | undefined;
+  /**
+   * The engine reports a logprobs mode that returns logits, not log-probabilities (vLLM --logprobs-mode *_logits):
+   * its answers would be recorded as logprobs, so it is refused like an engine serving another model, until a later
+   * answer reports a usable mode.
+   */
+  modeRefusal: RolloutError | undefined;
   /** A GET /v1/models under way, so concurrent attempts to learn the limit share one request. */
   learning: Promise<void> | undefined;
   /** Where `maxConcurrency` came from. */
@@ -274,9 +283,14 @@ export class BackendState {
     return this.serverInfo?.logprobsMode ?? this.declaredLogprobsMode;
   }
 
+  /** Why the engine, though it may answer its health checks, must not serve: the first refusal in effect. */
+  get refusal(): RolloutError | undefined {
+    return this.modelRefusal ?? this.modeRefusal;
+  }
+
   /** May take new trajectories. */
   get eligible(): boolean {
-    return this.healthy && !this.draining && !this.removed && this.modelRefusal === undefined;
+    return this.healthy && !this.draining && !this.removed && this.refusal === undefined;
   }
 
   /** Generation is paused: new requests are held in {@link gate}. */
@@ -286,11 +300,11 @@ export class BackendState {
 
   /** May keep serving the trajectories it already has (draining backends finish their work). */
   get usable(): boolean {
-    return this.healthy && !this.removed && this.modelRefusal === undefined;
+    return this.healthy && !this.removed && this.refusal === undefined;
   }
 
   /** Why it is not {@link usable} (what a request that finds it so is told). */
-  get unusableWhy(): 'removed' | 'unhealthy' | 'not serving its model' {
-    return this.removed ? 'removed' : !this.healthy ? 'unhealthy' : 'not serving its model';
+  get unusableWhy(): 'removed' | 'unhealthy' | RefusalWhy {
+    return this.removed ? 'removed' : !this.healthy ? 'unhealthy' : this.modelRefusal !== undefined ? 'not serving its model' : 'returning logits';
   }
 }

@@ -55,6 +55,7 @@ export function parseContextOverflow(
 
 const SGLANG_INPUT = /The input \((\d+) tokens\) is longer than the model's context length \((\d+) tokens\)/;
 const SGLANG_TOTAL = /Requested token count exceeds the model's maximum context length of (\d+) tokens\. You requested a total of \d+ tokens: (\d+) tokens from the input/;
+const SGLANG_SCHEDULER = /Input length \((\d+) tokens\) exceeds the maximum allowed length \((\d+) tokens\)/;
 
 /**
  * Recognises SGLang's context-length refusal (tokenizer_manager's request validation, answered by /generate as
@@ -65,11 +66,23 @@ const SGLANG_TOTAL = /Requested token count exceeds the model's maximum context 
  *
  * SGLang refuses prompt + max_new_tokens >= N, where vLLM refuses only > N: the limit returned is N - 1, the
  * largest prompt + max_tokens SGLang accepts, so the rest of the server keeps vLLM's `<=` meaning of max_model_len.
+ *
+ * Also its scheduler's refusal of a prompt its token pool cannot take (SGLang v0.5.6 `managers/utils.py`
+ * validate_input_length: "Input length (P tokens) exceeds the maximum allowed length (L tokens)", L being
+ * max_req_len - 5 where max_req_len = min(context_len, max_total_num_tokens) - 1): the limit returned is L + 5.
  */
 export function parseSglangContextOverflow(status: number, body: string): { maxModelLen: number; promptTokens: number | undefined } | undefined {
-  if (status !== 400 || !body.includes('context length')) return undefined;
+  if (status !== 400 || !(body.includes('context length') || body.includes('maximum allowed length'))) return undefined;
   const message = errorMessage(body);
   if (message === undefined) return undefined;
+  const scheduler = SGLANG_SCHEDULER.exec(message);
+  if (scheduler) {
+    // max_req_input_len is max_req_len - 5, and max_req_len (min(context_len, max_total_num_tokens) - 1) is the limit.
+    const inputLimit = Number(scheduler[2]);
+    const promptTokens = Number(scheduler[1]);
+    if (!Number.isSafeInteger(inputLimit) || inputLimit < 1) return undefined;
+    return { maxModelLen: inputLimit + 5, promptTokens: Number.isSafeInteger(promptTokens) ? promptTokens : undefined };
+  }
   const input = SGLANG_INPUT.exec(message);
   const total = input ? undefined : SGLANG_TOTAL.exec(message);
   const contextLen = Number(input ? input[2] : total?.[1]);

@@ -1,6 +1,7 @@
 import { Pool, type Dispatcher } from 'undici';
 import { RolloutError } from '../errors.js';
 import type { JsonPiece } from './prompt-json.js';
+import { tooLargeForBudget, type BudgetTicket, type ResponseBudget } from './response-budget.js';
 
 /** Error bodies (non-2xx) are read up to this many bytes; the rest is dropped with the connection. */
 export const MAX_ERROR_BODY_BYTES = 64 * 1024;
@@ -100,7 +101,9 @@ export function checkRequestId(id: string): void {
  * Invariants: a 2xx body larger than the caller's cap fails at once (declared content-length) or as soon as the
  * bytes read pass it — the request is aborted (its connection closed) and nothing more is read or kept, so no engine
  * answer can exhaust the server's memory; an error body is kept up to {@link MAX_ERROR_BODY_BYTES} and the rest
- * dropped the same way. Failures become RolloutError('backend_error') naming the engine (timeouts, refused or
+ * dropped the same way. Requests given a {@link ResponseBudget} are bounded together too: an answer's body is read
+ * only once the budget has room for it (its reading paused meanwhile), and one that could never fit fails at once.
+ * Failures become RolloutError('backend_error') naming the engine (timeouts, refused or
  * dropped connections, oversized answers) — refused, reset and dropped connections as its subclass
  * {@link EngineUnreachableError} —, except an abort of the caller's signal, which keeps its meaning
  * (cancelled / deadline_exceeded).
@@ -164,7 +167,8 @@ export class EngineHttp {
    * is bytes of {@link MIN_UNCOPIED_PIECE_BYTES} or more (a long prompt's JSON from its token thread): the pieces are
    * then written to the socket one after another, those bytes as they are, with a content-length (see
    * {@link bodyChunks}). See the class for the bounds. `options.pausedMs`: the engine's time paused, which the
-   * request budget does not count (see GenerateRequest.pausedMs).
+   * request budget does not count (see GenerateRequest.pausedMs). `options.budget`: the bytes of answers buffered at
+   * once that this answer shares with others (see {@link ResponseBudget}): its body is read only once it has room.
    */
   request(
     method: 'GET' | 'POST',
@@ -172,7 +176,7 @@ export class EngineHttp {
     body: string | readonly JsonPiece[] | undefined,
     signal: AbortSignal,
     cap: number,
-    options: { headers?: Record<string, string>; pausedMs?: (() => number) | undefined } = {},
+    options: { headers?: Record<string, string>; pausedMs?: (() => number) | undefined; budget?: ResponseBudget | undefined } = {},
   ): Promise<HttpAnswer> {
     if (signal.aborted) return Promise.reject(RolloutError.from(signal.reason, 'cancelled'));
     const headers: Record<string, string> = { ...options.headers };
@@ -191,7 +195,7 @@ export class EngineHttp {
       }
     }
     return new Promise<HttpAnswer>((resolve, reject) => {
-      const exchange = new Exchange(this, method, path, cap, signal, this.#timeoutMs, options.pausedMs, resolve, reject);
+      const exchange = new Exchange(this, method, path, cap, signal, this.#timeoutMs, options.pausedMs, options.budget, resolve, reject);
       // An array of buffers is an iterable body (undici's docs/api/Dispatcher.md: `body` may be an Iterable; its
       // DispatchOptions typing omits it): written in order, with the content-length set above.
       const dispatchBody = payload as Dispatcher.DispatchOptions['body'];
@@ -278,6 +282,11 @@ class Exchange implements Dispatcher.DispatchHandler {
   #size = 0;
   readonly #chunks: Buffer[] = [];
   #status = 0;
+  /** Bytes this answer holds of its budget, and its place in the budget's queue while it waits for room. */
+  #reserved = 0;
+  #ticket: BudgetTicket | undefined;
+  /** The budget, not the request's cap, is what bounds this answer (its cap is larger than the whole budget). */
+  #limitIsBudget = false;
   readonly #onAbort = (): void => {
     this.#fail(this.signal.reason);
   };
@@ -290,6 +299,7 @@ class Exchange implements Dispatcher.DispatchHandler {
     readonly signal: AbortSignal,
     readonly timeoutMs: number,
     readonly pausedMs: (() => number) | undefined,
+    readonly budget: ResponseBudget | undefined,
     readonly resolve: (answer: HttpAnswer) => void,
     readonly reject: (err: unknown) => void,
   ) {
@@ -313,13 +323,45 @@ class Exchange implements Dispatcher.DispatchHandler {
     if (this.#settled) controller.abort(new Error('request no longer wanted'));
   }
 
-  onResponseStart(_controller: Dispatcher.DispatchController, statusCode: number, headers: Record<string, string | string[] | undefined>): void {
+  onResponseStart(controller: Dispatcher.DispatchController, statusCode: number, headers: Record<string, string | string[] | undefined>): void {
     if (this.#settled) return;
     this.#status = statusCode;
     this.#ok = statusCode >= 200 && statusCode < 300;
     this.#limit = this.#ok ? this.cap : Math.min(this.cap, MAX_ERROR_BODY_BYTES);
-    const declared = Number(headers['content-length']);
-    if (this.#ok && Number.isFinite(declared) && declared > this.#limit) this.#tooLarge(declared, true);
+    const declared = headers['content-length'] === undefined ? NaN : Number(headers['content-length']);
+    const known = Number.isSafeInteger(declared) && declared >= 0;
+    if (this.#ok && known && declared > this.#limit) return this.#tooLarge(declared, true);
+    if (this.budget !== undefined) this.#reserve(controller, known ? Math.min(declared, this.#limit) : this.#limit, known);
+  }
+
+  /**
+   * Takes `bytes` of the budget before the body is read (see {@link ResponseBudget}); without room, reading pauses
+   * until the budget grants it. An answer declared larger than the whole budget fails now; one of unknown length whose
+   * cap is larger is bounded by the whole budget instead.
+   */
+  #reserve(controller: Dispatcher.DispatchController, bytes: number, known: boolean): void {
+    const budget = this.budget!;
+    if (bytes === 0) return;
+    if (bytes > budget.maxBytes) {
+      if (known && this.#ok) return this.#fail(tooLargeForBudget(`${this.http.label} ${this.http.url}`, `${this.method} ${this.path}`, budget, `content-length ${bytes}`));
+      bytes = budget.maxBytes;
+      this.#limit = bytes;
+      this.#limitIsBudget = true;
+    }
+    const reservation = budget.reserve(bytes, () => {
+      this.#ticket = undefined;
+      this.#reserved = bytes;
+      // Resumed from another answer's release: not inside its handler (undici may deliver this body at once).
+      queueMicrotask(() => {
+        if (!this.#settled) controller.resume();
+      });
+    });
+    if (reservation.granted) {
+      this.#reserved = bytes;
+    } else {
+      this.#ticket = reservation.ticket;
+      controller.pause();
+    }
   }
 
   onResponseData(_controller: Dispatcher.DispatchController, chunk: Buffer): void {
@@ -346,13 +388,14 @@ class Exchange implements Dispatcher.DispatchHandler {
   }
 
   #finish(): void {
-    this.#settle();
     const text = this.#chunks.length === 1 ? (this.#chunks[0] as Buffer).toString('utf8') : Buffer.concat(this.#chunks, this.#size).toString('utf8');
+    this.#settle();
     this.resolve({ status: this.#status, text });
   }
 
   #tooLarge(seen: number, declared: boolean): void {
     const { http, method, path } = this;
+    if (this.#limitIsBudget) return this.#fail(tooLargeForBudget(`${http.label} ${http.url}`, `${method} ${path}`, this.budget!, `stopped reading at ${seen} bytes`));
     this.#fail(
       new RolloutError(
         'backend_error',
@@ -379,6 +422,12 @@ class Exchange implements Dispatcher.DispatchHandler {
     this.#settled = true;
     clearTimeout(this.#timer);
     this.signal.removeEventListener('abort', this.#onAbort);
+    this.#ticket?.cancel();
+    this.#ticket = undefined;
+    // Its bytes are handed over (text) or dropped: the room goes back to answers waiting for it.
+    if (this.#reserved > 0) this.budget?.release(this.#reserved);
+    this.#reserved = 0;
+    this.#chunks.length = 0;
   }
 }
 

@@ -5,6 +5,7 @@ import { withoutCredentials } from './engine-http.js';
 import { SglangClient } from './sglang-client.js';
 import type { EngineClient, PauseMode } from './types.js';
 import { VllmClient } from './vllm-client.js';
+import type { ResponseBudget } from './response-budget.js';
 
 /** Settings every engine client takes from the server config (or AddBackend). */
 export interface EngineClientOptions {
@@ -12,6 +13,8 @@ export interface EngineClientOptions {
   requestTimeoutMs?: number;
   /** Cap on a generate answer in bytes. 0 = derived per request from prompt length and max_tokens. */
   maxResponseBytes?: number;
+  /** The bytes of generate answers buffered at once across engines: the pool's (BackendPool.responseBudget). None: unbounded. */
+  responseBudget?: ResponseBudget;
   /** The backend's max concurrency: the embedded engine's sequences when its URL does not say. */
   maxConcurrency?: number;
 }
@@ -64,14 +67,14 @@ const KINDS: Readonly<Record<BackendKind, BackendKindEntry>> = {
     description: 'vLLM OpenAI-compatible server (/v1/completions with token ids; dev-mode /pause, /resume, /abort_requests)',
     capabilities: { pauseModes: ['abort', 'wait', 'keep'], abortByRequestId: true, statesMaxModelLen: true, healthAnswerDelayMs: 0 },
     urlProblem: (url) => httpUrlProblem('vllm', url),
-    create: (url, model, o) => new VllmClient({ url, model, requestTimeoutMs: o.requestTimeoutMs ?? 0, maxResponseBytes: o.maxResponseBytes ?? 0 }),
+    create: (url, model, o) => new VllmClient({ url, model, requestTimeoutMs: o.requestTimeoutMs ?? 0, maxResponseBytes: o.maxResponseBytes ?? 0, ...(o.responseBudget && { responseBudget: o.responseBudget }) }),
   },
   sglang: {
     description: 'SGLang native server (/generate with input_ids; /pause_generation, /continue_generation, /abort_request)',
     // SGLang's /health_generate sleeps a second before it looks for the engine's answer (http_server.py's loop).
     capabilities: { pauseModes: ['abort', 'keep'], abortByRequestId: true, statesMaxModelLen: true, healthAnswerDelayMs: 1_000 },
     urlProblem: (url) => httpUrlProblem('sglang', url),
-    create: (url, model, o) => new SglangClient({ url, model, requestTimeoutMs: o.requestTimeoutMs ?? 0, maxResponseBytes: o.maxResponseBytes ?? 0 }),
+    create: (url, model, o) => new SglangClient({ url, model, requestTimeoutMs: o.requestTimeoutMs ?? 0, maxResponseBytes: o.maxResponseBytes ?? 0, ...(o.responseBudget && { responseBudget: o.responseBudget }) }),
   },
   embedded: {
     description: 'llama.cpp in process on CPU (node-llama-cpp): file:///path/model.gguf or embedded://tiny-qwen3; pause, resume and abort in process',

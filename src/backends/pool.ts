@@ -1,134 +1,22 @@
 import { RolloutError, throwIfAborted } from '../errors.js';
 import { silentLogger, type Logger } from '../observability/logger.js';
-import { BackendGone, BackendState, InflightRequest, type CapacitySource } from './backend-state.js';
+import { BackendGone, BackendState, InflightRequest } from './backend-state.js';
 import { ContextOverflowError } from './context-overflow.js';
-import { EngineUnreachableError, ModelNotServedError } from './engine-http.js';
-import { shortLengthProblem } from './short-length.js';
+import { EngineUnreachableError } from './engine-http.js';
+import { backendInfo as info, type BackendInfo, type PoolStats } from './backend-info.js';
+import { LimitLearner, needsLearning } from './engine-limits.js';
+import { checkShortLength, type ShortLengthHost } from './short-length.js';
 import { healthBudgetMs, HealthProber } from './health-prober.js';
 import { PoolLease, type BackendLease, type LeaseHost, type SampledVersions } from './lease.js';
 import { logprobsMismatch } from './logprobs-mode.js';
 import { enginePausesAtAll, pauseBackends, resumeBackends, resumeEngine, resumeHeld } from './pause-control.js';
 import { LoadHeap, type PickResult } from './picker.js';
-import type { BackendKind, EngineClient, EngineServerInfo, GenerateRequest, GenerateResult, LogprobsMode, PauseMode } from './types.js';
+import { DEFAULT_MAX_BUFFERED_RESPONSE_BYTES, ResponseBudget } from './response-budget.js';
+import type { AddBackendOptions, BackendPoolOptions, PoolWeights } from './pool-options.js';
+import type { EngineClient, GenerateRequest, GenerateResult, PauseMode } from './types.js';
 
-/** Tuning of a BackendPool; every field has a default suited to a few engines on one cluster. */
-export interface BackendPoolOptions {
-  /** Root logger; the pool logs through a child `{ component: 'backend-pool' }`. */
-  logger?: Logger;
-  /** How long `acquire` (and a failover) waits for an eligible backend before failing with backend_error. */
-  acquireTimeoutMs?: number;
-  /** Health probe period, probe budget and consecutive failures before a backend is marked unhealthy. */
-  healthIntervalMs?: number;
-  healthTimeoutMs?: number;
-  healthFailureThreshold?: number;
-  /** How many times one `generate` may lose its backend and retry elsewhere before giving up. */
-  maxFailoversPerRequest?: number;
-  /**
-   * How many times one `generate` is asked again after its engine answered busy (HTTP 429 or 503: a full waiting
-   * queue, nothing sampled; default 8), waiting `busyBackoffMs` (default 250) doubling up to 8 s in between: about
-   * 40 s in all before the sample ends BACKEND_ERROR.
-   */
-  maxBusyRetries?: number;
-  busyBackoffMs?: number;
-  /** Budget of one attempt to learn an engine's limits (GET /v1/models, server info) when it is added or probed. */
-  modelInfoTimeoutMs?: number;
-  /** The capacity of a backend whose max concurrency is neither configured nor reported by its engine (default 256). */
-  defaultMaxConcurrency?: number;
-  /**
-   * Which request waiting for a backend's slot goes first. `turns` (default): the one whose trajectory has run the
-   * most turns, arrival order among equals — long trajectories end the step, so their turns go first (see
-   * SlotQueue); `fifo`: arrival order only.
-   */
-  queueOrder?: 'turns' | 'fifo';
-  /**
-   * How long an ABORT pause waits for the requests it aborted to come back with their partial tokens before it
-   * answers anyway (a request that reached the engine only after the engine paused is held there until resume).
-   */
-  pauseAbortGraceMs?: number;
-  /**
-   * A backend that comes back healthy after it was down, while it serves a policy version other than 0, is held (its
-   * gate closed) until the trainer's next ResumeGeneration reaches it (default true): the engine may have been
-   * restarted, from the base checkpoint or another one, and its tokens would be recorded with weights it no longer
-   * serves — off-policy samples labelled on-policy. Nothing tells a restart from a network blip (engines report no
-   * weight version), so the hold costs a blip at most one weight-sync step of that engine's capacity. At version 0
-   * (weights never updated) a restarted engine serves what it always did, and it is not held.
-   */
-  holdRecoveredBackends?: boolean;
-}
-
-/** The pool-wide weight-sync state: a pool-wide pause in effect, and the version set for the whole pool. */
-export interface PoolWeights {
-  paused: boolean;
-  policyVersion: number;
-}
-
-/** How a new engine joins the pool (AddBackend's fields once the client is built). */
-export interface AddBackendOptions {
-  /** Unique id; defaults to `backend-<n>`. */
-  id?: string;
-  /**
-   * Requests run at once on this engine; more wait in its slot queue. Absent or 0: what the engine reports
-   * ({@link BackendPool.learn}), the pool's default until it does (or if it never does).
-   */
-  maxConcurrency?: number;
-  /**
-   * The engine's logprobs mode when the caller knows it; otherwise learned where the engine says. When both are
-   * known and differ, {@link BackendPool.checkEngineAgrees} refuses the backend.
-   */
-  logprobsMode?: LogprobsMode;
-  /** Model name the engine serves (sent as `model` by clients that need it). */
-  model: string;
-  /** The policy version the engine serves; default: the last version set for the whole pool (0 at first). */
-  policyVersion?: number;
-  /** Starts healthy unless told otherwise (e.g. when the caller wants the first probe to decide). */
-  healthy?: boolean;
-  /** The engine's context length when already known; otherwise it is asked (see {@link BackendPool.learn}). */
-  maxModelLen?: number;
-}
-
-/** A read-only view of one backend, as ListBackends reports it. */
-export interface BackendInfo {
-  readonly id: string;
-  readonly url: string;
-  readonly kind: BackendKind;
-  readonly model: string;
-  readonly maxConcurrency: number;
-  readonly healthy: boolean;
-  readonly draining: boolean;
-  /** Generation paused (PauseGeneration): its requests wait in the pool until resumed. */
-  readonly paused: boolean;
-  readonly inflightTrajectories: number;
-  /** Requests routed here and not finished: running plus `queuedRequests`. */
-  readonly inflightRequests: number;
-  readonly queuedRequests: number;
-  readonly assignedTotal: number;
-  /** Trajectories that had to move off this backend. */
-  readonly failovers: number;
-  readonly policyVersion: number;
-  /** The engine's context length (prompt + generated tokens); undefined while unknown. */
-  readonly maxModelLen: number | undefined;
-  /** Where `maxConcurrency` came from: configured, reported by the engine, or the pool's default. */
-  readonly capacitySource: CapacitySource;
-  /** The logprobs trajectories record for turns sampled here (see BackendState.logprobsMode); undefined = unknown. */
-  readonly logprobsMode: LogprobsMode | undefined;
-}
-
-/** Pool-wide totals for Watch and metrics; `leases` and `waitingAcquires` make leaks and stalls visible. */
-export interface PoolStats {
-  backends: number;
-  healthy: number;
-  /** Backends that may take new trajectories (healthy, not draining). */
-  eligible: number;
-  inflightTrajectories: number;
-  inflightRequests: number;
-  queuedRequests: number;
-  assignedTotal: number;
-  failovers: number;
-  /** Leases not yet released (a leak shows here). */
-  leases: number;
-  /** `acquire` calls waiting for an eligible backend. */
-  waitingAcquires: number;
-}
+export type { AddBackendOptions, BackendPoolOptions, PoolWeights } from './pool-options.js';
+export type { BackendInfo, PoolStats } from './backend-info.js';
 
 interface AcquireWaiter {
   resolve: (backend: BackendState) => void;
@@ -158,8 +46,9 @@ export class BackendPool {
   readonly #waiters: AcquireWaiter[] = [];
   readonly #acquireTimeoutMs: number;
   readonly #queueOrder: 'turns' | 'fifo';
-  readonly #modelInfoTimeoutMs: number;
   readonly #defaultMaxConcurrency: number;
+  readonly #limits: LimitLearner;
+  readonly #shortLength: ShortLengthHost;
   readonly #prober: HealthProber;
   readonly #host: LeaseHost;
   readonly #healthTimeoutMs: number;
@@ -176,13 +65,26 @@ export class BackendPool {
    * pool-wide pause and resume, awaited before the call answers. Unset: nothing is kept across a restart.
    */
   recordWeights: ((state: PoolWeights) => Promise<void>) | undefined;
+  /**
+   * The bytes of engine answers buffered at once, shared by the pool's engine clients (pass it as the client's
+   * `responseBudget`, see createEngineClient): the per-request cap bounds one answer, this bounds them all together.
+   */
+  readonly responseBudget: ResponseBudget;
 
   constructor(options: BackendPoolOptions = {}) {
     this.#log = (options.logger ?? silentLogger()).child({ component: 'backend-pool' });
+    this.responseBudget = new ResponseBudget(options.maxBufferedResponseBytes ?? DEFAULT_MAX_BUFFERED_RESPONSE_BYTES);
     this.#acquireTimeoutMs = options.acquireTimeoutMs ?? 30_000;
     this.#queueOrder = options.queueOrder ?? 'turns';
-    this.#modelInfoTimeoutMs = options.modelInfoTimeoutMs ?? 5_000;
     this.#defaultMaxConcurrency = options.defaultMaxConcurrency ?? 256;
+    this.#limits = new LimitLearner({
+      log: this.#log,
+      modelInfoTimeoutMs: options.modelInfoTimeoutMs ?? 5_000,
+      defaultMaxConcurrency: this.#defaultMaxConcurrency,
+      rekey: (backend, change) => this.#heap.update(backend, eligible, change),
+      wake: () => this.#wake(),
+    });
+    this.#shortLength = { log: this.#log, relearn: (backend) => this.learn(backend.id).then(() => undefined, () => undefined) };
     this.#healthTimeoutMs = options.healthTimeoutMs ?? 2_000;
     this.#pauseAbortGraceMs = options.pauseAbortGraceMs ?? 10_000;
     this.#holdRecovered = options.holdRecoveredBackends ?? true;
@@ -253,26 +155,19 @@ export class BackendPool {
   }
 
   /**
-   * Learns what the engine can say about itself, within `modelInfoTimeoutMs`: its context length (vLLM: GET
-   * /v1/models → max_model_len; whether it serves the backend's model at all) and how it runs
+   * Learns what the engine can say about itself, within `modelInfoTimeoutMs` (see LimitLearner): its context length
+   * (GET /v1/models → max_model_len, and SGLang's token pool; whether it serves the backend's model at all) and how it runs
    * (EngineClient.serverInfo: logprobs mode, capacity). Never throws for an engine that cannot answer: what is unknown
    * stays unknown (logged) and is asked again after the backend's next successful health probe. Concurrent calls
    * share one attempt; what is known is not asked again (a context-length refusal from the engine updates the limit,
-   * see #send; an engine that answered without saying is not asked again) — unless it may have changed: after the
+   * see #sendOnce; an engine that answered without saying is not asked again) — unless it may have changed: after the
    * backend came back from being down (see {@link setHealthy}), or after an answer cut short of a limit the engine
-   * should not have reached (see #checkShortLength). What was configured is never asked.
+   * should not have reached (see checkShortLength in short-length.ts). What was configured is never asked.
    */
   async learn(id: string): Promise<BackendInfo> {
     const backend = this.#get(id);
     if (!needsLearning(backend)) return info(backend);
-    backend.learning ??= (async () => {
-      try {
-        await Promise.all([this.#learnModelInfo(backend), this.#learnServerInfo(backend)]);
-      } finally {
-        backend.learning = undefined;
-      }
-    })();
-    await backend.learning;
+    await this.#limits.learn(backend);
     return info(backend);
   }
 
@@ -282,103 +177,7 @@ export class BackendPool {
    * logprobs. Callers adding a backend call it after {@link learn} and remove the backend when it throws.
    */
   checkEngineAgrees(id: string): void {
-    const backend = this.#get(id);
-    if (backend.modelRefusal !== undefined) throw backend.modelRefusal;
-    const reported = backend.serverInfo;
-    if (reported?.unsupportedLogprobsMode !== undefined) {
-      throw new RolloutError('failed_precondition', `engine ${backend.client.url} reports --logprobs-mode ${reported.unsupportedLogprobsMode}: logits, not ` +
-        'log-probabilities; start it with --logprobs-mode processed_logprobs');
-    }
-    const declared = backend.declaredLogprobsMode;
-    if (declared !== undefined && reported?.logprobsMode !== undefined && reported.logprobsMode !== declared) {
-      throw RolloutError.invalid('logprobs_mode', `declared ${declared}, but engine ${backend.client.url} reports ${reported.logprobsMode} logprobs`);
-    }
-  }
-
-  async #learnModelInfo(backend: BackendState): Promise<void> {
-    const modelInfo = backend.client.modelInfo?.bind(backend.client);
-    if (modelInfo === undefined || !asksModelInfo(backend)) return;
-    // Cleared as the engine is asked: a restart noticed while it answers sets it again, for the next attempt.
-    const stale = backend.modelInfoStale;
-    backend.modelInfoStale = false;
-    let maxModelLen: number | undefined;
-    try {
-      ({ maxModelLen } = await modelInfo(AbortSignal.timeout(this.#modelInfoTimeoutMs)));
-    } catch (err) {
-      if (stale) backend.modelInfoStale = true;
-      if (err instanceof ModelNotServedError) {
-        if (!backend.removed) this.#setModelRefusal(backend, err);
-        return;
-      }
-      this.#log.warn({ backend: backend.id, err }, 'could not learn max_model_len; retried after the next health probe');
-      return;
-    }
-    if (backend.removed) return;
-    this.#setModelRefusal(backend, undefined);
-    if (maxModelLen !== undefined) {
-      this.#setMaxModelLen(backend, maxModelLen, 'GET /v1/models');
-      return;
-    }
-    if (backend.maxModelLen !== undefined) {
-      // Asked again (it came back from being down): a limit learned before is forgotten, not carried over to an engine
-      // that no longer states one.
-      this.#log.info({ backend: backend.id, previous: backend.maxModelLen }, 'backend max_model_len no longer stated: forgotten');
-      backend.maxModelLen = undefined;
-    }
-    this.#log.warn({ backend: backend.id }, 'engine does not state max_model_len; context overflow is caught from its answers');
-  }
-
-  async #learnServerInfo(backend: BackendState): Promise<void> {
-    const serverInfo = backend.client.serverInfo?.bind(backend.client);
-    if (serverInfo === undefined || (backend.serverInfo !== undefined && !backend.serverInfoStale)) return;
-    const stale = backend.serverInfoStale;
-    backend.serverInfoStale = false;
-    let reported: EngineServerInfo;
-    try {
-      reported = await serverInfo(AbortSignal.timeout(this.#modelInfoTimeoutMs));
-    } catch (err) {
-      if (stale) backend.serverInfoStale = true;
-      this.#log.warn({ backend: backend.id, err }, 'could not ask the engine its logprobs mode and capacity; retried after the next health probe');
-      return;
-    }
-    if (backend.removed) return;
-    backend.serverInfo = reported;
-    const { logprobsMode, maxConcurrency, unsupportedLogprobsMode, note } = reported;
-    this.#log.info({ backend: backend.id, logprobsMode, maxConcurrency, unsupportedLogprobsMode, note }, 'engine server info');
-    if (maxConcurrency !== undefined && backend.capacitySource !== 'configured') this.#setCapacity(backend, maxConcurrency, 'engine');
-    // Asked again and no longer reported: the engine's earlier capacity is not carried over.
-    else if (maxConcurrency === undefined && backend.capacitySource === 'engine') this.#setCapacity(backend, this.#defaultMaxConcurrency, 'default');
-    const declared = backend.declaredLogprobsMode;
-    if (declared !== undefined && logprobsMode !== undefined && declared !== logprobsMode) {
-      this.#log.error({ backend: backend.id, declared, reported: logprobsMode }, 'engine contradicts the declared logprobs mode; trajectories record what it reports');
-    }
-    if (unsupportedLogprobsMode !== undefined) {
-      this.#log.error({ backend: backend.id, logprobsMode: unsupportedLogprobsMode }, 'engine returns logits, not logprobs: its answers will be refused');
-    }
-  }
-
-  /**
-   * Records whether the engine serves the backend's model (see BackendState.modelRefusal). An engine found serving
-   * another one takes no more trajectories, and those on it move (as from an unhealthy backend); one that serves it
-   * again takes trajectories again.
-   */
-  #setModelRefusal(backend: BackendState, refusal: ModelNotServedError | undefined): void {
-    const was = backend.modelRefusal;
-    if ((was === undefined) === (refusal === undefined)) {
-      backend.modelRefusal = refusal;
-      return;
-    }
-    this.#heap.update(backend, eligible, (b) => (b.modelRefusal = refusal));
-    if (refusal === undefined) {
-      this.#log.warn({ backend: backend.id }, 'engine serves the backend\'s model again');
-      this.#wake();
-      return;
-    }
-    this.#log.error({ backend: backend.id, err: refusal }, 'engine does not serve the backend\'s model: no trajectory goes to it');
-    const gone = new BackendGone(backend.id, 'not serving its model');
-    backend.gate.rejectAll(gone);
-    backend.slots.rejectAll(gone);
-    for (const request of backend.requests) request.controller.abort(gone);
+    this.#limits.checkAgrees(this.#get(id));
   }
 
   /** The smallest context length among backends that state one (undefined when none does), for admission. */
@@ -630,7 +429,7 @@ export class BackendPool {
     const s: PoolStats = { backends: this.#backends.size, healthy: 0, eligible: this.#heap.size, inflightTrajectories: 0, inflightRequests: 0,
       queuedRequests: 0, assignedTotal: 0, failovers: this.#failovers, leases: this.#leases.size, waitingAcquires: this.#waiters.length };
     for (const b of this.#backends.values()) {
-      if (b.healthy) s.healthy++;
+      if (b.healthy && b.refusal === undefined) s.healthy++;
       s.inflightTrajectories += b.inflightTrajectories;
       s.inflightRequests += b.inflightRequests;
       s.queuedRequests += b.slots.waiting;
@@ -693,23 +492,6 @@ export class BackendPool {
     const backend = this.#backends.get(id);
     if (backend === undefined) throw new RolloutError('not_found', `no backend ${id}`);
     return backend;
-  }
-
-  #setMaxModelLen(backend: BackendState, maxModelLen: number, source: string): void {
-    if (backend.maxModelLen === maxModelLen) return;
-    this.#log.info({ backend: backend.id, maxModelLen, previous: backend.maxModelLen, source }, 'backend max_model_len learned');
-    backend.maxModelLen = maxModelLen;
-  }
-
-  /** Changes a backend's capacity: a heap key (re-seated through update) and its slot queue's limit. */
-  #setCapacity(backend: BackendState, capacity: number, source: CapacitySource): void {
-    if (backend.maxConcurrency === capacity && backend.capacitySource === source) return;
-    this.#log.info({ backend: backend.id, maxConcurrency: capacity, previous: backend.maxConcurrency, source }, 'backend capacity learned');
-    this.#heap.update(backend, eligible, (b) => {
-      b.maxConcurrency = capacity;
-      b.capacitySource = source;
-    });
-    backend.slots.resize(capacity);
   }
 
   /** Tells the log, once per backend, when its logprobs are not those of the distribution requests sample from. */
@@ -791,38 +573,8 @@ export class BackendPool {
 
   async #send(backend: BackendState, request: GenerateRequest, priority: number): Promise<GenerateResult & SampledVersions> {
     const result = await this.#sendOnce(backend, request, priority);
-    if (result.finishReason === 'length' && result.tokenIds.length < request.maxTokens) await this.#checkShortLength(backend, request, result);
+    if (result.finishReason === 'length' && result.tokenIds.length < request.maxTokens) await checkShortLength(this.#shortLength, backend, request, result);
     return result;
-  }
-
-  /**
-   * An answer that ended "length" with fewer tokens than its max_tokens: the engine stopped at the end of its context
-   * (vLLM >= 0.3x shortens max_tokens to the room left instead of refusing, SGLang's scheduler too), which the agent
-   * loop reads as the trajectory running out of context (TRUNCATED, max_model_len). That holds when prompt + sampled
-   * reach the limit the pool knows for the engine, and when the pool knows none (nothing contradicts the cut; see
-   * {@link shortLengthProblem}). Otherwise the engine's limit is not the one the pool knows — it was restarted with a
-   * smaller --max-model-len — so the engine is asked again (the pool re-learns it: the next turns are sized to it);
-   * an engine that still states a limit far from reached contradicts its own answer, which is refused as backend_error
-   * (a malformed answer is infrastructure, never a budget the policy used up). A configured limit is not asked: an
-   * answer far from it is refused the same way.
-   */
-  async #checkShortLength(backend: BackendState, request: GenerateRequest, result: GenerateResult): Promise<void> {
-    const shape = { promptTokens: request.promptIds.length, sampled: result.tokenIds.length, maxTokens: request.maxTokens };
-    if (shortLengthProblem(shape, backend.maxModelLen) === undefined) return;
-    if (backend.client.modelInfo !== undefined && !backend.maxModelLenConfigured && !backend.removed) {
-      const before = backend.maxModelLen;
-      backend.modelInfoStale = true;
-      const relearn = (async () => {
-        await this.learn(backend.id).catch(() => undefined);
-        // The attempt this shared may have been asked before the answer came: then once more.
-        if (backend.modelInfoStale && !backend.removed) await this.learn(backend.id).catch(() => undefined);
-      })();
-      // Bounded by modelInfoTimeoutMs per attempt; the caller's cancel or deadline does not wait for it.
-      await untilAborted(relearn, request.signal);
-      this.#log.warn({ backend: backend.id, ...shape, previous: before, maxModelLen: backend.maxModelLen }, 'engine cut an answer short of max_tokens below its known max_model_len: limit asked again');
-    }
-    const problem = shortLengthProblem(shape, backend.maxModelLen);
-    if (problem !== undefined) throw new RolloutError('backend_error', `engine ${backend.client.url} answered ${problem}`);
   }
 
   async #sendOnce(backend: BackendState, request: GenerateRequest, priority: number): Promise<GenerateResult & SampledVersions> {
@@ -844,7 +596,7 @@ export class BackendPool {
         if (controller.signal.reason instanceof BackendGone) throw controller.signal.reason;
         // The engine's limit was unknown or has changed (restarted with another --max-model-len): learn it.
         if (err instanceof ContextOverflowError && err.maxModelLen !== backend.maxModelLen) {
-          this.#setMaxModelLen(backend, err.maxModelLen, 'context-length answer');
+          this.#limits.setMaxModelLen(backend, err.maxModelLen, 'context-length answer');
         }
         if (err instanceof EngineUnreachableError) {
           await this.#suspect(backend, err);
@@ -880,33 +632,4 @@ export class BackendPool {
       backend.slots.release();
     }
   }
-}
-
-function info(b: BackendState): BackendInfo {
-  return Object.freeze({
-    id: b.id, url: b.client.url, kind: b.client.kind, model: b.model, maxConcurrency: b.maxConcurrency, healthy: b.healthy,
-    draining: b.draining, paused: b.paused, inflightTrajectories: b.inflightTrajectories, inflightRequests: b.inflightRequests,
-    queuedRequests: b.slots.waiting, assignedTotal: b.assignedTotal, failovers: b.failoversOut, policyVersion: b.policyVersion,
-    maxModelLen: b.maxModelLen, capacitySource: b.capacitySource, logprobsMode: b.logprobsMode,
-  });
-}
-
-/** Waits for `work`, or rejects with the signal's reason (a RolloutError) as soon as it fires; `work` goes on either way. */
-function untilAborted(work: Promise<void>, signal: AbortSignal): Promise<void> {
-  throwIfAborted(signal);
-  return new Promise<void>((resolve, reject) => {
-    const onAbort = (): void => reject(RolloutError.from(signal.reason, 'cancelled'));
-    signal.addEventListener('abort', onAbort, { once: true });
-    void work.then(resolve, reject).finally(() => signal.removeEventListener('abort', onAbort));
-  });
-}
-
-/** Something the engine may still be able to tell, or tell otherwise than before (see BackendPool.learn). */
-function needsLearning(b: BackendState): boolean {
-  return (b.client.modelInfo !== undefined && asksModelInfo(b)) || (b.client.serverInfo !== undefined && (b.serverInfo === undefined || b.serverInfoStale));
-}
-
-/** Whether the engine's model card is to be asked: not configured, and unknown, possibly changed, or not served. */
-function asksModelInfo(b: BackendState): boolean {
-  return !b.maxModelLenConfigured && (b.maxModelLen === undefined || b.modelInfoStale || b.modelRefusal !== undefined);
 }

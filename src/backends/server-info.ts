@@ -98,3 +98,17 @@ export async function fetchServerInfo(
   }
   return parse(body);
 }
+
+/**
+ * The tokens an SGLang engine's KV pool holds, from GET /get_server_info: the smallest of the top-level
+ * `max_total_num_tokens` (the scheduler info of rank 0) and each data-parallel rank's `memory_usage.token_capacity`
+ * (its own pool). Undefined when none is stated. SGLang v0.5.6's scheduler caps every request at
+ * min(context_len - 1, max_total_num_tokens - 1) tokens, so below context_len this, not GET /v1/models, is the limit.
+ */
+export function parseSglangTokenPool(body: unknown): number | undefined {
+  const root = object(body);
+  if (root === undefined) return undefined;
+  const states = Array.isArray(root.internal_states) ? root.internal_states.map(object) : [];
+  const stated = [positiveInt(root.max_total_num_tokens), ...states.map((s) => positiveInt(object(s?.memory_usage)?.token_capacity))].filter((n): n is number => n !== undefined);
+  return stated.length === 0 ? undefined : Math.min(...stated);
+}

@@ -2,9 +2,10 @@ import { bodyWithIds } from './prompt-json.js';
 import { RolloutError } from '../errors.js';
 import { parseSglangContextOverflow } from './context-overflow.js';
 import { readGenerateAnswer, type GenerateAnswerKind } from './generate-answer.js';
-import { checkRequestId, EngineHttp, modelCardMaxLen, probeHealth } from './engine-http.js';
+import { checkRequestId, EngineHttp, MAX_INFO_BODY_BYTES, modelCardMaxLen, probeHealth } from './engine-http.js';
 import { checkSglangGenerate } from './sglang-answer.js';
-import { fetchServerInfo, parseSglangServerInfo } from './server-info.js';
+import type { ResponseBudget } from './response-budget.js';
+import { fetchServerInfo, parseSglangServerInfo, parseSglangTokenPool } from './server-info.js';
 import { NEUTRAL_SAMPLING, type EngineClient, type EngineModelInfo, type EngineServerInfo, type GenerateRequest, type GenerateResult, type HealthOptions, type PauseMode } from './types.js';
 import { defaultMaxResponseBytes } from './vllm-client.js';
 
@@ -20,18 +21,12 @@ export interface SglangClientOptions {
   maxSockets?: number;
   /** Largest /generate body accepted, in bytes. Default (0 or absent): {@link defaultMaxResponseBytes}. */
   maxResponseBytes?: number;
+  /** The bytes of answers buffered at once, shared with other clients (the pool's; see ResponseBudget). None: unbounded. */
+  responseBudget?: ResponseBudget;
 }
 
 /** SGLang's pause modes for ours: `keep` is SGLang's `in_place` (requests frozen with their KV cache). */
 const PAUSE_MODE: Partial<Record<PauseMode, string>> = { abort: 'abort', keep: 'in_place' };
-
-/** SGLang's /generate answer: its context-length refusal (context-overflow.ts) and checkSglangGenerate. */
-const SGLANG_ANSWER: GenerateAnswerKind = {
-  engine: 'SGLang',
-  noun: 'answer',
-  overflow: (status, text) => parseSglangContextOverflow(status, text),
-  check: checkSglangGenerate,
-};
 
 /**
  * Talks to an SGLang server through its native API, token in and token out (followed: SGLang v0.5.6+ —
@@ -43,7 +38,8 @@ const SGLANG_ANSWER: GenerateAnswerKind = {
  *   `output_ids`, and are used exactly as returned;
  * - `GET /health_generate` (200 once the engine produced a token, 503 otherwise; `GET /get_model_info` while paused);
  * - `GET /v1/models` for `max_model_len` (SGLang's context_len; `/get_model_info` does not state it) and
- *   `GET /get_server_info` for the running-request cap (the backend's capacity when none is configured);
+ *   `GET /get_server_info` for the running-request cap (the backend's capacity when none is configured) and the
+ *   token pool (`max_total_num_tokens`), which bounds a request too when it is below context_len (see modelInfo);
  * - `POST /abort_request` `{rid}` or `{abort_all: true}`; `POST /pause_generation` `{mode: 'abort'|'in_place'}`
  *   and `POST /continue_generation` (SGLang has no "wait" mode: the pool drains its own requests first).
  *
@@ -65,13 +61,31 @@ export class SglangClient implements EngineClient {
   readonly url: string;
   readonly model: string;
   readonly #maxResponseBytes: number;
+  readonly #responseBudget: ResponseBudget | undefined;
   readonly #http: EngineHttp;
+  /** The largest prompt + max_tokens its token pool takes (max_total_num_tokens - 1), once GET /get_server_info said. */
+  #tokenPoolLimit: number | undefined;
+  /**
+   * SGLang's /generate answer: its context-length refusal (context-overflow.ts), whose limit is at most the token
+   * pool's (the tokenizer manager checks context_len only), and checkSglangGenerate.
+   */
+  readonly #answer: GenerateAnswerKind = {
+    engine: 'SGLang',
+    noun: 'answer',
+    overflow: (status, text) => {
+      const overflow = parseSglangContextOverflow(status, text);
+      const pool = this.#tokenPoolLimit;
+      return overflow === undefined || pool === undefined ? overflow : { ...overflow, maxModelLen: Math.min(overflow.maxModelLen, pool) };
+    },
+    check: checkSglangGenerate,
+  };
 
   constructor(options: SglangClientOptions) {
     this.#http = new EngineHttp({ url: options.url, label: 'SGLang', requestTimeoutMs: options.requestTimeoutMs ?? 0, maxSockets: options.maxSockets ?? 1024 });
     this.url = this.#http.url;
     this.model = options.model;
     this.#maxResponseBytes = options.maxResponseBytes ?? 0;
+    this.#responseBudget = options.responseBudget;
   }
 
   close(): void {
@@ -106,8 +120,8 @@ export class SglangClient implements EngineClient {
     }
 
     const cap = this.#maxResponseBytes > 0 ? this.#maxResponseBytes : defaultMaxResponseBytes(request.promptIds.length, request.maxTokens);
-    const answer = await this.#http.request('POST', '/generate', bodyWithIds('input_ids', request.promptIds, body), request.signal, cap, { pausedMs: request.pausedMs });
-    return readGenerateAnswer(SGLANG_ANSWER, this.url, answer, request);
+    const answer = await this.#http.request('POST', '/generate', bodyWithIds('input_ids', request.promptIds, body), request.signal, cap, { pausedMs: request.pausedMs, budget: this.#responseBudget });
+    return readGenerateAnswer(this.#answer, this.url, answer, request);
   }
 
   /**
@@ -124,12 +138,28 @@ export class SglangClient implements EngineClient {
 
   /**
    * GET /v1/models: the card of this client's model, or the only card (SGLang's /generate takes no model name, so an
-   * engine serving one model under another name still serves this client); its max_model_len is context_len.
+   * engine serving one model under another name still serves this client); its max_model_len is context_len. And GET
+   * /get_server_info: its token pool (max_total_num_tokens, see {@link parseSglangTokenPool}), which SGLang's
+   * scheduler also caps every request at: the limit is the smaller of the two. An engine whose server info does not
+   * say (an error status, no such field) is limited by its context length alone.
    */
   async modelInfo(signal: AbortSignal): Promise<EngineModelInfo> {
-    const len = await modelCardMaxLen(this.#http, `SGLang ${this.url}`, this.model, signal);
+    const [len, pool] = await Promise.all([modelCardMaxLen(this.#http, `SGLang ${this.url}`, this.model, signal), this.#tokenPool(signal)]);
     // SGLang refuses prompt + max_new_tokens >= its context length (vLLM only when >): one less keeps vLLM's meaning.
-    return len !== undefined && len > 1 ? { maxModelLen: len - 1 } : {};
+    this.#tokenPoolLimit = pool !== undefined && pool > 1 ? pool - 1 : undefined;
+    const limits = [len, pool].filter((n): n is number => n !== undefined && n > 1);
+    return limits.length > 0 ? { maxModelLen: Math.min(...limits) - 1 } : {};
+  }
+
+  /** GET /get_server_info's token pool; undefined when the engine does not say (throws only when unreachable). */
+  async #tokenPool(signal: AbortSignal): Promise<number | undefined> {
+    const { status, text } = await this.#http.request('GET', '/get_server_info', undefined, signal, MAX_INFO_BODY_BYTES);
+    if (status < 200 || status >= 300) return undefined;
+    try {
+      return parseSglangTokenPool(JSON.parse(text));
+    } catch {
+      return undefined;
+    }
   }
 
   /**

@@ -4,6 +4,7 @@ import { bodyWithIds } from './prompt-json.js';
 import { parseContextOverflow } from './context-overflow.js';
 import { readGenerateAnswer, type GenerateAnswerKind } from './generate-answer.js';
 import { checkRequestId, EngineHttp, EngineHttpError, modelCardMaxLen, probeHealth } from './engine-http.js';
+import type { ResponseBudget } from './response-budget.js';
 import { fetchServerInfo, parseVllmServerInfo } from './server-info.js';
 import { NEUTRAL_SAMPLING, type EngineClient, type EngineModelInfo, type EngineServerInfo, type GenerateRequest, type GenerateResult, type PauseMode } from './types.js';
 
@@ -25,6 +26,8 @@ export interface VllmClientOptions {
    * {@link defaultMaxResponseBytes} of its prompt length and max_tokens.
    */
   maxResponseBytes?: number;
+  /** The bytes of answers buffered at once, shared with other clients (the pool's; see ResponseBudget). None: unbounded. */
+  responseBudget?: ResponseBudget;
 }
 
 /**
@@ -83,6 +86,7 @@ export class VllmClient implements EngineClient {
   readonly url: string;
   readonly model: string;
   readonly #maxResponseBytes: number;
+  readonly #responseBudget: ResponseBudget | undefined;
   readonly #http: EngineHttp;
 
   constructor(options: VllmClientOptions) {
@@ -90,6 +94,7 @@ export class VllmClient implements EngineClient {
     this.url = this.#http.url;
     this.model = options.model;
     this.#maxResponseBytes = options.maxResponseBytes ?? 0;
+    this.#responseBudget = options.responseBudget;
   }
 
   /** Closes idle keep-alive connections (when the backend is removed). */
@@ -126,7 +131,7 @@ export class VllmClient implements EngineClient {
     }
 
     const cap = this.#maxResponseBytes > 0 ? this.#maxResponseBytes : defaultMaxResponseBytes(request.promptIds.length, request.maxTokens);
-    const answer = await this.#http.request('POST', '/v1/completions', bodyWithIds('prompt', request.promptIds, body), request.signal, cap, { headers, pausedMs: request.pausedMs });
+    const answer = await this.#http.request('POST', '/v1/completions', bodyWithIds('prompt', request.promptIds, body), request.signal, cap, { headers, pausedMs: request.pausedMs, budget: this.#responseBudget });
     return readGenerateAnswer(VLLM_ANSWER, this.url, answer, request);
   }
 

@@ -24,7 +24,8 @@ function short(name: string | undefined, prefix: string): string {
 
 /**
  * The backends as a table for people: what ListBackends says, with the capacity's source (configured, engine,
- * default) and the logprobs mode (raw, processed, unknown) that trajectories sampled there record.
+ * default) and the logprobs mode (raw, processed, unknown) that trajectories sampled there record; below it, why each
+ * unhealthy backend is not usable.
  */
 export function formatBackends(backends: readonly Backend[]): string {
   const rows = [
@@ -42,7 +43,10 @@ export function formatBackends(backends: readonly Backend[]): string {
     ]),
   ];
   const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => r[i]!.length)));
-  return rows.map((r) => r.map((cell, i) => (i === r.length - 1 ? cell : cell.padEnd(widths[i]!))).join('  ')).join('\n');
+  const table = rows.map((r) => r.map((cell, i) => (i === r.length - 1 ? cell : cell.padEnd(widths[i]!))).join('  ')).join('\n');
+  // Why each unhealthy backend takes no trajectories (an engine can answer its health checks and still be refused).
+  const reasons = backends.filter((b) => !b.healthy && b.unusableReason !== '').map((b) => `${b.id}: not usable: ${b.unusableReason}`);
+  return reasons.length === 0 ? table : `${table}\n\n${reasons.join('\n')}`;
 }
 
 /** A client of the server's BackendService: the admin token, else the trainer token (which a server without an admin token takes there). */

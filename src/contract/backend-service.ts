@@ -142,6 +142,8 @@ export function backendService(deps: BackendServiceDeps): BackendServiceServer {
       const client = createEngineClient(kindName, url.toString().replace(/\/$/, ''), request.model || deps.defaultModel, {
         requestTimeoutMs: deps.requestTimeoutMs,
         maxResponseBytes: deps.maxResponseBytes ?? 0,
+        // Its answers share the pool's budget of bytes buffered at once with every other engine's.
+        responseBudget: deps.pool.responseBudget,
       });
       const added = deps.pool.add(client, {
         id: request.id || withoutCredentials(url.toString()).replace(/\/$/, ''),
@@ -208,7 +210,9 @@ export function toBackend(b: BackendInfo): Backend {
     url: b.url,
     kind: kindToProto(b.kind),
     maxConcurrency: b.maxConcurrency,
-    healthy: b.healthy,
+    // Healthy means usable: an engine that answers its probes but is refused (another model, logits) is not.
+    healthy: b.healthy && b.refusal === undefined,
+    unusableReason: b.refusal ?? (b.healthy ? '' : 'health checks failing'),
     draining: b.draining,
     paused: b.paused,
     inflightTrajectories: b.inflightTrajectories,

@@ -133,7 +133,7 @@ async function runWithTools(sample: Sample, deps: AgentLoopDeps, signal: AbortSi
           // instead of refusing), a limit the pool may not have known. The pool vouches for that reading: a short
           // "length" answer from an engine whose known limit is far from reached makes it ask the engine again (a
           // restart with a smaller limit is learned) and, if the engine still states that limit, fails as backend_error
-          // before it gets here (BackendPool #checkShortLength). The context is then the label even when the turn was
+          // before it gets here (checkShortLength in backends/short-length.ts). The context is then the label even when the turn was
           // sized by max_total_tokens: that budget was not reached.
           const engineCut = sampled.tokens < maxTokens;
           finishReason = engineCut ? 'max_model_len' : maxTokens === totalLeft ? 'max_total_tokens' : maxTokens === modelLeft ? 'max_model_len' : 'max_tokens_per_turn';

@@ -25,6 +25,13 @@ export interface FakeSglangOptions {
   /** SGLang's context_len (default 40960): prompt + max_new_tokens >= it is refused, as SGLang does. */
   contextLength?: number;
   /**
+   * The tokens its KV pool holds (`max_total_num_tokens` in GET /get_server_info and each rank's
+   * `memory_usage.token_capacity`; default 4 × contextLength). Below contextLength it is the real limit, as in SGLang
+   * v0.5.6's scheduler: max_req_len = min(context_len - 1, max_total_num_tokens - 1); a prompt of max_req_len - 5 tokens
+   * or more is refused, and max_new_tokens is cut to max_req_len - prompt - 1 (the answer ends "length" there).
+   */
+  maxTotalNumTokens?: number;
+  /**
    * The running-request cap of each data-parallel rank, as GET /get_server_info reports it
    * (`internal_states[*].effective_max_running_requests_per_dp`; default 256). Only reported: the fake runs any
    * number at once.
@@ -183,16 +190,26 @@ export class FakeSglangEngine {
   #serverInfo(): Record<string, unknown> {
     const dp = this.options.dpSize ?? 1;
     const perRank = this.options.maxRunningRequests ?? 256;
-    const state = { last_gen_throughput: 0, memory_usage: { weight: 1, kvcache: 0.2, token_capacity: 20480, graph: 0 }, effective_max_running_requests_per_dp: perRank };
+    const tokens = this.#maxTotalNumTokens;
+    const state = { last_gen_throughput: 0, memory_usage: { weight: 1, kvcache: 0.2, token_capacity: tokens, graph: 0 }, effective_max_running_requests_per_dp: perRank };
     return {
       model_path: this.model, served_model_name: this.model, context_length: this.#contextLength, dp_size: dp, tp_size: 1,
-      max_running_requests: null, sampling_backend: 'pytorch', max_total_num_tokens: 20480, max_req_input_len: this.#contextLength - 1,
+      max_running_requests: null, sampling_backend: 'pytorch', max_total_num_tokens: tokens, max_req_input_len: this.#maxReqLen - 5,
       internal_states: Array.from({ length: dp }, () => ({ ...state })), version: '0.5.6-fake',
     };
   }
 
   get #contextLength(): number {
     return this.options.contextLength ?? 40960;
+  }
+
+  get #maxTotalNumTokens(): number {
+    return this.options.maxTotalNumTokens ?? 4 * this.#contextLength;
+  }
+
+  /** The scheduler's max_req_len (see FakeSglangOptions.maxTotalNumTokens). */
+  get #maxReqLen(): number {
+    return Math.min(this.#contextLength - 1, this.#maxTotalNumTokens - 1);
   }
 
   async #generate(req: IncomingMessage, res: ServerResponse): Promise<void> {
@@ -248,11 +265,18 @@ export class FakeSglangEngine {
         `${promptIds.length + (maxNew as number)} tokens: ${promptIds.length} tokens from the input messages and ${String(maxNew)} tokens for the ` +
         'completion. Please reduce the number of tokens in the input messages or the completion to fit within the limit.');
     }
+    // The scheduler's checks (validate_input_length, then max_new_tokens cut to the room its token pool leaves).
+    const maxReqInputLen = this.#maxReqLen - 5;
+    if (promptIds.length >= maxReqInputLen) {
+      stats.failed++;
+      return sendError(res, 400, `Input length (${promptIds.length} tokens) exceeds the maximum allowed length (${maxReqInputLen} tokens). Use a shorter input or enable --allow-auto-truncate.`);
+    }
+    const maxNewTokens = Math.min(maxNew as number, this.#maxReqLen - promptIds.length - 1);
     await this.#inflight.admit();
     const rid = typeof body.rid === 'string' ? body.rid : randomUUID().replaceAll('-', '');
     const seed = typeof sampling.sampling_seed === 'number' ? sampling.sampling_seed : hashInts(index, 0x5eed);
     const stops = Array.isArray(sampling.stop) ? (sampling.stop as string[]) : typeof sampling.stop === 'string' ? [sampling.stop] : [];
-    let sample = this.#sampler.sample(promptIds as number[], maxNew as number, seed, stops);
+    let sample = this.#sampler.sample(promptIds as number[], maxNewTokens, seed, stops);
     let answered = false;
     res.on('close', () => {
       if (!answered) this.#inflight.cancel(rid);

@@ -1,5 +1,8 @@
 import { describe, expect, it } from 'vitest';
-import { parseContextOverflow } from '../../src/backends/context-overflow.js';
+import { ContextOverflowError, parseContextOverflow, parseSglangContextOverflow } from '../../src/backends/context-overflow.js';
+import { SglangClient } from '../../src/backends/sglang-client.js';
+import { FakeSglangEngine } from '../../src/testing/fake-sglang.js';
+import { loadQwen3 } from '../../src/tokens/tokenizer.js';
 
 const body = (message: string): string => JSON.stringify({ error: { message, type: 'BadRequestError', param: null, code: 400 } });
 
@@ -22,5 +25,26 @@ describe("parseContextOverflow on vLLM's context-length refusals", () => {
     expect(parseContextOverflow(400, body('max_tokens must be at least 1, got -3.'), 10)).toBeUndefined();
     expect(parseContextOverflow(400, body('temperature must be non-negative'), 10)).toBeUndefined();
     expect(parseContextOverflow(500, body("This model's maximum context length is 1024 tokens."), 10)).toBeUndefined();
+  });
+});
+
+describe("parseSglangContextOverflow on SGLang's scheduler refusal (a prompt its token pool cannot take)", () => {
+  it('reads validate_input_length\u2019s message as the limit max_req_len = the allowed input length + 5, with the prompt length', () => {
+    const text = JSON.stringify({ error: { message: 'Input length (995 tokens) exceeds the maximum allowed length (993 tokens). Use a shorter input or enable --allow-auto-truncate.' } });
+    expect(parseSglangContextOverflow(400, text)).toEqual({ maxModelLen: 998, promptTokens: 995 });
+    expect(parseSglangContextOverflow(500, text)).toBeUndefined();
+  });
+
+  it('an SGLang engine refuses such a prompt, and its client reports it as a context overflow (truncation), not a backend failure', async () => {
+    const { tokenizer } = await loadQwen3();
+    const prompt = tokenizer.encode('<|im_start|>user\nWhat is 6 * 7?<|im_end|>\n<|im_start|>assistant\n');
+    const engine = await FakeSglangEngine.start({ tokenizer, model: 'm', contextLength: 4096, maxTotalNumTokens: prompt.length + 4 });
+    try {
+      const err = await new SglangClient({ url: engine.url, model: 'm' }).generate({ promptIds: prompt, maxTokens: 8, signal: new AbortController().signal }).catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(ContextOverflowError);
+      expect(err).toMatchObject({ maxModelLen: prompt.length + 3, promptTokens: prompt.length });
+    } finally {
+      await engine.close();
+    }
   });
 });

@@ -1,7 +1,8 @@
 import { describe, expect, it } from 'vitest';
 import { ModelNotServedError } from '../../src/backends/engine-http.js';
 import { SglangClient } from '../../src/backends/sglang-client.js';
-import type { EngineModelInfo, GenerateRequest, GenerateResult } from '../../src/backends/types.js';
+import type { EngineModelInfo, EngineServerInfo, GenerateRequest, GenerateResult } from '../../src/backends/types.js';
+import { toBackend } from '../../src/contract/backend-service.js';
 import { VllmClient } from '../../src/backends/vllm-client.js';
 import { RolloutError } from '../../src/errors.js';
 import { FakeSglangEngine } from '../../src/testing/fake-sglang.js';
@@ -205,5 +206,82 @@ describe('an engine that does not serve the backend\u2019s model', () => {
     const next = await pool.acquire('d/0');
     expect(next.backendId).toBe('late');
     for (const lease of [pinned, ...fresh, next]) lease.release();
+  });
+});
+
+describe('ListBackends shows an engine refused for serving as not usable, with the reason', () => {
+  const notServed = () => Promise.reject(new ModelNotServedError('vLLM memory://wrong does not serve model "m" (GET /v1/models: it serves "other")'));
+
+  it('an engine serving another model: not healthy in the contract view, the refusal named, not counted healthy in the stats', async () => {
+    const pool = suite.makePool();
+    const wrong = new ModelCardEngineDouble(unreachable, { url: 'memory://wrong', respond: () => defaultResult() });
+    pool.add(wrong, { id: 'wrong', model: 'm' });
+    await pool.learn('wrong');
+    wrong.card = notServed;
+    await pool.probeHealth();
+    await pool.learn('wrong');
+    const [listed] = pool.list();
+    expect(listed).toMatchObject({ id: 'wrong', refusal: 'vLLM memory://wrong does not serve model "m" (GET /v1/models: it serves "other")' });
+    expect(toBackend(listed!)).toMatchObject({ healthy: false, unusableReason: 'vLLM memory://wrong does not serve model "m" (GET /v1/models: it serves "other")' });
+    expect(pool.stats()).toMatchObject({ backends: 1, healthy: 0, eligible: 0 });
+
+    wrong.card = limit(4096);
+    await pool.probeHealth();
+    await pool.learn('wrong');
+    expect(toBackend(pool.list()[0]!)).toMatchObject({ healthy: true, unusableReason: '' });
+    expect(pool.stats()).toMatchObject({ healthy: 1, eligible: 1 });
+  });
+
+  it('an engine that failed its health checks says so as its reason', async () => {
+    const pool = suite.makePool();
+    pool.add(new ModelCardEngineDouble(limit(4096), { url: 'memory://down' }), { id: 'down', model: 'm' });
+    pool.setHealthy('down', false);
+    expect(toBackend(pool.list()[0]!)).toMatchObject({ healthy: false, unusableReason: 'health checks failing' });
+  });
+
+  it('an engine found returning logits once it answers (after it was added): refused like one serving another model, until it says otherwise', async () => {
+    const pool = suite.makePool();
+    let reported: EngineServerInfo = {};
+    const good = new ModelCardEngineDouble(limit(4096), { url: 'memory://good', respond: () => defaultResult() });
+    const logits = new ModelCardEngineDouble(limit(4096), { url: 'memory://logits', respond: () => defaultResult(), serverInfo: () => Promise.resolve(reported) });
+    pool.add(logits, { id: 'logits', model: 'm' });
+    await pool.learn('logits');
+    const pinned = await pool.acquire('pinned/0');
+    expect(pinned.backendId).toBe('logits');
+    pool.add(good, { id: 'good', model: 'm' });
+    await pool.learn('good');
+
+    // Restarted with --logprobs-mode raw_logits while it was down: what it says when it is back is believed.
+    reported = { unsupportedLogprobsMode: 'raw_logits' };
+    pool.setHealthy('logits', false);
+    pool.setHealthy('logits', true);
+    await pool.learn('logits');
+    expect(() => pool.checkEngineAgrees('logits')).toThrow(/logits, not log-probabilities/);
+    expect(toBackend(pool.list().find((b) => b.id === 'logits')!)).toMatchObject({ healthy: false, unusableReason: expect.stringMatching(/raw_logits: logits, not log-probabilities/) as unknown });
+    await pinned.generate({ promptIds: [1, 2], maxTokens: 4, signal: signal() });
+    expect(pinned.backendId).toBe('good');
+    expect(logits.calls).toHaveLength(0);
+
+    reported = { logprobsMode: 'processed' };
+    pool.setHealthy('logits', false);
+    pool.setHealthy('logits', true);
+    await pool.learn('logits');
+    expect(toBackend(pool.list().find((b) => b.id === 'logits')!)).toMatchObject({ healthy: true, unusableReason: '' });
+    pinned.release();
+  });
+});
+
+describe('an SGLang engine whose token pool is smaller than its context (max_total_num_tokens < context_len)', () => {
+  // SGLang's scheduler (v0.5.6, managers/scheduler.py): max_req_len = min(context_len - 1, max_total_num_tokens - 1),
+  // and every request's max_new_tokens is cut to max_req_len - prompt - 1; /v1/models states context_len only.
+  it('is limited by the smaller one: the pool learns it, and an answer the scheduler cut there stands as the context end', async () => {
+    const pool = suite.makePool();
+    const maxTotalNumTokens = suite.prompt.length + 10;
+    const engine = suite.track(await FakeSglangEngine.start({ tokenizer: suite.tokenizer, model: 'policy', contextLength: 4096, maxTotalNumTokens }));
+    pool.add(new SglangClient({ url: engine.url, model: 'policy' }), { id: 'sglang', model: 'policy' });
+    expect((await pool.learn('sglang')).maxModelLen).toBe(maxTotalNumTokens - 1);
+    const result = await generateOnce(pool, { promptIds: suite.prompt, maxTokens: 100 });
+    expect(result.finishReason).toBe('length');
+    expect(suite.prompt.length + result.tokenIds.length).toBe(maxTotalNumTokens - 2);
   });
 });

@@ -1,3 +1,5 @@
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { abortReason } from '../../src/errors.js';
 import { ContextOverflowError } from '../../src/backends/context-overflow.js';
@@ -127,6 +129,49 @@ describe('SglangClient against the fake SGLang engine', () => {
     const small = await FakeSglangEngine.start({ tokenizer, model: 'qwen3-test', contextLength: 3072 });
     try {
       expect(await new SglangClient({ url: small.url, model: 'qwen3-test' }).modelInfo(signal())).toEqual({ maxModelLen: 3071 });
+    } finally {
+      await small.close();
+    }
+  });
+});
+
+describe('SglangClient states the smaller of its context and its token pool as maxModelLen', () => {
+  it('takes max_total_num_tokens (GET /get_server_info, each rank\u2019s token_capacity too) when it is below context_len (GET /v1/models)', async () => {
+    const small = await FakeSglangEngine.start({ tokenizer, model: 'qwen3-test', contextLength: 4096, maxTotalNumTokens: 1000 });
+    const roomy = await FakeSglangEngine.start({ tokenizer, model: 'qwen3-test', contextLength: 4096, maxTotalNumTokens: 100_000 });
+    try {
+      expect(await new SglangClient({ url: small.url, model: 'qwen3-test' }).modelInfo(signal())).toEqual({ maxModelLen: 999 });
+      expect(await new SglangClient({ url: roomy.url, model: 'qwen3-test' }).modelInfo(signal())).toEqual({ maxModelLen: 4095 });
+    } finally {
+      await Promise.all([small.close(), roomy.close()]);
+    }
+  });
+
+  it('an engine whose /get_server_info does not say (404, no such field) is limited by its context alone', async () => {
+    for (const serverInfo of [{ status: 200, body: { context_length: null, internal_states: [{}] } }, { status: 404, body: { detail: 'Not Found' } }]) {
+      const server = createServer((req, res) => {
+        const [status, body] = req.url === '/v1/models' ? [200, { data: [{ id: 'm', max_model_len: 2048 }] }] : [serverInfo.status, serverInfo.body];
+        res.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify(body));
+      });
+      await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+      try {
+        const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+        expect(await new SglangClient({ url, model: 'm' }).modelInfo(signal())).toEqual({ maxModelLen: 2047 });
+      } finally {
+        server.closeAllConnections();
+        await new Promise<void>((resolve) => server.close(() => resolve()));
+      }
+    }
+  });
+
+  it('states the token pool\u2019s limit in a context-length refusal too, not only context_len', async () => {
+    const small = await FakeSglangEngine.start({ tokenizer, model: 'qwen3-test', contextLength: 4096, maxTotalNumTokens: 1000 });
+    try {
+      const sglang = new SglangClient({ url: small.url, model: 'qwen3-test' });
+      await sglang.modelInfo(signal());
+      const err = await sglang.generate({ promptIds: prompt, maxTokens: 4096, signal: signal() }).catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(ContextOverflowError);
+      expect((err as ContextOverflowError).maxModelLen).toBe(999);
     } finally {
       await small.close();
     }

@@ -255,6 +255,12 @@ export interface Backend {
   capacitySource: CapacitySource;
   /** Generation is paused (PauseGeneration): new requests wait in the server until ResumeGeneration. */
   paused: boolean;
+  /**
+   * Why the backend takes no trajectories (healthy is then false): "health checks failing", or the engine's refusal
+   * although it answers them (it serves another model, naming what it serves; it returns logits for logprobs).
+   * Empty while it is usable.
+   */
+  unusableReason: string;
 }
 
 export interface AddBackendRequest {
@@ -337,6 +343,7 @@ function createBaseBackend(): Backend {
     logprobsMode: 0,
     capacitySource: 0,
     paused: false,
+    unusableReason: "",
   };
 }
 
@@ -386,6 +393,9 @@ export const Backend: MessageFns<Backend> = {
     }
     if (message.paused !== false) {
       writer.uint32(120).bool(message.paused);
+    }
+    if (message.unusableReason !== "") {
+      writer.uint32(130).string(message.unusableReason);
     }
     return writer;
   },
@@ -523,6 +533,14 @@ export const Backend: MessageFns<Backend> = {
             message.paused = reader.bool();
             continue;
           }
+          case 16: {
+            if (tag !== 130) {
+              break;
+            }
+
+            message.unusableReason = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -584,6 +602,11 @@ export const Backend: MessageFns<Backend> = {
         ? capacitySourceFromJSON(object.capacity_source)
         : 0,
       paused: isSet(object.paused) ? globalThis.Boolean(object.paused) : false,
+      unusableReason: isSet(object.unusableReason)
+        ? globalThis.String(object.unusableReason)
+        : isSet(object.unusable_reason)
+        ? globalThis.String(object.unusable_reason)
+        : "",
     };
   },
 
@@ -634,6 +657,9 @@ export const Backend: MessageFns<Backend> = {
     if (message.paused !== false) {
       obj.paused = message.paused;
     }
+    if (message.unusableReason !== "") {
+      obj.unusableReason = message.unusableReason;
+    }
     return obj;
   },
 
@@ -657,6 +683,7 @@ export const Backend: MessageFns<Backend> = {
     message.logprobsMode = object.logprobsMode ?? 0;
     message.capacitySource = object.capacitySource ?? 0;
     message.paused = object.paused ?? false;
+    message.unusableReason = object.unusableReason ?? "";
     return message;
   },
 };
