@@ -1,4 +1,5 @@
 import { setMaxListeners } from 'node:events';
+import type { Writable } from 'node:stream';
 import { status, type ServerDuplexStream } from '@grpc/grpc-js';
 import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
@@ -38,7 +39,7 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
   const lifetime = runtime.lifecycle.signal;
 
   return {
-    rollout: (call) => void handleRollout(call),
+    rollout: (call) => void handleRollout(call).catch((err: unknown) => handlerFailed(call, err, 'Rollout')),
 
     submit: unary(log, async (request, signal) => {
       if (!request.task) throw RolloutError.invalid('task', 'required');
@@ -70,12 +71,27 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
       return { cancelled: runtime.cancel(request.taskId) };
     }),
 
-    watch: (call) => void handleWatch(call, runtime, log, lifetime),
+    watch: (call) => void handleWatch(call, runtime, log, lifetime).catch((err: unknown) => handlerFailed(call, err, 'Watch')),
 
     listEnvironments: unary(log, () => ({
       environments: registry.list().map((e) => ({ name: e.name, description: e.description, instanceSchema: e.instanceSchema, tools: [...e.tools] })),
     })),
   };
+
+  /**
+   * A stream handler that threw past its own error handling (a bug, e.g. in its clean-up): logged and its call ended
+   * INTERNAL if it was still open. Never an unhandled rejection: Node ends the process on one, and with it every other
+   * trainer's stream and everything not journaled.
+   */
+  function handlerFailed(call: Writable, err: unknown, method: string): void {
+    log.error({ err, method }, 'a stream handler failed; its call is ended');
+    if (call.writableEnded) return;
+    try {
+      call.emit('error', { code: status.INTERNAL, details: 'internal error' });
+    } catch {
+      call.destroy();
+    }
+  }
 
   async function handleRollout(call: ServerDuplexStream<RolloutRequest, RolloutResponse>): Promise<void> {
     const writer = new StreamWriter<RolloutResponse>(call, rolloutResponseBytes);
