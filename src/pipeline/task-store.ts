@@ -106,7 +106,11 @@ export class TaskStore {
 
   /** Forgets a task that was never started (its acceptance could not be made durable). */
   remove(taskId: string): void {
-    if (!this.finished.has(taskId)) this.tasks.delete(taskId);
+    const entry = this.tasks.get(taskId);
+    if (!entry || this.finished.has(taskId)) return;
+    this.tasks.delete(taskId);
+    // Its bytes go with it: `bytes` would otherwise grow by a spec for every acceptance a full journal refused.
+    this.totalBytes -= entry.bytes;
   }
 
   /** Records a finished sample; wakes GetTrajectory waiters; evicts old finished tasks. */

@@ -50,6 +50,17 @@ describe('TaskStore', () => {
 });
 
 describe('TaskStore byte accounting', () => {
+  it('gives back the bytes of tasks taken back (their acceptance could not be made durable), however many', () => {
+    // A journal refusing writes (disk full) for a while: every task accepted meanwhile is taken back at once.
+    const store = new TaskStore(100);
+    for (let i = 0; i < 2_000; i++) {
+      store.add(task(`refused-${i}`, 4, `spec of refused-${i}`));
+      store.remove(`refused-${i}`);
+    }
+    expect(store.size).toBe(0);
+    expect(store.bytes).toBe(0);
+  });
+
   it('counts eval reports, transcripts and the spec, and running tasks as their samples finish', () => {
     const store = new TaskStore(1_000);
     const spec = task('group', 3, JSON.stringify({ instance: 'i'.repeat(10_000) }));
