@@ -240,7 +240,8 @@ export class RolloutSession {
 
   /** Drops the stream at once (the session stays resumable on the server for a while). */
   abort(): void {
-    this.call.cancel();
+    this.ended = true;
+    cancelCall(this.call);
   }
 
   /**
@@ -263,7 +264,7 @@ export class RolloutSession {
     } finally {
       if (!finished && !this.ended) {
         this.ended = true;
-        this.call.cancel();
+        cancelCall(this.call);
       }
     }
   }
@@ -326,6 +327,18 @@ export interface ConnectionOptions {
    * of leaving them waiting forever. `timeMs: 0` turns pings off. The server does not police client pings.
    */
   keepalive?: { timeMs?: number; timeoutMs?: number };
+}
+
+/**
+ * Cancels a call one macrotask later. grpc-js (1.14.7, ResolvingCall.getConfig) creates a call's transport stream in a
+ * promise callback once the method's config is known, without checking whether the call was cancelled meanwhile: a
+ * cancel in that window — right after a stream is opened — ends the call here while its stream still goes out and is
+ * never reset, so the server keeps the session attached (it never expires) or the Watch open (holding one of
+ * `watch.maxOpen`) until the connection closes. One macrotask later that callback has run and the cancel reaches the
+ * stream (an earlier cancel is checked by getConfig itself).
+ */
+function cancelCall(call: { cancel(): void }): void {
+  setImmediate(() => call.cancel());
 }
 
 /** A client interceptor adding `authorization: Bearer <token>` to every call (works on plaintext channels too). */
@@ -398,7 +411,7 @@ export class RolloutClient {
     call.on('data', (m: WatchResponse) => queue.push(m));
     call.on('error', (err: ServiceError) => queue.end(err.code === 1 ? undefined : err));
     call.on('end', () => queue.end());
-    return Object.assign(queue, { cancel: () => call.cancel() });
+    return Object.assign(queue, { cancel: () => cancelCall(call) });
   }
 
   addBackend(request: Partial<AddBackendRequest> & { url: string }): Promise<Backend | undefined> {
