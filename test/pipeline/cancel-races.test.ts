@@ -58,7 +58,9 @@ describe('cancel races through the real stream', () => {
     await session.submit(probeTask('c-queued', {}));
     await eventually(() => runtime.pipeline.stageStats().find((s) => s.stage === 'init')!.queued === 1, 'one queued for init');
 
-    for (const id of ['c-eval', 'c-tool', 'c-llm-hang', 'c-init-0', 'c-init-1', 'c-init-2', 'c-init-3', 'c-queued', 'c-half']) session.cancel(id);
+    // The queued one first: a cancel of an init task frees its slot, and the queued task, which waits at no gate, could
+    // then run to the end before a cancel sent after it is read (the stream reads one request at a time).
+    for (const id of ['c-queued', 'c-eval', 'c-tool', 'c-llm-hang', 'c-init-0', 'c-init-1', 'c-init-2', 'c-init-3', 'c-half']) session.cancel(id);
     for (const id of ['c-eval', 'c-tool', 'c-llm-hang', 'c-init-0', 'c-init-1', 'c-init-2', 'c-init-3', 'c-queued']) expected.set(`${id}#0`, 'CANCELLED');
     expected.set('c-half#0', 'COMPLETED');
     expected.set('c-half#2', 'COMPLETED');
