@@ -176,6 +176,7 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
       options.sessionTtlMs ?? config.sessions.ttlMs,
       config.sessions.maxUnackedBytes,
       journaled && { opened: (id) => journaled.sessionOpened(id), ended: (id) => journaled.sessionEnded(id) },
+      config.sessions.maxDetachedBytes,
     );
     if (opened) {
       if (opened.contents.weights) pool.restoreWeights(opened.contents.weights);

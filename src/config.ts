@@ -264,6 +264,13 @@ export const serverConfigSchema = z.strictObject({
        * within maxUnackedBytes; this bound holds everything else (accepted, rejected, stage events).
        */
       maxOutboxBytes: z.number().int().min(1024).default(4 << 20),
+      /**
+       * Encoded bytes (unacked + held) that all detached sessions (stream broken, resumable) may hold together: one
+       * client opening session after session with fresh ids, filling each to maxUnackedBytes and abandoning it, would
+       * otherwise hold that bound per session for ttlMs. Past it the longest-detached sessions are dropped as if
+       * expired (a resume of one is NOT_FOUND).
+       */
+      maxDetachedBytes: z.number().int().min(1).default(1 << 30),
       /** How long a session whose stream broke stays resumable. */
       ttlMs: z.number().int().min(1).max(MAX_TIMER_MS).default(10 * 60_000),
     })
@@ -307,6 +314,19 @@ export const serverConfigSchema = z.strictObject({
       adminToken: tokenSchema.optional(),
     })
     .prefault({}),
+  /** Per HTTP/2 connection (grpc-js server options). */
+  connections: z
+    .strictObject({
+      /**
+       * Calls one connection may have open at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS, grpc-js
+       * `grpc.max_concurrent_streams`): each open call holds an HTTP/2 stream and what its handler waits with (a
+       * GetTrajectory wait, a Watch's queue, a stream's session). Clients queue calls past it; a peer that ignores the
+       * setting has the extra streams refused. Without it Node allows 2^32-1. Raise it for a trainer that keeps more
+       * GetTrajectory(wait) calls open on one channel.
+       */
+      maxConcurrentStreams: z.number().int().min(1).max(2 ** 31 - 1).default(1024),
+    })
+    .prefault({}),
   /** Watch streams (dashboards). */
   watch: z
     .strictObject({
@@ -315,6 +335,12 @@ export const serverConfigSchema = z.strictObject({
        * queue up to 4 MiB for a slow reader (64 MiB with full trajectories).
        */
       maxOpen: z.number().int().min(0).default(64),
+      /**
+       * A watch whose client stopped reading (its HTTP/2 window stayed shut, one write blocked this long, ms) is ended
+       * with RESOURCE_EXHAUSTED: a hung dashboard that still answers keepalive pings would otherwise hold its maxOpen
+       * slot, and its buffers, for good. 0 = never.
+       */
+      stalledMs: z.number().int().min(0).max(MAX_TIMER_MS).default(60_000),
     })
     .prefault({}),
   /**
@@ -347,7 +373,22 @@ export type ServerConfigInput = z.input<typeof serverConfigSchema>;
 export function parseConfig(input: unknown = {}): ServerConfig {
   const result = serverConfigSchema.safeParse(input);
   if (!result.success) throw configError(result.error);
+  checkDetachedBound(result.data);
   return withJournalRetention(result.data, (input as { retainFinishedBytes?: unknown } | null | undefined)?.retainFinishedBytes !== undefined);
+}
+
+/**
+ * sessions.maxDetachedBytes below maxUnackedBytes would drop a trainer's session the moment it detached full (a
+ * network blip): refused, naming both.
+ */
+function checkDetachedBound(config: ServerConfig): void {
+  const { maxDetachedBytes, maxUnackedBytes } = config.sessions;
+  if (maxDetachedBytes >= maxUnackedBytes) return;
+  throw new RolloutError(
+    'invalid_argument',
+    `invalid configuration: sessions.maxDetachedBytes (${maxDetachedBytes}) must be at least sessions.maxUnackedBytes (${maxUnackedBytes}): one trainer's session detached by a network blip, full, would be dropped at once`,
+    { field: 'sessions.maxDetachedBytes' },
+  );
 }
 
 /**
@@ -373,7 +414,7 @@ const RETENTION_OVERHEAD = 1.6;
 const configShapeSchema = z.looseObject({
   backends: z.array(z.unknown()).optional(),
   model: z.union([z.string(), z.looseObject({})]).optional(),
-  ...Object.fromEntries((['init', 'run', 'eval', 'sandbox', 'journal', 'auth', 'tls', 'sessions', 'keepalive', 'defaults', 'tokenWorkers', 'watch'] as const).map((key) => [key, z.looseObject({}).optional()])),
+  ...Object.fromEntries((['init', 'run', 'eval', 'sandbox', 'journal', 'auth', 'tls', 'sessions', 'keepalive', 'defaults', 'tokenWorkers', 'watch', 'connections'] as const).map((key) => [key, z.looseObject({}).optional()])),
 });
 
 /**

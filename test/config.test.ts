@@ -105,7 +105,9 @@ describe('server configuration', () => {
   });
 
   it('limits open watches (watch.maxOpen, default 64)', () => {
-    expect(parseConfig({}).watch).toEqual({ maxOpen: 64 });
+    expect(parseConfig({}).watch).toEqual({ maxOpen: 64, stalledMs: 60_000 });
+    expect(parseConfig({}).connections).toEqual({ maxConcurrentStreams: 1024 });
+    expect(parseConfig({}).sessions.maxDetachedBytes).toBe(1 << 30);
     expect(parseConfig({ watch: { maxOpen: 2 } }).watch.maxOpen).toBe(2);
     expect(failure({ watch: { maxOpen: -1 } }).field).toBe('watch.maxOpen');
   });

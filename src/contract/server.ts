@@ -75,12 +75,13 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
     'grpc.max_receive_message_length': transportReceiveLimit(config.maxMessageBytes),
     'grpc.max_send_message_length': config.maxMessageBytes,
     ...keepaliveOptions(config.keepalive),
+    'grpc.max_concurrent_streams': config.connections.maxConcurrentStreams,
     interceptors: [authInterceptor({ token: config.auth.token, adminToken: config.auth.adminToken ?? config.adminToken }, logger)],
   });
   // Watch and the admin calls carry a few ids and flags: their requests get a small bound of their own (the
   // transport's limit is sized for task specs), checked before anything is decoded.
   const limits = smallRequestLimits(RolloutServiceService, BackendServiceService, AdminServiceService);
-  const sessions = options.sessions ?? new SessionManager(options.sessionTtlMs ?? config.sessions.ttlMs, config.sessions.maxUnackedBytes);
+  const sessions = options.sessions ?? new SessionManager(options.sessionTtlMs ?? config.sessions.ttlMs, config.sessions.maxUnackedBytes, {}, config.sessions.maxDetachedBytes);
   server.addService(
     // A task's fields are bounded on the wire before it is decoded (a 60 MiB instance is refused undecoded).
     // Watch queues most of its messages already encoded (see watch.ts): those bytes go out as they are.

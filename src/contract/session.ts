@@ -74,6 +74,8 @@ export class Session {
   private unackedBytesTotal = 0;
   private unackedTotal = 0;
   detachedAt: number | undefined;
+  /** Called when this session, detached, detaches or gains bytes: the manager bounds what detached sessions hold. */
+  onDetachedBytes: (() => void) | undefined;
 
   constructor(
     readonly id: string,
@@ -92,6 +94,7 @@ export class Session {
     // The object itself when it is what the bytes encode (the pipeline's, through wireSafe): no lazy view to make.
     else this.deliver(task, stored, encodedTrajectory(trajectory) === stored.bytes ? trajectory : undefined);
     this.wakeIdle();
+    if (!this.attachment) this.onDetachedBytes?.();
   };
 
   /** Marks a task as being submitted on this session, so its first stage events (queued, init) reach it. */
@@ -155,6 +158,7 @@ export class Session {
     this.attachment = undefined;
     this.detachedAt = Date.now();
     this.wakeIdle();
+    this.onDetachedBytes?.();
   }
 
   send(message: RolloutResponse): void {

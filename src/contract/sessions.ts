@@ -13,7 +13,10 @@ export interface SessionHooks {
 /**
  * Open sessions by id. A session whose stream broke stays resumable for `ttlMs`; then it is dropped (its tasks
  * keep running and stay readable through GetTrajectory). Each session bounds its unacked trajectories to
- * `maxUnackedBytes` (see Session).
+ * `maxUnackedBytes` (see Session). Detached sessions together hold at most `maxDetachedBytes`: a client that fills
+ * session after session and abandons each (fresh ids cost nothing) would otherwise make the server hold per-session
+ * bound × sessions for the TTL; past it the oldest detached sessions are dropped as if expired (a resume of one is
+ * NOT_FOUND, its tasks stay readable through GetTrajectory while retained).
  */
 export class SessionManager {
   private readonly sessions = new Map<string, Session>();
@@ -23,6 +26,8 @@ export class SessionManager {
     private readonly ttlMs: number,
     private readonly maxUnackedBytes: number = Number.POSITIVE_INFINITY,
     private readonly hooks: SessionHooks = {},
+    /** Bytes (unacked + held) all detached sessions may hold together; past it the oldest detached are dropped. */
+    private readonly maxDetachedBytes: number = Number.POSITIVE_INFINITY,
   ) {
     this.sweeper = setInterval(() => this.sweep(), Math.min(ttlMs, 60_000));
     this.sweeper.unref();
@@ -44,10 +49,11 @@ export class SessionManager {
     if (resume) {
       if (!existing) throw new RolloutError('not_found', `session "${id}" is unknown or expired; open it without resume`);
       existing.stageEvents = stageEvents;
-      return existing;
+      // A session restored from the journal counts towards maxDetachedBytes from its first resume on (see restore).
+      return this.track(existing);
     }
     if (existing && existing.detachedAt === undefined) throw new RolloutError('already_exists', `session "${id}" is open on another stream`);
-    const session = new Session(id, stageEvents, this.maxUnackedBytes);
+    const session = this.track(new Session(id, stageEvents, this.maxUnackedBytes));
     this.sessions.set(id, session);
     this.hooks.opened?.(id);
     return session;
@@ -65,6 +71,9 @@ export class SessionManager {
    * it; its TTL starts now.
    */
   restore(sessionId: string): Session {
+    // Not tracked for maxDetachedBytes until it is resumed: after a crash every session is detached at once, and
+    // dropping some before their trainers come back would lose what the journal kept for them (what a restart must
+    // not do). They are bounded by the TTL, and by what the journal could hold.
     const session = new Session(sessionId, false, this.maxUnackedBytes);
     session.detachedAt = Date.now();
     this.sessions.set(sessionId, session);
@@ -93,6 +102,31 @@ export class SessionManager {
 
   stop(): void {
     clearInterval(this.sweeper);
+  }
+
+  private track(session: Session): Session {
+    if (Number.isFinite(this.maxDetachedBytes)) session.onDetachedBytes = () => this.boundDetached();
+    return session;
+  }
+
+  /** Drops the longest-detached sessions while detached sessions together hold more than maxDetachedBytes. */
+  private boundDetached(): void {
+    let total = 0;
+    const detached: Session[] = [];
+    for (const session of this.sessions.values()) {
+      // Untracked: restored from the journal and not resumed yet (see restore).
+      if (session.detachedAt === undefined || session.onDetachedBytes === undefined) continue;
+      detached.push(session);
+      total += session.unackedBytes + session.heldBytes;
+    }
+    if (total <= this.maxDetachedBytes) return;
+    detached.sort((a, b) => a.detachedAt! - b.detachedAt!);
+    for (const session of detached) {
+      if (total <= this.maxDetachedBytes) break;
+      total -= session.unackedBytes + session.heldBytes;
+      this.sessions.delete(session.id);
+      this.hooks.ended?.(session.id);
+    }
   }
 
   private sweep(): void {

@@ -80,6 +80,7 @@ export class StreamWriter<T> {
   private pumping = false;
   private closed = false;
   private readonly idleWaiters: (() => void)[] = [];
+  private stall: { ms: number; fn: () => void } | undefined;
 
   constructor(
     private readonly call: WritableCall<T>,
@@ -167,6 +168,14 @@ export class StreamWriter<T> {
     }
   }
 
+  /**
+   * Calls `fn` when one write has waited `ms` for the transport to take it (the client's HTTP/2 window stayed shut:
+   * it stopped reading). Once per blocked write; a write that goes through re-arms it.
+   */
+  onStall(ms: number, fn: () => void): void {
+    this.stall = { ms, fn };
+  }
+
   end(): void {
     if (this.closed) return;
     this.closed = true;
@@ -218,7 +227,12 @@ export class StreamWriter<T> {
 
   private drained(): Promise<void> {
     return new Promise((resolve) => {
+      const stall = this.stall;
+      const timer = stall === undefined ? undefined : setTimeout(() => {
+        if (!this.closed) stall.fn();
+      }, stall.ms);
       const done = (): void => {
+        clearTimeout(timer);
         this.call.off('drain', done);
         this.call.off('close', done);
         this.call.off('error', done);

@@ -104,6 +104,14 @@ async function watch(
 ): Promise<void> {
   const request = call.request;
   const writer = new StreamWriter<WatchResponse>(call, watchResponseBytes);
+  const { stalledMs } = runtime.deps.config.watch;
+  if (stalledMs > 0) {
+    // Dropping its messages bounds its queue, not its slot: a client that stopped reading is ended (the status waits
+    // behind what the transport holds for it; the slot is given up at once).
+    writer.onStall(stalledMs, () => {
+      call.emit('error', toServiceError(new RolloutError('resource_exhausted', `this watch's client took no message for ${stalledMs} ms (watch.stalledMs): ended to free its slot`), log));
+    });
+  }
   const wanted = (environment: string, groupId: string): boolean =>
     (environments.size === 0 || environments.has(environment)) && (groups.size === 0 || groups.has(groupId));
   let dropped = 0;
