@@ -1,25 +1,12 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { status } from '@grpc/grpc-js';
-import type { Environment } from '../../src/environments/types.js';
 import { defaultRegistry } from '../../src/environments/registry.js';
 import { NullSandboxDriver } from '../../src/testing/null-sandbox.js';
 import { startServerHarness, type ServerHarness } from '../support/server-harness.js';
 import { eventually } from '../support/wait.js';
+import { bulkyEnvironment } from '../support/test-environments.js';
 
 const MiB = 1 << 20;
-/** Report bytes per trajectory: each trajectory is about this large on the wire. */
-const REPORT = 512 * 1024;
-
-/** A test environment whose every trajectory carries a 512 KiB eval report. */
-const bulky: Environment<{ n: number }> = {
-  name: 'bulky',
-  description: 'every trajectory carries a 512 KiB report',
-  instanceSchema: { type: 'object' },
-  validate: (x) => ({ n: Number((x as { n?: number }).n ?? 0) }),
-  init: async () => ({ messages: [{ role: 'user', content: 'Say done.' }] }),
-  tools: () => [],
-  evaluate: async ({ instance }) => ({ reward: 1, details: { correct: 1 }, report: { log: `${instance.n}:`.padEnd(REPORT, 'x') } }),
-};
 
 /** Bytes the server's detached sessions hold (sent and unacked, or finished and held). */
 const detachedBytes = (h: ServerHarness): number => {
@@ -37,7 +24,7 @@ describe('sessions abandoned with unacked trajectories hold a bounded total (ses
     h = await startServerHarness({
       engine: { policy: () => 'done' },
       sandboxes: new NullSandboxDriver(),
-      registry: defaultRegistry().register(bulky),
+      registry: defaultRegistry().register(bulkyEnvironment),
       config: { sessions: { maxUnackedBytes: 2 * MiB, maxDetachedBytes: 6 * MiB, maxOutboxBytes: 64 * 1024 }, retainFinishedBytes: 4 * MiB },
     });
   });

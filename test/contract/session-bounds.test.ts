@@ -3,11 +3,11 @@ import { setFlagsFromString } from 'node:v8';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TrajectoryStatus, type DeliveryPaused, type Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { TaskRejectedError, type RolloutSession } from '../../src/client/rollout-client.js';
-import type { Environment } from '../../src/environments/types.js';
 import { defaultRegistry } from '../../src/environments/registry.js';
 import { NullSandboxDriver } from '../../src/testing/null-sandbox.js';
 import { startServerHarness, type ServerHarness } from '../support/server-harness.js';
 import { eventually, within } from '../support/wait.js';
+import { BULKY_REPORT_BYTES, bulkyEnvironment } from '../support/test-environments.js';
 
 setFlagsFromString('--expose-gc');
 const gc = runInNewContext('gc') as () => void;
@@ -18,19 +18,6 @@ const heapUsed = (): number => {
 };
 
 const MiB = 1 << 20;
-/** Report bytes per trajectory: each trajectory is about this large on the wire. */
-const REPORT = 512 * 1024;
-
-/** A test environment whose every trajectory carries a large eval report (a long test log, as SWE tasks do). */
-const bulky: Environment<{ n: number }> = {
-  name: 'bulky',
-  description: 'every trajectory carries a 512 KiB report',
-  instanceSchema: { type: 'object' },
-  validate: (x) => ({ n: Number((x as { n?: number }).n ?? 0) }),
-  init: async () => ({ messages: [{ role: 'user', content: 'Say done.' }] }),
-  tools: () => [],
-  evaluate: async ({ instance }) => ({ reward: 1, details: { correct: 1 }, report: { log: `${instance.n}:`.padEnd(REPORT, 'x') } }),
-};
 
 const task = (taskId: string) => ({ taskId, environment: 'bulky', numSamples: 1, instance: { n: Number(taskId.replace(/\D/g, '') || 0) } });
 
@@ -52,7 +39,7 @@ describe('sessions bounded in bytes, against a real server', () => {
     h = await startServerHarness({
       engine: { policy: () => 'done' },
       sandboxes: new NullSandboxDriver(),
-      registry: defaultRegistry().register(bulky),
+      registry: defaultRegistry().register(bulkyEnvironment),
       config: { sessions: { maxUnackedBytes: 4 * MiB, maxOutboxBytes: 64 * 1024 }, retainFinishedBytes: 8 * MiB },
     });
   });
@@ -101,7 +88,7 @@ describe('sessions bounded in bytes, against a real server', () => {
     expect(received.size).toBeLessThanOrEqual(8);
     expect(rejected.length).toBeGreaterThan(attempts / 2);
     // Held: only what was in flight when the bound was reached (at most four tasks' worth), never dropped.
-    expect(peakHeld).toBeLessThanOrEqual(4 * (REPORT + 64 * 1024));
+    expect(peakHeld).toBeLessThanOrEqual(4 * (BULKY_REPORT_BYTES + 64 * 1024));
     const grown = heapUsed() - before;
     console.log(`never-acks: ${accepted.length} accepted, ${rejected.length} refused, ${received.size} sent, held peak ${(peakHeld / MiB).toFixed(1)} MiB, unacked ${(stats.unackedBytes / MiB).toFixed(1)} MiB, heap +${(grown / MiB).toFixed(1)} MiB`);
     expect(grown).toBeLessThan(40 * MiB);

@@ -1,25 +1,13 @@
-import { Writable } from 'node:stream';
 import { createServer, connect, type Server, type Socket } from 'node:net';
 import { status } from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { RolloutClient } from '../../src/client/rollout-client.js';
-import type { Environment } from '../../src/environments/types.js';
 import { defaultRegistry } from '../../src/environments/registry.js';
-import { createLogger } from '../../src/observability/logger.js';
 import { NullSandboxDriver } from '../../src/testing/null-sandbox.js';
 import { startServerHarness, type ServerHarness } from '../support/server-harness.js';
 import { eventually, within } from '../support/wait.js';
+import { capturedLogger, quickEnvironment } from '../support/test-environments.js';
 
-/** A quick environment: one turn, reward 1, no sandbox work. */
-const quick: Environment<{ n: number }> = {
-  name: 'quick',
-  description: 'one turn, reward 1',
-  instanceSchema: { type: 'object' },
-  validate: () => ({ n: 0 }),
-  init: async () => ({ messages: [{ role: 'user', content: 'Say done.' }] }),
-  tools: () => [],
-  evaluate: async () => ({ reward: 1, details: { correct: 1 }, report: {} }),
-};
 const task = (taskId: string, numSamples = 1) => ({ taskId, environment: 'quick', numSamples, instance: {} });
 
 /**
@@ -61,19 +49,13 @@ async function freezableProxy(target: string): Promise<{ address: string; freeze
 
 describe('sessions cannot be locked out', () => {
   let h: ServerHarness;
-  const logLines: string[] = [];
+  const { logger, lines: logLines } = capturedLogger('debug');
   beforeAll(async () => {
-    const destination = new Writable({
-      write(chunk: Buffer, _enc, done) {
-        logLines.push(...chunk.toString().split('\n').filter(Boolean));
-        done();
-      },
-    });
     h = await startServerHarness({
       engine: { policy: () => 'done', tokenLatencyMs: 5 },
       sandboxes: new NullSandboxDriver(),
-      registry: defaultRegistry().register(quick),
-      logger: createLogger({ level: 'debug', destination }),
+      registry: defaultRegistry().register(quickEnvironment),
+      logger,
       // Fast keepalive so a half-open connection is found within a second.
       config: { keepalive: { timeMs: 300, timeoutMs: 300 } },
     });

@@ -1,41 +1,22 @@
-import { Writable } from 'node:stream';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
-import type { Environment } from '../../src/environments/types.js';
 import { defaultRegistry } from '../../src/environments/registry.js';
-import { createLogger } from '../../src/observability/logger.js';
 import { NullSandboxDriver } from '../../src/testing/null-sandbox.js';
 import { startServerHarness, type ServerHarness } from '../support/server-harness.js';
 import { eventually } from '../support/wait.js';
-
-/** A quick environment: one turn, reward 1, no sandbox work. */
-const quick: Environment<{ n: number }> = {
-  name: 'quick',
-  description: 'one turn, reward 1',
-  instanceSchema: { type: 'object' },
-  validate: () => ({ n: 0 }),
-  init: async () => ({ messages: [{ role: 'user', content: 'Say done.' }] }),
-  tools: () => [],
-  evaluate: async () => ({ reward: 1, details: { correct: 1 }, report: {} }),
-};
+import { capturedLogger, quickEnvironment } from '../support/test-environments.js';
 
 // A stream handler is async and its call site cannot await it: whatever throws past its own error handling (here its
 // clean-up, the session's close after a clean end) was an unhandled rejection, which ends the Node process — every
 // other trainer's stream with it. (vitest fails a run with an unhandled rejection, so this test fails without the fix.)
 describe('a stream handler that fails past its own error handling', () => {
   let h: ServerHarness;
-  const logLines: string[] = [];
+  const { logger, lines: logLines } = capturedLogger('info');
   beforeAll(async () => {
-    const destination = new Writable({
-      write(chunk: Buffer, _enc, done) {
-        logLines.push(...chunk.toString().split('\n').filter(Boolean));
-        done();
-      },
-    });
     h = await startServerHarness({
       engine: { policy: () => 'done' },
       sandboxes: new NullSandboxDriver(),
-      registry: defaultRegistry().register(quick),
-      logger: createLogger({ level: 'info', destination }),
+      registry: defaultRegistry().register(quickEnvironment),
+      logger,
     });
   });
   afterAll(async () => h?.close());

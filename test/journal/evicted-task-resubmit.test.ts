@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import type { Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { mathTask } from '../support/harness.js';
-import { journalSuite } from '../support/journal-suite.js';
+import { journalSuite, owedOnResume as resumeAndTake } from '../support/journal-suite.js';
 import { TrajectoryReader, type ServerHarness } from '../support/server-harness.js';
 
 // The task store lets go of finished tasks (retention, or the journal's bound shedding them) while the journal may
@@ -14,12 +14,7 @@ const suite = journalSuite();
 const key = (t: { taskId: string; sampleIndex: number }): string => `${t.taskId}#${t.sampleIndex}`;
 
 async function owedOnResume(h: ServerHarness, sessionId: string): Promise<string[]> {
-  const resumed = h.client.openSession({ sessionId, resume: true });
-  await resumed.opened;
-  resumed.close();
-  const got: string[] = [];
-  for await (const t of resumed.trajectories()) got.push(key(t));
-  return got.sort();
+  return (await resumeAndTake(h, sessionId)).trajectories.map(key).sort();
 }
 
 /** A server retaining one finished task, where `first` received `evicted` (not acked) and the store let it go. */

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { TrajectoryStatus } from '../../gen/ts/rollout/v1/rollout.js';
 import { mathTask } from '../support/harness.js';
-import { journalSuite } from '../support/journal-suite.js';
+import { journalSuite, owedOnResume as resumeAndTake } from '../support/journal-suite.js';
 import type { ServerHarness } from '../support/server-harness.js';
 
 const suite = journalSuite();
@@ -11,12 +11,7 @@ const status = (t: { status: TrajectoryStatus }): string => TrajectoryStatus[t.s
 
 /** Resumes `sessionId` on `h` and takes everything it is owed; `key status`, sorted. */
 async function owedOnResume(h: ServerHarness, sessionId: string): Promise<string[]> {
-  const resumed = h.client.openSession({ sessionId, resume: true });
-  await resumed.opened;
-  resumed.close();
-  const got: string[] = [];
-  for await (const t of resumed.trajectories()) got.push(`${key(t)} ${status(t)}`);
-  return got.sort();
+  return (await resumeAndTake(h, sessionId)).trajectories.map((t) => `${key(t)} ${status(t)}`).sort();
 }
 
 describe('a journaled task that no longer validates when the server comes back (a bound lowered, an environment gone)', () => {

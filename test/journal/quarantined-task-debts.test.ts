@@ -2,7 +2,7 @@ import { open } from 'lmdb';
 import { describe, expect, it } from 'vitest';
 import { TrajectoryStatus } from '../../gen/ts/rollout/v1/rollout.js';
 import { mathTask } from '../support/harness.js';
-import { journalSuite } from '../support/journal-suite.js';
+import { journalSuite, owedOnResume as resumeAndTake } from '../support/journal-suite.js';
 import { TrajectoryReader, type ServerHarness } from '../support/server-harness.js';
 
 // A task record that cannot be read at start-up is moved to the quarantine range with its trajectories and acks. The
@@ -14,16 +14,8 @@ const suite = journalSuite();
 const line = (t: { taskId: string; sampleIndex: number; status: TrajectoryStatus }): string => `${t.taskId}#${t.sampleIndex} ${TrajectoryStatus[t.status]}`;
 
 async function owedOnResume(h: ServerHarness, sessionId: string): Promise<{ lines: string[]; errors: string[] }> {
-  const resumed = h.client.openSession({ sessionId, resume: true });
-  await resumed.opened;
-  resumed.close();
-  const lines: string[] = [];
-  const errors: string[] = [];
-  for await (const t of resumed.trajectories()) {
-    lines.push(line(t));
-    if (t.taskId === 'victim') errors.push(t.error);
-  }
-  return { lines: lines.sort(), errors };
+  const { trajectories } = await resumeAndTake(h, sessionId);
+  return { lines: trajectories.map(line).sort(), errors: trajectories.filter((t) => t.taskId === 'victim').map((t) => t.error) };
 }
 
 /** `trainer` owes `victim` (2 samples, sample 1 acked) and `good`; `other` owes `victim` by a duplicate. */

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { mathTask } from '../support/harness.js';
-import { journalSuite } from '../support/journal-suite.js';
+import { journalSuite, owedOnResume as resumeAndTake } from '../support/journal-suite.js';
 import { TrajectoryReader, type ServerHarness } from '../support/server-harness.js';
 
 // Opening a session id again without `resume` starts a new, clean session (SessionManager.open replaces a detached
@@ -12,12 +12,7 @@ const suite = journalSuite();
 const key = (t: { taskId: string; sampleIndex: number }): string => `${t.taskId}#${t.sampleIndex}`;
 
 async function owedOnResume(h: ServerHarness, sessionId: string): Promise<string[]> {
-  const resumed = h.client.openSession({ sessionId, resume: true });
-  await resumed.opened;
-  resumed.close();
-  const got: string[] = [];
-  for await (const t of resumed.trajectories()) got.push(key(t));
-  return got.sort();
+  return (await resumeAndTake(h, sessionId)).trajectories.map(key).sort();
 }
 
 describe('a session id opened again without resume', () => {

@@ -4,7 +4,7 @@ import { describe, expect, it } from 'vitest';
 import type { Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { TaskRejectedError } from '../../src/client/rollout-client.js';
 import { mathTask } from '../support/harness.js';
-import { journalSuite } from '../support/journal-suite.js';
+import { journalSuite, owedOnResume as resumeAndTake } from '../support/journal-suite.js';
 import { TrajectoryReader, type ServerHarness } from '../support/server-harness.js';
 
 // A task answered `accepted` (duplicate) on a session that did not hold it — a restarted trainer re-submitting under
@@ -19,12 +19,8 @@ const refs = (ts: Trajectory[]): { taskId: string; sampleIndex: number }[] => ts
 
 /** Resumes `sessionId` on `h` and takes everything it is owed (acking it as it comes); the keys, sorted. */
 async function owedOnResume(h: ServerHarness, sessionId: string): Promise<{ announced: number; keys: string[] }> {
-  const resumed = h.client.openSession({ sessionId, resume: true });
-  const opened = await resumed.opened;
-  resumed.close();
-  const got: string[] = [];
-  for await (const t of resumed.trajectories()) got.push(key(t));
-  return { announced: opened.redelivered + opened.pending, keys: got.sort() };
+  const { opened, trajectories } = await resumeAndTake(h, sessionId);
+  return { announced: opened.redelivered + opened.pending, keys: trajectories.map(key).sort() };
 }
 
 describe('a task re-submitted under a new session id while still owed to the first (a restarted trainer)', () => {

@@ -3,7 +3,21 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { RootDatabase } from 'lmdb';
 import { afterEach } from 'vitest';
+import type { SessionOpened, Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { startServerHarness, type ServerHarness, type ServerHarnessOptions } from './server-harness.js';
+
+/**
+ * Resumes `sessionId` on `h` and takes everything it is owed (acking it as it comes, then closing): what its
+ * `opened` said and the trajectories, in arrival order. How the journal suites check what a restart still owes.
+ */
+export async function owedOnResume(h: ServerHarness, sessionId: string): Promise<{ opened: SessionOpened; trajectories: Trajectory[] }> {
+  const resumed = h.client.openSession({ sessionId, resume: true });
+  const opened = await resumed.opened;
+  resumed.close();
+  const trajectories: Trajectory[] = [];
+  for await (const t of resumed.trajectories()) trajectories.push(t);
+  return { opened, trajectories };
+}
 
 /**
  * What the journal suites share: fresh journal directories and real servers on them (fake engine), every one
