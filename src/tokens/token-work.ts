@@ -5,6 +5,7 @@ import { attachedVarints, attachVarints } from './packed-varints.js';
 import { LRUCache } from 'lru-cache';
 import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
+import { raceAbort } from '../pipeline/rx.js';
 import type { ModelBundleOptions } from './model-bundle.js';
 import type { ModelFileContents } from './model-files.js';
 import { TokenPool } from './token-pool.js';
@@ -129,26 +130,16 @@ export class TokenWork {
     if (signal?.aborted) return Promise.reject(RolloutError.from(signal.reason, 'cancelled'));
     entry.askers++;
     if (!signal) return entry.promise;
-    return new Promise<TokenIds>((resolve, reject) => {
-      const onAbort = (): void => {
-        reject(RolloutError.from(signal.reason, 'cancelled'));
-        if (--entry.askers > 0) return;
-        // Nobody waits any more: a later asker starts afresh rather than joining a computation being stopped.
-        if (this.#pending.get(key) === entry) this.#pending.delete(key);
-        entry.controller.abort(signal.reason);
-      };
-      signal.addEventListener('abort', onAbort, { once: true });
-      entry.promise.then(
-        (ids) => {
-          signal.removeEventListener('abort', onAbort);
-          resolve(ids);
-        },
-        (err: unknown) => {
-          signal.removeEventListener('abort', onAbort);
-          reject(err);
-        },
-      );
-    });
+    const onAbort = (): void => {
+      if (--entry.askers > 0) return;
+      // Nobody waits any more: a later asker starts afresh rather than joining a computation being stopped.
+      if (this.#pending.get(key) === entry) this.#pending.delete(key);
+      entry.controller.abort(signal.reason);
+    };
+    signal.addEventListener('abort', onAbort, { once: true });
+    const off = (): void => signal.removeEventListener('abort', onAbort);
+    entry.promise.then(off, off);
+    return raceAbort(entry.promise, signal);
   }
 
   /** {@link promptIds} on the event loop, whatever its size (the synchronous TokenLedger constructor). */
