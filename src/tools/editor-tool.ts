@@ -1,9 +1,9 @@
 import { posix } from 'node:path';
 import { z } from 'zod';
 import { RolloutError } from '../errors.js';
-import type { Sandbox } from '../sandboxes/types.js';
+import type { DirEntry, Sandbox } from '../sandboxes/types.js';
 import { defineTool, type ValidatedTool } from './define-tool.js';
-import { insertAfterLine, numberLines, replaceUnique, splitLines } from './text-edit.js';
+import { countLines, insertAfterLine, linesBetween, numberLines, replaceUnique } from './text-edit.js';
 import type { ToolResult } from './types.js';
 
 /** Lines one `view` shows at most; the note says how to see the rest. */
@@ -12,9 +12,15 @@ const VIEW_LINES = 300;
 const VIEW_CHARS = 20_000;
 /** Entries of a directory listing at most. */
 const LIST_ENTRIES = 200;
-/** Versions kept per file for undo_edit, and the largest file whose old version is kept. */
+/** Versions kept per file for undo_edit. */
 const UNDO_DEPTH = 5;
-const UNDO_MAX_CHARS = 1 << 20;
+/**
+ * Characters of earlier versions kept per sandbox for undo_edit, all files together (a larger file's version is not
+ * kept): they live in the server's memory, once per sample in flight, so they are bounded per sample, not per file.
+ */
+const UNDO_BUDGET_CHARS = 1 << 20;
+/** Longest path accepted: Linux's PATH_MAX. A path is an argument of the file scripts, and past 128 KiB no process can start. */
+const MAX_PATH_CHARS = 4096;
 
 const args = z
   .object({
@@ -27,6 +33,7 @@ const args = z
     view_range: z.array(z.number().int()).length(2).optional().describe('view: [first, last] line numbers, 1-based; last -1 means to the end.'),
   })
   .superRefine((a, ctx) => {
+    if (a.path.length > MAX_PATH_CHARS) ctx.addIssue({ code: 'custom', path: ['path'], message: `is longer than ${MAX_PATH_CHARS} characters` });
     const need = (field: keyof typeof a, why: string): void => {
       if (a[field] === undefined) ctx.addIssue({ code: 'custom', path: [field], message: `required for command "${a.command}" (${why})` });
     };
@@ -55,14 +62,11 @@ type Args = z.output<typeof args>;
  * instance may serve many samples without leaking between them) and bounded.
  */
 export function createEditorTool(): ValidatedTool {
-  const history = new WeakMap<Sandbox, Map<string, string[]>>();
-  const remember = (sandbox: Sandbox, path: string, before: string): void => {
-    let files = history.get(sandbox);
-    if (!files) history.set(sandbox, (files = new Map()));
-    const versions = files.get(path) ?? [];
-    versions.push(before.length <= UNDO_MAX_CHARS ? before : '');
-    if (before.length > UNDO_MAX_CHARS) versions.length = 0;
-    files.set(path, versions.slice(-UNDO_DEPTH));
+  const histories = new WeakMap<Sandbox, UndoHistory>();
+  const history = (sandbox: Sandbox): UndoHistory => {
+    let h = histories.get(sandbox);
+    if (!h) histories.set(sandbox, (h = new UndoHistory()));
+    return h;
   };
   return defineTool({
     name: 'str_replace_editor',
@@ -82,11 +86,12 @@ export function createEditorTool(): ValidatedTool {
           case 'create': {
             if (await exists(sandbox, path, signal)) return fail(`${path} already exists. Use str_replace or insert to edit it.`);
             await sandbox.writeFile(path, a.file_text!, { signal });
-            return { output: `Created ${path} (${splitLines(a.file_text!).length} lines).`, outcome: 'ok' };
+            return { output: `Created ${path} (${countLines(a.file_text!)} lines).`, outcome: 'ok' };
           }
           case 'str_replace': {
             const text = await read();
             if (a.old_str === '') return fail('old_str is empty: give the exact text to replace.');
+            if (!isUtf8Text(text)) return fail(notUtf8(path));
             const r = replaceUnique(text, a.old_str!, a.new_str ?? '');
             if (!r.ok) {
               return fail(
@@ -95,23 +100,23 @@ export function createEditorTool(): ValidatedTool {
                   : `old_str occurs ${r.more ? `more than ${r.count}` : r.count} times in ${path} (lines ${r.lines.join(', ')}${r.more ? ', ...' : ''}); nothing was replaced. Include more context to make it unique.`,
               );
             }
-            remember(sandbox, path, text);
+            history(sandbox).remember(path, text);
             await sandbox.writeFile(path, r.text, { signal });
-            return { output: `Edited ${path}. Around the edit:\n${snippet(r.text, r.line, splitLines(a.new_str ?? '').length)}`, outcome: 'ok' };
+            return { output: `Edited ${path}. Around the edit:\n${snippet(r.text, r.line, countLines(a.new_str ?? ''))}`, outcome: 'ok' };
           }
           case 'insert': {
             const text = await read();
-            const count = splitLines(text).length;
+            if (!isUtf8Text(text)) return fail(notUtf8(path));
+            const count = countLines(text);
             if (a.insert_line! > count) return fail(`insert_line ${a.insert_line} is past the end: ${path} has ${count} lines (use 0..${count}).`);
             const next = insertAfterLine(text, a.insert_line!, a.new_str!);
-            remember(sandbox, path, text);
+            history(sandbox).remember(path, text);
             await sandbox.writeFile(path, next, { signal });
-            return { output: `Inserted into ${path}. Around the edit:\n${snippet(next, a.insert_line! + 1, splitLines(a.new_str!).length)}`, outcome: 'ok' };
+            return { output: `Inserted into ${path}. Around the edit:\n${snippet(next, a.insert_line! + 1, countLines(a.new_str!))}`, outcome: 'ok' };
           }
           case 'undo_edit': {
-            const versions = history.get(sandbox)?.get(path);
-            const before = versions?.pop();
-            if (before === undefined) return fail(`no edit of ${path} to undo.`);
+            const before = histories.get(sandbox)?.pop(path);
+            if (before === undefined) return fail(`no edit of ${path} to undo (earlier versions of large files, and the oldest ones past ${UNDO_BUDGET_CHARS >> 20} MiB in all, are not kept).`);
             await sandbox.writeFile(path, before, { signal });
             return { output: `Reverted the last edit of ${path}.`, outcome: 'ok' };
           }
@@ -127,6 +132,65 @@ export function createEditorTool(): ValidatedTool {
 
 function fail(message: string): ToolResult {
   return { output: `Error: ${message}`, outcome: 'error' };
+}
+
+/**
+ * Whether a file's text is what its bytes say. The sandbox decodes files as UTF-8, bytes that are not UTF-8 (a
+ * Latin-1 source file, a binary) becoming U+FFFD; writing such text back would change every one of those bytes, not
+ * just the edit. A file that really holds U+FFFD is refused too: from the text alone the two cannot be told apart.
+ */
+function isUtf8Text(text: string): boolean {
+  return !text.includes('\uFFFD');
+}
+
+function notUtf8(path: string): string {
+  return `${path} is not valid UTF-8 text (or holds U+FFFD), and the editor would rewrite those bytes; nothing was changed. Edit it with bash (e.g. sed, or python on bytes).`;
+}
+
+/**
+ * Earlier versions of the files edited in one sandbox, oldest first, for undo_edit: at most UNDO_DEPTH per file and
+ * about UNDO_BUDGET_CHARS in all (the path and a small overhead count too), the oldest forgotten first.
+ */
+class UndoHistory {
+  private readonly versions: { path: string; text: string; cost: number }[] = [];
+  private cost = 0;
+
+  remember(path: string, before: string): void {
+    const cost = before.length + path.length + 64;
+    if (cost > UNDO_BUDGET_CHARS) {
+      // An edit that cannot be undone: older versions of the file must not be restored past it.
+      this.forget((v) => v.path === path);
+      return;
+    }
+    this.versions.push({ path, text: before, cost });
+    this.cost += cost;
+    let ofPath = this.versions.filter((v) => v.path === path).length;
+    this.forget((v) => v.path === path && ofPath-- > UNDO_DEPTH);
+    let over = this.cost - UNDO_BUDGET_CHARS;
+    this.forget((v) => {
+      if (over <= 0) return false;
+      over -= v.cost;
+      return true;
+    });
+  }
+
+  pop(path: string): string | undefined {
+    const at = this.versions.findLastIndex((v) => v.path === path);
+    if (at < 0) return undefined;
+    const [v] = this.versions.splice(at, 1);
+    this.cost -= v!.cost;
+    return v!.text;
+  }
+
+  /** Drops the versions `drop` picks, visited oldest first. */
+  private forget(drop: (v: { path: string; cost: number }) => boolean): void {
+    let kept = 0;
+    for (const v of this.versions) {
+      if (drop(v)) this.cost -= v.cost;
+      else this.versions[kept++] = v;
+    }
+    this.versions.length = kept;
+  }
 }
 
 async function exists(sandbox: Sandbox, path: string, signal: AbortSignal): Promise<boolean> {
@@ -145,33 +209,40 @@ async function view(sandbox: Sandbox, path: string, a: Args, signal: AbortSignal
   try {
     text = await sandbox.readFile(path, { signal });
   } catch (err) {
-    if (!(err instanceof RolloutError && err.code === 'invalid_argument' && /directory/.test(err.message))) throw err;
-    const entries = await sandbox.listDir(path, { signal });
+    if (!(err instanceof RolloutError && err.code === 'invalid_argument')) throw err;
+    // Not a readable file: a directory, then (asked of the sandbox: drivers word the read error differently).
+    let entries: DirEntry[];
+    try {
+      entries = await sandbox.listDir(path, { signal });
+    } catch (listErr) {
+      if (listErr instanceof RolloutError && (listErr.code === 'invalid_argument' || listErr.code === 'not_found')) throw err;
+      throw listErr;
+    }
     const shown = entries.slice(0, LIST_ENTRIES).map((e) => (e.type === 'dir' ? `${e.name}/` : e.type === 'file' ? `${e.name}  (${e.size} bytes)` : `${e.name}  (${e.type})`));
     const more = entries.length > LIST_ENTRIES ? `\n[${entries.length - LIST_ENTRIES} more entries not shown]` : '';
     return { output: `${path}/ (${entries.length} entries)\n${shown.join('\n')}${more}`, outcome: 'ok' };
   }
-  const lines = splitLines(text);
-  if (lines.length === 0) return { output: `${path} is empty.`, outcome: 'ok' };
+  const count = countLines(text);
+  if (count === 0) return { output: `${path} is empty.`, outcome: 'ok' };
   const [first, lastAsked] = a.view_range ?? [1, -1];
-  const last = lastAsked === -1 ? lines.length : lastAsked;
-  if (first < 1 || first > lines.length || last < first || last > lines.length) {
-    return fail(`view_range [${a.view_range?.join(', ')}] is not within the file's ${lines.length} lines (first 1..${lines.length}, last first..${lines.length} or -1).`);
+  const last = lastAsked === -1 ? count : lastAsked;
+  if (first < 1 || first > count || last < first || last > count) {
+    return fail(`view_range [${a.view_range?.join(', ')}] is not within the file's ${count} lines (first 1..${count}, last first..${count} or -1).`);
   }
   let end = Math.min(last, first + VIEW_LINES - 1);
-  let body = numberLines(lines.slice(first - 1, end), first);
+  const page = linesBetween(text, first, end);
+  let body = numberLines(page, first);
   while (body.length > VIEW_CHARS && end > first) {
     end = first + Math.max(0, Math.floor((end - first) / 2));
-    body = numberLines(lines.slice(first - 1, end), first);
+    body = numberLines(page.slice(0, end - first + 1), first);
   }
-  const note = end < last ? `\n[showing lines ${first}-${end} of ${lines.length}; view with view_range [${end + 1}, ${Math.min(last, end + VIEW_LINES)}] for more]` : '';
+  const note = end < last ? `\n[showing lines ${first}-${end} of ${count}; view with view_range [${end + 1}, ${Math.min(last, end + VIEW_LINES)}] for more]` : '';
   return { output: `${body}${note}`, outcome: 'ok' };
 }
 
 /** Numbered lines around an edit at `line` spanning `span` lines, with 4 lines of context each side. */
 function snippet(text: string, line: number, span: number): string {
-  const lines = splitLines(text);
   const first = Math.max(1, line - 4);
-  const last = Math.min(lines.length, line + Math.max(span, 1) - 1 + 4);
-  return numberLines(lines.slice(first - 1, last).slice(0, VIEW_LINES), first);
+  const last = line + Math.max(span, 1) - 1 + 4;
+  return numberLines(linesBetween(text, first, Math.min(last, first + VIEW_LINES - 1)), first);
 }

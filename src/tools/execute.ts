@@ -25,13 +25,13 @@ export interface ToolObservation {
  * program ('error'), a sandbox the model filled to its own process or memory limit ('error', SandboxLimitError —
  * also when that killed the sandbox: every later call then says so). Infrastructure failures (sandbox stopped, wall clock used up, abort) do throw, as a
  * RolloutError, so they are never scored as the model's fault. Calls after a `finish` are not run: the episode
- * is over.
+ * is over. At most MAX_CALLS_PER_MESSAGE calls of a message are run; the rest are counted in one observation.
  */
 export async function executeToolCalls(parsed: ParsedToolCalls, tools: readonly Tool[], context: ToolContext): Promise<ToolObservation[]> {
   const byName = new Map(tools.map((t) => [t.name, t]));
   const observations: ToolObservation[] = [];
   let finished = false;
-  for (const call of parsed.calls) {
+  for (const call of parsed.calls.slice(0, MAX_CALLS_PER_MESSAGE)) {
     if (finished) {
       observations.push({ toolName: call.name, outcome: 'error', output: 'Not run: finish was already called in this message.' });
       continue;
@@ -41,6 +41,14 @@ export async function executeToolCalls(parsed: ParsedToolCalls, tools: readonly 
     finished = observation.outcome === 'finish';
     observations.push(observation);
   }
+  const notRun = parsed.calls.length - MAX_CALLS_PER_MESSAGE;
+  if (notRun > 0 && !finished) {
+    observations.push({
+      toolName: '',
+      outcome: 'malformed',
+      output: `Error: ${notRun} more tool calls in this message were not run (at most ${MAX_CALLS_PER_MESSAGE} per message); call them again in your next message if you still need them.`,
+    });
+  }
   // One message per problem, up to a few: a degenerate completion (thousands of opening tags) must not become
   // thousands of observations the context then carries.
   for (const error of parsed.errors.slice(0, MAX_ERROR_OBSERVATIONS)) observations.push({ toolName: '', outcome: 'malformed', output: `Error: ${error}` });
@@ -48,6 +56,13 @@ export async function executeToolCalls(parsed: ParsedToolCalls, tools: readonly 
   if (unlisted > 0) observations.push({ toolName: '', outcome: 'malformed', output: `Error: ${unlisted} more malformed tool calls in this message (not listed)` });
   return observations;
 }
+
+/**
+ * Calls of one message that are run; the rest are answered by one observation. Why a bound: a degenerate completion
+ * of short calls (~20 tokens each) would otherwise run thousands of programs and carry a page of output per call into
+ * the context (~100 observation tokens per sampled token), all tokenized before the budget can refuse them.
+ */
+export const MAX_CALLS_PER_MESSAGE = 16;
 
 /** Parse problems reported one observation each; the rest are counted in one more. */
 export const MAX_ERROR_OBSERVATIONS = 8;

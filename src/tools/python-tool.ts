@@ -37,7 +37,7 @@ export function createPythonTool(options: PythonToolOptions = {}): ValidatedTool
       cells.set(sandbox, n);
       const file = `${sandbox.workdir}/${CELL_DIR}/cell_${n}.py`;
       try {
-        await sandbox.writeFile(file, code);
+        await sandbox.writeFile(file, code, { signal });
       } catch (err) {
         // The model can break the cell directory (replace it with a file, plant a symlink): its own doing, so an
         // observation it can react to — not a failed task. Sandbox failures stay errors.

@@ -1,7 +1,8 @@
 /**
  * The pure text operations behind the file editor tool, kept apart so they can be property-tested without a
  * sandbox. Lines are split on '\n' only; a trailing newline does not start an extra line; line numbers are
- * 1-based, as editors and tracebacks show them.
+ * 1-based, as editors and tracebacks show them. They run on the server's event loop over files of up to 16 MiB that
+ * the model wrote (16 million lines): each is one pass over the text at most, and none builds an array of its lines.
  */
 
 /** Start offsets of every occurrence of `needle` in `text`, overlapping ones included ("aa" occurs twice in "aaa"). */
@@ -12,12 +13,48 @@ export function occurrences(text: string, needle: string, max = Infinity): numbe
   return found;
 }
 
-/** 1-based line number of a character offset. */
-export function lineOf(text: string, offset: number): number {
+/** 1-based line numbers of character offsets given in ascending order, in one pass. */
+export function linesOf(text: string, offsets: readonly number[]): number[] {
+  const lines: number[] = [];
   let line = 1;
-  for (let i = text.indexOf('\n'); i >= 0 && i < offset; i = text.indexOf('\n', i + 1)) line++;
-  return line;
+  let i = 0;
+  for (const offset of offsets) {
+    for (; i < offset; i++) if (text.charCodeAt(i) === NEWLINE) line++;
+    lines.push(line);
+  }
+  return lines;
 }
+
+/** How many lines splitLines would give, without building them. */
+export function countLines(text: string): number {
+  if (text === '') return 0;
+  let newlines = 0;
+  for (let i = 0; i < text.length; i++) if (text.charCodeAt(i) === NEWLINE) newlines++;
+  return text.charCodeAt(text.length - 1) === NEWLINE ? newlines : newlines + 1;
+}
+
+/** Where 1-based line `line` starts; `text.length` when the text has fewer lines. */
+export function lineStart(text: string, line: number): number {
+  if (line <= 1) return 0;
+  let n = 1;
+  for (let i = 0; i < text.length; i++) if (text.charCodeAt(i) === NEWLINE && ++n === line) return i + 1;
+  return text.length;
+}
+
+/** Lines `first`..`last` (1-based, inclusive; fewer past the end): `splitLines(text).slice(first - 1, last)`. */
+export function linesBetween(text: string, first: number, last: number): string[] {
+  const lines: string[] = [];
+  let at = lineStart(text, first);
+  for (let n = Math.max(first, 1); n <= last && at < text.length; n++) {
+    const newline = text.indexOf('\n', at);
+    const end = newline < 0 ? text.length : newline;
+    lines.push(text.slice(at, end));
+    at = end + 1;
+  }
+  return lines;
+}
+
+const NEWLINE = 10;
 
 /** The lines of a text; a final newline ends the last line rather than starting an empty one. */
 export function splitLines(text: string): string[] {
@@ -43,20 +80,24 @@ export function replaceUnique(text: string, oldStr: string, newStr: string): Rep
   const found = occurrences(text, oldStr, MAX_REPORTED + 1);
   if (found.length !== 1) {
     const more = found.length > MAX_REPORTED;
-    return { ok: false, count: Math.min(found.length, MAX_REPORTED), more, lines: found.slice(0, MAX_REPORTED).map((at) => lineOf(text, at)) };
+    return { ok: false, count: Math.min(found.length, MAX_REPORTED), more, lines: linesOf(text, found.slice(0, MAX_REPORTED)) };
   }
   const at = found[0]!;
-  return { ok: true, text: text.slice(0, at) + newStr + text.slice(at + oldStr.length), line: lineOf(text, at) };
+  return { ok: true, text: text.slice(0, at) + newStr + text.slice(at + oldStr.length), line: linesOf(text, [at])[0]! };
 }
 
-/** Inserts `newText` after line `after` (0: at the top). The caller checks 0 <= after <= line count. */
+/**
+ * Inserts `newText` after line `after` (0: at the top), as whole lines: it ends with a newline in the result. The
+ * caller checks 0 <= after <= line count. After the last line, the text's own final newline (or its absence) stays
+ * at the end unless `newText` brings one.
+ */
 export function insertAfterLine(text: string, after: number, newText: string): string {
-  const lines = splitLines(text);
-  const inserted = splitLines(newText.endsWith('\n') || newText === '' ? newText : `${newText}\n`);
-  const result = [...lines.slice(0, after), ...inserted, ...lines.slice(after)];
-  if (text === '') return inserted.length === 0 ? '' : `${inserted.join('\n')}\n`;
-  const trailing = text.endsWith('\n') || (after === lines.length && newText.endsWith('\n')) ? '\n' : '';
-  return `${result.join('\n')}${trailing}`;
+  const block = newText === '' || newText.endsWith('\n') ? newText : `${newText}\n`;
+  if (text === '' || block === '') return text === '' ? block : text;
+  const at = lineStart(text, after + 1);
+  if (at < text.length) return text.slice(0, at) + block + text.slice(at);
+  const ended = text.endsWith('\n');
+  return `${ended ? text.slice(0, -1) : text}\n${block.slice(0, -1)}${ended || newText.endsWith('\n') ? '\n' : ''}`;
 }
 
 /** Lines `first`..`last` (1-based, inclusive) numbered as `cat -n` does: right-aligned number, a tab, the line. */

@@ -110,4 +110,17 @@ describe('disposeTools', () => {
     expect(disposed.sort()).toEqual(['a', 'b']);
     expect(errors).toHaveLength(1);
   });
+
+  it('gives up on a dispose that never ends after its bound, logging it, so the sample keeps its own result', { timeout: 5_000 }, async () => {
+    // A plugin's tool whose clean-up hangs (a connection to a dead service) held its sample until the run stage's
+    // deadline turned a finished trajectory into TIMEOUT.
+    const logged: unknown[] = [];
+    let finished = false;
+    const hanging: Tool = { name: 'hangs', description: '', parameters: {}, run: async () => ({ output: '', outcome: 'ok' }), dispose: () => new Promise<void>(() => undefined) };
+    const quick: Tool = { name: 'quick', description: '', parameters: {}, run: async () => ({ output: '', outcome: 'ok' }), dispose: async () => void (finished = true) };
+    const log = { error: (obj: unknown, msg: string) => logged.push([obj, msg]) } as unknown as Parameters<typeof disposeTools>[1];
+    await disposeTools([hanging, quick], log, { timeoutMs: 50 });
+    expect(finished).toBe(true);
+    expect(logged).toEqual([[{ tool: 'hangs', timeoutMs: 50 }, 'disposing a tool did not finish in time; left behind']]);
+  });
 });

@@ -1,6 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BubblewrapDriver, type BubblewrapSandbox } from '../../src/sandboxes/bwrap.js';
-import { executeToolCalls, MAX_ERROR_OBSERVATIONS } from '../../src/tools/execute.js';
+import { z } from 'zod';
+import { defineTool } from '../../src/tools/define-tool.js';
+import { executeToolCalls, MAX_CALLS_PER_MESSAGE, MAX_ERROR_OBSERVATIONS } from '../../src/tools/execute.js';
 import { HermesToolCallParser } from '../../src/tools/hermes-parser.js';
 import { defaultToolRegistry, toolSchemas, ToolRegistry } from '../../src/tools/registry.js';
 import type { Tool, ToolContext } from '../../src/tools/types.js';
@@ -67,6 +69,24 @@ describe('executeToolCalls', () => {
     expect(observations).toHaveLength(MAX_ERROR_OBSERVATIONS + 1);
     expect(observations.slice(0, 2).map((o) => o.output)).toEqual(['Error: problem 1', 'Error: problem 2']);
     expect(observations.at(-1)).toEqual({ toolName: '', outcome: 'malformed', output: `Error: ${1_000 - MAX_ERROR_OBSERVATIONS} more malformed tool calls in this message (not listed)` });
+  });
+
+  it('runs a few calls of one message and answers the rest with one observation, not thousands of runs', async () => {
+    // A degenerate completion of 20-token calls, each answered with a page of output, made ~100 observation tokens per
+    // sampled token (2,000 calls: 2.7 MB to tokenize), each call a process or a file read.
+    let runs = 0;
+    const counter = defineTool({ name: 'count', description: 'Counts.', args: z.object({}), run: async () => ({ output: `run ${++runs}`, outcome: 'ok' }) });
+    const parsed = parser.parse(call('count', {}).repeat(2_000) + '<tool_call>{"name": 1}</tool_call>');
+    expect(parsed.calls).toHaveLength(2_000);
+    const observations = await executeToolCalls(parsed, [counter], context);
+    expect(runs).toBe(MAX_CALLS_PER_MESSAGE);
+    expect(observations).toHaveLength(MAX_CALLS_PER_MESSAGE + 2);
+    expect(observations[MAX_CALLS_PER_MESSAGE]).toEqual({
+      toolName: '',
+      outcome: 'malformed',
+      output: `Error: ${2_000 - MAX_CALLS_PER_MESSAGE} more tool calls in this message were not run (at most ${MAX_CALLS_PER_MESSAGE} per message); call them again in your next message if you still need them.`,
+    });
+    expect(observations.at(-1)).toMatchObject({ outcome: 'malformed', output: expect.stringMatching(/^Error: tool call 2001: missing "name"/) });
   });
 
   it('throws infrastructure failures instead of showing them to the model', async () => {

@@ -34,6 +34,15 @@ describe('python tool', () => {
     expect(result.output).toMatch(/^before\n\[stderr\]\nTraceback[\s\S]*cell_\d+\.py", line 2[\s\S]*ValueError: boom\n\[exit code 1\]$/);
   });
 
+  it('does nothing in the sandbox for a sample already cancelled, not even writing the code cell', async () => {
+    const cancelled = new AbortController();
+    cancelled.abort();
+    const cells = async (): Promise<string> => (await sandbox.exec(['sh', '-c', 'ls -A .rollout/python 2>/dev/null'])).stdout;
+    const before = await cells();
+    await expect(python.run({ code: 'print(1)' }, { sandbox, signal: cancelled.signal })).rejects.toMatchObject({ code: 'cancelled' });
+    expect(await cells()).toBe(before);
+  });
+
   it('notes a timeout and kills the program', async () => {
     const result = await python.run({ code: 'import time\nprint("start", flush=True)\nwhile True: time.sleep(0.05)' }, context);
     expect(result.outcome).toBe('error');

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import fc from 'fast-check';
-import { insertAfterLine, occurrences, replaceUnique, splitLines } from '../../src/tools/text-edit.js';
+import { countLines, insertAfterLine, linesBetween, linesOf, occurrences, replaceUnique, splitLines } from '../../src/tools/text-edit.js';
 
 const text = fc.string({ unit: fc.constantFrom('a', 'b', '\n', ' ', 'é'), maxLength: 60 });
 
@@ -40,6 +40,18 @@ describe('text edits', () => {
         const n = k % (lines.length + 1);
         const result = splitLines(insertAfterLine(content, n, inserted));
         expect(result).toEqual([...lines.slice(0, n), ...splitLines(inserted.endsWith('\n') ? inserted : `${inserted}\n`), ...lines.slice(n)]);
+      }),
+    );
+  });
+
+  it('property: line counts, line ranges and line numbers of offsets agree with splitting the text', () => {
+    fc.assert(
+      fc.property(text, fc.integer({ min: -2, max: 30 }), fc.integer({ min: -2, max: 30 }), fc.array(fc.nat(), { maxLength: 5 }), (content, first, last, picks) => {
+        const lines = splitLines(content);
+        expect(countLines(content)).toBe(lines.length);
+        if (first >= 1) expect(linesBetween(content, first, last)).toEqual(lines.slice(first - 1, Math.max(first - 1, last)));
+        const offsets = picks.map((p) => p % (content.length + 1)).sort((a, b) => a - b);
+        expect(linesOf(content, offsets)).toEqual(offsets.map((at) => content.slice(0, at).split('\n').length));
       }),
     );
   });
