@@ -145,12 +145,20 @@ export function backendService(deps: BackendServiceDeps): BackendServiceServer {
         // Its answers share the pool's budget of bytes buffered at once with every other engine's.
         responseBudget: deps.pool.responseBudget,
       });
-      const added = deps.pool.add(client, {
-        id: request.id || withoutCredentials(url.toString()).replace(/\/$/, ''),
-        maxConcurrency: request.maxConcurrency, // 0: what the engine reports, else the pool's default
-        model: request.model || deps.defaultModel,
-        ...(logprobsMode !== undefined && { logprobsMode }),
-      });
+      let added: BackendInfo;
+      try {
+        added = deps.pool.add(client, {
+          id: request.id || withoutCredentials(url.toString()).replace(/\/$/, ''),
+          maxConcurrency: request.maxConcurrency, // 0: what the engine reports, else the pool's default
+          model: request.model || deps.defaultModel,
+          ...(logprobsMode !== undefined && { logprobsMode }),
+        });
+      } catch (err) {
+        // Refused (ALREADY_EXISTS, a bad max_concurrency): the pool does not own the client, so it is closed here —
+        // its connection pool, or the model an engine kind loads from construction, would otherwise stay per call.
+        client.close?.();
+        throw err;
+      }
       // Answer with what the engine says about itself when it can be learned in time — within modelInfoTimeoutMs and
       // before the call's deadline (an engine that cannot answer by then does not fail the call) — and refuse it when
       // it contradicts what the request declared: its logprobs mode, or the model (a vLLM engine whose GET /v1/models

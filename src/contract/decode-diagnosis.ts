@@ -160,14 +160,14 @@ export function decodedChecks(typeName: string): (bytes: Uint8Array, decoded: un
 }
 
 /** The wire type a value of `field` is written with (a repeated number may also come packed, as wire type 2). */
-function wireTypeOf(type: string, resolved: protobuf.Type | protobuf.Enum | null): WireType {
+export function wireTypeOf(type: string, resolved: protobuf.Type | protobuf.Enum | null): WireType {
   if (resolved instanceof protobuf.Type) return WireType.LengthDelimited;
   if (resolved instanceof protobuf.Enum) return WireType.Varint;
   const basic = (protobuf.types.basic as Record<string, number | undefined>)[type];
   return basic === undefined ? WireType.LengthDelimited : (basic as WireType);
 }
 
-const WIRE_TYPE_NAMES = ['varint', '64-bit', 'length-delimited', 'group start', 'group end', '32-bit'];
+export const WIRE_TYPE_NAMES = ['varint', '64-bit', 'length-delimited', 'group start', 'group end', '32-bit'];
 
 /**
  * Throws the Finding for the first field of the contract whose wire type is not its own (message, map entry and

@@ -7,7 +7,7 @@ import { createRequire } from 'node:module';
 const require = createRequire(import.meta.url);
 
 /** The protos of the services grpc-js serves beside ours: health checking and reflection itself (v1 and v1alpha). */
-const INFRASTRUCTURE_PROTOS = [
+export const INFRASTRUCTURE_PROTOS: readonly string[] = [
   healthProtoPath,
   require.resolve('@grpc/reflection/build/proto/grpc/reflection/v1/reflection.proto'),
   require.resolve('@grpc/reflection/build/proto/grpc/reflection/v1alpha/reflection.proto'),

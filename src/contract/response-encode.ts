@@ -36,6 +36,27 @@ export function trajectorySerializers<S extends ServiceDefinition>(service: S, m
   return out as S;
 }
 
+/**
+ * The exact encoded size of a GetTrajectoryResponse, as {@link trajectorySerializers} writes it (what grpc-js compares
+ * with its send limit): counted from the stored bytes, so a response too large to send is refused before any of it
+ * is copied into one buffer.
+ */
+export function getTrajectoryResponseBytes(m: GetTrajectoryResponse): number {
+  let bytes = m.pending !== 0 ? 1 + (m.pending < 0 ? 10 : varintBytes(m.pending)) : 0;
+  for (const t of m.trajectories) {
+    const length = (encodedTrajectory(t) ?? Trajectory.encode(t).finish()).length;
+    bytes += 1 + varintBytes(length) + length;
+  }
+  return bytes;
+}
+
+/** Bytes of a non-negative integer as a varint. */
+function varintBytes(value: number): number {
+  let bytes = 1;
+  for (let v = value; v >= 128; v = Math.floor(v / 128)) bytes++;
+  return bytes;
+}
+
 /** Length-delimited fields in order, then an optional int32 field. */
 function frame(fields: readonly (readonly [number, Uint8Array])[], int32?: readonly [number, number]): Buffer {
   const writer = new BinaryWriter();

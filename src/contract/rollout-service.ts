@@ -1,16 +1,16 @@
 import { setMaxListeners } from 'node:events';
 import type { Writable } from 'node:stream';
-import { status, type ServerDuplexStream } from '@grpc/grpc-js';
+import { Metadata, status, type ServerDuplexStream } from '@grpc/grpc-js';
 import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
 import type { EnvironmentRegistry } from '../environments/registry.js';
 import type { RolloutRuntime } from '../runtime.js';
-import { checkAckSize, type Session } from './session.js';
+import { checkAckSize, MAX_ACK_ENTRIES, type Session } from './session.js';
 import type { SessionManager } from './sessions.js';
 import { StreamWriter } from './stream-writer.js';
 import { clipped, grpcCodeOf, MAX_FIELD_CHARS, toServiceError } from './status.js';
 import { fieldBelow, unary } from './unary.js';
-import { rolloutResponseBytes } from './response-encode.js';
+import { getTrajectoryResponseBytes, rolloutResponseBytes } from './response-encode.js';
 import { stageEventOf } from './events.js';
 import { handleWatch } from './watch.js';
 import { undecodable } from './tolerant-decode.js';
@@ -63,7 +63,19 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
       if (request.wait) await runtime.store.waitFor(entry, indices, signal);
       // Sent as the stored bytes, never decoded here (see StoredTrajectory).
       const trajectories = indices.flatMap((i) => entry.trajectories[i]?.trajectory() ?? []);
-      return { trajectories, pending: indices.length - trajectories.length };
+      const response = { trajectories, pending: indices.length - trajectories.length };
+      // Refused here, naming the way out, rather than by grpc-js after encoding it all ("Sent message larger than
+      // max"): a group of long trajectories can be more than one message. One sample always fits (wireSafe).
+      const limit = runtime.deps.config.maxMessageBytes;
+      const bytes = getTrajectoryResponseBytes(response);
+      if (bytes > limit) {
+        const wayOut = request.sampleIndex === undefined ? `: ask for one sample at a time with sample_index (0 to ${n - 1}); each fits` : '';
+        throw new RolloutError(
+          'resource_exhausted',
+          `the ${trajectories.length} finished trajectories of task "${request.taskId}" are ${bytes} bytes in one response, over the server's ${limit}-byte message limit (maxMessageBytes)${wayOut}`,
+        );
+      }
+      return response;
     }, lifetime),
 
     cancel: unary(log, (request) => {
@@ -94,6 +106,9 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
   }
 
   async function handleRollout(call: ServerDuplexStream<RolloutRequest, RolloutResponse>): Promise<void> {
+    // A bound a client must keep that SessionOpened has no field for: advertised in the response headers, which reach
+    // the client before any answer (see README, "No message kills a stream").
+    call.sendMetadata(rolloutHeaders());
     const writer = new StreamWriter<RolloutResponse>(call, rolloutResponseBytes);
     const { maxOutboxBytes } = runtime.deps.config.sessions;
     const aborted = new AbortController();
@@ -342,6 +357,13 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
       writer.sendUrgent({ kind: { $case: 'rejected', value: { taskId: spec.taskId, field: clipped(e.field ?? '', MAX_FIELD_CHARS), reason, code: grpcCodeOf(e) } } });
     }
   }
+}
+
+/** The Rollout stream's response headers: `rollout-max-ack-entries`, the most task ids and trajectories one Ack may list. */
+function rolloutHeaders(): Metadata {
+  const headers = new Metadata();
+  headers.set('rollout-max-ack-entries', String(MAX_ACK_ENTRIES));
+  return headers;
 }
 
 /** A task of a stream between its arrival and its answer (accepted or rejected). */

@@ -15,7 +15,8 @@ import { AdminServiceService } from '../../gen/ts/rollout/v1/admin.js';
 import { adminService } from './admin-service.js';
 import { authInterceptor } from './auth.js';
 import { backendService } from './backend-service.js';
-import { reflectedDefinition } from './reflection.js';
+import { INFRASTRUCTURE_PROTOS, reflectedDefinition } from './reflection.js';
+import { strictRequestsServer } from './infrastructure-requests.js';
 import { rolloutService } from './rollout-service.js';
 import { SessionManager } from './sessions.js';
 import { smallRequestLimits, tolerantService, transportReceiveLimit } from './tolerant-decode.js';
@@ -104,8 +105,10 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
     adminService({ lifecycle, logger, inFlight: () => runtime.pipeline.inFlight, drain: (graceMs) => void drain(graceMs).catch(() => undefined) }),
   );
   const health = new HealthImplementation(Object.fromEntries(HEALTH_SERVICES.map((name) => [name, 'SERVING'])));
-  health.addToServer(server);
-  new ReflectionService(reflectedDefinition(['rollout/v1/rollout.proto', 'rollout/v1/backend.proto', 'rollout/v1/admin.proto'], PROTO_DIR)).addToServer(server);
+  // Their requests are checked on the wire as ours are: garbage is INVALID_ARGUMENT, never INTERNAL or a guess.
+  const infrastructure = strictRequestsServer(server, INFRASTRUCTURE_PROTOS, logger);
+  health.addToServer(infrastructure);
+  new ReflectionService(reflectedDefinition(['rollout/v1/rollout.proto', 'rollout/v1/backend.proto', 'rollout/v1/admin.proto'], PROTO_DIR)).addToServer(infrastructure);
 
   let port: number;
   try {

@@ -1,6 +1,6 @@
-import { status } from '@grpc/grpc-js';
+import { credentials, type Metadata, status } from '@grpc/grpc-js';
 import { afterEach, describe, expect, it } from 'vitest';
-import { RolloutRequest, TaskSpec, type RolloutResponse } from '../../gen/ts/rollout/v1/rollout.js';
+import { RolloutRequest, RolloutServiceClient, TaskSpec, type RolloutResponse } from '../../gen/ts/rollout/v1/rollout.js';
 import { MAX_ACK_ENTRIES } from '../../src/contract/session.js';
 import { mathTask } from '../support/harness.js';
 import { rawRollout } from '../support/raw-rollout.js';
@@ -63,4 +63,24 @@ describe('an ack listing more entries than a message may', () => {
     session.ack([{ taskId: t!.taskId, sampleIndex: t!.sampleIndex }, ...Array.from({ length: MAX_ACK_ENTRIES - 1 }, (_, i) => ({ taskId: `x${i}`, sampleIndex: 0 }))]);
     await eventually(() => h.server.sessions.get('acker')?.unackedCount === 0, 'the ack applied', 30_000);
   }, 120_000);
+});
+
+describe('the ack bound', () => {
+  it('is advertised before the first answer, in the Rollout stream\'s initial metadata (rollout-max-ack-entries)', async () => {
+    const h = await startServerHarness({ config: { journal: { dir: null } } });
+    harnesses.push(h);
+    const client = new RolloutServiceClient(h.server.address, credentials.createInsecure());
+    try {
+      const call = client.rollout();
+      const headers = new Promise<Metadata>((resolve) => call.on('metadata', resolve));
+      const opened = new Promise<void>((resolve) => call.on('data', (r: RolloutResponse) => r.kind?.$case === 'opened' && resolve()));
+      call.on('error', () => undefined);
+      call.write({ kind: { $case: 'open', value: { sessionId: '', resume: false, stageEvents: false } } });
+      await opened;
+      expect((await headers).get('rollout-max-ack-entries')).toEqual([String(MAX_ACK_ENTRIES)]);
+      call.end();
+    } finally {
+      client.close();
+    }
+  }, 60_000);
 });

@@ -6,6 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TrajectoryStatus } from '../../gen/ts/rollout/v1/rollout.js';
 import { RolloutClient } from '../../src/client/rollout-client.js';
 import { invariantViolations, mathTask, startHarness, type Harness } from '../support/harness.js';
+import { eventually } from '../support/wait.js';
 
 const require = createRequire(import.meta.url);
 
@@ -62,6 +63,22 @@ describe('unary RPCs, BackendService, health and reflection', () => {
     const got = await h.client.getTrajectory('cancel-me', { wait: true, deadlineMs: 30_000 });
     expect(got.trajectories.map((t) => t.status)).toEqual([TrajectoryStatus.TRAJECTORY_STATUS_CANCELLED, TrajectoryStatus.TRAJECTORY_STATUS_CANCELLED]);
     expect(got.trajectories.every((t) => t.reward === 0 && t.finishReason === 'cancelled')).toBe(true);
+  });
+
+  it('Cancel counts each sample once: a second Cancel of the same task, and one of a finished task, cancel nothing', async () => {
+    const slow = mathTask('cancel-twice', 2, 52, { limits: { maxTurns: 8, initTimeoutMs: 0, runTimeoutMs: 0, evalTimeoutMs: 0, totalTimeoutMs: 0 } });
+    const received = h.engine.stats().received;
+    h.engine.failNext(2, { kind: 'hang' });
+    await h.client.submit(slow);
+    await eventually(() => h.engine.stats().received >= received + 2, 'both samples waiting on the engine', 30_000);
+    // Sent together: the second arrives while the first one's samples are still being cancelled.
+    const answers = await Promise.all([h.client.cancel('cancel-twice'), h.client.cancel('cancel-twice')]);
+    expect(answers.map((a) => a.cancelled).sort()).toEqual([0, 2]);
+    const got = await h.client.getTrajectory('cancel-twice', { wait: true, deadlineMs: 30_000 });
+    expect(got.trajectories.map((t) => t.status)).toEqual([TrajectoryStatus.TRAJECTORY_STATUS_CANCELLED, TrajectoryStatus.TRAJECTORY_STATUS_CANCELLED]);
+    expect((await h.client.cancel('cancel-twice')).cancelled).toBe(0);
+    const unknown = (await h.client.cancel('never-submitted').catch((e: unknown) => e)) as ServiceError;
+    expect(unknown.code).toBe(status.NOT_FOUND);
   });
 
   it('ListEnvironments describes math with its instance schema and tools', async () => {
