@@ -60,6 +60,14 @@ export function authInterceptor(policy: AuthPolicy, logger: Logger, logRate: Rat
   };
 }
 
+/**
+ * Whether an `authorization` header value is `Bearer <token>`, in constant time: both sides are hashed first, so
+ * neither the token's bytes nor its length leak through timing.
+ */
+export function bearerMatches(given: unknown, token: string): boolean {
+  return typeof given === 'string' && timingSafeEqual(digest(given), digest(`Bearer ${token}`));
+}
+
 function digest(value: string): Buffer {
   return createHash('sha256').update(value).digest();
 }

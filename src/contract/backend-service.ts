@@ -1,5 +1,5 @@
 import type { Metadata, ServerUnaryCall } from '@grpc/grpc-js';
-import { timingSafeEqual } from 'node:crypto';
+import { bearerMatches } from './auth.js';
 import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
 import type { BackendPool, BackendInfo } from '../backends/pool.js';
@@ -203,10 +203,7 @@ export function backendService(deps: BackendServiceDeps): BackendServiceServer {
 
 function authorize(metadata: Metadata, token: string | undefined): void {
   if (!token) return;
-  const header = String(metadata.get('authorization')[0] ?? '');
-  const expected = Buffer.from(`Bearer ${token}`);
-  const given = Buffer.from(header);
-  if (given.length !== expected.length || !timingSafeEqual(given, expected)) {
+  if (!bearerMatches(metadata.get('authorization')[0], token)) {
     throw new RolloutError('unauthenticated', 'admin token required: authorization: Bearer <token>');
   }
 }

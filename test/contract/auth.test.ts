@@ -3,7 +3,7 @@ import { Writable } from 'node:stream';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { RolloutClient } from '../../src/client/rollout-client.js';
-import { authInterceptor } from '../../src/contract/auth.js';
+import { authInterceptor, bearerMatches } from '../../src/contract/auth.js';
 import { RolloutServiceClient, RolloutServiceService, TaskSpec } from '../../gen/ts/rollout/v1/rollout.js';
 import { BackendServiceClient } from '../../gen/ts/rollout/v1/backend.js';
 import { AdminServiceClient, ServerState } from '../../gen/ts/rollout/v1/admin.js';
@@ -291,6 +291,15 @@ describe('a server with no token at all', () => {
       expect(await h.client.listBackends()).toHaveLength(1);
     } finally {
       await h.close();
+    }
+  });
+});
+
+describe('bearerMatches (the check BackendService does when it is mounted without the interceptor)', () => {
+  it('takes exactly "Bearer <token>" and nothing else: not a prefix, a longer one, another scheme, a non-string', () => {
+    expect(bearerMatches('Bearer s3cret', 's3cret')).toBe(true);
+    for (const given of ['Bearer s3cre', 'Bearer s3crett', 'bearer s3cret', 's3cret', '', 'Bearer s3cretBearer s3cret', undefined, Buffer.from('Bearer s3cret')]) {
+      expect(bearerMatches(given, 's3cret')).toBe(false);
     }
   });
 });
