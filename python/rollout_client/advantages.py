@@ -43,10 +43,11 @@ def trainer_batch(groups: Iterable[Group], *, normalize: str = "std") -> Dict[st
     """Flattens groups into per-sample lists, policy-outcome samples only (infrastructure failures dropped).
 
     Keys: prompt_ids, response_ids, loss_mask, logprobs, policy_versions (lists of lists), rewards, advantages
-    (one float per sample), group_ids, task_ids, sample_indices. Turn them into padded tensors with the trainer's
+    (one float per sample), group_ids, task_ids, sample_indices, stale (the sample's tokens span more policy versions
+    than the task's max_staleness allows: kept, for the trainer to weigh or drop). Turn them into padded tensors with the trainer's
     own collate (e.g. torch.nn.utils.rnn.pad_sequence); nothing here depends on torch.
     """
-    out: Dict[str, list] = {k: [] for k in ("prompt_ids", "response_ids", "loss_mask", "logprobs", "policy_versions", "rewards", "advantages", "group_ids", "task_ids", "sample_indices")}
+    out: Dict[str, list] = {k: [] for k in ("prompt_ids", "response_ids", "loss_mask", "logprobs", "policy_versions", "rewards", "advantages", "group_ids", "task_ids", "sample_indices", "stale")}
     for group in groups:
         samples: List[Sample] = group.ok
         for sample, adv in zip(samples, group_advantages(group, normalize=normalize, drop_failed=True)):
@@ -60,4 +61,5 @@ def trainer_batch(groups: Iterable[Group], *, normalize: str = "std") -> Dict[st
             out["group_ids"].append(sample.group_id)
             out["task_ids"].append(sample.task_id)
             out["sample_indices"].append(sample.sample_index)
+            out["stale"].append(bool(sample.stale))
     return out

@@ -464,6 +464,11 @@ class AsyncRolloutClient:
                 log.warning("%s: trajectory of unknown task %s (session %s): acked and dropped", conn.target, t.task_id, conn.session_id)
             return
         index = t.sample_index
+        if not 0 <= index < task.num_samples:
+            # A faulty server's: stored, it would complete the group in place of a real sample (dropped as a
+            # duplicate when it came).
+            log.warning("%s: trajectory of task %s with sample_index %d outside [0, %d): acked and dropped", conn.target, t.task_id, index, task.num_samples)
+            return
         if index in task.samples:
             self.stats["duplicates_dropped"] += 1
             return

@@ -1,6 +1,7 @@
 """Typed results: one Sample per trajectory, one Group per task (its num_samples samples)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List
 
@@ -10,6 +11,41 @@ from rollout.v1 import rollout_pb2
 POLICY_OUTCOMES = frozenset({"completed", "truncated"})
 
 _TIMING_FIELDS = ("queue_ms", "init_ms", "run_ms", "llm_ms", "tool_ms", "eval_ms", "total_ms")
+
+
+#: Client-side status of a trajectory that breaks the invariants below (see malformed()): never training data.
+MALFORMED = "malformed"
+
+
+def malformed(t: Any) -> str:
+    """Why a policy-outcome trajectory cannot be trained on as sent ("" when it can).
+
+    The server checks the same invariants before sending; this is the trainer's last line against a faulty or
+    mismatched server: a batch cannot tell a NaN reward (which makes every advantage of its group NaN) or a mask
+    shifted by one token from good data.
+    """
+    n = len(t.response_token_ids)
+    if not (n == len(t.response_mask) == len(t.response_logprobs)):
+        return f"lengths differ: {n} response ids, {len(t.response_mask)} mask entries, {len(t.response_logprobs)} logprobs"
+    if not math.isfinite(t.reward):
+        return f"reward is not finite: {t.reward}"
+    if not set(t.response_mask) <= {0, 1}:
+        return "mask holds values other than 0 and 1"
+    if not all(map(math.isfinite, t.response_logprobs)):
+        return "a logprob is not finite"
+    if t.turns:
+        at = 0
+        for turn in t.turns:
+            if turn.start != at or turn.end < turn.start:
+                return f"turns do not tile the response: a turn spans [{turn.start}, {turn.end}) after position {at}"
+            want = 1 if turn.role == rollout_pb2.ROLE_ASSISTANT else 0
+            # An empty span is legal (an engine call aborted before its first token).
+            if turn.end > turn.start and set(t.response_mask[turn.start:turn.end]) != {want}:
+                return f"turns disagree with the mask: [{turn.start}, {turn.end}) is {'an assistant' if want else 'a non-assistant'} turn"
+            at = turn.end
+        if at != n:
+            return f"turns do not tile the response: they end at {at} of {n}"
+    return ""
 
 
 def status_name(status: int) -> str:
@@ -28,6 +64,8 @@ class Sample:
     len(policy_versions); loss_mask is 1 exactly on tokens the engine sampled, whose logprob and policy version are
     the engine's; template and environment tokens have mask 0, logprob 0 and policy version 0.
     A sample with is_infra_failure=True carries no policy outcome: its reward is meaningless, never a 0 to train on.
+    A completed/truncated trajectory that breaks those invariants or has a non-finite reward arrives as status
+    'malformed' (a failure; ``error`` says what was wrong and the status the server sent).
     """
 
     task_id: str
@@ -60,6 +98,11 @@ class Sample:
                     if mask[i] == 1:
                         versions[i] = int(turn.policy_version)
         status = status_name(t.status)
+        error = t.error
+        if status in POLICY_OUTCOMES:
+            why = malformed(t)
+            if why:
+                status, error = MALFORMED, f"malformed trajectory (sent as {status}): {why}"
         return cls(
             task_id=t.task_id,
             sample_index=t.sample_index,
@@ -74,7 +117,7 @@ class Sample:
             is_infra_failure=status not in POLICY_OUTCOMES,
             finish_reason=t.finish_reason,
             num_turns=t.num_turns,
-            error=t.error,
+            error=error,
             timing={name: getattr(t.timing, name) for name in _TIMING_FIELDS},
             stale=t.stale,
             raw=t,

@@ -8,11 +8,11 @@ import pytest
 from rollout_client import Group, Sample, group_advantages, trainer_batch
 
 
-def sample(i: int, reward: float, status: str = "completed") -> Sample:
+def sample(i: int, reward: float, status: str = "completed", stale: bool = False) -> Sample:
     return Sample(
         task_id="t", sample_index=i, group_id="g", prompt_ids=[1], response_ids=[2, 3], loss_mask=[1, 0], logprobs=[-0.1, 0.0],
         policy_versions=[1, 0], reward=reward, status=status, is_infra_failure=status not in ("completed", "truncated"),
-        finish_reason="stop", num_turns=1, error="", timing={}, stale=False,
+        finish_reason="stop", num_turns=1, error="", timing={}, stale=stale,
     )
 
 
@@ -42,3 +42,9 @@ def test_trainer_batch_flattens_policy_outcomes_with_their_advantages():
     assert batch["rewards"] == [1.0, 0.0, 0.5]
     assert batch["advantages"][2] == 0.0 and math.isclose(batch["advantages"][0], -batch["advantages"][1])
     assert batch["loss_mask"] == [[1, 0]] * 3 and batch["policy_versions"] == [[1, 0]] * 3
+
+
+def test_trainer_batch_carries_the_stale_flag_of_each_sample():
+    """A task's max_staleness with FLAG delivers past-bound samples marked stale: the batch must keep the mark."""
+    batch = trainer_batch([Group("a", "ga", [sample(0, 1.0), sample(1, 0.0, stale=True), sample(2, 0.0, "timeout", stale=True)])])
+    assert batch["stale"] == [False, True]

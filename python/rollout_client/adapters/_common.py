@@ -13,8 +13,11 @@ TaskSpec per GRPO group. This module bridges the two without timing guesses:
   simply forms a smaller group of its own (still correct: each sample is an independent draw of the same prompt).
 - The failure policy: a sample whose status is not ``completed``/``truncated`` never carries a gradient and never
   counts as a reward of 0. Trainers that can drop a sample drop it (slime: ``remove_sample``); the others get it with
-  every token masked and the *group-neutral* reward (the mean of the group's usable rewards), so neither the group
-  mean nor any advantage moves, and a flag says what happened.
+  every token masked and the *group-neutral* reward (the mean of the group's usable rewards), so the group mean does
+  not move, and a flag says what happened. The group's std does: k samples at the mean shrink it, so under GRPO's
+  std normalisation the n - k usable samples' advantages grow by sqrt((n - 1) / (n - k - 1)) (unbiased std, as verl
+  and SkyRL compute it; 1.22x for 2 of 4 failed). No reward for a sample the trainer cannot drop keeps both mean and
+  std; count the failures (each adapter's flag) and mind batches with many.
 """
 from __future__ import annotations
 

@@ -145,7 +145,7 @@ def to_result(group: Any, i: int, row: Mapping[str, Any]) -> dict[str, Any]:
     sample = group.samples[i]
     ok = usable(sample)
     info = {"task_id": sample.task_id, "sample_index": sample.sample_index, "status": sample.status,
-            "finish_reason": sample.finish_reason, "error": sample.error or "",
+            "finish_reason": sample.finish_reason, "error": sample.error or "", "stale": bool(sample.stale),
             "llm_seconds": timing_seconds(sample, "llm"), "total_seconds": timing_seconds(sample, "total")}
     full: dict[str, Any] = {"reward": float(sample.reward) if ok else neutral_reward(group),
                             "responses_create_params": as_plain(row.get("responses_create_params") or {}),

@@ -8,7 +8,8 @@ with ``num_samples`` = their count, all groups run at once over the process's sh
 
 ``generate`` never raises: in SkyRL's fully-async trainer any exception kills the run. Every failure — a sample
 the service reports as failed, a rejected spec, a lost server — becomes a sample with every response token masked,
-logprobs 0, the group-neutral reward (mean of the group's usable rewards; 0.0 when none is usable, which moves
+logprobs 0, the group-neutral reward (mean of the group's usable rewards: the group mean does not move, its std
+shrinks, see ``_common``; 0.0 when none is usable, which moves
 nothing since a group of all-masked samples has no gradient), stop reason ``rollout_service:<status>``, and a log
 line. ``rollout_metrics`` counts them.
 
@@ -145,7 +146,7 @@ class RolloutServiceGenerator(_Base):  # type: ignore[misc,valid-type]
             "env": timing_seconds(sample, "tool") + timing_seconds(sample, "eval") + timing_seconds(sample, "init"),
             "env_metrics": {"rollout_task_id": sample.task_id, "rollout_sample_index": sample.sample_index,
                             "rollout_status": sample.status, "rollout_finish_reason": sample.finish_reason or "",
-                            "rollout_error": sample.error or ""},
+                            "rollout_error": sample.error or "", "rollout_stale": bool(sample.stale)},
         }
 
     def _placeholder(self, prompt: Any, stop: str) -> dict[str, Any]:
@@ -160,7 +161,7 @@ class RolloutServiceGenerator(_Base):  # type: ignore[misc,valid-type]
         return {"prompt": ids, "response": [self._pad_id()], "mask": [0], "logprobs": [0.0], "reward": 0.0, "stop": stop,
                 "failed": True, "cut": 0, "seconds": 0.0, "llm": 0.0, "env": 0.0,
                 "env_metrics": {"rollout_task_id": "", "rollout_sample_index": -1, "rollout_status": "unreachable",
-                                "rollout_finish_reason": "", "rollout_error": stop}}
+                                "rollout_finish_reason": "", "rollout_error": stop, "rollout_stale": False}}
 
     def _pad_id(self) -> int:
         tok = self.tokenizer

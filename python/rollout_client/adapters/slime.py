@@ -17,8 +17,9 @@ reward model is not called), ``status`` (COMPLETED or TRUNCATED), ``weight_versi
 assistant turn, as strings, like slime's one entry per engine call), and ``metadata["rollout_service"]``.
 
 Failures: slime can drop a sample, so it is dropped: ``remove_sample = True`` (slime zeroes its loss mask),
-``status = FAILED``, and the group-neutral reward (the mean of the group's usable rewards) so reward normalisation
-over the group is not pulled by a number that is not a policy outcome.
+``status = FAILED``, its loss mask and logprobs 0, and the group-neutral reward (the mean of the group's usable
+rewards) so the group mean is not pulled by a number that is not a policy outcome (its std is, where slime's
+normalisation counts removed samples: see ``_common``).
 """
 from __future__ import annotations
 
@@ -81,7 +82,8 @@ def fill(sample: Any, group: Any, i: int) -> Any:
     sample.weight_versions = [str(s.policy_version) for s in spans(got) if s.assistant]
     sample.metadata = dict(sample.metadata or {})
     sample.metadata["rollout_service"] = {"task_id": got.task_id, "sample_index": got.sample_index, "status": got.status,
-                                          "finish_reason": got.finish_reason, "error": got.error or ""}
+                                          "finish_reason": got.finish_reason, "error": got.error or "",
+                                          "stale": bool(got.stale)}
     if usable(got):
         sample.reward = float(got.reward)
         sample.status = status.TRUNCATED if got.status == "truncated" else status.COMPLETED
@@ -91,6 +93,9 @@ def fill(sample: Any, group: Any, i: int) -> Any:
         sample.reward = neutral_reward(group)
         sample.status = status.FAILED
         sample.remove_sample = True
+        # Masked here too, not only by slime's handling of remove_sample: a failed sample's tokens are never trained.
+        sample.loss_mask = [0] * sample.response_length
+        sample.rollout_log_probs = [0.0] * sample.response_length
     if sample.response is None or not isinstance(sample.response, str):
         sample.response = ""
     return sample

@@ -16,7 +16,8 @@ Register it by importing this module (``@register("rollout_service")``) or with 
 Output (``AgentLoopOutput``): prompt_ids and response_ids exactly as the service tokenised and the engine sampled
 them, response_mask (1 = sampled), response_logprobs (the engine's, 0 where masked), reward_score (the
 environment's reward), num_turns (the prompt message plus every response turn, as verl counts), metrics (LLM, tool
-and eval time) and extra_fields (status and ids, same keys on every sample so verl can stack them).
+and eval time) and extra_fields (status, ids and ``rollout_stale``, the mark of a task's max_staleness; same keys
+on every sample so verl can stack them).
 
 Lengths: verl pads every sample to ``rollout.prompt_length`` / ``rollout.response_length`` and does not truncate,
 so a longer sample fails the whole batch when it is stacked. The prompt is cut from the left (as verl's own
@@ -26,7 +27,8 @@ the environment's token budget (``sampling.max_total_tokens`` through :meth:`tas
 
 Failures: verl has no per-sample drop. A sample the service reports as failed (timeout, cancelled, environment,
 sandbox or backend error) comes back with every response token masked (no gradient), its logprobs 0, the
-group-neutral reward (the mean of the group's usable rewards, so no advantage moves), and
+group-neutral reward (the mean of the group's usable rewards: the group mean does not move, but the std shrinks, so
+the usable samples' GRPO advantages grow; see ``_common``), and
 ``extra_fields["rollout_failed"] = True`` with the status and error. An empty response gets one masked pad token,
 because verl indexes the last response position for the reward.
 """
@@ -134,6 +136,7 @@ class RolloutServiceAgentLoop(AgentLoopBase):
                 "rollout_prompt_cut_tokens": cut.prompt_cut,
                 "rollout_policy_version_min": min(versions) if versions else None,
                 "rollout_policy_version_max": max(versions) if versions else None,
+                "rollout_stale": bool(sample.stale),
             },
         )
 

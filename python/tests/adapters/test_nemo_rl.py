@@ -121,3 +121,13 @@ def test_an_empty_batch_is_refused_like_nemo_gyms_actor(target):
     gym = RolloutServiceGym({"targets": target})
     with pytest.raises(ValueError):
         asyncio.run(collect(gym, []))
+
+
+def test_a_stale_sample_is_flagged_in_its_full_result():
+    """A task's max_staleness with FLAG delivers past-bound samples marked stale: NeMo-RL must see the mark."""
+    from adapter_support import hand_made_group
+
+    group = hand_made_group(stale=(1,))
+    results = [to_result(group, i, {"_rowidx": i}) for i in range(3)]
+    assert [r["full_result"]["rollout_service"]["stale"] for r in results] == [False, True, False]
+    assert [e["role"] for e in results[1]["message_log"]] == ["user", "assistant", "user", "assistant"]

@@ -153,3 +153,14 @@ def test_a_failed_sample_gets_the_group_neutral_reward(target):
     assert row["mask"] == [0] * len(row["response"]) and row["logprobs"] == [0.0] * len(row["response"])
     assert row["reward"] == pytest.approx((group.samples[0].reward + group.samples[1].reward) / 2)
     assert row["stop"] == "rollout_service:backend_error" and row["failed"] is True
+
+
+def test_a_stale_sample_is_flagged_in_its_env_metrics():
+    """A task's max_staleness with FLAG delivers past-bound samples marked stale: SkyRL must see the mark."""
+    from adapter_support import hand_made_group
+
+    generator = RolloutServiceGenerator({"targets": "127.0.0.1:1"}, tokenizer=TOKENIZER)
+    group = hand_made_group(stale=(1,))
+    rows = [generator._row(group, j) for j in range(3)]
+    assert [r["env_metrics"]["rollout_stale"] for r in rows] == [False, True, False]
+    assert rows[1]["mask"] == [1, 1, 0, 1]

@@ -147,3 +147,24 @@ def test_a_failed_sample_gets_the_group_neutral_reward(target):
     s = slime.fill(SlimeSample(), group, 0)
     assert s.remove_sample is True and s.status == SlimeSample.Status.FAILED
     assert s.reward == pytest.approx((group.samples[1].reward + group.samples[2].reward) / 2)
+
+
+def test_a_stale_sample_is_flagged_in_its_metadata():
+    """A task's max_staleness with FLAG delivers past-bound samples marked stale: slime must see the mark."""
+    from adapter_support import hand_made_group
+
+    group = hand_made_group(stale=(1,))
+    samples = [slime.fill(SlimeSample(), group, i) for i in range(3)]
+    assert [s.metadata["rollout_service"]["stale"] for s in samples] == [False, True, False]
+    assert samples[1].remove_sample is False and samples[1].loss_mask == [1, 1, 0, 1]
+
+
+def test_a_removed_sample_carries_no_trainable_token_of_its_own():
+    """remove_sample is slime's drop; the sample must not depend on it: a failed sample's mask and logprobs are 0."""
+    from adapter_support import hand_made_group
+
+    group = hand_made_group(failed=(1,))
+    s = slime.fill(SlimeSample(), group, 1)
+    assert s.remove_sample is True and s.status == SlimeSample.Status.FAILED
+    assert s.loss_mask == [0, 0, 0, 0] and s.rollout_log_probs == [0.0, 0.0, 0.0, 0.0]
+    assert s.reward == pytest.approx(1.0)  # group-neutral: the mean of samples 0 and 2

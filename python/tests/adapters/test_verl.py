@@ -221,3 +221,14 @@ def test_an_agent_loop_config_file_entry_registers_and_configures_it(target, tmp
     outs = asyncio.run(go())
     assert len({o.extra_fields["rollout_task_id"] for o in outs}) == 1
     assert all(o.extra_fields["rollout_failed"] is False for o in outs)
+
+
+def test_a_stale_sample_is_flagged_in_extra_fields(target):
+    """A task's max_staleness with FLAG delivers past-bound samples marked stale: verl must see the mark."""
+    from adapter_support import hand_made_group
+
+    loop = make_loop(trainer_config(target))
+    group = hand_made_group(stale=(1,))
+    outs = [loop.to_output(group, i) for i in range(3)]
+    assert [o.extra_fields["rollout_stale"] for o in outs] == [False, True, False]
+    assert outs[1].response_mask == [1, 1, 0, 1]  # flagged, not dropped: the trainer decides
