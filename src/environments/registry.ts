@@ -1,7 +1,7 @@
 import { RolloutError } from '../errors.js';
 import { MAX_TIMER_MS } from '../timers.js';
 import { defaultToolRegistry, type ToolRegistry } from '../tools/registry.js';
-import { createCodeEnvironment } from './code/code-environment.js';
+import { createCodeEnvironment, type CodeEnvironmentOptions } from './code/code-environment.js';
 import { createMathEnvironment, type MathEnvironmentOptions } from './math/math-environment.js';
 import { createSweEnvironment, type SweEnvironmentOptions } from './swe/swe-environment.js';
 import { createStemEnvironment, type StemEnvironmentOptions } from './stem/stem-environment.js';
@@ -73,6 +73,7 @@ export interface DefaultRegistryOptions {
   math?: Omit<MathEnvironmentOptions, 'toolRegistry'>;
   swe?: Omit<SweEnvironmentOptions, 'toolRegistry'>;
   stem?: Omit<StemEnvironmentOptions, 'toolRegistry'>;
+  code?: Omit<CodeEnvironmentOptions, 'toolRegistry'>;
 }
 
 /** A registry holding the built-in environments: "math", "swe", "code" and "stem". */
@@ -81,6 +82,6 @@ export function defaultRegistry(options: DefaultRegistryOptions = {}): Environme
   return new EnvironmentRegistry()
     .register(createMathEnvironment({ ...options.math, toolRegistry }))
     .register(createSweEnvironment({ ...options.swe, toolRegistry }))
-    .register(createCodeEnvironment({ toolRegistry }))
+    .register(createCodeEnvironment({ ...options.code, toolRegistry }))
     .register(createStemEnvironment({ ...options.stem, toolRegistry }));
 }

@@ -33,9 +33,21 @@ export const STDIO_SYSTEM_PROMPT = [
   'Print only what the output format asks for; spacing and line breaks between values do not matter.',
 ].join('\n');
 
+/** Default wall time all the tests of one solution may take together: 5 minutes. */
+export const DEFAULT_TEST_BUDGET_MS = 300_000;
+/** Eval work around the tests: starting the fresh sandbox, checking its python3 (up to 30 s), writing the solution. */
+export const CODE_EVAL_OVERHEAD_MS = 60_000;
+
 export interface CodeEnvironmentOptions {
   /** Where the `python`, `bash` and `finish` tools come from (default: the built-in tool registry). */
   toolRegistry?: ToolRegistry;
+  /**
+   * Wall time all the tests of one solution may take together, ms (default {@link DEFAULT_TEST_BUDGET_MS}): past it
+   * the remaining tests fail (the solution's slowness, reward 0). The environment's default eval budget is this plus
+   * {@link CODE_EVAL_OVERHEAD_MS}, so per-test time limits that add up (many tests) end as a reward, never as the eval
+   * stage's TIMEOUT; a task that sets a smaller `limits.eval_timeout_ms` gets TIMEOUT when its own budget ends first.
+   */
+  testBudgetMs?: number;
 }
 
 /** The first messages of a task. */
@@ -103,7 +115,8 @@ function scored(run: TestRun, source: string, instance: CodeInstance): Evaluatio
  *
  * The model may run code with `python` and `bash` and submits its solution in a ```python block of its final
  * reply or through `finish`. The tests run in a fresh sandbox from the same image (`openSandbox`: nothing the
- * episode left there, no network), with only the solution copied in, each test under a time limit.
+ * episode left there, no network), with only the solution copied in, each test under a time limit and all of them
+ * within `testBudgetMs` (the eval stage's default budget covers it).
  * Reward 1 iff every test passes; details { passed_all, pass_fraction, passed, total, has_code }; report
  * { format, task_id?, source, tests: first {@link MAX_REPORTED_TESTS} outcomes, tests_omitted, duration_ms }.
  * No code at all is reward 0 with has_code 0 — the model's failure, a completed trajectory. So are code that
@@ -116,6 +129,7 @@ function scored(run: TestRun, source: string, instance: CodeInstance): Evaluatio
  * code.validate({ prompt: 'def add(a, b):\n    """Sum."""\n', test: 'def check(f):\n    assert f(1, 2) == 3\n', entry_point: 'add' });
  */
 export function createCodeEnvironment(options: CodeEnvironmentOptions = {}): Environment<CodeInstance> {
+  const testBudgetMs = options.testBudgetMs ?? DEFAULT_TEST_BUDGET_MS;
   return defineEnvironment({
     name: 'code',
     description:
@@ -125,6 +139,7 @@ export function createCodeEnvironment(options: CodeEnvironmentOptions = {}): Env
     prompt: codePrompt,
     tools: CODE_TOOL_NAMES,
     ...(options.toolRegistry && { toolRegistry: options.toolRegistry }),
+    stageTimeouts: { evalMs: testBudgetMs + CODE_EVAL_OVERHEAD_MS },
     async evaluate({ instance, outcome, signal, openSandbox }) {
       const solution = findSolution(outcome);
       if (!solution) {
@@ -139,8 +154,8 @@ export function createCodeEnvironment(options: CodeEnvironmentOptions = {}): Env
       const sandbox = await openGradingSandbox(openSandbox, 'code');
       const run =
         instance.format === 'humaneval'
-          ? await runHumanEvalTests(sandbox, instance, solution.code, signal)
-          : await runStdioTests(sandbox, instance, solution.code, signal);
+          ? await runHumanEvalTests(sandbox, { ...instance, timeoutS: Math.min(instance.timeoutS, testBudgetMs / 1000) }, solution.code, signal)
+          : await runStdioTests(sandbox, instance, solution.code, signal, { budgetMs: testBudgetMs });
       return scored(run, solution.source, instance);
     },
   });

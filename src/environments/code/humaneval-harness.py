@@ -268,10 +268,20 @@ class _Solution:
             self.alive = False
         return message
 
+    def _write(self, data):
+        # The solution's processes can all be gone (a worker may kill the zygote and exit): writing to them then
+        # fails, and that is the solution's doing, never the harness's (an escaped BrokenPipeError was a harness_error).
+        try:
+            _send(self.fd, data)
+        except OSError as error:
+            self.alive = False
+            self.gone = self.gone or "the solution's processes ended (" + _describe(error) + ")"
+            raise _SolutionError(self.gone) from None
+
     def start(self):
         if self.gone:
             raise _SolutionError(self.gone)
-        _send(self.fd, b"spawn")
+        self._write(b"spawn")
         self.alive = True
         message = self._message()
         if message.get("loaded") is True:
@@ -290,7 +300,7 @@ class _Solution:
             raise _SolutionError("the test's arguments cannot be sent to the solution: " + _describe(error))
         if not self.alive:
             self.start()
-        _send(self.fd, frame)
+        self._write(frame)
         message = self._message()
         if "value" in message:
             try:
@@ -305,7 +315,10 @@ class _Solution:
         """Ends the current worker (a worker that will not end runs into the time limit)."""
         if not self.alive or self.gone:
             return
-        _send(self.fd, b"end")
+        try:
+            self._write(b"end")
+        except _SolutionError:
+            return
         while self.alive:
             try:
                 self._message()
@@ -349,6 +362,20 @@ def _plan(test):
             if tests and not any(_returns_at_top(s) for s in body):
                 return body, node.args.args[0].arg, set(tests)
     return None
+
+
+def _uncallable_check(check, candidate):
+    """Whether `check` cannot be called as check(candidate)."""
+    if not callable(check):
+        return True
+    import inspect
+    try:
+        inspect.signature(check).bind(candidate)
+    except TypeError:
+        return True
+    except ValueError:  # no signature to read (a builtin): let the call decide
+        pass
+    return False
 
 
 def _start_zygote(solution):
@@ -425,6 +452,10 @@ def _main():
         exec(compile(test, "test.py", "exec"), scope)
     except BaseException as error:
         _emit(kind="test_error", error=_describe(error))
+        os._exit(0)
+    # A test with nothing to call would fail every solution: the task's fault, not a reward of 0.
+    if _uncallable_check(scope.get("check"), candidate):
+        _emit(kind="test_error", error="the test code defines no check(candidate) taking the function under test")
         os._exit(0)
 
     if plan is None:

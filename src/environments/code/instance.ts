@@ -29,6 +29,13 @@ const nonEmpty = (max = MAX_CODE_TEXT) => text(max).refine((s) => s.trim() !== '
 const seconds = z.number().positive().max(120, { error: 'must be at most 120 seconds' });
 const memoryMb = z.number().int().min(32, { error: 'must be at least 32 MiB' }).max(65_536);
 
+/**
+ * Whether a HumanEval-format test program defines `check` (a `def` or an assignment at the start of a line), read as
+ * text: Python is not parsed here. A test without one would fail every solution; one that only looks as if it had one
+ * (the `def` inside a string) is caught by the harness, as the task's fault (environment_error).
+ */
+const DEFINES_CHECK = /^[ \t]*(?:(?:async[ \t]+)?def[ \t]+check[ \t]*\(|check[ \t]*=[^=])/m;
+
 export const humanEvalInstanceSchema = z
   .object({
     task_id: text(200).optional(),
@@ -41,6 +48,8 @@ export const humanEvalInstanceSchema = z
     timeout_s: seconds.optional().describe(`Time limit of the whole test program, seconds (default ${DEFAULT_PROGRAM_TIMEOUT_S}).`),
     memory_limit_mb: memoryMb.optional().describe(`Address-space limit of the test process, MiB (default ${DEFAULT_MEMORY_LIMIT_MB}).`),
   })
+  // On the whole row (it runs once every field is right), so a row missing fields is told about those first.
+  .refine((row) => DEFINES_CHECK.test(row.test), { path: ['test'], error: 'must define check(candidate), the function the harness calls' })
   .transform((row) => ({
     format: 'humaneval' as const,
     taskId: row.task_id,

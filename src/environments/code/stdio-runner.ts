@@ -9,13 +9,24 @@ import { limitedCommand, type TestOutcome, type TestRun } from './test-run.js';
 /** Characters of stderr kept in a runtime error's detail (its end, where the traceback's message is). */
 const STDERR_TAIL = 300;
 
+export interface StdioRunOptions {
+  /**
+   * Wall time all the tests may take together, ms (default: no bound of their own). A test starts with its time
+   * limit cut to what is left; once nothing is left, the remaining tests are not run and fail. Per-test limits add up
+   * (1000 tests at 4 s), and a run that outlasts the eval stage's budget ends as TIMEOUT, which trainers drop: a wrong
+   * program sleeping just under the limit on every test would trade its reward 0 for that.
+   */
+  budgetMs?: number;
+}
+
 /**
  * Runs a stdin/stdout task's tests on `program` inside the sandbox, in order: each test is a fresh
  * `python3 -I solution.py` with the test's input on stdin, the task's time limit and address-space limit, and its
  * stdout judged by {@link judgeOutput} (with the task's float tolerance, when it gives one). Output past the sandbox's per-command cap is 'output_limit' (the sandbox
  * request of the code environment sizes that cap to the largest expected output). After the first timeout the
  * remaining tests are not run and count as failed: a program that hangs on one input mostly hangs on the next
- * too, and each would cost the full time limit of the evaluation's budget.
+ * too, and each would cost the full time limit of the evaluation's budget. The same after the tests' total time
+ * (`options.budgetMs`) is used up: what is left fails as 'not_run', the program's slowness.
  *
  * Each test's leftover processes are killed when it ends. A test that cannot start because an earlier one filled
  * the sandbox to its own process or memory limit fails ('runtime_error'), as the program's doing.
@@ -23,7 +34,7 @@ const STDERR_TAIL = 300;
  * Throws when the evaluation itself failed: environment_error when the sandbox has no working python3, or the
  * solution file cannot be written; sandbox errors propagate as they are.
  */
-export async function runStdioTests(sandbox: Sandbox, task: StdioTask, program: string, signal: AbortSignal): Promise<TestRun> {
+export async function runStdioTests(sandbox: Sandbox, task: StdioTask, program: string, signal: AbortSignal, options: StdioRunOptions = {}): Promise<TestRun> {
   await checkPython(sandbox, signal);
   // A fresh, unguessable directory: the model cannot have planted anything there.
   const dir = `/tmp/rollout-eval-${randomUUID()}`;
@@ -36,6 +47,9 @@ export async function runStdioTests(sandbox: Sandbox, task: StdioTask, program: 
   const timeoutMs = Math.round(task.timeLimitS * 1000);
   const argv = limitedCommand(task.memoryLimitMb, ['python3', '-I', file]);
   const tests: TestOutcome[] = [];
+  const budgetMs = options.budgetMs ?? Infinity;
+  const totalText = `the tests' total time of ${budgetMs / 1000} s`;
+  const started = performance.now();
   let durationMs = 0;
   let timedOut = false;
   for (const [index, test] of task.tests.entries()) {
@@ -43,11 +57,18 @@ export async function runStdioTests(sandbox: Sandbox, task: StdioTask, program: 
       tests.push({ index, passed: false, status: 'not_run', detail: 'not run after an earlier test timed out' });
       continue;
     }
+    const leftMs = Math.floor(budgetMs - (performance.now() - started));
+    if (leftMs <= 0) {
+      timedOut = true;
+      tests.push({ index, passed: false, status: 'not_run', detail: `not run: the earlier tests used up ${totalText}` });
+      continue;
+    }
+    const cut = leftMs < timeoutMs;
     // Each test's leftovers (a daemon the program forked) are killed with it: they must not take the next test's
     // processes or memory.
     let r: ExecResult;
     try {
-      r = await sandbox.exec(argv, { stdin: test.input, timeoutMs, signal, cwd: dir, killLeftovers: true });
+      r = await sandbox.exec(argv, { stdin: test.input, timeoutMs: cut ? leftMs : timeoutMs, signal, cwd: dir, killLeftovers: true });
     } catch (err) {
       // The program filled the grading sandbox to its process or memory limit (what the untrusted program did,
       // not the infrastructure): this test fails; the next ones still run (its leftovers are gone), unless the
@@ -66,7 +87,8 @@ export async function runStdioTests(sandbox: Sandbox, task: StdioTask, program: 
     if (r.truncated) {
       tests.push({ index, passed: false, status: 'output_limit', detail: `the program wrote more than the output limit${r.timedOut ? ' and ran out of time' : ''}`, timeMs });
     } else if (r.timedOut) {
-      tests.push({ index, passed: false, status: 'timeout', detail: `over the ${task.timeLimitS} s time limit`, timeMs });
+      const over = cut ? `over the ${leftMs / 1000} s left of ${totalText}` : `over the ${task.timeLimitS} s time limit`;
+      tests.push({ index, passed: false, status: 'timeout', detail: over, timeMs });
     } else if (r.exitCode !== 0) {
       const how = r.exitCode === null ? `killed by ${r.signal ?? 'a signal'}` : `exit code ${r.exitCode}`;
       const tail = r.stderr.trimEnd().slice(-STDERR_TAIL);

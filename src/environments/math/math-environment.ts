@@ -51,7 +51,7 @@ export interface MathEnvironmentOptions {
  * method is where the answer came from ('finish_tool' | 'boxed' | 'none'), checker is 'builtin' or 'math-verify',
  * and comparison is the built-in rule that decided (see equivalence.ts) or 'math-verify'. With math-verify the
  * report also holds what it parsed each side as (`parsed`) and the built-in checker's verdict (`builtin`), so a
- * run shows where the two disagree.
+ * run shows where the two disagree, and `checker_limit` when the answer's check ran past its bound (reward 0).
  *
  * @example
  * const math = createMathEnvironment(); // python, bash and finish from defaultToolRegistry()
@@ -112,7 +112,14 @@ export function createMathEnvironment(options: MathEnvironmentOptions = {}): Env
       return {
         reward: correct,
         details: { correct, has_answer: 1 },
-        report: { ...report, checker: 'math-verify', comparison: 'math-verify', parsed: { gold: verdict!.gold, pred: verdict!.pred }, builtin: builtin.equivalent },
+        report: {
+          ...report,
+          checker: 'math-verify',
+          comparison: 'math-verify',
+          parsed: { gold: verdict!.gold, pred: verdict!.pred },
+          builtin: builtin.equivalent,
+          ...(verdict!.limit !== undefined && { checker_limit: verdict!.limit }),
+        },
       };
     },
   });

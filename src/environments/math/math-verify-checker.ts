@@ -80,13 +80,20 @@ export interface MathVerifyVerdict {
   equivalent: boolean;
   gold: string[];
   pred: string[];
+  /**
+   * Why the prediction has no verdict of math-verify's (its check ran past the script's hard bound or died): then
+   * `equivalent` is false. The answer's doing, never the infrastructure's: the bound is per prediction, after the
+   * import and the gold's parse, and leaves math-verify's own timeouts room to end an honest check first.
+   */
+  limit?: string;
 }
 
 /**
  * Runs math-verify on `pairs` in `sandbox` (which must have {@link mathVerifyMounts}) and returns one verdict per
- * pair, in order. A pathological answer is "not equivalent" (math-verify's own timeouts); the script failing, a
- * line it could not read, or the whole run exceeding `timeoutMs` is a RolloutError('environment_error'): an
- * infrastructure failure, never a reward of 0.
+ * pair, in order. A pathological answer is "not equivalent" (math-verify's own timeouts, and the script's hard bound
+ * of about 15 s on each prediction's check, reported as `limit`); the script failing, a line it could not read, or the
+ * whole run exceeding `timeoutMs` is a RolloutError('environment_error'): an infrastructure failure, never a reward
+ * of 0.
  */
 export async function runMathVerify(
   sandbox: Sandbox,
@@ -118,6 +125,6 @@ export async function runMathVerify(
     if (typeof v.equivalent !== 'boolean' || !Array.isArray(v.gold) || !Array.isArray(v.pred)) {
       throw failure(`pair ${i}: ${typeof v.error === 'string' ? v.error : 'malformed verdict'}`);
     }
-    return { equivalent: v.equivalent, gold: v.gold.map(String), pred: v.pred.map(String) };
+    return { equivalent: v.equivalent, gold: v.gold.map(String), pred: v.pred.map(String), ...(typeof v.limit === 'string' && { limit: v.limit }) };
   });
 }

@@ -21,7 +21,8 @@ export interface EvaluatePatchOptions {
 /**
  * Grades a patch on a fresh sandbox of the instance's image: copy the repository, apply the patch (not applying
  * is reward 0 with the reason: the model's failure), reset the test patch's files and apply it (not applying is
- * the instance's fault: environment_error), run the test command with the report plugin, and grade by the SWE-bench
+ * the instance's fault, environment_error, unless it applies to the base alone: then the patch is in its way, reward
+ * 0 with the reason in test_error), run the test command with the report plugin, and grade by the SWE-bench
  * rule. Tests that start and then run past `testTimeoutMs` with the patch applied are the patch's fault, as in
  * SWE-bench (unresolved): reward 0 with `tests_timed_out`, what they reported before the kill graded as usual. An
  * eval that cannot run — no repository or git in the image, a test command that never starts pytest (within the
@@ -51,7 +52,20 @@ export async function evaluatePatch(sandbox: Sandbox, instance: SweInstance, pat
     } catch (err) {
       throw new RolloutError('environment_error', `the instance's test_patch is not a unified diff: ${(err as Error).message}`, { cause: err });
     }
-    await applyTestPatch(sandbox, dir, instance.testPatch, paths, { signal });
+    const tests = await applyTestPatch(sandbox, dir, instance.testPatch, paths, { signal });
+    if (!tests.applied) {
+      // It applies to the base, so the agent's patch is in the way: the tests cannot run, and that is the patch's doing.
+      return {
+        reward: 0,
+        details: { fail_to_pass: 0, pass_to_pass: 0, applied: 1, tests_timed_out: 0 },
+        report: {
+          ...patchReport,
+          applied: true,
+          resolved: false,
+          test_error: `the instance's test_patch does not apply on top of the patch (it applies to the base): ${tests.reason || 'git apply failed'}`,
+        },
+      };
+    }
   }
   const run = await runTests(sandbox, dir, instance.testCommand, { module: PYTEST_PLUGIN_MODULE, source: pytestPluginSource() }, { signal, timeoutMs: options.testTimeoutMs });
   const timedOut = run.result.timedOut;
@@ -61,6 +75,23 @@ export async function evaluatePatch(sandbox: Sandbox, instance: SweInstance, pat
     throw new RolloutError('deadline_exceeded', `the task's time ran out after ${Math.round(run.result.durationMs)} ms of tests (test budget ${options.testTimeoutMs} ms)`);
   }
   if (!run.started) {
+    // Files pytest reads its configuration from before it loads any plugin: a patch that changes one and keeps pytest
+    // from starting has broken the test run itself, which is the patch's doing (reward 0), not an eval that cannot run.
+    const config = timedOut ? [] : pytestConfigFiles(patch);
+    if (config.length > 0) {
+      return {
+        reward: 0,
+        details: { fail_to_pass: 0, pass_to_pass: 0, applied: 1, tests_timed_out: 0 },
+        report: {
+          ...patchReport,
+          applied: true,
+          resolved: false,
+          test_exit_code: run.result.exitCode,
+          test_error: `pytest did not start with the patch applied, which changes its configuration (${config.join(', ')})`,
+          test_output_tail: run.outputTail.slice(-4096),
+        },
+      };
+    }
     const why = timedOut ? `did not start pytest within ${options.testTimeoutMs} ms` : `did not start pytest with the report plugin (exit code ${String(run.result.exitCode)}`;
     throw new RolloutError(
       'environment_error',
@@ -107,6 +138,21 @@ export async function evaluatePatch(sandbox: Sandbox, instance: SweInstance, pat
       test_output_tail: run.outputTail.slice(-4096),
     },
   };
+}
+
+/** Where pytest finds its configuration (rootdir and inifile discovery), by file name. */
+const PYTEST_CONFIG_FILES = new Set(['pytest.ini', '.pytest.ini', 'pyproject.toml', 'tox.ini', 'setup.cfg']);
+
+/** The pytest configuration files `patch` touches (at most 5 named). */
+function pytestConfigFiles(patch: string): string[] {
+  let paths: string[];
+  try {
+    paths = touchedPaths(patch);
+  } catch {
+    // Not readable as a unified diff by jsdiff (git applied it all the same): its git headers name the files.
+    paths = [...patch.matchAll(/^diff --git a\/(.+) b\/(.+)$/gm)].flatMap((m) => [m[1]!, m[2]!]);
+  }
+  return [...new Set(paths.filter((p) => PYTEST_CONFIG_FILES.has(p.replace(/"$/, '').split('/').at(-1)!)))].slice(0, 5);
 }
 
 function reportPatch(patch: string): JsonObject {

@@ -47,12 +47,29 @@ fi
 git update-ref ${BASE_REF} HEAD
 `;
 
-/** The agent's changes as a binary-safe git diff against the base, written to $2 (commits the agent made included). */
+/**
+ * The agent's changes as a binary-safe git diff written to $3: the working copy $2 (its files, with \`git add -A\`)
+ * against its base ref (commits the agent made included). That git directory is the agent's, though: when it is gone
+ * or broken (\`rm -rf .git\`, a deleted base ref, a corrupt index), both trees are read instead with a scratch git
+ * directory — the working copy's against the image's repository $1, which the agent cannot touch — so the agent's
+ * doing never stops the eval. Exit 5: the working copy itself could not be read (deleted, unreadable files), the
+ * agent's doing too.
+ */
 const DIFF = `set -eu
-cd "$1"
-base=$(git rev-parse -q --verify ${BASE_REF} || git rev-parse HEAD)
-git add -A
-git diff --cached --binary --no-color --no-ext-diff --no-renames "$base" > "$2"
+src=$1 dst=$2 out=$3
+own_git() (cd "$dst" && base=$(git rev-parse -q --verify ${BASE_REF}) && git add -A && git diff --cached --binary --no-color --no-ext-diff --no-renames "$base" > "$out")
+scratch_git() (
+  scratch=$(mktemp -d)
+  trap 'rm -rf -- "$scratch"' EXIT
+  git init -q "$scratch/repo"
+  export GIT_DIR="$scratch/repo/.git"
+  printf '%s\\n' '__pycache__/' '*.py[cod]' '.pytest_cache/' >> "$GIT_DIR/info/exclude"
+  tree() { (cd "$1" && export GIT_INDEX_FILE="$scratch/index-$2" && git --work-tree=. add -A && git --work-tree=. write-tree); }
+  base=$(tree "$src" base)
+  mine=$(tree "$dst" agent 2>"$scratch/error") || { cat -- "$scratch/error" >&2; exit 5; }
+  git diff --binary --no-color --no-ext-diff --no-textconv --no-renames "$base" "$mine" > "$out"
+)
+own_git 2>/dev/null || scratch_git
 `;
 
 /**
@@ -76,16 +93,23 @@ exit 1
 
 /**
  * Resets the files the test patch touches to the base (deleting those the base lacks), then applies it ($2), as
- * SWE-bench's harness does, so an agent that edited the tests cannot keep the new ones from applying.
+ * SWE-bench's harness does, so an agent that edited the tests cannot keep the new ones from applying. When it still
+ * does not apply, whose fault that is: exit 5 when it applies to the base alone (checked on a scratch index of the
+ * base: the agent's patch is in the way, e.g. a file where the test patch makes a directory), 1 when it does not.
  */
-const APPLY_TESTS = `set -eu
-cd "$1"
+const APPLY_TESTS = `set -u
+cd "$1" || exit 1
 patch_file=$2
 shift 2
 for f in "$@"; do
   if git cat-file -e "${BASE_REF}:$f" 2>/dev/null; then git checkout -q ${BASE_REF} -- "$f"; else rm -rf -- "$f"; fi
 done
-git apply --binary --whitespace=nowarn "$patch_file"
+out=$(git apply --binary --whitespace=nowarn "$patch_file" 2>&1) && exit 0
+index=$(mktemp) || exit 1
+if GIT_INDEX_FILE=$index git read-tree ${BASE_REF} && GIT_INDEX_FILE=$index git apply --cached --check --binary "$patch_file" 2>/dev/null; then status=5; else status=1; fi
+rm -f -- "$index"
+printf '%s\\n' "$out"
+exit $status
 `;
 
 /**
@@ -125,10 +149,18 @@ export async function prepareWorkingCopy(sandbox: Sandbox, repoPath: string, opt
   return dst;
 }
 
-/** The agent's diff against the base, read back from the sandbox; `maxBytes` bounds what is read. */
-export async function diffWorkingCopy(sandbox: Sandbox, dir: string, maxBytes: number, options: RunOptions = {}): Promise<{ patch: string; bytes: number }> {
+/** Why the agent's working copy could not be read: what the agent did to it, not an infrastructure failure. */
+export class UnreadableWorkingCopy extends Error {}
+
+/**
+ * The agent's diff of the working copy `dir` against the image's repository `repoPath`, read back from the sandbox;
+ * `maxBytes` bounds what is read. Throws {@link UnreadableWorkingCopy} when the agent left the working copy unreadable
+ * (deleted, files without read permission), environment_error when the diff fails otherwise.
+ */
+export async function diffWorkingCopy(sandbox: Sandbox, repoPath: string, dir: string, maxBytes: number, options: RunOptions = {}): Promise<{ patch: string; bytes: number }> {
   const file = `${SCRATCH_DIR}/agent.patch`;
-  const result = await bash(sandbox, `mkdir -p ${SCRATCH_DIR}\n${DIFF}\nwc -c < "$2"`, [dir, file], options);
+  const result = await bash(sandbox, `mkdir -p ${SCRATCH_DIR}\n${DIFF}\nwc -c < "$3"`, [repoPath, dir, file], options);
+  if (result.exitCode === 5) throw new UnreadableWorkingCopy(`the working copy ${dir} could not be read: ${result.stderr.trim().slice(-1500)}`);
   if (result.exitCode !== 0) throw failure(`taking the diff of ${dir}`, result);
   const bytes = Number(result.stdout.trim());
   if (bytes > maxBytes) return { patch: '', bytes };
@@ -145,12 +177,18 @@ export async function applyPatch(sandbox: Sandbox, dir: string, patch: string, o
   return { applied: false, reason: result.stdout.trim().slice(-2000) };
 }
 
-/** Resets the files `paths` to the base and applies the test patch; failing to is the instance's fault. */
-export async function applyTestPatch(sandbox: Sandbox, dir: string, testPatch: string, paths: readonly string[], options: RunOptions = {}): Promise<void> {
+/**
+ * Resets the files `paths` to the base and applies the test patch. `{ applied: false, reason }` when it applies to the
+ * base but not on top of the agent's patch (the agent's doing); throws environment_error when it does not apply to the
+ * base either (the instance's fault) or the script fails otherwise.
+ */
+export async function applyTestPatch(sandbox: Sandbox, dir: string, testPatch: string, paths: readonly string[], options: RunOptions = {}): Promise<{ applied: boolean; reason: string }> {
   const file = `${SCRATCH_DIR}/test.patch`;
   await sandbox.writeFile(file, testPatch, { signal: options.signal });
   const result = await bash(sandbox, APPLY_TESTS, [dir, file, ...paths], options);
-  if (result.exitCode !== 0) throw failure("applying the instance's test_patch to the base", result);
+  if (result.exitCode === 0) return { applied: true, reason: '' };
+  if (result.exitCode === 5) return { applied: false, reason: result.stdout.trim().slice(-2000) };
+  throw failure("applying the instance's test_patch to the base", result);
 }
 
 /** The largest pytest report read back (a real one is a few KB per test). */

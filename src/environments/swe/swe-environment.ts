@@ -7,7 +7,7 @@ import { defaultToolRegistry, type ToolRegistry } from '../../tools/registry.js'
 import type { Environment, Evaluation } from '../types.js';
 import { evaluatePatch } from './evaluate-patch.js';
 import { shellQuote, sweInstanceJsonSchema, validateSweInstance, type ImageResolver, type SweInstance } from './instance.js';
-import { diffWorkingCopy, prepareWorkingCopy, workingCopyPath } from './repo-ops.js';
+import { diffWorkingCopy, prepareWorkingCopy, UnreadableWorkingCopy, workingCopyPath } from './repo-ops.js';
 
 /** Tools the SWE environment offers, by name; the system prompt refers to them. */
 export const SWE_TOOL_NAMES = ['bash', 'str_replace_editor', 'finish'] as const;
@@ -103,7 +103,14 @@ export function createSweEnvironment(options: SweEnvironmentOptions = {}): Envir
 
     async evaluate({ instance, sandbox, signal, openSandbox }): Promise<Evaluation> {
       if (!openSandbox) throw new RolloutError('environment_error', 'the swe environment needs openSandbox to evaluate in a fresh sandbox');
-      const diff = await diffWorkingCopy(sandbox, workingCopyPath(sandbox, instance.repoPath), MAX_PATCH_BYTES, { signal });
+      let diff: { patch: string; bytes: number };
+      try {
+        diff = await diffWorkingCopy(sandbox, instance.repoPath, workingCopyPath(sandbox, instance.repoPath), MAX_PATCH_BYTES, { signal });
+      } catch (err) {
+        if (!(err instanceof UnreadableWorkingCopy)) throw err;
+        // The agent deleted its working copy or made files unreadable: there is no patch to grade, by its doing.
+        return { reward: 0, details: { fail_to_pass: 0, pass_to_pass: 0, applied: 0 }, report: { patch: '', patch_bytes: 0, applied: false, apply_error: err.message, resolved: false } };
+      }
       if (diff.bytes > MAX_PATCH_BYTES) {
         return {
           reward: 0,

@@ -187,6 +187,23 @@ describe('HumanEval harness: a wrong solution cannot forge its results', () => {
     expect(run.tests[3]!.detail).toBe('not run: a set-up statement failed: ZeroDivisionError: integer division or modulo by zero');
   }, 60_000);
 
+  // Found by review (helper-37): a worker can kill the zygote (its parent) and exit right after replying; the judge's
+  // next write to the gone processes raised BrokenPipeError out of the harness, so a failing solution could turn its
+  // reward 0 into ENVIRONMENT_ERROR, which trainers drop.
+  it('a solution that kills the process serving it and exits fails its tests; the evaluation itself does not fail', async () => {
+    const killer = [
+      '    import os, sys, json',
+      '    _m = sys.modules["__main__"]',
+      '    # Reply by hand with a value the judge takes a while to decode, then take the zygote and this worker down.',
+      '    _m._send(3, json.dumps({"value": _m._encode(list(range(300000)))}).encode())',
+      '    os.kill(os.getppid(), 9)',
+      '    os._exit(0)',
+    ].join('\n');
+    const run = await runHumanEvalTests(sandbox, task, killer, signal);
+    expect(statuses(run)).toEqual(['failed', 'failed', 'failed']);
+    expect(run.tests[1]!.detail).toMatch(/the solution's processes ended/);
+  }, 60_000);
+
   it('a hang is a timeout of the tests without a result', async () => {
     const slow = { ...task, timeoutS: 2 };
     const run = await runHumanEvalTests(sandbox, slow, '    while a == 2:\n        pass\n    return a + b', signal);

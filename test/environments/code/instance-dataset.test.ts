@@ -25,6 +25,17 @@ describe('code instances', () => {
     expect(() => code.validate({ ...stdio, time_limit_s: 0 })).toThrow(expect.objectContaining({ field: 'instance.time_limit_s' }));
   });
 
+  // Found by review (helper-37): a test without check(candidate) failed every solution, reward 0 for each sample of
+  // a broken task instead of a refusal at submit.
+  it('refuses a HumanEval-format test that defines no check function, naming instance.test', () => {
+    for (const test of ['def chek(f):\n    assert f(1, 2) == 3\n', 'assert add(1, 2) == 3\n', 'checks = []\n']) {
+      expect(() => code.validate({ ...humanEval, test }), test).toThrow(expect.objectContaining({ field: 'instance.test', message: expect.stringContaining('check(candidate)') }));
+    }
+    for (const test of ['def check(candidate):\n    assert candidate(1, 2) == 3\n', 'import math\n\nasync def check(f):\n    pass\n', 'check = lambda f: f(1, 2) == 3\n']) {
+      expect(code.validate({ ...humanEval, test }), test).toMatchObject({ test });
+    }
+  });
+
   it('takes an optional float tolerance for stdin/stdout tasks: a number for both kinds, or {absolute, relative}', () => {
     expect(code.validate(stdio)).toMatchObject({ floatTolerance: undefined });
     expect(code.validate({ ...stdio, float_tolerance: 1e-6 })).toMatchObject({ floatTolerance: { absolute: 1e-6, relative: 1e-6 } });

@@ -1,4 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { CODE_EVAL_OVERHEAD_MS, createCodeEnvironment, DEFAULT_TEST_BUDGET_MS } from '../../../src/environments/code/code-environment.js';
 import { runHumanEvalTests } from '../../../src/environments/code/humaneval-runner.js';
 import { validateCodeInstance, type HumanEvalTask, type StdioTask } from '../../../src/environments/code/instance.js';
 import { runStdioTests } from '../../../src/environments/code/stdio-runner.js';
@@ -86,6 +87,15 @@ describe('the code environment\'s test runners in a real bubblewrap sandbox', ()
       const bad = { ...task, test: 'def check(candidate):\n    assert candidate([]) == 0\nimport no_such_module_here\n' };
       await expect(runHumanEvalTests(sandbox, bad, '    return sum(xs)', signal)).rejects.toMatchObject({ code: 'environment_error', message: expect.stringContaining("task's test code did not load") });
     });
+
+    // Found by review (helper-37): a test whose check is missing (validation reads the text, not the Python) or takes
+    // no candidate failed every solution as reward 0.
+    it('is an environment error, not a failed solution, when the task\'s test code has no check(candidate) to call', async () => {
+      const noCheck = { ...task, test: 'NOTE = """\ndef check(candidate):\n"""\n' };
+      await expect(runHumanEvalTests(sandbox, noCheck, '    return sum(xs)', signal)).rejects.toMatchObject({ code: 'environment_error', message: expect.stringContaining('defines no check(candidate)') });
+      const noArgument = { ...task, test: 'def check():\n    assert True\n' };
+      await expect(runHumanEvalTests(sandbox, noArgument, '    return sum(xs)', signal)).rejects.toMatchObject({ code: 'environment_error', message: expect.stringContaining('check(candidate)') });
+    });
   });
 
   describe('stdin/stdout format: one process per test, judged token by token', () => {
@@ -110,6 +120,20 @@ describe('the code environment\'s test runners in a real bubblewrap sandbox', ()
       expect(hang.completed).toBe(false);
     });
 
+    // Found by review (helper-37): per-test limits add up past the eval stage's budget (the server's 60 s by default:
+    // 15 tests at 4 s), so a wrong program that slept just under the limit on every test turned its reward 0 into
+    // TIMEOUT, which trainers drop. The tests now share a total time inside the eval budget the environment asks for.
+    it('stops starting tests once their total time is used up: a program slow on every test fails', async () => {
+      const slow = { ...sumTask, timeLimitS: 5 };
+      const started = performance.now();
+      const run = await runStdioTests(sandbox, slow, 'import time\ntime.sleep(1)\na, b = map(int, input().split())\nprint(a + b)', signal, { budgetMs: 1500 });
+      expect(performance.now() - started).toBeLessThan(4500); // not 3 tests of 1 s each, nor a 5 s limit waited out
+      expect(run.completed).toBe(false);
+      expect(run.tests.at(-1)!.status).toBe('not_run');
+      expect(run.tests.filter((t) => t.passed).length).toBeLessThan(3);
+      expect(run.tests.some((t) => /total time of 1\.5 s/.test(t.detail ?? ''))).toBe(true);
+    });
+
     it('fails an output flood at the output cap, and an allocation past the memory limit as a crash', async () => {
       expect(statuses(await run('print("9" * 10_000_000)'))).toEqual(['output_limit', 'output_limit', 'output_limit']);
       const forever = await run('while True:\n    print("spam " * 1000)');
@@ -132,6 +156,15 @@ describe('the code environment\'s test runners in a real bubblewrap sandbox', ()
       expect(statuses(rough)).toEqual(['wrong_answer', 'wrong_answer']);
       expect(rough.tests[0]!.detail).toBe('token 1: expected "3.141593", got "3.14" (outside the tolerance)');
     });
+  });
+});
+
+describe('the code environment\'s eval budget', () => {
+  it('covers the tests\' total time, so a slow program ends as a reward, not as the eval stage\'s TIMEOUT', () => {
+    expect(createCodeEnvironment().stageTimeouts?.evalMs).toBe(DEFAULT_TEST_BUDGET_MS + CODE_EVAL_OVERHEAD_MS);
+    expect(createCodeEnvironment({ testBudgetMs: 90_000 }).stageTimeouts?.evalMs).toBe(90_000 + CODE_EVAL_OVERHEAD_MS);
+    // Every HumanEval program fits in the default budget: its time limit is at most 120 s.
+    expect(DEFAULT_TEST_BUDGET_MS).toBeGreaterThanOrEqual(120_000);
   });
 });
 

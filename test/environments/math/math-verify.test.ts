@@ -120,6 +120,17 @@ describe.runIf(installation || process.env.CI)('math-verify checker (the real ma
     expect(verdict!.equivalent).toBe(false);
   });
 
+  // Found by review (helper-37): math-verify's own timeouts are signal.alarm, which cannot stop sympy inside one long C
+  // computation, so this answer kept the checker busy past the whole run's timeout: ENVIRONMENT_ERROR, which trainers
+  // drop, for what the model wrote. The check of one answer now has a hard bound of its own, and hitting it is reward 0.
+  it('an answer whose check runs past every bound of math-verify is reward 0 with the reason, not an environment error', async () => {
+    const math = createMathEnvironment({ toolRegistry, checker: 'math-verify' });
+    const instance = math.validate({ problem: 'p', answer: '5' });
+    const outcome = { finishReason: 'finish_tool', finishAnswer: '9!!!! + 9!!!! + 9!!!! + 9!!!!', messages: [] };
+    const result = await math.evaluate({ instance, sandbox: new FakeSandbox(), signal: new AbortController().signal, outcome, openSandbox });
+    expect(result).toMatchObject({ reward: 0, details: { correct: 0, has_answer: 1 }, report: { checker: 'math-verify', checker_limit: expect.stringMatching(/no verdict within \d+ s/) } });
+  }, 60_000);
+
   it('a sandbox without the packages, or no openSandbox at all, is an environment error, never a reward of 0', async () => {
     const bare = await driver.start(testSpec({ image }));
     try {

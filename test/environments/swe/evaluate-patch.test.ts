@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { evaluatePatch } from '../../../src/environments/swe/evaluate-patch.js';
+import { diffWorkingCopy, prepareWorkingCopy, UnreadableWorkingCopy } from '../../../src/environments/swe/repo-ops.js';
 import { validateSweInstance, type SweInstance } from '../../../src/environments/swe/instance.js';
 import { SWE_BASE_PACKAGES } from '../../../src/environments/swe/pypi-tasks/build-task-image.js';
 import { silentLogger } from '../../../src/observability/logger.js';
@@ -200,4 +201,79 @@ describe.runIf(process.getuid?.() === 0 || process.env.CI)('evaluatePatch in a r
     );
     expect(huge).toMatchObject({ reward: 0, report: { resolved: false, test_error: expect.stringContaining('the report file is over 64 MiB') } });
   }, 180_000);
+
+  // Found by review (helper-37): the agent's diff was taken with the working copy's own git, which the agent controls:
+  // `rm -rf .git` (or a broken index) made the eval an environment_error, which trainers drop, instead of grading
+  // what the agent changed. Then the diff is now taken against the image's repository with a git directory of its own.
+  it("takes the agent's diff whatever the agent did to the working copy's git", async () => {
+    const agent = await sandbox();
+    const dir = await prepareWorkingCopy(agent, '/testbed');
+    const fix = await agent.exec(['bash', '-c', 'sed -i "s/return a - b/return a + b/" calc.py && git -c user.name=a -c user.email=a@b commit -qam wip && rm -rf .git && echo x > new.txt && chmod +x tests/__init__.py'], { cwd: dir });
+    expect(fix.exitCode).toBe(0);
+    const diff = await diffWorkingCopy(agent, '/testbed', dir, 1 << 20);
+    expect(diff.patch).toContain('-    return a - b\n+    return a + b');
+    expect(diff.patch).toContain('+++ b/new.txt');
+    expect(diff.patch).toMatch(/diff --git a\/tests\/__init__.py b\/tests\/__init__.py\nold mode 100644\nnew mode 100755/);
+    expect(diff.patch).not.toContain('.git/');
+    expect((await evaluatePatch(await sandbox(), instance(), diff.patch, { testTimeoutMs: 60_000 })).reward).toBe(1);
+    // An untouched working copy gives an empty diff; one the agent deleted is its doing (reward 0), not the eval's.
+    const clean = await sandbox();
+    const cleanDir = await prepareWorkingCopy(clean, '/testbed');
+    expect(await diffWorkingCopy(clean, '/testbed', cleanDir, 1 << 20)).toEqual({ patch: '', bytes: 0 });
+    // With its git intact, the working copy's own base ref is what the diff is taken against.
+    expect((await clean.exec(['sed', '-i', 's/return a - b/return a + b/', 'calc.py'], { cwd: cleanDir })).exitCode).toBe(0);
+    expect((await diffWorkingCopy(clean, '/testbed', cleanDir, 1 << 20)).patch).toContain('-    return a - b\n+    return a + b');
+    expect((await clean.exec(['rm', '-rf', cleanDir])).exitCode).toBe(0);
+    await expect(diffWorkingCopy(clean, '/testbed', cleanDir, 1 << 20)).rejects.toBeInstanceOf(UnreadableWorkingCopy);
+  }, 120_000);
+
+  // Found by review (helper-37): a test patch that applies to the base but not on top of the agent's patch (a file the
+  // agent put where the test patch makes a directory) was an environment_error, which trainers drop: the agent could
+  // opt out of a 0. Only a test patch that does not apply to the base is the instance's fault.
+  it("gives 0 with the reason when the agent's patch keeps the test patch from applying", async () => {
+    const blocker = ['diff --git a/tests/unit b/tests/unit', 'new file mode 100644', '--- /dev/null', '+++ b/tests/unit', '@@ -0,0 +1 @@', '+in the way', ''].join('\n');
+    const testPatch = [
+      'diff --git a/tests/unit/test_new.py b/tests/unit/test_new.py',
+      'new file mode 100644',
+      '--- /dev/null',
+      '+++ b/tests/unit/test_new.py',
+      '@@ -0,0 +1,4 @@',
+      '+from calc import add',
+      '+',
+      '+def test_new():',
+      '+    assert add(1, 2) == 3',
+      '',
+    ].join('\n');
+    const inst = instance({ test_patch: testPatch, FAIL_TO_PASS: ['tests/unit/test_new.py::test_new'], PASS_TO_PASS: [] });
+    const blocked = await evaluatePatch(await sandbox(), inst, `${FIX}${blocker}`, { testTimeoutMs: 60_000 });
+    expect(blocked).toMatchObject({
+      reward: 0,
+      details: { fail_to_pass: 0, pass_to_pass: 0, applied: 1, tests_timed_out: 0 },
+      report: { applied: true, resolved: false, test_error: expect.stringContaining("the instance's test_patch does not apply on top of the patch") },
+    });
+    // The same test patch with an honest fix: it applies and the test passes.
+    expect((await evaluatePatch(await sandbox(), inst, FIX, { testTimeoutMs: 60_000 })).reward).toBe(1);
+  }, 120_000);
+
+  // Found by review (helper-37): a patch that broke pytest's configuration kept pytest from starting (before any plugin
+  // loads), read as "the eval cannot run": an environment_error, which trainers drop, for what the patch did.
+  it("gives 0 with the reason when the patch breaks pytest's configuration so that it never starts", async () => {
+    const ini = ['diff --git a/pytest.ini b/pytest.ini', 'new file mode 100644', '--- /dev/null', '+++ b/pytest.ini', '@@ -0,0 +1,2 @@', '+[pytest', '+addopts = = =', ''].join('\n');
+    const result = await evaluatePatch(await sandbox(), instance(), `${FIX}${ini}`, { testTimeoutMs: 60_000 });
+    expect(result).toMatchObject({
+      reward: 0,
+      details: { fail_to_pass: 0, pass_to_pass: 0, applied: 1, tests_timed_out: 0 },
+      report: { applied: true, resolved: false, test_error: expect.stringContaining('changes its configuration (pytest.ini)') },
+    });
+    // Without such a change, pytest not starting is still the eval's failure (see above).
+  }, 120_000);
+
+  // Found by review (helper-37): a skip counted neither way and an all-skipped list as passing, so a patch that made
+  // the tests it should fix skip was resolved.
+  it('gives 0 to a patch that makes the FAIL_TO_PASS tests skip instead of fixing them', async () => {
+    const skip = ['diff --git a/calc.py b/calc.py', '--- a/calc.py', '+++ b/calc.py', '@@ -1,2 +1,3 @@', ' def add(a, b):', '+    import unittest; raise unittest.SkipTest("later")', '     return a - b', ''].join('\n');
+    const result = await evaluatePatch(await sandbox(), instance(), skip, { testTimeoutMs: 60_000 });
+    expect(result.report.FAIL_TO_PASS).toMatchObject({ statuses: { [ODD_IDS[0]!]: 'skipped', [ODD_IDS[1]!]: 'skipped' }, passed: 0, failed: 2, skipped: 0, fraction: 0 });
+    expect(result).toMatchObject({ reward: 0, details: { fail_to_pass: 0, applied: 1 }, report: { resolved: false } });
+  }, 120_000);
 });

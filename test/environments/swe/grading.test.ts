@@ -20,6 +20,19 @@ describe('SWE-bench grading', () => {
     expect(gradeTests({}, ['t::a'], []).resolved).toBe(false);
   });
 
+  // Found by review (helper-37): skipped tests counted neither way and an empty count made the fraction 1, so a patch
+  // that made the FAIL_TO_PASS tests skip (its code raising unittest.SkipTest or pytest.skip.Exception, a conftest
+  // marking them skip) was resolved without fixing anything. A FAIL_TO_PASS test must pass: a skip is a failure.
+  it('counts a skipped FAIL_TO_PASS test as failing: a patch that skips them is not resolved', () => {
+    const allSkipped = gradeTests({ 't::a': 'skipped', 't::b': 'skipped', 't::c': 'passed' }, ['t::a', 't::b'], ['t::c']);
+    expect(allSkipped.failToPass).toMatchObject({ success: [], failure: ['t::a', 't::b'], fraction: 0 });
+    expect(allSkipped.failToPass.statuses).toEqual({ 't::a': 'skipped', 't::b': 'skipped' });
+    expect(allSkipped.resolved).toBe(false);
+    const oneSkipped = gradeTests({ 't::a': 'passed', 't::b': 'skipped' }, ['t::a', 't::b'], []);
+    expect(oneSkipped.failToPass).toMatchObject({ success: ['t::a'], failure: ['t::b'], fraction: 0.5 });
+    expect(oneSkipped.resolved).toBe(false);
+  });
+
   it('does not take inherited object keys for test names', () => {
     expect(gradeTests({}, ['constructor', '__proto__'], []).failToPass.failure).toEqual(['constructor', '__proto__']);
   });
