@@ -131,6 +131,40 @@ export class RolloutRuntime {
   }
 
   /**
+   * Adds a task from the journal that no longer validates (at recovery, or revived after the store let go of it: see
+   * {@link reviveUnrunnable}): none of its samples runs; its `finished` trajectories are recorded as they were, and
+   * every other sample ends INVALID_TASK with `reason`, journaled, then recorded (a failed write still records it). So
+   * GetTrajectory finds it like any finished task, `sinks` get its trajectories, and a re-submit of the same spec is its
+   * duplicate (TaskStore.unrunnable).
+   */
+  restoreUnrunnable(spec: TaskSpec, numSamples: number, finished: ReadonlyMap<number, Trajectory>, reason: string, sinks: readonly TrajectorySink[]): TaskEntry {
+    const { journal, config } = this.deps;
+    const entry = this.store.addUnrunnable(spec, numSamples);
+    for (const sink of sinks) entry.sinks.add(sink);
+    for (const t of finished.values()) this.store.record(t);
+    for (let i = 0; i < numSamples; i++) {
+      if (finished.has(i)) continue;
+      const t = wireSafe(
+        Trajectory.fromPartial({ taskId: spec.taskId, sampleIndex: i, groupId: spec.groupId, environment: spec.environment, status: TrajectoryStatus.TRAJECTORY_STATUS_INVALID_TASK, finishReason: 'error', error: reason, metadata: spec.metadata }),
+        config.maxMessageBytes,
+      );
+      if (!journal) {
+        this.store.record(t);
+        continue;
+      }
+      // Recorded (so delivered) once committed, as the pipeline's trajectories are; a failed write still records it.
+      journal.finished(spec.taskId, i, Trajectory.encode(t).finish()).then(
+        () => this.store.record(t),
+        (err: unknown) => {
+          this.log.error({ err, taskId: spec.taskId, sampleIndex: i }, 'journal could not record an INVALID_TASK trajectory; delivered anyway');
+          this.store.record(t);
+        },
+      );
+    }
+    return entry;
+  }
+
+  /**
    * Validates, waits for admission (this is where a full server pushes back), and queues the task's samples.
    * Idempotent on task_id: a retry with the same spec returns duplicate = true, and `options.sink` still receives
    * every trajectory of the task (finished ones at once). Throws RolloutError('invalid_argument') naming the field.
@@ -170,7 +204,14 @@ export class RolloutRuntime {
     // (which would fail validation again) is its duplicate.
     const unrunnable = this.store.unrunnable(spec);
     if (unrunnable) return this.duplicate(unrunnable, sink, onDuplicate);
-    const task = validateTask(spec, this.deps.registry, this.deps.config);
+    let task: ResolvedTask;
+    try {
+      task = validateTask(spec, this.deps.registry, this.deps.config);
+    } catch (err) {
+      const revived = this.reviveUnrunnable(spec, err);
+      if (revived) return this.duplicate(revived, sink, onDuplicate);
+      throw err;
+    }
     const known = this.store.existing(task) ?? this.revive(spec, task);
     if (known) return this.duplicate(known, sink, onDuplicate);
     const work = this.deps.tokenWork ?? TokenWork.inline(tokenizer, template);
@@ -335,6 +376,27 @@ export class RolloutRuntime {
     }
     this.log.info({ taskId: task.taskId, rerun: samples.length }, 'a task the store had let go of was re-submitted: served from the journal');
     return entry;
+  }
+
+  /**
+   * {@link revive} for a spec that fails validation (`invalid`): a task recovered unrunnable that the store let go of
+   * while the journal still holds it (the same spec as sent). Its duplicate, served from the journal, never a refusal:
+   * a session the journal still owes it to (or a trainer retrying its idempotent submit) must get the same
+   * INVALID_TASK trajectories, whatever memory kept. Once the journal no longer holds it (every session it was owed to
+   * acked it) the id is free: the spec is a new task, refused by its validation like any.
+   */
+  private reviveUnrunnable(spec: TaskSpec, invalid: unknown): TaskEntry | undefined {
+    const { journal, config } = this.deps;
+    if (!journal || this.store.get(spec.taskId)) return undefined;
+    const held = journal.held(spec.taskId);
+    if (!held) return undefined;
+    const first = TaskSpec.decode(held.spec);
+    if (specFingerprint(first) !== specFingerprint(spec)) return undefined; // another spec under the id: refused
+    const reason = `after a server restart the task could not be run again: ${RolloutError.from(invalid).message}`;
+    const finished = new Map<number, Trajectory>();
+    for (const [i, bytes] of held.finished) finished.set(i, wireSafe(Trajectory.decode(bytes), config.maxMessageBytes));
+    this.log.info({ taskId: spec.taskId }, 'a task recovered unrunnable that the store had let go of was re-submitted: served from the journal');
+    return this.restoreUnrunnable(first, held.numSamples, finished, reason, []);
   }
 
   private async duplicate(entry: TaskEntry, sink: TrajectorySink | undefined, onDuplicate?: () => Promise<void> | undefined): Promise<SubmitResult> {

@@ -1,4 +1,4 @@
-import { closeSync, openSync, readFileSync, realpathSync, statSync, unlinkSync, utimesSync, writeSync } from 'node:fs';
+import { closeSync, fstatSync, openSync, readFileSync, realpathSync, statSync, unlinkSync, utimesSync, writeSync } from 'node:fs';
 import { hostname } from 'node:os';
 import { join } from 'node:path';
 import { RolloutError } from '../errors.js';
@@ -26,24 +26,35 @@ interface Holder {
  * holder on another host cannot be asked, so the holder touches the file every {@link LOCK_HEARTBEAT_MS}: one from
  * another host untouched for {@link LOCK_STALE_MS} is stale too (a pod rescheduled under another name, a Slurm job
  * requeued on another node after a crash: the journal must not stay locked by a server that is gone); a fresh one is
- * refused. Nothing is ever killed. The file is removed by {@link DirLock.release} (the journal's close).
+ * refused. Nothing is ever killed. The file is removed by {@link DirLock.release} (the journal's close). While held, a
+ * lock file removed by hand is taken again ({@link DirLock.check}, and by the heartbeat), and one another server took
+ * meanwhile is reported, never removed.
  *
  * Throws RolloutError('failed_precondition', field journal.dir) naming the directory and the holder.
  */
 export class DirLock {
   private released = false;
+  private ino: number;
   private readonly heartbeat: NodeJS.Timeout;
 
   private constructor(
+    private readonly dir: string,
     private readonly file: string,
     private readonly key: string,
+    /**
+     * The lock file this holder created, kept open so its inode cannot be reused: a file at its path with another
+     * inode is not this holder's.
+     */
+    private fd: number,
   ) {
+    this.ino = fstatSync(fd).ino;
     this.heartbeat = setInterval(() => {
+      if (this.check() !== undefined) return; // another server's: not ours to touch
       try {
         const now = new Date();
         utimesSync(this.file, now, now);
       } catch {
-        // The file is gone (removed by hand): nothing to keep fresh; the journal still works.
+        // Gone meanwhile: taken again by the next check.
       }
     }, LOCK_HEARTBEAT_MS);
     this.heartbeat.unref();
@@ -52,27 +63,18 @@ export class DirLock {
   static acquire(dir: string): DirLock {
     const key = realpathSync(dir);
     const file = join(dir, 'server.lock');
-    const refuse = (holder: string): RolloutError =>
-      new RolloutError('failed_precondition', `journal.dir: ${dir} is in use by another server (${holder}); one journal directory serves one server at a time`, { field: 'journal.dir' });
+    const refuse = (holder: string): RolloutError => new RolloutError('failed_precondition', `journal.dir: ${inUse(dir, holder)}`, { field: 'journal.dir' });
     if (heldHere.has(key)) throw refuse(`this process, pid ${process.pid}`);
     for (let attempt = 0; attempt < 2; attempt++) {
       try {
-        const fd = openSync(file, 'wx', 0o644);
-        try {
-          writeSync(fd, JSON.stringify({ pid: process.pid, host: hostname(), startedAt: new Date().toISOString() } satisfies Holder) + '\n');
-        } finally {
-          closeSync(fd);
-        }
+        const fd = create(file);
         heldHere.add(key);
-        return new DirLock(file, key);
+        return new DirLock(dir, file, key, fd);
       } catch (err) {
         if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
       }
       const holder = readHolder(file);
-      if (holder && !isStale(holder, file)) {
-        const where = holder.host === hostname() ? `pid ${holder.pid}` : `pid ${holder.pid} on host ${holder.host}, alive less than ${LOCK_STALE_MS / 1000} s ago`;
-        throw refuse(`${where}, since ${holder.startedAt}`);
-      }
+      if (holder && !isStale(holder, file)) throw refuse(describeHolder(holder));
       // Left by a holder that died: removed, then created again with O_EXCL (a racing server gets EEXIST and checks).
       try {
         unlinkSync(file);
@@ -83,17 +85,66 @@ export class DirLock {
     throw refuse(`another server took ${file} while this one was starting`);
   }
 
+  /**
+   * Undefined while this holder still holds the lock; else why not (the directory is in use by another server: its lock
+   * file was removed, and that server took it). A lock file removed by hand (nobody else took it) is created again, so a
+   * second server is still refused. A few system calls: for each write a client is answered on.
+   */
+  check(): string | undefined {
+    if (this.released) return undefined;
+    try {
+      if (statSync(this.file).ino === this.ino) return undefined;
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'ENOENT') return undefined; // cannot tell: not taken from anyone
+      try {
+        const fd = create(this.file);
+        closeSync(this.fd);
+        this.fd = fd;
+        this.ino = fstatSync(fd).ino;
+        return undefined;
+      } catch (e) {
+        // The directory is gone (the journal sees its data file gone), or another server took the file just now.
+        if ((e as NodeJS.ErrnoException).code !== 'EEXIST') return undefined;
+      }
+    }
+    const holder = readHolder(this.file);
+    return inUse(this.dir, holder ? describeHolder(holder) : 'its lock file was replaced');
+  }
+
   release(): void {
     if (this.released) return;
     this.released = true;
     clearInterval(this.heartbeat);
     heldHere.delete(this.key);
     try {
-      unlinkSync(this.file);
+      // Only this holder's file: one another server took meanwhile is that server's.
+      if (statSync(this.file).ino === this.ino) unlinkSync(this.file);
     } catch {
       // already gone: nothing to release
     }
+    closeSync(this.fd);
   }
+}
+
+/** Creates the lock file (O_EXCL) naming this process; returns it open. Throws EEXIST when there is one. */
+function create(file: string): number {
+  const fd = openSync(file, 'wx', 0o644);
+  try {
+    writeSync(fd, JSON.stringify({ pid: process.pid, host: hostname(), startedAt: new Date().toISOString() } satisfies Holder) + '\n');
+    return fd;
+  } catch (err) {
+    closeSync(fd);
+    throw err;
+  }
+}
+
+function inUse(dir: string, holder: string): string {
+  return `${dir} is in use by another server (${holder}); one journal directory serves one server at a time`;
+}
+
+function describeHolder(holder: Holder): string {
+  const where = holder.host === hostname() ? `pid ${holder.pid}` : `pid ${holder.pid} on host ${holder.host}, alive less than ${LOCK_STALE_MS / 1000} s ago`;
+  return `${where}, since ${holder.startedAt}`;
 }
 
 /** The holder a lock file names; undefined when it cannot be read as one (half-written: treated as stale). */

@@ -6,7 +6,7 @@ import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
 import type { Ack } from '../../gen/ts/rollout/v1/rollout.js';
 import { DirLock } from './dir-lock.js';
-import { FORMAT_VERSION, inRange, isFull, keys, validOwnerRecord, validTaskRecord, type JournalTask, type LostTask, type OwnerRecord, type SessionRecord, type TaskIndex, type TaskRecord, type WeightsRecord } from './records.js';
+import { FORMAT_VERSION, inRange, isFull, keys, validLostRecord, validOwnerRecord, validTaskRecord, type JournalTask, type LostDebt, type LostRecord, type LostTask, type OwnerRecord, type SessionRecord, type TaskIndex, type TaskRecord, type WeightsRecord } from './records.js';
 
 export interface JournalOptions {
   dir: string;
@@ -66,7 +66,9 @@ export interface JournalContents {
  *
  * Invariant: keys are `['v']` (the format version), `['w']`, `['s', session]`, `['t', task]`, `['r', task, sample]`
  * (trajectory bytes), `['a', task, sample]` (acked by the task's session), `['o', task, session]` (OwnerRecord) and
- * `['o', task, session, sample]` (acked by that owner); a trajectory, ack or owner key exists only beside its task key
+ * `['o', task, session, sample]` (acked by that owner), `['l', task, session]` (LostRecord: a lost task's failed
+ * trajectories owed to a live session) and `['l', task, session, sample]` (acked by it); a trajectory, ack or owner
+ * key exists only beside its task key, a lost debt only while its session does and not every sample of it is acked
  * (a task is compacted in one transaction; leftovers are removed at open and before an accept of the same id), and an
  * owner's ack only beside its owner key. `['x', ...key]` holds records quarantined at start-up, never read. One
  * journal per directory at a time (DirLock). An in-memory index mirrors the task keys (small: ids, sample sets and
@@ -78,11 +80,17 @@ export class Journal {
   private readonly log: Logger;
   private quarantinedCount = 0;
   private readonly lost: LostTask[] = [];
+  /** Lost tasks' debts (LostRecord), by task id then session. */
+  private readonly lostDebts = new Map<string, Map<string, LostDebt>>();
   private readonly tasks = new Map<string, TaskIndex>();
   private readonly sessions = new Set<string>();
   /** Owner writes under way ({@link owed}), by `[task, session]`: a second call for the same pair waits for the first. */
   private readonly owing = new Map<string, Promise<void>>();
   private full: string | undefined;
+  /** Why what this journal writes would not survive a restart (its files removed, its directory taken): for good. */
+  private gone: string | undefined;
+  /** data.mdb as opened: a file at its path with another inode is not the one LMDB writes to. */
+  private dataFile: { dev: number; ino: number } = { dev: 0, ino: 0 };
   private closed = false;
   private readonly compactor: NodeJS.Timeout;
   /** Told when admission through the journal becomes impossible (a reason) or possible again (undefined). */
@@ -109,6 +117,8 @@ export class Journal {
       throw err;
     }
     try {
+      const { dev, ino } = statSync(join(options.dir, 'data.mdb'));
+      this.dataFile = { dev, ino };
       this.checkFileSize();
       this.checkVersion();
     } catch (err) {
@@ -173,6 +183,8 @@ export class Journal {
     for (const key of this.db.getKeys(keys.sessions)) this.sessions.add((key as string[])[1]!);
     const tasks = new Map<string, JournalTask>();
     const orphans: unknown[][] = [];
+    // Before the tasks: a task record quarantined below adds its debts to these.
+    this.loadLostDebts(orphans);
     for (const key of this.db.getKeys(keys.tasks)) {
       const taskId = (key as unknown[])[1];
       const record = this.read(key);
@@ -251,6 +263,90 @@ export class Journal {
     };
   }
 
+  /**
+   * Reads the lost tasks' debts (`['l', ...]`): a record sorts before its acks. One of a session that is gone, or that
+   * every sample of was acked, is an orphan (removed with the others).
+   */
+  private loadLostDebts(orphans: unknown[][]): void {
+    for (const key of this.db.getKeys(keys.losts)) {
+      const k = key as unknown[];
+      const [, taskId, session, index] = k;
+      if (typeof taskId !== 'string' || typeof session !== 'string' || k.length > 4) {
+        this.quarantine(k, 'not a lost-task record');
+      } else if (!this.sessions.has(session)) {
+        orphans.push(k);
+      } else if (k.length === 3) {
+        const value = this.read(key);
+        if (!validLostRecord(value)) this.quarantine(k, 'not a lost-task record');
+        else this.debtsOf(taskId).set(session, { taskId, session, numSamples: value.numSamples, error: value.error, acked: new Set() });
+      } else {
+        const debt = this.lostDebts.get(taskId)?.get(session);
+        if (!debt) orphans.push(k);
+        else if (!inRange(index, debt.numSamples)) this.quarantine(k, 'not a lost-task ack');
+        else debt.acked.add(index);
+      }
+    }
+    for (const debt of this.owedLost()) {
+      if (debt.acked.size < debt.numSamples) continue;
+      this.lostDebts.get(debt.taskId)!.delete(debt.session);
+      orphans.push(keys.lost(debt.taskId, debt.session), ...[...debt.acked].map((i) => keys.lostAck(debt.taskId, debt.session, i)));
+    }
+  }
+
+  private debtsOf(taskId: string): Map<string, LostDebt> {
+    let debts = this.lostDebts.get(taskId);
+    if (!debts) this.lostDebts.set(taskId, (debts = new Map()));
+    return debts;
+  }
+
+  /**
+   * What live sessions are owed of lost tasks (read at open, and written as task records were quarantined since):
+   * recovery sends each its failed trajectory per sample not acked.
+   */
+  owedLost(): LostDebt[] {
+    return [...this.lostDebts.values()].flatMap((debts) => [...debts.values()]);
+  }
+
+  /**
+   * Records, in the transaction quarantining the task's record, what each live session it was owed to is owed of its
+   * loss: a failed trajectory per sample it had not acked. Merged with what an earlier loss of the same id still owes
+   * the session (a sample is settled only where both say so). Nothing when its sample count could not be read.
+   */
+  private oweLost(lost: LostTask): void {
+    const { taskId, numSamples } = lost;
+    if (numSamples === undefined) return;
+    const error = `after a server restart: the journal's record of task "${taskId}" could not be read (moved aside to its quarantine range ['x', 't', ...]), so its spec and trajectories are lost; submit it again`;
+    for (const [session, acked] of lost.debts) {
+      if (!this.sessions.has(session)) continue;
+      const earlier = this.lostDebts.get(taskId)?.get(session);
+      const n = Math.max(numSamples, earlier?.numSamples ?? 0);
+      const settled = (i: number): boolean => (i >= numSamples || acked.has(i)) && (!earlier || i >= earlier.numSamples || earlier.acked.has(i));
+      const debt: LostDebt = { taskId, session, numSamples: n, error, acked: new Set(Array.from({ length: n }, (_, i) => i).filter(settled)) };
+      if (earlier) {
+        this.lostDebts.get(taskId)!.delete(session);
+        void this.db.remove(keys.lost(taskId, session));
+        for (const i of earlier.acked) void this.db.remove(keys.lostAck(taskId, session, i));
+      }
+      if (debt.acked.size >= n) continue;
+      this.debtsOf(taskId).set(session, debt);
+      void this.db.put(keys.lost(taskId, session), { numSamples: n, error, at: Date.now() } satisfies LostRecord);
+      for (const i of debt.acked) void this.db.put(keys.lostAck(taskId, session, i), 1);
+    }
+  }
+
+  /** Forgets a lost debt in memory (every sample acked, or its session gone); {@link removeLost} writes it. */
+  private forgetLost(debt: LostDebt): void {
+    const debts = this.lostDebts.get(debt.taskId);
+    debts?.delete(debt.session);
+    if (debts?.size === 0) this.lostDebts.delete(debt.taskId);
+  }
+
+  /** The removal of a lost debt's records, for a transaction. */
+  private removeLost(debt: LostDebt): void {
+    void this.db.remove(keys.lost(debt.taskId, debt.session));
+    for (const i of debt.acked) void this.db.remove(keys.lostAck(debt.taskId, debt.session, i));
+  }
+
   /** A record's value, or undefined when it does not decode. */
   private read(key: unknown): unknown {
     try {
@@ -263,15 +359,28 @@ export class Journal {
   /**
    * Moves a record that cannot be read out of the way, without deleting it: its bytes as stored go to
    * `['x', ...key]` (a range nothing reads), in one transaction with the removal. A quarantined task takes its
-   * results and acks with it. Logged (warn, with the key) and counted; for start-up (synchronous).
+   * results and acks with it, and what its sessions are owed of its loss is recorded in that transaction
+   * ({@link oweLost}). Logged (warn, with the key) and counted; for start-up (synchronous).
    */
   quarantine(key: readonly unknown[], reason: string): void {
     const moved: unknown[][] = [[...key]];
+    let lost: LostTask | undefined;
     if (key[0] === 't' && typeof key[1] === 'string') {
       const taskId = key[1];
-      this.lost.push(this.lostTask(taskId));
+      lost = this.lostTask(taskId);
+      this.lost.push(lost);
       for (const range of keys.ofTask(taskId)) for (const k of this.db.getKeys(range)) moved.push(k as unknown[]);
       this.tasks.delete(taskId);
+    } else if (key[0] === 'l' && typeof key[1] === 'string' && typeof key[2] === 'string') {
+      const debt = this.lostDebts.get(key[1])?.get(key[2]);
+      if (key.length === 3) {
+        // A lost debt takes its acks along (its loss was logged when its task was quarantined).
+        const record = keys.lost(key[1], key[2]);
+        for (const k of this.db.getKeys({ start: record, end: [...record, keys.TOP] })) if ((k as unknown[]).length > 3) moved.push(k as unknown[]);
+        if (debt) this.forgetLost(debt);
+      } else if (typeof key[3] === 'number') {
+        debt?.acked.delete(key[3]); // told once more at worst
+      }
     } else if ((key[0] === 'r' || key[0] === 'a') && typeof key[1] === 'string' && typeof key[2] === 'number') {
       const task = this.tasks.get(key[1]);
       task?.finished.delete(key[2]);
@@ -293,6 +402,7 @@ export class Journal {
         if (raw !== undefined) void this.db.put(['x', ...k] as string[], new Uint8Array(raw));
         void this.db.remove(k as string[]);
       }
+      if (lost) this.oweLost(lost);
     });
     this.quarantinedCount++;
     this.log.warn({ key, reason, moved: moved.length }, 'journal: a record that cannot be read was moved aside to the quarantine range [x, ...key]');
@@ -365,6 +475,7 @@ export class Journal {
   /** Records the pool-wide weight-sync state (see WeightsRecord); resolves once it is on disk. */
   async weightsChanged(state: { paused: boolean; policyVersion: number }): Promise<void> {
     if (this.closed) return;
+    this.checkDir();
     await this.settled(this.db.put(keys.weights, { ...state, at: Date.now() } satisfies WeightsRecord));
   }
 
@@ -377,7 +488,8 @@ export class Journal {
    * same transaction, before anything of the new session, or a restart would hand the earlier session's unacked
    * trajectories to a session that never asked for them (and compaction would keep them for it forever). A task the
    * id submitted is then owed to no session (its record's session becomes '', as a unary Submit's: it still runs
-   * after a restart, GetTrajectory finds it); an owner record of the id is removed with its acks.
+   * after a restart, GetTrajectory finds it); an owner record of the id is removed with its acks, and so is what the
+   * id was owed of a lost task.
    */
   sessionOpened(sessionId: string): void {
     if (this.closed) return;
@@ -395,11 +507,14 @@ export class Journal {
         task.owners!.delete(sessionId);
       }
     }
+    const lost = this.lostOf(sessionId);
+    for (const debt of lost) this.forgetLost(debt);
     this.sessions.add(sessionId);
     const record: SessionRecord = { openedAt: Date.now() };
-    if (submitted.length + owned.length === 0) return this.write(this.db.put(keys.session(sessionId), record), 'session opened');
+    if (submitted.length + owned.length + lost.length === 0) return this.write(this.db.put(keys.session(sessionId), record), 'session opened');
     this.write(
       this.db.transaction(() => {
+        for (const debt of lost) this.removeLost(debt);
         for (const taskId of submitted) {
           // Read in the transaction: it sees the record of an accept issued just before, whatever its batch.
           const record = this.read(keys.task(taskId)) as TaskRecord | undefined;
@@ -417,10 +532,31 @@ export class Journal {
     this.log.info({ sessionId, tasks: submitted.length + owned.length }, 'session id opened again without resume: what the journal owed its earlier session is forgotten');
   }
 
-  /** A session expired or closed with everything acknowledged: its tasks need no acks any more. */
+  /**
+   * A session expired or closed with everything acknowledged: its tasks need no acks any more, and what it was owed of
+   * lost tasks goes with it (in one transaction: no debt outlives its session).
+   */
   sessionEnded(sessionId: string): void {
     if (this.closed || !this.sessions.delete(sessionId)) return;
-    this.write(this.db.remove(keys.session(sessionId)), 'session ended');
+    const lost = this.lostOf(sessionId);
+    for (const debt of lost) this.forgetLost(debt);
+    this.write(
+      this.db.transaction(() => {
+        void this.db.remove(keys.session(sessionId));
+        for (const debt of lost) this.removeLost(debt);
+      }),
+      'session ended',
+    );
+  }
+
+  /** The lost debts of one session. */
+  private lostOf(sessionId: string): LostDebt[] {
+    const out: LostDebt[] = [];
+    for (const debts of this.lostDebts.values()) {
+      const debt = debts.get(sessionId);
+      if (debt) out.push(debt);
+    }
+    return out;
   }
 
   /**
@@ -446,6 +582,7 @@ export class Journal {
    */
   async accepted(taskId: string, spec: Uint8Array, numSamples: number, session: string): Promise<void> {
     if (this.closed) throw new RolloutError('unavailable', 'the journal is closed (server stopping)');
+    this.checkDir();
     // Never over a task it still holds: its record, acks and owners are other sessions' debts (a re-submit of it is
     // its duplicate: RolloutRuntime.revive).
     if (this.tasks.has(taskId)) throw new RolloutError('internal', `the journal still holds task "${taskId}": accepting it anew would drop what it owes`);
@@ -467,6 +604,7 @@ export class Journal {
       await this.settled(
         this.db.transaction(() => {
           for (const range of keys.ofTask(taskId)) for (const k of this.db.getKeys(range)) void this.db.remove(k);
+          this.sessionRecorded(session);
           return this.db.put(keys.task(taskId), record);
         }),
       );
@@ -474,7 +612,51 @@ export class Journal {
       this.tasks.delete(taskId);
       throw await this.failedWrite(err, 'the task');
     }
+    try {
+      // Checked again once committed: the directory may have gone while the write was under way.
+      this.checkDir();
+    } catch (err) {
+      this.tasks.delete(taskId);
+      throw err;
+    }
     this.clearFull();
+  }
+
+  /**
+   * In a transaction owing a task to `session`: its session record, if the write {@link sessionOpened} issued failed (a
+   * transient ENOSPC: nobody waits for it). A crash would otherwise find the task owed to a session it does not know,
+   * and its trainer's resume would be NOT_FOUND. Read in the transaction: it sees that earlier write if it committed.
+   */
+  private sessionRecorded(session: string): void {
+    if (session === '' || !this.sessions.has(session) || this.db.get(keys.session(session)) !== undefined) return;
+    void this.db.put(keys.session(session), { openedAt: Date.now() } satisfies SessionRecord);
+  }
+
+  /**
+   * Throws UNAVAILABLE when what this journal writes would not be found by a restart on its directory: data.mdb was
+   * removed or replaced (an operator's clean-up, a temp-dir reaper: LMDB goes on writing to the unlinked file, gone at
+   * the next start), or another server holds the directory (its lock file was removed, and that server took it: two
+   * servers on one journal re-run each other's samples and compact away each other's tasks). Neither heals by itself:
+   * admission stays refused (rollout.admission NOT_SERVING, the reason logged once) until the server is restarted;
+   * the work it accepted before goes on. A stat or two, before and after each write a client is answered on.
+   */
+  private checkDir(): void {
+    if (this.gone === undefined) {
+      const file = join(this.options.dir, 'data.mdb');
+      let problem: string | undefined;
+      try {
+        const { dev, ino } = statSync(file);
+        if (dev !== this.dataFile.dev || ino !== this.dataFile.ino) problem = `${file} was removed or replaced while this server ran`;
+      } catch (err) {
+        problem = `${file} was removed or replaced while this server ran (${(err as NodeJS.ErrnoException).code ?? errorText(err)})`;
+      }
+      problem ??= this.lock.check();
+      if (problem === undefined) return;
+      this.gone = `journal.dir: ${problem}: a task accepted now would not survive a restart; restart the server`;
+      this.log.error({ reason: this.gone }, 'journal unusable: admission fails until the server is restarted');
+      this.onFullChange?.(this.gone);
+    }
+    throw new RolloutError('unavailable', this.gone);
   }
 
   /**
@@ -490,6 +672,7 @@ export class Journal {
    */
   async owed(taskId: string, session: string): Promise<void> {
     if (this.closed) throw new RolloutError('unavailable', 'the journal is closed (server stopping)');
+    this.checkDir();
     const task = this.tasks.get(taskId);
     if (!task) throw new RolloutError('unavailable', `task "${taskId}" was dropped from the journal a moment ago (finished and acknowledged); submit it again`);
     if (!session) return;
@@ -505,10 +688,12 @@ export class Journal {
       try {
         await this.settled(
           this.db.transaction(() => {
+            this.sessionRecorded(session);
             if (!before) void this.db.put(keys.owner(taskId, session), { taskAcceptedAt: task.acceptedAt, at: Date.now() } satisfies OwnerRecord);
             for (const i of cleared) void this.db.remove(primary ? keys.ack(taskId, i) : keys.ownerAck(taskId, session, i));
           }),
         );
+        this.checkDir();
         // A disk that was full has room again (the soft bound is another matter: accepts check it).
         if (this.full !== undefined && this.usedBytes() < this.options.maxBytes) this.clearFull();
       } catch (err) {
@@ -543,6 +728,7 @@ export class Journal {
   private clearFull(): void {
     if (this.full !== undefined) {
       this.full = undefined;
+      if (this.gone !== undefined) return; // room again, but still unusable
       this.log.info('journal accepts tasks again');
       this.onFullChange?.(undefined);
     }
@@ -572,10 +758,28 @@ export class Journal {
       acked.add(i);
       this.write(this.db.put(primary ? keys.ack(taskId, i) : keys.ownerAck(taskId, session, i), 1), 'ack');
     };
-    for (const r of ack.trajectories) record(r.taskId, r.sampleIndex);
+    // A lost task's failed trajectory (its id may name a task accepted anew since, too: the session holds one sample
+    // per id and index, so its ack settles both, as in memory).
+    const lost = (taskId: string, i: number): void => {
+      const debt = this.lostDebts.get(taskId)?.get(session);
+      if (!debt || !inRange(i, debt.numSamples) || debt.acked.has(i)) return;
+      debt.acked.add(i);
+      if (debt.acked.size < debt.numSamples) return this.write(this.db.put(keys.lostAck(taskId, session, i), 1), 'ack');
+      this.forgetLost(debt);
+      this.write(this.db.transaction(() => this.removeLost(debt)), 'ack');
+    };
+    for (const r of ack.trajectories) {
+      record(r.taskId, r.sampleIndex);
+      if (this.lostDebts.size > 0) lost(r.taskId, r.sampleIndex);
+    }
     // Each task once, however often the ack names it: a whole-task ack stands for every finished sample, so a repeated
     // id would otherwise cost its samples again each time (the ack's entries are bounded, not what they stand for).
-    for (const taskId of new Set(ack.taskIds)) for (const i of this.tasks.get(taskId)?.finished ?? []) record(taskId, i);
+    for (const taskId of new Set(ack.taskIds)) {
+      for (const i of this.tasks.get(taskId)?.finished ?? []) record(taskId, i);
+      // Every failed trajectory of a lost task was sent at once: a whole-task ack stands for all of them.
+      const debt = this.lostDebts.get(taskId)?.get(session);
+      if (debt) for (let i = 0; i < debt.numSamples; i++) lost(taskId, i);
+    }
   }
 
   /**
@@ -626,9 +830,9 @@ export class Journal {
     return s.pageSize * (s.treeBranchPageCount + s.treeLeafPageCount + s.overflowPages);
   }
 
-  /** Why admission fails, while the journal is full. */
+  /** Why admission fails, while the journal is full (or for good, when its directory went: see checkDir). */
   get fullReason(): string | undefined {
-    return this.full;
+    return this.gone ?? this.full;
   }
 
   get taskCount(): number {

@@ -27,6 +27,21 @@ export interface OwnerRecord {
   at: number;
 }
 
+/**
+ * `['l', taskId, sessionId]`: a task whose record could not be read at a start (quarantined: its spec and trajectories
+ * are gone) was owed to that session, which is owed a failed trajectory (ENVIRONMENT_ERROR saying `error`, built
+ * by recovery) per sample it had not acked, until it acks it — like any trajectory delivered and not acked, so a second
+ * crash before the trainer is back still tells it. Written in the transaction that quarantines the task record. Its
+ * acks are `['l', taskId, sessionId, sample]` (value 1), beside it; the debt goes once every sample is acked or the
+ * session ends. Keyed apart from the task keys: the task id is free (a re-submit is accepted anew) while it is owed.
+ */
+export interface LostRecord {
+  numSamples: number;
+  /** Why, as the failed trajectories say it (the same at every start). */
+  error: string;
+  at: number;
+}
+
 /** `['s', sessionId]`: a session that may be resumed. */
 export interface SessionRecord {
   openedAt: number;
@@ -67,6 +82,15 @@ export interface LostTask {
   debts: Map<string, Set<number>>;
 }
 
+/** What a session is owed of a lost task ({@link LostRecord}), with the samples it acked. */
+export interface LostDebt {
+  taskId: string;
+  session: string;
+  numSamples: number;
+  error: string;
+  acked: Set<number>;
+}
+
 /** What the journal keeps in memory per task (never trajectory bytes). */
 export interface TaskIndex {
   numSamples: number;
@@ -88,7 +112,8 @@ const TOP = '\uffff';
  * Bumped when an older server would misread what a newer one writes. A record kind in a key range older servers do
  * not scan is not such a change: the owner records (`['o', ...]`, OwnerRecord) came at version 1 — a server from
  * before them opens such a journal, ignores them (owing each task to its submitting session only, as it always did)
- * and leaves them behind, and a newer server removes those left without their task at open.
+ * and leaves them behind, and a newer server removes those left without their task at open. The lost-task debts
+ * (`['l', ...]`, LostRecord) are such a kind too: an older server does not tell them.
  */
 export const FORMAT_VERSION = 1;
 
@@ -107,6 +132,9 @@ export const keys = {
   results: { start: ['r'], end: ['r', TOP] },
   acks: { start: ['a'], end: ['a', TOP] },
   owners: { start: ['o'], end: ['o', TOP] },
+  lost: (taskId: string, session: string) => ['l', taskId, session],
+  lostAck: (taskId: string, session: string, sample: number) => ['l', taskId, session, sample],
+  losts: { start: ['l'], end: ['l', TOP] },
   /** Every record of one task but its TaskRecord: results, acks, owners and their acks. */
   ofTask: (taskId: string) => [
     { start: ['r', taskId], end: ['r', taskId, TOP] },
@@ -140,6 +168,12 @@ export function validTaskRecord(value: unknown): value is TaskRecord {
 export function validOwnerRecord(value: unknown): value is OwnerRecord {
   const r = value as Partial<OwnerRecord> | null | undefined;
   return typeof r === 'object' && r !== null && typeof r.taskAcceptedAt === 'number' && typeof r.at === 'number';
+}
+
+/** Whether a value read at `['l', taskId, sessionId]` is a LostRecord. */
+export function validLostRecord(value: unknown): value is LostRecord {
+  const r = value as Partial<LostRecord> | null | undefined;
+  return typeof r === 'object' && r !== null && Number.isInteger(r.numSamples) && r.numSamples! > 0 && typeof r.error === 'string' && typeof r.at === 'number';
 }
 
 /** Whether `index` is a sample index of a task with `numSamples` samples. */

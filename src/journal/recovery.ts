@@ -10,7 +10,7 @@ import { RolloutError } from '../errors.js';
 import type { TrajectorySink } from '../pipeline/task.js';
 import { TaskSpec, Trajectory, TrajectoryStatus } from '../../gen/ts/rollout/v1/rollout.js';
 import type { Journal, JournalContents } from './journal.js';
-import type { LostTask } from './records.js';
+import type { LostDebt, LostTask } from './records.js';
 
 export interface RecoveryDeps {
   runtime: RolloutRuntime;
@@ -35,8 +35,10 @@ export interface RecoveryReport {
   invalidTasks: number;
   /** Records that could not be read (a partial or hand edit, another version): moved aside to `['x', ...key]`. */
   quarantinedRecords: number;
-  /** Tasks whose record could not be read: the sessions they were owed to are sent a failed trajectory per sample. */
+  /** Tasks whose record could not be read at this start: the sessions they were owed to are sent a failed trajectory per sample. */
   lostTasks: number;
+  /** Failed trajectories of lost tasks (this start's and earlier ones') owed to sessions that had not acked them. */
+  lostSamples: number;
 }
 
 /**
@@ -57,7 +59,7 @@ export interface RecoveryReport {
 export function recoverFromJournal(contents: JournalContents, deps: RecoveryDeps): RecoveryReport {
   const { runtime, sessions, registry, config, journal } = deps;
   const log = deps.logger.child({ component: 'recovery' });
-  const report: RecoveryReport = { sessions: contents.sessions.length, tasks: 0, finishedSamples: 0, unackedSamples: 0, requeuedSamples: 0, invalidTasks: 0, quarantinedRecords: 0, lostTasks: 0 };
+  const report: RecoveryReport = { sessions: contents.sessions.length, tasks: 0, finishedSamples: 0, unackedSamples: 0, requeuedSamples: 0, invalidTasks: 0, quarantinedRecords: 0, lostTasks: 0, lostSamples: 0 };
   const byId = new Map<string, Session>();
   for (const id of contents.sessions) byId.set(id, sessions.restore(id));
   for (const record of contents.tasks) {
@@ -109,6 +111,7 @@ export function recoverFromJournal(contents: JournalContents, deps: RecoveryDeps
         error: `after a server restart: the client acknowledged this sample, but its trajectory was not journaled (its write failed), so it is not kept`,
         metadata: spec.metadata,
       });
+    for (const i of ackedOnly) finished.set(i, lost(i));
     let task;
     try {
       task = validateTask(spec, registry, config);
@@ -118,60 +121,43 @@ export function recoverFromJournal(contents: JournalContents, deps: RecoveryDeps
       log.error({ taskId: record.taskId, err }, 'journaled task no longer validates');
       // Recorded like any finished task: GetTrajectory finds it, its sessions are owed its trajectories, and a
       // re-submit of its spec is its duplicate (TaskStore.unrunnable).
-      const entry = runtime.store.addUnrunnable(spec, record.numSamples);
-      for (const sink of sinks) entry.sinks.add(sink);
-      for (const t of finished.values()) runtime.store.record(t);
-      for (const i of ackedOnly) runtime.store.record(lost(i));
-      for (let i = 0; i < record.numSamples; i++) {
-        if (finished.has(i) || ackedOnly.includes(i)) continue;
-        const t = wireSafe(
-          Trajectory.fromPartial({ taskId: record.taskId, sampleIndex: i, groupId: spec.groupId, environment: spec.environment, status: TrajectoryStatus.TRAJECTORY_STATUS_INVALID_TASK, finishReason: 'error', error: reason, metadata: spec.metadata }),
-          config.maxMessageBytes,
-        );
-        // Recorded (so delivered) once committed, as the pipeline's trajectories are; a failed write still records it.
-        journal.finished(record.taskId, i, Trajectory.encode(t).finish()).then(
-          () => runtime.store.record(t),
-          (e: unknown) => {
-            log.error({ err: e, taskId: record.taskId, sampleIndex: i }, 'journal could not record an INVALID_TASK trajectory; delivered anyway');
-            runtime.store.record(t);
-          },
-        );
-      }
+      runtime.restoreUnrunnable(spec, record.numSamples, finished, reason, sinks);
       continue;
     }
-    report.requeuedSamples += record.numSamples - finished.size - ackedOnly.length;
-    for (const i of ackedOnly) finished.set(i, lost(i));
+    report.requeuedSamples += record.numSamples - finished.size;
     runtime.restore(task, finished, sinks);
   }
-  for (const lost of journal.lostTasks) tellLost(lost, byId, report, config.maxMessageBytes, log);
+  for (const lost of journal.lostTasks) logLost(lost, report, log);
+  for (const debt of journal.owedLost()) tellLost(debt, byId, report, config.maxMessageBytes);
   report.quarantinedRecords = journal.quarantined;
   if (report.quarantinedRecords > 0) log.warn({ quarantined: report.quarantinedRecords }, 'journal records that could not be read were moved aside (key range [x, ...]); the rest was recovered');
   log.info(report, 'recovered from the journal');
   return report;
 }
 
-/**
- * A task whose record could not be read (quarantined: its spec and trajectories are gone) is not dropped silently:
- * each session it was owed to is sent, for every sample it had not acked, a trajectory with status ENVIRONMENT_ERROR
- * (a server-side failure, never a result: a trainer filters it out) saying why and to submit it again — its id is free
- * (the task store does not hold it). Logged with its id and sessions, and counted. When not even its sample count can
- * be read, the sessions cannot be sent a trajectory per sample: the loss is logged and counted.
- */
-function tellLost(lost: LostTask, byId: ReadonlyMap<string, Session>, report: RecoveryReport, maxMessageBytes: number, log: Logger): void {
-  const { taskId, numSamples } = lost;
+/** A task whose record could not be read at this start (quarantined: its spec and trajectories are gone): logged with its id and sessions, and counted. */
+function logLost(lost: LostTask, report: RecoveryReport, log: Logger): void {
   report.lostTasks++;
-  const owed = [...lost.debts].filter(([id]) => byId.has(id));
+  const { taskId, numSamples } = lost;
   log.error({ taskId, numSamples, sessions: [...lost.debts.keys()] }, numSamples === undefined ? 'a journaled task could not be read, nor how many samples it had: lost, its sessions cannot be told per sample' : 'a journaled task could not be read: its sessions are sent a failed trajectory per sample they had not acked');
-  if (numSamples === undefined) return;
-  const error = `after a server restart: the journal's record of task "${taskId}" could not be read (moved aside to its quarantine range ['x', 't', ...]), so its spec and trajectories are lost; submit it again`;
-  for (const [id, acked] of owed) {
-    const session = byId.get(id)!;
-    session.expect(taskId, numSamples);
-    acknowledge(session, taskId, acked);
-    for (let i = 0; i < numSamples; i++) {
-      if (acked.has(i)) continue;
-      session.sink(wireSafe(Trajectory.fromPartial({ taskId, sampleIndex: i, status: TrajectoryStatus.TRAJECTORY_STATUS_ENVIRONMENT_ERROR, finishReason: 'error', error }), maxMessageBytes));
-    }
+}
+
+/**
+ * A lost task is not dropped silently: each session it was owed to is sent, for every sample it had not acked, a
+ * trajectory with status ENVIRONMENT_ERROR (a server-side failure, never a result: a trainer filters it out) saying
+ * why and to submit it again — its id is free (the task store does not hold it). The journal keeps that debt
+ * (Journal.owedLost) until the session acks each or ends, so a later crash tells it again, the same trajectories.
+ */
+function tellLost(debt: LostDebt, byId: ReadonlyMap<string, Session>, report: RecoveryReport, maxMessageBytes: number): void {
+  const { taskId, numSamples, error, acked } = debt;
+  const session = byId.get(debt.session);
+  if (!session) return;
+  session.expect(taskId, numSamples);
+  acknowledge(session, taskId, acked);
+  for (let i = 0; i < numSamples; i++) {
+    if (acked.has(i)) continue;
+    report.lostSamples++;
+    session.sink(wireSafe(Trajectory.fromPartial({ taskId, sampleIndex: i, status: TrajectoryStatus.TRAJECTORY_STATUS_ENVIRONMENT_ERROR, finishReason: 'error', error }), maxMessageBytes));
   }
 }
 

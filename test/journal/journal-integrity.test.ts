@@ -62,6 +62,32 @@ describe('the journal on damaged or shared directories', () => {
     });
   });
 
+  it('keeps what a lost task owes each live session across reopens until that session acks it, ends, or is opened again without resume', async () => {
+    const dir = await freshDir();
+    const { journal } = opened(dir);
+    for (const s of ['acks', 'ends', 'reused', 'whole']) journal.sessionOpened(s);
+    await journal.accepted('lost', bytes(10), 2, 'acks');
+    for (const s of ['ends', 'reused', 'whole']) await journal.owed('lost', s);
+    await journal.finished('lost', 1, bytes(5));
+    journal.ack({ taskIds: [], trajectories: [{ taskId: 'lost', sampleIndex: 1 }] }, 'acks');
+    await journal.close();
+    // Its record unreadable (its sample count damaged): quarantined at open, its sessions owed its loss.
+    await edit(dir, (db) => db.putSync(['t', 'lost'], { ...(db.get(['t', 'lost']) as object), numSamples: 'two' }));
+    const debts = (j: Journal): string[] => j.owedLost().map((d) => `${d.session} ${d.taskId}/${d.numSamples} acked ${[...d.acked].join(',')}`).sort();
+    const second = opened(dir);
+    expect(debts(second.journal)).toEqual(['acks lost/2 acked 1', 'ends lost/2 acked ', 'reused lost/2 acked ', 'whole lost/2 acked ']);
+    expect(second.journal.owedLost()[0]!.error).toMatch(/record of task "lost" could not be read/);
+    second.journal.ack({ taskIds: [], trajectories: [{ taskId: 'lost', sampleIndex: 0 }] }, 'acks'); // its last
+    second.journal.ack({ taskIds: ['lost'], trajectories: [] }, 'whole');
+    second.journal.sessionEnded('ends');
+    second.journal.sessionOpened('reused');
+    await second.journal.close();
+    const third = opened(dir);
+    expect(debts(third.journal)).toEqual([]);
+    await third.journal.close();
+    await edit(dir, (db) => expect([...db.getKeys({ start: ['l'], end: ['l', '\uffff'] })]).toEqual([]));
+  });
+
   it('removes results and acks without their task at open, and before accepting a task with that id', async () => {
     const dir = await freshDir();
     await opened(dir).journal.close();

@@ -79,3 +79,41 @@ describe('a journaled task whose record is damaged, owed to sessions that had no
     expect(b.server.journal!.quarantined).toBe(1);
   }, 180_000);
 });
+
+describe('the failed trajectories told for a lost task, before their sessions ack them', () => {
+  it('are journaled: a second crash still owes each session those it had not acked, and acks settle them for good', async () => {
+    const dir = await journalWith((db) => {
+      const record = db.get(['t', 'victim']) as { spec: Uint8Array };
+      db.putSync(['t', 'victim'], { ...record, spec: new Uint8Array([0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f]) });
+    });
+    const b = await suite.server(dir);
+    // `other` takes both failed trajectories and acks one; a fence's `accepted` proves the ack is on disk.
+    const other = b.client.openSession({ sessionId: 'other', resume: true, autoAck: false });
+    const told = await new TrajectoryReader(other).take(2);
+    expect(told.map(line).sort()).toEqual(['victim#0 TRAJECTORY_STATUS_ENVIRONMENT_ERROR', 'victim#1 TRAJECTORY_STATUS_ENVIRONMENT_ERROR']);
+    other.ack([{ taskId: 'victim', sampleIndex: 0 }]);
+    await other.submit(mathTask('fence-2', 1, 84));
+    other.abort();
+    // `trainer` never came back before this second crash.
+    const image = await suite.crashImage(b);
+
+    const c = await suite.server(image);
+    // Before the fix: nothing of victim (the failed trajectories lived in memory only; the trainers wait forever).
+    const trainer = await owedOnResume(c, 'trainer');
+    expect(trainer.lines).toEqual(['fence#0 TRAJECTORY_STATUS_COMPLETED', 'good#0 TRAJECTORY_STATUS_COMPLETED', 'victim#0 TRAJECTORY_STATUS_ENVIRONMENT_ERROR']);
+    expect(trainer.errors).toEqual([expect.stringMatching(lostError)]);
+    expect((await owedOnResume(c, 'other')).lines).toEqual(['fence-2#0 TRAJECTORY_STATUS_COMPLETED', 'victim#1 TRAJECTORY_STATUS_ENVIRONMENT_ERROR']);
+    // Its id is still free.
+    expect((await c.client.submit(mathTask('victim', 2, 81))).duplicate).toBe(false);
+    await c.client.getTrajectory('victim', { wait: true, deadlineMs: 60_000 });
+    await c.close();
+
+    // Both sessions took and acked everything and closed: nothing of the loss is kept, and a third start owes nothing.
+    const db = open({ path: image, compression: false });
+    const lostKeys = [...db.getKeys({ start: ['l'], end: ['l', '\uffff'] })];
+    await db.close();
+    expect(lostKeys).toEqual([]);
+    const d = await suite.server(image);
+    await expect(owedOnResume(d, 'trainer')).rejects.toThrow(/unknown or expired/);
+  }, 180_000);
+});
