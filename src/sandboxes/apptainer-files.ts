@@ -1,5 +1,4 @@
 import { RolloutError } from '../errors.js';
-import type { DirEntry } from './types.js';
 
 /**
  * File operations of the Apptainer driver, done by small POSIX sh scripts run inside the instance (as the
@@ -37,20 +36,6 @@ export const LIST_DIR_SCRIPT = [
   `[ -d "$p" ] || exit ${FILE_EXIT.notDir}`,
   `exec find "$p" -mindepth 1 -maxdepth 1 -printf '%y %s %f\\0'`,
 ].join('\n');
-
-/** Parses LIST_DIR_SCRIPT's output, sorted by name like the other drivers. Sizes are reported for files only. */
-export function parseDirListing(stdout: string): DirEntry[] {
-  const out: DirEntry[] = [];
-  for (const record of stdout.split('\0')) {
-    if (record === '') continue;
-    const m = /^(\S) (\d+) ([\s\S]+)$/.exec(record);
-    if (!m) throw new RolloutError('sandbox_error', `listDir: unexpected record ${JSON.stringify(record.slice(0, 100))}`);
-    const [, y, size, name] = m as unknown as [string, string, string, string];
-    const type: DirEntry['type'] = y === 'f' ? 'file' : y === 'd' ? 'dir' : y === 'l' ? 'symlink' : 'other';
-    out.push({ name, type, size: type === 'file' ? Number(size) : 0 });
-  }
-  return out.sort((a, b) => a.name.localeCompare(b.name));
-}
 
 /** Maps a file script's exit code to the error the Sandbox contract names (null: success). */
 export function fileScriptError(op: 'readFile' | 'writeFile' | 'listDir', path: string, exitCode: number | null, stderr: string, maxBytes?: number): RolloutError | null {

@@ -6,7 +6,8 @@ import { posix } from 'node:path';
 import { RolloutError, throwIfAborted } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
 import { CWD_EXIT_CODE, CWD_MARKER, execArgs, killTaggedArgs, type WrapperLimits } from './apptainer-command.js';
-import { fileScriptError, LIST_DIR_SCRIPT, parseDirListing, READ_FILE_SCRIPT, WRITE_FILE_SCRIPT } from './apptainer-files.js';
+import { fileScriptError, LIST_DIR_SCRIPT, READ_FILE_SCRIPT, WRITE_FILE_SCRIPT } from './apptainer-files.js';
+import { MAX_LIST_BYTES, parseDirListing } from './sandbox-files.js';
 import { spawnContained, type ContainedProcess, type ContainedRunResult } from './contained-process.js';
 import type { DirEntry, ExecOptions, ExecResult, FileOptions, PersistentShell, Sandbox, SandboxProcess, SandboxSpec, SpawnOptions } from './types.js';
 
@@ -158,10 +159,10 @@ export class ApptainerSandbox implements Sandbox {
 
   async listDir(path: string, options: FileOptions = {}): Promise<DirEntry[]> {
     this.assertLive();
-    const r = await this.fileScript(LIST_DIR_SCRIPT, [this.absolute(path)], { outputLimitBytes: 16 << 20, signal: options.signal });
-    const err = fileScriptError('listDir', path, r.exitCode, r.stderr);
+    const r = await this.fileScript(LIST_DIR_SCRIPT, [this.absolute(path)], { outputLimitBytes: MAX_LIST_BYTES, signal: options.signal });
+    const err = r.truncated ? null : fileScriptError('listDir', path, r.exitCode, r.stderr);
     if (err) throw err;
-    return parseDirListing(r.stdout);
+    return parseDirListing(r.stdout, path, r.truncated);
   }
 
   stop(): Promise<void> {

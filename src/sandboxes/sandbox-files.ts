@@ -5,6 +5,13 @@ import type { DirEntry } from './types.js';
 /** Default largest file `readFile` returns. */
 export const DEFAULT_MAX_READ_BYTES = 16 * 1024 * 1024;
 
+/**
+ * Largest directory listing `listDir` reads (~10,000 entries of typical names). A listing is parsed and sorted on the
+ * server's event loop: a model that fills a directory with 600,000 files (one shell loop) made one `view` of it block
+ * the loop for ~5 s under the old 16 MiB cap. A larger directory is refused: the tools show the first 200 entries anyway.
+ */
+export const MAX_LIST_BYTES = 256 * 1024;
+
 /** What file operations need of a sandbox: run a small shell script inside it, as its user, with a byte cap. */
 export type RunInside = (
   argv: readonly string[],
@@ -63,18 +70,9 @@ export class SandboxFiles {
 
   async list(path: string, options: { signal?: AbortSignal } = {}): Promise<DirEntry[]> {
     const abs = this.resolve(path);
-    const r = await this.run(['/bin/sh', '-c', LIST, 'list', abs], { ...signalOf(options), outputLimitBytes: DEFAULT_MAX_READ_BYTES });
-    if (r.truncated) throw RolloutError.invalid('path', `${path} has too many entries to list`);
-    check(r, path);
-    const out: DirEntry[] = [];
-    for (const record of r.stdout.split('\0')) {
-      const match = /^(\S) (\d+) (.*)$/s.exec(record);
-      if (!match) continue;
-      const [, kind, size, name] = match as unknown as [string, string, string, string];
-      const type = kind === 'f' ? 'file' : kind === 'd' ? 'dir' : kind === 'l' ? 'symlink' : 'other';
-      out.push({ name, type, size: type === 'file' ? Number(size) : 0 });
-    }
-    return out.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+    const r = await this.run(['/bin/sh', '-c', LIST, 'list', abs], { ...signalOf(options), outputLimitBytes: MAX_LIST_BYTES });
+    if (!r.truncated) check(r, path);
+    return parseDirListing(r.stdout, path, r.truncated);
   }
 
   private resolve(path: string): string {
@@ -82,6 +80,25 @@ export class SandboxFiles {
     if (path.includes('\0')) throw RolloutError.invalid('path', 'contains a NUL byte');
     return resolveInSandbox(this.workdir, path);
   }
+}
+
+/**
+ * Parses a listing of `find -printf '%y %s %f\\0'` records (f, d, l, ...; sizes for files only), sorted by name in
+ * code-unit order; both drivers' listings. Throws invalid_argument when the listing was cut at MAX_LIST_BYTES (the
+ * directory is too large to list), sandbox_error on a record of another shape.
+ */
+export function parseDirListing(stdout: string, path: string, truncated: boolean): DirEntry[] {
+  if (truncated) throw RolloutError.invalid('path', `${path} has too many entries to list (over ${MAX_LIST_BYTES >> 10} KiB of names); use bash, e.g. ls | head`);
+  const out: DirEntry[] = [];
+  for (const record of stdout.split('\0')) {
+    if (record === '') continue;
+    const match = /^(\S) (\d+) ([\s\S]+)$/.exec(record);
+    if (!match) throw new RolloutError('sandbox_error', `listDir: unexpected record ${JSON.stringify(record.slice(0, 100))}`);
+    const [, kind, size, name] = match as unknown as [string, string, string, string];
+    const type: DirEntry['type'] = kind === 'f' ? 'file' : kind === 'd' ? 'dir' : kind === 'l' ? 'symlink' : 'other';
+    out.push({ name, type, size: type === 'file' ? Number(size) : 0 });
+  }
+  return out.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
 }
 
 function signalOf(options: { signal?: AbortSignal }): { signal?: AbortSignal } {

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { parseDirListing } from '../../src/sandboxes/apptainer-files.js';
+import { parseDirListing } from '../../src/sandboxes/sandbox-files.js';
 import { newInstanceName, orphanedInstances, ownerOfHostDir, ownerOfInstance, parseInstanceList } from '../../src/sandboxes/apptainer-instances.js';
 
 // `apptainer instance list --json` as Apptainer 1.x prints it (json.Encoder with a tab indent).
@@ -71,7 +71,7 @@ describe('instance and host dir ownership', () => {
 
 describe('in-instance directory listing parsing', () => {
   it('reads find -printf records, names with spaces and newlines included, sorted, sizes for files only', () => {
-    expect(parseDirListing('f 5 b.txt\0d 4096 a dir\0l 7 link\0f 0 new\nline\0p 0 fifo\0')).toEqual([
+    expect(parseDirListing('f 5 b.txt\0d 4096 a dir\0l 7 link\0f 0 new\nline\0p 0 fifo\0', '/w', false)).toEqual([
       { name: 'a dir', type: 'dir', size: 0 },
       { name: 'b.txt', type: 'file', size: 5 },
       { name: 'fifo', type: 'other', size: 0 },

@@ -105,6 +105,13 @@ export function describeSandboxConformance(name: string, makeDriver: () => Sandb
       await expect(sandbox.listDir('conf/a.txt')).rejects.toMatchObject({ code: 'invalid_argument' });
     });
 
+    it('refuses to list a directory too large to parse on the event loop, as a path the model named', async () => {
+      // 10,000 names of ~28 bytes: ~330 KB of listing, over MAX_LIST_BYTES (the model can make 600,000 with one loop).
+      await sandbox.exec(['sh', '-c', 'mkdir -p big && cd big && seq 10000 | sed "s/^/entry-with-a-long-name-/" | xargs touch']);
+      await expect(sandbox.listDir('big')).rejects.toMatchObject({ code: 'invalid_argument', message: expect.stringMatching(/too many entries/) });
+      await sandbox.exec(['sh', '-c', 'rm -rf big']);
+    });
+
     it('has no network unless the spec asks (loopback only)', async () => {
       expect(interfaces((await sandbox.exec(['cat', '/proc/net/dev'])).stdout)).toEqual(['lo']);
     });
