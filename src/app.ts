@@ -7,6 +7,7 @@ import { BackendPool } from './backends/pool.js';
 import { createEngineClient } from './backends/kinds.js';
 import { ModelNotServedError, withoutCredentials } from './backends/engine-http.js';
 import { embeddedModelFileProblem, parseEmbeddedUrl } from './backends/embedded/embedded-url.js';
+import { checkEmbeddedVocabularies } from './backends/embedded/embedded-vocabulary.js';
 import type { EngineClient } from './backends/types.js';
 import { createSandboxDriver } from './sandboxes/driver-factory.js';
 import type { SandboxDriver } from './sandboxes/types.js';
@@ -83,6 +84,7 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
   checkEmbeddedModelFiles(config);
   const { tokenizer, template, parser, profile, dir, parserSource } = await loadModelBundle(config.model);
   logger.child({ component: 'model' }).info({ dir, parser: parser.name, parserSource, ...profile, stopTokenIds: tokenizer.stopTokenIds }, 'model loaded');
+  await checkEmbeddedVocabularies(config.backends, tokenizer);
   const pool = new BackendPool({
     logger,
     acquireTimeoutMs: config.backendAcquireTimeoutMs,

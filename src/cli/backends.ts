@@ -1,5 +1,5 @@
-import { connectionOptions, type ConnectionFlags } from './connection.js';
-import { RolloutClient } from '../client/rollout-client.js';
+import { connect as connectTo, connectionOptions, withinConnectTimeout, type ConnectionFlags } from './connection.js';
+import type { RolloutClient } from '../client/rollout-client.js';
 import { BackendKind, CapacitySource, LogprobsMode, type Backend } from '../../gen/ts/rollout/v1/backend.js';
 
 /** Where a server is and the admin token its BackendService needs (flag, else ROLLOUT_ADMIN_TOKEN). */
@@ -52,14 +52,14 @@ export function formatBackends(backends: readonly Backend[]): string {
 /** A client of the server's BackendService: the admin token, else the trainer token (which a server without an admin token takes there). */
 function connect(opts: BackendsOptions): RolloutClient {
   const options = connectionOptions(opts);
-  return new RolloutClient(opts.address, { ...options, ...(options.adminToken === undefined && options.token !== undefined && { adminToken: options.token }) });
+  return connectTo(opts.address, '--address', { ...options, ...(options.adminToken === undefined && options.token !== undefined && { adminToken: options.token }) });
 }
 
 /** `rollout backends`: prints the server's backends. */
 export async function runBackendsList(opts: BackendsOptions): Promise<void> {
   const client = connect(opts);
   try {
-    console.log(formatBackends(await client.listBackends()));
+    console.log(formatBackends(await withinConnectTimeout(client.backends, opts.address, opts, client.listBackends())));
   } finally {
     client.close();
   }
@@ -69,7 +69,7 @@ export async function runBackendsList(opts: BackendsOptions): Promise<void> {
 export async function runBackendsAdd(url: string, opts: AddBackendFlags): Promise<void> {
   const client = connect(opts);
   try {
-    const backend = await client.addBackend({
+    const backend = await withinConnectTimeout(client.backends, opts.address, opts, client.addBackend({
       url,
       kind: opts.kind === 'sglang' ? BackendKind.BACKEND_KIND_SGLANG : BackendKind.BACKEND_KIND_VLLM,
       ...(opts.id !== undefined && { id: opts.id }),
@@ -78,7 +78,7 @@ export async function runBackendsAdd(url: string, opts: AddBackendFlags): Promis
       ...(opts.logprobsMode !== undefined && {
         logprobsMode: opts.logprobsMode === 'raw' ? LogprobsMode.LOGPROBS_MODE_RAW : LogprobsMode.LOGPROBS_MODE_PROCESSED,
       }),
-    });
+    }));
     if (backend !== undefined) console.log(formatBackends([backend]));
   } finally {
     client.close();

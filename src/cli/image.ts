@@ -1,6 +1,8 @@
 import cliProgress from 'cli-progress';
-import { copyFile, rename } from 'node:fs/promises';
+import { mkdirSync, statSync } from 'node:fs';
+import { copyFile, rename, rm } from 'node:fs/promises';
 import { resolve } from 'node:path';
+import { RolloutError } from '../errors.js';
 import { buildImage, type BuildProgress } from '../sandboxes/images/build-image.js';
 import { DEFAULT_IMAGE_PACKAGES } from '../sandboxes/images/image-recipe.js';
 
@@ -21,6 +23,8 @@ export interface ImageBuildOptions {
  */
 export async function runImageBuild(options: ImageBuildOptions): Promise<number> {
   const packages = options.packages ? options.packages.split(',') : [...DEFAULT_IMAGE_PACKAGES];
+  if (options.cacheDir !== undefined) usableDirectory('--cache-dir', options.cacheDir);
+  if (options.out !== undefined && isDirectory(options.out)) throw imageNotWritten(options.out, 'it is a directory');
   const controller = new AbortController();
   const onSignal = () => controller.abort(new Error('interrupted'));
   process.once('SIGINT', onSignal);
@@ -36,8 +40,13 @@ export async function runImageBuild(options: ImageBuildOptions): Promise<number>
     if (options.out) {
       path = resolve(options.out);
       const partial = `${path}.partial-${process.pid}`;
-      await copyFile(image.path, partial);
-      await rename(partial, path);
+      try {
+        await copyFile(image.path, partial);
+        await rename(partial, path);
+      } catch (err) {
+        await rm(partial, { force: true });
+        throw imageNotWritten(options.out, (err as Error).message.split(',')[0]!);
+      }
     }
     process.stdout.write(`${path}\n`);
     return 0;
@@ -83,4 +92,28 @@ function startBuildProgress(): { update: (p: BuildProgress) => void; stop: () =>
     },
     stop: () => undefined,
   };
+}
+
+function imageNotWritten(out: string, why: string): RolloutError {
+  return new RolloutError('invalid_argument', `--out ${out}: cannot write the image there: ${why}`);
+}
+
+function isDirectory(path: string): boolean {
+  try {
+    return statSync(path).isDirectory();
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * Creates `dir` (given by `flag`) when missing; invalid_argument naming the flag when it cannot be a directory (a
+ * file there, no permission), instead of an fs error from deep inside the build.
+ */
+export function usableDirectory(flag: string, dir: string): void {
+  try {
+    mkdirSync(dir, { recursive: true });
+  } catch (err) {
+    throw new RolloutError('invalid_argument', `${flag} ${dir}: cannot be used as a directory (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`);
+  }
 }

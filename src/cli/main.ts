@@ -1,4 +1,4 @@
-import { connectionOptions, withConnectionFlags, type ConnectionFlags } from './connection.js';
+import { connect, connectionOptions, withConnectionFlags, withinConnectTimeout, type ConnectionFlags } from './connection.js';
 import { status, type ServiceError } from '@grpc/grpc-js';
 import { Command, CommanderError, InvalidArgumentError, Option } from 'commander';
 import { readFileSync } from 'node:fs';
@@ -8,7 +8,6 @@ import { runImageBuild } from './image.js';
 import { runServe } from './serve.js';
 import { runSweBuild } from './swe.js';
 import { runSubmit } from './submit.js';
-import { RolloutClient } from '../client/rollout-client.js';
 import { RolloutError } from '../errors.js';
 
 const int = (value: string): number => {
@@ -98,9 +97,9 @@ withConnectionFlags(program
   .description('list the environments a server offers')
   .option('--address <host:port>', 'server address', '127.0.0.1:50051'))
   .action(async (opts: { address: string } & ConnectionFlags) => {
-    const client = new RolloutClient(opts.address, connectionOptions(opts));
+    const client = connect(opts.address, '--address', connectionOptions(opts));
     try {
-      const { environments } = await client.listEnvironments();
+      const { environments } = await withinConnectTimeout(client.rollout, opts.address, opts, client.listEnvironments());
       for (const e of environments) console.log(`${e.name}\t${e.description}\ttools: ${e.tools.join(', ')}`);
     } finally {
       client.close();

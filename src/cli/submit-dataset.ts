@@ -27,6 +27,15 @@ export interface DatasetRow {
   row: Record<string, unknown>;
 }
 
+/**
+ * A JSONL line that is not a row (not JSON, or not an object): `problem` names the file and line. It keeps its index,
+ * so the rows after it keep theirs (and their task ids) once it is fixed.
+ */
+export interface BadRow {
+  index: number;
+  problem: string;
+}
+
 export type DatasetFormat = 'jsonl' | 'parquet';
 
 /** The format by file name: .parquet (or .pq) is Parquet, anything else JSON lines. */
@@ -38,20 +47,34 @@ const PARQUET_CHUNK_ROWS = 512;
 
 /** Rows in the dataset (Parquet: from its footer; JSONL: one pass counting non-blank lines). */
 export async function countRows(path: string): Promise<number> {
-  if (datasetFormat(path) === 'parquet') return Number((await parquetMetadataAsync(await openParquet(path))).num_rows);
+  if (datasetFormat(path) === 'parquet') return Number((await unreadable(path, async () => parquetMetadataAsync(await openParquet(path)))).num_rows);
   let n = 0;
   for await (const line of lines(path)) if (line.trim() !== '') n++;
   return n;
 }
 
-/** Streams the rows: JSONL line by line, Parquet in chunks of rows; a row that is not an object fails naming it. */
-export async function* readDataset(path: string): AsyncGenerator<DatasetRow> {
+/** `read()`, with a failure (a directory, not Parquet, an I/O error) as invalid_argument naming the dataset. */
+async function unreadable<T>(path: string, read: () => Promise<T>): Promise<T> {
+  try {
+    return await read();
+  } catch (err) {
+    if (err instanceof RolloutError) throw err;
+    throw new RolloutError('invalid_argument', `cannot read dataset ${path}: ${(err as Error).message}`, { cause: err });
+  }
+}
+
+/**
+ * Streams the rows: JSONL line by line (a leading BOM and CRLF line ends tolerated), Parquet in chunks of rows. A
+ * JSONL line that is not a JSON object is yielded as a {@link BadRow} naming file and line, for the runner to report
+ * and go on; a file that cannot be read throws.
+ */
+export async function* readDataset(path: string): AsyncGenerator<DatasetRow | BadRow> {
   if (datasetFormat(path) === 'parquet') {
     const file = await openParquet(path);
-    const metadata = await parquetMetadataAsync(file);
+    const metadata = await unreadable(path, () => parquetMetadataAsync(file));
     const total = Number(metadata.num_rows);
     for (let start = 0; start < total; start += PARQUET_CHUNK_ROWS) {
-      const rows = await parquetReadObjects({ file, metadata, rowStart: start, rowEnd: Math.min(total, start + PARQUET_CHUNK_ROWS) });
+      const rows = await unreadable(path, () => parquetReadObjects({ file, metadata, rowStart: start, rowEnd: Math.min(total, start + PARQUET_CHUNK_ROWS) }));
       for (const [i, row] of rows.entries()) yield { index: start + i, row: plain(row) as Record<string, unknown> };
     }
     return;
@@ -65,11 +88,17 @@ export async function* readDataset(path: string): AsyncGenerator<DatasetRow> {
     try {
       row = JSON.parse(line);
     } catch (err) {
-      throw new RolloutError('invalid_argument', `${path}:${lineNumber}: not JSON (${(err as Error).message})`);
+      yield { index: index++, problem: `${path}:${lineNumber}: not JSON (${shortened((err as Error).message)})` };
+      continue;
     }
-    if (typeof row !== 'object' || row === null || Array.isArray(row)) throw new RolloutError('invalid_argument', `${path}:${lineNumber}: a row must be a JSON object`);
-    yield { index: index++, row: row as Record<string, unknown> };
+    if (typeof row !== 'object' || row === null || Array.isArray(row)) yield { index: index++, problem: `${path}:${lineNumber}: a row must be a JSON object` };
+    else yield { index: index++, row: row as Record<string, unknown> };
   }
+}
+
+/** V8's JSON.parse message quotes the start of the input: bounded, so a huge bad line is not echoed whole. */
+function shortened(message: string): string {
+  return message.length <= 200 ? message : `${message.slice(0, 200)}...`;
 }
 
 async function openParquet(path: string): Promise<Awaited<ReturnType<typeof asyncBufferFromFile>>> {
@@ -80,10 +109,18 @@ async function openParquet(path: string): Promise<Awaited<ReturnType<typeof asyn
   }
 }
 
-function lines(path: string): AsyncIterable<string> {
+/** The file's lines, CRLF or LF, without a UTF-8 BOM (editors on Windows write one; JSON.parse refuses it). */
+async function* lines(path: string): AsyncGenerator<string> {
   const stream = createReadStream(path, { encoding: 'utf8' });
   stream.on('error', () => undefined); // surfaces through the iterator below
-  return createInterface({ input: stream, crlfDelay: Infinity });
+  let first = true;
+  const reader = createInterface({ input: stream, crlfDelay: Infinity })[Symbol.asyncIterator]();
+  for (;;) {
+    const next = await unreadable(path, () => reader.next());
+    if (next.done === true) return;
+    yield first && next.value.startsWith('\uFEFF') ? next.value.slice(1) : next.value;
+    first = false;
+  }
 }
 
 /** Parquet INT64 values arrive as bigint; JSON (the instance is a Struct) wants numbers. */

@@ -34,19 +34,30 @@ export function isParquetOutput(path: string): boolean {
   return /\.(parquet|pq)$/i.test(path);
 }
 
-/** Opens (or creates) `path` for appending, dropping a torn last line; reads which samples it already holds. */
+/**
+ * Opens (or creates) `path` for appending, dropping a torn last line; reads which samples it already holds. Holds
+ * `<journal>.lock` until closed: a second run on the same output is refused while this one is alive.
+ */
 export async function openTrajectoryOutput(path: string): Promise<TrajectoryOutput> {
   const parquet = isParquetOutput(path);
   const journal = parquet ? `${path}.partial.jsonl` : path;
   if (parquet && !existsSync(journal) && existsSync(path)) await seedJournalFromParquet(path, journal);
   const written = new Map<string, Set<number>>();
-  const fd = openSync(journal, existsSync(journal) ? 'r+' : 'w+');
-  let end: number;
+  let fd: number;
   try {
+    fd = openSync(journal, existsSync(journal) ? 'r+' : 'w+');
+  } catch (err) {
+    throw new RolloutError('invalid_argument', `--output ${journal}: cannot open: ${(err as Error).message}`, { cause: err });
+  }
+  let end: number;
+  let unlock: () => void = () => undefined;
+  try {
+    unlock = takeLock(journal);
     end = scanJournal(fd, written);
     ftruncateSync(fd, end);
   } catch (err) {
     closeSync(fd);
+    unlock();
     throw err;
   }
   let closed = false;
@@ -68,9 +79,13 @@ export async function openTrajectoryOutput(path: string): Promise<TrajectoryOutp
       if (closed) return;
       closed = true;
       closeSync(fd);
-      if (parquet && complete) {
-        writeParquet(journal, path);
-        rmSync(journal, { force: true });
+      try {
+        if (parquet && complete) {
+          writeParquet(journal, path);
+          rmSync(journal, { force: true });
+        }
+      } finally {
+        unlock();
       }
     },
   };
@@ -207,4 +222,37 @@ function writeParquet(journal: string, path: string): void {
   const temp = `${path}.tmp-${process.pid}`;
   writeFileSync(temp, new Uint8Array(buffer));
   renameSync(temp, path);
+}
+
+/**
+ * Takes `<journal>.lock` for this process (its pid inside), so two runs cannot append to one output at once: each
+ * writes at the offset it read at open, so the second would overwrite the first's lines. A lock whose process is gone
+ * (SIGKILL, a crash) is taken over; one held by a live process is failed_precondition naming its pid.
+ */
+function takeLock(journal: string): () => void {
+  const lock = `${journal}.lock`;
+  for (let attempt = 0; ; attempt++) {
+    try {
+      writeFileSync(lock, String(process.pid), { flag: 'wx' });
+      return () => rmSync(lock, { force: true });
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'EEXIST' || attempt > 0) {
+        throw new RolloutError('invalid_argument', `--output ${journal}: cannot take ${lock}: ${(err as Error).message}`, { cause: err });
+      }
+    }
+    const holder = Number.parseInt(readFileSync(lock, 'utf8'), 10);
+    if (Number.isInteger(holder) && holder > 0 && holder !== process.pid && alive(holder)) {
+      throw new RolloutError('failed_precondition', `--output ${journal}: another rollout submit (pid ${holder}) is writing it; wait for it or stop it`);
+    }
+    rmSync(lock, { force: true }); // stale: its process is gone
+  }
+}
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'EPERM'; // there, but another user's
+  }
 }

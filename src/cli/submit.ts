@@ -1,8 +1,8 @@
-import { connectionOptions, type ConnectionFlags } from './connection.js';
+import { connect, connectionOptions, withinConnectTimeout, type ConnectionFlags } from './connection.js';
 import cliProgress from 'cli-progress';
 import { randomUUID } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { RolloutClient, TaskRejectedError } from '../client/rollout-client.js';
+import { TaskRejectedError } from '../client/rollout-client.js';
 import { RolloutError } from '../errors.js';
 import { TrajectoryStatus, type Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { countRows, mapRow, readDataset, taskIdFor } from './submit-dataset.js';
@@ -24,6 +24,9 @@ export interface SubmitOptions extends ConnectionFlags {
   /** Where progress goes (default stderr); tests pass a stream. */
   progress?: NodeJS.WriteStream;
 }
+
+/** Exit code of a run cut short by the server or the network rather than by the data (2 is a usage mistake). */
+const EXIT_INFRASTRUCTURE = 3;
 
 const statusName = (s: TrajectoryStatus): string => TrajectoryStatus[s]?.replace('TRAJECTORY_STATUS_', '') ?? String(s);
 
@@ -65,7 +68,8 @@ class Slots {
  * lines and exit 130; re-run to finish.
  *
  * Returns the exit code: 0 when every row's trajectories are in the output, 1 when some rows were rejected (bad
- * instance) or could not be mapped or the stream failed (server gone), 130 when interrupted.
+ * instance) or could not be read or mapped (the data: fix those rows), 3 when the server could not be reached or the
+ * stream failed (infrastructure: nothing is wrong with the data, re-run to resume), 130 when interrupted.
  */
 export async function runSubmit(opts: SubmitOptions): Promise<number> {
   if (!existsSync(opts.dataset)) throw new RolloutError('invalid_argument', `dataset ${opts.dataset} does not exist`);
@@ -74,8 +78,12 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
   const outputPath = opts.output ?? `${opts.dataset.replace(/\.(jsonl|json|parquet|pq)$/i, '')}.trajectories.jsonl`;
   const out = opts.progress ?? process.stderr;
   const total = await countRows(opts.dataset);
-  const output = await openTrajectoryOutput(outputPath);
-  const client = new RolloutClient(opts.server, connectionOptions(opts));
+  // Flags checked before the output is opened (and locked), so a mistake in them leaves no lock behind.
+  const client = connect(opts.server, '--server', connectionOptions(opts));
+  const output = await openTrajectoryOutput(outputPath).catch((err: unknown) => {
+    client.close();
+    throw err;
+  });
   const session = client.openSession({ sessionId: `submit-${randomUUID()}` });
   const slots = new Slots(opts.concurrency);
 
@@ -142,12 +150,22 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
       if (!interrupted) throw err;
     }
   })();
+  // Awaited below; a stream that fails first (no server) fails `opened` too, which is what is reported then.
+  receiving.catch(() => undefined);
   bar?.start(total * opts.numSamples, alreadyWritten, { reward: mean(), statuses: statuses() });
   if (!bar) out.write(`[submit] ${opts.dataset}: ${total} rows × ${opts.numSamples} samples → ${outputPath} (server ${opts.server})\n`);
   try {
-    await session.opened;
+    await withinConnectTimeout(client.rollout, opts.server, opts, session.opened).catch((err: unknown) => {
+      session.abort();
+      throw err instanceof RolloutError ? new Error(err.message) : err; // a stream failure, reported as one
+    });
     for await (const row of readDataset(opts.dataset)) {
       if (interrupted) break;
+      if ('problem' in row) {
+        failedRows++;
+        logAbove(bar, out, `[submit] row ${row.index} skipped: ${row.problem}`);
+        continue;
+      }
       let taskId: string;
       let mapped: ReturnType<typeof mapRow>;
       try {
@@ -205,7 +223,7 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
   );
   if (streamError !== undefined) out.write(`[submit] the stream to ${opts.server} failed: ${streamError}\n`);
   if (interrupted || streamError !== undefined) out.write(`[submit] run the same command again to resume (${output.journal} keeps what arrived)\n`);
-  return interrupted ? 130 : failedRows > 0 || streamError !== undefined ? 1 : 0;
+  return interrupted ? 130 : streamError !== undefined ? EXIT_INFRASTRUCTURE : failedRows > 0 ? 1 : 0;
 }
 
 function sampling(opts: SubmitOptions): { temperature: number; maxTokensPerTurn: number; maxTotalTokens: number; stop: string[] } | undefined {

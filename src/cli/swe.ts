@@ -2,6 +2,7 @@ import { createLogger } from '../observability/logger.js';
 import { buildTaskImage } from '../environments/swe/pypi-tasks/build-task-image.js';
 import { loadSweTasks } from '../environments/swe/pypi-tasks/task-definition.js';
 import { RolloutError } from '../errors.js';
+import { usableDirectory } from './image.js';
 
 export interface SweBuildOptions {
   /** Task ids to build (default: every task under tasks/swe). */
@@ -16,6 +17,7 @@ export interface SweBuildOptions {
  * stderr and printing `<task id>\t<image path>` per task on stdout. Ctrl-C stops the build and removes its work dir.
  */
 export async function runSweBuild(options: SweBuildOptions): Promise<number> {
+  if (options.cacheDir !== undefined) usableDirectory('--cache-dir', options.cacheDir);
   const controller = new AbortController();
   const onSignal = () => controller.abort(new Error('interrupted'));
   process.once('SIGINT', onSignal);

@@ -301,6 +301,11 @@ export class HfTokenizer implements Tokenizer {
   tokenId(token: string): number | undefined {
     return this.impl.token_to_id(token);
   }
+
+  /** The token string of `id` (its vocabulary's or an added token's), or undefined when the tokenizer has none there. */
+  tokenAt(id: number): string | undefined {
+    return this.impl.id_to_token(id) ?? undefined;
+  }
 }
 
 /** The library's own encode of a text, special tokens parsed, none added (BOS/EOS are the template's to write). */

@@ -1,11 +1,13 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';
 import { startServerHarness } from '../support/server-harness.js';
+import { DEFAULT_TINY_QWEN3, writeTinyQwen3Gguf } from '../../src/backends/embedded/tiny-qwen3.js';
+import { qwen3ModelDir } from '../../src/tokens/tokenizer.js';
 
 const root = fileURLToPath(new URL('../../', import.meta.url));
 const dir = mkdtempSync(join(tmpdir(), 'rollout-cli-errors-'));
@@ -158,4 +160,100 @@ describe('`rollout backends` on a server with only the trainer token', () => {
       await h.close();
     }
   }, 60_000);
+});
+
+describe('client commands against a server they cannot use: one line, bounded time, no stack trace', () => {
+  it('`submit` to an address nothing listens on exits 3 (infrastructure, not the data) naming the address (the stream failure is not an unhandled rejection)', async () => {
+    const dataset = file('unreachable.jsonl', '{"problem":"1+1?","answer":"2"}\n');
+    const r = await rollout(['submit', '--dataset', dataset, '--environment', 'math', '--server', '127.0.0.1:1', '--output', join(dir, 'unreachable.out.jsonl')]);
+    expect(r.out).not.toMatch(STACK);
+    expect(r.out).toContain('[submit] the stream to 127.0.0.1:1 failed');
+    expect(r.code).toBe(3);
+  }, 60_000);
+
+  it('a server that accepts the connection and never answers: `envs` and `submit` give up after --connect-timeout-ms, naming the address', async () => {
+    // A TCP listener that never speaks HTTP/2: what a firewall black hole or a wrong port behind a proxy looks like.
+    const silent: Server = createServer(() => undefined);
+    await new Promise<void>((resolve) => silent.listen(0, '127.0.0.1', resolve));
+    const address = `127.0.0.1:${(silent.address() as { port: number }).port}`;
+    try {
+      const envs = await rollout(['envs', '--address', address, '--connect-timeout-ms', '1000'], {}, 30_000);
+      expect(envs.code).toBe(1);
+      expect(errorLines(envs.out)).toEqual([`rollout: cannot reach a gRPC server at ${address} within 1 s (nothing answered the connection)`]);
+      const dataset = file('silent.jsonl', '{"problem":"1+1?","answer":"2"}\n');
+      const submit = await rollout(['submit', '--dataset', dataset, '--environment', 'math', '--server', address, '--connect-timeout-ms', '1000', '--output', join(dir, 'silent.out.jsonl')], {}, 30_000);
+      expect(submit.code).toBe(3);
+      expect(submit.out).toContain(`cannot reach a gRPC server at ${address} within 1 s`);
+      expect(submit.out).not.toMatch(STACK);
+    } finally {
+      silent.close();
+    }
+  }, 90_000);
+
+  it('an empty address, and a --tls-cert/--tls-key that are not PEM, are refused naming the flag (exit 2)', async () => {
+    const empty = await rollout(['envs', '--address', '']);
+    expect(errorLines(empty.out)).toEqual(['rollout: --address: empty: give host:port']);
+    expect(empty.code).toBe(2);
+    const garbage = file('not-a-pem', 'not a certificate\n');
+    const tls = await rollout(['envs', '--address', '127.0.0.1:1', '--tls-cert', garbage, '--tls-key', garbage]);
+    expect(tls.out).not.toMatch(STACK);
+    expect(errorLines(tls.out)).toEqual([`rollout: --tls-cert ${garbage}, --tls-key ${garbage}: not a usable PEM certificate and key (error:0480006C:PEM routines::no start line)`]);
+    expect(tls.code).toBe(2);
+    const ca = await rollout(['envs', '--address', '127.0.0.1:1', '--tls-ca', garbage]);
+    expect(errorLines(ca.out)).toEqual([`rollout: --tls-ca ${garbage}: holds no PEM certificate (-----BEGIN CERTIFICATE-----)`]);
+    expect(ca.code).toBe(2);
+  }, 60_000);
+});
+
+describe('`rollout submit` with a dataset or output it cannot use: one line naming the file, exit 2, before any submit', () => {
+  it('a directory as dataset, a Parquet dataset that is not Parquet, an output in a missing directory', async () => {
+    const good = file('good.jsonl', '{"problem":"1+1?","answer":"2"}\n');
+    const cases: Array<[string[], string]> = [
+      [['--dataset', dir], `rollout: cannot read dataset ${dir}: EISDIR: illegal operation on a directory, read`],
+      [['--dataset', file('not.parquet', 'not parquet\n')], `rollout: cannot read dataset ${join(dir, 'not.parquet')}: parquet file invalid (footer != PAR1)`],
+      [['--dataset', good, '--output', join(dir, 'missing', 'out.jsonl')], `rollout: --output ${join(dir, 'missing', 'out.jsonl')}: cannot open: ENOENT: no such file or directory, open '${join(dir, 'missing', 'out.jsonl')}'`],
+      [['--dataset', good, '--output', dir], `rollout: --output ${dir}: cannot open: EISDIR: illegal operation on a directory, open '${dir}'`],
+    ];
+    for (const [args, line] of cases) {
+      const r = await rollout(['submit', '--environment', 'math', '--server', '127.0.0.1:1', ...args]);
+      expect({ args, code: r.code, lines: errorLines(r.out) }).toEqual({ args, code: 2, lines: [line] });
+    }
+  }, 90_000);
+});
+
+describe('`rollout serve` with an embedded engine whose GGUF has another vocabulary than the tokenizer', () => {
+  it('refuses to start (exit 2), naming backends[i].url and the first id that differs', async () => {
+    const json = JSON.parse(readFileSync(join(qwen3ModelDir(), 'tokenizer.json'), 'utf8')) as NonNullable<Parameters<typeof writeTinyQwen3Gguf>[2]>['json'];
+    const [a, b] = [json.model.vocab.a!, json.model.vocab.b!];
+    [json.model.vocab.a, json.model.vocab.b] = [b, a];
+    const gguf = join(dir, 'other-vocabulary.gguf');
+    writeTinyQwen3Gguf(gguf, DEFAULT_TINY_QWEN3, { json, chatTemplate: undefined, hash: 'other' });
+    const config = file('embedded-other-vocabulary.json', JSON.stringify({ port: 0, backends: [{ kind: 'embedded', url: `file://${gguf}` }] }));
+    const r = await rollout(['serve', '--config', config], {}, 60_000);
+    expect(errorLines(r.out)).toEqual([
+      `rollout: backends[0].url: the embedded engine's model ${gguf} has another vocabulary than the tokenizer: 2 of its first 151669 ids differ, the first ${a} ("b" in the model, id ${b} in the tokenizer)`,
+    ]);
+    expect(r.out).not.toContain('rollout server listening');
+    expect(r.code).toBe(2);
+  }, 90_000);
+});
+
+describe('`rollout image build` / `rollout swe build` with paths they cannot use: one line naming the flag, exit 2, nothing left behind', () => {
+  it('--out in a missing directory or on a directory, --cache-dir that is a file', async () => {
+    const missing = join(dir, 'no-such-dir', 'image.sif');
+    const out = await rollout(['image', 'build', '--out', missing], {}, 120_000);
+    expect({ code: out.code, lines: errorLines(out.out).filter((l) => !l.startsWith('[image') && !l.startsWith('image ')) }).toEqual({
+      code: 2,
+      lines: [`rollout: --out ${missing}: cannot write the image there: ENOENT: no such file or directory`],
+    });
+    const onDir = await rollout(['image', 'build', '--out', dir], {}, 120_000);
+    expect(errorLines(onDir.out).at(-1)).toBe(`rollout: --out ${dir}: cannot write the image there: it is a directory`);
+    expect(onDir.code).toBe(2);
+    expect(readdirSync(dir).filter((f) => f.includes('.partial-'))).toEqual([]);
+    const cacheFile = file('cache-is-a-file', 'x');
+    for (const args of [['image', 'build', '--cache-dir', cacheFile], ['swe', 'build', '--cache-dir', cacheFile]]) {
+      const r = await rollout(args, {}, 120_000);
+      expect({ args, code: r.code, lines: errorLines(r.out) }).toEqual({ args, code: 2, lines: [`rollout: --cache-dir ${cacheFile}: cannot be used as a directory (EEXIST)`] });
+    }
+  }, 240_000);
 });

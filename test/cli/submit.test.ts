@@ -201,6 +201,50 @@ describe('rollout submit --dataset (CLI child process against a real server)', (
     expect(records(output)).toHaveLength(1);
   });
 
+  it('a dataset with a BOM, CRLF line ends, a line that is not JSON and a row that is not an object: names file:line of each, runs the rest, exits 1; the fixed file resumes with the same ids', async () => {
+    const dataset = join(dir, 'messy.jsonl');
+    const rows = mathRows(3, 700).map((r) => JSON.stringify(r));
+    writeFileSync(dataset, `\uFEFF${rows[0]}\r\n{"problem": "torn\r\n[1, 2]\r\n\r\n${rows[1]}\r\n${rows[2]}\r\n`);
+    const output = join(dir, 'messy.out.jsonl');
+    const args = ['submit', '--dataset', dataset, '--environment', 'math', '--server', h.server.address, '--output', output];
+    const run = rollout(args);
+    expect(await run.exited, run.output()).toBe(1);
+    expect(run.output()).not.toMatch(/\n\s+at .*\.(ts|js):\d+/);
+    expect(run.output()).toContain(`row 1 skipped: ${dataset}:2: not JSON`);
+    expect(run.output()).toContain(`row 2 skipped: ${dataset}:3: a row must be a JSON object`);
+    expect(run.output()).toContain('3 rows submitted, 0 already complete, 2 rejected or unmappable');
+    expect(records(output).map((l) => l.metadata?.row_index).sort()).toEqual(['0', '3', '4']);
+
+    // Fixed in place (blank line kept): the rows that ran keep their index, so their ids, and are not run again.
+    const fixed = mathRows(2, 710).map((r) => JSON.stringify(r));
+    writeFileSync(dataset, `\uFEFF${rows[0]}\r\n${fixed[0]}\r\n${fixed[1]}\r\n\r\n${rows[1]}\r\n${rows[2]}\r\n`);
+    const again = rollout(args);
+    expect(await again.exited, again.output()).toBe(0);
+    expect(again.output()).toContain('2 rows submitted, 3 already complete, 0 rejected');
+    expect(records(output)).toHaveLength(5);
+  });
+
+  it('refuses a second run writing the same output while the first is alive, naming its pid; a SIGKILLed run\'s lock is taken over', async () => {
+    const dataset = join(dir, 'twice.jsonl');
+    writeFileSync(dataset, mathRows(12, 800).map((r) => JSON.stringify(r)).join('\n') + '\n');
+    const output = join(dir, 'twice.out.jsonl');
+    const args = ['submit', '--dataset', dataset, '--environment', 'math', '--num-samples', '2', '--concurrency', '1', '--server', h.server.address, '--output', output];
+    const first = rollout(args);
+    await until(() => existsSync(output) && records(output).length >= 1, 60_000, 'a trajectory in the output');
+    const second = rollout(args);
+    expect(await second.exited, second.output()).toBe(2);
+    expect(second.output()).toContain(`rollout: --output ${output}: another rollout submit (pid ${first.child.pid}) is writing it; wait for it or stop it`);
+    first.child.kill('SIGKILL');
+    await first.exited;
+
+    const third = rollout(args);
+    expect(await third.exited, third.output()).toBe(0);
+    const lines = records(output);
+    expect(lines).toHaveLength(24);
+    expect(new Set(lines.map(key)).size).toBe(24);
+    expect(existsSync(`${output}.lock`)).toBe(false);
+  });
+
   it('takes the instance from --instance-field and rejects a missing dataset with a message', async () => {
     const dataset = join(dir, 'field.jsonl');
     const [row] = mathRows(1, 600);
