@@ -327,6 +327,12 @@ export interface ConnectionOptions {
    * of leaving them waiting forever. `timeMs: 0` turns pings off. The server does not police client pings.
    */
   keepalive?: { timeMs?: number; timeoutMs?: number };
+  /**
+   * Largest message this client takes (default 256 MiB, as the Python client's). The server sends nothing over its own
+   * `maxMessageBytes` (default 64 MiB); a server configured above this client's bound needs it raised to match, or a
+   * trajectory between the two is a RESOURCE_EXHAUSTED on the stream.
+   */
+  maxReceiveMessageBytes?: number;
 }
 
 /**
@@ -360,7 +366,7 @@ export class RolloutClient {
   constructor(address: string, options: ConnectionOptions = {}) {
     const keepaliveMs = options.keepalive?.timeMs ?? 30_000;
     const opts = {
-      'grpc.max_receive_message_length': 64 << 20,
+      'grpc.max_receive_message_length': options.maxReceiveMessageBytes ?? 256 << 20,
       ...(keepaliveMs > 0 && {
         'grpc.keepalive_time_ms': keepaliveMs,
         'grpc.keepalive_timeout_ms': options.keepalive?.timeoutMs ?? 10_000,

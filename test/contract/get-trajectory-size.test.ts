@@ -3,6 +3,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { RolloutServiceService, Trajectory, TrajectoryStatus } from '../../gen/ts/rollout/v1/rollout.js';
 import { getTrajectoryResponseBytes, trajectorySerializers } from '../../src/contract/response-encode.js';
 import { wireSafe } from '../../src/pipeline/wire-safe.js';
+import { RolloutClient } from '../../src/client/rollout-client.js';
 import { mathTask, startHarness, type Harness } from '../support/harness.js';
 
 /**
@@ -41,6 +42,25 @@ describe('GetTrajectory of a group larger than one message', () => {
     expect(total).toBeGreaterThan(LIMIT);
     expect(Number(size)).toBeGreaterThanOrEqual(total);
   }, 180_000);
+
+  it("the TypeScript client's receive bound is its maxReceiveMessageBytes (a server configured above the default needs it raised)", async () => {
+    await h.client.submit(mathTask('bounded-client', 1, 13));
+    const one = await h.client.getTrajectory('bounded-client', { wait: true, deadlineMs: 60_000 });
+    const bytes = Trajectory.encode(one.trajectories[0]!).finish().length;
+    const small = new RolloutClient(h.server.address, { maxReceiveMessageBytes: bytes - 1 });
+    try {
+      const err = (await small.getTrajectory('bounded-client').catch((e: unknown) => e)) as ServiceError;
+      expect(err.code).toBe(status.RESOURCE_EXHAUSTED);
+    } finally {
+      small.close();
+    }
+    const roomy = new RolloutClient(h.server.address, { maxReceiveMessageBytes: bytes + 64 });
+    try {
+      expect((await roomy.getTrajectory('bounded-client')).trajectories.map((t) => t.sampleIndex)).toEqual([0]);
+    } finally {
+      roomy.close();
+    }
+  }, 90_000);
 
   it('a group that fits is answered whole, as before', async () => {
     await h.client.submit(mathTask('small-group', 2, 12));
