@@ -23,7 +23,10 @@ export interface ImageBuildOptions {
  */
 export async function runImageBuild(options: ImageBuildOptions): Promise<number> {
   const packages = options.packages ? options.packages.split(',') : [...DEFAULT_IMAGE_PACKAGES];
-  if (options.cacheDir !== undefined) usableDirectory('--cache-dir', options.cacheDir);
+  // Not created here: a cached image is returned to anyone, and a build as non-root is refused for what it is (root).
+  if (options.cacheDir !== undefined && exists(options.cacheDir) && !isDirectory(options.cacheDir)) {
+    throw new RolloutError('invalid_argument', `--cache-dir ${options.cacheDir}: cannot be used as a directory (it is a file)`);
+  }
   if (options.out !== undefined && isDirectory(options.out)) throw imageNotWritten(options.out, 'it is a directory');
   const controller = new AbortController();
   const onSignal = () => controller.abort(new Error('interrupted'));
@@ -98,6 +101,15 @@ function imageNotWritten(out: string, why: string): RolloutError {
   return new RolloutError('invalid_argument', `--out ${out}: cannot write the image there: ${why}`);
 }
 
+function exists(path: string): boolean {
+  try {
+    statSync(path);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 function isDirectory(path: string): boolean {
   try {
     return statSync(path).isDirectory();
@@ -111,6 +123,7 @@ function isDirectory(path: string): boolean {
  * file there, no permission), instead of an fs error from deep inside the build.
  */
 export function usableDirectory(flag: string, dir: string): void {
+  if (exists(dir) && !isDirectory(dir)) throw new RolloutError('invalid_argument', `${flag} ${dir}: cannot be used as a directory (it is a file)`);
   try {
     mkdirSync(dir, { recursive: true });
   } catch (err) {

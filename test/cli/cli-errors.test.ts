@@ -253,7 +253,7 @@ describe('`rollout image build` / `rollout swe build` with paths they cannot use
     const cacheFile = file('cache-is-a-file', 'x');
     for (const args of [['image', 'build', '--cache-dir', cacheFile], ['swe', 'build', '--cache-dir', cacheFile]]) {
       const r = await rollout(args, {}, 120_000);
-      expect({ args, code: r.code, lines: errorLines(r.out) }).toEqual({ args, code: 2, lines: [`rollout: --cache-dir ${cacheFile}: cannot be used as a directory (EEXIST)`] });
+      expect({ args, code: r.code, lines: errorLines(r.out) }).toEqual({ args, code: 2, lines: [`rollout: --cache-dir ${cacheFile}: cannot be used as a directory (it is a file)`] });
     }
   }, 240_000);
 });
