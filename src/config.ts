@@ -155,6 +155,14 @@ export const serverConfigSchema = z.strictObject({
       apptainerDisk: z.enum(['auto', 'overlay', 'none']).default('auto'),
       /** Default root file system when an environment names none: a .sif, a directory, or unset for the host's /usr. */
       image: z.string().optional(),
+      /**
+       * Directories (absolute) under which an image an environment asks for (e.g. a SWE task's `instance.image`) must
+       * lie, symlinks resolved; "host" and anything else are refused, so a task cannot run its sandbox over the
+       * server's own files. Default: where `rollout image build` and `rollout swe build` put images
+       * (`<project>/.cache/images`, `<project>/.cache/swe/images`) and the directory holding `image`. The configured
+       * `image` itself is always allowed. See `allowedImageDirs` in src/sandboxes/spec.ts.
+       */
+      imageDirs: z.array(z.string().startsWith('/', { error: 'must be an absolute path' })).optional(),
       /** Memory of a whole sandbox (processes + tmpfs workspace and /tmp), MiB. */
       memoryMb: z.number().int().min(16).default(1024),
       /** Processes and threads of a whole sandbox. */

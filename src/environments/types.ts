@@ -92,7 +92,8 @@ export interface Environment<I = unknown> {
   validate(instance: unknown): I;
   /**
    * The sandbox this instance needs (image, network, mounts, env, limits); what it leaves out comes from the
-   * server's config. Omitted: the configured default sandbox, without network.
+   * server's config. Omitted: the configured default sandbox, without network. Also called at submit, so an image
+   * outside `sandbox.imageDirs` is refused there: it must only read (one that throws is left to the init stage).
    */
   sandbox?(instance: I): SandboxRequest;
   /**

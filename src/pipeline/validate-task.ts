@@ -2,7 +2,8 @@ import { RolloutError } from '../errors.js';
 import { MAX_TIMER_MS } from '../timers.js';
 import type { ServerConfig } from '../config.js';
 import type { EnvironmentRegistry } from '../environments/registry.js';
-import type { StageTimeouts } from '../environments/types.js';
+import type { Environment, StageTimeouts } from '../environments/types.js';
+import { checkRequestedImage } from '../sandboxes/spec.js';
 import { StalenessAction, type TaskSpec } from '../../gen/ts/rollout/v1/rollout.js';
 import type { ResolvedTask, StalenessAction as Action } from './task.js';
 import { canonicalJson } from './canonical-json.js';
@@ -94,6 +95,7 @@ export function validateTask(spec: TaskSpec, registry: EnvironmentRegistry, conf
     throw RolloutError.invalid('instance', `too large: ${Buffer.byteLength(instanceJson)} bytes > ${config.maxInstanceBytes}`);
   }
   const instance = environment.validate(spec.instance);
+  checkSandboxImage(environment, instance, spec.instance, config);
 
   const s = spec.sampling;
   if (s?.temperature !== undefined && !(Number.isFinite(s.temperature) && s.temperature >= 0 && s.temperature <= 100)) {
@@ -182,6 +184,23 @@ export async function checkPromptFits(task: ResolvedTask, budget: PromptBudget, 
     const model = maxModelLen === undefined ? '' : `, smallest known max_model_len ${maxModelLen}`;
     throw RolloutError.invalid('instance', `prompt is ${promptTokens} tokens, budget is ${limit} = min(max_total_tokens ${maxTotalTokens}${model}): no room left to generate`);
   }
+}
+
+/**
+ * Refuses a task whose sandbox image lies outside sandbox.imageDirs here, at submit (INVALID_ARGUMENT naming
+ * `instance.image` when the instance names the image there, `instance` otherwise), by the same check the init stage
+ * makes. An `Environment.sandbox` that throws (the swe environment's image missing) is left to the init stage, which
+ * reports it as it always did.
+ */
+function checkSandboxImage(environment: Environment, instance: unknown, given: TaskSpec['instance'], config: ServerConfig): void {
+  let image: string | undefined;
+  try {
+    image = environment.sandbox?.(instance).image;
+  } catch {
+    return;
+  }
+  if (image === undefined) return;
+  checkRequestedImage(config.sandbox, image, given?.image === image ? 'instance.image' : 'instance');
 }
 
 /** The contract's StalenessAction as the pipeline's; unset and UNSPECIFIED are FLAG, unknown values are refused. */

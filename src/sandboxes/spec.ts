@@ -1,12 +1,17 @@
-import { posix } from 'node:path';
+import { realpathSync } from 'node:fs';
+import { dirname, join, posix, relative, resolve } from 'node:path';
 import { RolloutError } from '../errors.js';
+import { DEFAULT_IMAGE_CACHE_DIR } from './images/image-recipe.js';
 import { MAX_TIMER_MS } from '../timers.js';
 import type { ServerConfig } from '../config.js';
 import type { SandboxLimits, SandboxMount, SandboxSpec } from './types.js';
 
 /** What an environment may ask of the sandbox of one instance (see Environment.sandbox); the rest is the server's. */
 export interface SandboxRequest {
-  /** A .sif, a root file system directory, or 'host' for the host's /usr; default the server's configured image. */
+  /**
+   * A .sif or a root file system directory inside the server's `sandbox.imageDirs` (see {@link checkRequestedImage});
+   * default the server's configured image.
+   */
   image?: string;
   network?: boolean;
   mounts?: readonly SandboxMount[];
@@ -20,7 +25,8 @@ const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
 /**
  * The spec of one sample's sandbox: the server's configured defaults, overridden by what the environment asked
  * for this instance, with the wall clock bounded by the task's total timeout. Throws environment_error naming
- * what is wrong with a request (a relative mount, a bad variable name): that is the plugin's mistake.
+ * what is wrong with a request (a relative mount, a bad variable name): that is the plugin's mistake. An image outside
+ * `sandbox.imageDirs` is invalid_argument, field `instance` (INVALID_TASK): the task named it ({@link checkRequestedImage}).
  */
 export function resolveSandboxSpec(config: ServerConfig['sandbox'], request: SandboxRequest | undefined, totalTimeoutMs: number): SandboxSpec {
   const limits: SandboxLimits = {
@@ -44,8 +50,59 @@ export function resolveSandboxSpec(config: ServerConfig['sandbox'], request: San
   });
   const env = { ...request?.env };
   for (const key of Object.keys(env)) if (!ENV_NAME.test(key)) throw bad(`env: bad variable name ${JSON.stringify(key)}`);
-  const image = request?.image === 'host' ? undefined : (request?.image ?? config.image);
+  const image = request?.image === undefined ? config.image : checkRequestedImage(config, request.image, 'instance');
   return { image, limits, network: request?.network ?? false, mounts, env, workdir: config.workdir };
+}
+
+/**
+ * Where images environments ask for may lie: `sandbox.imageDirs`, by default where `rollout image build` and `rollout
+ * swe build` put them and the directory of the configured image. Not all of `.cache`: it also holds engines' logs,
+ * whose command lines may carry API keys. Never `/` by default (a configured image at the root would allow anything).
+ */
+export function allowedImageDirs(config: ServerConfig['sandbox']): string[] {
+  if (config.imageDirs) return config.imageDirs;
+  const dirs = [DEFAULT_IMAGE_CACHE_DIR, join(dirname(DEFAULT_IMAGE_CACHE_DIR), 'swe', 'images')];
+  const own = config.image === undefined ? undefined : dirname(resolve(config.image));
+  if (own !== undefined && own !== '/' && !dirs.includes(own)) dirs.push(own);
+  return dirs;
+}
+
+/**
+ * An image an environment asks for one instance (so, often, one a task named) as the sandbox may use it: its real
+ * path (symlinks resolved, so what was checked is what starts) when it lies strictly inside one of
+ * {@link allowedImageDirs}. Otherwise RolloutError.invalid(`field`, ...) naming the allowed dirs: a task must not run
+ * its sandbox over the server's own files ("/", "host", a symlink out of an image dir). The configured image is the
+ * operator's choice and passes. A missing path passes unchanged: whoever reports a missing image still does, and
+ * there is nothing to read.
+ */
+export function checkRequestedImage(config: ServerConfig['sandbox'], image: string, field: string): string {
+  if (image === config.image && image !== 'host') return image;
+  const dirs = allowedImageDirs(config);
+  const refuse = (what: string) => RolloutError.invalid(field, `${what}; images must lie inside ${dirs.join(', ')} (server config sandbox.imageDirs)`);
+  if (image === 'host') throw refuse('the image "host" (the server\'s own /usr) is not allowed');
+  let real: string;
+  try {
+    real = realpathSync(image);
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code === 'ENOENT' || code === 'ENOTDIR') return image;
+    throw refuse(`the image ${image} cannot be resolved (${code ?? 'unknown error'})`);
+  }
+  if (!dirs.some((dir) => strictlyInside(real, realOrAsIs(dir)))) throw refuse(`the image ${image} is not inside an allowed directory`);
+  return real;
+}
+
+function strictlyInside(path: string, dir: string): boolean {
+  const rel = relative(dir, path);
+  return rel !== '' && rel !== '..' && !rel.startsWith('../') && !posix.isAbsolute(rel);
+}
+
+function realOrAsIs(dir: string): string {
+  try {
+    return realpathSync(dir);
+  } catch {
+    return resolve(dir);
+  }
 }
 
 function bad(why: string): RolloutError {

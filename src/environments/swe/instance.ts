@@ -43,7 +43,11 @@ const text = (max: number) => z.string({ error: 'must be a string' }).max(max, {
  */
 export const sweInstanceSchema = z.object({
   instance_id: text(500).min(1, { error: 'must not be empty' }).optional(),
-  image: text(4096).min(1, { error: 'must not be empty' }).optional(),
+  image: text(4096)
+    .min(1, { error: 'must not be empty' })
+    // Not the host's own /usr, which the sandbox would otherwise take "host" for (see checkRequestedImage).
+    .refine((image) => image !== 'host', { error: 'must be a .sif or a root file system directory inside the server\'s sandbox.imageDirs, not "host"' })
+    .optional(),
   repo_path: text(4096)
     .refine((p) => posix.isAbsolute(p) && posix.normalize(p) !== '/', { error: 'must be an absolute path below /' })
     .optional(),
