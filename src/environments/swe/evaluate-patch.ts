@@ -55,16 +55,7 @@ export async function evaluatePatch(sandbox: Sandbox, instance: SweInstance, pat
     const tests = await applyTestPatch(sandbox, dir, instance.testPatch, paths, { signal });
     if (!tests.applied) {
       // It applies to the base, so the agent's patch is in the way: the tests cannot run, and that is the patch's doing.
-      return {
-        reward: 0,
-        details: { fail_to_pass: 0, pass_to_pass: 0, applied: 1, tests_timed_out: 0 },
-        report: {
-          ...patchReport,
-          applied: true,
-          resolved: false,
-          test_error: `the instance's test_patch does not apply on top of the patch (it applies to the base): ${tests.reason || 'git apply failed'}`,
-        },
-      };
+      return testsNotRun(patchReport, { test_error: `the instance's test_patch does not apply on top of the patch (it applies to the base): ${tests.reason || 'git apply failed'}` });
     }
   }
   const run = await runTests(sandbox, dir, instance.testCommand, { module: PYTEST_PLUGIN_MODULE, source: pytestPluginSource() }, { signal, timeoutMs: options.testTimeoutMs });
@@ -79,18 +70,11 @@ export async function evaluatePatch(sandbox: Sandbox, instance: SweInstance, pat
     // from starting has broken the test run itself, which is the patch's doing (reward 0), not an eval that cannot run.
     const config = timedOut ? [] : pytestConfigFiles(patch);
     if (config.length > 0) {
-      return {
-        reward: 0,
-        details: { fail_to_pass: 0, pass_to_pass: 0, applied: 1, tests_timed_out: 0 },
-        report: {
-          ...patchReport,
-          applied: true,
-          resolved: false,
-          test_exit_code: run.result.exitCode,
-          test_error: `pytest did not start with the patch applied, which changes its configuration (${config.join(', ')})`,
-          test_output_tail: run.outputTail.slice(-4096),
-        },
-      };
+      return testsNotRun(patchReport, {
+        test_exit_code: run.result.exitCode,
+        test_error: `pytest did not start with the patch applied, which changes its configuration (${config.join(', ')})`,
+        test_output_tail: run.outputTail.slice(-4096),
+      });
     }
     const why = timedOut ? `did not start pytest within ${options.testTimeoutMs} ms` : `did not start pytest with the report plugin (exit code ${String(run.result.exitCode)}`;
     throw new RolloutError(
@@ -137,6 +121,15 @@ export async function evaluatePatch(sandbox: Sandbox, instance: SweInstance, pat
       collect_errors: (report?.collect_errors ?? []).slice(0, 20).map((e) => ({ nodeid: e.nodeid, message: e.message.slice(-1000) })),
       test_output_tail: run.outputTail.slice(-4096),
     },
+  };
+}
+
+/** Reward 0 for a patch that applied but kept the tests from running (`why`: what the report adds). */
+function testsNotRun(patchReport: JsonObject, why: JsonObject): Evaluation {
+  return {
+    reward: 0,
+    details: { fail_to_pass: 0, pass_to_pass: 0, applied: 1, tests_timed_out: 0 },
+    report: { ...patchReport, applied: true, resolved: false, ...why },
   };
 }
 
