@@ -422,7 +422,7 @@ asyncio.run(main())
     expect(lines(r, 'MOVED'), explain(r)).toEqual(['1 1 QUEUED FOR LOST []']);
   }, 60_000);
 
-  it('a spec the channel refuses by a limit the client cannot check fails alone, once: the write failure is logged and the stream re-opened', async () => {
+  it('a spec the channel refuses by a limit the client cannot check fails alone (after at most one more try): the write failure is logged and the stream re-opened', async () => {
     // A per-method bound in the channel's service config: the client's own check (grpc.max_send_message_length, done
     // before sending) does not see it, so the spec is written and the write fails, ending the call. Sent again after
     // the re-open it would end every stream: it fails instead (TaskTooLargeError), and the other tasks go on.
@@ -452,14 +452,17 @@ async def main():
             print("BIG hang", c.connection_stats())
         g = await asyncio.wait_for(c.run_group("quick", {"n": 1}, num_samples=1), 15)
         print("AFTER", len(g.samples), "RECONNECTS", c.connection_stats()[0]["reconnects"], "REACHED SERVER", "too-big" in fake.specs)
-        print("LOGGED", len(records) == 1 and ("INTERNAL" in records[0] or "RESOURCE_EXHAUSTED" in records[0]))
+        # grpc core reports the failed write either as RESOURCE_EXHAUSTED "Sent message larger than max (N vs. 512)" or,
+        # now and then under load, as INTERNAL "Internal error from Core", which names no size: the client cannot tell
+        # which spec it was, re-opens and sends it once more, and the second failure names it. At most one extra try.
+        print("LOGGED", 1 <= len(records) <= 2 and all("INTERNAL" in r or "RESOURCE_EXHAUSTED" in r for r in records) and len(records) == c.connection_stats()[0]["reconnects"])
     await server.stop(None)
 asyncio.run(main())
 `,
       [],
     );
     expect(lines(r, 'BIG'), explain(r)).toEqual(['True 512 instance True']);
-    expect(lines(r, 'AFTER'), explain(r)).toEqual(['1 RECONNECTS 1 REACHED SERVER False']);
+    expect(lines(r, 'AFTER'), explain(r)).toEqual([expect.stringMatching(/^1 RECONNECTS [12] REACHED SERVER False$/)]);
     expect(lines(r, 'LOGGED'), explain(r)).toEqual(['True']);
   }, 60_000);
 
