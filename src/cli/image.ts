@@ -24,9 +24,7 @@ export interface ImageBuildOptions {
 export async function runImageBuild(options: ImageBuildOptions): Promise<number> {
   const packages = options.packages ? options.packages.split(',') : [...DEFAULT_IMAGE_PACKAGES];
   // Not created here: a cached image is returned to anyone, and a build as non-root is refused for what it is (root).
-  if (options.cacheDir !== undefined && exists(options.cacheDir) && !isDirectory(options.cacheDir)) {
-    throw new RolloutError('invalid_argument', `--cache-dir ${options.cacheDir}: cannot be used as a directory (it is a file)`);
-  }
+  if (options.cacheDir !== undefined) refuseNonDirectory('--cache-dir', options.cacheDir);
   if (options.out !== undefined && isDirectory(options.out)) throw imageNotWritten(options.out, 'it is a directory');
   const controller = new AbortController();
   const onSignal = () => controller.abort(new Error('interrupted'));
@@ -101,13 +99,18 @@ function imageNotWritten(out: string, why: string): RolloutError {
   return new RolloutError('invalid_argument', `--out ${out}: cannot write the image there: ${why}`);
 }
 
-function exists(path: string): boolean {
+/**
+ * Invalid_argument naming `flag` when something other than a directory is at `dir`; nothing there, or nothing this
+ * user may see, is left to what comes next (mkdir, or the build's own checks).
+ */
+function refuseNonDirectory(flag: string, dir: string): void {
+  let stats;
   try {
-    statSync(path);
-    return true;
+    stats = statSync(dir);
   } catch {
-    return false;
+    return;
   }
+  if (!stats.isDirectory()) throw new RolloutError('invalid_argument', `${flag} ${dir}: cannot be used as a directory (it is a file)`);
 }
 
 function isDirectory(path: string): boolean {
@@ -123,7 +126,7 @@ function isDirectory(path: string): boolean {
  * file there, no permission), instead of an fs error from deep inside the build.
  */
 export function usableDirectory(flag: string, dir: string): void {
-  if (exists(dir) && !isDirectory(dir)) throw new RolloutError('invalid_argument', `${flag} ${dir}: cannot be used as a directory (it is a file)`);
+  refuseNonDirectory(flag, dir);
   try {
     mkdirSync(dir, { recursive: true });
   } catch (err) {

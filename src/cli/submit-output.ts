@@ -3,6 +3,7 @@ import { parquetWriteBuffer } from 'hyparquet-writer';
 import { asyncBufferFromFile, parquetReadObjects } from 'hyparquet';
 import { Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { RolloutError } from '../errors.js';
+import { isProcessAlive } from '../sandboxes/images/process-identity.js';
 
 /**
  * Where `rollout submit` writes trajectories, as they arrive, so that an interrupted run can resume.
@@ -241,18 +242,9 @@ function takeLock(journal: string): () => void {
       }
     }
     const holder = Number.parseInt(readFileSync(lock, 'utf8'), 10);
-    if (Number.isInteger(holder) && holder > 0 && holder !== process.pid && alive(holder)) {
+    if (Number.isInteger(holder) && holder > 0 && holder !== process.pid && isProcessAlive(holder)) {
       throw new RolloutError('failed_precondition', `--output ${journal}: another rollout submit (pid ${holder}) is writing it; wait for it or stop it`);
     }
     rmSync(lock, { force: true }); // stale: its process is gone
-  }
-}
-
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    return (err as NodeJS.ErrnoException).code === 'EPERM'; // there, but another user's
   }
 }

@@ -2,6 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { z } from 'zod';
 import { RolloutError } from '../errors.js';
 import { APPTAINER_PREFIX } from './apptainer-command.js';
+import { isProcessAlive } from './images/process-identity.js';
 
 /** One running instance as `apptainer instance list --json` reports it. */
 export interface InstanceInfo {
@@ -63,19 +64,6 @@ export function ownerOfInstance(name: string): number | undefined {
 export function ownerOfHostDir(baseName: string): number | undefined {
   const m = DIR.exec(baseName);
   return m ? Number(m[1]) : undefined;
-}
-
-/**
- * True when a process with this PID exists (EPERM: it exists, as another user). A reused PID reads as alive, so
- * the reaper errs on the side of leaving things alone.
- */
-export function isProcessAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    return (err as NodeJS.ErrnoException).code === 'EPERM';
-  }
 }
 
 /** The instances a dead server of ours left: our prefix, and an owner PID that is neither us nor alive. */

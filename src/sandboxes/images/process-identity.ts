@@ -17,3 +17,16 @@ export function processStartTime(pid: number): string | undefined {
   if (fields[0] === 'Z') return undefined;
   return fields[19];
 }
+
+/**
+ * True when a process with this PID exists (EPERM: it exists, as another user). A reused PID reads as alive, so
+ * callers (the Apptainer reaper, lock files) err on the side of leaving things alone.
+ */
+export function isProcessAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
