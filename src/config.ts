@@ -245,6 +245,13 @@ export const serverConfigSchema = z.strictObject({
    */
   maxContinuationsPerTurn: z.number().int().min(0).default(8),
   /**
+   * Tool calls of one assistant message that are run, in order; the rest are answered by one observation telling the
+   * model to call them again. Why a bound: a degenerate completion of thousands of short calls would run thousands of
+   * programs and carry their output into the context before the token budget can refuse it. At most 1024, past which
+   * one message's observations alone outgrow any context.
+   */
+  maxToolCallsPerMessage: z.number().int().min(1).max(1024).default(16),
+  /**
    * How often a sample past its task's max_staleness is run again from scratch (staleness_action RESTART) before it
    * is delivered with `stale` set.
    */

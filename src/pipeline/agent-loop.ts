@@ -31,6 +31,8 @@ export interface AgentLoopDeps {
   logger?: Logger;
   /** How often one turn is asked again after its request was aborted (default 8); then backend_error. */
   maxContinuationsPerTurn?: number;
+  /** Tool calls of one assistant message that are run (config `maxToolCallsPerMessage`; default MAX_CALLS_PER_MESSAGE). */
+  maxToolCallsPerMessage?: number;
   /**
    * The sample will be restarted once past its max_staleness (staleness_action RESTART with restarts left): the
    * loop then stops as soon as it is (finish_reason "stale"), since nothing sampled later can be kept.
@@ -144,7 +146,9 @@ async function runWithTools(sample: Sample, deps: AgentLoopDeps, signal: AbortSi
         break;
       }
       const toolStarted = performance.now();
-      const observations = await executeToolCalls(parsed, tools, { sandbox, signal });
+      const observations = await executeToolCalls(parsed, tools, { sandbox, signal }, {
+        ...(deps.maxToolCallsPerMessage !== undefined && { maxCallsPerMessage: deps.maxToolCallsPerMessage }),
+      });
       sample.timing.toolMs += performance.now() - toolStarted;
       const finish = observations.find((o) => o.outcome === 'finish');
       if (finish) {

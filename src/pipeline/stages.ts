@@ -66,7 +66,7 @@ export function createStages(deps: RuntimeDeps): StageFns {
     async run(sample, signal) {
       const { limits } = sample.task;
       const restartable = limits.stalenessAction === 'restart' && sample.stalenessRestarts < config.maxStalenessRestarts;
-      const run = await runAgentLoop(sample, { ...deps, maxContinuationsPerTurn: config.maxContinuationsPerTurn, stopWhenStale: restartable }, signal);
+      const run = await runAgentLoop(sample, { ...deps, maxContinuationsPerTurn: config.maxContinuationsPerTurn, maxToolCallsPerMessage: config.maxToolCallsPerMessage, stopWhenStale: restartable }, signal);
       if (restartable && exceedsStaleness(limits, run.tokens)) {
         // Too stale to train on and the task asked for a fresh sample: run it again from init (bounded).
         sample.stalenessRestarts++;

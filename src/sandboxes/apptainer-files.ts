@@ -1,4 +1,5 @@
 import { RolloutError } from '../errors.js';
+import { killedFileOperation } from './sandbox-files.js';
 
 /**
  * File operations of the Apptainer driver, done by small POSIX sh scripts run inside the instance (as the
@@ -6,7 +7,7 @@ import { RolloutError } from '../errors.js';
  * plant symlinks in it, and inside the instance a symlink can only lead to what the sandbox may see anyway.
  *
  * Each script reports a problem by a distinct exit code (below) before touching anything; paths are positional
- * parameters, never spliced into the script. Needs sh, cat, wc, mkdir, dirname and GNU find (-printf) in the
+ * parameters, never spliced into the script. Needs sh, cat, head, wc, mkdir, dirname and GNU find (-printf) in the
  * image: Debian's required packages.
  */
 export const FILE_EXIT = { missing: 3, notFile: 4, tooLarge: 5, notDir: 6 } as const;
@@ -16,9 +17,11 @@ export const READ_FILE_SCRIPT = [
   'p=$1; max=$2',
   `[ -e "$p" ] || exit ${FILE_EXIT.missing}`,
   `[ -f "$p" ] || exit ${FILE_EXIT.notFile}`,
-  'size=$(wc -c < "$p") || exit 1',
-  `[ "$size" -le "$max" ] || { echo "$size" >&2; exit ${FILE_EXIT.tooLarge}; }`,
-  'exec cat -- "$p"',
+  // Sized by reading a little past the limit, in whole pages (/proc/self/pagemap refuses reads of other sizes), then
+  // read to one byte past it at most: a pseudo-file stats as 0 bytes and may be endless.
+  'size=$(head -c "$(((max / 4096 + 1) * 4096))" -- "$p" | wc -c) || exit 1',
+  `[ "$size" -le "$max" ] || exit ${FILE_EXIT.tooLarge}`,
+  'exec head -c "$((max + 1))" -- "$p"',
 ].join('\n');
 
 /** argv: path. Writes stdin to the file, creating its parents. */
@@ -37,9 +40,19 @@ export const LIST_DIR_SCRIPT = [
   `exec find "$p" -mindepth 1 -maxdepth 1 -printf '%y %s %f\\0'`,
 ].join('\n');
 
-/** Maps a file script's exit code to the error the Sandbox contract names (null: success). */
-export function fileScriptError(op: 'readFile' | 'writeFile' | 'listDir', path: string, exitCode: number | null, stderr: string, maxBytes?: number): RolloutError | null {
+/**
+ * Maps a file script's outcome to the error the Sandbox contract names (null: success). `killedBy`: the signal that
+ * killed it (apptainer exec reports one as exit code 128 + N), an infrastructure failure, never the path's fault.
+ */
+export function fileScriptError(
+  op: 'readFile' | 'writeFile' | 'listDir',
+  path: string,
+  r: { exitCode: number | null; killedBy: string | null; stderr: string },
+  maxBytes?: number,
+): RolloutError | null {
+  const { exitCode, stderr } = r;
   if (exitCode === 0) return null;
+  if (exitCode === null || r.killedBy !== null) return killedFileOperation(path, r.killedBy, stderr);
   switch (exitCode) {
     case FILE_EXIT.missing:
       return new RolloutError('not_found', `no such file: ${path}`);
@@ -48,8 +61,8 @@ export function fileScriptError(op: 'readFile' | 'writeFile' | 'listDir', path: 
     case FILE_EXIT.notDir:
       return RolloutError.invalid('path', `${path} is not a directory`);
     case FILE_EXIT.tooLarge:
-      return RolloutError.invalid('path', `${path} is ${stderr.trim()} bytes, over the ${maxBytes ?? '?'}-byte limit`);
+      return RolloutError.invalid('path', `${path} is over the ${maxBytes ?? '?'}-byte read limit`);
     default:
-      return RolloutError.invalid('path', `${op} ${path} failed (exit code ${exitCode ?? 'signal'}): ${stderr.trim().slice(0, 500)}`);
+      return RolloutError.invalid('path', `${op} ${path} failed (exit code ${exitCode}): ${stderr.trim().slice(0, 500)}`);
   }
 }

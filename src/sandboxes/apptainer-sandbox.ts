@@ -73,8 +73,9 @@ export class ApptainerSandbox implements Sandbox {
     if (argv[0]?.includes('=')) throw RolloutError.invalid('argv', "argv[0] must not contain '='");
     throwIfAborted(options.signal);
     const timeoutMs = Math.min(options.timeoutMs ?? this.spec.limits.commandTimeoutMs, this.remainingMs);
+    const cwd = this.resolveCwd(options.cwd);
     const r = await this.run(argv, {
-      cwd: this.resolveCwd(options.cwd),
+      cwd,
       env: options.env,
       timeoutMs,
       outputLimitBytes: this.spec.limits.outputLimitBytes,
@@ -83,7 +84,8 @@ export class ApptainerSandbox implements Sandbox {
       killLeftovers: options.killLeftovers === true,
     });
     if (r.exitCode === CWD_EXIT_CODE && r.stdout === '' && r.stderr.startsWith(CWD_MARKER)) {
-      throw RolloutError.invalid('cwd', `${options.cwd ?? this.workdir} is not a directory`);
+      // Named as resolved: an empty cwd is the workspace, which the model can make unenterable (chmod 000).
+      throw RolloutError.invalid('cwd', `${cwd} is not a directory or cannot be entered`);
     }
     const killedBy = r.timedOut ? 'SIGKILL' : signalOfExitCode(r.exitCode);
     return {
@@ -93,6 +95,7 @@ export class ApptainerSandbox implements Sandbox {
       stderr: r.stderr,
       timedOut: r.timedOut,
       truncated: r.truncated,
+      ...(r.outputHeld && { outputHeld: true }),
       durationMs: r.durationMs,
     };
   }
@@ -145,22 +148,24 @@ export class ApptainerSandbox implements Sandbox {
     this.assertLive();
     const maxBytes = options.maxBytes ?? DEFAULT_MAX_READ;
     const r = await this.fileScript(READ_FILE_SCRIPT, [this.absolute(path), String(maxBytes)], { outputLimitBytes: maxBytes + 1, signal: options.signal });
-    const err = fileScriptError('readFile', path, r.exitCode, r.stderr, maxBytes);
+    const err = fileScriptError('readFile', path, fileOutcome(r), maxBytes);
     if (err) throw err;
+    // Grown past the limit after it was sized: what was read is not the file.
+    if (r.truncated) throw RolloutError.invalid('path', `${path} is over the ${maxBytes}-byte read limit`);
     return r.stdout;
   }
 
   async writeFile(path: string, content: string, options: FileOptions = {}): Promise<void> {
     this.assertLive();
     const r = await this.fileScript(WRITE_FILE_SCRIPT, [this.absolute(path)], { stdin: content, outputLimitBytes: 4096, signal: options.signal });
-    const err = fileScriptError('writeFile', path, r.exitCode, r.stderr);
+    const err = fileScriptError('writeFile', path, fileOutcome(r));
     if (err) throw err;
   }
 
   async listDir(path: string, options: FileOptions = {}): Promise<DirEntry[]> {
     this.assertLive();
     const r = await this.fileScript(LIST_DIR_SCRIPT, [this.absolute(path)], { outputLimitBytes: MAX_LIST_BYTES, signal: options.signal });
-    const err = r.truncated ? null : fileScriptError('listDir', path, r.exitCode, r.stderr);
+    const err = r.truncated ? null : fileScriptError('listDir', path, fileOutcome(r));
     if (err) throw err;
     return parseDirListing(r.stdout, path, r.truncated);
   }
@@ -279,6 +284,11 @@ function killGroup(pid: number | undefined): void {
   } catch {
     // ESRCH: already gone.
   }
+}
+
+/** A file script's outcome for fileScriptError: the signal that killed it, from apptainer's exit code or its own. */
+function fileOutcome(r: ContainedRunResult): { exitCode: number | null; killedBy: string | null; stderr: string } {
+  return { exitCode: r.exitCode, killedBy: r.signal ?? signalOfExitCode(r.exitCode), stderr: r.stderr };
 }
 
 /**

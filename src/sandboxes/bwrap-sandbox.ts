@@ -100,6 +100,7 @@ export class BubblewrapSandbox implements Sandbox {
       stderr: r.stderr,
       timedOut: r.timedOut,
       truncated: r.truncated,
+      ...(r.outputHeld && { outputHeld: true }),
       durationMs: r.durationMs,
     };
   }
@@ -211,7 +212,19 @@ export class BubblewrapSandbox implements Sandbox {
     return exhaustedLimit(this.init.cgroup.usage(), { kind: 'launch', signal, detail }, this.spec.limits);
   }
 
-  private readonly runInside: RunInside = (argv, options) => this.execRaw(argv, options);
+  /**
+   * File operations' commands. One killed by a signal is checked against the sandbox's own limits first: the OOM
+   * killer of a sandbox the model filled took it (SandboxLimitError, the policy's outcome); otherwise SandboxFiles
+   * reports it as sandbox_error.
+   */
+  private readonly runInside: RunInside = async (argv, options) => {
+    const r = await this.execRaw(argv, options);
+    if (r.exitCode === null && !r.timedOut) {
+      const limit = this.launchFailure(r.signal, r.stderr);
+      if (limit) throw limit;
+    }
+    return r;
+  };
 
   private async execRaw(
     argv: readonly string[],
@@ -246,12 +259,18 @@ export class BubblewrapSandbox implements Sandbox {
     if (r.aborted) throw RolloutError.from(options.signal?.reason, 'cancelled');
     if (r.killed && this.expired) return { ...r, timedOut: true };
     if (r.killed) throw new RolloutError('sandbox_error', `sandbox ${this.id} was stopped while running ${argv[0]}`);
-    if (r.startByte === 'c') throw RolloutError.invalid('cwd', `${options.cwd ?? ''} is not a directory`);
+    // Named as resolved: an unset or empty cwd is the workspace, which the model can make unenterable (chmod 000).
+    if (r.startByte === 'c') throw RolloutError.invalid('cwd', `${this.resolveCwd(options.cwd)} is not a directory or cannot be entered`);
     if (r.startByte !== '1' && !r.timedOut) {
       throw this.launchFailure(r.signal, r.stderr) ??
         new RolloutError('sandbox_error', `could not enter sandbox ${this.id} (exit ${r.exitCode ?? r.signal}): ${r.stderr.trim()}`);
     }
     return r;
+  }
+
+  /** The directory a command runs in: the workspace unless `cwd` names one (relative to the workspace). */
+  private resolveCwd(cwd: string | undefined): string {
+    return cwd === undefined || cwd === '' ? this.workdir : resolveInSandbox(this.workdir, cwd);
   }
 
   private commandArgv(argv: readonly string[], cgroupProcs: readonly string[], options: { cwd?: string; env?: Readonly<Record<string, string>> }): string[] {
@@ -260,7 +279,7 @@ export class BubblewrapSandbox implements Sandbox {
       if (!ENV_NAME.test(key)) throw RolloutError.invalid('env', `bad variable name ${JSON.stringify(key)}`);
       if (typeof value !== 'string' || value.includes('\0')) throw RolloutError.invalid('env', `${key} must be a string without NUL`);
     }
-    const cwd = options.cwd === undefined || options.cwd === '' ? this.workdir : resolveInSandbox(this.workdir, options.cwd);
+    const cwd = this.resolveCwd(options.cwd);
     if (cwd.includes('\0')) throw RolloutError.invalid('cwd', 'contains a NUL byte');
     return buildExecArgv({
       limits: this.spec.limits,

@@ -1,5 +1,5 @@
 import { spawn } from 'node:child_process';
-import type { Readable } from 'node:stream';
+import type { Readable, Writable } from 'node:stream';
 import { STARTED_FD } from './bwrap-command.js';
 import { CappedOutput } from './capped-output.js';
 import { LAUNCH_ENV } from './bwrap-holder.js';
@@ -28,12 +28,24 @@ export interface ContainedRunResult {
   killed: boolean;
   truncated: boolean;
   droppedBytes: number;
+  /**
+   * The command exited but its output pipes stayed open past OUTPUT_GRACE_MS (a process it left running, e.g. in the
+   * background, inherited them): the result is its exit status with the output read until then, and the pipes were
+   * closed on this side (what that process writes to them from then on is lost, or ends it with SIGPIPE).
+   */
+  outputHeld: boolean;
   /** What the wrapper reported on fd 3: `1` the user's argv is about to run, `c` the cwd is no directory. */
   startByte: string | undefined;
   /** Set when the launcher itself could not be spawned (e.g. ENOENT). */
   spawnError?: Error;
   durationMs: number;
 }
+
+/**
+ * How long output is still read after the command exited while something it left running holds the pipes open. What
+ * the command itself wrote is already in the pipes by then: this only lets it be read.
+ */
+export const OUTPUT_GRACE_MS = 250;
 
 /** A running contained process: its result and a way to kill its whole tree. */
 export interface ContainedProcess {
@@ -59,6 +71,7 @@ export function spawnContained(command: string, args: readonly string[], options
   let aborted = false;
   let killed = false;
   let startByte: string | undefined;
+  let outputHeld = false;
 
   const child = spawn(command, [...args], {
     detached: true,
@@ -104,8 +117,19 @@ export function spawnContained(command: string, args: readonly string[], options
     child.on('error', (err) => {
       spawnError = err;
     });
+    // 'close' waits for every pipe to close, which a background process of the command may hold open for its whole
+    // life: once the command has exited, its timeout no longer applies, and after a grace its pipes are closed here.
+    let grace: NodeJS.Timeout | undefined;
+    child.once('exit', () => {
+      clearTimeout(timer);
+      grace = setTimeout(() => {
+        outputHeld = true;
+        for (const stream of child.stdio) (stream as Readable | Writable | null)?.destroy();
+      }, OUTPUT_GRACE_MS);
+    });
     child.on('close', (code, signal) => {
       clearTimeout(timer);
+      clearTimeout(grace);
       options.signal?.removeEventListener('abort', onAbort);
       resolve({
         exitCode: code,
@@ -118,6 +142,7 @@ export function spawnContained(command: string, args: readonly string[], options
         truncated: stdout.truncated || stderr.truncated,
         droppedBytes: stdout.droppedBytes + stderr.droppedBytes,
         startByte,
+        outputHeld,
         ...(spawnError !== undefined && { spawnError }),
         durationMs: Math.round(performance.now() - started),
       });

@@ -16,7 +16,7 @@ export const MAX_LIST_BYTES = 256 * 1024;
 export type RunInside = (
   argv: readonly string[],
   options: { stdin?: string; signal?: AbortSignal; outputLimitBytes: number },
-) => Promise<{ exitCode: number | null; stdout: string; stderr: string; truncated: boolean; timedOut: boolean }>;
+) => Promise<{ exitCode: number | null; signal: string | null; stdout: string; stderr: string; truncated: boolean; timedOut: boolean }>;
 
 // Exit codes of the scripts below; anything else is the tool's own failure (EACCES, EROFS, ENOSPC, ...).
 const NOT_FOUND = 20;
@@ -29,8 +29,8 @@ const READ = `p=$1
 [ -d "$p" ] && exit ${IS_DIR}
 [ -e "$p" ] || exit ${NOT_FOUND}
 [ -f "$p" ] || exit ${NOT_REGULAR}
-[ "$(wc -c < "$p")" -gt "$2" ] && exit ${TOO_BIG}
-exec cat -- "$p"`;
+[ "$(head -c "$((($2 / 4096 + 1) * 4096))" -- "$p" | wc -c)" -gt "$2" ] && exit ${TOO_BIG}
+exec head -c "$(($2 + 1))" -- "$p"`;
 const WRITE = `p=$1; d=\${p%/*}; [ -n "$d" ] || d=/
 [ -d "$p" ] && exit ${IS_DIR}
 [ -e "$p" ] && [ ! -f "$p" ] && exit ${NOT_REGULAR}
@@ -47,7 +47,11 @@ exec find "$p" -mindepth 1 -maxdepth 1 -printf '%y %s %f\\0'`;
  * paths resolve in the sandbox's root and with its permissions: a symlink the program planted can only point at
  * something inside the sandbox (an absolute `/etc/x` is the sandbox's /etc), and a read-only path stays read-only.
  * Why not host paths through /proc/PID/root: the host kernel would follow absolute symlinks on the host. Needs
- * /bin/sh, cat, wc, mkdir and GNU find in the sandbox's root (every Debian image has them).
+ * /bin/sh, cat, head, wc, mkdir and GNU find in the sandbox's root (every Debian image has them).
+ *
+ * A file is sized by reading a little past the limit (whole pages: /proc/self/pagemap refuses reads of other sizes),
+ * never all of it, and then read to one byte past the limit at most (a file that grew since is refused too): a
+ * pseudo-file stats as 0 bytes and may be endless, and reading it through took the whole command timeout.
  */
 export class SandboxFiles {
   constructor(private readonly workdir: string, private readonly run: RunInside) {}
@@ -107,6 +111,9 @@ function signalOf(options: { signal?: AbortSignal }): { signal?: AbortSignal } {
 
 function check(r: Awaited<ReturnType<RunInside>>, path: string): void {
   if (r.timedOut) throw new RolloutError('deadline_exceeded', `file operation on ${path} timed out`);
+  // Killed by a signal (the OOM killer of a memory limit the sandbox is not at, a kill from outside): nothing about the
+  // path, so never invalid_argument. The driver has already turned the sandbox's own limit into SandboxLimitError.
+  if (r.exitCode === null) throw killedFileOperation(path, r.signal, r.stderr);
   switch (r.exitCode) {
     case 0:
       return;
@@ -121,4 +128,16 @@ function check(r: Awaited<ReturnType<RunInside>>, path: string): void {
     default:
       throw RolloutError.invalid('path', `${path}: ${r.stderr.trim().split('\n').pop() ?? `exit ${r.exitCode}`}`);
   }
+}
+
+/**
+ * A file operation whose process was killed by a signal: an infrastructure failure (sandbox_error) with the signal and
+ * what the process printed as its cause. Shared by both drivers.
+ */
+export function killedFileOperation(path: string, signal: string | null, stderr: string): RolloutError {
+  const how = `killed by ${signal ?? 'a signal'}`;
+  const detail = stderr.trim().slice(-500);
+  return new RolloutError('sandbox_error', `file operation on ${path} failed: its process was ${how}`, {
+    cause: new Error(`the file operation's process was ${how}${detail === '' ? '' : `: ${detail}`}`),
+  });
 }

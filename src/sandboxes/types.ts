@@ -76,6 +76,11 @@ export interface ExecResult {
   stderr: string;
   timedOut: boolean;
   truncated: boolean;
+  /**
+   * The program exited, but a process it left running (in the background) held its stdout or stderr open: the result
+   * is the program's own exit status, with the output read until shortly after it exited. Absent: false.
+   */
+  outputHeld?: boolean;
   durationMs: number;
 }
 

@@ -84,7 +84,9 @@ export function createEditorTool(): ValidatedTool {
           case 'view':
             return await view(sandbox, path, a, signal);
           case 'create': {
-            if (await exists(sandbox, path, signal)) return fail(`${path} already exists. Use str_replace or insert to edit it.`);
+            const found = await existence(sandbox, path, signal);
+            if (found === true) return fail(`${path} already exists. Use str_replace or insert to edit it.`);
+            if (found !== false) return fail(`could not check whether ${path} exists, so nothing was created: ${found}`);
             await sandbox.writeFile(path, a.file_text!, { signal });
             return { output: `Created ${path} (${countLines(a.file_text!)} lines).`, outcome: 'ok' };
           }
@@ -193,16 +195,33 @@ class UndoHistory {
   }
 }
 
-async function exists(sandbox: Sandbox, path: string, signal: AbortSignal): Promise<boolean> {
+/**
+ * Whether `path` exists, as the sandbox's user sees it: true, false, or why that cannot be told (the model's doing: a
+ * workspace or directory it made unenterable). Only evidence counts as "exists": a read that found a directory, a
+ * special file or more than 0 bytes, or the name in its directory's listing when the read failed for another reason
+ * (a file without read permission) — never a failed check, which used to read as "already exists".
+ */
+async function existence(sandbox: Sandbox, path: string, signal: AbortSignal): Promise<boolean | string> {
   try {
     await sandbox.readFile(path, { signal, maxBytes: 0 });
     return true;
   } catch (err) {
-    if (err instanceof RolloutError && err.code === 'not_found') return false;
-    if (err instanceof RolloutError && err.code === 'invalid_argument' && !/parent is not a directory|NUL|outside/.test(err.message)) return true;
-    throw err;
+    if (!(err instanceof RolloutError) || (err.code !== 'not_found' && err.code !== 'invalid_argument')) throw err;
+    if (err.code === 'not_found') return false;
+    if (EXISTS_BY_READ.test(err.message)) return true;
+    try {
+      const name = posix.basename(path);
+      return (await sandbox.listDir(posix.dirname(path), { signal })).some((e) => e.name === name);
+    } catch (listErr) {
+      if (listErr instanceof RolloutError && listErr.code === 'not_found') return false;
+      if (listErr instanceof RolloutError && listErr.code === 'invalid_argument') return err.message;
+      throw listErr;
+    }
   }
 }
+
+/** What a 0-byte read says of a path that exists (both drivers' and the test double's wording). */
+const EXISTS_BY_READ = /is a directory|is not a regular file|over the \d+-byte (?:read )?limit/;
 
 async function view(sandbox: Sandbox, path: string, a: Args, signal: AbortSignal): Promise<ToolResult> {
   let text: string;

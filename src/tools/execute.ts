@@ -1,6 +1,6 @@
 import { classifyThrown, RolloutError, throwIfAborted, type ErrorCode } from '../errors.js';
 import { isSandboxLimitError } from '../sandboxes/limit-errors.js';
-import { isValidatedTool } from './define-tool.js';
+import { isValidatedTool, type ArgsCheck, type ValidatedTool } from './define-tool.js';
 import type { ParsedToolCalls, Tool, ToolCall, ToolContext, ToolResult } from './types.js';
 
 /** A tool result, or 'malformed' when the call itself was unusable (bad JSON, unknown tool, bad arguments). */
@@ -25,13 +25,22 @@ export interface ToolObservation {
  * program ('error'), a sandbox the model filled to its own process or memory limit ('error', SandboxLimitError —
  * also when that killed the sandbox: every later call then says so). Infrastructure failures (sandbox stopped, wall clock used up, abort) do throw, as a
  * RolloutError, so they are never scored as the model's fault. Calls after a `finish` are not run: the episode
- * is over. At most MAX_CALLS_PER_MESSAGE calls of a message are run; the rest are counted in one observation.
+ * is over. At most `options.maxCallsPerMessage` (the server's `maxToolCallsPerMessage`, default
+ * MAX_CALLS_PER_MESSAGE) calls of a message are run; the rest are counted in one observation. A tool that breaks
+ * its own contract (validate() throws or answers out of shape, run() answers out of shape) is the environment's
+ * failure: environment_error, like a tool that throws.
  */
-export async function executeToolCalls(parsed: ParsedToolCalls, tools: readonly Tool[], context: ToolContext): Promise<ToolObservation[]> {
+export async function executeToolCalls(
+  parsed: ParsedToolCalls,
+  tools: readonly Tool[],
+  context: ToolContext,
+  options: ExecuteOptions = {},
+): Promise<ToolObservation[]> {
+  const maxCalls = options.maxCallsPerMessage ?? MAX_CALLS_PER_MESSAGE;
   const byName = new Map(tools.map((t) => [t.name, t]));
   const observations: ToolObservation[] = [];
   let finished = false;
-  for (const call of parsed.calls.slice(0, MAX_CALLS_PER_MESSAGE)) {
+  for (const call of parsed.calls.slice(0, maxCalls)) {
     if (finished) {
       observations.push({ toolName: call.name, outcome: 'error', output: 'Not run: finish was already called in this message.' });
       continue;
@@ -41,12 +50,12 @@ export async function executeToolCalls(parsed: ParsedToolCalls, tools: readonly 
     finished = observation.outcome === 'finish';
     observations.push(observation);
   }
-  const notRun = parsed.calls.length - MAX_CALLS_PER_MESSAGE;
+  const notRun = parsed.calls.length - maxCalls;
   if (notRun > 0 && !finished) {
     observations.push({
       toolName: '',
       outcome: 'malformed',
-      output: `Error: ${notRun} more tool calls in this message were not run (at most ${MAX_CALLS_PER_MESSAGE} per message); call them again in your next message if you still need them.`,
+      output: `Error: ${notRun} more tool calls in this message were not run (at most ${maxCalls} per message); call them again in your next message if you still need them.`,
     });
   }
   // One message per problem, up to a few: a degenerate completion (thousands of opening tags) must not become
@@ -57,8 +66,13 @@ export async function executeToolCalls(parsed: ParsedToolCalls, tools: readonly 
   return observations;
 }
 
+export interface ExecuteOptions {
+  /** Calls of one message that are run (default MAX_CALLS_PER_MESSAGE); the server passes `maxToolCallsPerMessage`. */
+  maxCallsPerMessage?: number;
+}
+
 /**
- * Calls of one message that are run; the rest are answered by one observation. Why a bound: a degenerate completion
+ * Default of the calls of one message that are run; the rest are answered by one observation. Why a bound: a degenerate completion
  * of short calls (~20 tokens each) would otherwise run thousands of programs and carry a page of output per call into
  * the context (~100 observation tokens per sampled token), all tokenized before the budget can refuse them.
  */
@@ -77,7 +91,7 @@ async function executeOne(call: ToolCall, byName: ReadonlyMap<string, Tool>, con
   }
   let args = call.arguments;
   if (isValidatedTool(tool)) {
-    const check = tool.validate(args);
+    const check = validateArgs(tool, args);
     if (!check.ok) return { toolName: call.name, outcome: 'malformed', output: `Error: ${check.reason}` };
     args = check.args;
   }
@@ -93,10 +107,47 @@ async function executeOne(call: ToolCall, byName: ReadonlyMap<string, Tool>, con
     const e = classifyThrown(err, 'environment_error', context.signal);
     throw INFRASTRUCTURE.has(e.code) ? e : new RolloutError('environment_error', `tool ${call.name} failed: ${e.message}`, { cause: e });
   }
+  const problem = resultProblem(result);
+  if (problem !== undefined) throw new RolloutError('environment_error', `tool ${call.name} failed: returned an invalid result (${problem})`);
   return {
     toolName: call.name,
     outcome: result.outcome,
     output: result.output,
     ...(result.answer !== undefined && { answer: result.answer }),
   };
+}
+
+/**
+ * A validated tool's verdict on the arguments. Its validate() is the tool's (often a plugin's) code, so one that throws
+ * or answers out of shape is the environment's failure, never the model's and never an uncaught TypeError.
+ */
+function validateArgs(tool: ValidatedTool, args: Record<string, unknown>): ArgsCheck {
+  let check: unknown;
+  try {
+    check = tool.validate(args);
+  } catch (err) {
+    throw new RolloutError('environment_error', `tool ${tool.name} failed: validate threw: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+  }
+  const c = check as Partial<{ ok: unknown; reason: unknown; args: unknown }> | null | undefined;
+  if (c?.ok === false && typeof c.reason === 'string') return { ok: false, reason: c.reason };
+  if (c?.ok === true && typeof c.args === 'object' && c.args !== null && !Array.isArray(c.args)) return { ok: true, args: c.args as Record<string, unknown> };
+  throw new RolloutError('environment_error', `tool ${tool.name} failed: validate returned ${describeValue(check)}, not { ok: true, args } or { ok: false, reason }`);
+}
+
+const OUTCOMES = new Set<unknown>(['ok', 'error', 'finish']);
+
+/** What is wrong with a tool's result (it becomes the model's context as it is), or undefined. */
+function resultProblem(result: unknown): string | undefined {
+  if (typeof result !== 'object' || result === null) return `${describeValue(result)}, not an object`;
+  const r = result as Partial<Record<keyof ToolResult, unknown>>;
+  if (typeof r.output !== 'string') return `output is ${describeValue(r.output)}, not a string`;
+  if (!OUTCOMES.has(r.outcome)) return `outcome is ${describeValue(r.outcome)}, not ok, error or finish`;
+  if (r.answer !== undefined && typeof r.answer !== 'string') return `answer is ${describeValue(r.answer)}, not a string`;
+  return undefined;
+}
+
+function describeValue(value: unknown): string {
+  if (value === null || value === undefined) return String(value);
+  if (typeof value === 'string') return JSON.stringify(value.slice(0, 40));
+  return typeof value === 'object' ? (Array.isArray(value) ? 'an array' : 'an object of another shape') : `${typeof value} ${String(value).slice(0, 40)}`;
 }

@@ -62,6 +62,8 @@ export function formatExecObservation(result: ExecResult, timeoutMs: number): st
   if (result.stdout.length > 0) parts.push(result.stdout.replace(/\n$/, ''));
   if (result.stderr.length > 0) parts.push(`[stderr]\n${result.stderr.replace(/\n$/, '')}`);
   if (result.truncated) parts.push('[output truncated: only the beginning of the output is shown]');
+  // Its exit status stands: a server or worker it started in the background is the model's to know about, not a hang.
+  if (result.outputHeld === true) parts.push('[the program exited, but a process it started is still running and holds its output: what that process prints is not shown]');
   if (result.timedOut) parts.push(`[timed out after ${formatSeconds(Math.min(timeoutMs, result.durationMs))}; the program was killed]`);
   else if (result.exitCode !== 0) parts.push(result.exitCode === null ? `[killed by ${result.signal ?? 'a signal'}]` : `[exit code ${result.exitCode}]`);
   return parts.length > 0 ? parts.join('\n') : '(no output)';

@@ -9,9 +9,9 @@ import { closeAfterAll, testSpec } from './helpers.js';
 
 const driver = closeAfterAll(new BubblewrapDriver());
 
-/** A tiny directory image: dash, a few coreutils and find, with their libraries; no /work, /tmp or /proc. */
+/** A tiny directory image: dash, the coreutils and find the file operations need (and a few more), with their libraries; no /work, /tmp or /proc. */
 async function makeTinyImage(root: string): Promise<void> {
-  const binaries = ['/bin/dash', '/usr/bin/cat', '/usr/bin/wc', '/usr/bin/mkdir', '/usr/bin/touch', '/usr/bin/id', '/usr/bin/find', '/usr/bin/ls', '/usr/bin/unshare'];
+  const binaries = ['/bin/dash', '/usr/bin/cat', '/usr/bin/head', '/usr/bin/wc', '/usr/bin/mkdir', '/usr/bin/touch', '/usr/bin/id', '/usr/bin/find', '/usr/bin/ls', '/usr/bin/unshare'];
   const libs = new Set<string>();
   for (const bin of binaries) {
     for (const m of execFileSync('ldd', [bin], { encoding: 'utf8' }).matchAll(/(\/\S+) \(0x/g)) libs.add(m[1]!);

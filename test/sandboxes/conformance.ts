@@ -112,6 +112,57 @@ export function describeSandboxConformance(name: string, makeDriver: () => Sandb
       await sandbox.exec(['sh', '-c', 'rm -rf big']);
     });
 
+    it('names the directory it cannot enter when a command\'s cwd is unusable, the default workspace included', async () => {
+      await sandbox.writeFile('not-a-dir', 'x');
+      await expect(sandbox.exec(['true'], { cwd: 'not-a-dir' })).rejects.toMatchObject({
+        code: 'invalid_argument',
+        message: `cwd: ${sandbox.workdir}/not-a-dir is not a directory or cannot be entered`,
+      });
+      // The model can make its own workspace unenterable: then the default cwd is what is named, never "". (Not where
+      // commands run as root, who enters a chmod 000 directory: the apptainer TEST DOUBLE.)
+      await sandbox.exec(['chmod', '000', sandbox.workdir], { cwd: '/' });
+      try {
+        const root = (await sandbox.exec(['id', '-u'], { cwd: '/' })).stdout === '0\n';
+        for (const options of root ? [] : [{}, { cwd: '' }]) {
+          await expect(sandbox.exec(['true'], options)).rejects.toMatchObject({ code: 'invalid_argument', message: `cwd: ${sandbox.workdir} is not a directory or cannot be entered` });
+        }
+      } finally {
+        await sandbox.exec(['chmod', '755', sandbox.workdir], { cwd: '/' });
+      }
+    });
+
+    it('refuses a file over the read limit without reading it through, even an endless pseudo-file', async () => {
+      // /proc/self/pagemap is hundreds of GiB of zeros to a reader: sizing it by reading it all took the whole command
+      // timeout (30 s here) before it was refused.
+      const started = performance.now();
+      await expect(sandbox.readFile('/proc/self/pagemap', { maxBytes: 1 << 20 })).rejects.toMatchObject({ code: 'invalid_argument', message: expect.stringMatching(/over the .*limit/) });
+      expect(performance.now() - started).toBeLessThan(10_000);
+      // Pseudo-files within the limit (stat says 0 bytes) are still read whole.
+      expect(await sandbox.readFile('/proc/self/status')).toMatch(/^Name:/);
+    });
+
+    it('ends a command when it exits, with its status and output, though a process it left running holds its output open', async () => {
+      const r = await sandbox.exec(['sh', '-c', 'sleep 60 & echo done; exit 3'], { timeoutMs: 20_000 });
+      expect(r).toMatchObject({ exitCode: 3, stdout: 'done\n', timedOut: false });
+      expect(r.durationMs).toBeLessThan(10_000);
+      expect((await sandbox.exec(['echo', 'after'])).stdout).toBe('after\n');
+    });
+
+    it('fails a file read whose reader was killed by a signal (e.g. the OOM killer) as sandbox_error with a cause, not as the path\'s fault', async () => {
+      // A stand-in for the OOM killer: the spec's PATH finds readers (`cat`, `head`) in the workspace that SIGKILL themselves.
+      const killed = await makeDriver().start(spec({ env: { PATH: `${sandbox.workdir}/bin:/usr/local/bin:/usr/bin:/bin` } }));
+      try {
+        await killed.writeFile('data.txt', 'hello');
+        for (const reader of ['cat', 'head']) await killed.writeFile(`bin/${reader}`, '#!/bin/sh\nkill -KILL $$\n');
+        await killed.exec(['chmod', '+x', 'bin/cat', 'bin/head']);
+        const failure = killed.readFile('data.txt');
+        await expect(failure).rejects.toMatchObject({ code: 'sandbox_error', message: expect.stringMatching(/data\.txt.*killed by SIGKILL/) });
+        await expect(failure).rejects.toHaveProperty('cause');
+      } finally {
+        await killed.stop();
+      }
+    });
+
     it('has no network unless the spec asks (loopback only)', async () => {
       expect(interfaces((await sandbox.exec(['cat', '/proc/net/dev'])).stdout)).toEqual(['lo']);
     });

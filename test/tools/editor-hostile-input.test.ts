@@ -41,6 +41,28 @@ describe('str_replace_editor with hostile arguments and files', () => {
     expect(await call('str_replace_editor', { command: 'create', path: 'y'.repeat(300), file_text: 'x' })).toMatchObject({ outcome: 'error' });
   });
 
+  it('create says "already exists" only of what exists: a path whose existence cannot be checked is named as such', async () => {
+    // The model made its workspace unenterable: the check failed for that reason, and nothing exists at the path.
+    await call('bash', { command: 'chmod 000 /work' });
+    try {
+      const created = await call('str_replace_editor', { command: 'create', path: 'fresh.txt', file_text: 'x' });
+      expect(created.outcome).toBe('error');
+      expect(created.output).not.toMatch(/already exists/);
+      expect(created.output).toMatch(/^Error: could not check whether \/work\/fresh\.txt exists, so nothing was created: .*\/work is not a directory or cannot be entered/);
+    } finally {
+      await call('bash', { command: 'chmod 755 /work' });
+    }
+    // What does exist is still refused, also when it cannot be read (a file without permissions, a directory).
+    await call('bash', { command: 'mkdir -p made && echo secret > locked.txt && chmod 000 locked.txt' });
+    for (const path of ['locked.txt', 'made']) {
+      expect(await call('str_replace_editor', { command: 'create', path, file_text: 'x' })).toMatchObject({ outcome: 'error', output: expect.stringMatching(/already exists/) });
+    }
+    // And a missing file under a directory it cannot read is the write's own error, not "already exists".
+    await call('bash', { command: 'mkdir -p shut && chmod 000 shut' });
+    const shut = await call('str_replace_editor', { command: 'create', path: 'shut/new.txt', file_text: 'x' });
+    expect(shut).toMatchObject({ outcome: 'error', output: expect.not.stringMatching(/already exists/) });
+  });
+
   it('refuses to edit a file that is not valid UTF-8 instead of rewriting its other bytes', async () => {
     // Latin-1 "café" (0xe9): decoded as UTF-8 it reads U+FFFD, and writing that text back would change the byte.
     await call('bash', { command: "printf 'caf\\xe9 = 1\\nname = 2\\n' > latin.py" });

@@ -5,7 +5,8 @@ import { defineTool } from '../../src/tools/define-tool.js';
 import { executeToolCalls, MAX_CALLS_PER_MESSAGE, MAX_ERROR_OBSERVATIONS } from '../../src/tools/execute.js';
 import { HermesToolCallParser } from '../../src/tools/hermes-parser.js';
 import { defaultToolRegistry, toolSchemas, ToolRegistry } from '../../src/tools/registry.js';
-import type { Tool, ToolContext } from '../../src/tools/types.js';
+import type { Tool, ToolContext, ToolResult } from '../../src/tools/types.js';
+import { RolloutError } from '../../src/errors.js';
 import { testSpec } from '../sandboxes/helpers.js';
 
 const parser = new HermesToolCallParser();
@@ -87,6 +88,33 @@ describe('executeToolCalls', () => {
       output: `Error: ${2_000 - MAX_CALLS_PER_MESSAGE} more tool calls in this message were not run (at most ${MAX_CALLS_PER_MESSAGE} per message); call them again in your next message if you still need them.`,
     });
     expect(observations.at(-1)).toMatchObject({ outcome: 'malformed', output: expect.stringMatching(/^Error: tool call 2001: missing "name"/) });
+  });
+
+  it('runs as many calls of one message as the caller allows (the server config), and counts the rest', async () => {
+    let runs = 0;
+    const counter = defineTool({ name: 'count', description: 'Counts.', args: z.object({}), run: async () => ({ output: `run ${++runs}`, outcome: 'ok' }) });
+    const observations = await executeToolCalls(parser.parse(call('count', {}).repeat(5)), [counter], context, { maxCallsPerMessage: 2 });
+    expect(runs).toBe(2);
+    expect(observations.map((o) => o.output)).toEqual([
+      'run 1',
+      'run 2',
+      'Error: 3 more tool calls in this message were not run (at most 2 per message); call them again in your next message if you still need them.',
+    ]);
+  });
+
+  it('fails the trajectory as ENVIRONMENT_ERROR when a plugin tool breaks its contract, never a crash or an observation', async () => {
+    // A plugin tool's validate() or run() is the environment's code: when it throws or answers out of contract, the
+    // task was valid and the model did nothing wrong.
+    const base = { description: 'A plugin tool.', parameters: {}, run: async () => ({ output: 'ran', outcome: 'ok' as const }) };
+    const throwingValidate = { ...base, name: 'throws', validate: (): never => { throw new TypeError('schema bug'); } };
+    const garbageValidate = { ...base, name: 'garbage', validate: () => undefined as unknown as { ok: true; args: Record<string, unknown> } };
+    const garbageRun = { ...base, name: 'badrun', run: async () => ({ output: 42, outcome: 'fine' }) as unknown as ToolResult };
+    const plugins: Tool[] = [throwingValidate, garbageValidate, garbageRun];
+    for (const [name, why] of [['throws', /validate threw: schema bug/], ['garbage', /validate returned .*undefined/], ['badrun', /returned an invalid result/]] as const) {
+      const failure = executeToolCalls(parser.parse(call(name, {})), plugins, context);
+      await expect(failure).rejects.toBeInstanceOf(RolloutError);
+      await expect(failure).rejects.toMatchObject({ code: 'environment_error', message: expect.stringMatching(new RegExp(`^tool ${name} failed: ${why.source}`)) });
+    }
   });
 
   it('throws infrastructure failures instead of showing them to the model', async () => {

@@ -49,6 +49,17 @@ describe('python tool', () => {
     expect(result.output).toMatch(/^start\n\[timed out after 1\.\d s; the program was killed\]$/);
   });
 
+  it('reports a program that exited with its status and output, not as timed out, when a child it started holds its output open', async () => {
+    // The child inherits stdout and outlives the program: the pipe stays open, which used to read as a timeout.
+    const result = await python.run({ code: 'import subprocess\nsubprocess.Popen(["sleep", "30"])\nprint("done")' }, context);
+    expect(result).toEqual({
+      output: 'done\n[the program exited, but a process it started is still running and holds its output: what that process prints is not shown]',
+      outcome: 'ok',
+    });
+    const failed = await python.run({ code: 'import subprocess, sys\nsubprocess.Popen(["sleep", "30"])\nsys.exit(4)' }, context);
+    expect(failed).toMatchObject({ outcome: 'error', output: expect.stringMatching(/^\[the program exited, .*\]\n\[exit code 4\]$/) });
+  });
+
   it('notes truncated output', async () => {
     const result = await python.run({ code: 'print("y" * 100_000)' }, context);
     expect(result.outcome).toBe('ok');

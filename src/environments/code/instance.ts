@@ -36,6 +36,19 @@ const memoryMb = z.number().int().min(32, { error: 'must be at least 32 MiB' }).
  */
 const DEFINES_CHECK = /^[ \t]*(?:(?:async[ \t]+)?def[ \t]+check[ \t]*\(|check[ \t]*=[^=])/m;
 
+/** Longest entry_point accepted: a function name, shown in the harness's messages. */
+const MAX_ENTRY_POINT = 256;
+
+/**
+ * Names no Python function can have (hard keywords, and __debug__, which cannot be assigned): a task naming one would
+ * fail every solution. Soft keywords (match, case, type, _) are ordinary names.
+ */
+const PYTHON_KEYWORDS = new Set([
+  'False', 'None', 'True', 'and', 'as', 'assert', 'async', 'await', 'break', 'class', 'continue', 'def', 'del', 'elif', 'else',
+  'except', 'finally', 'for', 'from', 'global', 'if', 'import', 'in', 'is', 'lambda', 'nonlocal', 'not', 'or', 'pass',
+  'raise', 'return', 'try', 'while', 'with', 'yield', '__debug__',
+]);
+
 export const humanEvalInstanceSchema = z
   .object({
     task_id: text(200).optional(),
@@ -43,7 +56,9 @@ export const humanEvalInstanceSchema = z
     test: nonEmpty().describe('Python source defining check(candidate), which asserts on the candidate function.'),
     entry_point: z
       .string()
+      .max(MAX_ENTRY_POINT, { error: `must be at most ${MAX_ENTRY_POINT} characters` })
       .regex(/^[A-Za-z_][A-Za-z0-9_]*$/, { error: 'must be a Python identifier' })
+      .refine((name) => !PYTHON_KEYWORDS.has(name), { error: (issue) => `${String(issue.input)} is a Python keyword: no function can have that name` })
       .describe('Name of the function under test.'),
     timeout_s: seconds.optional().describe(`Time limit of the whole test program, seconds (default ${DEFAULT_PROGRAM_TIMEOUT_S}).`),
     memory_limit_mb: memoryMb.optional().describe(`Address-space limit of the test process, MiB (default ${DEFAULT_MEMORY_LIMIT_MB}).`),

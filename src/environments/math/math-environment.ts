@@ -3,7 +3,7 @@ import { defaultToolRegistry, type ToolRegistry } from '../../tools/registry.js'
 import { defineEnvironment } from '../define.js';
 import { openGradingSandbox } from '../grading-sandbox.js';
 import type { Environment, Evaluation } from '../types.js';
-import { checkEquivalence } from './equivalence.js';
+import { checkEquivalence, MAX_ANSWER_LENGTH } from './equivalence.js';
 import { findFinalAnswer } from './extract.js';
 import { mathInstanceSchema, type MathChecker, type MathInstance } from './instance.js';
 import { findMathVerify, mathVerifyMounts, runMathVerify, type MathVerifyInstallation } from './math-verify-checker.js';
@@ -52,6 +52,7 @@ export interface MathEnvironmentOptions {
  * and comparison is the built-in rule that decided (see equivalence.ts) or 'math-verify'. With math-verify the
  * report also holds what it parsed each side as (`parsed`) and the built-in checker's verdict (`builtin`), so a
  * run shows where the two disagree, and `checker_limit` when the answer's check ran past its bound (reward 0).
+ * The model's answer is reported to MAX_REPORTED_ANSWER_CHARS, with `extracted_chars` (its length) when cut.
  *
  * @example
  * const math = createMathEnvironment(); // python, bash and finish from defaultToolRegistry()
@@ -97,7 +98,7 @@ export function createMathEnvironment(options: MathEnvironmentOptions = {}): Env
         };
       }
       const builtin = checkEquivalence(found.answer, instance.answer);
-      const report = { extracted: found.answer, reference, method: found.source };
+      const report = { ...reportedAnswer(found.answer), reference, method: found.source };
       if (checkerOf(instance) === 'builtin') {
         const correct = builtin.equivalent ? 1 : 0;
         return { reward: correct, details: { correct, has_answer: 1 }, report: { ...report, checker: 'builtin', comparison: builtin.method } };
@@ -116,11 +117,29 @@ export function createMathEnvironment(options: MathEnvironmentOptions = {}): Env
           ...report,
           checker: 'math-verify',
           comparison: 'math-verify',
-          parsed: { gold: verdict!.gold, pred: verdict!.pred },
+          parsed: { gold: verdict!.gold, pred: verdict!.pred.map(capText) },
           builtin: builtin.equivalent,
           ...(verdict!.limit !== undefined && { checker_limit: verdict!.limit }),
         },
       };
     },
   });
+}
+
+/**
+ * Characters of the model's answer a report holds (the reference's own bound; longer answers compare as text only). The
+ * answer is the policy's output: uncapped, a 1 MB answer went into every report, journal record and Watch event.
+ */
+export const MAX_REPORTED_ANSWER_CHARS = MAX_ANSWER_LENGTH;
+
+/** `extracted` for the report: the answer, or its first MAX_REPORTED_ANSWER_CHARS and `extracted_chars`. */
+function reportedAnswer(answer: string): { extracted: string; extracted_chars?: number } {
+  return answer.length <= MAX_REPORTED_ANSWER_CHARS ? { extracted: answer } : { extracted: capText(answer), extracted_chars: answer.length };
+}
+
+/** `text` cut to MAX_REPORTED_ANSWER_CHARS with "…", never inside a surrogate pair. */
+function capText(text: string): string {
+  if (text.length <= MAX_REPORTED_ANSWER_CHARS) return text;
+  const end = /[\uD800-\uDBFF]/.test(text[MAX_REPORTED_ANSWER_CHARS - 1]!) ? MAX_REPORTED_ANSWER_CHARS - 1 : MAX_REPORTED_ANSWER_CHARS;
+  return `${text.slice(0, end)}…`;
 }

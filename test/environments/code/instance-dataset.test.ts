@@ -25,6 +25,16 @@ describe('code instances', () => {
     expect(() => code.validate({ ...stdio, time_limit_s: 0 })).toThrow(expect.objectContaining({ field: 'instance.time_limit_s' }));
   });
 
+  // A keyword (or __debug__) can name no function: every solution would fail, reward 0 for a broken task.
+  it('refuses an entry_point no Python function can have, naming instance.entry_point', () => {
+    for (const entry_point of ['def', 'None', 'lambda', 'await', '__debug__', 'a\nb', 'x'.repeat(257)]) {
+      expect(() => code.validate({ ...humanEval, entry_point }), entry_point.slice(0, 20)).toThrow(expect.objectContaining({ field: 'instance.entry_point' }));
+    }
+    expect(() => code.validate({ ...humanEval, entry_point: 'class' })).toThrow(expect.objectContaining({ message: expect.stringContaining('is a Python keyword') }));
+    // Soft keywords are ordinary names.
+    for (const entry_point of ['match', 'case', 'type', '_']) expect(code.validate({ ...humanEval, entry_point })).toMatchObject({ entryPoint: entry_point });
+  });
+
   // Found by review (helper-37): a test without check(candidate) failed every solution, reward 0 for each sample of
   // a broken task instead of a refusal at submit.
   it('refuses a HumanEval-format test that defines no check function, naming instance.test', () => {

@@ -130,6 +130,18 @@ describe('math environment: evaluate', () => {
     expect(result.report).toMatchObject({ reference: '1000', method: 'finish_tool' });
   });
 
+  it('caps the extracted answer in the report, saying how long it was: a 1 MB answer is not copied into every report', async () => {
+    const huge = `1${'0'.repeat(999_999)}`;
+    for (const outcome of [{ messages: [], finishAnswer: huge }, { messages: [assistant(`\\boxed{${huge}}`)] }]) {
+      const result = await evaluate(instance, outcome);
+      expect(result.details).toEqual({ correct: 0, has_answer: 1 });
+      expect(JSON.stringify(result.report).length).toBeLessThan(2_000);
+      expect(result.report).toMatchObject({ extracted: `${huge.slice(0, 1000)}…`, extracted_chars: 1_000_000 });
+    }
+    // A short answer is reported whole, without the length.
+    expect((await evaluate(instance, { messages: [], finishAnswer: '0.5' })).report).not.toHaveProperty('extracted_chars');
+  });
+
   it('gives 0 for a wrong answer', async () => {
     const result = await evaluate(instance, { messages: [assistant('\\boxed{0.333}')] });
     expect(result.reward).toBe(0);
