@@ -72,14 +72,17 @@ export function allowedImageDirs(config: ServerConfig['sandbox']): string[] {
  * path (symlinks resolved, so what was checked is what starts) when it lies strictly inside one of
  * {@link allowedImageDirs}. Otherwise RolloutError.invalid(`field`, ...) naming the allowed dirs: a task must not run
  * its sandbox over the server's own files ("/", "host", a symlink out of an image dir). The configured image is the
- * operator's choice and passes. A missing path passes unchanged: whoever reports a missing image still does, and
- * there is nothing to read.
+ * operator's choice and passes. A missing path inside the dirs passes unchanged: whoever reports a missing image still
+ * does, and there is nothing to read. A path outside them is refused by its name before the file system is asked, with
+ * one message whether it exists or not: the answer must not tell whoever named it what lies on the server.
  */
 export function checkRequestedImage(config: ServerConfig['sandbox'], image: string, field: string): string {
   if (image === config.image && image !== 'host') return image;
   const dirs = allowedImageDirs(config);
   const refuse = (what: string) => RolloutError.invalid(field, `${what}; images must lie inside ${dirs.join(', ')} (server config sandbox.imageDirs)`);
   if (image === 'host') throw refuse('the image "host" (the server\'s own /usr) is not allowed');
+  const outside = () => refuse(`the image ${image} is not inside an allowed directory`);
+  if (!dirs.some((dir) => strictlyInside(resolve(image), resolve(dir)) || strictlyInside(resolve(image), realOrAsIs(dir)))) throw outside();
   let real: string;
   try {
     real = realpathSync(image);
@@ -88,7 +91,8 @@ export function checkRequestedImage(config: ServerConfig['sandbox'], image: stri
     if (code === 'ENOENT' || code === 'ENOTDIR') return image;
     throw refuse(`the image ${image} cannot be resolved (${code ?? 'unknown error'})`);
   }
-  if (!dirs.some((dir) => strictlyInside(real, realOrAsIs(dir)))) throw refuse(`the image ${image} is not inside an allowed directory`);
+  // Named inside, but a symlink (or "..") may lead out: what starts is the real path, so that is checked too.
+  if (!dirs.some((dir) => strictlyInside(real, realOrAsIs(dir)))) throw outside();
   return real;
 }
 

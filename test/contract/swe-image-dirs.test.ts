@@ -63,6 +63,21 @@ describe('a SWE task naming an image outside sandbox.imageDirs is refused at sub
     expect(driver.specs).toEqual([]);
   });
 
+  // Found by review (helper-44): a missing path was let through at submit (then ENVIRONMENT_ERROR "image X does not exist
+  // on this server") while an existing one was refused, so a trainer could probe which paths exist on the server.
+  it('refuses every path outside the allowed dirs with one message, whether it exists or not', async () => {
+    const images = ['/etc/passwd', '/nonexistent/task.sif', join(root, 'secrets'), join(root, 'secrets', 'missing.sif'), '/proc/1/root/x.sif'];
+    const answers: string[] = [];
+    for (const [i, image] of images.entries()) {
+      const err = (await h.client.submit(sweTask(`probe-${i}`, image)).catch((e: unknown) => e)) as ServiceError;
+      expect(err.code, image).toBe(status.INVALID_ARGUMENT);
+      expect(err.metadata.get('rollout-field'), image).toEqual(['task.instance.image']);
+      answers.push(err.details.replace(image, '<image>'));
+    }
+    expect(new Set(answers).size, answers.join('\n')).toBe(1);
+    expect(driver.specs).toEqual([]);
+  });
+
   it('accepts an image inside an allowed dir and starts its sandbox on it', async () => {
     const image = join(allowed, 'task-rootfs');
     await h.client.submit(sweTask('allowed', image));

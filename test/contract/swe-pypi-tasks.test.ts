@@ -1,5 +1,6 @@
 import { status, type ServiceError } from '@grpc/grpc-js';
 import { readdir } from 'node:fs/promises';
+import { dirname, join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Role, ToolOutcome, TrajectoryStatus, type Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import type { TaskInput } from '../../src/client/rollout-client.js';
@@ -101,18 +102,24 @@ describe.runIf(process.getuid?.() === 0 || process.env.CI)('SWE tasks from PyPI 
     expect(swe?.instanceSchema).toMatchObject({ type: 'object', required: expect.arrayContaining(['problem_statement', 'FAIL_TO_PASS']) });
   });
 
-  it('rejects a bad instance naming the field, and reports an image missing or an eval that cannot run as ENVIRONMENT_ERROR, never reward 0', async () => {
+  it('rejects a bad instance naming the field, reports an image missing as SANDBOX_ERROR and an eval that cannot run as ENVIRONMENT_ERROR, never reward 0', async () => {
     const task = tasks[0]!;
     const good = sweTask(task, images.get(task.id)!, 'gold', 0);
     const bad = (await h.client.submit({ ...good, taskId: 'swe-bad', instance: { ...good.instance, FAIL_TO_PASS: [] } }).catch((e: unknown) => e)) as ServiceError;
     expect(bad.code).toBe(status.INVALID_ARGUMENT);
     expect(bad.metadata.get('rollout-field')).toEqual(['task.instance.FAIL_TO_PASS']);
 
-    await h.client.submit({ ...good, taskId: 'swe-no-image', instance: { ...good.instance, image: '/nonexistent/task.sif' } });
+    // Outside sandbox.imageDirs, a missing path is refused as any other path there is (helper-44: the answer must not
+    // tell whether a path exists on the server); inside them, a missing image is the sandbox's failure to start.
+    const outside = (await h.client.submit({ ...good, taskId: 'swe-outside', instance: { ...good.instance, image: '/nonexistent/task.sif' } }).catch((e: unknown) => e)) as ServiceError;
+    expect(outside.code).toBe(status.INVALID_ARGUMENT);
+    expect(outside.details).toContain('the image /nonexistent/task.sif is not inside an allowed directory');
+    const missing = join(dirname(images.get(task.id)!), 'swe-nonexistent-task.sif');
+    await h.client.submit({ ...good, taskId: 'swe-no-image', instance: { ...good.instance, image: missing } });
     await h.client.submit({ ...good, taskId: 'swe-no-pytest', instance: { ...good.instance, test_command: 'exit 127' } });
     const [noImage] = (await h.client.getTrajectory('swe-no-image', { wait: true })).trajectories;
-    expect(noImage!.status).toBe(TrajectoryStatus.TRAJECTORY_STATUS_ENVIRONMENT_ERROR);
-    expect(noImage!.error).toContain('/nonexistent/task.sif does not exist');
+    expect(noImage!.status).toBe(TrajectoryStatus.TRAJECTORY_STATUS_SANDBOX_ERROR);
+    expect(noImage!.error).toContain(missing);
     const [noPytest] = (await h.client.getTrajectory('swe-no-pytest', { wait: true })).trajectories;
     expect(noPytest!.status).toBe(TrajectoryStatus.TRAJECTORY_STATUS_ENVIRONMENT_ERROR);
     expect(noPytest!.error).toContain('did not start pytest');

@@ -51,8 +51,24 @@ describe('an image an environment asks for must lie inside sandbox.imageDirs', (
     expect(() => resolveSandboxSpec(config(), { image: join(allowed, 'loop.sif') }, 60_000)).toThrow(refused());
   });
 
-  it('leaves a missing image to the code that reports it missing', () => {
-    expect(resolveSandboxSpec(config(), { image: '/nonexistent/task.sif' }, 60_000).image).toBe('/nonexistent/task.sif');
+  it('leaves a missing image inside an allowed dir to the code that reports it missing', () => {
+    expect(resolveSandboxSpec(config(), { image: join(allowed, 'missing.sif') }, 60_000).image).toBe(join(allowed, 'missing.sif'));
+  });
+
+  // Found by review (helper-44): a missing path outside the dirs was let through (to be reported missing) while an
+  // existing one was refused, so the answer told whoever named it whether the path exists on the server.
+  it('refuses a path outside the allowed dirs with one message whether it exists, is missing or cannot be read', () => {
+    const images = ['/etc/passwd', '/nonexistent/task.sif', join(outside, 'token.sif'), join(outside, 'missing.sif'), '/proc/1/root/x.sif', join(outside, 'token.sif', 'x')];
+    const messages = images.map((image) => {
+      try {
+        resolveSandboxSpec(config(), { image }, 60_000);
+        return `accepted ${image}`;
+      } catch (err) {
+        return (err as Error).message.replace(image, '<image>');
+      }
+    });
+    expect(new Set(messages).size, messages.join('\n')).toBe(1);
+    expect(messages[0]).toMatch(/not inside an allowed directory/);
   });
 
   it("keeps the operator's choices: the configured default image (wherever it lies), and no image asked for", () => {

@@ -4,7 +4,8 @@ import type { JsonObject } from '../json.js';
 import type { Evaluation } from '../types.js';
 import { gradeTests, parsePytestReport, pytestPluginSource, PYTEST_PLUGIN_MODULE, type ListGrade, type PytestReport, type TestStatus } from './grading.js';
 import type { SweInstance } from './instance.js';
-import { applyPatch, applyTestPatch, prepareWorkingCopy, runTests } from './repo-ops.js';
+import { applyPatch, applyTestPatch, prepareWorkingCopy, resetTestInfrastructure } from './repo-ops.js';
+import { runTests } from './test-run.js';
 import { touchedPaths } from './patch-paths.js';
 
 /** Bytes of the agent's patch kept in the report (the whole patch is applied; the report shows its head). */
@@ -20,39 +21,47 @@ export interface EvaluatePatchOptions {
 
 /**
  * Grades a patch on a fresh sandbox of the instance's image: copy the repository, apply the patch (not applying
- * is reward 0 with the reason: the model's failure), reset the test patch's files and apply it (not applying is
- * the instance's fault, environment_error, unless it applies to the base alone: then the patch is in its way, reward
- * 0 with the reason in test_error), run the test command with the report plugin, and grade by the SWE-bench
- * rule. Tests that start and then run past `testTimeoutMs` with the patch applied are the patch's fault, as in
- * SWE-bench (unresolved): reward 0 with `tests_timed_out`, what they reported before the kill graded as usual. An
- * eval that cannot run — no repository or git in the image, a test command that never starts pytest (within the
- * budget or at all), a report that does not parse — throws environment_error: never reward 0; tests cut short by the
- * task's own time running out throw deadline_exceeded (TIMEOUT).
+ * is reward 0 with the reason: the model's failure), put back the test infrastructure and test files it changed,
+ * reset the test patch's files and apply it (not applying is the instance's fault, environment_error, unless it
+ * applies to the base alone: then the patch is in its way, reward 0 with the reason in test_error), run the test
+ * command with the report plugin, and grade by the SWE-bench rule (a skipped listed test fails). Tests that start and
+ * then run past `testTimeoutMs` with the patch applied are the patch's fault, as in SWE-bench (unresolved): reward 0
+ * with `tests_timed_out`, what they reported before the kill graded as usual. An eval that cannot run — no repository
+ * or git in the image, a test command that never starts pytest (within the budget, or at all, without the patch
+ * too) — throws environment_error: never reward 0; tests cut short by the task's own time running out throw
+ * deadline_exceeded (TIMEOUT). A report the patch's code broke or rewrote is reward 0, never an environment failure.
  *
  * details: { fail_to_pass, pass_to_pass (fractions), applied (0|1), tests_timed_out (0|1) }; report: { patch (its
  * first REPORT_PATCH_BYTES), patch_bytes, applied, apply_error?, resolved, FAIL_TO_PASS / PASS_TO_PASS: { test:
- * status }, test_exit_code, tests_timed_out, test_error?, test_output_tail, collect_errors }.
+ * status }, test_exit_code, tests_timed_out, test_error?, test_output_tail, collect_errors, test_infrastructure_reset
+ * (the paths put back before the tests ran, see resetTestInfrastructure) }.
  */
 export async function evaluatePatch(sandbox: Sandbox, instance: SweInstance, patch: string, options: EvaluatePatchOptions): Promise<Evaluation> {
   const { signal } = options;
   const dir = await prepareWorkingCopy(sandbox, instance.repoPath, { signal });
-  const patchReport = reportPatch(patch);
+  const patchHead = reportPatch(patch);
   const applied = await applyPatch(sandbox, dir, patch, { signal });
   if (!applied.applied) {
     return {
       reward: 0,
       details: { fail_to_pass: 0, pass_to_pass: 0, applied: 0 },
-      report: { ...patchReport, applied: false, apply_error: applied.reason || 'the patch does not apply', resolved: false },
+      report: { ...patchHead, applied: false, apply_error: applied.reason || 'the patch does not apply', resolved: false },
     };
   }
+  let testPatchPaths: string[] = [];
+  try {
+    testPatchPaths = touchedPaths(instance.testPatch);
+  } catch (err) {
+    throw new RolloutError('environment_error', `the instance's test_patch is not a unified diff: ${(err as Error).message}`, { cause: err });
+  }
+  // Test infrastructure the patch changed (conftest.py, pytest's configuration, sitecustomize, .pth, entry points) and
+  // the files of the listed tests are put back as the image has them before the tests run: changed, they would let the
+  // patch write the results (or the tests) instead of earning them. Restored rather than a reward 0, as SWE-bench
+  // restores the test files: the patch is graded on the rest.
+  const reset = await resetTestInfrastructure(sandbox, instance.repoPath, dir, [...new Set([...listedTestFiles(instance), ...testPatchPaths])], { signal });
+  const patchReport = { ...patchHead, test_infrastructure_reset: reset.paths, ...(reset.count > reset.paths.length && { test_infrastructure_reset_count: reset.count }) };
   if (instance.testPatch !== '') {
-    let paths: string[];
-    try {
-      paths = touchedPaths(instance.testPatch);
-    } catch (err) {
-      throw new RolloutError('environment_error', `the instance's test_patch is not a unified diff: ${(err as Error).message}`, { cause: err });
-    }
-    const tests = await applyTestPatch(sandbox, dir, instance.testPatch, paths, { signal });
+    const tests = await applyTestPatch(sandbox, dir, instance.testPatch, testPatchPaths, { signal });
     if (!tests.applied) {
       // It applies to the base, so the agent's patch is in the way: the tests cannot run, and that is the patch's doing.
       return testsNotRun(patchReport, { test_error: `the instance's test_patch does not apply on top of the patch (it applies to the base): ${tests.reason || 'git apply failed'}` });
@@ -66,26 +75,27 @@ export async function evaluatePatch(sandbox: Sandbox, instance: SweInstance, pat
     throw new RolloutError('deadline_exceeded', `the task's time ran out after ${Math.round(run.result.durationMs)} ms of tests (test budget ${options.testTimeoutMs} ms)`);
   }
   if (!run.started) {
-    // Files pytest reads its configuration from before it loads any plugin: a patch that changes one and keeps pytest
-    // from starting has broken the test run itself, which is the patch's doing (reward 0), not an eval that cannot run.
-    const config = timedOut ? [] : pytestConfigFiles(patch);
-    if (config.length > 0) {
+    // Whose doing: a patch can keep pytest from starting (a module at the root shadowing one pytest imports, a broken
+    // module of a repository pytest itself depends on). That must not become an environment failure the trainer drops
+    // (the policy would escape a 0), so the same command is tried on the repository without the patch: when pytest
+    // starts there, the patch is at fault.
+    if (!timedOut && (await pytestStartsWithoutPatch(sandbox, instance, { signal, timeoutMs: options.testTimeoutMs }))) {
       return testsNotRun(patchReport, {
         test_exit_code: run.result.exitCode,
-        test_error: `pytest did not start with the patch applied, which changes its configuration (${config.join(', ')})`,
+        test_error: 'pytest did not start with the patch applied (it does without it): the patch broke the test run',
         test_output_tail: run.outputTail.slice(-4096),
       });
     }
     const why = timedOut ? `did not start pytest within ${options.testTimeoutMs} ms` : `did not start pytest with the report plugin (exit code ${String(run.result.exitCode)}`;
     throw new RolloutError(
       'environment_error',
-      `the test command ${why}${timedOut ? '' : '; a command that resets PYTHONPATH or PYTEST_ADDOPTS keeps the plugin out)'}: ${run.outputTail.slice(-1500)}`,
+      `the test command ${why}${timedOut ? '' : '; a command that resets PYTHONPATH or PYTEST_ADDOPTS, or does not pass on fds 3 and 4, keeps the plugin out)'}: ${run.outputTail.slice(-1500)}`,
     );
   }
   // pytest started but ended without finishing its session (e.g. a conftest the patch broke, or the tests ran past
   // their budget): what it did not report did not pass. Once pytest has started, the report is the patch's to break
-  // too (its code runs inside pytest as the same user: a conftest can overwrite the file): a report that is not JSON,
-  // malformed or too large is no results — reward 0 with test_error saying why — never an environment failure, which
+  // too (its code runs inside pytest as the same user: it can overwrite the file): a report changed after the plugin
+  // wrote it, not JSON, malformed or too large is no results — reward 0 with test_error saying why — never an environment failure, which
   // the trainer would filter out (the policy could opt out of a 0).
   let report: PytestReport | undefined;
   let reportProblem = run.reportProblem;
@@ -133,19 +143,21 @@ function testsNotRun(patchReport: JsonObject, why: JsonObject): Evaluation {
   };
 }
 
-/** Where pytest finds its configuration (rootdir and inifile discovery), by file name. */
-const PYTEST_CONFIG_FILES = new Set(['pytest.ini', '.pytest.ini', 'pyproject.toml', 'tox.ini', 'setup.cfg']);
+/** Whether the test command starts pytest with the report plugin on a fresh copy of the image's repository. */
+async function pytestStartsWithoutPatch(sandbox: Sandbox, instance: SweInstance, options: { signal?: AbortSignal; timeoutMs: number }): Promise<boolean> {
+  const dir = await prepareWorkingCopy(sandbox, instance.repoPath, { signal: options.signal });
+  const run = await runTests(sandbox, dir, instance.testCommand, { module: PYTEST_PLUGIN_MODULE, source: pytestPluginSource() }, { ...options, collectOnly: true });
+  return run.started;
+}
 
-/** The pytest configuration files `patch` touches (at most 5 named). */
-function pytestConfigFiles(patch: string): string[] {
-  let paths: string[];
-  try {
-    paths = touchedPaths(patch);
-  } catch {
-    // Not readable as a unified diff by jsdiff (git applied it all the same): its git headers name the files.
-    paths = [...patch.matchAll(/^diff --git a\/(.+) b\/(.+)$/gm)].flatMap((m) => [m[1]!, m[2]!]);
+/** The files the listed tests live in, from their pytest node ids (`path.py::name`); other names name no file. */
+function listedTestFiles(instance: SweInstance): string[] {
+  const files = new Set<string>();
+  for (const test of [...instance.failToPass, ...instance.passToPass]) {
+    const file = test.split('::')[0]!;
+    if (file.endsWith('.py') && !file.startsWith('/') && !file.split('/').includes('..')) files.add(file);
   }
-  return [...new Set(paths.filter((p) => PYTEST_CONFIG_FILES.has(p.replace(/"$/, '').split('/').at(-1)!)))].slice(0, 5);
+  return [...files];
 }
 
 function reportPatch(patch: string): JsonObject {

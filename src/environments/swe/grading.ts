@@ -48,7 +48,7 @@ export interface ListGrade {
   success: string[];
   /** Tests that failed, errored, or were never reported. */
   failure: string[];
-  /** PASS_TO_PASS tests that were skipped: in neither list, as in SWE-bench's grader (a skipped FAIL_TO_PASS test fails). */
+  /** Tests that were skipped (also in `failure`: a listed test must pass, see gradeTests). */
   skipped: string[];
   /** success / (success + failure); 1 when both are empty (SWE-bench's convention). */
   fraction: number;
@@ -66,29 +66,29 @@ export interface Grade {
 /**
  * Grades a test run the way SWE-bench's harness does (swebench/harness/grading.py): a test passes when reported
  * PASSED or XFAIL, fails when FAILED or ERROR or not reported at all (a test the run never reached, e.g. because
- * its module no longer imports, counts against the patch), and a PASS_TO_PASS test is left out when SKIPPED.
- * Resolved when both fractions are 1.
+ * its module no longer imports, counts against the patch). Resolved when both fractions are 1.
  *
- * One departure: a skipped FAIL_TO_PASS test fails. SWE-bench leaves it out too, and a list whose tests are all left
- * out counts as passing, so a patch that makes the tests it should fix skip (raising unittest.SkipTest in the code
- * they call, a conftest marking them) would be resolved without fixing anything: a reward forged, not earned. A
- * FAIL_TO_PASS test passes with the reference fix by definition, so a skip never happens to an honest patch in the
- * instance's own environment.
+ * One departure: a skipped test fails, in either list. SWE-bench leaves skipped tests out, and a list whose tests are
+ * all left out counts as passing, so a patch that makes the tests it should fix skip (unittest.SkipTest raised in the
+ * code they call) would be resolved without fixing anything, and one that breaks a PASS_TO_PASS test could hide it
+ * the same way: rewards forged, not earned. Every listed test passed with the reference fix in the instance's
+ * environment (that is how the lists are made), so an honest patch never meets this; an instance whose image skips
+ * a listed test scores 0 for every patch, the gold one included, and its report shows the skips.
  */
 export function gradeTests(tests: Readonly<Record<string, TestStatus>>, failToPass: readonly string[], passToPass: readonly string[]): Grade {
-  const fail = gradeList(tests, failToPass, 'failure');
-  const pass = gradeList(tests, passToPass, 'skipped');
+  const fail = gradeList(tests, failToPass);
+  const pass = gradeList(tests, passToPass);
   return { failToPass: fail, passToPass: pass, resolved: fail.fraction === 1 && pass.fraction === 1 };
 }
 
-function gradeList(tests: Readonly<Record<string, TestStatus>>, names: readonly string[], skip: 'failure' | 'skipped'): ListGrade {
+function gradeList(tests: Readonly<Record<string, TestStatus>>, names: readonly string[]): ListGrade {
   const grade: ListGrade = { success: [], failure: [], skipped: [], fraction: 1, statuses: {} };
   for (const name of names) {
     const status: TestStatus = Object.hasOwn(tests, name) ? tests[name]! : 'missing';
     grade.statuses[name] = status;
     if (status === 'passed' || status === 'xpass' || status === 'xfail') grade.success.push(name);
-    else if (status === 'skipped') grade[skip].push(name);
     else grade.failure.push(name);
+    if (status === 'skipped') grade.skipped.push(name);
   }
   const counted = grade.success.length + grade.failure.length;
   grade.fraction = counted === 0 ? 1 : grade.success.length / counted;

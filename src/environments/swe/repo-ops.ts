@@ -102,7 +102,7 @@ cd "$1" || exit 1
 patch_file=$2
 shift 2
 for f in "$@"; do
-  if git cat-file -e "${BASE_REF}:$f" 2>/dev/null; then git checkout -q ${BASE_REF} -- "$f"; else rm -rf -- "$f"; fi
+  if git cat-file -e "${BASE_REF}:$f" 2>/dev/null; then git -c core.hooksPath=/dev/null checkout -q ${BASE_REF} -- "$f"; else rm -rf -- "$f"; fi
 done
 out=$(git apply --binary --whitespace=nowarn "$patch_file" 2>&1) && exit 0
 index=$(mktemp) || exit 1
@@ -113,17 +113,60 @@ exit $status
 `;
 
 /**
- * Runs the test command ($4, evaluated by bash at the copy's root) with the report plugin on PYTHONPATH and in
- * PYTEST_ADDOPTS; output to $5. Exit status: the command's.
+ * Test infrastructure, as bash \`case\` patterns on "/<path>": what pytest and Python read before or around the tests
+ * and a patch could use to report results instead of earning them. conftest.py files (hooks that rewrite outcomes or the
+ * report), pytest's configuration files at any depth (inifile discovery starts at the test files' directory; \`addopts\`
+ * can load a plugin of the patch), sitecustomize / usercustomize and .pth files (run at interpreter start-up, before
+ * the report plugin), *.dist-info / *.egg-info (a pytest11 entry point is loaded as a plugin), and modules at the root
+ * that would shadow pytest itself when it runs as \`python -m pytest\` from there.
  */
-const RUN_TESTS = `cd "$1" || exit 125
-export ROLLOUT_SWE_REPORT="$2"
-export PYTHONPATH="$3\${PYTHONPATH:+:$PYTHONPATH}"
-export PYTEST_ADDOPTS="-p rollout_swe_report \${PYTEST_ADDOPTS:-}"
-export PYTHONDONTWRITEBYTECODE=1
-command=$4 output=$5
-shift 5
-eval "$command" > "$output" 2>&1
+export const TEST_INFRASTRUCTURE = [
+  '*/conftest.py',
+  '*/pytest.ini',
+  '*/.pytest.ini',
+  '*/pyproject.toml',
+  '*/tox.ini',
+  '*/setup.cfg',
+  '*/sitecustomize.py',
+  '*/usercustomize.py',
+  '*.pth',
+  '*.dist-info/*',
+  '*.egg-info/*',
+  '/pytest.py',
+  '/pytest/*',
+  '/_pytest/*',
+  '/pluggy/*',
+  '/py.py',
+] as const;
+
+/**
+ * Restores the test infrastructure the agent's patch changed to the image's state ($1 the image's repository, $2 the
+ * working copy): files pytest or Python read before or around the tests, whose change lets a patch forge results
+ * instead of fixing the code (see {@link TEST_INFRASTRUCTURE}). What the image has is copied back, what it lacks is
+ * deleted; so are the test files named on stdin (NUL-separated: the files of the listed tests and those the test patch
+ * touches). Changed means: tracked and different from the base, or untracked (ignored ones included: a patch may add
+ * a .gitignore) and not the image's own file. The restored paths go NUL-separated to $3, their count to stdout.
+ */
+const RESET_TEST_INFRASTRUCTURE = `set -u -o pipefail
+src=$1 out=$3
+cd "$2" || exit 1
+: > "$out"
+declare -A tests=()
+while IFS= read -r -d '' f; do tests["$f"]=1; done
+{ git diff --name-only -z --no-renames ${BASE_REF} -- || exit 1; git ls-files --others -z || exit 1; } | while IFS= read -r -d '' f; do
+  case "/$f" in
+    ${TEST_INFRASTRUCTURE.join('|')}) ;;
+    *) [ -n "\${tests["$f"]+set}" ] || continue ;;
+  esac
+  if [ -e "$src/$f" ] || [ -L "$src/$f" ]; then
+    cmp -s -- "$src/$f" "$f" && [ ! -L "$f" ] && [ ! -L "$src/$f" ] && continue
+    rm -rf -- "$f" && mkdir -p -- "$(dirname -- "$f")" && cp -P --preserve=mode,timestamps,links -- "$src/$f" "$f" || exit 1
+  else
+    rm -rf -- "$f" || exit 1
+  fi
+  printf '%s\\0' "$f" >> "$out"
+done
+tr -cd '\\000' < "$out" | wc -c
 `;
 
 export interface RunOptions {
@@ -131,11 +174,13 @@ export interface RunOptions {
   timeoutMs?: number;
 }
 
-function bash(sandbox: Sandbox, script: string, args: readonly string[], options: RunOptions): Promise<ExecResult> {
+/** Runs `script` by bash in the sandbox, `args` as its positional parameters (never interpolated into it). */
+export function bash(sandbox: Sandbox, script: string, args: readonly string[], options: RunOptions): Promise<ExecResult> {
   return sandbox.exec(['bash', '-c', script, 'rollout-swe', ...args], { signal: options.signal, timeoutMs: options.timeoutMs, cwd: sandbox.workdir });
 }
 
-function failure(what: string, result: ExecResult): RolloutError {
+/** An environment_error saying which step failed, how, and the end of its output. */
+export function failure(what: string, result: ExecResult): RolloutError {
   const why = result.timedOut ? 'timed out' : result.exitCode === null ? `killed by ${result.signal}` : `exit code ${result.exitCode}`;
   const output = `${result.stderr}${result.stdout}`.trim().slice(-1500);
   return new RolloutError('environment_error', `${what} failed (${why})${output ? `: ${output}` : ''}`);
@@ -191,52 +236,25 @@ export async function applyTestPatch(sandbox: Sandbox, dir: string, testPatch: s
   throw failure("applying the instance's test_patch to the base", result);
 }
 
-/** The largest pytest report read back (a real one is a few KB per test). */
-const REPORT_MAX_BYTES = 64 << 20;
-
-export interface TestRun {
-  result: ExecResult;
-  /** The plugin was imported: pytest started. */
-  started: boolean;
-  /** The plugin's JSON, when pytest finished its session. */
-  report: string | undefined;
-  /**
-   * Why a report file that is there could not be read (larger than REPORT_MAX_BYTES): the code under test can write
-   * it (it runs as the same user), so this is the attempt's doing, not the environment's.
-   */
-  reportProblem?: string;
-  /** The last bytes of the test command's output. */
-  outputTail: string;
+/**
+ * Restores the test infrastructure ({@link TEST_INFRASTRUCTURE}) and the `testFiles` (repository-relative paths) the
+ * agent's patch changed in the copy at `dir` to the image's repository `repoPath`; returns the restored paths (at most
+ * `REPORT_RESET_PATHS` read back, `count` says all).
+ */
+export async function resetTestInfrastructure(sandbox: Sandbox, repoPath: string, dir: string, testFiles: readonly string[], options: RunOptions = {}): Promise<{ paths: string[]; count: number }> {
+  const file = `${SCRATCH_DIR}/reset-paths`;
+  const stdin = testFiles.map((f) => `${f}\0`).join('');
+  const result = await sandbox.exec(['bash', '-c', `mkdir -p ${SCRATCH_DIR}\n${RESET_TEST_INFRASTRUCTURE}`, 'rollout-swe', repoPath, dir, file], { signal: options.signal, timeoutMs: options.timeoutMs, cwd: sandbox.workdir, stdin });
+  if (result.exitCode !== 0) throw failure("restoring the repository's test infrastructure", result);
+  const count = Number(result.stdout.trim());
+  if (count === 0) return { paths: [], count };
+  // Bounded: a patch may add a great many such files; the report names the first ones.
+  const text = await sandbox.readFile(file, { signal: options.signal, maxBytes: 1 << 20 }).catch((err: unknown) => {
+    if (err instanceof RolloutError && err.code === 'invalid_argument') return '';
+    throw err;
+  });
+  return { paths: text.split('\0').filter((p) => p !== '').slice(0, REPORT_RESET_PATHS), count };
 }
 
-/** Runs the test command with the report plugin (its source written to the scratch dir first). */
-export async function runTests(sandbox: Sandbox, dir: string, command: string, plugin: { module: string; source: string }, options: RunOptions = {}): Promise<TestRun> {
-  const pluginDir = `${SCRATCH_DIR}/plugin`;
-  const report = `${SCRATCH_DIR}/report.json`;
-  const output = `${SCRATCH_DIR}/test-output.txt`;
-  await sandbox.writeFile(`${pluginDir}/${plugin.module}.py`, plugin.source, { signal: options.signal });
-  const result = await bash(sandbox, RUN_TESTS, [dir, report, pluginDir, command, output], options);
-  const probe = await bash(
-    sandbox,
-    'test -e "$1.started" && echo started; test -f "$1" && echo report; tail -c 8192 "$2" 2>/dev/null || true',
-    [report, output],
-    { signal: options.signal },
-  );
-  const [first = '', second = ''] = probe.stdout.split('\n');
-  const started = first === 'started';
-  const hasReport = (started ? second : first) === 'report';
-  const outputTail = probe.stdout.split('\n').slice(Number(started) + Number(hasReport)).join('\n');
-  let text: string | undefined;
-  let reportProblem: string | undefined;
-  if (hasReport) {
-    try {
-      text = await sandbox.readFile(report, { signal: options.signal, maxBytes: REPORT_MAX_BYTES });
-    } catch (err) {
-      // Over the bound (readFile says invalid_argument naming its path): anything else (the sandbox died) is the
-      // infrastructure's and propagates.
-      if (!(err instanceof RolloutError) || err.code !== 'invalid_argument') throw err;
-      reportProblem = `the report file is over ${REPORT_MAX_BYTES >> 20} MiB`;
-    }
-  }
-  return { result, started, report: text, ...(reportProblem !== undefined && { reportProblem }), outputTail };
-}
+/** Restored paths the report names one by one. */
+const REPORT_RESET_PATHS = 100;

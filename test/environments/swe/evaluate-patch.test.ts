@@ -90,7 +90,7 @@ describe.runIf(process.getuid?.() === 0 || process.env.CI)('evaluatePatch in a r
       problem_statement: 'add subtracts',
       test_command: 'python3 -m pytest -p no:cacheprovider tests',
       FAIL_TO_PASS: ODD_IDS.slice(0, 2),
-      PASS_TO_PASS: [ODD_IDS[2], 'tests/test_calc.py::TestCalc::test_skipped', 'tests/test_calc.py::test_known_bug'],
+      PASS_TO_PASS: [ODD_IDS[2], 'tests/test_calc.py::test_known_bug'],
       ...fields,
     });
   }
@@ -98,12 +98,8 @@ describe.runIf(process.getuid?.() === 0 || process.env.CI)('evaluatePatch in a r
   it('reads every test by its exact node id and rewards a patch that resolves the instance', async () => {
     const result = await evaluatePatch(await sandbox(), instance(), FIX, { testTimeoutMs: 60_000 });
     expect(result.report.FAIL_TO_PASS).toMatchObject({ statuses: { [ODD_IDS[0]!]: 'passed', [ODD_IDS[1]!]: 'passed' }, fraction: 1 });
-    // A skipped test counts neither way; an xfail counts as passing (SWE-bench's rule).
-    expect(result.report.PASS_TO_PASS).toMatchObject({
-      statuses: { [ODD_IDS[2]!]: 'passed', 'tests/test_calc.py::TestCalc::test_skipped': 'skipped', 'tests/test_calc.py::test_known_bug': 'xfail' },
-      passed: 2,
-      skipped: 1,
-    });
+    // An xfail counts as passing (SWE-bench's rule).
+    expect(result.report.PASS_TO_PASS).toMatchObject({ statuses: { [ODD_IDS[2]!]: 'passed', 'tests/test_calc.py::test_known_bug': 'xfail' }, passed: 2, skipped: 0 });
     expect(result).toMatchObject({ reward: 1, details: { fail_to_pass: 1, pass_to_pass: 1, applied: 1, tests_timed_out: 0 } });
     expect(result.report).toMatchObject({ applied: true, resolved: true, patch: FIX, patch_truncated: false, test_exit_code: 0, tests_timed_out: false });
   }, 120_000);
@@ -182,24 +178,27 @@ describe.runIf(process.getuid?.() === 0 || process.env.CI)('evaluatePatch in a r
     await expect(noRepo).rejects.toMatchObject({ code: 'environment_error', message: expect.stringContaining('/nowhere') });
   }, 180_000);
 
-  // Found by review: the patch's code runs inside pytest as the same user as the report plugin, so a conftest can
-  // overwrite the report. Breaking it must grade the attempt 0, not make it an infrastructure failure the trainer
-  // filters out (the policy could opt out of a 0).
-  function conftest(body: string): string {
-    const lines = ['import os', '', 'def pytest_unconfigure(config):', ...body.split('\n').map((l) => `    ${l}`)];
-    return [`diff --git a/conftest.py b/conftest.py`, 'new file mode 100644', '--- /dev/null', '+++ b/conftest.py', `@@ -0,0 +1,${lines.length} @@`, ...lines.map((l) => `+${l}`), ''].join('\n');
+  // Found by review: the patch's code runs inside pytest as the same user as the report plugin, so it can overwrite the
+  // report. Breaking it must grade the attempt 0, not make it an infrastructure failure the trainer filters out (the
+  // policy could opt out of a 0). Package code, since a conftest.py of the patch no longer runs (reward-forgery.test.ts).
+  function atExit(body: string): string {
+    const lines = ['', '', 'import atexit, os', '', '', '@atexit.register', 'def _at_exit():', ...body.split('\n').map((l) => `    ${l}`)];
+    const tail = ['', '', 'def mul(a, b):', '    return a * b'];
+    return ['diff --git a/calc.py b/calc.py', '--- a/calc.py', '+++ b/calc.py', `@@ -3,4 +3,${4 + lines.length} @@`, ...tail.map((l) => ` ${l}`), ...lines.map((l) => `+${l}`), ''].join('\n');
   }
 
   it('gives 0 with the reason when the patch overwrites the pytest report with garbage or past its read bound', async () => {
-    const garbage = await evaluatePatch(await sandbox(), instance(), conftest('open(os.environ["ROLLOUT_SWE_REPORT"], "w").write("garbage")'), { testTimeoutMs: 60_000 });
-    expect(garbage).toMatchObject({ reward: 0, report: { applied: true, resolved: false, test_error: expect.stringContaining('the pytest report could not be used (the pytest report is not JSON') } });
+    const garbage = await evaluatePatch(await sandbox(), instance(), atExit('open(os.environ["ROLLOUT_SWE_REPORT"], "w").write("garbage")'), { testTimeoutMs: 60_000 });
+    expect(garbage).toMatchObject({ reward: 0, report: { applied: true, resolved: false, test_error: expect.stringContaining('the pytest report could not be used (the report file was changed after pytest wrote it') } });
     const huge = await evaluatePatch(
       await sandbox(),
       instance(),
-      conftest('with open(os.environ["ROLLOUT_SWE_REPORT"], "w") as f:\n    f.write(" " * (65 << 20))'),
+      atExit('with open(os.environ["ROLLOUT_SWE_REPORT"], "w") as f:\n    f.write(" " * (65 << 20))'),
       { testTimeoutMs: 60_000 },
     );
     expect(huge).toMatchObject({ reward: 0, report: { resolved: false, test_error: expect.stringContaining('the report file is over 64 MiB') } });
+    const gone = await evaluatePatch(await sandbox(), instance(), atExit('os.remove(os.environ["ROLLOUT_SWE_REPORT"])'), { testTimeoutMs: 60_000 });
+    expect(gone).toMatchObject({ reward: 0, report: { resolved: false, test_error: expect.stringContaining('the report file was deleted after pytest wrote it') } });
   }, 180_000);
 
   // Found by review (helper-37): the agent's diff was taken with the working copy's own git, which the agent controls:
@@ -256,16 +255,12 @@ describe.runIf(process.getuid?.() === 0 || process.env.CI)('evaluatePatch in a r
   }, 120_000);
 
   // Found by review (helper-37): a patch that broke pytest's configuration kept pytest from starting (before any plugin
-  // loads), read as "the eval cannot run": an environment_error, which trainers drop, for what the patch did.
-  it("gives 0 with the reason when the patch breaks pytest's configuration so that it never starts", async () => {
+  // loads), read as "the eval cannot run": an environment_error, which trainers drop, for what the patch did. Since
+  // helper-44 the configuration files are test infrastructure, put back before the tests run: the fix is graded alone.
+  it("grades the fix alone when the patch also breaks pytest's configuration, which is put back before the tests run", async () => {
     const ini = ['diff --git a/pytest.ini b/pytest.ini', 'new file mode 100644', '--- /dev/null', '+++ b/pytest.ini', '@@ -0,0 +1,2 @@', '+[pytest', '+addopts = = =', ''].join('\n');
     const result = await evaluatePatch(await sandbox(), instance(), `${FIX}${ini}`, { testTimeoutMs: 60_000 });
-    expect(result).toMatchObject({
-      reward: 0,
-      details: { fail_to_pass: 0, pass_to_pass: 0, applied: 1, tests_timed_out: 0 },
-      report: { applied: true, resolved: false, test_error: expect.stringContaining('changes its configuration (pytest.ini)') },
-    });
-    // Without such a change, pytest not starting is still the eval's failure (see above).
+    expect(result).toMatchObject({ reward: 1, details: { fail_to_pass: 1, pass_to_pass: 1, applied: 1 }, report: { applied: true, resolved: true, test_infrastructure_reset: ['pytest.ini'] } });
   }, 120_000);
 
   // Found by review (helper-37): a skip counted neither way and an all-skipped list as passing, so a patch that made
@@ -273,7 +268,7 @@ describe.runIf(process.getuid?.() === 0 || process.env.CI)('evaluatePatch in a r
   it('gives 0 to a patch that makes the FAIL_TO_PASS tests skip instead of fixing them', async () => {
     const skip = ['diff --git a/calc.py b/calc.py', '--- a/calc.py', '+++ b/calc.py', '@@ -1,2 +1,3 @@', ' def add(a, b):', '+    import unittest; raise unittest.SkipTest("later")', '     return a - b', ''].join('\n');
     const result = await evaluatePatch(await sandbox(), instance(), skip, { testTimeoutMs: 60_000 });
-    expect(result.report.FAIL_TO_PASS).toMatchObject({ statuses: { [ODD_IDS[0]!]: 'skipped', [ODD_IDS[1]!]: 'skipped' }, passed: 0, failed: 2, skipped: 0, fraction: 0 });
+    expect(result.report.FAIL_TO_PASS).toMatchObject({ statuses: { [ODD_IDS[0]!]: 'skipped', [ODD_IDS[1]!]: 'skipped' }, passed: 0, failed: 2, skipped: 2, fraction: 0 });
     expect(result).toMatchObject({ reward: 0, details: { fail_to_pass: 0, applied: 1 }, report: { resolved: false } });
   }, 120_000);
 });

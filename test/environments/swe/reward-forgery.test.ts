@@ -1,0 +1,218 @@
+import { execFileSync } from 'node:child_process';
+import { chmodSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { evaluatePatch } from '../../../src/environments/swe/evaluate-patch.js';
+import { validateSweInstance, type SweInstance } from '../../../src/environments/swe/instance.js';
+import { SWE_BASE_PACKAGES } from '../../../src/environments/swe/pypi-tasks/build-task-image.js';
+import type { Evaluation } from '../../../src/environments/types.js';
+import { silentLogger } from '../../../src/observability/logger.js';
+import { buildImage } from '../../../src/sandboxes/images/build-image.js';
+import { BubblewrapDriver } from '../../../src/sandboxes/bwrap.js';
+import type { Sandbox } from '../../../src/sandboxes/types.js';
+import { closeAfterAll, testSpec } from '../../sandboxes/helpers.js';
+
+/**
+ * Ways an agent's patch can forge reward 1 without fixing anything, each run for real: the patch applied in a
+ * bubblewrap sandbox of the SWE base image (Debian python3, pytest, git), then pytest with the report plugin. Every
+ * forging patch here leaves add() broken, so the only honest reward is 0. Found by review (helper-44): every vector
+ * below but the last two gave reward 1 (or, deleting the started marker, an ENVIRONMENT_ERROR the trainer drops).
+ */
+const ADD = 'tests/test_calc.py::test_add';
+const MUL = 'tests/test_calc.py::test_mul';
+
+const REPO = {
+  // Package metadata a develop install leaves in the image, ignored by git: the image's own, never reset.
+  '.gitignore': '*.egg-info/\n',
+  'calc.egg-info/PKG-INFO': 'Metadata-Version: 2.1\nName: calc\nVersion: 1.0\n',
+  'setup.cfg': '[metadata]\nname = calc\n',
+  'calc.py': 'def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n',
+  'tests/__init__.py': '',
+  'tests/test_calc.py': 'from calc import add, mul\n\n\ndef test_add():\n    assert add(2, 2) == 4\n\n\ndef test_mul():\n    assert mul(2, 3) == 6\n',
+};
+
+const FIX = ['diff --git a/calc.py b/calc.py', '--- a/calc.py', '+++ b/calc.py', '@@ -1,2 +1,2 @@', ' def add(a, b):', '-    return a - b', '+    return a + b', ''].join('\n');
+
+/** A git diff adding `path` with `text`. */
+function newFile(path: string, text: string): string {
+  const lines = text.replace(/\n$/, '').split('\n');
+  return [`diff --git a/${path} b/${path}`, 'new file mode 100644', '--- /dev/null', `+++ b/${path}`, `@@ -0,0 +1,${lines.length} @@`, ...lines.map((l) => `+${l}`), ''].join('\n');
+}
+
+/** A git diff appending `lines` to calc.py (the package under test). */
+function appendToCalc(lines: string[]): string {
+  const tail = ['', '', 'def mul(a, b):', '    return a * b'];
+  return ['diff --git a/calc.py b/calc.py', '--- a/calc.py', '+++ b/calc.py', `@@ -3,4 +3,${4 + lines.length} @@`, ...tail.map((l) => ` ${l}`), ...lines.map((l) => `+${l}`), ''].join('\n');
+}
+
+/** A pytest plugin (as a conftest or a module) that reports every test passed. */
+const MARK_PASSED = [
+  'import pytest',
+  '',
+  '',
+  '@pytest.hookimpl(hookwrapper=True)',
+  'def pytest_runtest_makereport(item, call):',
+  '    outcome = yield',
+  '    outcome.get_result().outcome = "passed"',
+  '',
+].join('\n');
+
+/** Python that writes a report saying every listed test passed to the plugin's report file. */
+const FORGED_REPORT = `open(os.environ["ROLLOUT_SWE_REPORT"], "w").write(json.dumps({"version": 1, "exitstatus": 0, "tests": {"${ADD}": "passed", "${MUL}": "passed"}, "collect_errors": []}))`;
+
+describe.runIf(process.getuid?.() === 0 || process.env.CI)('a patch that forges the SWE reward', () => {
+  let image: string;
+  let root: string;
+  let repo: string;
+  const driver = closeAfterAll(new BubblewrapDriver({ logger: silentLogger() }));
+  const sandboxes: Sandbox[] = [];
+
+  beforeAll(async () => {
+    image = (await buildImage({ packages: SWE_BASE_PACKAGES })).path;
+    root = mkdtempSync(join(tmpdir(), 'rollout-swe-forgery-'));
+    chmodSync(root, 0o755);
+    repo = join(root, 'testbed');
+    for (const [path, text] of Object.entries(REPO)) {
+      mkdirSync(join(repo, path, '..'), { recursive: true });
+      writeFileSync(join(repo, path), text);
+    }
+    execFileSync('chmod', ['-R', 'a+rX', root]);
+  }, 300_000);
+  afterEach(async () => {
+    await Promise.all(sandboxes.splice(0).map((s) => s.stop()));
+  });
+  afterAll(() => rmSync(root, { recursive: true, force: true }));
+
+  async function evaluate(patch: string, fields: Record<string, unknown> = {}): Promise<Evaluation> {
+    const spec = { ...testSpec({ image, memoryMb: 1024 }), mounts: [{ source: repo, target: '/testbed', readOnly: true }] };
+    const sandbox = await driver.start(spec);
+    sandboxes.push(sandbox);
+    const instance: SweInstance = validateSweInstance({
+      image,
+      problem_statement: 'add subtracts',
+      test_command: 'python3 -m pytest -p no:cacheprovider tests',
+      FAIL_TO_PASS: [ADD],
+      PASS_TO_PASS: [MUL],
+      ...fields,
+    });
+    return evaluatePatch(sandbox, instance, patch, { testTimeoutMs: 60_000 });
+  }
+
+  it("still rewards the honest fix, resetting nothing (the image's ignored egg-info included)", async () => {
+    const result = await evaluate(FIX);
+    expect(result).toMatchObject({ reward: 1, report: { resolved: true, test_infrastructure_reset: [] } });
+    // With test infrastructure beside it, the fix is graded alone.
+    const both = await evaluate(`${FIX}${newFile('conftest.py', MARK_PASSED)}`);
+    expect(both).toMatchObject({ reward: 1, report: { resolved: true, test_infrastructure_reset: ['conftest.py'] } });
+  }, 120_000);
+
+  it('gives 0 to a patch that edits the listed tests themselves, in files no test patch resets', async () => {
+    const edit = ['diff --git a/tests/test_calc.py b/tests/test_calc.py', '--- a/tests/test_calc.py', '+++ b/tests/test_calc.py', '@@ -4,2 +4,2 @@', ' def test_add():', '-    assert add(2, 2) == 4', '+    assert True', ''].join('\n');
+    const result = await evaluate(edit);
+    expect(result).toMatchObject({ reward: 0, report: { resolved: false, test_infrastructure_reset: ['tests/test_calc.py'] } });
+    expect(result.report.FAIL_TO_PASS).toMatchObject({ statuses: { [ADD]: 'failed' } });
+  }, 120_000);
+
+  it('gives 0 to a conftest.py (at the root or beside the tests) that marks every test passed: reset before the tests run', async () => {
+    for (const path of ['conftest.py', 'tests/conftest.py']) {
+      const result = await evaluate(newFile(path, MARK_PASSED));
+      expect(result, path).toMatchObject({ reward: 0, report: { resolved: false, test_infrastructure_reset: [path] } });
+      expect(result.report.FAIL_TO_PASS, path).toMatchObject({ statuses: { [ADD]: 'failed' } });
+    }
+  }, 120_000);
+
+  it('gives 0 to a conftest.py that rewrites the report after the session', async () => {
+    const result = await evaluate(newFile('conftest.py', ['import json', 'import os', '', '', 'def pytest_unconfigure(config):', `    ${FORGED_REPORT}`].join('\n')));
+    expect(result).toMatchObject({ reward: 0, report: { test_infrastructure_reset: ['conftest.py'] } });
+  }, 120_000);
+
+  it('gives 0 to a pytest configuration (pytest.ini, tox.ini, setup.cfg, pyproject.toml) whose addopts load a plugin of the patch', async () => {
+    const configs: Record<string, string> = {
+      'pytest.ini': '[pytest]\naddopts = -p forge_plugin\n',
+      'tox.ini': '[pytest]\naddopts = -p forge_plugin\n',
+      'pyproject.toml': '[tool.pytest.ini_options]\naddopts = "-p forge_plugin"\n',
+    };
+    // setup.cfg is the image's own: edited, not added, and put back as the image has it.
+    const editSetupCfg = ['diff --git a/setup.cfg b/setup.cfg', '--- a/setup.cfg', '+++ b/setup.cfg', '@@ -1,2 +1,4 @@', ' [metadata]', ' name = calc', '+[tool:pytest]', '+addopts = -p forge_plugin', ''].join('\n');
+    const patches = { ...Object.fromEntries(Object.entries(configs).map(([path, text]) => [path, newFile(path, text)])), 'setup.cfg': editSetupCfg };
+    for (const [path, config] of Object.entries(patches)) {
+      const result = await evaluate(`${newFile('forge_plugin.py', MARK_PASSED)}${config}`);
+      expect(result, path).toMatchObject({ reward: 0, report: { test_infrastructure_reset: [path] } });
+      expect(result.report.FAIL_TO_PASS, path).toMatchObject({ statuses: { [ADD]: 'failed' } });
+    }
+  }, 180_000);
+
+  it('gives 0 to a sitecustomize.py or usercustomize.py on the test command\'s PYTHONPATH that adds a plugin to PYTEST_ADDOPTS', async () => {
+    const command = 'PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} python3 -m pytest -p no:cacheprovider tests';
+    for (const path of ['sitecustomize.py', 'usercustomize.py']) {
+      const hook = newFile(path, 'import os\nos.environ["PYTEST_ADDOPTS"] = os.environ.get("PYTEST_ADDOPTS", "") + " -p forge_plugin"\n');
+      const result = await evaluate(`${newFile('forge_plugin.py', MARK_PASSED)}${hook}`, { test_command: command });
+      expect(result, path).toMatchObject({ reward: 0, report: { test_infrastructure_reset: [path] } });
+      expect(result.report.FAIL_TO_PASS, path).toMatchObject({ statuses: { [ADD]: 'failed' } });
+    }
+  }, 120_000);
+
+  it('gives 0 to a *.dist-info whose pytest11 entry point loads a plugin of the patch', async () => {
+    const dist = `${newFile('forge_dist-1.0.dist-info/METADATA', 'Metadata-Version: 2.1\nName: forge-dist\nVersion: 1.0\n')}${newFile('forge_dist-1.0.dist-info/entry_points.txt', '[pytest11]\nforge = forge_plugin\n')}`;
+    const result = await evaluate(`${newFile('forge_plugin.py', MARK_PASSED)}${dist}`);
+    expect(result).toMatchObject({ reward: 0, report: { test_infrastructure_reset: ['forge_dist-1.0.dist-info/METADATA', 'forge_dist-1.0.dist-info/entry_points.txt'] } });
+  }, 120_000);
+
+  it('gives 0 to package code that rewrites the report from an atexit hook, after pytest wrote it', async () => {
+    const result = await evaluate(appendToCalc(['', '', 'import atexit, json, os', `atexit.register(lambda: ${FORGED_REPORT})`]));
+    expect(result).toMatchObject({ reward: 0, report: { resolved: false, test_error: expect.stringContaining('changed after pytest wrote it') } });
+  }, 120_000);
+
+  it("gives 0 to package code that takes the plugin's nonce and channel and announces a report of its own after the plugin's", async () => {
+    const forged = `{"version": 1, "exitstatus": 0, "tests": {"${ADD}": "passed", "${MUL}": "passed"}, "collect_errors": []}`;
+    const result = await evaluate(
+      appendToCalc([
+        '',
+        '',
+        'import atexit, hashlib, os, sys',
+        '_nonce = sys.modules["rollout_swe_report"]._nonce',
+        '_channel = os.dup(3)',
+        '',
+        '',
+        '@atexit.register',
+        'def _forge():',
+        `    data = ${JSON.stringify(forged)}.encode()`,
+        '    open(os.environ["ROLLOUT_SWE_REPORT"], "wb").write(data)',
+        '    os.write(_channel, ("ROLLOUT-SWE %s report %s %d\\n" % (_nonce, hashlib.sha256(data).hexdigest(), len(data))).encode())',
+      ]),
+    );
+    expect(result).toMatchObject({ reward: 0, report: { resolved: false, test_error: expect.stringContaining("the plugin's channel carried 2 reports, not one") } });
+  }, 120_000);
+
+  it("gives 0, not an ENVIRONMENT_ERROR the trainer drops, to package code that deletes the plugin's started marker", async () => {
+    const result = await evaluate(appendToCalc(['', '', 'import atexit, os', 'atexit.register(lambda: os.remove(os.environ["ROLLOUT_SWE_REPORT"] + ".started"))']));
+    expect(result).toMatchObject({ reward: 0, report: { applied: true, resolved: false } });
+    expect(result.report.FAIL_TO_PASS).toMatchObject({ statuses: { [ADD]: 'failed' } });
+  }, 120_000);
+
+  it('gives 0, not an ENVIRONMENT_ERROR the trainer drops, to a patch that keeps pytest from starting (a module at the root shadowing one pytest imports)', async () => {
+    const result = await evaluate(newFile('argparse.py', 'raise ImportError("not today")\n'));
+    expect(result).toMatchObject({
+      reward: 0,
+      details: { applied: 1 },
+      report: { applied: true, resolved: false, test_error: expect.stringContaining('pytest did not start with the patch applied (it does without it)') },
+    });
+  }, 120_000);
+
+  it('gives 0 to a fix that hides the PASS_TO_PASS test it broke by making it skip', async () => {
+    const skip = ['diff --git a/calc.py b/calc.py', '--- a/calc.py', '+++ b/calc.py', '@@ -1,6 +1,7 @@', ' def add(a, b):', '-    return a - b', '+    return a + b', ' ', ' ', ' def mul(a, b):', '+    import unittest; raise unittest.SkipTest("later")', '     return a * b', ''].join('\n');
+    const result = await evaluate(skip);
+    expect(result.report.PASS_TO_PASS).toMatchObject({ statuses: { [MUL]: 'skipped' }, passed: 0, failed: 1, fraction: 0 });
+    expect(result).toMatchObject({ reward: 0, details: { fail_to_pass: 1, pass_to_pass: 0 } });
+  }, 120_000);
+
+  // The residual, measured so that it is known, not assumed: the package under test is imported into pytest's own
+  // interpreter, where it can rewrite pytest (or the plugin) before the tests run. Nothing in that process can stop it;
+  // see docs/environments/swe.md "The residual". Should this ever give 0, the hole was closed: flip the expectation.
+  it('still cannot stop package code that monkeypatches pytest in the same interpreter (the documented residual)', async () => {
+    const patchPytest = ['', '', 'import _pytest.reports', '_init = _pytest.reports.TestReport.__init__', '', '', 'def _forged(self, *args, **kwargs):', '    _init(self, *args, **kwargs)', '    self.outcome = "passed"', '', '', '_pytest.reports.TestReport.__init__ = _forged'];
+    const result = await evaluate(appendToCalc(patchPytest));
+    expect(result).toMatchObject({ reward: 1, report: { test_infrastructure_reset: [] } });
+  }, 120_000);
+});
