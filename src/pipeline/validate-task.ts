@@ -1,3 +1,4 @@
+import { existsSync } from 'node:fs';
 import { RolloutError } from '../errors.js';
 import { MAX_TIMER_MS } from '../timers.js';
 import type { ServerConfig } from '../config.js';
@@ -189,8 +190,10 @@ export async function checkPromptFits(task: ResolvedTask, budget: PromptBudget, 
 /**
  * Refuses a task whose sandbox image lies outside sandbox.imageDirs here, at submit (INVALID_ARGUMENT naming
  * `instance.image` when the instance names the image there, `instance` otherwise), by the same check the init stage
- * makes. An `Environment.sandbox` that throws (the swe environment's image missing) is left to the init stage, which
- * reports it as it always did.
+ * makes; and one whose image, inside the dirs, does not exist (a typo in a dataset is bad input, not an infrastructure
+ * failure each sample would be retried for; inside the dirs the answer tells nothing the operator did not list). An
+ * image that goes missing between submit and init is the sandbox's failure there. An `Environment.sandbox` that throws
+ * is left to the init stage, which reports it.
  */
 function checkSandboxImage(environment: Environment, instance: unknown, given: TaskSpec['instance'], config: ServerConfig): void {
   let image: string | undefined;
@@ -200,7 +203,9 @@ function checkSandboxImage(environment: Environment, instance: unknown, given: T
     return;
   }
   if (image === undefined) return;
-  checkRequestedImage(config.sandbox, image, given?.image === image ? 'instance.image' : 'instance');
+  const field = given?.image === image ? 'instance.image' : 'instance';
+  const checked = checkRequestedImage(config.sandbox, image, field);
+  if (image !== config.sandbox.image && !existsSync(checked)) throw RolloutError.invalid(field, `the image ${image} does not exist on this server`);
 }
 
 /** The contract's StalenessAction as the pipeline's; unset and UNSPECIFIED are FLAG, unknown values are refused. */

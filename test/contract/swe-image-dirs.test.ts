@@ -78,6 +78,17 @@ describe('a SWE task naming an image outside sandbox.imageDirs is refused at sub
     expect(driver.specs).toEqual([]);
   });
 
+  // A typo in a dataset's image is bad input, refused at submit naming the field (was a SANDBOX_ERROR at init, which a
+  // dataset runner retries as infrastructure); inside the dirs the answer reveals nothing the operator did not list.
+  it('refuses an image inside an allowed dir that does not exist, naming instance.image', async () => {
+    const image = join(allowed, 'no-such-task.sif');
+    const err = (await h.client.submit(sweTask('missing-inside', image)).catch((e: unknown) => e)) as ServiceError;
+    expect(err.code).toBe(status.INVALID_ARGUMENT);
+    expect(err.metadata.get('rollout-field')).toEqual(['task.instance.image']);
+    expect(err.details).toContain(`the image ${image} does not exist on this server`);
+    expect(driver.specs).toEqual([]);
+  });
+
   it('accepts an image inside an allowed dir and starts its sandbox on it', async () => {
     const image = join(allowed, 'task-rootfs');
     await h.client.submit(sweTask('allowed', image));

@@ -102,7 +102,7 @@ describe.runIf(process.getuid?.() === 0 || process.env.CI)('SWE tasks from PyPI 
     expect(swe?.instanceSchema).toMatchObject({ type: 'object', required: expect.arrayContaining(['problem_statement', 'FAIL_TO_PASS']) });
   });
 
-  it('rejects a bad instance naming the field, reports an image missing as SANDBOX_ERROR and an eval that cannot run as ENVIRONMENT_ERROR, never reward 0', async () => {
+  it('rejects a bad instance naming the field, refuses an image missing at submit and reports an eval that cannot run as ENVIRONMENT_ERROR, never reward 0', async () => {
     const task = tasks[0]!;
     const good = sweTask(task, images.get(task.id)!, 'gold', 0);
     const bad = (await h.client.submit({ ...good, taskId: 'swe-bad', instance: { ...good.instance, FAIL_TO_PASS: [] } }).catch((e: unknown) => e)) as ServiceError;
@@ -110,16 +110,15 @@ describe.runIf(process.getuid?.() === 0 || process.env.CI)('SWE tasks from PyPI 
     expect(bad.metadata.get('rollout-field')).toEqual(['task.instance.FAIL_TO_PASS']);
 
     // Outside sandbox.imageDirs, a missing path is refused as any other path there is (helper-44: the answer must not
-    // tell whether a path exists on the server); inside them, a missing image is the sandbox's failure to start.
+    // tell whether a path exists on the server); inside them, a missing image is refused too (a typo, not infrastructure).
     const outside = (await h.client.submit({ ...good, taskId: 'swe-outside', instance: { ...good.instance, image: '/nonexistent/task.sif' } }).catch((e: unknown) => e)) as ServiceError;
     expect(outside.code).toBe(status.INVALID_ARGUMENT);
     expect(outside.details).toContain('the image /nonexistent/task.sif is not inside an allowed directory');
     const missing = join(dirname(images.get(task.id)!), 'swe-nonexistent-task.sif');
-    await h.client.submit({ ...good, taskId: 'swe-no-image', instance: { ...good.instance, image: missing } });
+    const noImage = (await h.client.submit({ ...good, taskId: 'swe-no-image', instance: { ...good.instance, image: missing } }).catch((e: unknown) => e)) as ServiceError;
+    expect(noImage.code).toBe(status.INVALID_ARGUMENT);
+    expect(noImage.details).toContain(`the image ${missing} does not exist on this server`);
     await h.client.submit({ ...good, taskId: 'swe-no-pytest', instance: { ...good.instance, test_command: 'exit 127' } });
-    const [noImage] = (await h.client.getTrajectory('swe-no-image', { wait: true })).trajectories;
-    expect(noImage!.status).toBe(TrajectoryStatus.TRAJECTORY_STATUS_SANDBOX_ERROR);
-    expect(noImage!.error).toContain(missing);
     const [noPytest] = (await h.client.getTrajectory('swe-no-pytest', { wait: true })).trajectories;
     expect(noPytest!.status).toBe(TrajectoryStatus.TRAJECTORY_STATUS_ENVIRONMENT_ERROR);
     expect(noPytest!.error).toContain('did not start pytest');

@@ -58,8 +58,9 @@ const DEFAULT_LIMITS: Partial<SandboxLimits> = { memoryMb: 2048, diskMb: 1024, m
  * (`<workdir>/<basename>`, e.g. /work/testbed) at init, and the agent is told to work there. Tests run at the copy's
  * root; a package installed in develop mode from `repo_path` is shadowed by the copy when the test command runs
  * `python -m pytest` from the root (sys.path[0]) or puts the copy's source directory first on PYTHONPATH.
- * Sandboxes have no network. An image missing inside the server's sandbox.imageDirs is SANDBOX_ERROR (one outside them
- * is refused at submit, whether it exists or not); an eval that cannot run is ENVIRONMENT_ERROR.
+ * Sandboxes have no network. An image outside the server's sandbox.imageDirs is refused at submit whether it exists or
+ * not, one missing inside them is refused at submit too (SANDBOX_ERROR if it goes missing before init); an eval that
+ * cannot run is ENVIRONMENT_ERROR.
  *
  * @example
  * const swe = createSweEnvironment({ images: '/data/swe-bench-images' }); // <instance_id>.sif inside
@@ -89,7 +90,7 @@ export function createSweEnvironment(options: SweEnvironmentOptions = {}): Envir
 
     sandbox(instance) {
       // No existence check here: it would run before the server's sandbox.imageDirs check (at submit and at init) and
-      // tell a trainer whether any path exists on the server. A missing image inside the dirs is the driver's to report.
+      // tell a trainer whether any path exists on the server. Existence is checked after it (validate-task.ts, the driver).
       return { image: instance.image, network: false, limits };
     },
 
