@@ -179,6 +179,7 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
       config.sessions.maxUnackedBytes,
       journaled && { opened: (id) => journaled.sessionOpened(id), ended: (id) => journaled.sessionEnded(id) },
       config.sessions.maxDetachedBytes,
+      config.sessions.maxOpen,
     );
     if (opened) {
       if (opened.contents.weights) pool.restoreWeights(opened.contents.weights);
@@ -188,7 +189,7 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
     // `release` is run by the drain once the transport is closed: after the pipeline stopped, every finished
     // trajectory's journal write has been issued (close waits for the fsync) and no sample waits on a token thread,
     // an engine or a sandbox.
-    server = await startGrpcServer({ runtime, registry, logger, release, sessions });
+    server = await startGrpcServer({ runtime, registry, logger, release, sessions, vocabulary: tokenizer });
   } catch (err) {
     await release().catch(() => undefined);
     throw err;

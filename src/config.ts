@@ -286,8 +286,26 @@ export const serverConfigSchema = z.strictObject({
        * expired (a resume of one is NOT_FOUND).
        */
       maxDetachedBytes: z.number().int().min(1).default(1 << 30),
+      /**
+       * A Rollout stream whose client took no message for this long (its HTTP/2 window stayed shut: one write blocked
+       * this long, ms) is ended with RESOURCE_EXHAUSTED naming this key; its session stays resumable for ttlMs with
+       * every unacked trajectory. Until then such a stream holds its outbox, its trajectories as objects and an attached
+       * session that no detached-session bound counts; after, only the session's wire bytes under maxDetachedBytes. 0 =
+       * never.
+       */
+      stalledMs: z.number().int().min(0).max(MAX_TIMER_MS).default(120_000),
+      /**
+       * Sessions the server holds at once, attached or detached (resumable), server-wide: RolloutService has no client
+       * identity beyond its one token. Opening one more is RESOURCE_EXHAUSTED naming this key; resumes are not refused.
+       */
+      maxOpen: z.number().int().min(1).default(4096),
       /** How long a session whose stream broke stays resumable. */
       ttlMs: z.number().int().min(1).max(MAX_TIMER_MS).default(10 * 60_000),
+      /**
+       * The most task ids and trajectories one Ack may list (at most contract/session.ts MAX_ACK_ENTRIES, the
+       * default): advertised to clients in the Rollout stream's `rollout-max-ack-entries` header; a larger ack is refused.
+       */
+      maxAckEntries: z.number().int().min(1).max(65_536).default(65_536),
     })
     .prefault({}),
   /**
@@ -340,6 +358,27 @@ export const serverConfigSchema = z.strictObject({
        * GetTrajectory(wait) calls open on one channel.
        */
       maxConcurrentStreams: z.number().int().min(1).max(2 ** 31 - 1).default(1024),
+      /**
+       * Unary calls one connection may have in flight at once (a GetTrajectory with `wait` holds its call until the
+       * task finishes); one more is RESOURCE_EXHAUSTED naming this key, at once, while other connections are served.
+       */
+      maxUnaryInFlight: z.number().int().min(1).default(256),
+    })
+    .prefault({}),
+  /** Bounds of every call, whatever its service (src/contract/call-bounds.ts). */
+  calls: z
+    .strictObject({
+      /**
+       * A call whose first request message (the whole of it) or half-close has not arrived this long after its
+       * headers is ended with DEADLINE_EXCEEDED naming this key: a client that opens calls and sends nothing would
+       * hold them for ever. 0 = never.
+       */
+      firstMessageTimeoutMs: z.number().int().min(0).max(MAX_TIMER_MS).default(60_000),
+      /**
+       * The deadline of a unary call that came without one (no grpc-timeout): past it the call ends DEADLINE_EXCEEDED
+       * naming this key. A call with a deadline keeps its own. 0 = none.
+       */
+      unaryDeadlineMs: z.number().int().min(0).max(MAX_TIMER_MS).default(3_600_000),
     })
     .prefault({}),
   /** Watch streams (dashboards). */
@@ -429,7 +468,7 @@ const RETENTION_OVERHEAD = 1.6;
 const configShapeSchema = z.looseObject({
   backends: z.array(z.unknown()).optional(),
   model: z.union([z.string(), z.looseObject({})]).optional(),
-  ...Object.fromEntries((['init', 'run', 'eval', 'sandbox', 'journal', 'auth', 'tls', 'sessions', 'keepalive', 'defaults', 'tokenWorkers', 'watch', 'connections'] as const).map((key) => [key, z.looseObject({}).optional()])),
+  ...Object.fromEntries((['init', 'run', 'eval', 'sandbox', 'journal', 'auth', 'tls', 'sessions', 'keepalive', 'defaults', 'tokenWorkers', 'watch', 'connections', 'calls'] as const).map((key) => [key, z.looseObject({}).optional()])),
 });
 
 /**

@@ -3,7 +3,8 @@ import { bearerMatches } from './auth.js';
 import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
 import type { BackendPool, BackendInfo } from '../backends/pool.js';
-import { BACKEND_KIND_NAMES, createEngineClient, type BackendKind as EngineKind } from '../backends/kinds.js';
+import { BACKEND_KIND_NAMES, backendKind, createEngineClient, type BackendKind as EngineKind } from '../backends/kinds.js';
+import { embeddedBackendProblem, type VocabularyOf } from '../backends/embedded/embedded-vocabulary.js';
 import type { CapacitySource as EngineCapacitySource } from '../backends/backend-state.js';
 import { withoutCredentials } from '../backends/engine-http.js';
 import { backendIdProblem, MAX_BACKEND_MODEL_BYTES, MAX_BACKEND_URL_BYTES } from '../config.js';
@@ -27,6 +28,8 @@ export interface BackendServiceDeps {
   maxResponseBytes?: number;
   /** The server-lifetime signal: a call still waiting (a pause waiting for requests in flight) ends when the server stops. */
   lifetime?: AbortSignal;
+  /** The server's tokenizer: an embedded engine added here must have its vocabulary, as one configured at start must. */
+  vocabulary: VocabularyOf;
 }
 
 /** The contract's enum value of a kind: BACKEND_KIND_<NAME> (a kind without one fails to compile). */
@@ -132,10 +135,17 @@ export function backendService(deps: BackendServiceDeps): BackendServiceServer {
       } catch {
         throw RolloutError.invalid('url', `not a URL: "${withoutCredentials(request.url)}"`);
       }
-      if (url.protocol !== 'http:' && url.protocol !== 'https:') throw RolloutError.invalid('url', 'must be http(s)');
       if (request.maxConcurrency < 0) throw RolloutError.invalid('max_concurrency', 'must not be negative');
       const kindName = kindFromProto(request.kind);
       if (kindName === undefined) throw RolloutError.invalid('kind', `unknown kind ${request.kind}`);
+      // The kind says which URLs name one of its engines (http(s); the embedded engine's file: and embedded:).
+      const urlProblem = backendKind(kindName).urlProblem(request.url);
+      if (urlProblem !== undefined) throw RolloutError.invalid('url', urlProblem);
+      // What `serve` checks of a configured embedded engine at start: its GGUF is there, with the server's vocabulary.
+      if (kindName === 'embedded') {
+        const problem = await embeddedBackendProblem(request.url, deps.vocabulary);
+        if (problem !== undefined) throw RolloutError.invalid('url', `the embedded engine's model ${problem}`);
+      }
       const logprobsMode = logprobsModeFromProto(request.logprobsMode);
       // The client is given the URL with its userinfo (sent as basic auth); everything shown — the default id, the
       // url ListBackends lists (client.url), logs and engine errors — is the URL without it.

@@ -5,7 +5,7 @@ import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
 import type { EnvironmentRegistry } from '../environments/registry.js';
 import type { RolloutRuntime } from '../runtime.js';
-import { checkAckSize, MAX_ACK_ENTRIES, type Session } from './session.js';
+import { checkAckSize, type Session } from './session.js';
 import type { SessionManager } from './sessions.js';
 import { StreamWriter } from './stream-writer.js';
 import { clipped, grpcCodeOf, MAX_FIELD_CHARS, toServiceError } from './status.js';
@@ -108,9 +108,9 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
   async function handleRollout(call: ServerDuplexStream<RolloutRequest, RolloutResponse>): Promise<void> {
     // A bound a client must keep that SessionOpened has no field for: advertised in the response headers, which reach
     // the client before any answer (see README, "No message kills a stream").
-    call.sendMetadata(rolloutHeaders());
+    call.sendMetadata(rolloutHeaders(runtime.deps.config.sessions.maxAckEntries));
     const writer = new StreamWriter<RolloutResponse>(call, rolloutResponseBytes);
-    const { maxOutboxBytes } = runtime.deps.config.sessions;
+    const { maxOutboxBytes, stalledMs } = runtime.deps.config.sessions;
     const aborted = new AbortController();
     // Each task being submitted on the stream listens to it until answered: as many as the stream has in flight.
     setMaxListeners(0, aborted.signal);
@@ -149,6 +149,26 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
       log.info({ sessionId: session?.id }, 'session taken over by another stream');
       call.emit('error', toServiceError(new RolloutError('aborted', reason), log));
     };
+    // A client that stopped reading (its window stayed shut): its queue is dropped, its session detached and the stream
+    // ended, so what it holds is the session's unacked bytes, counted with the detached ones (maxDetachedBytes, ttlMs),
+    // not an attached session nothing bounds the number of. Not an 'error' on the call now: the request iterator would
+    // destroy the call and the status would never be sent; reading ends instead (below) and the loop throws it. The
+    // status waits behind what the transport holds for the client.
+    let stalled: RolloutError | undefined;
+    if (stalledMs > 0) {
+      writer.onStall(stalledMs, () => {
+        if (failing || aborted.signal.aborted || stalled) return;
+        const owed = session?.unackedCount ?? 0;
+        const resume = session ? `; resume session "${session.id}" to receive its ${owed} unacked trajectories` : '';
+        stalled = new RolloutError('resource_exhausted', `this stream's client took no message for ${stalledMs} ms (sessions.stalledMs): ended${resume}`);
+        log.info({ sessionId: session?.id, owed, stalledMs }, 'stream ended: its client took no message');
+        session?.detach(writer);
+        writer.discard();
+        // Not admitted yet: never admitted (their answers would reach no one).
+        for (const entry of submitting) if (!entry.isAdmitted) entry.controller.abort(stalled);
+        stopReading();
+      });
+    }
     // The server is drained: the loop below goes on reading (acks are recorded, tasks refused as draining) until
     // every trajectory handed to this stream is written, then reading ends as if the client had half-closed, the loop
     // exits and the call ends with UNAVAILABLE. Not an 'error' on the call: a pending read would destroy it, and the
@@ -191,6 +211,8 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
         // the answer: a rejection of bad bytes counts too, and a client writing garbage without reading must not
         // grow the outbox by one rejection per request.
         await writer.below(maxOutboxBytes);
+        // Ended meanwhile (stalled, taken over, gone): a request read now would be answered to no one.
+        if (stalled || aborted.signal.aborted) break;
         const bad = undecodable(request);
         if (bad) {
           // Bytes that did not decode: that one request is rejected by field, the stream and its tasks go on.
@@ -220,6 +242,7 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
           // not stuck; a second task waits until the first is admitted (flow control: the server reads no further).
           // It does not wait for the first one's journal write: tasks in a row share one commit and one fsync.
           if (last) await last.admitted;
+          if (stalled || aborted.signal.aborted) break;
           const { controller, dispose } = linkedController(aborted.signal);
           const entry = new Submitting(kind.value.taskId, controller);
           entry.done = submitOnStream(session, kind.value, writer, entry, aborted.signal).finally(() => {
@@ -263,7 +286,7 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
           }
         } else {
           try {
-            checkAckSize(kind.value);
+            checkAckSize(kind.value, runtime.deps.config.sessions.maxAckEntries);
           } catch (err) {
             // Answered by field like any bad request; the stream and its session go on.
             const e = RolloutError.from(err);
@@ -275,6 +298,7 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
           runtime.deps.journal?.ack(durable, session.id);
         }
       }
+      if (stalled) throw stalled;
       if (lifetime.aborted) {
         // The server is drained: every trajectory of this stream's session has been handed to the writer. Let the
         // client take them (bounded: the transport is cut after a while anyway), then end with UNAVAILABLE.
@@ -360,9 +384,9 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
 }
 
 /** The Rollout stream's response headers: `rollout-max-ack-entries`, the most task ids and trajectories one Ack may list. */
-function rolloutHeaders(): Metadata {
+function rolloutHeaders(maxAckEntries: number): Metadata {
   const headers = new Metadata();
-  headers.set('rollout-max-ack-entries', String(MAX_ACK_ENTRIES));
+  headers.set('rollout-max-ack-entries', String(maxAckEntries));
   return headers;
 }
 

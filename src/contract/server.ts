@@ -14,8 +14,10 @@ import { BackendServiceService } from '../../gen/ts/rollout/v1/backend.js';
 import { AdminServiceService } from '../../gen/ts/rollout/v1/admin.js';
 import { adminService } from './admin-service.js';
 import { authInterceptor } from './auth.js';
+import { callBoundsInterceptor, capLongTimeouts } from './call-bounds.js';
 import { backendService } from './backend-service.js';
 import { INFRASTRUCTURE_PROTOS, reflectedDefinition } from './reflection.js';
+import type { VocabularyOf } from '../backends/embedded/embedded-vocabulary.js';
 import { strictRequestsServer } from './infrastructure-requests.js';
 import { rolloutService } from './rollout-service.js';
 import { SessionManager } from './sessions.js';
@@ -38,6 +40,8 @@ export interface GrpcServerOptions {
   sessions?: SessionManager;
   /** Releases what lives beside the server (engine clients, token threads, sandboxes) once the transport closed. */
   release?: () => Promise<void>;
+  /** The model's tokenizer as the embedded engines' vocabulary check needs it (AddBackend of an embedded engine). */
+  vocabulary: VocabularyOf;
 }
 
 export interface RunningServer {
@@ -77,12 +81,13 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
     'grpc.max_send_message_length': config.maxMessageBytes,
     ...keepaliveOptions(config.keepalive),
     'grpc.max_concurrent_streams': config.connections.maxConcurrentStreams,
-    interceptors: [authInterceptor({ token: config.auth.token, adminToken: config.auth.adminToken ?? config.adminToken }, logger)],
+    // Bounds first: a call refused by auth is answered at once, one that never sends anything is not.
+    interceptors: [callBoundsInterceptor(config.calls, config.connections), authInterceptor({ token: config.auth.token, adminToken: config.auth.adminToken ?? config.adminToken }, logger)],
   });
   // Watch and the admin calls carry a few ids and flags: their requests get a small bound of their own (the
   // transport's limit is sized for task specs), checked before anything is decoded.
   const limits = smallRequestLimits(RolloutServiceService, BackendServiceService, AdminServiceService);
-  const sessions = options.sessions ?? new SessionManager(options.sessionTtlMs ?? config.sessions.ttlMs, config.sessions.maxUnackedBytes, {}, config.sessions.maxDetachedBytes);
+  const sessions = options.sessions ?? new SessionManager(options.sessionTtlMs ?? config.sessions.ttlMs, config.sessions.maxUnackedBytes, {}, config.sessions.maxDetachedBytes, config.sessions.maxOpen);
   server.addService(
     // A task's fields are bounded on the wire before it is decoded (a 60 MiB instance is refused undecoded).
     // Watch queues most of its messages already encoded (see watch.ts): those bytes go out as they are.
@@ -98,6 +103,7 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
       requestTimeoutMs: config.backendRequestTimeoutMs,
       maxResponseBytes: config.backendMaxResponseBytes,
       lifetime: lifecycle.signal,
+      vocabulary: options.vocabulary,
     }),
   );
   server.addService(
@@ -114,7 +120,12 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
   try {
     const credentials = await serverCredentials(config.tls);
     port = await new Promise<number>((resolve, reject) =>
-      server.bindAsync(`${config.host}:${config.port}`, credentials, (err, boundPort) => (err ? reject(bindError(config.host, config.port, err)) : resolve(boundPort))),
+      server.bindAsync(`${config.host}:${config.port}`, credentials, (err, boundPort) => {
+        if (err) return reject(bindError(config.host, config.port, err));
+        // Before any call can arrive (the first comes on a later turn of the event loop).
+        if (!capLongTimeouts(server)) log.warn('grpc-js internals changed: grpc-timeout values over ~24.8 days end calls at once (see capLongTimeouts)');
+        resolve(boundPort);
+      }),
     );
   } catch (err) {
     lifecycle.transition('failed');

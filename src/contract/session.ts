@@ -1,6 +1,6 @@
 import { RolloutError } from '../errors.js';
 import type { Ack, DeliveryPaused, RolloutResponse, Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
-import { encodedTrajectory, StoredTrajectory } from '../pipeline/wire-safe.js';
+import { StoredTrajectory } from '../pipeline/wire-safe.js';
 import { framedBytes } from './response-encode.js';
 import type { StreamWriter } from './stream-writer.js';
 
@@ -12,12 +12,15 @@ import type { StreamWriter } from './stream-writer.js';
  */
 export const MAX_ACK_ENTRIES = 65_536;
 
-/** Refuses an Ack over {@link MAX_ACK_ENTRIES} (INVALID_ARGUMENT naming its larger list), before any of it is applied. */
-export function checkAckSize(ack: Ack): void {
+/**
+ * Refuses an Ack over `limit` entries (config sessions.maxAckEntries, at most {@link MAX_ACK_ENTRIES}): INVALID_ARGUMENT
+ * naming its larger list, before any of it is applied.
+ */
+export function checkAckSize(ack: Ack, limit = MAX_ACK_ENTRIES): void {
   const entries = ack.taskIds.length + ack.trajectories.length;
-  if (entries <= MAX_ACK_ENTRIES) return;
+  if (entries <= limit) return;
   const field = ack.trajectories.length >= ack.taskIds.length ? 'ack.trajectories' : 'ack.task_ids';
-  throw RolloutError.invalid(field, `an ack may list at most ${MAX_ACK_ENTRIES} task ids and trajectories together, got ${entries}: send it as several acks (nothing of this one was applied)`);
+  throw RolloutError.invalid(field, `an ack may list at most ${limit} task ids and trajectories together, got ${entries}: send it as several acks (nothing of this one was applied)`);
 }
 
 /** What a session knows of one of its tasks; forgotten once every sample was delivered and acked. */
@@ -74,7 +77,10 @@ export class Session {
   private unackedBytesTotal = 0;
   private unackedTotal = 0;
   detachedAt: number | undefined;
-  /** Called when this session, detached, detaches or gains bytes: the manager bounds what detached sessions hold. */
+  /**
+   * Called when this session attaches, detaches, or gains bytes while detached: the manager keeps a running total of
+   * what detached sessions hold, to bound it.
+   */
   onDetachedBytes: (() => void) | undefined;
 
   constructor(
@@ -91,8 +97,9 @@ export class Session {
     this.delivered++;
     const stored = StoredTrajectory.of(trajectory);
     if (this.held.length > 0 || !this.fits(storedBytes(stored))) this.hold(task, stored);
-    // The object itself when it is what the bytes encode (the pipeline's, through wireSafe): no lazy view to make.
-    else this.deliver(task, stored, encodedTrajectory(trajectory) === stored.bytes ? trajectory : undefined);
+    // Sent as a view of the stored bytes, never as the pipeline's object: a stream whose client is slow holds what it
+    // queued until sessions.stalledMs, and the object's token arrays would be ~2x the bytes again beside them.
+    else this.deliver(task, stored);
     this.wakeIdle();
     if (!this.attachment) this.onDetachedBytes?.();
   };
@@ -139,6 +146,7 @@ export class Session {
     const tookOver = previous !== undefined && previous.writer !== attachment.writer;
     this.attachment = attachment;
     this.detachedAt = undefined;
+    this.onDetachedBytes?.();
     if (tookOver) previous.evict(`session "${this.id}" was resumed on another stream`);
     if (!resume) return { redelivered: 0, tookOver };
     let redelivered = 0;
@@ -293,16 +301,13 @@ export class Session {
     return this.unackedTotal === 0 || this.unackedBytesTotal + bytes <= this.maxUnackedBytes;
   }
 
-  /**
-   * Sends a trajectory and keeps its bytes until acked. `trajectory` is the object the pipeline made, sent as is (the
-   * writer holds it only until the transport takes it); a held one is sent from its bytes.
-   */
-  private deliver(task: SessionTask, stored: StoredTrajectory, trajectory: Trajectory = stored.trajectory()): void {
+  /** Sends a trajectory (a view of its stored bytes: nothing decodes it) and keeps its bytes until acked. */
+  private deliver(task: SessionTask, stored: StoredTrajectory): void {
     const bytes = storedBytes(stored);
     task.unacked.set(stored.sampleIndex, { stored, bytes });
     this.unackedBytesTotal += bytes;
     this.unackedTotal++;
-    this.attachment?.writer.send({ kind: { $case: 'trajectory', value: trajectory } });
+    this.attachment?.writer.send({ kind: { $case: 'trajectory', value: stored.trajectory() } });
   }
 
   private hold(task: SessionTask, stored: StoredTrajectory): void {

@@ -20,6 +20,13 @@ export interface SessionHooks {
  */
 export class SessionManager {
   private readonly sessions = new Map<string, Session>();
+  /**
+   * Detached sessions counted against maxDetachedBytes, with the bytes each was counted at, in the order they detached
+   * (a session that attaches leaves, one that detaches again goes last): the longest-detached come first.
+   */
+  private readonly detached = new Map<Session, number>();
+  /** The bytes of {@link detached}, kept as they change: a scan of every session per detached delivery was quadratic. */
+  private detachedBytes = 0;
   private readonly sweeper: NodeJS.Timeout;
 
   constructor(
@@ -28,6 +35,8 @@ export class SessionManager {
     private readonly hooks: SessionHooks = {},
     /** Bytes (unacked + held) all detached sessions may hold together; past it the oldest detached are dropped. */
     private readonly maxDetachedBytes: number = Number.POSITIVE_INFINITY,
+    /** Sessions held at once (attached or detached); opening one more is RESOURCE_EXHAUSTED (sessions.maxOpen). */
+    private readonly maxOpen: number = Number.POSITIVE_INFINITY,
   ) {
     this.sweeper = setInterval(() => this.sweep(), Math.min(ttlMs, 60_000));
     this.sweeper.unref();
@@ -53,6 +62,12 @@ export class SessionManager {
       return this.track(existing);
     }
     if (existing && existing.detachedAt === undefined) throw new RolloutError('already_exists', `session "${id}" is open on another stream`);
+    // Each session may hold maxUnackedBytes, and nothing tells one trainer's sessions from another's: the count is
+    // bounded server-wide. A new session taking an ended one's id replaces it and adds none.
+    if (!existing && this.sessions.size >= this.maxOpen) {
+      throw new RolloutError('resource_exhausted', `the server holds ${this.sessions.size} sessions, the most it may (sessions.maxOpen): resume one of yours, or close sessions you no longer use (a detached one is held for sessions.ttlMs)`);
+    }
+    if (existing) this.uncount(existing);
     const session = this.track(new Session(id, stageEvents, this.maxUnackedBytes));
     this.sessions.set(id, session);
     this.hooks.opened?.(id);
@@ -63,6 +78,7 @@ export class SessionManager {
   close(session: Session): void {
     if (this.sessions.get(session.id) !== session) return;
     this.sessions.delete(session.id);
+    this.uncount(session);
     this.hooks.ended?.(session.id);
   }
 
@@ -105,28 +121,38 @@ export class SessionManager {
   }
 
   private track(session: Session): Session {
-    if (Number.isFinite(this.maxDetachedBytes)) session.onDetachedBytes = () => this.boundDetached();
+    if (Number.isFinite(this.maxDetachedBytes)) session.onDetachedBytes = () => this.detachedChanged(session);
     return session;
   }
 
-  /** Drops the longest-detached sessions while detached sessions together hold more than maxDetachedBytes. */
-  private boundDetached(): void {
-    let total = 0;
-    const detached: Session[] = [];
-    for (const session of this.sessions.values()) {
-      // Untracked: restored from the journal and not resumed yet (see restore).
-      if (session.detachedAt === undefined || session.onDetachedBytes === undefined) continue;
-      detached.push(session);
-      total += session.unackedBytes + session.heldBytes;
+  /**
+   * Keeps the running total of what detached sessions hold as `session` attaches, detaches or gains bytes, and drops
+   * the longest-detached sessions while the total is over maxDetachedBytes.
+   */
+  private detachedChanged(session: Session): void {
+    if (session.detachedAt === undefined || this.sessions.get(session.id) !== session) {
+      this.uncount(session);
+      return;
     }
-    if (total <= this.maxDetachedBytes) return;
-    detached.sort((a, b) => a.detachedAt! - b.detachedAt!);
-    for (const session of detached) {
-      if (total <= this.maxDetachedBytes) break;
-      total -= session.unackedBytes + session.heldBytes;
-      this.sessions.delete(session.id);
-      this.hooks.ended?.(session.id);
+    const bytes = session.unackedBytes + session.heldBytes;
+    this.detachedBytes += bytes - (this.detached.get(session) ?? 0);
+    this.detached.set(session, bytes);
+    if (this.detachedBytes <= this.maxDetachedBytes) return;
+    for (const [oldest, counted] of this.detached) {
+      if (this.detachedBytes <= this.maxDetachedBytes) break;
+      this.detached.delete(oldest);
+      this.detachedBytes -= counted;
+      this.sessions.delete(oldest.id);
+      this.hooks.ended?.(oldest.id);
     }
+  }
+
+  /** Takes a session out of the detached total (attached again, closed, expired or replaced). */
+  private uncount(session: Session): void {
+    const counted = this.detached.get(session);
+    if (counted === undefined) return;
+    this.detached.delete(session);
+    this.detachedBytes -= counted;
   }
 
   private sweep(): void {
@@ -134,6 +160,7 @@ export class SessionManager {
     for (const [id, session] of this.sessions) {
       if (session.detachedAt !== undefined && now - session.detachedAt > this.ttlMs) {
         this.sessions.delete(id);
+        this.uncount(session);
         this.hooks.ended?.(id);
       }
     }

@@ -86,13 +86,7 @@ export class StreamWriter<T> {
     private readonly call: WritableCall<T>,
     private readonly sizeOf: (message: T) => number = () => 1,
   ) {
-    const close = (): void => {
-      this.closed = true;
-      this.queue.length = 0;
-      this.urgent.length = 0;
-      this.bytes = 0;
-      this.wakeIdle();
-    };
+    const close = (): void => this.discard();
     call.on('close', close);
     call.on('error', close);
     call.on('cancelled', close);
@@ -174,6 +168,18 @@ export class StreamWriter<T> {
    */
   onStall(ms: number, fn: () => void): void {
     this.stall = { ms, fn };
+  }
+
+  /**
+   * Drops what is queued and takes nothing more, leaving the call open (its owner ends it with a status, which
+   * grpc-js sends once the transport took what was handed to it). {@link flushed} and {@link below} resolve at once.
+   */
+  discard(): void {
+    this.closed = true;
+    this.queue.length = 0;
+    this.urgent.length = 0;
+    this.bytes = 0;
+    this.wakeIdle();
   }
 
   end(): void {

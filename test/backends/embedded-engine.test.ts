@@ -134,6 +134,15 @@ describe('the embedded llama.cpp engine', () => {
     expect((err as ContextOverflowError).maxModelLen).toBe(info.maxModelLen);
   });
 
+  it('refuses max_tokens below 1 itself, naming it, instead of answering an empty completion', async () => {
+    for (const maxTokens of [0, -5, 1.5]) {
+      const err = await ask({ maxTokens }).catch((e: unknown) => e);
+      expect(err, `max_tokens ${maxTokens}`).toBeInstanceOf(RolloutError);
+      expect((err as RolloutError).message).toContain(`max_tokens must be a positive integer, not ${maxTokens}`);
+    }
+    expect((await ask({ maxTokens: 1 })).tokenIds).toHaveLength(1); // the sequence was not taken by a refusal
+  });
+
   it('is healthy while loaded and not after close', async () => {
     const other = new EmbeddedEngineClient({ url: `${TINY_QWEN3_URL}?threads=1&sequences=1&contextSize=512` });
     expect(await other.health(signal)).toBe(true);
@@ -152,7 +161,7 @@ describe('an embedded engine whose GGUF is not there when it is created', () => 
     try {
       expect(await late.health(AbortSignal.timeout(5_000))).toBe(false);
       await expect(late.generate({ promptIds, maxTokens: 2, signal })).rejects.toMatchObject({ code: 'backend_error', message: expect.stringContaining(`cannot load ${path}`) });
-      copyFileSync(ensureTinyQwen3Gguf(), path);
+      copyFileSync(await ensureTinyQwen3Gguf(), path);
       // Asked again (as the pool's health probes do) once its backoff (1 s, then 2, 4, ...) has passed.
       await eventually(() => late.health(AbortSignal.timeout(5_000)), 'the late model to load', 30_000);
       expect((await late.generate({ promptIds, maxTokens: 2, seed: 1, vocabSize, signal })).tokenIds).toHaveLength(2);

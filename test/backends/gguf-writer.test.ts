@@ -55,7 +55,7 @@ describe('the GGUF writer', () => {
 });
 
 describe('the tiny random-weight Qwen3', () => {
-  it('is deterministic: the same shape and seed give the same bytes, another seed other weights', () => {
+  it('is deterministic: the same shape and seed give the same bytes, another seed other weights', async () => {
     const sha = (p: string): string => createHash('sha256').update(readFileSync(p)).digest('hex');
     const a = join(dir, 'a.gguf');
     const started = performance.now();
@@ -67,11 +67,33 @@ describe('the tiny random-weight Qwen3', () => {
     const c = join(dir, 'c.gguf');
     writeTinyQwen3Gguf(c, { ...DEFAULT_TINY_QWEN3, seed: 2 });
     expect(sha(c)).not.toBe(sha(a));
-    expect(ensureTinyQwen3Gguf()).toBe(ensureTinyQwen3Gguf()); // one cached file per shape
+    expect(await ensureTinyQwen3Gguf()).toBe(await ensureTinyQwen3Gguf()); // one cached file per shape
+  });
+
+  it('is written off the event loop the first time: timers keep firing while ~19 MB are generated and written', async () => {
+    const cache = join(dir, 'fresh-cache');
+    let last = performance.now();
+    let longest = 0;
+    const ticker = setInterval(() => {
+      const now = performance.now();
+      longest = Math.max(longest, now - last);
+      last = now;
+    }, 5);
+    let path: string;
+    try {
+      path = await ensureTinyQwen3Gguf(DEFAULT_TINY_QWEN3, cache);
+      // One more tick: a write that blocked the loop shows as the gap this tick measures.
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    } finally {
+      clearInterval(ticker);
+    }
+    console.log(`tiny Qwen3 GGUF written to a fresh cache; longest event-loop gap ${Math.round(longest)} ms`);
+    expect(longest).toBeLessThan(250);
+    expect(readFileSync(path).equals(readFileSync(await ensureTinyQwen3Gguf()))).toBe(true); // the same bytes as the sync writer's
   });
 
   it('loads in llama.cpp as qwen3 with the real Qwen3 vocabulary: metadata and tokenization match the tokenizer', async () => {
-    const path = ensureTinyQwen3Gguf();
+    const path = await ensureTinyQwen3Gguf();
     const { tokenizer } = await loadQwen3();
     const info = await readGgufFileInfo(path, { logWarnings: false });
     const meta = info.metadata as unknown as Record<string, Record<string, unknown>>;

@@ -129,7 +129,7 @@ export class EmbeddedEngineClient implements EngineClient {
 
   async #load(sequences: number): Promise<Loaded> {
     const spec = this.#spec;
-    const path = spec.model.kind === 'file' ? spec.model.path : ensureTinyQwen3Gguf();
+    const path = spec.model.kind === 'file' ? spec.model.path : await ensureTinyQwen3Gguf();
     try {
       const llama = await loadLlamaRuntime();
       const model = await llama.loadModel({ modelPath: path, gpuLayers: 0 });
@@ -182,11 +182,13 @@ export class EmbeddedEngineClient implements EngineClient {
     }
   }
 
-  /** Refuses a request the engine cannot run: closed, empty or out-of-vocabulary prompt, context overflow. */
+  /** Refuses a request the engine cannot run: closed, empty or out-of-vocabulary prompt, max_tokens < 1, context overflow. */
   #check(request: GenerateRequest, context: LlamaContext, vocabSize: number): void {
     const { promptIds, maxTokens } = request;
     if (this.#closed) throw new RolloutError('backend_error', `embedded engine ${this.url} is closed`);
     if (promptIds.length === 0) throw new RolloutError('backend_error', `embedded engine ${this.url}: empty prompt`);
+    // vLLM answers 400 to this; without the check llama.cpp would be asked for nothing and answer an empty "length".
+    if (!Number.isInteger(maxTokens) || maxTokens < 1) throw new RolloutError('backend_error', `embedded engine ${this.url}: max_tokens must be a positive integer, not ${maxTokens}`);
     for (const id of promptIds) {
       if (!Number.isInteger(id) || id < 0 || id >= vocabSize) throw new RolloutError('backend_error', `embedded engine ${this.url}: prompt id ${id} is outside the model's vocabulary`);
     }

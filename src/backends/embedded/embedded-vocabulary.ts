@@ -1,6 +1,6 @@
 import { RolloutError } from '../../errors.js';
 import type { HfTokenizer } from '../../tokens/tokenizer.js';
-import { parseEmbeddedUrl, type EmbeddedModelSpec } from './embedded-url.js';
+import { embeddedModelFileProblem, parseEmbeddedUrl, type EmbeddedModelSpec } from './embedded-url.js';
 import { ensureTinyQwen3Gguf } from './tiny-qwen3.js';
 
 /** What the check needs of the server's tokenizer: its ids [0, vocabSize) and the id of a token string. */
@@ -15,7 +15,7 @@ export type VocabularyOf = Pick<HfTokenizer, 'vocabSize' | 'tokenId' | 'tokenAt'
  * only, not its weights.
  */
 export async function embeddedVocabularyProblem(spec: EmbeddedModelSpec, tokenizer: VocabularyOf): Promise<string | undefined> {
-  const path = spec.model.kind === 'file' ? spec.model.path : ensureTinyQwen3Gguf();
+  const path = spec.model.kind === 'file' ? spec.model.path : await ensureTinyQwen3Gguf();
   let tokens: readonly string[] | undefined;
   try {
     // Imported here: node-llama-cpp is loaded only by servers that run an embedded engine.
@@ -53,4 +53,13 @@ export async function checkEmbeddedVocabularies(backends: ReadonlyArray<{ kind: 
     const problem = await embeddedVocabularyProblem(parseEmbeddedUrl(b.url), tokenizer);
     if (problem !== undefined) throw new RolloutError('invalid_argument', `backends[${i}].url: the embedded engine's model ${problem}`, { field: `backends.${i}.url` });
   }
+}
+
+/**
+ * Why an embedded engine at `url` (a URL its kind accepts) cannot serve this server: its GGUF is not there, or has
+ * another vocabulary; undefined when it can. What AddBackend checks, as `serve` does for configured ones at start.
+ */
+export async function embeddedBackendProblem(url: string, tokenizer: VocabularyOf): Promise<string | undefined> {
+  const spec = parseEmbeddedUrl(url);
+  return embeddedModelFileProblem(spec) ?? (await embeddedVocabularyProblem(spec, tokenizer));
 }

@@ -1,5 +1,7 @@
-import { createHash } from 'node:crypto';
-import { existsSync, mkdirSync, readFileSync, renameSync, rmSync } from 'node:fs';
+import { createHash, randomUUID } from 'node:crypto';
+import { existsSync, readFileSync } from 'node:fs';
+import { mkdir, readFile, rename, rm } from 'node:fs/promises';
+import { Worker } from 'node:worker_threads';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { qwen3ModelDir } from '../../tokens/tokenizer.js';
@@ -158,20 +160,33 @@ export function writeTinyQwen3Gguf(path: string, shape: TinyQwen3Shape = DEFAULT
  * The path of the tiny Qwen3 GGUF for `shape`, writing it first when the cache does not hold it. The file name
  * carries a hash of the writer version, the shape and the tokenizer files, so a changed input never reuses a stale
  * file; the file is written under a temporary name and renamed, so concurrent callers (parallel test files) never
- * see a partial model.
+ * see a partial model. The writing runs on a worker thread: about a second of CPU (seeded weights, F16 conversion)
+ * and ~19 MB of writes that would otherwise stall the server's event loop the first time an embedded engine loads.
  */
-export function ensureTinyQwen3Gguf(shape: TinyQwen3Shape = DEFAULT_TINY_QWEN3, cacheDir: string = DEFAULT_MODEL_CACHE_DIR): string {
-  const files = readQwen3TokenizerFiles();
-  const key = createHash('sha256').update(JSON.stringify({ WRITER_VERSION, shape, tokenizer: files.hash })).digest('hex').slice(0, 16);
+export async function ensureTinyQwen3Gguf(shape: TinyQwen3Shape = DEFAULT_TINY_QWEN3, cacheDir: string = DEFAULT_MODEL_CACHE_DIR): Promise<string> {
+  const dir = qwen3ModelDir();
+  const [raw, configRaw] = await Promise.all([readFile(join(dir, 'tokenizer.json')), readFile(join(dir, 'tokenizer_config.json'))]);
+  const tokenizerHash = createHash('sha256').update(raw).update(configRaw).digest('hex');
+  const key = createHash('sha256').update(JSON.stringify({ WRITER_VERSION, shape, tokenizer: tokenizerHash })).digest('hex').slice(0, 16);
   const path = join(cacheDir, `tiny-qwen3-${key}.gguf`);
   if (existsSync(path)) return path;
-  mkdirSync(cacheDir, { recursive: true });
-  const tmp = `${path}.${process.pid}.${Date.now()}.tmp`;
+  await mkdir(cacheDir, { recursive: true });
+  const tmp = `${path}.${process.pid}.${Date.now()}.${randomUUID().slice(0, 8)}.tmp`;
   try {
-    writeTinyQwen3Gguf(tmp, shape, files);
-    renameSync(tmp, path);
+    await writeOnWorker(tmp, shape);
+    await rename(tmp, path);
   } finally {
-    rmSync(tmp, { force: true });
+    await rm(tmp, { force: true });
   }
   return path;
+}
+
+function writeOnWorker(path: string, shape: TinyQwen3Shape): Promise<void> {
+  return new Promise<void>((resolve, reject) => {
+    const worker = new Worker(new URL('./tiny-qwen3-worker-entry.mjs', import.meta.url), { workerData: { path, shape } });
+    let written = false;
+    worker.once('message', () => (written = true));
+    worker.once('error', reject);
+    worker.once('exit', (code) => (written ? resolve() : reject(new Error(`writing the tiny Qwen3 GGUF failed: its worker exited with code ${code}`))));
+  });
 }
