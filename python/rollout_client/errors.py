@@ -28,7 +28,9 @@ class TaskRejectedError(RolloutClientError):
         self.field = field
         self.reason = reason
         self.code = code
-        message = f"task {task_id} rejected: {field}: {reason}" if field else f"task {task_id} rejected: {reason}"
+        # The server's reason names its field already ("instance: too large ..."): said once.
+        named = not field or reason.startswith(f"{field}: ")
+        message = f"task {task_id} rejected: {reason}" if named else f"task {task_id} rejected: {field}: {reason}"
         super().__init__(f"{message} ({self.code_name})" if self.code_name else message)
 
     @property

@@ -212,3 +212,9 @@ def test_acks_of_many_trajectories_at_once_go_in_messages_under_the_send_limit(s
             assert stats["reconnects"] == 0
 
     run(main())
+
+
+def test_rejection_names_the_field_once():
+    # The server's reason names its field already; a reason without it (refused by the client) gets it.
+    assert str(TaskRejectedError("t", "instance", "instance: too large: 9 bytes")) == "task t rejected: instance: too large: 9 bytes"
+    assert str(TaskRejectedError("t", "instance", "cannot be encoded")) == "task t rejected: instance: cannot be encoded"

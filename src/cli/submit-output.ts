@@ -1,9 +1,10 @@
 import { closeSync, existsSync, fstatSync, openSync, readFileSync, readSync, renameSync, rmSync, writeFileSync, writeSync, ftruncateSync } from 'node:fs';
-import { parquetWriteBuffer } from 'hyparquet-writer';
-import { asyncBufferFromFile, parquetReadObjects } from 'hyparquet';
-import { Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
+import { fileWriter, ParquetWriter } from 'hyparquet-writer';
+import { asyncBufferFromFile, parquetMetadataAsync, parquetReadObjects } from 'hyparquet';
+import { Trajectory, trajectoryStatusToJSON, Turn } from '../../gen/ts/rollout/v1/rollout.js';
 import { RolloutError } from '../errors.js';
 import { isProcessAlive } from '../sandboxes/images/process-identity.js';
+import { isRetryableStatus, isRetryableStatusName } from './submit-attempts.js';
 
 /**
  * Where `rollout submit` writes trajectories, as they arrive, so that an interrupted run can resume.
@@ -25,8 +26,15 @@ export interface TrajectoryOutput {
   readonly journal: string;
   /** Samples already written, by task id (loaded from the file at open). */
   readonly written: ReadonlyMap<string, ReadonlySet<number>>;
+  /** Task ids with a sample whose status is an infrastructure failure (submit-attempts.ts: what a retry may mend). */
+  readonly failed: ReadonlySet<string>;
   /** Appends one trajectory; false (and nothing written) when that task/sample is already there. */
   write(trajectory: Trajectory): boolean;
+  /**
+   * Moves every line of the tasks `ids` out of the journal, each handed to `into` (streamed: the journal is copied
+   * line by line to a temporary file renamed over it), so a later attempt's group is the only one of its row left.
+   */
+  remove(ids: ReadonlySet<string>, into: (trajectory: Trajectory) => void): void;
   /** Closes the file; with `complete`, a Parquet output is written from the journal. */
   close(complete: boolean): Promise<void>;
 }
@@ -44,6 +52,7 @@ export async function openTrajectoryOutput(path: string): Promise<TrajectoryOutp
   const journal = parquet ? `${path}.partial.jsonl` : path;
   if (parquet && !existsSync(journal) && existsSync(path)) await seedJournalFromParquet(path, journal);
   const written = new Map<string, Set<number>>();
+  const failed = new Set<string>();
   let fd: number;
   try {
     fd = openSync(journal, existsSync(journal) ? 'r+' : 'w+');
@@ -54,7 +63,7 @@ export async function openTrajectoryOutput(path: string): Promise<TrajectoryOutp
   let unlock: () => void = () => undefined;
   try {
     unlock = takeLock(journal);
-    end = scanJournal(fd, written);
+    end = scanJournal(fd, written, failed);
     ftruncateSync(fd, end);
   } catch (err) {
     closeSync(fd);
@@ -65,6 +74,7 @@ export async function openTrajectoryOutput(path: string): Promise<TrajectoryOutp
   return {
     journal,
     written,
+    failed,
     write(trajectory: Trajectory): boolean {
       const samples = written.get(trajectory.taskId) ?? new Set<number>();
       if (samples.has(trajectory.sampleIndex)) return false;
@@ -74,7 +84,38 @@ export async function openTrajectoryOutput(path: string): Promise<TrajectoryOutp
       end += line.length;
       samples.add(trajectory.sampleIndex);
       written.set(trajectory.taskId, samples);
+      if (isRetryableStatus(trajectory.status)) failed.add(trajectory.taskId);
       return true;
+    },
+    remove(ids: ReadonlySet<string>, into: (trajectory: Trajectory) => void): void {
+      if (![...ids].some((id) => written.has(id))) return;
+      const temp = `${journal}.tmp-${process.pid}`;
+      const out = openSync(temp, 'w');
+      let kept = 0;
+      try {
+        for (const { line } of journalLines(fd)) {
+          const record = JSON.parse(line.toString('utf8')) as { taskId?: unknown };
+          if (typeof record.taskId === 'string' && ids.has(record.taskId)) {
+            into(Trajectory.fromJSON(record));
+            continue;
+          }
+          const bytes = Buffer.concat([line, NEWLINE]);
+          for (let done = 0; done < bytes.length; ) done += writeSync(out, bytes, done, bytes.length - done, kept + done);
+          kept += bytes.length;
+        }
+      } finally {
+        closeSync(out);
+      }
+      // The lines moved are already in `into`'s file: a crash before this rename leaves them in both, and the next
+      // run moves them again (`into` skips a sample it holds).
+      renameSync(temp, journal);
+      closeSync(fd);
+      fd = openSync(journal, 'r+');
+      end = kept;
+      for (const id of ids) {
+        written.delete(id);
+        failed.delete(id);
+      }
     },
     async close(complete: boolean): Promise<void> {
       if (closed) return;
@@ -96,21 +137,15 @@ export async function openTrajectoryOutput(path: string): Promise<TrajectoryOutp
  * Reads the journal's complete lines into `written` and returns the byte length to keep: everything up to the last
  * newline whose line parses. A torn tail (no newline, or not JSON) is dropped.
  */
-function scanJournal(fd: number, written: Map<string, Set<number>>): number {
-  const size = fstatSync(fd).size;
-  const buffer = Buffer.alloc(size);
-  let read = 0;
-  while (read < size) read += readSync(fd, buffer, read, size - read, read);
+function scanJournal(fd: number, written: Map<string, Set<number>>, failed: Set<string>): number {
   let keep = 0;
-  let start = 0;
-  for (let nl = buffer.indexOf(10, start); nl !== -1; nl = buffer.indexOf(10, start)) {
-    const line = buffer.subarray(start, nl).toString('utf8');
-    start = nl + 1;
+  for (const { line: bytes, end } of journalLines(fd)) {
+    const line = bytes.toString('utf8');
     if (line.trim() === '') {
-      keep = start;
+      keep = end;
       continue;
     }
-    let record: { taskId?: unknown; sampleIndex?: unknown };
+    let record: { taskId?: unknown; sampleIndex?: unknown; status?: unknown };
     try {
       record = JSON.parse(line) as typeof record;
     } catch {
@@ -121,20 +156,56 @@ function scanJournal(fd: number, written: Map<string, Set<number>>): number {
     const samples = written.get(record.taskId) ?? new Set<number>();
     samples.add(index);
     written.set(record.taskId, samples);
-    keep = start;
+    if (isRetryableStatusName(typeof record.status === 'string' ? record.status : 'TRAJECTORY_STATUS_UNSPECIFIED')) failed.add(record.taskId);
+    keep = end;
   }
   return keep;
 }
 
+const NEWLINE = Buffer.from('\n');
+const READ_CHUNK = 1 << 20;
+
+/**
+ * The journal's complete lines (without their newline) and the offset just past each, read a chunk at a time: memory
+ * is bounded by the longest line, not the journal (a million-row output is gigabytes). A tail with no newline is not
+ * yielded.
+ */
+export function* journalLines(fd: number): Generator<{ line: Buffer; end: number }> {
+  const size = fstatSync(fd).size;
+  let carry = Buffer.alloc(0);
+  let carryStart = 0;
+  const chunk = Buffer.alloc(READ_CHUNK);
+  for (let position = 0; position < size; ) {
+    const n = readSync(fd, chunk, 0, Math.min(READ_CHUNK, size - position), position);
+    if (n === 0) break;
+    position += n;
+    const data = carry.length === 0 ? chunk.subarray(0, n) : Buffer.concat([carry, chunk.subarray(0, n)]);
+    let start = 0;
+    for (let nl = data.indexOf(10, start); nl !== -1; nl = data.indexOf(10, start)) {
+      yield { line: data.subarray(start, nl), end: carryStart + nl + 1 };
+      start = nl + 1;
+    }
+    // Copied: `chunk` is reused by the next read.
+    carry = Buffer.from(data.subarray(start));
+    carryStart += start;
+  }
+}
+
+/** Rows read back at a time when a Parquet output is turned into its journal again (a re-run on a finished output). */
+const SEED_CHUNK_ROWS = 256;
+
 async function seedJournalFromParquet(path: string, journal: string): Promise<void> {
-  let rows: Record<string, unknown>[];
+  const notParquet = (err: unknown): RolloutError => new RolloutError('invalid_argument', `output ${path} exists and is not a Parquet file: ${(err as Error).message}`);
+  let file: Awaited<ReturnType<typeof asyncBufferFromFile>>;
+  let total: number;
   try {
-    rows = await parquetReadObjects({ file: await asyncBufferFromFile(path) });
+    file = await asyncBufferFromFile(path);
+    total = Number((await parquetMetadataAsync(file)).num_rows);
   } catch (err) {
-    throw new RolloutError('invalid_argument', `output ${path} exists and is not a Parquet file: ${(err as Error).message}`);
+    throw notParquet(err);
   }
   const json = (v: unknown): unknown => (typeof v === 'string' && v !== '' ? JSON.parse(v) : undefined);
-  const lines = rows.map((r) =>
+  const toLine = (r: Record<string, unknown>): string =>
     JSON.stringify({
       taskId: r.task_id,
       sampleIndex: r.sample_index,
@@ -157,9 +228,28 @@ async function seedJournalFromParquet(path: string, journal: string): Promise<vo
       messages: json(r.messages),
       timing: json(r.timing),
       metadata: json(r.metadata),
-    }),
-  );
-  writeFileSync(journal, lines.map((l) => l + '\n').join(''));
+    });
+  // A row group's worth at a time: a million-row output is not held in memory to be turned back into its journal.
+  const temp = `${journal}.tmp-${process.pid}`;
+  const fd = openSync(temp, 'w');
+  try {
+    for (let start = 0; start < total; start += SEED_CHUNK_ROWS) {
+      let rows: Record<string, unknown>[];
+      try {
+        rows = await parquetReadObjects({ file, rowStart: start, rowEnd: Math.min(total, start + SEED_CHUNK_ROWS) });
+      } catch (err) {
+        throw notParquet(err);
+      }
+      const bytes = Buffer.from(rows.map((r) => toLine(r) + '\n').join(''));
+      for (let done = 0; done < bytes.length; ) done += writeSync(fd, bytes, done, bytes.length - done);
+    }
+  } catch (err) {
+    closeSync(fd);
+    rmSync(temp, { force: true });
+    throw err;
+  }
+  closeSync(fd);
+  renameSync(temp, journal); // whole or not at all: a journal cut short would read as a run that lost rows
 }
 
 const STRING = { type: 'BYTE_ARRAY', converted_type: 'UTF8', repetition_type: 'OPTIONAL' } as const;
@@ -169,59 +259,89 @@ const listOf = (name: string, type: 'INT32' | 'DOUBLE') => [
   { name: 'element', type, repetition_type: 'OPTIONAL' },
 ] as const;
 
-/** Writes the Parquet file from the journal (atomically: a temp file renamed over the target). */
-function writeParquet(journal: string, path: string): void {
-  const trajectories = readFileSync(journal, 'utf8')
-    .split('\n')
-    .filter((l) => l.trim() !== '')
-    .map((l) => Trajectory.fromJSON(JSON.parse(l)));
+/** Rows a row group holds at most, and the JSON bytes after which one is written sooner (long trajectories). */
+const ROW_GROUP_ROWS = 4096;
+const ROW_GROUP_JSON_BYTES = 4 << 20;
+
+const PARQUET_SCHEMA = [
+  { name: 'root', num_children: 21 },
+  { name: 'task_id', ...STRING },
+  { name: 'sample_index', type: 'INT32', repetition_type: 'OPTIONAL' },
+  ...['group_id', 'environment', 'status', 'finish_reason', 'error'].map((name) => ({ name, ...STRING })),
+  { name: 'reward', type: 'DOUBLE', repetition_type: 'OPTIONAL' },
+  { name: 'num_turns', type: 'INT32', repetition_type: 'OPTIONAL' },
+  ...listOf('prompt_token_ids', 'INT32'),
+  ...listOf('response_token_ids', 'INT32'),
+  ...listOf('response_mask', 'INT32'),
+  ...listOf('response_logprobs', 'DOUBLE'),
+  { name: 'policy_version_min', type: 'INT64', repetition_type: 'OPTIONAL' },
+  { name: 'policy_version_max', type: 'INT64', repetition_type: 'OPTIONAL' },
+  ...['reward_details', 'eval_report', 'turns', 'messages', 'timing', 'metadata'].map((name) => ({ name, ...STRING })),
+];
+
+/** The columns of one row group. */
+function columnData(trajectories: Trajectory[]): Array<{ name: string; data: unknown[] }> {
   const col = <T>(f: (t: Trajectory) => T): T[] => trajectories.map(f);
-  const asJson = trajectories.map((t) => Trajectory.toJSON(t) as { status?: string; turns?: unknown });
   const json = (v: unknown): string => JSON.stringify(v ?? null);
-  const strings = ['task_id', 'group_id', 'environment', 'status', 'finish_reason', 'error'];
-  const schema = [
-    { name: 'root', num_children: 21 },
-    ...strings.slice(0, 1).map((name) => ({ name, ...STRING })),
-    { name: 'sample_index', type: 'INT32', repetition_type: 'OPTIONAL' },
-    ...strings.slice(1).map((name) => ({ name, ...STRING })),
-    { name: 'reward', type: 'DOUBLE', repetition_type: 'OPTIONAL' },
-    { name: 'num_turns', type: 'INT32', repetition_type: 'OPTIONAL' },
-    ...listOf('prompt_token_ids', 'INT32'),
-    ...listOf('response_token_ids', 'INT32'),
-    ...listOf('response_mask', 'INT32'),
-    ...listOf('response_logprobs', 'DOUBLE'),
-    { name: 'policy_version_min', type: 'INT64', repetition_type: 'OPTIONAL' },
-    { name: 'policy_version_max', type: 'INT64', repetition_type: 'OPTIONAL' },
-    ...['reward_details', 'eval_report', 'turns', 'messages', 'timing', 'metadata'].map((name) => ({ name, ...STRING })),
+  // Not Trajectory.toJSON: it would copy every token array of the row group once more.
+  return [
+    { name: 'task_id', data: col((t) => t.taskId) },
+    { name: 'sample_index', data: col((t) => t.sampleIndex) },
+    { name: 'group_id', data: col((t) => t.groupId) },
+    { name: 'environment', data: col((t) => t.environment) },
+    { name: 'status', data: col((t) => trajectoryStatusToJSON(t.status)) },
+    { name: 'finish_reason', data: col((t) => t.finishReason) },
+    { name: 'error', data: col((t) => t.error) },
+    { name: 'reward', data: col((t) => t.reward) },
+    { name: 'num_turns', data: col((t) => t.numTurns) },
+    { name: 'prompt_token_ids', data: col((t) => t.promptTokenIds) },
+    { name: 'response_token_ids', data: col((t) => t.responseTokenIds) },
+    { name: 'response_mask', data: col((t) => t.responseMask) },
+    { name: 'response_logprobs', data: col((t) => t.responseLogprobs) },
+    { name: 'policy_version_min', data: col((t) => BigInt(t.policyVersionMin)) },
+    { name: 'policy_version_max', data: col((t) => BigInt(t.policyVersionMax)) },
+    { name: 'reward_details', data: col((t) => json(t.rewardDetails)) },
+    { name: 'eval_report', data: col((t) => json(t.evalReport)) },
+    { name: 'turns', data: col((t) => json(t.turns.map((turn) => Turn.toJSON(turn)))) },
+    { name: 'messages', data: col((t) => json(t.messages)) },
+    { name: 'timing', data: col((t) => json(t.timing)) },
+    { name: 'metadata', data: col((t) => json(t.metadata)) },
   ];
-  const buffer = parquetWriteBuffer({
-    schema: schema as Parameters<typeof parquetWriteBuffer>[0]['schema'],
-    columnData: [
-      { name: 'task_id', data: col((t) => t.taskId) },
-      { name: 'sample_index', data: col((t) => t.sampleIndex) },
-      { name: 'group_id', data: col((t) => t.groupId) },
-      { name: 'environment', data: col((t) => t.environment) },
-      { name: 'status', data: asJson.map((j) => j.status ?? 'TRAJECTORY_STATUS_UNSPECIFIED') },
-      { name: 'finish_reason', data: col((t) => t.finishReason) },
-      { name: 'error', data: col((t) => t.error) },
-      { name: 'reward', data: col((t) => t.reward) },
-      { name: 'num_turns', data: col((t) => t.numTurns) },
-      { name: 'prompt_token_ids', data: col((t) => t.promptTokenIds) },
-      { name: 'response_token_ids', data: col((t) => t.responseTokenIds) },
-      { name: 'response_mask', data: col((t) => t.responseMask) },
-      { name: 'response_logprobs', data: col((t) => t.responseLogprobs) },
-      { name: 'policy_version_min', data: col((t) => BigInt(t.policyVersionMin)) },
-      { name: 'policy_version_max', data: col((t) => BigInt(t.policyVersionMax)) },
-      { name: 'reward_details', data: col((t) => json(t.rewardDetails)) },
-      { name: 'eval_report', data: col((t) => json(t.evalReport)) },
-      { name: 'turns', data: asJson.map((j) => json(j.turns ?? [])) },
-      { name: 'messages', data: col((t) => json(t.messages)) },
-      { name: 'timing', data: col((t) => json(t.timing)) },
-      { name: 'metadata', data: col((t) => json(t.metadata)) },
-    ],
-  });
+}
+
+/**
+ * Writes the Parquet file from the journal (atomically: a temp file renamed over the target), streamed: the journal
+ * is read a line at a time and written a row group at a time (at most ROW_GROUP_ROWS rows or ~ROW_GROUP_JSON_BYTES of
+ * JSON), so memory is bounded by one row group, not the output (a million-row run's journal is gigabytes).
+ */
+function writeParquet(journal: string, path: string): void {
   const temp = `${path}.tmp-${process.pid}`;
-  writeFileSync(temp, new Uint8Array(buffer));
+  const fd = openSync(journal, 'r');
+  try {
+    const writer = new ParquetWriter({ writer: fileWriter(temp), schema: PARQUET_SCHEMA as ConstructorParameters<typeof ParquetWriter>[0]['schema'] });
+    let group: Trajectory[] = [];
+    let bytes = 0;
+    const flush = (): void => {
+      if (group.length === 0) return;
+      void writer.write({ columnData: columnData(group) as Parameters<typeof writer.write>[0]['columnData'], rowGroupSize: group.length });
+      group = [];
+      bytes = 0;
+    };
+    for (const { line } of journalLines(fd)) {
+      const text = line.toString('utf8');
+      if (text.trim() === '') continue;
+      group.push(Trajectory.fromJSON(JSON.parse(text)));
+      bytes += line.length;
+      if (group.length >= ROW_GROUP_ROWS || bytes >= ROW_GROUP_JSON_BYTES) flush();
+    }
+    flush();
+    void writer.finish(); // the file writer's finish is synchronous (its last flush)
+  } catch (err) {
+    rmSync(temp, { force: true });
+    throw err;
+  } finally {
+    closeSync(fd);
+  }
   renameSync(temp, path);
 }
 

@@ -5,8 +5,9 @@ import { existsSync } from 'node:fs';
 import { TaskRejectedError } from '../client/rollout-client.js';
 import { RolloutError } from '../errors.js';
 import { TrajectoryStatus, type Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
-import { countRows, mapRow, readDataset, taskIdFor } from './submit-dataset.js';
-import { openTrajectoryOutput } from './submit-output.js';
+import { attemptTaskId, attemptsByRow, isRetryableStatus, parseAttempt, planRow, supersededTasks } from './submit-attempts.js';
+import { countRows, mapRow, readDataset, taskIdFor, type MappedRow } from './submit-dataset.js';
+import { openTrajectoryOutput, type TrajectoryOutput } from './submit-output.js';
 
 export interface SubmitOptions extends ConnectionFlags {
   dataset: string;
@@ -21,12 +22,23 @@ export interface SubmitOptions extends ConnectionFlags {
   temperature?: number;
   maxTokensPerTurn?: number;
   maxTotalTokens?: number;
+  /**
+   * New attempts a row gets when its group has an infrastructure failure (submit-attempts.ts); 0 disables. Counted
+   * across runs on one output: a re-run continues from the attempts the output and its retried file record.
+   */
+  retries?: number;
   /** Where progress goes (default stderr); tests pass a stream. */
   progress?: NodeJS.WriteStream;
 }
 
 /** Exit code of a run cut short by the server or the network rather than by the data (2 is a usage mistake). */
 const EXIT_INFRASTRUCTURE = 3;
+
+/**
+ * Two retries: a transient fault (an engine restarting, a node's sandbox hiccup) rarely hits one row three times, while a
+ * row that fails three times is most likely broken for a reason a retry will not mend (and each attempt costs a group).
+ */
+export const DEFAULT_RETRIES = 2;
 
 const statusName = (s: TrajectoryStatus): string => TrajectoryStatus[s]?.replace('TRAJECTORY_STATUS_', '') ?? String(s);
 
@@ -75,7 +87,11 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
   if (!existsSync(opts.dataset)) throw new RolloutError('invalid_argument', `dataset ${opts.dataset} does not exist`);
   if (!Number.isInteger(opts.numSamples) || opts.numSamples < 1) throw new RolloutError('invalid_argument', '--num-samples must be a positive integer');
   if (!Number.isInteger(opts.concurrency) || opts.concurrency < 1) throw new RolloutError('invalid_argument', '--concurrency must be a positive integer');
+  const retries = opts.retries ?? DEFAULT_RETRIES;
+  if (!Number.isInteger(retries) || retries < 0) throw new RolloutError('invalid_argument', '--retries must be a non-negative integer');
+  const maxAttempts = 1 + retries;
   const outputPath = opts.output ?? `${opts.dataset.replace(/\.(jsonl|json|parquet|pq)$/i, '')}.trajectories.jsonl`;
+  const retriedPath = `${outputPath}.retried.jsonl`;
   const out = opts.progress ?? process.stderr;
   const total = await countRows(opts.dataset);
   // Flags checked before the output is opened (and locked), so a mistake in them leaves no lock behind.
@@ -84,6 +100,17 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
     client.close();
     throw err;
   });
+  /** Superseded attempts, beside the output; opened when there is one to keep (or some from an earlier run). */
+  let retriedOutput: TrajectoryOutput | undefined;
+  try {
+    if (existsSync(retriedPath)) retriedOutput = await openTrajectoryOutput(retriedPath);
+  } catch (err) {
+    client.close();
+    await output.close(false);
+    throw err;
+  }
+  const retried = async (): Promise<TrajectoryOutput> => (retriedOutput ??= await openTrajectoryOutput(retriedPath));
+  const found = attemptsByRow(output.written, output.failed, retriedOutput?.written ?? new Map<string, ReadonlySet<number>>());
   const session = client.openSession({ sessionId: `submit-${randomUUID()}` });
   const slots = new Slots(opts.concurrency);
 
@@ -95,15 +122,19 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
   let skipped = 0;
   let submitted = 0;
   let failedRows = 0;
+  /** Attempts submitted this run beyond each row's first. */
+  let retryCount = 0;
+  /** Rows whose last allowed attempt still has an infrastructure failure (this run's, and earlier runs'). */
+  let infraRows = 0;
   let interrupted = false;
   let streamError: string | undefined;
-  /** Samples each submitted task still owes; the slot is given back when it reaches 0. */
-  const owed = new Map<string, number>();
+  /** The samples of each attempt in flight, held until its group is whole: then it is kept or retried as one. */
+  const pending = new Map<string, Attempt>();
   const alreadyWritten = [...output.written.values()].reduce((n, s) => n + s.size, 0);
 
   const bar = out.isTTY
     ? new cliProgress.SingleBar(
-        { format: 'trajectories {bar} {value}/{total} | reward {reward} | {statuses}', stream: out, hideCursor: true, etaBuffer: 50 },
+        { format: 'trajectories {bar} {value}/{total} | reward {reward} | retries {retries} | {statuses}', stream: out, hideCursor: true, etaBuffer: 50 },
         cliProgress.Presets.shades_classic,
       )
     : undefined;
@@ -112,12 +143,13 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
   let lastLine = 0;
   const report = (force = false): void => {
     if (bar) {
-      bar.update(alreadyWritten + received, { reward: mean(), statuses: statuses() });
+      bar.update(alreadyWritten + received, { reward: mean(), retries: retryCount, statuses: statuses() });
       return;
     }
     if (!force && Date.now() - lastLine < 2000) return;
     lastLine = Date.now();
-    out.write(`[submit] ${alreadyWritten + received}/${total * opts.numSamples} trajectories | reward mean ${mean()} | ${statuses()}\n`);
+    const retryPart = retryCount > 0 ? ` | retries ${retryCount}` : '';
+    out.write(`[submit] ${alreadyWritten + received}/${total * opts.numSamples} trajectories | reward mean ${mean()}${retryPart} | ${statuses()}\n`);
   };
 
   const onSignal = (): void => {
@@ -128,32 +160,96 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
   process.once('SIGINT', onSignal);
   process.once('SIGTERM', onSignal);
 
-  const receive = (t: Trajectory): void => {
-    if (output.write(t)) {
+  const submitAttempt = (row: RowContext, attempt: number): void => {
+    const taskId = attemptTaskId(row.rowTaskId, attempt);
+    pending.set(taskId, { row, attempt, samples: new Map() });
+    session
+      .submit({
+        taskId,
+        groupId: taskId,
+        environment: opts.environment,
+        numSamples: opts.numSamples,
+        instance: row.instance,
+        metadata: row.metadata,
+        ...(sampling(opts) && { sampling: sampling(opts) }),
+      })
+      .catch((err: unknown) => {
+        if (pending.delete(taskId)) slots.give();
+        progressed();
+        if (interrupted) return;
+        failedRows++;
+        logAbove(bar, out, `[submit] row ${row.index} (${taskId}) rejected: ${rejection(err)}`);
+      });
+  };
+
+  /** A whole group: kept in the output, or (an infrastructure failure, attempts left) moved aside and retried. */
+  const settle = async (taskId: string, group: Attempt): Promise<void> => {
+    const samples = [...group.samples.values()].sort((a, b) => a.sampleIndex - b.sampleIndex).map((t) => stamped(t, group.attempt));
+    const failures = samples.filter((t) => isRetryableStatus(t.status));
+    const causes = [...new Set(failures.map((t) => `${statusName(t.status)}: ${t.error || t.finishReason || 'no cause given'}`))].join('; ');
+    if (failures.length > 0 && group.attempt < maxAttempts && !interrupted) {
+      const aside = await retried();
+      // Samples of this group a killed run had written already leave the output with the rest of it.
+      output.remove(new Set([taskId]), (t) => aside.write(stamped(t, group.attempt)));
+      for (const t of samples) aside.write(t);
+      retryCount++;
+      logAbove(bar, out, `[submit] row ${group.row.index} attempt ${group.attempt}: ${failures.length} of ${samples.length} samples failed (${causes}); retrying as attempt ${group.attempt + 1}`);
+      report();
+      submitAttempt(group.row, group.attempt + 1);
+      return;
+    }
+    for (const t of samples) {
+      if (!output.write(t)) continue;
       received++;
       if (t.status === TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED || t.status === TrajectoryStatus.TRAJECTORY_STATUS_TRUNCATED) {
         scored++;
         rewardSum += t.reward;
       }
       counts.set(statusName(t.status), (counts.get(statusName(t.status)) ?? 0) + 1);
-      report();
     }
-    const left = (owed.get(t.taskId) ?? 0) - 1;
-    if (left <= 0 && owed.delete(t.taskId)) slots.give();
-    else if (left > 0) owed.set(t.taskId, left);
+    if (failures.length > 0 && !interrupted) {
+      infraRows++;
+      logAbove(bar, out, `[submit] row ${group.row.index} (${taskId}): infrastructure failures remain after ${group.attempt} attempts: ${causes}`);
+    }
+    report();
+    slots.give();
   };
 
+  /** Settling is serialised: moving a group aside rewrites the output, which no other write may interleave with. */
+  let settling = Promise.resolve();
+  let unsettled = 0;
+  /** Wakes the wait for the last groups (a group settled, a submit was refused). */
+  let progressed: () => void = () => undefined;
+  const receive = (t: Trajectory): void => {
+    const group = pending.get(t.taskId);
+    if (group === undefined) return; // not one of this run's attempts (cannot happen on a session of its own)
+    group.samples.set(t.sampleIndex, t);
+    if (group.samples.size < opts.numSamples) return;
+    pending.delete(t.taskId);
+    unsettled++;
+    settling = settling
+      .then(() => settle(t.taskId, group))
+      .finally(() => {
+        unsettled--;
+        progressed();
+      });
+  };
+
+  let streamEnded = false;
   const receiving = (async () => {
     try {
       for await (const t of session.trajectories()) receive(t);
     } catch (err) {
       if (!interrupted) throw err;
+    } finally {
+      streamEnded = true;
+      await settling;
     }
   })();
   // Awaited below; a stream that fails first (no server) fails `opened` too, which is what is reported then.
   receiving.catch(() => undefined);
-  bar?.start(total * opts.numSamples, alreadyWritten, { reward: mean(), statuses: statuses() });
-  if (!bar) out.write(`[submit] ${opts.dataset}: ${total} rows × ${opts.numSamples} samples → ${outputPath} (server ${opts.server})\n`);
+  bar?.start(total * opts.numSamples, alreadyWritten, { reward: mean(), retries: retryCount, statuses: statuses() });
+  if (!bar) out.write(`[submit] ${opts.dataset}: ${total} rows × ${opts.numSamples} samples → ${outputPath} (server ${opts.server}, up to ${retries} retries a row)\n`);
   try {
     await withinConnectTimeout(client.rollout, opts.server, opts, session.opened).catch((err: unknown) => {
       session.abort();
@@ -166,41 +262,34 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
         logAbove(bar, out, `[submit] row ${row.index} skipped: ${row.problem}`);
         continue;
       }
-      let taskId: string;
-      let mapped: ReturnType<typeof mapRow>;
+      let context: RowContext;
       try {
-        mapped = mapRow(row, opts.environment, opts.instanceField);
-        taskId = taskIdFor(opts.dataset, row.index, opts.environment, mapped.instance, opts.numSamples);
+        const mapped = mapRow(row, opts.environment, opts.instanceField);
+        context = { index: row.index, rowTaskId: taskIdFor(opts.dataset, row.index, opts.environment, mapped.instance, opts.numSamples), ...mapped };
       } catch (err) {
         failedRows++;
         logAbove(bar, out, `[submit] row ${row.index} skipped: ${(err as Error).message}`);
         continue;
       }
-      if ((output.written.get(taskId)?.size ?? 0) >= opts.numSamples) {
+      const plan = planRow(found.get(context.rowTaskId), opts.numSamples, maxAttempts);
+      if (plan.kind === 'done') {
         skipped++;
+        continue;
+      }
+      if (plan.kind === 'exhausted') {
+        infraRows++;
+        logAbove(bar, out, `[submit] row ${row.index} (${attemptTaskId(context.rowTaskId, plan.attempt)}): infrastructure failures remain after ${plan.attempt} attempts (allow more with --retries)`);
         continue;
       }
       await slots.take();
       if (interrupted) break;
-      owed.set(taskId, opts.numSamples);
       submitted++;
-      session
-        .submit({
-          taskId,
-          groupId: taskId,
-          environment: opts.environment,
-          numSamples: opts.numSamples,
-          instance: mapped.instance,
-          metadata: mapped.metadata,
-          ...(sampling(opts) && { sampling: sampling(opts) }),
-        })
-        .catch((err: unknown) => {
-          if (owed.delete(taskId)) slots.give();
-          if (interrupted) return;
-          failedRows++;
-          const why = err instanceof TaskRejectedError ? `${err.field}: ${err.reason}` : (err as Error).message;
-          logAbove(bar, out, `[submit] row ${row.index} (${taskId}) rejected: ${why}`);
-        });
+      if (plan.attempt > 1) retryCount++;
+      submitAttempt(context, plan.attempt);
+    }
+    // Retries are submitted as groups settle, so the session stays open until no attempt is left in flight.
+    while ((pending.size > 0 || unsettled > 0) && !interrupted && !streamEnded) {
+      await Promise.race([new Promise<void>((resolve) => (progressed = resolve)), receiving]);
     }
     session.close();
     await receiving;
@@ -211,19 +300,52 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
   } finally {
     process.off('SIGINT', onSignal);
     process.off('SIGTERM', onSignal);
+    await settling;
     report(true);
     bar?.stop();
     client.close();
   }
+  // A row retried after an earlier run had kept its failed group: that group leaves the output for the retried file.
+  const stale = supersededTasks(output.written);
+  if (stale.size > 0) {
+    const aside = await retried();
+    output.remove(stale, (t) => aside.write(stamped(t, parseAttempt(t.taskId).attempt)));
+  }
   const complete = !interrupted && failedRows === 0 && streamError === undefined;
   await output.close(complete);
+  await retriedOutput?.close(false);
   out.write(
     `[submit] ${interrupted ? 'interrupted' : 'done'}: ${received} trajectories written this run (${alreadyWritten} before), ` +
-      `${submitted} rows submitted, ${skipped} already complete, ${failedRows} rejected or unmappable; reward mean ${mean()}; ${statuses()}\n`,
+      `${submitted} rows submitted, ${skipped} already complete, ${failedRows} rejected or unmappable, ${retryCount} retries, ` +
+      `${infraRows} rows with infrastructure failures left; reward mean ${mean()}; ${statuses()}\n`,
   );
   if (streamError !== undefined) out.write(`[submit] the stream to ${opts.server} failed: ${streamError}\n`);
   if (interrupted || streamError !== undefined) out.write(`[submit] run the same command again to resume (${output.journal} keeps what arrived)\n`);
-  return interrupted ? 130 : streamError !== undefined ? EXIT_INFRASTRUCTURE : failedRows > 0 ? 1 : 0;
+  return interrupted ? 130 : streamError !== undefined || infraRows > 0 ? EXIT_INFRASTRUCTURE : failedRows > 0 ? 1 : 0;
+}
+
+/** A dataset row as submitted: every attempt of it sends the same instance and metadata. */
+interface RowContext extends MappedRow {
+  index: number;
+  rowTaskId: string;
+}
+
+interface Attempt {
+  row: RowContext;
+  attempt: number;
+  /** By sample index (a sample delivered twice is held once). */
+  samples: Map<number, Trajectory>;
+}
+
+/** The trajectory with `metadata.attempt` (1 for the row's first): which attempt of its row it came from. */
+function stamped(t: Trajectory, attempt: number): Trajectory {
+  return { ...t, metadata: { ...t.metadata, attempt: String(attempt) } };
+}
+
+/** A refusal by field. The server's reason names its field already ("instance.answer: required"): said once. */
+function rejection(err: unknown): string {
+  if (!(err instanceof TaskRejectedError)) return (err as Error).message;
+  return err.field === '' || err.reason.startsWith(`${err.field}: `) ? err.reason : `${err.field}: ${err.reason}`;
 }
 
 function sampling(opts: SubmitOptions): { temperature: number; maxTokensPerTurn: number; maxTotalTokens: number; stop: string[] } | undefined {

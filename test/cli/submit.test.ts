@@ -140,6 +140,13 @@ describe('rollout submit --dataset (CLI child process against a real server)', (
       expect(metadata).toMatchObject({ data_source: 'openai/gsm8k', ability: 'math' });
       expect(JSON.parse(metadata.extra_info!)).toMatchObject({ split: 'train' });
     }
+
+    // Run again on the finished output: it is read back (a chunk of rows at a time) and nothing is submitted.
+    const again = rollout(['submit', '--dataset', dataset, '--environment', 'math', '--num-samples', '2', '--server', h.server.address, '--output', output]);
+    expect(await again.exited, again.output()).toBe(0);
+    expect(again.output()).toContain('0 rows submitted, 5 already complete');
+    expect(await parquetReadObjects({ file: await asyncBufferFromFile(output) })).toHaveLength(10);
+    expect(existsSync(`${output}.partial.jsonl`)).toBe(false);
   });
 
   it('resumes after a SIGKILL mid-run: finished rows are not submitted again, every sample is in the output once, a torn line is dropped', async () => {
@@ -198,6 +205,8 @@ describe('rollout submit --dataset (CLI child process against a real server)', (
     const run = rollout(['submit', '--dataset', dataset, '--environment', 'math', '--server', h.server.address, '--output', output]);
     expect(await run.exited, run.output()).toBe(1);
     expect(run.output()).toMatch(/row 1 \(ds-[0-9a-f]+-1-[0-9a-f]+\) rejected: instance\.answer/);
+    // The server's reason names the field already: said once, not "instance.answer: instance.answer: ...".
+    expect(run.output()).not.toContain('instance.answer: instance.answer');
     expect(records(output)).toHaveLength(1);
   });
 
