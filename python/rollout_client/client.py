@@ -6,7 +6,7 @@ import collections
 import itertools
 import logging
 import uuid
-from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
+from typing import Any, AsyncIterator, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from google.protobuf import json_format, struct_pb2
 
@@ -24,6 +24,12 @@ _FINISHED_MEMORY = 65536
 
 #: Backoff between the submits of a task the server refused for now (TaskRejectedError.retryable): first, cap.
 _RETRY_FIRST, _RETRY_CAP = 0.05, 2.0
+
+#: When the client acks a trajectory (see AsyncRolloutClient, "Acks").
+ACK_MODES = ("consumed", "manual", "received")
+
+#: Samples acked before consumption (a paused delivery) are logged at WARNING at most this often.
+_WARN_EARLY_EVERY = 30.0
 
 
 class _GiveBack(Exception):
@@ -74,16 +80,33 @@ class AsyncRolloutClient:
     re-sends what was not acked); a server unreachable for `failover_after` seconds while another is up has its
     unfinished tasks submitted again, with the same task ids, to the others. Samples are handed to the caller at
     most once per (task_id, sample_index): when a moved task's samples come from two servers, the first to arrive is
-    kept and the other dropped (both acked). The group may then mix samples of two servers; each sample is whole.
+    kept and the other dropped (acked with it). The group may then mix samples of two servers; each sample is whole.
 
-    Acks (at-least-once delivery): a trajectory is acked to the server that sent it as soon as the client has stored
-    it, in the record of its task that run_group returns or in the queue samples()/groups() read: from then on the
-    caller will get it from this process, so the server need not keep it. A broken stream is resumed and the server
-    re-sends only what was not acked yet (stored ones are dropped as duplicates). Acking on receipt, not on hand-off,
-    keeps the server's bound on a session's unacked bytes (sessions.maxUnackedBytes) from ever stalling a group: with
-    acks sent only once a whole group was handed out, a group larger than that bound would wait forever for its
-    held samples. What the process has not handed out is lost if the process dies, as is its session: this client
-    does not resume a session across processes. What the client buffers is bounded by max_in_flight.
+    Acks: an acked trajectory is forgotten by the server; one not acked is kept for the session (for its resume window,
+    the server's sessions.ttlMs) and re-sent when the session is resumed: by this process after a broken stream, or by
+    another process with resume=True (a trainer restarted after a crash). `ack` says when the client acks a sample:
+    - "consumed" (default): samples()/groups(): when the caller comes back to the iterator for the next item (a sync
+      caller: the next iteration of its loop); the item a loop is left on (break, an exception, close) is not acked
+      (ack() it once used). run_group: when it returns the group (or its caller is cancelled: nobody will use it).
+    - "manual": only when the caller calls ack() (e.g. after the training step that used the samples, or its
+      checkpoint). What a step holds unacked counts towards the server's sessions.maxUnackedBytes.
+    - "received": on receipt (what the process has not handed out is lost if it dies).
+    Besides, a trajectory nobody will take is acked on arrival: a duplicate of one handed out and acked already (the
+    ack was lost with a stream), one outside its group, one of a task this client never submitted (without resume).
+    The one exception: when a server pauses delivery (the session's unacked bytes reached its sessions.maxUnackedBytes)
+    while samples of incomplete groups (run_group's, or groups()' once it has taken all that is queued) wait here, they
+    are acked before consumption so the groups can complete instead of waiting for ever; logged at WARNING and counted
+    in stats["acked_early"]. Keep maxUnackedBytes above what the client holds (max_in_flight samples, plus in "manual"
+    what the caller has not acked) and a sample is never acked before the moment its mode says. Acks wait up to 20 ms
+    for others (one Ack message per server per 20 ms, split by the bound each server advertises): a crash may re-send
+    a few consumed samples to the resumed session (at least once), never lose one.
+
+    resume=True (with the session_id of a process that died): the first open resumes the session (a session the server
+    no longer knows is opened afresh, logged, connection_stats()' sessions_lost). The predecessor's trajectories are
+    held unacked until a task with their task_id is submitted again (the same spec): the server answers it as owed,
+    without running it again, and the re-sent and still-running samples complete it as usual. Submit again what the
+    predecessor had not used; a task it acked in full is gone from the session (submitted again, it is run again or
+    replayed from the server's cache of finished tasks).
 
     max_in_flight bounds the samples submitted and not yet handed to the caller (submit waits for room), which also
     bounds what the client buffers. A sample yielded by samples() (a group by groups()) counts as handed out once the
@@ -125,13 +148,21 @@ class AsyncRolloutClient:
         keepalive_time: Optional[float] = 30.0,
         keepalive_timeout: float = 10.0,
         retry_rejected_for: float = 60.0,
+        ack: str = "consumed",
+        resume: bool = False,
     ) -> None:
         names = [targets] if isinstance(targets, str) else list(targets)
         if not names:
             raise ValueError("targets: at least one server address is needed")
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
+        if ack not in ACK_MODES:
+            raise ValueError(f"ack: must be one of {', '.join(ACK_MODES)}, got {ack!r}")
+        if resume and not session_id:
+            raise ValueError("resume: needs the session_id of the session to resume")
         self.session_id = session_id or f"py-{uuid.uuid4().hex}"
+        self.ack_mode = ack
+        self._resume = resume
         self.max_in_flight = max_in_flight
         self.retry_rejected_for = retry_rejected_for
         self._loop = asyncio.get_running_loop()  # raises outside a coroutine: the client belongs to one event loop
@@ -139,7 +170,7 @@ class AsyncRolloutClient:
         self._conns = [
             Connection(
                 t, self, session_id=self.session_id, metadata=metadata, tls=tls, channel_options=channel_options,
-                failover_after=failover_after, keepalive_time=keepalive_time, keepalive_timeout=keepalive_timeout,
+                failover_after=failover_after, keepalive_time=keepalive_time, keepalive_timeout=keepalive_timeout, resume=resume,
             )
             for t in names
         ]
@@ -157,7 +188,13 @@ class AsyncRolloutClient:
         self._fatal: Optional[BaseException] = None
         self._waiters: Set["asyncio.Future[Any]"] = set()
         self._round_robin = itertools.count()
-        self.stats: Dict[str, int] = {"resubmitted": 0, "duplicates_dropped": 0, "rejections_retried": 0}
+        #: Samples stored and not acked yet (ack modes other than "received"), with the servers that sent them.
+        self._unacked: Dict[Tuple[str, int], Set[Connection]] = {}
+        #: With resume: trajectories of tasks this process has not submitted (its predecessor's), held unacked until
+        #: their task is submitted again, by task id and sample index.
+        self._orphans: Dict[str, Dict[int, Any]] = {}
+        self._warned_early_at = float("-inf")
+        self.stats: Dict[str, int] = {"resubmitted": 0, "duplicates_dropped": 0, "rejections_retried": 0, "acked_early": 0}
         for conn in self._conns:
             conn.start()
 
@@ -217,9 +254,9 @@ class AsyncRolloutClient:
             if not task.complete.done():
                 self._cancel_task(task)
             else:
-                self._hand_off(task, list(task.samples))
+                self._hand_off(task, list(task.samples), ack=True)  # nobody will use them: the session need not keep them
             raise
-        self._hand_off(task, list(task.samples))
+        self._hand_off(task, list(task.samples), ack=True)
         return task.group()
 
     async def _submit(self, environment, instance, num_samples, sampling, limits, task_id, group_id, metadata, *, via_run_group: bool) -> _Task:  # type: ignore[no-untyped-def]
@@ -254,6 +291,12 @@ class AsyncRolloutClient:
             self._tasks[task_id] = task
         if not via_run_group:
             self._stream_outstanding += need
+        for _, t in sorted(self._orphans.pop(task_id, {}).items()):
+            # The predecessor's, re-sent before this submit: this task's now.
+            if self._unstorable(task, t):
+                self._ack_refs([(t.task_id, t.sample_index)])
+            else:
+                self._store(task, t)
         self._pick().assign(task)
         try:
             await self._wait(task.accepted)
@@ -293,11 +336,13 @@ class AsyncRolloutClient:
             sample = await self._next_stream_sample()
             if sample is None:
                 return
-            # Handed off (its slot freed) once the caller comes back for the next one or leaves the loop holding it.
+            # Handed off (its slot freed) once the caller comes back for the next one or leaves the loop holding it;
+            # acked ("consumed") only when it comes back: the one a loop left on may not have been used.
             self._lent += 1
-            given_back = False
+            given_back = came_back = False
             try:
                 yield sample
+                came_back = True
             except _GiveBack:
                 given_back = True
                 self._give_back([sample])
@@ -305,7 +350,7 @@ class AsyncRolloutClient:
             finally:
                 self._lent -= 1
                 if not given_back:
-                    self._hand_off_samples([sample])
+                    self._hand_off_samples([sample], ack=came_back)
 
     async def groups(self, *, until_idle: bool = True) -> AsyncIterator[Group]:
         """Complete groups of submit()ted tasks, in the order they completed (see samples() for until_idle)."""
@@ -326,9 +371,10 @@ class AsyncRolloutClient:
                 samples = [partial[i] for i in sorted(partial)]
                 # As in samples(): handed off once the caller comes back for the next group or leaves the loop.
                 self._lent += len(samples)
-                given_back = False
+                given_back = came_back = False
                 try:
                     yield Group(task.task_id, task.spec.group_id, samples)
+                    came_back = True
                 except _GiveBack:
                     given_back = True
                     self._give_back(samples)
@@ -336,10 +382,16 @@ class AsyncRolloutClient:
                 finally:
                     self._lent -= len(samples)
                     if not given_back:
-                        self._hand_off_samples(samples)
+                        self._hand_off_samples(samples, ack=came_back)
 
     async def _next_stream_sample(self) -> Optional[Sample]:
         """The next sample of the shared queue; None once the client is closed (or failed: then it raises)."""
+        if self._stream.empty():
+            # The caller is about to wait: if a server waits for acks meanwhile, groups() must not hold its partial
+            # groups unacked (see "Acks" in the class doc).
+            for conn in self._conns:
+                if conn.paused:
+                    self._ack_waiting_groups(conn)
         sample = await self._stream.get()
         if sample is None:
             self._stream.put_nowait(None)  # every other iterator stops too
@@ -366,18 +418,80 @@ class AsyncRolloutClient:
         for item in [*samples, *rest]:
             self._stream.put_nowait(item)
 
-    def _hand_off_samples(self, samples: List[Sample]) -> None:
+    def _hand_off_samples(self, samples: List[Sample], *, ack: bool) -> None:
         task = self._tasks.get(samples[0].task_id) if samples else None
         if task is not None:
-            self._hand_off(task, [s.sample_index for s in samples])
+            self._hand_off(task, [s.sample_index for s in samples], ack=ack)
 
-    def _hand_off(self, task: _Task, indices: List[int]) -> None:
-        """The caller now holds these samples (acked already, on arrival): free their slots."""
+    def _hand_off(self, task: _Task, indices: List[int], *, ack: bool) -> None:
+        """The caller now holds these samples: free their slots, and with `ack` (they are consumed) ack them in the
+        "consumed" mode."""
         fresh = [i for i in indices if i not in task.handed]
         task.handed.update(fresh)
+        if ack and self.ack_mode == "consumed":
+            self._ack_refs([(task.task_id, i) for i in fresh])
         self._release(len(fresh), stream=not task.via_run_group)
         if len(task.handed) >= task.num_samples:
             self._forget(task)
+
+    # -- acks ----------------------------------------------------------------------------------------------------
+
+    def ack(self, items: Union[Sample, Group, Iterable[Union[Sample, Group]]]) -> None:
+        """Acks samples (or whole groups) the caller is done with: the server forgets them, a resumed session does not
+        get them again. What the "manual" mode needs (after the training step that used them, or its checkpoint); in
+        the "consumed" mode, the sample a loop left on. Acking one twice, or one acked already, does nothing. Call it on
+        the client's event loop (RolloutClient.ack from any thread)."""
+        if isinstance(items, (Sample, Group)):
+            items = [items]
+        refs: List[Tuple[str, int]] = []
+        for item in items:
+            for s in item.samples if isinstance(item, Group) else [item]:
+                refs.append((s.task_id, s.sample_index))
+        self._ack_refs(refs)
+
+    def _ack_refs(self, refs: List[Tuple[str, int]]) -> None:
+        """Acks stored samples to every server that sent them (twice after a failover)."""
+        by_conn: Dict[Connection, List[Tuple[str, int]]] = {}
+        for ref in refs:
+            for conn in self._unacked.pop(ref, ()):
+                by_conn.setdefault(conn, []).append(ref)
+        for conn, conn_refs in by_conn.items():
+            conn.ack(conn_refs)
+
+    def _ack_waiting_groups(self, conn: Connection, *, with_partial: bool = True) -> None:
+        """`conn`'s server paused delivery: acks what the caller cannot take before more arrives (samples of groups
+        still incomplete: run_group's, and with_partial groups()'), so the groups can complete. See "Acks" in the class
+        doc."""
+        refs = [
+            (task.task_id, i)
+            for task in self._tasks.values()
+            if len(task.samples) < task.num_samples and (task.via_run_group or (with_partial and task.task_id in self._partial))
+            for i in task.samples
+            if conn in self._unacked.get((task.task_id, i), ())
+        ]
+        self._ack_early(conn, refs)
+
+    def _ack_early(self, conn: Connection, refs: List[Tuple[str, int]]) -> None:
+        if not refs:
+            return
+        self.stats["acked_early"] += len(refs)
+        now = self._loop.time()
+        if now - self._warned_early_at >= _WARN_EARLY_EVERY:
+            self._warned_early_at = now
+            log.warning(
+                "%s: delivery to session %s is paused (its unacked bytes reached the server's sessions.maxUnackedBytes) while "
+                "samples of incomplete groups wait here: acked before consumption so the groups can complete (lost if this "
+                "process dies before handing them out; %d so far, stats['acked_early']; raise sessions.maxUnackedBytes above "
+                "what this client holds)",
+                conn.target, conn.session_id, self.stats["acked_early"],
+            )
+        self._ack_refs(refs)
+
+    def _on_delivery_paused(self, conn: Connection) -> None:
+        if self.ack_mode == "received":
+            return
+        # run_group callers wait on nothing else; groups() only once it has taken what is queued (_next_stream_sample).
+        self._ack_waiting_groups(conn, with_partial=self._stream.empty())
 
     def _release(self, n: int, *, stream: bool) -> None:
         if n <= 0:
@@ -452,37 +566,75 @@ class AsyncRolloutClient:
         self._forget(task)
 
     def _on_trajectory(self, conn: Connection, t: Any) -> None:
-        # Acked at once, whatever follows: stored below (the caller gets it from this process), or a duplicate of one
-        # stored before, or nobody's (see the class docstring for what an ack means here).
-        conn.ack([(t.task_id, t.sample_index)])
+        ref = (t.task_id, t.sample_index)
+        if self.ack_mode == "received":
+            # Acked at once, whatever follows: stored below (the caller gets it from this process), or a duplicate of
+            # one stored before, or nobody's (see "Acks" in the class doc).
+            conn.ack([ref])
         task = self._tasks.get(t.task_id)
+        if ref in self._unacked:
+            # Re-sent (a resumed stream, or the other server after a failover) while this process holds it unacked:
+            # whoever holds it acks it, to every server that sent it.
+            self._unacked[ref].add(conn)
+            self.stats["duplicates_dropped"] += 1
+            return
         if task is None:
-            # Handed out before and re-sent (the ack was lost with a broken stream), or a task this client never sent.
             if t.task_id in self._finished:
+                # Handed out and acked before, re-sent because the ack was lost with a broken stream.
                 self.stats["duplicates_dropped"] += 1
+                self._ack_dropped(conn, ref)
+            elif self._resume and self.ack_mode != "received":
+                # The predecessor's (a resumed session): kept for its task's submit, unacked meanwhile.
+                self._orphans.setdefault(t.task_id, {})[t.sample_index] = t
+                self._unacked[ref] = {conn}
             else:
                 log.warning("%s: trajectory of unknown task %s (session %s): acked and dropped", conn.target, t.task_id, conn.session_id)
+                self._ack_dropped(conn, ref)
             return
+        if self._unstorable(task, t):
+            self._ack_dropped(conn, ref)
+            return
+        if self.ack_mode != "received":
+            self._unacked[ref] = {conn}
+        self._store(task, t)
+        if conn.paused and task.via_run_group and len(task.samples) < task.num_samples and ref in self._unacked:
+            # Sent while delivery stays paused (the server releases held samples one ack at a time): the group needs
+            # the rest, so this one cannot wait for run_group to return (see "Acks" in the class doc).
+            self._ack_early(conn, [ref])
+
+    def _ack_dropped(self, conn: Connection, ref: Tuple[str, int]) -> None:
+        """Acks a trajectory nobody will get (a duplicate, a faulty server's) in the modes that did not ack it on receipt."""
+        self._unacked.pop(ref, None)
+        if self.ack_mode != "received":
+            conn.ack([ref])
+
+    def _unstorable(self, task: _Task, t: Any) -> bool:
+        """A trajectory `task` cannot take: a duplicate of a sample it has, or outside its group."""
         index = t.sample_index
         if not 0 <= index < task.num_samples:
             # A faulty server's: stored, it would complete the group in place of a real sample (dropped as a
             # duplicate when it came).
-            log.warning("%s: trajectory of task %s with sample_index %d outside [0, %d): acked and dropped", conn.target, t.task_id, index, task.num_samples)
-            return
+            log.warning("trajectory of task %s with sample_index %d outside [0, %d): acked and dropped", t.task_id, index, task.num_samples)
+            return True
         if index in task.samples:
             self.stats["duplicates_dropped"] += 1
-            return
+            return True
+        return False
+
+    def _store(self, task: _Task, t: Any) -> None:
+        """Stores a trajectory of `task` for its caller (in the task's record; samples() also queues it)."""
         sample = Sample.from_proto(t)
-        task.samples[index] = sample
+        task.samples[t.sample_index] = sample
         if not task.via_run_group:
             self._stream.put_nowait(sample)
         if len(task.samples) >= task.num_samples:
-            if task.conn is not None:
+            # Kept until answered: a resumed session re-sends a task's samples before it answers the spec sent again.
+            if task.conn is not None and task.answered:
                 task.conn.tasks.pop(task.task_id, None)
             if not task.complete.done():
                 task.complete.set_result(None)
             if task.abandoned:
-                self._hand_off(task, list(task.samples))
+                self._hand_off(task, list(task.samples), ack=True)
 
     def _on_fatal(self, conn: Connection, error: RolloutClientError) -> None:
         """A stream status a retry would get again (see Connection): every waiting and later call raises `error`."""

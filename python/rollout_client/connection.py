@@ -59,6 +59,10 @@ _WARN_EVERY = 30.0
 #: Seconds a call whose write failed gets to end with its own status before it is cancelled (see _writer_done).
 _WRITE_FAILED_GRACE = 1.0
 
+#: Acks wait this long for others to go with them (a consumer acks one sample at a time): one Ack message per stream per
+#: interval at most, whatever the rate. Sent at once when the server has paused delivery (it waits for them).
+_ACK_DELAY = 0.02
+
 
 def keepalive_options(keepalive_time: Optional[float], keepalive_timeout: float) -> List[Tuple[str, Any]]:
     """grpc channel options for HTTP/2 keepalive pings every `keepalive_time` seconds (None or 0: off), the connection
@@ -89,20 +93,41 @@ def task_request_size(spec: Any) -> int:
     return 1 + max(1, (n.bit_length() + 6) // 7) + n
 
 
-# The most entries the server takes in one Ack (it refuses a larger one, field ack.trajectories).
-MAX_ACK_ENTRIES = 65_536
+#: The most entries one Ack may list when the server does not say (a server older than the `rollout-max-ack-entries`
+#: response header): the protocol's bound, which a server may only lower (it refuses a larger ack whole).
+DEFAULT_MAX_ACK_ENTRIES = 65_536
+
+_DIGITS = re.compile(r"[0-9]{1,15}")
 
 
-def _ack_requests(refs: List[Tuple[str, int]], limit: Optional[int]) -> List[Any]:
-    """Ack messages for refs, each under `limit` bytes: a burst of acks (the trajectories a resume re-sends arrive
-    together) must not make one message the channel refuses, which would end the stream and lose the acks with it."""
-    if len(refs) > MAX_ACK_ENTRIES:
-        return _ack_requests(refs[:MAX_ACK_ENTRIES], limit) + _ack_requests(refs[MAX_ACK_ENTRIES:], limit)
+def max_ack_entries_of(metadata: Optional[Iterable[Tuple[str, Any]]]) -> int:
+    """The per-Ack bound a Rollout stream's response headers advertise (`rollout-max-ack-entries`). Missing, garbage or
+    not positive: DEFAULT_MAX_ACK_ENTRIES (acking must go on whatever a server sends; a 0 taken at its word would split
+    acks into nothing). Repeated: the smallest."""
+    found = [int(v) for k, v in (metadata or ()) if k == "rollout-max-ack-entries" and isinstance(v, str) and _DIGITS.fullmatch(v)]
+    positive = [n for n in found if n > 0]
+    return min(positive) if positive else DEFAULT_MAX_ACK_ENTRIES
+
+
+def _ack_requests(refs: List[Tuple[str, int]], limit: Optional[int], max_entries: int = DEFAULT_MAX_ACK_ENTRIES) -> List[Any]:
+    """Ack messages for refs, each of at most `max_entries` refs and under `limit` bytes: a burst of acks (the
+    trajectories a resume re-sends arrive together) must not make one message the channel refuses, which would end
+    the stream and lose the acks with it, nor one the server refuses."""
+    if len(refs) > max_entries:
+        return [r for i in range(0, len(refs), max_entries) for r in _ack_requests(refs[i : i + max_entries], limit, max_entries)]
     request = rollout_pb2.RolloutRequest(ack=rollout_pb2.Ack(trajectories=[rollout_pb2.TrajectoryRef(task_id=t, sample_index=i) for t, i in refs]))
     if limit is None or len(refs) <= 1 or request.ByteSize() <= limit:
         return [request]
     half = len(refs) // 2
-    return _ack_requests(refs[:half], limit) + _ack_requests(refs[half:], limit)
+    return _ack_requests(refs[:half], limit, max_entries) + _ack_requests(refs[half:], limit, max_entries)
+
+
+class _Acks:
+    """Refs to ack, queued in the outbox as they are: split into Ack messages when written, by the bound of the
+    stream they go out on (a re-opened stream may reach a server configured otherwise)."""
+
+    def __init__(self, refs: List[Tuple[str, int]]) -> None:
+        self.refs = refs
 
 
 async def _final_status(call: Any, err: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
@@ -126,7 +151,7 @@ class _StreamEnded(Exception):
 
 def _task_of(request: Any) -> Optional[str]:
     """The task id a queued spec or cancel is about (None for acks and the close marker)."""
-    if request is None:
+    if request is None or isinstance(request, _Acks):
         return None
     kind = request.WhichOneof("kind")
     if kind == "task":
@@ -149,8 +174,11 @@ class Connection:
         failover_after: float,
         keepalive_time: Optional[float] = 30.0,
         keepalive_timeout: float = 10.0,
+        resume: bool = False,
     ) -> None:
         self.target = target
+        #: The first open resumes the session too (a process taking over a predecessor's session id).
+        self._resume_first = resume
         self.session_id = session_id
         self._client = client
         self._metadata = tuple(metadata)
@@ -167,8 +195,13 @@ class Connection:
         #: Unfinished tasks this server runs for us, by task id.
         self.tasks: Dict[str, "_Task"] = {}
         self._outbox: "asyncio.Queue[Any]" = asyncio.Queue()
-        #: Acks of trajectories received in this turn of the event loop, sent as one Ack message.
+        #: Acks waiting to go together (see _ACK_DELAY), and the timer that sends them.
         self._acks: List[Tuple[str, int]] = []
+        self._ack_timer: Optional[asyncio.TimerHandle] = None
+        #: The most refs the server takes in one Ack (its stream's `rollout-max-ack-entries` header).
+        self.max_ack_entries = DEFAULT_MAX_ACK_ENTRIES
+        #: The server has paused delivery to this session until it gets acks (DeliveryPaused).
+        self.paused = False
         self.connected = asyncio.Event()
         #: Declared lost (its tasks moved elsewhere); it keeps reconnecting and takes new tasks again once back.
         self.dead = False
@@ -218,18 +251,22 @@ class Connection:
         self._outbox.put_nowait(rollout_pb2.RolloutRequest(cancel=rollout_pb2.CancelTask(task_id=task_id)))
 
     def ack(self, refs: List[Tuple[str, int]]) -> None:
-        """Acks trajectories; those of one turn of the event loop (a burst read from the stream) go as one message."""
+        """Acks trajectories; those of _ACK_DELAY seconds go together (at once while delivery is paused)."""
         if not refs or self._closing:
             return
-        if not self._acks:
-            asyncio.get_running_loop().call_soon(self._flush_acks)
         self._acks.extend(refs)
+        if self.paused or len(self._acks) >= self.max_ack_entries:
+            self._flush_acks()
+        elif self._ack_timer is None:
+            self._ack_timer = asyncio.get_running_loop().call_later(_ACK_DELAY, self._flush_acks)
 
     def _flush_acks(self) -> None:
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
         refs, self._acks = self._acks, []
         if refs and not self._closing:
-            for request in _ack_requests(refs, self.max_send_bytes):
-                self._outbox.put_nowait(request)
+            self._outbox.put_nowait(_Acks(refs))
 
     async def close(self, grace: float = 1.0) -> None:
         """Ends the stream: sends what is queued (acks, cancels), half-closes, and drops the call after `grace`."""
@@ -300,7 +337,7 @@ class Connection:
         warned_at = float("-inf")
         try:
             while not self._closing:
-                resume = self._opened_once and not self._resend_all
+                resume = (self._opened_once or self._resume_first) and not self._resend_all
                 code, detail = "", ""
                 try:
                     await self._attach(stub, resume)
@@ -402,6 +439,9 @@ class Connection:
 
     async def _stream(self, call: Any, resume: bool) -> None:
         await call.write(rollout_pb2.RolloutRequest(open=rollout_pb2.OpenSession(session_id=self.session_id, resume=resume)))
+        # The server sends its headers before any answer; a restarted one may be configured with another bound.
+        self.max_ack_entries = max_ack_entries_of(await call.initial_metadata())
+        self.paused = False  # a pause was of the stream before: the server says so again if it still holds
         while True:
             # A resumed session's re-sent trajectories may come before SessionOpened: they are ours, take them.
             first = await call.read()
@@ -445,6 +485,10 @@ class Connection:
             if request is None:  # close(): nothing more to send
                 await call.done_writing()
                 return
+            if isinstance(request, _Acks):
+                for ack in _ack_requests(request.refs, self.max_send_bytes, self.max_ack_entries):
+                    await call.write(ack)
+                continue
             await call.write(request)
 
     def _writer_done(self, writer: "asyncio.Future[None]", call: Any) -> None:
@@ -478,10 +522,15 @@ class Connection:
             task = self.tasks.get(rejected.task_id)
             if task is not None:
                 self._client._on_rejected(self, task, rejected.field, rejected.reason, rejected.code)
+            elif not rejected.task_id:
+                # A request of no task (an ack): nothing waits for its answer, but what it carried was not applied.
+                log.warning("%s: the server refused a request: %s", self.target, rejected.reason or rejected.field)
         elif kind == "delivery_paused":
-            # Every trajectory is acked as soon as it arrives (AsyncRolloutClient), so a pause lasts until those acks
-            # reach the server; nothing is waiting on us here.
+            # The server waits for acks (see AsyncRolloutClient on acks and pauses): those waiting go at once.
             notice = response.delivery_paused
-            if not notice.resumed:
+            self.paused = not notice.resumed
+            if self.paused:
                 self.stats["delivery_paused"] += 1
+                self._flush_acks()
+                self._client._on_delivery_paused(self)
             log.debug("%s: delivery %s (%d unacked bytes, limit %d, %d held)", self.target, "resumed" if notice.resumed else "paused", notice.unacked_bytes, notice.limit_bytes, notice.held)

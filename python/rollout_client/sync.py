@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import _thread
 import asyncio
+import dis
+import signal
+import sys
 import threading
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, TypeVar, Union
 
 from .client import AsyncRolloutClient, _GiveBack
 from .results import Group, Sample
@@ -19,6 +22,78 @@ _CANCEL_GRACE = 5.0
 _SIGNAL_SLICE = 0.1
 
 
+class _HandOff:
+    """Where the caller of a samples()/groups() iterator receives the item it yields: the caller's frame (by id: a
+    reference would tie the frame, its locals and so the iterator into a cycle only the GC breaks), its code, and the
+    offsets of the call that returns the item and of the instruction after it (which binds it). A SIGINT handler that
+    raises there (`next(it)` returning: a check point for signals) drops the item before the caller has it."""
+
+    __slots__ = ("frame_id", "code", "offsets", "interrupted")
+
+    def __init__(self) -> None:
+        self.frame_id = 0
+        self.code: Any = None
+        self.offsets: Tuple[int, ...] = ()
+        self.interrupted = False
+
+    def arm(self, frame: Any) -> None:
+        self.frame_id = id(frame)
+        self.code = frame.f_code
+        self.offsets = _receiving_offsets(frame.f_code, frame.f_lasti)
+
+    def receiving(self, frame: Any) -> bool:
+        return frame is not None and id(frame) == self.frame_id and frame.f_code is self.code and frame.f_lasti in self.offsets
+
+
+_offsets_cache: Dict[Tuple[Any, int], Tuple[int, ...]] = {}
+
+
+def _receiving_offsets(code: Any, lasti: int) -> Tuple[int, ...]:
+    key = (code, lasti)
+    found = _offsets_cache.get(key)
+    if found is None:
+        after = next((x.offset for x in dis.get_instructions(code) if x.offset > lasti), lasti)
+        found = _offsets_cache[key] = (lasti, after)
+    return found
+
+
+#: Hand-offs under way (their item yielded, not known to be bound), watched by the SIGINT handler.
+_handoffs: Set[_HandOff] = set()
+
+
+def _watch_interrupts() -> None:
+    """Wraps the main thread's SIGINT handler so that one raising as a hand-off's caller receives its item marks the
+    hand-off interrupted (the item is handed again, or given back: see _iterate). Main thread only (Python runs
+    signal handlers there alone); a handler that is not a Python callable (SIG_IGN, SIG_DFL) raises nothing to watch."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    current = signal.getsignal(signal.SIGINT)
+    if not callable(current) or getattr(current, "_rollout_watcher", False):
+        return
+
+    def watcher(signum: int, frame: Any) -> Any:
+        try:
+            return current(signum, frame)
+        except BaseException:
+            for h in list(_handoffs):
+                if h.receiving(frame):
+                    h.interrupted = True
+            raise
+
+    watcher._rollout_watcher = True  # type: ignore[attr-defined]
+    watcher._rollout_wrapped = current  # type: ignore[attr-defined]
+    signal.signal(signal.SIGINT, watcher)
+
+
+def _unwatch_interrupts() -> None:
+    """Puts the wrapped SIGINT handler back once no hand-off is watched (unless the caller replaced ours meanwhile)."""
+    if _handoffs or threading.current_thread() is not threading.main_thread():
+        return
+    current = signal.getsignal(signal.SIGINT)
+    if getattr(current, "_rollout_watcher", False):
+        signal.signal(signal.SIGINT, current._rollout_wrapped)  # type: ignore[union-attr]
+
+
 class RolloutClient:
     """Same methods as AsyncRolloutClient, blocking. Thread-safe: many threads may call run_group at once (they
     share the one stream per server). Use as a context manager or call close().
@@ -28,17 +103,20 @@ class RolloutClient:
     dropped with the call, as an async caller's would be), and a samples()/groups() loop loses nothing (a sample that
     arrived as the interrupt did goes back to the queue; the next loop gets it).
 
-    Ctrl-C and samples()/groups(): samples are acked on arrival (see AsyncRolloutClient), so one the caller never gets
-    is lost for good. CPython runs a signal handler (which raises KeyboardInterrupt) between bytecodes, and only at
-    its check points: a function's entry, a generator's resumption, a backward jump, the return of a call into C.
-    From scheduling the fetch of a sample to `_run` returning it, every such point lies inside `_run`'s `try`, and an
-    interrupt there hands the sample back to the queue (`_abandon`), for the next loop. From `_run`'s return to the
-    yield in `_iterate`, and from the yield to the binding of a `for` loop's variable (FOR_ITER, then STORE_*), there
-    is none: an interrupt lands once the sample is the caller's. (python/tests/test_sync_interrupt.py raises the
-    interrupt at every bytecode of the hand-off in turn, and sends real SIGINTs; measured on CPython 3.11.) Not
-    covered: a caller that pulls with `next(it)`, whose CALL has a check point on its return, with the sample in hand
-    but not bound yet (use a `for` loop), and a second interrupt landing in the few bytecodes of the first one's
-    handler before `_abandon` has scheduled the give-back on the loop.
+    Ctrl-C and samples()/groups(): a sample the caller never gets must go back to the queue, not count as handed out
+    (nor, in the "consumed" ack mode, be acked when the caller comes back). CPython runs a signal handler (which raises
+    KeyboardInterrupt) between bytecodes, and only at its check points: a function's entry, a generator's resumption,
+    a backward jump, the return of a call into C. From scheduling the fetch of a sample to `_run` returning it, every
+    such point lies inside `_run`'s `try`, and an interrupt there hands the sample back to the queue (`_abandon`), for
+    the next loop. From `_run`'s return to the yield in `_iterate`, and from the yield to the binding of a `for` loop's
+    variable (FOR_ITER, then STORE_*), there is none. A caller that pulls with `next(it)` has one: the return of that
+    call, with the sample in hand but not bound yet. The SIGINT handler is wrapped while an iterator runs (main thread;
+    a Python-level handler): one that raises exactly there, in the caller's frame at that call, marks the hand-off
+    interrupted, and the iterator hands the same sample again on the next `next(it)`, or gives it back to the queue
+    when the iterator is closed instead. (python/tests/test_sync_interrupt.py raises the interrupt at every bytecode of
+    the hand-off in turn, at the return of next(), and sends real SIGINTs; measured on CPython 3.11.) Not covered: a
+    caller that replaces the SIGINT handler while iterating with next(), and a second interrupt landing in the few
+    bytecodes of the first one's handler before `_abandon` has scheduled the give-back on the loop.
 
     Example:
         with RolloutClient("127.0.0.1:50051") as client:
@@ -58,6 +136,8 @@ class RolloutClient:
         keepalive_time: Optional[float] = 30.0,
         keepalive_timeout: float = 10.0,
         retry_rejected_for: float = 60.0,
+        ack: str = "consumed",
+        resume: bool = False,
     ) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rollout-client", daemon=True)
@@ -67,7 +147,7 @@ class RolloutClient:
             return AsyncRolloutClient(
                 targets, token=token, tls=tls, session_id=session_id, max_in_flight=max_in_flight, failover_after=failover_after,
                 channel_options=channel_options, keepalive_time=keepalive_time, keepalive_timeout=keepalive_timeout,
-                retry_rejected_for=retry_rejected_for,
+                retry_rejected_for=retry_rejected_for, ack=ack, resume=resume,
             )
 
         self._client = self._run(make())
@@ -149,16 +229,33 @@ class RolloutClient:
             except (StopAsyncIteration, _GiveBack):
                 pass
 
+        handoff = _HandOff()
+        pending = False  # an item was yielded and the caller has not come back since
+        _handoffs.add(handoff)
         try:
             while True:
+                # Before the fetch: from its return to the yield no check point may run (see the class doc).
+                _watch_interrupts()
+                handoff.arm(sys._getframe(1))
                 try:
                     item = self._run(iterator.__anext__(), give_back)
                 except StopAsyncIteration:
                     return
+                pending = True
                 # No check point for signals from _run's return to the caller's loop variable (see the class doc).
                 yield item
+                while handoff.interrupted:
+                    # The caller was interrupted as next() returned the item, before binding it: it never had it.
+                    handoff.arm(sys._getframe(1))
+                    handoff.interrupted = False
+                    yield item
+                pending = False
         finally:
+            _handoffs.discard(handoff)
+            _unwatch_interrupts()
             if self._loop.is_running():
+                if pending and handoff.interrupted:
+                    self._run(give_back(item))  # never received: back to the queue, for the next loop
                 self._run(iterator.aclose())  # type: ignore[attr-defined]
 
     def submit(self, environment: str, instance: Any, num_samples: int = 1, **kwargs: Any) -> str:
@@ -169,6 +266,11 @@ class RolloutClient:
 
     def cancel(self, task_id: str) -> None:
         self._run(self._client.cancel(task_id))
+
+    def ack(self, items: Union[Sample, Group, Iterable[Union[Sample, Group]]]) -> None:
+        """AsyncRolloutClient.ack: the server forgets these samples (see "Acks" there)."""
+        items = list(items) if not isinstance(items, (Sample, Group)) else [items]  # iterated here, not on the loop
+        self._run(_call(lambda: self._client.ack(items)))
 
     def samples(self, *, until_idle: bool = True) -> Iterator[Sample]:
         return self._iterate(lambda: self._client.samples(until_idle=until_idle))

@@ -239,3 +239,71 @@ def test_real_sigints_at_random_moments_of_a_samples_loop_neither_lose_nor_repea
         assert sorted(got) == sorted((t, i) for t in ids for i in range(per_task))
         assert interrupts[0] >= 20
         assert state(client) == (0, 0, 0, 0)
+
+
+def _interrupted_as_it_receives(pull: Callable[[], object]) -> None:
+    """Runs pull(), whose `got = next(it)` gets a SIGINT as the call returns, before `got` is bound: the point where
+    CPython runs a signal handler on the return of a call into C (the handler's frame is the caller's, the item on its
+    stack). The installed handler is called there as CPython would call it (a real signal cannot be timed to it), at
+    the opcode that would bind the item; it raises KeyboardInterrupt, and the item is dropped with the stack."""
+    code = pull.__code__
+    binding = {x.offset for x in dis.get_instructions(code) if x.opname.startswith("STORE") and x.argval == "got"}
+    fired = []
+
+    def local(frame, event, arg):  # noqa: ANN001
+        if event == "opcode" and not fired and frame.f_lasti in binding:
+            fired.append(True)
+            signal.getsignal(signal.SIGINT)(signal.SIGINT, frame)
+        return local
+
+    def trace(frame, event, arg):  # noqa: ANN001
+        if frame.f_code is code:
+            frame.f_trace_opcodes = True
+            return local
+        return None
+
+    sys.settrace(trace)
+    try:
+        pull()
+    finally:
+        sys.settrace(None)
+    raise AssertionError("the interrupt did not fire")
+
+
+def test_an_interrupt_as_next_returns_a_sample_hands_the_same_sample_again_on_the_next_call(server):
+    with RolloutClient(server.address) as client:
+        task_id = client.submit("math", math_instance(5), 1, sampling=SAMPLING)
+        wait_queued(client, 1)
+        it = client.samples()
+
+        def pull():
+            got = next(it)
+            return got
+
+        try:
+            _interrupted_as_it_receives(pull)
+        except KeyboardInterrupt:
+            pass
+        s = next(it)  # the caller never had it: the next call hands it (before: the iterator was done, the sample lost)
+        assert (s.task_id, s.sample_index) == (task_id, 0)
+        assert list(it) == []
+        assert state(client) == (0, 0, 0, 0)
+
+
+def test_an_interrupt_as_next_returns_a_sample_then_a_new_loop_gets_it(server):
+    with RolloutClient(server.address) as client:
+        task_id = client.submit("math", math_instance(6), 1, sampling=SAMPLING)
+        wait_queued(client, 1)
+        it = client.samples()
+
+        def pull():
+            got = next(it)
+            return got
+
+        try:
+            _interrupted_as_it_receives(pull)
+        except KeyboardInterrupt:
+            pass
+        it.close()  # the caller gives up this iterator: the sample it never received goes back to the queue
+        assert [(s.task_id, s.sample_index) for s in client.samples()] == [(task_id, 0)]
+        assert state(client) == (0, 0, 0, 0)

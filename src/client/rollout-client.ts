@@ -17,13 +17,11 @@ import {
 import { BackendServiceClient, type AddBackendRequest, type Backend, type PauseMode } from '../../gen/ts/rollout/v1/backend.js';
 import { tokenProblem } from '../bearer-token.js';
 import { AsyncQueue } from './async-queue.js';
+import { DEFAULT_MAX_ACK_ENTRIES, maxAckEntriesOf } from './ack-limit.js';
 import { MAX_TIMER_MS } from '../timers.js';
 
 /** A task spec as a caller writes it: only task_id, environment, instance and num_samples are needed. */
 export type TaskInput = Partial<TaskSpec> & Pick<TaskSpec, 'taskId' | 'environment'> & { instance: Record<string, unknown> };
-
-/** The most entries the server takes in one Ack (contract/session.ts MAX_ACK_ENTRIES): larger acks go in parts. */
-const MAX_ACK_ENTRIES = 65_536;
 
 /** The server rejected a task; `field` names what to fix. */
 export class TaskRejectedError extends Error {
@@ -78,6 +76,8 @@ export class RolloutSession {
   private readonly call: ClientDuplexStream<RolloutRequest | Uint8Array, RolloutResponse>;
   private readonly queue: AsyncQueue<Trajectory>;
   private readonly autoAck: boolean;
+  /** The most entries the server takes in one Ack, from the stream's response headers: larger acks go in parts. */
+  private maxAckEntries = DEFAULT_MAX_ACK_ENTRIES;
   private ended = false;
   private closing = false;
   private halfClosed = false;
@@ -96,6 +96,9 @@ export class RolloutSession {
   private consumed = 0;
   /** With autoAck off: trajectories received and not acked yet (task, sample), which keep the stream open. */
   private readonly unacked = new Set<string>();
+  /** With autoAck: trajectories consumed in this turn of the event loop, acked together (one Ack, not one each). */
+  private consumedRefs: { taskId: string; sampleIndex: number }[] = [];
+  private ackSoon: NodeJS.Immediate | undefined;
   /** Why the stream ended, once it has: a submit after that fails at once with it. */
   private endedWith: Error | undefined;
   private readonly pending = new Map<string, { resolve: (a: TaskAccepted) => void; reject: (e: Error) => void }[]>();
@@ -121,6 +124,8 @@ export class RolloutSession {
       failed = reject;
     });
     this.opened.catch(() => undefined);
+    // Sent before any answer, so known before the first trajectory arrives (and with it anything to ack).
+    this.call.on('metadata', (headers: Metadata) => (this.maxAckEntries = maxAckEntriesOf(headers)));
     this.call.on('data', (response: RolloutResponse) => {
       const kind = response.kind;
       if (!kind) return;
@@ -213,7 +218,8 @@ export class RolloutSession {
    */
   ackTasks(taskIds: string[]): void {
     if (this.halfClosed || this.ended) return;
-    for (let i = 0; i < taskIds.length; i += MAX_ACK_ENTRIES) this.call.write({ kind: { $case: 'ack', value: { taskIds: taskIds.slice(i, i + MAX_ACK_ENTRIES), trajectories: [] } } });
+    const step = this.maxAckEntries;
+    for (let i = 0; i < taskIds.length; i += step) this.call.write({ kind: { $case: 'ack', value: { taskIds: taskIds.slice(i, i + step), trajectories: [] } } });
     if (this.autoAck) return;
     const tasks = new Set(taskIds);
     for (const key of this.unacked) if (tasks.has(key.slice(key.indexOf('\u0000') + 1))) this.unacked.delete(key);
@@ -223,7 +229,8 @@ export class RolloutSession {
   /** Tells the server these trajectories are safely received (a resumed session will not get them again). */
   ack(refs: { taskId: string; sampleIndex: number }[]): void {
     if (this.halfClosed || this.ended) return;
-    for (let i = 0; i < refs.length; i += MAX_ACK_ENTRIES) this.call.write({ kind: { $case: 'ack', value: { taskIds: [], trajectories: refs.slice(i, i + MAX_ACK_ENTRIES) } } });
+    const step = this.maxAckEntries;
+    for (let i = 0; i < refs.length; i += step) this.call.write({ kind: { $case: 'ack', value: { taskIds: [], trajectories: refs.slice(i, i + step) } } });
     if (this.autoAck) return;
     for (const r of refs) this.unacked.delete(refKey(r.taskId, r.sampleIndex));
     this.maybeHalfClose();
@@ -248,8 +255,9 @@ export class RolloutSession {
    * Trajectories in completion order; ends when the server has delivered all of the session's. Leaving the loop
    * early (`break`, `return`, an exception in its body) cancels the call, as nice-grpc's clients do: the server
    * sees CANCELLED at once and keeps the session resumable with everything not acked, instead of writing into a
-   * stream nobody reads. With autoAck, a trajectory is acked when the loop comes back for the next one; the one the
-   * loop left on is not (its processing may not have finished), so a resumed session gets it again.
+   * stream nobody reads. With autoAck, a trajectory is acked when the loop comes back for the next one (those of one
+   * turn of the event loop in one Ack); the one the loop left on is not (its processing may not have finished), so a
+   * resumed session gets it again. (The Python client's default "consumed" ack mode; see docs/python-client.md.)
    */
   async *trajectories(): AsyncGenerator<Trajectory> {
     let finished = false;
@@ -257,16 +265,33 @@ export class RolloutSession {
       for await (const t of this.queue) {
         yield t;
         this.consumed++;
-        if (this.autoAck) this.ack([{ taskId: t.taskId, sampleIndex: t.sampleIndex }]);
+        if (this.autoAck) this.ackConsumed({ taskId: t.taskId, sampleIndex: t.sampleIndex });
         this.maybeHalfClose();
       }
       finished = true;
     } finally {
+      this.flushConsumedAcks(); // those the loop came back past: written before the call is cancelled
       if (!finished && !this.ended) {
         this.ended = true;
         cancelCall(this.call);
       }
     }
+  }
+
+  /** Acks a consumed trajectory with the others of this turn of the event loop (a loop over buffered ones is one turn). */
+  private ackConsumed(ref: { taskId: string; sampleIndex: number }): void {
+    this.consumedRefs.push(ref);
+    if (this.consumedRefs.length >= this.maxAckEntries) this.flushConsumedAcks();
+    else this.ackSoon ??= setImmediate(() => this.flushConsumedAcks());
+  }
+
+  private flushConsumedAcks(): void {
+    if (this.ackSoon) clearImmediate(this.ackSoon);
+    this.ackSoon = undefined;
+    if (this.consumedRefs.length === 0) return;
+    const refs = this.consumedRefs;
+    this.consumedRefs = [];
+    this.ack(refs);
   }
 
   private maybeHalfClose(): void {
@@ -280,6 +305,7 @@ export class RolloutSession {
       this.queue.end();
       return;
     }
+    this.flushConsumedAcks(); // the last acks go before the half-close
     this.halfClosed = true;
     this.call.end();
   }

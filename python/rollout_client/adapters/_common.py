@@ -122,6 +122,8 @@ class TaskRequest:
 class _Pending:
     request: TaskRequest
     waiters: list[asyncio.Future[tuple[Group, int]]] = field(default_factory=list)
+    #: The run_group call, once flushed.
+    task: asyncio.Future[None] | None = None
 
 
 class GroupCoalescer:
@@ -129,7 +131,9 @@ class GroupCoalescer:
 
     ``sample(key, request)`` resolves to ``(group, i)``: the whole group (for group-neutral rewards), its samples
     ordered by sample_index, and the index of the caller's own sample in it. A failure of the call itself (the client
-    raising) reaches every caller. One coalescer per event loop (``shared_coalescer``): its futures belong to a loop.
+    raising) reaches every caller. A caller that is cancelled gives up its sample; once every caller of a group has,
+    the group is not sent, or its ``run_group`` is cancelled (which cancels the task on the server: nobody wants its
+    rollouts). One coalescer per event loop (``shared_coalescer``): its futures belong to a loop.
     """
 
     def __init__(self, client_factory: Callable[[], AsyncRolloutClient]) -> None:
@@ -146,17 +150,28 @@ class GroupCoalescer:
         if not self._scheduled:
             self._scheduled = True
             loop.call_soon(self._flush)
-        return await future
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if all(w.cancelled() for w in pending.waiters):
+                if pending.task is None:
+                    if self._pending.get(key) is pending:
+                        del self._pending[key]  # not flushed yet: never sent
+                else:
+                    pending.task.cancel()
+            raise
 
     def _flush(self) -> None:
         self._scheduled = False
         batch, self._pending = self._pending, {}
         for pending in batch.values():
             task = asyncio.ensure_future(self._run(pending))
+            pending.task = task
             self._running.add(task)
             task.add_done_callback(self._running.discard)
 
     async def _run(self, pending: _Pending) -> None:
+        pending.waiters = [w for w in pending.waiters if not w.cancelled()]  # a sample nobody waits for is not drawn
         n = len(pending.waiters)
         r = pending.request
         try:

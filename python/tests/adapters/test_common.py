@@ -112,3 +112,57 @@ def test_the_neutral_reward_is_the_mean_of_usable_samples():
     g = Group(task_id="t", group_id="g", samples=[sample(0, reward=1.0), sample(1, reward=0.0), sample(2, reward=0.0, status="backend_error")])
     assert neutral_reward(g) == pytest.approx(0.5)
     assert neutral_reward(Group(task_id="t", group_id="g", samples=[sample(0, status="timeout", reward=3.0)])) == 0.0
+
+
+class BlockingClient:
+    """TEST DOUBLE of AsyncRolloutClient.run_group that never finishes on its own: records each call and whether it was
+    cancelled (the real run_group cancels the task on the server when cancelled)."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.calls = 0
+        self.cancelled = asyncio.Event()
+
+    async def run_group(self, environment, instance, num_samples, **_):
+        self.calls += 1
+        self.started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+
+
+def test_a_group_whose_every_caller_was_cancelled_is_cancelled_on_the_server():
+    client = BlockingClient()
+
+    async def go():
+        c = GroupCoalescer(lambda: client)
+        callers = [asyncio.ensure_future(c.sample("a", req("a"))) for _ in range(3)]
+        await client.started.wait()
+        callers[0].cancel()
+        callers[1].cancel()
+        await asyncio.sleep(0)
+        assert not client.cancelled.is_set()  # one caller still wants the group
+        callers[2].cancel()
+        await asyncio.wait_for(client.cancelled.wait(), 5)
+        await asyncio.gather(*callers, return_exceptions=True)
+
+    asyncio.run(go())
+
+
+def test_a_group_whose_callers_were_cancelled_before_it_was_sent_is_never_sent():
+    client = BlockingClient()
+
+    async def go():
+        c = GroupCoalescer(lambda: client)
+        callers = [asyncio.ensure_future(c.sample("a", req("a"))) for _ in range(2)]
+        await asyncio.sleep(0)  # both registered; the flush is scheduled after them
+        for caller in callers:
+            caller.cancel()
+        await asyncio.gather(*callers, return_exceptions=True)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert client.calls == 0
+
+    asyncio.run(go())

@@ -1,0 +1,102 @@
+"""Acknowledge after consumption: a trajectory is acked once the trainer has moved past it (the "consumed" mode, the
+default) or when the trainer says so ("manual"), never on receipt: a trainer process that dies holding samples, or with
+samples queued in its client, loses none of them; a process that resumes the session gets them again. Real servers
+(see conftest.py) and a real consumer process killed with SIGKILL."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+from conftest import math_instance
+from rollout_client import AsyncRolloutClient
+
+SAMPLING = {"temperature": 1.0, "max_tokens_per_turn": 64}
+
+#: A trainer's collection loop: submits six groups, takes them with groups(), and stops dead (SIGKILL from the test)
+#: while it holds the third, with the others received and queued in its client.
+CONSUMER = textwrap.dedent(
+    """
+    import asyncio, json, sys, time
+    from rollout_client import AsyncRolloutClient
+    target, session_id, instances = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+
+    async def main():
+        client = AsyncRolloutClient(target, session_id=session_id)
+        for task_id, instance in instances.items():
+            await client.submit("math", instance, 2, task_id=task_id, sampling={"temperature": 1.0, "max_tokens_per_turn": 64})
+        taken = 0
+        async for group in client.groups():
+            taken += 1
+            if taken == 3:
+                # Wait until everything has arrived (queued here, unacked), then report the group in hand and hang.
+                while client._stream.qsize() + sum(len(p) for p in client._partial.values()) < 2 * (len(instances) - 3):
+                    await asyncio.sleep(0.01)
+                print(json.dumps({"holding": group.task_id}), flush=True)
+                time.sleep(600)
+            print(json.dumps({"consumed": group.task_id}), flush=True)
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_a_consumer_killed_mid_batch_loses_nothing_the_resumed_session_gets_every_group_it_had_not_moved_past(server):
+    session_id = f"py-killed-consumer-{os.getpid()}"
+    instances = {f"kill-{i}": math_instance(40 + i) for i in range(6)}
+    child = subprocess.Popen([sys.executable, "-c", CONSUMER, server.address, session_id, json.dumps(instances)], stdout=subprocess.PIPE, text=True)
+    consumed, holding = [], None
+    try:
+        for line in child.stdout:
+            event = json.loads(line)
+            if "holding" in event:
+                holding = event["holding"]
+                break
+            consumed.append(event["consumed"])
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        child.stdout.close()
+    assert holding is not None and len(consumed) == 2
+
+    async def resume():
+        async with AsyncRolloutClient(server.address, session_id=session_id, resume=True) as client:
+            # A restarted trainer submits again what it has not trained on, with the same task ids: the server answers
+            # them as owed by the session (no re-run) and re-sends what was never acked.
+            rest = [t for t in instances if t not in consumed]
+            for task_id in rest:
+                await client.submit("math", instances[task_id], 2, task_id=task_id, sampling=SAMPLING)
+            got = {g.task_id: [s.sample_index for s in g.samples] async for g in client.groups()}
+            return rest, got, client.connection_stats()[0]["redelivered"]
+
+    rest, got, redelivered = asyncio.run(asyncio.wait_for(resume(), 120))
+    assert holding in rest
+    assert got == {t: [0, 1] for t in rest}
+    # From the session: every sample the killed consumer had received and not moved past was still unacked.
+    assert redelivered == 2 * len(rest)
+
+
+def test_in_the_manual_mode_nothing_is_acked_until_the_caller_acks_it(server):
+    session_id = f"py-manual-acks-{os.getpid()}"
+
+    async def first():
+        client = AsyncRolloutClient(server.address, session_id=session_id, ack="manual")
+        await client.submit("math", math_instance(60), 3, task_id="manual-a", sampling=SAMPLING)
+        await client.submit("math", math_instance(61), 3, task_id="manual-b", sampling=SAMPLING)
+        groups = [g async for g in client.groups()]
+        client.ack([g for g in groups if g.task_id == "manual-a"])
+        await client.close(cancel_pending=False)
+
+    async def second():
+        async with AsyncRolloutClient(server.address, session_id=session_id, resume=True, ack="manual") as client:
+            await client.submit("math", math_instance(61), 3, task_id="manual-b", sampling=SAMPLING)
+            groups = [g async for g in client.groups()]
+            client.ack(groups)
+            return [g.task_id for g in groups], client.connection_stats()[0]["redelivered"]
+
+    asyncio.run(asyncio.wait_for(first(), 120))
+    assert asyncio.run(asyncio.wait_for(second(), 120)) == (["manual-b"], 3)
