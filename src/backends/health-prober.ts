@@ -42,7 +42,8 @@ export class HealthProber {
 
   constructor(
     private readonly targets: () => readonly ProbeTarget[],
-    private readonly report: (id: string, healthy: boolean) => void,
+    /** `target`: the one probed (an id may name another backend by the time its probe answers). */
+    private readonly report: (id: string, healthy: boolean, target: ProbeTarget) => void,
     private readonly options: HealthProberOptions,
   ) {}
 
@@ -102,12 +103,12 @@ export class HealthProber {
     }
     if (ok) {
       this.#failures.delete(target.id);
-      if (!target.healthy) this.report(target.id, true);
+      if (!target.healthy) this.report(target.id, true, target);
       this.options.onHealthy?.(target.id);
       return;
     }
     const failures = (this.#failures.get(target.id) ?? 0) + 1;
     this.#failures.set(target.id, failures);
-    if (target.healthy && failures >= this.options.failureThreshold) this.report(target.id, false);
+    if (target.healthy && failures >= this.options.failureThreshold) this.report(target.id, false, target);
   }
 }

@@ -90,9 +90,10 @@ export class BackendPool {
     this.#holdRecovered = options.holdRecoveredBackends ?? true;
     this.#prober = new HealthProber(
       () => [...this.#backends.values()],
-      // A probe can finish after its backend was removed: such a report is moot, never an error.
-      (id, healthy) => {
-        if (this.#backends.has(id)) this.setHealthy(id, healthy);
+      // A probe can finish after its backend was removed (its id perhaps given to another engine since): such a report
+      // is moot, never an error, and never about the backend now under that id.
+      (id, healthy, target) => {
+        if (this.#backends.get(id) === target) this.setHealthy(id, healthy);
       },
       {
         intervalMs: options.healthIntervalMs ?? 5_000,
@@ -164,8 +165,8 @@ export class BackendPool {
    * backend came back from being down (see {@link setHealthy}), or after an answer cut short of a limit the engine
    * should not have reached (see checkShortLength in short-length.ts). What was configured is never asked.
    */
-  async learn(id: string): Promise<BackendInfo> {
-    const backend = this.#get(id);
+  async learn(id: string, client?: EngineClient): Promise<BackendInfo> {
+    const backend = this.#get(id, client);
     if (!needsLearning(backend)) return info(backend);
     await this.#limits.learn(backend);
     return info(backend);
@@ -176,8 +177,8 @@ export class BackendPool {
    * when it reports another logprobs mode than declared, failed_precondition when it reports logits instead of
    * logprobs. Callers adding a backend call it after {@link learn} and remove the backend when it throws.
    */
-  checkEngineAgrees(id: string): void {
-    this.#limits.checkAgrees(this.#get(id));
+  checkEngineAgrees(id: string, client?: EngineClient): void {
+    this.#limits.checkAgrees(this.#get(id, client));
   }
 
   /** The smallest context length among backends that state one (undefined when none does), for admission. */
@@ -193,10 +194,11 @@ export class BackendPool {
    * fail over to other backends on the spot. A drain whose `signal` fires first (the RPC's deadline or
    * cancellation) stops waiting and rejects, and the backend takes trajectories again unless another drain of it
    * is still waiting: a call that did not complete changes nothing. (A drain of a paused backend waits for the
-   * resume: its trajectories are held at its gate.)
+   * resume: its trajectories are held at its gate.) With `client`, only the backend added with that engine client
+   * (not_found otherwise, see #get).
    */
-  async remove(id: string, options: { drain: boolean; signal?: AbortSignal }): Promise<void> {
-    const backend = this.#get(id);
+  async remove(id: string, options: { drain: boolean; signal?: AbortSignal; client?: EngineClient }): Promise<void> {
+    const backend = this.#get(id, options.client);
     if (options.drain && backend.inflightTrajectories > 0) {
       this.#heap.update(backend, eligible, (b) => (b.draining = true));
       this.#log.info({ backend: id, trajectories: backend.inflightTrajectories }, 'backend draining');
@@ -488,9 +490,14 @@ export class BackendPool {
     return backend.suspecting;
   }
 
-  #get(id: string): BackendState {
+  /**
+   * The backend under `id`; with `client`, only the one added with that engine client: an id can be removed and given
+   * to another backend meanwhile, and an AddBackend undoing its own add must not take that one out.
+   */
+  #get(id: string, client?: EngineClient): BackendState {
     const backend = this.#backends.get(id);
     if (backend === undefined) throw new RolloutError('not_found', `no backend ${id}`);
+    if (client !== undefined && backend.client !== client) throw new RolloutError('not_found', `backend ${id} was removed (the id names another backend now)`);
     return backend;
   }
 

@@ -8,7 +8,7 @@ import { embeddedBackendProblem, type VocabularyOf } from '../backends/embedded/
 import type { CapacitySource as EngineCapacitySource } from '../backends/backend-state.js';
 import { withoutCredentials } from '../backends/engine-http.js';
 import { backendIdProblem, MAX_BACKEND_MODEL_BYTES, MAX_BACKEND_URL_BYTES } from '../config.js';
-import type { LogprobsMode as EngineLogprobsMode } from '../backends/types.js';
+import type { EngineClient, LogprobsMode as EngineLogprobsMode } from '../backends/types.js';
 import type { PauseMode as EnginePauseMode } from '../backends/types.js';
 import { type Backend, BackendKind, type BackendServiceServer, CapacitySource, LogprobsMode, PauseMode } from '../../gen/ts/rollout/v1/backend.js';
 import { logprobsModeToProto } from '../pipeline/trajectory.js';
@@ -90,7 +90,7 @@ function msUntilDeadline(call: ServerUnaryCall<unknown, unknown>): number {
  * known by then (the learning goes on in the background). Rejects with the signal's reason (cancelled,
  * deadline_exceeded, unavailable) when the call ends first.
  */
-function learnWithin(pool: BackendPool, added: BackendInfo, signal: AbortSignal, budgetMs: number): Promise<BackendInfo> {
+function learnWithin(pool: BackendPool, added: BackendInfo, client: EngineClient, signal: AbortSignal, budgetMs: number): Promise<BackendInfo> {
   const current = (): BackendInfo => pool.list().find((b) => b.id === added.id) ?? added;
   return new Promise<BackendInfo>((resolve, reject) => {
     if (signal.aborted) return reject(RolloutError.from(signal.reason, 'cancelled'));
@@ -103,7 +103,7 @@ function learnWithin(pool: BackendPool, added: BackendInfo, signal: AbortSignal,
     const onAbort = (): void => settle(() => reject(RolloutError.from(signal.reason, 'cancelled')));
     signal.addEventListener('abort', onAbort, { once: true });
     if (Number.isFinite(budgetMs)) timer = setTimeout(() => settle(() => resolve(current())), Math.max(0, budgetMs));
-    pool.learn(added.id).then(
+    pool.learn(added.id, client).then(
       (snapshot) => settle(() => resolve(snapshot)),
       () => settle(() => resolve(current())),
     );
@@ -178,10 +178,11 @@ export function backendService(deps: BackendServiceDeps): BackendServiceServer {
       // nothing, so a retry is not ALREADY_EXISTS.
       let snapshot: BackendInfo;
       try {
-        snapshot = await learnWithin(deps.pool, added, signal, msUntilDeadline(call) - ANSWER_BEFORE_DEADLINE_MS);
-        deps.pool.checkEngineAgrees(added.id);
+        snapshot = await learnWithin(deps.pool, added, client, signal, msUntilDeadline(call) - ANSWER_BEFORE_DEADLINE_MS);
+        deps.pool.checkEngineAgrees(added.id, client);
       } catch (err) {
-        await deps.pool.remove(added.id, { drain: false }).catch(() => undefined);
+        // By identity: meanwhile the id may have been removed and given to another backend, which stays.
+        await deps.pool.remove(added.id, { drain: false, client }).catch(() => undefined);
         throw err;
       }
       log.info({ id: snapshot.id, url: snapshot.url }, 'backend added');

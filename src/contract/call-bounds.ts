@@ -40,6 +40,8 @@ export function callBoundsInterceptor(calls: ServerConfig['calls'], connections:
       timers.push(timer);
       return timer;
     };
+    /** While the call's admission at the cap is undecided: what it received, handed on once admitted. */
+    let held: (() => void)[] | undefined;
     return new ServerInterceptingCall(call, {
       start: (next) => {
         let first: NodeJS.Timeout | undefined;
@@ -51,18 +53,33 @@ export function callBoundsInterceptor(calls: ServerConfig['calls'], connections:
         if (isUnary) {
           const { remoteAddress, remotePort } = call.getConnectionInfo();
           const key = `${remoteAddress ?? ''}:${remotePort ?? ''}`;
-          const open = unaryInFlight.get(key) ?? 0;
-          if (open >= connections.maxUnaryInFlight) {
-            // Answered once the call has started (sendStatus needs the listener in place).
-            process.nextTick(() => end(status.RESOURCE_EXHAUSTED, `this connection has ${open} unary calls in flight, the most it may (connections.maxUnaryInFlight): wait for some to end, or open another connection`));
-          } else {
-            unaryInFlight.set(key, open + 1);
+          const admit = (): void => {
+            unaryInFlight.set(key, (unaryInFlight.get(key) ?? 0) + 1);
             counted = key;
             const deadline = call.getDeadline();
             const hasDeadline = deadline instanceof Date || Number.isFinite(deadline);
             if (!hasDeadline && calls.unaryDeadlineMs > 0) {
               after(calls.unaryDeadlineMs, () => end(status.DEADLINE_EXCEEDED, `a unary call without a deadline may take at most ${calls.unaryDeadlineMs} ms (calls.unaryDeadlineMs): set a deadline to wait longer`));
             }
+          };
+          if ((unaryInFlight.get(key) ?? 0) < connections.maxUnaryInFlight) admit();
+          else {
+            // Decided once what the connection's data brought is handled: a client that cancels calls and opens new
+            // ones at once sends both in one read, and grpc-js reports the cancels a tick after the new calls start
+            // (they would be refused for calls already gone). Until then nothing reaches the handler.
+            held = [];
+            setImmediate(() => {
+              const waiting = held ?? [];
+              held = undefined;
+              if (ended) return;
+              const open = unaryInFlight.get(key) ?? 0;
+              if (open >= connections.maxUnaryInFlight) {
+                end(status.RESOURCE_EXHAUSTED, `this connection has ${open} unary calls in flight, the most it may (connections.maxUnaryInFlight): wait for some to end, or open another connection`);
+                return;
+              }
+              admit();
+              for (const pass of waiting) pass();
+            });
           }
         }
         const arrived = (): void => {
@@ -72,11 +89,13 @@ export function callBoundsInterceptor(calls: ServerConfig['calls'], connections:
         next({
           onReceiveMessage: (message, nextMessage) => {
             arrived();
-            nextMessage(message);
+            if (held) held.push(() => nextMessage(message));
+            else nextMessage(message);
           },
           onReceiveHalfClose: (nextHalfClose) => {
             arrived();
-            nextHalfClose();
+            if (held) held.push(() => nextHalfClose());
+            else nextHalfClose();
           },
           onCancel: () => settle(),
         });

@@ -3,7 +3,7 @@ import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { PassThrough } from 'node:stream';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { parseConfig } from '../../src/config.js';
 import { RolloutError } from '../../src/errors.js';
 import { createLogger } from '../../src/observability/logger.js';
@@ -153,6 +153,54 @@ describe('AddBackend input', () => {
     // The retry is a new add.
     await add({ url: hanging.url, id: 'cancelled-engine' }, 1_000);
     await h.client.removeBackend('cancelled-engine');
+  });
+
+  it('an add undone after its backend was removed and added again under the same id takes out only its own backend', async () => {
+    // The pool is the seam: learning what an engine is, is held (an engine slow to say what it is) until the test lets
+    // it go, and each removal is awaited as it ends (the undo runs after the client saw CANCELLED).
+    const pool = h.server.pool;
+    const learn = pool.learn.bind(pool);
+    const remove = pool.remove.bind(pool);
+    const held: (() => void)[] = [];
+    let learning!: () => void;
+    const firstLearns = new Promise<void>((resolve) => (learning = resolve));
+    const removals: Promise<void>[] = [];
+    const learnSpy = vi.spyOn(pool, 'learn').mockImplementation(async (id) => {
+      await new Promise<void>((resolve) => {
+        held.push(resolve);
+        learning();
+      });
+      return learn(id);
+    });
+    const removeSpy = vi.spyOn(pool, 'remove').mockImplementation((id, options) => {
+      const done = remove(id, options);
+      removals.push(done.catch(() => undefined));
+      return done;
+    });
+    try {
+      let cancel = (): void => undefined;
+      const outcome = new Promise<ServiceError | null>((resolve) => {
+        const call = stub.addBackend(request({ url: recording.url, id: 'reused-id' }), md(), { deadline: Date.now() + 20_000 }, (err) => resolve(err));
+        cancel = () => call.cancel();
+      });
+      await firstLearns;
+      // Meanwhile the operator replaces it: removed, then another engine added under the same id.
+      await h.client.removeBackend('reused-id');
+      await add({ url: hanging.url, id: 'reused-id' }, 1_000);
+      const before = removals.length;
+      cancel();
+      expect((await outcome)?.code).toBe(status.CANCELLED);
+      // The first call's undo (a removal), once it has run.
+      while (removals.length === before) await new Promise((resolve) => setImmediate(resolve));
+      await Promise.all(removals);
+      const backends = (await h.client.listBackends()).filter((b) => b.id === 'reused-id');
+      expect(backends.map((b) => b.url)).toEqual([hanging.url]);
+    } finally {
+      for (const release of held) release();
+      learnSpy.mockRestore();
+      removeSpy.mockRestore();
+      if ((await ids()).includes('reused-id')) await h.client.removeBackend('reused-id');
+    }
   });
 });
 

@@ -170,3 +170,80 @@ describe('calls that hold the server without sending, or too many at once on one
     await new Promise<void>((resolve, reject) => crowded.listEnvironments({}, (err) => (err ? reject(err) : resolve())));
   }, 30_000);
 });
+
+describe('connections.maxUnaryInFlight counts a call out however it ends', () => {
+  const TOKEN = 'call-bounds-token';
+  let server: RolloutServer;
+  const clients: InstanceType<typeof RolloutServiceClient>[] = [];
+  beforeAll(async () => {
+    server = await startRolloutServer(
+      {
+        port: 0,
+        backends: [],
+        tokenWorkers: { count: 0 },
+        backendAcquireTimeoutMs: 120_000,
+        auth: { token: TOKEN },
+        calls: { unaryDeadlineMs: UNARY_DEADLINE_MS },
+        connections: { maxUnaryInFlight: 2 },
+      },
+      { logger: silentLogger(), sandboxes: new NullSandboxDriver() },
+    );
+  });
+  afterAll(async () => {
+    for (const c of clients) c.close();
+    await server?.shutdown();
+  });
+
+  const authorized = (): Metadata => {
+    const m = new Metadata();
+    m.set('authorization', `Bearer ${TOKEN}`);
+    return m;
+  };
+
+  it('after calls cancelled (new ones sent right behind the cancels), ended by calls.unaryDeadlineMs, failed in the handler, refused by auth or at the cap, the connection still takes its full count', async () => {
+    // One connection for everything: the count is per connection.
+    const client = new RolloutServiceClient(server.address, credentials.createInsecure(), { 'grpc.use_local_subchannel_pool': 1 });
+    clients.push(client);
+    const call = (metadata: Metadata, request: Partial<GetTrajectoryRequest>, deadlineMs?: number): { ended: Promise<ServiceError | null>; cancel: () => void } => {
+      let cancel = (): void => undefined;
+      const ended = new Promise<ServiceError | null>((resolve) => {
+        const c = client.getTrajectory(GetTrajectoryRequest.fromPartial(request), metadata, deadlineMs === undefined ? {} : { deadline: Date.now() + deadlineMs }, (err) => resolve(err));
+        cancel = () => c.cancel();
+      });
+      return { ended, cancel };
+    };
+    // A task no engine serves (there is none): a wait on it lasts until its call ends.
+    const { taskId } = await new Promise<{ taskId: string }>((resolve, reject) =>
+      client.submit({ task: { taskId: 'never-served', environment: 'math', numSamples: 1, instance: { problem: '1+1', answer: '2' }, metadata: {} } as never }, authorized(), (err, r) => (err ? reject(err) : resolve(r))),
+    );
+    const refusedAtCap = async (): Promise<void> =>
+      eventually(async () => {
+        const third = await call(authorized(), { taskId: 'probe' }).ended;
+        return third?.code === status.RESOURCE_EXHAUSTED;
+      }, 'a third call to be refused at connections.maxUnaryInFlight');
+    /** Two calls waiting on a task that never comes: both must be taken (a leaked count would refuse one at once). */
+    const fill = async (deadlineMs?: number): Promise<Array<{ ended: Promise<ServiceError | null>; cancel: () => void }>> => {
+      const waits = [0, 1].map(() => call(authorized(), { taskId, wait: true }, deadlineMs));
+      await refusedAtCap();
+      return waits;
+    };
+    for (let round = 0; round < 3; round++) {
+      // Cancelled by the client while counted.
+      const cancelled = await fill(20_000);
+      for (const w of cancelled) w.cancel();
+      expect((await Promise.all(cancelled.map((w) => w.ended))).map((e) => e?.code)).toEqual([status.CANCELLED, status.CANCELLED]);
+      // Sent without a deadline: ended by calls.unaryDeadlineMs (the interceptor's own status).
+      const unbounded = await fill();
+      expect((await Promise.all(unbounded.map((w) => w.ended))).map((e) => e?.code)).toEqual([status.DEADLINE_EXCEEDED, status.DEADLINE_EXCEEDED]);
+      // Refused by auth after the bounds counted them, and failed in the handler (no such task).
+      const refused = await Promise.all([call(new Metadata(), { taskId: 'x' }).ended, call(new Metadata(), { taskId: 'x' }).ended]);
+      expect(refused.map((e) => e?.code)).toEqual([status.UNAUTHENTICATED, status.UNAUTHENTICATED]);
+      const failed = await Promise.all([call(authorized(), { taskId: 'unknown' }).ended, call(authorized(), { taskId: 'unknown' }).ended]);
+      expect(failed.map((e) => e?.code)).toEqual([status.NOT_FOUND, status.NOT_FOUND]);
+    }
+    // Still two in flight at once, neither refused.
+    const last = await fill(20_000);
+    for (const w of last) w.cancel();
+    expect((await Promise.all(last.map((w) => w.ended))).map((e) => e?.code)).toEqual([status.CANCELLED, status.CANCELLED]);
+  }, 60_000);
+});
