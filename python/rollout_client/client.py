@@ -97,7 +97,9 @@ class AsyncRolloutClient:
     while samples of incomplete groups (run_group's, or groups()' once it has taken all that is queued) wait here, they
     are acked before consumption so the groups can complete instead of waiting for ever; logged at WARNING and counted
     in stats["acked_early"]. Keep maxUnackedBytes above what the client holds (max_in_flight samples, plus in "manual"
-    what the caller has not acked) and a sample is never acked before the moment its mode says. Acks wait up to 20 ms
+    what the caller has not acked) and a sample is never acked before the moment its mode says. A samples()/groups()
+    caller that waits while the pause is kept by samples it holds unacked itself ("manual": a batch kept until its
+    step) gets nothing more until it acks some: that wait is logged at WARNING (at most every 30 s), not left silent. Acks wait up to 20 ms
     for others (one Ack message per server per 20 ms, split by the bound each server advertises): a crash may re-send
     a few consumed samples to the resumed session (at least once), never lose one.
 
@@ -180,6 +182,8 @@ class AsyncRolloutClient:
         self._finished: "collections.OrderedDict[str, None]" = collections.OrderedDict()
         self._stream: "asyncio.Queue[Optional[Sample]]" = asyncio.Queue()
         self._stream_outstanding = 0  # samples of submit()ted tasks not yet handed out
+        #: samples()/groups() iterators waiting for the queue (a pause while they wait may need saying, see _on_delivery_paused).
+        self._readers_waiting = 0
         self._lent = 0  # samples yielded by samples()/groups() whose caller has not come back yet (still outstanding)
         self._partial: Dict[str, Dict[int, Sample]] = {}
         self._in_flight = 0
@@ -193,7 +197,7 @@ class AsyncRolloutClient:
         #: With resume: trajectories of tasks this process has not submitted (its predecessor's), held unacked until
         #: their task is submitted again, by task id and sample index.
         self._orphans: Dict[str, Dict[int, Any]] = {}
-        self._warned_early_at = float("-inf")
+        self._warned_early_at = self._warned_waiting_at = float("-inf")
         self.stats: Dict[str, int] = {"resubmitted": 0, "duplicates_dropped": 0, "rejections_retried": 0, "acked_early": 0}
         for conn in self._conns:
             conn.start()
@@ -390,9 +394,13 @@ class AsyncRolloutClient:
             # The caller is about to wait: if a server waits for acks meanwhile, groups() must not hold its partial
             # groups unacked (see "Acks" in the class doc).
             for conn in self._conns:
-                if conn.paused:
-                    self._ack_waiting_groups(conn)
-        sample = await self._stream.get()
+                if conn.paused and not self._ack_waiting_groups(conn):
+                    self._warn_waiting_on_acks(conn)
+        self._readers_waiting += 1
+        try:
+            sample = await self._stream.get()
+        finally:
+            self._readers_waiting -= 1
         if sample is None:
             self._stream.put_nowait(None)  # every other iterator stops too
             if self._fatal is not None:
@@ -458,10 +466,10 @@ class AsyncRolloutClient:
         for conn, conn_refs in by_conn.items():
             conn.ack(conn_refs)
 
-    def _ack_waiting_groups(self, conn: Connection, *, with_partial: bool = True) -> None:
+    def _ack_waiting_groups(self, conn: Connection, *, with_partial: bool = True) -> int:
         """`conn`'s server paused delivery: acks what the caller cannot take before more arrives (samples of groups
-        still incomplete: run_group's, and with_partial groups()'), so the groups can complete. See "Acks" in the class
-        doc."""
+        still incomplete: run_group's, and with_partial groups()'), so the groups can complete; how many. See "Acks" in
+        the class doc."""
         refs = [
             (task.task_id, i)
             for task in self._tasks.values()
@@ -470,6 +478,26 @@ class AsyncRolloutClient:
             if conn in self._unacked.get((task.task_id, i), ())
         ]
         self._ack_early(conn, refs)
+        return len(refs)
+
+    def _warn_waiting_on_acks(self, conn: Connection) -> None:
+        """A samples()/groups() caller waits while `conn`'s server holds delivery for acks and nothing here may be acked
+        early: what keeps it paused is what the caller holds unacked ("manual": a batch kept until its step), so
+        nothing more arrives until the caller acks (from another thread or task) — said, or the wait looks like a
+        hang."""
+        held = sum(1 for conns in self._unacked.values() if conn in conns)
+        if held == 0:
+            return
+        now = self._loop.time()
+        if now - self._warned_waiting_at < _WARN_EARLY_EVERY:
+            return
+        self._warned_waiting_at = now
+        log.warning(
+            "%s: waiting for samples while the server holds delivery to session %s until it gets acks (its unacked bytes "
+            "reached sessions.maxUnackedBytes): %d samples it sent are unacked here (ack mode %r); nothing more arrives "
+            "until the caller ack()s some, or raise sessions.maxUnackedBytes above what a batch holds",
+            conn.target, conn.session_id, held, self.ack_mode,
+        )
 
     def _ack_early(self, conn: Connection, refs: List[Tuple[str, int]]) -> None:
         if not refs:
@@ -491,7 +519,9 @@ class AsyncRolloutClient:
         if self.ack_mode == "received":
             return
         # run_group callers wait on nothing else; groups() only once it has taken what is queued (_next_stream_sample).
-        self._ack_waiting_groups(conn, with_partial=self._stream.empty())
+        waiting = self._stream.empty()
+        if not self._ack_waiting_groups(conn, with_partial=waiting) and waiting and self._readers_waiting > 0:
+            self._warn_waiting_on_acks(conn)
 
     def _release(self, n: int, *, stream: bool) -> None:
         if n <= 0:

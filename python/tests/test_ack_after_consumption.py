@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 
-from conftest import math_instance
+from conftest import Server, math_instance
 from rollout_client import AsyncRolloutClient
 
 SAMPLING = {"temperature": 1.0, "max_tokens_per_turn": 64}
@@ -100,3 +101,51 @@ def test_in_the_manual_mode_nothing_is_acked_until_the_caller_acks_it(server):
 
     asyncio.run(asyncio.wait_for(first(), 120))
     assert asyncio.run(asyncio.wait_for(second(), 120)) == (["manual-b"], 3)
+
+
+def test_manual_mode_samples_waiting_on_a_server_paused_by_its_own_unacked_samples_is_logged_and_ends_once_acked(tmp_path, caplog):
+    """'manual' with samples(): a caller that holds its samples unacked until it has a batch, against a server whose
+    sessions.maxUnackedBytes those samples exceed, waits for samples the server will not send until it gets acks.
+    Nothing can be acked early (the caller holds them), so the wait is said, at WARNING, naming the bound and ack();
+    once the caller acks, delivery resumes and the batch completes."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"sessions": {"maxUnackedBytes": 1}}))
+    server = Server(latency_ms=1, extra_args=["--config", str(config)])
+
+    class Said(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__(logging.WARNING)
+            self.stuck = asyncio.Event()
+
+        def emit(self, record: logging.LogRecord) -> None:
+            if "ack()" in record.getMessage():
+                self.stuck.set()
+
+    async def main():
+        said = Said()
+        logging.getLogger("rollout_client").addHandler(said)
+        try:
+            async with AsyncRolloutClient(server.address, ack="manual") as client:
+                await client.submit("math", math_instance(5), 4, sampling=SAMPLING)
+                got = []
+
+                async def take():
+                    async for s in client.samples():
+                        got.append(s)
+                        if said.stuck.is_set():
+                            client.ack(s)  # told: from then on it acks as it goes
+
+                taking = asyncio.ensure_future(take())
+                await asyncio.wait_for(said.stuck.wait(), 30)
+                assert 0 < len(got) < 4
+                assert not taking.done()
+                client.ack(got)  # what a trainer does once its step used them: delivery resumes
+                await asyncio.wait_for(asyncio.shield(taking), 60)
+                assert sorted(s.sample_index for s in got) == [0, 1, 2, 3]
+        finally:
+            logging.getLogger("rollout_client").removeHandler(said)
+
+    try:
+        asyncio.run(main())
+    finally:
+        server.stop()

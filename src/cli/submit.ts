@@ -7,6 +7,7 @@ import { RolloutError } from '../errors.js';
 import { TrajectoryStatus, type Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { attemptTaskId, attemptsByRow, isRetryableStatus, parseAttempt, planRow, supersededTasks } from './submit-attempts.js';
 import { countRows, mapRow, readDataset, taskIdFor, type MappedRow } from './submit-dataset.js';
+import { HeldGroups } from './submit-held.js';
 import { openTrajectoryOutput, type TrajectoryOutput } from './submit-output.js';
 
 export interface SubmitOptions extends ConnectionFlags {
@@ -111,6 +112,16 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
   }
   const retried = async (): Promise<TrajectoryOutput> => (retriedOutput ??= await openTrajectoryOutput(retriedPath));
   const found = attemptsByRow(output.written, output.failed, retriedOutput?.written ?? new Map<string, ReadonlySet<number>>());
+  /** The samples of each attempt in flight, held on disk until its group is whole (submit-held.ts). */
+  let held: HeldGroups;
+  try {
+    held = new HeldGroups(`${output.journal}.held`);
+  } catch (err) {
+    client.close();
+    await output.close(false);
+    await retriedOutput?.close(false);
+    throw err;
+  }
   const session = client.openSession({ sessionId: `submit-${randomUUID()}` });
   const slots = new Slots(opts.concurrency);
 
@@ -128,7 +139,7 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
   let infraRows = 0;
   let interrupted = false;
   let streamError: string | undefined;
-  /** The samples of each attempt in flight, held until its group is whole: then it is kept or retried as one. */
+  /** Each attempt in flight, until its group is whole: then it is kept or retried as one. */
   const pending = new Map<string, Attempt>();
   const alreadyWritten = [...output.written.values()].reduce((n, s) => n + s.size, 0);
 
@@ -162,7 +173,7 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
 
   const submitAttempt = (row: RowContext, attempt: number): void => {
     const taskId = attemptTaskId(row.rowTaskId, attempt);
-    pending.set(taskId, { row, attempt, samples: new Map() });
+    pending.set(taskId, { row, attempt });
     session
       .submit({
         taskId,
@@ -174,6 +185,7 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
         ...(sampling(opts) && { sampling: sampling(opts) }),
       })
       .catch((err: unknown) => {
+        held.release(taskId);
         if (pending.delete(taskId)) slots.give();
         progressed();
         if (interrupted) return;
@@ -184,21 +196,26 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
 
   /** A whole group: kept in the output, or (an infrastructure failure, attempts left) moved aside and retried. */
   const settle = async (taskId: string, group: Attempt): Promise<void> => {
-    const samples = [...group.samples.values()].sort((a, b) => a.sampleIndex - b.sampleIndex).map((t) => stamped(t, group.attempt));
-    const failures = samples.filter((t) => isRetryableStatus(t.status));
+    const heldSamples = [...held.samples(taskId).values()];
+    const failures = heldSamples.filter((t) => isRetryableStatus(t.status));
     const causes = [...new Set(failures.map((t) => `${statusName(t.status)}: ${t.error || t.finishReason || 'no cause given'}`))].join('; ');
+    // Read back one sample at a time: a whole group of long samples is not held in memory at once.
+    const samples = function* (): Generator<Trajectory> {
+      for (const t of held.read(taskId)) yield stamped(t, group.attempt);
+    };
     if (failures.length > 0 && group.attempt < maxAttempts && !interrupted) {
       const aside = await retried();
       // Samples of this group a killed run had written already leave the output with the rest of it.
       output.remove(new Set([taskId]), (t) => aside.write(stamped(t, group.attempt)));
-      for (const t of samples) aside.write(t);
+      for (const t of samples()) aside.write(t);
+      held.release(taskId);
       retryCount++;
-      logAbove(bar, out, `[submit] row ${group.row.index} attempt ${group.attempt}: ${failures.length} of ${samples.length} samples failed (${causes}); retrying as attempt ${group.attempt + 1}`);
+      logAbove(bar, out, `[submit] row ${group.row.index} attempt ${group.attempt}: ${failures.length} of ${heldSamples.length} samples failed (${causes}); retrying as attempt ${group.attempt + 1}`);
       report();
       submitAttempt(group.row, group.attempt + 1);
       return;
     }
-    for (const t of samples) {
+    for (const t of samples()) {
       if (!output.write(t)) continue;
       received++;
       if (t.status === TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED || t.status === TrajectoryStatus.TRAJECTORY_STATUS_TRUNCATED) {
@@ -207,6 +224,7 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
       }
       counts.set(statusName(t.status), (counts.get(statusName(t.status)) ?? 0) + 1);
     }
+    held.release(taskId);
     if (failures.length > 0 && !interrupted) {
       infraRows++;
       logAbove(bar, out, `[submit] row ${group.row.index} (${taskId}): infrastructure failures remain after ${group.attempt} attempts: ${causes}`);
@@ -223,8 +241,13 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
   const receive = (t: Trajectory): void => {
     const group = pending.get(t.taskId);
     if (group === undefined) return; // not one of this run's attempts (cannot happen on a session of its own)
-    group.samples.set(t.sampleIndex, t);
-    if (group.samples.size < opts.numSamples) return;
+    if (!Number.isInteger(t.sampleIndex) || t.sampleIndex < 0 || t.sampleIndex >= opts.numSamples) {
+      // A faulty server's: counted, it would make the group whole in place of one of its own samples.
+      logAbove(bar, out, `[submit] row ${group.row.index} (${t.taskId}): dropped a trajectory with sample_index ${t.sampleIndex} outside [0, ${opts.numSamples})`);
+      return;
+    }
+    held.hold(t);
+    if (held.samples(t.taskId).size < opts.numSamples) return;
     pending.delete(t.taskId);
     unsettled++;
     settling = settling
@@ -278,7 +301,11 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
       }
       if (plan.kind === 'exhausted') {
         infraRows++;
-        logAbove(bar, out, `[submit] row ${row.index} (${attemptTaskId(context.rowTaskId, plan.attempt)}): infrastructure failures remain after ${plan.attempt} attempts (allow more with --retries)`);
+        // A run stopped between moving this group aside and getting the next attempt's (and this one allows no more):
+        // the group goes back, so that a row whose attempts are used up keeps its last group in the output.
+        const last = attemptTaskId(context.rowTaskId, plan.attempt);
+        if (!output.written.has(last) && retriedOutput?.written.has(last)) retriedOutput.remove(new Set([last]), (t) => output.write(t));
+        logAbove(bar, out, `[submit] row ${row.index} (${last}): infrastructure failures remain after ${plan.attempt} attempts (allow more with --retries)`);
         continue;
       }
       await slots.take();
@@ -301,6 +328,7 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
     process.off('SIGINT', onSignal);
     process.off('SIGTERM', onSignal);
     await settling;
+    held.close();
     report(true);
     bar?.stop();
     client.close();
@@ -333,8 +361,6 @@ interface RowContext extends MappedRow {
 interface Attempt {
   row: RowContext;
   attempt: number;
-  /** By sample index (a sample delivered twice is held once). */
-  samples: Map<number, Trajectory>;
 }
 
 /** The trajectory with `metadata.attempt` (1 for the row's first): which attempt of its row it came from. */

@@ -1,5 +1,5 @@
 import { spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -180,6 +180,55 @@ describe('rollout submit --retries: infrastructure failures are retried as new t
     const row2 = byRow(lines).get('2')!;
     expect(row2.every((l) => l.taskId.endsWith('-attempt3') && l.status === 'TRAJECTORY_STATUS_COMPLETED' && l.metadata?.attempt === '3')).toBe(true);
     expect(records(`${output}.retried.jsonl`).map((l) => l.metadata?.attempt).sort()).toEqual(['1', '1', '2', '2']);
+  });
+
+  it('SIGKILLed mid-retry: a re-run with --retries 0 keeps the last group of the row in the output, a later one with retries completes it; one whole group per row', async () => {
+    const data = rows(3, 4000);
+    flaky.add(data[1]!.problem);
+    const dataset = join(dir, 'killed.jsonl');
+    writeFileSync(dataset, data.map((r) => JSON.stringify(r)).join('\n') + '\n');
+    const output = join(dir, 'killed.out.jsonl');
+    const args = ['submit', '--dataset', dataset, '--environment', 'math', '--num-samples', '2', '--server', h.server.address, '--output', output];
+
+    // Killed as soon as it reports the retry: attempt 1 has just been moved aside and attempt 2 submitted.
+    const child = spawn(process.execPath, ['bin/rollout.js', ...args, '--retries', '2'], { cwd: root, stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ROLLOUT_LOG_LEVEL: 'warn' } });
+    let log = '';
+    const killed = new Promise<NodeJS.Signals | null>((resolve) => child.on('close', (_code, signal) => resolve(signal)));
+    const onData = (d: Buffer): void => {
+      log += d.toString();
+      if (/row 1 attempt 1: .*retrying as attempt 2/.test(log)) child.kill('SIGKILL');
+    };
+    child.stdout.on('data', onData);
+    child.stderr.on('data', onData);
+    expect(await killed, log).toBe('SIGKILL');
+    expect(records(`${output}.retried.jsonl`).filter((l) => l.metadata?.row_index === '1').map((l) => l.metadata?.attempt)).toEqual(['1', '1']);
+
+    // No retries allowed now: the row's attempts are used up, and its last group (attempt 1, failed) is what the output holds.
+    const noRetries = await rollout([...args, '--retries', '0']);
+    expect(noRetries.code, noRetries.output).toBe(3);
+    let rowsOut = byRow(records(output));
+    expect(records(output), noRetries.output).toHaveLength(6);
+    expect(rowsOut.get('1')!.map((l) => l.metadata?.attempt)).toEqual(['1', '1']);
+    expect(rowsOut.get('1')!.some((l) => l.status === 'TRAJECTORY_STATUS_BACKEND_ERROR')).toBe(true);
+
+    // Retries allowed again: attempt 2 (the one the killed run submitted) completes the row and supersedes attempt 1.
+    const resumed = await rollout([...args, '--retries', '2']);
+    expect(resumed.code, resumed.output).toBe(0);
+    const lines = records(output);
+    expect(lines).toHaveLength(6);
+    rowsOut = byRow(lines);
+    for (const [row, group] of rowsOut) {
+      expect(group.map((l) => l.sampleIndex ?? 0).sort(), `row ${row}`).toEqual([0, 1]);
+      expect(new Set(group.map((l) => l.taskId)).size, `row ${row}: one attempt`).toBe(1);
+    }
+    expect(rowsOut.get('1')!.every((l) => l.taskId.endsWith('-attempt2') && l.status === 'TRAJECTORY_STATUS_COMPLETED' && l.metadata?.attempt === '2')).toBe(true);
+    const retried = records(`${output}.retried.jsonl`);
+    expect(retried.map((l) => [l.metadata?.row_index, l.metadata?.attempt, l.sampleIndex ?? 0]).sort()).toEqual([
+      ['1', '1', 0],
+      ['1', '1', 1],
+    ]);
+    // Nothing of the killed run is left beside the output (its lock, held samples, temporary files).
+    expect(readdirSync(dir).filter((f) => f.startsWith('killed.out.jsonl')).sort()).toEqual(['killed.out.jsonl', 'killed.out.jsonl.retried.jsonl']);
   });
 
   it('--retries 0 keeps a failed group as it is and exits 3', async () => {
