@@ -291,9 +291,10 @@ export const serverConfigSchema = z.strictObject({
        * this long, ms) is ended with RESOURCE_EXHAUSTED naming this key; its session stays resumable for ttlMs with
        * every unacked trajectory. Until then such a stream holds its outbox, its trajectories as objects and an attached
        * session that no detached-session bound counts; after, only the session's wire bytes under maxDetachedBytes. 0 =
-       * never.
+       * never. The timer covers one whole message (grpc-js shows no progress inside one): 10 min lets a 64 MiB
+       * trajectory through a link of ~0.11 MiB/s; at 2 min a slower link would be ended on the same message every resume.
        */
-      stalledMs: z.number().int().min(0).max(MAX_TIMER_MS).default(120_000),
+      stalledMs: z.number().int().min(0).max(MAX_TIMER_MS).default(600_000),
       /**
        * Sessions the server holds at once, attached or detached (resumable), server-wide: RolloutService has no client
        * identity beyond its one token. Opening one more is RESOURCE_EXHAUSTED naming this key; resumes are not refused.
@@ -371,9 +372,10 @@ export const serverConfigSchema = z.strictObject({
       /**
        * A call whose first request message (the whole of it) or half-close has not arrived this long after its
        * headers is ended with DEADLINE_EXCEEDED naming this key: a client that opens calls and sends nothing would
-       * hold them for ever. 0 = never.
+       * hold them for ever. 0 = never. Generous: a unary Submit of a large task on a slow link is still uploading its
+       * first message (5 min lets 64 MiB through ~0.2 MiB/s).
        */
-      firstMessageTimeoutMs: z.number().int().min(0).max(MAX_TIMER_MS).default(60_000),
+      firstMessageTimeoutMs: z.number().int().min(0).max(MAX_TIMER_MS).default(300_000),
       /**
        * The deadline of a unary call that came without one (no grpc-timeout): past it the call ends DEADLINE_EXCEEDED
        * naming this key. A call with a deadline keeps its own. 0 = none.

@@ -47,7 +47,7 @@ export function callBoundsInterceptor(calls: ServerConfig['calls'], connections:
         let first: NodeJS.Timeout | undefined;
         if (calls.firstMessageTimeoutMs > 0) {
           first = after(calls.firstMessageTimeoutMs, () =>
-            end(status.DEADLINE_EXCEEDED, `no request message arrived within ${calls.firstMessageTimeoutMs} ms of the call's start (calls.firstMessageTimeoutMs)`),
+            end(status.DEADLINE_EXCEEDED, `the call's first request message (or its half-close) had not fully arrived ${calls.firstMessageTimeoutMs} ms after the call started (calls.firstMessageTimeoutMs)`),
           );
         }
         if (isUnary) {
