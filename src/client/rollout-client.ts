@@ -49,7 +49,10 @@ export interface SessionOptions {
   sessionId?: string;
   resume?: boolean;
   stageEvents?: boolean;
-  /** Trajectories buffered before the client stops reading (gRPC flow control reaches the server). */
+  /**
+   * Trajectories buffered before the client stops reading (gRPC flow control reaches the server), unless a submit
+   * waits for its answer (which comes on the same call): the server's sessions.maxUnackedBytes bounds the rest.
+   */
   highWater?: number;
   /**
    * Ack each trajectory once the consumer has taken it from the iterator (default true). With false, the caller
@@ -98,6 +101,9 @@ export class RolloutSession {
   private readonly unacked = new Set<string>();
   /** With autoAck: trajectories consumed in this turn of the event loop, acked together (one Ack, not one each). */
   private consumedRefs: { taskId: string; sampleIndex: number }[] = [];
+  /** The trajectory queue is at its high-water mark (see {@link flow}), and whether the call's reading is paused. */
+  private full = false;
+  private paused = false;
   private ackSoon: NodeJS.Immediate | undefined;
   /** Why the stream ended, once it has: a submit after that fails at once with it. */
   private endedWith: Error | undefined;
@@ -116,7 +122,11 @@ export class RolloutSession {
     const method = RolloutServiceService.rollout;
     this.call = client.makeBidiStreamRequest(method.path, encodeRequest, method.responseDeserialize);
     this.autoAck = options.autoAck ?? true;
-    this.queue = new AsyncQueue<Trajectory>(options.highWater ?? 1024, () => this.call.pause(), () => this.call.resume());
+    this.queue = new AsyncQueue<Trajectory>(
+      options.highWater ?? 1024,
+      () => this.flow(true),
+      () => this.flow(false),
+    );
     let opened!: (s: SessionOpened) => void;
     let failed!: (e: Error) => void;
     this.opened = new Promise((resolve, reject) => {
@@ -204,6 +214,7 @@ export class RolloutSession {
       const list = this.pending.get(task.taskId) ?? [];
       list.push({ resolve, reject });
       this.pending.set(task.taskId, list);
+      this.flow();
       this.call.write(bytes);
     });
   }
@@ -327,7 +338,23 @@ export class RolloutSession {
     const list = this.pending.get(taskId);
     const first = list?.shift();
     if (list && list.length === 0) this.pending.delete(taskId);
+    this.flow();
     if (first) fn(first);
+  }
+
+  /**
+   * Pauses reading the call while `highWater` trajectories wait unread - but never while a submit waits for its answer:
+   * `accepted` travels on the same call behind the trajectories, and a trainer that submits its batch (awaiting each
+   * submit) before it reads would wait for ever. Unread trajectories are unacked, so the server's own bound
+   * (sessions.maxUnackedBytes) still bounds what the queue can hold while reading goes on.
+   */
+  private flow(full: boolean = this.full): void {
+    this.full = full;
+    const pause = full && this.pending.size === 0;
+    if (pause === this.paused) return;
+    this.paused = pause;
+    if (pause) this.call.pause();
+    else this.call.resume();
   }
 }
 
