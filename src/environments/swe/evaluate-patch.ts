@@ -27,8 +27,8 @@ export interface EvaluatePatchOptions {
  * command with the report plugin, and grade by the SWE-bench rule (a skipped listed test fails). Tests that start and
  * then run past `testTimeoutMs` with the patch applied are the patch's fault, as in SWE-bench (unresolved): reward 0
  * with `tests_timed_out`, what they reported before the kill graded as usual. An eval that cannot run — no repository
- * or git in the image, a test command that never starts pytest (within the budget, or at all, without the patch
- * too) — throws environment_error: never reward 0; tests cut short by the task's own time running out throw
+ * or git in the image, a test command that never starts pytest, within the budget or at all, without the patch
+ * too (with it alone, the patch kept pytest from starting: reward 0) — throws environment_error: never reward 0; tests cut short by the task's own time running out throw
  * deadline_exceeded (TIMEOUT). A report the patch's code broke or rewrote is reward 0, never an environment failure.
  *
  * details: { fail_to_pass, pass_to_pass (fractions), applied (0|1), tests_timed_out (0|1) }; report: { patch (its
@@ -60,6 +60,7 @@ export async function evaluatePatch(sandbox: Sandbox, instance: SweInstance, pat
   // restores the test files: the patch is graded on the rest.
   const reset = await resetTestInfrastructure(sandbox, instance.repoPath, dir, [...new Set([...listedTestFiles(instance), ...testPatchPaths])], { signal });
   const patchReport = { ...patchHead, test_infrastructure_reset: reset.paths, ...(reset.count > reset.paths.length && { test_infrastructure_reset_count: reset.count }) };
+  if (reset.problem !== undefined) return testsNotRun(patchReport, { test_error: `the test infrastructure could not be put back as the image has it: ${reset.problem}` });
   if (instance.testPatch !== '') {
     const tests = await applyTestPatch(sandbox, dir, instance.testPatch, testPatchPaths, { signal });
     if (!tests.applied) {
@@ -78,11 +79,14 @@ export async function evaluatePatch(sandbox: Sandbox, instance: SweInstance, pat
     // Whose doing: a patch can keep pytest from starting (a module at the root shadowing one pytest imports, a broken
     // module of a repository pytest itself depends on). That must not become an environment failure the trainer drops
     // (the policy would escape a 0), so the same command is tried on the repository without the patch: when pytest
-    // starts there, the patch is at fault.
-    if (!timedOut && (await pytestStartsWithoutPatch(sandbox, instance, { signal, timeoutMs: options.testTimeoutMs }))) {
+    // starts there, the patch is at fault. So when it did not start in time: a module of the patch that pytest imports
+    // before the plugin (a root argparse.py that sleeps) runs before the started line, so the budget ending first is
+    // no sign that nothing of the patch ran.
+    if (await pytestStartsWithoutPatch(sandbox, instance, { signal, timeoutMs: options.testTimeoutMs })) {
+      const when = timedOut ? ` within ${options.testTimeoutMs} ms` : '';
       return testsNotRun(patchReport, {
         test_exit_code: run.result.exitCode,
-        test_error: 'pytest did not start with the patch applied (it does without it): the patch broke the test run',
+        test_error: `pytest did not start${when} with the patch applied (it does without it): the patch broke the test run`,
         test_output_tail: run.outputTail.slice(-4096),
       });
     }

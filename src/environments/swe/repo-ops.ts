@@ -1,6 +1,7 @@
 import { posix } from 'node:path';
 import { RolloutError } from '../../errors.js';
 import type { ExecResult, Sandbox } from '../../sandboxes/types.js';
+import { PYTEST_PLUGIN_MODULE } from './grading.js';
 
 /**
  * The repository operations of the SWE environment, each one bash script run inside a sandbox with its arguments
@@ -74,7 +75,10 @@ own_git 2>/dev/null || scratch_git
 
 /**
  * Applies the patch in $2 to the copy at $1: \`git apply\`, then \`patch --fuzz=5\` (as SWE-bench's harness) on a
- * clean tree if git refuses. Exit 0 applied; 1 not applied (output says why).
+ * clean tree if git refuses. patch(1) writes wherever the patch says, .git included (git apply refuses that): a
+ * .git/commondir made git fail in the eval, and a nested sub/.git hides the files under it from git's lists, so the
+ * reset of the test infrastructure never saw them. The copy's .git is moved aside under a name the patch cannot know
+ * while patch(1) runs, and a patch that made any .git is not applied. Exit 0 applied; 1 not applied (output says why).
  */
 const APPLY = `set -u
 cd "$1"
@@ -82,7 +86,17 @@ cd "$1"
 out=$(git apply --binary --whitespace=nowarn "$2" 2>&1) && exit 0
 if command -v patch >/dev/null 2>&1; then
   git checkout -q -- . 2>/dev/null; git clean -fdq 2>/dev/null
-  out2=$(patch --batch --fuzz=5 -p1 --forward -i "$2" 2>&1) && exit 0
+  aside=.git-rollout-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \\n')
+  mv .git "$aside" || exit 2
+  out2=$(patch --batch --fuzz=5 -p1 --forward -i "$2" 2>&1)
+  status=$?
+  made=$(find . -path "./$aside" -prune -o -name .git -print -quit)
+  if [ -n "$made" ]; then
+    status=1 out2="the patch writes into a .git ($made), which is not part of the repository's files"
+    find . -path "./$aside" -prune -o -name .git -prune -exec rm -rf -- {} +
+  fi
+  mv "$aside" .git || exit 2
+  [ "$status" = 0 ] && exit 0
   git checkout -q -- . 2>/dev/null; git clean -fdq 2>/dev/null
   out="$out
 patch: $out2"
@@ -118,7 +132,13 @@ exit $status
  * report), pytest's configuration files at any depth (inifile discovery starts at the test files' directory; \`addopts\`
  * can load a plugin of the patch), sitecustomize / usercustomize and .pth files (run at interpreter start-up, before
  * the report plugin), *.dist-info / *.egg-info (a pytest11 entry point is loaded as a plugin), and modules at the root
- * that would shadow pytest itself when it runs as \`python -m pytest\` from there.
+ * that would shadow pytest itself when it runs as \`python -m pytest\` from there; a module named as the report plugin at
+ * any depth (\`python -m pytest\` puts the root, a command's \`PYTHONPATH=src:...\` its directory, before the plugin's: it
+ * would be imported instead, read the nonce and report what it likes). Each directory pattern also matches the
+ * directory's own name: a link named \`x.dist-info\` or \`pytest\` to a directory of the patch is listed by that name.
+ * Bytecode too (\`__pycache__\`, *.pyc): pytest's assertion rewriter loads a test file's cached bytecode whenever its
+ * recorded mtime and size are the source's, and the copy keeps the image's mtimes: the test, rewritten, with the
+ * file itself untouched.
  */
 export const TEST_INFRASTRUCTURE = [
   '*/conftest.py',
@@ -130,14 +150,25 @@ export const TEST_INFRASTRUCTURE = [
   '*/sitecustomize.py',
   '*/usercustomize.py',
   '*.pth',
+  '*.dist-info',
   '*.dist-info/*',
+  '*.egg-info',
   '*.egg-info/*',
   '/pytest.py',
+  '/pytest',
   '/pytest/*',
+  '/_pytest',
   '/_pytest/*',
+  '/pluggy',
   '/pluggy/*',
   '/py.py',
-] as const;
+  '*/__pycache__',
+  '*/__pycache__/*',
+  '*.py[co]',
+  `*/${PYTEST_PLUGIN_MODULE}`,
+  `*/${PYTEST_PLUGIN_MODULE}.*`,
+  `*/${PYTEST_PLUGIN_MODULE}/*`,
+];
 
 /**
  * Restores the test infrastructure the agent's patch changed to the image's state ($1 the image's repository, $2 the
@@ -146,27 +177,51 @@ export const TEST_INFRASTRUCTURE = [
  * deleted; so are the test files named on stdin (NUL-separated: the files of the listed tests and those the test patch
  * touches). Changed means: tracked and different from the base, or untracked (ignored ones included: a patch may add
  * a .gitignore) and not the image's own file. The restored paths go NUL-separated to $3, their count to stdout.
+ *
+ * Every name in the working copy is the patch's: the lists are read whole before anything runs (an empty record
+ * ends them, so a failing git is an error, not an empty list), nothing reads the names' stdin (a link to
+ * /proc/self/fd/0 made cmp swallow the names after it), only regular files are compared (never through a link), and a
+ * parent directory the patch made a link or a file is removed before anything is written through it. Exit 1: git could
+ * not list the changes (the environment's); 6: a path could not be put back (the working copy's state: the patch's).
  */
-const RESET_TEST_INFRASTRUCTURE = `set -u -o pipefail
+const RESET_TEST_INFRASTRUCTURE = `set -u
 src=$1 out=$3
 cd "$2" || exit 1
 : > "$out"
 declare -A tests=()
 while IFS= read -r -d '' f; do tests["$f"]=1; done
-{ git diff --name-only -z --no-renames ${BASE_REF} -- || exit 1; git ls-files --others -z || exit 1; } | while IFS= read -r -d '' f; do
+names=() listed=
+while IFS= read -r -d '' f; do if [ -n "$f" ]; then names+=("$f"); else listed=1; fi; done < <(git diff --name-only -z --no-renames ${BASE_REF} -- && git ls-files --others -z && printf '\\0')
+[ -n "$listed" ] || { echo "git could not list the working copy's changes" >&2; exit 1; }
+count=0 gone=()
+restored() { printf '%s\\0' "$1" >> "$out"; count=$((count + 1)); }
+regular() { [ -f "$1" ] && [ ! -L "$1" ]; }
+for f in "\${names[@]}"; do
   case "/$f" in
     ${TEST_INFRASTRUCTURE.join('|')}) ;;
     *) [ -n "\${tests["$f"]+set}" ] || continue ;;
   esac
+  rest=$f parent=
+  while [[ $rest == */* ]]; do
+    parent=\${parent:+$parent/}\${rest%%/*} rest=\${rest#*/}
+    if [ -L "$parent" ] || { [ -e "$parent" ] && [ ! -d "$parent" ]; }; then
+      rm -f -- "$parent" || { echo "cannot remove $parent" >&2; exit 6; }
+      restored "$parent"
+    fi
+  done
   if [ -e "$src/$f" ] || [ -L "$src/$f" ]; then
-    cmp -s -- "$src/$f" "$f" && [ ! -L "$f" ] && [ ! -L "$src/$f" ] && continue
-    rm -rf -- "$f" && mkdir -p -- "$(dirname -- "$f")" && cp -P --preserve=mode,timestamps,links -- "$src/$f" "$f" || exit 1
+    regular "$f" && regular "$src/$f" && cmp -s -- "$src/$f" "$f" < /dev/null && continue
+    { rm -rf -- "$f" && mkdir -p -- "$(dirname -- "$f")" && cp -RP --preserve=mode,timestamps,links -- "$src/$f" "$f"; } < /dev/null || { echo "cannot put back $f" >&2; exit 6; }
   else
-    rm -rf -- "$f" || exit 1
+    [ -e "$f" ] || [ -L "$f" ] || continue
+    gone+=("$f")
   fi
-  printf '%s\\0' "$f" >> "$out"
+  restored "$f"
 done
-tr -cd '\\000' < "$out" | wc -c
+# What the image lacks is removed at once: one rm per file made a patch of 20,000 conftest.py files outlast the
+# command's time (an ENVIRONMENT_ERROR the trainer drops).
+[ "\${#gone[@]}" -eq 0 ] || printf '%s\\0' "\${gone[@]}" | xargs -0 rm -rf -- || { echo "cannot remove what the patch added" >&2; exit 6; }
+echo "$count"
 `;
 
 export interface RunOptions {
@@ -239,12 +294,20 @@ export async function applyTestPatch(sandbox: Sandbox, dir: string, testPatch: s
 /**
  * Restores the test infrastructure ({@link TEST_INFRASTRUCTURE}) and the `testFiles` (repository-relative paths) the
  * agent's patch changed in the copy at `dir` to the image's repository `repoPath`; returns the restored paths (at most
- * `REPORT_RESET_PATHS` read back, `count` says all).
+ * `REPORT_RESET_PATHS` read back, `count` says all). `problem` says why a path could not be put back: the image's files
+ * were copied into this workspace once already, so that is the state the patch left (e.g. a full disk), the patch's doing.
  */
-export async function resetTestInfrastructure(sandbox: Sandbox, repoPath: string, dir: string, testFiles: readonly string[], options: RunOptions = {}): Promise<{ paths: string[]; count: number }> {
+export async function resetTestInfrastructure(
+  sandbox: Sandbox,
+  repoPath: string,
+  dir: string,
+  testFiles: readonly string[],
+  options: RunOptions = {},
+): Promise<{ paths: string[]; count: number; problem?: string }> {
   const file = `${SCRATCH_DIR}/reset-paths`;
   const stdin = testFiles.map((f) => `${f}\0`).join('');
   const result = await sandbox.exec(['bash', '-c', `mkdir -p ${SCRATCH_DIR}\n${RESET_TEST_INFRASTRUCTURE}`, 'rollout-swe', repoPath, dir, file], { signal: options.signal, timeoutMs: options.timeoutMs, cwd: sandbox.workdir, stdin });
+  if (result.exitCode === 6) return { paths: [], count: 0, problem: result.stderr.trim().slice(-1500) };
   if (result.exitCode !== 0) throw failure("restoring the repository's test infrastructure", result);
   const count = Number(result.stdout.trim());
   if (count === 0) return { paths: [], count };

@@ -1,5 +1,5 @@
 import { execFileSync } from 'node:child_process';
-import { chmodSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, mkdirSync, mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
@@ -38,6 +38,19 @@ const FIX = ['diff --git a/calc.py b/calc.py', '--- a/calc.py', '+++ b/calc.py',
 function newFile(path: string, text: string): string {
   const lines = text.replace(/\n$/, '').split('\n');
   return [`diff --git a/${path} b/${path}`, 'new file mode 100644', '--- /dev/null', `+++ b/${path}`, `@@ -0,0 +1,${lines.length} @@`, ...lines.map((l) => `+${l}`), ''].join('\n');
+}
+
+/** A git diff adding `path` as a symbolic link to `target`. */
+function newSymlink(path: string, target: string): string {
+  return [`diff --git a/${path} b/${path}`, 'new file mode 120000', '--- /dev/null', `+++ b/${path}`, '@@ -0,0 +1 @@', `+${target}`, '\\ No newline at end of file', ''].join('\n');
+}
+
+/** A git diff deleting the fixture's `path`. */
+function deleteFile(path: keyof typeof REPO): string {
+  const header = [`diff --git a/${path} b/${path}`, 'deleted file mode 100644'];
+  if (REPO[path] === '') return [...header, ''].join('\n');
+  const lines = REPO[path].replace(/\n$/, '').split('\n');
+  return [...header, `--- a/${path}`, '+++ /dev/null', `@@ -1,${lines.length} +0,0 @@`, ...lines.map((l) => `-${l}`), ''].join('\n');
 }
 
 /** A git diff appending `lines` to calc.py (the package under test). */
@@ -84,7 +97,7 @@ describe.runIf(process.getuid?.() === 0 || process.env.CI)('a patch that forges 
   });
   afterAll(() => rmSync(root, { recursive: true, force: true }));
 
-  async function evaluate(patch: string, fields: Record<string, unknown> = {}): Promise<Evaluation> {
+  async function evaluate(patch: string, fields: Record<string, unknown> = {}, testTimeoutMs = 60_000): Promise<Evaluation> {
     const spec = { ...testSpec({ image, memoryMb: 1024 }), mounts: [{ source: repo, target: '/testbed', readOnly: true }] };
     const sandbox = await driver.start(spec);
     sandboxes.push(sandbox);
@@ -96,7 +109,7 @@ describe.runIf(process.getuid?.() === 0 || process.env.CI)('a patch that forges 
       PASS_TO_PASS: [MUL],
       ...fields,
     });
-    return evaluatePatch(sandbox, instance, patch, { testTimeoutMs: 60_000 });
+    return evaluatePatch(sandbox, instance, patch, { testTimeoutMs });
   }
 
   it("still rewards the honest fix, resetting nothing (the image's ignored egg-info included)", async () => {
@@ -205,6 +218,106 @@ describe.runIf(process.getuid?.() === 0 || process.env.CI)('a patch that forges 
     const result = await evaluate(skip);
     expect(result.report.PASS_TO_PASS).toMatchObject({ statuses: { [MUL]: 'skipped' }, passed: 0, failed: 1, fraction: 0 });
     expect(result).toMatchObject({ reward: 0, details: { fail_to_pass: 1, pass_to_pass: 0 } });
+  }, 120_000);
+
+  it('gives 0 to a patch that makes an image file a link to the reset\'s own stdin (/proc/self/fd/0), swallowing the names after it', async () => {
+    // cmp followed the link and read the list of changed names the reset was working through: the conftest.py after
+    // setup.cfg was never seen, so never reset.
+    const result = await evaluate(`${deleteFile('setup.cfg')}${newSymlink('setup.cfg', '/proc/self/fd/0')}${newFile('conftest.py', MARK_PASSED)}`);
+    expect(result).toMatchObject({ reward: 0, report: { test_infrastructure_reset: ['setup.cfg', 'conftest.py'] } });
+    expect(result.report.FAIL_TO_PASS).toMatchObject({ statuses: { [ADD]: 'failed' } });
+  }, 120_000);
+
+  it('gives 0, not a hang, to a patch that makes an image file a link to the reset\'s stdout (/proc/self/fd/1)', async () => {
+    const result = await evaluate(`${deleteFile('setup.cfg')}${newSymlink('setup.cfg', '/proc/self/fd/1')}${newFile('conftest.py', MARK_PASSED)}`);
+    expect(result).toMatchObject({ reward: 0, report: { test_infrastructure_reset: ['setup.cfg', 'conftest.py'] } });
+  }, 120_000);
+
+  it('gives 0 to a *.dist-info that is a link to a directory of the patch (its entry point loads a plugin of the patch)', async () => {
+    const evil = `${newFile('evil/METADATA', 'Metadata-Version: 2.1\nName: forge-dist\nVersion: 1.0\n')}${newFile('evil/entry_points.txt', '[pytest11]\nforge = forge_plugin\n')}`;
+    const result = await evaluate(`${newFile('forge_plugin.py', MARK_PASSED)}${evil}${newSymlink('forge_dist-1.0.dist-info', 'evil')}`);
+    expect(result).toMatchObject({ reward: 0, report: { test_infrastructure_reset: ['forge_dist-1.0.dist-info'] } });
+    expect(result.report.FAIL_TO_PASS).toMatchObject({ statuses: { [ADD]: 'failed' } });
+  }, 120_000);
+
+  it('gives 0 to a rollout_swe_report.py of the patch that shadows the report plugin, takes the nonce and reports every test passed', async () => {
+    const forged = `{"version": 1, "exitstatus": 0, "tests": {"${ADD}": "passed", "${MUL}": "passed"}, "collect_errors": []}`;
+    const plugin = [
+      'import hashlib, os',
+      '_nonce = os.read(4, 128).decode().strip()',
+      'os.write(3, ("ROLLOUT-SWE %s started %d\\n" % (_nonce, os.getpid())).encode())',
+      '',
+      '',
+      'def pytest_sessionfinish(session, exitstatus):',
+      `    data = ${JSON.stringify(forged)}.encode()`,
+      '    open(os.environ["ROLLOUT_SWE_REPORT"], "wb").write(data)',
+      '    os.write(3, ("ROLLOUT-SWE %s report %s %d\\n" % (_nonce, hashlib.sha256(data).hexdigest(), len(data))).encode())',
+    ].join('\n');
+    const result = await evaluate(newFile('rollout_swe_report.py', plugin));
+    expect(result).toMatchObject({ reward: 0, report: { test_infrastructure_reset: ['rollout_swe_report.py'] } });
+    expect(result.report.FAIL_TO_PASS).toMatchObject({ statuses: { [ADD]: 'failed' } });
+  }, 120_000);
+
+  it("still rewards an honest fix that only patch(1) applies (a context line off: git apply refuses, --fuzz=5 does not), the copy's .git put back after it", async () => {
+    const fuzzy = ['diff --git a/calc.py b/calc.py', '--- a/calc.py', '+++ b/calc.py', '@@ -1,4 +1,4 @@', ' def add(x, y):', '-    return a - b', '+    return a + b', ' ', ' ', ''].join('\n');
+    const result = await evaluate(fuzzy);
+    expect(result).toMatchObject({ reward: 1, details: { applied: 1 }, report: { resolved: true, test_infrastructure_reset: [] } });
+  }, 120_000);
+
+  it('gives 0 to a patch that git apply refuses for writing into .git, not applied by patch(1) either (a .git/commondir hid every change from the reset)', async () => {
+    const result = await evaluate(`${newFile('.git/commondir', '/nowhere')}${newFile('conftest.py', MARK_PASSED)}`);
+    expect(result).toMatchObject({ reward: 0, details: { applied: 0 }, report: { applied: false, apply_error: expect.stringContaining('.git') } });
+  }, 120_000);
+
+  it('gives 0, not an ENVIRONMENT_ERROR, to a patch that makes the directory of a listed test a dangling link (the reset cannot put the test back through it)', async () => {
+    const result = await evaluate(`${deleteFile('tests/__init__.py')}${deleteFile('tests/test_calc.py')}${newSymlink('tests', '/nonexistent')}${newFile('conftest.py', MARK_PASSED)}`);
+    expect(result).toMatchObject({ reward: 0, report: { test_infrastructure_reset: expect.arrayContaining(['tests/test_calc.py', 'conftest.py']) } });
+    expect(result.report.FAIL_TO_PASS).toMatchObject({ statuses: { [ADD]: 'failed' } });
+  }, 120_000);
+
+  it('gives 0 to a conftest.py in a directory whose name has a newline, a leading dash, a space, a glob and a non-UTF-8 byte (registers its hooks for every test)', async () => {
+    const global = ['import pytest', '', '', 'class _Forge:', ...MARK_PASSED.split('\n').slice(3).map((l) => (l === '' ? l : `    ${l.replace('(item', '(self, item')}`)), '', 'def pytest_configure(config):', '    config.pluginmanager.register(_Forge())', ''].join('\n');
+    const quoted = 'tests/-a b*\\n\\377/conftest.py';
+    const lines = global.replace(/\n$/, '').split('\n');
+    const patch = [`diff --git "a/${quoted}" "b/${quoted}"`, 'new file mode 100644', '--- /dev/null', `+++ "b/${quoted}"`, `@@ -0,0 +1,${lines.length} @@`, ...lines.map((l) => `+${l}`), ''].join('\n');
+    const result = await evaluate(patch);
+    expect(result).toMatchObject({ reward: 0, report: { test_infrastructure_reset: ['tests/-a b*\n\ufffd/conftest.py'] } });
+    expect(result.report.FAIL_TO_PASS).toMatchObject({ statuses: { [ADD]: 'failed' } });
+  }, 120_000);
+
+  it("resets 20,000 conftest.py files of a patch within the sandbox's command time (one rm each outlasted it: an ENVIRONMENT_ERROR), naming the first 100", async () => {
+    const patch = Array.from({ length: 20_000 }, (_, i) => newFile(`d${i}/conftest.py`, 'x = 1\n')).join('');
+    const result = await evaluate(patch);
+    expect(result).toMatchObject({ reward: 0, report: { test_infrastructure_reset_count: 20_000 } });
+    expect(result.report.test_infrastructure_reset).toHaveLength(100);
+  }, 180_000);
+
+  it('gives 0, not an ENVIRONMENT_ERROR the trainer drops, to a patch whose module at the root keeps pytest from starting until the test budget runs out', async () => {
+    const result = await evaluate(newFile('argparse.py', 'import time\ntime.sleep(3600)\n'), {}, 5_000);
+    expect(result).toMatchObject({
+      reward: 0,
+      details: { applied: 1 },
+      report: { applied: true, resolved: false, test_error: expect.stringContaining('pytest did not start within 5000 ms with the patch applied (it does without it)') },
+    });
+  }, 120_000);
+
+  it("gives 0 to a patch that ships pytest's cached bytecode of a listed test file, rewritten to pass (the test file itself untouched)", async () => {
+    // pytest's assertion rewriter reads tests/__pycache__/test_calc.<tag>-pytest-<version>.pyc when its recorded mtime
+    // and size are the source's (PYTHONDONTWRITEBYTECODE stops writing, not reading); the copy keeps the image's mtimes,
+    // which the agent can read. The bytecode here is made by pytest itself, in the image, from a test of the same size.
+    const mtime = Math.floor(statSync(join(repo, 'tests/test_calc.py')).mtimeMs / 1000);
+    const sandbox = await driver.start({ ...testSpec({ image, memoryMb: 1024 }), mounts: [{ source: repo, target: '/testbed', readOnly: true }] });
+    sandboxes.push(sandbox);
+    const make = await sandbox.exec(['bash', '-c', [
+      'set -e; cp -R /testbed /work/x; cd /work/x; git init -q .; git add -A; git -c user.name=a -c user.email=a@b commit -qm base',
+      "sed -i 's/assert add(2, 2) == 4/assert add(2, 2) != 5/' tests/test_calc.py; touch -d @$1 tests/test_calc.py",
+      'env -u PYTHONDONTWRITEBYTECODE python3 -m pytest -q -p no:cacheprovider tests >&2 || true',
+      'git checkout -q -- tests/test_calc.py; git add -f tests/__pycache__/test_calc.*pytest*.pyc; git diff --cached --binary',
+    ].join('\n'), 'forge', String(mtime)]);
+    expect(make.stdout, make.stderr).toContain('GIT binary patch');
+    const result = await evaluate(make.stdout);
+    expect(result).toMatchObject({ reward: 0, report: { test_infrastructure_reset: [expect.stringMatching(/^tests\/__pycache__\/test_calc\..*pytest.*\.pyc$/)] } });
+    expect(result.report.FAIL_TO_PASS).toMatchObject({ statuses: { [ADD]: 'failed' } });
   }, 120_000);
 
   // The residual, measured so that it is known, not assumed: the package under test is imported into pytest's own
