@@ -1,4 +1,5 @@
 import { posix } from 'node:path';
+import { PYTEST_DEPENDENCY_MODULES, STDLIB_MODULES } from './stdlib-modules.js';
 import { RolloutError } from '../../errors.js';
 import type { ExecResult, Sandbox } from '../../sandboxes/types.js';
 import { PYTEST_PLUGIN_MODULE } from './grading.js';
@@ -190,6 +191,7 @@ cd "$2" || exit 1
 : > "$out"
 declare -A tests=()
 while IFS= read -r -d '' f; do tests["$f"]=1; done
+declare -A stdlib=(${[...STDLIB_MODULES, ...PYTEST_DEPENDENCY_MODULES].map((name) => `[${name}]=1`).join(' ')})
 names=() listed=
 while IFS= read -r -d '' f; do if [ -n "$f" ]; then names+=("$f"); else listed=1; fi; done < <(git diff --name-only -z --no-renames ${BASE_REF} -- && git ls-files --others -z && printf '\\0')
 [ -n "$listed" ] || { echo "git could not list the working copy's changes" >&2; exit 1; }
@@ -199,7 +201,13 @@ regular() { [ -f "$1" ] && [ ! -L "$1" ]; }
 for f in "\${names[@]}"; do
   case "/$f" in
     ${TEST_INFRASTRUCTURE.join('|')}) ;;
-    *) [ -n "\${tests["$f"]+set}" ] || continue ;;
+    *)
+      if [ -z "\${tests["$f"]+set}" ]; then
+        # A module the patch added at the root under a standard-library name (or one of pytest's dependencies): \`python -m pytest\` puts the root first on
+        # sys.path, so it runs before any plugin (it could take the nonce). One the image has is the repository's own.
+        top=\${f%%/*} mod=\${top%%.*}
+        [[ $mod =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] && [ -n "\${stdlib[$mod]+set}" ] && [ ! -e "$src/$top" ] && [ ! -L "$src/$top" ] || continue
+      fi ;;
   esac
   rest=$f parent=
   while [[ $rest == */* ]]; do

@@ -34,6 +34,9 @@ const REPO = {
 
 const FIX = ['diff --git a/calc.py b/calc.py', '--- a/calc.py', '+++ b/calc.py', '@@ -1,2 +1,2 @@', ' def add(a, b):', '-    return a - b', '+    return a + b', ''].join('\n');
 
+/** A test command that imports the package before it runs pytest. */
+const IMPORT_THEN_PYTEST = 'python3 -c "import calc" && python3 -m pytest -p no:cacheprovider tests';
+
 /** A git diff adding `path` with `text`. */
 function newFile(path: string, text: string): string {
   const lines = text.replace(/\n$/, '').split('\n');
@@ -205,7 +208,9 @@ describe.runIf(process.getuid?.() === 0 || process.env.CI)('a patch that forges 
   }, 120_000);
 
   it('gives 0, not an ENVIRONMENT_ERROR the trainer drops, to a patch that keeps pytest from starting (a module at the root shadowing one pytest imports)', async () => {
-    const result = await evaluate(newFile('argparse.py', 'raise ImportError("not today")\n'));
+    // Root modules under the names pytest imports are reset (below); a test command that imports the package first
+    // (as many build or check it) is kept from pytest by the package itself.
+    const result = await evaluate(appendToCalc(['raise ImportError("not today")']), { test_command: IMPORT_THEN_PYTEST });
     expect(result).toMatchObject({
       reward: 0,
       details: { applied: 1 },
@@ -258,6 +263,36 @@ describe.runIf(process.getuid?.() === 0 || process.env.CI)('a patch that forges 
     expect(result.report.FAIL_TO_PASS).toMatchObject({ statuses: { [ADD]: 'failed' } });
   }, 120_000);
 
+  // Found by review (helper-50): a module at the root named after a standard-library module pytest imports before any
+  // plugin (argparse) ran first, took the nonce from fd 4 and, from an atexit hook, announced a forged report of its own.
+  it('gives 0 to a root module of the patch shadowing a standard-library module, which takes the nonce and forges the report at exit', async () => {
+    const forged = `{"version": 1, "exitstatus": 0, "tests": {"${ADD}": "passed", "${MUL}": "passed"}, "collect_errors": []}`;
+    const shadow = [
+      'import atexit, hashlib, importlib.util, os, sys, sysconfig',
+      '_nonce = os.read(4, 128).decode().strip()',
+      'os.write(3, ("ROLLOUT-SWE %s started %d\\n" % (_nonce, os.getpid())).encode())',
+      '',
+      '',
+      'def _forge():',
+      `    data = ${JSON.stringify(forged)}.encode()`,
+      '    open(os.environ["ROLLOUT_SWE_REPORT"], "wb").write(data)',
+      '    os.write(3, ("ROLLOUT-SWE %s report %s %d\\n" % (_nonce, hashlib.sha256(data).hexdigest(), len(data))).encode())',
+      '',
+      '',
+      'atexit.register(_forge)',
+      '_spec = importlib.util.spec_from_file_location("argparse", os.path.join(sysconfig.get_paths()["stdlib"], "argparse.py"))',
+      '_real = importlib.util.module_from_spec(_spec)',
+      'sys.modules["argparse"] = _real',
+      '_spec.loader.exec_module(_real)',
+    ].join('\n');
+    const result = await evaluate(newFile('argparse.py', shadow));
+    expect(result).toMatchObject({ reward: 0, report: { test_infrastructure_reset: ['argparse.py'] } });
+    expect(result.report.FAIL_TO_PASS).toMatchObject({ statuses: { [ADD]: 'failed' } });
+    // The same under the name of a dependency pytest imports at start-up (iniconfig), as a package.
+    const asDependency = await evaluate(newFile('iniconfig/__init__.py', shadow.replaceAll('argparse', 'iniconfig').replace('os.path.join(sysconfig.get_paths()["stdlib"], "iniconfig.py")', 'os.path.join(sysconfig.get_paths()["purelib"], "iniconfig", "__init__.py")')));
+    expect(asDependency).toMatchObject({ reward: 0, report: { test_infrastructure_reset: ['iniconfig/__init__.py'] } });
+  }, 120_000);
+
   it("still rewards an honest fix that only patch(1) applies (a context line off: git apply refuses, --fuzz=5 does not), the copy's .git put back after it", async () => {
     const fuzzy = ['diff --git a/calc.py b/calc.py', '--- a/calc.py', '+++ b/calc.py', '@@ -1,4 +1,4 @@', ' def add(x, y):', '-    return a - b', '+    return a + b', ' ', ' ', ''].join('\n');
     const result = await evaluate(fuzzy);
@@ -293,7 +328,7 @@ describe.runIf(process.getuid?.() === 0 || process.env.CI)('a patch that forges 
   }, 180_000);
 
   it('gives 0, not an ENVIRONMENT_ERROR the trainer drops, to a patch whose module at the root keeps pytest from starting until the test budget runs out', async () => {
-    const result = await evaluate(newFile('argparse.py', 'import time\ntime.sleep(3600)\n'), {}, 5_000);
+    const result = await evaluate(appendToCalc(['import time', 'time.sleep(3600)']), { test_command: IMPORT_THEN_PYTEST }, 5_000);
     expect(result).toMatchObject({
       reward: 0,
       details: { applied: 1 },
