@@ -51,7 +51,7 @@ describe('Environment.evaluate openSandbox (an extra sandbox owned by the pipeli
 
   function setup(environment: Environment, evalTimeoutMs = 30_000): { driver: CountingDriver; sample: CountingSample } {
     const driver = new CountingDriver();
-    const deps = { config: parseConfig({}), sandboxes: driver, logger: silentLogger() } as unknown as RuntimeDeps;
+    const deps = { config: parseConfig({ sandbox: { imageDirs: ['/images'] } }), sandboxes: driver, logger: silentLogger() } as unknown as RuntimeDeps;
     rig = new PipelineRig({ eval: createStages(deps).eval });
     const sample: CountingSample = new CountingSample(fakeTask('t', { evalTimeoutMs }, { environment }), 0, (trajectory) => rig!.delivered.push({ sample, trajectory }));
     rig.submit(sample);
