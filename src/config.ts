@@ -3,6 +3,7 @@ import { withoutCredentials } from './backends/engine-http.js';
 import { BACKEND_KIND_NAMES, backendKind } from './backends/kinds.js';
 import { DEFAULT_MAX_BUFFERED_RESPONSE_BYTES, MAX_BUFFERED_RESPONSE_BYTES, MIN_BUFFERED_RESPONSE_BYTES } from './backends/response-budget.js';
 import { tokenProblem } from './bearer-token.js';
+import { MAX_ACK_ENTRIES } from './contract/session.js';
 import { RolloutError } from './errors.js';
 import { MAX_TIMER_MS } from './timers.js';
 
@@ -306,7 +307,7 @@ export const serverConfigSchema = z.strictObject({
        * The most task ids and trajectories one Ack may list (at most contract/session.ts MAX_ACK_ENTRIES, the
        * default): advertised to clients in the Rollout stream's `rollout-max-ack-entries` header; a larger ack is refused.
        */
-      maxAckEntries: z.number().int().min(1).max(65_536).default(65_536),
+      maxAckEntries: z.number().int().min(1).max(MAX_ACK_ENTRIES).default(MAX_ACK_ENTRIES),
     })
     .prefault({}),
   /**

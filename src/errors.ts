@@ -131,3 +131,14 @@ function truncateUtf8(text: string, maxBytes: number): string {
   }
   return `${text.slice(0, end)}…`;
 }
+
+/**
+ * `text` cut to `max` UTF-16 units, then marked (`marker`, default "..."), never inside a surrogate pair: what an
+ * answer echoes of a request (a field path holding a Struct key the client chose, a reason quoting a value) must not
+ * outgrow the message or trailer it goes in, nor a report what the policy wrote.
+ */
+export function clipped(text: string, max: number, marker = '...'): string {
+  if (text.length <= max) return text;
+  const end = /[\uD800-\uDBFF]/.test(text[max - 1]!) ? max - 1 : max;
+  return `${text.slice(0, end)}${marker}`;
+}

@@ -1,14 +1,14 @@
 import { setMaxListeners } from 'node:events';
 import type { Writable } from 'node:stream';
 import { Metadata, status, type ServerDuplexStream } from '@grpc/grpc-js';
-import { RolloutError } from '../errors.js';
+import { clipped, RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
 import type { EnvironmentRegistry } from '../environments/registry.js';
 import type { RolloutRuntime } from '../runtime.js';
 import { checkAckSize, type Session } from './session.js';
 import type { SessionManager } from './sessions.js';
 import { StreamWriter } from './stream-writer.js';
-import { clipped, grpcCodeOf, MAX_FIELD_CHARS, toServiceError } from './status.js';
+import { grpcCodeOf, MAX_FIELD_CHARS, toServiceError } from './status.js';
 import { fieldBelow, unary } from './unary.js';
 import { getTrajectoryResponseBytes, rolloutResponseBytes } from './response-encode.js';
 import { stageEventOf } from './events.js';

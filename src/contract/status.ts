@@ -1,5 +1,5 @@
 import { Metadata, status, type ServiceError } from '@grpc/grpc-js';
-import { RolloutError, type ErrorCode } from '../errors.js';
+import { clipped, RolloutError, type ErrorCode } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
 
 const GRPC_CODE: Record<ErrorCode, status> = {
@@ -65,16 +65,6 @@ function boundedDetails(message: string): string {
     end += c.length;
   }
   return text;
-}
-
-/**
- * `text` cut to `max` characters (marked "..."), at a code point: what an answer echoes of a request (a field path
- * holding a Struct key the client chose, a reason quoting a value) must not outgrow the message or trailer it goes in.
- */
-export function clipped(text: string, max: number): string {
-  if (text.length <= max) return text;
-  const end = /[\uD800-\uDBFF]/.test(text[max - 1]!) ? max - 1 : max;
-  return `${text.slice(0, end)}...`;
 }
 
 /**

@@ -1,4 +1,4 @@
-import { RolloutError } from '../../errors.js';
+import { clipped, RolloutError } from '../../errors.js';
 import { defaultToolRegistry, type ToolRegistry } from '../../tools/registry.js';
 import { defineEnvironment } from '../define.js';
 import { openGradingSandbox } from '../grading-sandbox.js';
@@ -139,7 +139,5 @@ function reportedAnswer(answer: string): { extracted: string; extracted_chars?: 
 
 /** `text` cut to MAX_REPORTED_ANSWER_CHARS with "…", never inside a surrogate pair. */
 function capText(text: string): string {
-  if (text.length <= MAX_REPORTED_ANSWER_CHARS) return text;
-  const end = /[\uD800-\uDBFF]/.test(text[MAX_REPORTED_ANSWER_CHARS - 1]!) ? MAX_REPORTED_ANSWER_CHARS - 1 : MAX_REPORTED_ANSWER_CHARS;
-  return `${text.slice(0, end)}…`;
+  return clipped(text, MAX_REPORTED_ANSWER_CHARS, '…');
 }
