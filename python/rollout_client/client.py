@@ -96,7 +96,9 @@ class AsyncRolloutClient:
     The one exception: when a server pauses delivery (the session's unacked bytes reached its sessions.maxUnackedBytes)
     while samples of incomplete groups (run_group's, or groups()' once it has taken all that is queued) wait here, they
     are acked before consumption so the groups can complete instead of waiting for ever; logged at WARNING and counted
-    in stats["acked_early"]. Keep maxUnackedBytes above what the client holds (max_in_flight samples, plus in "manual"
+    in stats["acked_early"]. Likewise when a submit is refused because delivery is paused ("consumed"): the caller is
+    inside submit() and cannot take what keeps the pause (a batch submitted before it is read), so what the client
+    holds unacked from that server is acked early; in "manual" the submit waits for the caller's acks, said at WARNING. Keep maxUnackedBytes above what the client holds (max_in_flight samples, plus in "manual"
     what the caller has not acked) and a sample is never acked before the moment its mode says. A samples()/groups()
     caller that waits while the pause is kept by samples it holds unacked itself ("manual": a batch kept until its
     step) gets nothing more until it acks some: that wait is logged at WARNING (at most every 30 s), not left silent. Acks wait up to 20 ms
@@ -553,9 +555,33 @@ class AsyncRolloutClient:
 
     def _on_rejected(self, conn: Connection, task: _Task, field: str, reason: str, code: int = 0) -> None:
         error = TaskRejectedError(task.task_id, field, reason, code)
+        if error.retryable and conn.paused:
+            self._unpause_for_submit(conn)
         if error.retryable and self._retry_later(conn, task, error):
             return
         self._reject(task, error)
+
+    def _unpause_for_submit(self, conn: Connection) -> None:
+        """A submit was refused for now while `conn`'s server holds delivery for acks: the session admits no task until
+        it gets some. The submit's caller waits in submit() and cannot consume (a trainer that submits its batch before
+        it reads), so in the "consumed" mode nothing would ever ack what keeps the pause: the samples this client holds
+        from `conn` (queued, in partial groups, lent, run_group's) are acked early (see "Acks" in the class doc) - a
+        predecessor's samples kept for a resubmit (resume) excepted. In "manual" the caller holds them: said, not acked."""
+        if self.ack_mode == "consumed":
+            refs = [ref for ref, conns in self._unacked.items() if conn in conns and ref[0] not in self._orphans]
+            self._ack_early(conn, refs)
+        elif self.ack_mode == "manual":
+            held = sum(1 for conns in self._unacked.values() if conn in conns)
+            now = self._loop.time()
+            if held and now - self._warned_waiting_at >= _WARN_EARLY_EVERY:
+                self._warned_waiting_at = now
+                log.warning(
+                    "%s: a submit waits: the server refuses new tasks on session %s while it holds delivery for acks (its "
+                    "unacked bytes reached sessions.maxUnackedBytes) and %d samples it sent are unacked here (ack mode "
+                    "'manual'); the submit is retried until the caller ack()s some (for up to retry_rejected_for), or raise "
+                    "sessions.maxUnackedBytes above what a batch holds",
+                    conn.target, conn.session_id, held,
+                )
 
     def _retry_later(self, conn: Connection, task: _Task, error: TaskRejectedError) -> bool:
         """Schedules a temporarily refused task to be submitted again; False when its time is up (or nobody wants it)."""

@@ -149,3 +149,76 @@ def test_manual_mode_samples_waiting_on_a_server_paused_by_its_own_unacked_sampl
         asyncio.run(main())
     finally:
         server.stop()
+
+
+def _paused_server(tmp_path) -> Server:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"sessions": {"maxUnackedBytes": 1}}))
+    return Server(latency_ms=1, extra_args=["--config", str(config)])
+
+
+def test_a_submit_refused_while_samples_nobody_has_taken_yet_keep_delivery_paused_is_accepted_not_left_to_time_out(tmp_path):
+    """The caller submits its batch first and reads after (a trainer's usual loop), and the first samples arrive while
+    it is still submitting: they fill the server's sessions.maxUnackedBytes, the server pauses delivery and refuses
+    new tasks on the session until it gets acks - and in the "consumed" mode nothing would ack them, since the
+    caller is inside submit(). Before, the refusals were retried for retry_rejected_for (60 s) and the submit then
+    failed. Such samples are acked early (stats['acked_early'], the WARNING), as groups() does for its partial
+    groups: the submit is accepted, and every group still arrives once."""
+    server = _paused_server(tmp_path)
+
+    async def main():
+        async with AsyncRolloutClient(server.address) as client:
+            first = await client.submit("math", math_instance(1), 2, sampling=SAMPLING)
+            # Wait for the pause the first task's samples cause (deterministic: the second submit meets it).
+            while client.connection_stats()[0]["delivery_paused"] == 0:
+                await asyncio.sleep(0.01)
+            second = await asyncio.wait_for(client.submit("math", math_instance(2), 2, sampling=SAMPLING), 20)
+            groups = await asyncio.wait_for(_take_groups(client), 60)
+            return first, second, groups, client.stats["acked_early"]
+
+    try:
+        first, second, groups, acked_early = asyncio.run(main())
+    finally:
+        server.stop()
+    assert sorted((g.task_id, sorted(s.sample_index for s in g.samples)) for g in groups) == sorted([(first, [0, 1]), (second, [0, 1])])
+    assert acked_early > 0
+
+
+def test_manual_mode_a_submit_refused_while_the_callers_own_unacked_samples_keep_delivery_paused_is_said(tmp_path, caplog):
+    """In the "manual" mode the caller holds what it has not acked: nothing is acked early, and the refused submit
+    waits for the caller's acks (until retry_rejected_for) - said at WARNING, naming ack() and the bound, not left
+    silent; once the caller acks (from another task), the submit is accepted."""
+    server = _paused_server(tmp_path)
+
+    async def main():
+        async with AsyncRolloutClient(server.address, ack="manual") as client:
+            await client.submit("math", math_instance(3), 2, sampling=SAMPLING)
+            while client.connection_stats()[0]["delivery_paused"] == 0:
+                await asyncio.sleep(0.01)
+            caplog.clear()
+            submitting = asyncio.ensure_future(client.submit("math", math_instance(4), 1, sampling=SAMPLING))
+            deadline = asyncio.get_running_loop().time() + 20
+            while not any("ack()" in r.getMessage() and "submit" in r.getMessage() for r in caplog.records):
+                assert asyncio.get_running_loop().time() < deadline, "the waiting submit was never said"
+                assert not submitting.done(), "accepted although the caller acked nothing"
+                await asyncio.sleep(0.02)
+            got = []
+            async def take():
+                async for s in client.samples():
+                    got.append(s)
+                    client.ack(s)
+            taking = asyncio.ensure_future(take())
+            await asyncio.wait_for(submitting, 30)
+            await asyncio.wait_for(taking, 60)
+            assert client.stats["acked_early"] == 0
+            return len(got)
+
+    with caplog.at_level(logging.WARNING, logger="rollout_client"):
+        try:
+            assert asyncio.run(main()) == 3
+        finally:
+            server.stop()
+
+
+async def _take_groups(client):
+    return [g async for g in client.groups()]

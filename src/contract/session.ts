@@ -51,9 +51,9 @@ export interface Attachment {
  * once, then the rest as they finish. A client dedupes by (task_id, sample_index) across streams.
  *
  * Memory is bounded in bytes: trajectories sent and not acked are counted by their encoded size; one that would
- * take them past `maxUnackedBytes` is held instead, in completion order, and the client is told
- * (`delivery_paused`); acks send the held ones as room frees, and the client is told when none are left
- * (`resumed`). Held trajectories are never dropped. What the bound counts is what the session holds: unacked and
+ * take them past `maxUnackedBytes` is held instead, in completion order. The client is told (`delivery_paused`) when
+ * the unacked bytes reach the bound or a trajectory is held - the state in which new tasks are refused - and
+ * (`resumed`) when acks have sent every held one and brought the bytes back under the bound. Held trajectories are never dropped. What the bound counts is what the session holds: unacked and
  * held trajectories are kept as their wire bytes (StoredTrajectory, the same bytes the task store keeps: no copy),
  * not as objects — a trajectory object's token arrays take ~2x its encoded size on the V8 heap, and a trainer that
  * acks once per training step can leave a whole step's trajectories unacked. A re-send (resume, release after a
@@ -75,6 +75,8 @@ export class Session {
   private readonly held: StoredTrajectory[] = [];
   private heldBytesTotal = 0;
   private unackedBytesTotal = 0;
+  /** What the attached client was last told of {@link deliveryPaused} (see {@link sayPause}). */
+  private pausedSaid = false;
   private unackedTotal = 0;
   detachedAt: number | undefined;
   /**
@@ -100,6 +102,7 @@ export class Session {
     // Sent as a view of the stored bytes, never as the pipeline's object: a stream whose client is slow holds what it
     // queued until sessions.stalledMs, and the object's token arrays would be ~2x the bytes again beside them.
     else this.deliver(task, stored);
+    this.sayPause();
     this.wakeIdle();
     if (!this.attachment) this.onDetachedBytes?.();
   };
@@ -146,9 +149,13 @@ export class Session {
     const tookOver = previous !== undefined && previous.writer !== attachment.writer;
     this.attachment = attachment;
     this.detachedAt = undefined;
+    this.pausedSaid = false; // a new stream was told nothing yet
     this.onDetachedBytes?.();
     if (tookOver) previous.evict(`session "${this.id}" was resumed on another stream`);
-    if (!resume) return { redelivered: 0, tookOver };
+    if (!resume) {
+      this.sayPause();
+      return { redelivered: 0, tookOver };
+    }
     let redelivered = 0;
     for (const task of this.tasks.values()) {
       for (const { stored } of task.unacked.values()) {
@@ -156,7 +163,7 @@ export class Session {
         redelivered++;
       }
     }
-    if (this.held.length > 0) attachment.writer.sendUrgent(this.notice(false));
+    this.sayPause();
     return { redelivered, tookOver };
   }
 
@@ -214,6 +221,7 @@ export class Session {
     }
     if (dropping.size > 0) this.dropHeld(dropping);
     this.release();
+    this.sayPause();
     this.wakeIdle();
     return durable;
   }
@@ -235,10 +243,7 @@ export class Session {
     if (touched.size === 0) return;
     this.held.length = kept;
     for (const taskId of touched) this.forgetIfDone(taskId);
-    if (this.held.length === 0) {
-      this.heldBytesTotal = 0;
-      this.attachment?.writer.sendUrgent(this.notice(true));
-    }
+    if (this.held.length === 0) this.heldBytesTotal = 0;
   }
 
   /** Tasks the session still remembers (not yet fully delivered and acked). */
@@ -314,10 +319,9 @@ export class Session {
     task.held++;
     this.held.push(stored);
     this.heldBytesTotal += storedBytes(stored);
-    if (this.held.length === 1) this.attachment?.writer.sendUrgent(this.notice(false));
   }
 
-  /** Sends held trajectories while they fit; tells the client when delivery resumes. */
+  /** Sends held trajectories while they fit. */
   private release(): void {
     if (this.held.length === 0) return;
     while (this.held.length > 0 && this.fits(storedBytes(this.held[0]!))) {
@@ -329,9 +333,21 @@ export class Session {
     }
     if (this.held.length === 0) {
       this.heldBytesTotal = 0;
-      this.attachment?.writer.sendUrgent(this.notice(true));
       this.wakeIdle();
     }
+  }
+
+  /**
+   * Tells the attached client when {@link deliveryPaused} changes, once per change: the pause it is told of is the very
+   * state in which the session refuses new tasks (unacked bytes at the bound, or trajectories held), so a client whose
+   * submit is refused has always been told why - before, only a held trajectory was said, and a client at the bound
+   * with nothing held yet was refused submits it had no notice for (a Python caller waiting in submit() never acked).
+   */
+  private sayPause(): void {
+    const paused = this.deliveryPaused;
+    if (paused === this.pausedSaid) return;
+    this.pausedSaid = paused;
+    this.attachment?.writer.sendUrgent(this.notice(!paused));
   }
 
   private notice(resumed: boolean): RolloutResponse {

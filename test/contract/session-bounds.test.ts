@@ -117,8 +117,13 @@ describe('sessions bounded in bytes, against a real server', () => {
   it('a client that stops reading: its outbox stays bounded in bytes, other clients are served, and it gets everything when it reads again', async () => {
     const stalled = h.client.openSession({ sessionId: 'stalled', stageEvents: true, highWater: 1 });
     await stalled.opened;
-    // Submitted without waiting: once its one-trajectory buffer is full the client stops reading, accepts included.
+    // Submitted without waiting and never consumed: the client reads on while a submit waits for its answer (answers
+    // come on the same call), so what bounds the session is the server's unacked-bytes limit; once no submit is
+    // pending, its one-trajectory buffer is full and it stops reading. Refusals ('paused') can arrive while the
+    // submits are still going out, so their outcome is watched from the start (a rejection with no handler yet is
+    // an unhandled rejection).
     const submits = Array.from({ length: 24 }, (_, i) => stalled.submit(task(`st-${i}`)));
+    const outcomes = Promise.allSettled(submits);
     await eventually(() => h.server.sessions.get('stalled')!.deliveryPaused, 'the stalled session to reach its bound', 30_000);
     await eventually(() => h.server.runtime.pipeline.inFlight === 0, 'the admitted work to finish', 30_000);
     const s = h.server.sessions.get('stalled')!;
@@ -137,7 +142,7 @@ describe('sessions bounded in bytes, against a real server', () => {
 
     // Reading again (with acks as it consumes): every trajectory of the tasks the server accepted, each once.
     const out = drain(stalled);
-    const settled = await Promise.allSettled(submits);
+    const settled = await outcomes;
     const acceptedIds = settled.flatMap((r, i) => (r.status === 'fulfilled' ? [`st-${i}#0`] : []));
     for (const r of settled) if (r.status === 'rejected') expect((r.reason as TaskRejectedError).reason).toContain('paused');
     expect(acceptedIds.length).toBeGreaterThan(0);

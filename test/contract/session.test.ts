@@ -79,9 +79,13 @@ describe('Session', () => {
     expect(stream.sent).toEqual(['t#0', 't#1', 't#2']);
     session.ack({ taskIds: ['t'], trajectories: [] }); // acks what was sent: 1 and 2
     expect(stream.sent).toEqual(['t#0', 't#1', 't#2', 't#3', 't#4']);
-    expect(stream.notices.at(-1)).toEqual({ held: 0, resumed: true });
+    // Nothing is held, but 3 and 4 fill the bound: still paused (new tasks are refused), so no 'resumed' yet.
+    expect(session.deliveryPaused).toBe(true);
+    expect(stream.notices).toEqual([{ held: 1, resumed: false }]);
     expect(session.rememberedTasks).toBe(1); // 3 and 4 are not acked yet
     session.ack({ taskIds: ['t'], trajectories: [] });
+    expect(stream.notices).toEqual([{ held: 1, resumed: false }, { held: 0, resumed: true }]);
+    expect(session.deliveryPaused).toBe(false);
     expect(session.rememberedTasks).toBe(0);
     expect(session.unackedBytes).toBe(0);
   });
