@@ -130,7 +130,7 @@ exit $status
 /**
  * Test infrastructure, as bash \`case\` patterns on "/<path>": what pytest and Python read before or around the tests
  * and a patch could use to report results instead of earning them. conftest.py files (hooks that rewrite outcomes or the
- * report), pytest's configuration files at any depth (inifile discovery starts at the test files' directory; \`addopts\`
+ * report), pytest's configuration files at any depth (pytest 9 reads pytest.toml and .pytest.toml too; inifile discovery starts at the test files' directory; \`addopts\`
  * can load a plugin of the patch), sitecustomize / usercustomize and .pth files (run at interpreter start-up, before
  * the report plugin), *.dist-info / *.egg-info (a pytest11 entry point is loaded as a plugin), and modules at the root
  * that would shadow pytest itself when it runs as \`python -m pytest\` from there; a module named as the report plugin at
@@ -145,6 +145,8 @@ export const TEST_INFRASTRUCTURE = [
   '*/conftest.py',
   '*/pytest.ini',
   '*/.pytest.ini',
+  '*/pytest.toml',
+  '*/.pytest.toml',
   '*/pyproject.toml',
   '*/tox.ini',
   '*/setup.cfg',

@@ -143,9 +143,11 @@ describe.runIf(process.getuid?.() === 0 || process.env.CI)('a patch that forges 
     expect(result).toMatchObject({ reward: 0, report: { test_infrastructure_reset: ['conftest.py'] } });
   }, 120_000);
 
-  it('gives 0 to a pytest configuration (pytest.ini, tox.ini, setup.cfg, pyproject.toml) whose addopts load a plugin of the patch', async () => {
+  it('gives 0 to a pytest configuration (pytest.ini, tox.ini, setup.cfg, pyproject.toml, pytest 9\'s pytest.toml) whose addopts load a plugin of the patch', async () => {
     const configs: Record<string, string> = {
       'pytest.ini': '[pytest]\naddopts = -p forge_plugin\n',
+      // The image's pytest (Debian's 7.2) does not read it; pytest >= 9 in a user's image would: reset all the same.
+      '.pytest.toml': '[pytest]\naddopts = ["-p", "forge_plugin"]\n',
       'tox.ini': '[pytest]\naddopts = -p forge_plugin\n',
       'pyproject.toml': '[tool.pytest.ini_options]\naddopts = "-p forge_plugin"\n',
     };
