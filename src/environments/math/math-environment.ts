@@ -2,6 +2,7 @@ import { clipped, RolloutError } from '../../errors.js';
 import { defaultToolRegistry, type ToolRegistry } from '../../tools/registry.js';
 import { defineEnvironment } from '../define.js';
 import { openGradingSandbox } from '../grading-sandbox.js';
+import { reportedAnswer } from '../reported-answer.js';
 import type { Environment, Evaluation } from '../types.js';
 import { checkEquivalence, MAX_ANSWER_LENGTH } from './equivalence.js';
 import { findFinalAnswer } from './extract.js';
@@ -98,7 +99,7 @@ export function createMathEnvironment(options: MathEnvironmentOptions = {}): Env
         };
       }
       const builtin = checkEquivalence(found.answer, instance.answer);
-      const report = { ...reportedAnswer(found.answer), reference, method: found.source };
+      const report = { ...reportedAnswer(found.answer, MAX_REPORTED_ANSWER_CHARS), reference, method: found.source };
       if (checkerOf(instance) === 'builtin') {
         const correct = builtin.equivalent ? 1 : 0;
         return { reward: correct, details: { correct, has_answer: 1 }, report: { ...report, checker: 'builtin', comparison: builtin.method } };
@@ -131,11 +132,6 @@ export function createMathEnvironment(options: MathEnvironmentOptions = {}): Env
  * answer is the policy's output: uncapped, a 1 MB answer went into every report, journal record and Watch event.
  */
 export const MAX_REPORTED_ANSWER_CHARS = MAX_ANSWER_LENGTH;
-
-/** `extracted` for the report: the answer, or its first MAX_REPORTED_ANSWER_CHARS and `extracted_chars`. */
-function reportedAnswer(answer: string): { extracted: string; extracted_chars?: number } {
-  return answer.length <= MAX_REPORTED_ANSWER_CHARS ? { extracted: answer } : { extracted: capText(answer), extracted_chars: answer.length };
-}
 
 /** `text` cut to MAX_REPORTED_ANSWER_CHARS with "…", never inside a surrogate pair. */
 function capText(text: string): string {

@@ -1,6 +1,7 @@
 import type { ChatMessage } from '../../tokens/types.js';
 import type { ToolRegistry } from '../../tools/registry.js';
 import { defineEnvironment } from '../define.js';
+import { reportedAnswer } from '../reported-answer.js';
 import type { Environment, Evaluation } from '../types.js';
 import { choiceLetter, findStemAnswer, resolveChoice } from './choice.js';
 import { DEFAULT_RELATIVE_TOLERANCE, stemInstanceSchema, type StemInstance } from './instance.js';
@@ -9,6 +10,9 @@ import { mathjsUnits, type UnitSystem } from './units.js';
 
 /** Tools the STEM environment offers, by name; the system prompts refer to them. */
 export const STEM_TOOL_NAMES = ['python', 'finish'] as const;
+
+/** Characters of the model's answer a report holds (`extracted`; `extracted_chars` gives the length when cut). */
+export const MAX_REPORTED_ANSWER_CHARS = 500;
 
 export const STEM_CHOICE_SYSTEM_PROMPT = [
   'You are answering a multiple-choice science question. Reason step by step; you may call the `python` tool for calculations.',
@@ -78,7 +82,7 @@ export function createStemEnvironment(options: StemEnvironmentOptions = {}): Env
       if (!found) {
         return { reward: 0, details: { correct: 0, has_answer: 0 }, report: { kind: instance.kind, extracted: null, source: 'none', reference } };
       }
-      const base = { kind: instance.kind, extracted: found.answer.slice(0, 500), source: found.source, reference };
+      const base = { kind: instance.kind, ...reportedAnswer(found.answer, MAX_REPORTED_ANSWER_CHARS), source: found.source, reference };
       if (instance.kind === 'choice') {
         const chosen = resolveChoice(found.answer, instance.choices);
         const correct = chosen === instance.correct ? 1 : 0;

@@ -49,6 +49,17 @@ describe('multiple-choice answers', () => {
 });
 
 describe('the stem environment', () => {
+  it('reports a long answer cut to 500 characters with its length (extracted_chars), never cut silently or inside a surrogate pair', async () => {
+    const q = { question: 'Which is a noble gas?', choices, answer: 'Argon' };
+    const long = `${'x'.repeat(499)}\u{1F600}${'y'.repeat(1000)}`; // the emoji's pair straddles the cut
+    const r = await score(q, reply('', long));
+    expect(r.report).toMatchObject({ extracted_chars: long.length, source: 'finish_tool' });
+    const extracted = (r.report as { extracted: string }).extracted;
+    expect(extracted).toBe(`${'x'.repeat(499)}…`);
+    expect(await score(q, reply('', 'Argon'))).toMatchObject({ report: { extracted: 'Argon' } });
+    expect((await score(q, reply('', 'Argon'))).report).not.toHaveProperty('extracted_chars');
+  });
+
   it('scores multiple choice by letter or text, and no answer as 0 with has_answer 0', async () => {
     const q = { question: 'Which is a noble gas?', choices, answer: 'Argon' };
     expect(stem.validate(q)).toMatchObject({ kind: 'choice', correct: 2 });
