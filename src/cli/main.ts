@@ -7,7 +7,7 @@ import { runDemo } from './demo.js';
 import { runImageBuild } from './image.js';
 import { runServe } from './serve.js';
 import { runSweBuild } from './swe.js';
-import { DEFAULT_RETRIES, runSubmit } from './submit.js';
+import { DEFAULT_RETRIES, DEFAULT_RETRY_REFUSED_FOR_S, runSubmit } from './submit.js';
 import { RolloutError } from '../errors.js';
 
 const int = (value: string): number => {
@@ -86,6 +86,7 @@ withConnectionFlags(program
   .option('--instance-field <name>', 'take the instance from this field of each row (an object or a JSON string)')
   .option('--concurrency <n>', 'rows in flight at once', int, 64)
   .option('--retries <n>', "new attempts (new task ids, whole groups) for a row whose group had an infrastructure failure; 0 disables", int, DEFAULT_RETRIES)
+  .option('--retry-refused-for <seconds>', 'how long a task the server refuses for now (starting, draining, busy, delivery paused) is submitted again, with backoff', Number, DEFAULT_RETRY_REFUSED_FOR_S)
   .option('--temperature <t>', 'sampling temperature', Number)
   .option('--max-tokens-per-turn <n>', 'sampling budget per turn', int)
   .option('--max-total-tokens <n>', 'sampling budget per trajectory', int))

@@ -28,6 +28,12 @@ export interface SubmitOptions extends ConnectionFlags {
    * across runs on one output: a re-run continues from the attempts the output and its retried file record.
    */
   retries?: number;
+  /**
+   * Seconds a task the server refuses for now (TaskRejectedError.retryable: RESOURCE_EXHAUSTED, UNAVAILABLE - starting,
+   * draining, delivery paused, its journal failing a write) is submitted again, with backoff, before its row counts as
+   * an infrastructure failure (exit 3). Default {@link DEFAULT_RETRY_REFUSED_FOR_S}.
+   */
+  retryRefusedFor?: number;
   /** Where progress goes (default stderr); tests pass a stream. */
   progress?: NodeJS.WriteStream;
 }
@@ -40,6 +46,17 @@ const EXIT_INFRASTRUCTURE = 3;
  * row that fails three times is most likely broken for a reason a retry will not mend (and each attempt costs a group).
  */
 export const DEFAULT_RETRIES = 2;
+
+/**
+ * Ten minutes of refusals: a server restarting (journal replay), a rolling drain behind a proxy or a journal disk briefly
+ * full outlasts the Python client's one minute, and a dataset run is unattended; a server still refusing after that is
+ * down for a reason someone must look at.
+ */
+export const DEFAULT_RETRY_REFUSED_FOR_S = 600;
+
+/** Backoff between the submits of a task refused for now: the first delay, doubling to the cap (ms). */
+const REFUSED_FIRST_MS = 50;
+const REFUSED_CAP_MS = 2000;
 
 const statusName = (s: TrajectoryStatus): string => TrajectoryStatus[s]?.replace('TRAJECTORY_STATUS_', '') ?? String(s);
 
@@ -91,6 +108,8 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
   const retries = opts.retries ?? DEFAULT_RETRIES;
   if (!Number.isInteger(retries) || retries < 0) throw new RolloutError('invalid_argument', '--retries must be a non-negative integer');
   const maxAttempts = 1 + retries;
+  const retryRefusedForMs = (opts.retryRefusedFor ?? DEFAULT_RETRY_REFUSED_FOR_S) * 1000;
+  if (!Number.isFinite(retryRefusedForMs) || retryRefusedForMs < 0) throw new RolloutError('invalid_argument', '--retry-refused-for must be a non-negative number of seconds');
   const outputPath = opts.output ?? `${opts.dataset.replace(/\.(jsonl|json|parquet|pq)$/i, '')}.trajectories.jsonl`;
   const retriedPath = `${outputPath}.retried.jsonl`;
   const out = opts.progress ?? process.stderr;
@@ -141,6 +160,10 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
   let streamError: string | undefined;
   /** Each attempt in flight, until its group is whole: then it is kept or retried as one. */
   const pending = new Map<string, Attempt>();
+  /** Attempts the server refused for now, waiting to be submitted again: since when, the next delay, the timer. */
+  const refused = new Map<string, { since: number; delayMs: number; timer?: NodeJS.Timeout }>();
+  let refusals = 0;
+  let lastRefusalLine = 0;
   const alreadyWritten = [...output.written.values()].reduce((n, s) => n + s.size, 0);
 
   const bar = out.isTTY
@@ -165,6 +188,7 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
 
   const onSignal = (): void => {
     interrupted = true;
+    for (const r of refused.values()) clearTimeout(r.timer);
     slots.release();
     session.abort();
   };
@@ -184,14 +208,49 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
         metadata: row.metadata,
         ...(sampling(opts) && { sampling: sampling(opts) }),
       })
-      .catch((err: unknown) => {
-        held.release(taskId);
-        if (pending.delete(taskId)) slots.give();
-        progressed();
-        if (interrupted) return;
-        failedRows++;
-        logAbove(bar, out, `[submit] row ${row.index} (${taskId}) rejected: ${rejection(err)}`);
-      });
+      .then(
+        () => void refused.delete(taskId),
+        (err: unknown) => {
+          if (!interrupted && err instanceof TaskRejectedError && err.retryable && submitLater(row, attempt, err)) return;
+          refused.delete(taskId);
+          held.release(taskId);
+          if (pending.delete(taskId)) slots.give();
+          progressed();
+          if (interrupted) return;
+          if (err instanceof TaskRejectedError && err.retryable) {
+            // Not the data's fault: the server kept refusing. A re-run resubmits the row.
+            infraRows++;
+            logAbove(bar, out, `[submit] row ${row.index} (${taskId}) still refused after ${Math.round(retryRefusedForMs / 1000)} s (--retry-refused-for): ${rejection(err)}`);
+            return;
+          }
+          failedRows++;
+          logAbove(bar, out, `[submit] row ${row.index} (${taskId}) rejected: ${rejection(err)}`);
+        },
+      );
+  };
+
+  /**
+   * A task the server refused for now (starting, draining, busy, this session's delivery paused, its journal failing a
+   * write): submitted again, the same task id, after a backoff (50 ms doubling to 2 s), while --retry-refused-for lasts;
+   * its slot stays taken meanwhile, so the run does not outrun the server. False once that time is up.
+   */
+  const submitLater = (row: RowContext, attempt: number, err: TaskRejectedError): boolean => {
+    const taskId = attemptTaskId(row.rowTaskId, attempt);
+    const now = Date.now();
+    const r = refused.get(taskId) ?? { since: now, delayMs: REFUSED_FIRST_MS };
+    if (now + r.delayMs - r.since > retryRefusedForMs) return false;
+    refusals++;
+    if (now - lastRefusalLine >= 2000) {
+      lastRefusalLine = now;
+      logAbove(bar, out, `[submit] the server refuses tasks for now (${rejection(err)}); submitting them again with backoff (${refusals} refusals so far)`);
+    }
+    r.timer = setTimeout(() => {
+      if (interrupted) return;
+      submitAttempt(row, attempt);
+    }, r.delayMs);
+    r.delayMs = Math.min(r.delayMs * 2, REFUSED_CAP_MS);
+    refused.set(taskId, r);
+    return true;
   };
 
   /** A whole group: kept in the output, or (an infrastructure failure, attempts left) moved aside and retried. */
@@ -327,6 +386,7 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
   } finally {
     process.off('SIGINT', onSignal);
     process.off('SIGTERM', onSignal);
+    for (const r of refused.values()) clearTimeout(r.timer); // a stream that ended with resubmits still waiting
     await settling;
     held.close();
     report(true);
@@ -344,7 +404,8 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
   await retriedOutput?.close(false);
   out.write(
     `[submit] ${interrupted ? 'interrupted' : 'done'}: ${received} trajectories written this run (${alreadyWritten} before), ` +
-      `${submitted} rows submitted, ${skipped} already complete, ${failedRows} rejected or unmappable, ${retryCount} retries, ` +
+      `${submitted} rows submitted, ${skipped} already complete, ${failedRows} rejected or unmappable, ${retryCount} retries` +
+      `${refusals > 0 ? ` (and ${refusals} submits refused for now, sent again)` : ''}, ` +
       `${infraRows} rows with infrastructure failures left; reward mean ${mean()}; ${statuses()}\n`,
   );
   if (streamError !== undefined) out.write(`[submit] the stream to ${opts.server} failed: ${streamError}\n`);

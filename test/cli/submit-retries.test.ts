@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { RolloutError } from '../../src/errors.js';
 import { makeMathProblem } from '../../src/testing/arithmetic.js';
 import { createScriptedMathPolicy } from '../../src/testing/scripted-policy.js';
 import { loadQwen3 } from '../../src/tokens/tokenizer.js';
@@ -229,6 +230,73 @@ describe('rollout submit --retries: infrastructure failures are retried as new t
     ]);
     // Nothing of the killed run is left beside the output (its lock, held samples, temporary files).
     expect(readdirSync(dir).filter((f) => f.startsWith('killed.out.jsonl')).sort()).toEqual(['killed.out.jsonl', 'killed.out.jsonl.retried.jsonl']);
+  });
+
+  describe('a server that refuses tasks for now (RESOURCE_EXHAUSTED, UNAVAILABLE)', () => {
+    /**
+     * TEST DOUBLE at the runtime's admission: the real runtime's submit, refusing a task's first `times` submits as a
+     * starting server does (UNAVAILABLE "server is starting"); `times` Infinity refuses them all.
+     */
+    function refuseFirst(times: number): { restore: () => void; refusals: () => number } {
+      const runtime = h.server.runtime;
+      const real = runtime.submit.bind(runtime);
+      const seen = new Map<string, number>();
+      let refusals = 0;
+      runtime.submit = (spec, options) => {
+        const n = (seen.get(spec.taskId) ?? 0) + 1;
+        seen.set(spec.taskId, n);
+        if (n <= times) {
+          refusals++;
+          return Promise.reject(new RolloutError('unavailable', 'server is starting'));
+        }
+        return real(spec, options);
+      };
+      return { restore: () => void (runtime.submit = real), refusals: () => refusals };
+    }
+
+    it('submits them again with backoff (the same task ids): every row completes, none is counted as bad data', async () => {
+      const data = rows(3, 4000);
+      const dataset = join(dir, 'refused.jsonl');
+      writeFileSync(dataset, data.map((r) => JSON.stringify(r)).join('\n') + '\n');
+      const output = join(dir, 'refused.out.jsonl');
+      const refusing = refuseFirst(3);
+      let run;
+      try {
+        run = await rollout(['submit', '--dataset', dataset, '--environment', 'math', '--num-samples', '2', '--server', h.server.address, '--output', output]);
+      } finally {
+        refusing.restore();
+      }
+      expect(run.code, run.output).toBe(0);
+      expect(refusing.refusals()).toBe(9);
+      const rowsOut = byRow(records(output));
+      expect(rowsOut.size).toBe(3);
+      for (const group of rowsOut.values()) expect(group.map((l) => [l.status, l.metadata?.attempt])).toEqual([['TRAJECTORY_STATUS_COMPLETED', '1'], ['TRAJECTORY_STATUS_COMPLETED', '1']]);
+      expect(run.output).toMatch(/the server refuses tasks for now \(server is starting\); submitting them again with backoff/);
+      expect(run.output).toContain('0 rejected or unmappable');
+    });
+
+    it('past --retry-refused-for, the row is an infrastructure failure (exit 3, re-run to resume), not a rejected row', async () => {
+      const data = rows(2, 5000);
+      const dataset = join(dir, 'refused-always.jsonl');
+      writeFileSync(dataset, data.map((r) => JSON.stringify(r)).join('\n') + '\n');
+      const output = join(dir, 'refused-always.out.jsonl');
+      const refusing = refuseFirst(Infinity);
+      let run;
+      try {
+        run = await rollout(['submit', '--dataset', dataset, '--environment', 'math', '--retry-refused-for', '1', '--server', h.server.address, '--output', output]);
+      } finally {
+        refusing.restore();
+      }
+      expect(run.code, run.output).toBe(3);
+      expect(run.output).toMatch(/row 0 \([^)]*\) still refused after 1 s \(--retry-refused-for\): server is starting/);
+      expect(run.output).toContain('0 rejected or unmappable');
+      expect(run.output).toContain('2 rows with infrastructure failures left');
+      expect(records(output)).toHaveLength(0);
+      // Once the server admits again, the same command completes the run.
+      const again = await rollout(['submit', '--dataset', dataset, '--environment', 'math', '--server', h.server.address, '--output', output]);
+      expect(again.code, again.output).toBe(0);
+      expect(records(output)).toHaveLength(2);
+    });
   });
 
   it('--retries 0 keeps a failed group as it is and exits 3', async () => {
