@@ -113,8 +113,15 @@ function messageOf(value: unknown): string {
 
 const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/g;
 
-function wellFormed(text: string): string {
+/** `text` with each lone surrogate (which UTF-8 cannot carry) replaced by U+FFFD. */
+export function wellFormed(text: string): string {
   return text.replace(LONE_SURROGATE, '\uFFFD');
+}
+
+/** Whether `text` holds a lone surrogate (String.prototype.isWellFormed, which the ES2023 lib does not declare). */
+export function hasLoneSurrogate(text: string): boolean {
+  LONE_SURROGATE.lastIndex = 0;
+  return LONE_SURROGATE.test(text);
 }
 
 /** `text` if it fits in `maxBytes` of UTF-8, else its longest code-point prefix that fits with a trailing "…". */

@@ -16,6 +16,7 @@ import {
 } from '../../gen/ts/rollout/v1/rollout.js';
 import { BackendServiceClient, type AddBackendRequest, type Backend, type PauseMode } from '../../gen/ts/rollout/v1/backend.js';
 import { tokenProblem } from '../bearer-token.js';
+import { hasLoneSurrogate } from '../errors.js';
 import { AsyncQueue } from './async-queue.js';
 import { DEFAULT_MAX_ACK_ENTRIES, maxAckEntriesOf } from './ack-limit.js';
 import { MAX_TIMER_MS } from '../timers.js';
@@ -203,6 +204,11 @@ export class RolloutSession {
   submit(task: TaskInput): Promise<TaskAccepted> {
     if (this.ended) return Promise.reject(new Error(`rollout stream ended: ${this.endedWith?.message ?? 'closed'}`));
     if (this.closing) return Promise.reject(new Error('session closed: submit before close()'));
+    if (hasLoneSurrogate(task.taskId)) {
+      // protobufjs would write the lone surrogate as bytes that are not UTF-8: the server refuses those by field but
+      // cannot name a task id it could not decode, so the answer would never find this submit.
+      return Promise.reject(new TaskRejectedError(task.taskId, 'task_id', 'task_id: holds a lone surrogate (UTF-8 cannot carry it)', status.INVALID_ARGUMENT));
+    }
     const request: RolloutRequest = { kind: { $case: 'task', value: TaskSpec.fromPartial({ numSamples: 1, ...task }) } };
     let bytes: Uint8Array;
     try {

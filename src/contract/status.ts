@@ -1,5 +1,5 @@
 import { Metadata, status, type ServiceError } from '@grpc/grpc-js';
-import { clipped, RolloutError, type ErrorCode } from '../errors.js';
+import { clipped, RolloutError, wellFormed, type ErrorCode } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
 
 const GRPC_CODE: Record<ErrorCode, status> = {
@@ -53,7 +53,7 @@ const URI_SAFE = /[A-Za-z0-9;,/?:@&=+$\-_.!~*'()#]/;
 function boundedDetails(message: string): string {
   // encodeURI throws on a lone surrogate, and so would grpc-js sending it.
   // Cut first (a message may quote megabytes); past 8192 units it is over the bound anyway.
-  const text = (message.length > 8192 ? message.slice(0, 8192) : message).replace(/[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/g, '\uFFFD');
+  const text = wellFormed(message.length > 8192 ? message.slice(0, 8192) : message);
   // A UTF-16 unit is at most 9 bytes percent-encoded (a surrogate pair 12 for its two).
   if (text.length * 9 <= MAX_DETAILS_ENCODED) return text;
   let encoded = 0;

@@ -114,6 +114,21 @@ describe('the TypeScript session on streams that end, specs that cannot be sent,
     expect(got.sort()).toEqual(['good-1#0', 'good-1#1']);
   }, 60_000);
 
+  it('a task id that UTF-8 cannot carry (a lone surrogate) is refused at submit, naming task_id, instead of waiting for ever', async () => {
+    // protobufjs writes a lone surrogate as bytes that are not UTF-8; the server refuses such a spec by field, but it
+    // cannot name a task id it could not decode (taskId ''), so the submit's answer never found its caller.
+    const s = h.client.openSession({ sessionId: 'lone-surrogate-id' });
+    await s.opened;
+    const bad = await within(s.submit({ taskId: 'bad-\uD800', environment: 'quick', numSamples: 1, instance: { n: 1 } }).catch((e: unknown) => e), 5_000, 'the refusal');
+    expect(bad).toBeInstanceOf(TaskRejectedError);
+    expect(bad).toMatchObject({ field: 'task_id', code: status.INVALID_ARGUMENT, retryable: false });
+    await s.submit(task('after-bad-id', 1));
+    s.close();
+    const got: string[] = [];
+    for await (const t of s.trajectories()) got.push(key(t));
+    expect(got).toEqual(['after-bad-id#0']);
+  }, 30_000);
+
   it('a task is encoded once (submit encodes it to refuse an unencodable one; the stream sends those bytes)', async () => {
     const s = h.client.openSession({ sessionId: 'encode-once' });
     await s.opened;
