@@ -178,7 +178,7 @@ export const TEST_INFRASTRUCTURE = [
  * working copy): files pytest or Python read before or around the tests, whose change lets a patch forge results
  * instead of fixing the code (see {@link TEST_INFRASTRUCTURE}). What the image has is copied back, what it lacks is
  * deleted; so are the test files named on stdin (NUL-separated: the files of the listed tests and those the test patch
- * touches). Changed means: tracked and different from the base, or untracked (ignored ones included: a patch may add
+ * touches) and, after an empty record, everything under the test trees named there (see {@link testTrees}). Changed means: tracked and different from the base, or untracked (ignored ones included: a patch may add
  * a .gitignore) and not the image's own file. The restored paths go NUL-separated to $3, their count to stdout.
  *
  * Every name in the working copy is the patch's: the lists are read whole before anything runs (an empty record
@@ -192,7 +192,8 @@ src=$1 out=$3
 cd "$2" || exit 1
 : > "$out"
 declare -A tests=()
-while IFS= read -r -d '' f; do tests["$f"]=1; done
+trees=() section=
+while IFS= read -r -d '' f; do if [ -z "$f" ]; then section=trees; elif [ -z "$section" ]; then tests["$f"]=1; else trees+=("$f"); fi; done
 declare -A stdlib=(${[...STDLIB_MODULES, ...PYTEST_DEPENDENCY_MODULES].map((name) => `[${name}]=1`).join(' ')})
 names=() listed=
 while IFS= read -r -d '' f; do if [ -n "$f" ]; then names+=("$f"); else listed=1; fi; done < <(git diff --name-only -z --no-renames ${BASE_REF} -- && git ls-files --others -z && printf '\\0')
@@ -204,7 +205,9 @@ for f in "\${names[@]}"; do
   case "/$f" in
     ${TEST_INFRASTRUCTURE.join('|')}) ;;
     *)
-      if [ -z "\${tests["$f"]+set}" ]; then
+      intree=
+      for t in \${trees[@]+"\${trees[@]}"}; do [[ $f == "$t"/* ]] && { intree=1; break; }; done
+      if [ -z "\${tests["$f"]+set}" ] && [ -z "$intree" ]; then
         # A module the patch added at the root under a standard-library name (or one of pytest's dependencies): \`python -m pytest\` puts the root first on
         # sys.path, so it runs before any plugin (it could take the nonce). One the image has is the repository's own.
         top=\${f%%/*} mod=\${top%%.*}
@@ -302,8 +305,26 @@ export async function applyTestPatch(sandbox: Sandbox, dir: string, testPatch: s
 }
 
 /**
- * Restores the test infrastructure ({@link TEST_INFRASTRUCTURE}) and the `testFiles` (repository-relative paths) the
- * agent's patch changed in the copy at `dir` to the image's repository `repoPath`; returns the restored paths (at most
+ * The test trees of `testFiles`: for each, the directory up to its deepest path component named `test` or `tests`
+ * (`tests/unit/test_x.py` → `tests`, `pkg/tests/test_x.py` → `pkg/tests`; `pkg/test_x.py`, beside the code, has
+ * none). A listed test imports and reads what lies there - helper modules, fixtures' data, expected outputs - so a
+ * patch that edited `tests/helpers.py` could make a listed test pass without fixing anything; a fix has no business
+ * there (the instance's test_patch brings the tests; SWE-bench's own split puts what lies in test directories into
+ * the test patch, never the gold patch). `testing` is not one: numpy.testing is library code.
+ */
+export function testTrees(testFiles: readonly string[]): string[] {
+  const trees = new Set<string>();
+  for (const file of testFiles) {
+    const dirs = file.split('/').slice(0, -1);
+    const last = Math.max(dirs.lastIndexOf('test'), dirs.lastIndexOf('tests'));
+    if (last >= 0) trees.add(dirs.slice(0, last + 1).join('/'));
+  }
+  return [...trees].sort();
+}
+
+/**
+ * Restores the test infrastructure ({@link TEST_INFRASTRUCTURE}), the `testFiles` (repository-relative paths) and
+ * everything under their {@link testTrees} the agent's patch changed in the copy at `dir` to the image's repository `repoPath`; returns the restored paths (at most
  * `REPORT_RESET_PATHS` read back, `count` says all). `problem` says why a path could not be put back: the image's files
  * were copied into this workspace once already, so that is the state the patch left (e.g. a full disk), the patch's doing.
  */
@@ -315,7 +336,7 @@ export async function resetTestInfrastructure(
   options: RunOptions = {},
 ): Promise<{ paths: string[]; count: number; problem?: string }> {
   const file = `${SCRATCH_DIR}/reset-paths`;
-  const stdin = testFiles.map((f) => `${f}\0`).join('');
+  const stdin = [...testFiles, '', ...testTrees(testFiles)].map((f) => `${f}\0`).join('');
   const result = await sandbox.exec(['bash', '-c', `mkdir -p ${SCRATCH_DIR}\n${RESET_TEST_INFRASTRUCTURE}`, 'rollout-swe', repoPath, dir, file], { signal: options.signal, timeoutMs: options.timeoutMs, cwd: sandbox.workdir, stdin });
   if (result.exitCode === 6) return { paths: [], count: 0, problem: result.stderr.trim().slice(-1500) };
   if (result.exitCode !== 0) throw failure("restoring the repository's test infrastructure", result);

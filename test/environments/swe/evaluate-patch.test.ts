@@ -230,12 +230,13 @@ describe.runIf(process.getuid?.() === 0 || process.env.CI)('evaluatePatch in a r
   // agent put where the test patch makes a directory) was an environment_error, which trainers drop: the agent could
   // opt out of a 0. Only a test patch that does not apply to the base is the instance's fault.
   it("gives 0 with the reason when the agent's patch keeps the test patch from applying", async () => {
-    const blocker = ['diff --git a/tests/unit b/tests/unit', 'new file mode 100644', '--- /dev/null', '+++ b/tests/unit', '@@ -0,0 +1 @@', '+in the way', ''].join('\n');
+    // Outside a test tree (a directory named test or tests: everything the patch changed there is put back first).
+    const blocker = ['diff --git a/checks/unit b/checks/unit', 'new file mode 100644', '--- /dev/null', '+++ b/checks/unit', '@@ -0,0 +1 @@', '+in the way', ''].join('\n');
     const testPatch = [
-      'diff --git a/tests/unit/test_new.py b/tests/unit/test_new.py',
+      'diff --git a/checks/unit/test_new.py b/checks/unit/test_new.py',
       'new file mode 100644',
       '--- /dev/null',
-      '+++ b/tests/unit/test_new.py',
+      '+++ b/checks/unit/test_new.py',
       '@@ -0,0 +1,4 @@',
       '+from calc import add',
       '+',
@@ -243,7 +244,7 @@ describe.runIf(process.getuid?.() === 0 || process.env.CI)('evaluatePatch in a r
       '+    assert add(1, 2) == 3',
       '',
     ].join('\n');
-    const inst = instance({ test_patch: testPatch, FAIL_TO_PASS: ['tests/unit/test_new.py::test_new'], PASS_TO_PASS: [] });
+    const inst = instance({ test_patch: testPatch, test_command: 'python3 -m pytest -p no:cacheprovider checks', FAIL_TO_PASS: ['checks/unit/test_new.py::test_new'], PASS_TO_PASS: [] });
     const blocked = await evaluatePatch(await sandbox(), inst, `${FIX}${blocker}`, { testTimeoutMs: 60_000 });
     expect(blocked).toMatchObject({
       reward: 0,
@@ -252,6 +253,14 @@ describe.runIf(process.getuid?.() === 0 || process.env.CI)('evaluatePatch in a r
     });
     // The same test patch with an honest fix: it applies and the test passes.
     expect((await evaluatePatch(await sandbox(), inst, FIX, { testTimeoutMs: 60_000 })).reward).toBe(1);
+  }, 120_000);
+
+  it('a blocker the patch put in a test tree (a file where the test patch makes a directory) is removed with the tree: the test patch applies, the fix is graded', async () => {
+    const blocker = ['diff --git a/tests/unit b/tests/unit', 'new file mode 100644', '--- /dev/null', '+++ b/tests/unit', '@@ -0,0 +1 @@', '+in the way', ''].join('\n');
+    const testPatch = ['diff --git a/tests/unit/test_new.py b/tests/unit/test_new.py', 'new file mode 100644', '--- /dev/null', '+++ b/tests/unit/test_new.py', '@@ -0,0 +1,4 @@', '+from calc import add', '+', '+def test_new():', '+    assert add(1, 2) == 3', ''].join('\n');
+    const inst = instance({ test_patch: testPatch, FAIL_TO_PASS: ['tests/unit/test_new.py::test_new'], PASS_TO_PASS: [] });
+    const result = await evaluatePatch(await sandbox(), inst, `${FIX}${blocker}`, { testTimeoutMs: 60_000 });
+    expect(result).toMatchObject({ reward: 1, report: { resolved: true, test_infrastructure_reset: ['tests/unit'] } });
   }, 120_000);
 
   // Found by review (helper-37): a patch that broke pytest's configuration kept pytest from starting (before any plugin

@@ -30,6 +30,10 @@ const REPO = {
   'calc.py': 'def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n',
   'tests/__init__.py': '',
   'tests/test_calc.py': 'from calc import add, mul\n\n\ndef test_add():\n    assert add(2, 2) == 4\n\n\ndef test_mul():\n    assert mul(2, 3) == 6\n',
+  // A helper module tests import (its expected values), and a listed test beside the code (no test tree).
+  'tests/helpers.py': 'def expected_sum(a, b):\n    return a + b\n',
+  'tests/test_sum.py': 'from calc import add\nfrom tests.helpers import expected_sum\n\n\ndef test_sum():\n    assert add(2, 3) == expected_sum(2, 3)\n',
+  'test_beside.py': 'from calc import add\n\n\ndef test_beside():\n    assert add(1, 1) == 2\n',
 };
 
 const FIX = ['diff --git a/calc.py b/calc.py', '--- a/calc.py', '+++ b/calc.py', '@@ -1,2 +1,2 @@', ' def add(a, b):', '-    return a - b', '+    return a + b', ''].join('\n');
@@ -126,8 +130,27 @@ describe.runIf(process.getuid?.() === 0 || process.env.CI)('a patch that forges 
   it('gives 0 to a patch that edits the listed tests themselves, in files no test patch resets', async () => {
     const edit = ['diff --git a/tests/test_calc.py b/tests/test_calc.py', '--- a/tests/test_calc.py', '+++ b/tests/test_calc.py', '@@ -4,2 +4,2 @@', ' def test_add():', '-    assert add(2, 2) == 4', '+    assert True', ''].join('\n');
     const result = await evaluate(edit);
-    expect(result).toMatchObject({ reward: 0, report: { resolved: false, test_infrastructure_reset: ['tests/test_calc.py'] } });
+    // patch(1) applied it (a .orig beside): that backup lies in the test tree, so it goes too.
+    expect(result).toMatchObject({ reward: 0, report: { resolved: false, test_infrastructure_reset: ['tests/test_calc.py', 'tests/test_calc.py.orig'] } });
     expect(result.report.FAIL_TO_PASS).toMatchObject({ statuses: { [ADD]: 'failed' } });
+  }, 120_000);
+
+  it("gives 0 to a patch that edits a helper module in the listed tests' test directory (tests/helpers.py), and still rewards the fix", async () => {
+    const SUM = 'tests/test_sum.py::test_sum';
+    const fields = { FAIL_TO_PASS: [SUM], PASS_TO_PASS: [MUL] };
+    const helper = ['diff --git a/tests/helpers.py b/tests/helpers.py', '--- a/tests/helpers.py', '+++ b/tests/helpers.py', '@@ -1,2 +1,2 @@', ' def expected_sum(a, b):', '-    return a + b', '+    return a - b', ''].join('\n');
+    const forged = await evaluate(helper, fields);
+    expect(forged).toMatchObject({ reward: 0, report: { resolved: false, test_infrastructure_reset: ['tests/helpers.py'] } });
+    expect(forged.report.FAIL_TO_PASS).toMatchObject({ statuses: { [SUM]: 'failed' } });
+    // A new module the patch adds there is removed too; the fix beside it is graded alone.
+    const fixed = await evaluate(`${FIX}${newFile('tests/more_helpers.py', 'X = 1\n')}`, fields);
+    expect(fixed).toMatchObject({ reward: 1, report: { resolved: true, test_infrastructure_reset: ['tests/more_helpers.py'] } });
+  }, 120_000);
+
+  it('a listed test beside the code (no test directory) makes no test tree: the fix of the module beside it is graded, not reset', async () => {
+    const BESIDE = 'test_beside.py::test_beside';
+    const result = await evaluate(FIX, { test_command: 'python3 -m pytest -p no:cacheprovider test_beside.py tests', FAIL_TO_PASS: [BESIDE], PASS_TO_PASS: [MUL] });
+    expect(result).toMatchObject({ reward: 1, report: { resolved: true, test_infrastructure_reset: [] } });
   }, 120_000);
 
   it('gives 0 to a conftest.py (at the root or beside the tests) that marks every test passed: reset before the tests run', async () => {
@@ -307,7 +330,8 @@ describe.runIf(process.getuid?.() === 0 || process.env.CI)('a patch that forges 
   }, 120_000);
 
   it('gives 0, not an ENVIRONMENT_ERROR, to a patch that makes the directory of a listed test a dangling link (the reset cannot put the test back through it)', async () => {
-    const result = await evaluate(`${deleteFile('tests/__init__.py')}${deleteFile('tests/test_calc.py')}${newSymlink('tests', '/nonexistent')}${newFile('conftest.py', MARK_PASSED)}`);
+    const emptied = (['tests/__init__.py', 'tests/test_calc.py', 'tests/helpers.py', 'tests/test_sum.py'] as const).map(deleteFile).join('');
+    const result = await evaluate(`${emptied}${newSymlink('tests', '/nonexistent')}${newFile('conftest.py', MARK_PASSED)}`);
     expect(result).toMatchObject({ reward: 0, report: { test_infrastructure_reset: expect.arrayContaining(['tests/test_calc.py', 'conftest.py']) } });
     expect(result.report.FAIL_TO_PASS).toMatchObject({ statuses: { [ADD]: 'failed' } });
   }, 120_000);
