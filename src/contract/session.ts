@@ -50,19 +50,19 @@ export interface Attachment {
  * reconnects with `resume` (or takes the session over from a stale stream) gets every unacked trajectory again,
  * once, then the rest as they finish. A client dedupes by (task_id, sample_index) across streams.
  *
- * Memory is bounded in bytes: trajectories sent and not acked are counted by their encoded size; one that would
- * take them past `maxUnackedBytes` is held instead, in completion order. The client is told (`delivery_paused`) when
- * the unacked bytes reach the bound or a trajectory is held - the state in which new tasks are refused - and
- * (`resumed`) when acks have sent every held one and brought the bytes back under the bound. Held trajectories are never dropped. What the bound counts is what the session holds: unacked and
- * held trajectories are kept as their wire bytes (StoredTrajectory, the same bytes the task store keeps: no copy),
- * not as objects — a trajectory object's token arrays take ~2x its encoded size on the V8 heap, and a trainer that
- * acks once per training step can leave a whole step's trajectories unacked. A re-send (resume, release after a
- * pause) writes those bytes without decoding them. While
+ * Memory is bounded in bytes: trajectories sent and not acked are counted by their encoded size; one that would take
+ * them past `maxUnackedBytes` is held instead, in completion order. The client is told (`delivery_paused`) when the
+ * unacked bytes reach the bound or a trajectory is held - the state in which new tasks are refused - and (`resumed`)
+ * when acks have sent every held one and brought the bytes back under the bound. Held trajectories are never dropped.
+ * What the bound counts is what the session holds: unacked and held trajectories are kept as their wire bytes
+ * (StoredTrajectory, the same bytes the task store keeps: no copy), not as objects — a trajectory object's token arrays
+ * take ~2x its encoded size on the V8 heap, and a trainer that acks once per training step can leave a whole step's
+ * trajectories unacked. A re-send (resume, release after a pause) writes those bytes without decoding them. While
  * delivery is paused the session admits no new task (rollout-service refuses them with RESOURCE_EXHAUSTED, to be
- * re-submitted after acking: task ids are idempotent), so what it holds is bounded by maxUnackedBytes plus the
- * work it had in flight when the bound was reached. A task is forgotten once all its samples were delivered and
- * acked, so a long-lived session that acks stays small. In memory; with a journal, a restart rebuilds it from what
- * the journal recorded: the tasks it was answered `accepted` for (duplicates included: Journal.owed) and its acks.
+ * re-submitted after acking: task ids are idempotent), so what it holds is bounded by maxUnackedBytes plus the work it
+ * had in flight when the bound was reached. A task is forgotten once all its samples were delivered and acked, so a
+ * long-lived session that acks stays small. In memory; with a journal, a restart rebuilds it from what the journal
+ * recorded: the tasks it was answered `accepted` for (duplicates included: Journal.owed) and its acks.
  */
 export class Session {
   private readonly tasks = new Map<string, SessionTask>();
