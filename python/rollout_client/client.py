@@ -31,6 +31,9 @@ ACK_MODES = ("consumed", "manual", "received")
 #: Samples acked before consumption (a paused delivery) are logged at WARNING at most this often.
 _WARN_EARLY_EVERY = 30.0
 
+#: A submit waiting this long for room while queued samples go untaken is said at WARNING (again as long as it waits).
+_WARN_ROOM_AFTER = 30.0
+
 
 class _GiveBack(Exception):
     """Thrown into samples()/groups() at their yield when what they yielded never reached the caller (the sync
@@ -57,6 +60,8 @@ class _Task:
         #: A temporary rejection (server busy, draining, delivery paused): retried until this loop time, with backoff.
         self.retry_until: Optional[float] = None
         self.retry_delay = _RETRY_FIRST
+        #: The server that last refused it because delivery to the session was paused, while it waits to be retried.
+        self.refused_by_pause: Optional[Connection] = None
 
     def group(self) -> Group:
         return Group(self.task_id, self.spec.group_id, [self.samples[i] for i in sorted(self.samples)])
@@ -96,24 +101,32 @@ class AsyncRolloutClient:
     The one exception: when a server pauses delivery (the session's unacked bytes reached its sessions.maxUnackedBytes)
     while samples of incomplete groups (run_group's, or groups()' once it has taken all that is queued) wait here, they
     are acked before consumption so the groups can complete instead of waiting for ever; logged at WARNING and counted
-    in stats["acked_early"]. Likewise when a submit is refused because delivery is paused ("consumed"): the caller is
-    inside submit() and cannot take what keeps the pause (a batch submitted before it is read), so what the client
-    holds unacked from that server is acked early; in "manual" the submit waits for the caller's acks, said at WARNING. Keep maxUnackedBytes above what the client holds (max_in_flight samples, plus in "manual"
-    what the caller has not acked) and a sample is never acked before the moment its mode says. A samples()/groups()
-    caller that waits while the pause is kept by samples it holds unacked itself ("manual": a batch kept until its
-    step) gets nothing more until it acks some: that wait is logged at WARNING (at most every 30 s), not left silent. Acks wait up to 20 ms
-    for others (one Ack message per server per 20 ms, split by the bound each server advertises): a crash may re-send
-    a few consumed samples to the resumed session (at least once), never lose one.
+    in stats["acked_early"]. Likewise when a submit is refused because delivery is paused, or a run_group waits for
+    samples of the paused server ("consumed"): the caller is inside submit()/run_group and cannot take what keeps the
+    pause (a batch submitted before it is read, an evaluation group run before the prefetched batch is read), so what
+    the client holds unacked from that server is acked early, and so is what it sends while the call waits (the
+    server releases held samples one ack at a time); in "manual" the call waits for the caller's acks, said at
+    WARNING. A predecessor's samples (resume) are acked early, in both modes, whenever a caller waits on the paused
+    server: they may never be submitted again, and only acks would free the session; the client keeps them for a
+    later submit of their task. Keep maxUnackedBytes above what the client holds (max_in_flight samples, plus in
+    "manual" what the caller has not acked) and a sample is never acked before the moment its mode says. A
+    samples()/groups() caller that waits while the pause is kept by samples it holds unacked itself ("manual": a batch
+    kept until its step) gets nothing more until it acks some: that wait is logged at WARNING (at most every 30 s), not
+    left silent. Acks wait up to 20 ms for others (one Ack message per server per 20 ms, split by the bound each server
+    advertises): a crash may re-send a few consumed samples to the resumed session (at least once), never lose one.
 
     resume=True (with the session_id of a process that died): the first open resumes the session (a session the server
     no longer knows is opened afresh, logged, connection_stats()' sessions_lost). The predecessor's trajectories are
-    held unacked until a task with their task_id is submitted again (the same spec): the server answers it as owed,
-    without running it again, and the re-sent and still-running samples complete it as usual. Submit again what the
-    predecessor had not used; a task it acked in full is gone from the session (submitted again, it is run again or
-    replayed from the server's cache of finished tasks).
+    held unacked until a task with their task_id is submitted again (the same spec; while delivery is paused and a
+    caller waits, acked early and kept here, see "Acks"): the server answers it as owed, without running it again, and
+    the re-sent and still-running samples complete it as usual. Submit again what the predecessor had not used; a task
+    it acked in full is gone from the session (submitted again, it is run again or replayed from the server's cache of
+    finished tasks). Not a task it acked in part (samples() acks sample by sample): the server re-sends only the
+    samples not acked and does not say which it still owes, so the task would wait here for the acked ones for ever.
 
-    max_in_flight bounds the samples submitted and not yet handed to the caller (submit waits for room), which also
-    bounds what the client buffers. A sample yielded by samples() (a group by groups()) counts as handed out once the
+    max_in_flight bounds the samples submitted and not yet handed to the caller (submit waits for room, in the order
+    the submits came: a larger group is never overtaken for ever by smaller ones), which also bounds what the client
+    buffers. A sample yielded by samples() (a group by groups()) counts as handed out once the
     caller comes back for the next one or leaves the loop. Call close() (or use `async with`) to end the streams.
 
     A task the server refuses for now (TaskRejectedError.retryable: RESOURCE_EXHAUSTED, UNAVAILABLE) is submitted
@@ -189,7 +202,10 @@ class AsyncRolloutClient:
         self._lent = 0  # samples yielded by samples()/groups() whose caller has not come back yet (still outstanding)
         self._partial: Dict[str, Dict[int, Sample]] = {}
         self._in_flight = 0
+        self._released = 0  # samples whose room was freed so far (see _warn_no_room)
         self._room = asyncio.Condition()
+        #: Submits waiting for room, in the order they came: room goes to the first (see _submit).
+        self._room_line: "collections.deque[object]" = collections.deque()
         self._closed = False
         self._fatal: Optional[BaseException] = None
         self._waiters: Set["asyncio.Future[Any]"] = set()
@@ -285,9 +301,22 @@ class AsyncRolloutClient:
             # The channel would refuse it and end the stream, every time it was sent again: it fails here, alone.
             raise TaskTooLargeError.of(spec, size, self._max_send_bytes, "this client's channel (grpc.max_send_message_length)")
         need = max(num_samples, 0)
+        ticket = object()
         async with self._room:
             # A group larger than max_in_flight still runs, alone; otherwise wait until the caller has taken enough.
-            await self._room.wait_for(lambda: self._closed or self._in_flight == 0 or self._in_flight + need <= self.max_in_flight)
+            # In turn: were room given to whichever waiting submit fits, a larger group would be overtaken by every
+            # smaller submit behind it, for as long as producers keep the client full (for ever in a long run).
+            def room() -> bool:
+                return self._room_line[0] is ticket and (self._in_flight == 0 or self._in_flight + need <= self.max_in_flight)
+
+            self._room_line.append(ticket)
+            if not room():
+                self._loop.call_later(_WARN_ROOM_AFTER, self._warn_no_room, ticket, need, self._released)
+            try:
+                await self._room.wait_for(lambda: self._closed or self._fatal is not None or room())
+            finally:
+                self._room_line.remove(ticket)
+                self._room.notify_all()  # the next in line may fit too
             self._check_open()
             # Again, under the lock: a call with the same task_id may have got room (and the id) while this one waited.
             if task_id in self._tasks:
@@ -333,6 +362,11 @@ class AsyncRolloutClient:
         With until_idle (default) the iteration ends once every task submitted so far has been handed out; otherwise
         it runs until close(). Use either samples() or groups(), not both at once: they share one queue.
         """
+        if self._partial:
+            # A groups() loop was left with groups not whole yet: their samples were never handed out, and only
+            # groups() would ever take them (this loop would wait for them for ever). They come first.
+            self._give_back([s for partial in self._partial.values() for _, s in sorted(partial.items())])
+            self._partial.clear()
         while True:
             if until_idle and self._stream_outstanding - self._lent <= 0 and self._stream.empty():
                 # Yield to the loop first: a caller that iterates again in a loop (waiting for a submit that is
@@ -359,7 +393,8 @@ class AsyncRolloutClient:
                     self._hand_off_samples([sample], ack=came_back)
 
     async def groups(self, *, until_idle: bool = True) -> AsyncIterator[Group]:
-        """Complete groups of submit()ted tasks, in the order they completed (see samples() for until_idle)."""
+        """Complete groups of submit()ted tasks, in the order they completed (see samples() for until_idle). A group some
+        of whose samples an earlier samples() loop handed out comes with the others only."""
         while True:
             if until_idle and self._stream_outstanding - self._lent <= sum(len(p) for p in self._partial.values()) and self._stream.empty():
                 await asyncio.sleep(0)  # as in samples(): never a busy loop for a caller that iterates again
@@ -372,7 +407,9 @@ class AsyncRolloutClient:
                 continue
             partial = self._partial.setdefault(task.task_id, {})
             partial[sample.sample_index] = sample
-            if len(partial) >= task.num_samples:
+            # Whole, or the rest of a group a samples() loop before this one had begun: kept here, that one would wait
+            # for ever, never handed out (nor acked, nor its room freed).
+            if len(partial) + len(task.handed) >= task.num_samples:
                 del self._partial[task.task_id]
                 samples = [partial[i] for i in sorted(partial)]
                 # As in samples(): handed off once the caller comes back for the next group or leaves the loop.
@@ -396,7 +433,7 @@ class AsyncRolloutClient:
             # The caller is about to wait: if a server waits for acks meanwhile, groups() must not hold its partial
             # groups unacked (see "Acks" in the class doc).
             for conn in self._conns:
-                if conn.paused and not self._ack_waiting_groups(conn):
+                if conn.paused and not self._ack_waiting_groups(conn) + self._ack_orphans(conn):
                     self._warn_waiting_on_acks(conn)
         self._readers_waiting += 1
         try:
@@ -482,6 +519,17 @@ class AsyncRolloutClient:
         self._ack_early(conn, refs)
         return len(refs)
 
+    def _ack_orphans(self, conn: Connection) -> int:
+        """A caller waits while `conn`'s server holds delivery for acks: the predecessor's samples this client holds
+        unacked from it (resume) are acked early (see "Acks" in the class doc), how many. They belong to tasks the
+        trainer has not submitted again - maybe never will (it had used them; their acks were lost with the crash) - so
+        nothing else might ever ack them, and delivery would stay paused for good. They are kept: a later submit of
+        their task still gets them from here (the server, having forgotten them, may run it again; its samples are then
+        dropped as duplicates)."""
+        refs = [ref for ref, conns in self._unacked.items() if conn in conns and ref[0] in self._orphans]
+        self._ack_early(conn, refs)
+        return len(refs)
+
     def _warn_waiting_on_acks(self, conn: Connection) -> None:
         """A samples()/groups() caller waits while `conn`'s server holds delivery for acks and nothing here may be acked
         early: what keeps it paused is what the caller holds unacked ("manual": a batch kept until its step), so
@@ -510,9 +558,9 @@ class AsyncRolloutClient:
             self._warned_early_at = now
             log.warning(
                 "%s: delivery to session %s is paused (its unacked bytes reached the server's sessions.maxUnackedBytes) while "
-                "samples of incomplete groups wait here: acked before consumption so the groups can complete (lost if this "
-                "process dies before handing them out; %d so far, stats['acked_early']; raise sessions.maxUnackedBytes above "
-                "what this client holds)",
+                "callers wait on it for what it holds back (samples of incomplete groups, room for a submit): samples held "
+                "here are acked before consumption so delivery goes on (lost if this process dies before handing them out; "
+                "%d so far, stats['acked_early']; raise sessions.maxUnackedBytes above what this client holds)",
                 conn.target, conn.session_id, self.stats["acked_early"],
             )
         self._ack_refs(refs)
@@ -522,15 +570,53 @@ class AsyncRolloutClient:
             return
         # run_group callers wait on nothing else; groups() only once it has taken what is queued (_next_stream_sample).
         waiting = self._stream.empty()
-        if not self._ack_waiting_groups(conn, with_partial=waiting) and waiting and self._readers_waiting > 0:
+        acked = self._ack_waiting_groups(conn, with_partial=waiting)
+        if self._run_group_waits(conn):
+            self._unpause(conn, "run_group")
+        elif self._submit_waits(conn):
+            self._unpause(conn, "a submit")
+        elif waiting and self._readers_waiting > 0 and not acked + self._ack_orphans(conn):
             self._warn_waiting_on_acks(conn)
+
+    def _run_group_waits(self, conn: Connection) -> bool:
+        """Whether a run_group task on `conn` still waits for samples: while `conn`'s server holds delivery, they come
+        only after acks of what keeps the pause, which its caller (inside run_group) cannot consume."""
+        return any(t.via_run_group and len(t.samples) < t.num_samples for t in conn.tasks.values())
+
+    def _submit_waits(self, conn: Connection) -> bool:
+        """Whether a task `conn`'s server refused because delivery was paused waits to be submitted again: the server
+        releases what it holds one ack at a time, and each sample it then sends pauses delivery again; acked only at
+        the next refusal, one per retry (the retries backing off to 2 s), many held samples would outlast the retry
+        budget. While it waits, what `conn` sends is acked on arrival instead (see _on_trajectory)."""
+        return any(t.refused_by_pause is conn for t in self._tasks.values())
 
     def _release(self, n: int, *, stream: bool) -> None:
         if n <= 0:
             return
         self._in_flight -= n
+        self._released += n
         if stream:
             self._stream_outstanding -= n
+        self._wake_room()
+
+    def _warn_no_room(self, ticket: object, need: int, released: int) -> None:
+        """A submit has waited _WARN_ROOM_AFTER seconds for room under max_in_flight (`released`: self._released when
+        that time began). When no room was freed meanwhile while samples wait in the queue, nothing reads them: a
+        caller that submits a batch larger than max_in_flight before it reads (one coroutine, a sync client's thread)
+        would wait for ever, silently. Said at WARNING, and looked at again as long as the submit waits."""
+        if self._closed or ticket not in self._room_line:
+            return
+        if self._released == released and not self._stream.empty():
+            log.warning(
+                "a submit of %d samples has waited %.0f s for room under max_in_flight (%d samples in flight) while %d "
+                "samples wait here untaken: nothing reads samples()/groups() meanwhile (a batch larger than max_in_flight, "
+                "submitted before it is read, waits for ever); read them from another task or thread, or raise max_in_flight",
+                need, _WARN_ROOM_AFTER, self._in_flight, self._stream.qsize(),
+            )
+        self._loop.call_later(_WARN_ROOM_AFTER, self._warn_no_room, ticket, need, self._released)
+
+    def _wake_room(self) -> None:
+        """Has the submits waiting for room look again (room freed, or the client failed: they must raise)."""
 
         async def notify() -> None:
             async with self._room:
@@ -550,37 +636,43 @@ class AsyncRolloutClient:
 
     def _on_accepted(self, task: _Task, num_samples: int) -> None:
         task.retry_until, task.retry_delay = None, _RETRY_FIRST  # a later refusal (a re-sent spec) gets a fresh budget
+        task.refused_by_pause = None
         if not task.accepted.done():
             task.accepted.set_result(num_samples)
 
     def _on_rejected(self, conn: Connection, task: _Task, field: str, reason: str, code: int = 0) -> None:
         error = TaskRejectedError(task.task_id, field, reason, code)
-        if error.retryable and conn.paused:
-            self._unpause_for_submit(conn)
+        task.refused_by_pause = conn if error.retryable and conn.paused else None
+        if task.refused_by_pause is not None:
+            self._unpause(conn, "a submit")
         if error.retryable and self._retry_later(conn, task, error):
             return
+        task.refused_by_pause = None
         self._reject(task, error)
 
-    def _unpause_for_submit(self, conn: Connection) -> None:
-        """A submit was refused for now while `conn`'s server holds delivery for acks: the session admits no task until
-        it gets some. The submit's caller waits in submit() and cannot consume (a trainer that submits its batch before
-        it reads), so in the "consumed" mode nothing would ever ack what keeps the pause: the samples this client holds
-        from `conn` (queued, in partial groups, lent, run_group's) are acked early (see "Acks" in the class doc) - a
-        predecessor's samples kept for a resubmit (resume) excepted. In "manual" the caller holds them: said, not acked."""
+    def _unpause(self, conn: Connection, waiter: str) -> None:
+        """A caller waits for `conn`'s server while it holds delivery for acks: `waiter` is "a submit" (refused for
+        now: the session admits no task until it gets acks) or "run_group" (its samples are held, or will be when they
+        finish). The caller waits inside that call and cannot consume (a trainer that submits its batch, or runs an
+        evaluation group, before it reads), so in the "consumed" mode nothing would ever ack what keeps the pause: the
+        samples this client holds from `conn` (queued, in partial groups, lent, run_group's) are acked early (see
+        "Acks" in the class doc). In "manual" the caller holds them: said, not acked. A predecessor's samples (resume)
+        go in both modes (_ack_orphans)."""
+        self._ack_orphans(conn)
+        refs = [ref for ref, conns in self._unacked.items() if conn in conns]
         if self.ack_mode == "consumed":
-            refs = [ref for ref, conns in self._unacked.items() if conn in conns and ref[0] not in self._orphans]
             self._ack_early(conn, refs)
-        elif self.ack_mode == "manual":
-            held = sum(1 for conns in self._unacked.values() if conn in conns)
+        elif self.ack_mode == "manual" and refs:
+            held = len(refs)
             now = self._loop.time()
-            if held and now - self._warned_waiting_at >= _WARN_EARLY_EVERY:
+            if now - self._warned_waiting_at >= _WARN_EARLY_EVERY:
                 self._warned_waiting_at = now
                 log.warning(
-                    "%s: a submit waits: the server refuses new tasks on session %s while it holds delivery for acks (its "
-                    "unacked bytes reached sessions.maxUnackedBytes) and %d samples it sent are unacked here (ack mode "
-                    "'manual'); the submit is retried until the caller ack()s some (for up to retry_rejected_for), or raise "
+                    "%s: %s waits: the server holds delivery to session %s and admits no new task until it gets acks (its "
+                    "unacked bytes reached sessions.maxUnackedBytes), and %d samples it sent are unacked here (ack mode "
+                    "'manual'); it waits until the caller ack()s some (a submit for up to retry_rejected_for), or raise "
                     "sessions.maxUnackedBytes above what a batch holds",
-                    conn.target, conn.session_id, held,
+                    conn.target, waiter, conn.session_id, held,
                 )
 
     def _retry_later(self, conn: Connection, task: _Task, error: TaskRejectedError) -> bool:
@@ -653,9 +745,13 @@ class AsyncRolloutClient:
         if self.ack_mode != "received":
             self._unacked[ref] = {conn}
         self._store(task, t)
-        if conn.paused and task.via_run_group and len(task.samples) < task.num_samples and ref in self._unacked:
-            # Sent while delivery stays paused (the server releases held samples one ack at a time): the group needs
-            # the rest, so this one cannot wait for run_group to return (see "Acks" in the class doc).
+        if conn.paused and ref in self._unacked and (
+            (task.via_run_group and len(task.samples) < task.num_samples)
+            or (self.ack_mode == "consumed" and (self._run_group_waits(conn) or self._submit_waits(conn)))
+        ):
+            # Sent while delivery stays paused (the server releases held samples one ack at a time): a group of
+            # run_group, or a refused submit, needs the rest to come, so this one cannot wait for its consumer (see
+            # "Acks" in the class doc, _unpause).
             self._ack_early(conn, [ref])
 
     def _ack_dropped(self, conn: Connection, ref: Tuple[str, int]) -> None:
@@ -699,6 +795,7 @@ class AsyncRolloutClient:
             self._fatal = error
         self._fail_waiters(self._fatal)
         self._stream.put_nowait(None)
+        self._wake_room()  # a submit waiting for room would wait until close() (for ever in a sync client's thread)
 
     def _fail_waiters(self, error: BaseException) -> None:
         for fut in list(self._waiters):

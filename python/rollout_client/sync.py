@@ -10,6 +10,7 @@ import threading
 from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, TypeVar, Union
 
 from .client import AsyncRolloutClient, _GiveBack
+from .errors import ClientClosedError
 from .results import Group, Sample
 from .tls import TlsOptions
 
@@ -140,6 +141,9 @@ class RolloutClient:
         resume: bool = False,
     ) -> None:
         self._loop = asyncio.new_event_loop()
+        #: The loop has stopped for good (close()), and the calls waiting on it when it did (their `done` locks).
+        self._stopped = False
+        self._runs: Set[Any] = set()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rollout-client", daemon=True)
         self._thread.start()
 
@@ -165,7 +169,9 @@ class RolloutClient:
 
         The wait is on a bare lock the loop thread only releases: a threading.Event would take its condition's lock
         in both threads, and an interrupt landing in this thread between that lock's acquire and the `with` that
-        releases it would leave the loop thread blocked for ever on the Event's set().
+        releases it would leave the loop thread blocked for ever on the Event's set(). close() (from another thread)
+        releases it too once the loop has stopped for good: a call scheduled on it as it stopped, or waiting on it
+        then, would wait for ever; it raises ClientClosedError.
         """
         done = _thread.allocate_lock()
         done.acquire()
@@ -177,16 +183,30 @@ class RolloutClient:
             task.add_done_callback(lambda _: done.release())
             box.append(task)
 
+        self._runs.add(done)  # before _stopped is read: close() sets it, then releases what it finds here
         try:
-            self._loop.call_soon_threadsafe(start)
+            if self._stopped:
+                raise ClientClosedError("the client is closed")
+            try:
+                self._loop.call_soon_threadsafe(start)
+            except RuntimeError:  # the loop is closed: close() ran between the check above and here
+                raise ClientClosedError("the client is closed") from None
             if threading.current_thread() is threading.main_thread():
                 while not done.acquire(timeout=_SIGNAL_SLICE):
                     pass
             else:
                 done.acquire()
             finished = True
+            self._runs.discard(done)
+            if not (box and box[0].done()):
+                raise ClientClosedError("the client was closed")  # released by close(): the coroutine never ends
             return box[0].result()
         except BaseException:
+            self._runs.discard(done)
+            if self._stopped:
+                if not box and hasattr(coro, "close"):
+                    coro.close()  # never started, never will: not left to warn that it was never awaited
+                raise  # nothing runs on the loop any more: nothing to cancel or give back there
             if not (finished and (box[0].cancelled() or box[0].exception() is not None)):
                 self._abandon(coro, box, abandoned)  # not the coroutine's own failure: it may hold a result
             raise
@@ -254,9 +274,12 @@ class RolloutClient:
             _handoffs.discard(handoff)
             _unwatch_interrupts()
             if self._loop.is_running():
-                if pending and handoff.interrupted:
-                    self._run(give_back(item))  # never received: back to the queue, for the next loop
-                self._run(iterator.aclose())  # type: ignore[attr-defined]
+                try:
+                    if pending and handoff.interrupted:
+                        self._run(give_back(item))  # never received: back to the queue, for the next loop
+                    self._run(iterator.aclose())  # type: ignore[attr-defined]
+                except ClientClosedError:
+                    pass  # close() (another thread) stopped the loop meanwhile: the iterator ended with it
 
     def submit(self, environment: str, instance: Any, num_samples: int = 1, **kwargs: Any) -> str:
         return self._run(self._client.submit(environment, instance, num_samples, **kwargs))
@@ -292,6 +315,12 @@ class RolloutClient:
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join()
+            self._stopped = True
+            for done in list(self._runs):  # other threads' calls the loop stopped under (see _run)
+                try:
+                    done.release()
+                except RuntimeError:
+                    pass  # released already (its call ended, or a close() in another thread got there first)
             self._loop.close()
 
     def __enter__(self) -> "RolloutClient":
