@@ -305,9 +305,7 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
         await writer.flushed();
         throw lifetime.reason;
       }
-      // The client half-closed: finish delivering what it asked for, then end the stream. It can send no ack any more:
-      // what its session holds back for acks goes regardless of the bound (else the stream would never end).
-      session?.endOfAcks();
+      // The client half-closed: finish delivering what it asked for, then end the stream.
       await Promise.all([...submitting].map((e) => e.done));
       if (session) {
         await session.idle();

@@ -77,8 +77,6 @@ export class Session {
   private unackedBytesTotal = 0;
   /** What the attached client was last told of {@link deliveryPaused} (see {@link sayPause}). */
   private pausedSaid = false;
-  /** The attached stream's client half-closed: no ack can come on it (see {@link endOfAcks}). */
-  private acksEnded = false;
   private unackedTotal = 0;
   detachedAt: number | undefined;
   /**
@@ -152,7 +150,6 @@ export class Session {
     this.attachment = attachment;
     this.detachedAt = undefined;
     this.pausedSaid = false; // a new stream was told nothing yet
-    this.acksEnded = false;
     this.onDetachedBytes?.();
     if (tookOver) previous.evict(`session "${this.id}" was resumed on another stream`);
     if (!resume) {
@@ -174,7 +171,6 @@ export class Session {
   detach(writer: StreamWriter<RolloutResponse>): void {
     if (this.attachment?.writer !== writer) return;
     this.attachment = undefined;
-    this.acksEnded = false; // what finishes now is held for a resume, under the bound again
     this.detachedAt = Date.now();
     this.wakeIdle();
     this.onDetachedBytes?.();
@@ -270,21 +266,7 @@ export class Session {
    * are refused meanwhile (see rollout-service), so what it holds is bounded by the work admitted before.
    */
   get deliveryPaused(): boolean {
-    return this.held.length > 0 || (!this.acksEnded && this.unackedBytesTotal >= this.maxUnackedBytes);
-  }
-
-  /**
-   * The attached stream's client half-closed: it sends nothing more, acks included, so what the session holds back for
-   * acks could never be released and the stream, which ends once everything is sent, would never end. From now on
-   * (until the stream detaches) the bound no longer holds delivery: held trajectories go at once, and those still
-   * finishing as they finish. Nothing grows: held ones are in memory either way, and no task can come on that stream.
-   * They stay unacked (kept for a resume: at least once).
-   */
-  endOfAcks(): void {
-    this.acksEnded = true;
-    this.release();
-    this.sayPause();
-    this.wakeIdle();
+    return this.held.length > 0 || this.unackedBytesTotal >= this.maxUnackedBytes;
   }
 
   /** Bytes queued on the attached stream, not yet taken by the transport. */
@@ -321,7 +303,7 @@ export class Session {
 
   /** Room for this many bytes under the bound; one trajectory alone always fits, so a huge one cannot wedge delivery. */
   private fits(bytes: number): boolean {
-    return this.acksEnded || this.unackedTotal === 0 || this.unackedBytesTotal + bytes <= this.maxUnackedBytes;
+    return this.unackedTotal === 0 || this.unackedBytesTotal + bytes <= this.maxUnackedBytes;
   }
 
   /** Sends a trajectory (a view of its stored bytes: nothing decodes it) and keeps its bytes until acked. */
