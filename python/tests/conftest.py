@@ -4,6 +4,7 @@ checkout these tests sit in)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -124,6 +125,18 @@ class Proxy:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+
+
+def paused_server(tmp_path, latency_ms: int = 1) -> Server:
+    """A server whose sessions pause delivery at their first unacked trajectory (sessions.maxUnackedBytes 1)."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"sessions": {"maxUnackedBytes": 1}}))
+    return Server(latency_ms=latency_ms, extra_args=["--config", str(config)])
+
+
+async def take_groups(client) -> list:
+    """Every group client.groups() hands out until it is idle."""
+    return [g async for g in client.groups()]
 
 
 def math_instance(i: int) -> dict:

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import textwrap
 
-from conftest import Server, math_instance
+from conftest import math_instance, paused_server, take_groups
 from rollout_client import AsyncRolloutClient
 
 SAMPLING = {"temperature": 1.0, "max_tokens_per_turn": 64}
@@ -108,9 +108,7 @@ def test_manual_mode_samples_waiting_on_a_server_paused_by_its_own_unacked_sampl
     sessions.maxUnackedBytes those samples exceed, waits for samples the server will not send until it gets acks.
     Nothing can be acked early (the caller holds them), so the wait is said, at WARNING, naming the bound and ack();
     once the caller acks, delivery resumes and the batch completes."""
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps({"sessions": {"maxUnackedBytes": 1}}))
-    server = Server(latency_ms=1, extra_args=["--config", str(config)])
+    server = paused_server(tmp_path)
 
     class Said(logging.Handler):
         def __init__(self) -> None:
@@ -151,12 +149,6 @@ def test_manual_mode_samples_waiting_on_a_server_paused_by_its_own_unacked_sampl
         server.stop()
 
 
-def _paused_server(tmp_path) -> Server:
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps({"sessions": {"maxUnackedBytes": 1}}))
-    return Server(latency_ms=1, extra_args=["--config", str(config)])
-
-
 def test_a_submit_refused_while_samples_nobody_has_taken_yet_keep_delivery_paused_is_accepted_not_left_to_time_out(tmp_path):
     """The caller submits its batch first and reads after (a trainer's usual loop), and the first samples arrive while
     it is still submitting: they fill the server's sessions.maxUnackedBytes, the server pauses delivery and refuses
@@ -164,7 +156,7 @@ def test_a_submit_refused_while_samples_nobody_has_taken_yet_keep_delivery_pause
     caller is inside submit(). Before, the refusals were retried for retry_rejected_for (60 s) and the submit then
     failed. Such samples are acked early (stats['acked_early'], the WARNING), as groups() does for its partial
     groups: the submit is accepted, and every group still arrives once."""
-    server = _paused_server(tmp_path)
+    server = paused_server(tmp_path)
 
     async def main():
         async with AsyncRolloutClient(server.address) as client:
@@ -173,7 +165,7 @@ def test_a_submit_refused_while_samples_nobody_has_taken_yet_keep_delivery_pause
             while client.connection_stats()[0]["delivery_paused"] == 0:
                 await asyncio.sleep(0.01)
             second = await asyncio.wait_for(client.submit("math", math_instance(2), 2, sampling=SAMPLING), 20)
-            groups = await asyncio.wait_for(_take_groups(client), 60)
+            groups = await asyncio.wait_for(take_groups(client), 60)
             return first, second, groups, client.stats["acked_early"]
 
     try:
@@ -188,7 +180,7 @@ def test_manual_mode_a_submit_refused_while_the_callers_own_unacked_samples_keep
     """In the "manual" mode the caller holds what it has not acked: nothing is acked early, and the refused submit
     waits for the caller's acks (until retry_rejected_for) - said at WARNING, naming ack() and the bound, not left
     silent; once the caller acks (from another task), the submit is accepted."""
-    server = _paused_server(tmp_path)
+    server = paused_server(tmp_path)
 
     async def main():
         async with AsyncRolloutClient(server.address, ack="manual") as client:
@@ -218,7 +210,3 @@ def test_manual_mode_a_submit_refused_while_the_callers_own_unacked_samples_keep
             assert asyncio.run(main()) == 3
         finally:
             server.stop()
-
-
-async def _take_groups(client):
-    return [g async for g in client.groups()]

@@ -4,7 +4,6 @@ ever. Real servers (see conftest.py); each test waits for the state it needs, ne
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import time
@@ -13,19 +12,12 @@ import uuid
 import grpc
 import pytest
 
-from conftest import Server, math_instance
+from conftest import math_instance, paused_server, take_groups
 from rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from rollout_client import AsyncRolloutClient, ClientClosedError, RolloutClient, SessionTakenOverError
 from rollout_client import client as client_module
 
 SAMPLING = {"temperature": 1.0, "max_tokens_per_turn": 64}
-
-
-def _paused_server(tmp_path, latency_ms: int = 1) -> Server:
-    """A server whose sessions pause delivery at their first unacked trajectory (sessions.maxUnackedBytes 1)."""
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps({"sessions": {"maxUnackedBytes": 1}}))
-    return Server(latency_ms=latency_ms, extra_args=["--config", str(config)])
 
 
 async def _until(predicate, what: str, timeout: float = 30.0) -> None:
@@ -68,7 +60,7 @@ def test_run_group_whose_samples_the_server_holds_behind_submitted_samples_nobod
     holds the evaluation group's samples until it gets acks - which nothing sent ("consumed": the caller, inside
     run_group, cannot consume the batch), so run_group waited for ever. They are acked early (stats['acked_early'],
     the WARNING), as for a refused submit; the batch still arrives, whole, once read."""
-    server = _paused_server(tmp_path, latency_ms=600_000)  # samples end only when cancelled: the test orders them
+    server = paused_server(tmp_path, latency_ms=600_000)  # samples end only when cancelled: the test orders them
 
     async def main():
         async with AsyncRolloutClient(server.address) as client:
@@ -80,7 +72,7 @@ def test_run_group_whose_samples_the_server_holds_behind_submitted_samples_nobod
             await _until(lambda: client.connection_stats()[0]["delivery_paused"] > 0, "delivery pauses")
             await client.cancel("eval")
             group = await asyncio.wait_for(evaluation, 30)
-            groups = await asyncio.wait_for(_take_groups(client), 30)
+            groups = await asyncio.wait_for(take_groups(client), 30)
             return batch, group, groups, client.stats["acked_early"]
 
     try:
@@ -90,10 +82,6 @@ def test_run_group_whose_samples_the_server_holds_behind_submitted_samples_nobod
     assert [s.sample_index for s in group.samples] == [0]
     assert [(g.task_id, [s.sample_index for s in g.samples]) for g in groups] == [(batch, [0, 1])]
     assert acked_early > 0
-
-
-async def _take_groups(client):
-    return [g async for g in client.groups()]
 
 
 async def _leave_orphans(address: str, session_id: str, kept: str, running: str) -> None:
@@ -114,7 +102,7 @@ def test_a_new_task_refused_while_only_a_predecessors_samples_keep_delivery_paus
     work. The server refuses it until it gets acks, and nothing else here could be acked: the submit was retried for
     retry_rejected_for (60 s) and failed. The predecessor's samples are acked early instead (the server forgets them;
     the client keeps them, so a resubmit of their task still gets them)."""
-    server = _paused_server(tmp_path, latency_ms=600_000)
+    server = paused_server(tmp_path, latency_ms=600_000)
     session_id = f"orphans-refuse-{uuid.uuid4().hex}"
 
     async def main():
@@ -128,7 +116,7 @@ def test_a_new_task_refused_while_only_a_predecessors_samples_keep_delivery_paus
             await client.submit("math", math_instance(2), 1, task_id="unused", sampling=SAMPLING)
             await client.cancel("fresh")
             await client.cancel("unused")
-            groups = await asyncio.wait_for(_take_groups(client), 30)
+            groups = await asyncio.wait_for(take_groups(client), 30)
             return sorted(g.task_id for g in groups), client.stats["acked_early"]
 
     try:
@@ -143,7 +131,7 @@ def test_a_resubmitted_task_whose_sample_the_server_holds_behind_a_predecessors_
     """resume=True: the trainer submits again the task it had not used; the server holds that task's sample behind the
     predecessor's unacked samples of a task the trainer had used (and does not submit again), and groups() waited for
     ever (a WARNING asked the caller to ack() samples it never had). Those are acked early instead, and kept."""
-    server = _paused_server(tmp_path, latency_ms=600_000)
+    server = paused_server(tmp_path, latency_ms=600_000)
     session_id = f"orphans-hold-{uuid.uuid4().hex}"
 
     async def main():
@@ -151,7 +139,7 @@ def test_a_resubmitted_task_whose_sample_the_server_holds_behind_a_predecessors_
         async with AsyncRolloutClient(server.address, session_id=session_id, resume=True) as client:
             await client.submit("math", math_instance(2), 1, task_id="unused", sampling=SAMPLING)
             await client.cancel("unused")  # it ends now: held by the server behind the predecessor's sample
-            groups = await asyncio.wait_for(_take_groups(client), 20)
+            groups = await asyncio.wait_for(take_groups(client), 20)
             return [g.task_id for g in groups], client.stats["acked_early"]
 
     try:
@@ -201,10 +189,10 @@ def test_groups_after_a_samples_loop_hands_out_the_rest_of_a_group_it_had_begun(
             async for first in client.samples():
                 break
             client.ack(first)
-            rest = await asyncio.wait_for(_take_groups(client), 30)
+            rest = await asyncio.wait_for(take_groups(client), 30)
             # The room the task took is free again.
             await asyncio.wait_for(client.submit("math", math_instance(2), 2, sampling=SAMPLING), 20)
-            later = await asyncio.wait_for(_take_groups(client), 30)
+            later = await asyncio.wait_for(take_groups(client), 30)
             return task_id, first.sample_index, rest, later
 
     task_id, first, rest, later = asyncio.run(main())
@@ -302,7 +290,7 @@ def test_a_submit_refused_while_many_held_samples_come_one_ack_at_a_time_is_acce
     again until the next refusal: one sample per retry, the retries backing off to 2 s, so a few dozen held samples
     outlasted retry_rejected_for and the submit failed. While a submit waits to be retried after such a refusal, what
     the paused server sends is acked early on arrival ("consumed"): the held samples drain at once."""
-    server = _paused_server(tmp_path, latency_ms=600_000)
+    server = paused_server(tmp_path, latency_ms=600_000)
 
     async def main():
         async with AsyncRolloutClient(server.address, retry_rejected_for=20) as client:
@@ -311,7 +299,7 @@ def test_a_submit_refused_while_many_held_samples_come_one_ack_at_a_time_is_acce
             await _until(lambda: client.connection_stats()[0]["delivery_paused"] > 0, "delivery pauses")
             late = await asyncio.wait_for(client.submit("math", math_instance(2), 1, sampling=SAMPLING), 60)
             await client.cancel(late)
-            groups = await asyncio.wait_for(_take_groups(client), 60)
+            groups = await asyncio.wait_for(take_groups(client), 60)
             return batch, late, groups
 
     try:
