@@ -121,8 +121,8 @@ class AsyncRolloutClient:
     caller waits, acked early and kept here, see "Acks"): the server answers it as owed, without running it again, and
     the re-sent and still-running samples complete it as usual. Submit again what the predecessor had not used; a task
     it acked in full is gone from the session (submitted again, it is run again or replayed from the server's cache of
-    finished tasks). Not a task it acked in part (samples() acks sample by sample): the server re-sends only the
-    samples not acked and does not say which it still owes, so the task would wait here for the acked ones for ever.
+    finished tasks). A task it acked in part (samples() acks sample by sample) is whole again: the server sends its
+    acked samples again too (TaskAccepted.resent_sample_indexes), so a group cut by the crash comes complete.
 
     max_in_flight bounds the samples submitted and not yet handed to the caller (submit waits for room, in the order
     the submits came: a larger group is never overtaken for ever by smaller ones), which also bounds what the client

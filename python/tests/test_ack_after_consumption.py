@@ -81,6 +81,57 @@ def test_a_consumer_killed_mid_batch_loses_nothing_the_resumed_session_gets_ever
     assert redelivered == 2 * len(rest)
 
 
+#: A streaming trainer: takes one group's samples one by one with samples(), moves past two (acked: "consumed") and
+#: stops dead (SIGKILL from the test) while it holds the third.
+SAMPLE_CONSUMER = textwrap.dedent(
+    """
+    import asyncio, json, sys, time
+    from rollout_client import AsyncRolloutClient
+    target, session_id, instance = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+
+    async def main():
+        client = AsyncRolloutClient(target, session_id=session_id)
+        await client.submit("math", instance, 4, task_id="part", sampling={"temperature": 1.0, "max_tokens_per_turn": 64})
+        taken = []
+        async for sample in client.samples():
+            taken.append(sample.sample_index)
+            if len(taken) == 3:
+                await asyncio.sleep(0.5)  # the acks of the two moved past go (they wait up to 20 ms for others)
+                print(json.dumps({"moved_past": taken[:2]}), flush=True)
+                time.sleep(600)
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_a_task_acked_in_part_before_a_crash_is_whole_when_the_resumed_trainer_submits_it_again(server):
+    """samples() acks sample by sample, so a streaming trainer killed mid-group leaves a task acked in part. Submitted
+    again on resume, it waited for ever: the server re-sent only the unacked samples and never said the acked ones
+    would not come. The server now sends those again too (TaskAccepted.resent_sample_indexes): the group is whole."""
+    session_id = f"py-acked-in-part-{os.getpid()}"
+    instance = math_instance(60)
+    child = subprocess.Popen([sys.executable, "-c", SAMPLE_CONSUMER, server.address, session_id, json.dumps(instance)], stdout=subprocess.PIPE, text=True)
+    try:
+        moved_past = json.loads(child.stdout.readline())["moved_past"]
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        child.stdout.close()
+
+    async def resume():
+        async with AsyncRolloutClient(server.address, session_id=session_id, resume=True) as client:
+            await client.submit("math", instance, 4, task_id="part", sampling=SAMPLING)
+            groups = [g async for g in client.groups()]
+            return [(g.task_id, [s.sample_index for s in g.samples]) for g in groups], client.connection_stats()[0]["redelivered"]
+
+    groups, redelivered = asyncio.run(asyncio.wait_for(resume(), 60))
+    assert len(moved_past) == 2
+    assert groups == [("part", [0, 1, 2, 3])]
+    # Owed from the session at the resume: the two samples not acked (held and queued), not the two acked.
+    assert redelivered == 2
+
+
 def test_in_the_manual_mode_nothing_is_acked_until_the_caller_acks_it(server):
     session_id = f"py-manual-acks-{os.getpid()}"
 

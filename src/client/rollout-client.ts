@@ -149,10 +149,15 @@ export class RolloutSession {
           this.maybeHalfClose();
           break;
         case 'accepted':
-          // A task re-sent after a resume that the session had accepted before is counted in `inherited` already.
+          // A task re-sent after a resume that the session had accepted before is counted in `inherited` already,
+          // except the samples it had acked: those are sent again (resent_sample_indexes) and counted as they come.
           if (!this.openTasks.has(kind.value.taskId) && !kind.value.alreadyOwed) {
             this.openTasks.set(kind.value.taskId, { numSamples: kind.value.numSamples, got: new Set() });
             this.expected += kind.value.numSamples;
+          } else if (kind.value.alreadyOwed && kind.value.resentSampleIndexes.length > 0) {
+            this.inherited += kind.value.resentSampleIndexes.length;
+            const open = this.openTasks.get(kind.value.taskId);
+            for (const i of kind.value.resentSampleIndexes) open?.got.delete(i);
           }
           this.settle(kind.value.taskId, (p) => p.resolve(kind.value));
           this.maybeHalfClose();

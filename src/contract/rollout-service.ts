@@ -305,7 +305,12 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
         await writer.flushed();
         throw lifetime.reason;
       }
-      // The client half-closed: finish delivering what it asked for, then end the stream.
+      // The client half-closed: finish delivering what it asked for, then end the stream. It can send no ack any more:
+      // what its session holds back for acks goes regardless of the bound (else the stream would never end).
+      // A cancel often looks like this too: Node's HTTP/2 client ends its side (END_STREAM) before it sends RST_STREAM,
+      // so the server may release held ones into a stream about to go. Nothing is lost: sent, they stay unacked and come
+      // again on a resume (as redelivered instead of pending). A stream already known gone is left alone.
+      if (!aborted.signal.aborted) session?.endOfAcks(writer);
       await Promise.all([...submitting].map((e) => e.done));
       if (session) {
         await session.idle();
@@ -350,6 +355,7 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
         );
       }
       const { journal } = runtime.deps;
+      let resent: number[] | undefined;
       const result = await runtime.submit(spec, {
         sink: session.sink,
         signal,
@@ -358,18 +364,37 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
         // A duplicate this session does not hold (a restarted trainer's new session, a unary task, or one this session
         // acked in full and forgot): it is sent every trajectory of the task from now on, so the journal records that
         // debt before the answer — a resume after a crash is owed them too. The stream reads on meanwhile (those
-        // writes share commits, as accepts do).
+        // writes share commits, as accepts do). One it holds and had acked in part: those samples are owed again
+        // (Session.oweAgain), recorded the same way, and marked in memory before the task's replay reaches the sink.
         onDuplicate: () => {
-          if (!journal || session.hasAccepted(spec.taskId)) return undefined;
+          if (!session.hasAccepted(spec.taskId)) {
+            if (!journal) return undefined;
+            entry.markAdmitted();
+            return journal.owed(spec.taskId, session.id);
+          }
+          // Only those the replay can send: a sample acked whose trajectory the journal lacked at recovery (its
+          // write failed) has none, and owed again it would never come.
+          const stored = runtime.store.get(spec.taskId)?.trajectories;
+          const acked = session.ackedSamples(spec.taskId).filter((i) => stored?.[i] !== undefined);
+          if (acked.length === 0) return undefined;
+          if (!journal) {
+            resent = session.oweAgain(spec.taskId, acked);
+            return undefined;
+          }
           entry.markAdmitted();
-          return journal.owed(spec.taskId, session.id);
+          return journal.owed(spec.taskId, session.id).then(() => {
+            resent = session.oweAgain(spec.taskId, acked);
+          });
         },
       });
       // Checked before `expect`: a task this session accepted before (re-sent after a resume, or twice in a row) is
       // owed already.
       const alreadyOwed = session.hasAccepted(spec.taskId);
+      // Not a duplicate (run again: the store had let go of it, no journal held it): what it had acked comes as the
+      // run finishes it.
+      if (alreadyOwed && !result.duplicate) resent ??= session.oweAgain(spec.taskId, session.ackedSamples(spec.taskId));
       session.expect(result.taskId, result.numSamples);
-      writer.sendUrgent({ kind: { $case: 'accepted', value: { ...result, alreadyOwed } } });
+      writer.sendUrgent({ kind: { $case: 'accepted', value: { ...result, alreadyOwed, resentSampleIndexes: alreadyOwed ? (resent ?? []) : [] } } });
       if (entry.cancelRequested) runtime.cancel(result.taskId);
     } catch (err) {
       session.unclaim(spec.taskId);

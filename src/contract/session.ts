@@ -77,6 +77,8 @@ export class Session {
   private unackedBytesTotal = 0;
   /** What the attached client was last told of {@link deliveryPaused} (see {@link sayPause}). */
   private pausedSaid = false;
+  /** The attached stream's client half-closed: no ack can come on it (see {@link endOfAcks}). */
+  private acksEnded = false;
   private unackedTotal = 0;
   detachedAt: number | undefined;
   /**
@@ -127,6 +129,31 @@ export class Session {
     return this.tasks.get(taskId)?.accepted === true;
   }
 
+  /** The samples of an accepted task this session has acked (taken: neither unacked nor held), in order. */
+  ackedSamples(taskId: string): number[] {
+    const task = this.tasks.get(taskId);
+    if (!task?.accepted) return [];
+    // The held queue is scanned only for a task with held samples (a re-submit while delivery is paused).
+    const held = task.held > 0 ? new Set(this.held.filter((s) => s.taskId === taskId).map((s) => s.sampleIndex)) : undefined;
+    return [...task.delivered].filter((i) => !task.unacked.has(i) && !held?.has(i)).sort((a, b) => a - b);
+  }
+
+  /**
+   * The accepted task was submitted again: of `samples` (its {@link ackedSamples} before), those still acked are owed
+   * again — sent as the task's finished trajectories are replayed to {@link sink} (Runtime's duplicate), or as a
+   * re-run finishes them. Submitting means "send me this task's samples": a trainer that died having acked part of a
+   * group, and submits the task on resume, gets the whole group. Returns the samples owed again.
+   */
+  oweAgain(taskId: string, samples: readonly number[]): number[] {
+    const task = this.tasks.get(taskId);
+    if (!task?.accepted) return [];
+    const still = new Set(this.ackedSamples(taskId));
+    const again = samples.filter((i) => still.has(i));
+    for (const i of again) task.delivered.delete(i);
+    this.delivered -= again.length;
+    return again;
+  }
+
   /** The submit was rejected: drop the claim. */
   unclaim(taskId: string): void {
     this.claimed.delete(taskId);
@@ -150,6 +177,7 @@ export class Session {
     this.attachment = attachment;
     this.detachedAt = undefined;
     this.pausedSaid = false; // a new stream was told nothing yet
+    this.acksEnded = false;
     this.onDetachedBytes?.();
     if (tookOver) previous.evict(`session "${this.id}" was resumed on another stream`);
     if (!resume) {
@@ -171,6 +199,7 @@ export class Session {
   detach(writer: StreamWriter<RolloutResponse>): void {
     if (this.attachment?.writer !== writer) return;
     this.attachment = undefined;
+    this.acksEnded = false; // what finishes now is held for a resume, under the bound again
     this.detachedAt = Date.now();
     this.wakeIdle();
     this.onDetachedBytes?.();
@@ -266,7 +295,24 @@ export class Session {
    * are refused meanwhile (see rollout-service), so what it holds is bounded by the work admitted before.
    */
   get deliveryPaused(): boolean {
-    return this.held.length > 0 || this.unackedBytesTotal >= this.maxUnackedBytes;
+    return this.held.length > 0 || (!this.acksEnded && this.unackedBytesTotal >= this.maxUnackedBytes);
+  }
+
+  /**
+   * The attached stream's client half-closed: it sends nothing more, acks included, so what the session holds back for
+   * acks could never be released and the stream, which ends once everything is sent, would never end. From now on
+   * (until the stream detaches) the bound no longer holds delivery: held trajectories go at once, and those still
+   * finishing as they finish. Nothing grows: held ones are in memory either way, and no task can come on that stream.
+   * They stay unacked (kept for a resume: at least once). Only for the stream attached now: a stream the client
+   * cancelled ends its request iterator too, after it was detached, and what it holds back stays held for a resume
+   * (counted as pending there, not redelivered).
+   */
+  endOfAcks(writer: StreamWriter<RolloutResponse>): void {
+    if (this.attachment?.writer !== writer) return;
+    this.acksEnded = true;
+    this.release();
+    this.sayPause();
+    this.wakeIdle();
   }
 
   /** Bytes queued on the attached stream, not yet taken by the transport. */
@@ -303,7 +349,7 @@ export class Session {
 
   /** Room for this many bytes under the bound; one trajectory alone always fits, so a huge one cannot wedge delivery. */
   private fits(bytes: number): boolean {
-    return this.unackedTotal === 0 || this.unackedBytesTotal + bytes <= this.maxUnackedBytes;
+    return this.acksEnded || this.unackedTotal === 0 || this.unackedBytesTotal + bytes <= this.maxUnackedBytes;
   }
 
   /** Sends a trajectory (a view of its stored bytes: nothing decodes it) and keeps its bytes until acked. */

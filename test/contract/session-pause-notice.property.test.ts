@@ -8,9 +8,15 @@ import type { StreamWriter } from '../../src/contract/stream-writer.js';
 // and a client learns of that state only from DeliveryPaused notices. The notices used to follow the held queue alone:
 // a session at its bound with nothing held refused submits its client had never been told of, and a Python caller
 // waiting in submit() never acked what kept the pause (it sat 60 s, then failed). Whatever the order of finishing
-// trajectories, acks, detaches and resumes, the last notice an attached stream got says exactly what admission sees.
+// trajectories, acks, detaches, resumes and half-closes, the last notice an attached stream got says exactly what admission sees.
 
-type Op = { kind: 'finish'; size: number } | { kind: 'ack'; pick: number } | { kind: 'ackAll' } | { kind: 'reattach'; resume: boolean } | { kind: 'detach' };
+type Op =
+  | { kind: 'finish'; size: number }
+  | { kind: 'ack'; pick: number }
+  | { kind: 'ackAll' }
+  | { kind: 'reattach'; resume: boolean }
+  | { kind: 'detach' }
+  | { kind: 'halfClose' };
 
 const op: fc.Arbitrary<Op> = fc.oneof(
   { weight: 5, arbitrary: fc.record({ kind: fc.constant('finish' as const), size: fc.integer({ min: 0, max: 300 }) }) },
@@ -18,6 +24,7 @@ const op: fc.Arbitrary<Op> = fc.oneof(
   { weight: 1, arbitrary: fc.constant({ kind: 'ackAll' as const }) },
   { weight: 1, arbitrary: fc.record({ kind: fc.constant('reattach' as const), resume: fc.boolean() }) },
   { weight: 1, arbitrary: fc.constant({ kind: 'detach' as const }) },
+  { weight: 1, arbitrary: fc.constant({ kind: 'halfClose' as const }) },
 );
 
 /** Records the notices a stream got (a test double of the gRPC stream writer). */
@@ -37,6 +44,7 @@ describe('DeliveryPaused notices', () => {
         let current = stream();
         session.attach({ writer: current.writer, evict: () => undefined }, false);
         let attached = true;
+        let halfClosed = false;
         const finished: string[] = [];
         let n = 0;
         for (const o of ops) {
@@ -53,12 +61,23 @@ describe('DeliveryPaused notices', () => {
           } else if (o.kind === 'detach') {
             session.detach(current.writer);
             attached = false;
+            halfClosed = false;
+          } else if (o.kind === 'halfClose') {
+            // Acks applied after it stand for nothing real: the invariant must hold all the same. On a detached
+            // stream (a cancelled call's iterator ends too) it changes nothing: held ones stay held for a resume.
+            const held = session.heldCount;
+            session.endOfAcks(current.writer);
+            if (attached) halfClosed = true;
+            else expect(session.heldCount).toBe(held);
           } else if (o.kind === 'reattach') {
             current = stream();
             session.attach({ writer: current.writer, evict: () => undefined }, o.resume);
             attached = true;
+            halfClosed = false;
           }
           if (!attached) continue;
+          // A half-closed client can send no ack: nothing may wait for one (the stream would never end).
+          if (halfClosed) expect(session.heldCount).toBe(0);
           expect(current.said.at(-1) ?? false).toBe(session.deliveryPaused);
           for (let i = 1; i < current.said.length; i++) expect(current.said[i]).not.toBe(current.said[i - 1]);
         }

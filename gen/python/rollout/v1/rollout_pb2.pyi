@@ -172,16 +172,18 @@ class SessionOpened(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., redelivered: _Optional[int] = ..., server_version: _Optional[str] = ..., max_num_samples: _Optional[int] = ..., pending: _Optional[int] = ..., max_unacked_bytes: _Optional[int] = ..., took_over: bool = ...) -> None: ...
 
 class TaskAccepted(_message.Message):
-    __slots__ = ("task_id", "num_samples", "duplicate", "already_owed")
+    __slots__ = ("task_id", "num_samples", "duplicate", "already_owed", "resent_sample_indexes")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     ALREADY_OWED_FIELD_NUMBER: _ClassVar[int]
+    RESENT_SAMPLE_INDEXES_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     num_samples: int
     duplicate: bool
     already_owed: bool
-    def __init__(self, task_id: _Optional[str] = ..., num_samples: _Optional[int] = ..., duplicate: bool = ..., already_owed: bool = ...) -> None: ...
+    resent_sample_indexes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, task_id: _Optional[str] = ..., num_samples: _Optional[int] = ..., duplicate: bool = ..., already_owed: bool = ..., resent_sample_indexes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TaskRejected(_message.Message):
     __slots__ = ("task_id", "field", "reason", "code")

@@ -409,6 +409,13 @@ export interface TaskAccepted {
    * already counted in SessionOpened.redelivered/pending (or were delivered), so a client must not expect them again.
    */
   alreadyOwed: boolean;
+  /**
+   * With already_owed: the samples of the task this session had acked, sent again on this stream because the task was
+   * submitted again (submitting means "send me this task's samples": a trainer that died after acking part of a group
+   * and submits the task on resume gets the whole group). They count in neither SessionOpened.redelivered nor pending:
+   * a client that counts what it is owed adds them. Empty from servers older than this field (they re-sent nothing).
+   */
+  resentSampleIndexes: number[];
 }
 
 export interface TaskRejected {
@@ -1730,7 +1737,7 @@ export const SessionOpened: MessageFns<SessionOpened> = {
 };
 
 function createBaseTaskAccepted(): TaskAccepted {
-  return { taskId: "", numSamples: 0, duplicate: false, alreadyOwed: false };
+  return { taskId: "", numSamples: 0, duplicate: false, alreadyOwed: false, resentSampleIndexes: [] };
 }
 
 export const TaskAccepted: MessageFns<TaskAccepted> = {
@@ -1746,6 +1753,13 @@ export const TaskAccepted: MessageFns<TaskAccepted> = {
     }
     if (message.alreadyOwed !== false) {
       writer.uint32(32).bool(message.alreadyOwed);
+    }
+    if (message.resentSampleIndexes.length !== 0) {
+      writer.uint32(42).fork();
+      for (const v of message.resentSampleIndexes) {
+        writer.int32(v);
+      }
+      writer.join();
     }
     return writer;
   },
@@ -1795,6 +1809,24 @@ export const TaskAccepted: MessageFns<TaskAccepted> = {
             message.alreadyOwed = reader.bool();
             continue;
           }
+          case 5: {
+            if (tag === 40) {
+              message.resentSampleIndexes.push(reader.int32());
+
+              continue;
+            }
+
+            if (tag === 42) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.resentSampleIndexes.push(reader.int32());
+              }
+
+              continue;
+            }
+
+            break;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1825,6 +1857,11 @@ export const TaskAccepted: MessageFns<TaskAccepted> = {
         : isSet(object.already_owed)
         ? globalThis.Boolean(object.already_owed)
         : false,
+      resentSampleIndexes: globalThis.Array.isArray(object?.resentSampleIndexes)
+        ? object.resentSampleIndexes.map((e: any) => globalThis.Number(e))
+        : globalThis.Array.isArray(object?.resent_sample_indexes)
+        ? object.resent_sample_indexes.map((e: any) => globalThis.Number(e))
+        : [],
     };
   },
 
@@ -1842,6 +1879,9 @@ export const TaskAccepted: MessageFns<TaskAccepted> = {
     if (message.alreadyOwed !== false) {
       obj.alreadyOwed = message.alreadyOwed;
     }
+    if (message.resentSampleIndexes?.length) {
+      obj.resentSampleIndexes = message.resentSampleIndexes.map((e) => Math.round(e));
+    }
     return obj;
   },
 
@@ -1854,6 +1894,7 @@ export const TaskAccepted: MessageFns<TaskAccepted> = {
     message.numSamples = object.numSamples ?? 0;
     message.duplicate = object.duplicate ?? false;
     message.alreadyOwed = object.alreadyOwed ?? false;
+    message.resentSampleIndexes = object.resentSampleIndexes?.map((e) => e) || [];
     return message;
   },
 };
