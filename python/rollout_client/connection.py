@@ -436,6 +436,9 @@ class Connection:
             raise await _final_status(call, err) from None
         finally:
             call.cancel()  # a no-op once the call ended; otherwise the server would keep the session attached to it
+            # A pause is of the stream: believed on while the server is out of reach, a waiting reader would ack early
+            # for nothing. The resumed stream is told again if the server still holds delivery.
+            self.paused = False
 
     async def _stream(self, call: Any, resume: bool) -> None:
         await call.write(rollout_pb2.RolloutRequest(open=rollout_pb2.OpenSession(session_id=self.session_id, resume=resume)))

@@ -134,6 +134,14 @@ def paused_server(tmp_path, latency_ms: int = 1) -> Server:
     return Server(latency_ms=latency_ms, extra_args=["--config", str(config)])
 
 
+async def until(predicate, what: str, timeout: float = 30.0) -> None:
+    """Waits (polling every 10 ms) until predicate() is true; fails the test after `timeout` seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, f"never: {what}"
+        await asyncio.sleep(0.01)
+
+
 async def take_groups(client) -> list:
     """Every group client.groups() hands out until it is idle."""
     return [g async for g in client.groups()]

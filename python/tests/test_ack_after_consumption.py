@@ -13,7 +13,8 @@ import subprocess
 import sys
 import textwrap
 
-from conftest import math_instance, paused_server, take_groups
+from conftest import Proxy, math_instance, paused_server, take_groups
+from conftest import until as _until
 from rollout_client import AsyncRolloutClient
 
 SAMPLING = {"temperature": 1.0, "max_tokens_per_turn": 64}
@@ -261,3 +262,36 @@ def test_manual_mode_a_submit_refused_while_the_callers_own_unacked_samples_keep
             assert asyncio.run(main()) == 3
         finally:
             server.stop()
+
+
+def test_a_pause_of_a_stream_that_broke_does_not_ack_early_while_the_server_is_out_of_reach(tmp_path):
+    """Delivery was paused (the client holds a group's first sample unacked), then the connection broke. The client
+    kept believing the server waited for acks, so a groups() caller that began to wait meanwhile acked its partial
+    group early - to a server out of reach, for nothing, and a crash after those acks went out would lose the sample.
+    A pause is of the stream: it ends with it (the server says so again on the resumed stream if it still holds)."""
+    server = paused_server(tmp_path)
+
+    async def main():
+        proxy = Proxy(server.address)
+        address = await proxy.start()
+        try:
+            async with AsyncRolloutClient(address) as client:
+                await client.submit("math", math_instance(70), 2, task_id="pair", sampling=SAMPLING)
+                # The first sample arrives (queued, unacked), the second is held: delivery paused.
+                await _until(lambda: client._stream.qsize() == 1 and client.connection_stats()[0]["delivery_paused"] > 0, "the pause")
+                await proxy.close()  # the connection breaks; new ones are refused: the server is out of reach
+                await _until(lambda: client.connection_stats()[0]["reconnects"] >= 1, "the stream seen broken")
+                reader = asyncio.ensure_future(take_groups(client))
+                await asyncio.sleep(0.5)  # the reader takes the sample into its partial group and waits for the other
+                acked_early = client.stats["acked_early"]
+                reader.cancel()
+                return acked_early
+        finally:
+            await proxy.close()
+
+    try:
+        acked_early = asyncio.run(asyncio.wait_for(main(), 60))
+    finally:
+        server.stop()
+    assert acked_early == 0
+

@@ -13,18 +13,12 @@ import grpc
 import pytest
 
 from conftest import math_instance, paused_server, take_groups
+from conftest import until as _until
 from rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from rollout_client import AsyncRolloutClient, ClientClosedError, RolloutClient, SessionTakenOverError
 from rollout_client import client as client_module
 
 SAMPLING = {"temperature": 1.0, "max_tokens_per_turn": 64}
-
-
-async def _until(predicate, what: str, timeout: float = 30.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, f"never: {what}"
-        await asyncio.sleep(0.01)
 
 
 def test_a_submit_waiting_for_room_fails_when_the_client_fails_instead_of_waiting_for_ever(server):
