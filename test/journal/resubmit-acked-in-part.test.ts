@@ -91,6 +91,37 @@ describe('a task acked in part, submitted again on resume', () => {
     expect(sampleKeys(restored, 'part-j')).toEqual([0, 1, 2]);
   }, 180_000);
 
+  it('on the stream that acked them, the copies are counted: the stream still ends once they are consumed', async () => {
+    const h = await startServerHarness({ config: { journal: { dir: null } } });
+    try {
+      const s = h.client.openSession({ sessionId: 'same-stream' });
+      await s.submit(mathTask('twice', 2, 73));
+      const got: Trajectory[] = [];
+      let again: Awaited<ReturnType<typeof s.submit>> | undefined;
+      await within(
+        (async () => {
+          for await (const t of s.trajectories()) {
+            got.push(t);
+            if (got.length === 2) {
+              // The first was acked as the loop came back for this one (autoAck): wait for the server to have it.
+              await eventually(() => h.server.sessions.get('same-stream')?.unackedCount === 1, 'the first ack applied', 10_000);
+              again = await s.submit(mathTask('twice', 2, 73));
+              s.close();
+            }
+          }
+        })(),
+        30_000,
+        'the stream to end',
+      );
+      expect(again?.resentSampleIndexes).toEqual([got[0]!.sampleIndex]);
+      expect(got.map((t) => t.sampleIndex)).toEqual([got[0]!.sampleIndex, got[1]!.sampleIndex, got[0]!.sampleIndex]);
+      // The copy was acked too (the client half-closed only after it): nothing owed, the session closed.
+      await eventually(() => h.server.sessions.get('same-stream') === undefined, 'the session closed, everything acked');
+    } finally {
+      await h.close();
+    }
+  }, 120_000);
+
   it('re-sends nothing for a task none of whose samples were acked', async () => {
     const h = await startServerHarness({ config: { journal: { dir: null } } });
     try {
