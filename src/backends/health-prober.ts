@@ -15,8 +15,11 @@ export interface HealthProberOptions {
   /** Consecutive failed probes before a backend is reported unhealthy (one success reports it healthy). */
   failureThreshold: number;
   logger: Logger;
-  /** Called after each successful probe of a backend (the pool uses it to retry learning a backend's limits). */
-  onHealthy?: (id: string) => void;
+  /**
+   * Called after each successful probe of a backend (the pool uses it to retry learning a backend's limits); `target`
+   * is the one probed (an id may name another backend by the time its probe answers).
+   */
+  onHealthy?: (id: string, target: ProbeTarget) => void;
 }
 
 /** A backend as the prober sees it. */
@@ -35,7 +38,11 @@ export interface ProbeTarget {
  * backend unhealthy moves its trajectories and throws away their prefix caches.
  */
 export class HealthProber {
-  readonly #failures = new Map<string, number>();
+  /**
+   * Consecutive failed probes per target, by identity: a backend removed and added again under its id (its url, by
+   * default) starts from none, and a late failure of the removed one is not counted against the new one.
+   */
+  readonly #failures = new Map<ProbeTarget, number>();
   #timer: NodeJS.Timeout | undefined;
   #running = false;
   #round: Promise<void> | undefined;
@@ -84,8 +91,8 @@ export class HealthProber {
 
   async #probeAll(): Promise<void> {
     const targets = this.targets();
-    const live = new Set(targets.map((t) => t.id));
-    for (const id of this.#failures.keys()) if (!live.has(id)) this.#failures.delete(id);
+    const live = new Set(targets);
+    for (const target of this.#failures.keys()) if (!live.has(target)) this.#failures.delete(target);
     await Promise.all(
       targets.map((t) =>
         this.#probe(t).catch((err: unknown) => this.options.logger.error({ backend: t.id, err }, 'health probe report failed')),
@@ -102,13 +109,13 @@ export class HealthProber {
       ok = false;
     }
     if (ok) {
-      this.#failures.delete(target.id);
+      this.#failures.delete(target);
       if (!target.healthy) this.report(target.id, true, target);
-      this.options.onHealthy?.(target.id);
+      this.options.onHealthy?.(target.id, target);
       return;
     }
-    const failures = (this.#failures.get(target.id) ?? 0) + 1;
-    this.#failures.set(target.id, failures);
+    const failures = (this.#failures.get(target) ?? 0) + 1;
+    this.#failures.set(target, failures);
     if (target.healthy && failures >= this.options.failureThreshold) this.report(target.id, false, target);
   }
 }

@@ -51,7 +51,12 @@ export async function pauseBackends(targets: readonly BackendState[], mode: Paus
   const started = targets.map((b) => {
     b.gate.close();
     b.pauses++;
-    return { pauses: b.pauses, resumes: b.resumes };
+    // A resume owed to an engine that was down at the last resume (resumePending) is not due while this pause is in
+    // effect: its recovery must not resume the engine and open its gate in the middle of a weight update. The resume
+    // that ends this pause takes it over (resumed then, or pending again if the engine is still down).
+    const resumePending = b.resumePending;
+    b.resumePending = false;
+    return { pauses: b.pauses, resumes: b.resumes, resumePending };
   });
   const skipped = options.skipUnhealthy ? targets.filter((b) => !b.usable) : [];
   if (skipped.length > 0) log.warn({ backends: skipped.map((b) => b.id), mode }, 'unhealthy backends held at their gates, their engines not paused');
@@ -61,7 +66,11 @@ export async function pauseBackends(targets: readonly BackendState[], mode: Paus
   const failed = targets.filter((b, i) => results[i]!.status === 'rejected' && !b.removed);
   if (failed.length > 0) {
     for (const backend of failed) {
-      if (!backend.enginePaused && backend.pauses === started[targets.indexOf(backend)]!.pauses) backend.gate.open();
+      const own = started[targets.indexOf(backend)]!;
+      if (backend.pauses !== own.pauses) continue; // a later pause decides
+      // Left as it was: a resume it owed is owed again, and a gate this pause closed on a running engine opens.
+      if (own.resumePending) backend.resumePending = true;
+      if (!backend.enginePaused) backend.gate.open();
     }
     const first: unknown = (results.find((r) => r.status === 'rejected') as PromiseRejectedResult).reason;
     const names = failed.map((b) => b.id).join(', ');
@@ -202,14 +211,17 @@ export async function resumeEngine(backend: BackendState, signal: AbortSignal, l
 /**
  * Resumes the engine of a backend held at its gate and opens the gate, unless a pause or resume started meanwhile
  * (that call decides) or the backend was removed; resolves whether it opened it. If the engine cannot be reached,
- * the backend is marked `resumePending` (the pool retries at its health probes) and the error is thrown.
+ * the backend is marked `resumePending` (the pool retries at its health probes; not when a pause or resume started
+ * meanwhile) and the error is thrown.
  */
 export async function resumeHeld(backend: BackendState, signal: AbortSignal, log: Logger): Promise<boolean> {
   const { pauses, resumes } = backend;
   try {
     await resumeEngine(backend, signal, log);
   } catch (err) {
-    backend.resumePending = true;
+    // Retried at the next probe — unless a pause or resume started meanwhile: that call decides (a pause wants the
+    // engine paused; a resume resumes it, or marks it pending itself).
+    if (backend.pauses === pauses && backend.resumes === resumes) backend.resumePending = true;
     throw err;
   }
   if (backend.pauses !== pauses || backend.resumes !== resumes || backend.removed) return false;

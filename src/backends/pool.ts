@@ -100,11 +100,12 @@ export class BackendPool {
         timeoutMs: this.#healthTimeoutMs,
         failureThreshold: options.healthFailureThreshold ?? 2,
         // An engine whose limits could not be learned when it was added is asked again once it answers probes.
-        onHealthy: (id) => {
+        onHealthy: (id, target) => {
           const backend = this.#backends.get(id);
-          if (backend !== undefined && needsLearning(backend)) void this.learn(id).catch(() => undefined);
+          if (backend !== target) return; // removed since (its id perhaps given to another backend, probed on its own)
+          if (needsLearning(backend)) void this.learn(id).catch(() => undefined);
           // A resume that could not reach it yet is retried at every probe it answers (not only when it recovers).
-          if (backend?.resumePending === true && backend.healthy && !backend.weightsUnknown) this.#resumeRecovered(backend);
+          if (backend.resumePending && backend.healthy && !backend.weightsUnknown) this.#resumeRecovered(backend);
         },
         logger: this.#log,
       },
