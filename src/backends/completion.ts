@@ -40,8 +40,8 @@ export interface AnswerFieldNames {
 
 /**
  * The rules every engine answer obeys, whatever its wire shape (vLLM and SGLang clients both end here): at most
- * `maxTokens` ids, each an integer in [0, vocabSize); exactly one logprob per id, finite and <=
- * {@link LOGPROB_TOLERANCE}. Copies into fresh arrays of numbers, so nothing else of the engine's JSON lives on.
+ * `maxTokens` ids, each an integer in [0, vocabSize); exactly one logprob per id, finite as a float32 (the trajectory's
+ * logprob type) and <= {@link LOGPROB_TOLERANCE}. Copies into fresh arrays of numbers, so nothing else of the engine's JSON lives on.
  * Throws {@link CompletionRejected} naming the first violation with the engine's own field names.
  */
 export function checkSampledTokens(
@@ -69,6 +69,9 @@ export function checkSampledTokens(
     const p: unknown = rawLogprobs[i];
     if (typeof p !== 'number' || !Number.isFinite(p)) throw new CompletionRejected(`${names.logprobs(i)} = ${preview(p)} is not a finite number`);
     if (p > LOGPROB_TOLERANCE) throw new CompletionRejected(`${names.logprobs(i)} = ${p} is positive (a log-probability is <= 0)`);
+    // Trajectory.response_logprobs is float32: a double past its range would fail the trajectory's encoding (and lose
+    // its tokens as an environment error) long after the answer that caused it. No float32 engine can compute one.
+    if (!Number.isFinite(Math.fround(p))) throw new CompletionRejected(`${names.logprobs(i)} = ${p} is beyond float32 (no engine computes such a log-probability)`);
     logprobs[i] = p;
   }
   return { tokenIds, logprobs };
@@ -108,8 +111,8 @@ export function checkTokenCount(count: number, finishReason: GenerateResult['fin
  * Checked: `choices[0]` exists; the ids and `logprobs.token_logprobs` by {@link checkSampledTokens} (a token that is
  * not `"token_id:<decimal>"` is refused; with both `token_ids` and `logprobs.tokens`, they name the same ids);
  * `finish_reason` is stop/length/abort; `text` is a string; the count by {@link checkTokenCount} (no id only for an
- * abort; exactly `usage.completion_tokens` of them when stated). Throws {@link CompletionRejected} naming the first
- * violation.
+ * abort; exactly `usage.completion_tokens` of them when stated); `usage.prompt_tokens`, when stated, by
+ * {@link checkPromptCount}. Throws {@link CompletionRejected} naming the first violation.
  */
 export function checkCompletion(json: unknown, expect: CompletionExpectation): GenerateResult {
   if (!isRecord(json)) throw new CompletionRejected('body is not a JSON object');
@@ -146,7 +149,22 @@ export function checkCompletion(json: unknown, expect: CompletionExpectation): G
   if (typeof text !== 'string') throw new CompletionRejected(`choices[0].text is ${preview(text)}, not a string`);
   const usage = json.usage;
   checkTokenCount(tokenIds.length, finishReason, expect, isRecord(usage) ? usage.completion_tokens : undefined, 'usage.completion_tokens');
+  checkPromptCount(tokenIds.length, expect, isRecord(usage) ? usage.prompt_tokens : undefined, 'usage.prompt_tokens');
   return { tokenIds, logprobs, finishReason, text };
+}
+
+/**
+ * The prompt an answer says it answered is the request's: an engine counts the prompt ids it was sent (vLLM
+ * `usage.prompt_tokens`), so another count means an answer to another request — a faulty engine or proxy that answers
+ * one request twice, the copy then read on the keep-alive connection as the next request's answer — whose tokens were
+ * sampled from another context. Unchecked when the prompt is not known (`expect.promptIds`) or the count not stated,
+ * and for an answer without tokens (nothing of it enters a trajectory).
+ */
+export function checkPromptCount(sampled: number, expect: CompletionExpectation, stated: unknown, statedName: string): void {
+  if (sampled === 0 || expect.promptIds === undefined || stated === undefined || stated === null) return;
+  if (stated !== expect.promptIds.length) {
+    throw new CompletionRejected(`${statedName} = ${preview(stated)}, but the request's prompt has ${expect.promptIds.length} ids (an answer to another request?)`);
+  }
 }
 
 /** `tokens` (logprobs.tokens) names the same ids as token_ids, in order, wherever it names them as "token_id:<id>". */

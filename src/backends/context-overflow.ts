@@ -1,4 +1,5 @@
 import { RolloutError } from '../errors.js';
+import { MAX_ENGINE_LIMIT } from './engine-http.js';
 
 /**
  * The engine refused a request because prompt + max_tokens exceed its context (max_model_len). That is the
@@ -48,7 +49,7 @@ export function parseContextOverflow(
   const limit = LIMIT.exec(message);
   if (!limit) return undefined;
   const maxModelLen = Number(limit[1]);
-  if (!Number.isSafeInteger(maxModelLen) || maxModelLen <= 0) return undefined;
+  if (!Number.isSafeInteger(maxModelLen) || maxModelLen <= 0 || maxModelLen > MAX_ENGINE_LIMIT) return undefined;
   const prompt = PROMPT.map((re) => re.exec(message)).find((m) => m !== null);
   return { maxModelLen, promptTokens: prompt ? Number(prompt[1]) : undefined };
 }
@@ -80,14 +81,14 @@ export function parseSglangContextOverflow(status: number, body: string): { maxM
     // max_req_input_len is max_req_len - 5, and max_req_len (min(context_len, max_total_num_tokens) - 1) is the limit.
     const inputLimit = Number(scheduler[2]);
     const promptTokens = Number(scheduler[1]);
-    if (!Number.isSafeInteger(inputLimit) || inputLimit < 1) return undefined;
+    if (!Number.isSafeInteger(inputLimit) || inputLimit < 1 || inputLimit + 5 > MAX_ENGINE_LIMIT) return undefined;
     return { maxModelLen: inputLimit + 5, promptTokens: Number.isSafeInteger(promptTokens) ? promptTokens : undefined };
   }
   const input = SGLANG_INPUT.exec(message);
   const total = input ? undefined : SGLANG_TOTAL.exec(message);
   const contextLen = Number(input ? input[2] : total?.[1]);
   const promptTokens = Number(input ? input[1] : total?.[2]);
-  if (!Number.isSafeInteger(contextLen) || contextLen <= 1) return undefined;
+  if (!Number.isSafeInteger(contextLen) || contextLen <= 1 || contextLen - 1 > MAX_ENGINE_LIMIT) return undefined;
   return { maxModelLen: contextLen - 1, promptTokens: Number.isSafeInteger(promptTokens) ? promptTokens : undefined };
 }
 

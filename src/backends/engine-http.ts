@@ -8,6 +8,22 @@ export const MAX_ERROR_BODY_BYTES = 64 * 1024;
 /** Health, model-info and control answers are small; more than this is refused. */
 export const MAX_INFO_BODY_BYTES = 1 << 20;
 
+/**
+ * The largest context length, token pool or capacity taken from what an engine says about itself. ListBackends and
+ * PauseGeneration carry them as int32 fields (max_model_len, max_concurrency), and no engine has a 2^31-token context
+ * or runs 2^31 sequences: taken as said, a larger value made every response listing backends fail to encode
+ * (INTERNAL), for all of them — a weight sync's PauseGeneration included.
+ */
+export const MAX_ENGINE_LIMIT = 2 ** 31 - 1;
+
+/**
+ * A limit an engine states (`value`): a positive integer, read as at most {@link MAX_ENGINE_LIMIT} (beyond it every
+ * value means the same: no limit this server can reach); undefined for anything else (the engine said nothing usable).
+ */
+export function engineLimit(value: unknown): number | undefined {
+  return typeof value === 'number' && Number.isInteger(value) && value > 0 ? Math.min(value, MAX_ENGINE_LIMIT) : undefined;
+}
+
 /** A non-2xx answer from an engine, kept as the cause of the backend_error: its message is the engine's body. */
 export class EngineHttpError extends Error {
   constructor(readonly status: number, readonly body: string) {
@@ -324,7 +340,10 @@ class Exchange implements Dispatcher.DispatchHandler {
   }
 
   onResponseStart(controller: Dispatcher.DispatchController, statusCode: number, headers: Record<string, string | string[] | undefined>): void {
-    if (this.#settled) return;
+    // An informational response (103 Early Hints from a gateway, 102 Processing) precedes the answer and has no body:
+    // taken as the answer's start, it reserved budget bytes that the final answer's reservation then overwrote (held
+    // for good, until no answer fitted the budget and every request waited for room that never came).
+    if (this.#settled || statusCode < 200) return;
     this.#status = statusCode;
     this.#ok = statusCode >= 200 && statusCode < 300;
     this.#limit = this.#ok ? this.cap : Math.min(this.cap, MAX_ERROR_BODY_BYTES);
@@ -475,7 +494,7 @@ const MAX_LISTED_MODELS = 8;
  * the card whose id is the model — or, unless `exact`, the only card when the engine serves one under another name
  * (SGLang's /generate takes no model name, so its card's name does not matter; vLLM refuses every request naming a
  * model it does not serve, so its client asks `exact`). Undefined when the card states no usable length;
- * {@link ModelNotServedError} when the engine lists no such card; backend_error when it answers an error or not JSON
+ * one past {@link MAX_ENGINE_LIMIT} is read as that; {@link ModelNotServedError} when the engine lists no such card; backend_error when it answers an error or not JSON
  * (an engine that cannot say is asked again later: that is no answer about its model).
  */
 export async function modelCardMaxLen(http: EngineHttp, engine: string, model: string, signal: AbortSignal, options: { exact?: boolean } = {}): Promise<number | undefined> {
@@ -496,6 +515,5 @@ export async function modelCardMaxLen(http: EngineHttp, engine: string, model: s
     const listed = ids.length === 0 ? 'it lists none' : `it serves ${ids.slice(0, MAX_LISTED_MODELS).join(', ')}${ids.length > MAX_LISTED_MODELS ? ` and ${ids.length - MAX_LISTED_MODELS} more` : ''}`;
     throw new ModelNotServedError(`${engine} does not serve model ${JSON.stringify(model)} (GET /v1/models: ${listed})`);
   }
-  const len = card.max_model_len;
-  return typeof len === 'number' && Number.isSafeInteger(len) && len > 0 ? len : undefined;
+  return engineLimit(card.max_model_len);
 }

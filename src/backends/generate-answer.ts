@@ -1,5 +1,5 @@
 import { RolloutError } from '../errors.js';
-import { CompletionRejected, type CompletionExpectation } from './completion.js';
+import { CompletionRejected, isRecord, type CompletionExpectation } from './completion.js';
 import { ContextOverflowError } from './context-overflow.js';
 import { EngineHttpError } from './engine-http.js';
 import type { GenerateRequest, GenerateResult } from './types.js';
@@ -36,8 +36,10 @@ export interface GenerateAnswerKind {
  * One generate request's HTTP answer, read the same way for every engine kind: a context-length refusal is a
  * {@link ContextOverflowError} (the policy ran out of room, not the engine failing), any other non-2xx answer is
  * backend_error with the status and body as its cause, and a 2xx body that is not JSON or fails the kind's check
- * is backend_error "sent a malformed <noun>". The body is bounded by the caller's byte cap, so parsing is bounded
- * too (V8's JSON.parse is iterative: no stack overflow on deep nesting); the check copies out only checked values.
+ * is backend_error "sent a malformed <noun>" — or, when it is an error object (a gateway or engine answering 200 for
+ * a failure), backend_error quoting its message, the body as its cause. The body is bounded by the caller's byte cap,
+ * so parsing is bounded too (V8's JSON.parse is iterative: no stack overflow on deep nesting); the check copies out
+ * only checked values.
  */
 export function readGenerateAnswer(
   kind: GenerateAnswerKind,
@@ -68,10 +70,32 @@ export function readGenerateAnswer(
   } catch (err) {
     throw malformed('body is not JSON', err);
   }
+  const engineError = errorObjectMessage(json);
+  if (engineError !== undefined) {
+    throw new RolloutError('backend_error', `${kind.engine} ${url} answered HTTP ${status} with an error: ${engineError}`, { cause: new EngineHttpError(status, text) });
+  }
   try {
     return kind.check(json, { maxTokens: request.maxTokens, promptIds: request.promptIds, ...(request.vocabSize !== undefined && { vocabSize: request.vocabSize }) });
   } catch (err) {
     if (err instanceof CompletionRejected) throw malformed(err.reason);
     throw err;
   }
+}
+
+/** The longest part of an engine's error message quoted in a backend_error (the whole body stays in its cause). */
+const MAX_QUOTED_ERROR_CHARS = 500;
+
+/**
+ * The message of a 2xx body that is an error object rather than an answer — `{"error": "..."}`, `{"error": {"message":
+ * "..."}}` (OpenAI's shape, SGLang's) or vLLM's flat `{"object": "error", "message": "..."}` — cut to
+ * {@link MAX_QUOTED_ERROR_CHARS}; undefined for anything else. No answer of either engine has an `error` field.
+ */
+function errorObjectMessage(json: unknown): string | undefined {
+  if (!isRecord(json)) return undefined;
+  let message: unknown;
+  if (json.object === 'error') message = json.message;
+  else if (json.error !== undefined && json.error !== null) message = isRecord(json.error) ? json.error.message : json.error;
+  else return undefined;
+  const text = typeof message === 'string' && message.trim() !== '' ? message.trim() : '(no message)';
+  return text.length > MAX_QUOTED_ERROR_CHARS ? `${text.slice(0, MAX_QUOTED_ERROR_CHARS)}…` : text;
 }

@@ -1,4 +1,4 @@
-import { EngineHttpError, MAX_INFO_BODY_BYTES, type EngineHttp } from './engine-http.js';
+import { EngineHttpError, engineLimit, MAX_INFO_BODY_BYTES, type EngineHttp } from './engine-http.js';
 import type { EngineServerInfo, LogprobsMode } from './types.js';
 
 /**
@@ -14,7 +14,8 @@ import type { EngineServerInfo, LogprobsMode } from './types.js';
 type Json = Record<string, unknown>;
 
 const object = (value: unknown): Json | undefined => (typeof value === 'object' && value !== null && !Array.isArray(value) ? (value as Json) : undefined);
-const positiveInt = (value: unknown): number | undefined => (typeof value === 'number' && Number.isSafeInteger(value) && value > 0 ? value : undefined);
+/** A count the engine states, read as at most what any engine can have (see engineLimit); undefined for anything else. */
+const positiveInt = engineLimit;
 
 /** vLLM's --logprobs-mode values; the two *_logits modes return logits in the logprobs fields. */
 const VLLM_LOGPROBS_MODES: Readonly<Record<string, LogprobsMode | 'logits'>> = {
@@ -47,7 +48,7 @@ export function parseVllmServerInfo(body: unknown): EngineServerInfo {
     const ranks = parallel.data_parallel_external_lb === true
       ? 1
       : (positiveInt(parallel.data_parallel_hybrid_lb === true ? parallel.data_parallel_size_local : parallel.data_parallel_size) ?? 1);
-    info.maxConcurrency = seqs * ranks;
+    info.maxConcurrency = engineLimit(seqs * ranks)!;
   }
   return info;
 }
@@ -68,7 +69,7 @@ export function parseSglangServerInfo(body: unknown): EngineServerInfo {
   if (root === undefined) return { note: 'GET /get_server_info is not a JSON object' };
   const states = Array.isArray(root.internal_states) ? root.internal_states.map(object) : [];
   const perRank = states.map((s) => positiveInt(s?.effective_max_running_requests_per_dp));
-  if (perRank.length > 0 && perRank.every((n) => n !== undefined)) return { maxConcurrency: perRank.reduce((a, b) => a! + b!, 0)! };
+  if (perRank.length > 0 && perRank.every((n) => n !== undefined)) return { maxConcurrency: engineLimit(perRank.reduce((a, b) => a! + b!, 0))! };
   const configured = positiveInt(root.max_running_requests);
   return configured !== undefined ? { maxConcurrency: configured } : { note: 'GET /get_server_info states no max running requests' };
 }
