@@ -20,6 +20,36 @@ export class ContextOverflowError extends RolloutError {
   }
 }
 
+/** What an engine's context-length refusal says: its limit and, when it says, the prompt tokens it counted. */
+export interface ContextOverflowClaim {
+  /** The largest prompt + max_tokens the engine takes (vLLM's meaning of max_model_len). */
+  maxModelLen: number;
+  /** The prompt tokens the engine counted, when its message says. */
+  promptTokens: number | undefined;
+  /**
+   * Set when the refusal is of the prompt alone, whatever max_tokens (SGLang's scheduler): the most prompt tokens the
+   * engine takes. Otherwise the refusal is of prompt + max_tokens over {@link maxModelLen}.
+   */
+  inputLimit?: number;
+}
+
+/**
+ * Why a refusal cannot be the answer to a request of `promptTokens` + `maxTokens` (undefined when it can): an engine
+ * refuses only a request over its limit, and counts the prompt's ids as sent. Anything else is another request's
+ * refusal or a canned error; taken as a context overflow it would end the trajectory TRUNCATED (a policy outcome) and
+ * teach the pool a limit the engine does not have.
+ */
+export function overflowMismatch(claim: ContextOverflowClaim, promptTokens: number, maxTokens: number): string | undefined {
+  if (claim.promptTokens !== undefined && claim.promptTokens !== promptTokens) {
+    return `it counted ${claim.promptTokens} prompt tokens, and the request has ${promptTokens}`;
+  }
+  if (claim.inputLimit !== undefined) {
+    return promptTokens > claim.inputLimit ? undefined : `the request's ${promptTokens} prompt tokens fit its stated input limit ${claim.inputLimit}`;
+  }
+  if (promptTokens + maxTokens > claim.maxModelLen) return undefined;
+  return `the request's ${promptTokens} prompt tokens + ${maxTokens} max_tokens fit its stated limit ${claim.maxModelLen}`;
+}
+
 const LIMIT = /maximum context length is (\d+) tokens/;
 const PROMPT = [/\((\d+) in the messages/, /request has (\d+) input tokens/, /requested (\d+) tokens in the messages/, /prompt contains (\d+) input tokens/];
 /** vLLM >= 0.3x clamps max_tokens to the room left; a prompt of exactly max_model_len leaves none. */
@@ -36,11 +66,7 @@ const NO_ROOM = /max_tokens must be at least 1, got 0\b/;
  * prompt of exactly max_model_len then gets "max_tokens must be at least 1, got 0", which names no limit: given the
  * request's `promptTokens`, that answer is recognised too, the limit being the prompt's length.
  */
-export function parseContextOverflow(
-  status: number,
-  body: string,
-  promptTokens?: number,
-): { maxModelLen: number; promptTokens: number | undefined } | undefined {
+export function parseContextOverflow(status: number, body: string, promptTokens?: number): ContextOverflowClaim | undefined {
   if (status !== 400) return undefined;
   if (promptTokens !== undefined && promptTokens > 0 && NO_ROOM.test(body)) return { maxModelLen: promptTokens, promptTokens };
   if (!body.includes('maximum context length')) return undefined;
@@ -72,7 +98,7 @@ const SGLANG_SCHEDULER = /Input length \((\d+) tokens\) exceeds the maximum allo
  * validate_input_length: "Input length (P tokens) exceeds the maximum allowed length (L tokens)", L being
  * max_req_len - 5 where max_req_len = min(context_len, max_total_num_tokens) - 1): the limit returned is L + 5.
  */
-export function parseSglangContextOverflow(status: number, body: string): { maxModelLen: number; promptTokens: number | undefined } | undefined {
+export function parseSglangContextOverflow(status: number, body: string): ContextOverflowClaim | undefined {
   if (status !== 400 || !(body.includes('context length') || body.includes('maximum allowed length'))) return undefined;
   const message = errorMessage(body);
   if (message === undefined) return undefined;
@@ -82,7 +108,7 @@ export function parseSglangContextOverflow(status: number, body: string): { maxM
     const inputLimit = Number(scheduler[2]);
     const promptTokens = Number(scheduler[1]);
     if (!Number.isSafeInteger(inputLimit) || inputLimit < 1 || inputLimit + 5 > MAX_ENGINE_LIMIT) return undefined;
-    return { maxModelLen: inputLimit + 5, promptTokens: Number.isSafeInteger(promptTokens) ? promptTokens : undefined };
+    return { maxModelLen: inputLimit + 5, promptTokens: Number.isSafeInteger(promptTokens) ? promptTokens : undefined, inputLimit };
   }
   const input = SGLANG_INPUT.exec(message);
   const total = input ? undefined : SGLANG_TOTAL.exec(message);

@@ -1,6 +1,6 @@
 import { RolloutError } from '../errors.js';
 import { CompletionRejected, isRecord, type CompletionExpectation } from './completion.js';
-import { ContextOverflowError } from './context-overflow.js';
+import { ContextOverflowError, overflowMismatch, type ContextOverflowClaim } from './context-overflow.js';
 import { EngineHttpError } from './engine-http.js';
 import type { GenerateRequest, GenerateResult } from './types.js';
 
@@ -27,14 +27,15 @@ export interface GenerateAnswerKind {
   /** What a body that fails the check is called in its error ("completion", "answer"). */
   noun: string;
   /** Recognises the engine's context-length refusal among non-2xx answers; undefined for anything else. */
-  overflow: (status: number, text: string, request: AnsweredRequest) => { maxModelLen: number; promptTokens: number | undefined } | undefined;
+  overflow: (status: number, text: string, request: AnsweredRequest) => ContextOverflowClaim | undefined;
   /** Checks a parsed body and copies out the result; throws {@link CompletionRejected} for what it refuses. */
   check: (json: unknown, expect: CompletionExpectation) => GenerateResult;
 }
 
 /**
  * One generate request's HTTP answer, read the same way for every engine kind: a context-length refusal is a
- * {@link ContextOverflowError} (the policy ran out of room, not the engine failing), any other non-2xx answer is
+ * {@link ContextOverflowError} (the policy ran out of room, not the engine failing) when this request can have caused
+ * it (see {@link overflowMismatch}; one it cannot have is backend_error saying why), any other non-2xx answer is
  * backend_error with the status and body as its cause, and a 2xx body that is not JSON or fails the kind's check
  * is backend_error "sent a malformed <noun>" — or, when it is an error object (a gateway or engine answering 200 for
  * a failure), backend_error quoting its message, the body as its cause. The body is bounded by the caller's byte cap,
@@ -51,6 +52,10 @@ export function readGenerateAnswer(
   if (status < 200 || status >= 300) {
     const cause = new EngineHttpError(status, text);
     const overflow = kind.overflow(status, text, request);
+    const mismatch = overflow && overflowMismatch(overflow, request.promptIds.length, request.maxTokens);
+    if (mismatch !== undefined) {
+      throw new RolloutError('backend_error', `${kind.engine} ${url} answered HTTP ${status}, a context-length refusal this request cannot have caused: ${mismatch}`, { cause });
+    }
     if (overflow) {
       throw new ContextOverflowError(
         overflow.maxModelLen,

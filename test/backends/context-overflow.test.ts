@@ -31,7 +31,7 @@ describe("parseContextOverflow on vLLM's context-length refusals", () => {
 describe("parseSglangContextOverflow on SGLang's scheduler refusal (a prompt its token pool cannot take)", () => {
   it('reads validate_input_length\u2019s message as the limit max_req_len = the allowed input length + 5, with the prompt length', () => {
     const text = JSON.stringify({ error: { message: 'Input length (995 tokens) exceeds the maximum allowed length (993 tokens). Use a shorter input or enable --allow-auto-truncate.' } });
-    expect(parseSglangContextOverflow(400, text)).toEqual({ maxModelLen: 998, promptTokens: 995 });
+    expect(parseSglangContextOverflow(400, text)).toEqual({ maxModelLen: 998, promptTokens: 995, inputLimit: 993 });
     expect(parseSglangContextOverflow(500, text)).toBeUndefined();
   });
 

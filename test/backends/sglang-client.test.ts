@@ -364,7 +364,8 @@ describe('SglangClient recognises SGLang\u2019s context-length refusal, narrowly
     for (const [body, status, limit] of [[input, 400, 4095], [unrelated, 400, undefined], [input, 500, undefined]] as const) {
       const { url, server } = await rawServer(body, status);
       try {
-        const err = await expectRolloutError(new SglangClient({ url, model: 'm' }).generate({ promptIds: [1], maxTokens: 1, signal: signal() }), 'backend_error');
+        // A request of the 5000 tokens the refusal counts (one it cannot have caused is no overflow).
+        const err = await expectRolloutError(new SglangClient({ url, model: 'm' }).generate({ promptIds: Array.from({ length: 5000 }, () => 1), maxTokens: 1, signal: signal() }), 'backend_error');
         if (limit === undefined) expect(err).not.toBeInstanceOf(ContextOverflowError);
         else expect(err).toMatchObject({ maxModelLen: limit, promptTokens: 5000 });
       } finally {

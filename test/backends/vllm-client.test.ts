@@ -337,16 +337,19 @@ describe('VllmClient recognises a context-length refusal, narrowly', () => {
   it('so does the newer phrasing, flat or nested; an unrelated 400 or a 500 mentioning context does not', async () => {
     const newer = { error: { message: "'max_tokens' or 'max_completion_tokens' is too large: 8000. This model's maximum context length is 4096 tokens and your request has 2778 input tokens (8000 > 4096 - 2778). None", type: 'BadRequestError', param: null, code: 400 } };
     const flat = { object: 'error', message: "This model's maximum context length is 2048 tokens. However, you requested 2100 tokens (100 in the messages, 2000 in the completion). Please reduce the length of the messages or completion.", type: 'BadRequestError', param: null, code: 400 };
-    const cases: Array<[unknown, number, number | undefined, number | undefined]> = [
-      [newer, 400, 4096, 2778],
-      [flat, 400, 2048, 100],
-      [{ error: { message: 'temperature must be non-negative', type: 'BadRequestError', code: 400 } }, 400, undefined, undefined],
-      [flat, 500, undefined, undefined],
+    // Each refusal is of a request it can have been sent for (the prompt it counts, over its limit): one it cannot have
+    // caused is not an overflow (review-engine-overflow-claims).
+    const cases: Array<[unknown, number, number | undefined, number | undefined, { prompt: number; maxTokens: number }]> = [
+      [newer, 400, 4096, 2778, { prompt: 2778, maxTokens: 8000 }],
+      [flat, 400, 2048, 100, { prompt: 100, maxTokens: 2000 }],
+      [{ error: { message: 'temperature must be non-negative', type: 'BadRequestError', code: 400 } }, 400, undefined, undefined, { prompt: 1, maxTokens: 1 }],
+      [flat, 500, undefined, undefined, { prompt: 100, maxTokens: 2000 }],
     ];
-    for (const [body, status, limit, promptTokens] of cases) {
+    for (const [body, status, limit, promptTokens, request] of cases) {
       const { url, server } = await rawServer(body, status);
       try {
-        const err = await expectRolloutError(new VllmClient({ url, model: 'm' }).generate({ promptIds: [1], maxTokens: 1, signal: signal() }), 'backend_error');
+        const promptIds = Array.from({ length: request.prompt }, () => 1);
+        const err = await expectRolloutError(new VllmClient({ url, model: 'm' }).generate({ promptIds, maxTokens: request.maxTokens, signal: signal() }), 'backend_error');
         if (limit === undefined) expect(err).not.toBeInstanceOf(ContextOverflowError);
         else expect(err).toMatchObject({ maxModelLen: limit, promptTokens });
       } finally {
