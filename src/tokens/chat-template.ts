@@ -1,3 +1,4 @@
+import { readFileSync } from 'node:fs';
 import { Environment, Interpreter, Template } from '@huggingface/jinja';
 import { RolloutError } from '../errors.js';
 import { specialTokenString, type TokenizerConfig } from './model-files.js';
@@ -80,7 +81,8 @@ export class JinjaChatTemplate implements ChatTemplate {
     const tools = options.tools !== undefined && options.tools.length > 0 ? plainTools(options.tools) : null;
     const limitMs = renderTimeLimitMs(messages);
     const outer = budget;
-    budget = { endsAt: performance.now() + limitMs, limitMs, steps: STEPS_BETWEEN_CHECKS };
+    const startedAt = performance.now();
+    budget = { startedAt, endsAt: startedAt + limitMs, limitMs, steps: STEPS_BETWEEN_CHECKS, cpuAtFirstCheck: undefined };
     try {
       return this.template.render({
         ...this.fixed,
@@ -106,6 +108,14 @@ export class JinjaChatTemplate implements ChatTemplate {
  * so only a template in a runaway loop (a bug, or a hostile one, possibly triggered by content) reaches it; without
  * a bound such a render blocked the event loop (every gRPC stream and engine request) forever, since small renders
  * run there with no pool deadline around them.
+ *
+ * The bound is on the CPU time the render uses, where the thread's own CPU time can be read (Linux), not on the time
+ * it takes: a token thread runs below the event loop's priority (thread-priority.ts), so on a machine whose cores
+ * are all taken it waits for one in the middle of a render, by design, and a sound render then ran past a wall-clock
+ * bound and failed its sample as a "runaway" template (one that passed inline). The clock is still what is checked
+ * every few hundred steps; the thread's CPU time is read only once the clock says the bound has passed (and, to count
+ * from, at most every 50 ms: a bound may be cut by that much CPU time), and a render is never let run past
+ * {@link MAX_WAIT_FACTOR} times its bound however little CPU it got.
  */
 export function renderTimeLimitMs(messages: readonly ChatMessage[]): number {
   let chars = 0;
@@ -124,8 +134,28 @@ export const MAX_RANGE_ITEMS = 100_000;
  * The time bound of the render under way on this thread (renders are synchronous; a nested one keeps the outer's
  * to restore). Checked every STEPS_BETWEEN_CHECKS interpreter steps, so a step costs a decrement, not a clock read.
  */
-let budget: { endsAt: number; limitMs: number; steps: number } | undefined;
+let budget: RenderBudget | undefined;
 const STEPS_BETWEEN_CHECKS = 512;
+
+/** The bound of one render (see {@link renderTimeLimitMs}). */
+interface RenderBudget {
+  startedAt: number;
+  /** When the clock says the bound has passed (moved on while the render has used less CPU than its bound). */
+  endsAt: number;
+  limitMs: number;
+  /** Interpreter steps to the next check. */
+  steps: number;
+  /** The thread's CPU time at the render's first check, ms; null where it cannot be read (the clock alone bounds). */
+  cpuAtFirstCheck: number | null | undefined;
+}
+
+/**
+ * The longest a render may take, as a multiple of its bound, when the thread was off the CPU for much of it: beyond,
+ * it stops whatever its CPU time says, so a runaway render on the event loop never holds it more than this (CPU time a
+ * kernel does not count must not let one go on forever). 4: a render uses a tenth of its bound or less, so a thread
+ * that gets 2.5% of a core (below normal priority beside four busy threads of normal priority per core) still ends.
+ */
+const MAX_WAIT_FACTOR = 4;
 
 /** A render stopped at its time bound (turned into an `internal` RolloutError by render). */
 class RenderOverrun extends Error {}
@@ -139,10 +169,59 @@ export function isRenderOverrun(err: unknown): boolean {
   return err instanceof RolloutError && err.cause instanceof RenderOverrun;
 }
 
-function checkBudget(b: { endsAt: number; limitMs: number; steps: number }): void {
+function checkBudget(b: RenderBudget): void {
   b.steps = STEPS_BETWEEN_CHECKS;
-  if (performance.now() > b.endsAt) {
-    throw new RenderOverrun(`chat template render ran past its ${Math.round(b.limitMs)} ms bound (a runaway loop in the model's chat template?); stopped`);
+  const now = performance.now();
+  // The CPU time to count from, at the first check (a short render never needs it): the last reading of this thread's,
+  // if at most BASELINE_MAX_AGE_MS old (an earlier one only counts more), so renders do not each read it.
+  if (b.cpuAtFirstCheck === undefined) b.cpuAtFirstCheck = cpuBaseline(now);
+  if (now <= b.endsAt) return;
+  // Past the bound by the clock: a runaway template, or a thread that waited for a core. Its CPU time tells which.
+  const cpu = b.cpuAtFirstCheck === null ? undefined : threadCpuMs();
+  const latest = b.startedAt + MAX_WAIT_FACTOR * b.limitMs;
+  if (cpu !== undefined && b.cpuAtFirstCheck !== null && now < latest) {
+    const used = cpu - b.cpuAtFirstCheck;
+    if (used < b.limitMs) {
+      b.endsAt = Math.min(now + (b.limitMs - used), latest);
+      return;
+    }
+  }
+  throw new RenderOverrun(`chat template render ran past its ${Math.round(b.limitMs)} ms bound (a runaway loop in the model's chat template?); stopped`);
+}
+
+/**
+ * This thread's last CPU time reading (see checkBudget), ms, and when it was taken (performance.now()); null once it
+ * could not be read (the clock alone bounds renders then).
+ */
+let lastCpu: { ms: number; at: number } | null | undefined;
+/** How old a reading may be to count from: a render's bound is cut by at most the CPU time used since. */
+const BASELINE_MAX_AGE_MS = 50;
+
+/** The thread's CPU time at most BASELINE_MAX_AGE_MS ago, ms; null where it cannot be read. */
+function cpuBaseline(now: number): number | null {
+  if (lastCpu === null) return null;
+  if (lastCpu === undefined || now - lastCpu.at > BASELINE_MAX_AGE_MS) {
+    const ms = threadCpuMs();
+    lastCpu = ms === undefined ? null : { ms, at: now };
+  }
+  return lastCpu?.ms ?? null;
+}
+
+/**
+ * The CPU time this thread has used, ms, from Linux's per-thread accounting (/proc/thread-self/stat: user and system
+ * time in clock ticks, 100 per second); undefined elsewhere or when it cannot be read.
+ */
+function threadCpuMs(): number | undefined {
+  if (process.platform !== 'linux') return undefined;
+  try {
+    const stat = readFileSync('/proc/thread-self/stat', 'latin1');
+    // After the command name (in parentheses, which may itself hold spaces and parentheses): state is field 3, utime
+    // and stime fields 14 and 15.
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    const ticks = Number(fields[11]) + Number(fields[12]);
+    return Number.isFinite(ticks) ? ticks * 10 : undefined;
+  } catch {
+    return undefined;
   }
 }
 
