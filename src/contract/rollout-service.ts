@@ -157,6 +157,10 @@ export function rolloutService(deps: RolloutServiceDeps): RolloutServiceServer {
     let stalled: RolloutError | undefined;
     if (stalledMs > 0) {
       writer.onStall(stalledMs, () => {
+        // Whichever way it ends, a client that still takes nothing has its stream reset after a grace (another
+        // stalledMs, at least 10 s): the status waits behind what the transport holds, and the stream with its buffers
+        // stayed as long as the connection.
+        if (!writer.resetUnlessClosedAfterStall(stalledMs)) log.warn('grpc-js internals changed: a stalled stream keeps its HTTP/2 stream until its client reads or goes (see http2StreamOf)');
         if (failing || aborted.signal.aborted || stalled) return;
         const owed = session?.unackedCount ?? 0;
         const resume = session ? `; resume session "${session.id}" to receive its ${owed} unacked trajectories` : '';

@@ -1,4 +1,6 @@
 import type { ServerWritableStream, ServerDuplexStream, ServiceDefinition } from '@grpc/grpc-js';
+import { constants as http2Constants, type ServerHttp2Stream } from 'node:http2';
+import { Duplex } from 'node:stream';
 
 type WritableCall<T> = ServerWritableStream<unknown, T> | ServerDuplexStream<unknown, T>;
 
@@ -47,6 +49,33 @@ class EncodedRun {
     return { bytes, counted: LENGTH_PREFIX + length };
   }
 }
+
+/**
+ * The HTTP/2 stream under a grpc-js server call, or undefined when grpc-js no longer has the shape read here. grpc-js
+ * (1.14) offers no public way to it nor to reset one call's stream (a status is the only way to end a call, and it
+ * waits behind the call's unsent messages): the handler's call keeps its intercepting call in a private `call`, each
+ * server interceptor's call wraps the next in a private `nextCall`, and the innermost (BaseServerInterceptingCall)
+ * holds the stream in a private `stream`. The only reach into those internals; the stall tests
+ * (test/contract/review-s35-stall-*.test.ts) fail when an upgrade moves them.
+ */
+export function http2StreamOf(call: object): ServerHttp2Stream | undefined {
+  let at: unknown = (call as { call?: unknown }).call;
+  // A few interceptors at most (ours are two); the bound only guards against a cycle in a changed shape.
+  for (let hops = 0; hops < 16 && typeof at === 'object' && at !== null; hops++) {
+    const stream = (at as { stream?: unknown }).stream;
+    if (stream instanceof Duplex && typeof (stream as Partial<ServerHttp2Stream>).close === 'function' && typeof (stream as Partial<ServerHttp2Stream>).sendTrailers === 'function') {
+      return stream as ServerHttp2Stream;
+    }
+    at = (at as { nextCall?: unknown }).nextCall;
+  }
+  return undefined;
+}
+
+/**
+ * The least time a call ended for stalling is given to take its status before its stream is reset: a client merely
+ * slow, or one under a config with a short `stalledMs`, still learns why its call ended and what to do.
+ */
+const STALL_RESET_MIN_MS = 10_000;
 
 /**
  * The service with the response serializer of `paths` passing Buffers through as they are (a writer's
@@ -168,6 +197,27 @@ export class StreamWriter<T> {
    */
   onStall(ms: number, fn: () => void): void {
     this.stall = { ms, fn };
+  }
+
+  /**
+   * For a call ended with a status because its client took no message for `stalledMs`: resets the call's HTTP/2 stream
+   * (RST_STREAM CANCEL; grpc clients see CANCELLED) unless it closed within a grace, another `stalledMs` and at least
+   * 10 s. The status waits behind the messages grpc-js and the stream hold (the client keeps its window shut), so the
+   * stream and its buffers stayed, whatever slot was given up, as long as the client kept the connection; the reset
+   * frees them and touches no other stream of the connection. With the grace equal to `stalledMs`, about as many ended
+   * calls wait as there are live ones stalling. False when the stream cannot be reached ({@link http2StreamOf}): then
+   * nothing is done.
+   */
+  resetUnlessClosedAfterStall(stalledMs: number): boolean {
+    const stream = http2StreamOf(this.call);
+    if (stream === undefined) return false;
+    if (stream.closed || stream.destroyed) return true;
+    const timer = setTimeout(() => {
+      if (!stream.closed && !stream.destroyed) stream.close(http2Constants.NGHTTP2_CANCEL);
+    }, Math.max(stalledMs, STALL_RESET_MIN_MS));
+    timer.unref();
+    stream.once('close', () => clearTimeout(timer));
+    return true;
   }
 
   /**

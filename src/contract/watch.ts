@@ -107,8 +107,11 @@ async function watch(
   const { stalledMs } = runtime.deps.config.watch;
   if (stalledMs > 0) {
     // Dropping its messages bounds its queue, not its slot: a client that stopped reading is ended (the status waits
-    // behind what the transport holds for it; the slot is given up at once).
+    // behind what the transport holds for it; the slot is given up at once). A client that still takes nothing has its
+    // stream reset after a grace (another stalledMs, at least 10 s): else each ended watch kept its HTTP/2 stream and
+    // buffers, so a client opening watches and never reading held ever more of them on one connection.
     writer.onStall(stalledMs, () => {
+      if (!writer.resetUnlessClosedAfterStall(stalledMs)) log.warn('grpc-js internals changed: a stalled watch keeps its HTTP/2 stream until its client reads or goes (see http2StreamOf)');
       call.emit('error', toServiceError(new RolloutError('resource_exhausted', `this watch's client took no message for ${stalledMs} ms (watch.stalledMs): ended to free its slot`), log));
     });
   }
