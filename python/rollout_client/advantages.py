@@ -16,7 +16,8 @@ def group_advantages(group: Group, *, normalize: str = "std", drop_failed: bool 
     drop_failed=True returns one advantage per policy-outcome sample (group.ok order): infrastructure failures are
     left out of both the statistics and the result. drop_failed=False returns one per sample (group.samples order)
     with 0.0 for failed samples, which stay out of the statistics, so a caller keeping fixed-size groups can zero
-    their loss instead. The std is the population std (numpy's default, what GRPO implementations use).
+    their loss instead. The std is the population std (numpy's default). verl and TRL use torch's unbiased std, which is
+    larger by sqrt(n / (n - 1)) for n samples: their advantages are that much smaller than these (0.87x for n = 4).
     """
     if normalize not in ("std", "mean", "none"):
         raise ValueError(f"normalize must be 'std', 'mean' or 'none', not {normalize!r}")

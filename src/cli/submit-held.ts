@@ -18,8 +18,9 @@ export interface HeldSample {
  * protobuf, not in memory. Held as objects, 64 rows in flight of 1,024 long-context samples each were tens of GB of
  * heap (each token id, mask bit and logprob a JS number); on disk a group costs its bytes once, and the file goes when
  * the group is settled. Only the statuses and causes stay in memory. The directory belongs to the output's lock holder:
- * what a killed run left there is removed at open (those samples are fetched again: the server holds them until acked,
- * or the run attaches to the task again).
+ * what a killed run left there is removed at open (those samples were acked as they arrived: the re-run submits the
+ * task id again and gets them back while the server holds the task, or, once it forgot it, a new run of it, written
+ * whole in place of any part of the group the killed run had written; see submit.ts `settle`).
  */
 export class HeldGroups {
   private readonly groups = new Map<string, { file: string; fd: number; end: number; samples: Map<number, HeldSample> }>();
@@ -40,7 +41,11 @@ export class HeldGroups {
     }
     if (group.samples.has(t.sampleIndex)) return false;
     const bytes = Trajectory.encode(t).finish();
-    for (let done = 0; done < bytes.length; ) done += writeSync(group.fd, bytes, done, bytes.length - done, group.end + done);
+    try {
+      for (let done = 0; done < bytes.length; ) done += writeSync(group.fd, bytes, done, bytes.length - done, group.end + done);
+    } catch (err) {
+      throw new Error(`cannot write ${group.file}: ${(err as Error).message}`, { cause: err }); // a full disk: the run stops
+    }
     group.samples.set(t.sampleIndex, { status: t.status, error: t.error, finishReason: t.finishReason, offset: group.end, length: bytes.length });
     group.end += bytes.length;
     return true;

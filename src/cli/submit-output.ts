@@ -63,7 +63,7 @@ export async function openTrajectoryOutput(path: string): Promise<TrajectoryOutp
   let unlock: () => void = () => undefined;
   try {
     unlock = takeLock(journal);
-    end = scanJournal(fd, written, failed);
+    end = scanJournal(fd, written, failed, journal);
     ftruncateSync(fd, end);
   } catch (err) {
     closeSync(fd);
@@ -80,7 +80,18 @@ export async function openTrajectoryOutput(path: string): Promise<TrajectoryOutp
       if (samples.has(trajectory.sampleIndex)) return false;
       const line = Buffer.from(JSON.stringify(Trajectory.toJSON(trajectory)) + '\n');
       let done = 0;
-      while (done < line.length) done += writeSync(fd, line, done, line.length - done, end + done);
+      try {
+        while (done < line.length) done += writeSync(fd, line, done, line.length - done, end + done);
+      } catch (err) {
+        // A full disk (ENOSPC) or a size limit: the part of the line written is cut off again (best effort: a re-run
+        // drops a torn tail anyway), and the caller stops the run: a line that is not written is not a sample kept.
+        try {
+          ftruncateSync(fd, end);
+        } catch {
+          // the torn tail stays; the next open cuts it off
+        }
+        throw new Error(`cannot write ${journal}: ${(err as Error).message}`, { cause: err });
+      }
       end += line.length;
       samples.add(trajectory.sampleIndex);
       written.set(trajectory.taskId, samples);
@@ -92,6 +103,7 @@ export async function openTrajectoryOutput(path: string): Promise<TrajectoryOutp
       const temp = `${journal}.tmp-${process.pid}`;
       const out = openSync(temp, 'w');
       let kept = 0;
+      let moved = false;
       try {
         for (const { line } of journalLines(fd)) {
           const record = JSON.parse(line.toString('utf8')) as { taskId?: unknown };
@@ -100,11 +112,18 @@ export async function openTrajectoryOutput(path: string): Promise<TrajectoryOutp
             continue;
           }
           const bytes = Buffer.concat([line, NEWLINE]);
-          for (let done = 0; done < bytes.length; ) done += writeSync(out, bytes, done, bytes.length - done, kept + done);
+          try {
+            for (let done = 0; done < bytes.length; ) done += writeSync(out, bytes, done, bytes.length - done, kept + done);
+          } catch (err) {
+            throw new Error(`cannot write ${temp}: ${(err as Error).message}`, { cause: err });
+          }
           kept += bytes.length;
         }
+        moved = true;
       } finally {
         closeSync(out);
+        // A failed copy (a full disk) leaves the journal as it was; the next run moves those lines again.
+        if (!moved) rmSync(temp, { force: true });
       }
       // The lines moved are already in `into`'s file: a crash before this rename leaves them in both, and the next
       // run moves them again (`into` skips a sample it holds).
@@ -135,23 +154,39 @@ export async function openTrajectoryOutput(path: string): Promise<TrajectoryOutp
 
 /**
  * Reads the journal's complete lines into `written` and returns the byte length to keep: everything up to the last
- * newline whose line parses. A torn tail (no newline, or not JSON) is dropped.
+ * newline whose line parses. A torn tail (no newline, or lines that are not trajectories up to the end: a crash
+ * mid-write, a power loss's zeros) is dropped. A line that is not a trajectory with trajectories after it is not a
+ * crash's tail but a damaged or edited file: cutting there would drop every sample after it without a word, so the
+ * output is refused, naming the line.
  */
-function scanJournal(fd: number, written: Map<string, Set<number>>, failed: Set<string>): number {
+function scanJournal(fd: number, written: Map<string, Set<number>>, failed: Set<string>, journal: string): number {
   let keep = 0;
+  let lineNumber = 0;
+  let bad: { line: number; why: string } | undefined;
   for (const { line: bytes, end } of journalLines(fd)) {
+    lineNumber++;
     const line = bytes.toString('utf8');
     if (line.trim() === '') {
-      keep = end;
+      if (bad === undefined) keep = end;
       continue;
     }
     let record: { taskId?: unknown; sampleIndex?: unknown; status?: unknown };
     try {
       record = JSON.parse(line) as typeof record;
     } catch {
-      break; // a torn line in the middle can only be the tail of an earlier crash: keep what precedes it
+      bad ??= { line: lineNumber, why: 'not JSON' };
+      continue;
     }
-    if (typeof record.taskId !== 'string') break;
+    if (typeof record !== 'object' || record === null || typeof record.taskId !== 'string') {
+      bad ??= { line: lineNumber, why: 'no taskId' };
+      continue;
+    }
+    if (bad !== undefined) {
+      throw new RolloutError(
+        'failed_precondition',
+        `--output ${journal}: line ${bad.line} is not a trajectory (${bad.why}) and trajectories follow it (line ${lineNumber}): not a torn tail, so nothing is cut off; remove or repair line ${bad.line} and run again`,
+      );
+    }
     const index = typeof record.sampleIndex === 'number' ? record.sampleIndex : 0;
     const samples = written.get(record.taskId) ?? new Set<number>();
     samples.add(index);

@@ -8,7 +8,7 @@ import { TrajectoryStatus, type Trajectory } from '../../gen/ts/rollout/v1/rollo
 import { attemptTaskId, attemptsByRow, isRetryableStatus, parseAttempt, planRow, supersededTasks } from './submit-attempts.js';
 import { countRows, mapRow, readDataset, taskIdFor, type MappedRow } from './submit-dataset.js';
 import { HeldGroups } from './submit-held.js';
-import { openTrajectoryOutput, type TrajectoryOutput } from './submit-output.js';
+import { isParquetOutput, openTrajectoryOutput, type TrajectoryOutput } from './submit-output.js';
 
 export interface SubmitOptions extends ConnectionFlags {
   dataset: string;
@@ -99,7 +99,8 @@ class Slots {
  *
  * Returns the exit code: 0 when every row's trajectories are in the output, 1 when some rows were rejected (bad
  * instance) or could not be read or mapped (the data: fix those rows), 3 when the server could not be reached or the
- * stream failed (infrastructure: nothing is wrong with the data, re-run to resume), 130 when interrupted.
+ * stream failed or the output could not be written (a full disk: infrastructure, nothing is wrong with the data, free
+ * space and re-run to resume), 130 when interrupted.
  */
 export async function runSubmit(opts: SubmitOptions): Promise<number> {
   if (!existsSync(opts.dataset)) throw new RolloutError('invalid_argument', `dataset ${opts.dataset} does not exist`);
@@ -156,7 +157,11 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
   let retryCount = 0;
   /** Rows whose last allowed attempt still has an infrastructure failure (this run's, and earlier runs'). */
   let infraRows = 0;
-  let interrupted = false;
+  /** Submitting stops: SIGINT/SIGTERM (`signalled`) or a write that failed (`writeError`, e.g. a full disk). */
+  let stopping = false;
+  let signalled = false;
+  /** The first write of the output, its retried file or a held group that failed: the run stops, never reports done. */
+  let writeError: string | undefined;
   let streamError: string | undefined;
   /** Each attempt in flight, until its group is whole: then it is kept or retried as one. */
   const pending = new Map<string, Attempt>();
@@ -186,11 +191,33 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
     out.write(`[submit] ${alreadyWritten + received}/${total * opts.numSamples} trajectories | reward mean ${mean()}${retryPart} | ${statuses()}\n`);
   };
 
-  const onSignal = (): void => {
-    interrupted = true;
+  const halt = (): void => {
+    stopping = true;
     for (const r of refused.values()) clearTimeout(r.timer);
     slots.release();
     session.abort();
+  };
+  const onSignal = (): void => {
+    signalled = true;
+    halt();
+  };
+  /**
+   * A write failed (ENOSPC, EIO, a size limit): the run stops as on SIGINT, so no further group is written after a
+   * line that could not be; what is in the output stays, a group it holds in part is replaced whole by the re-run.
+   */
+  const writeFailed = (err: unknown): void => {
+    if (writeError !== undefined) return;
+    writeError = (err as Error).message;
+    logAbove(bar, out, `[submit] stopping: ${writeError}`);
+    halt();
+  };
+  /**
+   * The stream failed (the server went away, the network broke): no row is submitted after it (each would be refused
+   * at once by the dead session and counted as bad data), and a wait for a slot that no group will free ends.
+   */
+  const streamFailed = (err: unknown): void => {
+    streamError ??= (err as Error).message;
+    halt();
   };
   process.once('SIGINT', onSignal);
   process.once('SIGTERM', onSignal);
@@ -211,13 +238,19 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
       .then(
         () => void refused.delete(taskId),
         (err: unknown) => {
-          if (!interrupted && err instanceof TaskRejectedError && err.retryable && submitLater(row, attempt, err)) return;
+          if (!stopping && err instanceof TaskRejectedError && err.retryable && submitLater(row, attempt, err)) return;
           refused.delete(taskId);
           held.release(taskId);
           if (pending.delete(taskId)) slots.give();
           progressed();
-          if (interrupted) return;
-          if (err instanceof TaskRejectedError && err.retryable) {
+          if (stopping) return;
+          if (!(err instanceof TaskRejectedError)) {
+            // Not the server's verdict on the row (a spec that cannot be encoded is a TaskRejectedError too): the
+            // stream ended under it. Infrastructure, never "rejected": a re-run resubmits the row.
+            streamFailed(err);
+            return;
+          }
+          if (err.retryable) {
             // Not the data's fault: the server kept refusing. A re-run resubmits the row.
             infraRows++;
             logAbove(bar, out, `[submit] row ${row.index} (${taskId}) still refused after ${Math.round(retryRefusedForMs / 1000)} s (--retry-refused-for): ${rejection(err)}`);
@@ -245,7 +278,7 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
       logAbove(bar, out, `[submit] the server refuses tasks for now (${rejection(err)}); submitting them again with backoff (${refusals} refusals so far)`);
     }
     r.timer = setTimeout(() => {
-      if (interrupted) return;
+      if (stopping) return;
       submitAttempt(row, attempt);
     }, r.delayMs);
     r.delayMs = Math.min(r.delayMs * 2, REFUSED_CAP_MS);
@@ -255,6 +288,10 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
 
   /** A whole group: kept in the output, or (an infrastructure failure, attempts left) moved aside and retried. */
   const settle = async (taskId: string, group: Attempt): Promise<void> => {
+    if (writeError !== undefined) {
+      held.release(taskId); // not written after a failed write: the re-run fetches it again
+      return;
+    }
     const heldSamples = [...held.samples(taskId).values()];
     const failures = heldSamples.filter((t) => isRetryableStatus(t.status));
     const causes = [...new Set(failures.map((t) => `${statusName(t.status)}: ${t.error || t.finishReason || 'no cause given'}`))].join('; ');
@@ -262,7 +299,7 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
     const samples = function* (): Generator<Trajectory> {
       for (const t of held.read(taskId)) yield stamped(t, group.attempt);
     };
-    if (failures.length > 0 && group.attempt < maxAttempts && !interrupted) {
+    if (failures.length > 0 && group.attempt < maxAttempts && !stopping) {
       const aside = await retried();
       // Samples of this group a killed run had written already leave the output with the rest of it.
       output.remove(new Set([taskId]), (t) => aside.write(stamped(t, group.attempt)));
@@ -274,6 +311,9 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
       submitAttempt(group.row, group.attempt + 1);
       return;
     }
+    // Samples of this task a killed run (or a full disk) left in the output are not a group: they are dropped, and this
+    // group is written whole, so a task the server forgot and ran again never mixes samples of two runs in one group.
+    if (output.written.has(taskId)) output.remove(new Set([taskId]), () => undefined);
     for (const t of samples()) {
       if (!output.write(t)) continue;
       received++;
@@ -284,7 +324,7 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
       counts.set(statusName(t.status), (counts.get(statusName(t.status)) ?? 0) + 1);
     }
     held.release(taskId);
-    if (failures.length > 0 && !interrupted) {
+    if (failures.length > 0 && !stopping) {
       infraRows++;
       logAbove(bar, out, `[submit] row ${group.row.index} (${taskId}): infrastructure failures remain after ${group.attempt} attempts: ${causes}`);
     }
@@ -305,12 +345,18 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
       logAbove(bar, out, `[submit] row ${group.row.index} (${t.taskId}): dropped a trajectory with sample_index ${t.sampleIndex} outside [0, ${opts.numSamples})`);
       return;
     }
-    held.hold(t);
+    try {
+      held.hold(t);
+    } catch (err) {
+      writeFailed(err);
+      return;
+    }
     if (held.samples(t.taskId).size < opts.numSamples) return;
     pending.delete(t.taskId);
     unsettled++;
     settling = settling
       .then(() => settle(t.taskId, group))
+      .catch(writeFailed)
       .finally(() => {
         unsettled--;
         progressed();
@@ -322,7 +368,10 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
     try {
       for await (const t of session.trajectories()) receive(t);
     } catch (err) {
-      if (!interrupted) throw err;
+      if (!stopping) {
+        streamFailed(err);
+        throw err;
+      }
     } finally {
       streamEnded = true;
       await settling;
@@ -338,7 +387,7 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
       throw err instanceof RolloutError ? new Error(err.message) : err; // a stream failure, reported as one
     });
     for await (const row of readDataset(opts.dataset)) {
-      if (interrupted) break;
+      if (stopping) break;
       if ('problem' in row) {
         failedRows++;
         logAbove(bar, out, `[submit] row ${row.index} skipped: ${row.problem}`);
@@ -363,18 +412,23 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
         // A run stopped between moving this group aside and getting the next attempt's (and this one allows no more):
         // the group goes back, so that a row whose attempts are used up keeps its last group in the output.
         const last = attemptTaskId(context.rowTaskId, plan.attempt);
-        if (!output.written.has(last) && retriedOutput?.written.has(last)) retriedOutput.remove(new Set([last]), (t) => output.write(t));
+        try {
+          if (!output.written.has(last) && retriedOutput?.written.has(last)) retriedOutput.remove(new Set([last]), (t) => output.write(t));
+        } catch (err) {
+          writeFailed(err);
+          break;
+        }
         logAbove(bar, out, `[submit] row ${row.index} (${last}): infrastructure failures remain after ${plan.attempt} attempts (allow more with --retries)`);
         continue;
       }
       await slots.take();
-      if (interrupted) break;
+      if (stopping) break;
       submitted++;
       if (plan.attempt > 1) retryCount++;
       submitAttempt(context, plan.attempt);
     }
     // Retries are submitted as groups settle, so the session stays open until no attempt is left in flight.
-    while ((pending.size > 0 || unsettled > 0) && !interrupted && !streamEnded) {
+    while ((pending.size > 0 || unsettled > 0) && !stopping && !streamEnded) {
       await Promise.race([new Promise<void>((resolve) => (progressed = resolve)), receiving]);
     }
     session.close();
@@ -394,23 +448,40 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
     client.close();
   }
   // A row retried after an earlier run had kept its failed group: that group leaves the output for the retried file.
-  const stale = supersededTasks(output.written);
-  if (stale.size > 0) {
-    const aside = await retried();
-    output.remove(stale, (t) => aside.write(stamped(t, parseAttempt(t.taskId).attempt)));
+  const stale = writeError === undefined ? supersededTasks(output.written) : new Set<string>();
+  try {
+    if (stale.size > 0) {
+      const aside = await retried();
+      output.remove(stale, (t) => aside.write(stamped(t, parseAttempt(t.taskId).attempt)));
+    }
+  } catch (err) {
+    writeFailed(err);
   }
-  const complete = !interrupted && failedRows === 0 && streamError === undefined;
-  await output.close(complete);
+  const complete = !stopping && failedRows === 0 && streamError === undefined;
+  try {
+    await output.close(complete); // a Parquet output is written here
+  } catch (err) {
+    writeFailed(err);
+  }
   await retriedOutput?.close(false);
   out.write(
-    `[submit] ${interrupted ? 'interrupted' : 'done'}: ${received} trajectories written this run (${alreadyWritten} before), ` +
+    `[submit] ${writeError !== undefined || streamError !== undefined ? 'stopped' : signalled ? 'interrupted' : 'done'}: ${received} trajectories written this run (${alreadyWritten} before), ` +
       `${submitted} rows submitted, ${skipped} already complete, ${failedRows} rejected or unmappable, ${retryCount} retries` +
       `${refusals > 0 ? ` (and ${refusals} submits refused for now, sent again)` : ''}, ` +
       `${infraRows} rows with infrastructure failures left; reward mean ${mean()}; ${statuses()}\n`,
   );
   if (streamError !== undefined) out.write(`[submit] the stream to ${opts.server} failed: ${streamError}\n`);
-  if (interrupted || streamError !== undefined) out.write(`[submit] run the same command again to resume (${output.journal} keeps what arrived)\n`);
-  return interrupted ? 130 : streamError !== undefined || infraRows > 0 ? EXIT_INFRASTRUCTURE : failedRows > 0 ? 1 : 0;
+  if (writeError !== undefined) out.write(`[submit] a write failed (${writeError}): free space and run the same command again to resume (${output.journal} keeps what was written)\n`);
+  else if (stopping || streamError !== undefined) out.write(`[submit] run the same command again to resume (${output.journal} keeps what arrived)\n`);
+  if (isParquetOutput(outputPath) && !(complete && writeError === undefined)) {
+    // The Parquet file is written only once every row is in: say so, or a trainer reads an earlier run's file (or
+    // looks for one that is not there) while this run's trajectories wait in the journal.
+    const why = failedRows > 0 && !stopping && streamError === undefined ? `${failedRows} rows were rejected or could not be read: fix them and run again` : 'the run did not finish';
+    const earlier = existsSync(outputPath) ? `; ${outputPath} is an earlier run's and lacks them` : '';
+    out.write(`[submit] ${outputPath} not written (${why}): the trajectories are in ${output.journal}${earlier}\n`);
+  }
+  if (writeError !== undefined) return EXIT_INFRASTRUCTURE;
+  return signalled ? 130 : streamError !== undefined || infraRows > 0 ? EXIT_INFRASTRUCTURE : failedRows > 0 ? 1 : 0;
 }
 
 /** A dataset row as submitted: every attempt of it sends the same instance and metadata. */
