@@ -28,8 +28,12 @@ export const READ_FILE_SCRIPT = [
 export const WRITE_FILE_SCRIPT = [
   'p=$1',
   `[ -d "$p" ] && exit ${FILE_EXIT.notFile}`,
+  `[ -e "$p" ] && [ ! -f "$p" ] && exit ${FILE_EXIT.notFile}`,
   'mkdir -p -- "$(dirname -- "$p")" || exit 1',
-  'cat > "$p"',
+  // O_NONBLOCK where GNU dd is there: a FIFO put at the path after the check fails the open (ENXIO) instead of
+  // blocking it until the command timeout, which would be reported as deadline_exceeded, an infrastructure failure.
+  'dd of=/dev/null oflag=nonblock count=0 status=none </dev/null 2>/dev/null && exec dd of="$p" oflag=nonblock bs=65536 status=none',
+  'exec cat > "$p"',
 ].join('\n');
 
 /** argv: path. Prints one NUL-terminated `<type> <size> <name>` record per entry (find's %y: f, d, l, ...). */

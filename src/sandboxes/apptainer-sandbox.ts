@@ -111,13 +111,19 @@ export class ApptainerSandbox implements Sandbox {
     const proc: SpawnedProcess = { kill: () => killGroup(child.pid) };
     this.running.add(proc);
     const onAbort = (): void => sandboxProcess.kill();
+    // Settles on the process's exit, not on the end of its pipes, which a background job it started may hold open.
     const exited = new Promise<{ exitCode: number | null; signal: string | null }>((resolve) => {
-      child.on('error', (err) => this.log.error({ err }, 'spawn failed'));
-      child.on('close', (code, signal) => {
-        this.running.delete(proc);
-        options.signal?.removeEventListener('abort', onAbort);
+      child.on('error', (err) => {
+        this.log.error({ err }, 'spawn failed');
+        resolve({ exitCode: null, signal: null });
+      });
+      child.once('exit', (code, signal) => {
         const killedBy = signal ?? signalOfExitCode(code);
         resolve({ exitCode: killedBy ? null : code, signal: killedBy });
+      });
+      child.on('close', () => {
+        this.running.delete(proc);
+        options.signal?.removeEventListener('abort', onAbort);
       });
     });
     let killed = false;

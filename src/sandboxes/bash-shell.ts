@@ -189,7 +189,11 @@ export class BashShell implements PersistentShell {
     }) };
     proc.stdin.on('error', () => undefined);
     proc.stdout.on('data', (chunk: Buffer) => this.onData(live, chunk));
-    proc.stderr.on('data', (chunk: Buffer) => stderr.push(chunk));
+    proc.stderr.on('data', (chunk: Buffer) => {
+      stderr.push(chunk);
+      // Past what explains a failed start, nothing here is read: only what the shell itself prints reaches this pipe.
+      if (stderr.truncated && this.live === live) proc.stderr.pause();
+    });
     void live.ended.then(() => {
       live.done = true;
       this.wake?.();
@@ -214,6 +218,7 @@ export class BashShell implements PersistentShell {
     this.idle = [];
     this.idleBytes = 0;
     this.scanner = scanner;
+    if (this.live) resume(this.live.proc);
     this.live?.proc.stdin.write(frameCommand(command, status, nonce));
     return scanner;
   }
@@ -232,12 +237,20 @@ export class BashShell implements PersistentShell {
     if (scanner.outcome) this.wake?.();
   }
 
+  /**
+   * Keeps output that arrived between commands, up to the output limit; at the limit the shell's stdout is no longer
+   * read until the next command is sent. Why: a background job printing endlessly (`yes &`) was drained and dropped
+   * as fast as it wrote — most of the server's event loop, for the sandbox's whole life, while the model was not even
+   * running a command. Paused, the job blocks on its full pipe, as it would on a terminal nobody reads.
+   */
   private keepIdle(chunk: Buffer): void {
     const room = this.options.outputLimitBytes - this.idleBytes;
-    if (room <= 0) return;
-    const kept = chunk.length <= room ? chunk : chunk.subarray(0, room);
-    this.idle.push(Buffer.from(kept));
-    this.idleBytes += kept.length;
+    if (room > 0) {
+      const kept = chunk.length <= room ? chunk : chunk.subarray(0, room);
+      this.idle.push(Buffer.from(kept));
+      this.idleBytes += kept.length;
+    }
+    if (this.idleBytes >= this.options.outputLimitBytes && this.scanner === undefined) this.live?.proc.stdout.pause();
   }
 
   /** Waits for the marker, the shell's end, the timer or the abort, whichever comes first. */
@@ -270,6 +283,13 @@ export class BashShell implements PersistentShell {
     this.scanner = undefined;
     if (!live) return;
     live.proc.kill();
+    resume(live.proc); // paused pipes never see their end
     await live.ended;
   }
+}
+
+/** Reads the shell's pipes again (keepIdle and the stderr cap pause them). */
+function resume(proc: SandboxProcess): void {
+  proc.stdout.resume();
+  proc.stderr.resume();
 }

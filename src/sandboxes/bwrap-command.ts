@@ -160,7 +160,11 @@ export function buildHolderArgv(spec: HolderCommandSpec): string[] {
   for (const name of image?.entries ?? []) bwrap.push('--ro-bind', `${source(0)}/${name}`, `/${name}`);
   const nLayout = offset + spec.layout.binds.length;
   spec.layout.binds.forEach((b, i) => bwrap.push(...bindArgs(b, offset + i)));
+  // bwrap's /dev is a tmpfs of half the host's RAM owned by the sandbox's user: /dev/shm (POSIX shared memory,
+  // multiprocessing's semaphores) gets a tmpfs of its own, sized, and /dev itself is made read-only (not recursive:
+  // the device binds, devpts and /dev/shm keep their flags), so no file there escapes the budget below.
   bwrap.push('--proc', '/proc', '--dev', '/dev');
+  bwrap.push('--size', String(shmSizeMb(limits) * 1024 * 1024), '--perms', '1777', '--tmpfs', '/dev/shm', '--remount-ro', '/dev');
   const bytes = String(tmpfsSizeMb(limits) * 1024 * 1024);
   bwrap.push('--size', bytes, '--perms', '1777', '--tmpfs', '/tmp');
   bwrap.push('--size', bytes, '--perms', '0755', '--tmpfs', spec.workdir);
@@ -187,8 +191,20 @@ export function buildHolderArgv(spec: HolderCommandSpec): string[] {
  * launchers and holder. With this cap the OOM killer always finds the user's processes first.
  */
 export function tmpfsSizeMb(limits: Pick<SandboxLimits, 'diskMb' | 'memoryMb'>): number {
-  const reserve = Math.max(Math.floor(limits.memoryMb / 4), Math.min(64, Math.floor(limits.memoryMb / 2)));
+  const reserve = memoryReserveMb(limits.memoryMb);
   return Math.max(1, Math.min(limits.diskMb, Math.floor((limits.memoryMb - reserve) / 2)));
+}
+
+/**
+ * Size of the sandbox's /dev/shm, MiB: a quarter of the reserve tmpfsSizeMb leaves free of files (64 MiB and diskMb at
+ * most, 1 at least), so the three tmpfs together still leave three quarters of that reserve to the user's processes.
+ */
+export function shmSizeMb(limits: Pick<SandboxLimits, 'diskMb' | 'memoryMb'>): number {
+  return Math.max(1, Math.min(64, limits.diskMb, Math.floor(memoryReserveMb(limits.memoryMb) / 4)));
+}
+
+function memoryReserveMb(memoryMb: number): number {
+  return Math.max(Math.floor(memoryMb / 4), Math.min(64, Math.floor(memoryMb / 2)));
 }
 
 /** Directories bwrap must create (0755) above a bind target; the root, /usr and the workspace already exist. */

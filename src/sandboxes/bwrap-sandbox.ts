@@ -128,17 +128,22 @@ export class BubblewrapSandbox implements Sandbox {
     options.signal?.addEventListener('abort', onAbort, { once: true });
     const stdin = child.stdin as Writable;
     stdin.on('error', () => undefined);
+    // `exited` is the process's exit ('exit'), not the end of its pipes ('close'), which a background job it started
+    // may hold open for good: a persistent shell that ran `sleep 1000 & exit 3` must be seen to have ended.
     const exited = new Promise<{ exitCode: number | null; signal: string | null }>((resolve) => {
       child.once('error', () => resolve({ exitCode: null, signal: null }));
-      child.once('close', (exitCode, signal) => resolve({ exitCode, signal }));
-    }).then(async (result) => {
+      child.once('exit', (exitCode, signal) => resolve({ exitCode, signal }));
+    });
+    const closed = new Promise<void>((resolve) => {
+      child.once('error', () => resolve());
+      child.once('close', () => resolve());
+    }).then(async () => {
       options.signal?.removeEventListener('abort', onAbort);
       await cmd.release();
-      return result;
     });
-    const entry: Running = { kill, done: exited };
+    const entry: Running = { kill, done: closed };
     this.running.add(entry);
-    void exited.finally(() => this.running.delete(entry));
+    void closed.finally(() => this.running.delete(entry));
     return { stdin, stdout: child.stdout as Readable, stderr: child.stderr as Readable, exited, kill };
   }
 

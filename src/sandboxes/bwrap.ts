@@ -77,7 +77,8 @@ interface Probe {
  * init (init/sandbox-init.c), which lives until the server closes its stdin or kills it, reaps orphans, and is the
  * one process the sandbox's own processes cannot signal. The root file system
  * is the image's (each top-level entry read-only) or the host's /usr with a minimal /etc and the host Python; the
- * workspace (spec.workdir) and /tmp are size-limited tmpfs (`--size`, diskMb each).
+ * workspace (spec.workdir) and /tmp are size-limited tmpfs (`--size`, diskMb each), /dev/shm a smaller one, and the rest
+ * of /dev read-only.
  *
  * Commands, spawned processes and file operations enter the running sandbox with nsenter (namespaces and root
  * held open as descriptors since start, so a reused pid cannot redirect them), as uid 1000, no_new_privs, no

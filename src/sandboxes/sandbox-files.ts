@@ -36,6 +36,7 @@ const WRITE = `p=$1; d=\${p%/*}; [ -n "$d" ] || d=/
 [ -e "$p" ] && [ ! -f "$p" ] && exit ${NOT_REGULAR}
 mkdir -p -- "$d" || exit 1
 [ -d "$d" ] || exit ${NOT_DIR}
+dd of=/dev/null oflag=nonblock count=0 status=none </dev/null 2>/dev/null && exec dd of="$p" oflag=nonblock bs=65536 status=none
 exec cat > "$p"`;
 const LIST = `p=$1
 [ -e "$p" ] || exit ${NOT_FOUND}
@@ -48,6 +49,12 @@ exec find "$p" -mindepth 1 -maxdepth 1 -printf '%y %s %f\\0'`;
  * something inside the sandbox (an absolute `/etc/x` is the sandbox's /etc), and a read-only path stays read-only.
  * Why not host paths through /proc/PID/root: the host kernel would follow absolute symlinks on the host. Needs
  * /bin/sh, cat, head, wc, mkdir and GNU find in the sandbox's root (every Debian image has them).
+ *
+ * A write opens its file with O_NONBLOCK where the image has GNU dd (oflag=nonblock; no effect on a regular file):
+ * the path is checked to be a regular file and then opened, and a FIFO the program puts there in between must not
+ * block the open until the command timeout — deadline_exceeded, an infrastructure failure, for what the program did
+ * in its own sandbox. Such a FIFO fails the write (ENXIO: no reader), an observation. Without GNU dd (busybox) the
+ * write is `cat`'s, with that window; reads have it too (sh and head cannot open without blocking).
  *
  * A file is sized by reading a little past the limit (whole pages: /proc/self/pagemap refuses reads of other sizes),
  * never all of it, and then read to one byte past the limit at most (a file that grew since is refused too): a

@@ -99,6 +99,10 @@ export interface SandboxProcess {
   readonly stdin: Writable;
   readonly stdout: Readable;
   readonly stderr: Readable;
+  /**
+   * Settles when the process itself exited — not when its pipes closed, which processes it left running may hold open
+   * for good (their output still arrives on stdout and stderr until `kill()`).
+   */
   readonly exited: Promise<{ exitCode: number | null; signal: string | null }>;
   kill(): void;
 }
