@@ -17,6 +17,10 @@ _TIMING_FIELDS = ("queue_ms", "init_ms", "run_ms", "llm_ms", "tool_ms", "eval_ms
 MALFORMED = "malformed"
 
 
+#: How far above 0 a sampled token's logprob may be (float noise; the server's engine-answer check allows the same).
+_LOGPROB_TOLERANCE = 1e-4
+
+
 def malformed(t: Any) -> str:
     """Why a policy-outcome trajectory cannot be trained on as sent ("" when it can).
 
@@ -33,6 +37,13 @@ def malformed(t: Any) -> str:
         return "mask holds values other than 0 and 1"
     if not all(map(math.isfinite, t.response_logprobs)):
         return "a logprob is not finite"
+    for i, (m, lp) in enumerate(zip(t.response_mask, t.response_logprobs)):
+        # The contract: a sampled token's logprob is a log-probability (<= 0; the server allows 1e-4 of float noise),
+        # and a template or environment token's is 0. Else a PPO ratio would be computed from a number no policy gave.
+        if m == 1 and lp > _LOGPROB_TOLERANCE:
+            return f"logprob of sampled token {i} is positive: {lp}"
+        if m == 0 and lp != 0:
+            return f"logprob of masked token {i} is {lp}, not 0"
     if t.turns:
         at = 0
         for turn in t.turns:

@@ -53,6 +53,8 @@ def test_a_non_finite_reward_is_not_a_policy_outcome_and_leaves_the_groups_advan
         ({"response_mask": [1, 2, 0, 1]}, "mask"),
         ({"response_logprobs": [-0.5, math.nan, 0.0, -1.0]}, "logprob"),
         ({"response_logprobs": [-0.5, -math.inf, 0.0, -1.0]}, "logprob"),
+        ({"response_logprobs": [-0.5, 0.25, 0.0, -1.0]}, "positive"),  # a sampled token's log-probability above 0
+        ({"response_logprobs": [-0.5, -0.25, -0.75, -1.0]}, "masked"),  # a template token with a logprob
         ({"turns": [rollout_pb2.Turn(role=ASSISTANT, start=0, end=2), rollout_pb2.Turn(role=ASSISTANT, start=3, end=4)]}, "turns"),
         ({"turns": [rollout_pb2.Turn(role=ASSISTANT, start=0, end=3), rollout_pb2.Turn(role=ASSISTANT, start=3, end=4)]}, "turns"),
         ({"turns": [rollout_pb2.Turn(role=ASSISTANT, start=0, end=2), rollout_pb2.Turn(role=TOOL, start=2, end=3)]}, "turns"),
