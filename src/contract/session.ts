@@ -303,9 +303,10 @@ export class Session {
    * acks could never be released and the stream, which ends once everything is sent, would never end. From now on
    * (until the stream detaches) the bound no longer holds delivery: held trajectories go at once, and those still
    * finishing as they finish. Nothing grows: held ones are in memory either way, and no task can come on that stream.
-   * They stay unacked (kept for a resume: at least once). Only for the stream attached now: a stream the client
-   * cancelled ends its request iterator too, after it was detached, and what it holds back stays held for a resume
-   * (counted as pending there, not redelivered).
+   * They stay unacked (kept for a resume: at least once). Only for the stream attached now: a stream already detached
+   * (its cancel seen first) changes nothing, what it holds back stays held for a resume. A cancel that Node's HTTP/2
+   * client sends as END_STREAM then RST_STREAM arrives here first, as a half-close: its held ones are sent into the
+   * dying stream and come again on the resume as redelivered (see rollout-service).
    */
   endOfAcks(writer: StreamWriter<RolloutResponse>): void {
     if (this.attachment?.writer !== writer) return;
