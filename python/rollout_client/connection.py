@@ -59,6 +59,12 @@ _WARN_EVERY = 30.0
 #: Seconds a call whose write failed gets to end with its own status before it is cancelled (see _writer_done).
 _WRITE_FAILED_GRACE = 1.0
 
+#: The details of the status grpcio sets on a call when a batch of it fails, before core's own status replaces it.
+_CORE_PLACEHOLDER = "Internal error from Core"
+
+#: How often _final_status looks again for core's status while the call still shows the placeholder.
+_STATUS_POLL = 0.005
+
 #: Acks wait this long for others to go with them (a consumer acks one sample at a time): one Ack message per stream per
 #: interval at most, whatever the rate. Sent at once when the server has paused delivery (it waits for them).
 _ACK_DELAY = 0.02
@@ -133,14 +139,25 @@ class _Acks:
 async def _final_status(call: Any, err: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
     """The status the call ended with, when `err` hides it: grpcio >= 1.68 raises a failed batch (a write the channel
     refused, and a read pending meanwhile) as INTERNAL "Internal error from Core", while the call's own status says
-    what happened (e.g. RESOURCE_EXHAUSTED "Sent message larger than max"), which decides what is retried."""
+    what happened (e.g. RESOURCE_EXHAUSTED "Sent message larger than max"), which decides what is retried.
+
+    The call's status is not final when first set: the failed write itself sets that same INTERNAL status
+    (set_internal_error), and core's real status, delivered a few loop turns later, overwrites it. Read at once, the
+    status can still be the placeholder (seen under CI load: the too-big spec was then re-sent on the re-opened
+    stream and broke it a second time). So it is read until it is not the placeholder, for at most
+    _WRITE_FAILED_GRACE seconds (a call whose real status is INTERNAL too costs that wait, once)."""
     if err.code() != grpc.StatusCode.INTERNAL:
         return err
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _WRITE_FAILED_GRACE
     try:
-        code = await asyncio.wait_for(call.code(), _WRITE_FAILED_GRACE)
-        if code is None or code == err.code():
-            return err
-        return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), await call.trailing_metadata(), await call.details(), err.debug_error_string())
+        while True:
+            code = await asyncio.wait_for(call.code(), max(0.0, deadline - loop.time()))
+            if code is not None and code != grpc.StatusCode.INTERNAL:
+                return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), await call.trailing_metadata(), await call.details(), err.debug_error_string())
+            if code is None or await call.details() != _CORE_PLACEHOLDER or loop.time() >= deadline:
+                return err
+            await asyncio.sleep(_STATUS_POLL)
     except (asyncio.TimeoutError, grpc.RpcError):
         return err
 

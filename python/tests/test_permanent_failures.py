@@ -119,6 +119,51 @@ def test_a_spec_over_a_limit_the_client_cannot_check_fails_alone_once_the_channe
     run(main())
 
 
+class PlaceholderThenCoreStatusCall:
+    """A double of a grpc.aio stream call at the seam _final_status reads (code(), details(), trailing_metadata()):
+    a failed write first sets grpcio's placeholder status (INTERNAL "Internal error from Core", set_internal_error) and
+    core's real status replaces it `turns` loop turns later. The order seen once in CI, where the placeholder was read
+    and the too-big spec re-sent; it cannot be forced with a real channel."""
+
+    def __init__(self, real: grpc.StatusCode, details: str, turns: int) -> None:
+        self.real, self.real_details, self.turns = real, details, turns
+        asyncio.get_running_loop().call_soon(self._tick)
+
+    def _tick(self) -> None:
+        self.turns -= 1
+        if self.turns > 0:
+            asyncio.get_running_loop().call_soon(self._tick)
+
+    async def code(self):
+        return grpc.StatusCode.INTERNAL if self.turns > 0 else self.real
+
+    async def details(self):
+        return "Internal error from Core" if self.turns > 0 else self.real_details
+
+    async def trailing_metadata(self):
+        return grpc.aio.Metadata()
+
+
+def test_the_status_behind_a_failed_write_is_cores_even_when_the_placeholder_is_read_first():
+    from rollout_client.connection import _final_status
+
+    async def main():
+        placeholder = grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, grpc.aio.Metadata(), grpc.aio.Metadata(), "Internal error from Core", "batch failed")
+        late = PlaceholderThenCoreStatusCall(grpc.StatusCode.RESOURCE_EXHAUSTED, "CLIENT: Sent message larger than max (8126 vs. 4096)", turns=20)
+        status = await _final_status(late, placeholder)
+        assert status.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "8126 vs. 4096" in status.details()
+        # A call whose status stays the placeholder gives it back, after the grace rather than never.
+        stuck = PlaceholderThenCoreStatusCall(grpc.StatusCode.OK, "", turns=10**9)
+        started = asyncio.get_running_loop().time()
+        assert (await _final_status(stuck, placeholder)) is placeholder
+        assert asyncio.get_running_loop().time() - started < 5
+        # Any other status is taken as it is, without waiting.
+        other = grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "down", "")
+        assert (await _final_status(stuck, other)) is other
+
+    run(main())
+
+
 def within(seconds: float, fn):
     """fn() in a daemon thread: its result, or its exception; a hang fails the test instead of stalling the suite."""
     box: list = []
