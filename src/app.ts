@@ -21,6 +21,7 @@ import { startGrpcServer, type RunningServer } from './contract/server.js';
 import { SessionManager } from './contract/sessions.js';
 import { Journal } from './journal/journal.js';
 import { recoverFromJournal } from './journal/recovery.js';
+import { RolloutMetrics, startMetricsServer, type MetricsServer } from './observability/metrics.js';
 
 /** Health service name whose status says whether the server can admit tasks (NOT_SERVING while the journal is full). */
 export const ADMISSION_HEALTH = 'rollout.admission';
@@ -43,6 +44,8 @@ export interface RolloutServer extends RunningServer {
   readonly journal: Journal | undefined;
   /** The token threads (undefined with `tokenWorkers.count: 0`); closed by `shutdown`. */
   readonly tokenPool: TokenPool<TokenTask, TokenTaskResult> | undefined;
+  /** The Prometheus endpoint (config `metrics.port`; undefined when off); closed by `shutdown`. */
+  readonly metrics: MetricsServer | undefined;
 }
 
 /** Opens the journal; a directory that cannot be one (a file, no permission) is failed_precondition naming journal.dir. */
@@ -101,7 +104,11 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
   let sandboxes: SandboxDriver | undefined;
   let tokenPool: TokenPool<TokenTask, TokenTaskResult> | undefined;
   let journal: Journal | undefined;
+  let metrics: RolloutMetrics | undefined;
+  let metricsServer: MetricsServer | undefined;
   const release = async (): Promise<void> => {
+    await metricsServer?.close();
+    metrics?.close();
     await journal?.close();
     await tokenPool?.close();
     pool.close();
@@ -189,6 +196,11 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
     // `release` is run by the drain once the transport is closed: after the pipeline stopped, every finished
     // trajectory's journal write has been issued (close waits for the fsync) and no sample waits on a token thread,
     // an engine or a sandbox.
+    if (config.metrics.port !== null) {
+      metrics = new RolloutMetrics({ runtime, pool, sessions, tokenPool });
+      const { host, port, requireToken } = config.metrics;
+      metricsServer = await startMetricsServer(metrics, { host, port, token: requireToken ? (config.auth.adminToken ?? config.auth.token) : undefined, logger });
+    }
     server = await startGrpcServer({ runtime, registry, logger, release, sessions, vocabulary: tokenizer });
   } catch (err) {
     await release().catch(() => undefined);
@@ -198,5 +210,5 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
     server.health.setStatus(ADMISSION_HEALTH, journal.fullReason === undefined ? 'SERVING' : 'NOT_SERVING');
     journal.onFullChange = (reason) => server.health.setStatus(ADMISSION_HEALTH, reason === undefined ? 'SERVING' : 'NOT_SERVING');
   }
-  return { ...server, config, runtime, pool, journal, tokenPool };
+  return { ...server, config, runtime, pool, journal, tokenPool, metrics: metricsServer };
 }

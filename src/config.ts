@@ -401,6 +401,19 @@ export const serverConfigSchema = z.strictObject({
     })
     .prefault({}),
   /**
+   * Prometheus metrics over HTTP (GET /metrics): trajectories by environment and status, rewards, stage times, stage
+   * pools, admission, sessions, token threads, each engine's load and health, the process. `port` null: off (the
+   * default); 0: any free port. Bound to `host` (loopback by default). With `requireToken` (the default), a scrape
+   * needs the admin token (auth.adminToken, else auth.token) as a bearer token whenever one is configured.
+   */
+  metrics: z
+    .strictObject({
+      port: z.number().int().min(0).max(65_535).nullable().default(null),
+      host: z.string().min(1).default('127.0.0.1'),
+      requireToken: z.boolean().default(true),
+    })
+    .prefault({}),
+  /**
    * TLS: the server's certificate chain and key (PEM files); with `clientCaFile`, client certificates signed by that CA
    * are verified, and with `requireClientCert` a client without one is refused (mTLS). Unset: plaintext.
    */

@@ -55,6 +55,8 @@ program
   .option('--apptainer-path <binary>', "the apptainer driver's binary: apptainer, singularity or a path")
   .addOption(new Option('--math-checker <checker>', "the math environment's default answer checker (an instance may name its own)").choices(['builtin', 'math-verify']))
   .option('--journal-dir <dir>', 'durable journal (LMDB) of accepted tasks, finished trajectories and acks: a restart resumes from it')
+  .option('--metrics-port <port>', 'serve Prometheus metrics on http://<metrics host>:<port>/metrics, 0 = any free port (default: off)', int)
+  .option('--metrics-host <host>', 'address the metrics endpoint binds (default 127.0.0.1)')
   .option('--fake-engine', 'also start the fake vLLM engine (a test double) and route to it')
   .option('--fake-latency-ms <ms>', 'fake engine per-token latency', int, 1)
   .action(async (opts) => {

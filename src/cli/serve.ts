@@ -34,6 +34,9 @@ export interface ServeOptions {
   fakeEngine?: boolean;
   /** The durable journal's directory (config `journal.dir`). */
   journalDir?: string;
+  /** Prometheus metrics (config `metrics.port`, `metrics.host`). */
+  metricsPort?: number;
+  metricsHost?: string;
   fakeLatencyMs: number;
   /** The math environment's default checker (`builtin` unless set; `math-verify` needs scripts/setup.sh's venv). */
   mathChecker?: 'builtin' | 'math-verify';
@@ -72,6 +75,13 @@ export async function runServe(opts: ServeOptions, inject: Pick<RolloutServerOpt
   stage('eval', opts.evalConcurrency, opts.evalTimeoutMs);
   if (opts.maxAdmitted !== undefined) config.maxAdmitted = opts.maxAdmitted;
   if (opts.journalDir !== undefined) config.journal = { ...config.journal, dir: opts.journalDir };
+  if (opts.metricsPort !== undefined || opts.metricsHost !== undefined) {
+    config.metrics = {
+      ...config.metrics,
+      ...(opts.metricsPort !== undefined && { port: opts.metricsPort }),
+      ...(opts.metricsHost !== undefined && { host: opts.metricsHost }),
+    };
+  }
   if (opts.sandboxDriver !== undefined || opts.apptainerPath !== undefined) {
     config.sandbox = {
       ...config.sandbox,
@@ -119,6 +129,7 @@ export async function runServe(opts: ServeOptions, inject: Pick<RolloutServerOpt
   }
   // A plain line scripts and tests can wait for, beside the JSON logs.
   console.log(`rollout server listening on ${server.address}`);
+  if (server.metrics) console.log(`metrics on http://${server.metrics.address}/metrics`);
   let signals = 0;
   const onSignal = (name: NodeJS.Signals): void => {
     signals++;
