@@ -193,6 +193,11 @@ export class BackendState {
   assignedTotal = 0;
   /** Trajectories that had to leave this backend (removed or unhealthy under them). */
   failoversOut = 0;
+  /**
+   * No request is sent to the engine before this time (performance.now() ms): the end of the last Retry-After it
+   * answered a busy request with, bounded by the pool's maxRetryAfterMs (see PoolLease). 0: none.
+   */
+  retryNotBefore = 0;
   /** The engine's context length (prompt + generated tokens), undefined until learned (see BackendPool.learn). */
   maxModelLen: number | undefined;
   /** `maxModelLen` was given when the backend was added: it is never asked or forgotten. */

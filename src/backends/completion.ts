@@ -19,6 +19,11 @@ export interface CompletionExpectation {
    * see checkSglangGenerate). Absent: no echo is accepted.
    */
   promptIds?: TokenIds;
+  /**
+   * The id the request was sent with (SGLang's `rid`): an answer that names another id answers another request.
+   * Absent: not checked.
+   */
+  requestId?: string;
 }
 
 /** Why an engine answer was refused; the engine client wraps it into a backend_error. */
@@ -164,6 +169,19 @@ export function checkPromptCount(sampled: number, expect: CompletionExpectation,
   if (sampled === 0 || expect.promptIds === undefined || stated === undefined || stated === null) return;
   if (stated !== expect.promptIds.length) {
     throw new CompletionRejected(`${statedName} = ${preview(stated)}, but the request's prompt has ${expect.promptIds.length} ids (an answer to another request?)`);
+  }
+}
+
+/**
+ * The request an answer says it answers is this one: SGLang names each answer by its request's rid (`meta_info.id`,
+ * tokenizer_manager.py), so another id is an answer meant for another request — even one whose prompt has the same
+ * length (the samples of a GRPO group share their first prompt), which {@link checkPromptCount} cannot tell apart.
+ * Unchecked when the request sent no id or the answer states none.
+ */
+export function checkAnswerId(expect: CompletionExpectation, stated: unknown, statedName: string, sentName: string): void {
+  if (expect.requestId === undefined || stated === undefined || stated === null) return;
+  if (stated !== expect.requestId) {
+    throw new CompletionRejected(`${statedName} = ${preview(stated)}, but the request's ${sentName} is ${preview(expect.requestId)} (an answer to another request?)`);
   }
 }
 

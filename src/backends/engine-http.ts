@@ -49,12 +49,30 @@ export class EngineUnreachableError extends RolloutError {
 export interface HttpAnswer {
   status: number;
   text: string;
+  /** A busy answer's (HTTP 429 or 503) Retry-After, in ms from now (see {@link parseRetryAfterMs}); absent otherwise. */
+  retryAfterMs?: number;
+}
+
+/**
+ * A Retry-After header (RFC 9110 §10.2.3) in ms from `now`: delta-seconds (a non-negative integer) or an HTTP-date
+ * (a past one is 0); undefined when absent or neither (a fraction, a negative number, words). The first of repeated
+ * headers counts. Unbounded here: the pool bounds how long it honours one (BackendPoolOptions.maxRetryAfterMs).
+ */
+export function parseRetryAfterMs(value: string | string[] | undefined, now = Date.now()): number | undefined {
+  const text = (Array.isArray(value) ? value[0] : value)?.trim();
+  if (text === undefined || text === '') return undefined;
+  if (/^\d+$/.test(text)) return Math.min(Number(text) * 1000, Number.MAX_SAFE_INTEGER);
+  // An HTTP-date names its weekday and month in letters: a bare number of another form is not one.
+  if (!/^[A-Za-z]{3},? /.test(text)) return undefined;
+  const at = Date.parse(text);
+  return Number.isFinite(at) ? Math.max(0, at - now) : undefined;
 }
 
 /** Where an engine is and how its requests are bounded. */
 export interface EngineHttpOptions {
   /**
-   * Base URL without a trailing slash. Userinfo (`http://user:pass@host:8000`) is sent as HTTP basic auth
+   * Base URL (a path prefix and a query string are kept on every request, trailing slashes dropped; see
+   * {@link engineUrlProblem} for what is refused). Userinfo (`http://user:pass@host:8000`) is sent as HTTP basic auth
    * (`authorization: Basic base64(user:pass)`, as curl and browsers do) and never shown: {@link EngineHttp.url} is the
    * URL without it (see {@link withoutCredentials}).
    */
@@ -107,6 +125,48 @@ export function checkRequestId(id: string): void {
 }
 
 /**
+ * Why `url` (an http(s) URL) names no engine's base URL, or undefined when it does. Every request path a client sends
+ * (`/v1/completions`, `/generate`, `/health`, ...) is appended to the URL's path, so a URL ending in `/v1` — an OpenAI
+ * client's base URL, the most common mistake — would send `/v1/v1/completions` and have every request and every
+ * probe answered 404; a fragment is never sent at all, so it names nothing. A path prefix (a gateway's `/engines/7`,
+ * with or without a trailing slash) and a query string (kept on every request, see {@link requestTarget}) are fine.
+ */
+export function engineUrlProblem(url: string): string | undefined {
+  let parsed: URL;
+  try {
+    parsed = new URL(url);
+  } catch {
+    return 'not a URL';
+  }
+  if (url.includes('#')) return 'a fragment (#...) is never sent to the engine: give its base URL without one';
+  if (/(^|\/)v1\/*$/.test(parsed.pathname)) {
+    const base = `${parsed.origin}${parsed.pathname.replace(/\/*v1\/*$/, '')}`;
+    return `ends in /v1: give the engine server's base URL (here ${withoutCredentials(base)}): the client adds /v1/completions, /generate, /health itself`;
+  }
+  return undefined;
+}
+
+/**
+ * The request target of `path` (its own query included, e.g. `/pause?mode=keep`) on an engine whose URL has the path
+ * `basePath` and the query parameters `baseQuery`: the base path, the path, then the request's own parameters followed
+ * by the URL's, as written — except a URL parameter of a name the request sets itself (the request's value is the one
+ * meant, and servers differ on which of two they take).
+ */
+export function requestTarget(basePath: string, baseQuery: readonly string[], path: string): string {
+  if (baseQuery.length === 0) return `${basePath}${path}`;
+  const at = path.indexOf('?');
+  const own = at < 0 ? [] : path.slice(at + 1).split('&').filter((part) => part !== '');
+  const ownNames = new Set(own.map(parameterName));
+  const params = [...own, ...baseQuery.filter((part) => !ownNames.has(parameterName(part)))];
+  return `${basePath}${at < 0 ? path : path.slice(0, at)}${params.length > 0 ? `?${params.join('&')}` : ''}`;
+}
+
+/** The decoded name of one `name=value` query parameter. */
+function parameterName(part: string): string {
+  return [...new URLSearchParams(part).keys()][0] ?? '';
+}
+
+/**
  * The HTTP seam shared by every engine client: an undici {@link Pool} per engine (keep-alive, no pipelining) and
  * bodies bounded in bytes. undici's raw dispatch API costs a fraction of node:http's CPU per request (node:http
  * was ~0.24 ms per request in bench/orchestration, a third of the server's per-turn budget; fetch ~0.5 ms), and it
@@ -130,27 +190,38 @@ export class EngineHttp {
   readonly label: string;
   readonly #timeoutMs: number;
   readonly #pool: Pool;
-  /** Base path of `url` (prefixed to every request's path) and its basic-auth header, parsed once. */
-  readonly #base: string;
+  /** Path of `url` without trailing slashes, prefixed to every request's path (a gateway's `/engines/7`). */
+  readonly #basePath: string;
+  /**
+   * The parameters of `url`'s query string as written (`key=abc`), sent with every request after its own (see
+   * {@link requestTarget}).
+   */
+  readonly #baseQuery: readonly string[];
   /**
    * `Basic base64(user:password)` from the URL's userinfo, sent with every request unless the request gives its own
    * authorization header (an explicit key wins over the URL's).
    */
   readonly #authorization: string | undefined;
 
-  /** Throws invalid_argument (field url) for a URL an HTTP engine cannot be reached at (not http(s), not a URL). */
+  /**
+   * Throws invalid_argument (field url) for a URL an HTTP engine cannot be reached at (not a URL, not http(s)) or that
+   * names no engine's base (see {@link engineUrlProblem}).
+   */
   constructor(options: EngineHttpOptions) {
     let parsed: URL;
     try {
-      parsed = new URL(options.url.replace(/\/+$/, ''));
+      parsed = new URL(options.url);
     } catch {
       throw RolloutError.invalid('url', `not a URL: "${withoutCredentials(options.url)}"`);
     }
     if (parsed.protocol !== 'http:' && parsed.protocol !== 'https:') {
       throw RolloutError.invalid('url', `${options.label} engines are reached over http: or https:, not ${parsed.protocol} ("${withoutCredentials(options.url)}")`);
     }
+    const problem = engineUrlProblem(options.url);
+    if (problem !== undefined) throw RolloutError.invalid('url', `${problem} ("${withoutCredentials(options.url)}")`);
     this.url = withoutCredentials(options.url).replace(/\/+$/, '');
-    this.#base = parsed.pathname.replace(/\/+$/, '') + parsed.search;
+    this.#basePath = parsed.pathname.replace(/\/+$/, '');
+    this.#baseQuery = parsed.search.slice(1).split('&').filter((part) => part !== '');
     this.#authorization =
       parsed.username === '' && parsed.password === ''
         ? undefined
@@ -215,7 +286,7 @@ export class EngineHttp {
       // An array of buffers is an iterable body (undici's docs/api/Dispatcher.md: `body` may be an Iterable; its
       // DispatchOptions typing omits it): written in order, with the content-length set above.
       const dispatchBody = payload as Dispatcher.DispatchOptions['body'];
-      this.#pool.dispatch({ origin: undefined, path: `${this.#base}${path}`, method, headers, body: dispatchBody }, exchange);
+      this.#pool.dispatch({ origin: undefined, path: requestTarget(this.#basePath, this.#baseQuery, path), method, headers, body: dispatchBody }, exchange);
     });
   }
 
@@ -298,6 +369,8 @@ class Exchange implements Dispatcher.DispatchHandler {
   #size = 0;
   readonly #chunks: Buffer[] = [];
   #status = 0;
+  /** A busy answer's Retry-After (see HttpAnswer.retryAfterMs). */
+  #retryAfterMs: number | undefined;
   /** Bytes this answer holds of its budget, and its place in the budget's queue while it waits for room. */
   #reserved = 0;
   #ticket: BudgetTicket | undefined;
@@ -320,6 +393,8 @@ class Exchange implements Dispatcher.DispatchHandler {
     readonly reject: (err: unknown) => void,
   ) {
     signal.addEventListener('abort', this.#onAbort, { once: true });
+    // The engine shares the budget from now until this exchange settles (see ResponseBudget's fairness).
+    budget?.enter(http);
     if (timeoutMs > 0) this.#arm(timeoutMs, performance.now(), pausedMs?.() ?? 0);
   }
 
@@ -346,6 +421,7 @@ class Exchange implements Dispatcher.DispatchHandler {
     if (this.#settled || statusCode < 200) return;
     this.#status = statusCode;
     this.#ok = statusCode >= 200 && statusCode < 300;
+    if (statusCode === 429 || statusCode === 503) this.#retryAfterMs = parseRetryAfterMs(headers['retry-after']);
     this.#limit = this.#ok ? this.cap : Math.min(this.cap, MAX_ERROR_BODY_BYTES);
     const declared = headers['content-length'] === undefined ? NaN : Number(headers['content-length']);
     const known = Number.isSafeInteger(declared) && declared >= 0;
@@ -374,7 +450,7 @@ class Exchange implements Dispatcher.DispatchHandler {
       queueMicrotask(() => {
         if (!this.#settled) controller.resume();
       });
-    });
+    }, this.http);
     if (reservation.granted) {
       this.#reserved = bytes;
     } else {
@@ -409,7 +485,7 @@ class Exchange implements Dispatcher.DispatchHandler {
   #finish(): void {
     const text = this.#chunks.length === 1 ? (this.#chunks[0] as Buffer).toString('utf8') : Buffer.concat(this.#chunks, this.#size).toString('utf8');
     this.#settle();
-    this.resolve({ status: this.#status, text });
+    this.resolve({ status: this.#status, text, ...(this.#retryAfterMs !== undefined && { retryAfterMs: this.#retryAfterMs }) });
   }
 
   #tooLarge(seen: number, declared: boolean): void {
@@ -444,8 +520,9 @@ class Exchange implements Dispatcher.DispatchHandler {
     this.#ticket?.cancel();
     this.#ticket = undefined;
     // Its bytes are handed over (text) or dropped: the room goes back to answers waiting for it.
-    if (this.#reserved > 0) this.budget?.release(this.#reserved);
+    if (this.#reserved > 0) this.budget?.release(this.#reserved, this.http);
     this.#reserved = 0;
+    this.budget?.leave(this.http);
     this.#chunks.length = 0;
   }
 }

@@ -1,24 +1,30 @@
 import { RolloutError } from '../errors.js';
 import { CompletionRejected, isRecord, type CompletionExpectation } from './completion.js';
 import { ContextOverflowError, overflowMismatch, type ContextOverflowClaim } from './context-overflow.js';
-import { EngineHttpError } from './engine-http.js';
+import { EngineHttpError, type HttpAnswer } from './engine-http.js';
 import type { GenerateRequest, GenerateResult } from './types.js';
 
 /**
  * A generate request the engine (or a gateway in front of it) refused for now, nothing sampled: HTTP 429 (too many
  * requests) or 503 (service unavailable), what a bounded waiting queue answers when it is full (vLLM's
  * --max-waiting-queue-length proposals, SGLang and gateways such as Envoy). The lease asks again after a backoff
- * (see BackendPoolOptions.maxBusyRetries); a backend_error like any other once those run out.
+ * (see BackendPoolOptions.maxBusyRetries) — no sooner than its Retry-After, when it sent one (`retryAfterMs`, bounded by
+ * BackendPoolOptions.maxRetryAfterMs); a backend_error like any other once those run out.
  */
 export class EngineBusyError extends RolloutError {
-  constructor(message: string, cause: EngineHttpError) {
+  constructor(
+    message: string,
+    cause: EngineHttpError,
+    /** The answer's Retry-After in ms, when it had one (see parseRetryAfterMs). */
+    readonly retryAfterMs?: number,
+  ) {
     super('backend_error', message, { cause });
     this.name = 'EngineBusyError';
   }
 }
 
-/** What reading an answer needs of its request: the prompt's length, max_tokens and the vocabulary bound. */
-export type AnsweredRequest = Pick<GenerateRequest, 'promptIds' | 'maxTokens' | 'vocabSize'>;
+/** What reading an answer needs of its request: the prompt, max_tokens, the vocabulary bound and the id it was sent with. */
+export type AnsweredRequest = Pick<GenerateRequest, 'promptIds' | 'maxTokens' | 'vocabSize' | 'requestId'>;
 
 /** How one engine kind's generate answer is read: its name in messages, its overflow refusal and its answer check. */
 export interface GenerateAnswerKind {
@@ -45,7 +51,7 @@ export interface GenerateAnswerKind {
 export function readGenerateAnswer(
   kind: GenerateAnswerKind,
   url: string,
-  answer: { status: number; text: string },
+  answer: HttpAnswer,
   request: AnsweredRequest,
 ): GenerateResult {
   const { status, text } = answer;
@@ -64,7 +70,10 @@ export function readGenerateAnswer(
         cause,
       );
     }
-    if (status === 429 || status === 503) throw new EngineBusyError(`${kind.engine} ${url} answered HTTP ${status} (busy)`, cause);
+    if (status === 429 || status === 503) {
+      const hint = answer.retryAfterMs === undefined ? '' : `, Retry-After ${Math.ceil(answer.retryAfterMs / 1000)} s`;
+      throw new EngineBusyError(`${kind.engine} ${url} answered HTTP ${status} (busy${hint})`, cause, answer.retryAfterMs);
+    }
     throw new RolloutError('backend_error', `${kind.engine} ${url} answered HTTP ${status}`, { cause });
   }
   const malformed = (what: string, cause?: unknown): RolloutError =>
@@ -80,7 +89,12 @@ export function readGenerateAnswer(
     throw new RolloutError('backend_error', `${kind.engine} ${url} answered HTTP ${status} with an error: ${engineError}`, { cause: new EngineHttpError(status, text) });
   }
   try {
-    return kind.check(json, { maxTokens: request.maxTokens, promptIds: request.promptIds, ...(request.vocabSize !== undefined && { vocabSize: request.vocabSize }) });
+    return kind.check(json, {
+      maxTokens: request.maxTokens,
+      promptIds: request.promptIds,
+      ...(request.vocabSize !== undefined && { vocabSize: request.vocabSize }),
+      ...(request.requestId !== undefined && { requestId: request.requestId }),
+    });
   } catch (err) {
     if (err instanceof CompletionRejected) throw malformed(err.reason);
     throw err;

@@ -1,7 +1,7 @@
 import { RolloutError } from '../errors.js';
 import { EmbeddedEngineClient } from './embedded/embedded-engine.js';
 import { parseEmbeddedUrl } from './embedded/embedded-url.js';
-import { withoutCredentials } from './engine-http.js';
+import { engineUrlProblem, withoutCredentials } from './engine-http.js';
 import { SglangClient } from './sglang-client.js';
 import type { EngineClient, PauseMode } from './types.js';
 import { VllmClient } from './vllm-client.js';
@@ -92,7 +92,10 @@ const KINDS: Readonly<Record<BackendKind, BackendKindEntry>> = {
   },
 };
 
-/** Engines reached over HTTP take http: and https: URLs only (undici cannot connect to anything else). */
+/**
+ * Engines reached over HTTP take http: and https: URLs only (undici cannot connect to anything else), and only a base
+ * URL every request path can be appended to (see {@link engineUrlProblem}: not one ending in /v1, no fragment).
+ */
 function httpUrlProblem(kind: BackendKind, url: string): string | undefined {
   let protocol: string;
   try {
@@ -100,7 +103,8 @@ function httpUrlProblem(kind: BackendKind, url: string): string | undefined {
   } catch {
     return 'not a URL';
   }
-  return protocol === 'http:' || protocol === 'https:' ? undefined : `a ${kind} engine is reached over http: or https:, not ${protocol}`;
+  if (protocol !== 'http:' && protocol !== 'https:') return `a ${kind} engine is reached over http: or https:, not ${protocol}`;
+  return engineUrlProblem(url);
 }
 
 /** The table entry of a kind. */

@@ -84,6 +84,8 @@ export interface LeaseHost {
   /** How many times one `generate` is asked again after its engine answered busy (HTTP 429/503), and the first wait. */
   readonly maxBusyRetries: number;
   readonly busyBackoffMs: number;
+  /** The longest Retry-After of a busy answer that is honoured (longer ones are cut to it). */
+  readonly maxRetryAfterMs: number;
   /** A new backend for a trajectory (counted on it), waiting like `acquire` when none is eligible. */
   assign(signal: AbortSignal | undefined): Promise<BackendState>;
   /**
@@ -157,7 +159,9 @@ export class PoolLease implements BackendLease {
    * `maxFailoversPerRequest`; then backend_error with the last loss as cause. An engine that answers busy (HTTP
    * 429/503: its waiting queue is full, nothing sampled) is asked again after a backoff (doubling from
    * `busyBackoffMs`, at most 8 s), on the same backend unless it has become unusable meanwhile, up to
-   * `maxBusyRetries` times; then backend_error saying so.
+   * `maxBusyRetries` times; then backend_error saying so. A busy answer's Retry-After (at most `maxRetryAfterMs`) is
+   * the least of that wait, and holds every request to that backend until then (BackendState.retryNotBefore): the
+   * engine named when it takes requests again, and each request sent sooner would only spend a retry on another 429.
    */
   async #generate(request: GenerateRequest, turn: number): Promise<LeaseResult> {
     let lost: BackendGone | undefined;
@@ -168,6 +172,12 @@ export class PoolLease implements BackendLease {
       throwIfAborted(request.signal);
       let backend = this.#backend;
       if (!backend.usable) backend = await this.#failover(backend, request.signal, lost);
+      // The engine said when to ask again (a busy answer's Retry-After, to this trajectory or another one).
+      const hold = backend.retryNotBefore - performance.now();
+      if (hold > 0) {
+        await abortableDelay(hold, request.signal);
+        continue;
+      }
       const requestId = request.requestId ?? `${this.#idBase}-${this.#calls++}`;
       this.#inflightRequestId = requestId;
       // The caller sized max_tokens for the engine it knew of; the one serving now may leave less room (after a failover
@@ -184,7 +194,9 @@ export class PoolLease implements BackendLease {
           if (busy >= this.host.maxBusyRetries) {
             throw new RolloutError('backend_error', `request of ${this.trajectoryKey}: the engine was busy ${busy + 1} times in a row (last: ${err.message})`, { cause: err });
           }
-          await abortableDelay(Math.min(this.host.busyBackoffMs * 2 ** busy, MAX_BUSY_BACKOFF_MS), request.signal);
+          const hinted = Math.min(err.retryAfterMs ?? 0, this.host.maxRetryAfterMs);
+          if (hinted > 0) backend.retryNotBefore = Math.max(backend.retryNotBefore, performance.now() + hinted);
+          await abortableDelay(Math.max(Math.min(this.host.busyBackoffMs * 2 ** busy, MAX_BUSY_BACKOFF_MS), hinted), request.signal);
           busy++;
           continue;
         }

@@ -1,6 +1,9 @@
 import type { Logger } from '../observability/logger.js';
 import type { LogprobsMode } from './types.js';
 
+/** Default of BackendPoolOptions.maxRetryAfterMs. */
+export const DEFAULT_MAX_RETRY_AFTER_MS = 60_000;
+
 /** How a BackendPool is tuned and how an engine joins it (the pool's inputs; see BackendPool). */
 
 /** Tuning of a BackendPool; every field has a default suited to a few engines on one cluster. */
@@ -22,6 +25,12 @@ export interface BackendPoolOptions {
    */
   maxBusyRetries?: number;
   busyBackoffMs?: number;
+  /**
+   * The longest Retry-After of a busy answer honoured (default {@link DEFAULT_MAX_RETRY_AFTER_MS}, 60 s): the engine is
+   * asked again no sooner than its Retry-After — by every request to it, not only the one answered — but never later
+   * than this after the answer, so an engine (or gateway) asking for an hour cannot hold its trajectories that long.
+   */
+  maxRetryAfterMs?: number;
   /** Budget of one attempt to learn an engine's limits (GET /v1/models, server info) when it is added or probed. */
   modelInfoTimeoutMs?: number;
   /** The capacity of a backend whose max concurrency is neither configured nor reported by its engine (default 256). */

@@ -12,7 +12,7 @@ import { logprobsMismatch } from './logprobs-mode.js';
 import { enginePausesAtAll, pauseBackends, resumeBackends, resumeEngine, resumeHeld } from './pause-control.js';
 import { LoadHeap, type PickResult } from './picker.js';
 import { DEFAULT_MAX_BUFFERED_RESPONSE_BYTES, ResponseBudget } from './response-budget.js';
-import type { AddBackendOptions, BackendPoolOptions, PoolWeights } from './pool-options.js';
+import { DEFAULT_MAX_RETRY_AFTER_MS, type AddBackendOptions, type BackendPoolOptions, type PoolWeights } from './pool-options.js';
 import type { EngineClient, GenerateRequest, GenerateResult, PauseMode } from './types.js';
 
 export type { AddBackendOptions, BackendPoolOptions, PoolWeights } from './pool-options.js';
@@ -114,6 +114,7 @@ export class BackendPool {
       maxFailoversPerRequest: options.maxFailoversPerRequest ?? 3,
       maxBusyRetries: options.maxBusyRetries ?? 8,
       busyBackoffMs: options.busyBackoffMs ?? 250,
+      maxRetryAfterMs: options.maxRetryAfterMs ?? DEFAULT_MAX_RETRY_AFTER_MS,
       assign: (signal) => this.#assign(signal),
       send: (backend, request, turn) => this.#send(backend, request, this.#queueOrder === 'turns' ? turn : 0),
       leave: (backend, lease) => this.#leave(backend, lease),

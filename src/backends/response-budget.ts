@@ -13,8 +13,15 @@ export interface BudgetTicket {
 
 interface Waiter {
   readonly bytes: number;
+  readonly holder: Holder | undefined;
   readonly grant: () => void;
   done: boolean;
+}
+
+/** One engine's part of the budget: the bytes its answers hold and its requests in flight. */
+interface Holder {
+  held: number;
+  active: number;
 }
 
 /**
@@ -30,11 +37,21 @@ interface Waiter {
  * waiting for anything else; waiters are served in arrival order, so a large answer is not starved by small ones.
  * An answer larger than the whole budget could never fit and fails at once (see {@link tooLargeForBudget}).
  *
+ * Fairness between engines: requests name their engine (`holder`, see {@link enter}), and one engine's answers hold at
+ * most its share of the budget — `maxBytes` over the engines with requests in flight — unless it holds nothing (an
+ * answer larger than the share still goes, alone; what was granted is never taken back, so an engine that took more
+ * while it was alone keeps it until those answers end, and gets no more meanwhile). A stalled engine (headers sent, then a trickle or nothing, each
+ * answer reserving its whole cap until the request times out) so keeps at most its share, and the other engines'
+ * answers are read meanwhile; an answer waiting only for its own engine's share lets those behind it pass. An engine
+ * alone (the others idle) may use the whole budget.
+ *
  * Invariant: `heldBytes <= maxBytes`, and it returns to 0 when every answer has settled.
  */
 export class ResponseBudget {
   #held = 0;
   readonly #queue: Waiter[] = [];
+  /** The engines with requests in flight (see {@link enter}). */
+  readonly #holders = new Map<object, Holder>();
 
   constructor(readonly maxBytes: number) {
     if (!Number.isSafeInteger(maxBytes) || maxBytes < 1) {
@@ -52,18 +69,46 @@ export class ResponseBudget {
     return this.#queue.length;
   }
 
+  /** The most one engine's answers may grow to now: `maxBytes` over the engines with requests in flight (at least one). */
+  get shareBytes(): number {
+    return Math.floor(this.maxBytes / Math.max(1, this.#holders.size));
+  }
+
   /**
-   * Reserves `bytes` (at most {@link maxBytes}): true when granted at once; otherwise false, and `grant` is called
-   * once room is made — unless the returned ticket's `cancel` came first. Whoever was granted must {@link release}
-   * the same number of bytes.
+   * A request of engine `key` (any object naming it: its HTTP client) is in flight: its answers count against that
+   * engine's share from now on, and the engine counts among those sharing the budget until as many {@link leave}s.
    */
-  reserve(bytes: number, grant: () => void): { granted: true } | { granted: false; ticket: BudgetTicket } {
+  enter(key: object): void {
+    const holder = this.#holders.get(key);
+    if (holder !== undefined) holder.active++;
+    else this.#holders.set(key, { held: 0, active: 1 });
+  }
+
+  /** A request {@link enter}ed ended, after its reservation (if any) was released. */
+  leave(key: object): void {
+    const holder = this.#holders.get(key);
+    if (holder === undefined) return;
+    holder.active--;
+    if (holder.active <= 0 && holder.held <= 0) this.#holders.delete(key);
+    // One engine fewer: the others' shares grew.
+    this.#grant();
+  }
+
+  /**
+   * Reserves `bytes` (at most {@link maxBytes}) for an answer of engine `key` (one {@link enter}ed; none: no share
+   * applies): true when granted at once; otherwise false, and `grant` is called once room is made — unless the
+   * returned ticket's `cancel` came first. Whoever was granted must {@link release} the same bytes with the same key.
+   */
+  reserve(bytes: number, grant: () => void, key?: object): { granted: true } | { granted: false; ticket: BudgetTicket } {
     if (bytes > this.maxBytes) throw new RangeError(`a reservation of ${bytes} bytes can never fit a ${this.maxBytes}-byte budget`);
-    if (this.#queue.length === 0 && this.#held + bytes <= this.maxBytes) {
-      this.#held += bytes;
+    const holder = key === undefined ? undefined : this.#holders.get(key);
+    const waiter: Waiter = { bytes, holder, grant, done: false };
+    // Granted now unless an answer ahead waits for room (it goes first); those waiting for their own engine's share
+    // are passed over, as #grant does (every waiter left in the queue waits for one or the other).
+    if (this.#fits(waiter) && this.#queue.every((w) => !this.#fitsShare(w))) {
+      this.#take(waiter);
       return { granted: true };
     }
-    const waiter: Waiter = { bytes, grant, done: false };
     this.#queue.push(waiter);
     return {
       granted: false,
@@ -79,17 +124,51 @@ export class ResponseBudget {
     };
   }
 
-  release(bytes: number): void {
+  release(bytes: number, key?: object): void {
     this.#held -= bytes;
+    const holder = key === undefined ? undefined : this.#holders.get(key);
+    if (holder !== undefined) {
+      holder.held -= bytes;
+      if (holder.active <= 0 && holder.held <= 0) this.#holders.delete(key!);
+    }
     this.#grant();
   }
 
+  #fitsTotal(w: Waiter): boolean {
+    return this.#held + w.bytes <= this.maxBytes;
+  }
+
+  /** Within its engine's share, or its engine holds nothing (an answer larger than the share still goes, alone). */
+  #fitsShare(w: Waiter): boolean {
+    return w.holder === undefined || w.holder.held <= 0 || w.holder.held + w.bytes <= this.shareBytes;
+  }
+
+  #fits(w: Waiter): boolean {
+    return this.#fitsTotal(w) && this.#fitsShare(w);
+  }
+
+  #take(w: Waiter): void {
+    w.done = true;
+    this.#held += w.bytes;
+    if (w.holder !== undefined) w.holder.held += w.bytes;
+  }
+
+  /**
+   * Grants waiters in arrival order: one over its own engine's share is passed over (it waits for that engine's
+   * answers, not for room); one within it that does not fit the room left stops the walk (so a large answer is not
+   * starved by smaller ones behind it).
+   */
   #grant(): void {
-    for (let head = this.#queue[0]; head !== undefined && this.#held + head.bytes <= this.maxBytes; head = this.#queue[0]) {
-      this.#queue.shift();
-      head.done = true;
-      this.#held += head.bytes;
-      head.grant();
+    for (let i = 0; i < this.#queue.length; ) {
+      const w = this.#queue[i]!;
+      if (!this.#fitsShare(w)) {
+        i++;
+        continue;
+      }
+      if (!this.#fitsTotal(w)) return;
+      this.#queue.splice(i, 1);
+      this.#take(w);
+      w.grant();
     }
   }
 }

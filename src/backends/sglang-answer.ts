@@ -1,4 +1,4 @@
-import { checkFinishReason, checkSampledTokens, checkTokenCount, CompletionRejected, isRecord, preview, type CompletionExpectation } from './completion.js';
+import { checkAnswerId, checkFinishReason, checkPromptCount, checkSampledTokens, checkTokenCount, CompletionRejected, isRecord, preview, type CompletionExpectation } from './completion.js';
 import type { GenerateResult } from './types.js';
 
 /**
@@ -24,7 +24,9 @@ export const MAX_SURROUNDING_IDS = 5;
  * decode ids there, which can start with a few of the prompt's tokens (its incremental detokenizing's "surrounding"
  * offset; sgl-project/sglang#10896, #17240). Anything else — ids that are not that suffix, a longer prefix, a prefix
  * that is not the prompt's tail (a logprob list that lost its first entries) — is refused rather than one of the
- * lists trusted; so is a `meta_info.completion_tokens` other than the number of pairs, and no pair at all unless
+ * lists trusted; so is a `meta_info.completion_tokens` other than the number of pairs, an answer meant for another
+ * request (a `meta_info.id` other than the rid sent, see {@link checkAnswerId}; a `meta_info.prompt_tokens` other than
+ * the prompt's length when it brings tokens, see {@link checkPromptCount}), and no pair at all unless
  * the answer is an abort (see {@link checkTokenCount}). A request aborted in SGLang's waiting queue (an abort-mode
  * pause_generation or abort_request before its prefill: "Abort before prefill") answers without either list; that
  * is an abort with no tokens, as the agent loop expects of an abort before the first token. `finish_reason` is an
@@ -36,6 +38,8 @@ export function checkSglangGenerate(json: unknown, expect: CompletionExpectation
   if (!isRecord(json)) throw new CompletionRejected('body is not a JSON object');
   const meta = json.meta_info;
   if (!isRecord(meta)) throw new CompletionRejected('meta_info missing');
+  // Before anything is read from it: an answer meant for another request (its rid) is refused, whatever it holds.
+  checkAnswerId(expect, meta.id, 'meta_info.id', 'rid');
 
   const pairs = meta.output_token_logprobs;
   const finish = meta.finish_reason;
@@ -71,6 +75,7 @@ export function checkSglangGenerate(json: unknown, expect: CompletionExpectation
     if (offset > 0) checkSurrounding(outputIds.slice(0, offset), checked.tokenIds.length, expect);
   }
   checkTokenCount(checked.tokenIds.length, finishReason, expect, meta.completion_tokens, 'meta_info.completion_tokens');
+  checkPromptCount(checked.tokenIds.length, expect, meta.prompt_tokens, 'meta_info.prompt_tokens');
   return { ...checked, finishReason, text };
 }
 

@@ -236,7 +236,7 @@ export class FakeSglangEngine {
         const timer = setTimeout(() => req.socket.destroy(), fault.afterMs);
         return void res.on('close', () => clearTimeout(timer));
       }
-      return sendError(res, fault.status, fault.message ?? 'injected failure');
+      return sendError(res, fault.status, fault.message ?? 'injected failure', fault.headers);
     }
     const sampling = (body.sampling_params ?? {}) as Record<string, unknown>;
     const promptIds = body.input_ids;
@@ -328,6 +328,6 @@ function sendJson(res: ServerResponse, status: number, body: unknown): void {
 }
 
 /** SGLang's _create_error_response shape: `{"error": {"message": ...}}`. */
-function sendError(res: ServerResponse, status: number, message: string): void {
-  sendJson(res, status, { error: { message } });
+function sendError(res: ServerResponse, status: number, message: string, headers: Record<string, string> = {}): void {
+  res.writeHead(status, { ...OK_JSON, ...headers }).end(JSON.stringify({ error: { message } }));
 }

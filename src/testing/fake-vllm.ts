@@ -15,10 +15,11 @@ import type { VllmLogprobsMode } from './vllm-server.js';
  * for...), a 200 answer of `bytes` bytes streamed as the client reads them (generated on the fly, never held in
  * memory; it stops when the client goes away), a 200 answer whose body is `body` as given (not JSON, truncated
  * JSON, JSON of the wrong shape), or a 200 whose headers and first `partial` bytes are sent at once and whose
- * connection is then dropped after `afterMs` (an engine that answers slowly, then dies).
+ * connection is then dropped after `afterMs` (an engine that answers slowly, then dies). A `status` fault's `headers`
+ * are sent with it (e.g. `retry-after` on a 429 or 503).
  */
 export type InjectedFailure =
-  | { kind: 'status'; status: number; message?: string }
+  | { kind: 'status'; status: number; message?: string; headers?: Record<string, string> }
   | { kind: 'drop' }
   | { kind: 'hang' }
   | { kind: 'tamper'; tamper: Tamper }
@@ -282,7 +283,7 @@ export class FakeVllmEngine {
         const timer = setTimeout(() => req.socket.destroy(), fault.afterMs);
         return void res.on('close', () => clearTimeout(timer));
       }
-      return sendError(res, fault.status, 'InternalServerError', fault.message ?? 'injected failure');
+      return sendError(res, fault.status, 'InternalServerError', fault.message ?? 'injected failure', fault.headers);
     }
     const invalid = this.#validate(body);
     if (invalid !== undefined) {
@@ -384,8 +385,8 @@ function completionLogprobs(tokenizer: Tokenizer, ids: readonly number[], logpro
   return { text_offset: textOffset, token_logprobs: logprobs, tokens, top_logprobs: tokens.map((t, i) => ({ [t]: logprobs[i] })) };
 }
 
-function sendError(res: ServerResponse, status: number, type: string, message: string): void {
-  res.writeHead(status, OK_JSON).end(JSON.stringify({ error: { message, type, param: null, code: status } }));
+function sendError(res: ServerResponse, status: number, type: string, message: string, headers: Record<string, string> = {}): void {
+  res.writeHead(status, { ...OK_JSON, ...headers }).end(JSON.stringify({ error: { message, type, param: null, code: status } }));
 }
 
 function nowSeconds(): number {

@@ -32,7 +32,7 @@ const signal = (): AbortSignal => new AbortController().signal;
 const answer = (pairs: unknown[], extra: Record<string, unknown> = {}) => ({
   text: 'x',
   output_ids: pairs.map((p) => (p as unknown[])[1]),
-  meta_info: { id: 'r', finish_reason: { type: 'stop', matched: 151645 }, prompt_tokens: 1, completion_tokens: pairs.length, output_token_logprobs: pairs },
+  meta_info: { id: 'r', finish_reason: { type: 'stop', matched: 151645 }, prompt_tokens: prompt.length, completion_tokens: pairs.length, output_token_logprobs: pairs },
   ...extra,
 });
 
