@@ -13,6 +13,12 @@ const RUN_BYTES = 64 << 10;
 const RUN_MESSAGE_MAX = 16 << 10;
 /** Bytes before each message in a run: its length. */
 const LENGTH_PREFIX = 4;
+/**
+ * Bytes handed to grpc-js whose write has not completed (the HTTP/2 stream has not flushed them: the client's window
+ * is shut) past which the next message waits. grpc-js's own bound is in messages (its writable high-water mark, 16):
+ * 16 full trajectories of 512 KiB were 8 MiB per stalled stream outside any byte count. One message always goes.
+ */
+export const TRANSPORT_BYTES = 1 << 20;
 
 /**
  * Encoded messages back to back in one buffer, each after its 4-byte length: thousands of queued stage events are
@@ -106,6 +112,10 @@ export class StreamWriter<T> {
   /** Small control messages (opened, accepted, rejected) that go ahead of queued trajectories. */
   private readonly urgent: { message: T; bytes: number }[] = [];
   private bytes = 0;
+  /** Bytes handed to grpc-js whose write has not completed (see TRANSPORT_BYTES). */
+  private inTransport = 0;
+  /** The pump's wait for room in the transport, re-checked when a write completes or the writer closes. */
+  private roomCheck: (() => void) | undefined;
   private pumping = false;
   private closed = false;
   private readonly idleWaiters: (() => void)[] = [];
@@ -130,9 +140,17 @@ export class StreamWriter<T> {
     return this.queue.length + this.urgent.length;
   }
 
-  /** Bytes (by `sizeOf`) of the messages queued, not yet handed to the transport. */
+  /**
+   * Bytes (by `sizeOf`) of the messages queued here and of those handed to the transport whose write has not completed
+   * (grpc-js and the HTTP/2 stream hold them until the client's window takes them).
+   */
   get queuedBytes(): number {
-    return this.bytes;
+    return this.bytes + this.inTransport;
+  }
+
+  /** Bytes handed to the transport whose write has not completed. */
+  get transportBytes(): number {
+    return this.inTransport;
   }
 
   send(message: T): void {
@@ -145,7 +163,7 @@ export class StreamWriter<T> {
    * events) that a client which stopped reading may miss rather than grow the server.
    */
   sendDroppable(message: T, limitBytes: number): boolean {
-    if (this.closed || this.bytes > limitBytes) return false;
+    if (this.closed || this.queuedBytes > limitBytes) return false;
     this.enqueue(this.queue, message);
     return true;
   }
@@ -156,7 +174,7 @@ export class StreamWriter<T> {
    * service passes Buffers through ({@link encodedResponsesPassThrough}).
    */
   sendEncodedDroppable(encoded: Uint8Array, limitBytes: number): boolean {
-    if (this.closed || this.bytes > limitBytes) return false;
+    if (this.closed || this.queuedBytes > limitBytes) return false;
     const last = this.queue.at(-1);
     if (!(last instanceof EncodedRun && last.tryAppend(encoded))) {
       const run = new EncodedRun(encoded.length > RUN_MESSAGE_MAX ? LENGTH_PREFIX + encoded.length : RUN_BYTES);
@@ -184,9 +202,9 @@ export class StreamWriter<T> {
     }
   }
 
-  /** Resolves once at most `limitBytes` are queued (or the call closed). */
+  /** Resolves once at most `limitBytes` are queued, here and in the transport (or the call closed). */
   async below(limitBytes: number): Promise<void> {
-    while (!this.closed && this.bytes > limitBytes) {
+    while (!this.closed && this.queuedBytes > limitBytes) {
       await new Promise<void>((resolve) => this.idleWaiters.push(resolve));
     }
   }
@@ -229,6 +247,7 @@ export class StreamWriter<T> {
     this.queue.length = 0;
     this.urgent.length = 0;
     this.bytes = 0;
+    this.roomCheck?.();
     this.wakeIdle();
   }
 
@@ -249,10 +268,13 @@ export class StreamWriter<T> {
     this.pumping = true;
     try {
       while (this.queued > 0 && !this.closed) {
-        const message = this.next();
+        const { message, bytes } = this.next();
         // Handed to grpc-js: it serializes at once and holds the bytes in the HTTP/2 stream's buffer until the
-        // peer's flow-control window takes them; past its high-water mark write() says false and we wait.
-        if (!this.call.write(message)) await this.drained();
+        // peer's flow-control window takes them; the write's callback says when. Past its high-water mark (16
+        // messages) write() says false; past TRANSPORT_BYTES not completed, we wait too.
+        this.inTransport += bytes;
+        const room = this.call.write(message, () => this.written(bytes));
+        if (!room || this.inTransport > TRANSPORT_BYTES) await this.transportRoom(!room);
         this.wakeIdle();
       }
     } finally {
@@ -261,12 +283,19 @@ export class StreamWriter<T> {
     }
   }
 
+  /** A write handed to the transport completed (or failed: the call is ending): its bytes are no longer held. */
+  private written(bytes: number): void {
+    this.inTransport -= bytes;
+    this.roomCheck?.();
+    if (this.idleWaiters.length > 0) this.wakeIdle();
+  }
+
   /** Takes the next message off the queue (urgent first), uncounting its bytes. */
-  private next(): T {
+  private next(): { message: T; bytes: number } {
     if (this.urgent.length > 0) {
       const item = this.urgent.shift()!;
       this.bytes -= item.bytes;
-      return item.message;
+      return item;
     }
     const head = this.queue[0]!;
     if (head instanceof EncodedRun) {
@@ -274,29 +303,44 @@ export class StreamWriter<T> {
       if (head.isEmpty) this.queue.shift();
       this.bytes -= counted;
       // A Buffer where a T is expected: the service's serializer passes it through (encodedResponsesPassThrough).
-      return bytes as unknown as T;
+      return { message: bytes as unknown as T, bytes: counted };
     }
     this.queue.shift();
     this.bytes -= head.bytes;
-    return head.message;
+    return head;
   }
 
-  private drained(): Promise<void> {
+  /**
+   * Resolves once the transport has room: its 'drain' came (when `needDrain`: write() said false) and at most
+   * TRANSPORT_BYTES are held in writes not completed; or the call closed. A wait of stall.ms calls the stall handler.
+   */
+  private transportRoom(needDrain: boolean): Promise<void> {
     return new Promise((resolve) => {
+      let drainPending = needDrain;
       const stall = this.stall;
       const timer = stall === undefined ? undefined : setTimeout(() => {
         if (!this.closed) stall.fn();
       }, stall.ms);
       const done = (): void => {
         clearTimeout(timer);
-        this.call.off('drain', done);
+        this.call.off('drain', onDrain);
         this.call.off('close', done);
         this.call.off('error', done);
+        this.roomCheck = undefined;
         resolve();
       };
-      this.call.on('drain', done);
+      const check = (): void => {
+        if (this.closed || (!drainPending && this.inTransport <= TRANSPORT_BYTES)) done();
+      };
+      const onDrain = (): void => {
+        drainPending = false;
+        check();
+      };
+      this.call.on('drain', onDrain);
       this.call.on('close', done);
       this.call.on('error', done);
+      this.roomCheck = check;
+      check();
     });
   }
 
