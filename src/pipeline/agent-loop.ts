@@ -14,7 +14,7 @@ import type { Logger } from '../observability/logger.js';
 import type { Sandbox } from '../sandboxes/types.js';
 import type { TokenWork } from '../tokens/token-work.js';
 import { toolSchemas } from '../tools/registry.js';
-import { stopAcrossBoundary } from './continuation-stop.js';
+import { abortedTurnEnd, stopAcrossBoundary } from './continuation-stop.js';
 import type { RunResult, Sample } from './sample.js';
 import { segmentSeed } from './seeds.js';
 import { exceedsStaleness, VersionTracker } from './staleness.js';
@@ -55,7 +55,8 @@ export interface AgentLoopDeps {
  * An answer with finish_reason "abort" (its request was aborted, e.g. by PauseGeneration ABORT during a weight
  * update) is not a failure: what it sampled is recorded (mask 1, its logprobs, the version that sampled it) and the
  * same turn is asked again for the rest — context including the partial tokens, max_tokens reduced by them, the
- * segment's own seed (see segmentSeed) — after the pause, since the pool holds the request until resume. The
+ * segment's own seed (see segmentSeed) — after the pause, since the pool holds the request until resume — unless its
+ * tokens already end the turn (a stop token, a stop string: see abortedTurnEnd), which then ends "stop" there. The
  * ledger keeps each segment as its own span and decodes the message from all of them. An abort with no token is
  * simply asked again, with the same seed (a seeded sample does not depend on when a pause hit it). At most
  * `maxContinuationsPerTurn` continuations per turn, and as many aborts before a first token; then backend_error.
@@ -270,8 +271,17 @@ async function sampleTurn(ctx: {
       continue;
     }
     let { tokenIds, logprobs, finishReason } = result;
-    // A continuation: a stop string begun before the abort is no match for the engine (see continuation-stop.ts).
-    const keep = out.tokens > 0 ? stopAcrossBoundary(ledger.messageIds(), tokenIds, sampling.stop, (ids) => deps.tokenizer.decode(ids)) : undefined;
+    const decode = (ids: readonly number[]): string => deps.tokenizer.decode(ids);
+    const earlierIds = out.tokens > 0 ? ledger.messageIds() : [];
+    // Aborted after its turn had ended (a stop token sampled, a stop string completed): the turn ends there, as the
+    // uninterrupted request's would have — continued, it would sample past its end. A continuation: a stop string
+    // begun before the abort is no match for the engine (see continuation-stop.ts).
+    const keep =
+      finishReason === 'abort'
+        ? abortedTurnEnd(earlierIds, tokenIds, sampling.stop, deps.tokenizer.stopTokenIds, decode)
+        : out.tokens > 0
+          ? stopAcrossBoundary(earlierIds, tokenIds, sampling.stop, decode)
+          : undefined;
     if (keep !== undefined) {
       tokenIds = tokenIds.slice(0, keep);
       logprobs = logprobs.slice(0, keep);

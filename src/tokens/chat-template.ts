@@ -25,7 +25,8 @@ export interface JinjaChatTemplateOptions {
  * `add_generation_prompt`, and the special-token strings. `raise_exception` from the template becomes an
  * `invalid_argument` RolloutError, since it means the conversation has a shape the model does not accept.
  *
- * Rendering is pure: the same arguments always give the same string (the ledger relies on this to diff renders).
+ * Rendering is pure: the same arguments always give the same string (the ledger relies on this to diff renders);
+ * `strftime_now()` reports one fixed time per process for that reason ({@link templateClockMs}).
  *
  * A template is a program, run on the event loop for small renders: each render is bounded in time
  * ({@link renderTimeLimitMs}; past it, `internal`, see {@link isRenderOverrun}) and `range()` in size
@@ -235,12 +236,62 @@ Interpreter.prototype.evaluate = function (this: Interpreter, ...args: Parameter
   return evaluate.apply(this, args);
 };
 
-// The globals of a render of ours get a bounded range() (Template.render declares the library's, and a template
-// variable of the same name would be refused as already declared).
+// The globals of a render of ours get a bounded range() and a strftime_now() on the template clock (Template.render
+// declares the library's, and a template variable of the same name would be refused as already declared).
 const set = Environment.prototype.set;
 Environment.prototype.set = function (this: Environment, name: string, value: unknown) {
-  return set.call(this, name, budget !== undefined && name === 'range' && typeof value === 'function' ? boundedRange : value);
+  if (budget !== undefined && typeof value === 'function') {
+    if (name === 'range') value = boundedRange;
+    else if (name === 'strftime_now') value = strftimeNow;
+  }
+  return set.call(this, name, value);
 };
+
+/** See {@link templateClockMs}. */
+let templateClock: number | undefined;
+
+/**
+ * The time a template's `strftime_now()` reports, ms since the epoch: one time per process, the first render's (a
+ * token thread takes the server's, see setTemplateClockMs). Renders must be pure: the ledger diffs renders of one
+ * trajectory (a date that changed between two would shift the text under its tokens), and prompts, skeletons and probes
+ * are cached by their arguments alone (a cache filled on Monday would print Monday on Tuesday while an uncached render
+ * printed Tuesday). So every render of every template prints the date the server started rendering; a server that runs
+ * past midnight keeps it. A template that takes a `date_string` variable (Llama 3.x) can be given one in the config.
+ */
+export function templateClockMs(): number {
+  return (templateClock ??= Date.now());
+}
+
+/** Sets the template clock: a token thread takes the server's (createTokenPool sends it), before its first render. */
+export function setTemplateClockMs(ms: number): void {
+  templateClock = ms;
+}
+
+/** The library's strftime_now (Python's datetime.now().strftime subset it knows), at {@link templateClockMs}. */
+function strftimeNow(format: unknown): string {
+  const date = new Date(templateClockMs());
+  const pad2 = (n: number): string => (n < 10 ? `0${n}` : String(n));
+  return String(format).replace(/%[YmdbBHM%]/gu, (token) => {
+    switch (token) {
+      case '%Y':
+        return String(date.getFullYear());
+      case '%m':
+        return pad2(date.getMonth() + 1);
+      case '%d':
+        return pad2(date.getDate());
+      case '%b':
+        return new Intl.DateTimeFormat(undefined, { month: 'short' }).format(date);
+      case '%B':
+        return new Intl.DateTimeFormat(undefined, { month: 'long' }).format(date);
+      case '%H':
+        return pad2(date.getHours());
+      case '%M':
+        return pad2(date.getMinutes());
+      default:
+        return '%';
+    }
+  });
+}
 
 /** The library's range(), refusing more than MAX_RANGE_ITEMS items and checking the bound as it fills. */
 function boundedRange(start: number, stop?: number, step = 1): number[] {

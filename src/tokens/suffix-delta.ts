@@ -1,7 +1,7 @@
 import { LRUCache } from 'lru-cache';
 import { RolloutError } from '../errors.js';
 import { isRenderOverrun } from './chat-template.js';
-import { environmentDelta, MAX_PROBED_TOOL_LISTS, PROBE_ASSISTANT, probeAssistantClosing, type Delta, type DeltaRequest } from './template-delta.js';
+import { environmentDelta, isUndiffable, MAX_PROBED_TOOL_LISTS, PROBE_ASSISTANT, probeAssistantClosing, type Delta, type DeltaRequest } from './template-delta.js';
 import { contentFlags, LONG_PROBE_CONTENTS, renderWithSkeleton } from './template-skeleton.js';
 import { toolsKey } from './tools-key.js';
 import type { ChatMessage, ChatTemplate, ToolSchema } from './types.js';
@@ -170,6 +170,7 @@ function probe(template: ChatTemplate, tools: readonly ToolSchema[] | undefined)
       full = environmentDelta(template, { ...request, closing });
     } catch (err) {
       if (isRenderOverrun(err)) throw err;
+      if (isUndiffable(err)) return NOT_LOCAL; // no anchor for this shape: as a delta of another method
       continue; // a shape the template refuses: the ledger refuses it too
     }
     // Only the anchor method has a suffix form; a template that needs another one always renders in full.

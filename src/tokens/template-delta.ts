@@ -19,7 +19,10 @@ export const PROBE_ASSISTANT = '\u{FFFFC}probe-assistant-3f9a\u{FFFFC}';
  *   differently when it is last, or rewrites earlier turns (as Qwen3 does with its <think> blocks).
  * - `prefix`: the template rewrites the content itself (the marker is not found), but render(history) is a prefix
  *   of render(history + new messages): the delta is the difference.
- * - `isolated`: neither worked; only the new messages are rendered, on their own, without tools.
+ * - `isolated`: neither worked; only the new messages are rendered, on their own, without tools — kept only when the
+ *   whole render ends with the probed closing and that text (a render on its own may open with <bos> or a default
+ *   system block); otherwise environmentDelta refuses (`failed_precondition`) rather than append tokens no render of
+ *   the conversation holds.
  */
 export type DeltaMethod = 'prefix' | 'anchor' | 'isolated';
 
@@ -95,20 +98,61 @@ export function environmentDelta(template: ChatTemplate, request: DeltaRequest):
   const full = template.render([...history, ...added], withTools({ addGenerationPrompt: true }, tools));
   // Anchor first: it is Qwen3's normal path (see DeltaMethod) and, checked against `full`, as exact as the prefix
   // diff; trying it first saves one whole-conversation render per environment turn on such templates.
-  const anchored = [...history.slice(0, -1), { ...last, content: PROBE_ASSISTANT }, ...added];
+  const anchor = anchorFor([...history, ...added]);
+  const anchored = [...history.slice(0, -1), { ...last, content: anchor }, ...added];
   const marked = template.render(anchored, withTools({ addGenerationPrompt: true }, tools));
-  const at = marked.lastIndexOf(PROBE_ASSISTANT);
+  const at = marked.lastIndexOf(anchor);
   // Unique, or the anchor could be a copy in content (callers pass escaped contents, which cannot hold one).
-  if (at >= 0 && marked.indexOf(PROBE_ASSISTANT) === at) {
-    const tail = marked.slice(at + PROBE_ASSISTANT.length);
+  if (at >= 0 && marked.indexOf(anchor) === at) {
+    const tail = marked.slice(at + anchor.length);
     if (full.endsWith(tail)) return { text: tail, method: 'anchor' };
   }
   const base = template.render(history, withTools({ addGenerationPrompt: false }, tools));
   if (full.startsWith(base) && base.endsWith(closing)) {
     return { text: closing + full.slice(base.length), method: 'prefix' };
   }
+  // Last resort, checked against the whole render: the new messages rendered on their own are a conversation's opening
+  // (<bos>, a default system block: Gemma, Llama 3.x), which mid-trajectory would be tokens no uninterrupted render
+  // holds. Kept only when the whole render ends with exactly the (probed, non-empty) closing and them — the tail of the
+  // whole render after the assistant content, then; otherwise refused (no shipped family gets here:
+  // test/tokens/review-s36-isolated-delta.test.ts).
   const alone = template.render(added, { addGenerationPrompt: true });
-  return { text: closing + alone, method: 'isolated' };
+  if (closing !== '' && full.endsWith(closing + alone)) return { text: closing + alone, method: 'isolated' };
+  const message =
+    'the chat template cannot be diffed between turns: neither the assistant content (anchor) nor the conversation before the new messages (prefix) can be found in its render, and the new messages rendered alone are not how the whole render ends';
+  throw new RolloutError('failed_precondition', message, { cause: new UndiffableTemplate(message) });
+}
+
+/**
+ * The anchor marker for a conversation: PROBE_ASSISTANT, unless a content holds it — environment contents are escaped
+ * and cannot, but earlier assistant contents are the policy's text as sampled, and a model that wrote the marker
+ * would make every later anchor ambiguous (a fallback, or a refusal, chosen by the policy). Then the marker is written
+ * with a private-use character no content holds (one pass over the contents, whatever they hold).
+ */
+function anchorFor(messages: readonly ChatMessage[]): string {
+  if (!messages.some((m) => m.content.includes(PROBE_ASSISTANT))) return PROBE_ASSISTANT;
+  const used = new Set<number>();
+  for (const m of messages) {
+    for (const ch of m.content) {
+      const c = ch.codePointAt(0)!;
+      if (c >= 0xf0000) used.add(c);
+    }
+  }
+  let c = 0xf0000;
+  while (used.has(c) && c < 0x10fffd) c++;
+  const mark = String.fromCodePoint(c);
+  return `${mark}probe-assistant-3f9a${mark}`;
+}
+
+/** Why environmentDelta refused: no way to find the text between turns that the whole render vouches for. */
+class UndiffableTemplate extends Error {}
+
+/**
+ * Whether `err` is environmentDelta's refusal of a conversation it cannot diff (not a shape the template refuses):
+ * suffix-delta.ts's probe then calls the template not local, as it did when such a delta came back `isolated`.
+ */
+export function isUndiffable(err: unknown): boolean {
+  return err instanceof RolloutError && err.cause instanceof UndiffableTemplate;
 }
 
 function withTools(

@@ -11,6 +11,7 @@ import type { ModelFileContents } from './model-files.js';
 import { TokenPool } from './token-pool.js';
 import { environmentIds, promptIds, taskChars, unpackIds, type EnvironmentTask, type TokenTask, type TokenTaskResult } from './token-tasks.js';
 import { rememberSuffixLocality } from './suffix-delta.js';
+import { templateClockMs } from './chat-template.js';
 import { loadedModelContents, qwen3ModelDir } from './tokenizer.js';
 import { toolsKey } from './tools-key.js';
 import type { ChatMessage, ChatTemplate, Tokenizer, ToolSchema } from './types.js';
@@ -249,13 +250,20 @@ export function createTokenPool(
   const { dir = qwen3ModelDir(), templateVariables, toolCallParser } = model;
   const contents = loadedModelContents(dir);
   if (contents === undefined) throw new RolloutError('failed_precondition', `token threads for ${dir}: load the model (loadModelBundle) before starting its threads`);
-  const workerData: TokenThreadModel = { contents, ...(templateVariables !== undefined && { templateVariables }), ...(toolCallParser !== undefined && { toolCallParser }) };
+  const workerData: TokenThreadModel = {
+    contents,
+    templateClockMs: templateClockMs(),
+    ...(templateVariables !== undefined && { templateVariables }),
+    ...(toolCallParser !== undefined && { toolCallParser }),
+  };
   return new TokenPool<TokenTask, TokenTaskResult>({ script: TOKEN_WORKER_ENTRY, workerData, ...options });
 }
 
 /** What a token thread gets as `workerData` (structured clone): the model files the server read, and how it built its bundle. */
 export interface TokenThreadModel extends Omit<ModelBundleOptions, 'dir'> {
   contents: ModelFileContents;
+  /** The server's template clock (chat-template.ts templateClockMs): the thread's renders print the server's date. */
+  templateClockMs?: number;
 }
 
 const TOKEN_WORKER_ENTRY = new URL('./token-worker-entry.mjs', import.meta.url);

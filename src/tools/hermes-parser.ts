@@ -1,4 +1,4 @@
-import { afterReasoning, isPlainObject, parseArguments, parseTaggedCalls, pythonJson, shortReason, describeJson as describe } from './call-json.js';
+import { afterReasoning, isPlainObject, parseArguments, parseModelJson, parseTaggedCalls, pythonJson, describeJson as describe } from './call-json.js';
 import type { ParsedToolCalls, ToolCall, ToolCallParser } from './types.js';
 
 const OPEN = '<tool_call>';
@@ -34,12 +34,9 @@ export class HermesToolCallParser implements ToolCallParser {
 function parseCallBody(raw: string): ToolCall | string {
   const body = raw.trim();
   if (body === '') return `empty ${OPEN}; ${EXPECTED}`;
-  let value: unknown;
-  try {
-    value = JSON.parse(body);
-  } catch (err) {
-    return `invalid JSON (${shortReason(err)}); ${EXPECTED}, with double-quoted keys and strings and no trailing text`;
-  }
+  const parsed = parseModelJson(body);
+  if ('error' in parsed) return parsed.tooDeep ? `JSON ${parsed.error}; ${EXPECTED}` : `invalid JSON (${parsed.error}); ${EXPECTED}, with double-quoted keys and strings and no trailing text`;
+  const value = parsed.value;
   if (!isPlainObject(value)) return `expected one JSON object, got ${describe(value)}; ${EXPECTED}`;
   const name = value.name;
   if (typeof name !== 'string' || name.trim() === '') return `missing "name" (the tool name as a string); ${EXPECTED}`;

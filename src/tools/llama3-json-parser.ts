@@ -1,4 +1,4 @@
-import { afterReasoning, describeJson, isPlainObject, jsonValueEnd, parseArguments, pythonJson, shortReason } from './call-json.js';
+import { afterReasoning, describeJson, isPlainObject, jsonValueEnd, parseArguments, parseModelJson, pythonJson } from './call-json.js';
 import type { ParsedToolCalls, ToolCall, ToolCallParser } from './types.js';
 
 const PYTHON_TAG = '<|python_tag|>';
@@ -58,12 +58,9 @@ function skipSeparators(text: string, from: number): number {
 }
 
 function parseCall(raw: string): ToolCall | string {
-  let value: unknown;
-  try {
-    value = JSON.parse(raw);
-  } catch (err) {
-    return `invalid JSON (${shortReason(err)}); ${EXPECTED}, with double-quoted keys and strings`;
-  }
+  const parsed = parseModelJson(raw);
+  if ('error' in parsed) return parsed.tooDeep ? `JSON ${parsed.error}; ${EXPECTED}` : `invalid JSON (${parsed.error}); ${EXPECTED}, with double-quoted keys and strings`;
+  const value = parsed.value;
   if (!isPlainObject(value)) return `expected one JSON object, got ${describeJson(value)}; ${EXPECTED}`;
   const name = value.name;
   if (typeof name !== 'string' || name.trim() === '') return `missing "name" (the tool name as a string); ${EXPECTED}`;

@@ -298,12 +298,30 @@ describe('engines leaving under load', () => {
   });
 });
 
+/**
+ * Makes an answer an abort cut after its first token: finish "abort", one token kept (never the turn's last, which
+ * would end the turn: an abort whose tokens end the turn ends it, as an uninterrupted request would —
+ * review-s36-abort-after-stop). The fake engine answers each continuation with the rest of its answer, so every
+ * request of the turn is aborted one token further in.
+ */
+function abortAfterOneToken(choice: Record<string, unknown>, answer: Record<string, unknown>): void {
+  choice.finish_reason = 'abort';
+  // The ids as the client asks for them: token_ids when return_token_ids, else logprobs.tokens as "token_id:<id>".
+  const lp = choice.logprobs as { text_offset: number[]; token_logprobs: number[]; tokens: string[]; top_logprobs: unknown[] };
+  const ids = (choice.token_ids as number[] | null) ?? lp.tokens.map((t) => Number(t.replace(/^token_id:/, '')));
+  if (ids.length < 2) return;
+  if (choice.token_ids !== null) choice.token_ids = ids.slice(0, 1);
+  choice.logprobs = { text_offset: lp.text_offset.slice(0, 1), token_logprobs: lp.token_logprobs.slice(0, 1), tokens: lp.tokens.slice(0, 1), top_logprobs: lp.top_logprobs.slice(0, 1) };
+  const usage = answer.usage as { prompt_tokens: number; completion_tokens: number; total_tokens: number };
+  answer.usage = { ...usage, completion_tokens: 1, total_tokens: usage.prompt_tokens + 1 };
+}
+
 describe('an engine that aborts every request', () => {
   let h: ServerHarness;
   beforeAll(async () => {
     h = await startServerHarness({
       config: { maxContinuationsPerTurn: 3 },
-      engine: { inject: () => ({ kind: 'tamper', tamper: (choice) => (choice.finish_reason = 'abort') }) },
+      engine: { inject: () => ({ kind: 'tamper', tamper: abortAfterOneToken }) },
     });
   });
   afterAll(async () => h?.close());

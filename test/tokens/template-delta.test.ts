@@ -57,7 +57,7 @@ describe('environmentDelta', () => {
     });
   });
 
-  it('renders the new messages alone, as a last resort, when even the text after the content changes', () => {
+  it('refuses, as a last resort, when even the text after the content changes and the messages alone are not the render\u2019s tail', () => {
     const chars = (ms: readonly ChatMessage[]): number => ms.reduce((n, m) => n + m.content.length, 0);
     const rewriting: ChatTemplate = {
       render: (messages, { addGenerationPrompt }) =>
@@ -65,8 +65,11 @@ describe('environmentDelta', () => {
         messages.map((m) => `<${m.role}>${m.content}</${m.role}>`).join('') +
         (addGenerationPrompt ? `<assistant after=${chars(messages)}>` : ''),
     };
-    const delta = environmentDelta(rewriting, { history, added: toolReply, tools: undefined, closing: '</assistant>' });
-    expect(delta).toEqual({ text: '</assistant>#1\n<tool>R</tool><assistant after=1>', method: 'isolated' });
+    // Rendered alone, the reply was '#1\n<tool>R</tool><assistant after=1>': a header and a count no render of the
+    // conversation holds (it ends '<tool>R</tool><assistant after=N>' for the whole conversation's N). Review s36 item 5.
+    expect(() => environmentDelta(rewriting, { history, added: toolReply, tools: undefined, closing: '</assistant>' })).toThrow(
+      expect.objectContaining({ code: 'failed_precondition' }),
+    );
   });
 
   it('refuses environment messages that do not follow an assistant turn', () => {
