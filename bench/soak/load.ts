@@ -419,7 +419,8 @@ export class SessionWorker {
 
   /** Opens (or resumes) the session; undefined when the server is not reachable. */
   private async attach(client: RolloutClient, resume: boolean): Promise<RolloutSession | undefined> {
-    let session = client.openSession({ sessionId: this.id, resume, highWater: 4096, autoAck: false });
+    // Refusals come back at once: the soak counts them and refills (see send).
+    let session = client.openSession({ sessionId: this.id, resume, highWater: 4096, autoAck: false, retryRejectedForMs: 0 });
     try {
       const opened = await session.opened;
       if (resume) this.load.reconnects.push({ session: this.index, resumed: true, redelivered: opened.redelivered, pending: opened.pending });
@@ -428,7 +429,7 @@ export class SessionWorker {
       // The restarted server does not know the session: what it had accepted for us is gone unless it says so.
       this.load.reconnects.push({ session: this.index, resumed: false, redelivered: 0, pending: 0, refused: (err as Error).message });
       await this.settleAcceptedAfterRestart(client);
-      session = client.openSession({ sessionId: this.id, highWater: 4096, autoAck: false });
+      session = client.openSession({ sessionId: this.id, highWater: 4096, autoAck: false, retryRejectedForMs: 0 });
       try {
         await session.opened;
       } catch {

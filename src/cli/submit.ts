@@ -142,7 +142,8 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
     await retriedOutput?.close(false);
     throw err;
   }
-  const session = client.openSession({ sessionId: `submit-${randomUUID()}` });
+  // Refusals come back at once: submit retries them itself, as a whole group, for --retry-refused-for.
+  const session = client.openSession({ sessionId: `submit-${randomUUID()}`, retryRejectedForMs: 0 });
   const slots = new Slots(opts.concurrency);
 
   const counts = new Map<string, number>();

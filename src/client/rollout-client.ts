@@ -19,6 +19,7 @@ import { tokenProblem } from '../bearer-token.js';
 import { hasLoneSurrogate } from '../errors.js';
 import { AsyncQueue } from './async-queue.js';
 import { DEFAULT_MAX_ACK_ENTRIES, maxAckEntriesOf } from './ack-limit.js';
+import { RetrySchedule, retryBudgetOf } from './refusal-retry.js';
 import { MAX_TIMER_MS } from '../timers.js';
 
 /** A task spec as a caller writes it: only task_id, environment, instance and num_samples are needed. */
@@ -62,6 +63,48 @@ export interface SessionOptions {
    * reach the server.
    */
   autoAck?: boolean;
+  /**
+   * How long (ms) a task the server refuses for now ({@link TaskRejectedError.retryable}: RESOURCE_EXHAUSTED - the
+   * session's delivery is paused, the journal is full - or UNAVAILABLE - starting, draining, an outage) is submitted
+   * again on this stream, with backoff (50 ms doubling to 2 s), before `submit()` rejects with the refusal. Default
+   * 60 000, the Python client's `retry_rejected_for` (60 s); 0: a refusal rejects at once. A permanent refusal
+   * (INVALID_ARGUMENT and the rest) rejects at once whatever this says. The task never runs twice: the spec is sent
+   * again only after the server refused it (it did not run), `cancel()` ends the wait (the submit rejects with the
+   * refusal), and a stream that ends meanwhile (`abort()`, a drain, a broken connection, a loop left early) rejects
+   * the waiting submit with its refusal (or with the stream's error when the spec was on its way again, as any submit
+   * awaiting its answer), so the caller may submit it on another session (the same task id: the server answers a task
+   * it already took as owed, not run again). A session is one stream: a refusal while the server drains ends as the
+   * drained server ends the stream. `close()` does not end the wait: a submit made before it still completes.
+   *
+   * Paused delivery: with `autoAck`, a submit refused because delivery is paused (the session's unacked trajectories
+   * reached the server's `sessions.maxUnackedBytes`) has the client ack every trajectory it has received and not
+   * acked yet (queued, not consumed), and those that arrive while the submit waits, before they are consumed: the
+   * caller awaits submit() and cannot consume what keeps the pause (a batch submitted before it is read), so without
+   * this it would wait out the whole budget. As in the Python client ("consumed" mode): counted in
+   * `stats.ackedEarly`; those trajectories are lost if the process dies before they are consumed (a resumed session
+   * does not get them again), and they wait in this session's queue until consumed: what bounds that queue is then
+   * what the caller submitted without reading (this client has no Python `max_in_flight`). Keep maxUnackedBytes above
+   * what a batch holds and nothing is acked early. With
+   * `autoAck: false` (the Python "manual" mode) nothing is acked early: the submit waits for the caller's `ack()`.
+   */
+  retryRejectedForMs?: number;
+}
+
+/** One submit until the server answers it, or until a retry after a temporary refusal is due. */
+interface Submission {
+  readonly taskId: string;
+  readonly bytes: Uint8Array;
+  readonly resolve: (a: TaskAccepted) => void;
+  readonly reject: (e: Error) => void;
+  /** Made on its first temporary refusal. */
+  schedule?: RetrySchedule;
+  /** The last temporary refusal: what the submit rejects with if it is not sent again. */
+  refusal?: TaskRejectedError;
+  timer?: NodeJS.Timeout;
+  /** cancel() named its task: a later refusal is final. */
+  cancelled: boolean;
+  /** Refused because delivery to the session was paused (see retryRejectedForMs): counted in `waitingOnPause`. */
+  refusedByPause: boolean;
 }
 
 /**
@@ -108,7 +151,22 @@ export class RolloutSession {
   private ackSoon: NodeJS.Immediate | undefined;
   /** Why the stream ended, once it has: a submit after that fails at once with it. */
   private endedWith: Error | undefined;
-  private readonly pending = new Map<string, { resolve: (a: TaskAccepted) => void; reject: (e: Error) => void }[]>();
+  /** Submits sent and not answered yet, per task id in the order they were sent (the order of their answers). */
+  private readonly pending = new Map<string, Submission[]>();
+  /** Submits refused for now, waiting for their retry (see {@link SessionOptions.retryRejectedForMs}). */
+  private readonly retrying = new Set<Submission>();
+  private readonly retryRejectedForMs: number;
+  /** The server holds delivery to this session for acks (its last DeliveryPaused notice was not `resumed`). */
+  private deliveryHeld = false;
+  /** Submits refused because delivery was paused and not settled yet: while any waits, arrivals are acked early. */
+  private waitingOnPause = 0;
+  /** With autoAck: trajectories received and not acked yet (queued, being consumed), by refKey. */
+  private readonly heldHere = new Map<string, { taskId: string; sampleIndex: number }>();
+  /**
+   * `rejectionsRetried`: temporary refusals submitted again; `ackedEarly`: trajectories acked before they were consumed
+   * because a submit waited on paused delivery (see {@link SessionOptions.retryRejectedForMs}).
+   */
+  readonly stats = { rejectionsRetried: 0, ackedEarly: 0 };
   /**
    * The server paused delivery (this session's unacked trajectories reached its byte bound; ack to resume) or
    * resumed it (`resumed`). Nothing is dropped meanwhile.
@@ -120,6 +178,8 @@ export class RolloutSession {
   constructor(client: RolloutServiceClient, options: SessionOptions = {}) {
     // The generated rollout() would encode each request again; submit() has encoded its task already (to refuse an
     // unencodable one alone), so the stream takes those bytes as they are.
+    // Checked before the call is opened: a session refused here leaves no stream behind.
+    this.retryRejectedForMs = retryBudgetOf(options.retryRejectedForMs);
     const method = RolloutServiceService.rollout;
     this.call = client.makeBidiStreamRequest(method.path, encodeRequest, method.responseDeserialize);
     this.autoAck = options.autoAck ?? true;
@@ -162,21 +222,33 @@ export class RolloutSession {
           this.settle(kind.value.taskId, (p) => p.resolve(kind.value));
           this.maybeHalfClose();
           break;
-        case 'rejected':
-          this.settle(kind.value.taskId, (p) => p.reject(new TaskRejectedError(kind.value.taskId, kind.value.field, kind.value.reason, kind.value.code)));
+        case 'rejected': {
+          const refusal = new TaskRejectedError(kind.value.taskId, kind.value.field, kind.value.reason, kind.value.code);
+          this.settle(kind.value.taskId, (p) => p.reject(refusal), (p) => this.retryLater(p, refusal));
           this.maybeHalfClose();
           break;
+        }
         case 'stage':
           this.onStage?.(kind.value);
           break;
         case 'deliveryPaused':
+          this.deliveryHeld = !kind.value.resumed;
+          // A submit waits on the pause (refused, to be sent again): what keeps it must be acked (retryRejectedForMs).
+          if (this.deliveryHeld && this.waitingOnPause > 0) this.ackEarly();
           this.onDeliveryPaused?.(kind.value);
           break;
-        case 'trajectory':
+        case 'trajectory': {
           this.count(kind.value);
-          if (!this.autoAck) this.unacked.add(refKey(kind.value.taskId, kind.value.sampleIndex));
+          const ref = { taskId: kind.value.taskId, sampleIndex: kind.value.sampleIndex };
+          if (!this.autoAck) this.unacked.add(refKey(ref.taskId, ref.sampleIndex));
+          else if (this.deliveryHeld && this.waitingOnPause > 0) {
+            // Released while a submit waits on the pause (the server sends held ones one ack at a time): acked now.
+            this.stats.ackedEarly++;
+            this.ack([ref]);
+          } else this.heldHere.set(refKey(ref.taskId, ref.sampleIndex), ref);
           this.queue.push(kind.value);
           break;
+        }
       }
     });
     const fail = (err: ServiceError | Error): void => {
@@ -185,6 +257,7 @@ export class RolloutSession {
       failed(err);
       for (const waiters of this.pending.values()) for (const w of waiters) w.reject(err);
       this.pending.clear();
+      this.endRetries();
       this.queue.end(err);
     };
     this.call.on('error', fail);
@@ -194,6 +267,8 @@ export class RolloutSession {
       this.endedWith ??= err;
       failed(err);
       for (const waiters of this.pending.values()) for (const w of waiters) w.reject(err);
+      this.pending.clear();
+      this.endRetries();
       this.queue.end();
     });
     this.call.write({
@@ -202,9 +277,11 @@ export class RolloutSession {
   }
 
   /**
-   * Queues a task; resolves when the server accepts it, rejects with TaskRejectedError naming the field. A spec
-   * that cannot be encoded (e.g. a bigint in `instance`) is rejected here, alone (field `instance`): written to the
-   * stream, it would make grpc-js cancel the whole call. After the stream ended, or after `close()`, rejects at once.
+   * Queues a task; resolves when the server accepts it, rejects with TaskRejectedError naming the field. A temporary
+   * refusal (`retryable`) is submitted again for up to `retryRejectedForMs` (see {@link SessionOptions}) before it
+   * rejects. A spec that cannot be encoded (e.g. a bigint in `instance`) is rejected here, alone (field `instance`):
+   * written to the stream, it would make grpc-js cancel the whole call. After the stream ended, or after `close()`,
+   * rejects at once.
    */
   submit(task: TaskInput): Promise<TaskAccepted> {
     if (this.ended) return Promise.reject(new Error(`rollout stream ended: ${this.endedWith?.message ?? 'closed'}`));
@@ -221,17 +298,22 @@ export class RolloutSession {
     } catch (err) {
       return Promise.reject(new TaskRejectedError(task.taskId, 'instance', `the spec cannot be encoded: ${err instanceof Error ? err.message : String(err)}`, status.INVALID_ARGUMENT));
     }
-    return new Promise((resolve, reject) => {
-      const list = this.pending.get(task.taskId) ?? [];
-      list.push({ resolve, reject });
-      this.pending.set(task.taskId, list);
-      this.flow();
-      this.call.write(bytes);
-    });
+    return new Promise((resolve, reject) => this.send({ taskId: task.taskId, bytes, resolve, reject, cancelled: false, refusedByPause: false }));
   }
 
+  /**
+   * Cancels a task: its unfinished samples end with status CANCELLED (and still arrive). A submit of it waiting to be
+   * sent again after a temporary refusal is not: it rejects at once with that refusal (the task never ran).
+   */
   cancel(taskId: string): void {
-    this.call.write({ kind: { $case: 'cancel', value: { taskId } } });
+    for (const s of this.pending.get(taskId) ?? []) s.cancelled = true; // refused later: not sent again
+    for (const s of [...this.retrying]) {
+      if (s.taskId !== taskId) continue;
+      this.dropRetry(s);
+      s.reject(s.refusal!);
+    }
+    if (!this.ended && !this.halfClosed) this.call.write({ kind: { $case: 'cancel', value: { taskId } } });
+    this.maybeHalfClose();
   }
 
   /**
@@ -242,8 +324,12 @@ export class RolloutSession {
     if (this.halfClosed || this.ended) return;
     const step = this.maxAckEntries;
     for (let i = 0; i < taskIds.length; i += step) this.call.write({ kind: { $case: 'ack', value: { taskIds: taskIds.slice(i, i + step), trajectories: [] } } });
-    if (this.autoAck) return;
     const tasks = new Set(taskIds);
+    if (this.autoAck) {
+      // Acked: neither acked early again nor when consumed.
+      for (const [key, ref] of this.heldHere) if (tasks.has(ref.taskId)) this.heldHere.delete(key);
+      return;
+    }
     for (const key of this.unacked) if (tasks.has(key.slice(key.indexOf('\u0000') + 1))) this.unacked.delete(key);
     this.maybeHalfClose();
   }
@@ -253,7 +339,10 @@ export class RolloutSession {
     if (this.halfClosed || this.ended) return;
     const step = this.maxAckEntries;
     for (let i = 0; i < refs.length; i += step) this.call.write({ kind: { $case: 'ack', value: { taskIds: [], trajectories: refs.slice(i, i + step) } } });
-    if (this.autoAck) return;
+    if (this.autoAck) {
+      for (const r of refs) this.heldHere.delete(refKey(r.taskId, r.sampleIndex));
+      return;
+    }
     for (const r of refs) this.unacked.delete(refKey(r.taskId, r.sampleIndex));
     this.maybeHalfClose();
   }
@@ -270,6 +359,7 @@ export class RolloutSession {
   /** Drops the stream at once (the session stays resumable on the server for a while). */
   abort(): void {
     this.ended = true;
+    this.endRetries();
     cancelCall(this.call);
   }
 
@@ -295,6 +385,7 @@ export class RolloutSession {
       this.flushConsumedAcks(); // those the loop came back past: written before the call is cancelled
       if (!finished && !this.ended) {
         this.ended = true;
+        this.endRetries();
         cancelCall(this.call);
       }
     }
@@ -311,13 +402,84 @@ export class RolloutSession {
     if (this.ackSoon) clearImmediate(this.ackSoon);
     this.ackSoon = undefined;
     if (this.consumedRefs.length === 0) return;
-    const refs = this.consumedRefs;
+    // Not those acked early meanwhile (retryRejectedForMs): acked once.
+    const refs = this.consumedRefs.filter((r) => this.heldHere.has(refKey(r.taskId, r.sampleIndex)));
     this.consumedRefs = [];
+    if (refs.length > 0) this.ack(refs);
+  }
+
+  /** Writes a submit's spec and waits for its answer (again, after a temporary refusal). */
+  private send(s: Submission): void {
+    const list = this.pending.get(s.taskId) ?? [];
+    list.push(s);
+    this.pending.set(s.taskId, list);
+    this.flow();
+    this.call.write(s.bytes);
+  }
+
+  /**
+   * A submit refused for now: scheduled to be sent again after its backoff, true; false when it is not (the refusal
+   * is permanent, the budget is spent, the task was cancelled, the stream ended): it then rejects with the refusal.
+   */
+  private retryLater(s: Submission, refusal: TaskRejectedError): boolean {
+    if (!refusal.retryable || s.cancelled || this.ended || this.retryRejectedForMs === 0) return false;
+    s.schedule ??= new RetrySchedule(this.retryRejectedForMs);
+    const delay = s.schedule.next();
+    if (delay === undefined) return false;
+    s.refusal = refusal;
+    const byPause = refusal.code === status.RESOURCE_EXHAUSTED && this.deliveryHeld;
+    if (byPause !== s.refusedByPause) this.waitingOnPause += byPause ? 1 : -1;
+    s.refusedByPause = byPause;
+    // The caller is inside submit() and cannot consume what keeps the pause: acked now (see retryRejectedForMs).
+    if (byPause) this.ackEarly();
+    this.stats.rejectionsRetried++;
+    this.retrying.add(s);
+    s.timer = setTimeout(() => {
+      s.timer = undefined;
+      this.retrying.delete(s);
+      if (this.ended) {
+        // Left (a loop that broke off cancels the call a macrotask later): never sent into a stream going away.
+        this.leavePauseWait(s);
+        s.reject(refusal);
+        return;
+      }
+      this.send(s);
+    }, delay);
+    return true;
+  }
+
+  /** With autoAck, acks every trajectory received and not acked yet (a submit waits on paused delivery). */
+  private ackEarly(): void {
+    if (!this.autoAck || this.heldHere.size === 0) return;
+    const refs = [...this.heldHere.values()];
+    this.stats.ackedEarly += refs.length;
     this.ack(refs);
   }
 
+  /** A submit leaves the retry wait without being sent again (cancelled, the stream ended). */
+  private dropRetry(s: Submission): void {
+    clearTimeout(s.timer);
+    s.timer = undefined;
+    this.retrying.delete(s);
+    this.leavePauseWait(s);
+  }
+
+  private leavePauseWait(s: Submission): void {
+    if (!s.refusedByPause) return;
+    s.refusedByPause = false;
+    this.waitingOnPause--;
+  }
+
+  /** The stream ended: submits waiting for a retry reject with their refusal (they never ran; submit them elsewhere). */
+  private endRetries(): void {
+    for (const s of [...this.retrying]) {
+      this.dropRetry(s);
+      s.reject(s.refusal!);
+    }
+  }
+
   private maybeHalfClose(): void {
-    if (!this.closing || !this.isOpen || this.halfClosed || this.ended || this.pending.size > 0) return;
+    if (!this.closing || !this.isOpen || this.halfClosed || this.ended || this.pending.size > 0 || this.retrying.size > 0) return;
     // Checked after every trajectory consumed: kept O(1) with running counts.
     const expected = this.inherited + this.expected;
     if (this.received < expected || this.consumed < this.received) return;
@@ -345,10 +507,13 @@ export class RolloutSession {
     if (task.got.size >= task.numSamples) this.openTasks.delete(t.taskId);
   }
 
-  private settle(taskId: string, fn: (p: { resolve: (a: TaskAccepted) => void; reject: (e: Error) => void }) => void): void {
+  /** Answers the first submit of `taskId` still waiting for an answer, unless `retried` takes it back (a refusal for now). */
+  private settle(taskId: string, fn: (p: Submission) => void, retried?: (p: Submission) => boolean): void {
     const list = this.pending.get(taskId);
     const first = list?.shift();
     if (list && list.length === 0) this.pending.delete(taskId);
+    if (first && retried?.(first)) return this.flow();
+    if (first) this.leavePauseWait(first);
     this.flow();
     if (first) fn(first);
   }
@@ -361,7 +526,8 @@ export class RolloutSession {
    */
   private flow(full: boolean = this.full): void {
     this.full = full;
-    const pause = full && this.pending.size === 0;
+    // A submit waiting for its retry waits for an answer too (and acks early what arrives while delivery is paused).
+    const pause = full && this.pending.size === 0 && this.retrying.size === 0;
     if (pause === this.paused) return;
     this.paused = pause;
     if (pause) this.call.pause();

@@ -66,7 +66,7 @@ describe('sessions whose delivery is paused (one unacked trajectory at a time)',
   }, 60_000);
 
   it('a spec re-sent for a task the session accepted is answered accepted (already owed) while delivery is paused; a new task is refused as temporary', async () => {
-    const s = h.client.openSession({ sessionId: 'resend-paused', autoAck: false });
+    const s = h.client.openSession({ sessionId: 'resend-paused', autoAck: false, retryRejectedForMs: 0 });
     void (async () => {
       for await (const _ of s.trajectories()) void _;
     })().catch(() => undefined);

@@ -34,7 +34,8 @@ describe('sessions abandoned with unacked trajectories hold a bounded total (ses
     const SESSIONS = 8;
     let accepted = 0;
     for (let k = 0; k < SESSIONS; k++) {
-      const session = h.client.openSession({ sessionId: `hoard-${k}`, autoAck: false });
+      // Refusals come back at once (no client retry): the refusal is how the test knows the session is full.
+      const session = h.client.openSession({ sessionId: `hoard-${k}`, autoAck: false, retryRejectedForMs: 0 });
       await session.opened;
       // 512 KiB trajectories, never acked, until the session's own 2 MiB bound pauses it (its next task is refused).
       accepted = 0;

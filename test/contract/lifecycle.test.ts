@@ -48,7 +48,8 @@ describe('drain of an in-process server', () => {
     // One sample admitted at a time; 20 ms per token keeps the first one running while the second waits.
     const h = await startServerHarness({ config: { maxAdmitted: 1, drainGraceMs: 120_000 }, engine: { tokenLatencyMs: 20 } });
     try {
-      const session = h.client.openSession();
+      // Refusals come back at once (no client retry): the test watches the draining refusal itself.
+      const session = h.client.openSession({ retryRejectedForMs: 0 });
       const first = session.submit(mathTask('admitted', 1, 11));
       await first;
       const second = session.submit(mathTask('waiting', 1, 12));

@@ -47,7 +47,7 @@ describe('sessions bounded in bytes, against a real server', () => {
 
   it('a client that never acks: delivery pauses at the bound, it is told, memory stays bounded; after acks nothing is lost', async () => {
     const before = heapUsed();
-    const session = h.client.openSession({ sessionId: 'never-acks', autoAck: false });
+    const session = h.client.openSession({ sessionId: 'never-acks', autoAck: false, retryRejectedForMs: 0 });
     const notices: DeliveryPaused[] = [];
     session.onDeliveryPaused = (n) => notices.push(n);
     const opened = await session.opened;
@@ -115,7 +115,7 @@ describe('sessions bounded in bytes, against a real server', () => {
   }, 180_000);
 
   it('a client that stops reading: its outbox stays bounded in bytes, other clients are served, and it gets everything when it reads again', async () => {
-    const stalled = h.client.openSession({ sessionId: 'stalled', stageEvents: true, highWater: 1 });
+    const stalled = h.client.openSession({ sessionId: 'stalled', stageEvents: true, highWater: 1, retryRejectedForMs: 0 });
     await stalled.opened;
     // Submitted without waiting and never consumed: the client reads on while a submit waits for its answer (answers
     // come on the same call), so what bounds the session is the server's unacked-bytes limit; once no submit is
@@ -133,7 +133,7 @@ describe('sessions bounded in bytes, against a real server', () => {
     expect(s.outboxBytes).toBeLessThanOrEqual(4 * MiB + 64 * 1024 + 16 * 1024);
 
     // Meanwhile another trainer is served as usual.
-    const other = h.client.openSession({ sessionId: 'other' });
+    const other = h.client.openSession({ sessionId: 'other', retryRejectedForMs: 0 });
     const otherOut = drain(other);
     await Promise.all(Array.from({ length: 5 }, (_, i) => other.submit(task(`ot-${i}`))));
     other.close();

@@ -102,7 +102,7 @@ describe('a duplicate whose debt the journal cannot record (a full disk)', () =>
       if (failed++ === 0) return Promise.reject(Object.assign(new Error('ENOSPC: no space left on device'), { code: 'ENOSPC' }));
       return transaction(callback);
     }) as typeof db.transaction;
-    const session = a.client.openSession({ sessionId: 'unlucky', autoAck: false });
+    const session = a.client.openSession({ sessionId: 'unlucky', autoAck: false, retryRejectedForMs: 0 });
     const refused = await session.submit(mathTask('busy', 1, 41)).catch((err: unknown) => err);
     expect(refused).toBeInstanceOf(TaskRejectedError);
     expect((refused as TaskRejectedError).code).toBe(status.RESOURCE_EXHAUSTED);
