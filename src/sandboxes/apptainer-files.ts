@@ -1,5 +1,5 @@
 import { RolloutError } from '../errors.js';
-import { killedFileOperation } from './sandbox-files.js';
+import { killedFileOperation, readNonblock } from './sandbox-files.js';
 
 /**
  * File operations of the Apptainer driver, done by small POSIX sh scripts run inside the instance (as the
@@ -10,18 +10,23 @@ import { killedFileOperation } from './sandbox-files.js';
  * parameters, never spliced into the script. Needs sh, cat, head, wc, mkdir, dirname and GNU find (-printf) in the
  * image: Debian's required packages.
  */
-export const FILE_EXIT = { missing: 3, notFile: 4, tooLarge: 5, notDir: 6 } as const;
+export const FILE_EXIT = { missing: 3, notFile: 4, tooLarge: 5, notDir: 6, changed: 7 } as const;
 
-/** argv: path, maxBytes. Prints the file's bytes. */
+/**
+ * argv: path, maxBytes. Prints the file's bytes, to a little past maxBytes at most (whole pages: /proc/self/pagemap
+ * refuses reads of other sizes), in one open: the caller refuses more than maxBytes. A pseudo-file stats as 0 bytes and
+ * may be endless, and a path the program swaps for a symlink to /dev/zero after the check is read no further either.
+ * O_NONBLOCK where GNU dd is there, and refused unless the path stayed the same regular file (readNonblock): a FIFO put
+ * at the path after the check must not block the open until the command timeout, which would be reported as
+ * deadline_exceeded, an infrastructure failure.
+ */
 export const READ_FILE_SCRIPT = [
   'p=$1; max=$2',
   `[ -e "$p" ] || exit ${FILE_EXIT.missing}`,
   `[ -f "$p" ] || exit ${FILE_EXIT.notFile}`,
-  // Sized by reading a little past the limit, in whole pages (/proc/self/pagemap refuses reads of other sizes), then
-  // read to one byte past it at most: a pseudo-file stats as 0 bytes and may be endless.
-  'size=$(head -c "$(((max / 4096 + 1) * 4096))" -- "$p" | wc -c) || exit 1',
-  `[ "$size" -le "$max" ] || exit ${FILE_EXIT.tooLarge}`,
-  'exec head -c "$((max + 1))" -- "$p"',
+  'n=$(((max / 4096 + 1) * 4096))',
+  readNonblock(FILE_EXIT.notFile, FILE_EXIT.changed),
+  'exec head -c "$n" -- "$p"',
 ].join('\n');
 
 /** argv: path. Writes stdin to the file, creating its parents. */
@@ -64,6 +69,8 @@ export function fileScriptError(
       return RolloutError.invalid('path', `${path} is not a regular file`);
     case FILE_EXIT.notDir:
       return RolloutError.invalid('path', `${path} is not a directory`);
+    case FILE_EXIT.changed:
+      return RolloutError.invalid('path', `${path} was replaced while it was read (by the sandbox's own processes)`);
     case FILE_EXIT.tooLarge:
       return RolloutError.invalid('path', `${path} is over the ${maxBytes ?? '?'}-byte read limit`);
     default:

@@ -9,6 +9,7 @@ import { CWD_EXIT_CODE, CWD_MARKER, execArgs, killTaggedArgs, type WrapperLimits
 import { fileScriptError, LIST_DIR_SCRIPT, READ_FILE_SCRIPT, WRITE_FILE_SCRIPT } from './apptainer-files.js';
 import { MAX_LIST_BYTES, parseDirListing } from './sandbox-files.js';
 import { spawnContained, type ContainedProcess, type ContainedRunResult } from './contained-process.js';
+import type { FdCloser } from './fd-closer.js';
 import type { DirEntry, ExecOptions, ExecResult, FileOptions, PersistentShell, Sandbox, SandboxProcess, SandboxSpec, SpawnOptions } from './types.js';
 
 const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
@@ -23,6 +24,8 @@ export interface ApptainerSandboxInit {
   hostEnv: Readonly<Record<string, string>>;
   name: string;
   rlimits: WrapperLimits;
+  /** The host's descriptor closer (fd-closer.ts): every exec starts with it, keeping only stdin, stdout and stderr. */
+  closer: FdCloser;
   logger: Logger;
   /** Stops the instance and removes the host dir; called once, by `stop()` or the wall clock. */
   teardown: () => Promise<void>;
@@ -106,7 +109,8 @@ export class ApptainerSandbox implements Sandbox {
     throwIfAborted(options.signal);
     const tag = newTag();
     const args = execArgs({ name: this.init.name, workdir: this.workdir, cwd: this.resolveCwd(options.cwd), env: this.envFor(options.env), tag, rlimits: this.init.rlimits, argv });
-    const child = spawn(this.init.binary, args, { detached: true, stdio: ['pipe', 'pipe', 'pipe'], env: { ...this.init.hostEnv } });
+    const [command, ...rest] = this.launch(args);
+    const child = spawn(command!, rest, { detached: true, stdio: ['pipe', 'pipe', 'pipe'], env: { ...this.init.hostEnv } });
     child.stdin.on('error', () => undefined);
     const proc: SpawnedProcess = { kill: () => killGroup(child.pid) };
     this.running.add(proc);
@@ -153,11 +157,11 @@ export class ApptainerSandbox implements Sandbox {
   async readFile(path: string, options: FileOptions & { maxBytes?: number } = {}): Promise<string> {
     this.assertLive();
     const maxBytes = options.maxBytes ?? DEFAULT_MAX_READ;
-    const r = await this.fileScript(READ_FILE_SCRIPT, [this.absolute(path), String(maxBytes)], { outputLimitBytes: maxBytes + 1, signal: options.signal });
+    const r = await this.fileScript(READ_FILE_SCRIPT, [this.absolute(path), String(maxBytes)], { outputLimitBytes: maxBytes, signal: options.signal });
+    // More than maxBytes came (the script reads a little past it): the file is over the limit.
+    if (r.truncated && r.exitCode === 0) throw RolloutError.invalid('path', `${path} is over the ${maxBytes}-byte read limit`);
     const err = fileScriptError('readFile', path, fileOutcome(r), maxBytes);
     if (err) throw err;
-    // Grown past the limit after it was sized: what was read is not the file.
-    if (r.truncated) throw RolloutError.invalid('path', `${path} is over the ${maxBytes}-byte read limit`);
     return r.stdout;
   }
 
@@ -196,7 +200,8 @@ export class ApptainerSandbox implements Sandbox {
     const tag = newTag();
     const args = execArgs({ name: this.init.name, workdir: this.workdir, cwd: o.cwd, env: this.envFor(o.env), tag, rlimits: this.init.rlimits, argv });
     this.assertLive();
-    const proc = spawnContained(this.init.binary, args, {
+    const [command, ...rest] = this.launch(args);
+    const proc = spawnContained(command!, rest, {
       timeoutMs: o.timeoutMs,
       outputLimitBytes: o.outputLimitBytes,
       env: this.init.hostEnv,
@@ -237,8 +242,17 @@ export class ApptainerSandbox implements Sandbox {
   /** Kills, inside the instance, every process an exec tagged. Best effort: logged, never thrown. */
   private async killTagged(tag: string): Promise<void> {
     if (this.stopping) return; // the instance stop kills everything anyway
-    const r = await spawnContained(this.init.binary, killTaggedArgs(this.init.name, tag), { timeoutMs: CLEANUP_TIMEOUT_MS, outputLimitBytes: 4096, env: this.init.hostEnv }).result;
+    const [command, ...rest] = this.launch(killTaggedArgs(this.init.name, tag));
+    const r = await spawnContained(command!, rest, { timeoutMs: CLEANUP_TIMEOUT_MS, outputLimitBytes: 4096, env: this.init.hostEnv }).result;
     if (r.spawnError || r.exitCode !== 0) this.log.warn({ tag, exitCode: r.exitCode, stderr: r.stderr.trim() }, 'in-instance cleanup of an exec failed');
+  }
+
+  /**
+   * The host argv of an `apptainer exec`: behind the descriptor closer, since apptainer hands the program every
+   * descriptor it inherited.
+   */
+  private launch(args: readonly string[]): string[] {
+    return this.init.closer.wrap([], [this.init.binary, ...args]);
   }
 
   private envFor(extra: Readonly<Record<string, string>> | undefined): Record<string, string> {

@@ -8,6 +8,7 @@ import { newInstanceName, orphanedInstances, ownerOfHostDir, parseInstanceList }
 import { isProcessAlive } from './images/process-identity.js';
 import { ApptainerSandbox } from './apptainer-sandbox.js';
 import { spawnContained, type ContainedRunResult } from './contained-process.js';
+import { resolveFdCloser, type FdCloser } from './fd-closer.js';
 import { removeTree } from './remove-tree.js';
 import type { SandboxDriver, SandboxLimits, SandboxSpec } from './types.js';
 
@@ -71,6 +72,8 @@ export class ApptainerDriver implements SandboxDriver {
   private cgroups: boolean;
   private overlay: boolean;
   private probe: Promise<string> | undefined;
+  /** Closes what the server inherited before `instance start` and every exec (apptainer passes it all on). */
+  private readonly closer: FdCloser = resolveFdCloser();
 
   constructor(private readonly options: ApptainerDriverOptions = {}) {
     this.log = (options.logger ?? silentLogger()).child({ component: 'sandbox', driver: 'apptainer' });
@@ -105,7 +108,7 @@ export class ApptainerDriver implements SandboxDriver {
       await this.startInstance(hostDir, { image, name, network: spec.network, workdir: spec.workdir, mounts: spec.mounts, limits: spec.limits }, signal);
       const rlimits: WrapperLimits = { maxFileMb: spec.limits.maxFileMb, ...(!this.cgroups && { memoryMb: spec.limits.memoryMb, maxProcesses: spec.limits.maxProcesses }) };
       const sandbox = new ApptainerSandbox({
-        spec, binary: this.binary, hostEnv: this.hostEnv, name, rlimits, logger: this.log,
+        spec, binary: this.binary, hostEnv: this.hostEnv, name, rlimits, closer: this.closer, logger: this.log,
         teardown: () => this.teardown(name, hostDir),
       });
       this.log.debug({ sandbox: name, image, hostDir, cgroups: this.cgroups, overlay: this.overlay }, 'sandbox started');
@@ -142,16 +145,16 @@ export class ApptainerDriver implements SandboxDriver {
   private async startInstance(hostDir: string, spec: StartRequest, signal: AbortSignal | undefined): Promise<void> {
     const timeoutMs = this.options.startTimeoutMs ?? 60_000;
     let workspace = await this.workspace(hostDir, spec, timeoutMs, signal);
-    let r = await this.apptainer(instanceStartArgs({ ...spec, workspace, cgroupLimits: this.cgroups }), timeoutMs, signal);
+    let r = await this.apptainer(instanceStartArgs({ ...spec, workspace, cgroupLimits: this.cgroups }), timeoutMs, signal, true);
     if (r.exitCode !== 0 && 'overlay' in workspace && this.options.disk !== 'overlay' && !r.aborted && /overlay|fuse2fs|ext3/i.test(r.stderr)) {
       this.noOverlay(`apptainer instance start refused the overlay image: ${r.stderr.trim().slice(0, 500)}`);
       workspace = await this.workspace(hostDir, spec, timeoutMs, signal);
-      r = await this.apptainer(instanceStartArgs({ ...spec, workspace, cgroupLimits: this.cgroups }), timeoutMs, signal);
+      r = await this.apptainer(instanceStartArgs({ ...spec, workspace, cgroupLimits: this.cgroups }), timeoutMs, signal, true);
     }
     if (r.exitCode !== 0 && this.cgroups && this.options.limits !== 'cgroups' && !r.aborted && /cgroup/i.test(r.stderr)) {
       this.log.warn({ stderr: r.stderr.trim() }, 'apptainer refused cgroup limits: memory and processes are limited per process (rlimits) from now on');
       this.cgroups = false;
-      r = await this.apptainer(instanceStartArgs({ ...spec, workspace, cgroupLimits: false }), timeoutMs, signal);
+      r = await this.apptainer(instanceStartArgs({ ...spec, workspace, cgroupLimits: false }), timeoutMs, signal, true);
     }
     if (r.aborted) throw RolloutError.from(signal?.reason, 'cancelled');
     if (r.timedOut) throw new RolloutError('sandbox_error', `apptainer instance start timed out after ${timeoutMs} ms`);
@@ -211,8 +214,13 @@ export class ApptainerDriver implements SandboxDriver {
     return this.probe;
   }
 
-  private async apptainer(args: string[], timeoutMs: number, signal?: AbortSignal): Promise<ContainedRunResult> {
-    const r = await spawnContained(this.binary, args, { timeoutMs, outputLimitBytes: 1 << 20, env: this.hostEnv, ...(signal && { signal }) }).result;
+  /**
+   * Runs the binary. `closed`: behind the descriptor closer (an `instance start`, whose instance lives on with what it
+   * inherited); the rest run bare, so a missing binary is the spawn's ENOENT and the message below.
+   */
+  private async apptainer(args: string[], timeoutMs: number, signal?: AbortSignal, closed = false): Promise<ContainedRunResult> {
+    const [command, ...rest] = closed ? this.closer.wrap([], [this.binary, ...args]) : [this.binary, ...args];
+    const r = await spawnContained(command!, rest, { timeoutMs, outputLimitBytes: 1 << 20, env: this.hostEnv, ...(signal && { signal }) }).result;
     if (r.spawnError) {
       const missing = (r.spawnError as NodeJS.ErrnoException).code === 'ENOENT';
       throw new RolloutError(

@@ -232,6 +232,13 @@ export interface ExecCommandSpec {
   cwd: string;
   env: Readonly<Record<string, string>>;
   argv: readonly string[];
+  /**
+   * Path inside the sandbox of the descriptor closer (the sandbox init's `--keep-fds` mode, SANDBOX_INIT_PATH), when
+   * the sandbox has one: it closes the namespace descriptors nsenter leaves open before the sandbox's shell runs.
+   * Without it the shell closes those it can name (up to 9: POSIX sh has no multi-digit redirections), so the last
+   * two (cgroup namespace and root, of the sandbox itself) stay open in the command.
+   */
+  closer?: string;
 }
 
 /** The namespaces a command joins: nsenter's option and the file under /proc/PID/ns. User first: it grants the rest. */
@@ -248,14 +255,16 @@ export const STARTED_FD = 3;
 const INNER = [
   `cd -- "$1" 2>/dev/null || { printf c >&${STARTED_FD}; exit 126; }; shift`,
   'while [ "$1" != -- ]; do export "$1"; shift; done; shift',
-  `{ printf 1 >&${STARTED_FD}; } 2>/dev/null; exec "$@" ${STARTED_FD}>&-`,
+  `{ printf 1 >&${STARTED_FD}; } 2>/dev/null; exec "$@" ${STARTED_FD}>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&-`,
 ].join('\n');
 
 /**
  * The host command line of one command inside a running sandbox: [join its cgroups →] prlimit → setpriv
  * (no_new_privs) → nsenter (the holder's user, mount, pid, net, ipc, uts and cgroup namespaces and its root;
- * uid/gid SANDBOX_UID) → sh (cd, environment, started byte) → argv. The environment travels as arguments, not as
- * the host chain's own environment, so no variable (LD_PRELOAD, ...) ever reaches a host binary.
+ * uid/gid SANDBOX_UID) → [descriptor closer →] sh (cd, environment, started byte) → argv, which gets descriptors 0, 1
+ * and 2 only (the host end of the chain is wrapped in the host's closer by the caller: see fd-closer.ts). The
+ * environment travels as arguments, not as the host chain's own environment, so no variable (LD_PRELOAD, ...) ever
+ * reaches a host binary.
  */
 export function buildExecArgv(spec: ExecCommandSpec): string[] {
   const { limits } = spec;
@@ -265,6 +274,7 @@ export function buildExecArgv(spec: ExecCommandSpec): string[] {
     'prlimit', ...rlimits, '--', 'setpriv', '--no-new-privs', '--',
     'nsenter', ...NAMESPACES.map((ns) => `--${ns.flag}=/proc/self/fd/${spec.nsFds[ns.file]}`), `--root=/proc/self/fd/${spec.nsFds.root}`,
     '-S', String(SANDBOX_UID), '-G', String(SANDBOX_UID), '--',
+    ...(spec.closer !== undefined ? [spec.closer, '--keep-fds', String(STARTED_FD), '--'] : []),
     '/bin/sh', '-c', INNER, 'sandbox-exec', spec.cwd, ...Object.entries(spec.env).map(([k, v]) => `${k}=${v}`), '--', ...spec.argv,
   ];
   return spec.cgroupProcs.length > 0 ? ['/bin/sh', '-c', EXEC_JOIN, 'rollout-join', ...spec.cgroupProcs, '--', ...argv] : argv;

@@ -4,6 +4,7 @@ import type { Readable, Writable } from 'node:stream';
 import { RolloutError } from '../errors.js';
 import { NAMESPACES, type NamespaceFds } from './bwrap-command.js';
 import { CappedOutput } from './capped-output.js';
+import type { FdCloser } from './fd-closer.js';
 
 /** Environment of every host-side launcher: nothing of the server's own environment reaches a sandbox. */
 export const LAUNCH_ENV = { PATH: '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin', LANG: 'C.UTF-8' };
@@ -56,9 +57,11 @@ export class Holder {
    */
   static async start(
     argv: readonly string[],
-    options: { signal?: AbortSignal; lowerOomScore: boolean; timeoutMs: number; onOomScoreError?: (err: unknown) => void; holderIsInit: boolean },
+    options: { signal?: AbortSignal; lowerOomScore: boolean; timeoutMs: number; onOomScoreError?: (err: unknown) => void; holderIsInit: boolean; closer: FdCloser },
   ): Promise<Holder> {
-    const child = spawn(argv[0]!, argv.slice(1), { detached: true, stdio: ['pipe', 'pipe', 'pipe', 'ignore', 'pipe'], env: LAUNCH_ENV });
+    // Only the control pipes and the info pipe reach bwrap (and so the sandbox): see fd-closer.ts.
+    const launch = options.closer.wrap([INFO_FD], argv);
+    const child = spawn(launch[0]!, launch.slice(1), { detached: true, stdio: ['pipe', 'pipe', 'pipe', 'ignore', 'pipe'], env: LAUNCH_ENV });
     const stderr = new CappedOutput(8192);
     child.stderr?.on('data', (c: Buffer) => stderr.push(c));
     (child.stdin as Writable).on('error', () => undefined);

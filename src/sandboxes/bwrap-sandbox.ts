@@ -3,8 +3,10 @@ import { randomUUID } from 'node:crypto';
 import type { Readable, Writable } from 'node:stream';
 import { RolloutError, throwIfAborted } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
-import { buildExecArgv, defaultEnv, resolveInSandbox, type SandboxIdentity } from './bwrap-command.js';
+import { buildExecArgv, defaultEnv, resolveInSandbox, STARTED_FD, type SandboxIdentity } from './bwrap-command.js';
 import { LAUNCH_ENV, namespaceFdNumbers, type Holder } from './bwrap-holder.js';
+import type { FdCloser } from './fd-closer.js';
+import { SANDBOX_INIT_PATH } from './init/sandbox-init.js';
 import type { SandboxCgroup } from './cgroups.js';
 import { spawnContained, type ContainedRunResult } from './contained-process.js';
 import type { HostPython } from './host-python.js';
@@ -24,6 +26,10 @@ export interface BubblewrapSandboxInit {
   cgroups: boolean;
   identity: SandboxIdentity;
   python: HostPython | undefined;
+  /** The host's descriptor closer (fd-closer.ts): every launch chain starts with it. */
+  closer: FdCloser;
+  /** Whether the sandbox init is bound at SANDBOX_INIT_PATH (then it closes descriptors inside the sandbox too). */
+  hasInit: boolean;
   logger: Logger;
   /** Gives back what start() took (image, uid); called once, after every process is gone. */
   onStopped: () => Promise<void>;
@@ -110,7 +116,8 @@ export class BubblewrapSandbox implements Sandbox {
     validateArgv(argv);
     throwIfAborted(options.signal);
     const cmd = this.init.cgroup.command();
-    const args = this.commandArgv(argv, cmd.procs, options);
+    // fd 3 (the started pipe) is not given to a spawned process: only the namespaces are kept for nsenter.
+    const args = this.commandArgv(argv, cmd.procs, options, false);
     const child = spawnChild(args[0]!, args.slice(1), {
       detached: true,
       stdio: ['pipe', 'pipe', 'pipe', 'ignore', ...this.init.holder.namespaces.fds],
@@ -278,7 +285,8 @@ export class BubblewrapSandbox implements Sandbox {
     return cwd === undefined || cwd === '' ? this.workdir : resolveInSandbox(this.workdir, cwd);
   }
 
-  private commandArgv(argv: readonly string[], cgroupProcs: readonly string[], options: { cwd?: string; env?: Readonly<Record<string, string>> }): string[] {
+  /** The host argv of a command: the host's descriptor closer (keeping the started pipe and the namespaces), then the chain. */
+  private commandArgv(argv: readonly string[], cgroupProcs: readonly string[], options: { cwd?: string; env?: Readonly<Record<string, string>> }, started = true): string[] {
     const env = { ...this.baseEnv, ...options.env };
     for (const [key, value] of Object.entries(env)) {
       if (!ENV_NAME.test(key)) throw RolloutError.invalid('env', `bad variable name ${JSON.stringify(key)}`);
@@ -286,15 +294,18 @@ export class BubblewrapSandbox implements Sandbox {
     }
     const cwd = this.resolveCwd(options.cwd);
     if (cwd.includes('\0')) throw RolloutError.invalid('cwd', 'contains a NUL byte');
-    return buildExecArgv({
+    const nsFds = namespaceFdNumbers();
+    const chain = buildExecArgv({
       limits: this.spec.limits,
-      nsFds: namespaceFdNumbers(),
+      nsFds,
       cgroups: this.init.cgroups,
       cgroupProcs,
       cwd,
       env,
       argv,
+      ...(this.init.hasInit && { closer: SANDBOX_INIT_PATH }),
     });
+    return this.init.closer.wrap([...(started ? [STARTED_FD] : []), ...Object.values(nsFds)], chain);
   }
 }
 

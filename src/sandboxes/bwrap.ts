@@ -7,9 +7,11 @@ import { MAX_TIMER_MS } from '../timers.js';
 import { silentLogger, type Logger } from '../observability/logger.js';
 import { buildHolderArgv, hostLayout, imageLayout, pythonBinds, type Layout, type SandboxIdentity } from './bwrap-command.js';
 import { Holder } from './bwrap-holder.js';
+import { limitPtys } from './bwrap-ptys.js';
 import { BubblewrapSandbox, newSandboxId } from './bwrap-sandbox.js';
 import { createCgroupManager, type CgroupKind, type CgroupManager } from './cgroups.js';
 import { resolveHostPython, type HostPython } from './host-python.js';
+import { resolveFdCloser, type FdCloser } from './fd-closer.js';
 import { resolveSandboxInit } from './init/sandbox-init.js';
 import type { ImageMounts, MountedImage } from './images/image-mounts.js';
 import { SifImageMounts } from './images/sif-mount.js';
@@ -62,11 +64,17 @@ export interface BubblewrapCapabilities {
    * CAP_SYS_RESOURCE). False once a write failed (warned once); commands' own raised scores hold either way.
    */
   oomProtection: boolean;
+  /**
+   * Whether each sandbox's /dev/pts is a devpts instance of at most MAX_PTYS_PER_SANDBOX ptys (bwrap-ptys.ts): needs
+   * the sandbox init binary; false once a mount failed (warned once), when a sandbox could take every pty of the host.
+   */
+  ptyLimit: boolean;
 }
 
 interface Probe {
   python: HostPython | undefined;
   init: string | undefined;
+  closer: FdCloser;
   host: Layout;
   stageDir: string;
 }
@@ -77,8 +85,9 @@ interface Probe {
  * init (init/sandbox-init.c), which lives until the server closes its stdin or kills it, reaps orphans, and is the
  * one process the sandbox's own processes cannot signal. The root file system
  * is the image's (each top-level entry read-only) or the host's /usr with a minimal /etc and the host Python; the
- * workspace (spec.workdir) and /tmp are size-limited tmpfs (`--size`, diskMb each), /dev/shm a smaller one, and the rest
- * of /dev read-only.
+ * workspace (spec.workdir) and /tmp are size-limited tmpfs (`--size`, diskMb each), /dev/shm a smaller one, /dev/pts a
+ * devpts instance of MAX_PTYS_PER_SANDBOX ptys (bwrap-ptys.ts), and the rest of /dev read-only. Every launch keeps only
+ * the descriptors it means to pass (fd-closer.ts).
  *
  * Commands, spawned processes and file operations enter the running sandbox with nsenter (namespaces and root
  * held open as descriptors since start, so a reused pid cannot redirect them), as uid 1000, no_new_privs, no
@@ -119,7 +128,7 @@ export class BubblewrapDriver implements SandboxDriver {
     this.uidRange = options.uidRange ?? { first: 0x6000_0000, count: 1 << 24 };
     this.images = options.images ?? new SifImageMounts({ logger: this.log });
     this.cgroups = createCgroupManager({ logger: this.log, ...(options.cgroups !== undefined && { kind: options.cgroups }) });
-    this.capabilities = { cgroups: this.cgroups.kind, identity: this.identityMode, oomProtection: isRoot, holderIsInit: false };
+    this.capabilities = { cgroups: this.cgroups.kind, identity: this.identityMode, oomProtection: isRoot, holderIsInit: false, ptyLimit: false };
   }
 
   async start(spec: SandboxSpec, signal?: AbortSignal): Promise<BubblewrapSandbox> {
@@ -156,11 +165,16 @@ export class BubblewrapDriver implements SandboxDriver {
         onOomScoreError: (err) => this.oomScoreFailed(err),
         timeoutMs: this.options.startTimeoutMs ?? 30_000,
         holderIsInit: probe.init !== undefined,
+        closer: probe.closer,
         ...(signal !== undefined && { signal }),
       });
+      if (this.capabilities.ptyLimit) {
+        const failed = await limitPtys(holder, { identity, closer: probe.closer });
+        if (failed !== undefined) this.ptyLimitFailed(failed);
+      }
       const sandbox = new BubblewrapSandbox({
         id, spec, holder, cgroup, cgroups: this.cgroups.kind !== 'none', identity, python: spec.image === undefined ? probe.python : undefined,
-        logger: this.log,
+        closer: probe.closer, hasInit: probe.init !== undefined, logger: this.log,
         onStopped: async () => {
           this.releaseIdentity(identity);
           await image?.release();
@@ -212,14 +226,26 @@ export class BubblewrapDriver implements SandboxDriver {
     }
     const init = await resolveSandboxInit(this.options.init);
     this.capabilities.holderIsInit = init.path !== undefined;
+    this.capabilities.ptyLimit = init.path !== undefined;
     if (init.path === undefined && init.tried !== 'disabled') {
       this.log.warn(
         { tried: init.tried },
         "no sandbox init binary (scripts/setup.sh builds it): sandboxes run bwrap's init and a holder shell, and a sandboxed `kill -9 -1` ends its sandbox (sandbox_error)",
       );
     }
-    this.log.info({ identity: this.identityMode, cgroups: this.cgroups.kind, python: python?.executable ?? null, init: init.path ?? null }, 'bubblewrap sandboxes available');
-    return { python, init: init.path, host: hostLayout(), stageDir };
+    const closer = resolveFdCloser(init.path);
+    if (closer.kind === 'none') {
+      this.log.warn("neither the sandbox init binary nor bash is on this host: descriptors the server inherited without close-on-exec reach every sandboxed process");
+    }
+    this.log.info({ identity: this.identityMode, cgroups: this.cgroups.kind, python: python?.executable ?? null, init: init.path ?? null, fdCloser: closer.kind }, 'bubblewrap sandboxes available');
+    return { python, init: init.path, closer, host: hostLayout(), stageDir };
+  }
+
+  /** A sandbox's pty limit could not be mounted: said once, then not tried again (capabilities tell). */
+  private ptyLimitFailed(why: string): void {
+    if (!this.capabilities.ptyLimit) return;
+    this.capabilities.ptyLimit = false;
+    this.log.warn({ why }, 'cannot limit the ptys of a sandbox (devpts max): from now on one sandbox can take every pty other sandboxes of this host would get');
   }
 
   /** A holder's oom_score_adj could not be lowered: said once, then not tried again (capabilities tell). */

@@ -120,16 +120,23 @@ export function spawnContained(command: string, args: readonly string[], options
     // 'close' waits for every pipe to close, which a background process of the command may hold open for its whole
     // life: once the command has exited, its timeout no longer applies, and after a grace its pipes are closed here.
     let grace: NodeJS.Timeout | undefined;
+    let closing: NodeJS.Immediate | undefined;
     child.once('exit', () => {
       clearTimeout(timer);
+      // The pipes are closed from the check phase after the timer, not from the timer itself: when the event loop was
+      // blocked past the grace (many sandboxes starting at once), timers run before the poll phase that reads what is
+      // already in the pipes, and the command's output and started byte were lost ("could not enter sandbox (exit 0)").
       grace = setTimeout(() => {
-        outputHeld = true;
-        for (const stream of child.stdio) (stream as Readable | Writable | null)?.destroy();
+        closing = setImmediate(() => {
+          outputHeld = true;
+          for (const stream of child.stdio) (stream as Readable | Writable | null)?.destroy();
+        });
       }, OUTPUT_GRACE_MS);
     });
     child.on('close', (code, signal) => {
       clearTimeout(timer);
       clearTimeout(grace);
+      clearImmediate(closing);
       options.signal?.removeEventListener('abort', onAbort);
       resolve({
         exitCode: code,

@@ -22,15 +22,46 @@ export type RunInside = (
 const NOT_FOUND = 20;
 const IS_DIR = 21;
 const NOT_REGULAR = 22;
-const TOO_BIG = 23;
 const NOT_DIR = 24;
+const CHANGED = 25;
 
+/**
+ * The read of a file script (`$p`, `$n` bytes at most) where the image has GNU dd and stat: opened with O_NONBLOCK
+ * (no effect on a regular file), so a FIFO the program put at the path after the script's check cannot block the open
+ * until the command timeout (deadline_exceeded, an infrastructure failure, for the program's own doing). What was read
+ * counts only if the path is, after the read, the very regular file (device and inode) it was before the open: else
+ * exit `changed` (or `notRegular`), never a FIFO's nothing passed off as the file's content (not checked on proc and
+ * sysfs, which hold no FIFO and where /proc/self is another file to each process). dd killed by a signal
+ * kills the script with it, as an `exec` would (the driver tells a killed reader from the path's fault). Shared by
+ * both drivers' scripts; falls through (to their `head`) without GNU dd.
+ */
+export function readNonblock(notRegular: number, changed: number): string {
+  return [
+    'if dd if=/dev/null iflag=nonblock,count_bytes count=0 status=none 2>/dev/null && id=$(stat -L -c %d:%i -- "$p" 2>/dev/null); then',
+    // A pseudo-file system the program cannot put a FIFO in: no check (/proc/self/... is another file to each process).
+    '  case $(stat -f -L -c %T -- "$p" 2>/dev/null) in proc|sysfs) exec dd if="$p" iflag=nonblock,count_bytes bs=65536 count="$n" status=none ;; esac',
+    '  dd if="$p" iflag=nonblock,count_bytes bs=65536 count="$n" status=none; s=$?',
+    '  [ "$s" -gt 128 ] && kill -s "$(kill -l "$s")" $$',
+    '  [ "$s" = 0 ] || exit "$s"',
+    `  [ -f "$p" ] || exit ${notRegular}`,
+    `  [ "$(stat -L -c %d:%i -- "$p" 2>/dev/null)" = "$id" ] || exit ${changed}`,
+    '  exit 0',
+    'fi',
+  ].join('\n');
+}
+
+/**
+ * One open, one pass: up to the limit rounded up to whole pages past it (/proc/self/pagemap refuses reads of other
+ * sizes), so the host sees more than the limit exactly when the file is over it. See SandboxFiles for GNU dd's
+ * O_NONBLOCK and the identity check around it (READ_NONBLOCK).
+ */
 const READ = `p=$1
 [ -d "$p" ] && exit ${IS_DIR}
 [ -e "$p" ] || exit ${NOT_FOUND}
 [ -f "$p" ] || exit ${NOT_REGULAR}
-[ "$(head -c "$((($2 / 4096 + 1) * 4096))" -- "$p" | wc -c)" -gt "$2" ] && exit ${TOO_BIG}
-exec head -c "$(($2 + 1))" -- "$p"`;
+n=$((($2 / 4096 + 1) * 4096))
+${readNonblock(NOT_REGULAR, CHANGED)}
+exec head -c "$n" -- "$p"`;
 const WRITE = `p=$1; d=\${p%/*}; [ -n "$d" ] || d=/
 [ -d "$p" ] && exit ${IS_DIR}
 [ -e "$p" ] && [ ! -f "$p" ] && exit ${NOT_REGULAR}
@@ -50,15 +81,16 @@ exec find "$p" -mindepth 1 -maxdepth 1 -printf '%y %s %f\\0'`;
  * Why not host paths through /proc/PID/root: the host kernel would follow absolute symlinks on the host. Needs
  * /bin/sh, cat, head, wc, mkdir and GNU find in the sandbox's root (every Debian image has them).
  *
- * A write opens its file with O_NONBLOCK where the image has GNU dd (oflag=nonblock; no effect on a regular file):
- * the path is checked to be a regular file and then opened, and a FIFO the program puts there in between must not
- * block the open until the command timeout — deadline_exceeded, an infrastructure failure, for what the program did
- * in its own sandbox. Such a FIFO fails the write (ENXIO: no reader), an observation. Without GNU dd (busybox) the
- * write is `cat`'s, with that window; reads have it too (sh and head cannot open without blocking).
+ * Reads and writes open their file with O_NONBLOCK where the image has GNU dd (iflag/oflag=nonblock; no effect on a
+ * regular file): the path is checked to be a regular file and then opened, and a FIFO the program puts there in
+ * between must not block the open until the command timeout — deadline_exceeded, an infrastructure failure, for what
+ * the program did in its own sandbox. Such a FIFO fails the write (ENXIO: no reader), and a read whose path did not
+ * stay the same regular file is refused (readNonblock): observations. Without GNU dd (busybox) `head` and `cat` open
+ * the file, with that window.
  *
- * A file is sized by reading a little past the limit (whole pages: /proc/self/pagemap refuses reads of other sizes),
- * never all of it, and then read to one byte past the limit at most (a file that grew since is refused too): a
- * pseudo-file stats as 0 bytes and may be endless, and reading it through took the whole command timeout.
+ * A file is read once, to a little past the limit at most (whole pages), never all of it: a pseudo-file stats as 0
+ * bytes and may be endless (reading /proc/self/pagemap through took the whole command timeout), and a path the program
+ * swaps for a symlink to /dev/zero after the check is read no further either. More than the limit is refused.
  */
 export class SandboxFiles {
   constructor(private readonly workdir: string, private readonly run: RunInside) {}
@@ -67,7 +99,8 @@ export class SandboxFiles {
     const abs = this.resolve(path);
     const maxBytes = options.maxBytes ?? DEFAULT_MAX_READ_BYTES;
     const r = await this.run(['/bin/sh', '-c', READ, 'read', abs, String(maxBytes)], { ...signalOf(options), outputLimitBytes: maxBytes });
-    if (r.exitCode === TOO_BIG || r.truncated) throw RolloutError.invalid('path', `${path} is over the ${maxBytes}-byte read limit`);
+    // More than maxBytes came (the script reads a little past it): the file is over the limit.
+    if (r.truncated && r.exitCode === 0) throw RolloutError.invalid('path', `${path} is over the ${maxBytes}-byte read limit`);
     check(r, path);
     return r.stdout;
   }
@@ -132,6 +165,8 @@ function check(r: Awaited<ReturnType<RunInside>>, path: string): void {
       throw RolloutError.invalid('path', `${path} is not a regular file`);
     case NOT_DIR:
       throw RolloutError.invalid('path', `${path} (or a parent) is not a directory`);
+    case CHANGED:
+      throw RolloutError.invalid('path', `${path} was replaced while it was read (by the sandbox's own processes)`);
     default:
       throw RolloutError.invalid('path', `${path}: ${r.stderr.trim().split('\n').pop() ?? `exit ${r.exitCode}`}`);
   }

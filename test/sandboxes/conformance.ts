@@ -149,12 +149,15 @@ export function describeSandboxConformance(name: string, makeDriver: () => Sandb
     });
 
     it('fails a file read whose reader was killed by a signal (e.g. the OOM killer) as sandbox_error with a cause, not as the path\'s fault', async () => {
-      // A stand-in for the OOM killer: the spec's PATH finds readers (`cat`, `head`) in the workspace that SIGKILL themselves.
+      // A stand-in for the OOM killer: the spec's PATH finds readers (`cat`, `head`, `dd`) in the workspace that SIGKILL
+      // themselves once they read a file (dd's capability probes, of /dev/null, are the real dd's: the driver reads with
+      // dd where it can, and the reader killed must be that one).
       const killed = await makeDriver().start(spec({ env: { PATH: `${sandbox.workdir}/bin:/usr/local/bin:/usr/bin:/bin` } }));
       try {
         await killed.writeFile('data.txt', 'hello');
         for (const reader of ['cat', 'head']) await killed.writeFile(`bin/${reader}`, '#!/bin/sh\nkill -KILL $$\n');
-        await killed.exec(['chmod', '+x', 'bin/cat', 'bin/head']);
+        await killed.writeFile('bin/dd', '#!/bin/sh\ncase "$1" in if=/dev/null|of=/dev/null) PATH=/usr/local/bin:/usr/bin:/bin exec dd "$@" ;; esac\nkill -KILL $$\n');
+        await killed.exec(['chmod', '+x', 'bin/cat', 'bin/head', 'bin/dd']);
         const failure = killed.readFile('data.txt');
         await expect(failure).rejects.toMatchObject({ code: 'sandbox_error', message: expect.stringMatching(/data\.txt.*killed by SIGKILL/) });
         await expect(failure).rejects.toHaveProperty('cause');

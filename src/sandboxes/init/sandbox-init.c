@@ -13,19 +13,131 @@
  *  - it never forks, so it needs no reaping of its own: SIGCHLD is ignored, so the kernel reaps every orphan
  *    reparented to it (a daemon the model started, a killed process's children) without zombies filling pids.max;
  *  - it is not dumpable, so the sandbox's processes (same uid) cannot ptrace it or open its descriptors through
- *    /proc/1/fd; the server, which owns the sandbox's user namespace, still can.
+ *    /proc/1/fd; the server, which owns the sandbox's user namespace, still can;
+ *  - it holds no descriptor but its stdin, stdout and stderr.
+ *
+ * The same binary is the descriptor closer of every launch (`--keep-fds LIST -- ARGV...`, see fd-closer.ts): it
+ * closes every descriptor but 0, 1, 2 and the comma-separated LIST, then execs ARGV (PATH search). Why: a descriptor
+ * the server inherited without close-on-exec (a harness's pipe) passes through spawn, bwrap, nsenter and apptainer
+ * into every sandboxed process, which could then read or write a host pipe; no tool of the launch chain closes it.
+ * Exits 127 (ENOENT) or 126 (other errors) with a message when ARGV cannot be run, like a shell.
+ *
+ * And `--mount-devpts MAX`: mounts a devpts instance of at most MAX ptys over /dev/pts (run by the server, with the
+ * privilege it has over the sandbox's mount namespace, right after start; see bwrap-ptys.ts). Why: bwrap's own devpts
+ * instance has no limit of its own, and every instance but the host's draws on one pool (kernel.pty.max minus
+ * kernel.pty.reserve, 3072 by default): one sandbox opening /dev/ptmx 3071 times left every other sandbox of the host
+ * without a pty. Inside the sandbox (no capabilities) this mode fails with EPERM.
  */
+#define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
-int main(void) {
+#ifndef SYS_close_range
+#define SYS_close_range 436
+#endif
+
+#define MAX_KEEP 64
+
+/* Closes every descriptor >= 3 not in keep (sorted ascending, each >= 3). 0 on success. */
+static int close_others(const int *keep, int nkeep) {
+  unsigned int from = 3;
+  int ok = 1;
+  for (int i = 0; i <= nkeep && ok; i++) {
+    unsigned int to = i < nkeep ? (unsigned int)keep[i] : ~0U;
+    if (to > from && syscall(SYS_close_range, from, to - 1, 0) != 0) ok = 0;
+    if (i < nkeep) from = (unsigned int)keep[i] + 1;
+  }
+  if (ok) return 0;
+  /* No close_range (kernel < 5.9): every descriptor /proc lists, but the directory's own. */
+  DIR *dir = opendir("/proc/self/fd");
+  if (!dir) return -1;
+  int self = dirfd(dir);
+  struct dirent *entry;
+  int fds[4096];
+  int n = 0;
+  while ((entry = readdir(dir)) != 0 && n < 4096) {
+    char *end;
+    long fd = strtol(entry->d_name, &end, 10);
+    if (*end != '\0' || entry->d_name[0] == '\0' || fd < 3 || fd == self) continue;
+    int kept = 0;
+    for (int i = 0; i < nkeep; i++) kept |= keep[i] == fd;
+    if (!kept) fds[n++] = (int)fd;
+  }
+  closedir(dir);
+  for (int i = 0; i < n; i++) close(fds[i]);
+  return n == 4096 ? -1 : 0;
+}
+
+static int compare(const void *a, const void *b) {
+  return *(const int *)a - *(const int *)b;
+}
+
+static int closer(int argc, char **argv) {
+  /* argv: --keep-fds LIST -- ARGV... */
+  if (argc < 5 || strcmp(argv[3], "--") != 0) {
+    fputs("usage: rollout-sandbox-init --keep-fds FD,FD,... -- ARGV...\n", stderr);
+    return 125;
+  }
+  int keep[MAX_KEEP];
+  int nkeep = 0;
+  for (char *p = argv[2]; *p != '\0';) {
+    char *end;
+    long fd = strtol(p, &end, 10);
+    if (end == p || fd < 0 || fd > 1 << 20 || nkeep == MAX_KEEP || (*end != ',' && *end != '\0')) {
+      fprintf(stderr, "rollout-sandbox-init: bad descriptor list %s\n", argv[2]);
+      return 125;
+    }
+    if (fd >= 3) keep[nkeep++] = (int)fd;
+    p = *end == ',' ? end + 1 : end;
+  }
+  qsort(keep, (size_t)nkeep, sizeof keep[0], compare);
+  if (close_others(keep, nkeep) != 0) {
+    fprintf(stderr, "rollout-sandbox-init: cannot close inherited descriptors: %s\n", strerror(errno));
+    return 125;
+  }
+  execvp(argv[4], argv + 4);
+  int err = errno;
+  fprintf(stderr, "rollout-sandbox-init: cannot run %s: %s\n", argv[4], strerror(err));
+  return err == ENOENT ? 127 : 126;
+}
+
+static int mount_devpts(int argc, char **argv) {
+  char *end;
+  long max = argc == 3 ? strtol(argv[2], &end, 10) : -1;
+  if (max < 1 || max > 1 << 20 || *end != '\0') {
+    fputs("usage: rollout-sandbox-init --mount-devpts MAX\n", stderr);
+    return 125;
+  }
+  char options[128];
+  snprintf(options, sizeof options, "newinstance,ptmxmode=0666,mode=620,max=%ld", max);
+  if (mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, options) != 0) {
+    fprintf(stderr, "rollout-sandbox-init: cannot mount devpts (%s) on /dev/pts: %s\n", options, strerror(errno));
+    return 1;
+  }
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && strcmp(argv[1], "--keep-fds") == 0) return closer(argc, argv);
+  if (argc > 1 && strcmp(argv[1], "--mount-devpts") == 0) return mount_devpts(argc, argv);
+  if (argc > 1) {
+    fputs("usage: rollout-sandbox-init (as pid 1), --keep-fds FD,FD,... -- ARGV..., or --mount-devpts MAX\n", stderr);
+    return 125;
+  }
   struct sigaction ignore = {0};
   ignore.sa_handler = SIG_IGN;
   ignore.sa_flags = SA_NOCLDWAIT;
   if (sigaction(SIGCHLD, &ignore, 0) != 0) return 120;
   if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) return 121;
+  if (close_others(0, 0) != 0) return 124;
   if (write(STDOUT_FILENO, "r", 1) != 1) return 122;
   char buf[256];
   for (;;) {
