@@ -287,6 +287,10 @@ async function sampleTurn(ctx: {
       logprobs = logprobs.slice(0, keep);
       finishReason = 'stop';
     }
+    // Cut by max_tokens on the very token that ends the turn: vLLM v1 checks the length cap before the stop token
+    // (check_stop), so a complete turn can come back "length". Its end-of-turn token was sampled: it ended, and is
+    // no truncation (review-s36-length-on-stop-token).
+    if (finishReason === 'length' && tokenIds.length > 0 && deps.tokenizer.stopTokenIds.includes(tokenIds[tokenIds.length - 1]!)) finishReason = 'stop';
     out.text = ledger.appendSampled({
       tokenIds,
       logprobs,
