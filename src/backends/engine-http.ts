@@ -45,6 +45,13 @@ export class EngineUnreachableError extends RolloutError {
   }
 }
 
+/**
+ * How long an answer may send nothing once its headers came. vLLM and SGLang answer a non-streaming request when it is
+ * done: headers and body go out together, so a body that stops for this long is a stalled engine or proxy (a hung
+ * worker, a half-dead connection), not a long generation — which request timeouts (300 s) must leave alone.
+ */
+export const DEFAULT_BODY_IDLE_MS = 30_000;
+
 /** One engine answer: its status and its (bounded) body as text. */
 export interface HttpAnswer {
   status: number;
@@ -81,6 +88,12 @@ export interface EngineHttpOptions {
   label: string;
   /** Budget of one request; past it the request is destroyed and fails with backend_error. 0 = none. */
   requestTimeoutMs?: number;
+  /**
+   * Once an answer's headers came, the longest it may then send nothing (its body stalled), ms; past it the request
+   * fails as unreachable (EngineUnreachableError: the pool checks the engine and moves the trajectory). Default
+   * {@link DEFAULT_BODY_IDLE_MS}; 0 = none. Time spent waiting for room in the answer budget does not count.
+   */
+  bodyIdleTimeoutMs?: number;
   /** Open connections kept to the engine (keep-alive); requests beyond wait for one. Default 1024. */
   maxSockets?: number;
 }
@@ -189,6 +202,7 @@ export class EngineHttp {
   readonly url: string;
   readonly label: string;
   readonly #timeoutMs: number;
+  readonly #bodyIdleMs: number;
   readonly #pool: Pool;
   /** Path of `url` without trailing slashes, prefixed to every request's path (a gateway's `/engines/7`). */
   readonly #basePath: string;
@@ -228,6 +242,7 @@ export class EngineHttp {
         : `Basic ${Buffer.from(`${decodeUserinfo(parsed.username)}:${decodeUserinfo(parsed.password)}`).toString('base64')}`;
     this.label = options.label;
     this.#timeoutMs = options.requestTimeoutMs ?? 0;
+    this.#bodyIdleMs = options.bodyIdleTimeoutMs ?? DEFAULT_BODY_IDLE_MS;
     try {
       this.#pool = new Pool(parsed.origin, {
         connections: options.maxSockets ?? 1024,
@@ -282,7 +297,7 @@ export class EngineHttp {
       }
     }
     return new Promise<HttpAnswer>((resolve, reject) => {
-      const exchange = new Exchange(this, method, path, cap, signal, this.#timeoutMs, options.pausedMs, options.budget, resolve, reject);
+      const exchange = new Exchange(this, method, path, cap, signal, this.#timeoutMs, options.pausedMs, options.budget, resolve, reject, this.#bodyIdleMs);
       // An array of buffers is an iterable body (undici's docs/api/Dispatcher.md: `body` may be an Iterable; its
       // DispatchOptions typing omits it): written in order, with the content-length set above.
       const dispatchBody = payload as Dispatcher.DispatchOptions['body'];
@@ -364,6 +379,9 @@ class Exchange implements Dispatcher.DispatchHandler {
   #settled = false;
   #timedOut = false;
   #timer: NodeJS.Timeout | undefined;
+  /** The body-idle deadline (see EngineHttpOptions.bodyIdleTimeoutMs): when the body last moved, and its timer. */
+  #lastData = 0;
+  #idleTimer: NodeJS.Timeout | undefined;
   #ok = false;
   #limit = 0;
   #size = 0;
@@ -391,6 +409,7 @@ class Exchange implements Dispatcher.DispatchHandler {
     readonly budget: ResponseBudget | undefined,
     readonly resolve: (answer: HttpAnswer) => void,
     readonly reject: (err: unknown) => void,
+    readonly bodyIdleMs = 0,
   ) {
     signal.addEventListener('abort', this.#onAbort, { once: true });
     // The engine shares the budget from now until this exchange settles (see ResponseBudget's fairness).
@@ -409,6 +428,21 @@ class Exchange implements Dispatcher.DispatchHandler {
     }, delayMs);
   }
 
+  /**
+   * Fails the answer as unreachable once its body has sent nothing for `bodyIdleMs` (waiting for budget room does not
+   * count: the answer is not reading then). One timer per answer, re-armed for what is left rather than per chunk.
+   */
+  #armIdle(delayMs: number): void {
+    this.#idleTimer = setTimeout(() => {
+      if (this.#settled) return;
+      if (this.#ticket !== undefined) return this.#armIdle(this.bodyIdleMs);
+      const quiet = performance.now() - this.#lastData;
+      if (quiet < this.bodyIdleMs - 1) return this.#armIdle(this.bodyIdleMs - quiet);
+      const { http, method, path } = this;
+      this.#fail(new EngineUnreachableError(`${http.label} ${http.url} sent the headers of its ${method} ${path} answer (HTTP ${this.#status}), then nothing for ${this.bodyIdleMs} ms (${this.#size} bytes of body): a stalled engine or proxy`));
+    }, delayMs);
+  }
+
   onRequestStart(controller: Dispatcher.DispatchController): void {
     this.#controller = controller;
     if (this.#settled) controller.abort(new Error('request no longer wanted'));
@@ -422,6 +456,10 @@ class Exchange implements Dispatcher.DispatchHandler {
     this.#status = statusCode;
     this.#ok = statusCode >= 200 && statusCode < 300;
     if (statusCode === 429 || statusCode === 503) this.#retryAfterMs = parseRetryAfterMs(headers['retry-after']);
+    if (this.bodyIdleMs > 0 && this.#idleTimer === undefined) {
+      this.#lastData = performance.now();
+      this.#armIdle(this.bodyIdleMs);
+    }
     this.#limit = this.#ok ? this.cap : Math.min(this.cap, MAX_ERROR_BODY_BYTES);
     const declared = headers['content-length'] === undefined ? NaN : Number(headers['content-length']);
     const known = Number.isSafeInteger(declared) && declared >= 0;
@@ -446,6 +484,7 @@ class Exchange implements Dispatcher.DispatchHandler {
     const reservation = budget.reserve(bytes, () => {
       this.#ticket = undefined;
       this.#reserved = bytes;
+      this.#lastData = performance.now(); // the wait for room is not the engine's silence
       // Resumed from another answer's release: not inside its handler (undici may deliver this body at once).
       queueMicrotask(() => {
         if (!this.#settled) controller.resume();
@@ -461,6 +500,7 @@ class Exchange implements Dispatcher.DispatchHandler {
 
   onResponseData(_controller: Dispatcher.DispatchController, chunk: Buffer): void {
     if (this.#settled) return;
+    this.#lastData = performance.now();
     if (this.#size + chunk.length <= this.#limit) {
       this.#chunks.push(chunk);
       this.#size += chunk.length;
@@ -516,6 +556,7 @@ class Exchange implements Dispatcher.DispatchHandler {
   #settle(): void {
     this.#settled = true;
     clearTimeout(this.#timer);
+    clearTimeout(this.#idleTimer);
     this.signal.removeEventListener('abort', this.#onAbort);
     this.#ticket?.cancel();
     this.#ticket = undefined;
