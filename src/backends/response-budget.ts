@@ -102,13 +102,14 @@ export class ResponseBudget {
   reserve(bytes: number, grant: () => void, key?: object): { granted: true } | { granted: false; ticket: BudgetTicket } {
     if (bytes > this.maxBytes) throw new RangeError(`a reservation of ${bytes} bytes can never fit a ${this.maxBytes}-byte budget`);
     const holder = key === undefined ? undefined : this.#holders.get(key);
-    const waiter: Waiter = { bytes, holder, grant, done: false };
     // Granted now unless an answer ahead waits for room (it goes first); those waiting for their own engine's share
-    // are passed over, as #grant does (every waiter left in the queue waits for one or the other).
-    if (this.#fits(waiter) && this.#queue.every((w) => !this.#fitsShare(w))) {
-      this.#take(waiter);
+    // are passed over, as #grant does (every waiter left in the queue waits for one or the other). No object is made
+    // for an answer granted at once (one per engine answer).
+    if (this.#fitsTotal(bytes) && this.#fitsShare(bytes, holder) && this.#queue.every((w) => !this.#fitsShare(w.bytes, w.holder))) {
+      this.#take(bytes, holder);
       return { granted: true };
     }
+    const waiter: Waiter = { bytes, holder, grant, done: false };
     this.#queue.push(waiter);
     return {
       granted: false,
@@ -134,23 +135,18 @@ export class ResponseBudget {
     this.#grant();
   }
 
-  #fitsTotal(w: Waiter): boolean {
-    return this.#held + w.bytes <= this.maxBytes;
+  #fitsTotal(bytes: number): boolean {
+    return this.#held + bytes <= this.maxBytes;
   }
 
   /** Within its engine's share, or its engine holds nothing (an answer larger than the share still goes, alone). */
-  #fitsShare(w: Waiter): boolean {
-    return w.holder === undefined || w.holder.held <= 0 || w.holder.held + w.bytes <= this.shareBytes;
+  #fitsShare(bytes: number, holder: Holder | undefined): boolean {
+    return holder === undefined || holder.held <= 0 || holder.held + bytes <= this.shareBytes;
   }
 
-  #fits(w: Waiter): boolean {
-    return this.#fitsTotal(w) && this.#fitsShare(w);
-  }
-
-  #take(w: Waiter): void {
-    w.done = true;
-    this.#held += w.bytes;
-    if (w.holder !== undefined) w.holder.held += w.bytes;
+  #take(bytes: number, holder: Holder | undefined): void {
+    this.#held += bytes;
+    if (holder !== undefined) holder.held += bytes;
   }
 
   /**
@@ -161,13 +157,14 @@ export class ResponseBudget {
   #grant(): void {
     for (let i = 0; i < this.#queue.length; ) {
       const w = this.#queue[i]!;
-      if (!this.#fitsShare(w)) {
+      if (!this.#fitsShare(w.bytes, w.holder)) {
         i++;
         continue;
       }
-      if (!this.#fitsTotal(w)) return;
+      if (!this.#fitsTotal(w.bytes)) return;
       this.#queue.splice(i, 1);
-      this.#take(w);
+      w.done = true;
+      this.#take(w.bytes, w.holder);
       w.grant();
     }
   }
