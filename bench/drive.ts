@@ -1,7 +1,8 @@
 import type { RolloutClient, RolloutSession, TaskInput } from '../src/client/rollout-client.js';
 import { VllmClient } from '../src/backends/vllm-client.js';
 import { makeMathProblem } from '../src/testing/arithmetic.js';
-import { TrajectoryStatus, type Trajectory } from '../gen/ts/rollout/v1/rollout.js';
+import type { Trajectory } from '../gen/ts/rollout/v1/rollout.js';
+import { statusName } from '../src/pipeline/outcome.js';
 import type { RecordedRequest } from './engine-child.js';
 import { startProgress } from './progress.js';
 
@@ -44,7 +45,8 @@ export interface DriveResult {
   errors: string[];
 }
 
-export const statusName = (s: TrajectoryStatus): string => TrajectoryStatus[s]?.replace('TRAJECTORY_STATUS_', '') ?? String(s);
+/** Re-exported for the other benches (soak, memory). */
+export { statusName };
 
 /** A math-shaped task (the calc double grades like math), one arithmetic problem per task. */
 export function benchTask(taskId: string, environment: string, numSamples: number, seed: number): TaskInput {

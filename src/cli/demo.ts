@@ -12,6 +12,7 @@ import { defaultImagePath } from '../sandboxes/images/image-recipe.js';
 import { makeMathProblem } from '../testing/arithmetic.js';
 import { loadQwen3 } from '../tokens/tokenizer.js';
 import { TrajectoryStatus, type Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
+import { statusName } from '../pipeline/outcome.js';
 
 export interface DemoOptions {
   groups: number;
@@ -29,7 +30,6 @@ export interface DemoOptions {
   engine?: 'fake' | 'embedded';
 }
 
-const statusName = (s: TrajectoryStatus): string => TrajectoryStatus[s]?.replace('TRAJECTORY_STATUS_', '') ?? String(s);
 
 /** The exit status of a process ended by `signal` (128 + its number: 130 for SIGINT, 143 for SIGTERM). */
 function signalExitCode(signal: NodeJS.Signals): number {

@@ -5,6 +5,7 @@ import { existsSync } from 'node:fs';
 import { TaskRejectedError } from '../client/rollout-client.js';
 import { RolloutError } from '../errors.js';
 import { TrajectoryStatus, type Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
+import { statusName } from '../pipeline/outcome.js';
 import { attemptTaskId, attemptsByRow, isRetryableStatus, parseAttempt, planRow, supersededTasks } from './submit-attempts.js';
 import { countRows, mapRow, readDataset, taskIdFor, type MappedRow } from './submit-dataset.js';
 import { HeldGroups } from './submit-held.js';
@@ -58,7 +59,6 @@ export const DEFAULT_RETRY_REFUSED_FOR_S = 600;
 const REFUSED_FIRST_MS = 50;
 const REFUSED_CAP_MS = 2000;
 
-const statusName = (s: TrajectoryStatus): string => TrajectoryStatus[s]?.replace('TRAJECTORY_STATUS_', '') ?? String(s);
 
 /** A counting semaphore for tasks in flight. */
 class Slots {

@@ -1,4 +1,5 @@
 import { TrajectoryStatus, type Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
+import { statusName } from '../pipeline/outcome.js';
 import type { Logger } from './logger.js';
 import { RateLimitedLog, type RateLimitOptions } from './rate-limited-log.js';
 
@@ -39,7 +40,7 @@ export class FailureLog {
         task: trajectory.taskId,
         sample: trajectory.sampleIndex,
         environment: trajectory.environment,
-        status: TrajectoryStatus[trajectory.status].replace('TRAJECTORY_STATUS_', ''),
+        status: statusName(trajectory.status),
         finishReason: trajectory.finishReason,
         ...(backend !== undefined && { backend }),
         cause: trajectory.error,

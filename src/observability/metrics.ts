@@ -10,7 +10,7 @@ import type { SessionManager } from '../contract/sessions.js';
 import type { RolloutRuntime } from '../runtime.js';
 import type { TokenPool } from '../tokens/token-pool.js';
 import type { TokenTask, TokenTaskResult } from '../tokens/token-tasks.js';
-import { trajectoryStatusToJSON, type Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
+import { statusName } from '../pipeline/outcome.js';
 
 /** What the metrics read: the server's parts, as they are (gauges are read at scrape time, never on the hot path). */
 export interface MetricsSources {
@@ -30,10 +30,6 @@ const PHASES = ['queue', 'init', 'run', 'llm', 'tool', 'eval', 'total'] as const
 /** Turns and tokens per trajectory. */
 const TURN_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256];
 const TOKEN_BUCKETS = [64, 256, 1024, 4096, 16_384, 65_536, 262_144, 1_048_576];
-
-function statusLabel(trajectory: Trajectory): string {
-  return trajectoryStatusToJSON(trajectory.status).replace(/^TRAJECTORY_STATUS_/, '').toLowerCase();
-}
 
 /**
  * The server's Prometheus metrics, in a registry of their own (several servers in one process keep theirs apart):
@@ -83,7 +79,7 @@ export class RolloutMetrics {
       if (event.type !== 'finished') return;
       const t = event.trajectory;
       const env = environment(t.environment);
-      const status = statusLabel(t);
+      const status = statusName(t.status).toLowerCase();
       trajectories.inc({ environment: env, status });
       if (status === 'completed' || status === 'truncated') rewards.observe({ environment: env }, t.reward);
       if (t.stale) stale.inc({ environment: env });

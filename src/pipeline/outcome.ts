@@ -26,6 +26,11 @@ const STATUS_BY_CODE: Record<ErrorCode, TrajectoryStatus> = {
   environment_error: TrajectoryStatus.TRAJECTORY_STATUS_ENVIRONMENT_ERROR,
 };
 
+/** A status as people read it: its enum name without the prefix ("COMPLETED", "BACKEND_ERROR"); a number unknown to this build as itself. */
+export function statusName(status: TrajectoryStatus): string {
+  return TrajectoryStatus[status]?.replace('TRAJECTORY_STATUS_', '') ?? String(status);
+}
+
 /** finish_reason recorded for a failure. */
 export function finishReasonForError(err: RolloutError): string {
   switch (err.code) {
