@@ -1,10 +1,11 @@
 import { status } from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
-import { RolloutRequest, type Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
+import { RolloutRequest } from '../../gen/ts/rollout/v1/rollout.js';
 import { RolloutClient, TaskRejectedError, type RolloutSession } from '../../src/client/rollout-client.js';
 import { defaultRegistry } from '../../src/environments/registry.js';
 import type { Environment } from '../../src/environments/types.js';
 import { NullSandboxDriver } from '../../src/testing/null-sandbox.js';
+import { collect } from '../support/harness.js';
 import { startServerHarness, type ServerHarness } from '../support/server-harness.js';
 import { eventually, gate, within } from '../support/wait.js';
 
@@ -279,14 +280,7 @@ describe('temporary refusals, against a real server whose sessions hold one unac
       const sentAtAccept = sends.get('bw-x')!;
       expect(sentAtAccept).toBeGreaterThan(sentOnFirst);
       s2.close();
-      const got: Trajectory[] = [];
-      await within(
-        (async () => {
-          for await (const t of s2.trajectories()) got.push(t);
-        })(),
-        20_000,
-        'the resumed session to end',
-      );
+      const got = await within(collect(s2.trajectories()), 20_000, 'the resumed session to end');
       expect(new Set(got.map(key))).toEqual(new Set(['bw-0#0', 'bw-0#1', 'bw-x#0']));
       expect(got.filter((t) => t.taskId === 'bw-x')).toHaveLength(1);
       expect(runs.get('bw-x')).toBe(1);

@@ -3,7 +3,7 @@ import { describe, expect, it } from 'vitest';
 import type { Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { TrajectoryStatus } from '../../gen/ts/rollout/v1/rollout.js';
 import { RolloutError } from '../../src/errors.js';
-import { mathTask } from '../support/harness.js';
+import { collect, mathTask } from '../support/harness.js';
 import { startServerHarness, type ServerHarness } from '../support/server-harness.js';
 import { spawnServe } from '../support/rollout-process.js';
 import { eventually, within } from '../support/wait.js';
@@ -52,14 +52,7 @@ async function runTasks(h: ServerHarness, tasks: ReturnType<typeof mathTask>[]):
   const session = h.client.openSession();
   for (const t of tasks) await session.submit(t);
   session.close();
-  const got: Trajectory[] = [];
-  await within(
-    (async () => {
-      for await (const t of session.trajectories()) got.push(t);
-    })(),
-    60_000,
-    'every trajectory delivered',
-  );
+  const got = await within(collect(session.trajectories()), 60_000, 'every trajectory delivered');
   return got;
 }
 

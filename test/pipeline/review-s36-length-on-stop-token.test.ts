@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TrajectoryStatus, type Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { NullSandboxDriver } from '../../src/testing/null-sandbox.js';
-import { invariantViolations, mathTask } from '../support/harness.js';
+import { collect, invariantViolations, mathTask } from '../support/harness.js';
 import { startServerHarness, type ServerHarness } from '../support/server-harness.js';
 import { within } from '../support/wait.js';
 
@@ -44,14 +44,7 @@ describe('a turn cut by max_tokens on its own end-of-turn token', () => {
     const session = h.client.openSession();
     await session.submit(task);
     session.close();
-    const got: Trajectory[] = [];
-    await within(
-      (async () => {
-        for await (const t of session.trajectories()) got.push(t);
-      })(),
-      60_000,
-      'the trajectory',
-    );
+    const got = await within(collect(session.trajectories()), 60_000, 'the trajectory');
     return got[0]!;
   }
 
