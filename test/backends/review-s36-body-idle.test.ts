@@ -1,8 +1,8 @@
-import { createServer, type Server, type ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import type { Server, ServerResponse } from 'node:http';
 import { afterEach, describe, expect, it } from 'vitest';
 import { DEFAULT_BODY_IDLE_MS, EngineHttp, EngineUnreachableError } from '../../src/backends/engine-http.js';
 import { ResponseBudget } from '../../src/backends/response-budget.js';
+import { parkingServer } from '../support/parking-engine.js';
 import { eventually, within } from '../support/wait.js';
 
 // An engine (or a proxy in front of it) that sends an answer's headers and then stalls held the request, its pool slot
@@ -26,14 +26,9 @@ describe('an answer whose body stalls after its headers', () => {
   });
 
   async function engine(bodyIdleTimeoutMs: number): Promise<{ http: EngineHttp; parked: ServerResponse[] }> {
-    const parked: ServerResponse[] = [];
-    const server = createServer((req, res) => {
-      req.resume();
-      req.on('end', () => parked.push(res));
-    });
-    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const { url, server, parked } = await parkingServer();
     servers.push(server);
-    const http = new EngineHttp({ url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, label: 'test engine', requestTimeoutMs: 60_000, bodyIdleTimeoutMs });
+    const http = new EngineHttp({ url, label: 'test engine', requestTimeoutMs: 60_000, bodyIdleTimeoutMs });
     clients.push(http);
     return { http, parked };
   }

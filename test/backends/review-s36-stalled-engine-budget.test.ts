@@ -1,8 +1,8 @@
-import { createServer, type Server, type ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import type { Server, ServerResponse } from 'node:http';
 import { afterEach, describe, expect, it } from 'vitest';
 import { EngineHttp } from '../../src/backends/engine-http.js';
 import { ResponseBudget } from '../../src/backends/response-budget.js';
+import { parkingServer } from '../support/parking-engine.js';
 import { eventually, within } from '../support/wait.js';
 
 // A stalled engine (or a proxy in front of it) that takes requests, sends a 200's headers without a content-length,
@@ -13,17 +13,6 @@ import { eventually, within } from '../support/wait.js';
 // requests in flight), so the others' answers are read at once.
 
 const signal = (): AbortSignal => new AbortController().signal;
-
-/** An engine stand-in whose requests are parked with their responses until the test answers them. */
-async function parkingServer(): Promise<{ url: string; server: Server; parked: ServerResponse[] }> {
-  const parked: ServerResponse[] = [];
-  const server = createServer((req, res) => {
-    req.resume();
-    req.on('end', () => parked.push(res));
-  });
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, server, parked };
-}
 
 describe('a stalled engine and the shared budget of answer bytes', () => {
   const servers: Server[] = [];
