@@ -89,9 +89,9 @@ export function pythonJson(value: unknown): string {
 }
 
 /**
- * Where the JSON object or array starting at `start` ends (one past its closing bracket), found by bracket depth
- * outside strings, like Python's `JSONDecoder.raw_decode` (which vLLM's llama3_json parser uses) finds the end of
- * the first value; -1 when it does not close. The slice still has to pass JSON.parse.
+ * Where the JSON object, array or string starting at `start` ends (one past its closing bracket or quote), found by
+ * bracket depth outside strings, like Python's `JSONDecoder.raw_decode` (which vLLM's llama3_json parser uses) finds
+ * the end of the first value; -1 when it does not close. The slice still has to pass JSON.parse.
  */
 export function jsonValueEnd(text: string, start: number, limit = text.length): number {
   let depth = 0;
@@ -100,7 +100,10 @@ export function jsonValueEnd(text: string, start: number, limit = text.length): 
     const c = text[i];
     if (inString) {
       if (c === '\\') i++;
-      else if (c === '"') inString = false;
+      else if (c === '"') {
+        inString = false;
+        if (depth === 0) return i + 1; // the value was a string
+      }
     } else if (c === '"') inString = true;
     else if (c === '{' || c === '[') depth++;
     else if (c === '}' || c === ']') {
@@ -215,7 +218,8 @@ export function afterReasoning(text: string, firstCall: (text: string) => number
   const call = firstCall(text);
   return call === -1 || end < call ? text.slice(end + END_THINK.length) : text;
 }
-function skipSpace(text: string, from: number): number {
+/** The first index at or after `from` that is not JSON whitespace (space, newline, tab, carriage return). */
+export function skipSpace(text: string, from: number): number {
   let i = from;
   while (i < text.length && (text[i] === ' ' || text[i] === '\n' || text[i] === '\t' || text[i] === '\r')) i++;
   return i;

@@ -1,4 +1,4 @@
-import { afterReasoning, isPlainObject, parseArguments, parseModelJson, parseTaggedCalls, pythonJson } from './call-json.js';
+import { afterReasoning, isPlainObject, parseArguments, parseModelJson, parseTaggedCalls, pythonJson, skipSpace } from './call-json.js';
 import type { ParsedToolCalls, ToolCall, ToolCallParser } from './types.js';
 
 const CALLS_BEGIN = '<｜tool▁calls▁begin｜>';
@@ -99,7 +99,8 @@ const MAX_HEADER_CHARS = 512;
 
 /**
  * Where the arguments' JSON value opens in the call body starting at `from`: after `<type><SEP><name>`, a newline and
- * the fence line, when the value is an object or an array; -1 otherwise (the body is then cut at its first end tag).
+ * the fence line, when the value is an object, an array or a string (arguments written as a JSON string holding the
+ * object); -1 otherwise (the body is then cut at its first end tag).
  * Looks at most {@link MAX_HEADER_CHARS} characters, so a text of many opening tags stays linear.
  */
 function argumentsStart(text: string, from: number): number {
@@ -110,8 +111,7 @@ function argumentsStart(text: string, from: number): number {
   if (fence < 0 || !header.slice(sep + SEP.length, fence).includes('\n')) return -1;
   let open = fence + FENCE.length;
   if (header.startsWith('json', open)) open += 'json'.length;
-  let at = open;
-  while (at < header.length && /\s/u.test(header[at]!)) at++;
-  if (!header.slice(open, at).includes('\n') || (header[at] !== '{' && header[at] !== '[')) return -1;
+  const at = skipSpace(header, open);
+  if (!header.slice(open, at).includes('\n') || (header[at] !== '{' && header[at] !== '[' && header[at] !== '"')) return -1;
   return from + at;
 }
