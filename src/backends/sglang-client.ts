@@ -33,7 +33,7 @@ const PAUSE_MODE: Partial<Record<PauseMode, string>> = { abort: 'abort', keep: '
  * `python/sglang/srt/entrypoints/http_server.py`, `managers/io_struct.py`, `sampling/sampling_params.py`):
  *
  * - `POST /generate` `{input_ids, sampling_params: {max_new_tokens, temperature, top_p, top_k, sampling_seed,
- *   stop, skip_special_tokens: false}, return_logprob: true, logprob_start_len: -1, stream: false, rid}` — the
+ *   stop, stop_token_ids, skip_special_tokens: false}, return_logprob: true, logprob_start_len: -1, stream: false, rid}` — the
  *   sampled ids and logprobs come back in `meta_info.output_token_logprobs` (`[logprob, id, null]` per token) and
  *   `output_ids`, and are used exactly as returned;
  * - `GET /health_generate` (200 once the engine produced a token, 503 otherwise; `GET /get_model_info` while paused);
@@ -107,6 +107,7 @@ export class SglangClient implements EngineClient {
     };
     if (request.seed !== undefined) sampling.sampling_seed = request.seed;
     if (request.stop !== undefined && request.stop.length > 0) sampling.stop = request.stop;
+    if (request.stopTokenIds !== undefined && request.stopTokenIds.length > 0) sampling.stop_token_ids = request.stopTokenIds;
     // The ids are written from the ledger's serialized context (prompt-json.ts), not serialized again.
     const body: Record<string, unknown> = {
       sampling_params: sampling,

@@ -17,6 +17,12 @@ export interface GenerateRequest {
   seed?: number;
   stop?: readonly string[];
   /**
+   * Ids that end the turn (the tokenizer's stop tokens: EOS, <|im_end|>, <|eot_id|>, ...). Sent as `stop_token_ids`, so
+   * the engine stops at them even when its model's generation_config lists fewer (a base model's <|endoftext|> only);
+   * the stopping id stays the answer's last.
+   */
+  stopTokenIds?: readonly number[];
+  /**
    * The tokenizer's vocabulary size: an answer with an id outside [0, vocabSize) is refused (backend_error).
    * Unchecked when absent.
    */

@@ -123,6 +123,7 @@ export class VllmClient implements EngineClient {
     body.frequency_penalty = NEUTRAL_SAMPLING.frequencyPenalty;
     if (request.seed !== undefined) body.seed = request.seed;
     if (request.stop !== undefined && request.stop.length > 0) body.stop = request.stop;
+    if (request.stopTokenIds !== undefined && request.stopTokenIds.length > 0) body.stop_token_ids = request.stopTokenIds;
     const headers: Record<string, string> = {};
     if (request.requestId !== undefined) {
       checkRequestId(request.requestId);

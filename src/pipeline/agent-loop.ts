@@ -11,10 +11,11 @@ import type { Tool, ToolCallParser } from '../tools/types.js';
 import { executeToolCalls } from '../tools/execute.js';
 import { disposeTools } from '../tools/dispose-tools.js';
 import type { Logger } from '../observability/logger.js';
+import { RateLimitedLog } from '../observability/rate-limited-log.js';
 import type { Sandbox } from '../sandboxes/types.js';
 import type { TokenWork } from '../tokens/token-work.js';
 import { toolSchemas } from '../tools/registry.js';
-import { abortedTurnEnd, stopAcrossBoundary } from './continuation-stop.js';
+import { abortedTurnEnd, firstStopToken, stopAcrossBoundary } from './continuation-stop.js';
 import type { RunResult, Sample } from './sample.js';
 import { segmentSeed } from './seeds.js';
 import { exceedsStaleness, VersionTracker } from './staleness.js';
@@ -248,6 +249,7 @@ async function sampleTurn(ctx: {
         // Samples of a group must differ: a task seed becomes one seed per sample, turn and segment.
         ...(sampling.seed !== undefined && { seed: segmentSeed(sampling.seed, sample.index, turn, segment) }),
         ...(sampling.stop.length > 0 && { stop: sampling.stop }),
+        stopTokenIds: deps.tokenizer.stopTokenIds,
         signal,
       });
     } catch (err) {
@@ -276,12 +278,24 @@ async function sampleTurn(ctx: {
     // Aborted after its turn had ended (a stop token sampled, a stop string completed): the turn ends there, as the
     // uninterrupted request's would have — continued, it would sample past its end. A continuation: a stop string
     // begun before the abort is no match for the engine (see continuation-stop.ts).
-    const keep =
+    let keep =
       finishReason === 'abort'
         ? abortedTurnEnd(earlierIds, tokenIds, sampling.stop, deps.tokenizer.stopTokenIds, decode)
         : out.tokens > 0
           ? stopAcrossBoundary(earlierIds, tokenIds, sampling.stop, decode)
           : undefined;
+    // Sampled on past a stop token: the engine stops at its model's generation_config ids, and one without an id this
+    // tokenizer ends turns with (a base model's <|endoftext|> only, turns closed by <|im_end|>) goes on into text the
+    // turn never holds (a forged next turn). The turn ends at that token, as it would have on an engine told about it;
+    // what is kept is still exactly what was sampled (review-s37-past-stop-token).
+    if (finishReason !== 'abort') {
+      const stopToken = firstStopToken(tokenIds, deps.tokenizer.stopTokenIds);
+      if (stopToken >= 0 && stopToken < tokenIds.length - 1 && (keep === undefined || stopToken + 1 < keep)) {
+        pastStopLog(deps.logger)?.write('warn', { backend: result.backendId, stopTokenId: tokenIds[stopToken], dropped: tokenIds.length - stopToken - 1 },
+          'engine sampled past a stop token (its model\'s generation_config lacks it?): the turn ends at the token, the ids after it are dropped');
+        keep = stopToken + 1;
+      }
+    }
     if (keep !== undefined) {
       tokenIds = tokenIds.slice(0, keep);
       logprobs = logprobs.slice(0, keep);
@@ -318,4 +332,13 @@ function worstOutcome(outcomes: Outcome[]): Outcome {
   if (outcomes.includes('malformed')) return 'malformed';
   if (outcomes.includes('error')) return 'error';
   return 'ok';
+}
+
+/** One rate-limited log per pipeline logger for answers past a stop token: a misconfigured engine sends them all. */
+const pastStopLogs = new WeakMap<Logger, RateLimitedLog>();
+function pastStopLog(logger: Logger | undefined): RateLimitedLog | undefined {
+  if (logger === undefined) return undefined;
+  let log = pastStopLogs.get(logger);
+  if (log === undefined) pastStopLogs.set(logger, (log = new RateLimitedLog(logger, { linesPerSecond: 0.1, burst: 3 })));
+  return log;
 }

@@ -46,7 +46,7 @@ export function abortedTurnEnd(
   stopTokenIds: readonly number[],
   decode: (ids: readonly number[]) => string,
 ): number | undefined {
-  const stopToken = segmentIds.findIndex((id) => stopTokenIds.includes(id));
+  const stopToken = firstStopToken(segmentIds, stopTokenIds);
   // Only text before the stop token counts: the engine would have ended at the token.
   const before = stopToken < 0 ? segmentIds : segmentIds.slice(0, stopToken);
   const byString = stops.length > 0 && before.length > 0 ? firstStopEnd(earlierIds, before, stops, decode, true) : undefined;
@@ -90,4 +90,10 @@ function firstStopEnd(
     else lo = mid + 1;
   }
   return lo;
+}
+
+/** Index of the first id of `ids` that is one of `stopTokenIds`, -1 when none is. */
+export function firstStopToken(ids: readonly number[], stopTokenIds: readonly number[]): number {
+  for (let i = 0; i < ids.length; i++) if (stopTokenIds.includes(ids[i]!)) return i;
+  return -1;
 }

@@ -18,6 +18,8 @@ export interface FakeSample {
   finish: 'stop' | 'length' | 'abort';
   /** The stop string that ended the text, or null (stop token, length or abort). */
   stopReason: string | null;
+  /** The requested stop token id (vLLM/SGLang `stop_token_ids`) that ended the answer, if one did. */
+  stopTokenId?: number;
 }
 
 /** Completions remembered for continuations (see FakeSampler); older ones are forgotten first. */
@@ -51,7 +53,11 @@ export class FakeSampler {
     return this.options.tokenizer;
   }
 
-  sample(promptIds: readonly number[], maxTokens: number, seed: number, stops: readonly string[]): FakeSample {
+  /**
+   * `stopTokenIds`: the request's stop token ids (vLLM's and SGLang's `stop_token_ids`): the answer ends at the first
+   * of them sampled, that id kept as its last (finish "stop"), as the engines end it.
+   */
+  sample(promptIds: readonly number[], maxTokens: number, seed: number, stops: readonly string[], stopTokenIds: readonly number[] = []): FakeSample {
     const rest = this.#continuation(promptIds);
     if (rest !== undefined) {
       const ids = rest.slice(0, maxTokens);
@@ -75,14 +81,23 @@ export class FakeSampler {
       const end = text.indexOf(stopReason) + stopReason.length;
       ids = idsThrough(encode(text.slice(0, end + 16)), end, (prefix) => tokenizer.decode(prefix));
     }
+    let stopTokenId: number | undefined;
+    const stopAt = stopTokenIds.length === 0 ? -1 : ids.findIndex((id) => stopTokenIds.includes(id));
+    if (stopAt >= 0 && (stopAt < ids.length - 1 || stopReason !== null)) {
+      ids = ids.slice(0, stopAt + 1);
+      // The model's own end token (the double's eos) is reported as eos, as the engines do (stop_reason null).
+      if (ids[stopAt] !== this.stopId) stopTokenId = ids[stopAt];
+      stopReason = null;
+    }
     this.#remember(promptIds, ids);
     let finish: FakeSample['finish'] = 'stop';
     if (ids.length > maxTokens) {
       ids = ids.slice(0, maxTokens);
       finish = 'length';
       stopReason = null;
+      stopTokenId = undefined;
     }
-    return { ids, logprobs: this.#logprobs(ids, seed, promptIds.length), finish, stopReason };
+    return { ids, logprobs: this.#logprobs(ids, seed, promptIds.length), finish, stopReason, ...(stopTokenId !== undefined && { stopTokenId }) };
   }
 
   #logprobs(ids: readonly number[], seed: number, at: number): number[] {

@@ -65,7 +65,7 @@ export interface FakeSglangStats {
 function finishReason(sample: FakeSample, stopId: number): Record<string, unknown> {
   if (sample.finish === 'length') return { type: 'length', length: sample.ids.length };
   if (sample.finish === 'abort') return { type: 'abort', message: 'Abort in running batch.', status_code: null, err_type: null };
-  return { type: 'stop', matched: sample.stopReason ?? stopId };
+  return { type: 'stop', matched: sample.stopTokenId ?? sample.stopReason ?? stopId };
 }
 
 /**
@@ -276,7 +276,8 @@ export class FakeSglangEngine {
     const rid = typeof body.rid === 'string' ? body.rid : randomUUID().replaceAll('-', '');
     const seed = typeof sampling.sampling_seed === 'number' ? sampling.sampling_seed : hashInts(index, 0x5eed);
     const stops = Array.isArray(sampling.stop) ? (sampling.stop as string[]) : typeof sampling.stop === 'string' ? [sampling.stop] : [];
-    let sample = this.#sampler.sample(promptIds as number[], maxNewTokens, seed, stops);
+    const stopTokenIds = Array.isArray(sampling.stop_token_ids) ? (sampling.stop_token_ids as number[]) : [];
+    let sample = this.#sampler.sample(promptIds as number[], maxNewTokens, seed, stops, stopTokenIds);
     let answered = false;
     res.on('close', () => {
       if (!answered) this.#inflight.cancel(rid);

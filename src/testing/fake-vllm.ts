@@ -64,6 +64,11 @@ export interface FakeVllmOptions {
    * splitting to prove the server never re-tokenizes what the policy sampled.
    */
   tokenize?: (text: string) => number[];
+  /**
+   * True: the request's `stop_token_ids` are ignored, as by an engine (or a gateway in front of one) that drops the
+   * field, so an answer goes on past a stop token the model's own end token is not (default false: honoured, as vLLM).
+   */
+  ignoreStopTokenIds?: boolean;
   /** Sees every completion the engine returns, so tests can compare trajectories with what was sampled. */
   onCompletion?: (completion: { promptIds: readonly number[]; tokenIds: readonly number[]; logprobs: readonly number[]; finishReason: 'stop' | 'length' | 'abort' }) => void;
   /**
@@ -294,7 +299,8 @@ export class FakeVllmEngine {
     const promptIds = body.prompt as number[];
     const seed = typeof body.seed === 'number' ? body.seed : hashInts(index, 0x5eed);
     const stops = Array.isArray(body.stop) ? (body.stop as string[]) : typeof body.stop === 'string' ? [body.stop] : [];
-    let sample = this.#sampler.sample(promptIds, (body.max_tokens as number | undefined) ?? 16, seed, stops);
+    const stopTokenIds = this.options.ignoreStopTokenIds !== true && Array.isArray(body.stop_token_ids) ? (body.stop_token_ids as number[]) : [];
+    let sample = this.#sampler.sample(promptIds, (body.max_tokens as number | undefined) ?? 16, seed, stops, stopTokenIds);
     stats.inflight++;
     stats.maxInflight = Math.max(stats.maxInflight, stats.inflight);
     let answered = false;
@@ -356,7 +362,7 @@ export class FakeVllmEngine {
       text: outText,
       logprobs: typeof body.logprobs === 'number' ? completionLogprobs(tokenizer, ids, logprobs, body.return_tokens_as_token_ids === true) : null,
       finish_reason: finish,
-      stop_reason: stopReason,
+      stop_reason: sample.stopTokenId ?? stopReason,
       token_ids: wantIds ? ids : null,
       prompt_logprobs: null,
       prompt_token_ids: wantIds ? promptIds : null,

@@ -90,6 +90,17 @@ describe('the embedded llama.cpp engine', () => {
     expect(free.text.startsWith(stopped.text)).toBe(true);
   });
 
+  it('ends at a requested stop token id (stop_token_ids) with finish stop, the id kept as the last', async () => {
+    const whole = await ask({ maxTokens: 16 });
+    // The seed fixes the ids: asked again with the fifth sampled id as a stop id, the answer ends at its first place.
+    const stopId = whole.tokenIds[4]!;
+    const at = whole.tokenIds.indexOf(stopId);
+    const out = await ask({ maxTokens: 16, stopTokenIds: [stopId] });
+    expect(out.finishReason).toBe('stop');
+    expect(out.tokenIds).toEqual(whole.tokenIds.slice(0, at + 1));
+    expect(out.logprobs).toEqual(whole.logprobs.slice(0, at + 1));
+  });
+
   it('stops mid-generation when the signal aborts, with the abort reason', async () => {
     const controller = new AbortController();
     const started = performance.now();

@@ -278,7 +278,7 @@ export class EmbeddedEngineClient implements EngineClient {
         if (!(out.confidence > 0)) throw new RolloutError('backend_error', `embedded engine ${this.url}: no probability for sampled id ${out.token}`);
         tokenIds.push(out.token);
         logprobs.push(Math.min(0, Math.log(out.confidence)));
-        if (model.isEogToken(out.token)) {
+        if (model.isEogToken(out.token) || request.stopTokenIds?.includes(out.token) === true) {
           finishReason = 'stop';
           break;
         }
