@@ -234,7 +234,8 @@ class Truncated:
 def truncate(sample: Sample, max_prompt: int | None, max_response: int | None) -> Truncated:
     """Cuts a sample to a trainer's fixed widths: the prompt from the left (its end conditions the response), the
     response from the right, keeping ids, mask, logprobs and versions aligned. Cutting never creates or alters a
-    token, so every kept token is still exactly what was sampled or rendered."""
+    token, so every kept token is still exactly what was sampled or rendered. A cut prompt is only a width fix: the
+    response was sampled from the whole prompt, so such a sample must not be trained on (see :func:`prompt_cut_error`)."""
     prompt = list(sample.prompt_ids)
     prompt_cut = 0
     if max_prompt is not None and len(prompt) > max_prompt:
@@ -299,6 +300,21 @@ def timing_seconds(sample: Sample, name: str) -> float:
         if key in timing:
             return float(timing[key]) / 1000.0
     return 0.0
+
+
+def prompt_cut_error(cut: Truncated) -> str | None:
+    """Why a sample whose prompt had to be cut to the trainer's width cannot be learned from; None when it was not cut.
+
+    The engine sampled the response after the whole prompt; the trainer would score it after the cut one, so its
+    log-probabilities (and any importance ratio against the rollout's) belong to another context: an off-policy
+    sample that looks on-policy. Masked instead, with the reason in the trainer's logs. (A response cut from the
+    right is fine: every kept token still follows exactly the context it was sampled in.)"""
+    if cut.prompt_cut == 0:
+        return None
+    kept = len(cut.prompt_ids)
+    return (f"prompt of {kept + cut.prompt_cut} tokens is longer than the trainer's prompt width ({kept}): cut from the"
+            " left to fit, its response is masked (it was sampled after the whole prompt); raise the prompt width or"
+            " filter long prompts")
 
 
 def failure_info(sample: Sample) -> dict[str, Any]:

@@ -14,7 +14,8 @@ nothing since a group of all-masked samples has no gradient), stop reason ``roll
 line. ``rollout_metrics`` counts them.
 
 Widths: SkyRL does not cut what a generator returns; give ``max_prompt_length``/``max_response_length`` to cut
-(prompt from the left, response from the right; ids, masks and logprobs together).
+(prompt from the left, response from the right; ids, masks and logprobs together). A sample whose prompt had to be
+cut is masked (stop reason ``rollout_service:prompt_cut``): its response was sampled after the whole prompt.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from ._common import (
     TaskRequest,
     as_plain,
     failure_info,
+    prompt_cut_error,
     last_user_text,
     neutral_reward,
     shared_coalescer,
@@ -124,9 +126,12 @@ class RolloutServiceGenerator(_Base):  # type: ignore[misc,valid-type]
     def _row(self, group: Any, j: int) -> dict[str, Any]:
         sample = group.samples[j]
         cut = truncate(sample, self.max_prompt_length, self.max_response_length)
-        ok = usable(sample)
-        if not ok:
+        cut_error = prompt_cut_error(cut)
+        ok = usable(sample) and cut_error is None
+        if not usable(sample):
             logger.warning("rollout sample failed, masked: %s", failure_info(sample))
+        elif cut_error is not None:
+            logger.warning("rollout sample not trainable, masked: %s", {**failure_info(sample), "error": cut_error})
         mask = cut.loss_mask if ok else [0] * len(cut.response_ids)
         logprobs = cut.logprobs if ok else [0.0] * len(cut.response_ids)
         response = cut.response_ids
@@ -138,7 +143,7 @@ class RolloutServiceGenerator(_Base):  # type: ignore[misc,valid-type]
             "mask": mask,
             "logprobs": logprobs,
             "reward": float(sample.reward) if ok else neutral_reward(group),
-            "stop": engine_stop_reason(sample) if ok else f"rollout_service:{sample.status}",
+            "stop": engine_stop_reason(sample) if ok else f"rollout_service:{'prompt_cut' if usable(sample) else sample.status}",
             "failed": not ok,
             "cut": cut.response_cut,
             "seconds": timing_seconds(sample, "total"),
@@ -146,7 +151,7 @@ class RolloutServiceGenerator(_Base):  # type: ignore[misc,valid-type]
             "env": timing_seconds(sample, "tool") + timing_seconds(sample, "eval") + timing_seconds(sample, "init"),
             "env_metrics": {"rollout_task_id": sample.task_id, "rollout_sample_index": sample.sample_index,
                             "rollout_status": sample.status, "rollout_finish_reason": sample.finish_reason or "",
-                            "rollout_error": sample.error or "", "rollout_stale": bool(sample.stale)},
+                            "rollout_error": sample.error or cut_error or "", "rollout_stale": bool(sample.stale)},
         }
 
     def _placeholder(self, prompt: Any, stop: str) -> dict[str, Any]:

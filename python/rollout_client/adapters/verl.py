@@ -20,9 +20,11 @@ and eval time) and extra_fields (status, ids and ``rollout_stale``, the mark of 
 on every sample so verl can stack them).
 
 Lengths: verl pads every sample to ``rollout.prompt_length`` / ``rollout.response_length`` and does not truncate,
-so a longer sample fails the whole batch when it is stacked. The prompt is cut from the left (as verl's own
-``_cap_text_prompt_length`` does) and the response from the right; ``extra_fields["rollout_cut_tokens"]`` says
-how many response tokens were cut. The service is also asked for at most ``response_length`` tokens per turn; set
+so a longer sample fails the whole batch when it is stacked. The response is cut from the right;
+``extra_fields["rollout_cut_tokens"]`` says how many response tokens were cut. A prompt longer than ``prompt_length``
+is cut from the left to fit (as verl's own ``_cap_text_prompt_length`` does), but unlike verl's the response was
+sampled after the whole prompt, so that sample is masked like a failed one (``rollout_failed``, the reason in
+``rollout_error``, ``extra_fields["rollout_prompt_cut_tokens"]`` > 0): raise ``prompt_length`` or filter long prompts. The service is also asked for at most ``response_length`` tokens per turn; set
 the environment's token budget (``sampling.max_total_tokens`` through :meth:`task_for`) to keep cuts rare.
 
 Failures: verl has no per-sample drop. A sample the service reports as failed (timeout, cancelled, environment,
@@ -44,6 +46,7 @@ from ._common import (
     TaskRequest,
     as_plain,
     failure_info,
+    prompt_cut_error,
     last_user_text,
     neutral_reward,
     shared_coalescer,
@@ -103,10 +106,14 @@ class RolloutServiceAgentLoop(AgentLoopBase):
         """verl's record of sample ``i`` of ``group``, cut to the configured widths (see the module doc)."""
         sample = group.samples[i]
         cut = truncate(sample, int(self.rollout_config.prompt_length), int(self.rollout_config.response_length))
-        ok = usable(sample)
+        cut_error = prompt_cut_error(cut)
+        ok = usable(sample) and cut_error is None
         mask, logprobs, response = cut.loss_mask, cut.logprobs, cut.response_ids
-        if not ok:
+        if not usable(sample):
             logger.warning("rollout sample failed, masked: %s", failure_info(sample))
+        elif cut_error is not None:
+            logger.warning("rollout sample not trainable, masked: %s", {**failure_info(sample), "error": cut_error})
+        if not ok:
             mask = [0] * len(response)
             logprobs = [0.0] * len(response)
         if not response:
@@ -131,7 +138,7 @@ class RolloutServiceAgentLoop(AgentLoopBase):
                 "rollout_status": sample.status,
                 "rollout_failed": not ok,
                 "rollout_infra_failure": bool(sample.is_infra_failure),
-                "rollout_error": sample.error or "",
+                "rollout_error": sample.error or cut_error or "",
                 "rollout_cut_tokens": cut.response_cut,
                 "rollout_prompt_cut_tokens": cut.prompt_cut,
                 "rollout_policy_version_min": min(versions) if versions else None,

@@ -113,9 +113,19 @@ def test_it_cuts_to_the_given_widths(target, stub):
     check_generator_output(2, out)
     for i, metrics in enumerate(out["env_metrics"]):
         t = fetch_trajectory(stub, metrics["rollout_task_id"], metrics["rollout_sample_index"])
+        assert len(t.prompt_token_ids) > 10, "the test needs a prompt longer than the configured width"
         assert out["prompt_token_ids"][i] == list(t.prompt_token_ids)[-10:]
         assert out["response_ids"][i] == list(t.response_token_ids)[:7]
-        assert out["loss_masks"][i] == list(t.response_mask)[:7]
+        # Sampled after the whole prompt: masked, not trained on a context it was not sampled in (review s37).
+        assert out["loss_masks"][i] == [0] * len(out["response_ids"][i])
+        assert out["stop_reasons"][i] == "rollout_service:prompt_cut"
+        assert "prompt width" in metrics["rollout_error"]
+    gen = RolloutServiceGenerator({"targets": target}, environments={"gsm8k": "math"}, max_prompt_length=4096, max_response_length=7)
+    out = asyncio.run(run(gen, batch(1, 2, seed=3)))
+    for i, metrics in enumerate(out["env_metrics"]):
+        t = fetch_trajectory(stub, metrics["rollout_task_id"], metrics["rollout_sample_index"])
+        assert out["prompt_token_ids"][i] == list(t.prompt_token_ids)
+        assert out["loss_masks"][i] == list(t.response_mask)[:7] and sum(out["loss_masks"][i]) > 0
 
 
 def test_it_never_raises_a_rejected_spec_becomes_a_masked_row(target):

@@ -133,14 +133,31 @@ def test_outputs_fit_verls_configured_widths(target, stub):
         assert out.prompt_ids == list(t.prompt_token_ids)[-12:]
         n = min(9, len(t.response_token_ids))
         assert out.response_ids == list(t.response_token_ids)[:n]
-        assert out.response_mask == list(t.response_mask)[:n]
-        assert out.response_logprobs == pytest.approx(list(t.response_logprobs)[:n])
+        # Sampled after the whole prompt, scored after the cut one: not trainable, so masked (review s37).
+        assert out.response_mask == [0] * n and sum(t.response_mask) > 0
+        assert out.response_logprobs == [0.0] * n
+        assert out.extra_fields["rollout_failed"] is True and out.extra_fields["rollout_infra_failure"] is False
+        assert out.extra_fields["rollout_prompt_cut_tokens"] == len(t.prompt_token_ids) - 12
+        assert "prompt width" in out.extra_fields["rollout_error"]
         assert out.extra_fields["rollout_cut_tokens"] == len(t.response_token_ids) - n
         # verl's own padding now yields exactly its widths, so the batch stacks
         assert AgentLoopWorker._pad_token_ids(worker, out.prompt_ids, max_length=12, padding_side="left", return_attention_mask=True)["input_ids"].shape == (1, 12)
         assert AgentLoopWorker._pad_token_ids(worker, out.response_ids, max_length=9, padding_side="right", return_attention_mask=True)["input_ids"].shape == (1, 9)
         as_dict = out.as_dict()
         assert as_dict["responses"].dtype == torch.int64 and as_dict["rollout_log_probs"].shape == as_dict["responses"].shape
+
+
+def test_a_response_cut_to_the_width_keeps_its_mask_and_logprobs(target, stub):
+    cfg = trainer_config(target, prompt_length=2048, response_length=9)
+    outputs = asyncio.run(generate_sequences(cfg, math_rows(1, 2, seed=15)))
+    for out in outputs:
+        t = fetch_trajectory(stub, out.extra_fields["rollout_task_id"], out.extra_fields["rollout_sample_index"])
+        assert len(t.response_token_ids) > 9, "the test needs a response longer than the configured width"
+        assert out.prompt_ids == list(t.prompt_token_ids)
+        assert out.response_ids == list(t.response_token_ids)[:9]
+        assert out.response_mask == list(t.response_mask)[:9]
+        assert out.response_logprobs == pytest.approx(list(t.response_logprobs)[:9])
+        assert out.extra_fields["rollout_failed"] is False and out.extra_fields["rollout_prompt_cut_tokens"] == 0
 
 
 def test_a_failed_sample_is_masked_with_the_group_neutral_reward(target):
