@@ -219,7 +219,8 @@ export class StreamWriter<T> {
 
   /**
    * For a call ended with a status because its client took no message for `stalledMs`: resets the call's HTTP/2 stream
-   * (RST_STREAM CANCEL; grpc clients see CANCELLED) unless it closed within a grace, another `stalledMs` and at least
+   * (RST_STREAM ENHANCE_YOUR_CALM: grpc clients, grpc-js and grpc core alike, see RESOURCE_EXHAUSTED, the status it was
+   * ended with, instead of a CANCELLED that reads as their own cancel) unless it closed within a grace, another `stalledMs` and at least
    * 10 s. The status waits behind the messages grpc-js and the stream hold (the client keeps its window shut), so the
    * stream and its buffers stayed, whatever slot was given up, as long as the client kept the connection; the reset
    * frees them and touches no other stream of the connection. With the grace equal to `stalledMs`, about as many ended
@@ -231,7 +232,7 @@ export class StreamWriter<T> {
     if (stream === undefined) return false;
     if (stream.closed || stream.destroyed) return true;
     const timer = setTimeout(() => {
-      if (!stream.closed && !stream.destroyed) stream.close(http2Constants.NGHTTP2_CANCEL);
+      if (!stream.closed && !stream.destroyed) stream.close(http2Constants.NGHTTP2_ENHANCE_YOUR_CALM);
     }, Math.max(stalledMs, STALL_RESET_MIN_MS));
     timer.unref();
     stream.once('close', () => clearTimeout(timer));

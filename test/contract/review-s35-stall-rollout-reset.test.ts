@@ -46,7 +46,7 @@ describe('a Rollout stream ended for not reading, whose client still does not re
   });
   afterAll(async () => h?.close());
 
-  it('is reset (RST_STREAM CANCEL) once its grace passes, its session stays resumable, and a Watch on the same connection goes on', async () => {
+  it('is reset (RST_STREAM ENHANCE_YOUR_CALM: RESOURCE_EXHAUSTED to gRPC clients, not CANCELLED) once its grace passes, its session stays resumable, and a Watch on the same connection goes on', async () => {
     // A raw HTTP/2 client with a 1 KiB window: grpc-js's own takes every message off the wire whether its caller reads.
     const connection = connect(`http://${h.server.address}`, { settings: { initialWindowSize: 1024 } });
     connection.on('error', () => undefined);
@@ -79,7 +79,7 @@ describe('a Rollout stream ended for not reading, whose client still does not re
       const afterReset = heldBytes() - before;
       console.log(`stalled Rollout stream, ended: heap+buffers +${(whileEnded / MiB).toFixed(1)} MiB; ${stalled.closed ? `reset (rstCode ${stalled.rstCode})` : 'still open'} after its grace: +${(afterReset / MiB).toFixed(1)} MiB (session holds ${(session.unackedBytes / MiB).toFixed(1)} MiB unacked)`);
       expect(stalled.closed, 'the ended stream is still open: its HTTP/2 stream (and buffers) kept (grpc-js internals changed? see http2StreamOf)').toBe(true);
-      expect(stalled.rstCode).toBe(constants.NGHTTP2_CANCEL);
+      expect(stalled.rstCode).toBe(constants.NGHTTP2_ENHANCE_YOUR_CALM);
       // Its session is resumable with what it owes (the reset ends the stream, not the session).
       expect(h.server.sessions.get('never-reads')?.unackedCount).toBeGreaterThan(0);
       // The Watch on the same connection was not touched.
