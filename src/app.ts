@@ -96,6 +96,7 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
     holdRecoveredBackends: config.backendHoldRecovered,
     maxBusyRetries: config.backendMaxBusyRetries,
     busyBackoffMs: config.backendBusyBackoffMs,
+    maxRetryAfterMs: config.backendMaxRetryAfterMs,
     maxBufferedResponseBytes: config.backendMaxBufferedResponseBytes,
   });
   // Whatever has started is released when a later step fails (an engine that contradicts its config, Apptainer
@@ -117,11 +118,11 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
   let server: RunningServer;
   let runtime: RolloutRuntime;
   try {
-    const clientOptions = { requestTimeoutMs: config.backendRequestTimeoutMs, maxResponseBytes: config.backendMaxResponseBytes, responseBudget: pool.responseBudget };
+    const clientOptions = { requestTimeoutMs: config.backendRequestTimeoutMs, bodyIdleTimeoutMs: config.backendBodyIdleTimeoutMs, maxResponseBytes: config.backendMaxResponseBytes, responseBudget: pool.responseBudget };
     const added = config.backends.map((b, i) => {
       let client: EngineClient;
       try {
-        client = createEngineClient(b.kind, b.url, b.model ?? config.model.name, { ...clientOptions, maxConcurrency: b.maxConcurrency || config.backendDefaultMaxConcurrency });
+        client = createEngineClient(b.kind, b.url, b.model ?? config.model.name, { ...clientOptions, checkAnswerId: b.checkAnswerId, maxConcurrency: b.maxConcurrency || config.backendDefaultMaxConcurrency });
       } catch (err) {
         // The config check names what it can; whatever a client still refuses about its URL is named the same way.
         const e = RolloutError.from(err);

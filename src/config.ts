@@ -1,6 +1,7 @@
 import { z } from 'zod';
-import { withoutCredentials } from './backends/engine-http.js';
+import { DEFAULT_BODY_IDLE_MS, withoutCredentials } from './backends/engine-http.js';
 import { BACKEND_KIND_NAMES, backendKind } from './backends/kinds.js';
+import { DEFAULT_MAX_RETRY_AFTER_MS } from './backends/pool-options.js';
 import { DEFAULT_MAX_BUFFERED_RESPONSE_BYTES, MAX_BUFFERED_RESPONSE_BYTES, MIN_BUFFERED_RESPONSE_BYTES } from './backends/response-budget.js';
 import { tokenProblem } from './bearer-token.js';
 import { MAX_ACK_ENTRIES } from './contract/session.js';
@@ -72,14 +73,15 @@ const stringOfMaxBytes = (max: number) => z.string().refine((s) => Buffer.byteLe
 const backendSchema = z
   .strictObject({
     /**
-     * The engine's base URL. Userinfo (`http://user:pass@host:8000`) is sent as HTTP basic auth and never shown: the
-     * backend's url (ListBackends, logs, errors) and its default id are the URL without it.
+     * The engine's base URL. Userinfo (`http://user:pass@host:8000`) is sent as HTTP basic auth and a query string
+     * (`?api_key=...`) with every request; neither is shown: the backend's url (ListBackends, logs, errors) and its
+     * default id are the URL without userinfo and with its query values masked (`?api_key=***`).
      */
     url: stringOfMaxBytes(MAX_BACKEND_URL_BYTES).pipe(z.string().url()),
     kind: z.enum(BACKEND_KIND_NAMES).default('vllm'),
     /** Requests the engine runs at once; 0 (default): what the engine reports, else `backendDefaultMaxConcurrency`. */
     maxConcurrency: z.number().int().min(0).default(0),
-    /** Default: the url without its userinfo. */
+    /** Default: the url as shown (without its userinfo, query values masked). */
     id: z
       .string()
       .superRefine((id, ctx) => {
@@ -94,12 +96,22 @@ const backendSchema = z
      * the engine says (vLLM in dev mode), else unknown. An engine that reports another mode stops the server.
      */
     logprobsMode: z.enum(['raw', 'processed']).optional(),
+    /**
+     * vLLM only: refuse (as an engine error: the request moves, nothing is recorded) a completion whose `id` is not
+     * `cmpl-<X-Request-Id>` — what vLLM names an answer to a request sent with that header — so an answer meant for
+     * another request is caught even when its prompt has the same length (`usage.prompt_tokens` is always checked).
+     * Off by default: a gateway in front of vLLM may rename answers. SGLang's answers (`meta_info.id`) are always checked.
+     */
+    checkAnswerId: z.boolean().default(false),
   })
   // A URL its kind cannot reach (vllm/sglang over http(s); embedded file:/embedded:) is named here, not thrown later by
   // the client's constructor. The URL itself is not echoed: it may carry credentials.
   .superRefine((backend, ctx) => {
     const problem = backendKind(backend.kind).urlProblem(backend.url);
     if (problem !== undefined) ctx.addIssue({ code: 'custom', path: ['url'], message: problem });
+    if (backend.checkAnswerId && backend.kind !== 'vllm') {
+      ctx.addIssue({ code: 'custom', path: ['checkAnswerId'], message: `is for vllm backends (${backend.kind === 'sglang' ? "an sglang engine's answers are always checked" : "an embedded engine's answers come in process"})` });
+    }
   })
   // The default id is set here, not where the backend is added, so that it never carries the URL's credentials.
   .transform((backend) => ({ ...backend, id: backend.id ?? withoutCredentials(backend.url) }));
@@ -213,6 +225,21 @@ export const serverConfigSchema = z.strictObject({
   backendDefaultMaxConcurrency: z.number().int().min(1).default(256),
   /** Budget of one engine request (one turn); past it the request fails with BACKEND_ERROR. 0 = none. */
   backendRequestTimeoutMs: z.number().int().min(0).max(MAX_TIMER_MS).default(300_000),
+  /**
+   * Once an engine's answer has sent its headers, the longest its body may then send nothing, ms (default 30 s): vLLM
+   * and SGLang send a non-streaming answer's headers and body together, so a body silent this long is a hung engine or
+   * proxy, not a long generation (which sends no headers until it is done, and only backendRequestTimeoutMs bounds).
+   * Past it the engine counts as lost: its health is checked at once and the request moves (failover). A wait for
+   * room in backendMaxBufferedResponseBytes does not count. At most backendRequestTimeoutMs when that is set (a
+   * longer one would never fire: the request's budget ends first); the default is then simply outlasted by it.
+   */
+  backendBodyIdleTimeoutMs: z.number().int().min(1).max(MAX_TIMER_MS).default(DEFAULT_BODY_IDLE_MS),
+  /**
+   * The longest Retry-After of an engine's busy answer (HTTP 429/503) that is honoured, ms (default 60 s): that engine
+   * is asked again no sooner than its Retry-After, by every request to it, but never later than this after the answer
+   * — an engine or gateway asking for an hour must not hold its trajectories that long.
+   */
+  backendMaxRetryAfterMs: z.number().int().min(1).max(MAX_TIMER_MS).default(DEFAULT_MAX_RETRY_AFTER_MS),
   /**
    * Largest engine answer (completion body) accepted, in bytes; a larger one fails its trajectory with
    * BACKEND_ERROR as soon as the cap is passed. 0 = derived per request from its prompt length and max_tokens
@@ -444,6 +471,7 @@ export function parseConfig(input: unknown = {}): ServerConfig {
   const result = serverConfigSchema.safeParse(input);
   if (!result.success) throw configError(result.error);
   checkDetachedBound(result.data);
+  checkBodyIdle(result.data, (input as { backendBodyIdleTimeoutMs?: unknown } | null | undefined)?.backendBodyIdleTimeoutMs !== undefined);
   return withJournalRetention(result.data, (input as { retainFinishedBytes?: unknown } | null | undefined)?.retainFinishedBytes !== undefined);
 }
 
@@ -458,6 +486,21 @@ function checkDetachedBound(config: ServerConfig): void {
     'invalid_argument',
     `invalid configuration: sessions.maxDetachedBytes (${maxDetachedBytes}) must be at least sessions.maxUnackedBytes (${maxUnackedBytes}): one trainer's session detached by a network blip, full, would be dropped at once`,
     { field: 'sessions.maxDetachedBytes' },
+  );
+}
+
+/**
+ * An explicit backendBodyIdleTimeoutMs longer than a set backendRequestTimeoutMs could never fire (the request's budget
+ * ends first, as a timeout rather than a lost engine: no failover): refused, naming both. The default is left as it is
+ * (a request timeout under 30 s then bounds stalled bodies too).
+ */
+function checkBodyIdle(config: ServerConfig, explicit: boolean): void {
+  const { backendBodyIdleTimeoutMs: idle, backendRequestTimeoutMs: request } = config;
+  if (!explicit || request === 0 || idle <= request) return;
+  throw new RolloutError(
+    'invalid_argument',
+    `invalid configuration: backendBodyIdleTimeoutMs (${idle}) must be at most backendRequestTimeoutMs (${request}): a body stalled that long would end as a request timeout first, and its engine would never be read as lost`,
+    { field: 'backendBodyIdleTimeoutMs' },
   );
 }
 

@@ -81,7 +81,7 @@ export interface EngineHttpOptions {
    * Base URL (a path prefix and a query string are kept on every request, trailing slashes dropped; see
    * {@link engineUrlProblem} for what is refused). Userinfo (`http://user:pass@host:8000`) is sent as HTTP basic auth
    * (`authorization: Basic base64(user:pass)`, as curl and browsers do) and never shown: {@link EngineHttp.url} is the
-   * URL without it (see {@link withoutCredentials}).
+   * URL without it and with its query values masked (see {@link withoutCredentials}); requests carry both.
    */
   url: string;
   /** Names the engine in messages: "vLLM", "SGLang". */
@@ -98,26 +98,55 @@ export interface EngineHttpOptions {
   maxSockets?: number;
 }
 
+/** What stands for a query parameter's value (or a fragment) wherever an engine URL is shown. */
+export const URL_SECRET_MASK = '***';
+
 /**
- * `url` as it may be shown (ListBackends, logs, error messages, a backend's default id): without its userinfo, the
- * rest as given. Both the password and the user name go: a user name alone is often the secret (`https://<token>@host`,
- * which curl sends as basic auth with an empty password), and the engine's address is what an operator needs to tell
- * backends apart. A URL without userinfo is returned unchanged (same text, so ids derived from it stay as they were).
- * Credentials in the query string (`?api_key=`) are not recognized: pass them as userinfo.
+ * `url` as it may be shown (ListBackends, logs, error messages, a backend's default id): without its userinfo, and
+ * with every query parameter's value masked ({@link URL_SECRET_MASK}), the rest as given. Both the password and the
+ * user name go: a user name alone is often the secret (`https://<token>@host`, which curl sends as basic auth with an
+ * empty password), and the engine's address is what an operator needs to tell backends apart. Query values go because
+ * gateways take keys there (`?api_key=...`, `?token=...`) and no name reliably tells a key from a setting; the names
+ * stay (a bare parameter without `=` may itself be the key: it is masked whole), so does a path (a secret in it is not
+ * recognized: pass keys as userinfo or in the query). A fragment, never sent, is masked too. The embedded engine's
+ * `file:` and `embedded:` URLs name a local model and its settings (`?sequences=2`), never a secret: their query is
+ * shown as given. A URL with nothing to hide is returned unchanged (same text, so ids derived from it stay as they
+ * were). The requests themselves go to the URL as given (see {@link EngineHttp}).
  */
 export function withoutCredentials(url: string): string {
+  const mask = /^(file|embedded):/i.test(url) ? (u: string): string => u : maskQuery;
   let parsed: URL;
   try {
     parsed = new URL(url);
   } catch {
-    // Not a URL (it is refused elsewhere): still never echo what looks like userinfo.
-    return url.replace(/\/\/[^/?#\\]*@/, '//');
+    // Not a URL (it is refused elsewhere): still never echo what looks like userinfo or a query's values.
+    return mask(url.replace(/\/\/[^/?#\\]*@/, '//'));
   }
-  if (parsed.username === '' && parsed.password === '') return url;
+  if (parsed.username === '' && parsed.password === '') return mask(url);
   parsed.username = '';
   parsed.password = '';
   // The WHATWG serializer adds a "/" to an empty path; keep the caller's form (with or without a trailing slash).
-  return url.endsWith('/') || !parsed.href.endsWith('/') ? parsed.href : parsed.href.slice(0, -1);
+  const bare = parsed.href.endsWith('/') && !url.endsWith('/') && parsed.search === '' && parsed.hash === '' ? parsed.href.slice(0, -1) : parsed.href;
+  return mask(bare);
+}
+
+/** `url` with each query parameter's value, a bare parameter, and a fragment replaced by {@link URL_SECRET_MASK}. */
+function maskQuery(url: string): string {
+  const hash = url.indexOf('#');
+  const head = hash < 0 ? url : url.slice(0, hash);
+  const fragment = hash < 0 ? '' : `#${URL_SECRET_MASK}`;
+  const q = head.indexOf('?');
+  if (q < 0) return `${head}${fragment}`;
+  const masked = head
+    .slice(q + 1)
+    .split('&')
+    .map((part) => {
+      if (part === '') return part;
+      const eq = part.indexOf('=');
+      return eq < 0 ? URL_SECRET_MASK : `${part.slice(0, eq)}=${URL_SECRET_MASK}`;
+    })
+    .join('&');
+  return `${head.slice(0, q + 1)}${masked}${fragment}`;
 }
 
 /** A percent-decoded userinfo part; a malformed escape is sent as written (as curl does) rather than failing. */
@@ -198,7 +227,7 @@ function parameterName(part: string): string {
  * (cancelled / deadline_exceeded).
  */
 export class EngineHttp {
-  /** The engine's base URL without userinfo (see {@link withoutCredentials}): what messages and callers show. */
+  /** The engine's base URL without userinfo and with query values masked (see {@link withoutCredentials}): what messages and callers show. */
   readonly url: string;
   readonly label: string;
   readonly #timeoutMs: number;

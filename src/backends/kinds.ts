@@ -11,10 +11,20 @@ import type { ResponseBudget } from './response-budget.js';
 export interface EngineClientOptions {
   /** Budget of one generate request. 0 = none. */
   requestTimeoutMs?: number;
+  /**
+   * How long an answer's body may send nothing once its headers came before the engine counts as lost (see
+   * EngineHttpOptions.bodyIdleTimeoutMs). Default DEFAULT_BODY_IDLE_MS (30 s).
+   */
+  bodyIdleTimeoutMs?: number;
   /** Cap on a generate answer in bytes. 0 = derived per request from prompt length and max_tokens. */
   maxResponseBytes?: number;
   /** The bytes of generate answers buffered at once across engines: the pool's (BackendPool.responseBudget). None: unbounded. */
   responseBudget?: ResponseBudget;
+  /**
+   * vLLM: refuse a completion whose id is not `cmpl-<its X-Request-Id>` (see VllmClientOptions.checkAnswerId; default
+   * off, for gateways that rename answers). SGLang's answers always name their rid and are always checked.
+   */
+  checkAnswerId?: boolean;
   /** The backend's max concurrency: the embedded engine's sequences when its URL does not say. */
   maxConcurrency?: number;
 }
@@ -67,14 +77,14 @@ const KINDS: Readonly<Record<BackendKind, BackendKindEntry>> = {
     description: 'vLLM OpenAI-compatible server (/v1/completions with token ids; dev-mode /pause, /resume, /abort_requests)',
     capabilities: { pauseModes: ['abort', 'wait', 'keep'], abortByRequestId: true, statesMaxModelLen: true, healthAnswerDelayMs: 0 },
     urlProblem: (url) => httpUrlProblem('vllm', url),
-    create: (url, model, o) => new VllmClient({ url, model, requestTimeoutMs: o.requestTimeoutMs ?? 0, maxResponseBytes: o.maxResponseBytes ?? 0, ...(o.responseBudget && { responseBudget: o.responseBudget }) }),
+    create: (url, model, o) => new VllmClient({ url, model, ...httpOptions(o), ...(o.checkAnswerId === true && { checkAnswerId: true }) }),
   },
   sglang: {
     description: 'SGLang native server (/generate with input_ids; /pause_generation, /continue_generation, /abort_request)',
     // SGLang's /health_generate sleeps a second before it looks for the engine's answer (http_server.py's loop).
     capabilities: { pauseModes: ['abort', 'keep'], abortByRequestId: true, statesMaxModelLen: true, healthAnswerDelayMs: 1_000 },
     urlProblem: (url) => httpUrlProblem('sglang', url),
-    create: (url, model, o) => new SglangClient({ url, model, requestTimeoutMs: o.requestTimeoutMs ?? 0, maxResponseBytes: o.maxResponseBytes ?? 0, ...(o.responseBudget && { responseBudget: o.responseBudget }) }),
+    create: (url, model, o) => new SglangClient({ url, model, ...httpOptions(o) }),
   },
   embedded: {
     description: 'llama.cpp in process on CPU (node-llama-cpp): file:///path/model.gguf or embedded://tiny-qwen3; pause, resume and abort in process',
@@ -91,6 +101,16 @@ const KINDS: Readonly<Record<BackendKind, BackendKindEntry>> = {
     create: (url, _model, o) => new EmbeddedEngineClient({ url, ...(o.maxConcurrency !== undefined && { maxConcurrency: o.maxConcurrency }) }),
   },
 };
+
+/** What a client of an engine reached over HTTP takes of the shared options. */
+function httpOptions(o: EngineClientOptions): { requestTimeoutMs: number; maxResponseBytes: number; bodyIdleTimeoutMs?: number; responseBudget?: ResponseBudget } {
+  return {
+    requestTimeoutMs: o.requestTimeoutMs ?? 0,
+    maxResponseBytes: o.maxResponseBytes ?? 0,
+    ...(o.bodyIdleTimeoutMs !== undefined && { bodyIdleTimeoutMs: o.bodyIdleTimeoutMs }),
+    ...(o.responseBudget && { responseBudget: o.responseBudget }),
+  };
+}
 
 /**
  * Engines reached over HTTP take http: and https: URLs only (undici cannot connect to anything else), and only a base

@@ -382,9 +382,9 @@ export class BackendPool {
 
   /** The pool-wide weight-sync state, as {@link recordWeights} keeps it. */
   /** The pool's settings a config sets (what the server was started with; for its log and tests). */
-  get settings(): { holdRecoveredBackends: boolean; maxBusyRetries: number; busyBackoffMs: number; maxFailoversPerRequest: number } {
-    const { maxBusyRetries, busyBackoffMs, maxFailoversPerRequest } = this.#host;
-    return { holdRecoveredBackends: this.#holdRecovered, maxBusyRetries, busyBackoffMs, maxFailoversPerRequest };
+  get settings(): { holdRecoveredBackends: boolean; maxBusyRetries: number; busyBackoffMs: number; maxRetryAfterMs: number; maxFailoversPerRequest: number } {
+    const { maxBusyRetries, busyBackoffMs, maxRetryAfterMs, maxFailoversPerRequest } = this.#host;
+    return { holdRecoveredBackends: this.#holdRecovered, maxBusyRetries, busyBackoffMs, maxRetryAfterMs, maxFailoversPerRequest };
   }
 
   get weights(): PoolWeights {
@@ -408,9 +408,9 @@ export class BackendPool {
   }
 
   /**
-   * Pins a new trajectory to the least-loaded eligible backend (one not paused, while there is one). Waits for one
-   * if none is eligible; fails with backend_error after `acquireTimeoutMs`, or with the signal's reason if aborted
-   * first.
+   * Pins a new trajectory to the least-loaded eligible backend (one not paused nor held by a Retry-After, while there is
+   * one). Waits for one if none is eligible; fails with backend_error after `acquireTimeoutMs`, or with the signal's
+   * reason if aborted first.
    */
   async acquire(trajectoryKey: string, options: { signal?: AbortSignal } = {}): Promise<BackendLease> {
     const backend = await this.#assign(options.signal);
@@ -523,7 +523,7 @@ export class BackendPool {
   #assign(signal: AbortSignal | undefined): Promise<BackendState> {
     throwIfAborted(signal);
     const now = this.#waiters.length === 0 ? this.#heap.pick(this.#backends.size) : undefined;
-    if (now?.type === 'pick') return Promise.resolve(this.#take(this.#preferUnpaused(now.backend)));
+    if (now?.type === 'pick') return Promise.resolve(this.#take(this.#preferReady(now.backend)));
     return new Promise<BackendState>((resolve, reject) => {
       const fail = (err: unknown): void => {
         const i = this.#waiters.indexOf(waiter);
@@ -554,13 +554,19 @@ export class BackendPool {
   }
 
   /**
-   * The least-loaded eligible backend that is not paused, when the heap's pick is paused and one exists (a
-   * rolling weight update pauses engines one at a time: new trajectories should not wait behind it). Only
-   * costs a walk of the heap while a pause is in effect.
+   * The least-loaded eligible backend that is neither paused nor held by a Retry-After, when the heap's pick is one of
+   * those and a free one exists: a rolling weight update pauses engines one at a time, and an engine that answered
+   * busy said when it takes requests again (BackendState.retryNotBefore) — a new trajectory placed there would only
+   * wait, while another engine could serve it now. Trajectories already on such an engine stay and wait for it, as on
+   * a paused one: it is alive (failover is for engines gone), its hold is bounded (maxRetryAfterMs), it has their
+   * prefixes cached, and moving them would pour its whole load onto the others — which may then be busy in turn.
+   * When every eligible engine is paused or held, the heap's pick stands. Only costs a walk of the heap while one is.
    */
-  #preferUnpaused(picked: BackendState): BackendState {
-    if (!picked.paused) return picked;
-    return this.#heap.ordered().find((b) => !b.paused) ?? picked;
+  #preferReady(picked: BackendState): BackendState {
+    const now = performance.now();
+    const ready = (b: BackendState): boolean => !b.paused && b.retryNotBefore <= now;
+    if (ready(picked)) return picked;
+    return this.#heap.ordered().find(ready) ?? picked;
   }
 
   /** Hands eligible backends to waiting acquires, oldest first, re-reading the heap after each placement. */
@@ -570,7 +576,7 @@ export class BackendPool {
       if (result.type !== 'pick') return;
       const waiter = this.#waiters.shift()!;
       waiter.cleanup();
-      waiter.resolve(this.#take(this.#preferUnpaused(result.backend)));
+      waiter.resolve(this.#take(this.#preferReady(result.backend)));
     }
   }
 

@@ -17,6 +17,8 @@ export interface SglangClientOptions {
   model: string;
   /** Budget of one generate request; past it the request is aborted and fails with backend_error. 0 = none. */
   requestTimeoutMs?: number;
+  /** How long an answer's body may stall after its headers (see EngineHttpOptions.bodyIdleTimeoutMs). Default 30 s. */
+  bodyIdleTimeoutMs?: number;
   /** Open connections kept to the engine (keep-alive). Default 1024. */
   maxSockets?: number;
   /** Largest /generate body accepted, in bytes. Default (0 or absent): {@link defaultMaxResponseBytes}. */
@@ -81,7 +83,13 @@ export class SglangClient implements EngineClient {
   };
 
   constructor(options: SglangClientOptions) {
-    this.#http = new EngineHttp({ url: options.url, label: 'SGLang', requestTimeoutMs: options.requestTimeoutMs ?? 0, maxSockets: options.maxSockets ?? 1024 });
+    this.#http = new EngineHttp({
+      url: options.url,
+      label: 'SGLang',
+      requestTimeoutMs: options.requestTimeoutMs ?? 0,
+      ...(options.bodyIdleTimeoutMs !== undefined && { bodyIdleTimeoutMs: options.bodyIdleTimeoutMs }),
+      maxSockets: options.maxSockets ?? 1024,
+    });
     this.url = this.#http.url;
     this.model = options.model;
     this.#maxResponseBytes = options.maxResponseBytes ?? 0;

@@ -1,5 +1,5 @@
 import { RolloutError } from '../errors.js';
-import { checkCompletion } from './completion.js';
+import { checkAnswerId, checkCompletion, isRecord } from './completion.js';
 import { bodyWithIds } from './prompt-json.js';
 import { parseContextOverflow } from './context-overflow.js';
 import { readGenerateAnswer, type GenerateAnswerKind } from './generate-answer.js';
@@ -18,6 +18,8 @@ export interface VllmClientOptions {
   model: string;
   /** Budget of one completion request; past it the request is aborted and fails with backend_error. 0 = none. */
   requestTimeoutMs?: number;
+  /** How long an answer's body may stall after its headers (see EngineHttpOptions.bodyIdleTimeoutMs). Default 30 s. */
+  bodyIdleTimeoutMs?: number;
   /** Open connections kept to the engine (keep-alive); requests beyond wait for one. Default 1024. */
   maxSockets?: number;
   /**
@@ -28,6 +30,14 @@ export interface VllmClientOptions {
   maxResponseBytes?: number;
   /** The bytes of answers buffered at once, shared with other clients (the pool's; see ResponseBudget). None: unbounded. */
   responseBudget?: ResponseBudget;
+  /**
+   * Refuse a completion whose `id` is not `cmpl-<the request's X-Request-Id>` (default false). vLLM names a completion
+   * after the X-Request-Id header it was sent with, so another id is an answer to another request — even one whose
+   * prompt has the same length, which the always-on `usage.prompt_tokens` check cannot tell apart (the samples of a
+   * GRPO group share their prompt). Opt-in because only vLLM itself is known to keep that id: a gateway or proxy in
+   * front of it (or another OpenAI-style server) may name answers its own way, and every answer would be refused.
+   */
+  checkAnswerId?: boolean;
 }
 
 /**
@@ -51,6 +61,19 @@ const VLLM_ANSWER: GenerateAnswerKind = {
   noun: 'completion',
   overflow: (status, text, r) => parseContextOverflow(status, text, r.maxTokens > 0 ? r.promptIds.length : undefined),
   check: checkCompletion,
+};
+
+/**
+ * The same, and the answer names the request (VllmClientOptions.checkAnswerId): vLLM's completion id is
+ * `cmpl-<X-Request-Id>` (serving_completion.py, `_base_request_id`). Checked before anything else is read of it; an
+ * answer without an id, or a request sent without one, is not checked.
+ */
+const VLLM_ANSWER_NAMED: GenerateAnswerKind = {
+  ...VLLM_ANSWER,
+  check: (json, expect) => {
+    if (expect.requestId !== undefined && isRecord(json)) checkAnswerId({ ...expect, requestId: `cmpl-${expect.requestId}` }, json.id, 'id', 'completion id (cmpl-<X-Request-Id>)');
+    return checkCompletion(json, expect);
+  },
 };
 
 /**
@@ -88,13 +111,21 @@ export class VllmClient implements EngineClient {
   readonly #maxResponseBytes: number;
   readonly #responseBudget: ResponseBudget | undefined;
   readonly #http: EngineHttp;
+  readonly #answer: GenerateAnswerKind;
 
   constructor(options: VllmClientOptions) {
-    this.#http = new EngineHttp({ url: options.url, label: 'vLLM', requestTimeoutMs: options.requestTimeoutMs ?? 0, maxSockets: options.maxSockets ?? 1024 });
+    this.#http = new EngineHttp({
+      url: options.url,
+      label: 'vLLM',
+      requestTimeoutMs: options.requestTimeoutMs ?? 0,
+      ...(options.bodyIdleTimeoutMs !== undefined && { bodyIdleTimeoutMs: options.bodyIdleTimeoutMs }),
+      maxSockets: options.maxSockets ?? 1024,
+    });
     this.url = this.#http.url;
     this.model = options.model;
     this.#maxResponseBytes = options.maxResponseBytes ?? 0;
     this.#responseBudget = options.responseBudget;
+    this.#answer = options.checkAnswerId === true ? VLLM_ANSWER_NAMED : VLLM_ANSWER;
   }
 
   /** Closes idle keep-alive connections (when the backend is removed). */
@@ -133,7 +164,7 @@ export class VllmClient implements EngineClient {
 
     const cap = this.#maxResponseBytes > 0 ? this.#maxResponseBytes : defaultMaxResponseBytes(request.promptIds.length, request.maxTokens);
     const answer = await this.#http.request('POST', '/v1/completions', bodyWithIds('prompt', request.promptIds, body), request.signal, cap, { headers, pausedMs: request.pausedMs, budget: this.#responseBudget });
-    return readGenerateAnswer(VLLM_ANSWER, this.url, answer, request);
+    return readGenerateAnswer(this.#answer, this.url, answer, request);
   }
 
   /** GET /health: vLLM answers 200 with an empty body when the engine is alive, 503 when it is dead. */

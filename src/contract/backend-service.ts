@@ -24,6 +24,8 @@ export interface BackendServiceDeps {
   adminToken?: string;
   defaultModel: string;
   requestTimeoutMs: number;
+  /** How long an answer's body may stall after its headers (config backendBodyIdleTimeoutMs); absent: the default. */
+  bodyIdleTimeoutMs?: number;
   /** Cap on engine answers in bytes (0 or absent = derived per request). */
   maxResponseBytes?: number;
   /** The server-lifetime signal: a call still waiting (a pause waiting for requests in flight) ends when the server stops. */
@@ -151,6 +153,7 @@ export function backendService(deps: BackendServiceDeps): BackendServiceServer {
       // url ListBackends lists (client.url), logs and engine errors — is the URL without it.
       const client = createEngineClient(kindName, url.toString().replace(/\/$/, ''), request.model || deps.defaultModel, {
         requestTimeoutMs: deps.requestTimeoutMs,
+        ...(deps.bodyIdleTimeoutMs !== undefined && { bodyIdleTimeoutMs: deps.bodyIdleTimeoutMs }),
         maxResponseBytes: deps.maxResponseBytes ?? 0,
         // Its answers share the pool's budget of bytes buffered at once with every other engine's.
         responseBudget: deps.pool.responseBudget,

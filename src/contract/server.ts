@@ -101,6 +101,7 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
       logger,
       defaultModel: config.model.name,
       requestTimeoutMs: config.backendRequestTimeoutMs,
+      bodyIdleTimeoutMs: config.backendBodyIdleTimeoutMs,
       maxResponseBytes: config.backendMaxResponseBytes,
       lifetime: lifecycle.signal,
       vocabulary: options.vocabulary,

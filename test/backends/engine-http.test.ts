@@ -126,10 +126,10 @@ describe('EngineHttp: credentials in the URL', () => {
     return `127.0.0.1:${(s.address() as AddressInfo).port}`;
   }
 
-  it('withoutCredentials drops user and password, keeps the rest as given, and leaves a URL without userinfo unchanged', () => {
+  it('withoutCredentials drops user and password, masks query values, keeps the rest as given, and leaves a URL with nothing to hide unchanged', () => {
     expect(withoutCredentials('http://user:pass@host:8000')).toBe('http://host:8000');
     expect(withoutCredentials('http://user:pass@host:8000/')).toBe('http://host:8000/');
-    expect(withoutCredentials('https://token@host/base/?q=1')).toBe('https://host/base/?q=1');
+    expect(withoutCredentials('https://token@host/base/?q=1')).toBe('https://host/base/?q=***'); // query values are masked too
     expect(withoutCredentials('http://:pass@host')).toBe('http://host');
     expect(withoutCredentials('http://a@b:c@host/')).toBe('http://host/');
     expect(withoutCredentials('http://host:8000')).toBe('http://host:8000');
