@@ -13,9 +13,10 @@ for_demo=false; [ "${1:-}" = demo ] && for_demo=true
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 # Debian packages, installed when their command is missing: bubblewrap runs sandboxes; debootstrap, squashfs-tools
-# and siftool build .sif images; squashfuse and fuse3 (fusermount3) mount them.
+# and siftool build .sif images; squashfuse and fuse3 (fusermount3) mount them; busybox-static is the image without GNU
+# tools, bash or dash of test/sandboxes/review-s37-busybox-*.ts and review-s37-no-init-fds (skipped without it).
 apt_missing=()
-for pair in bwrap:bubblewrap debootstrap:debootstrap mksquashfs:squashfs-tools siftool:siftool squashfuse:squashfuse fusermount3:fuse3; do
+for pair in bwrap:bubblewrap debootstrap:debootstrap mksquashfs:squashfs-tools siftool:siftool squashfuse:squashfuse fusermount3:fuse3 busybox:busybox-static; do
   PATH="$PATH:/usr/sbin:/sbin" command -v "${pair%%:*}" >/dev/null 2>&1 || apt_missing+=("${pair#*:}")
 done
 if [ ${#apt_missing[@]} -gt 0 ]; then

@@ -235,8 +235,8 @@ export interface ExecCommandSpec {
   /**
    * Path inside the sandbox of the descriptor closer (the sandbox init's `--keep-fds` mode, SANDBOX_INIT_PATH), when
    * the sandbox has one: it closes the namespace descriptors nsenter leaves open before the sandbox's shell runs.
-   * Without it the shell closes those it can name (up to 9: POSIX sh has no multi-digit redirections), so the last
-   * two (cgroup namespace and root, of the sandbox itself) stay open in the command.
+   * Without it the shell closes those it can name (up to 9: POSIX sh has no multi-digit redirections), and the ones
+   * above 9 are closed first by CLOSE_HIGH (the image's shell where it takes them, else the image's bash).
    */
   closer?: string;
 }
@@ -259,6 +259,20 @@ const INNER = [
 ].join('\n');
 
 /**
+ * The fallback closer of the descriptors above 9 (no sandbox init), run inside the sandbox: $1 lists them, the rest is
+ * the command. A shell that takes multi-digit descriptors (bash, busybox's ash) closes them itself; dash reads `10>&-`
+ * as the word 10 and a redirection, so the probe runs in a subshell with a PATH where no command `10` can be found, and
+ * dash hands them to the image's bash (through env: bash exports SHLVL into what it execs). Without either (a dash-only
+ * image) they stay open: the cgroup namespace and root of the sandbox itself, which give nothing its own processes lack.
+ */
+const CLOSE_HIGH = [
+  'c=; for f in $1; do c="$c $f>&-"; done; shift',
+  'if (PATH=/nonexistent-rollout; exec 10</dev/null) 2>/dev/null; then eval "exec \\"\\$@\\"$c"; fi',
+  'command -v bash >/dev/null 2>&1 && command -v env >/dev/null 2>&1 && exec bash -c "exec env -u SHLVL \\"\\$@\\"$c" bash "$@"',
+  'exec "$@"',
+].join('\n');
+
+/**
  * The host command line of one command inside a running sandbox: [join its cgroups →] prlimit → setpriv
  * (no_new_privs) → nsenter (the holder's user, mount, pid, net, ipc, uts and cgroup namespaces and its root;
  * uid/gid SANDBOX_UID) → [descriptor closer →] sh (cd, environment, started byte) → argv, which gets descriptors 0, 1
@@ -274,10 +288,16 @@ export function buildExecArgv(spec: ExecCommandSpec): string[] {
     'prlimit', ...rlimits, '--', 'setpriv', '--no-new-privs', '--',
     'nsenter', ...NAMESPACES.map((ns) => `--${ns.flag}=/proc/self/fd/${spec.nsFds[ns.file]}`), `--root=/proc/self/fd/${spec.nsFds.root}`,
     '-S', String(SANDBOX_UID), '-G', String(SANDBOX_UID), '--',
-    ...(spec.closer !== undefined ? [spec.closer, '--keep-fds', String(STARTED_FD), '--'] : []),
+    ...(spec.closer !== undefined ? [spec.closer, '--keep-fds', String(STARTED_FD), '--'] : closeHighArgv(spec.nsFds)),
     '/bin/sh', '-c', INNER, 'sandbox-exec', spec.cwd, ...Object.entries(spec.env).map(([k, v]) => `${k}=${v}`), '--', ...spec.argv,
   ];
   return spec.cgroupProcs.length > 0 ? ['/bin/sh', '-c', EXEC_JOIN, 'rollout-join', ...spec.cgroupProcs, '--', ...argv] : argv;
+}
+
+/** CLOSE_HIGH's argv for the namespace descriptors above 9 (none: no step). */
+function closeHighArgv(nsFds: NamespaceFds): string[] {
+  const high = Object.values(nsFds).filter((fd) => fd > 9);
+  return high.length === 0 ? [] : ['/bin/sh', '-c', CLOSE_HIGH, 'sandbox-close', high.join(' ')];
 }
 
 /** Variables every command gets (before spec.env and the command's own). */

@@ -79,7 +79,8 @@ export class BubblewrapSandbox implements Sandbox {
       void this.stop();
     }, init.spec.limits.wallClockMs);
     this.deadlineTimer.unref();
-    this.files = new SandboxFiles(this.workdir, this.runInside);
+    // The init's --read-file opens without blocking whatever tools the image has (busybox has no dd iflag=nonblock).
+    this.files = new SandboxFiles(this.workdir, this.runInside, init.hasInit ? SANDBOX_INIT_PATH : undefined);
     void init.holder.exited.then(() => {
       if (this.stopping) return;
       const death = this.deathError();

@@ -52,14 +52,17 @@ export function readNonblock(notRegular: number, changed: number): string {
 
 /**
  * One open, one pass: up to the limit rounded up to whole pages past it (/proc/self/pagemap refuses reads of other
- * sizes), so the host sees more than the limit exactly when the file is over it. See SandboxFiles for GNU dd's
- * O_NONBLOCK and the identity check around it (READ_NONBLOCK).
+ * sizes), so the host sees more than the limit exactly when the file is over it. $3: the sandbox init binary inside the
+ * sandbox (empty without one; $2 of WRITE likewise), whose `--read-file` opens with O_NONBLOCK and refuses what is not
+ * a regular file once opened (fstat); else GNU dd's O_NONBLOCK and the identity check around it (readNonblock); else
+ * head. See SandboxFiles.
  */
 const READ = `p=$1
 [ -d "$p" ] && exit ${IS_DIR}
 [ -e "$p" ] || exit ${NOT_FOUND}
 [ -f "$p" ] || exit ${NOT_REGULAR}
 n=$((($2 / 4096 + 1) * 4096))
+[ -n "$3" ] && exec "$3" --read-file ${NOT_REGULAR} "$n" "$p"
 ${readNonblock(NOT_REGULAR, CHANGED)}
 exec head -c "$n" -- "$p"`;
 const WRITE = `p=$1; d=\${p%/*}; [ -n "$d" ] || d=/
@@ -67,6 +70,7 @@ const WRITE = `p=$1; d=\${p%/*}; [ -n "$d" ] || d=/
 [ -e "$p" ] && [ ! -f "$p" ] && exit ${NOT_REGULAR}
 mkdir -p -- "$d" || exit 1
 [ -d "$d" ] || exit ${NOT_DIR}
+[ -n "$2" ] && exec "$2" --write-file ${NOT_REGULAR} "$p"
 dd of=/dev/null oflag=nonblock count=0 status=none </dev/null 2>/dev/null && exec dd of="$p" oflag=nonblock bs=65536 status=none
 exec cat > "$p"`;
 const LIST = `p=$1
@@ -85,20 +89,23 @@ exec find "$p" -mindepth 1 -maxdepth 1 -printf '%y %s %f\\0'`;
  * regular file): the path is checked to be a regular file and then opened, and a FIFO the program puts there in
  * between must not block the open until the command timeout — deadline_exceeded, an infrastructure failure, for what
  * the program did in its own sandbox. Such a FIFO fails the write (ENXIO: no reader), and a read whose path did not
- * stay the same regular file is refused (readNonblock): observations. Without GNU dd (busybox) `head` and `cat` open
- * the file, with that window.
+ * stay the same regular file is refused (readNonblock): observations. Both go through the sandbox init's `--read-file`
+ * and `--write-file` instead wherever the sandbox has it (`init`: bubblewrap with the init built), which need no tool of
+ * the image: an image without GNU dd (busybox) has none that opens without blocking. Without either, `head` and `cat`
+ * open the file, with that window.
  *
  * A file is read once, to a little past the limit at most (whole pages), never all of it: a pseudo-file stats as 0
  * bytes and may be endless (reading /proc/self/pagemap through took the whole command timeout), and a path the program
  * swaps for a symlink to /dev/zero after the check is read no further either. More than the limit is refused.
  */
 export class SandboxFiles {
-  constructor(private readonly workdir: string, private readonly run: RunInside) {}
+  /** `init`: path inside the sandbox of the sandbox init binary (`--read-file`, `--write-file`), when the sandbox has one. */
+  constructor(private readonly workdir: string, private readonly run: RunInside, private readonly init?: string) {}
 
   async read(path: string, options: { signal?: AbortSignal; maxBytes?: number } = {}): Promise<string> {
     const abs = this.resolve(path);
     const maxBytes = options.maxBytes ?? DEFAULT_MAX_READ_BYTES;
-    const r = await this.run(['/bin/sh', '-c', READ, 'read', abs, String(maxBytes)], { ...signalOf(options), outputLimitBytes: maxBytes });
+    const r = await this.run(['/bin/sh', '-c', READ, 'read', abs, String(maxBytes), this.init ?? ''], { ...signalOf(options), outputLimitBytes: maxBytes });
     // More than maxBytes came (the script reads a little past it): the file is over the limit.
     if (r.truncated && r.exitCode === 0) throw RolloutError.invalid('path', `${path} is over the ${maxBytes}-byte read limit`);
     check(r, path);
@@ -108,7 +115,7 @@ export class SandboxFiles {
   async write(path: string, content: string, options: { signal?: AbortSignal } = {}): Promise<void> {
     const abs = this.resolve(path);
     if (abs === '/') throw RolloutError.invalid('path', `${path} is a directory`);
-    const r = await this.run(['/bin/sh', '-c', WRITE, 'write', abs], { stdin: content, ...signalOf(options), outputLimitBytes: 4096 });
+    const r = await this.run(['/bin/sh', '-c', WRITE, 'write', abs, this.init ?? ''], { stdin: content, ...signalOf(options), outputLimitBytes: 4096 });
     check(r, path);
   }
 

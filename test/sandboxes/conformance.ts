@@ -13,6 +13,12 @@ export interface ConformanceOptions {
   image?: string;
   /** Why the disk quota cannot be checked here (a test double that keeps files in host dirs); the test is skipped. */
   noDiskQuota?: string;
+  /**
+   * For a driver that reads files with a reader of its own rather than the image's `cat`/`head`/`dd` (bubblewrap's
+   * sandbox init, `--read-file`), which the killed-reader test cannot replace through PATH: a driver whose reader
+   * SIGKILLs itself (a TEST DOUBLE of it), used by that test instead of `makeDriver`.
+   */
+  makeKilledReaderDriver?: () => SandboxDriver;
 }
 
 /**
@@ -152,7 +158,7 @@ export function describeSandboxConformance(name: string, makeDriver: () => Sandb
       // A stand-in for the OOM killer: the spec's PATH finds readers (`cat`, `head`, `dd`) in the workspace that SIGKILL
       // themselves once they read a file (dd's capability probes, of /dev/null, are the real dd's: the driver reads with
       // dd where it can, and the reader killed must be that one).
-      const killed = await makeDriver().start(spec({ env: { PATH: `${sandbox.workdir}/bin:/usr/local/bin:/usr/bin:/bin` } }));
+      const killed = await (options.makeKilledReaderDriver ?? makeDriver)().start(spec({ env: { PATH: `${sandbox.workdir}/bin:/usr/local/bin:/usr/bin:/bin` } }));
       try {
         await killed.writeFile('data.txt', 'hello');
         for (const reader of ['cat', 'head']) await killed.writeFile(`bin/${reader}`, '#!/bin/sh\nkill -KILL $$\n');

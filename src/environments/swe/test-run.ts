@@ -35,9 +35,9 @@ export interface TestRun {
   /** The plugin's JSON, when pytest finished its session and the file is the one the plugin wrote. */
   report: string | undefined;
   /**
-   * Why a report could not be used: a file over REPORT_MAX_BYTES, changed or deleted after the plugin wrote it, or more
-   * than one report on the channel. The code under test can do all of these (it runs as the same user), so this is
-   * the attempt's doing, not the environment's.
+   * Why a report could not be used: a file over REPORT_MAX_BYTES, changed, deleted or replaced by what is not a regular
+   * file after the plugin wrote it, or more than one report on the channel. The code under test can do all of these (it
+   * runs as the same user), so this is the attempt's doing, not the environment's.
    */
   reportProblem?: string;
   /** The last bytes of the test command's output. */
@@ -70,7 +70,9 @@ export async function runTests(
     killLeftovers: true,
   });
   const channel = readChannel(result.stdout, nonce);
-  const probe = await bash(sandbox, 'tail -c 8192 "$1" 2>/dev/null || true', [output], { signal: options.signal });
+  // Only a regular file: the code under test may have put a FIFO there, whose open would wait for a writer until the
+  // sandbox's command timeout. Race-free: the run killed whatever the tests left running (killLeftovers).
+  const probe = await bash(sandbox, '[ -f "$1" ] || exit 0; tail -c 8192 -- "$1" 2>/dev/null || true', [output], { signal: options.signal });
   const outputTail = probe.stdout;
   if (!channel.started || channel.reports.length === 0) return { result, started: channel.started, report: undefined, outputTail };
   if (channel.reports.length > 1) return { result, started: true, report: undefined, reportProblem: `the plugin's channel carried ${channel.reports.length} reports, not one`, outputTail };
@@ -78,10 +80,12 @@ export async function runTests(
   try {
     text = await sandbox.readFile(report, { signal: options.signal, maxBytes: REPORT_MAX_BYTES });
   } catch (err) {
-    // Over the bound or gone (readFile says invalid_argument / not_found naming its path): anything else (the sandbox
-    // died) is the infrastructure's and propagates.
+    // Over the bound, gone, or no longer a regular file (a FIFO, a symlink to /dev/zero: readFile says invalid_argument
+    // / not_found naming its path): anything else (the sandbox died) is the infrastructure's and propagates.
     if (!(err instanceof RolloutError) || (err.code !== 'invalid_argument' && err.code !== 'not_found')) throw err;
-    const why = err.code === 'not_found' ? 'the report file was deleted after pytest wrote it' : `the report file is over ${REPORT_MAX_BYTES >> 20} MiB`;
+    const why = err.code === 'not_found'
+      ? 'the report file was deleted after pytest wrote it'
+      : / read limit$/.test(err.message) ? `the report file is over ${REPORT_MAX_BYTES >> 20} MiB` : `the report file cannot be read: ${err.message}`;
     return { result, started: true, report: undefined, reportProblem: why, outputTail };
   }
   if (createHash('sha256').update(text).digest('hex') !== channel.reports[0]) {

@@ -1,6 +1,7 @@
 import { execFile } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
 import { RolloutError } from '../../errors.js';
+import { resolveFdCloser } from '../fd-closer.js';
 
 /**
  * The host side of squashfuse mounts: mount a squashfs at a byte offset of a file, unmount, and list what is
@@ -91,12 +92,20 @@ interface RunResult {
   error: string | undefined;
 }
 
+/**
+ * Runs a mount tool behind the descriptor closer (fd-closer.ts): squashfuse daemonizes and serves its mount for as long
+ * as the image is used, after the server is gone too, so a descriptor the server inherited without close-on-exec (a
+ * supervisor's or harness's pipe) would otherwise stay open in it for good — a pipe whose reader then never sees EOF.
+ */
 function run(command: string, args: string[], timeoutMs: number, signal?: AbortSignal): Promise<RunResult> {
+  const [launcher, ...rest] = resolveFdCloser().wrap([], [command, ...args]);
   return new Promise((resolve) => {
-    execFile(command, args, { timeout: timeoutMs, signal, maxBuffer: 256 * 1024, env: { ...process.env, LC_ALL: 'C' } }, (err, _stdout, stderr) => {
+    execFile(launcher!, rest, { timeout: timeoutMs, signal, maxBuffer: 256 * 1024, env: { ...process.env, LC_ALL: 'C' } }, (err, _stdout, stderr) => {
       if (err === null) return resolve({ ok: true, missing: false, error: undefined });
       const text = String(stderr).trim().split('\n').slice(0, 3).join('; ') || err.message;
-      resolve({ ok: false, missing: (err as NodeJS.ErrnoException).code === 'ENOENT', error: text.slice(0, 600) });
+      // ENOENT from spawn itself (no closer), or the closer's 127 (it could not find the tool).
+      const code = (err as { code?: unknown }).code;
+      resolve({ ok: false, missing: code === 'ENOENT' || code === 127, error: text.slice(0, 600) });
     });
   });
 }

@@ -27,16 +27,28 @@
  * instance has no limit of its own, and every instance but the host's draws on one pool (kernel.pty.max minus
  * kernel.pty.reserve, 3072 by default): one sandbox opening /dev/ptmx 3071 times left every other sandbox of the host
  * without a pty. Inside the sandbox (no capabilities) this mode fails with EPERM.
+ *
+ * And `--read-file NOTREG MAX PATH`: the file read of the server's readFile (sandbox-files.ts), run inside the sandbox
+ * as its user. Opens PATH with O_NONBLOCK, exits NOTREG unless the descriptor is a regular file (fstat: what was
+ * opened, not what the path names a moment later), then copies at most MAX bytes to stdout. Why: the read script
+ * checks the path and then opens it; a FIFO the sandboxed program puts there in between blocks a plain open (head,
+ * busybox's dd, which has no iflag=nonblock) until the command timeout, reported as an infrastructure failure.
+ *
+ * And `--write-file NOTREG PATH`: the write of writeFile, the same way: opens PATH for writing (created 0666 less the
+ * umask, truncated, as a shell's `>`) with O_NONBLOCK, so a FIFO put there fails the open (ENXIO: no reader) instead of
+ * blocking it; exits NOTREG without writing unless what was opened is a regular file; then copies stdin to it.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -125,11 +137,112 @@ static int mount_devpts(int argc, char **argv) {
   return 0;
 }
 
+static int read_file(int argc, char **argv) {
+  /* argv: --read-file NOTREG MAX PATH */
+  char *end1 = 0, *end2 = 0;
+  long notreg = argc == 5 ? strtol(argv[2], &end1, 10) : -1;
+  long long max = argc == 5 ? strtoll(argv[3], &end2, 10) : -1;
+  if (notreg < 1 || notreg > 125 || *end1 != '\0' || max < 0 || *end2 != '\0') {
+    fputs("usage: rollout-sandbox-init --read-file NOTREG MAX PATH\n", stderr);
+    return 125;
+  }
+  int fd = open(argv[4], O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  if (fd < 0) {
+    fprintf(stderr, "rollout-sandbox-init: cannot open %s: %s\n", argv[4], strerror(errno));
+    return 1;
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    fprintf(stderr, "rollout-sandbox-init: cannot stat %s: %s\n", argv[4], strerror(errno));
+    return 1;
+  }
+  if (!S_ISREG(st.st_mode)) return (int)notreg;
+  /* A regular file ignores O_NONBLOCK; cleared all the same, so no read can end early with EAGAIN. */
+  int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    fprintf(stderr, "rollout-sandbox-init: cannot clear O_NONBLOCK on %s: %s\n", argv[4], strerror(errno));
+    return 1;
+  }
+  /* 64 KiB reads: MAX is a whole number of pages, which /proc/self/pagemap needs of every read. */
+  static char buf[65536];
+  while (max > 0) {
+    ssize_t n = read(fd, buf, max < (long long)sizeof buf ? (size_t)max : sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      fprintf(stderr, "rollout-sandbox-init: cannot read %s: %s\n", argv[4], strerror(errno));
+      return 1;
+    }
+    if (n == 0) break;
+    for (ssize_t off = 0; off < n;) {
+      ssize_t w = write(STDOUT_FILENO, buf + off, (size_t)(n - off));
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) return 1;
+      off += w;
+    }
+    max -= n;
+  }
+  return 0;
+}
+
+static int write_file(int argc, char **argv) {
+  /* argv: --write-file NOTREG PATH */
+  char *end = 0;
+  long notreg = argc == 4 ? strtol(argv[2], &end, 10) : -1;
+  if (notreg < 1 || notreg > 125 || *end != '\0') {
+    fputs("usage: rollout-sandbox-init --write-file NOTREG PATH\n", stderr);
+    return 125;
+  }
+  int fd = open(argv[3], O_WRONLY | O_CREAT | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0666);
+  if (fd < 0) {
+    fprintf(stderr, "rollout-sandbox-init: cannot open %s: %s\n", argv[3], strerror(errno));
+    return 1;
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    fprintf(stderr, "rollout-sandbox-init: cannot stat %s: %s\n", argv[3], strerror(errno));
+    return 1;
+  }
+  if (!S_ISREG(st.st_mode)) return (int)notreg;
+  /* Truncated only once it is known to be a regular file (O_TRUNC at the open would apply to whatever it was). */
+  int flags = fcntl(fd, F_GETFL);
+  if (ftruncate(fd, 0) != 0 || flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    fprintf(stderr, "rollout-sandbox-init: cannot truncate %s: %s\n", argv[3], strerror(errno));
+    return 1;
+  }
+  static char buf[65536];
+  for (;;) {
+    ssize_t n = read(STDIN_FILENO, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      fprintf(stderr, "rollout-sandbox-init: cannot read stdin: %s\n", strerror(errno));
+      return 1;
+    }
+    if (n == 0) break;
+    for (ssize_t off = 0; off < n;) {
+      ssize_t w = write(fd, buf + off, (size_t)(n - off));
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) {
+        fprintf(stderr, "rollout-sandbox-init: cannot write %s: %s\n", argv[3], strerror(errno));
+        return 1;
+      }
+      off += w;
+    }
+  }
+  if (close(fd) != 0) {
+    fprintf(stderr, "rollout-sandbox-init: cannot write %s: %s\n", argv[3], strerror(errno));
+    return 1;
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "--keep-fds") == 0) return closer(argc, argv);
   if (argc > 1 && strcmp(argv[1], "--mount-devpts") == 0) return mount_devpts(argc, argv);
+  if (argc > 1 && strcmp(argv[1], "--read-file") == 0) return read_file(argc, argv);
+  if (argc > 1 && strcmp(argv[1], "--write-file") == 0) return write_file(argc, argv);
   if (argc > 1) {
-    fputs("usage: rollout-sandbox-init (as pid 1), --keep-fds FD,FD,... -- ARGV..., or --mount-devpts MAX\n", stderr);
+    fputs("usage: rollout-sandbox-init (as pid 1), --keep-fds FD,FD,... -- ARGV..., --mount-devpts MAX,\n"
+          "  --read-file NOTREG MAX PATH or --write-file NOTREG PATH\n", stderr);
     return 125;
   }
   struct sigaction ignore = {0};
