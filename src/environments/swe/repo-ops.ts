@@ -271,14 +271,23 @@ export class UnreadableWorkingCopy extends Error {}
  * (deleted, files without read permission), environment_error when the diff fails otherwise.
  */
 export async function diffWorkingCopy(sandbox: Sandbox, repoPath: string, dir: string, maxBytes: number, options: RunOptions = {}): Promise<{ patch: string; bytes: number }> {
-  const file = `${SCRATCH_DIR}/agent.patch`;
-  const result = await bash(sandbox, `mkdir -p ${SCRATCH_DIR}\n${DIFF}\nwc -c < "$3"`, [repoPath, dir, file], options);
+  // This runs in the agent's own sandbox, whose files the agent wrote: a fixed scratch path could hold what it put
+  // there (a FIFO that blocks the write until the timeout, a file where the directory goes, a symlink to /dev/full),
+  // and the eval would fail as environment_error, which trainers drop. So the diff goes to a fresh directory (mktemp:
+  // a name nothing could know beforehand), whose path the script prints before the diff's size.
+  const result = await bash(sandbox, `${DIFF_SCRATCH}\n${DIFF}\nprintf '%s\\n' "$3"\nwc -c < "$3"`, [repoPath, dir], options);
   if (result.exitCode === 5) throw new UnreadableWorkingCopy(`the working copy ${dir} could not be read: ${result.stderr.trim().slice(-1500)}`);
   if (result.exitCode !== 0) throw failure(`taking the diff of ${dir}`, result);
-  const bytes = Number(result.stdout.trim());
+  const [file = '', size = ''] = result.stdout.trim().split('\n');
+  const bytes = Number(size);
+  if (!file.startsWith('/') || !Number.isInteger(bytes)) throw failure(`taking the diff of ${dir} (unexpected output)`, result);
   if (bytes > maxBytes) return { patch: '', bytes };
   return { patch: bytes === 0 ? '' : await sandbox.readFile(file, { signal: options.signal, maxBytes }), bytes };
 }
+
+/** Sets $3 to the diff's file in a directory of its own (see diffWorkingCopy), under $TMPDIR or /tmp. */
+const DIFF_SCRATCH = `scratch_dir=$(mktemp -d "\${TMPDIR:-/tmp}/rollout-swe-diff.XXXXXXXXXX") || exit 1
+set -- "$1" "$2" "$scratch_dir/agent.patch"`;
 
 /** Applies `patch` to the copy at `dir`; `{ applied: false, reason }` when neither git nor patch could. */
 export async function applyPatch(sandbox: Sandbox, dir: string, patch: string, options: RunOptions = {}): Promise<{ applied: boolean; reason: string }> {

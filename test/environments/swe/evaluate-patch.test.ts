@@ -226,6 +226,26 @@ describe.runIf(process.getuid?.() === 0 || process.env.CI)('evaluatePatch in a r
     await expect(diffWorkingCopy(clean, '/testbed', cleanDir, 1 << 20)).rejects.toBeInstanceOf(UnreadableWorkingCopy);
   }, 120_000);
 
+  // Review s37 (found by helper-65): the diff was written to a fixed path of the agent's own sandbox,
+  // /tmp/rollout-swe/agent.patch. An agent that put a FIFO there made the eval wait for the command timeout, and one
+  // that put a file at /tmp/rollout-swe (or a symlink to /dev/full at the patch) failed it: environment_error both,
+  // which trainers drop — a way out of a 0. The diff now goes to a directory of its own (mktemp) each time.
+  it('takes the diff whatever the agent planted at the scratch paths of its sandbox', async () => {
+    const plants = [
+      'mkdir -p /tmp/rollout-swe && mkfifo /tmp/rollout-swe/agent.patch',
+      'printf x > /tmp/rollout-swe',
+      'mkdir -p /tmp/rollout-swe && ln -s /dev/full /tmp/rollout-swe/agent.patch',
+      'mkdir -p /tmp/rollout-swe && chmod 500 /tmp/rollout-swe',
+    ];
+    for (const plant of plants) {
+      const agent = await sandbox();
+      const dir = await prepareWorkingCopy(agent, '/testbed');
+      expect((await agent.exec(['bash', '-c', `sed -i "s/return a - b/return a + b/" calc.py && ${plant}`], { cwd: dir })).exitCode).toBe(0);
+      const diff = await diffWorkingCopy(agent, '/testbed', dir, 1 << 20, { timeoutMs: 20_000 });
+      expect(diff.patch, plant).toContain('-    return a - b\n+    return a + b');
+    }
+  }, 180_000);
+
   // Found by review (helper-37): a test patch that applies to the base but not on top of the agent's patch (a file the
   // agent put where the test patch makes a directory) was an environment_error, which trainers drop: the agent could
   // opt out of a 0. Only a test patch that does not apply to the base is the instance's fault.
