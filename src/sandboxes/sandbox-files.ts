@@ -73,9 +73,11 @@ mkdir -p -- "$d" || exit 1
 [ -n "$2" ] && exec "$2" --write-file ${NOT_REGULAR} "$p"
 dd of=/dev/null oflag=nonblock count=0 status=none </dev/null 2>/dev/null && exec dd of="$p" oflag=nonblock bs=65536 status=none
 exec cat > "$p"`;
+/** $2: the sandbox init inside the sandbox (empty without one), whose `--list-dir` needs no GNU find (busybox's lacks -printf). */
 const LIST = `p=$1
 [ -e "$p" ] || exit ${NOT_FOUND}
 [ -d "$p" ] || exit ${NOT_DIR}
+[ -n "$2" ] && exec "$2" --list-dir "$p"
 exec find "$p" -mindepth 1 -maxdepth 1 -printf '%y %s %f\\0'`;
 
 /**
@@ -83,7 +85,7 @@ exec find "$p" -mindepth 1 -maxdepth 1 -printf '%y %s %f\\0'`;
  * paths resolve in the sandbox's root and with its permissions: a symlink the program planted can only point at
  * something inside the sandbox (an absolute `/etc/x` is the sandbox's /etc), and a read-only path stays read-only.
  * Why not host paths through /proc/PID/root: the host kernel would follow absolute symlinks on the host. Needs
- * /bin/sh, cat, head, wc, mkdir and GNU find in the sandbox's root (every Debian image has them).
+ * /bin/sh, cat, head, wc and mkdir in the sandbox's root, and GNU find where the sandbox has no init (every Debian image has them).
  *
  * Reads and writes open their file with O_NONBLOCK where the image has GNU dd (iflag/oflag=nonblock; no effect on a
  * regular file): the path is checked to be a regular file and then opened, and a FIFO the program puts there in
@@ -121,7 +123,7 @@ export class SandboxFiles {
 
   async list(path: string, options: { signal?: AbortSignal } = {}): Promise<DirEntry[]> {
     const abs = this.resolve(path);
-    const r = await this.run(['/bin/sh', '-c', LIST, 'list', abs], { ...signalOf(options), outputLimitBytes: MAX_LIST_BYTES });
+    const r = await this.run(['/bin/sh', '-c', LIST, 'list', abs, this.init ?? ''], { ...signalOf(options), outputLimitBytes: MAX_LIST_BYTES });
     if (!r.truncated) check(r, path);
     return parseDirListing(r.stdout, path, r.truncated);
   }

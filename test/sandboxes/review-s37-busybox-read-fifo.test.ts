@@ -40,6 +40,20 @@ describe.skipIf(STATIC_BUSYBOX === undefined || !existsSync(DEFAULT_SANDBOX_INIT
     expect({ exitCode: file.exitCode, stdout: file.stdout }).toEqual({ exitCode: 0, stdout: 'hello' });
   });
 
+  // listDir read GNU find's -printf, which busybox's find lacks: every listing of such an image failed.
+  it('lists a directory through the init\u2019s --list-dir, as GNU find would (types, file sizes, odd names)', async () => {
+    const s = await started();
+    await s.exec(['sh', '-c', 'rm -rf ls && mkdir -p ls/sub && printf 12345 > ls/five && ln -s five ls/link && mkfifo ls/pipe && printf x > "ls/new\nline"']);
+    expect(await s.listDir('ls')).toEqual([
+      { name: 'five', type: 'file', size: 5 },
+      { name: 'link', type: 'symlink', size: 0 },
+      { name: 'new\nline', type: 'file', size: 1 },
+      { name: 'pipe', type: 'other', size: 0 },
+      { name: 'sub', type: 'dir', size: 0 },
+    ]);
+    await expect(s.listDir('ls/five')).rejects.toMatchObject({ code: 'invalid_argument' });
+  });
+
   it('never blocks on a FIFO swapped in after the check: each read returns the file or is refused as the path\'s fault', async () => {
     const s = await started();
     const swapping = s.spawn(['sh', '-c', 'while :; do mkfifo .f 2>/dev/null; mv -f .f x; echo hello > .r; mv -f .r x; done']);

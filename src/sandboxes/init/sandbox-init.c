@@ -37,6 +37,10 @@
  * And `--write-file NOTREG PATH`: the write of writeFile, the same way: opens PATH for writing (created 0666 less the
  * umask, truncated, as a shell's `>`) with O_NONBLOCK, so a FIFO put there fails the open (ENXIO: no reader) instead of
  * blocking it; exits NOTREG without writing unless what was opened is a regular file; then copies stdin to it.
+ *
+ * And `--list-dir PATH`: listDir's listing, the records GNU `find PATH -mindepth 1 -maxdepth 1 -printf '%y %s %f\0'`
+ * writes (type letter, size, name), read with readdir and fstatat (symlinks not followed), so an image without GNU
+ * find (busybox's has no -printf) can be listed too. Exit 0, or 1 when PATH cannot be opened as a directory.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -235,14 +239,51 @@ static int write_file(int argc, char **argv) {
   return 0;
 }
 
+static char type_letter(mode_t mode) {
+  if (S_ISREG(mode)) return 'f';
+  if (S_ISDIR(mode)) return 'd';
+  if (S_ISLNK(mode)) return 'l';
+  if (S_ISFIFO(mode)) return 'p';
+  if (S_ISSOCK(mode)) return 's';
+  if (S_ISCHR(mode)) return 'c';
+  if (S_ISBLK(mode)) return 'b';
+  return 'U';
+}
+
+static int list_dir(int argc, char **argv) {
+  /* argv: --list-dir PATH */
+  if (argc != 3) {
+    fputs("usage: rollout-sandbox-init --list-dir PATH\n", stderr);
+    return 125;
+  }
+  /* O_NONBLOCK: a FIFO put at PATH fails the O_DIRECTORY open instead of blocking it. */
+  int fd = open(argv[2], O_RDONLY | O_DIRECTORY | O_NONBLOCK | O_CLOEXEC);
+  DIR *dir = fd < 0 ? NULL : fdopendir(fd);
+  if (dir == NULL) {
+    fprintf(stderr, "rollout-sandbox-init: cannot list %s: %s\n", argv[2], strerror(errno));
+    return 1;
+  }
+  struct dirent *entry;
+  while ((entry = readdir(dir)) != NULL) {
+    if (strcmp(entry->d_name, ".") == 0 || strcmp(entry->d_name, "..") == 0) continue;
+    struct stat st;
+    /* Gone between readdir and stat (the program deleted it): not listed, as find skips it. */
+    if (fstatat(dirfd(dir), entry->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (printf("%c %lld %s", type_letter(st.st_mode), (long long)st.st_size, entry->d_name) < 0 || putchar('\0') == EOF) return 1;
+  }
+  closedir(dir);
+  return fflush(stdout) == 0 ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "--keep-fds") == 0) return closer(argc, argv);
   if (argc > 1 && strcmp(argv[1], "--mount-devpts") == 0) return mount_devpts(argc, argv);
   if (argc > 1 && strcmp(argv[1], "--read-file") == 0) return read_file(argc, argv);
   if (argc > 1 && strcmp(argv[1], "--write-file") == 0) return write_file(argc, argv);
+  if (argc > 1 && strcmp(argv[1], "--list-dir") == 0) return list_dir(argc, argv);
   if (argc > 1) {
     fputs("usage: rollout-sandbox-init (as pid 1), --keep-fds FD,FD,... -- ARGV..., --mount-devpts MAX,\n"
-          "  --read-file NOTREG MAX PATH or --write-file NOTREG PATH\n", stderr);
+          "  --read-file NOTREG MAX PATH, --write-file NOTREG PATH or --list-dir PATH\n", stderr);
     return 125;
   }
   struct sigaction ignore = {0};
