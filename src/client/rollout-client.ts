@@ -88,6 +88,23 @@ export interface SessionOptions {
    * `autoAck: false` (the Python "manual" mode) nothing is acked early: the submit waits for the caller's `ack()`.
    */
   retryRejectedForMs?: number;
+  /**
+   * How long (ms) a broken stream is re-opened for, as the Python client does (default 0: off, a broken stream ends
+   * the session with its error). A transport break (UNAVAILABLE: a server restart, a proxy reset; INTERNAL or UNKNOWN;
+   * RESOURCE_EXHAUSTED ending a stream whose caller took nothing for the server's sessions.stalledMs)
+   * re-opens the same session with `resume`, with backoff (50 ms doubling to 2 s) until this budget, counted from
+   * the break, is spent; the session then fails with the last error. What a re-open would meet again is not retried:
+   * the caller's `abort()` (CANCELLED), UNAUTHENTICATED, INVALID_ARGUMENT, a session the server no longer knows
+   * (NOT_FOUND: expired, or a restarted server without a journal) or that another stream took over (ABORTED) end the
+   * session with that error. On the re-opened stream: the specs whose submit had no answer are sent again (the server
+   * answers a task it already took `already_owed`: it never runs twice), so are the cancels; trajectories the server
+   * re-sends that this session had received already are dropped (by task id and sample index), and acked again when
+   * they had been acked (that ack may have been lost with the stream); `trajectories()` goes on, each trajectory once.
+   * Counted in `stats.reconnects` (re-opens tried) and `stats.redelivered` (what the server re-sent, duplicates
+   * included; `stats.duplicatesDropped` those dropped). Costs one small key per trajectory received on the current
+   * stream (to know a re-sent one), cleared at each re-open to what was re-sent.
+   */
+  reconnectForMs?: number;
 }
 
 /** One submit until the server answers it, or until a retry after a temporary refusal is due. */
@@ -108,8 +125,9 @@ interface Submission {
 }
 
 /**
- * One Rollout stream: submit tasks, iterate trajectories as they finish (completion order). Call `close()`
- * after the last submit; iteration ends once the server has delivered every trajectory of the session.
+ * One Rollout session: submit tasks, iterate trajectories as they finish (completion order). Call `close()`
+ * after the last submit; iteration ends once the server has delivered every trajectory of the session. One stream,
+ * unless `reconnectForMs` has a broken one re-opened (see {@link SessionOptions.reconnectForMs}).
  *
  * @example
  * const session = client.openSession();
@@ -119,8 +137,11 @@ interface Submission {
  */
 export class RolloutSession {
   readonly opened: Promise<SessionOpened>;
-  /** Takes requests, or a request's bytes already encoded (a task, encoded once in submit()). */
-  private readonly call: ClientDuplexStream<RolloutRequest | Uint8Array, RolloutResponse>;
+  /**
+   * The current stream. Takes requests, or a request's bytes already encoded (a task, encoded once in submit()).
+   * Replaced when a broken stream is re-opened (see {@link SessionOptions.reconnectForMs}).
+   */
+  private call!: ClientDuplexStream<RolloutRequest | Uint8Array, RolloutResponse>;
   private readonly queue: AsyncQueue<Trajectory>;
   private readonly autoAck: boolean;
   /** The most entries the server takes in one Ack, from the stream's response headers: larger acks go in parts. */
@@ -137,9 +158,12 @@ export class RolloutSession {
   private expected = 0;
   /** Trajectories a resumed session owes us from before this stream. */
   private inherited = 0;
+  /** This stream's SessionOpened has come (reset when a broken stream is re-opened). */
   private isOpen = false;
-  /** Distinct trajectories received (a sample of an open task counted once). */
+  /** Trajectories received on this stream that count towards what it owes (a sample of an open task counted once). */
   private received = 0;
+  /** Trajectories handed to the iterator (all streams), and those the consumer took. */
+  private pushed = 0;
   private consumed = 0;
   /** With autoAck off: trajectories received and not acked yet (task, sample), which keep the stream open. */
   private readonly unacked = new Set<string>();
@@ -162,11 +186,46 @@ export class RolloutSession {
   private waitingOnPause = 0;
   /** With autoAck: trajectories received and not acked yet (queued, being consumed), by refKey. */
   private readonly heldHere = new Map<string, { taskId: string; sampleIndex: number }>();
+  private readonly client: RolloutServiceClient;
+  private sessionId: string;
+  private readonly stageEvents: boolean;
+  /** Largest request the channel sends (its grpc.max_send_message_length), undefined: no bound. */
+  private readonly maxSendBytes: number | undefined;
+  private readonly reconnectForMs: number;
+  /** The current call takes writes: false from a transport break until the stream is re-opened. */
+  private connected = true;
+  /** The re-open of a broken stream waiting for its backoff, and the budget of this outage. */
+  private reconnectTimer: NodeJS.Timeout | undefined;
+  private outage: RetrySchedule | undefined;
+  /** When this outage's budget ends (performance.now() ms), its last break's error, and the re-open's own timer. */
+  private outageUntil = 0;
+  private outageError: Error | undefined;
+  private openTimer: NodeJS.Timeout | undefined;
+  private openedAt: number | undefined;
+  /**
+   * With reconnect: refKeys of trajectories received on this stream, and (`before`) on the broken ones since the last
+   * SessionOpened, whose acks the server may not have had: a re-sent one is a duplicate. The re-sent ones are the first
+   * `redelivered` trajectories of the re-opened stream (Session.attach sends them before any other), but not
+   * necessarily before SessionOpened, which the server sends ahead of its queue: `streamTrajectories` counts the
+   * stream's trajectories until SessionOpened says how many were re-sent, `redeliveryLeft` those still to come after it.
+   * Once all came, `before` is forgotten: what was re-sent and not acked is in `seen`.
+   */
+  private seen = new Set<string>();
+  private before: Set<string> | undefined;
+  private streamTrajectories = 0;
+  private redeliveryLeft = 0;
+  private readonly resumeFirst: boolean;
+  private openedOnce = false;
+  /** A stream broke after the session had half-closed with everything received and acked (see broke()). */
+  private doneOnce = false;
+  /** With reconnect: tasks this session cancelled, cancelled again on a re-opened stream (the cancel may have been lost). */
+  private readonly cancels = new Set<string>();
   /**
    * `rejectionsRetried`: temporary refusals submitted again; `ackedEarly`: trajectories acked before they were consumed
-   * because a submit waited on paused delivery (see {@link SessionOptions.retryRejectedForMs}).
+   * because a submit waited on paused delivery (see {@link SessionOptions.retryRejectedForMs}); `reconnects`,
+   * `redelivered`, `duplicatesDropped`: see {@link SessionOptions.reconnectForMs}.
    */
-  readonly stats = { rejectionsRetried: 0, ackedEarly: 0 };
+  readonly stats = { rejectionsRetried: 0, ackedEarly: 0, reconnects: 0, redelivered: 0, duplicatesDropped: 0 };
   /**
    * The server paused delivery (this session's unacked trajectories reached its byte bound; ack to resume) or
    * resumed it (`resumed`). Nothing is dropped meanwhile.
@@ -174,114 +233,266 @@ export class RolloutSession {
   onDeliveryPaused: ((notice: DeliveryPaused) => void) | undefined;
   /** Stage events, when the session asked for them. */
   onStage: ((event: NonNullable<Extract<RolloutResponse['kind'], { $case: 'stage' }>>['value']) => void) | undefined;
+  private resolveOpened!: (s: SessionOpened) => void;
+  private rejectOpened!: (e: Error) => void;
 
-  constructor(client: RolloutServiceClient, options: SessionOptions = {}) {
-    // The generated rollout() would encode each request again; submit() has encoded its task already (to refuse an
-    // unencodable one alone), so the stream takes those bytes as they are.
+  constructor(client: RolloutServiceClient, options: SessionOptions = {}, maxSendMessageBytes?: number) {
     // Checked before the call is opened: a session refused here leaves no stream behind.
     this.retryRejectedForMs = retryBudgetOf(options.retryRejectedForMs);
-    const method = RolloutServiceService.rollout;
-    this.call = client.makeBidiStreamRequest(method.path, encodeRequest, method.responseDeserialize);
+    this.reconnectForMs = reconnectBudgetOf(options.reconnectForMs);
+    this.client = client;
+    this.sessionId = options.sessionId ?? '';
+    this.stageEvents = options.stageEvents ?? false;
+    this.maxSendBytes = maxSendMessageBytes !== undefined && maxSendMessageBytes >= 0 ? maxSendMessageBytes : undefined;
     this.autoAck = options.autoAck ?? true;
     this.queue = new AsyncQueue<Trajectory>(
       options.highWater ?? 1024,
       () => this.flow(true),
       () => this.flow(false),
     );
-    let opened!: (s: SessionOpened) => void;
-    let failed!: (e: Error) => void;
     this.opened = new Promise((resolve, reject) => {
-      opened = resolve;
-      failed = reject;
+      this.resolveOpened = resolve;
+      this.rejectOpened = reject;
     });
     this.opened.catch(() => undefined);
+    this.resumeFirst = options.resume ?? false;
+    this.attach(this.resumeFirst);
+  }
+
+  /** Opens a stream for the session (again, with resume, after a break) and routes its events here. */
+  private attach(resume: boolean): void {
+    // The generated rollout() would encode each request again; submit() has encoded its task already (to refuse an
+    // unencodable one alone), so the stream takes those bytes as they are.
+    const method = RolloutServiceService.rollout;
+    const call = this.client.makeBidiStreamRequest(method.path, encodeRequest, method.responseDeserialize);
+    this.call = call;
+    this.connected = true;
+    this.paused = false;
     // Sent before any answer, so known before the first trajectory arrives (and with it anything to ack).
-    this.call.on('metadata', (headers: Metadata) => (this.maxAckEntries = maxAckEntriesOf(headers)));
-    this.call.on('data', (response: RolloutResponse) => {
-      const kind = response.kind;
-      if (!kind) return;
-      switch (kind.$case) {
-        case 'opened':
-          // A resumed session's earlier tasks deliver here too: what was re-sent plus what is still running.
-          this.inherited = kind.value.redelivered + kind.value.pending;
-          this.isOpen = true;
-          opened(kind.value);
-          this.maybeHalfClose();
-          break;
-        case 'accepted':
-          // A task re-sent after a resume that the session had accepted before is counted in `inherited` already,
-          // except the samples it had acked: those are sent again (resent_sample_indexes) and counted as they come.
-          if (!this.openTasks.has(kind.value.taskId) && !kind.value.alreadyOwed) {
-            this.openTasks.set(kind.value.taskId, { numSamples: kind.value.numSamples, got: new Set() });
-            this.expected += kind.value.numSamples;
-          } else if (kind.value.alreadyOwed && kind.value.resentSampleIndexes.length > 0) {
-            this.inherited += kind.value.resentSampleIndexes.length;
-            const open = this.openTasks.get(kind.value.taskId);
-            for (const i of kind.value.resentSampleIndexes) open?.got.delete(i);
-          }
-          this.settle(kind.value.taskId, (p) => p.resolve(kind.value));
-          this.maybeHalfClose();
-          break;
-        case 'rejected': {
-          const refusal = new TaskRejectedError(kind.value.taskId, kind.value.field, kind.value.reason, kind.value.code);
-          this.settle(kind.value.taskId, (p) => p.reject(refusal), (p) => this.retryLater(p, refusal));
-          this.maybeHalfClose();
-          break;
+    call.on('metadata', (headers: Metadata) => {
+      if (call === this.call) this.maxAckEntries = maxAckEntriesOf(headers);
+    });
+    call.on('data', (response: RolloutResponse) => {
+      // A broken stream's last messages (read after its error) are re-sent on the re-opened one if they count.
+      if (call === this.call && this.connected) this.onResponse(response);
+    });
+    call.on('error', (err: ServiceError) => {
+      if (call === this.call && this.connected) this.broke(err);
+    });
+    call.on('end', () => {
+      // After an error too (grpc-js ends the readable side first): only an end without one ends the session here.
+      if (call !== this.call || !this.connected) return;
+      this.fail(new Error('rollout stream ended'), false);
+    });
+    call.write({ kind: { $case: 'open', value: { sessionId: this.sessionId, resume, stageEvents: this.stageEvents } } });
+    this.flow();
+  }
+
+  private onResponse(response: RolloutResponse): void {
+    const kind = response.kind;
+    if (!kind) return;
+    switch (kind.$case) {
+      case 'opened':
+        // A resumed session's earlier tasks deliver here too: what was re-sent plus what is still running.
+        this.inherited = kind.value.redelivered + kind.value.pending;
+        this.isOpen = true;
+        this.openedOnce = true;
+        this.doneOnce = false;
+        clearTimeout(this.openTimer);
+        this.openTimer = undefined;
+        this.openedAt = performance.now();
+        // The first `redelivered` trajectories of this stream are what the server re-sent (Session.attach), some of which
+        // may have come before this answer; after them, trajectories are new.
+        this.redeliveryLeft = Math.max(0, kind.value.redelivered - this.streamTrajectories);
+        if (this.redeliveryLeft === 0) this.before = undefined;
+        if (this.stats.reconnects > 0) this.stats.redelivered += kind.value.redelivered;
+        // The id the server chose (none asked for): a re-open resumes that one.
+        this.sessionId = kind.value.sessionId || this.sessionId;
+        this.resolveOpened(kind.value);
+        this.maybeHalfClose();
+        break;
+      case 'accepted':
+        // A task re-sent after a resume that the session had accepted before is counted in `inherited` already,
+        // except the samples it had acked: those are sent again (resent_sample_indexes) and counted as they come.
+        if (!this.openTasks.has(kind.value.taskId) && !kind.value.alreadyOwed) {
+          this.openTasks.set(kind.value.taskId, { numSamples: kind.value.numSamples, got: new Set() });
+          this.expected += kind.value.numSamples;
+        } else if (kind.value.alreadyOwed && kind.value.resentSampleIndexes.length > 0) {
+          this.inherited += kind.value.resentSampleIndexes.length;
+          const open = this.openTasks.get(kind.value.taskId);
+          for (const i of kind.value.resentSampleIndexes) open?.got.delete(i);
         }
-        case 'stage':
-          this.onStage?.(kind.value);
-          break;
-        case 'deliveryPaused':
-          this.deliveryHeld = !kind.value.resumed;
-          // A submit waits on the pause (refused, to be sent again): what keeps it must be acked (retryRejectedForMs).
-          if (this.deliveryHeld && this.waitingOnPause > 0) this.ackEarly();
-          this.onDeliveryPaused?.(kind.value);
-          break;
-        case 'trajectory': {
-          this.count(kind.value);
-          const ref = { taskId: kind.value.taskId, sampleIndex: kind.value.sampleIndex };
-          if (!this.autoAck) this.unacked.add(refKey(ref.taskId, ref.sampleIndex));
-          else if (this.deliveryHeld && this.waitingOnPause > 0) {
-            // Released while a submit waits on the pause (the server sends held ones one ack at a time): acked now.
-            this.stats.ackedEarly++;
-            this.ack([ref]);
-          } else this.heldHere.set(refKey(ref.taskId, ref.sampleIndex), ref);
-          this.queue.push(kind.value);
-          break;
-        }
+        this.settle(kind.value.taskId, (p) => p.resolve(kind.value));
+        this.maybeHalfClose();
+        break;
+      case 'rejected': {
+        const refusal = new TaskRejectedError(kind.value.taskId, kind.value.field, kind.value.reason, kind.value.code);
+        this.settle(kind.value.taskId, (p) => p.reject(refusal), (p) => this.retryLater(p, refusal));
+        this.maybeHalfClose();
+        break;
       }
-    });
-    const fail = (err: ServiceError | Error): void => {
-      this.ended = true;
-      this.endedWith ??= err;
-      failed(err);
-      for (const waiters of this.pending.values()) for (const w of waiters) w.reject(err);
-      this.pending.clear();
-      this.endRetries();
-      this.queue.end(err);
-    };
-    this.call.on('error', fail);
-    this.call.on('end', () => {
-      this.ended = true;
-      const err = new Error('rollout stream ended');
-      this.endedWith ??= err;
-      failed(err);
-      for (const waiters of this.pending.values()) for (const w of waiters) w.reject(err);
-      this.pending.clear();
-      this.endRetries();
-      this.queue.end();
-    });
-    this.call.write({
-      kind: { $case: 'open', value: { sessionId: options.sessionId ?? '', resume: options.resume ?? false, stageEvents: options.stageEvents ?? false } },
-    });
+      case 'stage':
+        this.onStage?.(kind.value);
+        break;
+      case 'deliveryPaused':
+        this.deliveryHeld = !kind.value.resumed;
+        // A submit waits on the pause (refused, to be sent again): what keeps it must be acked (retryRejectedForMs).
+        if (this.deliveryHeld && this.waitingOnPause > 0) this.ackEarly();
+        this.onDeliveryPaused?.(kind.value);
+        break;
+      case 'trajectory': {
+        const ref = { taskId: kind.value.taskId, sampleIndex: kind.value.sampleIndex };
+        const key = refKey(ref.taskId, ref.sampleIndex);
+        if (this.reconnectForMs > 0) {
+          this.streamTrajectories++;
+          // Re-sent: the stream's first ones until SessionOpened, then its `redeliveryLeft` next ones.
+          const before = this.before;
+          const resent = before !== undefined && (!this.isOpen || this.redeliveryLeft-- > 0);
+          if (this.isOpen && this.redeliveryLeft <= 0) this.before = undefined;
+          if (resent && before.has(key)) {
+            this.redeliveredAgain(ref, key);
+            break;
+          }
+          this.seen.add(key);
+        }
+        this.count(kind.value);
+        if (!this.autoAck) this.unacked.add(key);
+        else if (this.deliveryHeld && this.waitingOnPause > 0) {
+          // Released while a submit waits on the pause (the server sends held ones one ack at a time): acked now.
+          this.stats.ackedEarly++;
+          this.ack([ref]);
+        } else this.heldHere.set(key, ref);
+        this.pushed++;
+        this.queue.push(kind.value);
+        break;
+      }
+    }
+  }
+
+  /**
+   * A trajectory re-sent on a re-opened stream that this session had received before the break: counted (the server
+   * counts it in `redelivered`) and dropped. Acked again if it had been acked (the ack may have died with the stream);
+   * one still held here is acked when consumed (autoAck) or by the caller.
+   */
+  private redeliveredAgain(ref: { taskId: string; sampleIndex: number }, key: string): void {
+    this.seen.add(key);
+    this.received++;
+    this.stats.duplicatesDropped++;
+    if (!this.heldHere.has(key) && !this.unacked.has(key)) this.writeAcks([ref]);
+  }
+
+  /**
+   * The stream failed. A transport break is re-opened with resume (see {@link SessionOptions.reconnectForMs}) while
+   * the budget of this outage lasts; anything else ends the session with the error.
+   */
+  private broke(err: ServiceError): void {
+    const code = (err as { code?: unknown }).code;
+    // RESOURCE_EXHAUSTED ends a stream whose client took nothing for the server's sessions.stalledMs (the status, or
+    // the RST_STREAM ENHANCE_YOUR_CALM after it): the session stays resumable. Not a message over a size limit ("...
+    // message larger than max"): the server would send it again on every resume.
+    const stalled = code === status.RESOURCE_EXHAUSTED && !/larger than max/i.test(err.details ?? '');
+    const transient = code === status.UNAVAILABLE || code === status.INTERNAL || code === status.UNKNOWN || stalled;
+    // Stopped by the caller (abort(), a loop left early): CANCELLED, whatever the transport said meanwhile.
+    if (this.ended) return this.fail(code === status.CANCELLED ? err : cancelled(err), true);
+    // Broken after this session had received, consumed and acked everything and half-closed: the server closes a
+    // session once all of it is acked, so a resume that finds it gone means done (only the final status was lost).
+    if (code === status.NOT_FOUND && this.doneOnce) return this.fail(err, false);
+    if (this.reconnectForMs === 0 || !transient) return this.fail(err, true);
+    if (this.halfClosed && this.unacked.size === 0) this.doneOnce = true;
+    const now = performance.now();
+    // A stream that stayed up a while starts a new outage; one that breaks at once again (e.g. a server that opens and
+    // fails every stream) stays in the old one, so its backoff and budget go on instead of a tight loop for ever.
+    if (this.openedAt !== undefined && now - this.openedAt >= 1_000) this.outage = undefined;
+    this.openedAt = undefined;
+    if (!this.outage) {
+      this.outage = new RetrySchedule(this.reconnectForMs);
+      this.outageUntil = now + this.reconnectForMs;
+    }
+    this.outageError = err;
+    const delay = this.outage.next();
+    if (delay === undefined) return this.fail(err, true);
+    this.connected = false;
+    this.isOpen = false;
+    this.halfClosed = false;
+    this.deliveryHeld = false; // a pause is of the stream: the re-opened one is told again if the server still holds
+    if (this.before) for (const key of this.seen) this.before.add(key);
+    else this.before = this.seen;
+    this.seen = new Set();
+    this.streamTrajectories = 0;
+    this.redeliveryLeft = 0;
+    this.reconnectTimer = setTimeout(() => {
+      this.reconnectTimer = undefined;
+      if (this.ended) return;
+      this.stats.reconnects++;
+      try {
+        this.reopen();
+      } catch (e) {
+        // grpc-js throws at once on a closed channel (RolloutClient.close() during the outage): the session ends.
+        this.fail(e instanceof Error ? e : new Error(String(e)), true);
+      }
+    }, delay);
+  }
+
+  /**
+   * Opens the session again on a new stream, owed what the server says (SessionOpened: re-sent + pending) plus what
+   * the specs sent again bring; writes those specs (not answered: the server may never have had them) and the cancels.
+   */
+  private reopen(): void {
+    this.openTasks.clear();
+    this.expected = 0;
+    this.received = 0;
+    this.inherited = 0;
+    // Resumed once it was opened (or the caller resumes a predecessor's): a first open that never got its answer is
+    // sent as it was (resuming a session the server never opened would be NOT_FOUND).
+    this.attach(this.openedOnce || this.resumeFirst);
+    // A re-open that never answers (a black-holed address, a server that accepts and says nothing) is bounded by the
+    // outage's budget too, not only the re-opens that fail.
+    const left = this.outageUntil - performance.now();
+    clearTimeout(this.openTimer);
+    if (left < MAX_TIMER_MS) {
+      const call = this.call;
+      this.openTimer = setTimeout(() => {
+        this.openTimer = undefined;
+        if (this.isOpen || this.ended || call !== this.call) return;
+        this.fail(this.outageError ?? new Error('rollout stream could not be re-opened'), true);
+        cancelCall(call);
+      }, Math.max(0, left));
+    }
+    for (const list of this.pending.values()) for (const s of list) this.call.write(s.bytes);
+    for (const taskId of this.cancels) this.call.write({ kind: { $case: 'cancel', value: { taskId } } });
+  }
+
+  /** The session ends with `err` (`failed`: an error, else the server's end of the stream: iteration ends cleanly). */
+  private fail(err: Error, failed: boolean): void {
+    this.ended = true;
+    this.connected = false;
+    clearTimeout(this.reconnectTimer);
+    this.reconnectTimer = undefined;
+    clearTimeout(this.openTimer);
+    this.openTimer = undefined;
+    this.endedWith ??= err;
+    this.rejectOpened(err);
+    for (const waiters of this.pending.values()) for (const w of waiters) w.reject(err);
+    this.pending.clear();
+    this.endRetries();
+    this.queue.end(failed ? err : undefined);
+  }
+
+  /** Ends the session at once: the stream is cancelled, or, between a break and its re-open, the session fails now. */
+  private stop(): void {
+    this.ended = true;
+    this.endRetries();
+    if (this.connected) cancelCall(this.call);
+    else this.fail(cancelled(this.endedWith), true);
   }
 
   /**
    * Queues a task; resolves when the server accepts it, rejects with TaskRejectedError naming the field. A temporary
    * refusal (`retryable`) is submitted again for up to `retryRejectedForMs` (see {@link SessionOptions}) before it
    * rejects. A spec that cannot be encoded (e.g. a bigint in `instance`) is rejected here, alone (field `instance`):
-   * written to the stream, it would make grpc-js cancel the whole call. After the stream ended, or after `close()`,
-   * rejects at once.
+   * written to the stream, it would make grpc-js cancel the whole call. So is a spec over the channel's
+   * `maxSendMessageBytes` (INVALID_ARGUMENT, naming the spec's largest field), which grpc-js would refuse by ending the
+   * whole stream. After the stream ended, or after `close()`, rejects at once.
    */
   submit(task: TaskInput): Promise<TaskAccepted> {
     if (this.ended) return Promise.reject(new Error(`rollout stream ended: ${this.endedWith?.message ?? 'closed'}`));
@@ -298,6 +509,11 @@ export class RolloutSession {
     } catch (err) {
       return Promise.reject(new TaskRejectedError(task.taskId, 'instance', `the spec cannot be encoded: ${err instanceof Error ? err.message : String(err)}`, status.INVALID_ARGUMENT));
     }
+    if (this.maxSendBytes !== undefined && bytes.length > this.maxSendBytes) {
+      // grpc-js would fail the write with RESOURCE_EXHAUSTED and end the whole stream with it (every other submit and
+      // trajectory with it): refused here, alone, naming what to shrink.
+      return Promise.reject(tooLarge(request.kind!.value as TaskSpec, bytes.length, this.maxSendBytes));
+    }
     return new Promise((resolve, reject) => this.send({ taskId: task.taskId, bytes, resolve, reject, cancelled: false, refusedByPause: false }));
   }
 
@@ -312,7 +528,9 @@ export class RolloutSession {
       this.dropRetry(s);
       s.reject(s.refusal!);
     }
-    if (!this.ended && !this.halfClosed) this.call.write({ kind: { $case: 'cancel', value: { taskId } } });
+    // Also cancelled again on a re-opened stream (this one may break before the server reads it).
+    if (this.reconnectForMs > 0 && !this.ended) this.cancels.add(taskId);
+    if (!this.ended && !this.halfClosed && this.connected) this.call.write({ kind: { $case: 'cancel', value: { taskId } } });
     this.maybeHalfClose();
   }
 
@@ -323,7 +541,11 @@ export class RolloutSession {
   ackTasks(taskIds: string[]): void {
     if (this.halfClosed || this.ended) return;
     const step = this.maxAckEntries;
-    for (let i = 0; i < taskIds.length; i += step) this.call.write({ kind: { $case: 'ack', value: { taskIds: taskIds.slice(i, i + step), trajectories: [] } } });
+    // Between a break and its re-open not written: what the server re-sends of these tasks is acked then (it is no
+    // longer held here: see redeliveredAgain).
+    if (this.connected) {
+      for (let i = 0; i < taskIds.length; i += step) this.call.write({ kind: { $case: 'ack', value: { taskIds: taskIds.slice(i, i + step), trajectories: [] } } });
+    }
     const tasks = new Set(taskIds);
     if (this.autoAck) {
       // Acked: neither acked early again nor when consumed.
@@ -337,14 +559,23 @@ export class RolloutSession {
   /** Tells the server these trajectories are safely received (a resumed session will not get them again). */
   ack(refs: { taskId: string; sampleIndex: number }[]): void {
     if (this.halfClosed || this.ended) return;
-    const step = this.maxAckEntries;
-    for (let i = 0; i < refs.length; i += step) this.call.write({ kind: { $case: 'ack', value: { taskIds: [], trajectories: refs.slice(i, i + step) } } });
+    this.writeAcks(refs);
     if (this.autoAck) {
       for (const r of refs) this.heldHere.delete(refKey(r.taskId, r.sampleIndex));
       return;
     }
     for (const r of refs) this.unacked.delete(refKey(r.taskId, r.sampleIndex));
     this.maybeHalfClose();
+  }
+
+  /**
+   * Writes acks in parts of the server's bound. Between a break and its re-open they are not: the server re-sends
+   * those trajectories, and a re-sent one this session no longer holds is acked then (see redeliveredAgain).
+   */
+  private writeAcks(refs: { taskId: string; sampleIndex: number }[]): void {
+    if (!this.connected || this.halfClosed || this.ended) return;
+    const step = this.maxAckEntries;
+    for (let i = 0; i < refs.length; i += step) this.call.write({ kind: { $case: 'ack', value: { taskIds: [], trajectories: refs.slice(i, i + step) } } });
   }
 
   /**
@@ -358,9 +589,7 @@ export class RolloutSession {
 
   /** Drops the stream at once (the session stays resumable on the server for a while). */
   abort(): void {
-    this.ended = true;
-    this.endRetries();
-    cancelCall(this.call);
+    this.stop();
   }
 
   /**
@@ -383,11 +612,7 @@ export class RolloutSession {
       finished = true;
     } finally {
       this.flushConsumedAcks(); // those the loop came back past: written before the call is cancelled
-      if (!finished && !this.ended) {
-        this.ended = true;
-        this.endRetries();
-        cancelCall(this.call);
-      }
+      if (!finished && !this.ended) this.stop();
     }
   }
 
@@ -414,7 +639,8 @@ export class RolloutSession {
     list.push(s);
     this.pending.set(s.taskId, list);
     this.flow();
-    this.call.write(s.bytes);
+    // Between a break and its re-open: written on the re-opened stream with every other submit not answered.
+    if (this.connected) this.call.write(s.bytes);
   }
 
   /**
@@ -479,10 +705,10 @@ export class RolloutSession {
   }
 
   private maybeHalfClose(): void {
-    if (!this.closing || !this.isOpen || this.halfClosed || this.ended || this.pending.size > 0 || this.retrying.size > 0) return;
+    if (!this.closing || !this.isOpen || !this.connected || this.halfClosed || this.ended || this.pending.size > 0 || this.retrying.size > 0) return;
     // Checked after every trajectory consumed: kept O(1) with running counts.
     const expected = this.inherited + this.expected;
-    if (this.received < expected || this.consumed < this.received) return;
+    if (this.received < expected || this.consumed < this.pushed) return;
     if (this.unacked.size > 0) {
       // Everything is here and consumed, but the caller has not acked it all (autoAck off): iteration ends now; the
       // stream stays open for those acks and is half-closed after the last one.
@@ -539,6 +765,40 @@ function refKey(taskId: string, sampleIndex: number): string {
   return `${sampleIndex}\u0000${taskId}`;
 }
 
+/** The error of a session the caller stopped (as grpc-js reports a cancelled call: `code` CANCELLED). */
+function cancelled(cause: Error | undefined): Error {
+  return Object.assign(new Error('rollout session cancelled by the client', { cause }), { code: status.CANCELLED });
+}
+
+/** `reconnectForMs` as given, checked: a non-negative number of milliseconds (Infinity: for as long as it takes). */
+function reconnectBudgetOf(ms: number | undefined): number {
+  const value = ms ?? 0;
+  if (typeof value !== 'number' || Number.isNaN(value) || value < 0) {
+    throw new RangeError(`reconnectForMs: must be a non-negative number of milliseconds, got ${String(ms)}`);
+  }
+  return value;
+}
+
+/**
+ * The refusal of a spec whose request (`size` bytes) is over the channel's send bound, naming the spec's largest
+ * top-level field (what to shrink), as the Python client's TaskTooLargeError does.
+ */
+function tooLarge(spec: TaskSpec, size: number, limit: number): TaskRejectedError {
+  let field = 'instance';
+  let fieldSize = 0;
+  for (const key of Object.keys(spec) as (keyof TaskSpec)[]) {
+    const alone: TaskSpec = { ...TaskSpec.fromPartial({}), [key]: spec[key] };
+    const bytes = TaskSpec.encode(alone).finish().length;
+    if (bytes > fieldSize) [field, fieldSize] = [snakeCase(key), bytes];
+  }
+  const reason = `the task spec is ${size} bytes, over the ${limit}-byte limit of this client's channel (maxSendMessageBytes); ${field} is ${fieldSize} bytes`;
+  return new TaskRejectedError(spec.taskId, field, reason, status.INVALID_ARGUMENT);
+}
+
+function snakeCase(name: string): string {
+  return name.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`);
+}
+
 /** How the client reaches a server: bearer tokens and TLS (PEM contents, not paths). */
 export interface ConnectionOptions {
   /** RolloutService bearer token (the server's `auth.token`), sent on every call, streams included. */
@@ -563,6 +823,13 @@ export interface ConnectionOptions {
    * trajectory between the two is a RESOURCE_EXHAUSTED on the stream.
    */
   maxReceiveMessageBytes?: number;
+  /**
+   * Largest message this client sends (grpc `max_send_message_length`; default: no bound, as grpc-js). A task spec over
+   * it is refused by `submit()` alone (TaskRejectedError naming the spec's largest field) instead of being written:
+   * grpc-js would end the whole stream on it. (The server's own bound - 4 × its `maxMessageBytes` on the transport -
+   * is not known here.)
+   */
+  maxSendMessageBytes?: number;
 }
 
 /**
@@ -592,11 +859,14 @@ function bearer(token: string): Interceptor {
 export class RolloutClient {
   readonly rollout: RolloutServiceClient;
   readonly backends: BackendServiceClient;
+  private readonly maxSendMessageBytes: number | undefined;
 
   constructor(address: string, options: ConnectionOptions = {}) {
     const keepaliveMs = options.keepalive?.timeMs ?? 30_000;
+    this.maxSendMessageBytes = options.maxSendMessageBytes;
     const opts = {
       'grpc.max_receive_message_length': options.maxReceiveMessageBytes ?? 256 << 20,
+      ...(options.maxSendMessageBytes !== undefined && { 'grpc.max_send_message_length': options.maxSendMessageBytes }),
       ...(keepaliveMs > 0 && {
         'grpc.keepalive_time_ms': keepaliveMs,
         'grpc.keepalive_timeout_ms': options.keepalive?.timeoutMs ?? 10_000,
@@ -618,7 +888,7 @@ export class RolloutClient {
   }
 
   openSession(options: SessionOptions = {}): RolloutSession {
-    return new RolloutSession(this.rollout, options);
+    return new RolloutSession(this.rollout, options, this.maxSendMessageBytes);
   }
 
   submit(task: TaskInput): Promise<{ taskId: string; numSamples: number; duplicate: boolean }> {
