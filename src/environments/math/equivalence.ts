@@ -1,6 +1,6 @@
 import { evaluateExpression, parseNumber, MAX_EXPRESSION_LENGTH, type ParsedNumber } from './expression.js';
 import { canonicalText, matchingClose, normalizeAnswer } from './normalize.js';
-import { numbersEqual, rational, roundedEqual, type Num } from './rational.js';
+import { numbersEqual, rational, roundedEqual, toFloat, type Num } from './rational.js';
 
 /**
  * Deciding whether a model's final answer matches the reference: the built-in checker of the math environment
@@ -22,8 +22,9 @@ import { numbersEqual, rational, roundedEqual, type Num } from './rational.js';
  *    in math-verify, but 12.5% ≠ 12.5.
  * 4. Expressions with variables ("(x+1)^2" vs "x^2+2x+1", "\sin^2 x + \cos^2 x" vs "1"): the same variables, and
  *    equal values at eight fixed rational points (exact arithmetic where the expression is rational), with at
- *    least three points where both are defined. A polynomial identity that holds at eight generic points is an
- *    identity unless its degree exceeds seven; the rest is math-verify's simplify() territory.
+ *    least three points where both are defined and one where they are not both negligible floats (x^{3000} ≠ 0).
+ *    A polynomial identity that holds at eight generic points is an identity unless its degree exceeds seven; the
+ *    rest is math-verify's simplify() territory.
  * 5. Text. The canonical texts match: whitespace removed, lower-cased, \left/\right, \!, \, removed, outer braces
  *    dropped: "\text{Yes}" = "yes", "(B)" = "B".
  * 6. Tuples, intervals, sets, matrices: same brackets and the same number of top-level parts → element-wise, in
@@ -124,6 +125,8 @@ const RELATION_TOKENS: ReadonlyArray<readonly [string, Relation['op']]> = [
   ['<', '<'],
   ['>', '>'],
 ];
+/** A word joining two statements ("x = 2 or x = 3"): what lies between two relation signs of one chain never holds one. */
+const ALTERNATIVES = /(?:^|[^a-zA-Z\\])(?:or|and)(?![a-zA-Z])|\\(?:lor|land|vee|wedge|text\s*\{\s*(?:or|and)\s*\})(?![a-zA-Z])|;/;
 const MIRRORED: Readonly<Record<Relation['op'], Relation['op']>> = { '=': '=', '!=': '!=', '<': '>', '>': '<', '<=': '>=', '>=': '<=' };
 
 /**
@@ -134,10 +137,15 @@ const MIRRORED: Readonly<Record<Relation['op'], Relation['op']>> = { '=': '=', '
 function relationOf(s: string): Relation | undefined {
   const found: Array<{ at: number; length: number; op: Relation['op'] }> = [];
   let depth = 0;
+  let commaAfterRelation = false;
   for (let i = 0; i < s.length; i++) {
     if (depth === 0) {
+      if (s[i] === ',' && found.length > 0) commaAfterRelation = true;
       const token = RELATION_TOKENS.find(([t]) => s.startsWith(t, i) && !(t.startsWith('\\') && /[a-zA-Z]/.test(s[i + t.length] ?? '')));
       if (token) {
+        // "x = 2, x = 3" and "x = 2 or x = 3" are two relations, not the chain x = 3 whose last side would be the answer.
+        const last = found.at(-1);
+        if (last && (commaAfterRelation || ALTERNATIVES.test(s.slice(last.at + last.length, i)))) return undefined;
         found.push({ at: i, length: token[0].length, op: token[1] });
         i += token[0].length - 1;
         continue;
@@ -211,6 +219,19 @@ const POINTS: readonly Num[] = [
 ];
 const MIN_DEFINED_POINTS = 3;
 const SYMBOLIC_TOLERANCE = 1e-9;
+/**
+ * A point where both values are within this of zero and one of them is a float tells nothing: a float that small may
+ * be what an underflow left (x^{3000} at 3/7 is 0 in floats, and e^{-1000x^2} is below 1e-21 at every point), and
+ * numbersEqual's absolute floor calls any two such values equal. Without this, "x^{3000}" was reward 1 against any
+ * reference of 0, and x^{2001} equalled x^{2000} (their points above 1 overflow, so are skipped, and the rest are ~0).
+ */
+const NEGLIGIBLE = 1e-12;
+
+/** Whether a point where `a` and `b` agree is evidence that they are the same: not two negligible values one of them a float. */
+function informative(a: Num, b: Num): boolean {
+  if (a.exact && b.exact) return true;
+  return Math.max(Math.abs(toFloat(a)), Math.abs(toFloat(b))) > NEGLIGIBLE;
+}
 
 /**
  * Whether two expressions with variables are the same function: undefined when either is not an expression (or
@@ -226,6 +247,7 @@ function symbolicEqual(a: string, b: string): boolean | undefined {
   const names = [...new Set([...ea.variables, ...eb.variables])].sort();
   if (names.length === 0) return undefined;
   let defined = 0;
+  let telling = 0;
   for (let i = 0; i < POINTS.length; i++) {
     const assign = (name: string): Num => POINTS[(i + 3 * names.indexOf(name)) % POINTS.length]!;
     const va = evaluateExpression(a, assign);
@@ -233,7 +255,10 @@ function symbolicEqual(a: string, b: string): boolean | undefined {
     if (va.kind !== 'value' || vb.kind !== 'value') continue;
     if (!numbersEqual(va.value, vb.value, SYMBOLIC_TOLERANCE)) return false;
     defined++;
+    if (informative(va.value, vb.value)) telling++;
   }
+  // No telling point: undefined, so the texts decide (a float identity such as \sin^2 x + \cos^2 x - 1 = 0 then fails).
+  if (defined >= MIN_DEFINED_POINTS && telling === 0) return undefined;
   return defined >= MIN_DEFINED_POINTS;
 }
 
