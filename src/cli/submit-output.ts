@@ -1,4 +1,5 @@
-import { closeSync, existsSync, fstatSync, openSync, readFileSync, readSync, renameSync, rmSync, writeFileSync, writeSync, ftruncateSync } from 'node:fs';
+import { closeSync, existsSync, fstatSync, fsyncSync, openSync, readdirSync, readFileSync, readSync, renameSync, rmSync, writeFileSync, writeSync, ftruncateSync } from 'node:fs';
+import { basename, dirname, join } from 'node:path';
 import { fileWriter, ParquetWriter } from 'hyparquet-writer';
 import { asyncBufferFromFile, parquetMetadataAsync, parquetReadObjects } from 'hyparquet';
 import { Trajectory, trajectoryStatusToJSON, Turn } from '../../gen/ts/rollout/v1/rollout.js';
@@ -63,6 +64,7 @@ export async function openTrajectoryOutput(path: string): Promise<TrajectoryOutp
   let unlock: () => void = () => undefined;
   try {
     unlock = takeLock(journal);
+    removeDeadTemps(parquet ? [journal, path] : [journal]);
     end = scanJournal(fd, written, failed, journal);
     ftruncateSync(fd, end);
   } catch (err) {
@@ -119,6 +121,7 @@ export async function openTrajectoryOutput(path: string): Promise<TrajectoryOutp
           }
           kept += bytes.length;
         }
+        fsyncSync(out); // renamed over the journal below: what a power loss keeps of it is then the whole copy
         moved = true;
       } finally {
         closeSync(out);
@@ -128,6 +131,7 @@ export async function openTrajectoryOutput(path: string): Promise<TrajectoryOutp
       // The lines moved are already in `into`'s file: a crash before this rename leaves them in both, and the next
       // run moves them again (`into` skips a sample it holds).
       renameSync(temp, journal);
+      syncDirectory(journal);
       closeSync(fd);
       fd = openSync(journal, 'r+');
       end = kept;
@@ -278,6 +282,7 @@ async function seedJournalFromParquet(path: string, journal: string): Promise<vo
       const bytes = Buffer.from(rows.map((r) => toLine(r) + '\n').join(''));
       for (let done = 0; done < bytes.length; ) done += writeSync(fd, bytes, done, bytes.length - done);
     }
+    fsyncSync(fd);
   } catch (err) {
     closeSync(fd);
     rmSync(temp, { force: true });
@@ -285,6 +290,7 @@ async function seedJournalFromParquet(path: string, journal: string): Promise<vo
   }
   closeSync(fd);
   renameSync(temp, journal); // whole or not at all: a journal cut short would read as a run that lost rows
+  syncDirectory(journal);
 }
 
 const STRING = { type: 'BYTE_ARRAY', converted_type: 'UTF8', repetition_type: 'OPTIONAL' } as const;
@@ -371,6 +377,7 @@ function writeParquet(journal: string, path: string): void {
     }
     flush();
     void writer.finish(); // the file writer's finish is synchronous (its last flush)
+    syncFile(temp);
   } catch (err) {
     rmSync(temp, { force: true });
     throw err;
@@ -378,6 +385,52 @@ function writeParquet(journal: string, path: string): void {
     closeSync(fd);
   }
   renameSync(temp, path);
+  // Before the caller removes the journal: a power loss must leave the journal or the whole Parquet file, not neither.
+  syncDirectory(path);
+}
+
+/**
+ * fsyncs a file written by others (hyparquet-writer appends with writeFileSync). Without it a rename can reach the disk
+ * before the data it names: after a power loss the output would be there, empty or cut short (ext4 without
+ * auto_da_alloc, XFS).
+ */
+function syncFile(path: string): void {
+  const fd = openSync(path, 'r');
+  try {
+    fsyncSync(fd);
+  } finally {
+    closeSync(fd);
+  }
+}
+
+/** fsyncs the directory holding `path`, so a rename into it is on disk before anything relies on it. */
+function syncDirectory(path: string): void {
+  syncFile(dirname(path));
+}
+
+/**
+ * Removes the temporary files (`<file>.tmp-<pid>`: a journal being rewritten, a Parquet file being written) that a run
+ * killed mid-write (SIGKILL, the OOM killer, a lost node) left beside `files`: nothing else removes them, and a
+ * Parquet one is as large as the output. Only those of a process that is gone: the caller holds the output's lock, but
+ * a run opening the output seeds its journal before taking it.
+ */
+function removeDeadTemps(files: string[]): void {
+  for (const file of files) {
+    const prefix = `${basename(file)}.tmp-`;
+    let names: string[];
+    try {
+      names = readdirSync(dirname(file));
+    } catch {
+      continue; // an unreadable directory: nothing to clean, the open says what is wrong with it
+    }
+    for (const name of names) {
+      if (!name.startsWith(prefix)) continue;
+      const pid = Number(name.slice(prefix.length));
+      if (!Number.isInteger(pid) || pid <= 0 || String(pid) !== name.slice(prefix.length)) continue;
+      if (pid === process.pid || isProcessAlive(pid)) continue;
+      rmSync(join(dirname(file), name), { force: true });
+    }
+  }
 }
 
 /**
