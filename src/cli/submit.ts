@@ -202,6 +202,9 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
     signalled = true;
     halt();
   };
+  const onLateSignal = (): void => {
+    logAbove(bar, out, `[submit] finishing the output first (interrupt again to stop at once: ${outputPath}'s journal keeps what arrived)`);
+  };
   /**
    * A write failed (ENOSPC, EIO, a size limit): the run stops as on SIGINT, so no further group is written after a
    * line that could not be; what is in the output stays, a group it holds in part is replaced whole by the re-run.
@@ -441,6 +444,10 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
   } finally {
     process.off('SIGINT', onSignal);
     process.off('SIGTERM', onSignal);
+    // From here on the output is finished (the Parquet file written from the journal): an interrupt waits for that
+    // instead of killing the process half-way through a write; a second one stops at once (a re-run resumes).
+    process.once('SIGINT', onLateSignal);
+    process.once('SIGTERM', onLateSignal);
     for (const r of refused.values()) clearTimeout(r.timer); // a stream that ended with resubmits still waiting
     await settling;
     held.close();
@@ -465,6 +472,8 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
     writeFailed(err);
   }
   await retriedOutput?.close(false);
+  process.off('SIGINT', onLateSignal);
+  process.off('SIGTERM', onLateSignal);
   out.write(
     `[submit] ${writeError !== undefined || streamError !== undefined ? 'stopped' : signalled ? 'interrupted' : 'done'}: ${received} trajectories written this run (${alreadyWritten} before), ` +
       `${submitted} rows submitted, ${skipped} already complete, ${failedRows} rejected or unmappable, ${retryCount} retries` +
