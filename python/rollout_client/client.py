@@ -404,6 +404,8 @@ class AsyncRolloutClient:
                 return
             task = self._tasks.get(sample.task_id)
             if task is None:
+                # Its task was refused when sent again (see _reject): no group to hand out; acked, as nobody gets it.
+                self._ack_refs([(sample.task_id, sample.sample_index)])
                 continue
             partial = self._partial.setdefault(task.task_id, {})
             partial[sample.sample_index] = sample
@@ -469,6 +471,9 @@ class AsyncRolloutClient:
         task = self._tasks.get(samples[0].task_id) if samples else None
         if task is not None:
             self._hand_off(task, [s.sample_index for s in samples], ack=ack)
+        elif ack and self.ack_mode == "consumed":
+            # Its task was refused when sent again after this sample came (see _reject): consumed all the same.
+            self._ack_refs([(s.task_id, s.sample_index) for s in samples])
 
     def _hand_off(self, task: _Task, indices: List[int], *, ack: bool) -> None:
         """The caller now holds these samples: free their slots, and with `ack` (they are consumed) ack them in the
@@ -704,6 +709,18 @@ class AsyncRolloutClient:
     def _reject(self, task: _Task, error: TaskRejectedError) -> None:
         if task.conn is not None:
             task.conn.release([task.task_id])  # a copy of its spec still queued there is not sent
+        if task.accepted.done() and task.accepted.exception() is None and not task.via_run_group:
+            # Accepted before (submit() returned), refused when its spec was sent again (a new session after a server
+            # restart without its journal, a failover): nobody waits on it to hear it, and its group never comes.
+            log.warning(
+                "task %s, accepted before, was refused when submitted again (%s): %d of its %d samples came, the rest never "
+                "will; groups() drops it (samples() hands out those that came)", task.task_id, error, len(task.samples), task.num_samples,
+            )
+        partial = self._partial.pop(task.task_id, None)
+        if partial:
+            # Samples a groups() loop held for the group: never handed out now, acked (the server need not keep them). Kept,
+            # they would count for ever as samples waiting for their group, and end later loops before their groups came.
+            self._ack_refs([(task.task_id, i) for i in partial])
         if not task.accepted.done():
             task.accepted.set_exception(error)
         if not task.complete.done():

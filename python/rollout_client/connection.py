@@ -13,7 +13,10 @@ What a re-open would meet again is not retried. A status no retry changes (a bad
 the client, and so does ABORTED: another client resumed this session (SessionTakenOverError), and resuming it back
 would have the two evict each other for ever. A stream that ended on a message over a size limit fails the task specs
 over it (TaskTooLargeError), since they would end every stream they were re-sent on, and the stream is re-opened for
-the others; a trajectory over this channel's receive limit (re-sent on every resume) fails the client.
+the others; a trajectory over this channel's receive limit (re-sent on every resume) fails the client. Any other
+status is a broken stream, re-opened: RESOURCE_EXHAUSTED that names no size limit among them (the server ended or reset
+a stream whose client took nothing for its sessions.stalledMs, "Bandwidth exhausted or memory limit exceeded"), and a
+call this client cancelled itself (see _writer_done).
 
 A dead peer that sends no RST (a host that vanished, a silently dropped NAT entry) is found by HTTP/2 keepalive
 pings: without them the stream would wait forever and failover would never fire. The failover clock runs on its own
@@ -451,6 +454,15 @@ class Connection:
             await self._stream(call, resume)
         except grpc.aio.AioRpcError as err:
             raise await _final_status(call, err) from None
+        except asyncio.CancelledError:
+            # grpc.aio raises CancelledError, not a status, from a call cancelled locally: by _writer_done (a write that
+            # failed other than with a status, or a failed call that lingers). Let through, it would end this runner for
+            # good, silently (no re-open, no failover, callers waiting for ever): it is a broken stream, re-opened. A
+            # cancel of the runner itself (close(), the loop shutting down) still ends it.
+            task = asyncio.current_task()
+            if self._closing or not call.cancelled() or (task is not None and getattr(task, "cancelling", lambda: 0)()):
+                raise
+            raise grpc.aio.AioRpcError(grpc.StatusCode.CANCELLED, grpc.aio.Metadata(), grpc.aio.Metadata(), "the client dropped the call (a write on it failed)", None) from None
         finally:
             call.cancel()  # a no-op once the call ended; otherwise the server would keep the session attached to it
             # A pause is of the stream: believed on while the server is out of reach, a waiting reader would ack early

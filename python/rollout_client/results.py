@@ -102,12 +102,18 @@ class Sample:
         mask = list(t.response_mask)
         versions = [0] * len(mask)
         # An assistant span's tokens were sampled by its turn's policy version (policy_version_start differs only when
-        # the weights changed mid-request; the span's last version is then the one that finished it).
+        # the weights changed mid-request; the span's last version is then the one that finished it). Each token is
+        # looked at once, from where the turns before ended: turns that tile the response (all a sound server sends)
+        # are read the same, and a faulty server's overlapping ones (malformed below) cost no more than the message,
+        # where N turns each over all N tokens were N x N steps on the client's event loop.
+        at = 0
         for turn in t.turns:
+            start, end = max(turn.start, at), min(turn.end, len(mask))
             if turn.role == rollout_pb2.ROLE_ASSISTANT:
-                for i in range(max(turn.start, 0), min(turn.end, len(mask))):
+                for i in range(start, end):
                     if mask[i] == 1:
                         versions[i] = int(turn.policy_version)
+            at = max(at, end)
         status = status_name(t.status)
         error = t.error
         if status in POLICY_OUTCOMES:
