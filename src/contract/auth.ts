@@ -1,4 +1,4 @@
-import { Metadata, ServerInterceptingCall, status, type ServerInterceptor } from '@grpc/grpc-js';
+import { Metadata, ServerInterceptingCall, setLogger, status, type ServerInterceptor } from '@grpc/grpc-js';
 import { createHash, timingSafeEqual } from 'node:crypto';
 import type { Logger } from '../observability/logger.js';
 import { RateLimitedLog, type RateLimitOptions } from '../observability/rate-limited-log.js';
@@ -70,4 +70,28 @@ export function bearerMatches(given: unknown, token: string): boolean {
 
 function digest(value: string): Buffer {
   return createHash('sha256').update(value).digest();
+}
+
+/**
+ * Routes grpc-js's own log (console.error by default) through the server's logger. A client causes its error lines
+ * at will: a request header gRPC metadata cannot carry (a non-ASCII byte, a control character) is dropped with a
+ * line quoting the header — one stderr line per call, unbounded, and an `authorization` header with a typo'd token
+ * is printed whole. Its errors go through a RateLimitedLog, a dropped header named by its key only (the token is
+ * then simply missing: UNAUTHENTICATED). Info and debug lines appear only when an operator turns them on
+ * (GRPC_VERBOSITY, GRPC_TRACE) and are written at info, unlimited, as asked for. grpc-js has one logger per process:
+ * the last server started sets it.
+ */
+export function routeGrpcLog(logger: Logger, logRate: RateLimitOptions = {}): void {
+  const log = logger.child({ component: 'grpc' });
+  const errors = new RateLimitedLog(log, logRate);
+  const text = (message: unknown, rest: unknown[]): string => [message, ...rest].map(String).join(' ').slice(0, 1_024);
+  setLogger({
+    error: (message: unknown, ...rest: unknown[]) => {
+      const dropped = /^Failed to add metadata entry ([^:]{0,128}):/.exec(String(message));
+      if (dropped) errors.write('warn', { header: dropped[1] }, 'dropped a request header gRPC metadata cannot carry (not printable ASCII)');
+      else errors.write('error', () => ({ grpc: text(message, rest) }), 'grpc-js error');
+    },
+    info: (message: unknown, ...rest: unknown[]) => log.info({ grpc: text(message, rest) }, 'grpc-js'),
+    debug: (message: unknown, ...rest: unknown[]) => log.info({ grpc: text(message, rest) }, 'grpc-js'),
+  });
 }

@@ -13,7 +13,7 @@ import { RolloutServiceService } from '../../gen/ts/rollout/v1/rollout.js';
 import { BackendServiceService } from '../../gen/ts/rollout/v1/backend.js';
 import { AdminServiceService } from '../../gen/ts/rollout/v1/admin.js';
 import { adminService } from './admin-service.js';
-import { authInterceptor } from './auth.js';
+import { authInterceptor, routeGrpcLog } from './auth.js';
 import { callBoundsInterceptor, capLongTimeouts } from './call-bounds.js';
 import { backendService } from './backend-service.js';
 import { INFRASTRUCTURE_PROTOS, reflectedDefinition } from './reflection.js';
@@ -76,6 +76,7 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
   const { lifecycle } = runtime;
   const config = runtime.deps.config;
   const log = logger.child({ component: 'server' });
+  routeGrpcLog(logger);
   const server = new Server({
     'grpc.max_receive_message_length': transportReceiveLimit(config.maxMessageBytes),
     'grpc.max_send_message_length': config.maxMessageBytes,
@@ -139,6 +140,10 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
   if (config.auth.token === undefined && config.auth.adminToken === undefined && config.adminToken === undefined) {
     // Open is for local use; on a shared node, 127.0.0.1 is reachable by every user of the machine too.
     log.warn({ host: config.host, port }, 'no tokens: anyone who reaches this address may submit tasks, add or remove engines and drain the server (set auth.token, and auth.adminToken for the admin services)');
+  } else if (config.auth.token === undefined) {
+    // An admin token alone guards only the admin services: the trainer's side (tasks, their prompts in Watch and
+    // GetTrajectory, Cancel of any task) stays open, which a server set up "with a token" should not do silently.
+    log.warn({ host: config.host, port }, 'no auth.token: RolloutService is open (anyone who reaches this address may submit and cancel tasks and read trajectories); only the admin services take the admin token');
   }
   log.info({ host: config.host, port, tls: config.tls === undefined ? 'off' : config.tls.requireClientCert ? 'mtls' : 'on' }, 'rollout server listening');
 
