@@ -527,7 +527,7 @@ const RETENTION_OVERHEAD = 1.6;
 const configShapeSchema = z.looseObject({
   backends: z.array(z.unknown()).optional(),
   model: z.union([z.string(), z.looseObject({})]).optional(),
-  ...Object.fromEntries((['init', 'run', 'eval', 'sandbox', 'journal', 'auth', 'tls', 'sessions', 'keepalive', 'defaults', 'tokenWorkers', 'watch', 'connections', 'calls'] as const).map((key) => [key, z.looseObject({}).optional()])),
+  ...Object.fromEntries((['init', 'run', 'eval', 'sandbox', 'journal', 'metrics', 'auth', 'tls', 'sessions', 'keepalive', 'defaults', 'tokenWorkers', 'watch', 'connections', 'calls'] as const).map((key) => [key, z.looseObject({}).optional()])),
 });
 
 /**

@@ -1,7 +1,7 @@
 import { connect, connectionOptions, withConnectionFlags, withinConnectTimeout, type ConnectionFlags } from './connection.js';
 import { status, type ServiceError } from '@grpc/grpc-js';
 import { Command, CommanderError, InvalidArgumentError, Option } from 'commander';
-import { readFileSync } from 'node:fs';
+import { closeSync, constants as fsConstants, fstatSync, openSync, readFileSync } from 'node:fs';
 import { runBackendsAdd, runBackendsList } from './backends.js';
 import { runDemo } from './demo.js';
 import { runImageBuild } from './image.js';
@@ -16,6 +16,14 @@ const int = (value: string): number => {
   return n;
 };
 const collect = (value: string, previous: string[] = []): string[] => [...previous, value];
+/** An integer in [min, max]: a demo of 0 groups, or of -1 samples a group, is a mistake to name, not a run to start. */
+const intIn =
+  (min: number, max: number) =>
+  (value: string): number => {
+    const n = int(value);
+    if (n < min || n > max) throw new InvalidArgumentError(`must be between ${min} and ${max}, not ${value}`);
+    return n;
+  };
 
 const program = new Command()
   .name('rollout')
@@ -58,7 +66,7 @@ program
   .option('--metrics-port <port>', 'serve Prometheus metrics on http://<metrics host>:<port>/metrics, 0 = any free port (default: off)', int)
   .option('--metrics-host <host>', 'address the metrics endpoint binds (default 127.0.0.1)')
   .option('--fake-engine', 'also start the fake vLLM engine (a test double) and route to it')
-  .option('--fake-latency-ms <ms>', 'fake engine per-token latency', int, 1)
+  .option('--fake-latency-ms <ms>', 'fake engine per-token latency', intIn(0, 60_000), 1)
   .action(async (opts) => {
     await runServe({ ...opts, file: opts.config ? readConfigFile(opts.config as string) : {} });
   });
@@ -66,9 +74,10 @@ program
 program
   .command('demo')
   .description('server + fake vLLM engine + bubblewrap sandboxes + a client streaming GRPO groups of math trajectories')
-  .option('--groups <n>', 'GRPO groups (tasks)', int, 6)
-  .option('--group-size <n>', 'samples per group', int, 4)
-  .option('--latency-ms <ms>', 'fake engine per-token latency', int, 2)
+  .option('--groups <n>', 'GRPO groups (tasks)', intIn(1, 100_000), 6)
+  // At most the server's default maxNumSamples (the demo's server uses the defaults).
+  .option('--group-size <n>', 'samples per group', intIn(1, 256), 4)
+  .option('--latency-ms <ms>', 'fake engine per-token latency', intIn(0, 60_000), 2)
   .option('--seed <n>', 'seed for problems and sampling', int, 7)
   .option('--messages', 'print the decoded transcript of the first trajectory')
   .option('--image <path>', 'sandbox image (.sif or directory); default the image scripts/setup.sh built')
@@ -156,13 +165,27 @@ swe
     process.exitCode = await runSweBuild(opts);
   });
 
+/** The largest config file read: a config is a few KiB; a larger file is a wrong path (a dataset, a log). */
+const MAX_CONFIG_FILE_BYTES = 16 << 20;
+
 /** A JSON config file, or a RolloutError naming the file and what is wrong with it. */
 function readConfigFile(path: string): Record<string, unknown> {
   let text: string;
+  let fd: number | undefined;
   try {
-    text = readFileSync(path, 'utf8');
+    // Opened non-blocking and checked to be a regular file before reading: a plain open of a FIFO blocks until
+    // something writes to it, inside a synchronous call no signal can interrupt (`serve` hung, even SIGTERM ignored),
+    // and /dev/zero or a huge file would be read without end.
+    fd = openSync(path, fsConstants.O_RDONLY | fsConstants.O_NONBLOCK);
+    const stat = fstatSync(fd);
+    if (!stat.isFile()) throw new RolloutError('invalid_argument', `config file ${path} is not a regular file (${stat.isDirectory() ? 'a directory' : stat.isFIFO() ? 'a pipe: write the config to a file' : 'a socket or device'})`);
+    if (stat.size > MAX_CONFIG_FILE_BYTES) throw new RolloutError('invalid_argument', `config file ${path} is ${stat.size} bytes, more than a config's ${MAX_CONFIG_FILE_BYTES}: is it the right file?`);
+    text = readFileSync(fd, 'utf8');
   } catch (err) {
+    if (err instanceof RolloutError) throw err;
     throw new RolloutError('invalid_argument', `cannot read config file ${path}: ${(err as Error).message}`);
+  } finally {
+    if (fd !== undefined) closeSync(fd);
   }
   let parsed: unknown;
   try {

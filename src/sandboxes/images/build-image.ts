@@ -190,7 +190,9 @@ function run(command: string, args: string[], signal: AbortSignal | undefined, o
       if (signal?.aborted) return reject(RolloutError.from(signal.reason, 'cancelled'));
       if (code === 0) return resolve();
       const why = killedBy ? `killed by ${killedBy}` : `exit code ${code}`;
-      reject(new RolloutError('internal', `${command} failed (${why}): ${tail.slice(-8).join(' | ')}`));
+      // A build tool that fails (a mirror unreachable, a package not found, a full disk) is not a bug of ours: its own
+      // last lines are the cause, shown as one line by the CLI, without our stack trace.
+      reject(new RolloutError('unavailable', `${command} failed (${why}): ${tail.slice(-8).join(' | ')}`));
     });
   });
 }
