@@ -22,6 +22,9 @@ import { DEFAULT_MAX_ACK_ENTRIES, maxAckEntriesOf } from './ack-limit.js';
 import { RetrySchedule, retryBudgetOf } from './refusal-retry.js';
 import { MAX_TIMER_MS } from '../timers.js';
 
+/** Keys of received trajectories a reconnecting session remembers per stream (RolloutSession.remember); Python's 65,536 too. */
+const MAX_SEEN = 65_536;
+
 /** A task spec as a caller writes it: only task_id, environment, instance and num_samples are needed. */
 export type TaskInput = Partial<TaskSpec> & Pick<TaskSpec, 'taskId' | 'environment'> & { instance: Record<string, unknown> };
 
@@ -349,11 +352,11 @@ export class RolloutSession {
           const before = this.before;
           const resent = before !== undefined && (!this.isOpen || this.redeliveryLeft-- > 0);
           if (this.isOpen && this.redeliveryLeft <= 0) this.before = undefined;
-          if (resent && before.has(key)) {
+          if (resent && (before.has(key) || this.heldHere.has(key) || this.unacked.has(key))) {
             this.redeliveredAgain(ref, key);
             break;
           }
-          this.seen.add(key);
+          this.remember(key);
         }
         this.count(kind.value);
         if (!this.autoAck) this.unacked.add(key);
@@ -370,12 +373,22 @@ export class RolloutSession {
   }
 
   /**
+   * Notes a trajectory received on this stream (see `seen`), forgetting the oldest past {@link MAX_SEEN}: a stream that
+   * stays up for a week must not keep every key. One forgotten is acked long since (a trajectory still held here or
+   * unacked is recognised by those maps), and the server re-sends only what it holds unacked.
+   */
+  private remember(key: string): void {
+    this.seen.add(key);
+    if (this.seen.size > MAX_SEEN) this.seen.delete(this.seen.values().next().value!);
+  }
+
+  /**
    * A trajectory re-sent on a re-opened stream that this session had received before the break: counted (the server
    * counts it in `redelivered`) and dropped. Acked again if it had been acked (the ack may have died with the stream);
    * one still held here is acked when consumed (autoAck) or by the caller.
    */
   private redeliveredAgain(ref: { taskId: string; sampleIndex: number }, key: string): void {
-    this.seen.add(key);
+    this.remember(key);
     this.received++;
     this.stats.duplicatesDropped++;
     if (!this.heldHere.has(key) && !this.unacked.has(key)) this.writeAcks([ref]);
