@@ -3,6 +3,7 @@ import { status, type ServiceError } from '@grpc/grpc-js';
 import { Command, CommanderError, InvalidArgumentError, Option } from 'commander';
 import { closeSync, constants as fsConstants, fstatSync, openSync, readFileSync } from 'node:fs';
 import { runBackendsAdd, runBackendsList } from './backends.js';
+import { MAX_TIMER_MS } from '../timers.js';
 import { runDemo } from './demo.js';
 import { runImageBuild } from './image.js';
 import { runServe } from './serve.js';
@@ -66,7 +67,7 @@ program
   .option('--metrics-port <port>', 'serve Prometheus metrics on http://<metrics host>:<port>/metrics, 0 = any free port (default: off)', int)
   .option('--metrics-host <host>', 'address the metrics endpoint binds (default 127.0.0.1)')
   .option('--fake-engine', 'also start the fake vLLM engine (a test double) and route to it')
-  .option('--fake-latency-ms <ms>', 'fake engine per-token latency', intIn(0, 60_000), 1)
+  .option('--fake-latency-ms <ms>', 'fake engine per-token latency', intIn(0, MAX_TIMER_MS), 1)
   .action(async (opts) => {
     await runServe({ ...opts, file: opts.config ? readConfigFile(opts.config as string) : {} });
   });
@@ -77,7 +78,7 @@ program
   .option('--groups <n>', 'GRPO groups (tasks)', intIn(1, 100_000), 6)
   // At most the server's default maxNumSamples (the demo's server uses the defaults).
   .option('--group-size <n>', 'samples per group', intIn(1, 256), 4)
-  .option('--latency-ms <ms>', 'fake engine per-token latency', intIn(0, 60_000), 2)
+  .option('--latency-ms <ms>', 'fake engine per-token latency', intIn(0, MAX_TIMER_MS), 2)
   .option('--seed <n>', 'seed for problems and sampling', int, 7)
   .option('--messages', 'print the decoded transcript of the first trajectory')
   .option('--image <path>', 'sandbox image (.sif or directory); default the image scripts/setup.sh built')

@@ -64,8 +64,8 @@ describe('`demo` and `serve` numbers out of range are refused naming the flag (e
     [['demo', '--group-size', '0'], "option '--group-size <n>' argument '0' is invalid. must be between 1 and 256, not 0"],
     [['demo', '--group-size', '300'], "option '--group-size <n>' argument '300' is invalid. must be between 1 and 256, not 300"],
     [['demo', '--groups', '-1'], "option '--groups <n>' argument '-1' is invalid. must be between 1 and 100000, not -1"],
-    [['demo', '--latency-ms', '-1'], "option '--latency-ms <ms>' argument '-1' is invalid. must be between 0 and 60000, not -1"],
-    [['serve', '--fake-engine', '--fake-latency-ms', '-1'], "option '--fake-latency-ms <ms>' argument '-1' is invalid. must be between 0 and 60000, not -1"],
+    [['demo', '--latency-ms', '-1'], "option '--latency-ms <ms>' argument '-1' is invalid. must be between 0 and 2147483647, not -1"],
+    [['serve', '--fake-engine', '--fake-latency-ms', '-1'], "option '--fake-latency-ms <ms>' argument '-1' is invalid. must be between 0 and 2147483647, not -1"],
   ])('%j', async (args, message) => {
     const r = await rollout(args);
     expect({ code: r.code, stack: STACK.test(r.out) }).toEqual({ code: 2, stack: false });
