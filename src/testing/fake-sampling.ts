@@ -1,3 +1,4 @@
+import { firstStopToken } from '../pipeline/continuation-stop.js';
 import type { Tokenizer } from '../tokens/types.js';
 import { hashInts } from './arithmetic.js';
 import { policyContext, scriptedMathPolicy, type FakePolicy } from './scripted-policy.js';
@@ -82,7 +83,7 @@ export class FakeSampler {
       ids = idsThrough(encode(text.slice(0, end + 16)), end, (prefix) => tokenizer.decode(prefix));
     }
     let stopTokenId: number | undefined;
-    const stopAt = stopTokenIds.length === 0 ? -1 : ids.findIndex((id) => stopTokenIds.includes(id));
+    const stopAt = firstStopToken(ids, stopTokenIds);
     if (stopAt >= 0 && (stopAt < ids.length - 1 || stopReason !== null)) {
       ids = ids.slice(0, stopAt + 1);
       // The model's own end token (the double's eos) is reported as eos, as the engines do (stop_reason null).
