@@ -317,6 +317,19 @@ def prompt_cut_error(cut: Truncated) -> str | None:
             " filter long prompts")
 
 
+def trainable(sample: Sample, cut: Truncated, log: logging.Logger) -> tuple[bool, str | None]:
+    """Whether a trainer may learn from ``sample`` as ``cut`` (usable, its prompt not cut), logging why not; and the
+    prompt-cut error (:func:`prompt_cut_error`), for the trainer's record of the sample."""
+    cut_error = prompt_cut_error(cut)
+    if not usable(sample):
+        log.warning("rollout sample failed, masked: %s", failure_info(sample))
+        return False, cut_error
+    if cut_error is not None:
+        log.warning("rollout sample not trainable, masked: %s", {**failure_info(sample), "error": cut_error})
+        return False, cut_error
+    return True, None
+
+
 def failure_info(sample: Sample) -> dict[str, Any]:
     """What a trainer's logs should say about a sample it cannot learn from."""
     return {

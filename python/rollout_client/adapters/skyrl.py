@@ -29,12 +29,11 @@ from ._common import (
     ServiceSettings,
     TaskRequest,
     as_plain,
-    failure_info,
-    prompt_cut_error,
     last_user_text,
     neutral_reward,
     shared_coalescer,
     timing_seconds,
+    trainable,
     truncate,
     usable,
 )
@@ -126,12 +125,7 @@ class RolloutServiceGenerator(_Base):  # type: ignore[misc,valid-type]
     def _row(self, group: Any, j: int) -> dict[str, Any]:
         sample = group.samples[j]
         cut = truncate(sample, self.max_prompt_length, self.max_response_length)
-        cut_error = prompt_cut_error(cut)
-        ok = usable(sample) and cut_error is None
-        if not usable(sample):
-            logger.warning("rollout sample failed, masked: %s", failure_info(sample))
-        elif cut_error is not None:
-            logger.warning("rollout sample not trainable, masked: %s", {**failure_info(sample), "error": cut_error})
+        ok, cut_error = trainable(sample, cut, logger)
         mask = cut.loss_mask if ok else [0] * len(cut.response_ids)
         logprobs = cut.logprobs if ok else [0.0] * len(cut.response_ids)
         response = cut.response_ids

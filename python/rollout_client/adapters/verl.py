@@ -45,15 +45,13 @@ from ._common import (
     ServiceSettings,
     TaskRequest,
     as_plain,
-    failure_info,
-    prompt_cut_error,
     last_user_text,
     neutral_reward,
     shared_coalescer,
     spans,
     timing_seconds,
+    trainable,
     truncate,
-    usable,
 )
 
 logger = logging.getLogger("rollout_client.adapters.verl")
@@ -106,13 +104,8 @@ class RolloutServiceAgentLoop(AgentLoopBase):
         """verl's record of sample ``i`` of ``group``, cut to the configured widths (see the module doc)."""
         sample = group.samples[i]
         cut = truncate(sample, int(self.rollout_config.prompt_length), int(self.rollout_config.response_length))
-        cut_error = prompt_cut_error(cut)
-        ok = usable(sample) and cut_error is None
+        ok, cut_error = trainable(sample, cut, logger)
         mask, logprobs, response = cut.loss_mask, cut.logprobs, cut.response_ids
-        if not usable(sample):
-            logger.warning("rollout sample failed, masked: %s", failure_info(sample))
-        elif cut_error is not None:
-            logger.warning("rollout sample not trainable, masked: %s", {**failure_info(sample), "error": cut_error})
         if not ok:
             mask = [0] * len(response)
             logprobs = [0.0] * len(response)
