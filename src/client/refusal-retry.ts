@@ -10,9 +10,14 @@ export const RETRY_CAP_MS = 2_000;
 
 /** `retryRejectedForMs` as given, checked: a non-negative number of milliseconds (Infinity: for as long as the stream lives). */
 export function retryBudgetOf(ms: number | undefined): number {
-  const value = ms ?? DEFAULT_RETRY_REJECTED_FOR_MS;
+  return budgetOf('retryRejectedForMs', ms, DEFAULT_RETRY_REJECTED_FOR_MS);
+}
+
+/** A budget option `name` in ms (`fallback` when absent); a RangeError naming it when it is not a non-negative number. */
+export function budgetOf(name: string, ms: number | undefined, fallback: number): number {
+  const value = ms ?? fallback;
   if (typeof value !== 'number' || Number.isNaN(value) || value < 0) {
-    throw new RangeError(`retryRejectedForMs: must be a non-negative number of milliseconds, got ${String(ms)}`);
+    throw new RangeError(`${name}: must be a non-negative number of milliseconds, got ${String(ms)}`);
   }
   return value;
 }

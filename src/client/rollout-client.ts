@@ -19,7 +19,7 @@ import { tokenProblem } from '../bearer-token.js';
 import { hasLoneSurrogate } from '../errors.js';
 import { AsyncQueue } from './async-queue.js';
 import { DEFAULT_MAX_ACK_ENTRIES, maxAckEntriesOf } from './ack-limit.js';
-import { RetrySchedule, retryBudgetOf } from './refusal-retry.js';
+import { budgetOf, RetrySchedule, retryBudgetOf } from './refusal-retry.js';
 import { MAX_TIMER_MS } from '../timers.js';
 
 /** Keys of received trajectories a reconnecting session remembers per stream (RolloutSession.remember); Python's 65,536 too. */
@@ -105,7 +105,7 @@ export interface SessionOptions {
    * they had been acked (that ack may have been lost with the stream); `trajectories()` goes on, each trajectory once.
    * Counted in `stats.reconnects` (re-opens tried) and `stats.redelivered` (what the server re-sent, duplicates
    * included; `stats.duplicatesDropped` those dropped). Costs one small key per trajectory received on the current
-   * stream (to know a re-sent one), cleared at each re-open to what was re-sent.
+   * stream (to know a re-sent one), at most 65,536 (the oldest forgotten), cleared at each re-open to what was re-sent.
    */
   reconnectForMs?: number;
 }
@@ -242,7 +242,7 @@ export class RolloutSession {
   constructor(client: RolloutServiceClient, options: SessionOptions = {}, maxSendMessageBytes?: number) {
     // Checked before the call is opened: a session refused here leaves no stream behind.
     this.retryRejectedForMs = retryBudgetOf(options.retryRejectedForMs);
-    this.reconnectForMs = reconnectBudgetOf(options.reconnectForMs);
+    this.reconnectForMs = budgetOf('reconnectForMs', options.reconnectForMs, 0);
     this.client = client;
     this.sessionId = options.sessionId ?? '';
     this.stageEvents = options.stageEvents ?? false;
@@ -784,14 +784,6 @@ function cancelled(cause: Error | undefined): Error {
 }
 
 /** `reconnectForMs` as given, checked: a non-negative number of milliseconds (Infinity: for as long as it takes). */
-function reconnectBudgetOf(ms: number | undefined): number {
-  const value = ms ?? 0;
-  if (typeof value !== 'number' || Number.isNaN(value) || value < 0) {
-    throw new RangeError(`reconnectForMs: must be a non-negative number of milliseconds, got ${String(ms)}`);
-  }
-  return value;
-}
-
 /**
  * The refusal of a spec whose request (`size` bytes) is over the channel's send bound, naming the spec's largest
  * top-level field (what to shrink), as the Python client's TaskTooLargeError does.
