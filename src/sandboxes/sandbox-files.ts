@@ -29,22 +29,31 @@ const CHANGED = 25;
  * The read of a file script (`$p`, `$n` bytes at most) where the image has GNU dd and stat: opened with O_NONBLOCK
  * (no effect on a regular file), so a FIFO the program put at the path after the script's check cannot block the open
  * until the command timeout (deadline_exceeded, an infrastructure failure, for the program's own doing). What was read
- * counts only if the path is, after the read, the very regular file (device and inode) it was before the open: else
- * exit `changed` (or `notRegular`), never a FIFO's nothing passed off as the file's content (not checked on proc and
- * sysfs, which hold no FIFO and where /proc/self is another file to each process). dd killed by a signal
+ * counts only if the path is, after the read, the very regular file (type, device and inode in one stat) it was
+ * before the open, and what was read fits the file it is then (no more bytes than its size, none only if it is empty):
+ * else exit `changed` (or `notRegular`), never a FIFO's nothing passed off as the file's content (not checked on proc
+ * and sysfs, which hold no FIFO and where /proc/self is another file to each process). Identity alone did not hold
+ * (review s38): a file moved away and back around the read (a FIFO at the path meanwhile) is the same inode, and a
+ * FIFO replaced by a new one gets the freed inode number on ext4, which a separate `[ -f ]` then saw as the file. A
+ * file appended to while it is read still reads (a prefix of what it then holds). dd killed by a signal
  * kills the script with it, as an `exec` would (the driver tells a killed reader from the path's fault). Shared by
  * both drivers' scripts; falls through (to their `head`) without GNU dd.
  */
 export function readNonblock(notRegular: number, changed: number): string {
   return [
-    'if dd if=/dev/null iflag=nonblock,count_bytes count=0 status=none 2>/dev/null && id=$(stat -L -c %d:%i -- "$p" 2>/dev/null); then',
+    // Type, device and inode in one stat: a `[ -f ]` then a stat are two looks, each at whatever the path is then.
+    'if dd if=/dev/null iflag=nonblock,count_bytes count=0 status=none 2>/dev/null && id=$(LC_ALL=C stat -L -c %F:%d:%i -- "$p" 2>/dev/null); then',
+    `  case $id in 'regular file:'*|'regular empty file:'*) ;; *) exit ${notRegular} ;; esac`,
     // A pseudo-file system the program cannot put a FIFO in: no check (/proc/self/... is another file to each process).
     '  case $(stat -f -L -c %T -- "$p" 2>/dev/null) in proc|sysfs) exec dd if="$p" iflag=nonblock,count_bytes bs=65536 count="$n" status=none ;; esac',
-    '  dd if="$p" iflag=nonblock,count_bytes bs=65536 count="$n" status=none; s=$?',
+    // dd's report (stderr, C locale) ends with "<bytes> bytes copied, ...": kept, the data goes to the script's stdout.
+    '  { r=$(LC_ALL=C dd if="$p" iflag=nonblock,count_bytes bs=65536 count="$n" 2>&1 >&3); } 3>&1; s=$?',
     '  [ "$s" -gt 128 ] && kill -s "$(kill -l "$s")" $$',
-    '  [ "$s" = 0 ] || exit "$s"',
-    `  [ -f "$p" ] || exit ${notRegular}`,
-    `  [ "$(stat -L -c %d:%i -- "$p" 2>/dev/null)" = "$id" ] || exit ${changed}`,
+    '  [ "$s" = 0 ] || { printf \'%s\\n\' "$r" >&2; exit "$s"; }',
+    `  z=$(LC_ALL=C stat -L -c %F:%d:%i:%s -- "$p" 2>/dev/null) && [ "\${z%:*}" = "$id" ] || exit ${changed}`,
+    '  b=${r##*\n}; b=${b%% *}; z=${z##*:}',
+    `  case $b in ''|*[!0-9]*) exit ${changed} ;; esac`,
+    `  [ "$b" -le "$z" ] && { [ "$b" -gt 0 ] || [ "$z" = 0 ]; } || exit ${changed}`,
     '  exit 0',
     'fi',
   ].join('\n');
