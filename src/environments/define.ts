@@ -26,7 +26,8 @@ export interface EnvironmentDefinition<S extends z.ZodType> {
   instance: S;
   /**
    * The sandbox of one instance (image, network, mounts, env, limits), or one request for every instance.
-   * Omitted: the server's configured sandbox, without network.
+   * Omitted: the server's configured sandbox, without network. `network: true` shares the host's network namespace,
+   * loopback services included (README, Sandboxes): only for code you would run on the host.
    */
   sandbox?: SandboxRequest | ((instance: z.output<S>) => SandboxRequest);
   /**

@@ -44,7 +44,11 @@ export interface SandboxSpec {
    */
   image: string | undefined;
   limits: SandboxLimits;
-  /** Network access; off unless the task asks. */
+  /**
+   * Network access; off unless the task asks. On is the host's own network namespace: the host's loopback services
+   * (engines' control endpoints, the server's port), its abstract UNIX sockets and any metadata address it reaches
+   * (README, Sandboxes).
+   */
   network: boolean;
   mounts: readonly SandboxMount[];
   /** Environment variables of every command (on top of the driver's PATH, HOME, LANG, ...). */
