@@ -1,6 +1,6 @@
 import { evaluateExpression, parseNumber, MAX_EXPRESSION_LENGTH, type ParsedNumber } from './expression.js';
 import { canonicalText, matchingClose, normalizeAnswer } from './normalize.js';
-import { numbersEqual, rational, roundedEqual, toFloat, type Num } from './rational.js';
+import { numbersEqual, rational, roundedEqual, type Num } from './rational.js';
 
 /**
  * Deciding whether a model's final answer matches the reference: the built-in checker of the math environment
@@ -21,8 +21,9 @@ import { numbersEqual, rational, roundedEqual, toFloat, type Num } from './ratio
  * 3. Percent. "50%" is 1/2 (so 50% = 0.5 = \frac12); an integer percent also equals the bare integer (9% = 9), as
  *    in math-verify, but 12.5% ≠ 12.5.
  * 4. Expressions with variables ("(x+1)^2" vs "x^2+2x+1", "\sin^2 x + \cos^2 x" vs "1"): the same variables, and
- *    equal values at eight fixed rational points (exact arithmetic where the expression is rational), with at
- *    least three points where both are defined and one where they are not both negligible floats (x^{3000} ≠ 0).
+ *    equal values at eight fixed rational points (exact arithmetic where the expression is rational, floats with
+ *    error bounds elsewhere), with at least three points where both are defined and none where either leaves the
+ *    range of doubles (then the texts decide: 1 + x^{3000} ≠ 1).
  *    A polynomial identity that holds at eight generic points is an identity unless its degree exceeds seven; the
  *    rest is math-verify's simplify() territory.
  * 5. Text. The canonical texts match: whitespace removed, lower-cased, \left/\right, \!, \, removed, outer braces
@@ -219,25 +220,18 @@ const POINTS: readonly Num[] = [
 ];
 const MIN_DEFINED_POINTS = 3;
 const SYMBOLIC_TOLERANCE = 1e-9;
-/**
- * A point where both values are within this of zero and one of them is a float tells nothing: a float that small may
- * be what an underflow left (x^{3000} at 3/7 is 0 in floats, and e^{-1000x^2} is below 1e-21 at every point), and
- * numbersEqual's absolute floor calls any two such values equal. Without this, "x^{3000}" was reward 1 against any
- * reference of 0, and x^{2001} equalled x^{2000} (their points above 1 overflow, so are skipped, and the rest are ~0).
- */
-const NEGLIGIBLE = 1e-12;
-
-/** Whether a point where `a` and `b` agree is evidence that they are the same: not two negligible values one of them a float. */
-function informative(a: Num, b: Num): boolean {
-  if (a.exact && b.exact) return true;
-  return Math.max(Math.abs(toFloat(a)), Math.abs(toFloat(b))) > NEGLIGIBLE;
-}
 
 /**
  * Whether two expressions with variables are the same function: undefined when either is not an expression (or
  * neither has a variable), false when a point tells them apart, true when at least {@link MIN_DEFINED_POINTS} points
  * where both are defined agree and none disagrees. Variables need not be the same: \sin^2 x + \cos^2 x = 1, and
  * x + 1 ≠ y + 1 because the points give x and y different values.
+ *
+ * A point where either side's value leaves the range of doubles ('lost': x^{3000} overflows at 5/3 and underflows at
+ * 3/7) makes the comparison undecided (the texts decide): skipping it as undefined let 1 + x^{3000} equal 1, the
+ * points where the power is not negligible being exactly the ones that overflowed. Floats carry error bounds
+ * (rational.ts), so a tiny value that is known (e^{-1000x^2} is 2.7e-80 at 3/7) is not 0, and \sin^2 x + \cos^2 x - 1,
+ * within its rounding error of 0 at every point, is 0.
  */
 function symbolicEqual(a: string, b: string): boolean | undefined {
   const probe = (): Num => POINTS[0]!;
@@ -247,18 +241,15 @@ function symbolicEqual(a: string, b: string): boolean | undefined {
   const names = [...new Set([...ea.variables, ...eb.variables])].sort();
   if (names.length === 0) return undefined;
   let defined = 0;
-  let telling = 0;
   for (let i = 0; i < POINTS.length; i++) {
     const assign = (name: string): Num => POINTS[(i + 3 * names.indexOf(name)) % POINTS.length]!;
     const va = evaluateExpression(a, assign);
     const vb = evaluateExpression(b, assign);
+    if (va.kind === 'lost' || vb.kind === 'lost') return undefined;
     if (va.kind !== 'value' || vb.kind !== 'value') continue;
     if (!numbersEqual(va.value, vb.value, SYMBOLIC_TOLERANCE)) return false;
     defined++;
-    if (informative(va.value, vb.value)) telling++;
   }
-  // No telling point: undefined, so the texts decide (a float identity such as \sin^2 x + \cos^2 x - 1 = 0 then fails).
-  if (defined >= MIN_DEFINED_POINTS && telling === 0) return undefined;
   return defined >= MIN_DEFINED_POINTS;
 }
 

@@ -1,4 +1,4 @@
-import { add, div, isInteger, mul, neg, pow, rational, real, root, sub, toFloat, type Num } from './rational.js';
+import { absolute, add, div, errorOf, isInteger, mul, neg, pow, PrecisionLost, rational, real, root, sub, toFloat, type Num } from './rational.js';
 
 /**
  * A small, safe evaluator for the expressions that appear in final answers: numbers (1,000 is handled by the
@@ -51,23 +51,33 @@ const GREEK =
   'alpha|beta|gamma|delta|epsilon|varepsilon|zeta|eta|theta|vartheta|iota|kappa|lambda|mu|nu|xi|rho|sigma|tau|upsilon|phi|varphi|chi|psi|omega|Gamma|Delta|Theta|Lambda|Xi|Sigma|Phi|Psi|Omega';
 const GREEK_RE = new RegExp(`^\\\\(?:${GREEK})(?![a-zA-Z])`);
 
-/** Functions of one real argument; a result that is not finite means "undefined at this point". */
-const FUNCTIONS: Readonly<Record<string, (x: number) => number>> = {
-  sin: Math.sin,
-  cos: Math.cos,
-  tan: Math.tan,
-  cot: (x) => 1 / Math.tan(x),
-  sec: (x) => 1 / Math.cos(x),
-  csc: (x) => 1 / Math.sin(x),
-  arcsin: Math.asin,
-  arccos: Math.acos,
-  arctan: Math.atan,
-  sinh: Math.sinh,
-  cosh: Math.cosh,
-  tanh: Math.tanh,
-  ln: Math.log,
-  exp: Math.exp,
+/**
+ * Functions of one real argument, each with a bound on its slope |f'| near x (how much an error of the argument
+ * grows). A result that is not finite means "undefined at this point", except for the functions in {@link GROWING},
+ * whose infinite result is an overflow (see {@link PrecisionLost}).
+ */
+const FUNCTIONS: Readonly<Record<string, { f: (x: number) => number; slope: (x: number) => number }>> = {
+  sin: { f: Math.sin, slope: () => 1 },
+  cos: { f: Math.cos, slope: () => 1 },
+  tan: { f: Math.tan, slope: (x) => 1 + Math.tan(x) ** 2 },
+  cot: { f: (x) => 1 / Math.tan(x), slope: (x) => 1 + 1 / Math.tan(x) ** 2 },
+  sec: { f: (x) => 1 / Math.cos(x), slope: (x) => Math.abs(Math.tan(x) / Math.cos(x)) },
+  csc: { f: (x) => 1 / Math.sin(x), slope: (x) => Math.abs(1 / (Math.tan(x) * Math.sin(x))) },
+  arcsin: { f: Math.asin, slope: (x) => 1 / Math.sqrt(1 - x * x) },
+  arccos: { f: Math.acos, slope: (x) => 1 / Math.sqrt(1 - x * x) },
+  arctan: { f: Math.atan, slope: () => 1 },
+  sinh: { f: Math.sinh, slope: Math.cosh },
+  cosh: { f: Math.cosh, slope: Math.cosh },
+  tanh: { f: Math.tanh, slope: () => 1 },
+  ln: { f: Math.log, slope: (x) => 1 / Math.abs(x) },
+  exp: { f: Math.exp, slope: Math.exp },
 };
+const GROWING: ReadonlySet<string> = new Set(['sinh', 'cosh', 'exp']);
+/**
+ * Largest error of an argument, relative to max(1, |x|), that a function is evaluated with: the slope is taken at
+ * the ends of [x − e, x + e], which only bounds it on a short interval (not across a pole of tan).
+ */
+const MAX_ARGUMENT_ERROR = 1e-9;
 const FUNCTION_RE = /^\\(arcsin|arccos|arctan|sinh|cosh|tanh|sin|cos|tan|cot|sec|csc|ln|exp|log)(?![a-zA-Z])/;
 
 /** Gives each variable its value at the current point, or undefined when variables are not allowed. */
@@ -223,7 +233,7 @@ class Parser {
     const value = this.expr();
     if (!this.eat('|')) fail();
     this.depth--;
-    return value.exact ? (value.n < 0n ? neg(value) : value) : real(Math.abs(value.x));
+    return absolute(value);
   }
 
   /** \sin x, \sin(x), \sin^2 x (= (\sin x)^2), \log_2 8, \log x (base 10, the school convention). */
@@ -234,14 +244,13 @@ class Parser {
     if (this.eat('^')) exponent = this.peek() === '{' ? this.group('{', '}') : this.numberOrPrimaryArgument();
     const c = this.peek();
     const arg = c === '(' ? this.group('(', ')') : c === '{' ? this.group('{', '}') : this.power();
-    const x = toFloat(arg);
-    let y: number;
+    let value: Num;
     if (name === 'log') {
-      const b = base === undefined ? 10 : toFloat(base);
-      y = Math.log(x) / Math.log(b);
-    } else y = FUNCTIONS[name]!(x);
-    if (!Number.isFinite(y)) undefinedHere();
-    const value = exactIfInteger(y);
+      // log_b x = ln x / ln b, each with its error; a base of 1 (ln b = 0) is undefined.
+      const ln = (a: Num): Num => applyFunction('ln', a);
+      value = divide(ln(arg), ln(base ?? rational(10n)));
+      if (!value.exact) value = exactIfInteger(value.x, value.err);
+    } else value = applyFunction(name, arg);
     return exponent === undefined ? value : (pow(value, exponent) ?? undefinedHere());
   }
 
@@ -314,8 +323,11 @@ class Parser {
     const digits = BigInt(intPart + fracPart);
     const exp = (expPart === undefined ? 0 : Number(expPart)) - fracPart.length;
     if (Math.abs(exp) > 4000) {
+      // 1e-5000 is not 0, and 1e5000 is not Infinity: out of the range of doubles, so PrecisionLost (never compared).
       const x = Number(text);
-      return Number.isFinite(x) ? real(x) : fail();
+      if (digits === 0n) return rational(0n);
+      if (x === 0) throw new PrecisionLost();
+      return real(x);
     }
     return exp >= 0 ? rational(digits * 10n ** BigInt(exp)) : rational(digits, 10n ** BigInt(-exp));
   }
@@ -333,10 +345,42 @@ function factorial(a: Num): Num {
   return rational(r);
 }
 
-/** sin(0), ln(1), log_2(8): a float that is an exact small integer is kept exact, so 3 = \log_2 8 compares exactly. */
-function exactIfInteger(y: number): Num {
+/**
+ * sin(0), ln(1), log_2(8): a float within its error of a small integer is kept exact, so 3 = \log_2 8 compares
+ * exactly. Not 0 unless computed as exactly 0 from exact input: \sin(\pi) stays a float within its error of 0, so
+ * that 10^{20}\sin(\pi) is not an exact 0 (nor \cos(10^{-7}) an exact 1: it is 5e-15 from 1, far more than its error).
+ */
+function exactIfInteger(y: number, err: number): Num {
   const r = Math.round(y);
-  return Math.abs(y - r) < 1e-12 && Math.abs(r) < 2 ** 52 ? rational(BigInt(r)) : real(y);
+  if (y === 0 && err === 0) return rational(0n);
+  const integer = r !== 0 && Math.abs(y - r) <= Math.min(4 * err, 1e-12) && Math.abs(r) < 2 ** 52;
+  return integer ? rational(BigInt(r)) : real(y, err);
+}
+
+/**
+ * f(arg) for one of {@link FUNCTIONS}, with its error: the argument's error times the slope's bound over
+ * [x − e, x + e], plus the function's own rounding. Undefined where f is (ln 0, arcsin 2, cot 0); PrecisionLost when
+ * the argument is too uncertain for the slope to bound anything, or exp, sinh, cosh overflow.
+ */
+function applyFunction(name: string, arg: Num): Num {
+  const { f, slope } = FUNCTIONS[name]!;
+  const x = toFloat(arg);
+  const e = errorOf(arg);
+  const y = f(x);
+  if (!Number.isFinite(y)) {
+    if (GROWING.has(name) && !Number.isNaN(y)) throw new PrecisionLost();
+    undefinedHere();
+  }
+  if (e > MAX_ARGUMENT_ERROR * Math.max(1, Math.abs(x)) || (name === 'ln' && e >= x / 2)) throw new PrecisionLost();
+  // An exact argument has no error to stretch (and the slope may be infinite there: \arcsin 1).
+  const steepest = e === 0 ? 0 : Math.max(slope(x), slope(x - e), slope(x + e));
+  if (!Number.isFinite(steepest)) throw new PrecisionLost();
+  // exp underflows to 0 (or a subnormal) for a nonzero true value: that is a lost value too (real() refuses subnormals).
+  if (y === 0 && name === 'exp') throw new PrecisionLost();
+  const err = steepest * e * (1 + 1e-6) + Math.abs(y) * 2 ** -51;
+  // An error this large means the argument was next to a pole (tan) or huge (sin 10^{10}): the value is unknown.
+  if (err > 1e-3 * Math.max(1, Math.abs(y))) throw new PrecisionLost();
+  return exactIfInteger(y, err);
 }
 
 /**
@@ -354,6 +398,8 @@ export type Evaluated =
   | { kind: 'value'; value: Num; variables: ReadonlySet<string>; hasPercent: boolean; hasDecimal: boolean }
   /** An expression, undefined at this point (a domain error, a division by zero). */
   | { kind: 'undefined'; variables: ReadonlySet<string> }
+  /** An expression whose value here leaves the range of doubles (x^{3000}, 10^{-400}): not known well enough to compare. */
+  | { kind: 'lost'; variables: ReadonlySet<string> }
   | { kind: 'invalid' };
 
 /**
@@ -366,10 +412,11 @@ export function evaluateExpression(text: string, assign: Assignment, percent: Pe
   const parser = new Parser(text, percent, assign);
   try {
     const value = parser.parse();
-    if (!value.exact && !Number.isFinite(value.x)) return { kind: 'undefined', variables: parser.variables };
+    if (!value.exact && !Number.isFinite(value.x)) return { kind: 'lost', variables: parser.variables };
     return { kind: 'value', value, variables: parser.variables, hasPercent: parser.hasPercent, hasDecimal: parser.hasDecimal };
   } catch (err) {
     if (err instanceof DomainFailure) return { kind: 'undefined', variables: parser.variables };
+    if (err instanceof PrecisionLost) return { kind: 'lost', variables: parser.variables };
     // ParseFailure for text that is not an expression; anything else (a RangeError from BigInt) means the same.
     return { kind: 'invalid' };
   }

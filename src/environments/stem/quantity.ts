@@ -8,6 +8,8 @@ import type { Unit, UnitSystem } from './units.js';
 
 /** Longest answer text considered; longer ones are not read as numbers. */
 const MAX_QUANTITY_TEXT = 500;
+/** Smallest positive double with full precision. */
+const MIN_NORMAL = 2 ** -1022;
 
 /** A number with what followed it. */
 export interface Quantity {
@@ -67,6 +69,9 @@ export function parseQuantity(text: string): Quantity | undefined {
   else if (power !== undefined) value **= Number(power);
   if (sign === '-') value = -value;
   if (!Number.isFinite(value)) return undefined;
+  // A nonzero number that underflows ("1 × 10^{-400}" is the float 0, a subnormal keeps few digits) is no number at
+  // all: read as 0 it matched a reference of 0.
+  if (value === 0 ? /[1-9]/.test(mantissa) : Math.abs(value) < MIN_NORMAL) return undefined;
   let rest = s.slice(start + whole.length).trim();
   const percent = rest.startsWith('%');
   if (percent) rest = rest.slice(1).trim();

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { answersEquivalent, checkEquivalence } from '../../../src/environments/math/equivalence.js';
-import { rational } from '../../../src/environments/math/rational.js';
+import { PrecisionLost, rational } from '../../../src/environments/math/rational.js';
 
 /** [predicted, reference, equivalent?, why] */
 const TABLE: ReadonlyArray<readonly [string, string | number, boolean, string]> = [
@@ -128,8 +128,10 @@ describe('answer equivalence table', () => {
 describe('answers made to be expensive', () => {
   it('keeps fractions exact up to 1024 bits and no further, so a repetition loop of powers is judged in milliseconds', () => {
     expect(rational(2n ** 1000n)).toMatchObject({ exact: true });
-    expect(rational(2n ** 1100n)).toMatchObject({ exact: false });
-    expect(rational(1n, 3n ** 700n)).toMatchObject({ exact: false }); // too big however it reduces: no gcd taken
+    expect(rational(2n ** 1100n, 3n ** 690n)).toMatchObject({ exact: false });
+    // Out of the range of doubles too (2^1100 overflows, 3^-700 underflows): no float stands for them.
+    expect(() => rational(2n ** 1100n)).toThrow(PrecisionLost);
+    expect(() => rational(1n, 3n ** 700n)).toThrow(PrecisionLost); // too big however it reduces: no gcd taken
     expect(rational(6n ** 300n, 3n ** 300n)).toEqual({ exact: true, n: 2n ** 300n, d: 1n });
     const started = performance.now();
     // x^9x^9… (333 factors, the 1000-character cap): at 8192 bits every product's gcd was quadratic in its bits.
