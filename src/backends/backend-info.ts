@@ -28,6 +28,11 @@ export interface BackendInfo {
   readonly assignedTotal: number;
   /** Trajectories that had to move off this backend. */
   readonly failovers: number;
+  /**
+   * Answers of this engine refused as meant for another request (another prompt length or id: a gateway or proxy
+   * mixing answers up); each such request was asked again (see EngineMisdeliveredError).
+   */
+  readonly misdeliveredAnswers: number;
   readonly policyVersion: number;
   /** The engine's context length (prompt + generated tokens); undefined while unknown. */
   readonly maxModelLen: number | undefined;
@@ -60,7 +65,7 @@ export function backendInfo(b: BackendState): BackendInfo {
   return Object.freeze({
     id: b.id, url: b.client.url, kind: b.client.kind, model: b.model, maxConcurrency: b.maxConcurrency, healthy: b.healthy,
     refusal: refusalText(b.refusal), draining: b.draining, paused: b.paused, inflightTrajectories: b.inflightTrajectories, inflightRequests: b.inflightRequests,
-    queuedRequests: b.slots.waiting, assignedTotal: b.assignedTotal, failovers: b.failoversOut, policyVersion: b.policyVersion,
+    queuedRequests: b.slots.waiting, assignedTotal: b.assignedTotal, failovers: b.failoversOut, misdeliveredAnswers: b.misdeliveredAnswers, policyVersion: b.policyVersion,
     maxModelLen: b.maxModelLen, capacitySource: b.capacitySource, logprobsMode: b.logprobsMode,
   });
 }

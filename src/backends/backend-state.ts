@@ -16,7 +16,7 @@ export type CapacitySource = 'configured' | 'engine' | 'default';
  * number of times.
  */
 export class BackendGone extends Error {
-  constructor(readonly backendId: string, readonly why: 'removed' | 'unhealthy' | 'unreachable' | RefusalWhy, options: { cause?: unknown } = {}) {
+  constructor(readonly backendId: string, readonly why: 'removed' | 'unhealthy' | 'unreachable' | 'misdelivered' | RefusalWhy, options: { cause?: unknown } = {}) {
     super(`backend ${backendId} ${why}`, options);
     this.name = 'BackendGone';
   }
@@ -193,6 +193,8 @@ export class BackendState {
   assignedTotal = 0;
   /** Trajectories that had to leave this backend (removed or unhealthy under them). */
   failoversOut = 0;
+  /** Answers refused as meant for another request (EngineMisdeliveredError): a proxy or connection mixing answers up. */
+  misdeliveredAnswers = 0;
   /**
    * No request is sent to the engine before this time (performance.now() ms): the end of the last Retry-After it
    * answered a busy request with, bounded by the pool's maxRetryAfterMs (see PoolLease). 0: none.

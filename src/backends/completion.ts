@@ -34,6 +34,18 @@ export class CompletionRejected extends Error {
   }
 }
 
+/**
+ * The answer is well formed but answers another request (it states another prompt length or another request id): a
+ * gateway or proxy mixing answers up, or a connection out of step. An engine/transport fault, not a bad sample: the
+ * engine client reports it as {@link EngineMisdeliveredError}, which the pool asks again (see BackendPool).
+ */
+export class AnswerMisdelivered extends CompletionRejected {
+  constructor(reason: string) {
+    super(reason);
+    this.name = 'AnswerMisdelivered';
+  }
+}
+
 const FINISH_REASONS: ReadonlySet<unknown> = new Set<GenerateResult['finishReason']>(['stop', 'length', 'abort']);
 
 /** How the fields of one engine's answer are named in refusal messages. */
@@ -168,7 +180,7 @@ export function checkCompletion(json: unknown, expect: CompletionExpectation): G
 export function checkPromptCount(sampled: number, expect: CompletionExpectation, stated: unknown, statedName: string): void {
   if (sampled === 0 || expect.promptIds === undefined || stated === undefined || stated === null) return;
   if (stated !== expect.promptIds.length) {
-    throw new CompletionRejected(`${statedName} = ${preview(stated)}, but the request's prompt has ${expect.promptIds.length} ids (an answer to another request?)`);
+    throw new AnswerMisdelivered(`${statedName} = ${preview(stated)}, but the request's prompt has ${expect.promptIds.length} ids (an answer to another request?)`);
   }
 }
 
@@ -181,7 +193,7 @@ export function checkPromptCount(sampled: number, expect: CompletionExpectation,
 export function checkAnswerId(expect: CompletionExpectation, stated: unknown, statedName: string, sentName: string): void {
   if (expect.requestId === undefined || stated === undefined || stated === null) return;
   if (stated !== expect.requestId) {
-    throw new CompletionRejected(`${statedName} = ${preview(stated)}, but the request's ${sentName} is ${preview(expect.requestId)} (an answer to another request?)`);
+    throw new AnswerMisdelivered(`${statedName} = ${preview(stated)}, but the request's ${sentName} is ${preview(expect.requestId)} (an answer to another request?)`);
   }
 }
 

@@ -309,6 +309,26 @@ export class EngineHttp {
     cap: number,
     options: { headers?: Record<string, string>; pausedMs?: (() => number) | undefined; budget?: ResponseBudget | undefined } = {},
   ): Promise<HttpAnswer> {
+    return this.exchange(method, path, body, signal, cap, options, (answer) => answer);
+  }
+
+  /**
+   * {@link request}, the answer read by `read` before the request counts as done: what `read` throws is the request's
+   * error — and, for a 2xx answer of declared length, it is read as soon as its last byte came, before undici hands the
+   * connection back to its pool, so a refused answer (one meant for another request, from a proxy that mixed answers
+   * up: the connection may hold the next request's answer-to-be of another) closes its connection instead of leaving
+   * it out of step for the next request sent there. (An answer without a content-length, chunked, is read once it
+   * ended: its connection is kept. vLLM and SGLang send a content-length with every non-streamed answer.)
+   */
+  exchange<T>(
+    method: 'GET' | 'POST',
+    path: string,
+    body: string | readonly JsonPiece[] | undefined,
+    signal: AbortSignal,
+    cap: number,
+    options: { headers?: Record<string, string>; pausedMs?: (() => number) | undefined; budget?: ResponseBudget | undefined },
+    read: (answer: HttpAnswer) => T,
+  ): Promise<T> {
     if (signal.aborted) return Promise.reject(RolloutError.from(signal.reason, 'cancelled'));
     const headers: Record<string, string> = { ...options.headers };
     if (this.#authorization !== undefined && !Object.keys(headers).some((name) => name.toLowerCase() === 'authorization')) {
@@ -325,8 +345,8 @@ export class EngineHttp {
         payload = chunks ?? joinPieces(body);
       }
     }
-    return new Promise<HttpAnswer>((resolve, reject) => {
-      const exchange = new Exchange(this, method, path, cap, signal, this.#timeoutMs, options.pausedMs, options.budget, resolve, reject, this.#bodyIdleMs);
+    return new Promise<T>((resolve, reject) => {
+      const exchange = new Exchange<T>(this, method, path, cap, signal, this.#timeoutMs, options.pausedMs, options.budget, read, resolve, reject, this.#bodyIdleMs);
       // An array of buffers is an iterable body (undici's docs/api/Dispatcher.md: `body` may be an Iterable; its
       // DispatchOptions typing omits it): written in order, with the content-length set above.
       const dispatchBody = payload as Dispatcher.DispatchOptions['body'];
@@ -403,7 +423,7 @@ function joinPieces(pieces: readonly JsonPiece[]): Buffer {
  * request budget abort through the dispatch controller; an abort that comes while the request still waits for a
  * connection settles at once and aborts the request as soon as undici starts it.
  */
-class Exchange implements Dispatcher.DispatchHandler {
+class Exchange<T> implements Dispatcher.DispatchHandler {
   #controller: Dispatcher.DispatchController | undefined;
   #settled = false;
   #timedOut = false;
@@ -416,6 +436,8 @@ class Exchange implements Dispatcher.DispatchHandler {
   #size = 0;
   readonly #chunks: Buffer[] = [];
   #status = 0;
+  /** A 2xx answer's declared content-length, -1 when it declared none: it is read once that many bytes came. */
+  #declared = -1;
   /** A busy answer's Retry-After (see HttpAnswer.retryAfterMs). */
   #retryAfterMs: number | undefined;
   /** Bytes this answer holds of its budget, and its place in the budget's queue while it waits for room. */
@@ -436,7 +458,8 @@ class Exchange implements Dispatcher.DispatchHandler {
     readonly timeoutMs: number,
     readonly pausedMs: (() => number) | undefined,
     readonly budget: ResponseBudget | undefined,
-    readonly resolve: (answer: HttpAnswer) => void,
+    readonly read: (answer: HttpAnswer) => T,
+    readonly resolve: (value: T) => void,
     readonly reject: (err: unknown) => void,
     readonly bodyIdleMs = 0,
   ) {
@@ -493,6 +516,7 @@ class Exchange implements Dispatcher.DispatchHandler {
     const declared = headers['content-length'] === undefined ? NaN : Number(headers['content-length']);
     const known = Number.isSafeInteger(declared) && declared >= 0;
     if (this.#ok && known && declared > this.#limit) return this.#tooLarge(declared, true);
+    if (this.#ok && known) this.#declared = declared;
     if (this.budget !== undefined) this.#reserve(controller, known ? Math.min(declared, this.#limit) : this.#limit, known);
   }
 
@@ -533,6 +557,8 @@ class Exchange implements Dispatcher.DispatchHandler {
     if (this.#size + chunk.length <= this.#limit) {
       this.#chunks.push(chunk);
       this.#size += chunk.length;
+      // The whole body came: read it while the request is still open (see EngineHttp.exchange).
+      if (this.#size === this.#declared) this.#finish();
     } else if (this.#ok) {
       this.#tooLarge(this.#size + chunk.length, false);
     } else {
@@ -551,10 +577,23 @@ class Exchange implements Dispatcher.DispatchHandler {
     this.#fail(err);
   }
 
+  /**
+   * Reads the answer and settles with what `read` makes of it, or fails with what it throws — which aborts the request:
+   * before undici saw the answer end (a 2xx body of declared length, see onResponseData), that closes its connection.
+   */
   #finish(): void {
     const text = this.#chunks.length === 1 ? (this.#chunks[0] as Buffer).toString('utf8') : Buffer.concat(this.#chunks, this.#size).toString('utf8');
+    let value: T;
+    try {
+      value = this.read({ status: this.#status, text, ...(this.#retryAfterMs !== undefined && { retryAfterMs: this.#retryAfterMs }) });
+    } catch (err) {
+      // The reader's own error, as thrown (never an unreachable engine: the answer came).
+      this.#settle();
+      this.#controller?.abort(err instanceof Error ? err : new Error(String(err)));
+      return this.reject(err);
+    }
     this.#settle();
-    this.resolve({ status: this.#status, text, ...(this.#retryAfterMs !== undefined && { retryAfterMs: this.#retryAfterMs }) });
+    this.resolve(value);
   }
 
   #tooLarge(seen: number, declared: boolean): void {

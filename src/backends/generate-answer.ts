@@ -1,5 +1,5 @@
 import { RolloutError } from '../errors.js';
-import { CompletionRejected, isRecord, type CompletionExpectation } from './completion.js';
+import { AnswerMisdelivered, CompletionRejected, isRecord, type CompletionExpectation } from './completion.js';
 import { ContextOverflowError, overflowMismatch, type ContextOverflowClaim } from './context-overflow.js';
 import { EngineHttpError, type HttpAnswer } from './engine-http.js';
 import type { GenerateRequest, GenerateResult } from './types.js';
@@ -20,6 +20,19 @@ export class EngineBusyError extends RolloutError {
   ) {
     super('backend_error', message, { cause });
     this.name = 'EngineBusyError';
+  }
+}
+
+/**
+ * A 2xx answer that answers another request (see {@link AnswerMisdelivered}: another prompt length or request id) — a
+ * gateway or proxy mixing answers up, or a keep-alive connection out of step. Nothing of it enters a trajectory; the
+ * connection it came on is discarded (EngineHttp.exchange), and the pool counts it on the backend and asks again, on
+ * another engine when there is one (BackendPool, PoolLease), bounded like a lost backend.
+ */
+export class EngineMisdeliveredError extends RolloutError {
+  constructor(message: string) {
+    super('backend_error', message);
+    this.name = 'EngineMisdeliveredError';
   }
 }
 
@@ -96,6 +109,7 @@ export function readGenerateAnswer(
       ...(request.requestId !== undefined && { requestId: request.requestId }),
     });
   } catch (err) {
+    if (err instanceof AnswerMisdelivered) throw new EngineMisdeliveredError(malformed(err.reason).message);
     if (err instanceof CompletionRejected) throw malformed(err.reason);
     throw err;
   }

@@ -88,6 +88,8 @@ export interface LeaseHost {
   readonly maxRetryAfterMs: number;
   /** A new backend for a trajectory (counted on it), waiting like `acquire` when none is eligible. */
   assign(signal: AbortSignal | undefined): Promise<BackendState>;
+  /** Another backend for a trajectory now (counted on it), or undefined when none is free at once (never waits). */
+  assignOther(from: BackendState): BackendState | undefined;
   /**
    * Runs one request on the backend: pause gate, slot, counters, abort on forced removal (throws BackendGone, also
    * when the engine could not be reached). `turn` is how many generate calls the trajectory made before this one
@@ -153,9 +155,11 @@ export class PoolLease implements BackendLease {
   }
 
   /**
-   * Sends the request, again after each lost backend (removed, unhealthy, unreachable): on the same backend while
-   * it is still usable (a dropped connection to a live engine), elsewhere once it is not. What a lost request had
-   * sampled never arrived, so nothing of it is recorded: the retry asks again from the same context. Bounded by
+   * Sends the request, again after each lost backend (removed, unhealthy, unreachable) or answer meant for another
+   * request (misdelivered): on the same backend while it is still usable (a dropped connection to a live engine),
+   * elsewhere once it is not — or, after a misdelivered answer, as soon as another backend is free (see #moveOff).
+   * What a lost request had sampled never arrived (a misdelivered answer is refused whole), so nothing of it is
+   * recorded: the retry asks again from the same context. Bounded by
    * `maxFailoversPerRequest`; then backend_error with the last loss as cause. An engine that answers busy (HTTP
    * 429/503: its waiting queue is full, nothing sampled) is asked again after a backoff (doubling from
    * `busyBackoffMs`, at most 8 s), on the same backend unless it has become unusable meanwhile, up to
@@ -203,13 +207,32 @@ export class PoolLease implements BackendLease {
         if (!(err instanceof BackendGone)) throw err;
         lost = err;
         if (attempt >= this.host.maxFailoversPerRequest) {
-          throw new RolloutError('backend_error', `request of ${this.trajectoryKey} lost its backend ${attempt + 1} times (last: ${err.message})`, {
+          // A misdelivered answer's own message says what was wrong with it (which id or prompt length it named).
+          const detail = err.why === 'misdelivered' && err.cause instanceof Error ? `: ${err.cause.message}` : '';
+          throw new RolloutError('backend_error', `request of ${this.trajectoryKey} lost its backend ${attempt + 1} times (last: ${err.message}${detail})`, {
             cause: err,
           });
         }
         attempt++;
+        if (err.why === 'misdelivered') this.#moveOff(backend);
       }
     }
+  }
+
+  /**
+   * After an answer meant for another request (a gateway or proxy in front of the engine mixing answers up, see
+   * EngineMisdeliveredError): the trajectory moves to another backend at once when one is free — the fault may well
+   * stay with this one, and the engine's cached prefix is worth less than the trajectory — and stays otherwise (the
+   * retry goes on a new connection, EngineHttp.exchange having closed the one the answer came on).
+   */
+  #moveOff(from: BackendState): void {
+    if (this.#released || this.#moving !== undefined || this.#backend !== from) return;
+    const to = this.host.assignOther(from);
+    if (to === undefined) return;
+    this.#backend = to;
+    this.#failovers++;
+    this.host.leave(from, this);
+    this.host.failedOver(this, from, to, 'misdelivered');
   }
 
   release(): void {

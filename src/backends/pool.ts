@@ -3,6 +3,7 @@ import { silentLogger, type Logger } from '../observability/logger.js';
 import { BackendGone, BackendState, InflightRequest } from './backend-state.js';
 import { ContextOverflowError } from './context-overflow.js';
 import { EngineUnreachableError } from './engine-http.js';
+import { EngineMisdeliveredError } from './generate-answer.js';
 import { backendInfo as info, type BackendInfo, type PoolStats } from './backend-info.js';
 import { LimitLearner, needsLearning } from './engine-limits.js';
 import { checkShortLength, type ShortLengthHost } from './short-length.js';
@@ -116,6 +117,7 @@ export class BackendPool {
       busyBackoffMs: options.busyBackoffMs ?? 250,
       maxRetryAfterMs: options.maxRetryAfterMs ?? DEFAULT_MAX_RETRY_AFTER_MS,
       assign: (signal) => this.#assign(signal),
+      assignOther: (from) => this.#assignOther(from),
       send: (backend, request, turn) => this.#send(backend, request, this.#queueOrder === 'turns' ? turn : 0),
       leave: (backend, lease) => this.#leave(backend, lease),
       failedOver: (lease, from, to, why) => {
@@ -569,6 +571,17 @@ export class BackendPool {
     return this.#heap.ordered().find(ready) ?? picked;
   }
 
+  /**
+   * Another eligible backend that is neither paused nor held by a Retry-After, taken for a trajectory at once; undefined
+   * when there is none now or acquires are waiting (they come first). Never waits: the caller stays where it is then.
+   */
+  #assignOther(from: BackendState): BackendState | undefined {
+    if (this.#waiters.length > 0) return undefined;
+    const now = performance.now();
+    const other = this.#heap.ordered().find((b) => b !== from && !b.paused && b.retryNotBefore <= now);
+    return other === undefined ? undefined : this.#take(other);
+  }
+
   /** Hands eligible backends to waiting acquires, oldest first, re-reading the heap after each placement. */
   #wake(): void {
     while (this.#waiters.length > 0) {
@@ -616,6 +629,13 @@ export class BackendPool {
         if (err instanceof EngineUnreachableError) {
           await this.#suspect(backend, err);
           throw new BackendGone(backend.id, 'unreachable', { cause: err });
+        }
+        // An answer meant for another request (a proxy mixing answers up): a transport fault, asked again like a lost
+        // backend (PoolLease), on another engine when there is one; its connection is already closed (EngineHttp.exchange).
+        if (err instanceof EngineMisdeliveredError) {
+          backend.misdeliveredAnswers++;
+          this.#log.warn({ backend: backend.id, err }, 'engine answer meant for another request refused; the request is asked again');
+          throw new BackendGone(backend.id, 'misdelivered', { cause: err });
         }
         throw err instanceof BackendGone ? err : RolloutError.from(err, 'backend_error');
       } finally {

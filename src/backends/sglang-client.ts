@@ -129,8 +129,7 @@ export class SglangClient implements EngineClient {
     }
 
     const cap = this.#maxResponseBytes > 0 ? this.#maxResponseBytes : defaultMaxResponseBytes(request.promptIds.length, request.maxTokens);
-    const answer = await this.#http.request('POST', '/generate', bodyWithIds('input_ids', request.promptIds, body), request.signal, cap, { pausedMs: request.pausedMs, budget: this.#responseBudget });
-    return readGenerateAnswer(this.#answer, this.url, answer, request);
+    return this.#http.exchange('POST', '/generate', bodyWithIds('input_ids', request.promptIds, body), request.signal, cap, { pausedMs: request.pausedMs, budget: this.#responseBudget }, (answer) => readGenerateAnswer(this.#answer, this.url, answer, request));
   }
 
   /**

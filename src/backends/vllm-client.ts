@@ -163,8 +163,7 @@ export class VllmClient implements EngineClient {
     }
 
     const cap = this.#maxResponseBytes > 0 ? this.#maxResponseBytes : defaultMaxResponseBytes(request.promptIds.length, request.maxTokens);
-    const answer = await this.#http.request('POST', '/v1/completions', bodyWithIds('prompt', request.promptIds, body), request.signal, cap, { headers, pausedMs: request.pausedMs, budget: this.#responseBudget });
-    return readGenerateAnswer(this.#answer, this.url, answer, request);
+    return this.#http.exchange('POST', '/v1/completions', bodyWithIds('prompt', request.promptIds, body), request.signal, cap, { headers, pausedMs: request.pausedMs, budget: this.#responseBudget }, (answer) => readGenerateAnswer(this.#answer, this.url, answer, request));
   }
 
   /** GET /health: vLLM answers 200 with an empty body when the engine is alive, 503 when it is dead. */
