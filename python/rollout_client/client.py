@@ -22,8 +22,24 @@ log = logging.getLogger("rollout_client")
 #: How many finished task ids are remembered, so a trajectory re-sent after a lost ack is dropped, not re-delivered.
 _FINISHED_MEMORY = 65536
 
+#: With resume: the most predecessor's trajectories (see _orphans) held for a submit of their task, in samples and in
+#: bytes (the server's default sessions.maxUnackedBytes: what a predecessor can leave unacked). Past either, the
+#: oldest task's are dropped (acked): trajectories nobody claims (a task finished long ago, past _FINISHED_MEMORY, re-sent
+#: after a lost ack; a task the trainer never submits again) would otherwise be held for the whole run.
+_ORPHANS_MAX_SAMPLES = 65536
+_ORPHANS_MAX_BYTES = 256 << 20
+
+#: A warning that a faulty server (or a resumed session) could repeat thousands of times is said at most
+#: _WARN_REPEAT_BURST times per _WARN_REPEAT_EVERY seconds (see _warn_throttled); the others go to DEBUG and are counted
+#: in the next one said.
+_WARN_REPEAT_EVERY = 30.0
+_WARN_REPEAT_BURST = 5
+
 #: Backoff between the submits of a task the server refused for now (TaskRejectedError.retryable): first, cap.
 _RETRY_FIRST, _RETRY_CAP = 0.05, 2.0
+
+#: The TaskRejected code the client gives a task it refuses itself (grpc's FAILED_PRECONDITION): not retried.
+_FAILED_PRECONDITION = 9
 
 #: When the client acks a trajectory (see AsyncRolloutClient, "Acks").
 ACK_MODES = ("consumed", "manual", "received")
@@ -121,8 +137,10 @@ class AsyncRolloutClient:
     caller waits, acked early and kept here, see "Acks"): the server answers it as owed, without running it again, and
     the re-sent and still-running samples complete it as usual. Submit again what the predecessor had not used; a task
     it acked in full is gone from the session (submitted again, it is run again or replayed from the server's cache of
-    finished tasks). A task it acked in part (samples() acks sample by sample) is whole again: the server sends its
-    acked samples again too (TaskAccepted.resent_sample_indexes), so a group cut by the crash comes complete.
+    finished tasks). What is held for submits is bounded (65,536 samples, 256 MiB): past it the oldest tasks' are
+    dropped and acked, said at WARNING, stats["orphans_dropped"] (a later submit of such a task runs it again). A task
+    it acked in part (samples() acks sample by sample) is whole again: the server sends its acked samples again too
+    (TaskAccepted.resent_sample_indexes), so a group cut by the crash comes complete.
 
     max_in_flight bounds the samples submitted and not yet handed to the caller (submit waits for room, in the order
     the submits came: a larger group is never overtaken for ever by smaller ones), which also bounds what the client
@@ -215,8 +233,13 @@ class AsyncRolloutClient:
         #: With resume: trajectories of tasks this process has not submitted (its predecessor's), held unacked until
         #: their task is submitted again, by task id and sample index.
         self._orphans: Dict[str, Dict[int, Any]] = {}
+        #: What _orphans holds: samples, and their bytes (bounded by _ORPHANS_MAX_SAMPLES, _ORPHANS_MAX_BYTES).
+        self._orphan_samples = self._orphan_bytes = 0
+        #: _warn_throttled's state, by kind of warning: when its window began, how many it said in it, and how many were
+        #: held back since the last one said.
+        self._throttled: Dict[str, Tuple[float, int, int]] = {}
         self._warned_early_at = self._warned_waiting_at = float("-inf")
-        self.stats: Dict[str, int] = {"resubmitted": 0, "duplicates_dropped": 0, "rejections_retried": 0, "acked_early": 0}
+        self.stats: Dict[str, int] = {"resubmitted": 0, "duplicates_dropped": 0, "rejections_retried": 0, "acked_early": 0, "orphans_dropped": 0}
         for conn in self._conns:
             conn.start()
 
@@ -326,7 +349,7 @@ class AsyncRolloutClient:
             self._tasks[task_id] = task
         if not via_run_group:
             self._stream_outstanding += need
-        for _, t in sorted(self._orphans.pop(task_id, {}).items()):
+        for _, t in sorted(self._take_orphans(task_id).items()):
             # The predecessor's, re-sent before this submit: this task's now.
             if self._unstorable(task, t):
                 self._ack_refs([(t.task_id, t.sample_index)])
@@ -640,6 +663,21 @@ class AsyncRolloutClient:
     # -- what the connections report ---------------------------------------------------------------------------
 
     def _on_accepted(self, task: _Task, num_samples: int) -> None:
+        if num_samples != task.num_samples:
+            # A faulty server's: it runs another group than the spec's. Fewer samples, the group would never complete
+            # (run_group and groups() waiting for ever); more, the extra ones are dropped as outside the group. Failed
+            # here, naming it, and cancelled there (after _reject, which drops what is still queued for the task).
+            conn = task.conn
+            where = f"the server at {conn.target}" if conn is not None else "the server"
+            self._reject(task, TaskRejectedError(
+                task.task_id, "num_samples",
+                f"{where} accepted it with num_samples {num_samples}, not the {task.num_samples} of its spec (a faulty "
+                "server: the group would never come whole); cancelled there",
+                _FAILED_PRECONDITION,
+            ))
+            if conn is not None:
+                conn.cancel(task.task_id)
+            return
         task.retry_until, task.retry_delay = None, _RETRY_FIRST  # a later refusal (a re-sent spec) gets a fresh budget
         task.refused_by_pause = None
         if not task.accepted.done():
@@ -750,10 +788,10 @@ class AsyncRolloutClient:
                 self._ack_dropped(conn, ref)
             elif self._resume and self.ack_mode != "received":
                 # The predecessor's (a resumed session): kept for its task's submit, unacked meanwhile.
-                self._orphans.setdefault(t.task_id, {})[t.sample_index] = t
-                self._unacked[ref] = {conn}
+                self._unacked[ref] = {conn}  # first: a bound _keep_orphan meets may drop (ack) this one at once
+                self._keep_orphan(t)
             else:
-                log.warning("%s: trajectory of unknown task %s (session %s): acked and dropped", conn.target, t.task_id, conn.session_id)
+                self._warn_throttled("unknown task", "%s: trajectory of unknown task %s (session %s): acked and dropped", conn.target, t.task_id, conn.session_id)
                 self._ack_dropped(conn, ref)
             return
         if self._unstorable(task, t):
@@ -771,6 +809,59 @@ class AsyncRolloutClient:
             # "Acks" in the class doc, _unpause).
             self._ack_early(conn, [ref])
 
+    def _keep_orphan(self, t: Any) -> None:
+        """Holds a predecessor's trajectory for its task's submit, within _ORPHANS_MAX_SAMPLES and _ORPHANS_MAX_BYTES:
+        past either, the oldest tasks' are dropped and acked (the server forgets them; a later submit of such a task
+        is run again, or replayed from the server's cache of finished tasks), said at WARNING (throttled) and counted
+        in stats["orphans_dropped"]."""
+        held = self._orphans.setdefault(t.task_id, {})
+        before = held.get(t.sample_index)
+        if before is not None:  # re-sent after it was acked early: the copy replaces it
+            self._orphan_samples -= 1
+            self._orphan_bytes -= before.ByteSize()
+        held[t.sample_index] = t
+        self._orphan_samples += 1
+        self._orphan_bytes += t.ByteSize()
+        dropped: List[Tuple[str, int]] = []
+        while self._orphans and (self._orphan_samples > _ORPHANS_MAX_SAMPLES or self._orphan_bytes > _ORPHANS_MAX_BYTES):
+            oldest = next(iter(self._orphans))
+            dropped.extend((oldest, i) for i in self._take_orphans(oldest))
+        if dropped:
+            self.stats["orphans_dropped"] += len(dropped)
+            self._ack_refs(dropped)  # those acked early already are not acked twice (_unacked no longer lists them)
+            self._warn_throttled(
+                "orphans dropped",
+                "resumed session %s: %d trajectories of tasks not submitted again (the oldest: %s) were dropped and acked: "
+                "over the %d samples / %d bytes held for a submit of their task (a later submit of it runs it again); "
+                "%d so far, stats['orphans_dropped']",
+                self.session_id, len(dropped), dropped[0][0], _ORPHANS_MAX_SAMPLES, _ORPHANS_MAX_BYTES, self.stats["orphans_dropped"],
+            )
+
+    def _take_orphans(self, task_id: str) -> Dict[int, Any]:
+        """The predecessor's trajectories held for `task_id` (by sample index), no longer held."""
+        held = self._orphans.pop(task_id, {})
+        self._orphan_samples -= len(held)
+        self._orphan_bytes -= sum(t.ByteSize() for t in held.values())
+        return held
+
+    def _warn_throttled(self, kind: str, msg: str, *args: Any) -> None:
+        """A warning a faulty server could have repeated thousands of times: said at WARNING at most
+        _WARN_REPEAT_BURST times per _WARN_REPEAT_EVERY seconds per kind, the next one said with how many were held
+        back meanwhile (those at DEBUG)."""
+        now = self._loop.time()
+        began, said, held_back = self._throttled.get(kind, (float("-inf"), 0, 0))
+        if now - began >= _WARN_REPEAT_EVERY:
+            began, said = now, 0
+        if said >= _WARN_REPEAT_BURST:
+            self._throttled[kind] = (began, said, held_back + 1)
+            log.debug(msg, *args)
+            return
+        self._throttled[kind] = (began, said + 1, 0)
+        if held_back:
+            msg += " (and %d more like it held back before this one, at DEBUG)"
+            args += (held_back,)
+        log.warning(msg, *args)
+
     def _ack_dropped(self, conn: Connection, ref: Tuple[str, int]) -> None:
         """Acks a trajectory nobody will get (a duplicate, a faulty server's) in the modes that did not ack it on receipt."""
         self._unacked.pop(ref, None)
@@ -783,7 +874,7 @@ class AsyncRolloutClient:
         if not 0 <= index < task.num_samples:
             # A faulty server's: stored, it would complete the group in place of a real sample (dropped as a
             # duplicate when it came).
-            log.warning("trajectory of task %s with sample_index %d outside [0, %d): acked and dropped", t.task_id, index, task.num_samples)
+            self._warn_throttled("outside group", "trajectory of task %s with sample_index %d outside [0, %d): acked and dropped", t.task_id, index, task.num_samples)
             return True
         if index in task.samples:
             self.stats["duplicates_dropped"] += 1

@@ -203,6 +203,9 @@ class Connection:
         self._client = client
         self._metadata = tuple(metadata)
         self._tls = tls
+        #: Made here, not in the runner: a PEM path that cannot be read (or a certificate without its key) raises from
+        #: the constructor, naming the field, where in the runner it ended the runner and every call waited for ever.
+        self._credentials = tls.credentials() if tls is not None else None
         # Later entries win: the caller's channel_options override the defaults and the keepalive settings.
         options: Dict[str, Any] = {}
         for key, value in [*_DEFAULT_OPTIONS, *keepalive_options(keepalive_time, keepalive_timeout), *channel_options, *(tls.channel_options() if tls else [])]:
@@ -343,11 +346,35 @@ class Connection:
     # -- the stream --------------------------------------------------------------------------------------------
 
     def _channel(self) -> grpc.aio.Channel:
-        if self._tls is not None:
-            return grpc.aio.secure_channel(self.target, self._tls.credentials(), options=self._channel_options)
+        if self._credentials is not None:
+            return grpc.aio.secure_channel(self.target, self._credentials, options=self._channel_options)
         return grpc.aio.insecure_channel(self.target, options=self._channel_options)
 
     async def _run(self) -> None:
+        """The runner: never ends silently while the client is open. What ends it other than close() fails the client,
+        so every waiting and later call raises instead of waiting for ever on a runner that is gone (no re-open, no
+        failover): a status a retry would get again (see _reconnect), a message this client cannot decode (_read), and
+        any other exception (a bug in the client's own bookkeeping met while handling a message, a channel that cannot
+        be made). Those are not retried: the state a failed handler left is unknown (a sample handed out twice, a slot
+        lost for good would be silent), and a resume re-sends the same messages; resume=True with this session_id, in a
+        new client, gets every unacked sample again."""
+        try:
+            await self._reconnect()
+        except RolloutClientError as err:
+            if not self._closing:
+                self._client._on_fatal(self, err)
+        except Exception as err:  # noqa: BLE001 - whatever it is, the callers must hear of it
+            if not self._closing:
+                log.exception("%s: the client failed handling its Rollout stream", self.target)
+                self._client._on_fatal(self, RolloutClientError(
+                    f"{self.target}: the client failed handling its Rollout stream ({err!r}): a bug in rollout_client, "
+                    "please report it with the traceback logged"
+                ))
+        finally:
+            self._cancel_failover_timer()
+
+    async def _reconnect(self) -> None:
+        """Opens the stream, and opens it again whenever it breaks, until close() or a status a retry would get again."""
         channel = self._channel()
         stub = rollout_pb2_grpc.RolloutServiceStub(channel)
         loop = asyncio.get_running_loop()
@@ -476,7 +503,7 @@ class Connection:
         self.paused = False  # a pause was of the stream before: the server says so again if it still holds
         while True:
             # A resumed session's re-sent trajectories may come before SessionOpened: they are ours, take them.
-            first = await call.read()
+            first = await self._read(call)
             if first is grpc.aio.EOF:
                 raise _StreamEnded()
             if first.WhichOneof("kind") == "opened":
@@ -502,12 +529,26 @@ class Connection:
         writer.add_done_callback(lambda done: self._writer_done(done, call))
         try:
             while True:
-                response = await call.read()
+                response = await self._read(call)
                 if response is grpc.aio.EOF:
                     return
                 self._dispatch(response)
         finally:
             writer.cancel()
+
+    async def _read(self, call: Any) -> Any:
+        """The next message of the stream. One grpc cannot decode (it logs "Exception deserializing message!" and
+        returns None: bytes a server of another protocol version, or a faulty one, sent) fails the client: which task it
+        was about is unknown, so nobody waiting for it could be told, and a trajectory would come again, the same
+        bytes, on every resume."""
+        response = await call.read()
+        if response is None:
+            raise RolloutClientError(
+                f"{self.target}: a message on the Rollout stream could not be decoded (grpc logged why: 'Exception "
+                "deserializing message!'): a server of another protocol version, or a faulty one; the server would send "
+                "it again on every resume"
+            )
+        return response
 
     async def _write(self, call: Any, resend: List[Any]) -> None:
         for request in resend:
@@ -556,7 +597,7 @@ class Connection:
                 self._client._on_rejected(self, task, rejected.field, rejected.reason, rejected.code)
             elif not rejected.task_id:
                 # A request of no task (an ack): nothing waits for its answer, but what it carried was not applied.
-                log.warning("%s: the server refused a request: %s", self.target, rejected.reason or rejected.field)
+                self._client._warn_throttled("refused request", "%s: the server refused a request: %s", self.target, rejected.reason or rejected.field)
         elif kind == "delivery_paused":
             # The server waits for acks (see AsyncRolloutClient on acks and pauses): those waiting go at once.
             notice = response.delivery_paused

@@ -10,11 +10,14 @@ import grpc
 PemSource = Union[bytes, str, Path, None]
 
 
-def _read(source: PemSource) -> Optional[bytes]:
-    """PEM bytes as given, or read from a path (str or Path)."""
+def _read(source: PemSource, name: str) -> Optional[bytes]:
+    """PEM bytes as given, or read from a path (str or Path); a path that cannot be read is a ValueError naming `name`."""
     if source is None or isinstance(source, bytes):
         return source
-    return Path(source).read_bytes()
+    try:
+        return Path(source).read_bytes()
+    except OSError as err:
+        raise ValueError(f"TlsOptions.{name}: cannot read {str(source)!r}: {err.strerror or err}") from err
 
 
 @dataclass(frozen=True)
@@ -35,9 +38,9 @@ class TlsOptions:
         if (self.certificate_chain is None) != (self.private_key is None):
             raise ValueError("TlsOptions: certificate_chain and private_key go together (mTLS needs both)")
         return grpc.ssl_channel_credentials(
-            root_certificates=_read(self.root_certificates),
-            private_key=_read(self.private_key),
-            certificate_chain=_read(self.certificate_chain),
+            root_certificates=_read(self.root_certificates, "root_certificates"),
+            private_key=_read(self.private_key, "private_key"),
+            certificate_chain=_read(self.certificate_chain, "certificate_chain"),
         )
 
     def channel_options(self) -> List[Tuple[str, str]]:
