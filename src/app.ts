@@ -23,8 +23,10 @@ import { Journal } from './journal/journal.js';
 import { recoverFromJournal } from './journal/recovery.js';
 import { RolloutMetrics, startMetricsServer, type MetricsServer } from './observability/metrics.js';
 
-/** Health service name whose status says whether the server can admit tasks (NOT_SERVING while the journal is full). */
+/** Health service name whose status says whether the server can admit tasks (NOT_SERVING while the journal is full or cannot commit, and from draining on). */
 export const ADMISSION_HEALTH = 'rollout.admission';
+/** The RolloutService's health name: NOT_SERVING too while the journal cannot commit (see Journal.commitFailure). */
+const ROLLOUT_HEALTH = 'rollout.v1.RolloutService';
 
 export interface RolloutServerOptions {
   logger?: Logger;
@@ -208,8 +210,23 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
     throw err;
   }
   if (journal) {
-    server.health.setStatus(ADMISSION_HEALTH, journal.fullReason === undefined ? 'SERVING' : 'NOT_SERVING');
-    journal.onFullChange = (reason) => server.health.setStatus(ADMISSION_HEALTH, reason === undefined ? 'SERVING' : 'NOT_SERVING');
+    const j = journal;
+    // While the journal cannot commit (a failing disk), RolloutService itself is NOT_SERVING: every task sent to it
+    // would be refused, so a balancer or trainer routing by health sends it elsewhere; back once a commit succeeds.
+    // A journal at its size bound still commits (the acks that free it) and turns rollout.admission off only.
+    // Only while running: from draining on, the drain has said NOT_SERVING for good.
+    const report = (): void => {
+      if (!runtime.lifecycle.admitting) {
+        server.health.setStatus(ADMISSION_HEALTH, 'NOT_SERVING');
+        return;
+      }
+      server.health.setStatus(ADMISSION_HEALTH, (j.fullReason ?? j.commitFailure) === undefined ? 'SERVING' : 'NOT_SERVING');
+      server.health.setStatus(ROLLOUT_HEALTH, j.commitFailure === undefined ? 'SERVING' : 'NOT_SERVING');
+    };
+    report();
+    j.onFullChange = report;
+    j.onCommitChange = report;
+    runtime.lifecycle.state$.subscribe({ next: report, error: () => undefined });
   }
   return { ...server, config, runtime, pool, journal, tokenPool, metrics: metricsServer };
 }

@@ -1,11 +1,14 @@
-import { mkdirSync, statSync } from 'node:fs';
+import { existsSync, mkdirSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { statfs } from 'node:fs/promises';
 import { open, type Key, type RootDatabase } from 'lmdb';
 import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
 import type { Ack } from '../../gen/ts/rollout/v1/rollout.js';
+import { CommitHealth, writeFailureText } from './commit-health.js';
 import { DirLock } from './dir-lock.js';
+import { checkJournalReadable, damagedAdvice, isDamaged } from './integrity-check.js';
+import { silenceLmdbCommitPrints } from './lmdb-console.js';
 import { FORMAT_VERSION, inRange, isFull, keys, validLostRecord, validOwnerRecord, validTaskRecord, type JournalTask, type LostDebt, type LostRecord, type LostTask, type OwnerRecord, type SessionRecord, type TaskIndex, type TaskRecord, type WeightsRecord } from './records.js';
 
 export interface JournalOptions {
@@ -26,6 +29,8 @@ export interface JournalOptions {
   shed?: () => number;
   /** How often compaction runs in the background (besides when an accept finds the bound reached). */
   compactEveryMs?: number;
+  /** How often a journal that cannot commit tries a small commit to learn it can again (see CommitHealth). */
+  commitProbeMs?: number;
 }
 
 /** What the journal held at open: what start-up recovery rebuilds the server from. */
@@ -93,15 +98,37 @@ export class Journal {
   private dataFile: { dev: number; ino: number } = { dev: 0, ino: 0 };
   private closed = false;
   private readonly compactor: NodeJS.Timeout;
+  /** Whether the last commit failed (a failing or full disk): set by {@link settled}, probed until one succeeds. */
+  private readonly commits: CommitHealth;
+  /** The format version at `['v']` as opened: what the commit probe writes again (the same value). */
+  private version: number = FORMAT_VERSION;
   /** Told when admission through the journal becomes impossible (a reason) or possible again (undefined). */
   onFullChange: ((reason: string | undefined) => void) | undefined;
+  /** Told when the journal can no longer commit (a reason, see {@link commitFailure}) or can again (undefined). */
+  onCommitChange: ((reason: string | undefined) => void) | undefined;
 
   private constructor(private readonly options: JournalOptions) {
     this.log = options.logger.child({ component: 'journal' });
-    mkdirSync(options.dir, { recursive: true });
+    silenceLmdbCommitPrints();
+    this.commits = new CommitHealth({
+      log: this.log,
+      // The version record written again as it is: a commit (and fsync) that changes nothing an older server reads.
+      probe: async () => void (await this.settled(this.db.put(keys.version, this.version))),
+      onChange: () => this.onCommitChange?.(this.commits.reason),
+      ...(options.commitProbeMs !== undefined && { probeEveryMs: options.commitProbeMs }),
+    });
+    try {
+      mkdirSync(options.dir, { recursive: true });
+    } catch (err) {
+      throw cannotOpen(err, options.dir);
+    }
     // One server per directory, taken before LMDB is opened (two would re-run the same samples and compact away
     // each other's tasks). Released by close, or here when the open fails.
-    this.lock = DirLock.acquire(options.dir);
+    try {
+      this.lock = DirLock.acquire(options.dir);
+    } catch (err) {
+      throw cannotOpen(err, options.dir);
+    }
     // The map is the hard ceiling LMDB enforces (MDB_MAP_FULL); the soft bound (maxBytes) is checked before each
     // accept, with room left above it for the trajectories and acks of work already accepted.
     // eventTurnBatching off: with it on, lmdb-js 3.5 starts each batch with an internal write whose promise nobody
@@ -110,21 +137,25 @@ export class Journal {
     // overlappingSync off: each commit fsyncs before it resolves (LMDB's own durable commit), so a write's promise
     // is its durability. With it on, `db.flushed` waits for the latest batch's flush, which never comes when that
     // batch's commit fails (a full disk) — an accept committed before it would wait forever.
+    const file = join(options.dir, 'data.mdb');
+    const existed = existsSync(file);
     try {
       this.db = open({ path: options.dir, mapSize: Math.max(options.maxBytes * 2, 64 << 20), compression: false, eventTurnBatching: false, overlappingSync: false });
     } catch (err) {
       this.lock.release();
-      throw err;
+      throw cannotOpen(err, options.dir);
     }
     try {
-      const { dev, ino } = statSync(join(options.dir, 'data.mdb'));
+      const { dev, ino, size } = statSync(file);
       this.dataFile = { dev, ino };
       this.checkFileSize();
+      // Garbage in a page can end this process with SIGSEGV when it is read: read it first where that costs nothing.
+      if (existed) checkJournalReadable(options.dir, file, size, this.log);
       this.checkVersion();
     } catch (err) {
       void this.db.close();
       this.lock.release();
-      throw err;
+      throw cannotOpen(err, options.dir);
     }
     this.compactor = setInterval(() => void this.compact().catch((err: unknown) => this.log.error({ err }, 'journal compaction failed')), options.compactEveryMs ?? 60_000);
     this.compactor.unref();
@@ -138,10 +169,11 @@ export class Journal {
     } catch (err) {
       // Not served: the store is closed and the directory released, so a corrected start can take it.
       clearInterval(journal.compactor);
+      journal.commits.close();
       journal.closed = true;
       void journal.db.close();
       journal.lock.release();
-      throw err;
+      throw cannotOpen(err, options.dir);
     }
   }
 
@@ -171,6 +203,7 @@ export class Journal {
     if (typeof version !== 'number' || !Number.isInteger(version) || version > FORMAT_VERSION) {
       throw new RolloutError('failed_precondition', `journal.dir: the journal in ${this.options.dir} has format version ${JSON.stringify(version)}; this server reads version ${FORMAT_VERSION} and older (a newer server wrote it)`, { field: 'journal.dir' });
     }
+    this.version = version;
   }
 
   /**
@@ -476,7 +509,11 @@ export class Journal {
   async weightsChanged(state: { paused: boolean; policyVersion: number }): Promise<void> {
     if (this.closed) return;
     this.checkDir();
-    await this.settled(this.db.put(keys.weights, { ...state, at: Date.now() } satisfies WeightsRecord));
+    try {
+      await this.settled(this.db.put(keys.weights, { ...state, at: Date.now() } satisfies WeightsRecord));
+    } catch (err) {
+      throw new RolloutError('unavailable', `journal write failed: ${this.failureLine(err)}`, { cause: err });
+    }
   }
 
   /**
@@ -655,6 +692,7 @@ export class Journal {
       this.gone = `journal.dir: ${problem}: a task accepted now would not survive a restart; restart the server`;
       this.log.error({ reason: this.gone }, 'journal unusable: admission fails until the server is restarted');
       this.onFullChange?.(this.gone);
+      this.onCommitChange?.(this.gone);
     }
     throw new RolloutError('unavailable', this.gone);
   }
@@ -720,9 +758,14 @@ export class Journal {
     const free = await this.freeBytes();
     if (isFull(err) || (free !== undefined && free < NEARLY_FULL_BYTES)) {
       const room = free === undefined ? '' : `: ${free} bytes free`;
-      return this.markFull(`the journal's disk is full${room} on the file system of ${this.options.dir} (the write failed: ${errorText(err)})`, err);
+      return this.markFull(`the journal's disk is full${room} on the file system of ${this.options.dir} (the write failed: ${writeFailureText(err)})`, err);
     }
-    return new RolloutError('unavailable', `the journal could not record ${what}: ${errorText(err)}`, { cause: err });
+    return new RolloutError('unavailable', `the journal could not record ${what}: ${this.failureLine(err)}`, { cause: err });
+  }
+
+  /** A failed write's cause in one line, naming the file: `EIO (input/output error) at <dir>/data.mdb`. */
+  private failureLine(err: unknown): string {
+    return `${writeFailureText(err)} at ${join(this.options.dir, 'data.mdb')}`;
   }
 
   private clearFull(): void {
@@ -739,7 +782,11 @@ export class Journal {
     const task = this.tasks.get(taskId);
     if (!task || this.closed) return;
     task.finished.add(sampleIndex);
-    await this.settled(this.db.put(keys.result(taskId, sampleIndex), bytes));
+    try {
+      await this.settled(this.db.put(keys.result(taskId, sampleIndex), bytes));
+    } catch (err) {
+      throw new RolloutError('unavailable', `the journal could not record trajectory ${sampleIndex} of task "${taskId}": ${this.failureLine(err)}`, { cause: err });
+    }
   }
 
   /**
@@ -835,6 +882,15 @@ export class Journal {
     return this.gone ?? this.full;
   }
 
+  /**
+   * Why nothing sent to this server can be made durable now: its last commit failed (a failing or full disk; cleared
+   * by the next commit that succeeds, probed every few seconds, see CommitHealth), or its directory went (for good).
+   * Undefined while it commits.
+   */
+  get commitFailure(): string | undefined {
+    return this.gone ?? this.commits.reason;
+  }
+
   get taskCount(): number {
     return this.tasks.size;
   }
@@ -844,6 +900,7 @@ export class Journal {
     if (this.closed) return;
     this.closed = true;
     clearInterval(this.compactor);
+    this.commits.close();
     // Every write issued so far is committed (and so fsynced) or has failed and was reported where it was issued.
     await Promise.resolve(this.db.committed).catch(() => undefined);
     await this.db.close();
@@ -851,16 +908,19 @@ export class Journal {
   }
 
   private markFull(reason: string, cause?: unknown): RolloutError {
-    if (this.full === undefined) {
-      this.log.error({ reason, err: cause }, 'journal full: admission fails until space is freed');
+    const first = this.full === undefined;
+    this.full = reason; // before telling: whoever is told reads fullReason
+    if (first) {
+      // One line: the cause is in the reason (its stack went to debug with the failed commit).
+      this.log.error({ reason }, 'journal full: admission fails until space is freed');
       this.onFullChange?.(reason);
     }
-    this.full = reason;
     return new RolloutError('resource_exhausted', reason, { cause });
   }
 
   private write(done: Promise<unknown>, what: string): void {
-    this.settled(done).catch((err: unknown) => this.log.error({ err, what }, 'journal write failed'));
+    // One line with the cause (its stack is logged at debug by the commit failure, see settled).
+    this.settled(done).catch((err: unknown) => this.log.warn({ what, reason: `journal write failed: ${this.failureLine(err)}` }, 'journal write failed'));
   }
 
   /**
@@ -870,16 +930,23 @@ export class Journal {
    * its rejection would end the process.
    */
   private async settled<T>(done: Promise<T>): Promise<T> {
+    let result: T;
     try {
-      return await done;
+      result = await done;
     } catch (err) {
       const commitError = (err as { commitError?: Promise<unknown> } | undefined)?.commitError;
-      if (!commitError) throw err;
-      throw await commitError.then(
-        () => err,
-        (cause: unknown) => cause,
-      );
+      const cause = !commitError
+        ? err
+        : await commitError.then(
+            () => err,
+            (c: unknown) => c,
+          );
+      // Nothing of this transaction is on disk: the journal cannot commit until one succeeds (health says so).
+      this.commits.failed(`journal write failed: ${this.failureLine(cause)}`, cause);
+      throw cause;
     }
+    this.commits.succeeded();
+    return result;
   }
 
   /** Bytes left to an unprivileged writer on the journal's file system (undefined if it cannot be asked). */
@@ -895,6 +962,24 @@ export class Journal {
 
 /** A failed write on a file system with less room than this is a full disk (LMDB reports a short write as EIO). */
 const NEARLY_FULL_BYTES = 4 << 20;
+
+/**
+ * Why a journal could not be opened, as failed_precondition naming journal.dir and what to do, for the causes an
+ * operator can act on: LMDB's report of a damaged page, a full file system (start-up writes its lock file, and stamps
+ * or cleans the journal: nothing of what it holds is lost by waiting for room). Anything else as it is (app.ts
+ * names the directory).
+ */
+function cannotOpen(err: unknown, dir: string): unknown {
+  if (err instanceof RolloutError) return err;
+  if (isDamaged(err)) {
+    const file = join(dir, 'data.mdb');
+    return new RolloutError('failed_precondition', `journal.dir: ${file} is damaged (LMDB: ${errorText(err).split('\n')[0]}); ${damagedAdvice(dir)}`, { field: 'journal.dir', cause: err });
+  }
+  if (isFull(err)) {
+    return new RolloutError('failed_precondition', `journal.dir: the file system of ${dir} is full (${writeFailureText(err)}): the journal cannot be opened; free space on it and start again (what the journal holds is kept)`, { field: 'journal.dir', cause: err });
+  }
+  return err;
+}
 
 function errorText(err: unknown): string {
   return err instanceof Error ? err.message : String(err);

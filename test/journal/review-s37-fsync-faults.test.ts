@@ -77,8 +77,8 @@ describe.skipIf(!hasCompiler())('a journal whose fsync fails (LD_PRELOAD fault d
   });
 
   const cases = [
-    { errno: 5 /* EIO */, name: 'EIO', code: status.UNAVAILABLE, details: /^the journal could not record the task: Input\/output error/ },
-    { errno: 28 /* ENOSPC */, name: 'ENOSPC', code: status.RESOURCE_EXHAUSTED, details: /^the journal's disk is full: .* \(the write failed: No space left on device\)/ },
+    { errno: 5 /* EIO */, name: 'EIO', code: status.UNAVAILABLE, details: /^the journal could not record the task: EIO \(input\/output error\) at .*data\.mdb$/ },
+    { errno: 28 /* ENOSPC */, name: 'ENOSPC', code: status.RESOURCE_EXHAUSTED, details: /^the journal's disk is full: .* \(the write failed: ENOSPC \(no space left on device\)\)$/ },
   ];
   it.each(cases)('fsync failing with $name: the task is refused with a status naming the journal, never accepted; the server lives on; a restart recovers exactly what it accepted', async ({ errno, name, code, details }) => {
     const dir = join(base, `journal-${name}`);
