@@ -19,11 +19,18 @@ import { tokenProblem } from '../bearer-token.js';
 import { hasLoneSurrogate } from '../errors.js';
 import { AsyncQueue } from './async-queue.js';
 import { DEFAULT_MAX_ACK_ENTRIES, maxAckEntriesOf } from './ack-limit.js';
-import { budgetOf, RetrySchedule, retryBudgetOf } from './refusal-retry.js';
+import { budgetOf, RETRY_CAP_MS, RetrySchedule, retryBudgetOf } from './refusal-retry.js';
 import { MAX_TIMER_MS } from '../timers.js';
+import { RecentKeys } from './recent-keys.js';
 
 /** Keys of received trajectories a reconnecting session remembers per stream (RolloutSession.remember); Python's 65,536 too. */
 const MAX_SEEN = 65_536;
+
+/** Bounds of a session that tests lower (not options: the defaults are what a trainer wants). @internal */
+export interface SessionLimits {
+  /** Keys of received trajectories remembered per stream (default {@link MAX_SEEN}). */
+  maxRememberedKeys?: number;
+}
 
 /** A task spec as a caller writes it: only task_id, environment, instance and num_samples are needed. */
 export type TaskInput = Partial<TaskSpec> & Pick<TaskSpec, 'taskId' | 'environment'> & { instance: Record<string, unknown> };
@@ -47,6 +54,26 @@ export class TaskRejectedError extends Error {
    */
   get retryable(): boolean {
     return this.code === status.RESOURCE_EXHAUSTED || this.code === status.UNAVAILABLE;
+  }
+}
+
+/**
+ * A task this session had submitted and that its session lost (see {@link SessionOptions.resubmitLostTasks}): the
+ * server no longer knows the session, and the task could not be submitted again without mixing two runs in its group.
+ */
+export class TaskLostError extends Error {
+  constructor(
+    readonly taskId: string,
+    /** Samples of the task (0: not known, the server never answered its submit). */
+    readonly numSamples: number,
+    /** The samples that reached this session before it was lost (they were delivered, and stay so). */
+    readonly receivedSampleIndexes: number[],
+    why: string,
+    /** The re-open's NOT_FOUND, or the refusal of the spec submitted again. */
+    cause: Error,
+  ) {
+    super(`task ${taskId} lost with its session (the server no longer knows the session: expired, or restarted without a journal): ${why}`, { cause });
+    this.name = 'TaskLostError';
   }
 }
 
@@ -98,16 +125,31 @@ export interface SessionOptions {
    * re-opens the same session with `resume`, with backoff (50 ms doubling to 2 s) until this budget, counted from
    * the break, is spent; the session then fails with the last error. What a re-open would meet again is not retried:
    * the caller's `abort()` (CANCELLED), UNAUTHENTICATED, INVALID_ARGUMENT, a session the server no longer knows
-   * (NOT_FOUND: expired, or a restarted server without a journal) or that another stream took over (ABORTED) end the
-   * session with that error. On the re-opened stream: the specs whose submit had no answer are sent again (the server
-   * answers a task it already took `already_owed`: it never runs twice), so are the cancels; trajectories the server
-   * re-sends that this session had received already are dropped (by task id and sample index), and acked again when
-   * they had been acked (that ack may have been lost with the stream); `trajectories()` goes on, each trajectory once.
+   * (NOT_FOUND: expired, or a restarted server without a journal; see `resubmitLostTasks` to go on afresh instead) or
+   * that another stream took over (ABORTED) end the session with that error. On the re-opened stream: the specs whose
+   * submit had no answer are sent again (the server answers a task it already took `already_owed`: it never runs
+   * twice), so are the cancels; trajectories the server re-sends that this session had received already are dropped
+   * (by task id and sample index), and acked again when they had been acked (that ack may have been lost with the
+   * stream); `trajectories()` goes on, each trajectory once.
    * Counted in `stats.reconnects` (re-opens tried) and `stats.redelivered` (what the server re-sent, duplicates
    * included; `stats.duplicatesDropped` those dropped). Costs one small key per trajectory received on the current
    * stream (to know a re-sent one), at most 65,536 (the oldest forgotten), cleared at each re-open to what was re-sent.
    */
   reconnectForMs?: number;
+  /**
+   * With `reconnectForMs`: a re-open that finds the session gone (NOT_FOUND: it expired, or the server restarted
+   * without a journal) opens it afresh instead of ending it (default false: the session ends with NOT_FOUND, as
+   * `reconnectForMs` says), within the same budget, and what it owed is submitted again where that cannot deliver a
+   * sample twice: the specs with no answer yet (as on any re-open), and every task of which no sample has arrived here
+   * (its spec, kept until its last sample arrives: the server runs it again, or sends it from its cache of finished
+   * tasks). A task some of whose samples arrived is not submitted again: a second run would mix two runs in one group
+   * or send those samples twice. It is lost alone, the session going on: `onTaskLost` is called with a
+   * {@link TaskLostError} (listed in `lostTasks` too), and its missing samples are not waited for. So is a task
+   * submitted again and refused, a task cancelled (not run again), and, on a session resumed from a predecessor
+   * (`resume`), a task the server answered as owed (what reached the predecessor is not known here).
+   * Counted in `stats.sessionsLost`, `stats.resubmitted` and `stats.tasksLost`. Costs each open task's encoded spec.
+   */
+  resubmitLostTasks?: boolean;
 }
 
 /** One submit until the server answers it, or until a retry after a temporary refusal is due. */
@@ -125,6 +167,8 @@ interface Submission {
   cancelled: boolean;
   /** Refused because delivery to the session was paused (see retryRejectedForMs): counted in `waitingOnPause`. */
   refusedByPause: boolean;
+  /** With resubmitLostTasks: this submit made the task's entry in `specs` (forgotten if the task is refused). */
+  tracked?: boolean;
 }
 
 /**
@@ -213,7 +257,7 @@ export class RolloutSession {
    * stream's trajectories until SessionOpened says how many were re-sent, `redeliveryLeft` those still to come after it.
    * Once all came, `before` is forgotten: what was re-sent and not acked is in `seen`.
    */
-  private seen = new Set<string>();
+  private seen: RecentKeys;
   private before: Set<string> | undefined;
   private streamTrajectories = 0;
   private redeliveryLeft = 0;
@@ -221,14 +265,33 @@ export class RolloutSession {
   private openedOnce = false;
   /** A stream broke after the session had half-closed with everything received and acked (see broke()). */
   private doneOnce = false;
-  /** With reconnect: tasks this session cancelled, cancelled again on a re-opened stream (the cancel may have been lost). */
-  private readonly cancels = new Set<string>();
+  /**
+   * With reconnect: tasks this session cancelled, cancelled again on a re-opened stream (the cancel may have been lost).
+   * Forgotten once all the task's samples came on the stream that accepted it (a session cancelling tasks all week
+   * must not keep, and re-send on every re-open, every id it ever cancelled), and bounded like `seen` otherwise.
+   */
+  private readonly cancels: RecentKeys;
+  private readonly resubmitLost: boolean;
+  /**
+   * With resubmitLostTasks: each submitted task until its last sample arrives: its encoded spec, its samples (0 until
+   * the server says) and those that arrived here (on any stream); `unknown`: what reached a predecessor is not known.
+   */
+  private readonly specs = new Map<string, { bytes: Uint8Array; numSamples: number; got: Set<number>; unknown: boolean }>();
+  /** The session was lost (NOT_FOUND on a re-open): the next re-open opens it afresh. */
+  private fresh = false;
+  /** The current stream was a re-open with resume (its NOT_FOUND means the session is gone). */
+  private reopenedWithResume = false;
+  /** Tasks lost with the session (see {@link SessionOptions.resubmitLostTasks}). */
+  readonly lostTasks: TaskLostError[] = [];
+  /** Called (in a microtask) for each task lost with the session (see {@link SessionOptions.resubmitLostTasks}). */
+  onTaskLost: ((error: TaskLostError) => void) | undefined;
   /**
    * `rejectionsRetried`: temporary refusals submitted again; `ackedEarly`: trajectories acked before they were consumed
    * because a submit waited on paused delivery (see {@link SessionOptions.retryRejectedForMs}); `reconnects`,
-   * `redelivered`, `duplicatesDropped`: see {@link SessionOptions.reconnectForMs}.
+   * `redelivered`, `duplicatesDropped`: see {@link SessionOptions.reconnectForMs}; `sessionsLost`, `resubmitted`,
+   * `tasksLost`: see {@link SessionOptions.resubmitLostTasks}.
    */
-  readonly stats = { rejectionsRetried: 0, ackedEarly: 0, reconnects: 0, redelivered: 0, duplicatesDropped: 0 };
+  readonly stats = { rejectionsRetried: 0, ackedEarly: 0, reconnects: 0, redelivered: 0, duplicatesDropped: 0, sessionsLost: 0, resubmitted: 0, tasksLost: 0 };
   /**
    * The server paused delivery (this session's unacked trajectories reached its byte bound; ack to resume) or
    * resumed it (`resumed`). Nothing is dropped meanwhile.
@@ -239,11 +302,15 @@ export class RolloutSession {
   private resolveOpened!: (s: SessionOpened) => void;
   private rejectOpened!: (e: Error) => void;
 
-  constructor(client: RolloutServiceClient, options: SessionOptions = {}, maxSendMessageBytes?: number) {
+  constructor(client: RolloutServiceClient, options: SessionOptions = {}, maxSendMessageBytes?: number, limits: SessionLimits = {}) {
     // Checked before the call is opened: a session refused here leaves no stream behind.
     this.retryRejectedForMs = retryBudgetOf(options.retryRejectedForMs);
     this.reconnectForMs = budgetOf('reconnectForMs', options.reconnectForMs, 0);
+    this.resubmitLost = options.resubmitLostTasks ?? false;
+    if (this.resubmitLost && this.reconnectForMs === 0) throw new RangeError('resubmitLostTasks: needs reconnectForMs (a lost session is found by a re-open)');
     this.client = client;
+    this.seen = new RecentKeys(limits.maxRememberedKeys ?? MAX_SEEN);
+    this.cancels = new RecentKeys(limits.maxRememberedKeys ?? MAX_SEEN);
     this.sessionId = options.sessionId ?? '';
     this.stageEvents = options.stageEvents ?? false;
     this.maxSendBytes = maxSendMessageBytes !== undefined && maxSendMessageBytes >= 0 ? maxSendMessageBytes : undefined;
@@ -285,6 +352,14 @@ export class RolloutSession {
     call.on('end', () => {
       // After an error too (grpc-js ends the readable side first): only an end without one ends the session here.
       if (call !== this.call || !this.connected) return;
+      // The server ends a stream with OK only after this client half-closed with everything received. Any other end
+      // (a server or proxy that misbehaves) would end iteration as if the session were done, the trajectories it still
+      // owes lost silently: an error instead, which says so.
+      const owed = this.inherited + this.expected - this.received;
+      if (!this.halfClosed || owed > 0) {
+        const why = this.halfClosed ? `${owed} trajectories still owed` : 'before this client closed the session';
+        return this.fail(Object.assign(new Error(`rollout stream ended by the server (status OK) ${why}`), { code: status.INTERNAL }), true);
+      }
       this.fail(new Error('rollout stream ended'), false);
     });
     call.write({ kind: { $case: 'open', value: { sessionId: this.sessionId, resume, stageEvents: this.stageEvents } } });
@@ -300,6 +375,7 @@ export class RolloutSession {
         this.inherited = kind.value.redelivered + kind.value.pending;
         this.isOpen = true;
         this.openedOnce = true;
+        this.fresh = false;
         this.doneOnce = false;
         clearTimeout(this.openTimer);
         this.openTimer = undefined;
@@ -325,12 +401,22 @@ export class RolloutSession {
           const open = this.openTasks.get(kind.value.taskId);
           for (const i of kind.value.resentSampleIndexes) open?.got.delete(i);
         }
-        this.settle(kind.value.taskId, (p) => p.resolve(kind.value));
+        this.settle(kind.value.taskId, (p) => {
+          this.tracked(kind.value);
+          p.resolve(kind.value);
+        });
         this.maybeHalfClose();
         break;
       case 'rejected': {
         const refusal = new TaskRejectedError(kind.value.taskId, kind.value.field, kind.value.reason, kind.value.code);
-        this.settle(kind.value.taskId, (p) => p.reject(refusal), (p) => this.retryLater(p, refusal));
+        this.settle(
+          kind.value.taskId,
+          (p) => {
+            if (p.tracked) this.specs.delete(p.taskId);
+            p.reject(refusal);
+          },
+          (p) => this.retryLater(p, refusal),
+        );
         this.maybeHalfClose();
         break;
       }
@@ -366,10 +452,79 @@ export class RolloutSession {
           this.ack([ref]);
         } else this.heldHere.set(key, ref);
         this.pushed++;
+        if (this.resubmitLost) this.arrived(ref);
         this.queue.push(kind.value);
         break;
       }
     }
+  }
+
+  /** With resubmitLostTasks: a submit answered `accepted` (see `specs`). */
+  private tracked(accepted: TaskAccepted): void {
+    const spec = this.specs.get(accepted.taskId);
+    if (!spec) return;
+    spec.numSamples = accepted.numSamples;
+    // Owed from a predecessor's session: some of it may have reached that process.
+    if (accepted.alreadyOwed && this.resumeFirst) spec.unknown = true;
+    if (spec.got.size >= spec.numSamples) this.specs.delete(accepted.taskId);
+  }
+
+  /** With resubmitLostTasks: a trajectory handed to the iterator; its task is forgotten once all its samples came. */
+  private arrived(ref: { taskId: string; sampleIndex: number }): void {
+    const spec = this.specs.get(ref.taskId);
+    if (!spec) return;
+    spec.got.add(ref.sampleIndex);
+    if (spec.numSamples > 0 && spec.got.size >= spec.numSamples) this.specs.delete(ref.taskId);
+  }
+
+  /**
+   * A re-open found the session gone (resubmitLostTasks): the next re-open opens it afresh, with the specs of the
+   * tasks none of whose samples arrived submitted again; any other task is lost alone (see resubmitLostTasks).
+   */
+  private sessionLost(err: Error): void {
+    this.stats.sessionsLost++;
+    this.fresh = true;
+    // A new session re-sends nothing: nothing to recognise.
+    this.before = undefined;
+    this.seen = new RecentKeys(this.seen.cap);
+    for (const [taskId, spec] of this.specs) {
+      if (this.pending.has(taskId)) continue; // its submit had no answer: sent again with the others
+      if (spec.got.size === 0 && !spec.unknown && !this.cancels.has(taskId)) {
+        this.stats.resubmitted++;
+        this.pending.set(taskId, [
+          {
+            taskId,
+            bytes: spec.bytes,
+            resolve: () => undefined,
+            // Refused (for good, or past retryRejectedForMs): lost; not when the whole session ended (its error says it).
+            reject: (refusal) => {
+              if (this.ended) return;
+              this.specs.delete(taskId);
+              this.taskLost(new TaskLostError(taskId, spec.numSamples, [], `submitted again, it was refused: ${refusal.message}`, refusal));
+            },
+            cancelled: false,
+            refusedByPause: false,
+          },
+        ]);
+        continue;
+      }
+      this.specs.delete(taskId);
+      const why =
+        spec.got.size > 0
+          ? `${spec.got.size} of its ${spec.numSamples} samples had arrived, so it was not submitted again (a second run would mix two runs in its group)`
+          : this.cancels.has(taskId)
+            ? 'it was cancelled, so it was not submitted again'
+            : 'it was owed from the session this one resumed, whose process may have had some of its samples, so it was not submitted again';
+      this.taskLost(new TaskLostError(taskId, spec.numSamples, [...spec.got].sort((a, b) => a - b), why, err));
+    }
+  }
+
+  private taskLost(e: TaskLostError): void {
+    this.stats.tasksLost++;
+    this.lostTasks.push(e);
+    const handler = this.onTaskLost;
+    // Not called inside grpc-js's event (an exception there would break the stream's bookkeeping).
+    if (handler) queueMicrotask(() => handler(e));
   }
 
   /**
@@ -379,7 +534,6 @@ export class RolloutSession {
    */
   private remember(key: string): void {
     this.seen.add(key);
-    if (this.seen.size > MAX_SEEN) this.seen.delete(this.seen.values().next().value!);
   }
 
   /**
@@ -410,7 +564,10 @@ export class RolloutSession {
     // Broken after this session had received, consumed and acked everything and half-closed: the server closes a
     // session once all of it is acked, so a resume that finds it gone means done (only the final status was lost).
     if (code === status.NOT_FOUND && this.doneOnce) return this.fail(err, false);
-    if (this.reconnectForMs === 0 || !transient) return this.fail(err, true);
+    // The re-open found the session gone: opened afresh (resubmitLostTasks), within this outage's budget.
+    const lost = code === status.NOT_FOUND && this.resubmitLost && this.reopenedWithResume && !this.isOpen;
+    if (this.reconnectForMs === 0 || !(transient || lost)) return this.fail(err, true);
+    if (lost) this.sessionLost(err);
     if (this.halfClosed && this.unacked.size === 0) this.doneOnce = true;
     const now = performance.now();
     // A stream that stayed up a while starts a new outage; one that breaks at once again (e.g. a server that opens and
@@ -428,9 +585,9 @@ export class RolloutSession {
     this.isOpen = false;
     this.halfClosed = false;
     this.deliveryHeld = false; // a pause is of the stream: the re-opened one is told again if the server still holds
-    if (this.before) for (const key of this.seen) this.before.add(key);
-    else this.before = this.seen;
-    this.seen = new Set();
+    this.before ??= new Set();
+    for (const key of this.seen) this.before.add(key);
+    this.seen = new RecentKeys(this.seen.cap);
     this.streamTrajectories = 0;
     this.redeliveryLeft = 0;
     this.reconnectTimer = setTimeout(() => {
@@ -457,7 +614,8 @@ export class RolloutSession {
     this.inherited = 0;
     // Resumed once it was opened (or the caller resumes a predecessor's): a first open that never got its answer is
     // sent as it was (resuming a session the server never opened would be NOT_FOUND).
-    this.attach(this.openedOnce || this.resumeFirst);
+    this.reopenedWithResume = !this.fresh && (this.openedOnce || this.resumeFirst);
+    this.attach(this.reopenedWithResume);
     // A re-open that never answers (a black-holed address, a server that accepts and says nothing) is bounded by the
     // outage's budget too, not only the re-opens that fail.
     const left = this.outageUntil - performance.now();
@@ -538,6 +696,7 @@ export class RolloutSession {
     for (const s of this.pending.get(taskId) ?? []) s.cancelled = true; // refused later: not sent again
     for (const s of [...this.retrying]) {
       if (s.taskId !== taskId) continue;
+      if (s.tracked) this.specs.delete(taskId); // never ran: nothing to submit again
       this.dropRetry(s);
       s.reject(s.refusal!);
     }
@@ -648,6 +807,10 @@ export class RolloutSession {
 
   /** Writes a submit's spec and waits for its answer (again, after a temporary refusal). */
   private send(s: Submission): void {
+    if (this.resubmitLost && !this.specs.has(s.taskId)) {
+      this.specs.set(s.taskId, { bytes: s.bytes, numSamples: 0, got: new Set(), unknown: false });
+      s.tracked = true;
+    }
     const list = this.pending.get(s.taskId) ?? [];
     list.push(s);
     this.pending.set(s.taskId, list);
@@ -743,7 +906,10 @@ export class RolloutSession {
     if (task.got.has(t.sampleIndex)) return;
     task.got.add(t.sampleIndex);
     this.received++;
-    if (task.got.size >= task.numSamples) this.openTasks.delete(t.taskId);
+    if (task.got.size >= task.numSamples) {
+      this.openTasks.delete(t.taskId);
+      this.cancels.delete(t.taskId); // done: nothing left to cancel
+    }
   }
 
   /** Answers the first submit of `taskId` still waiting for an answer, unless `retried` takes it back (a refusal for now). */
@@ -871,6 +1037,11 @@ export class RolloutClient {
     this.maxSendMessageBytes = options.maxSendMessageBytes;
     const opts = {
       'grpc.max_receive_message_length': options.maxReceiveMessageBytes ?? 256 << 20,
+      // grpc-js waits between connection attempts 1 s growing 1.6x to 120 s, and fails a call at once meanwhile: after a
+      // minute of outage the server would be tried again only every ~20-120 s, so a session re-opening a broken stream
+      // (reconnectForMs) could spend its budget while the server was back. Attempts at most RETRY_CAP_MS apart, as the
+      // re-opens themselves; a connection attempt to a server that is down costs next to nothing.
+      'grpc.max_reconnect_backoff_ms': RETRY_CAP_MS,
       ...(options.maxSendMessageBytes !== undefined && { 'grpc.max_send_message_length': options.maxSendMessageBytes }),
       ...(keepaliveMs > 0 && {
         'grpc.keepalive_time_ms': keepaliveMs,
