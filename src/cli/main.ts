@@ -2,6 +2,7 @@ import { connect, connectionOptions, withConnectionFlags, withinConnectTimeout, 
 import { status, type ServiceError } from '@grpc/grpc-js';
 import { Command, CommanderError, InvalidArgumentError, Option } from 'commander';
 import { closeSync, constants as fsConstants, fstatSync, openSync, readFileSync } from 'node:fs';
+import { Socket } from 'node:net';
 import { runBackendsAdd, runBackendsList } from './backends.js';
 import { MAX_TIMER_MS } from '../timers.js';
 import { runDemo } from './demo.js';
@@ -39,7 +40,7 @@ const program = new Command()
 program
   .command('serve')
   .description('run the rollout server')
-  .option('--config <file>', 'JSON config file (flags override it)')
+  .option('--config <file>', 'JSON config file, or a pipe: <(jq ...), /dev/stdin (flags override it)')
   .option('--host <host>', 'address to bind (default 127.0.0.1)')
   .option('--port <port>', 'port, 0 = any free port (default 50051)', int)
   .option('--backend <url>', 'vLLM engine base URL (repeatable)', collect, [])
@@ -69,7 +70,7 @@ program
   .option('--fake-engine', 'also start the fake vLLM engine (a test double) and route to it')
   .option('--fake-latency-ms <ms>', 'fake engine per-token latency', intIn(0, MAX_TIMER_MS), 1)
   .action(async (opts) => {
-    await runServe({ ...opts, file: opts.config ? readConfigFile(opts.config as string) : {} });
+    await runServe({ ...opts, file: opts.config ? await readConfigFile(opts.config as string) : {} });
   });
 
 program
@@ -168,26 +169,12 @@ swe
 
 /** The largest config file read: a config is a few KiB; a larger file is a wrong path (a dataset, a log). */
 const MAX_CONFIG_FILE_BYTES = 16 << 20;
+/** How long a pipe's writer (`--config <(jq ...)`, `--config /dev/stdin`, a FIFO) has to write the config and close. */
+const CONFIG_PIPE_DEADLINE_MS = 30_000;
 
 /** A JSON config file, or a RolloutError naming the file and what is wrong with it. */
-function readConfigFile(path: string): Record<string, unknown> {
-  let text: string;
-  let fd: number | undefined;
-  try {
-    // Opened non-blocking and checked to be a regular file before reading: a plain open of a FIFO blocks until
-    // something writes to it, inside a synchronous call no signal can interrupt (`serve` hung, even SIGTERM ignored),
-    // and /dev/zero or a huge file would be read without end.
-    fd = openSync(path, fsConstants.O_RDONLY | fsConstants.O_NONBLOCK);
-    const stat = fstatSync(fd);
-    if (!stat.isFile()) throw new RolloutError('invalid_argument', `config file ${path} is not a regular file (${stat.isDirectory() ? 'a directory' : stat.isFIFO() ? 'a pipe: write the config to a file' : 'a socket or device'})`);
-    if (stat.size > MAX_CONFIG_FILE_BYTES) throw new RolloutError('invalid_argument', `config file ${path} is ${stat.size} bytes, more than a config's ${MAX_CONFIG_FILE_BYTES}: is it the right file?`);
-    text = readFileSync(fd, 'utf8');
-  } catch (err) {
-    if (err instanceof RolloutError) throw err;
-    throw new RolloutError('invalid_argument', `cannot read config file ${path}: ${(err as Error).message}`);
-  } finally {
-    if (fd !== undefined) closeSync(fd);
-  }
+async function readConfigFile(path: string): Promise<Record<string, unknown>> {
+  const text = await readConfigText(path);
   let parsed: unknown;
   try {
     parsed = JSON.parse(text);
@@ -196,6 +183,69 @@ function readConfigFile(path: string): Record<string, unknown> {
   }
   if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed)) throw new RolloutError('invalid_argument', `config file ${path} must hold a JSON object`);
   return parsed as Record<string, unknown>;
+}
+
+/**
+ * The config's text: a regular file read at once; a pipe (process substitution, /dev/stdin, a FIFO) read as its writer
+ * writes, until the writer closes it, within MAX_CONFIG_FILE_BYTES and CONFIG_PIPE_DEADLINE_MS.
+ *
+ * Opened non-blocking: a plain open of a FIFO blocks until something writes to it, inside a call no signal can
+ * interrupt (`serve` hung, even SIGTERM ignored). A pipe is then read on the event loop, never in a blocking call, so a
+ * signal ends the process as usual. (A FIFO opened for reading without a writer yet does not read as ended: Linux
+ * reports no hang-up on it until a writer has come, so the read waits for the writer, and a writer already waiting in
+ * its open is let through.) Directories, devices and sockets are refused: /dev/zero would be read without end.
+ */
+async function readConfigText(path: string): Promise<string> {
+  let fd: number | undefined;
+  try {
+    fd = openSync(path, fsConstants.O_RDONLY | fsConstants.O_NONBLOCK);
+    const stat = fstatSync(fd);
+    if (stat.isFIFO()) {
+      const pipe = fd;
+      fd = undefined; // the socket owns it now
+      return await readPipe(path, pipe);
+    }
+    if (!stat.isFile()) throw new RolloutError('invalid_argument', `config file ${path} is not a regular file (${stat.isDirectory() ? 'a directory' : 'a socket or device'})`);
+    if (stat.size > MAX_CONFIG_FILE_BYTES) throw new RolloutError('invalid_argument', `config file ${path} is ${stat.size} bytes, more than a config's ${MAX_CONFIG_FILE_BYTES}: is it the right file?`);
+    return readFileSync(fd, 'utf8');
+  } catch (err) {
+    if (err instanceof RolloutError) throw err;
+    // Linux cannot open a socket by path (/dev/stdin of a process whose parent gave it a socket pair, as node does).
+    if ((err as NodeJS.ErrnoException).code === 'ENXIO') throw new RolloutError('invalid_argument', `config file ${path} is a socket, which cannot be opened by its path: pass the config in a file or a pipe`);
+    throw new RolloutError('invalid_argument', `cannot read config file ${path}: ${(err as Error).message}`);
+  } finally {
+    if (fd !== undefined) closeSync(fd);
+  }
+}
+
+/** Everything written to the pipe `fd` until its writer closes it; the fd is closed either way. */
+function readPipe(path: string, fd: number): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const socket = new Socket({ fd, readable: true, writable: false });
+    const chunks: Buffer[] = [];
+    let bytes = 0;
+    const fail = (message: string): void => {
+      clearTimeout(timer);
+      socket.destroy();
+      reject(new RolloutError('invalid_argument', message));
+    };
+    // A FIFO nobody writes to (or a writer that never closes) fails naming the flag: never a wait for good.
+    const timer = setTimeout(
+      () => fail(`--config ${path}: the pipe was not written and closed within ${CONFIG_PIPE_DEADLINE_MS / 1000} s (${bytes} bytes so far): is anything writing to it?`),
+      CONFIG_PIPE_DEADLINE_MS,
+    );
+    socket.on('data', (chunk: Buffer) => {
+      bytes += chunk.length;
+      if (bytes > MAX_CONFIG_FILE_BYTES) return fail(`config file ${path} is more than a config's ${MAX_CONFIG_FILE_BYTES} bytes: is it the right file?`);
+      chunks.push(chunk);
+    });
+    socket.once('error', (err) => fail(`cannot read config file ${path}: ${err.message}`));
+    socket.once('end', () => {
+      clearTimeout(timer);
+      socket.destroy();
+      resolve(Buffer.concat(chunks).toString('utf8'));
+    });
+  });
 }
 
 try {

@@ -2,6 +2,7 @@ import { tokensFrom } from './connection.js';
 import { startRolloutServer, type RolloutServer, type RolloutServerOptions } from '../app.js';
 import { defaultRegistry } from '../environments/registry.js';
 import { checkConfigShape, parseConfig, type ServerConfigInput } from '../config.js';
+import { RolloutError } from '../errors.js';
 import { createLogger } from '../observability/logger.js';
 import { FakeVllmEngine } from '../testing/fake-vllm.js';
 import { loadModelBundle } from '../tokens/model-bundle.js';
@@ -45,8 +46,10 @@ export interface ServeOptions {
 /**
  * `rollout serve`: runs until SIGTERM/SIGINT or an AdminService.Drain call, then drains (admission stops, work in
  * flight gets the grace period, then is cancelled; streams end UNAVAILABLE; sandboxes released) and exits 0.
- * A second signal during the drain cancels the work in flight at once. `inject` replaces the registry or the
- * sandbox driver: the seam bench/soak uses to run this very command with its test doubles (never set by the CLI).
+ * A second signal during the drain cancels the work in flight at once; a third, or a process still there
+ * HARD_EXIT_AFTER_MS after the second, exits at once with code 1, logging what was still pending. `inject` replaces
+ * the registry or the sandbox driver: the seam bench/soak uses to run this very command with its test doubles
+ * (never set by the CLI).
  */
 export async function runServe(opts: ServeOptions, inject: Pick<RolloutServerOptions, 'registry' | 'sandboxes'> = {}): Promise<void> {
   const logger = createLogger();
@@ -107,6 +110,10 @@ export async function runServe(opts: ServeOptions, inject: Pick<RolloutServerOpt
   // Validated before anything starts — the fake engine too —, so a typo fails with its path, not a stack trace
   // (and not after an engine was started that nothing would close).
   const parsed = parseConfig(config);
+  // Else the gRPC bind fails "the port is in use" — by our own metrics endpoint, bound first: named here instead.
+  if (parsed.metrics.port !== null && parsed.metrics.port !== 0 && parsed.metrics.port === parsed.port && sameInterface(parsed.metrics.host, parsed.host)) {
+    throw new RolloutError('invalid_argument', `metrics.port ${parsed.metrics.port} is the gRPC port (port): give the metrics endpoint a port of its own`);
+  }
   // A model folder that is not there is a mistake in the command, named before the fake engine loads from it.
   if (parsed.model.dir !== undefined) await checkModelDir(parsed.model.dir);
   let engine: FakeVllmEngine | undefined;
@@ -127,23 +134,78 @@ export async function runServe(opts: ServeOptions, inject: Pick<RolloutServerOpt
     await engine?.close();
     throw err;
   }
+  // Nobody reading our stdout any more (`serve | head -1`, a log shipper that died) is no reason to stop serving: like
+  // pino for the logs, a broken pipe only ends what we write there (else the EPIPE is thrown, a stack trace, exit 1).
+  process.stdout.on('error', (err: NodeJS.ErrnoException) => {
+    if (err.code !== 'EPIPE') throw err;
+  });
   // A plain line scripts and tests can wait for, beside the JSON logs.
   console.log(`rollout server listening on ${server.address}`);
   if (server.metrics) console.log(`metrics on http://${server.metrics.address}/metrics`);
   let signals = 0;
+  let closingEngine = false;
+  // A drain that hangs (a sandbox stop that never returns, an engine that never answers its abort, a stuck journal
+  // close) must not keep the process for good: Slurm and Kubernetes send a second and a third signal, or SIGKILL,
+  // which tells nobody what was stuck. So: the first signal drains, the second cancels the work in flight, and a
+  // third — or HARD_EXIT_AFTER_MS after the second — exits at once, exit 1, naming what was still pending. What
+  // dies with the process needs nothing from us (the fake engine, token threads; bubblewrap sandboxes are killed by
+  // the kernel with their parent: bwrap --die-with-parent); the journal is crash-safe and the next start reaps the
+  // rest (empty cgroups, image mounts, and Apptainer instances, which are not our children and run until then).
+  const hardExit = (why: string): void => {
+    logger.fatal({ state: server.lifecycle.state, inFlight: server.runtime.pipeline.inFlight, pending: pendingOf(server, closingEngine) }, `exiting without finishing the drain: ${why}`);
+    process.exit(1);
+  };
   const onSignal = (name: NodeJS.Signals): void => {
     signals++;
-    logger.info({ signal: name }, signals === 1 ? 'draining on signal' : 'second signal: cancelling the work in flight now');
+    if (signals >= 3) return hardExit(`third signal (${name})`);
+    logger.info({ signal: name }, signals === 1 ? 'draining on signal' : 'second signal: cancelling the work in flight now (a third exits at once)');
+    if (signals === 2) {
+      // Unref'd: a drain that ends in time exits as usual; one that does not, or a handle left open after it, is cut.
+      setTimeout(() => hardExit(`the process did not end within ${HARD_EXIT_AFTER_MS} ms of the second signal`), HARD_EXIT_AFTER_MS).unref();
+    }
     void server.drain(signals === 1 ? {} : { graceMs: 0 }).catch(() => undefined);
   };
   process.on('SIGINT', onSignal);
   process.on('SIGTERM', onSignal);
   // Stopped by a signal or by AdminService.Drain; either way the drain ran to its end (or failed, which is logged).
   await server.lifecycle.until('stopped');
+  closingEngine = true;
+  await engine?.close();
   process.off('SIGINT', onSignal);
   process.off('SIGTERM', onSignal);
-  await engine?.close();
   if (server.lifecycle.state === 'failed') process.exitCode = 1;
+}
+
+/**
+ * After the second signal, how long the drain (and the process's end) may still take before the process exits. A
+ * drain with no grace normally ends within ~10 s (sandbox stops bounded at 5 s, open calls cut after 5 s): 30 s
+ * leaves a loaded host its margin, and is Slurm's KillWait and Kubernetes' default grace.
+ */
+const HARD_EXIT_AFTER_MS = 30_000;
+
+/** What a drain that has not ended is waiting for, from how far it got (see drainServer's steps). */
+function pendingOf(server: RolloutServer, closingEngine: boolean): string {
+  switch (server.lifecycle.state) {
+    case 'starting':
+    case 'running':
+    case 'draining': {
+      // A cancelled sample leaves `inFlight` when its finish starts: what is left is its release.
+      const inFlight = server.runtime.pipeline.inFlight;
+      if (inFlight > 0) return `${inFlight} sample(s) still in flight`;
+      return 'the release of the cancelled samples (a sandbox stop, an engine call or a delivery that does not return)';
+    }
+    case 'drained':
+      return 'closing open calls, then releasing the metrics endpoint, journal, token threads, engine clients and sandbox driver';
+    case 'stopped':
+    case 'failed':
+      return closingEngine ? 'closing the fake engine, or a handle left open after the server stopped' : 'the end of the drain';
+  }
+}
+
+/** Whether two bind addresses can clash on one port: the same address, or either is every interface's. */
+function sameInterface(a: string, b: string): boolean {
+  const any = (host: string): boolean => host === '' || host === '0.0.0.0' || host === '::' || host === '[::]';
+  return a === b || any(a) || any(b);
 }
 
 /** The `model` section with some fields set: a file's string form is the name, its object form is kept. */
