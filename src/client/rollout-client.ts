@@ -23,7 +23,7 @@ import { budgetOf, RETRY_CAP_MS, RetrySchedule, retryBudgetOf } from './refusal-
 import { MAX_TIMER_MS } from '../timers.js';
 import { RecentKeys } from './recent-keys.js';
 
-/** Keys of received trajectories a reconnecting session remembers per stream (RolloutSession.remember); Python's 65,536 too. */
+/** Keys of received trajectories a reconnecting session remembers per stream (RolloutSession.seen); Python's 65,536 too. */
 const MAX_SEEN = 65_536;
 
 /** Bounds of a session that tests lower (not options: the defaults are what a trainer wants). @internal */
@@ -255,7 +255,10 @@ export class RolloutSession {
    * `redelivered` trajectories of the re-opened stream (Session.attach sends them before any other), but not
    * necessarily before SessionOpened, which the server sends ahead of its queue: `streamTrajectories` counts the
    * stream's trajectories until SessionOpened says how many were re-sent, `redeliveryLeft` those still to come after it.
-   * Once all came, `before` is forgotten: what was re-sent and not acked is in `seen`.
+   * Once all came, `before` is forgotten: what was re-sent and not acked is in `seen`. `seen` forgets its oldest key
+   * past its cap ({@link MAX_SEEN}): a stream that stays up for a week must not keep every key. One forgotten is acked
+   * long since (a trajectory still held here or unacked is recognised by those maps), and the server re-sends only
+   * what it holds unacked.
    */
   private seen: RecentKeys;
   private before: Set<string> | undefined;
@@ -442,7 +445,7 @@ export class RolloutSession {
             this.redeliveredAgain(ref, key);
             break;
           }
-          this.remember(key);
+          this.seen.add(key);
         }
         this.count(kind.value);
         if (!this.autoAck) this.unacked.add(key);
@@ -528,21 +531,12 @@ export class RolloutSession {
   }
 
   /**
-   * Notes a trajectory received on this stream (see `seen`), forgetting the oldest past {@link MAX_SEEN}: a stream that
-   * stays up for a week must not keep every key. One forgotten is acked long since (a trajectory still held here or
-   * unacked is recognised by those maps), and the server re-sends only what it holds unacked.
-   */
-  private remember(key: string): void {
-    this.seen.add(key);
-  }
-
-  /**
    * A trajectory re-sent on a re-opened stream that this session had received before the break: counted (the server
    * counts it in `redelivered`) and dropped. Acked again if it had been acked (the ack may have died with the stream);
    * one still held here is acked when consumed (autoAck) or by the caller.
    */
   private redeliveredAgain(ref: { taskId: string; sampleIndex: number }, key: string): void {
-    this.remember(key);
+    this.seen.add(key);
     this.received++;
     this.stats.duplicatesDropped++;
     if (!this.heldHere.has(key) && !this.unacked.has(key)) this.writeAcks([ref]);

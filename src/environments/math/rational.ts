@@ -24,7 +24,8 @@ export class PrecisionLost extends Error {}
 
 /** Twice the unit roundoff: a generous bound on one rounding (or a 1-ulp library function), relative to the result. */
 const EPS = 2 ** -52;
-const MIN_NORMAL = 2 ** -1022;
+/** Smallest positive double with full precision (below it, subnormals keep few digits). */
+export const MIN_NORMAL = 2 ** -1022;
 
 /**
  * Largest numerator/denominator kept exact (1024 bits: 308 digits); beyond it a value becomes a float. Reducing a

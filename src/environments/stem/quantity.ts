@@ -1,4 +1,5 @@
 import { unwrapBoxed } from '../math/extract.js';
+import { MIN_NORMAL } from '../math/rational.js';
 import type { Unit, UnitSystem } from './units.js';
 
 /**
@@ -8,8 +9,6 @@ import type { Unit, UnitSystem } from './units.js';
 
 /** Longest answer text considered; longer ones are not read as numbers. */
 const MAX_QUANTITY_TEXT = 500;
-/** Smallest positive double with full precision. */
-const MIN_NORMAL = 2 ** -1022;
 
 /** A number with what followed it. */
 export interface Quantity {
