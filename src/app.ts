@@ -99,6 +99,7 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
     maxBusyRetries: config.backendMaxBusyRetries,
     busyBackoffMs: config.backendBusyBackoffMs,
     maxRetryAfterMs: config.backendMaxRetryAfterMs,
+    stallMs: config.backendStallMs,
     maxBufferedResponseBytes: config.backendMaxBufferedResponseBytes,
   });
   // Whatever has started is released when a later step fails (an engine that contradicts its config, Apptainer

@@ -1,7 +1,7 @@
 import { z } from 'zod';
 import { DEFAULT_BODY_IDLE_MS, withoutCredentials } from './backends/engine-http.js';
 import { BACKEND_KIND_NAMES, backendKind } from './backends/kinds.js';
-import { DEFAULT_MAX_RETRY_AFTER_MS } from './backends/pool-options.js';
+import { DEFAULT_MAX_RETRY_AFTER_MS, DEFAULT_STALL_MS } from './backends/pool-options.js';
 import { DEFAULT_MAX_BUFFERED_RESPONSE_BYTES, MAX_BUFFERED_RESPONSE_BYTES, MIN_BUFFERED_RESPONSE_BYTES } from './backends/response-budget.js';
 import { tokenProblem } from './bearer-token.js';
 import { MAX_ACK_ENTRIES } from './contract/session.js';
@@ -240,6 +240,15 @@ export const serverConfigSchema = z.strictObject({
    * — an engine or gateway asking for an hour must not hold its trajectories that long.
    */
   backendMaxRetryAfterMs: z.number().int().min(1).max(MAX_TIMER_MS).default(DEFAULT_MAX_RETRY_AFTER_MS),
+  /**
+   * An engine whose requests have all gone unanswered this long, ms (default 60 s; 0 disables), while its work counters
+   * (vLLM's and SGLang's Prometheus /metrics: tokens prefilled and generated) did not move either, is hung — though its
+   * /health may answer 200: its requests move to other engines (failover) and it takes no trajectory until its counters
+   * move or it recovers from being down. A long non-streamed generation sends nothing until it is done, but moves the
+   * counters: it is left alone. Keep it above the longest prefill of one prompt (vLLM counts a prompt's tokens when its
+   * prefill is done). An engine without such counters (no /metrics, SGLang without --enable-metrics) is not watched.
+   */
+  backendStallMs: z.number().int().min(0).max(MAX_TIMER_MS).default(DEFAULT_STALL_MS),
   /**
    * Largest engine answer (completion body) accepted, in bytes; a larger one fails its trajectory with
    * BACKEND_ERROR as soon as the cap is passed. 0 = derived per request from its prompt length and max_tokens

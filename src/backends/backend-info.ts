@@ -33,6 +33,10 @@ export interface BackendInfo {
    * mixing answers up); each such request was asked again (see EngineMisdeliveredError).
    */
   readonly misdeliveredAnswers: number;
+  /** Found hung now: unanswered requests and still work counters (see BackendState.stalled); `healthy` is false then. */
+  readonly stalled: boolean;
+  /** Times its engine was found hung (each time its trajectories moved to other engines). */
+  readonly stalls: number;
   readonly policyVersion: number;
   /** The engine's context length (prompt + generated tokens); undefined while unknown. */
   readonly maxModelLen: number | undefined;
@@ -65,7 +69,7 @@ export function backendInfo(b: BackendState): BackendInfo {
   return Object.freeze({
     id: b.id, url: b.client.url, kind: b.client.kind, model: b.model, maxConcurrency: b.maxConcurrency, healthy: b.healthy,
     refusal: refusalText(b.refusal), draining: b.draining, paused: b.paused, inflightTrajectories: b.inflightTrajectories, inflightRequests: b.inflightRequests,
-    queuedRequests: b.slots.waiting, assignedTotal: b.assignedTotal, failovers: b.failoversOut, misdeliveredAnswers: b.misdeliveredAnswers, policyVersion: b.policyVersion,
+    queuedRequests: b.slots.waiting, assignedTotal: b.assignedTotal, failovers: b.failoversOut, misdeliveredAnswers: b.misdeliveredAnswers, stalled: b.stalled, stalls: b.stalls, policyVersion: b.policyVersion,
     maxModelLen: b.maxModelLen, capacitySource: b.capacitySource, logprobsMode: b.logprobsMode,
   });
 }

@@ -10,13 +10,14 @@ export type CapacitySource = 'configured' | 'engine' | 'default';
 
 /**
  * Why a request left its backend without an answer of its own: the backend was removed or marked unhealthy, or
- * the connection to it failed (`unreachable`, the transport error as cause), or its engine turned out to serve another
+ * the connection to it failed (`unreachable`, the transport error as cause), or its engine was found hung (`stalled`, see
+ * StallWatchdog), or its engine turned out to serve another
  * model (`not serving its model`, see BackendState.modelRefusal). Internal to the pool: it never
  * reaches a caller, it makes the lease try again — elsewhere when the backend is no longer usable — a bounded
  * number of times.
  */
 export class BackendGone extends Error {
-  constructor(readonly backendId: string, readonly why: 'removed' | 'unhealthy' | 'unreachable' | 'misdelivered' | RefusalWhy, options: { cause?: unknown } = {}) {
+  constructor(readonly backendId: string, readonly why: 'removed' | 'unhealthy' | 'stalled' | 'unreachable' | 'misdelivered' | RefusalWhy, options: { cause?: unknown } = {}) {
     super(`backend ${backendId} ${why}`, options);
     this.name = 'BackendGone';
   }
@@ -196,6 +197,21 @@ export class BackendState {
   /** Answers refused as meant for another request (EngineMisdeliveredError): a proxy or connection mixing answers up. */
   misdeliveredAnswers = 0;
   /**
+   * When (performance.now() ms) the engine last answered a request, and when its requests last went from none to some:
+   * the later of the two is how long it has left every request unanswered (see StallWatchdog).
+   */
+  lastAnswerAt = 0;
+  busySince = 0;
+  /**
+   * Found hung (StallWatchdog): none of its requests answered and its work counters stood still for the stall window,
+   * though it may answer its health checks. Marked unhealthy with it — its trajectories moved, it takes none — and
+   * a passing probe does not lift it (its /health answered all along): its counters moving does, or a failed probe (it
+   * went down, perhaps to restart: it then recovers as any engine that was down).
+   */
+  stalled = false;
+  /** Times it was found hung. */
+  stalls = 0;
+  /**
    * No request is sent to the engine before this time (performance.now() ms): the end of the last Retry-After it
    * answered a busy request with, bounded by the pool's maxRetryAfterMs (see PoolLease). 0: none.
    */
@@ -311,7 +327,7 @@ export class BackendState {
   }
 
   /** Why it is not {@link usable} (what a request that finds it so is told). */
-  get unusableWhy(): 'removed' | 'unhealthy' | RefusalWhy {
-    return this.removed ? 'removed' : !this.healthy ? 'unhealthy' : this.modelRefusal !== undefined ? 'not serving its model' : 'returning logits';
+  get unusableWhy(): 'removed' | 'unhealthy' | 'stalled' | RefusalWhy {
+    return this.removed ? 'removed' : this.stalled && !this.healthy ? 'stalled' : !this.healthy ? 'unhealthy' : this.modelRefusal !== undefined ? 'not serving its model' : 'returning logits';
   }
 }

@@ -20,6 +20,8 @@ export interface HealthProberOptions {
    * is the one probed (an id may name another backend by the time its probe answers).
    */
   onHealthy?: (id: string, target: ProbeTarget) => void;
+  /** Called after each failed probe of a backend (`target`: the one probed), whether or not it changes anything. */
+  onFailed?: (id: string, target: ProbeTarget) => void;
 }
 
 /** A backend as the prober sees it. */
@@ -116,6 +118,7 @@ export class HealthProber {
     }
     const failures = (this.#failures.get(target) ?? 0) + 1;
     this.#failures.set(target, failures);
+    this.options.onFailed?.(target.id, target);
     if (target.healthy && failures >= this.options.failureThreshold) this.report(target.id, false, target);
   }
 }

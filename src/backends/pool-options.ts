@@ -1,5 +1,8 @@
 import type { Logger } from '../observability/logger.js';
 import type { LogprobsMode } from './types.js';
+import { DEFAULT_STALL_MS } from './stall-watchdog.js';
+
+export { DEFAULT_STALL_MS };
 
 /** Default of BackendPoolOptions.maxRetryAfterMs. */
 export const DEFAULT_MAX_RETRY_AFTER_MS = 60_000;
@@ -60,6 +63,12 @@ export interface BackendPoolOptions {
    * BackendPool.responseBudget read an answer's body only once it has room (see ResponseBudget).
    */
   maxBufferedResponseBytes?: number;
+  /**
+   * An engine whose requests have all gone unanswered this long while its work counters (Prometheus /metrics) stood
+   * still is hung: its requests move to other engines and it takes none until its counters move (see StallWatchdog).
+   * Default {@link DEFAULT_STALL_MS} (60 s); 0 disables. Runs with the health checks (startHealthChecks).
+   */
+  stallMs?: number;
 }
 
 /** The pool-wide weight-sync state: a pool-wide pause in effect, and the version set for the whole pool. */

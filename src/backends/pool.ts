@@ -8,6 +8,7 @@ import { backendInfo as info, type BackendInfo, type PoolStats } from './backend
 import { LimitLearner, needsLearning } from './engine-limits.js';
 import { checkShortLength, type ShortLengthHost } from './short-length.js';
 import { healthBudgetMs, HealthProber } from './health-prober.js';
+import { DEFAULT_STALL_MS, StallWatchdog } from './stall-watchdog.js';
 import { PoolLease, type BackendLease, type LeaseHost, type SampledVersions } from './lease.js';
 import { logprobsMismatch } from './logprobs-mode.js';
 import { enginePausesAtAll, pauseBackends, resumeBackends, resumeEngine, resumeHeld } from './pause-control.js';
@@ -51,6 +52,8 @@ export class BackendPool {
   readonly #limits: LimitLearner;
   readonly #shortLength: ShortLengthHost;
   readonly #prober: HealthProber;
+  /** Undefined when disabled (stallMs 0). */
+  readonly #watchdog: StallWatchdog | undefined;
   readonly #host: LeaseHost;
   readonly #healthTimeoutMs: number;
   readonly #pauseAbortGraceMs: number;
@@ -94,7 +97,11 @@ export class BackendPool {
       // A probe can finish after its backend was removed (its id perhaps given to another engine since): such a report
       // is moot, never an error, and never about the backend now under that id.
       (id, healthy, target) => {
-        if (this.#backends.get(id) === target) this.setHealthy(id, healthy);
+        const backend = this.#backends.get(id);
+        if (backend !== target) return;
+        // A hung engine (StallWatchdog) answered its health checks all along: a passing probe says nothing about it.
+        if (healthy && backend.stalled) return;
+        this.setHealthy(id, healthy);
       },
       {
         intervalMs: options.healthIntervalMs ?? 5_000,
@@ -108,9 +115,33 @@ export class BackendPool {
           // A resume that could not reach it yet is retried at every probe it answers (not only when it recovers).
           if (backend.resumePending && backend.healthy && !backend.weightsUnknown) this.#resumeRecovered(backend);
         },
+        // A hung engine that fails a probe went down (perhaps to restart): from now on it recovers as any engine that was
+        // down, at its next passing probe.
+        onFailed: (id, target) => {
+          const backend = this.#backends.get(id);
+          if (backend !== target || !backend.stalled) return;
+          backend.stalled = false;
+          this.#log.info({ backend: id }, 'hung engine fails its health checks now: it is back once they pass');
+        },
         logger: this.#log,
       },
     );
+    const stallMs = options.stallMs ?? DEFAULT_STALL_MS;
+    this.#watchdog =
+      stallMs > 0
+        ? new StallWatchdog(() => [...this.#backends.values()], {
+            stallMs,
+            timeoutMs: this.#healthTimeoutMs,
+            logger: this.#log,
+            onStall: (backend, quietMs) => this.#stalled(backend, quietMs),
+            holdOff: () => this.responseBudget.waiting > 0,
+            onMoved: (backend) => {
+              if (this.#backends.get(backend.id) !== backend || !backend.stalled) return;
+              this.#log.warn({ backend: backend.id }, 'hung engine works again (its counters moved): it takes trajectories again');
+              this.setHealthy(backend.id, true);
+            },
+          })
+        : undefined;
     this.#host = {
       maxFailoversPerRequest: options.maxFailoversPerRequest ?? 3,
       maxBusyRetries: options.maxBusyRetries ?? 8,
@@ -252,6 +283,7 @@ export class BackendPool {
   /** Marks a backend (un)healthy: unhealthy ones take no trajectories and their trajectories move on next use. */
   setHealthy(id: string, healthy: boolean): void {
     const backend = this.#get(id);
+    if (healthy) backend.stalled = false;
     if (backend.healthy === healthy) return;
     this.#heap.update(backend, eligible, (b) => (b.healthy = healthy));
     this.#log.warn({ backend: id, healthy }, healthy ? 'backend healthy again' : 'backend unhealthy');
@@ -274,11 +306,27 @@ export class BackendPool {
     else {
       // Queued and running requests both move: an engine that stopped answering must not hold its trajectories
       // until their run timeout.
-      const gone = new BackendGone(id, 'unhealthy');
+      const gone = new BackendGone(id, backend.stalled ? 'stalled' : 'unhealthy');
       backend.gate.rejectAll(gone);
       backend.slots.rejectAll(gone);
       for (const request of backend.requests) request.controller.abort(gone);
     }
+  }
+
+  /**
+   * The watchdog found the engine hung (see StallWatchdog): its requests end as lost — their trajectories fail over, as
+   * from an engine gone (bounded by maxFailoversPerRequest) — and it is marked unhealthy until its counters move or it
+   * recovers from being down; a passing probe alone does not lift it.
+   */
+  #stalled(backend: BackendState, quietMs: number): void {
+    if (this.#backends.get(backend.id) !== backend || backend.stalled || !backend.healthy) return;
+    backend.stalled = true;
+    backend.stalls++;
+    this.#log.warn(
+      { backend: backend.id, url: backend.client.url, quietMs, requests: backend.requests.size, trajectories: backend.inflightTrajectories },
+      'engine hung: none of its requests answered and its work counters (GET /metrics) did not move for backendStallMs, though it may still answer /health; its requests move to other engines and it takes none until its counters move',
+    );
+    this.setHealthy(backend.id, false);
   }
 
   /**
@@ -421,10 +469,14 @@ export class BackendPool {
     return lease;
   }
 
-  /** What acquire would choose now, without assigning anything. */
+  /**
+   * What acquire would choose now, without assigning anything: the heap's least-loaded pick, passed over for a ready
+   * one when it is paused or held by a Retry-After (see #preferReady) — as acquire does, so what it says is where a new
+   * trajectory would really go.
+   */
   pick(): PickResult<BackendInfo> {
     const result = this.#heap.pick(this.#backends.size);
-    return result.type === 'pick' ? { type: 'pick', backend: info(result.backend) } : result;
+    return result.type === 'pick' ? { type: 'pick', backend: info(this.#preferReady(result.backend)) } : result;
   }
 
   list(): BackendInfo[] {
@@ -444,13 +496,15 @@ export class BackendPool {
     return s;
   }
 
-  /** Starts the background health prober (idempotent). */
+  /** Starts the background health prober and the stall watchdog (idempotent). */
   startHealthChecks(): void {
     this.#prober.start();
+    this.#watchdog?.start();
   }
 
   stopHealthChecks(): void {
     this.#prober.stop();
+    this.#watchdog?.stop();
   }
 
   /** Runs one probe round now (what the background prober does each interval). */
@@ -461,6 +515,7 @@ export class BackendPool {
   /** Stops probing and fails waiting acquires; leases in flight keep working until released. */
   close(): void {
     this.#prober.stop();
+    this.#watchdog?.stop();
     for (const waiter of this.#waiters.splice(0)) {
       waiter.cleanup();
       waiter.reject(new RolloutError('unavailable', 'backend pool closed'));
@@ -617,9 +672,12 @@ export class BackendPool {
       try {
         throwIfAborted(signal);
         const result = await backend.client.generate({ ...request, signal: controller.signal, pausedMs: () => backend.gate.closedMs() });
+        backend.lastAnswerAt = performance.now();
         // Read when the answer arrives: versions change only in resume, so this is the version of its last token.
         return { ...result, policyVersionStart: inflight.policyVersionStart, policyVersion: backend.policyVersion };
       } catch (err) {
+        // An answer, even an error one, is the engine at work (see StallWatchdog); a lost connection or an abort is not.
+        if (!controller.signal.aborted && !(err instanceof EngineUnreachableError)) backend.lastAnswerAt = performance.now();
         if (signal.aborted) throw RolloutError.from(signal.reason, 'cancelled');
         if (controller.signal.reason instanceof BackendGone) throw controller.signal.reason;
         // The engine's limit was unknown or has changed (restarted with another --max-model-len): learn it.
@@ -660,6 +718,7 @@ export class BackendPool {
       await backend.gate.pass(signal);
       await backend.slots.acquire(signal, priority);
       if (!backend.paused && backend.usable) {
+        if (backend.requests.size === 0) backend.busySince = performance.now();
         const inflight = new InflightRequest(backend.policyVersion);
         backend.requests.add(inflight);
         return inflight;

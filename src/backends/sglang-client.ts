@@ -4,6 +4,7 @@ import { parseSglangContextOverflow } from './context-overflow.js';
 import { readGenerateAnswer, type GenerateAnswerKind } from './generate-answer.js';
 import { checkRequestId, EngineHttp, MAX_INFO_BODY_BYTES, modelCardMaxLen, probeHealth } from './engine-http.js';
 import { checkSglangGenerate } from './sglang-answer.js';
+import { fetchProgress, SGLANG_PROGRESS_COUNTERS } from './engine-progress.js';
 import type { ResponseBudget } from './response-budget.js';
 import { fetchServerInfo, parseSglangServerInfo, parseSglangTokenPool } from './server-info.js';
 import { NEUTRAL_SAMPLING, type EngineClient, type EngineModelInfo, type EngineServerInfo, type GenerateRequest, type GenerateResult, type HealthOptions, type PauseMode } from './types.js';
@@ -178,6 +179,14 @@ export class SglangClient implements EngineClient {
     return fetchServerInfo(this.#http, '/get_server_info', signal, parseSglangServerInfo);
   }
 
+  /**
+   * GET /metrics (served with --enable-metrics): tokens prefilled plus tokens generated (see engine-progress.ts), for
+   * the pool's stall watchdog. (Its health check, /health_generate, generates too, so the prober already finds an
+   * SGLang whose scheduler hung; this covers one whose probes still get through.)
+   */
+  async progress(signal: AbortSignal): Promise<number | undefined> {
+    return fetchProgress(this.#http, SGLANG_PROGRESS_COUNTERS, signal);
+  }
 
   /** POST /abort_request once per id (`{rid}`), or `{abort_all: true}` without ids. */
   async abort(requestIds: readonly string[] | undefined, signal: AbortSignal): Promise<void> {

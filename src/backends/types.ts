@@ -137,6 +137,13 @@ export interface EngineClient {
    */
   serverInfo?(signal: AbortSignal): Promise<EngineServerInfo>;
   /**
+   * How much work the engine has done, as one number that grows while it works (vLLM, SGLang: its Prometheus token
+   * counters, see engine-progress.ts): the pool's stall watchdog (stall-watchdog.ts) reads an engine whose requests
+   * have all gone unanswered for a while as hung when this did not move either. Resolves undefined when the engine
+   * cannot say (no /metrics, no such counters): no watchdog for it. Throws when it cannot be asked now (inconclusive).
+   */
+  progress?(signal: AbortSignal): Promise<number | undefined>;
+  /**
    * Aborts in-flight requests by {@link GenerateRequest.requestId}, or all of them when `requestIds` is omitted.
    * An aborted request answers its caller with finish_reason "abort" and the tokens sampled so far. Unknown ids are
    * ignored (the request may just have finished). Throws backend_error when the engine refuses.

@@ -6,6 +6,7 @@ import { readGenerateAnswer, type GenerateAnswerKind } from './generate-answer.j
 import { checkRequestId, EngineHttp, EngineHttpError, modelCardMaxLen, probeHealth } from './engine-http.js';
 import type { ResponseBudget } from './response-budget.js';
 import { fetchServerInfo, parseVllmServerInfo } from './server-info.js';
+import { fetchProgress, VLLM_PROGRESS_COUNTERS } from './engine-progress.js';
 import { NEUTRAL_SAMPLING, type EngineClient, type EngineModelInfo, type EngineServerInfo, type GenerateRequest, type GenerateResult, type PauseMode } from './types.js';
 
 export { MAX_ERROR_BODY_BYTES } from './engine-http.js';
@@ -189,6 +190,11 @@ export class VllmClient implements EngineClient {
    */
   async serverInfo(signal: AbortSignal): Promise<EngineServerInfo> {
     return fetchServerInfo(this.#http, '/server_info?config_format=json', signal, parseVllmServerInfo, 'not served: start vLLM with VLLM_SERVER_DEV_MODE=1');
+  }
+
+  /** GET /metrics: tokens prefilled plus tokens generated (see engine-progress.ts), for the pool's stall watchdog. */
+  async progress(signal: AbortSignal): Promise<number | undefined> {
+    return fetchProgress(this.#http, VLLM_PROGRESS_COUNTERS, signal);
   }
 
   /**

@@ -1092,7 +1092,7 @@ export class RolloutClient {
 
   addBackend(request: Partial<AddBackendRequest> & { url: string }): Promise<Backend | undefined> {
     return promisify<{ backend?: Backend | undefined }>((cb) =>
-      this.backends.addBackend({ kind: 0, maxConcurrency: 0, id: '', model: '', logprobsMode: 0, ...request }, new Metadata(), cb),
+      this.backends.addBackend({ kind: 0, maxConcurrency: 0, id: '', model: '', logprobsMode: 0, checkAnswerId: false, ...request }, new Metadata(), cb),
     ).then((r) => r.backend);
   }
 

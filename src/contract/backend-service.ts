@@ -140,6 +140,10 @@ export function backendService(deps: BackendServiceDeps): BackendServiceServer {
       if (request.maxConcurrency < 0) throw RolloutError.invalid('max_concurrency', 'must not be negative');
       const kindName = kindFromProto(request.kind);
       if (kindName === undefined) throw RolloutError.invalid('kind', `unknown kind ${request.kind}`);
+      // As the config's per-backend checkAnswerId: only a vLLM's answers need (and can have) their id checked.
+      if (request.checkAnswerId && kindName !== 'vllm') {
+        throw RolloutError.invalid('check_answer_id', `is for vllm backends (${kindName === 'sglang' ? "an sglang engine's answers are always checked" : "an embedded engine's answers come in process"})`);
+      }
       // The kind says which URLs name one of its engines (http(s); the embedded engine's file: and embedded:).
       const urlProblem = backendKind(kindName).urlProblem(request.url);
       if (urlProblem !== undefined) throw RolloutError.invalid('url', urlProblem);
@@ -155,6 +159,7 @@ export function backendService(deps: BackendServiceDeps): BackendServiceServer {
         requestTimeoutMs: deps.requestTimeoutMs,
         ...(deps.bodyIdleTimeoutMs !== undefined && { bodyIdleTimeoutMs: deps.bodyIdleTimeoutMs }),
         maxResponseBytes: deps.maxResponseBytes ?? 0,
+        ...(request.checkAnswerId && { checkAnswerId: true }),
         // Its answers share the pool's budget of bytes buffered at once with every other engine's.
         responseBudget: deps.pool.responseBudget,
       });

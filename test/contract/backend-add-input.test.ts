@@ -64,7 +64,7 @@ describe('AddBackend input', () => {
     m.set('authorization', `Bearer ${ADMIN}`);
     return m;
   };
-  const request = (req: Partial<AddBackendRequest>): AddBackendRequest => ({ url: '', kind: BackendKind.BACKEND_KIND_VLLM, maxConcurrency: 4, id: '', model: '', logprobsMode: 0, ...req });
+  const request = (req: Partial<AddBackendRequest>): AddBackendRequest => ({ url: '', kind: BackendKind.BACKEND_KIND_VLLM, maxConcurrency: 4, id: '', model: '', logprobsMode: 0, checkAnswerId: false, ...req });
   const add = (req: Partial<AddBackendRequest>, deadlineMs = 20_000): Promise<AddBackendResponse> =>
     new Promise((resolve, reject) => stub.addBackend(request(req), md(), { deadline: Date.now() + deadlineMs }, (err, res) => (err ? reject(err) : resolve(res!))));
   const refusal = async (p: Promise<unknown>): Promise<ServiceError> =>

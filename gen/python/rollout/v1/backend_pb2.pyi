@@ -87,20 +87,22 @@ class Backend(_message.Message):
     def __init__(self, id: _Optional[str] = ..., url: _Optional[str] = ..., kind: _Optional[_Union[BackendKind, str]] = ..., max_concurrency: _Optional[int] = ..., healthy: bool = ..., draining: bool = ..., inflight_trajectories: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., assigned_total: _Optional[int] = ..., policy_version: _Optional[int] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., logprobs_mode: _Optional[_Union[LogprobsMode, str]] = ..., capacity_source: _Optional[_Union[CapacitySource, str]] = ..., paused: bool = ..., unusable_reason: _Optional[str] = ...) -> None: ...
 
 class AddBackendRequest(_message.Message):
-    __slots__ = ("url", "kind", "max_concurrency", "id", "model", "logprobs_mode")
+    __slots__ = ("url", "kind", "max_concurrency", "id", "model", "logprobs_mode", "check_answer_id")
     URL_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     MAX_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_MODE_FIELD_NUMBER: _ClassVar[int]
+    CHECK_ANSWER_ID_FIELD_NUMBER: _ClassVar[int]
     url: str
     kind: BackendKind
     max_concurrency: int
     id: str
     model: str
     logprobs_mode: LogprobsMode
-    def __init__(self, url: _Optional[str] = ..., kind: _Optional[_Union[BackendKind, str]] = ..., max_concurrency: _Optional[int] = ..., id: _Optional[str] = ..., model: _Optional[str] = ..., logprobs_mode: _Optional[_Union[LogprobsMode, str]] = ...) -> None: ...
+    check_answer_id: bool
+    def __init__(self, url: _Optional[str] = ..., kind: _Optional[_Union[BackendKind, str]] = ..., max_concurrency: _Optional[int] = ..., id: _Optional[str] = ..., model: _Optional[str] = ..., logprobs_mode: _Optional[_Union[LogprobsMode, str]] = ..., check_answer_id: bool = ...) -> None: ...
 
 class AddBackendResponse(_message.Message):
     __slots__ = ("backend",)

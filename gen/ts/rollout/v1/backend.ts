@@ -281,6 +281,13 @@ export interface AddBackendRequest {
    * INVALID_ARGUMENT (field logprobs_mode).
    */
   logprobsMode: LogprobsMode;
+  /**
+   * vLLM only: refuse an answer whose id is not cmpl-<its X-Request-Id> (an answer to another request; the config's
+   * per-backend checkAnswerId). Off by default: a gateway or proxy in front of vLLM may rename answers. Set for another
+   * kind it is INVALID_ARGUMENT (field check_answer_id): SGLang's answers are always checked by rid, an embedded
+   * engine's come in process.
+   */
+  checkAnswerId: boolean;
 }
 
 export interface AddBackendResponse {
@@ -689,7 +696,7 @@ export const Backend: MessageFns<Backend> = {
 };
 
 function createBaseAddBackendRequest(): AddBackendRequest {
-  return { url: "", kind: 0, maxConcurrency: 0, id: "", model: "", logprobsMode: 0 };
+  return { url: "", kind: 0, maxConcurrency: 0, id: "", model: "", logprobsMode: 0, checkAnswerId: false };
 }
 
 export const AddBackendRequest: MessageFns<AddBackendRequest> = {
@@ -711,6 +718,9 @@ export const AddBackendRequest: MessageFns<AddBackendRequest> = {
     }
     if (message.logprobsMode !== 0) {
       writer.uint32(48).int32(message.logprobsMode);
+    }
+    if (message.checkAnswerId !== false) {
+      writer.uint32(56).bool(message.checkAnswerId);
     }
     return writer;
   },
@@ -776,6 +786,14 @@ export const AddBackendRequest: MessageFns<AddBackendRequest> = {
             message.logprobsMode = reader.int32() as any;
             continue;
           }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.checkAnswerId = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -804,6 +822,11 @@ export const AddBackendRequest: MessageFns<AddBackendRequest> = {
         : isSet(object.logprobs_mode)
         ? logprobsModeFromJSON(object.logprobs_mode)
         : 0,
+      checkAnswerId: isSet(object.checkAnswerId)
+        ? globalThis.Boolean(object.checkAnswerId)
+        : isSet(object.check_answer_id)
+        ? globalThis.Boolean(object.check_answer_id)
+        : false,
     };
   },
 
@@ -827,6 +850,9 @@ export const AddBackendRequest: MessageFns<AddBackendRequest> = {
     if (message.logprobsMode !== 0) {
       obj.logprobsMode = logprobsModeToJSON(message.logprobsMode);
     }
+    if (message.checkAnswerId !== false) {
+      obj.checkAnswerId = message.checkAnswerId;
+    }
     return obj;
   },
 
@@ -841,6 +867,7 @@ export const AddBackendRequest: MessageFns<AddBackendRequest> = {
     message.id = object.id ?? "";
     message.model = object.model ?? "";
     message.logprobsMode = object.logprobsMode ?? 0;
+    message.checkAnswerId = object.checkAnswerId ?? false;
     return message;
   },
 };
