@@ -8,8 +8,8 @@ import { eventually, within } from '../support/wait.js';
 // non-streaming answer whole when it is done), so only backendRequestTimeoutMs (300 s) bounds it. An engine hung as a
 // whole — its health endpoint hanging too — is caught by the prober instead: its probes time out, after
 // failureThreshold of them it is marked unhealthy, which aborts its running requests and moves them (failover), long
-// before the request timeout. (An engine whose /health still answers 200 while its generation is stuck is NOT caught:
-// see the review report.) The engines are fake vLLMs over real HTTP (test doubles).
+// before the request timeout. (An engine whose /health still answers 200 while its generation is stuck is caught by
+// the stall watchdog from its /metrics counters: review-s39-stall-watchdog.test.ts.) The engines are fake vLLMs over real HTTP (test doubles).
 
 const suite = poolSuite({ question: 'What is 6 * 7?' });
 
