@@ -166,6 +166,15 @@ export const serverConfigSchema = z.strictObject({
        * where apptainer cannot use overlay images). See ApptainerDriverOptions.disk.
        */
       apptainerDisk: z.enum(['auto', 'overlay', 'none']).default('auto'),
+      /**
+       * What a sandbox asking for network (`network: true`) gets from the bubblewrap driver. `isolated`: its own network
+       * namespace NAT'ed out by slirp4netns (scripts/setup.sh installs it; without it such a sample ends SANDBOX_ERROR),
+       * the host's 127.0.0.1 and abstract UNIX sockets out of reach. `host`: the host's own network namespace — the
+       * sandbox reaches every service on the host's loopback (engines' unauthenticated /pause, this server's port),
+       * its abstract sockets and all it can reach; only for code you would run on the host itself. README, Sandboxes.
+       * The Apptainer driver ignores it (network there is always the host's namespace).
+       */
+      networkMode: z.enum(['isolated', 'host']).default('isolated'),
       /** Default root file system when an environment names none: a .sif, a directory, or unset for the host's /usr. */
       image: z.string().optional(),
       /**

@@ -26,8 +26,9 @@ export interface EnvironmentDefinition<S extends z.ZodType> {
   instance: S;
   /**
    * The sandbox of one instance (image, network, mounts, env, limits), or one request for every instance.
-   * Omitted: the server's configured sandbox, without network. `network: true` shares the host's network namespace,
-   * loopback services included (README, Sandboxes): only for code you would run on the host.
+   * Omitted: the server's configured sandbox, without network. `network: true` is a NAT'ed namespace with the host's
+   * loopback cut off (bubblewrap, `sandbox.networkMode` 'isolated', the default), or the host's own network namespace,
+   * loopback services included (`networkMode` 'host', and Apptainer): see SandboxSpec.network and README, Sandboxes.
    */
   sandbox?: SandboxRequest | ((instance: z.output<S>) => SandboxRequest);
   /**

@@ -50,7 +50,9 @@ export interface ApptainerDriverOptions {
 /**
  * Sandboxes on Apptainer/Singularity, for clusters where it is installed: one `apptainer instance` per sandbox,
  * started with --containall (own PID, IPC, mount namespaces, clean environment), --no-mount home,cwd,tmp,
- * --writable-tmpfs, no network (`--net --network none`) unless the spec asks, the workspace a per-sandbox host dir
+ * --writable-tmpfs, no network (`--net --network none`) unless the spec asks — and when it does, the host's own network
+ * namespace, its loopback services included: `sandbox.networkMode` is bubblewrap's (unprivileged apptainer offers no
+ * network type but `none`, and its CNI ones need root) —, the workspace a per-sandbox host dir
  * bound read-write at spec.workdir, and the spec's mounts bound (read-only unless they say otherwise). The image
  * must be a .sif or a root file system directory: Apptainer has no "host /usr" mode.
  *

@@ -93,8 +93,17 @@ export interface HolderCommandSpec {
   bwrapPath: string;
   identity: SandboxIdentity;
   limits: SandboxLimits;
+  /**
+   * Whether the sandbox shares the host's network namespace (`sandbox.networkMode` 'host'); false gives it its own,
+   * loopback only until slirp4netns attaches its tap (slirp-network.ts).
+   */
   network: boolean;
   layout: Layout;
+  /**
+   * Descriptor whose contents become the sandbox's /etc/resolv.conf (`--ro-bind-data`), over the layout's: the
+   * isolated network's DNS forwarder (slirp-network.ts), which the host's resolver, if on loopback, is not.
+   */
+  resolvConfFd?: number;
   /** Binds applied after the workspace exists (spec.mounts may target paths inside it). */
   mounts: Bind[];
   workdir: string;
@@ -160,6 +169,7 @@ export function buildHolderArgv(spec: HolderCommandSpec): string[] {
   for (const name of image?.entries ?? []) bwrap.push('--ro-bind', `${source(0)}/${name}`, `/${name}`);
   const nLayout = offset + spec.layout.binds.length;
   spec.layout.binds.forEach((b, i) => bwrap.push(...bindArgs(b, offset + i)));
+  if (spec.resolvConfFd !== undefined) bwrap.push('--ro-bind-data', String(spec.resolvConfFd), '/etc/resolv.conf');
   // bwrap's /dev is a tmpfs of half the host's RAM owned by the sandbox's user: /dev/shm (POSIX shared memory,
   // multiprocessing's semaphores) gets a tmpfs of its own, sized, and /dev itself is made read-only (not recursive:
   // the device binds, devpts and /dev/shm keep their flags), so no file there escapes the budget below.

@@ -9,6 +9,8 @@ import type { FdCloser } from './fd-closer.js';
 /** Environment of every host-side launcher: nothing of the server's own environment reaches a sandbox. */
 export const LAUNCH_ENV = { PATH: '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin', LANG: 'C.UTF-8' };
 const INFO_FD = 4;
+/** Descriptor of the holder's launch from which bwrap reads `--ro-bind-data` contents. */
+export const DATA_FD = 3;
 
 /** Namespace files and root of the holder, held open by the server for the sandbox's life. */
 export interface HeldNamespaces {
@@ -57,11 +59,19 @@ export class Holder {
    */
   static async start(
     argv: readonly string[],
-    options: { signal?: AbortSignal; lowerOomScore: boolean; timeoutMs: number; onOomScoreError?: (err: unknown) => void; holderIsInit: boolean; closer: FdCloser },
+    options: {
+      signal?: AbortSignal; lowerOomScore: boolean; timeoutMs: number; onOomScoreError?: (err: unknown) => void; holderIsInit: boolean; closer: FdCloser;
+      /** Bytes bwrap reads from DATA_FD (`--ro-bind-data`, see HolderCommandSpec.resolvConfFd); none: fd 3 is not passed. */
+      data?: string;
+    },
   ): Promise<Holder> {
-    // Only the control pipes and the info pipe reach bwrap (and so the sandbox): see fd-closer.ts.
-    const launch = options.closer.wrap([INFO_FD], argv);
-    const child = spawn(launch[0]!, launch.slice(1), { detached: true, stdio: ['pipe', 'pipe', 'pipe', 'ignore', 'pipe'], env: LAUNCH_ENV });
+    // Only the control pipes, the info pipe and the data pipe reach bwrap (and so the sandbox): see fd-closer.ts.
+    const launch = options.closer.wrap(options.data !== undefined ? [DATA_FD, INFO_FD] : [INFO_FD], argv);
+    const child = spawn(launch[0]!, launch.slice(1), { detached: true, stdio: ['pipe', 'pipe', 'pipe', options.data !== undefined ? 'pipe' : 'ignore', 'pipe'], env: LAUNCH_ENV });
+    if (options.data !== undefined) {
+      // bwrap reads it to its end before the sandbox runs anything; a few bytes, within any pipe's buffer.
+      (child.stdio[DATA_FD] as Writable).on('error', () => undefined).end(options.data);
+    }
     const stderr = new CappedOutput(8192);
     child.stderr?.on('data', (c: Buffer) => stderr.push(c));
     (child.stdin as Writable).on('error', () => undefined);

@@ -10,6 +10,7 @@ import { SANDBOX_INIT_PATH } from './init/sandbox-init.js';
 import type { SandboxCgroup } from './cgroups.js';
 import { spawnContained, type ContainedRunResult } from './contained-process.js';
 import type { HostPython } from './host-python.js';
+import type { SlirpNetwork } from './slirp-network.js';
 import { exhaustedLimit } from './limit-errors.js';
 import { SandboxFiles, type RunInside } from './sandbox-files.js';
 import { BashShell } from './bash-shell.js';
@@ -31,6 +32,8 @@ export interface BubblewrapSandboxInit {
   /** Whether the sandbox init is bound at SANDBOX_INIT_PATH (then it closes descriptors inside the sandbox too). */
   hasInit: boolean;
   logger: Logger;
+  /** The slirp4netns process of an isolated network (`network: true`), killed with the sandbox. */
+  network?: Pick<SlirpNetwork, 'kill' | 'exited'>;
   /** Gives back what start() took (image, uid); called once, after every process is gone. */
   onStopped: () => Promise<void>;
 }
@@ -189,10 +192,11 @@ export class BubblewrapSandbox implements Sandbox {
     const running = [...this.running];
     for (const r of running) r.kill();
     this.init.holder.kill();
+    this.init.network?.kill();
     await this.init.cgroup.remove().catch((err: unknown) => this.log.error({ err }, 'removing the cgroups failed'));
     let timer: NodeJS.Timeout | undefined;
     const exited = await Promise.race([
-      Promise.all([this.init.holder.exited, ...running.map((r) => r.done)]).then(() => true),
+      Promise.all([this.init.holder.exited, ...(this.init.network ? [this.init.network.exited] : []), ...running.map((r) => r.done)]).then(() => true),
       new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), EXIT_WAIT_MS))),
     ]);
     clearTimeout(timer);

@@ -5,8 +5,8 @@ import { join, posix } from 'node:path';
 import { RolloutError, throwIfAborted } from '../errors.js';
 import { MAX_TIMER_MS } from '../timers.js';
 import { silentLogger, type Logger } from '../observability/logger.js';
-import { buildHolderArgv, hostLayout, imageLayout, pythonBinds, type Layout, type SandboxIdentity } from './bwrap-command.js';
-import { Holder } from './bwrap-holder.js';
+import { buildHolderArgv, hostLayout, imageLayout, NAMESPACES, pythonBinds, type Layout, type SandboxIdentity } from './bwrap-command.js';
+import { DATA_FD, Holder } from './bwrap-holder.js';
 import { limitPtys } from './bwrap-ptys.js';
 import { BubblewrapSandbox, newSandboxId } from './bwrap-sandbox.js';
 import { createCgroupManager, type CgroupKind, type CgroupManager } from './cgroups.js';
@@ -15,6 +15,7 @@ import { resolveFdCloser, type FdCloser } from './fd-closer.js';
 import { resolveSandboxInit } from './init/sandbox-init.js';
 import type { ImageMounts, MountedImage } from './images/image-mounts.js';
 import { SifImageMounts } from './images/sif-mount.js';
+import { SLIRP_RESOLV_CONF, SlirpNetwork } from './slirp-network.js';
 import type { SandboxDriver, SandboxLimits, SandboxSpec } from './types.js';
 
 export { BubblewrapSandbox } from './bwrap-sandbox.js';
@@ -47,6 +48,16 @@ export interface BubblewrapDriverOptions {
    * once), runs bwrap's own init and a holder shell instead, which a sandboxed `kill -9 -1` ends.
    */
   init?: string | false;
+  /**
+   * What a spec's `network: true` gives (config `sandbox.networkMode`). `isolated` (default): the sandbox keeps its own
+   * network namespace and slirp4netns (slirp-network.ts) NATs it out with the host's 127.0.0.1 cut off; a missing
+   * slirp4netns fails such a sandbox's start (sandbox_error), never falls back to the host's namespace. `host`: the
+   * host's own network namespace (no `--unshare-net`): its loopback services, abstract UNIX sockets and whatever it
+   * reaches (README, Sandboxes).
+   */
+  network?: 'isolated' | 'host';
+  /** The slirp4netns binary of isolated networking; default `slirp4netns` from PATH. */
+  slirp4netnsPath?: string;
 }
 
 /** What isolation this driver achieves on this machine. */
@@ -81,7 +92,8 @@ interface Probe {
 
 /**
  * Long-lived bubblewrap sandboxes. A sandbox is one bwrap process tree — its own user (with further user
- * namespaces disabled), mount, PID, IPC, UTS and (unless asked) network namespaces — whose pid 1 is the sandbox
+ * namespaces disabled), mount, PID, IPC, UTS and network namespaces (`network: true` attaches slirp4netns to the
+ * latter, or, with the option `network: 'host'`, shares the host's: see BubblewrapDriverOptions.network) — whose pid 1 is the sandbox
  * init (init/sandbox-init.c), which lives until the server closes its stdin or kills it, reaps orphans, and is the
  * one process the sandbox's own processes cannot signal. The root file system
  * is the image's (each top-level entry read-only) or the host's /usr with a minimal /etc and the host Python; the
@@ -116,11 +128,15 @@ export class BubblewrapDriver implements SandboxDriver {
   private readonly uidsInUse = new Set<number>();
   private readonly images: ImageMounts;
   private readonly cgroups: CgroupManager;
+  private readonly networkMode: 'isolated' | 'host';
+  private readonly slirpPath: string;
   private probe: Promise<Probe> | undefined;
 
   constructor(private readonly options: BubblewrapDriverOptions = {}) {
     this.log = (options.logger ?? silentLogger()).child({ component: 'sandbox' });
     this.bwrapPath = options.bwrapPath ?? 'bwrap';
+    this.networkMode = options.network ?? 'isolated';
+    this.slirpPath = options.slirp4netnsPath ?? 'slirp4netns';
     const mode = options.identity ?? 'auto';
     const isRoot = process.getuid?.() === 0;
     if (mode === 'setuid' && !isRoot) throw new RolloutError('failed_precondition', "bwrap identity 'setuid' needs the server to run as root");
@@ -135,6 +151,13 @@ export class BubblewrapDriver implements SandboxDriver {
     validateSpec(spec);
     throwIfAborted(signal);
     const probe = await this.ensureProbe();
+    const isolatedNetwork = spec.network && this.networkMode === 'isolated';
+    if (isolatedNetwork && !(await executable(this.slirpPath))) {
+      throw new RolloutError(
+        'sandbox_error',
+        `the sandbox asks for network, which sandbox.networkMode 'isolated' gives through slirp4netns, and ${this.slirpPath} cannot be run (not found or not executable): scripts/setup.sh installs it (apt package slirp4netns)`,
+      );
+    }
     throwIfAborted(signal);
     const id = newSandboxId();
     const undo: Array<() => Promise<void>> = [];
@@ -154,8 +177,12 @@ export class BubblewrapDriver implements SandboxDriver {
       const cgroup = await this.cgroups.create(id, spec.limits);
       undo.push(() => cgroup.remove());
       throwIfAborted(signal);
+      // The isolated network's DNS forwarder as /etc/resolv.conf: over the host's (host layout), or over an image's own
+      // regular file (a read-only /etc cannot take a new mount point; a symlink would be followed out of /etc).
+      const resolvConf = isolatedNetwork && (image === undefined || (await isRegularFile(join(image.root, 'etc', 'resolv.conf'))));
       const argv = buildHolderArgv({
-        bwrapPath: this.bwrapPath, identity, limits: spec.limits, network: spec.network, layout,
+        bwrapPath: this.bwrapPath, identity, limits: spec.limits, network: spec.network && this.networkMode === 'host', layout,
+        ...(resolvConf && { resolvConfFd: DATA_FD }),
         mounts: spec.mounts.map((m) => ({ source: m.source, dest: m.target, readOnly: m.readOnly ?? true })),
         workdir: spec.workdir, cgroupProcs: cgroup.procs, stageDir: probe.stageDir, infoFd: 4,
         ...(probe.init !== undefined && { init: probe.init }),
@@ -166,21 +193,38 @@ export class BubblewrapDriver implements SandboxDriver {
         timeoutMs: this.options.startTimeoutMs ?? 30_000,
         holderIsInit: probe.init !== undefined,
         closer: probe.closer,
+        ...(resolvConf && { data: SLIRP_RESOLV_CONF }),
         ...(signal !== undefined && { signal }),
       });
+      undo.push(async () => holder.kill());
+      let network: SlirpNetwork | undefined;
+      if (isolatedNetwork) {
+        const held = (file: (typeof NAMESPACES)[number]['file']): number => holder.namespaces.fds[NAMESPACES.findIndex((ns) => ns.file === file)]!;
+        const net = await SlirpNetwork.start({
+          slirpPath: this.slirpPath, netnsFd: held('net'), usernsFd: held('user'), enterUserns: process.getuid?.() !== 0, closer: probe.closer,
+          timeoutMs: this.options.startTimeoutMs ?? 30_000, ...(signal !== undefined && { signal }),
+        });
+        network = net;
+        undo.push(async () => net.kill());
+        // A sandbox that dies on its own loses its network at once, not at its stop().
+        void holder.exited.then(() => net.kill());
+      }
       if (this.capabilities.ptyLimit) {
         const failed = await limitPtys(holder, { identity, closer: probe.closer });
         if (failed !== undefined) this.ptyLimitFailed(failed);
       }
       const sandbox = new BubblewrapSandbox({
         id, spec, holder, cgroup, cgroups: this.cgroups.kind !== 'none', identity, python: spec.image === undefined ? probe.python : undefined,
-        closer: probe.closer, hasInit: probe.init !== undefined, logger: this.log,
+        closer: probe.closer, hasInit: probe.init !== undefined, logger: this.log, ...(network !== undefined && { network }),
         onStopped: async () => {
           this.releaseIdentity(identity);
           await image?.release();
         },
       });
-      this.log.debug({ sandbox: id, image: spec.image ?? 'host', cgroups: this.cgroups.kind, limits: spec.limits }, 'sandbox started');
+      this.log.debug(
+        { sandbox: id, image: spec.image ?? 'host', cgroups: this.cgroups.kind, limits: spec.limits, network: spec.network ? this.networkMode : 'none', slirpPid: network?.pid },
+        'sandbox started',
+      );
       return sandbox;
     } catch (err) {
       await rollback();
@@ -279,6 +323,10 @@ async function executable(command: string): Promise<boolean> {
   const candidates = command.includes('/') ? [command] : (process.env.PATH ?? '/usr/bin:/bin').split(':').map((d) => join(d, command));
   for (const c of candidates) if (await access(c, constants.X_OK).then(() => true, () => false)) return true;
   return false;
+}
+
+async function isRegularFile(path: string): Promise<boolean> {
+  return (await lstat(path).catch(() => undefined))?.isFile() ?? false;
 }
 
 /** Whether every directory from / down to `dir` lets other users through (o+x). */

@@ -45,9 +45,11 @@ export interface SandboxSpec {
   image: string | undefined;
   limits: SandboxLimits;
   /**
-   * Network access; off unless the task asks. On is the host's own network namespace: the host's loopback services
-   * (engines' control endpoints, the server's port), its abstract UNIX sockets and any metadata address it reaches
-   * (README, Sandboxes).
+   * Network access; off unless the task asks (loopback only). On, with bubblewrap's default `sandbox.networkMode`
+   * 'isolated': the sandbox's own network namespace NAT'ed out by slirp4netns, the host's 127.0.0.1 and abstract UNIX
+   * sockets out of reach, but whatever the host reaches on other addresses (its own non-loopback addresses, the LAN,
+   * a cloud metadata address) reachable. Under 'host', and always with Apptainer: the host's own network namespace,
+   * loopback services (engines' control endpoints, the server's port) included (README, Sandboxes).
    */
   network: boolean;
   mounts: readonly SandboxMount[];

@@ -1,4 +1,4 @@
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -215,11 +215,14 @@ export function describeSandboxConformance(name: string, makeDriver: () => Sandb
       expect(exit.exitCode === null || exit.exitCode !== 0).toBe(true);
     });
 
-    it('gives the network when the spec asks', async () => {
+    it('gives the network when the spec asks (an interface besides loopback)', async () => {
       const networked = await makeDriver().start(spec({ network: true }));
       try {
+        // Which one is the driver's: the host's own (Apptainer, bubblewrap under networkMode 'host') or slirp4netns's
+        // tap0 (bubblewrap's default, review-s39-isolated-network.test.ts).
         const inside = interfaces((await networked.exec(['cat', '/proc/net/dev'])).stdout);
-        expect(inside).toEqual(interfaces(readFileSync('/proc/net/dev', 'utf8')));
+        expect(inside).toContain('lo');
+        expect(inside.filter((i) => i !== 'lo').length).toBeGreaterThan(0);
       } finally {
         await networked.stop();
       }
