@@ -3,6 +3,7 @@ import { RolloutError } from './errors.js';
 import { BELOW_NORMAL, lowerHelperThreads } from './thread-priority.js';
 import { createLogger, type Logger } from './observability/logger.js';
 import { defaultRegistry, type EnvironmentRegistry } from './environments/registry.js';
+import { CheckPool } from './environments/math/check-pool.js';
 import { BackendPool } from './backends/pool.js';
 import { createEngineClient } from './backends/kinds.js';
 import { ModelNotServedError, withoutCredentials } from './backends/engine-http.js';
@@ -46,6 +47,8 @@ export interface RolloutServer extends RunningServer {
   readonly journal: Journal | undefined;
   /** The token threads (undefined with `tokenWorkers.count: 0`); closed by `shutdown`. */
   readonly tokenPool: TokenPool<TokenTask, TokenTaskResult> | undefined;
+  /** The built-in math and STEM answer checkers' threads (undefined with a registry given in the options); closed by `shutdown`. */
+  readonly checkPool: CheckPool | undefined;
   /** The Prometheus endpoint (config `metrics.port`; undefined when off); closed by `shutdown`. */
   readonly metrics: MetricsServer | undefined;
 }
@@ -84,7 +87,10 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
     const lowered = lowerHelperThreads();
     logger.child({ component: 'process' }).debug({ threads: lowered.length, nice: BELOW_NORMAL }, 'helper threads below the event loop');
   }
-  const registry = options.registry ?? defaultRegistry();
+  // The built-in answer checkers' threads (math, STEM) of this server's own environments, closed by `release`; it
+  // starts no thread before the first check, so a start that fails before `release` exists leaves none behind.
+  const checkPool = options.registry ? undefined : new CheckPool({ logger });
+  const registry = options.registry ?? defaultRegistry(checkPool && { math: { checkPool }, stem: { checkPool } });
   if (config.model.dir !== undefined) await checkModelDir(config.model.dir);
   checkEmbeddedModelFiles(config);
   const { tokenizer, template, parser, profile, dir, parserSource } = await loadModelBundle(config.model);
@@ -115,6 +121,7 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
     metrics?.close();
     await journal?.close();
     await tokenPool?.close();
+    await checkPool?.close();
     pool.close();
     await sandboxes?.close?.();
   };
@@ -229,5 +236,5 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
     j.onCommitChange = report;
     runtime.lifecycle.state$.subscribe({ next: report, error: () => undefined });
   }
-  return { ...server, config, runtime, pool, journal, tokenPool, metrics: metricsServer };
+  return { ...server, config, runtime, pool, journal, tokenPool, checkPool, metrics: metricsServer };
 }

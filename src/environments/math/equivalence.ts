@@ -16,8 +16,10 @@ import { numbersEqual, rational, roundedEqual, type Num } from './rational.js';
  *    expressions, so "x = 1" ≠ "y = 1".
  * 2. Numbers. Both sides evaluate without variables (integers, "1,000", decimals, 1e3, \frac, \sqrt, ^, \cdot,
  *    \times, functions, mixed numbers, \pi, e) → when either side is written with a decimal point, both are
- *    rounded to 6 places (math-verify's float_rounding: 0.333333 = 1/3, 2.0 = 2, but 0.333 ≠ 1/3, 3.14 ≠ π);
- *    otherwise exactly (rationals) or to 1e-10 (irrationals). A trailing unit word ("5 cm") is ignored.
+ *    rounded to 6 places (math-verify's float_rounding: 0.333333 = 1/3, but 0.333 ≠ 1/3, 3.14 ≠ π), except
+ *    against an integer, which a decimal must equal (2.0 = 2, 5.0000001 ≠ 5, as in math-verify); otherwise exactly
+ *    (rationals) or to 1e-10 (irrationals). A trailing unit word ("5 cm") is ignored; "or"/"and" and what follows
+ *    are no unit ("5 or x" ≠ 5: math-verify reads the set {5, x}).
  * 3. Percent. "50%" is 1/2 (so 50% = 0.5 = \frac12); an integer percent also equals the bare integer (9% = 9), as
  *    in math-verify, but 12.5% ≠ 12.5.
  * 4. Expressions with variables ("(x+1)^2" vs "x^2+2x+1", "\sin^2 x + \cos^2 x" vs "1"): the same variables, and
@@ -176,11 +178,14 @@ interface Reading extends ParsedNumber {
 }
 
 const UNIT_SUFFIX = /^(.*?\S)\s+[a-zA-Z]{1,20}(?: [a-zA-Z]{1,20}){0,3}$/;
+/** Words that join alternatives ("5 or x", "5 and more"): the number is one of several answers, not a measure. */
+const NOT_A_UNIT = /(?:^|\s)(?:or|and)(?:\s|$)/i;
 
 /** "5 cm" → "5" when what is left is a number; anything else unchanged. */
 function stripUnit(s: string): string {
   const unit = UNIT_SUFFIX.exec(s.length <= 200 ? s : '');
-  return unit && parseNumber(unit[1]!) ? unit[1]! : s;
+  if (!unit || NOT_A_UNIT.test(s.slice(unit[1]!.length))) return s;
+  return parseNumber(unit[1]!) ? unit[1]! : s;
 }
 
 /** The number a normalised answer is, if it is one without variables (a trailing unit word dropped). */
@@ -199,7 +204,11 @@ function numericReading(s: string): Reading | undefined {
 
 function numbersMatch(x: Reading, y: Reading): { equivalent: boolean; method: EquivalenceMethod } {
   const method: EquivalenceMethod = x.hasDecimal || y.hasDecimal ? 'rounded' : x.value.exact && y.value.exact ? 'rational' : 'tolerance';
-  const same = (a: Num, b: Num): boolean => (method === 'rounded' ? roundedEqual(a, b) : numbersEqual(a, b));
+  // A decimal against an integer must equal it (5.0 = 5, 5.0000001 ≠ 5): math-verify's sympy compares the rounded
+  // Float with the Integer exactly; rounding applies against a fraction or an irrational (0.333333 = 1/3) only.
+  const integer = (r: Reading): boolean => !r.hasDecimal && r.value.exact && r.value.d === 1n;
+  const rounded = method === 'rounded' && !integer(x) && !integer(y);
+  const same = (a: Num, b: Num): boolean => (rounded ? roundedEqual(a, b) : numbersEqual(a, b));
   if (same(x.value, y.value)) return { equivalent: true, method };
   // 9% = 9: math-verify compares two integers' values with the percent dropped; 12.5% ≠ 12.5.
   if (x.dropped && y.integerLiteral && !y.hasPercent && numbersEqual(x.dropped, y.value)) return { equivalent: true, method: 'rational' };

@@ -4,7 +4,8 @@ import { defineEnvironment } from '../define.js';
 import { openGradingSandbox } from '../grading-sandbox.js';
 import { reportedAnswer } from '../reported-answer.js';
 import type { Environment, Evaluation } from '../types.js';
-import { checkEquivalence, MAX_ANSWER_LENGTH } from './equivalence.js';
+import { sharedCheckPool, type CheckPool } from './check-pool.js';
+import { MAX_ANSWER_LENGTH } from './equivalence.js';
 import { findFinalAnswer } from './extract.js';
 import { mathInstanceSchema, type MathChecker, type MathInstance } from './instance.js';
 import { findMathVerify, mathVerifyMounts, runMathVerify, type MathVerifyInstallation } from './math-verify-checker.js';
@@ -39,6 +40,11 @@ export interface MathEnvironmentOptions {
   mathVerifyVenv?: string;
   /** Time for one math-verify check, ms (default 30 s); past it the sample is ENVIRONMENT_ERROR, never reward 0. */
   mathVerifyTimeoutMs?: number;
+  /**
+   * The threads the built-in checker runs on, off the event loop (check-pool.ts); a server gives its own and closes it
+   * on stop. Default: a process-wide pool whose threads start with the first check and never keep the process alive.
+   */
+  checkPool?: CheckPool;
 }
 
 /**
@@ -52,7 +58,10 @@ export interface MathEnvironmentOptions {
  * method is where the answer came from ('finish_tool' | 'boxed' | 'none'), checker is 'builtin' or 'math-verify',
  * and comparison is the built-in rule that decided (see equivalence.ts) or 'math-verify'. With math-verify the
  * report also holds what it parsed each side as (`parsed`) and the built-in checker's verdict (`builtin`), so a
- * run shows where the two disagree, and `checker_limit` when the answer's check ran past its bound (reward 0).
+ * run shows where the two disagree (null when the built-in check had no verdict), and `checker_limit` when the
+ * answer's check ran past its bound (reward 0). The built-in checker runs on a checker thread (check-pool.ts): past
+ * its CPU bound the answer is reward 0 with `checker_limit` too; a checker thread that dies or cannot start is
+ * ENVIRONMENT_ERROR.
  * The model's answer is reported to MAX_REPORTED_ANSWER_CHARS, with `extracted_chars` (its length) when cut.
  *
  * @example
@@ -70,6 +79,7 @@ export function createMathEnvironment(options: MathEnvironmentOptions = {}): Env
     throw new RolloutError('failed_precondition', 'math checker math-verify is not installed (scripts/setup.sh installs it into .venvs/math-verify)');
   }
   const checkerOf = (instance: MathInstance): MathChecker => instance.checker ?? defaultChecker;
+  const checkPool = options.checkPool ?? sharedCheckPool();
   // On a server without math-verify, an instance asking for it is refused at submission, naming the field.
   const instanceSchema = mathVerify
     ? mathInstanceSchema
@@ -98,12 +108,21 @@ export function createMathEnvironment(options: MathEnvironmentOptions = {}): Env
           report: { extracted: null, reference, method: 'none', checker: checkerOf(instance), comparison: 'none' },
         };
       }
-      const builtin = checkEquivalence(found.answer, instance.answer);
+      const builtinCheck = checkPool.check({ kind: 'equivalence', predicted: found.answer, reference }, signal);
       const report = { ...reportedAnswer(found.answer, MAX_REPORTED_ANSWER_CHARS), reference, method: found.source };
       if (checkerOf(instance) === 'builtin') {
-        const correct = builtin.equivalent ? 1 : 0;
-        return { reward: correct, details: { correct, has_answer: 1 }, report: { ...report, checker: 'builtin', comparison: builtin.method } };
+        const builtin = await builtinCheck;
+        if ('limit' in builtin) {
+          return { reward: 0, details: { correct: 0, has_answer: 1 }, report: { ...report, checker: 'builtin', comparison: 'none', checker_limit: builtin.limit } };
+        }
+        const correct = builtin.result.equivalent ? 1 : 0;
+        return { reward: correct, details: { correct, has_answer: 1 }, report: { ...report, checker: 'builtin', comparison: builtin.result.method } };
       }
+      // With math-verify deciding, the built-in verdict is only reported: one it could not give is null, not a failure.
+      const builtinVerdict = builtinCheck.then(
+        (b) => ('limit' in b ? null : b.result.equivalent),
+        () => null,
+      );
       // In a fresh sandbox from the image with math-verify's packages bound in read-only, not in the episode's: what
       // the model left running there (or the memory and processes it used up) cannot break or sway the check.
       if (!mathVerify) throw new RolloutError('environment_error', 'math-verify is not installed on this server');
@@ -119,7 +138,7 @@ export function createMathEnvironment(options: MathEnvironmentOptions = {}): Env
           checker: 'math-verify',
           comparison: 'math-verify',
           parsed: { gold: verdict!.gold, pred: verdict!.pred.map(capText) },
-          builtin: builtin.equivalent,
+          builtin: await builtinVerdict,
           ...(verdict!.limit !== undefined && { checker_limit: verdict!.limit }),
         },
       };

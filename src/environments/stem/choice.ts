@@ -49,19 +49,37 @@ function leadingLetter(text: string, count: number): { index: number; rest: stri
  * 3. it is equivalent to exactly one choice under the math environment's answer equivalence (0.5 ~ 1/2).
  */
 export function resolveChoice(answer: string, choices: readonly string[]): number | undefined {
-  if (answer.length > MAX_ANSWER_TEXT) return undefined;
+  const byText = choiceByText(answer, choices);
+  return 'plain' in byText ? choiceByEquivalence(byText.plain, choices) : byText.index;
+}
+
+/**
+ * Rules 1 and 2 of {@link resolveChoice} (a few anchored patterns over at most MAX_ANSWER_TEXT characters: cheap):
+ * the choice, or `plain` (the answer without its "The answer is" dress) when rule 3 must decide.
+ */
+export function choiceByText(answer: string, choices: readonly string[]): { index: number | undefined } | { plain: string } {
+  if (answer.length > MAX_ANSWER_TEXT) return { index: undefined };
   const plain = answer.replace(/\*\*|__|`/g, '').replace(/^\s*(?:the\s+)?(?:final\s+|correct\s+)?(?:answer|option|choice)\s*(?:is\b|:)?\s*:?\s*/i, '').trim();
   const normalized = normalizeChoiceText(plain);
-  if (normalized === '') return undefined;
+  if (normalized === '') return { index: undefined };
   const texts = choices.map(normalizeChoiceText);
   const exact = texts.flatMap((t, i) => (t === normalized ? [i] : []));
-  if (exact.length === 1) return exact[0];
+  if (exact.length === 1) return { index: exact[0] };
   const led = leadingLetter(plain.replace(/^\$+|\$+$/g, '').trim(), choices.length);
   if (led) {
     const rest = normalizeChoiceText(led.rest);
     const other = texts.findIndex((t, i) => i !== led.index && t === rest && t !== texts[led.index]);
-    return rest !== '' && other >= 0 ? undefined : led.index;
+    return { index: rest !== '' && other >= 0 ? undefined : led.index };
   }
+  return { plain };
+}
+
+/**
+ * Rule 3 of {@link resolveChoice}: the one choice `plain` is equivalent to under the math environment's answer
+ * equivalence, undefined when none or several. This is the costly part (a hostile answer: tens of ms per choice), so
+ * the STEM environment runs it on a checker thread (math/check-pool.ts).
+ */
+export function choiceByEquivalence(plain: string, choices: readonly string[]): number | undefined {
   const equivalent = choices.flatMap((c, i) => (answersEquivalent(plain, c) ? [i] : []));
   return equivalent.length === 1 ? equivalent[0] : undefined;
 }

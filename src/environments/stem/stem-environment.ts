@@ -1,9 +1,11 @@
 import type { ChatMessage } from '../../tokens/types.js';
 import type { ToolRegistry } from '../../tools/registry.js';
 import { defineEnvironment } from '../define.js';
+import { sharedCheckPool, type CheckOutcome, type CheckPool } from '../math/check-pool.js';
+import type { CheckTask } from '../math/check-tasks.js';
 import { reportedAnswer } from '../reported-answer.js';
 import type { Environment, Evaluation } from '../types.js';
-import { choiceLetter, findStemAnswer, resolveChoice } from './choice.js';
+import { choiceByText, choiceLetter, findStemAnswer } from './choice.js';
 import { DEFAULT_RELATIVE_TOLERANCE, stemInstanceSchema, type StemInstance } from './instance.js';
 import { compareQuantity } from './quantity.js';
 import { mathjsUnits, type UnitSystem } from './units.js';
@@ -31,6 +33,12 @@ export interface StemEnvironmentOptions {
   units?: UnitSystem;
   /** Relative tolerance of numeric answers whose instance gives none (default {@link DEFAULT_RELATIVE_TOLERANCE}). */
   defaultTolerance?: number;
+  /**
+   * The threads answers are checked on, off the event loop (math/check-pool.ts); a server gives its own and closes it
+   * on stop. Default: a process-wide pool. With `units` other than the default, numeric answers are checked inline
+   * (a thread has only the default unit system).
+   */
+  checkPool?: CheckPool;
 }
 
 /** The first messages of a question: choices listed as "A) ...", a unit named when the reference has one. */
@@ -59,7 +67,8 @@ export function stemPrompt(instance: StemInstance): ChatMessage[] {
  *
  * details: { correct, has_answer }; report: { kind, extracted, source, reference, ... } with, for multiple
  * choice, `chosen` and `correct_choice` letters, and for numeric answers `reason`, `converted` (the answer in the
- * reference's unit), `unit` and `tolerance`.
+ * reference's unit), `unit` and `tolerance`. Checks run on a checker thread (math/check-pool.ts): one past its CPU
+ * bound is reward 0 with `checker_limit`; a checker thread that dies or cannot start is ENVIRONMENT_ERROR.
  *
  * @example
  * const stem = createStemEnvironment();
@@ -68,6 +77,7 @@ export function stemPrompt(instance: StemInstance): ChatMessage[] {
  */
 export function createStemEnvironment(options: StemEnvironmentOptions = {}): Environment<StemInstance> {
   const units = options.units ?? mathjsUnits;
+  const checkPool = options.checkPool ?? sharedCheckPool();
   return defineEnvironment({
     name: 'stem',
     description:
@@ -76,15 +86,25 @@ export function createStemEnvironment(options: StemEnvironmentOptions = {}): Env
     prompt: stemPrompt,
     tools: STEM_TOOL_NAMES,
     ...(options.toolRegistry && { toolRegistry: options.toolRegistry }),
-    async evaluate({ instance, outcome }): Promise<Evaluation> {
+    async evaluate({ instance, outcome, signal }): Promise<Evaluation> {
       const found = findStemAnswer(outcome);
       const reference = instance.kind === 'choice' ? choiceLetter(instance.correct) : instance.answerText;
       if (!found) {
         return { reward: 0, details: { correct: 0, has_answer: 0 }, report: { kind: instance.kind, extracted: null, source: 'none', reference } };
       }
       const base = { kind: instance.kind, ...reportedAnswer(found.answer, MAX_REPORTED_ANSWER_CHARS), source: found.source, reference };
+      const limited = (limit: string): Evaluation => ({ reward: 0, details: { correct: 0, has_answer: 1 }, report: { ...base, checker_limit: limit } });
       if (instance.kind === 'choice') {
-        const chosen = resolveChoice(found.answer, instance.choices);
+        // Rules 1 and 2 (the letter or the text) are a few anchored patterns; only the equivalence rule goes to a thread.
+        const byText = choiceByText(found.answer, instance.choices);
+        let chosen: number | undefined;
+        if ('plain' in byText) {
+          const checked = await checkPool.check({ kind: 'choice', plain: byText.plain, choices: [...instance.choices] }, signal);
+          if ('limit' in checked) return limited(checked.limit);
+          chosen = checked.result ?? undefined;
+        } else {
+          chosen = byText.index;
+        }
         const correct = chosen === instance.correct ? 1 : 0;
         return {
           reward: correct,
@@ -92,7 +112,13 @@ export function createStemEnvironment(options: StemEnvironmentOptions = {}): Env
           report: { ...base, chosen: chosen === undefined ? null : choiceLetter(chosen), correct_choice: reference },
         };
       }
-      const verdict = compareQuantity(found.answer, instance.reference, units);
+      // The parsed unit stays here (a thread parses the text again); a custom unit system has no thread: inline.
+      const { unit: _parsed, ...numeric } = instance.reference;
+      const task = { kind: 'quantity' as const, answer: found.answer, reference: numeric } satisfies CheckTask;
+      const checked: CheckOutcome<typeof task> =
+        units === mathjsUnits ? await checkPool.check(task, signal) : { result: compareQuantity(found.answer, instance.reference, units) };
+      if ('limit' in checked) return limited(checked.limit);
+      const verdict = checked.result;
       const correct = verdict.correct ? 1 : 0;
       return {
         reward: correct,
