@@ -44,11 +44,22 @@ _FAILED_PRECONDITION = 9
 #: When the client acks a trajectory (see AsyncRolloutClient, "Acks").
 ACK_MODES = ("consumed", "manual", "received")
 
+#: submit_timeout's default: no bound. A server answers a spec once it admits the task: at once, unless it is full (its
+#: maxAdmitted samples running, other trainers' included: src/runtime.ts waits for room before answering, without a
+#: bound), and behind SWE-length samples that wait is legitimately tens of minutes: a default bound would fail healthy
+#: work of a long run. As the TypeScript client's submitTimeoutMs, it is opt-in.
+_SUBMIT_TIMEOUT: Optional[float] = None
+
 #: Samples acked before consumption (a paused delivery) are logged at WARNING at most this often.
 _WARN_EARLY_EVERY = 30.0
 
 #: A submit waiting this long for room while queued samples go untaken is said at WARNING (again as long as it waits).
 _WARN_ROOM_AFTER = 30.0
+
+
+#: Queued to wake a samples()/groups() reader waiting on the queue when its until_idle end may have come without a
+#: sample (a task refused when sent again: _reject); the reader looks again whether it is idle.
+_WAKE: Any = object()
 
 
 class _GiveBack(Exception):
@@ -78,6 +89,8 @@ class _Task:
         self.retry_delay = _RETRY_FIRST
         #: The server that last refused it because delivery to the session was paused, while it waits to be retried.
         self.refused_by_pause: Optional[Connection] = None
+        #: Ends the wait for the answer to its spec (submit_timeout), while one is awaited (see _expect_answer).
+        self.answer_timer: Optional[asyncio.TimerHandle] = None
 
     def group(self) -> Group:
         return Group(self.task_id, self.spec.group_id, [self.samples[i] for i in sorted(self.samples)])
@@ -161,6 +174,21 @@ class AsyncRolloutClient:
     stream, which is re-opened for the other tasks. A trajectory over the channel's max_receive_message_length (the
     server would re-send it on every resume) fails every call, naming the option to raise.
 
+    submit_timeout (seconds; default None: no bound): how long a spec waits for its server's answer (TaskAccepted or
+    TaskRejected), the server's SessionOpened included, from when it is given to that server (not while the submit
+    waits for room under max_in_flight; a temporary refusal's retries have retry_rejected_for). A full server (at its
+    maxAdmitted samples, other trainers' included) answers only once it has room: raise it, or None, where
+    a submit may wait longer than that behind other work. Past it the task fails
+    with RolloutClientError naming the server and what it waited for (the answer on an open session, or SessionOpened
+    and the stream's last status) and is cancelled there: submit/run_group raise it, and a task whose spec was sent
+    again (a new session after its server lost ours) fails as a refused one does (see _reject). With several servers,
+    one out of reach is failed over after failover_after first.
+
+    A server that sends a message the client cannot decode, or while handling whose messages the client fails, is lost
+    for good when other servers remain (never re-opened: it would send the same bytes on every resume): its unfinished
+    tasks are submitted again to the others as after a failover, and connection_stats() says why ("failed"). The last
+    server left fails every call with that error.
+
     keepalive_time/keepalive_timeout (seconds): HTTP/2 pings that find a connection whose peer vanished without a
     reset (None turns them off); without them such a stream would wait forever and failover would never fire.
 
@@ -185,6 +213,7 @@ class AsyncRolloutClient:
         retry_rejected_for: float = 60.0,
         ack: str = "consumed",
         resume: bool = False,
+        submit_timeout: Optional[float] = _SUBMIT_TIMEOUT,
     ) -> None:
         names = [targets] if isinstance(targets, str) else list(targets)
         if not names:
@@ -195,6 +224,9 @@ class AsyncRolloutClient:
             raise ValueError(f"ack: must be one of {', '.join(ACK_MODES)}, got {ack!r}")
         if resume and not session_id:
             raise ValueError("resume: needs the session_id of the session to resume")
+        if submit_timeout is not None and not submit_timeout > 0:
+            raise ValueError(f"submit_timeout: must be a number of seconds > 0, or None for no bound; got {submit_timeout!r}")
+        self.submit_timeout = submit_timeout
         self.session_id = session_id or f"py-{uuid.uuid4().hex}"
         self.ack_mode = ack
         self._resume = resume
@@ -213,7 +245,7 @@ class AsyncRolloutClient:
         self._max_send_bytes = min((c.max_send_bytes for c in self._conns if c.max_send_bytes is not None), default=None)
         self._tasks: Dict[str, _Task] = {}
         self._finished: "collections.OrderedDict[str, None]" = collections.OrderedDict()
-        self._stream: "asyncio.Queue[Optional[Sample]]" = asyncio.Queue()
+        self._stream: "asyncio.Queue[Any]" = asyncio.Queue()  # samples; None: closed; _WAKE
         self._stream_outstanding = 0  # samples of submit()ted tasks not yet handed out
         #: samples()/groups() iterators waiting for the queue (a pause while they wait may need saying, see _on_delivery_paused).
         self._readers_waiting = 0
@@ -226,6 +258,8 @@ class AsyncRolloutClient:
         self._room_line: "collections.deque[object]" = collections.deque()
         self._closed = False
         self._fatal: Optional[BaseException] = None
+        #: Set when the client fails, closes, or loses a server for good: wait_connected() must not wait on.
+        self._gone = asyncio.Event()
         self._waiters: Set["asyncio.Future[Any]"] = set()
         self._round_robin = itertools.count()
         #: Samples stored and not acked yet (ack modes other than "received"), with the servers that sent them.
@@ -399,6 +433,8 @@ class AsyncRolloutClient:
             sample = await self._next_stream_sample()
             if sample is None:
                 return
+            if sample is _WAKE:
+                continue
             # Handed off (its slot freed) once the caller comes back for the next one or leaves the loop holding it;
             # acked ("consumed") only when it comes back: the one a loop left on may not have been used.
             self._lent += 1
@@ -425,6 +461,8 @@ class AsyncRolloutClient:
             sample = await self._next_stream_sample()
             if sample is None:
                 return
+            if sample is _WAKE:
+                continue
             task = self._tasks.get(sample.task_id)
             if task is None:
                 # Its task was refused when sent again (see _reject): no group to hand out; acked, as nobody gets it.
@@ -452,8 +490,9 @@ class AsyncRolloutClient:
                     if not given_back:
                         self._hand_off_samples(samples, ack=came_back)
 
-    async def _next_stream_sample(self) -> Optional[Sample]:
-        """The next sample of the shared queue; None once the client is closed (or failed: then it raises)."""
+    async def _next_stream_sample(self) -> Any:
+        """The next sample of the shared queue; None once the client is closed (or failed: then it raises); _WAKE when
+        the caller should look again whether it is idle."""
         if self._stream.empty():
             # The caller is about to wait: if a server waits for acks meanwhile, groups() must not hold its partial
             # groups unacked (see "Acks" in the class doc).
@@ -484,7 +523,7 @@ class AsyncRolloutClient:
 
     def _give_back(self, samples: List[Sample]) -> None:
         """Puts samples an iterator yielded to nobody back at the head of the queue, in order."""
-        rest: List[Optional[Sample]] = []
+        rest: List[Any] = []
         while not self._stream.empty():
             rest.append(self._stream.get_nowait())
         for item in [*samples, *rest]:
@@ -653,6 +692,7 @@ class AsyncRolloutClient:
         asyncio.ensure_future(notify())
 
     def _forget(self, task: _Task) -> None:
+        self._stop_answer_timer(task)
         self._tasks.pop(task.task_id, None)
         if task.conn is not None:
             task.conn.tasks.pop(task.task_id, None)
@@ -661,6 +701,42 @@ class AsyncRolloutClient:
             self._finished.popitem(last=False)
 
     # -- what the connections report ---------------------------------------------------------------------------
+
+    def _expect_answer(self, task: _Task) -> None:
+        """`task`'s spec now waits for its server's answer: for up to submit_timeout seconds (see _no_answer)."""
+        self._stop_answer_timer(task)
+        if self.submit_timeout is not None:
+            task.answer_timer = self._loop.call_later(self.submit_timeout, self._no_answer, task, task.conn)
+
+    def _stop_answer_timer(self, task: _Task) -> None:
+        if task.answer_timer is not None:
+            task.answer_timer.cancel()
+            task.answer_timer = None
+
+    def _no_answer(self, task: _Task, conn: Optional[Connection]) -> None:
+        """submit_timeout passed with no answer to `task`'s spec from `conn`: the task fails naming the server and what
+        it waited for, and is cancelled there (it may have got the spec; its samples, should they come, are dropped)."""
+        task.answer_timer = None
+        if conn is None or task.conn is not conn or task.answered or self._tasks.get(task.task_id) is not task or self._closed or self._fatal is not None:
+            return
+        if len(task.samples) >= task.num_samples:
+            return  # a spec sent again (new session) for a group already whole here: nothing waits on its answer
+        error = RolloutClientError(conn.no_answer(task.task_id, self.submit_timeout or 0.0))
+        log.warning("%s", error)
+        self._reject(task, error)
+        conn.cancel(task.task_id)
+
+    def _on_server_failed(self, conn: Connection, error: RolloutClientError) -> None:
+        """`conn`'s runner ended on `error` (a message it cannot decode, a failure handling one): with other servers
+        left, it alone is lost for good and its unfinished tasks go to them (as after a failover); the last one fails
+        the client."""
+        if not any(c is not conn and c.failed is None for c in self._conns):
+            self._on_fatal(conn, error)
+            return
+        log.error("%s; this server is lost for good, its unfinished tasks go to the other servers", error)
+        conn.dead = True
+        self._failover(conn)
+        self._gone.set()
 
     def _on_accepted(self, task: _Task, num_samples: int) -> None:
         if num_samples != task.num_samples:
@@ -744,7 +820,8 @@ class AsyncRolloutClient:
             return
         self._pick().assign(task)
 
-    def _reject(self, task: _Task, error: TaskRejectedError) -> None:
+    def _reject(self, task: _Task, error: RolloutClientError) -> None:
+        self._stop_answer_timer(task)
         if task.conn is not None:
             task.conn.release([task.task_id])  # a copy of its spec still queued there is not sent
         if task.accepted.done() and task.accepted.exception() is None and not task.via_run_group:
@@ -767,6 +844,10 @@ class AsyncRolloutClient:
         self._release(task.num_samples - len(task.handed), stream=not task.via_run_group)
         task.handed.update(range(task.num_samples))
         self._forget(task)
+        if not task.via_run_group and self._readers_waiting > 0 and self._stream.empty():
+            # A samples()/groups() loop waiting for this task's samples (submit() had returned) would wait for ever:
+            # with until_idle, it may be done now.
+            self._stream.put_nowait(_WAKE)
 
     def _on_trajectory(self, conn: Connection, t: Any) -> None:
         ref = (t.task_id, t.sample_index)
@@ -901,6 +982,7 @@ class AsyncRolloutClient:
         log.error("%s", error)
         if self._fatal is None:
             self._fatal = error
+        self._gone.set()
         self._fail_waiters(self._fatal)
         self._stream.put_nowait(None)
         self._wake_room()  # a submit waiting for room would wait until close() (for ever in a sync client's thread)
@@ -916,7 +998,8 @@ class AsyncRolloutClient:
 
     def _pick(self) -> Connection:
         """The least-loaded server among those not lost, connected ones first; ties rotate."""
-        live = [c for c in self._conns if not c.dead] or self._conns
+        usable = [c for c in self._conns if c.failed is None] or self._conns
+        live = [c for c in usable if not c.dead] or usable
         up = [c for c in live if c.connected.is_set()] or live
         start = next(self._round_robin) % len(up)
         rotated = up[start:] + up[:start]
@@ -944,12 +1027,32 @@ class AsyncRolloutClient:
             raise ClientClosedError("the client is closed")
 
     def connection_stats(self) -> List[Dict[str, Any]]:
-        """Per server: address, connected, lost (dead), load (samples owed), reconnects, redelivered, sessions_lost."""
-        return [{"target": c.target, "connected": c.connected.is_set(), "dead": c.dead, "load": c.load, **c.stats} for c in self._conns]
+        """Per server: address, connected, lost (dead), failed (why it is lost for good, else None), load (samples owed),
+        reconnects, redelivered, sessions_lost, delivery_paused."""
+        return [
+            {"target": c.target, "connected": c.connected.is_set(), "dead": c.dead, "failed": str(c.failed) if c.failed else None, "load": c.load, **c.stats}
+            for c in self._conns
+        ]
 
     async def wait_connected(self, timeout: Optional[float] = None) -> None:
-        """Waits until every server's stream is open (tests and scripts that want to fail early)."""
-        await asyncio.wait_for(asyncio.gather(*(c.connected.wait() for c in self._conns)), timeout)
+        """Waits until every server's stream is open (tests and scripts that want to fail early). Raises the client's
+        error once it failed (or ClientClosedError), and a server's once it is lost for good: neither opens again."""
+
+        async def wait() -> None:
+            up = asyncio.ensure_future(asyncio.gather(*(c.connected.wait() for c in self._conns)))
+            gone = asyncio.ensure_future(self._gone.wait())
+            try:
+                await asyncio.wait({up, gone}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                up.cancel()
+                gone.cancel()
+
+        self._check_open()
+        await asyncio.wait_for(wait(), timeout)
+        self._check_open()
+        failed = next((c.failed for c in self._conns if c.failed is not None), None)
+        if failed is not None:
+            raise failed
 
     async def close(self, *, cancel_pending: bool = True) -> None:
         """Ends the streams. With cancel_pending (default) unfinished tasks are cancelled on the servers first;
@@ -957,6 +1060,7 @@ class AsyncRolloutClient:
         if self._closed:
             return
         self._closed = True
+        self._gone.set()
         if cancel_pending:
             for task in list(self._tasks.values()):
                 if len(task.samples) < task.num_samples:

@@ -13,10 +13,13 @@ What a re-open would meet again is not retried. A status no retry changes (a bad
 the client, and so does ABORTED: another client resumed this session (SessionTakenOverError), and resuming it back
 would have the two evict each other for ever. A stream that ended on a message over a size limit fails the task specs
 over it (TaskTooLargeError), since they would end every stream they were re-sent on, and the stream is re-opened for
-the others; a trajectory over this channel's receive limit (re-sent on every resume) fails the client. Any other
-status is a broken stream, re-opened: RESOURCE_EXHAUSTED that names no size limit among them (the server ended or reset
-a stream whose client took nothing for its sessions.stalledMs, "Bandwidth exhausted or memory limit exceeded"), and a
-call this client cancelled itself (see _writer_done).
+the others; a trajectory over this channel's receive limit (re-sent on every resume) fails the client. A message
+this client cannot decode, or a failure while handling one, ends this server's runner: with other servers left it
+alone is lost for good (its tasks moved to them), else the client fails (see _run). A resume answered with another
+session id is the session gone (as NOT_FOUND); a fresh open answered so, a faulty server (as an undecodable message).
+Any other status is a broken stream, re-opened: RESOURCE_EXHAUSTED that names no size limit among them (the server
+ended or reset a stream whose client took nothing for its sessions.stalledMs, "Bandwidth exhausted or memory limit
+exceeded"), and a call this client cancelled itself (see _writer_done).
 
 A dead peer that sends no RST (a host that vanished, a silently dropped NAT entry) is found by HTTP/2 keepalive
 pings: without them the stream would wait forever and failover would never fire. The failover clock runs on its own
@@ -67,6 +70,11 @@ _CORE_PLACEHOLDER = "Internal error from Core"
 
 #: How often _final_status looks again for core's status while the call still shows the placeholder.
 _STATUS_POLL = 0.005
+
+#: A flood of DeliveryPaused notices (a faulty server's, or a real one pausing and resuming at every ack while it
+#: releases held samples) runs the client's pause scan (every task, every unacked sample) at most once per this many
+#: seconds per server: the first notice at once, the others of a burst by one scan at its end (see _pause_scan).
+_PAUSE_SCAN_EVERY = 0.1
 
 #: Acks wait this long for others to go with them (a consumer acks one sample at a time): one Ack message per stream per
 #: interval at most, whatever the rate. Sent at once when the server has paused delivery (it waits for them).
@@ -169,6 +177,10 @@ class _StreamEnded(Exception):
     """The server ended the stream without an error (e.g. it is shutting down)."""
 
 
+class _SessionGone(Exception):
+    """A resume answered with another session than the one asked for: the server no longer has ours (as NOT_FOUND)."""
+
+
 def _task_of(request: Any) -> Optional[str]:
     """The task id a queued spec or cancel is about (None for acks and the close marker)."""
     if request is None or isinstance(request, _Acks):
@@ -228,6 +240,8 @@ class Connection:
         self.connected = asyncio.Event()
         #: Declared lost (its tasks moved elsewhere); it keeps reconnecting and takes new tasks again once back.
         self.dead = False
+        #: Lost for good (see _run): what ended its runner. Its tasks went elsewhere; it takes none again.
+        self.failed: Optional[RolloutClientError] = None
         self._closing = False
         self._opened_once = False
         self._resend_all = False
@@ -237,6 +251,11 @@ class Connection:
         #: Since when the stream is down (None while it is open), and the timer that declares the server lost.
         self._down_since: Optional[float] = None
         self._failover_timer: Optional[asyncio.TimerHandle] = None
+        #: The last status the stream broke with ("" before any), said when a submit times out (see no_answer).
+        self.last_break = ""
+        #: When the pause scan last ran, and the one due at the end of a burst of notices (see _pause_scan).
+        self._pause_scanned_at = float("-inf")
+        self._pause_scan_timer: Optional[asyncio.TimerHandle] = None
         self.stats = {"reconnects": 0, "redelivered": 0, "sessions_lost": 0, "delivery_paused": 0}
 
     # -- what the client calls ---------------------------------------------------------------------------------
@@ -255,13 +274,30 @@ class Connection:
         task.conn = self
         task.answered = False
         self._outbox.put_nowait(rollout_pb2.RolloutRequest(task=task.spec))
+        self._client._expect_answer(task)
+
+    def no_answer(self, task_id: str, waited: float) -> str:
+        """What a submit that got no answer from this server within `waited` seconds is told: which server, and what it
+        waited for (the answer to the spec on an open session, or the session itself)."""
+        head = f"{self.target}: no answer to task {task_id}'s spec within {waited:g} s (submit_timeout)"
+        if self.connected.is_set():
+            return f"{head}: the session is open, but the server sent neither TaskAccepted nor TaskRejected for it; cancelled there"
+        if self._opened_once:
+            what = "the stream broke and is not open again (waiting for the server's SessionOpened)"
+        elif self._call is not None and not self.last_break:
+            what = "the session never opened: the server took the stream but sent no SessionOpened"
+        else:
+            what = "the session never opened (no SessionOpened)"
+        return f"{head}: {what}" + (f"; last stream status {self.last_break}" if self.last_break else "")
 
     def release(self, task_ids: Iterable[str]) -> None:
         """Forgets tasks that now run elsewhere (failover) or wait to be submitted again (a temporary rejection): their
         specs and cancels still queued here are dropped, so this server does not start them when it comes back."""
         ids: Set[str] = set(task_ids)
         for task_id in ids:
-            self.tasks.pop(task_id, None)
+            task = self.tasks.pop(task_id, None)
+            if task is not None:
+                self._client._stop_answer_timer(task)
         kept: List[Any] = []
         while not self._outbox.empty():
             request = self._outbox.get_nowait()
@@ -275,7 +311,7 @@ class Connection:
 
     def ack(self, refs: List[Tuple[str, int]]) -> None:
         """Acks trajectories; those of _ACK_DELAY seconds go together (at once while delivery is paused)."""
-        if not refs or self._closing:
+        if not refs or self._closing or self.failed is not None:
             return
         self._acks.extend(refs)
         if self.paused or len(self._acks) >= self.max_ack_entries:
@@ -296,6 +332,9 @@ class Connection:
         self._flush_acks()
         self._closing = True
         self._cancel_failover_timer()
+        if self._pause_scan_timer is not None:
+            self._pause_scan_timer.cancel()
+            self._pause_scan_timer = None
         self._outbox.put_nowait(None)
         if self._runner is not None:
             try:
@@ -355,23 +394,32 @@ class Connection:
         so every waiting and later call raises instead of waiting for ever on a runner that is gone (no re-open, no
         failover): a status a retry would get again (see _reconnect), a message this client cannot decode (_read), and
         any other exception (a bug in the client's own bookkeeping met while handling a message, a channel that cannot
-        be made). Those are not retried: the state a failed handler left is unknown (a sample handed out twice, a slot
+        be made). The last two are this server's: with other servers left, it alone is lost for good and its unfinished
+        tasks go to them (AsyncRolloutClient._on_server_failed); the others' work is not theirs to fail. Not retried: the state a failed handler left is unknown (a sample handed out twice, a slot
         lost for good would be silent), and a resume re-sends the same messages; resume=True with this session_id, in a
         new client, gets every unacked sample again."""
         try:
             await self._reconnect()
         except RolloutClientError as err:
             if not self._closing:
-                self._client._on_fatal(self, err)
+                self._lost_for_good(err)
         except Exception as err:  # noqa: BLE001 - whatever it is, the callers must hear of it
             if not self._closing:
                 log.exception("%s: the client failed handling its Rollout stream", self.target)
-                self._client._on_fatal(self, RolloutClientError(
+                self._lost_for_good(RolloutClientError(
                     f"{self.target}: the client failed handling its Rollout stream ({err!r}): a bug in rollout_client, "
                     "please report it with the traceback logged"
                 ))
         finally:
             self._cancel_failover_timer()
+
+    def _lost_for_good(self, error: RolloutClientError) -> None:
+        """The runner ended on `error` (not re-opened: see _run). With other servers this one alone is lost, for good,
+        its tasks moved to them; the last one fails the client (AsyncRolloutClient._on_server_failed)."""
+        self.failed = error
+        self.connected.clear()
+        self._acks = []
+        self._client._on_server_failed(self, error)
 
     async def _reconnect(self) -> None:
         """Opens the stream, and opens it again whenever it breaks, until close() or a status a retry would get again."""
@@ -414,6 +462,12 @@ class Connection:
                             self._client._on_fatal(self, fatal)
                             return
                     code, detail = err.code().name, err.details() or ""
+                except _SessionGone as gone:
+                    # As NOT_FOUND: open the session afresh under our id (never take another's) and submit again.
+                    log.warning("%s: %s; re-submitting %d tasks", self.target, gone, len(self.tasks))
+                    self.stats["sessions_lost"] += 1
+                    self._resend_all = True
+                    code, detail = "OK", str(gone)
                 except _StreamEnded:
                     code, detail = "OK", "the server ended the stream"
                 finally:
@@ -423,6 +477,7 @@ class Connection:
                         self._stream_down()
                 if self._closing:
                     return
+                self.last_break = f"{code}: {detail}"
                 now = loop.time()
                 if self._opened_at is not None:
                     # It had opened: a new outage starts, unless it broke at once again (a stream that opens and then
@@ -509,7 +564,16 @@ class Connection:
             if first.WhichOneof("kind") == "opened":
                 break
             self._dispatch(first)
-        self.session_id = first.opened.session_id or self.session_id
+        answered = first.opened.session_id
+        if answered and answered != self.session_id:
+            if resume:
+                raise _SessionGone(f"the resume of session {self.session_id!r} was answered with session {answered!r}: ours is gone")
+            # The server opens the id it is given (src/contract/sessions.ts): taken, a later resume would take a
+            # session not this client's.
+            raise RolloutClientError(
+                f"{self.target}: the server answered the open of session {self.session_id!r} with session {answered!r} "
+                "(SessionOpened.session_id): a faulty server; this client takes no session but its own"
+            )
         self.stats["redelivered"] += first.opened.redelivered
         self._opened_at = asyncio.get_running_loop().time()
         self._stream_up()
@@ -522,6 +586,9 @@ class Connection:
         for task in self.tasks.values():
             if resend_all or not task.answered:
                 resend.append(rollout_pb2.RolloutRequest(task=task.spec))
+                if task.answered:  # a new session: the spec waits for its answer again (and for up to submit_timeout)
+                    task.answered = False
+                    self._client._expect_answer(task)
             if task.cancel_requested:
                 resend.append(rollout_pb2.RolloutRequest(cancel=rollout_pb2.CancelTask(task_id=task.task_id)))
         self.connected.set()
@@ -589,11 +656,13 @@ class Connection:
             task = self.tasks.get(response.accepted.task_id)
             if task is not None:
                 task.answered = True
+                self._client._stop_answer_timer(task)
                 self._client._on_accepted(task, response.accepted.num_samples)
         elif kind == "rejected":
             rejected = response.rejected
             task = self.tasks.get(rejected.task_id)
             if task is not None:
+                self._client._stop_answer_timer(task)
                 self._client._on_rejected(self, task, rejected.field, rejected.reason, rejected.code)
             elif not rejected.task_id:
                 # A request of no task (an ack): nothing waits for its answer, but what it carried was not applied.
@@ -605,5 +674,27 @@ class Connection:
             if self.paused:
                 self.stats["delivery_paused"] += 1
                 self._flush_acks()
-                self._client._on_delivery_paused(self)
+                self._pause_scan()
             log.debug("%s: delivery %s (%d unacked bytes, limit %d, %d held)", self.target, "resumed" if notice.resumed else "paused", notice.unacked_bytes, notice.limit_bytes, notice.held)
+
+    def _pause_scan(self) -> None:
+        """Runs the client's pause scan (AsyncRolloutClient._on_delivery_paused: every task, every unacked sample) for a
+        pause notice: at once when none ran in the last _PAUSE_SCAN_EVERY seconds, else once at the end of that time
+        (one for any number of notices meanwhile), if delivery is still paused then. A flood of notices costs O(1)
+        each; what a scan acks early is at most _PAUSE_SCAN_EVERY late (samples arriving while paused are acked on
+        arrival, see AsyncRolloutClient._on_trajectory)."""
+        if self._pause_scan_timer is not None:
+            return
+        loop = asyncio.get_running_loop()
+        wait = self._pause_scanned_at + _PAUSE_SCAN_EVERY - loop.time()
+        if wait > 0:
+            self._pause_scan_timer = loop.call_later(wait, self._deferred_pause_scan)
+            return
+        self._pause_scanned_at = loop.time()
+        self._client._on_delivery_paused(self)
+
+    def _deferred_pause_scan(self) -> None:
+        self._pause_scan_timer = None
+        if self.paused and not self._closing and self.failed is None:
+            self._pause_scanned_at = asyncio.get_running_loop().time()
+            self._client._on_delivery_paused(self)

@@ -139,6 +139,7 @@ class RolloutClient:
         retry_rejected_for: float = 60.0,
         ack: str = "consumed",
         resume: bool = False,
+        submit_timeout: Optional[float] = None,
     ) -> None:
         self._loop = asyncio.new_event_loop()
         #: The loop has stopped for good (close()), and the calls waiting on it when it did (their `done` locks).
@@ -151,10 +152,17 @@ class RolloutClient:
             return AsyncRolloutClient(
                 targets, token=token, tls=tls, session_id=session_id, max_in_flight=max_in_flight, failover_after=failover_after,
                 channel_options=channel_options, keepalive_time=keepalive_time, keepalive_timeout=keepalive_timeout,
-                retry_rejected_for=retry_rejected_for, ack=ack, resume=resume,
+                retry_rejected_for=retry_rejected_for, ack=ack, resume=resume, submit_timeout=submit_timeout,
             )
 
-        self._client = self._run(make())
+        try:
+            self._client = self._run(make())
+        except BaseException:
+            # A refused argument (ValueError naming it): the loop's thread would be left running for the process's life.
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+            raise
         self.session_id = self._client.session_id
 
     def _run(self, coro: Awaitable[T], abandoned: Optional[Callable[[T], Awaitable[None]]] = None) -> T:
