@@ -54,9 +54,9 @@ export interface RolloutServer extends RunningServer {
 }
 
 /** Opens the journal; a directory that cannot be one (a file, no permission) is failed_precondition naming journal.dir. */
-function openJournal(dir: string, maxBytes: number, logger: Logger, retained: (taskId: string) => boolean, shed: () => number): ReturnType<typeof Journal.open> {
+function openJournal(dir: string, maxBytes: number, commitTimeoutMs: number, logger: Logger, retained: (taskId: string) => boolean, shed: () => number): ReturnType<typeof Journal.open> {
   try {
-    return Journal.open({ dir, maxBytes, logger, retained, shed });
+    return Journal.open({ dir, maxBytes, commitTimeoutMs, logger, retained, shed });
   } catch (err) {
     if (err instanceof RolloutError) throw err;
     throw new RolloutError('failed_precondition', `journal.dir: cannot open a journal in ${dir}: ${err instanceof Error ? err.message : String(err)}`, { field: 'journal.dir', cause: err });
@@ -185,6 +185,7 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
     const opened = config.journal.dir === null ? undefined : openJournal(
             config.journal.dir,
             config.journal.maxBytes,
+            config.journal.commitTimeoutMs,
             logger,
             (taskId): boolean => runtime.store.get(taskId) !== undefined,
             (): number => runtime.store.dropOldestFinished(),

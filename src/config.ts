@@ -376,6 +376,12 @@ export const serverConfigSchema = z.strictObject({
       dir: z.string().min(1).nullable().default(null),
       /** Bound on the journal's live data; past it (after compaction) admission fails with RESOURCE_EXHAUSTED. */
       maxBytes: z.number().int().min(1 << 20).default(1 << 30),
+      /**
+       * How long a task's accept (and any other write a client is answered on) waits for its commit: past it the
+       * answer is UNAVAILABLE and RolloutService NOT_SERVING until a commit completes (a stuck disk, an NFS server
+       * gone: an fsync that does not return must not keep the client waiting for good).
+       */
+      commitTimeoutMs: z.number().int().min(1).max(MAX_TIMER_MS).default(30_000),
     })
     .prefault({}),
   /** Bearer token required on BackendService and AdminService calls when set (the same as `auth.adminToken`). */

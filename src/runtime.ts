@@ -10,6 +10,8 @@ import { TokenWork } from './tokens/token-work.js';
 import type { ToolCallParser } from './tools/types.js';
 import { TaskSpec, Trajectory, TrajectoryStatus } from '../gen/ts/rollout/v1/rollout.js';
 import type { Journal } from './journal/journal.js';
+import { errorText } from './journal/error-text.js';
+import { RateLimitedLog } from './observability/rate-limited-log.js';
 import { encodedTrajectory, wireSafe } from './pipeline/wire-safe.js';
 import { Admission } from './pipeline/admission.js';
 import { Pipeline } from './pipeline/pipeline.js';
@@ -21,6 +23,9 @@ import { checkPromptFits, validateTask } from './pipeline/validate-task.js';
 import { yieldIfBusy } from './pipeline/yield.js';
 import { linkedController } from './pipeline/rx.js';
 import { ServerLifecycle } from './lifecycle.js';
+
+/** At most one line per this many seconds for trajectories the journal could not record (see RolloutRuntime.unrecorded). */
+const UNRECORDED_LOG_EVERY_S = 60;
 
 export interface RuntimeDeps {
   config: ServerConfig;
@@ -81,9 +86,17 @@ export class RolloutRuntime {
   private readonly durable = new Map<string, Promise<void>>();
   /** Samples restored from the journal, queued when the pipeline starts. */
   private recovered: Sample[][] = [];
+  /**
+   * Trajectories the journal could not record (each delivered anyway). A failing disk fails every one that finishes, so
+   * a line each — with its stack, as it was — buried the one line that says what is wrong: here one line with the
+   * cause (the journal's one-line text: errno and file), then at most one a minute, carrying the count of those not
+   * logged (`suppressed`).
+   */
+  private readonly unrecorded: RateLimitedLog;
 
   constructor(readonly deps: RuntimeDeps) {
     this.log = deps.logger.child({ component: 'runtime' });
+    this.unrecorded = new RateLimitedLog(this.log, { linesPerSecond: 1 / UNRECORDED_LOG_EVERY_S, burst: 1 });
     const { config } = deps;
     this.lifecycle = deps.lifecycle ?? new ServerLifecycle();
     this.store = new TaskStore(config.retainFinishedTasks, config.retainFinishedBytes);
@@ -156,7 +169,7 @@ export class RolloutRuntime {
       journal.finished(spec.taskId, i, Trajectory.encode(t).finish()).then(
         () => this.store.record(t),
         (err: unknown) => {
-          this.log.error({ err, taskId: spec.taskId, sampleIndex: i }, 'journal could not record an INVALID_TASK trajectory; delivered anyway');
+          this.unrecorded.write('error', () => ({ taskId: spec.taskId, sampleIndex: i, reason: errorText(err) }), 'journal could not record an INVALID_TASK trajectory; delivered anyway');
           this.store.record(t);
         },
       );
@@ -339,7 +352,7 @@ export class RolloutRuntime {
     journal.finished(trajectory.taskId, trajectory.sampleIndex, bytes).then(
       () => this.store.record(trajectory),
       (err: unknown) => {
-        this.log.error({ err, taskId: trajectory.taskId, sampleIndex: trajectory.sampleIndex }, 'journal could not record a finished trajectory; delivered anyway');
+        this.unrecorded.write('error', () => ({ taskId: trajectory.taskId, sampleIndex: trajectory.sampleIndex, reason: errorText(err) }), 'journal could not record a finished trajectory; delivered anyway');
         this.store.record(trajectory);
       },
     );

@@ -1,34 +1,7 @@
-import { getSystemErrorName } from 'node:util';
 import type { Logger } from '../observability/logger.js';
 
 /** How often a journal that cannot commit tries one small commit, to learn that its disk writes again. */
 export const COMMIT_PROBE_MS = 5_000;
-
-/**
- * The cause of a failed journal write in one line, e.g. `EIO (input/output error)`: the errno's name and its text,
- * never a stack. lmdb-js reports a system error as an Error whose message is strerror's text and whose `code` is the
- * errno as a number; its own errors say `MDB_MAP_FULL: ...`; Node's say `ENOSPC: ...` with a string code.
- */
-export function writeFailureText(err: unknown): string {
-  const e = err as { code?: unknown; message?: unknown } | null | undefined;
-  const message = String(e?.message ?? err).split('\n')[0]!;
-  const named = /^([A-Z][A-Z0-9_]+): (.*)$/.exec(message);
-  if (named) return `${named[1]} (${lower(named[2]!)})`;
-  let name: string | undefined;
-  if (typeof e?.code === 'string' && /^E[A-Z0-9]+$/.test(e.code)) name = e.code;
-  else if (typeof e?.code === 'number' && e.code > 0) {
-    try {
-      name = getSystemErrorName(-e.code);
-    } catch {
-      name = undefined; // not an errno
-    }
-  }
-  return name === undefined || name.startsWith('Unknown') ? message : `${name} (${lower(message)})`;
-}
-
-function lower(text: string): string {
-  return text.charAt(0).toLowerCase() + text.slice(1);
-}
 
 /**
  * Whether the journal can commit now: set by a failed commit (EIO from a failing disk, ENOSPC, ...), cleared by the

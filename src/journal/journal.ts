@@ -1,11 +1,12 @@
 import { existsSync, mkdirSync, statSync } from 'node:fs';
-import { join } from 'node:path';
+import { dirname, join, resolve } from 'node:path';
 import { statfs } from 'node:fs/promises';
 import { open, type Key, type RootDatabase } from 'lmdb';
 import { RolloutError } from '../errors.js';
 import type { Logger } from '../observability/logger.js';
 import type { Ack } from '../../gen/ts/rollout/v1/rollout.js';
-import { CommitHealth, writeFailureText } from './commit-health.js';
+import { CommitHealth } from './commit-health.js';
+import { errorText, writeFailureText } from './error-text.js';
 import { DirLock } from './dir-lock.js';
 import { checkJournalReadable, damagedAdvice, isDamaged } from './integrity-check.js';
 import { silenceLmdbCommitPrints } from './lmdb-console.js';
@@ -31,7 +32,21 @@ export interface JournalOptions {
   compactEveryMs?: number;
   /** How often a journal that cannot commit tries a small commit to learn it can again (see CommitHealth). */
   commitProbeMs?: number;
+  /**
+   * How long a write a client is answered on (an accept, an owner record, a trajectory, the weights record) waits for
+   * its commit before it is given up as failed (config `journal.commitTimeoutMs`; default {@link COMMIT_TIMEOUT_MS}).
+   */
+  commitTimeoutMs?: number;
 }
+
+/** How long a write waits for its commit by default: an fsync that takes longer is a disk that does not answer. */
+export const COMMIT_TIMEOUT_MS = 30_000;
+
+/**
+ * A commit that did not complete within the journal's commitTimeoutMs (an fsync that does not return: a stuck disk,
+ * an NFS server gone). The write is still queued in LMDB: it may commit later, or fail.
+ */
+class CommitTimedOut extends Error {}
 
 /** What the journal held at open: what start-up recovery rebuilds the server from. */
 export interface JournalContents {
@@ -92,11 +107,18 @@ export class Journal {
   /** Owner writes under way ({@link owed}), by `[task, session]`: a second call for the same pair waits for the first. */
   private readonly owing = new Map<string, Promise<void>>();
   private full: string | undefined;
+  /**
+   * Whether {@link full} is the disk's (a write failed for want of space), not the size bound's: compaction frees pages
+   * inside the file, never room on the disk, so only a commit that succeeds clears it (see {@link settled}).
+   */
+  private diskFull = false;
   /** Why what this journal writes would not survive a restart (its files removed, its directory taken): for good. */
   private gone: string | undefined;
   /** data.mdb as opened: a file at its path with another inode is not the one LMDB writes to. */
   private dataFile: { dev: number; ino: number } = { dev: 0, ino: 0 };
   private closed = false;
+  /** The `acceptedAt` of the last task accepted: each is later than the one before (see {@link forgetRefused}). */
+  private lastAcceptedAt = 0;
   private readonly compactor: NodeJS.Timeout;
   /** Whether the last commit failed (a failing or full disk): set by {@link settled}, probed until one succeeds. */
   private readonly commits: CommitHealth;
@@ -120,7 +142,7 @@ export class Journal {
     try {
       mkdirSync(options.dir, { recursive: true });
     } catch (err) {
-      throw cannotOpen(err, options.dir);
+      throw notADirectory(err, options.dir) ?? cannotOpen(err, options.dir);
     }
     // One server per directory, taken before LMDB is opened (two would re-run the same samples and compact away
     // each other's tasks). Released by close, or here when the open fails.
@@ -157,7 +179,8 @@ export class Journal {
       this.lock.release();
       throw cannotOpen(err, options.dir);
     }
-    this.compactor = setInterval(() => void this.compact().catch((err: unknown) => this.log.error({ err }, 'journal compaction failed')), options.compactEveryMs ?? 60_000);
+    // A commit that does not complete is one line (CommitHealth logged the outage); anything else with its stack.
+    this.compactor = setInterval(() => void this.compact().catch((err: unknown) => this.log.error(err instanceof CommitTimedOut ? { reason: err.message } : { err }, 'journal compaction failed')), options.compactEveryMs ?? 60_000);
     this.compactor.unref();
   }
 
@@ -510,9 +533,9 @@ export class Journal {
     if (this.closed) return;
     this.checkDir();
     try {
-      await this.settled(this.db.put(keys.weights, { ...state, at: Date.now() } satisfies WeightsRecord));
+      await this.committedWithin(this.db.put(keys.weights, { ...state, at: Date.now() } satisfies WeightsRecord));
     } catch (err) {
-      throw new RolloutError('unavailable', `journal write failed: ${this.failureLine(err)}`, { cause: err });
+      throw new RolloutError('unavailable', `journal write failed: ${err instanceof CommitTimedOut ? err.message : this.failureLine(err)}`, { cause: err });
     }
   }
 
@@ -624,21 +647,28 @@ export class Journal {
     // its duplicate: RolloutRuntime.revive).
     if (this.tasks.has(taskId)) throw new RolloutError('internal', `the journal still holds task "${taskId}": accepting it anew would drop what it owes`);
     if (this.usedBytes() + spec.length > this.options.maxBytes) {
-      await this.compact();
-      // Retained finished tasks are not compacted; past the bound the bound wins: the oldest are let go, then dropped.
-      while (this.usedBytes() + spec.length > this.options.maxBytes && (this.options.shed?.() ?? 0) > 0) await this.compact();
+      try {
+        await this.compact();
+        // Retained finished tasks are not compacted; past the bound the bound wins: the oldest are let go, then dropped.
+        while (this.usedBytes() + spec.length > this.options.maxBytes && (this.options.shed?.() ?? 0) > 0) await this.compact();
+      } catch (err) {
+        if (err instanceof CommitTimedOut) throw new RolloutError('unavailable', `the journal could not record the task: ${err.message}`, { cause: err });
+        throw err;
+      }
       const used = this.usedBytes();
       if (used + spec.length > this.options.maxBytes) {
         throw this.markFull(`the journal is full: ${used} bytes in use of its ${this.options.maxBytes}-byte bound (journal.maxBytes), after compaction`);
       }
     }
-    const record: TaskRecord = { spec, numSamples, session, acceptedAt: Date.now() };
-    this.tasks.set(taskId, { numSamples, session, acceptedAt: record.acceptedAt, finished: new Set(), acked: new Set() });
+    // Never the same instant twice: it tells this acceptance's record from a later one of the same id (refused).
+    const acceptedAt = (this.lastAcceptedAt = Math.max(Date.now(), this.lastAcceptedAt + 1));
+    const record: TaskRecord = { spec, numSamples, session, acceptedAt };
+    this.tasks.set(taskId, { numSamples, session, acceptedAt, finished: new Set(), acked: new Set() });
     try {
       // Resolves once the transaction holding it is committed and fsynced (overlappingSync off, see the constructor).
       // Results, acks and owners left under this id (a compaction cut short by a kill -9) go in the same transaction,
       // so the new task never inherits an older task's trajectories or debts.
-      await this.settled(
+      await this.committedWithin(
         this.db.transaction(() => {
           for (const range of keys.ofTask(taskId)) for (const k of this.db.getKeys(range)) void this.db.remove(k);
           this.sessionRecorded(session);
@@ -647,6 +677,10 @@ export class Journal {
       );
     } catch (err) {
       this.tasks.delete(taskId);
+      if (err instanceof CommitTimedOut) {
+        this.forgetRefused(taskId, acceptedAt);
+        throw new RolloutError('unavailable', `the journal could not record the task: ${err.message}`, { cause: err });
+      }
       throw await this.failedWrite(err, 'the task');
     }
     try {
@@ -724,7 +758,7 @@ export class Journal {
     else (task.owners ??= new Map()).set(session, new Set());
     const write = (async (): Promise<void> => {
       try {
-        await this.settled(
+        await this.committedWithin(
           this.db.transaction(() => {
             this.sessionRecorded(session);
             if (!before) void this.db.put(keys.owner(taskId, session), { taskAcceptedAt: task.acceptedAt, at: Date.now() } satisfies OwnerRecord);
@@ -741,7 +775,9 @@ export class Journal {
           else if (!before) task.owners?.delete(session);
           else for (const i of cleared) task.owners?.get(session)?.add(i);
         }
-        throw await this.failedWrite(err, `that task "${taskId}" is owed to session "${session}"`);
+        const what = `that task "${taskId}" is owed to session "${session}"`;
+        if (err instanceof CommitTimedOut) throw new RolloutError('unavailable', `the journal could not record ${what}: ${err.message}`, { cause: err });
+        throw await this.failedWrite(err, what);
       }
     })();
     this.owing.set(pair, write);
@@ -758,7 +794,7 @@ export class Journal {
     const free = await this.freeBytes();
     if (isFull(err) || (free !== undefined && free < NEARLY_FULL_BYTES)) {
       const room = free === undefined ? '' : `: ${free} bytes free`;
-      return this.markFull(`the journal's disk is full${room} on the file system of ${this.options.dir} (the write failed: ${writeFailureText(err)})`, err);
+      return this.markFull(`the journal's disk is full${room} on the file system of ${this.options.dir} (the write failed: ${writeFailureText(err)})`, err, true);
     }
     return new RolloutError('unavailable', `the journal could not record ${what}: ${this.failureLine(err)}`, { cause: err });
   }
@@ -771,6 +807,7 @@ export class Journal {
   private clearFull(): void {
     if (this.full !== undefined) {
       this.full = undefined;
+      this.diskFull = false;
       if (this.gone !== undefined) return; // room again, but still unusable
       this.log.info('journal accepts tasks again');
       this.onFullChange?.(undefined);
@@ -783,9 +820,10 @@ export class Journal {
     if (!task || this.closed) return;
     task.finished.add(sampleIndex);
     try {
-      await this.settled(this.db.put(keys.result(taskId, sampleIndex), bytes));
+      await this.committedWithin(this.db.put(keys.result(taskId, sampleIndex), bytes));
     } catch (err) {
-      throw new RolloutError('unavailable', `the journal could not record trajectory ${sampleIndex} of task "${taskId}": ${this.failureLine(err)}`, { cause: err });
+      const cause = err instanceof CommitTimedOut ? err.message : this.failureLine(err);
+      throw new RolloutError('unavailable', `the journal could not record trajectory ${sampleIndex} of task "${taskId}": ${cause}`, { cause: err });
     }
   }
 
@@ -862,12 +900,14 @@ export class Journal {
       dropped++;
     }
     if (dropped > 0) {
-      await Promise.resolve(this.db.committed).catch(() => undefined);
+      // Bounded: an accept past the bound waits here for the pages compaction freed.
+      await this.within(Promise.resolve(this.db.committed).catch(() => undefined));
       this.log.info({ dropped, bytes: this.usedBytes() }, 'journal compacted');
     }
     // Admission (and the rollout.admission health status) comes back as soon as compaction made room, not only at
-    // the next accepted task: a balancer routing by that status would never send it.
-    if (this.full !== undefined && this.usedBytes() < this.options.maxBytes) this.clearFull();
+    // the next accepted task: a balancer routing by that status would never send it. Room under the bound, that is:
+    // a full disk is not emptied by compaction, so it waits for a commit that succeeds (settled).
+    if (this.full !== undefined && !this.diskFull && this.usedBytes() < this.options.maxBytes) this.clearFull();
     return dropped;
   }
 
@@ -907,9 +947,10 @@ export class Journal {
     this.lock.release();
   }
 
-  private markFull(reason: string, cause?: unknown): RolloutError {
+  private markFull(reason: string, cause?: unknown, disk = false): RolloutError {
     const first = this.full === undefined;
     this.full = reason; // before telling: whoever is told reads fullReason
+    this.diskFull = disk;
     if (first) {
       // One line: the cause is in the reason (its stack went to debug with the failed commit).
       this.log.error({ reason }, 'journal full: admission fails until space is freed');
@@ -921,6 +962,57 @@ export class Journal {
   private write(done: Promise<unknown>, what: string): void {
     // One line with the cause (its stack is logged at debug by the commit failure, see settled).
     this.settled(done).catch((err: unknown) => this.log.warn({ what, reason: `journal write failed: ${this.failureLine(err)}` }, 'journal write failed'));
+  }
+
+  /**
+   * {@link settled}, for a write a client is answered on: bounded by commitTimeoutMs ({@link within}).
+   */
+  private committedWithin<T>(done: Promise<T>): Promise<T> {
+    return this.within(this.settled(done));
+  }
+
+  /**
+   * `done`, or a CommitTimedOut once it has waited commitTimeoutMs: the journal then cannot commit (CommitHealth:
+   * RolloutService NOT_SERVING) until a commit completes — the late one itself, or the probe queued behind it, which
+   * {@link settled} reports as a success. The write stays queued in LMDB (nothing can take it back): it may still
+   * commit, so what it recorded must not be relied on by either side (see {@link forgetRefused}).
+   */
+  private async within<T>(done: Promise<T>): Promise<T> {
+    const ms = this.options.commitTimeoutMs ?? COMMIT_TIMEOUT_MS;
+    let timer: NodeJS.Timeout | undefined;
+    const timedOut = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new CommitTimedOut(`journal commit did not complete in ${ms / 1000} s at ${join(this.options.dir, 'data.mdb')}`)), ms);
+    });
+    try {
+      return await Promise.race([done, timedOut]);
+    } catch (err) {
+      if (err instanceof CommitTimedOut) {
+        done.catch(() => undefined); // its late failure was reported by settled; nobody waits for it now
+        this.commits.failed(err.message, err);
+      }
+      throw err;
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  /**
+   * A task refused because its commit did not complete in time ({@link within}): its record is still queued, and on
+   * disk if that commit completes after all. Its removal is queued right behind it (writes commit in order), so a
+   * restart never runs a task its client was told was refused. Only that acceptance's record (by its `acceptedAt`): a
+   * re-submit of the id accepted since is left alone. What is left is the window of one commit: a crash after the
+   * late commit and before the next one.
+   */
+  private forgetRefused(taskId: string, acceptedAt: number): void {
+    this.write(
+      this.db.transaction(() => {
+        const record = this.read(keys.task(taskId)) as Partial<TaskRecord> | null | undefined;
+        if (record?.acceptedAt !== acceptedAt) return;
+        void this.db.remove(keys.task(taskId));
+        for (const range of keys.ofTask(taskId)) for (const k of this.db.getKeys(range)) void this.db.remove(k);
+      }),
+      'removal of a task refused when its commit did not complete',
+    );
   }
 
   /**
@@ -946,6 +1038,12 @@ export class Journal {
       throw cause;
     }
     this.commits.succeeded();
+    if (this.diskFull) {
+      // A commit wrote pages again (the probe's, an ack's): the disk has room. Past the soft bound it stays full, now
+      // the bound's to clear (compaction).
+      this.diskFull = false;
+      if (this.usedBytes() < this.options.maxBytes) this.clearFull();
+    }
     return result;
   }
 
@@ -958,6 +1056,23 @@ export class Journal {
       return undefined;
     }
   }
+}
+
+/**
+ * Why `dir` cannot be made the journal's directory when mkdir failed with EEXIST (it is a file) or ENOTDIR (a parent
+ * is): failed_precondition naming journal.dir and the file in the way, rather than Node's bare errno. Undefined for
+ * any other failure.
+ */
+function notADirectory(err: unknown, dir: string): RolloutError | undefined {
+  const code = (err as NodeJS.ErrnoException).code;
+  if (code === 'EEXIST') {
+    return new RolloutError('failed_precondition', `journal.dir: ${dir} is a file, not a directory: give journal.dir a directory (it is created if missing)`, { field: 'journal.dir', cause: err });
+  }
+  if (code !== 'ENOTDIR') return undefined;
+  // The nearest ancestor that exists is the one in the way.
+  let blocking = dirname(resolve(dir));
+  while (!existsSync(blocking) && dirname(blocking) !== blocking) blocking = dirname(blocking);
+  return new RolloutError('failed_precondition', `journal.dir: cannot create ${dir}: ${blocking} is a file, not a directory`, { field: 'journal.dir', cause: err });
 }
 
 /** A failed write on a file system with less room than this is a full disk (LMDB reports a short write as EIO). */
@@ -979,8 +1094,4 @@ function cannotOpen(err: unknown, dir: string): unknown {
     return new RolloutError('failed_precondition', `journal.dir: the file system of ${dir} is full (${writeFailureText(err)}): the journal cannot be opened; free space on it and start again (what the journal holds is kept)`, { field: 'journal.dir', cause: err });
   }
   return err;
-}
-
-function errorText(err: unknown): string {
-  return err instanceof Error ? err.message : String(err);
 }

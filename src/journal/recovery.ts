@@ -9,6 +9,7 @@ import { wireSafe } from '../pipeline/wire-safe.js';
 import { RolloutError } from '../errors.js';
 import type { TrajectorySink } from '../pipeline/task.js';
 import { TaskSpec, Trajectory, TrajectoryStatus } from '../../gen/ts/rollout/v1/rollout.js';
+import { errorText } from './error-text.js';
 import type { Journal, JournalContents } from './journal.js';
 import type { LostDebt, LostTask } from './records.js';
 
@@ -159,10 +160,6 @@ function tellLost(debt: LostDebt, byId: ReadonlyMap<string, Session>, report: Re
     report.lostSamples++;
     session.sink(wireSafe(Trajectory.fromPartial({ taskId, sampleIndex: i, status: TrajectoryStatus.TRAJECTORY_STATUS_ENVIRONMENT_ERROR, finishReason: 'error', error }), maxMessageBytes));
   }
-}
-
-function errorText(err: unknown): string {
-  return err instanceof Error ? err.message : String(err);
 }
 
 /** Marks what the client had acknowledged before the crash, so resume does not send it again. */
