@@ -26,6 +26,13 @@ import { RecentKeys } from './recent-keys.js';
 /** Keys of received trajectories a reconnecting session remembers per stream (RolloutSession.seen); Python's 65,536 too. */
 const MAX_SEEN = 65_536;
 
+/**
+ * A re-opened stream that stays up this long (ms), or delivers something new (a trajectory, an answer to a submit),
+ * ends its outage: the next break starts a fresh `reconnectForMs` budget. Shorter-lived streams that deliver nothing
+ * (a server or proxy that opens every stream and breaks it soon after) spend one budget, counted from the first break.
+ */
+const HEALTHY_STREAM_MS = 30_000;
+
 /** Bounds of a session that tests lower (not options: the defaults are what a trainer wants). @internal */
 export interface SessionLimits {
   /** Keys of received trajectories remembered per stream (default {@link MAX_SEEN}). */
@@ -77,6 +84,25 @@ export class TaskLostError extends Error {
   }
 }
 
+/**
+ * The server did not answer a submit's spec (neither accepted nor refused) within
+ * {@link SessionOptions.submitTimeoutMs}. The task may have been accepted meanwhile: the session cancelled it on the
+ * server (its samples, if it runs, end CANCELLED and still arrive). Submitting it again (the same task id) is safe:
+ * a task the server took is answered as owed, never run twice.
+ */
+export class SubmitTimeoutError extends Error {
+  /** As grpc-js reports a call past its deadline. */
+  readonly code = status.DEADLINE_EXCEEDED;
+
+  constructor(
+    readonly taskId: string,
+    readonly timeoutMs: number,
+  ) {
+    super(`task ${taskId}: no answer from the server to its spec within submitTimeoutMs (${timeoutMs} ms); cancelled on the server in case it was accepted`);
+    this.name = 'SubmitTimeoutError';
+  }
+}
+
 export interface SessionOptions {
   sessionId?: string;
   resume?: boolean;
@@ -123,7 +149,10 @@ export interface SessionOptions {
    * the session with its error). A transport break (UNAVAILABLE: a server restart, a proxy reset; INTERNAL or UNKNOWN;
    * RESOURCE_EXHAUSTED ending a stream whose caller took nothing for the server's sessions.stalledMs)
    * re-opens the same session with `resume`, with backoff (50 ms doubling to 2 s) until this budget, counted from
-   * the break, is spent; the session then fails with the last error. What a re-open would meet again is not retried:
+   * the first break of the outage, is spent; the session then fails with the last error. The outage ends once a
+   * re-opened stream delivers something new (a trajectory, an answer to a submit) or stays up 30 s: a server or proxy
+   * that takes every stream and breaks it again without that (after a second or ten) spends one budget, not a fresh
+   * one per re-open. What a re-open would meet again is not retried:
    * the caller's `abort()` (CANCELLED), UNAUTHENTICATED, INVALID_ARGUMENT, a session the server no longer knows
    * (NOT_FOUND: expired, or a restarted server without a journal; see `resubmitLostTasks` to go on afresh instead) or
    * that another stream took over (ABORTED) end the session with that error. On the re-opened stream: the specs whose
@@ -132,8 +161,10 @@ export interface SessionOptions {
    * (by task id and sample index), and acked again when they had been acked (that ack may have been lost with the
    * stream); `trajectories()` goes on, each trajectory once.
    * Counted in `stats.reconnects` (re-opens tried) and `stats.redelivered` (what the server re-sent, duplicates
-   * included; `stats.duplicatesDropped` those dropped). Costs one small key per trajectory received on the current
-   * stream (to know a re-sent one), at most 65,536 (the oldest forgotten), cleared at each re-open to what was re-sent.
+   * included; `stats.duplicatesDropped` those dropped). Every session (with or without this) remembers one small key
+   * per trajectory received on the current stream, at most 65,536 (the oldest forgotten; cleared at each re-open to
+   * what was re-sent), so a trajectory a server sends twice on one stream is delivered once (dropped, counted in
+   * `stats.duplicatesDropped`, acked again if it had been acked).
    */
   reconnectForMs?: number;
   /**
@@ -150,6 +181,16 @@ export interface SessionOptions {
    * Counted in `stats.sessionsLost`, `stats.resubmitted` and `stats.tasksLost`. Costs each open task's encoded spec.
    */
   resubmitLostTasks?: boolean;
+  /**
+   * How long (ms) a submit waits for the server's answer to its spec (accepted or refused), counted from each time
+   * the spec is written (again after a temporary refusal or a re-open), before it rejects with a
+   * {@link SubmitTimeoutError} and the task is cancelled on the server (it may have been accepted); the session goes
+   * on. Default: no bound, because a full server answers a spec only once it has room for it (admission is how it
+   * pushes back, and it may take as long as a rollout): set it to what your server's load allows when a server that
+   * takes the stream and never answers must not stop the caller for good. An answer that comes later is taken as the
+   * task's (its CANCELLED samples are delivered), not as another submit's.
+   */
+  submitTimeoutMs?: number;
 }
 
 /** One submit until the server answers it, or until a retry after a temporary refusal is due. */
@@ -169,6 +210,8 @@ interface Submission {
   refusedByPause: boolean;
   /** With resubmitLostTasks: this submit made the task's entry in `specs` (forgotten if the task is refused). */
   tracked?: boolean;
+  /** Ends the wait for the answer to the spec written last (see submitTimeoutMs). */
+  answerTimer?: NodeJS.Timeout;
 }
 
 /**
@@ -227,6 +270,14 @@ export class RolloutSession {
   /** Submits refused for now, waiting for their retry (see {@link SessionOptions.retryRejectedForMs}). */
   private readonly retrying = new Set<Submission>();
   private readonly retryRejectedForMs: number;
+  private readonly submitTimeoutMs: number;
+  /**
+   * Per task id, submits of this stream that timed out (submitTimeoutMs) and whose answer may still come: answers of a
+   * task come in the order its specs were written, and those submits were its first, so its next answers are theirs.
+   */
+  private readonly unanswered = new Map<string, number>();
+  /** Removes the listener of the signal given to close(). */
+  private closeListener: (() => void) | undefined;
   /** The server holds delivery to this session for acks (its last DeliveryPaused notice was not `resumed`). */
   private deliveryHeld = false;
   /** Submits refused because delivery was paused and not settled yet: while any waits, arrivals are acked early. */
@@ -249,6 +300,8 @@ export class RolloutSession {
   private outageError: Error | undefined;
   private openTimer: NodeJS.Timeout | undefined;
   private openedAt: number | undefined;
+  /** This stream delivered something new (a trajectory, an answer to a submit): see {@link HEALTHY_STREAM_MS}. */
+  private progressed = false;
   /**
    * With reconnect: refKeys of trajectories received on this stream, and (`before`) on the broken ones since the last
    * SessionOpened, whose acks the server may not have had: a re-sent one is a duplicate. The re-sent ones are the first
@@ -292,9 +345,11 @@ export class RolloutSession {
    * `rejectionsRetried`: temporary refusals submitted again; `ackedEarly`: trajectories acked before they were consumed
    * because a submit waited on paused delivery (see {@link SessionOptions.retryRejectedForMs}); `reconnects`,
    * `redelivered`, `duplicatesDropped`: see {@link SessionOptions.reconnectForMs}; `sessionsLost`, `resubmitted`,
-   * `tasksLost`: see {@link SessionOptions.resubmitLostTasks}.
+   * `tasksLost`: see {@link SessionOptions.resubmitLostTasks}; `duplicatesDropped` also counts a trajectory a server
+   * sent twice on one stream (dropped, delivered once); `callbackErrors`: exceptions thrown by `onTaskLost`,
+   * `onDeliveryPaused` or `onStage` (reported as process warnings, the session going on).
    */
-  readonly stats = { rejectionsRetried: 0, ackedEarly: 0, reconnects: 0, redelivered: 0, duplicatesDropped: 0, sessionsLost: 0, resubmitted: 0, tasksLost: 0 };
+  readonly stats = { rejectionsRetried: 0, ackedEarly: 0, reconnects: 0, redelivered: 0, duplicatesDropped: 0, sessionsLost: 0, resubmitted: 0, tasksLost: 0, callbackErrors: 0 };
   /**
    * The server paused delivery (this session's unacked trajectories reached its byte bound; ack to resume) or
    * resumed it (`resumed`). Nothing is dropped meanwhile.
@@ -308,6 +363,7 @@ export class RolloutSession {
   constructor(client: RolloutServiceClient, options: SessionOptions = {}, maxSendMessageBytes?: number, limits: SessionLimits = {}) {
     // Checked before the call is opened: a session refused here leaves no stream behind.
     this.retryRejectedForMs = retryBudgetOf(options.retryRejectedForMs);
+    this.submitTimeoutMs = budgetOf('submitTimeoutMs', options.submitTimeoutMs, Infinity);
     this.reconnectForMs = budgetOf('reconnectForMs', options.reconnectForMs, 0);
     this.resubmitLost = options.resubmitLostTasks ?? false;
     if (this.resubmitLost && this.reconnectForMs === 0) throw new RangeError('resubmitLostTasks: needs reconnectForMs (a lost session is found by a re-open)');
@@ -341,6 +397,7 @@ export class RolloutSession {
     this.call = call;
     this.connected = true;
     this.paused = false;
+    this.progressed = false;
     // Sent before any answer, so known before the first trajectory arrives (and with it anything to ack).
     call.on('metadata', (headers: Metadata) => {
       if (call === this.call) this.maxAckEntries = maxAckEntriesOf(headers);
@@ -402,7 +459,12 @@ export class RolloutSession {
         } else if (kind.value.alreadyOwed && kind.value.resentSampleIndexes.length > 0) {
           this.inherited += kind.value.resentSampleIndexes.length;
           const open = this.openTasks.get(kind.value.taskId);
-          for (const i of kind.value.resentSampleIndexes) open?.got.delete(i);
+          for (const i of kind.value.resentSampleIndexes) {
+            open?.got.delete(i);
+            // Sent again on purpose (acked here before): delivered again, not dropped as a duplicate.
+            this.seen.delete(refKey(kind.value.taskId, i));
+            this.before?.delete(refKey(kind.value.taskId, i));
+          }
         }
         this.settle(kind.value.taskId, (p) => {
           this.tracked(kind.value);
@@ -424,13 +486,13 @@ export class RolloutSession {
         break;
       }
       case 'stage':
-        this.onStage?.(kind.value);
+        this.notify('onStage', this.onStage, kind.value);
         break;
       case 'deliveryPaused':
         this.deliveryHeld = !kind.value.resumed;
         // A submit waits on the pause (refused, to be sent again): what keeps it must be acked (retryRejectedForMs).
         if (this.deliveryHeld && this.waitingOnPause > 0) this.ackEarly();
-        this.onDeliveryPaused?.(kind.value);
+        this.notify('onDeliveryPaused', this.onDeliveryPaused, kind.value);
         break;
       case 'trajectory': {
         const ref = { taskId: kind.value.taskId, sampleIndex: kind.value.sampleIndex };
@@ -445,8 +507,18 @@ export class RolloutSession {
             this.redeliveredAgain(ref, key);
             break;
           }
-          this.seen.add(key);
         }
+        // Owed: a sample of a task accepted on this stream that has not come yet (a task this stream had in full, sent
+        // again whole after the server forgot it, is owed anew).
+        const open = this.openTasks.get(ref.taskId);
+        const owed = open !== undefined && !open.got.has(ref.sampleIndex);
+        if (!owed && (this.seen.has(key) || this.heldHere.has(key) || this.unacked.has(key))) {
+          // Sent twice on this stream (a server or proxy that misbehaves): delivered once.
+          this.sentTwice(ref, key);
+          break;
+        }
+        this.seen.add(key);
+        this.progressed = true;
         this.count(kind.value);
         if (!this.autoAck) this.unacked.add(key);
         else if (this.deliveryHeld && this.waitingOnPause > 0) {
@@ -527,7 +599,34 @@ export class RolloutSession {
     this.lostTasks.push(e);
     const handler = this.onTaskLost;
     // Not called inside grpc-js's event (an exception there would break the stream's bookkeeping).
-    if (handler) queueMicrotask(() => handler(e));
+    if (handler) queueMicrotask(() => this.notify('onTaskLost', handler, e));
+  }
+
+  /**
+   * Calls one of the caller's callbacks. What it throws is reported as a process warning (`RolloutCallbackError`,
+   * counted in `stats.callbackErrors`) and the session goes on: thrown inside grpc-js's event or a microtask, it would
+   * break the stream's bookkeeping or crash the process (uncaughtException).
+   */
+  private notify<T>(name: string, handler: ((value: T) => void) | undefined, value: T): void {
+    if (!handler) return;
+    try {
+      handler(value);
+    } catch (err) {
+      this.stats.callbackErrors++;
+      const why = err instanceof Error ? err.message : String(err);
+      const warning = new Error(`RolloutSession.${name} threw (ignored, the session goes on): ${why}`, { cause: err });
+      warning.name = 'RolloutCallbackError';
+      process.emitWarning(warning);
+    }
+  }
+
+  /**
+   * A trajectory this stream had delivered already, sent again (not a re-sent one after a re-open: see
+   * redeliveredAgain): dropped and not counted (the server does not owe it twice); acked again when it had been acked.
+   */
+  private sentTwice(ref: { taskId: string; sampleIndex: number }, key: string): void {
+    this.stats.duplicatesDropped++;
+    if (!this.heldHere.has(key) && !this.unacked.has(key)) this.writeAcks([ref]);
   }
 
   /**
@@ -564,9 +663,10 @@ export class RolloutSession {
     if (lost) this.sessionLost(err);
     if (this.halfClosed && this.unacked.size === 0) this.doneOnce = true;
     const now = performance.now();
-    // A stream that stayed up a while starts a new outage; one that breaks at once again (e.g. a server that opens and
-    // fails every stream) stays in the old one, so its backoff and budget go on instead of a tight loop for ever.
-    if (this.openedAt !== undefined && now - this.openedAt >= 1_000) this.outage = undefined;
+    // A stream that stayed up a while or delivered something new starts a new outage; one that breaks again without
+    // (e.g. a server or proxy that opens and fails every stream, at once or a second later) stays in the old one, so
+    // its backoff and budget go on - counted from the first break - instead of re-opening for ever.
+    if (this.progressed || (this.openedAt !== undefined && now - this.openedAt >= HEALTHY_STREAM_MS)) this.outage = undefined;
     this.openedAt = undefined;
     if (!this.outage) {
       this.outage = new RetrySchedule(this.reconnectForMs);
@@ -578,6 +678,9 @@ export class RolloutSession {
     this.connected = false;
     this.isOpen = false;
     this.halfClosed = false;
+    // Their specs are written again on the re-opened stream (re-armed then); answers of the broken one never come.
+    for (const list of this.pending.values()) for (const s of list) clearTimeout(s.answerTimer);
+    this.unanswered.clear();
     this.deliveryHeld = false; // a pause is of the stream: the re-opened one is told again if the server still holds
     this.before ??= new Set();
     for (const key of this.seen) this.before.add(key);
@@ -623,7 +726,12 @@ export class RolloutSession {
         cancelCall(call);
       }, Math.max(0, left));
     }
-    for (const list of this.pending.values()) for (const s of list) this.call.write(s.bytes);
+    for (const list of this.pending.values()) {
+      for (const s of list) {
+        this.call.write(s.bytes);
+        this.armAnswerTimer(s);
+      }
+    }
     for (const taskId of this.cancels) this.call.write({ kind: { $case: 'cancel', value: { taskId } } });
   }
 
@@ -636,8 +744,15 @@ export class RolloutSession {
     clearTimeout(this.openTimer);
     this.openTimer = undefined;
     this.endedWith ??= err;
+    this.closeListener?.();
+    this.closeListener = undefined;
     this.rejectOpened(err);
-    for (const waiters of this.pending.values()) for (const w of waiters) w.reject(err);
+    for (const waiters of this.pending.values()) {
+      for (const w of waiters) {
+        clearTimeout(w.answerTimer);
+        w.reject(err);
+      }
+    }
     this.pending.clear();
     this.endRetries();
     this.queue.end(failed ? err : undefined);
@@ -657,7 +772,8 @@ export class RolloutSession {
    * rejects. A spec that cannot be encoded (e.g. a bigint in `instance`) is rejected here, alone (field `instance`):
    * written to the stream, it would make grpc-js cancel the whole call. So is a spec over the channel's
    * `maxSendMessageBytes` (INVALID_ARGUMENT, naming the spec's largest field), which grpc-js would refuse by ending the
-   * whole stream. After the stream ended, or after `close()`, rejects at once.
+   * whole stream. After the stream ended, or after `close()`, rejects at once. With `submitTimeoutMs`, rejects with
+   * a {@link SubmitTimeoutError} when the server does not answer the spec in time.
    */
   submit(task: TaskInput): Promise<TaskAccepted> {
     if (this.ended) return Promise.reject(new Error(`rollout stream ended: ${this.endedWith?.message ?? 'closed'}`));
@@ -747,10 +863,70 @@ export class RolloutSession {
   /**
    * No more submits. The stream is half-closed once every accepted sample has been received and consumed
    * (so the last acks still reach the server); the server then ends it and iteration finishes.
+   *
+   * That wait has no bound of its own: nothing here tells a slow task from a server that claims a task and never sends
+   * it. `signal` bounds it (e.g. `AbortSignal.timeout(ms)`): if it fires before the stream is half-closed, the session
+   * ends at once - iteration yields what it holds, then fails with an error (`code` DEADLINE_EXCEEDED for a timeout,
+   * else CANCELLED; the signal's reason as `cause`) naming what was still owed: the tasks and their missing samples,
+   * trajectories owed from before this stream, submits without an answer, and what the caller had not consumed or
+   * acked. The call is cancelled; the session stays resumable on the server.
+   *
+   * @example
+   * session.close({ signal: AbortSignal.timeout(30 * 60_000) });
    */
-  close(): void {
+  close(options: { signal?: AbortSignal } = {}): void {
     this.closing = true;
+    const { signal } = options;
+    if (signal && !this.ended) {
+      this.closeListener?.();
+      const onAbort = (): void => this.closeAborted(signal.reason);
+      if (signal.aborted) return onAbort();
+      signal.addEventListener('abort', onAbort, { once: true });
+      this.closeListener = () => signal.removeEventListener('abort', onAbort);
+    }
     this.maybeHalfClose();
+  }
+
+  /** The signal given to close() fired: the session ends now, with what it was still owed in its error. */
+  private closeAborted(reason: unknown): void {
+    this.closeListener = undefined;
+    if (this.ended || this.halfClosed) return; // ended already, or everything came
+    const timedOut = (reason as { name?: unknown } | undefined)?.name === 'TimeoutError';
+    const err = new Error(`rollout session closed (its close signal fired${timedOut ? ': timed out' : ''}) before it had everything: ${this.outstanding()}`, {
+      cause: reason,
+    });
+    Object.assign(err, { code: timedOut ? status.DEADLINE_EXCEEDED : status.CANCELLED });
+    const connected = this.connected;
+    this.fail(err, true);
+    if (connected) cancelCall(this.call);
+  }
+
+  /** What keeps the session from ending, for an error: what the server owes, then what the caller has not done. */
+  private outstanding(): string {
+    const parts: string[] = [];
+    const shown = 20;
+    let missing = 0;
+    const tasks: string[] = [];
+    for (const [taskId, task] of this.openTasks) {
+      const lacking: number[] = [];
+      for (let i = 0; i < task.numSamples && lacking.length <= 10; i++) if (!task.got.has(i)) lacking.push(i);
+      missing += task.numSamples - task.got.size;
+      const list = lacking.length > 10 ? `${lacking.slice(0, 10).join(', ')}, ...` : lacking.join(', ');
+      if (tasks.length < shown) tasks.push(`${taskId} (samples ${list} of ${task.numSamples})`);
+    }
+    if (tasks.length > 0) parts.push(`task ${tasks.join('; ')}${this.openTasks.size > shown ? `; and ${this.openTasks.size - shown} more tasks` : ''}`);
+    const earlier = this.inherited + this.expected - this.received - missing;
+    if (earlier > 0) parts.push(`${earlier} trajectories owed from before this stream`);
+    const unanswered = [...this.pending.keys()];
+    if (unanswered.length > 0) parts.push(`no answer yet to the spec of ${unanswered.slice(0, shown).join(', ')}${unanswered.length > shown ? ` and ${unanswered.length - shown} more` : ''}`);
+    if (this.retrying.size > 0) parts.push(`${this.retrying.size} submits waiting to be sent again after a refusal`);
+    if (!this.connected) parts.push('the stream was broken and not re-opened yet');
+    else if (!this.isOpen) parts.push('the server had not answered the session\'s open');
+    const owed = parts.length > 0 ? `still owed by the server: ${parts.join('; ')}` : 'nothing owed by the server';
+    const caller: string[] = [];
+    if (this.pushed > this.consumed) caller.push(`${this.pushed - this.consumed} trajectories not consumed yet`);
+    if (this.unacked.size > 0) caller.push(`${this.unacked.size} trajectories not acked yet (autoAck off)`);
+    return caller.length > 0 ? `${owed}; ${caller.join(', ')}` : owed;
   }
 
   /** Drops the stream at once (the session stays resumable on the server for a while). */
@@ -810,7 +986,40 @@ export class RolloutSession {
     this.pending.set(s.taskId, list);
     this.flow();
     // Between a break and its re-open: written on the re-opened stream with every other submit not answered.
-    if (this.connected) this.call.write(s.bytes);
+    if (this.connected) {
+      this.call.write(s.bytes);
+      this.armAnswerTimer(s);
+    }
+  }
+
+  /** The spec of `s` was written: the server has submitTimeoutMs to answer it. */
+  private armAnswerTimer(s: Submission): void {
+    clearTimeout(s.answerTimer);
+    s.answerTimer = undefined;
+    if (this.submitTimeoutMs >= MAX_TIMER_MS) return; // Infinity (the default): no bound
+    s.answerTimer = setTimeout(() => this.answerTimedOut(s), this.submitTimeoutMs);
+  }
+
+  /**
+   * No answer to the spec of `s` within submitTimeoutMs: it rejects with a SubmitTimeoutError, and the task is
+   * cancelled on the server (it may have been accepted, its answer lost or late). The session goes on.
+   */
+  private answerTimedOut(s: Submission): void {
+    s.answerTimer = undefined;
+    const list = this.pending.get(s.taskId);
+    const i = list?.indexOf(s) ?? -1;
+    if (!list || i < 0 || this.ended) return;
+    // Timers run in the order the specs were written (one duration): this is the first of its task still waiting.
+    list.splice(i, 1);
+    if (list.length === 0) this.pending.delete(s.taskId);
+    this.unanswered.set(s.taskId, (this.unanswered.get(s.taskId) ?? 0) + 1);
+    if (s.tracked) this.specs.delete(s.taskId); // not submitted again if the session is lost: the caller was told
+    this.leavePauseWait(s);
+    if (this.reconnectForMs > 0) this.cancels.add(s.taskId); // cancelled again on a re-opened stream
+    if (this.connected && !this.halfClosed) this.call.write({ kind: { $case: 'cancel', value: { taskId: s.taskId } } });
+    this.flow();
+    s.reject(new SubmitTimeoutError(s.taskId, this.submitTimeoutMs));
+    this.maybeHalfClose();
   }
 
   /**
@@ -908,10 +1117,19 @@ export class RolloutSession {
 
   /** Answers the first submit of `taskId` still waiting for an answer, unless `retried` takes it back (a refusal for now). */
   private settle(taskId: string, fn: (p: Submission) => void, retried?: (p: Submission) => boolean): void {
+    const late = this.unanswered.get(taskId);
+    if (late !== undefined) {
+      // The answer to a submit that timed out (see unanswered): not the next submit's. An `accepted` was counted.
+      if (late > 1) this.unanswered.set(taskId, late - 1);
+      else this.unanswered.delete(taskId);
+      return;
+    }
     const list = this.pending.get(taskId);
     const first = list?.shift();
     if (list && list.length === 0) this.pending.delete(taskId);
+    clearTimeout(first?.answerTimer);
     if (first && retried?.(first)) return this.flow();
+    if (first) this.progressed = true; // answered for good (a refusal for now is no progress)
     if (first) this.leavePauseWait(first);
     this.flow();
     if (first) fn(first);
@@ -963,6 +1181,12 @@ function tooLarge(spec: TaskSpec, size: number, limit: number): TaskRejectedErro
 function snakeCase(name: string): string {
   return name.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`);
 }
+
+/**
+ * Default deadline (ms) of the unary calls a server answers at once (cancel, listEnvironments, listBackends): a server that takes the call and never answers fails it (DEADLINE_EXCEEDED) instead of leaving
+ * the caller waiting for ever. Generous: a loaded server answers these in milliseconds.
+ */
+const QUICK_CALL_MS = 60_000;
 
 /** How the client reaches a server: bearer tokens and TLS (PEM contents, not paths). */
 export interface ConnectionOptions {
@@ -1061,8 +1285,13 @@ export class RolloutClient {
     return new RolloutSession(this.rollout, options, this.maxSendMessageBytes);
   }
 
-  submit(task: TaskInput): Promise<{ taskId: string; numSamples: number; duplicate: boolean }> {
-    return promisify((cb) => this.rollout.submit({ task: TaskSpec.fromPartial({ numSamples: 1, ...task }) }, cb));
+  /**
+   * Submits one task (unary). `deadlineMs`: how long to wait for the answer (DEADLINE_EXCEEDED after it); default no
+   * bound, because a full server answers only once it has room for the task (admission is how it pushes back).
+   */
+  submit(task: TaskInput, options: { deadlineMs?: number } = {}): Promise<{ taskId: string; numSamples: number; duplicate: boolean }> {
+    const deadline = callDeadline(options.deadlineMs ?? Infinity);
+    return promisify((cb) => this.rollout.submit({ task: TaskSpec.fromPartial({ numSamples: 1, ...task }) }, new Metadata(), { deadline }, cb));
   }
 
   getTrajectory(taskId: string, options: { sampleIndex?: number; wait?: boolean; deadlineMs?: number } = {}): Promise<GetTrajectoryResponse> {
@@ -1072,12 +1301,16 @@ export class RolloutClient {
     );
   }
 
-  cancel(taskId: string): Promise<{ cancelled: number }> {
-    return promisify((cb) => this.rollout.cancel({ taskId }, cb));
+  /** Cancels a task. `deadlineMs` (default {@link QUICK_CALL_MS}): a server that never answers fails the call. */
+  cancel(taskId: string, options: { deadlineMs?: number } = {}): Promise<{ cancelled: number }> {
+    const deadline = callDeadline(options.deadlineMs ?? QUICK_CALL_MS);
+    return promisify((cb) => this.rollout.cancel({ taskId }, new Metadata(), { deadline }, cb));
   }
 
-  listEnvironments(): Promise<ListEnvironmentsResponse> {
-    return promisify((cb) => this.rollout.listEnvironments({}, cb));
+  /** The server's environments. `deadlineMs` (default {@link QUICK_CALL_MS}): a server that never answers fails the call. */
+  listEnvironments(options: { deadlineMs?: number } = {}): Promise<ListEnvironmentsResponse> {
+    const deadline = callDeadline(options.deadlineMs ?? QUICK_CALL_MS);
+    return promisify((cb) => this.rollout.listEnvironments({}, new Metadata(), { deadline }, cb));
   }
 
   /** Dashboard tail; iterate, and `return` (break) to stop. */
@@ -1096,8 +1329,10 @@ export class RolloutClient {
     ).then((r) => r.backend);
   }
 
-  listBackends(): Promise<Backend[]> {
-    return promisify<{ backends: Backend[] }>((cb) => this.backends.listBackends({}, new Metadata(), cb)).then((r) => r.backends);
+  /** The server's backends. `deadlineMs` (default {@link QUICK_CALL_MS}): a server that never answers fails the call. */
+  listBackends(options: { deadlineMs?: number } = {}): Promise<Backend[]> {
+    const deadline = callDeadline(options.deadlineMs ?? QUICK_CALL_MS);
+    return promisify<{ backends: Backend[] }>((cb) => this.backends.listBackends({}, new Metadata(), { deadline }, cb)).then((r) => r.backends);
   }
 
   removeBackend(id: string, drain = false): Promise<void> {
@@ -1120,12 +1355,18 @@ export class RolloutClient {
     ).then((r) => r.backends);
   }
 
-  /** Resumes generation (every engine, or `backendId`), recording the policy version they serve from now on when given. */
-  resumeGeneration(options: { backendId?: string; policyVersion?: number } = {}): Promise<Backend[]> {
+  /**
+   * Resumes generation (every engine, or `backendId`), recording the policy version they serve from now on when given.
+   * `deadlineMs` (default 10 min, as pauseGeneration's): a server that never answers
+   * fails the call.
+   */
+  resumeGeneration(options: { backendId?: string; policyVersion?: number; deadlineMs?: number } = {}): Promise<Backend[]> {
+    const deadline = callDeadline(options.deadlineMs ?? 600_000);
     return promisify<{ backends: Backend[] }>((cb) =>
       this.backends.resumeGeneration(
         { backendId: options.backendId ?? '', ...(options.policyVersion !== undefined && { policyVersion: options.policyVersion }) },
         new Metadata(),
+        { deadline },
         cb,
       ),
     ).then((r) => r.backends);
