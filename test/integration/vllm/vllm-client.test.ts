@@ -59,6 +59,21 @@ describe.skipIf(!installed)('VllmClient against a real vLLM server (tiny random 
     expect(await client.health(signal())).toBe(true);
   });
 
+  it("serves the work counters the pool's stall watchdog reads (GET /metrics), and they grow with each generation", async () => {
+    // StallWatchdog tells a hung engine from a long generation by these (engine-progress.ts): they must exist on a real
+    // vLLM and move when it works, or every engine would be unwatched (or, worse, always look hung).
+    const before = await client.progress(signal());
+    expect(before).toBeTypeOf('number');
+    await client.generate({ promptIds: prompt, maxTokens: 16, temperature: 1, seed: 3, signal: signal() });
+    // Counted as the engine's output is processed: read until they show it (bounded), never a fixed sleep.
+    let after = await client.progress(signal());
+    for (let i = 0; i < 50 && (after ?? 0) < before! + 16; i++) {
+      await new Promise((resolve) => setTimeout(resolve, 200));
+      after = await client.progress(signal());
+    }
+    expect(after).toBeGreaterThanOrEqual(before! + 16);
+  });
+
   it('learns max_model_len from /v1/models', async () => {
     expect(await client.modelInfo(signal())).toEqual({ maxModelLen: MAX_MODEL_LEN });
   });
