@@ -257,8 +257,11 @@ export const NAMESPACES = [
   { flag: 'ipc', file: 'ipc' }, { flag: 'uts', file: 'uts' }, { flag: 'cgroup', file: 'cgroup' },
 ] as const;
 
-/** Descriptor numbers of the holder's namespace files and root directory in a launched command. */
-export type NamespaceFds = Record<(typeof NAMESPACES)[number]['file'] | 'root', number>;
+/**
+ * Descriptor numbers of the holder's namespace files and root directory in a launched command, and `owner`: the user
+ * namespace that owns the others, when it is not the holder's own (see HeldNamespaces.owner in bwrap-holder.ts).
+ */
+export type NamespaceFds = Record<(typeof NAMESPACES)[number]['file'] | 'root', number> & { owner?: number };
 
 /** Descriptor the in-sandbox wrapper writes one byte to: `1` right before exec'ing the argv, `c` for a bad cwd. */
 export const STARTED_FD = 3;
@@ -295,13 +298,27 @@ export function buildExecArgv(spec: ExecCommandSpec): string[] {
   const rlimits = [`--fsize=${limits.maxFileMb * 1024 * 1024}`, '--core=0'];
   if (!spec.cgroups) rlimits.push(`--as=${limits.memoryMb * 1024 * 1024}`, `--nproc=${limits.maxProcesses}`);
   const argv = [
-    'prlimit', ...rlimits, '--', 'setpriv', '--no-new-privs', '--',
+    'prlimit', ...rlimits, '--', 'setpriv', '--no-new-privs', '--', ...enterOwnerArgv(spec.nsFds),
     'nsenter', ...NAMESPACES.map((ns) => `--${ns.flag}=/proc/self/fd/${spec.nsFds[ns.file]}`), `--root=/proc/self/fd/${spec.nsFds.root}`,
-    '-S', String(SANDBOX_UID), '-G', String(SANDBOX_UID), '--',
+    ...(spec.nsFds.owner !== undefined ? ['--preserve-credentials'] : []), '-S', String(SANDBOX_UID), '-G', String(SANDBOX_UID), '--',
     ...(spec.closer !== undefined ? [spec.closer, '--keep-fds', String(STARTED_FD), '--'] : closeHighArgv(spec.nsFds)),
     '/bin/sh', '-c', INNER, 'sandbox-exec', spec.cwd, ...Object.entries(spec.env).map(([k, v]) => `${k}=${v}`), '--', ...spec.argv,
   ];
   return spec.cgroupProcs.length > 0 ? ['/bin/sh', '-c', EXEC_JOIN, 'rollout-join', ...spec.cgroupProcs, '--', ...argv] : argv;
+}
+
+/**
+ * The step before nsenter when the sandbox's namespaces are owned by a user namespace other than the holder's (a
+ * server that is not root: bwrap's `--disable-userns` runs the sandbox in a nested user namespace, while its mount,
+ * PID, network, ... namespaces belong to the outer one). A non-root nsenter can only join them with CAP_SYS_ADMIN in
+ * their owner, which entering the nested user namespace first does not give (the kernel refused: "reassociate to
+ * namespace 'ns/cgroup' failed: Operation not permitted"). So this nsenter joins the owner first (the server's uid is
+ * root there: full capabilities over it and its descendants), and the next one joins the rest, then the nested user
+ * namespace last, as SANDBOX_UID. `--preserve-credentials` in both: in these user namespaces (setgroups denied, as
+ * bwrap leaves them) nsenter's own setgroups() would fail; uid and gid are still set by the second one's -S/-G.
+ */
+function enterOwnerArgv(nsFds: NamespaceFds): string[] {
+  return nsFds.owner === undefined ? [] : ['nsenter', '--preserve-credentials', `--user=/proc/self/fd/${nsFds.owner}`, '--'];
 }
 
 /** CLOSE_HIGH's argv for the namespace descriptors above 9 (none: no step). */

@@ -1,5 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { closeSync, constants, openSync, readFileSync, writeFileSync } from 'node:fs';
+import { closeSync, constants, fstatSync, openSync, readFileSync, writeFileSync } from 'node:fs';
 import type { Readable, Writable } from 'node:stream';
 import { RolloutError } from '../errors.js';
 import { NAMESPACES, type NamespaceFds } from './bwrap-command.js';
@@ -14,8 +14,15 @@ export const DATA_FD = 3;
 
 /** Namespace files and root of the holder, held open by the server for the sandbox's life. */
 export interface HeldNamespaces {
-  /** Open descriptors in this process, in the order of `fdNumbers` below. */
+  /** Open descriptors in this process, in the order of `namespaceFdNumbers` below (NAMESPACES, root, then owner). */
   readonly fds: readonly number[];
+  /**
+   * The user namespace that owns the sandbox's other namespaces, when it is not the holder's own user namespace
+   * (also the last of `fds`). Held for a server that is not root: bwrap's `--disable-userns` puts the holder in a
+   * nested user namespace, and only the owner's capabilities let such a server join the mount, PID, network, ...
+   * namespaces (see enterOwnerArgv in bwrap-command.ts).
+   */
+  readonly owner?: number;
   close(): void;
 }
 
@@ -61,6 +68,11 @@ export class Holder {
     argv: readonly string[],
     options: {
       signal?: AbortSignal; lowerOomScore: boolean; timeoutMs: number; onOomScoreError?: (err: unknown) => void; holderIsInit: boolean; closer: FdCloser;
+      /**
+       * A Python interpreter with which to find the owner of the sandbox's namespaces (HeldNamespaces.owner): given
+       * when the server is not root; without it, nothing of a nested user namespace is held.
+       */
+      ownerPython?: string;
       /** Bytes bwrap reads from DATA_FD (`--ro-bind-data`, see HolderCommandSpec.resolvConfFd); none: fd 3 is not passed. */
       data?: string;
     },
@@ -129,7 +141,8 @@ export class Holder {
       const initPid = parseInfo(info);
       if (initPid === undefined) throw new Error(`no child-pid in bwrap's info: ${info}`);
       const holderPid = options.holderIsInit ? initPid : Number(readFileSync(`/proc/${initPid}/task/${initPid}/children`, 'utf8').trim().split(' ')[0]);
-      const namespaces = holdNamespaces(holderPid);
+      let namespaces = holdNamespaces(holderPid);
+      if (options.ownerPython !== undefined) namespaces = await holdOwner(namespaces, options.ownerPython, options.closer, options.timeoutMs);
       // The holder must be (or be the child of) the monitor's child while we hold its namespaces: then they are
       // this sandbox's.
       if ((!options.holderIsInit && parentOf(holderPid) !== initPid) || parentOf(initPid) !== child.pid) {
@@ -213,9 +226,80 @@ function holdNamespaces(pid: number): HeldNamespaces {
   };
 }
 
-/** Where the held descriptors land in a launched command: fd 4 onwards, after stdin/out/err and the started fd. */
-export function namespaceFdNumbers(): NamespaceFds {
+/** NS_GET_USERNS (linux/nsfs.h): a descriptor of the user namespace owning the namespace of the given descriptor. */
+const OWNER_SCRIPT = [
+  'import fcntl, sys',
+  'print(fcntl.ioctl(3, 0xB701), flush=True)',
+  'sys.stdin.read()',
+].join('\n');
+
+/**
+ * Adds to `held` the user namespace that owns the holder's mount namespace, when it is not the holder's own. Node has
+ * no ioctl, and no process lives in that namespace (bwrap's child entered the nested one before it exec'ed the holder):
+ * Python asks the kernel (ioctl NS_GET_USERNS on the held mount namespace) and keeps the answer open until we have
+ * opened it through /proc/PID/fd. Closes `held` and throws when it cannot.
+ */
+async function holdOwner(held: HeldNamespaces, python: string, closer: FdCloser, timeoutMs: number): Promise<HeldNamespaces> {
+  const mnt = held.fds[NAMESPACES.findIndex((ns) => ns.file === 'mnt')]!;
+  const user = held.fds[NAMESPACES.findIndex((ns) => ns.file === 'user')]!;
+  const argv = closer.wrap([3], [python, '-I', '-S', '-c', OWNER_SCRIPT]);
+  const child = spawn(argv[0]!, argv.slice(1), { stdio: ['pipe', 'pipe', 'pipe', mnt], env: LAUNCH_ENV });
+  (child.stdin as Writable).on('error', () => undefined);
+  const stderr = new CappedOutput(4096);
+  child.stderr?.on('data', (c: Buffer) => stderr.push(c));
+  let owner: number | undefined;
+  try {
+    const fdNumber = await new Promise<number>((resolve, reject) => {
+      let out = '';
+      const timer = setTimeout(() => reject(new Error(`no answer within ${timeoutMs} ms`)), timeoutMs);
+      child.stdout?.on('data', (c: Buffer) => {
+        out += c.toString('utf8');
+        if (!out.includes('\n')) return;
+        clearTimeout(timer);
+        const n = Number(out.trim());
+        if (Number.isInteger(n) && n >= 0) resolve(n);
+        else reject(new Error(`unexpected answer ${JSON.stringify(out.trim())}`));
+      });
+      child.once('error', (err) => (clearTimeout(timer), reject(err)));
+      child.once('close', (code, sig) => (clearTimeout(timer), reject(new Error(`exit ${code ?? sig}: ${stderr.text().trim()}`))));
+    });
+    owner = openSync(`/proc/${child.pid}/fd/${fdNumber}`, constants.O_RDONLY);
+    const a = fstatSync(owner);
+    const b = fstatSync(user);
+    if (a.dev === b.dev && a.ino === b.ino) {
+      // Not nested: the holder's own user namespace owns the rest, and joining it first is enough.
+      closeSync(owner);
+      return held;
+    }
+  } catch (err) {
+    if (owner !== undefined) closeSync(owner);
+    held.close();
+    throw new RolloutError('sandbox_error', `cannot find the user namespace that owns the sandbox's namespaces (needed by a server that is not root; ${python} -c 'ioctl NS_GET_USERNS'): ${(err as Error).message}`, { cause: err });
+  } finally {
+    child.kill('SIGKILL');
+  }
+  const ownerFd = owner;
+  let open = true;
+  return {
+    fds: [...held.fds, ownerFd],
+    owner: ownerFd,
+    close: () => {
+      if (!open) return;
+      open = false;
+      held.close();
+      closeSync(ownerFd);
+    },
+  };
+}
+
+/**
+ * Where the held descriptors land in a launched command: fd 4 onwards, after stdin/out/err and the started fd (the
+ * owner, when held, after the root).
+ */
+export function namespaceFdNumbers(held?: Pick<HeldNamespaces, 'owner'>): NamespaceFds {
   const first = 4;
   const entries = NAMESPACES.map((ns, i) => [ns.file, first + i] as const);
-  return { ...Object.fromEntries(entries), root: first + NAMESPACES.length } as NamespaceFds;
+  const fds = { ...Object.fromEntries(entries), root: first + NAMESPACES.length } as NamespaceFds;
+  if (held?.owner !== undefined) fds.owner = first + NAMESPACES.length + 1;
+  return fds;
 }

@@ -20,13 +20,18 @@ const TIMEOUT_MS = 10_000;
  * pts/ptmx, so it follows). Run by the server, not the sandbox: the sandbox init's `--mount-devpts` mode
  * (init/sandbox-init.c, static, bound read-only at SANDBOX_INIT_PATH), entered into the sandbox's mount namespace and
  * root with the privilege the server has over them — host root (setuid identity) directly; the owner of the sandbox's
- * user namespace (userns identity) by joining it. Resolves to undefined when done, else why not (never throws: the
- * caller starts the sandbox without the limit and says so).
+ * user namespace (userns identity) by joining it, or, for a server that is not root, the user namespace owning that
+ * one. Resolves to undefined when done, else why not (never throws: the caller starts the sandbox without the limit
+ * and says so).
  */
 export async function limitPtys(holder: Holder, options: { identity: SandboxIdentity; closer: FdCloser; max?: number }): Promise<string | undefined> {
-  const fds = namespaceFdNumbers();
+  const fds = namespaceFdNumbers(holder.namespaces);
+  // A server that is not root joins the user namespace owning the mount namespace (the holder's own is nested in it:
+  // see enterOwnerArgv in bwrap-command.ts); its uid is root there, hence --preserve-credentials (no setgroups()).
+  const user = fds.owner !== undefined ? ['--preserve-credentials', `--user=/proc/self/fd/${fds.owner}`]
+    : options.identity.kind === 'userns' ? [`--user=/proc/self/fd/${fds.user}`] : [];
   const argv = options.closer.wrap(Object.values(fds), [
-    'nsenter', ...(options.identity.kind === 'userns' ? [`--user=/proc/self/fd/${fds.user}`] : []),
+    'nsenter', ...user,
     `--mount=/proc/self/fd/${fds.mnt}`, `--root=/proc/self/fd/${fds.root}`, '--',
     SANDBOX_INIT_PATH, '--mount-devpts', String(options.max ?? MAX_PTYS_PER_SANDBOX),
   ]);

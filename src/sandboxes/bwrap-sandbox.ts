@@ -299,7 +299,7 @@ export class BubblewrapSandbox implements Sandbox {
     }
     const cwd = this.resolveCwd(options.cwd);
     if (cwd.includes('\0')) throw RolloutError.invalid('cwd', 'contains a NUL byte');
-    const nsFds = namespaceFdNumbers();
+    const nsFds = namespaceFdNumbers(this.init.holder.namespaces);
     const chain = buildExecArgv({
       limits: this.spec.limits,
       nsFds,

@@ -102,7 +102,8 @@ interface Probe {
  * the descriptors it means to pass (fd-closer.ts).
  *
  * Commands, spawned processes and file operations enter the running sandbox with nsenter (namespaces and root
- * held open as descriptors since start, so a reused pid cannot redirect them), as uid 1000, no_new_privs, no
+ * held open as descriptors since start, so a reused pid cannot redirect them; a server that is not root joins the user
+ * namespace owning them first: see enterOwnerArgv in bwrap-command.ts), as uid 1000, no_new_privs, no
  * capabilities. Why nsenter rather than an agent process inside: nothing has to be shipped into (or be runnable
  * in) every image but /bin/sh; each command is a host child we can time out, cap and kill; the cost is ~5 small
  * execs per command (see the README for measured figures).
@@ -138,13 +139,13 @@ export class BubblewrapDriver implements SandboxDriver {
     this.networkMode = options.network ?? 'isolated';
     this.slirpPath = options.slirp4netnsPath ?? 'slirp4netns';
     const mode = options.identity ?? 'auto';
-    const isRoot = process.getuid?.() === 0;
-    if (mode === 'setuid' && !isRoot) throw new RolloutError('failed_precondition', "bwrap identity 'setuid' needs the server to run as root");
-    this.identityMode = mode === 'auto' ? (isRoot ? 'setuid' : 'userns') : mode;
+    const root = isRoot();
+    if (mode === 'setuid' && !root) throw new RolloutError('failed_precondition', "bwrap identity 'setuid' needs the server to run as root");
+    this.identityMode = mode === 'auto' ? (root ? 'setuid' : 'userns') : mode;
     this.uidRange = options.uidRange ?? { first: 0x6000_0000, count: 1 << 24 };
     this.images = options.images ?? new SifImageMounts({ logger: this.log });
     this.cgroups = createCgroupManager({ logger: this.log, ...(options.cgroups !== undefined && { kind: options.cgroups }) });
-    this.capabilities = { cgroups: this.cgroups.kind, identity: this.identityMode, oomProtection: isRoot, holderIsInit: false, ptyLimit: false };
+    this.capabilities = { cgroups: this.cgroups.kind, identity: this.identityMode, oomProtection: root, holderIsInit: false, ptyLimit: false };
   }
 
   async start(spec: SandboxSpec, signal?: AbortSignal): Promise<BubblewrapSandbox> {
@@ -193,6 +194,8 @@ export class BubblewrapDriver implements SandboxDriver {
         timeoutMs: this.options.startTimeoutMs ?? 30_000,
         holderIsInit: probe.init !== undefined,
         closer: probe.closer,
+        // Not root: commands must join the user namespace that owns the sandbox's namespaces (bwrap-holder.ts, holdOwner).
+        ...(!isRoot() && { ownerPython: probe.python?.executable ?? 'python3' }),
         ...(resolvConf && { data: SLIRP_RESOLV_CONF }),
         ...(signal !== undefined && { signal }),
       });
@@ -200,8 +203,9 @@ export class BubblewrapDriver implements SandboxDriver {
       let network: SlirpNetwork | undefined;
       if (isolatedNetwork) {
         const held = (file: (typeof NAMESPACES)[number]['file']): number => holder.namespaces.fds[NAMESPACES.findIndex((ns) => ns.file === file)]!;
+        // The network namespace belongs to the owner of the holder's nested user namespace, when there is one.
         const net = await SlirpNetwork.start({
-          slirpPath: this.slirpPath, netnsFd: held('net'), usernsFd: held('user'), enterUserns: process.getuid?.() !== 0, closer: probe.closer,
+          slirpPath: this.slirpPath, netnsFd: held('net'), usernsFd: holder.namespaces.owner ?? held('user'), enterUserns: !isRoot(), closer: probe.closer,
           timeoutMs: this.options.startTimeoutMs ?? 30_000, ...(signal !== undefined && { signal }),
         });
         network = net;
@@ -316,6 +320,10 @@ export class BubblewrapDriver implements SandboxDriver {
   private releaseIdentity(identity: SandboxIdentity): void {
     if (identity.kind === 'setuid') this.uidsInUse.delete(identity.uid);
   }
+}
+
+function isRoot(): boolean {
+  return process.getuid?.() === 0;
 }
 
 /** Whether `command` (a path, or a name looked up on PATH) is an executable file. */

@@ -25,9 +25,11 @@ export interface SlirpStartOptions {
   netnsFd: number;
   usernsFd: number;
   /**
-   * Whether slirp4netns enters the namespace through the sandbox's user namespace (`--userns-path`): needed when the
-   * server is not root, as nsenter does for commands. Root enters the network namespace directly: it holds
-   * CAP_SYS_ADMIN over every namespace, whichever user namespace owns it.
+   * Whether slirp4netns runs inside `usernsFd` (the user namespace that owns the network namespace, where the server's
+   * uid is root): needed when the server is not root, as for commands (enterOwnerArgv in bwrap-command.ts). nsenter
+   * puts it there before it starts, not its own `--userns-path` (which only its child joins): `--enable-sandbox` sets
+   * up its mount namespace and drops its ids in the parent too, and a non-root parent outside fails ("setegid(0)").
+   * Root enters the network namespace directly: it holds CAP_SYS_ADMIN over every namespace, whichever owns it.
    */
   enterUserns: boolean;
   closer: FdCloser;
@@ -44,13 +46,13 @@ export const SLIRP_MAX_FILES = 1024;
 /** slirp4netns's argv: NAT'ed TCP/UDP out, the host's 127.0.0.1 cut off, itself confined once set up. */
 export function slirpArgv(options: Pick<SlirpStartOptions, 'slirpPath' | 'enterUserns'>): string[] {
   return [
-    'prlimit', `--nofile=${SLIRP_MAX_FILES}`, '--', options.slirpPath, '--configure', '--mtu=65520', '--disable-host-loopback',
+    'prlimit', `--nofile=${SLIRP_MAX_FILES}`, '--',
+    ...(options.enterUserns ? ['nsenter', '--preserve-credentials', `--user=/proc/self/fd/${USERNS_FD}`, '--'] : []),
+    options.slirpPath, '--configure', '--mtu=65520', '--disable-host-loopback',
     // Its own mount namespace (only /etc and /run of the host), all capabilities but CAP_NET_BIND_SERVICE dropped when
     // root, and a seccomp filter: libslirp parses every packet the sandbox sends.
     '--enable-sandbox', '--enable-seccomp',
-    `--ready-fd=${READY_FD}`, `--exit-fd=${EXIT_FD}`, '--netns-type=path',
-    ...(options.enterUserns ? [`--userns-path=/proc/self/fd/${USERNS_FD}`] : []),
-    `/proc/self/fd/${NETNS_FD}`, 'tap0',
+    `--ready-fd=${READY_FD}`, `--exit-fd=${EXIT_FD}`, '--netns-type=path', `/proc/self/fd/${NETNS_FD}`, 'tap0',
   ];
 }
 
