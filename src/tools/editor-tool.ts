@@ -3,12 +3,13 @@ import { z } from 'zod';
 import { RolloutError } from '../errors.js';
 import type { DirEntry, Sandbox } from '../sandboxes/types.js';
 import { defineTool, type ValidatedTool } from './define-tool.js';
+import { fileLimitProblem } from './file-limit.js';
 import { countLines, insertAfterLine, linesBetween, numberLines, replaceUnique } from './text-edit.js';
 import type { ToolResult } from './types.js';
 
 /** Lines one `view` shows at most; the note says how to see the rest. */
 const VIEW_LINES = 300;
-/** Characters of one `view` observation at most (long lines are cut first). */
+/** Characters of one `view` observation at most, of a file (long lines are cut first) or of a directory listing. */
 const VIEW_CHARS = 20_000;
 /** Entries of a directory listing at most. */
 const LIST_ENTRIES = 200;
@@ -87,6 +88,8 @@ export function createEditorTool(): ValidatedTool {
             const found = await existence(sandbox, path, signal);
             if (found === true) return fail(`${path} already exists. Use str_replace or insert to edit it.`);
             if (found !== false) return fail(`could not check whether ${path} exists, so nothing was created: ${found}`);
+            const tooLarge = fileLimitProblem(sandbox, path, a.file_text!);
+            if (tooLarge !== undefined) return fail(tooLarge);
             await sandbox.writeFile(path, a.file_text!, { signal });
             return { output: `Created ${path} (${countLines(a.file_text!)} lines).`, outcome: 'ok' };
           }
@@ -102,6 +105,8 @@ export function createEditorTool(): ValidatedTool {
                   : `old_str occurs ${r.more ? `more than ${r.count}` : r.count} times in ${path} (lines ${r.lines.join(', ')}${r.more ? ', ...' : ''}); nothing was replaced. Include more context to make it unique.`,
               );
             }
+            const tooLarge = fileLimitProblem(sandbox, path, r.text);
+            if (tooLarge !== undefined) return fail(tooLarge);
             history(sandbox).remember(path, text);
             await sandbox.writeFile(path, r.text, { signal });
             return { output: `Edited ${path}. Around the edit:\n${snippet(r.text, r.line, countLines(a.new_str ?? ''))}`, outcome: 'ok' };
@@ -112,6 +117,8 @@ export function createEditorTool(): ValidatedTool {
             const count = countLines(text);
             if (a.insert_line! > count) return fail(`insert_line ${a.insert_line} is past the end: ${path} has ${count} lines (use 0..${count}).`);
             const next = insertAfterLine(text, a.insert_line!, a.new_str!);
+            const tooLarge = fileLimitProblem(sandbox, path, next);
+            if (tooLarge !== undefined) return fail(tooLarge);
             history(sandbox).remember(path, text);
             await sandbox.writeFile(path, next, { signal });
             return { output: `Inserted into ${path}. Around the edit:\n${snippet(next, a.insert_line! + 1, countLines(a.new_str!))}`, outcome: 'ok' };
@@ -119,6 +126,9 @@ export function createEditorTool(): ValidatedTool {
           case 'undo_edit': {
             const before = histories.get(sandbox)?.pop(path);
             if (before === undefined) return fail(`no edit of ${path} to undo (earlier versions of large files, and the oldest ones past ${UNDO_BUDGET_CHARS >> 20} MiB in all, are not kept).`);
+            // A file the image brought, larger than the sandbox lets a process write, edited smaller: its old text cannot be written back.
+            const tooLarge = fileLimitProblem(sandbox, path, before);
+            if (tooLarge !== undefined) return fail(tooLarge);
             await sandbox.writeFile(path, before, { signal });
             return { output: `Reverted the last edit of ${path}.`, outcome: 'ok' };
           }
@@ -237,8 +247,16 @@ async function view(sandbox: Sandbox, path: string, a: Args, signal: AbortSignal
       if (listErr instanceof RolloutError && (listErr.code === 'invalid_argument' || listErr.code === 'not_found')) throw err;
       throw listErr;
     }
-    const shown = entries.slice(0, LIST_ENTRIES).map((e) => (e.type === 'dir' ? `${e.name}/` : e.type === 'file' ? `${e.name}  (${e.size} bytes)` : `${e.name}  (${e.type})`));
-    const more = entries.length > LIST_ENTRIES ? `\n[${entries.length - LIST_ENTRIES} more entries not shown]` : '';
+    // At most LIST_ENTRIES entries and VIEW_CHARS characters: names run to 255 bytes, and 200 of them were ~52 KB.
+    const shown: string[] = [];
+    let chars = 0;
+    for (const e of entries.slice(0, LIST_ENTRIES)) {
+      const line = e.type === 'dir' ? `${e.name}/` : e.type === 'file' ? `${e.name}  (${e.size} bytes)` : `${e.name}  (${e.type})`;
+      if (chars + line.length + 1 > VIEW_CHARS) break;
+      shown.push(line);
+      chars += line.length + 1;
+    }
+    const more = entries.length > shown.length ? `\n[${entries.length - shown.length} more entries not shown]` : '';
     return { output: `${path}/ (${entries.length} entries)\n${shown.join('\n')}${more}`, outcome: 'ok' };
   }
   const count = countLines(text);

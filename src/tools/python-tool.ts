@@ -2,6 +2,7 @@ import { z } from 'zod';
 import { RolloutError } from '../errors.js';
 import type { ExecResult, Sandbox } from '../sandboxes/types.js';
 import { defineTool, type ValidatedTool } from './define-tool.js';
+import { fileLimitProblem } from './file-limit.js';
 
 export interface PythonToolOptions {
   /** Per-call timeout, ms (also bounded by the sandbox's remaining wall clock). Default 10 s. */
@@ -36,6 +37,8 @@ export function createPythonTool(options: PythonToolOptions = {}): ValidatedTool
       const n = (cells.get(sandbox) ?? 0) + 1;
       cells.set(sandbox, n);
       const file = `${sandbox.workdir}/${CELL_DIR}/cell_${n}.py`;
+      const tooLarge = fileLimitProblem(sandbox, file, code);
+      if (tooLarge !== undefined) return { output: `Error: could not write the code cell: ${tooLarge}`, outcome: 'error' };
       try {
         await sandbox.writeFile(file, code, { signal });
       } catch (err) {
