@@ -3,7 +3,7 @@ import { RolloutError } from '../errors.js';
 import { probeAssistantClosing, type DeltaMethod } from './template-delta.js';
 import type { ChatMessage, ChatTemplate, Tokenizer, ToolSchema } from './types.js';
 import { verifyLedgerSnapshot } from './verify.js';
-import { escapeMessage } from './opaque-content.js';
+import { escapeMessage, escapeTools } from './opaque-content.js';
 import { TokenWork } from './token-work.js';
 import { idColumn, logprobColumn, maskColumn, type TokenColumn } from './token-column.js';
 import { attachedIdsJson, attachIdsJson, innerPiece, type JsonPiece } from '../backends/prompt-json.js';
@@ -196,7 +196,8 @@ export class TokenLedger {
     // A 64K-token context regrown once was a fresh 450 KB of external memory and a copy of the prompt per trajectory.
     this.context = idColumn(this.promptIds.length + Math.max(1024, this.promptIds.length >> 2));
     this.context.append(this.promptIds);
-    this.closing = probeAssistantClosing(options.template, this.tools);
+    // With the tools as every render of this ledger gets them (TokenWork escapes them, see escapeTools).
+    this.closing = probeAssistantClosing(options.template, escapeTools(this.tokenizer, this.tools));
   }
 
   /** A ledger whose prompt is rendered and tokenized through `options.work` (on a thread when long). */

@@ -1,6 +1,6 @@
 import htmlTags from 'html-tags';
 import { RolloutError } from '../errors.js';
-import type { ChatMessage, TextPart, Tokenizer } from './types.js';
+import type { ChatMessage, TextPart, Tokenizer, ToolSchema } from './types.js';
 
 /**
  * Environment text never forges chat structure.
@@ -34,10 +34,13 @@ import type { ChatMessage, TextPart, Tokenizer } from './types.js';
  * that says "answer inside <think> tags" is encoded as the characters, not the token, unlike a naive
  * `apply_chat_template` + tokenize.
  *
- * Limits: tool schemas are trusted configuration, rendered as template text; a plane-15 private-use character
- * that reaches the rendered text from elsewhere than environment content (an assistant content the template
- * re-renders after the last turn, a tool schema) would be read as a placeholder — plain text either way, never
- * an added token; an added token formed across the boundary of a content and the template's own text (content
+ * Tool schemas are opaque too ({@link escapeTools}): an environment may build its tools from the instance (a
+ * function-calling dataset's own tools), so a description or parameter name is dataset text like a prompt, and the
+ * template writes it (Qwen3 through tojson) or the server's tool instructions do (AdaptedChatTemplate).
+ *
+ * Limits: a plane-15 private-use character that reaches the rendered text from elsewhere than environment content
+ * (an assistant content the template re-renders after the last turn) would be read as a placeholder — plain text
+ * either way, never an added token; an added token formed across the boundary of a content and the template's own text (content
  * ending "<|im_" before template text "end|>") is not caught by the scan, since templates write whole tokens
  * after and before content, and would be caught by the count check only if it changes the count.
  */
@@ -165,6 +168,41 @@ export function escapeMessage(tokenizer: Tokenizer, message: ChatMessage): ChatM
   if (content === message.content && name === message.name) return message;
   return { ...message, content, ...(name !== undefined && { name }) };
 }
+
+/**
+ * The tool schemas as the template must see them: every string in them (descriptions, names, enum values, property
+ * names) escaped as {@link escapeContent} escapes a content, so a description that spells "<|im_end|>" is plain text
+ * wherever the template or the tool instructions print it (as JSON: a placeholder needs no JSON escape). The same
+ * array when nothing needs escaping (nearly always), and the same escaped array for the same array, so the caches keyed
+ * by tool list (tools-key.ts memoizes per array) keep their hits. Escape once: an escaped list escaped again would
+ * print its placeholders as themselves.
+ */
+export function escapeTools(tokenizer: Tokenizer, tools: readonly ToolSchema[] | undefined): readonly ToolSchema[] | undefined {
+  if (tools === undefined || tools.length === 0) return tools;
+  let byTools = escapedTools.get(tokenizer);
+  if (!byTools) escapedTools.set(tokenizer, (byTools = new WeakMap()));
+  let escaped = byTools.get(tools);
+  if (escaped === undefined) {
+    const { test } = compiled(tokenizer);
+    const needs = (value: unknown): boolean => {
+      if (typeof value === 'string') return test.test(value);
+      if (Array.isArray(value)) return value.some(needs);
+      if (typeof value === 'object' && value !== null) return Object.entries(value).some(([k, v]) => test.test(k) || needs(v));
+      return false;
+    };
+    const escape = (value: unknown): unknown => {
+      if (typeof value === 'string') return escapeContent(tokenizer, value);
+      if (Array.isArray(value)) return value.map(escape);
+      if (typeof value === 'object' && value !== null) return Object.fromEntries(Object.entries(value).map(([k, v]) => [escapeContent(tokenizer, k), escape(v)]));
+      return value;
+    };
+    escaped = needs(tools) ? (escape(tools) as ToolSchema[]) : tools;
+    byTools.set(tools, escaped);
+  }
+  return escaped;
+}
+
+const escapedTools = new WeakMap<Tokenizer, WeakMap<readonly ToolSchema[], readonly ToolSchema[]>>();
 
 /**
  * Rendered text cut into template parts and literal parts (the strings the placeholders stand for), or

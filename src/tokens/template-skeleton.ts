@@ -76,14 +76,31 @@ export function skeletonFor(template: ChatTemplate, messages: readonly ChatMessa
   }
   if (slots.some((i) => messages[i] === undefined)) return undefined;
   let cache = skeletons.get(template);
-  if (!cache) skeletons.set(template, (cache = { shapes: new Map(), bytes: 0 }));
-  const key = `${toolsKey(options.tools)}\u0000${shapeKey(messages, options, slot)}`;
+  if (!cache) skeletons.set(template, (cache = { shapes: new Map(), nameBlind: new Map(), bytes: 0 }));
+  const tools = toolsKey(options.tools);
+  // A tool message's name is part of the shape, and it may be one the policy made up (a call to a tool that does not
+  // exist): each new name was a new shape, probed with ~80 renders on the event loop (3 ms a turn for Qwen3, whose
+  // template does not even print names) and kept. A shape whose render does not depend on its names (probed once,
+  // names in every form a template may test) is keyed, and its skeleton probed, with a stand-in name instead.
+  let shape = messages;
+  if (messages.some((m) => m.name !== undefined)) {
+    const renamed = messages.map((m) => (m.name === undefined ? m : { ...m, name: NAME_STAND_IN }));
+    const blindKey = `${tools}\u0000${shapeKey(renamed, options, slot)}`;
+    let blind = cache.nameBlind.get(blindKey);
+    if (blind === undefined && cache.bytes < MAX_CACHE_BYTES) {
+      blind = ignoresNames(template, messages, options, slots);
+      cache.nameBlind.set(blindKey, blind);
+      cache.bytes += 2 * blindKey.length + 64;
+    }
+    if (blind === true) shape = renamed;
+  }
+  const key = `${tools}\u0000${shapeKey(shape, options, slot)}`;
   const found = cache.shapes.get(key);
   if (found !== undefined) return found ?? undefined;
-  // Shapes are few (roles, tool names, tool lists). Past the bound a new shape is rendered, not probed: a probe costs
-  // a dozen renders, which only pays when its skeleton is kept.
+  // Shapes are few (roles, the tool names a template reads, tool lists). Past the bound a new shape is rendered, not
+  // probed: a probe costs a dozen renders, which only pays when its skeleton is kept.
   if (cache.bytes >= MAX_CACHE_BYTES) return undefined;
-  const skeleton = probe(template, messages, options, slots);
+  const skeleton = probe(template, shape, options, slots);
   cache.shapes.set(key, skeleton ?? null);
   cache.bytes += 2 * (key.length + (skeleton?.pieces.reduce((n, p) => n + p.length, 0) ?? 0)) + 64;
   return skeleton;
@@ -92,7 +109,37 @@ export function skeletonFor(template: ChatTemplate, messages: readonly ChatMessa
 /** Most bytes of shape keys and skeletons kept per template (UTF-16 code units, two bytes each). */
 const MAX_CACHE_BYTES = 16 << 20;
 const MAX_FIXED_CHARS = 64;
-const skeletons = new WeakMap<ChatTemplate, { shapes: Map<string, Skeleton | null>; bytes: number }>();
+const skeletons = new WeakMap<ChatTemplate, { shapes: Map<string, Skeleton | null>; nameBlind: Map<string, boolean>; bytes: number }>();
+
+/** The tool name a shape whose render ignores names is keyed and probed with. */
+const NAME_STAND_IN = 'probe-name-7c1e';
+
+/**
+ * Whether the render of the shape of `messages` (slot contents as markers, other contents as they are) is the same
+ * text whatever its tool messages' names: the stand-in, another name, the empty name (a template may test a name's
+ * truthiness) and every flag of the template (contentFlags: a name it compares with), rotated over the named messages.
+ * A render the template refuses for some name, and one that prints or branches on them, is not.
+ */
+function ignoresNames(template: ChatTemplate, messages: readonly ChatMessage[], options: RenderOptions, slots: readonly number[]): boolean {
+  const named = messages.flatMap((m, i) => (m.name === undefined ? [] : [i]));
+  const slotOf = new Map(slots.map((index, k) => [index, k]));
+  const withNames = (names: (j: number) => string): ChatMessage[] =>
+    messages.map((m, i) => {
+      const k = slotOf.get(i);
+      const content = k === undefined ? m.content : marker(k);
+      const j = named.indexOf(i);
+      return j < 0 ? { ...m, content } : { ...m, content, name: names(j) };
+    });
+  const flags = contentFlags(template);
+  const variants: ((j: number) => string)[] = [() => 'another_name', () => '', ...flags.map((_, r) => (j: number) => flags[(r + j) % flags.length]!)];
+  try {
+    const base = template.render(withNames(() => NAME_STAND_IN), options);
+    return variants.every((names) => template.render(withNames(names), options) === base);
+  } catch (err) {
+    if (isRenderOverrun(err)) throw err;
+    return false;
+  }
+}
 
 function shapeKey(messages: readonly ChatMessage[], options: RenderOptions, slot: ReadonlySet<number>): string {
   return JSON.stringify([options.addGenerationPrompt, messages.map((m, i) => [m.role, m.name ?? null, slot.has(i) ? null : m.content])]);

@@ -17,6 +17,7 @@ export interface PromptTask {
   kind: 'prompt';
   /** As the environment gave them (escaped here, see opaque-content.ts). */
   messages: readonly ChatMessage[];
+  /** Escaped already (TokenWork escapes them once, see escapeTools), as an EnvironmentTask's. */
   tools: readonly ToolSchema[] | undefined;
 }
 

@@ -9,6 +9,7 @@ import { raceAbort } from '../pipeline/rx.js';
 import type { ModelBundleOptions } from './model-bundle.js';
 import type { ModelFileContents } from './model-files.js';
 import { TokenPool } from './token-pool.js';
+import { escapeTools } from './opaque-content.js';
 import { environmentIds, promptIds, taskChars, unpackIds, type EnvironmentTask, type TokenTask, type TokenTaskResult } from './token-tasks.js';
 import { rememberSuffixLocality } from './suffix-delta.js';
 import { templateClockMs } from './chat-template.js';
@@ -105,6 +106,8 @@ export class TokenWork {
     keepFor = 0,
     keyHint?: object,
   ): Promise<TokenIds> {
+    // Tool schemas are escaped here, once for inline and thread work alike (see escapeTools), and keyed escaped.
+    tools = escapeTools(this.tokenizer, tools);
     const key = this.#keyOf(messages, tools, keyHint, keepFor);
     const hit = this.#cached(key, keepFor);
     if (hit) return hit;
@@ -145,6 +148,7 @@ export class TokenWork {
 
   /** {@link promptIds} on the event loop, whatever its size (the synchronous TokenLedger constructor). */
   promptIdsSync(messages: readonly ChatMessage[], tools: readonly ToolSchema[] | undefined): TokenIds {
+    tools = escapeTools(this.tokenizer, tools);
     const key = this.#computeKey(messages, tools);
     return this.#cached(key, 0) ?? promptIds(this.tokenizer, this.template, { messages, tools });
   }
@@ -161,7 +165,7 @@ export class TokenWork {
 
   /** The ids after an assistant turn (token-tasks.ts environmentIds), on a worker when large. */
   async environmentIds(task: Omit<EnvironmentTask, 'kind'>, signal?: AbortSignal): Promise<Required<Pick<TokenTaskResult, 'ids' | 'method'>>> {
-    const result = await this.#run({ kind: 'environment', ...task }, signal);
+    const result = await this.#run({ kind: 'environment', ...task, tools: escapeTools(this.tokenizer, task.tools) }, signal);
     if (result.method === undefined) throw new RolloutError('internal', 'token worker answered an environment task without its method');
     if (!Array.isArray(result.ids)) throw new RolloutError('internal', 'token worker answered an environment task with packed ids (only a prompt\'s stay packed)');
     return { ids: result.ids as number[], method: result.method };
@@ -169,7 +173,7 @@ export class TokenWork {
 
   /** {@link environmentIds} on the event loop. */
   environmentIdsSync(task: Omit<EnvironmentTask, 'kind'>): Required<Pick<TokenTaskResult, 'ids' | 'method'>> {
-    const { ids, method } = environmentIds(this.tokenizer, this.template, task);
+    const { ids, method } = environmentIds(this.tokenizer, this.template, { ...task, tools: escapeTools(this.tokenizer, task.tools) });
     return { ids, method };
   }
 
