@@ -211,7 +211,8 @@ export async function startRolloutServer(input: ServerConfigInput = {}, options:
     if (config.metrics.port !== null) {
       metrics = new RolloutMetrics({ runtime, pool, sessions, tokenPool });
       const { host, port, requireToken } = config.metrics;
-      metricsServer = await startMetricsServer(metrics, { host, port, token: requireToken ? (config.auth.adminToken ?? config.auth.token) : undefined, logger });
+      // The admin token as the admin services take it (server.ts): the top-level adminToken key is the same as auth's.
+      metricsServer = await startMetricsServer(metrics, { host, port, token: requireToken ? (config.auth.adminToken ?? config.adminToken ?? config.auth.token) : undefined, logger });
     }
     server = await startGrpcServer({ runtime, registry, logger, release, sessions, vocabulary: tokenizer });
   } catch (err) {

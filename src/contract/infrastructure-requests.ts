@@ -1,5 +1,6 @@
 import { BinaryReader, WireType } from '@bufbuild/protobuf/wire';
 import { isUtf8 } from 'node:buffer';
+import type { Duplex } from 'node:stream';
 import type { Server, ServiceDefinition, UntypedServiceImplementation } from '@grpc/grpc-js';
 import protobuf from 'protobufjs';
 import { RolloutError } from '../errors.js';
@@ -15,7 +16,7 @@ import { toServiceError } from './status.js';
  * ("Error deserializing request"). Through this, their requests are checked on the wire first, as tolerantService
  * checks ours, and a bad one is answered INVALID_ARGUMENT naming the field, the call's handler never seeing it.
  */
-export function strictRequestsServer(server: Pick<Server, 'addService'>, protoFiles: readonly string[], logger: Logger): Pick<Server, 'addService'> {
+export function strictRequestsServer(server: Pick<Server, 'addService'>, protoFiles: readonly string[], logger: Logger, lifetime?: AbortSignal): Pick<Server, 'addService'> {
   const log = logger.child({ component: 'infrastructure-requests' });
   const root = new protobuf.Root();
   root.loadSync([...protoFiles], { keepCase: true });
@@ -31,6 +32,10 @@ export function strictRequestsServer(server: Pick<Server, 'addService'>, protoFi
         strictService[name] = {
           ...method,
           requestDeserialize: (bytes: Buffer): unknown => {
+            if (bytes.length > INFRASTRUCTURE_REQUEST_BYTES) {
+              const field = largestField(bytes, requestType);
+              return new Refused(field, `not a valid ${requestType.fullName.slice(1)}: ${bytes.length} bytes, over the ${INFRASTRUCTURE_REQUEST_BYTES} these requests may have${field ? ` (the largest field is ${field})` : ''}`);
+            }
             const problem = wireProblem(bytes, requestType);
             if (problem) return new Refused(problem.field, `not a valid ${requestType.fullName.slice(1)}: ${problem.reason}`);
             try {
@@ -42,11 +47,38 @@ export function strictRequestsServer(server: Pick<Server, 'addService'>, protoFi
         };
         const handler = implementation[name] ?? implementation[method.originalName ?? ''];
         if (handler === undefined) continue;
-        strictImplementation[name] = refusing(handler, method.requestStream, method.responseStream, log);
+        const refusingBad = refusing(handler, method.requestStream, method.responseStream, log);
+        const strict = method.requestStream && method.responseStream ? paced(refusingBad) : refusingBad;
+        strictImplementation[name] = method.responseStream && lifetime ? endingWith(strict, lifetime, log) : strict;
       }
       server.addService(strictService as ServiceDefinition, strictImplementation);
     },
   };
+}
+
+/**
+ * The most bytes a health or reflection request may have. They carry names (a service, a file, a symbol: well under
+ * 1 KiB), are answered without a token, and the health library quotes an unknown service's name in its status
+ * message: a 1 MiB name made a grpc-message trailer over every client's header list limit, the call then left without a
+ * status until its deadline, and a Watch held the name as long as its stream stayed open. Refused by field instead.
+ */
+export const INFRASTRUCTURE_REQUEST_BYTES = 1024;
+
+/** The name of the largest top-level field of `bytes` (as far as they can be read), or '' when there is none. */
+function largestField(bytes: Uint8Array, type: protobuf.Type): string {
+  const reader = new BinaryReader(bytes);
+  let largest = { number: 0, size: -1 };
+  try {
+    while (reader.pos < bytes.length) {
+      const start = reader.pos;
+      const [number, wireType] = reader.tag();
+      reader.skip(wireType, number);
+      if (reader.pos - start > largest.size) largest = { number, size: reader.pos - start };
+    }
+  } catch {
+    // Truncated or garbled past this point: what was read names it.
+  }
+  return largest.size < 0 ? '' : (type.fieldsById[largest.number]?.name ?? String(largest.number));
 }
 
 /** What the handler's request is replaced with when its bytes are refused. */
@@ -85,6 +117,51 @@ function refusing(handler: UntypedServiceImplementation[string], requestStream: 
     const status = toServiceError(call.request.error(), log);
     if (responseStream) call.emit('error', status);
     else callback?.(status);
+  }) as UntypedServiceImplementation[string];
+}
+
+/**
+ * `handler`'s bidi streams read no further request while their answers wait to be sent. @grpc/reflection answers each
+ * request with `write` whatever it returns: a client (no token needed) that wrote requests and read nothing had every
+ * one read and answered into memory, without bound. Paused, grpc-js stops reading the HTTP/2 stream, whose flow control
+ * then holds the client back; reading resumes once the answers drain.
+ */
+function paced(handler: UntypedServiceImplementation[string]): UntypedServiceImplementation[string] {
+  return ((call: Duplex, ...rest: unknown[]) => {
+    const write = call.write.bind(call) as (...args: unknown[]) => boolean;
+    call.write = ((...args: unknown[]): boolean => {
+      const ok = write(...args);
+      if (!ok && !call.isPaused()) {
+        call.pause();
+        call.once('drain', () => call.resume());
+      }
+      return ok;
+    }) as Duplex['write'];
+    return (handler as (...args: unknown[]) => void)(call, ...rest);
+  }) as unknown as UntypedServiceImplementation[string];
+}
+
+/**
+ * `handler`'s streams ended with the lifetime signal's reason (UNAVAILABLE) once it fires, as every stream of our own
+ * services is: a health Watch (a load balancer keeps one open) or a reflection stream would otherwise stay open through
+ * the drain, which then waited out its close bound for them and cut them off without a status.
+ */
+function endingWith(handler: UntypedServiceImplementation[string], lifetime: AbortSignal, log: Logger): UntypedServiceImplementation[string] {
+  return ((call: NodeJS.EventEmitter, ...rest: unknown[]) => {
+    let done = false;
+    const end = (): void => {
+      if (!done) call.emit('error', toServiceError(lifetime.reason, log));
+    };
+    // However the call ends (a refused request ends it inside the handler): no listener is left on the signal.
+    const forget = (): void => {
+      done = true;
+      lifetime.removeEventListener('abort', end);
+    };
+    for (const event of ['cancelled', 'close', 'error', 'finish']) call.once(event, forget);
+    (handler as (...args: unknown[]) => void)(call, ...rest);
+    if (done) return;
+    if (lifetime.aborted) end();
+    else lifetime.addEventListener('abort', end, { once: true });
   }) as UntypedServiceImplementation[string];
 }
 

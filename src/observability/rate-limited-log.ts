@@ -6,7 +6,10 @@ export interface RateLimitOptions {
   linesPerSecond?: number;
   /** Lines that may be written at once after a quiet period (default 20). */
   burst?: number;
-  /** Clock in ms (tests pass a fake one). */
+  /**
+   * Clock in ms (tests pass a fake one). Default: a monotonic one (performance.now), not the wall clock: set back (NTP,
+   * a VM restored from a snapshot) the wall clock made the refill negative, and the log silent for as long as the step.
+   */
   now?: () => number;
 }
 
@@ -33,7 +36,7 @@ export class RateLimitedLog {
     this.#log = logger;
     this.#rate = options.linesPerSecond ?? 10;
     this.#burst = options.burst ?? 20;
-    this.#now = options.now ?? Date.now;
+    this.#now = options.now ?? (() => performance.now());
     this.#tokens = this.#burst;
     this.#last = this.#now();
   }
@@ -49,7 +52,8 @@ export class RateLimitedLog {
    */
   write(level: 'info' | 'warn' | 'error', line: object | (() => object), msg: string): boolean {
     const now = this.#now();
-    this.#tokens = Math.min(this.#burst, this.#tokens + ((now - this.#last) / 1000) * this.#rate);
+    // Never a negative refill, whatever a given clock does.
+    this.#tokens = Math.min(this.#burst, this.#tokens + (Math.max(0, now - this.#last) / 1000) * this.#rate);
     this.#last = now;
     if (this.#tokens < 1) {
       this.#suppressed++;
