@@ -6,7 +6,7 @@ import { openGradingSandbox } from '../grading-sandbox.js';
 import type { Environment, Evaluation } from '../types.js';
 import type { JsonObject } from '../json.js';
 import { findSolution } from './extract.js';
-import { runHumanEvalTests } from './humaneval-runner.js';
+import { harnessOutputBytes, runHumanEvalTests } from './humaneval-runner.js';
 import { codeInstanceSchema, type CodeInstance } from './instance.js';
 import { runStdioTests } from './stdio-runner.js';
 import type { FloatTolerance } from './judge.js';
@@ -82,6 +82,18 @@ export function codeSandbox(instance: CodeInstance): SandboxRequest {
   return { limits: { outputLimitBytes: Math.max(64 * 1024, 2 * largest + 4096) } };
 }
 
+/**
+ * The grading sandbox's request: the episode's ({@link codeSandbox}), with an output cap that also fits everything the
+ * HumanEval harness may report for the task's tests (one line per test: a large test suite passed 64 KiB). Only the
+ * grading sandbox gets it: the episode's commands keep the smaller cap.
+ */
+export function codeGradingSandbox(instance: CodeInstance): SandboxRequest {
+  const request = codeSandbox(instance);
+  if (instance.format !== 'humaneval') return request;
+  const outputLimitBytes = Math.max(request.limits?.outputLimitBytes ?? 0, harnessOutputBytes(instance.test));
+  return { ...request, limits: { ...request.limits, outputLimitBytes } };
+}
+
 /** Reward, details and report from a test run. */
 function scored(run: TestRun, source: string, instance: CodeInstance): Evaluation {
   const total = run.tests.length;
@@ -151,7 +163,7 @@ export function createCodeEnvironment(options: CodeEnvironmentOptions = {}): Env
       }
       // Graded in a fresh sandbox from the image, never in the episode's: a process the model left running or a
       // file it planted (or the memory and processes it used up) can neither fool nor break the tests.
-      const sandbox = await openGradingSandbox(openSandbox, 'code');
+      const sandbox = await openGradingSandbox(openSandbox, 'code', codeGradingSandbox(instance));
       const run =
         instance.format === 'humaneval'
           ? await runHumanEvalTests(sandbox, { ...instance, timeoutS: Math.min(instance.timeoutS, testBudgetMs / 1000) }, solution.code, signal)

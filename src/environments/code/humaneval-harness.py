@@ -24,7 +24,8 @@
 # ctypes: the judge stays dumpable, and a same-uid process could read its memory where ptrace is allowed).
 #
 # Tests: check(candidate)'s body runs in the judge one top-level statement at a time: each statement holding an
-# assert is one test, the others are set-up (a set-up statement that fails marks the later tests "not run"). A check
+# assert is one test, the others are set-up (a set-up statement that fails marks the later tests "not run"; the
+# statements after the last test belong to it, so one of them that fails fails it). A check
 # whose body returns or yields runs whole, as one test. Each test gets a fresh worker (set-up calls before it use the
 # same one), so the solution's state does not carry from one test to the next; the statements themselves run in order
 # in the judge, as before. Differences from running check in the solution's process: the test code sees the prompt's
@@ -32,11 +33,13 @@
 # copies, so a test cannot observe the solution mutating them; arguments that cannot be pickled fail their test.
 # Results are JSON lines "NONCE {...}" on stdout. Events: ready {total}; result {index, passed, error?};
 # test_error {error}; harness_error {error}; done. A test with no result line (the time limit) did not pass.
+import __future__
 import ast
 import builtins
 import json
 import os
 import pickle
+import signal
 import socket
 import struct
 import sys
@@ -364,6 +367,41 @@ def _plan(test):
     return None
 
 
+class _CalledAtLoad(BaseException):
+    """The test code called the function under test while it loaded (`check(add)` or `test_check()` at its end)."""
+
+
+def _load_test(test, scope):
+    """Runs the test code's top-level statements in `scope`, one at a time, skipping each that calls the function under
+    test (it raises _CalledAtLoad): many exports of HumanEval-format sets end with `check(add)`, and that call, run with
+    the solution, turned every wrong answer (or a deliberate raise) into "the test code did not load", an evaluation
+    failure instead of reward 0. The judge runs check itself; module-level asserts on the function are not run."""
+    compile(test, "test.py", "exec")  # syntax errors as the whole file gives them
+    flags = 0
+    for statement in ast.parse(test).body:
+        if isinstance(statement, ast.ImportFrom) and statement.module == "__future__":
+            for alias in statement.names:
+                flags |= getattr(getattr(__future__, alias.name, None), "compiler_flag", 0)
+        code = compile(ast.Module(body=[statement], type_ignores=[]), "test.py", "exec", flags=flags, dont_inherit=True)
+        try:
+            exec(code, scope)
+        except _CalledAtLoad:
+            pass
+
+
+def _run_whole(check, candidate):
+    """Calls check(candidate) and runs what it returns when that is its body still to run: an `async def check` or a
+    check that yields returns a coroutine or a generator without running a line, and passed every solution."""
+    import inspect
+    result = check(candidate)
+    if inspect.iscoroutine(result):
+        import asyncio
+        asyncio.run(result)
+    elif inspect.isgenerator(result):
+        for _ in result:
+            pass
+
+
 def _uncallable_check(check, candidate):
     """Whether `check` cannot be called as check(candidate)."""
     if not callable(check):
@@ -395,11 +433,33 @@ def _start_zygote(solution):
     return ours
 
 
+def _quiet():
+    """What the prompt's and the test's code print (a test may print the solution's values) goes to /dev/null: the
+    judge's stdout carries only its events (written to descriptor 1 by _emit), within the size the runner allows."""
+    sink = open(os.devnull, "w")
+    sys.stdout = sys.stderr = sink
+
+
 _entry = ""
 _nonce = []  # set after the zygote is forked
 
 
+# The runner sizes the sandbox's output cap from the number of tests (humaneval-runner.ts harnessOutputBytes) and
+# fails the evaluation when this output is cut, so its size must not be the solution's to choose: an error text (the
+# solution's exception or values) is kept for the first _DETAILED_TESTS tests only (the report shows no more), at most
+# _MAX_ERROR_JSON bytes of JSON; the task's own code writes to /dev/null (see _quiet), never to the result channel.
+_DETAILED_TESTS = 20
+_MAX_ERROR_JSON = 1024
+
+
 def _emit(**event):
+    if "error" in event and event.get("kind") == "result" and event.get("index", 0) >= _DETAILED_TESTS:
+        del event["error"]
+    if "error" in event:
+        error = str(event["error"])
+        while len(json.dumps(error)) > _MAX_ERROR_JSON:
+            error = error[: len(error) * 3 // 4]
+        event["error"] = error
     data = (_nonce[0] + " " + json.dumps(event) + "\n").encode()
     while data:
         data = data[os.write(1, data):]
@@ -411,6 +471,10 @@ def _main():
     solution = json.loads(_read_exact(0, lengths[0]))
     _entry = solution["entry_point"]
     fd = _start_zygote(solution)
+    # The solution's processes run as the judge's uid and can signal it. SIGINT is the one signal Python turns into an
+    # exception (KeyboardInterrupt): raised between tests it escaped as a harness_error, an evaluation failure the
+    # solution chose instead of its reward. Ignored here (after the fork: the solution's processes keep the default).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     test = json.loads(_read_exact(0, lengths[1]))["test"]
     _nonce.append(_read_line(0))
     os.dup2(os.open(os.devnull, os.O_RDWR), 0)
@@ -437,6 +501,7 @@ def _main():
     def candidate(*args, **kwargs):
         return stub.call(args, kwargs)
 
+    _quiet()
     # The test code sees the prompt's names (imports, helpers), never the solution's.
     scope = {"__name__": "task", "__builtins__": builtins}
     try:
@@ -447,9 +512,17 @@ def _main():
             exec(compile("\n".join(imports), "prompt.py", "exec"), scope)
         except BaseException:
             pass
-    scope[_entry] = candidate
+    loading = [True]
+
+    def entry(*args, **kwargs):
+        if loading[0]:
+            raise _CalledAtLoad()
+        return candidate(*args, **kwargs)
+
+    scope[_entry] = entry
     try:
-        exec(compile(test, "test.py", "exec"), scope)
+        _load_test(test, scope)
+        loading[0] = False
     except BaseException as error:
         _emit(kind="test_error", error=_describe(error))
         os._exit(0)
@@ -460,7 +533,7 @@ def _main():
 
     if plan is None:
         try:
-            scope["check"](candidate)
+            _run_whole(scope["check"], candidate)
             _emit(kind="result", index=0, passed=True)
         except BaseException as error:
             _emit(kind="result", index=0, passed=False, error=_describe(error))
@@ -472,6 +545,11 @@ def _main():
     names[parameter] = candidate
     setup_error = None
     index = 0
+    # The statements after the last test belong to it: check(candidate) fails when one of them raises (asserts in a
+    # helper it calls), so the last test's verdict waits for them. Emitted at once, it let `assert f(x) == y` then
+    # `_more_checks(f)` pass a solution that only got the first right.
+    last = max(tests)
+    held = None
     for i, statement in enumerate(body):
         if setup_error is None:
             try:
@@ -483,11 +561,16 @@ def _main():
                 setup_error = error
         else:
             error = "not run: a set-up statement failed: " + setup_error
-        if i in tests:
+        if i == last:
+            held = error
+        elif i in tests:
             stub.end()
             _emit(kind="result", index=index, passed=error is None, **({"error": error} if error else {}))
             index += 1
+    if held is None and setup_error is not None:
+        held = "a statement after the last assert failed: " + setup_error
     stub.end()
+    _emit(kind="result", index=index, passed=held is None, **({"error": held} if held else {}))
     finish()
 
 
@@ -497,5 +580,5 @@ if __name__ == "__main__":
     except BaseException as _error:
         if _nonce:
             _emit(kind="harness_error", error=_describe(_error))
-        sys.stderr.write("harness failed: " + _describe(_error) + "\n")
+        sys.__stderr__.write("harness failed: " + _describe(_error) + "\n")
         os._exit(3)

@@ -33,13 +33,19 @@ interface HarnessEvent {
  *
  * The model's failures (syntax errors, exceptions, wrong results, timeouts, exiting early, printing floods) are
  * outcomes. Throws when the evaluation itself failed: environment_error when the harness never started (no
- * python3 in the image) or the task's own test code does not load; sandbox errors propagate as they are.
+ * python3 in the image), the task's own test code does not load, or the harness's output was cut (the sandbox's cap is
+ * below {@link harnessOutputBytes}); sandbox errors propagate as they are.
  */
 export async function runHumanEvalTests(sandbox: Sandbox, task: HumanEvalTask, completion: string, signal: AbortSignal): Promise<TestRun> {
   const nonce = randomBytes(12).toString('hex');
   const timeoutMs = Math.round(task.timeoutS * 1000);
   const stdin = harnessInput(nonce, { prompt: task.prompt, completion, entry_point: task.entryPoint }, { test: task.test });
   const result = await sandbox.exec(limitedCommand(task.memoryLimitMb, ['python3', '-I', '-c', harness()]), { stdin, timeoutMs, signal, killLeftovers: true });
+  // The harness's output is sized by the tests alone (see harnessOutputBytes): cut, it lost verdicts the tests earned,
+  // which is the grading's failure, never the solution's reward 0.
+  if (result.truncated) {
+    throw new RolloutError('environment_error', `the HumanEval harness's output passed the sandbox's output limit (it needs up to ${harnessOutputBytes(task.test)} bytes for this task)`);
+  }
   const events = parseEvents(result.stdout, nonce);
   const ready = events.find((e) => e.kind === 'ready');
   if (!ready) {
@@ -62,6 +68,25 @@ export async function runHumanEvalTests(sandbox: Sandbox, task: HumanEvalTask, c
     else tests.push({ index, passed: false, ...missing });
   }
   return { tests, durationMs: result.durationMs, completed: finished };
+}
+
+/** Bytes of the harness's line for one test without an error text: the nonce, the JSON, the index's digits, slack. */
+const RESULT_LINE_BYTES = 96;
+/** Tests whose result line may carry an error text, and its most bytes (the harness's _DETAILED_TESTS, _MAX_ERROR_JSON). */
+const DETAILED_TESTS = 20;
+const ERROR_LINE_BYTES = 96 + 1024;
+
+/**
+ * The most bytes the harness writes (stdout and stderr each) for a task's `test` code, whatever the solution does: a
+ * result line per test, error texts for the first {@link DETAILED_TESTS} only, and its other events. Each test is a
+ * statement holding an `assert`, so the occurrences of "assert" in the text bound their number without parsing Python.
+ * The grading sandbox's output cap must be at least this (the code environment asks for it); the default 64 KiB cut
+ * a correct solution's results off after about 850 tests.
+ */
+export function harnessOutputBytes(test: string): number {
+  let asserts = 0;
+  for (let at = test.indexOf('assert'); at !== -1; at = test.indexOf('assert', at + 6)) asserts++;
+  return 4 * ERROR_LINE_BYTES + DETAILED_TESTS * ERROR_LINE_BYTES + Math.max(1, asserts) * RESULT_LINE_BYTES;
 }
 
 /**

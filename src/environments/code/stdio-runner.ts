@@ -29,7 +29,8 @@ export interface StdioRunOptions {
  * (`options.budgetMs`) is used up: what is left fails as 'not_run', the program's slowness.
  *
  * Each test's leftover processes are killed when it ends. A test that cannot start because an earlier one filled
- * the sandbox to its own process or memory limit fails ('runtime_error'), as the program's doing.
+ * the sandbox to its own process or memory limit fails ('runtime_error'), as the program's doing; so does a test that
+ * cannot enter the solution's directory after an earlier one did (the program removed or locked it).
  *
  * Throws when the evaluation itself failed: environment_error when the sandbox has no working python3, or the
  * solution file cannot be written; sandbox errors propagate as they are.
@@ -52,6 +53,7 @@ export async function runStdioTests(sandbox: Sandbox, task: StdioTask, program: 
   const started = performance.now();
   let durationMs = 0;
   let timedOut = false;
+  let entered = false;
   for (const [index, test] of task.tests.entries()) {
     if (timedOut) {
       tests.push({ index, passed: false, status: 'not_run', detail: 'not run after an earlier test timed out' });
@@ -70,6 +72,12 @@ export async function runStdioTests(sandbox: Sandbox, task: StdioTask, program: 
     try {
       r = await sandbox.exec(argv, { stdin: test.input, timeoutMs: cut ? leftMs : timeoutMs, signal, cwd: dir, killLeftovers: true });
     } catch (err) {
+      // The directory an earlier test entered can no longer be entered: the program (its owner, same uid) removed,
+      // locked or replaced it. Its doing, so its tests fail; only the first test's failure to enter it is the grading's.
+      if (entered && err instanceof RolloutError && err.code === 'invalid_argument' && err.field === 'cwd') {
+        tests.push({ index, passed: false, status: 'runtime_error', detail: 'the program removed or locked its own directory, which the tests run in' });
+        continue;
+      }
       // The program filled the grading sandbox to its process or memory limit (what the untrusted program did,
       // not the infrastructure): this test fails; the next ones still run (its leftovers are gone), unless the
       // sandbox died of it.
@@ -81,6 +89,7 @@ export async function runStdioTests(sandbox: Sandbox, task: StdioTask, program: 
       }
       continue;
     }
+    entered = true;
     durationMs += r.durationMs;
     const timeMs = Math.round(r.durationMs);
     if (r.timedOut) timedOut = true;
