@@ -20,6 +20,14 @@ export interface BashShellOptions {
   startFailure?: (stderr: string) => RolloutError | undefined;
 }
 
+/** Why a shell was restarted after its frame broke (restartBroken); shown to the model. */
+const BROKEN_BEFORE =
+  'an earlier command left it unable to run commands (it disabled or redefined a builtin the shell relies on, made one of its variables readonly, or used up its file descriptors); this command ran in the new shell';
+const BROKEN_FUNCTION = 'this command defined a function named printf or builtin, which the shell relies on; the command ran, its exit code is shown';
+const BROKEN_UNUSABLE =
+  'this command left the shell unable to run commands (e.g. it used up its file descriptors or disabled a builtin the shell relies on); the command ran, its exit code is shown';
+const BROKEN_TAMPERED = "this command changed the shell's own bookkeeping (e.g. made one of its __rollout_ variables readonly); its exit code is unknown";
+
 /** Bytes of shell stderr kept to explain a shell that would not start. */
 const STDERR_KEEP = 2048;
 
@@ -54,9 +62,16 @@ interface Live {
  * stdin is /dev/null, so `cat` or `read` cannot consume it). Output containing marker-like text, old nonces or
  * the frame itself is plain output. Remaining assumption: the command does not attack the control channel on
  * purpose. A command runs inside the very shell that frames it, so a hostile one can reach that channel — open
- * the shell's stdin through /proc/$$/fd/0 or a saved descriptor, redefine the frame's helpers, or `exec` a
+ * the shell's stdin through /proc/$$/fd/0 or a saved descriptor, forge the frame's canary, or `exec` a
  * program speaking the protocol — and lie about its own exit status and cwd. That can only mislead the model
- * about its own command; the host's limits (output cap, timeouts, restart on a garbled marker) still hold. Hence:
+ * about its own command; the host's limits (output cap, timeouts, restart on a garbled marker) still hold.
+ * Commands that merely change the shell under the frame (a function named `eval` or `printf`, `enable -n eval`,
+ * `ulimit -n 3`) are another matter: the frame does not run on what they change, or reports itself broken, and
+ * the shell is restarted with a `restartReason` (restartBroken) instead of answering every later command falsely.
+ * What still ends in a timeout and a restart rather than a reason: `set -n`, `exec >file`, a DEBUG trap that
+ * skips commands (extdebug); aliases of reserved words (`{`, `for`, `case` with expand_aliases) end the shell
+ * (restart, its exit code reported); a DEBUG trap or `BASH_XTRACEFD=1` also shows the frame's own commands in
+ * the output. Hence:
  * nothing that grades a model (evaluation, tests deciding a reward) may trust a shell the model has used; run
  * such checks with `Sandbox.exec`, a fresh process.
  *
@@ -110,7 +125,8 @@ export class BashShell implements PersistentShell {
     await this.kill();
   }
 
-  private async runNow(command: string, options: ShellRunOptions): Promise<ShellResult> {
+  /** `retried`: this is the second attempt after a broken frame (restartBroken); a third one is not made. */
+  private async runNow(command: string, options: ShellRunOptions, retried = false): Promise<ShellResult> {
     if (this.closed) throw new RolloutError('sandbox_error', 'the shell is closed');
     if (command.includes('\0')) throw RolloutError.invalid('command', 'contains a NUL byte');
     const { signal } = options;
@@ -145,6 +161,9 @@ export class BashShell implements PersistentShell {
       }
     }
     const outcome = scanner.outcome;
+    if (event.kind === 'marker' && outcome && 'marker' in outcome && outcome.marker.broken !== undefined) {
+      return this.restartBroken(command, options, scanner, outcome.marker, timedOut, retried, started);
+    }
     if (event.kind === 'marker' && outcome && 'marker' in outcome) {
       this.finish(scanner, outcome.marker, outcome.rest);
       this.lastStatus = timedOut ? 137 : outcome.marker.status;
@@ -158,6 +177,37 @@ export class BashShell implements PersistentShell {
     this.lastStatus = exitCode ?? 137;
     await this.start();
     return this.result(scanner, exitCode, timedOut, true, started);
+  }
+
+  /**
+   * The frame reported itself broken: an earlier or this command changed the shell so that it no longer runs commands
+   * as the frame expects (module comment of shell-framing.ts). Its answers cannot be trusted any more, so the shell
+   * is restarted, and the result says why instead of passing on what the broken shell claimed. A command that did not
+   * run at all ('not-run') is run once in the new shell.
+   */
+  private async restartBroken(
+    command: string,
+    options: ShellRunOptions,
+    scanner: MarkerScanner,
+    marker: Marker,
+    timedOut: boolean,
+    retried: boolean,
+    started: number,
+  ): Promise<ShellResult> {
+    await this.kill();
+    this.scanner = undefined;
+    if (marker.broken === 'not-run' && !retried && !timedOut) {
+      const again = await this.runNow(command, options, true);
+      const restartReason = again.restartReason ?? BROKEN_BEFORE;
+      return { ...again, restarted: true, restartReason, durationMs: performance.now() - started };
+    }
+    const ran = (marker.broken === 'function' || marker.broken === 'unusable') && !timedOut;
+    this.lastStatus = ran ? marker.status : 137;
+    if (ran && marker.cwd !== '') this.cwd = marker.cwd;
+    await this.start();
+    const result = this.result(scanner, ran ? marker.status : null, timedOut, true, started);
+    const reasons = { function: BROKEN_FUNCTION, unusable: BROKEN_UNUSABLE, 'not-run': BROKEN_BEFORE, tampered: BROKEN_TAMPERED };
+    return { ...result, restartReason: reasons[marker.broken!] };
   }
 
   private result(scanner: MarkerScanner, exitCode: number | null, timedOut: boolean, restarted: boolean, started: number): ShellResult {
@@ -203,7 +253,7 @@ export class BashShell implements PersistentShell {
     const scanner = this.send(setup, 0);
     const event = await this.next(scanner, live, 30_000, undefined);
     const outcome = scanner.outcome;
-    if (event.kind !== 'marker' || !outcome || !('marker' in outcome)) {
+    if (event.kind !== 'marker' || !outcome || !('marker' in outcome) || outcome.marker.broken !== undefined) {
       await this.kill();
       throw this.options.startFailure?.(stderr.text()) ?? new RolloutError('sandbox_error', `the shell did not start: ${stderr.text().trim() || event.kind}`);
     }
@@ -213,13 +263,14 @@ export class BashShell implements PersistentShell {
 
   private send(command: string, status = this.lastStatus): MarkerScanner {
     const nonce = newNonce();
-    const scanner = new MarkerScanner(nonce, this.options.outputLimitBytes);
+    const canary = newNonce();
+    const scanner = new MarkerScanner(nonce, this.options.outputLimitBytes, canary);
     for (const chunk of this.idle) scanner.push(chunk);
     this.idle = [];
     this.idleBytes = 0;
     this.scanner = scanner;
     if (this.live) resume(this.live.proc);
-    this.live?.proc.stdin.write(frameCommand(command, status, nonce));
+    this.live?.proc.stdin.write(frameCommand(command, status, nonce, canary));
     return scanner;
   }
 

@@ -4,12 +4,26 @@ import { CappedOutput } from './capped-output.js';
 /**
  * The wire protocol between {@link BashShell} and the bash it drives, in one place.
  *
- * The host writes one frame per command to the shell's stdin: a single line that runs the command with
- * `eval` in the shell itself (so `cd`, `export` and `$?` carry over), with stdin from /dev/null and stderr
- * into stdout, then reads the next stdin line — a fresh 128-bit nonce the host sends right behind the frame —
- * and prints the end marker `<nonce>:<status>:<shell pid>:<cwd>:<nonce>\n`. The nonce is never in argv, the
- * environment, a file or a shell variable while the command runs (it is read only after the command returned,
- * and unset right after printing), so output that merely contains marker-like text cannot end a command early.
+ * The host writes two lines per command to the shell's stdin. The first runs the command with `eval` in the shell
+ * itself (so `cd`, `export` and `$?` carry over), with stdin from /dev/null and stderr into stdout, and keeps its
+ * status; the second — sent right behind it, so bash reads it only after the command returned — carries a fresh
+ * 128-bit nonce and prints the end marker `<nonce>:<status>:<canary>:<shell pid>:<cwd>:<nonce>\n`. The nonce is
+ * never in argv, the environment, a file or a shell variable while the command runs, so output that merely
+ * contains marker-like text cannot end a command early.
+ *
+ * The command may redefine any part of the shell, including what the frame runs on (`eval() { :; }`,
+ * `enable -n eval`, `ulimit -n 3`, `readonly` frame variables, a function named `printf`). So the frame
+ * - looks up its builtins in POSIX mode, switched on with `declare POSIXLY_CORRECT=y` (a plain assignment to a
+ *   readonly POSIXLY_CORRECT would abandon the whole frame line): there the special builtins it uses (eval, trap,
+ *   unset, export) come before functions, and POSIX mode is switched back off (unless the model had it on) as the
+ *   first thing inside the `eval`. A function named `declare` only takes that protection away: what it then
+ *   lets through is caught by the canary;
+ * - proves the command really went through the frame: the `eval`'d text first sets a per-command canary, the
+ *   marker reports it and the host compares. A disabled `eval`, a redirection the shell can no longer open, a
+ *   readonly frame variable all leave the canary unset, and the host restarts the shell instead of reporting the
+ *   status of a command that never ran (see BashShell);
+ * - treats a function named `printf` or `builtin` (which it needs to print the marker, and which POSIX mode does
+ *   not protect) as a broken frame too, found with the special builtin `export -f`.
  * The remaining assumption is spelled out in bash-shell.ts.
  */
 
@@ -30,18 +44,25 @@ export function shellQuote(text: string): string {
 }
 
 /**
- * The frame of one command. `previousStatus` is restored as `$?` before the command runs (through a function,
- * no fork). The trap turns SIGUSR1 into `break 1000`, which leaves every loop up to and including the frame's
- * own one-shot `for`, so the rest of the command is skipped and the marker is printed. Builtins are written
- * with a backslash so that aliases the user defined cannot replace them.
+ * The frame of one command. `previousStatus` is restored as `$?` right before the command (`(exit N) && :`, which
+ * neither trips `set -e` nor an ERR trap; no helper function that could be made readonly). The trap turns SIGUSR1
+ * into `break 1000`, which leaves every loop up to and including the frame's own one-shot `for`, so the rest of
+ * the command is skipped and the marker is printed. Builtins are written with a backslash so that aliases cannot
+ * replace them (reserved words can be aliased: bash-shell.ts); functions cannot either: see the module comment. `canary` is a fresh token the host expects back
+ * in the marker.
  */
-export function frameCommand(command: string, previousStatus: number, nonce: string): string {
+export function frameCommand(command: string, previousStatus: number, nonce: string, canary: string): string {
+  const restore = previousStatus === 0 ? ':' : `(exit ${previousStatus}) && :`;
+  // Still in POSIX mode: trap and unset are the real builtins. Its stderr (xtrace) goes nowhere, not into the output.
+  const prologue =
+    `{ \\trap 'break 1000' ${INTERRUPT_SIGNAL} && { [[ -n $__rollout_px ]] || \\unset POSIXLY_CORRECT; } && __rollout_ok=${canary}; ${restore}; } 2>/dev/null\n`;
   return (
-    `\\trap 'break 1000' ${INTERRUPT_SIGNAL}; __rollout_status() { return "$1"; }; ` +
-    `for __rollout_once in 1; do __rollout_status ${previousStatus}; \\eval -- ${shellQuote(command)} </dev/null 2>&1; done; ` +
-    `__rollout_rc=$?; IFS= \\read -r __rollout_n; ` +
-    `\\printf '%s:%d:%d:%s:%s\\n' "$__rollout_n" "$__rollout_rc" "$$" "$PWD" "$__rollout_n"; \\unset __rollout_n\n` +
-    `${nonce}\n`
+    `{ [[ -o posix ]] && __rollout_px=1 || __rollout_px=; \\declare POSIXLY_CORRECT=y; __rollout_ok=; ` +
+    `for __rollout_once in 1; do \\eval -- ${shellQuote(prologue + command)} </dev/null 2>&1; done; __rollout_ok=$?:$__rollout_ok; [[ -o posix ]] && __rollout_px=1 || __rollout_px=; } 2>/dev/null\n` +
+    `{ \\declare POSIXLY_CORRECT=y; { \\export -f printf || \\export -f builtin; }; case $? in 0) \\unset -f printf builtin; __rollout_ok=$__rollout_ok:function;; 1) ;; *) __rollout_ok=$__rollout_ok:unusable;; esac; ` +
+    `[[ -n $__rollout_px ]] || \\unset POSIXLY_CORRECT || __rollout_ok=$__rollout_ok:unusable; ` +
+    `\\builtin printf '%s:%s:%d:%s:%s\\n' ${nonce} "$__rollout_ok" "$$" "$PWD" ${nonce}; } 2>/dev/null || ` +
+    `{ \\unset -f echo; \\echo "${nonce}:$__rollout_ok:unusable:$$:$PWD:${nonce}"; }\n`
   );
 }
 
@@ -50,6 +71,13 @@ export interface Marker {
   status: number;
   pid: number;
   cwd: string;
+  /**
+   * Set when the frame did not run as written (see the module comment): 'not-run' (the canary was never set: the
+   * command did not run at all), 'function' (the command defined a function named printf or builtin), 'unusable'
+   * (the frame could not print its marker normally, e.g. out of file descriptors) — in both the status is the
+   * command's — and 'tampered' (anything else: the status and cwd are not to be trusted).
+   */
+  broken?: 'not-run' | 'function' | 'unusable' | 'tampered';
 }
 
 /**
@@ -65,7 +93,12 @@ export class MarkerScanner {
   private trailer: Buffer | undefined;
   private result: { marker: Marker; rest: Buffer } | { error: string } | undefined;
 
-  constructor(nonce: string, limitBytes: number) {
+  /** `canary`: the token the frame must report (frameCommand); without it, markers carry no canary field. */
+  constructor(
+    nonce: string,
+    limitBytes: number,
+    private readonly canary?: string,
+  ) {
     this.output = new CappedOutput(limitBytes);
     this.start = Buffer.from(`${nonce}:`);
     this.end = Buffer.from(`:${nonce}\n`);
@@ -102,10 +135,21 @@ export class MarkerScanner {
       if (this.trailer.length > MAX_TRAILER_BYTES) this.result = { error: 'end marker without an end' };
       return;
     }
-    const fields = /^(\d{1,3}):(\d{1,10}):([\s\S]*)$/.exec(this.trailer.subarray(0, close).toString('utf8'));
-    this.result = fields
-      ? { marker: { status: Number(fields[1]), pid: Number(fields[2]), cwd: fields[3]! }, rest: this.trailer.subarray(close + this.end.length) }
-      : { error: 'malformed end marker' };
+    const trailer = this.trailer.subarray(0, close).toString('utf8');
+    const rest = this.trailer.subarray(close + this.end.length);
+    if (this.canary === undefined) {
+      const fields = /^(\d{1,3}):(\d{1,10}):([\s\S]*)$/.exec(trailer);
+      this.result = fields ? { marker: { status: Number(fields[1]), pid: Number(fields[2]), cwd: fields[3]! }, rest } : { error: 'malformed end marker' };
+      return;
+    }
+    // Anything but `<status>:<canary>[:function|:unusable]:<pid>:<cwd>` (the frame's own "broken" report, a canary never set,
+    // a readonly frame variable) means the frame did not run as written: a marker that says so.
+    const fields = /^(\d{1,3}):([^:]*)(:function|:unusable)?:(\d{1,10}):([\s\S]*)$/.exec(trailer);
+    const marker: Marker | undefined = fields ? { status: Number(fields[1]), pid: Number(fields[4]), cwd: fields[5]! } : undefined;
+    if (marker && fields![2] === '') marker.broken = 'not-run';
+    else if (marker && fields![2] !== this.canary) marker.broken = 'tampered';
+    else if (marker && fields![3] !== undefined) marker.broken = fields![3] === ':function' ? 'function' : 'unusable';
+    this.result = { marker: marker ?? { status: 0, pid: 0, cwd: '', broken: 'tampered' }, rest };
   }
 
   /** Moves what was held back into the output (the shell ended without a marker). */

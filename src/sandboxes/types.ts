@@ -135,6 +135,8 @@ export interface ShellResult {
   truncated: boolean;
   /** The shell had to be restarted (after a timeout, or because the command ended it): variables were reset. */
   restarted: boolean;
+  /** Why the shell was restarted, when that was not a timeout or the command ending it (e.g. a broken frame: bash-shell.ts). */
+  restartReason?: string;
   durationMs: number;
 }
 

@@ -38,9 +38,11 @@ export function formatShellObservation(result: ShellResult, timeoutMs: number): 
   const parts: string[] = [];
   if (result.output.length > 0) parts.push(result.output.replace(/\n$/, ''));
   if (result.timedOut) parts.push(`[timed out after ${Math.round(timeoutMs / 100) / 10} s; the command was interrupted]`);
-  else if (result.exitCode !== 0) parts.push(result.exitCode === null ? '[killed]' : `[exit code ${result.exitCode}]`);
+  else if (result.exitCode === null) parts.push(result.restartReason === undefined ? '[killed]' : '[exit code unknown]');
+  else if (result.exitCode !== 0) parts.push(`[exit code ${result.exitCode}]`);
   if (result.restarted) {
-    parts.push(`[the shell was restarted: variables, functions and background jobs are gone; working directory is ${result.cwd}]`);
+    const reason = result.restartReason === undefined ? '' : `its state was lost because ${result.restartReason}; `;
+    parts.push(`[the shell was restarted: ${reason}variables, functions and background jobs are gone; working directory is ${result.cwd}]`);
   }
   return parts.length > 0 ? parts.join('\n') : '(no output)';
 }
