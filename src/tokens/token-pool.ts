@@ -126,6 +126,9 @@ export class TokenPool<Task, Result> {
   #reclaimed = 0;
   #restartDelayMs = 0;
   #readyWaiters: { resolve: () => void; reject: (err: RolloutError) => void }[] = [];
+  /** Tasks asked for and not settled yet: while there are any (or ready() waiters) the threads are ref'ed. */
+  #pending = 0;
+  #held = false;
   #restartTimer: NodeJS.Timeout | undefined;
 
   constructor(options: TokenPoolOptions) {
@@ -143,7 +146,10 @@ export class TokenPool<Task, Result> {
     if (this.#closed) return Promise.reject(new RolloutError('unavailable', 'token workers are shut down'));
     this.#startThreads();
     if ([...this.#threads].every((t) => t.ready) && this.#threads.size === this.size) return Promise.resolve();
-    return new Promise((resolve, reject) => this.#readyWaiters.push({ resolve, reject }));
+    return new Promise((resolve, reject) => {
+      this.#readyWaiters.push({ resolve, reject });
+      this.#holdProcess();
+    });
   }
 
   stats(): TokenPoolStats {
@@ -165,6 +171,8 @@ export class TokenPool<Task, Result> {
     }
     return new Promise<Result>((resolve, reject) => {
       const job: Job<Task, Result> = { task, resolve, reject, signal, onAbort: undefined, thread: undefined, settled: false };
+      this.#pending++;
+      this.#holdProcess();
       if (signal) {
         job.onAbort = () => {
           const at = this.#queue.indexOf(job);
@@ -191,6 +199,7 @@ export class TokenPool<Task, Result> {
     this.#threads.clear();
     for (const t of threads) if (t.job) this.#finish(t, (job) => job.reject(stopping));
     for (const w of this.#readyWaiters.splice(0)) w.reject(stopping);
+    this.#holdProcess();
     await Promise.all([...threads.map((t) => t.worker.terminate()), ...this.#stopping]);
   }
 
@@ -201,13 +210,30 @@ export class TokenPool<Task, Result> {
 
   #spawn(): void {
     const worker = new Worker(this.#options.script, { workerData: this.#options.workerData });
-    worker.unref();
     const thread: Thread<Task, Result> = { worker, ready: false, job: undefined, jobId: -1, deadlineAt: Infinity, deadline: undefined };
     this.#threads.add(thread);
     worker.on('message', (reply: WorkerReply<Result>) => this.#onReply(thread, reply));
     // An uncaught exception in the thread: 'exit' follows, where the thread is replaced.
     worker.on('error', (err) => this.#log.error({ err }, 'token worker failed'));
     worker.on('exit', (code) => this.#onExit(thread, code));
+    // After the listeners: adding a 'message' listener refs the worker's port again (Node 20), which undid an unref
+    // made before it (a pool nobody closed kept its process alive).
+    if (!this.#held) worker.unref();
+  }
+
+  /**
+   * Threads keep the process alive while a task or a ready() waits, and only then: a script awaiting one must not end
+   * before it (Node ends a process whose only work is an unref'ed thread's), and an idle pool nobody closed must not
+   * keep its process.
+   */
+  #holdProcess(): void {
+    const hold = this.#pending > 0 || this.#readyWaiters.length > 0;
+    if (hold === this.#held) return;
+    this.#held = hold;
+    for (const t of this.#threads) {
+      if (hold) t.worker.ref();
+      else t.worker.unref();
+    }
   }
 
   #onReply(thread: Thread<Task, Result>, reply: WorkerReply<Result>): void {
@@ -218,6 +244,7 @@ export class TokenPool<Task, Result> {
         thread.ready = true;
         this.#restartDelayMs = 0;
         if ([...this.#threads].every((t) => t.ready)) for (const w of this.#readyWaiters.splice(0)) w.resolve();
+        this.#holdProcess();
         this.#dispatch();
         return;
       case 'init-error':
@@ -256,6 +283,7 @@ export class TokenPool<Task, Result> {
   #startFailed(err: RolloutError): void {
     this.#log.error({ err }, 'token worker could not start');
     for (const w of this.#readyWaiters.splice(0)) w.reject(err);
+    this.#holdProcess();
     // Nothing can run until a thread starts: the waiting tasks fail now rather than at their deadlines.
     if (![...this.#threads].some((t) => t.ready)) for (const job of this.#queue.splice(0)) this.#settle(job, () => job.reject(err));
     this.#restartLater();
@@ -341,6 +369,8 @@ export class TokenPool<Task, Result> {
   #settle(job: Job<Task, Result>, settle: () => void): void {
     if (job.settled) return;
     job.settled = true;
+    this.#pending--;
+    this.#holdProcess();
     if (job.onAbort) job.signal?.removeEventListener('abort', job.onAbort);
     job.onAbort = undefined;
     settle();

@@ -92,6 +92,9 @@ export class CheckPool {
   readonly #queue: Job[] = [];
   #nextId = 0;
   #closed = false;
+  /** Checks asked for and not settled yet: while there are any the threads are ref'ed (see {@link #holdProcess}). */
+  #pending = 0;
+  #held = false;
   #restartDelayMs = 0;
   #restartTimer: NodeJS.Timeout | undefined;
   /** Counters for tests and logs: threads replaced after a crash, after a check past its bound. */
@@ -131,6 +134,8 @@ export class CheckPool {
     this.stats.threaded++;
     return new Promise<CheckOutcome<T>>((resolve, reject) => {
       const job: Job = { task, resolve: resolve as Job['resolve'], reject, settled: false, signal, onAbort: undefined };
+      this.#pending++;
+      this.#holdProcess();
       if (signal) {
         // The caller stops waiting; a running check goes on under its bound (checks are short, a new thread is not free).
         job.onAbort = () => {
@@ -171,12 +176,29 @@ export class CheckPool {
 
   #spawn(): void {
     const worker = new Worker(this.#script);
-    worker.unref();
     const thread: Thread = { worker, ready: false, tid: undefined, cpuTicks: 0, job: undefined, jobId: -1, startedAt: 0, timer: undefined };
     this.#threads.add(thread);
     worker.on('message', (reply: CheckWorkerReply) => this.#onReply(thread, reply));
     worker.on('error', (err) => this.#log.error({ err }, 'answer checker thread failed'));
     worker.on('exit', (code) => this.#onExit(thread, code));
+    // After the listeners: adding a 'message' listener refs the worker's port again (Node 20), which undid an unref
+    // made before it (a pool nobody closed kept its process alive: `serve --math-checker` did not exit on SIGTERM).
+    if (!this.#held) worker.unref();
+  }
+
+  /**
+   * Threads keep the process alive while a check waits or runs, and only then: a script awaiting a check must not end
+   * before it (Node ends a process whose only work is an unref'ed thread's, exit code 13 for a pending top-level
+   * await), and an idle pool nobody closed must not keep its process.
+   */
+  #holdProcess(): void {
+    const hold = this.#pending > 0;
+    if (hold === this.#held) return;
+    this.#held = hold;
+    for (const t of this.#threads) {
+      if (hold) t.worker.ref();
+      else t.worker.unref();
+    }
   }
 
   #onReply(thread: Thread, reply: CheckWorkerReply): void {
@@ -285,6 +307,8 @@ export class CheckPool {
   #settle(job: Job, settle: () => void): void {
     if (job.settled) return;
     job.settled = true;
+    this.#pending--;
+    this.#holdProcess();
     if (job.onAbort) job.signal?.removeEventListener('abort', job.onAbort);
     job.onAbort = undefined;
     settle();
