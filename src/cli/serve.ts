@@ -1,5 +1,6 @@
 import { tokensFrom } from './connection.js';
 import { startRolloutServer, type RolloutServer, type RolloutServerOptions } from '../app.js';
+import { CheckPool } from '../environments/math/check-pool.js';
 import { defaultRegistry } from '../environments/registry.js';
 import { checkConfigShape, parseConfig, type ServerConfigInput } from '../config.js';
 import { RolloutError } from '../errors.js';
@@ -118,6 +119,7 @@ export async function runServe(opts: ServeOptions, inject: Pick<RolloutServerOpt
   if (parsed.model.dir !== undefined) await checkModelDir(parsed.model.dir);
   let engine: FakeVllmEngine | undefined;
   let server: RolloutServer;
+  let checkPool: CheckPool | undefined;
   try {
     if (opts.fakeEngine) {
       // The fake engine decodes and encodes with the served model's tokenizer, as a real engine would.
@@ -127,11 +129,16 @@ export async function runServe(opts: ServeOptions, inject: Pick<RolloutServerOpt
       if (!opts.model) config.model = withModel(config.model, { name: engine.model });
       logger.warn({ url: engine.url }, 'routing to the fake vLLM engine (a test double)');
     }
-    const registry = inject.registry ?? (opts.mathChecker === undefined ? undefined : defaultRegistry({ math: { checker: opts.mathChecker } }));
+    // With --math-checker the registry is ours and not the server's, so are the built-in checker's threads: closed below
+    // once the server stops. Without a pool of its own the math environment used the shared one, which nobody closes,
+    // and its thread kept the process alive after "rollout server stopped" until a second signal.
+    if (inject.registry === undefined && opts.mathChecker !== undefined) checkPool = new CheckPool({ logger });
+    const registry = inject.registry ?? (opts.mathChecker === undefined ? undefined : defaultRegistry({ math: { checker: opts.mathChecker, ...(checkPool && { checkPool }) }, ...(checkPool && { stem: { checkPool } }) }));
     server = await startRolloutServer(config, { logger, ...(registry && { registry }), ...(inject.sandboxes && { sandboxes: inject.sandboxes }) });
   } catch (err) {
     // Nothing started may outlive a failed start: the process must exit.
     await engine?.close();
+    await checkPool?.close();
     throw err;
   }
   // Nobody reading our stdout any more (`serve | head -1`, a log shipper that died) is no reason to stop serving: like
@@ -171,6 +178,7 @@ export async function runServe(opts: ServeOptions, inject: Pick<RolloutServerOpt
   await server.lifecycle.until('stopped');
   closingEngine = true;
   await engine?.close();
+  await checkPool?.close();
   process.off('SIGINT', onSignal);
   process.off('SIGTERM', onSignal);
   if (server.lifecycle.state === 'failed') process.exitCode = 1;

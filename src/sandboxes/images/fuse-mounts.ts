@@ -63,7 +63,25 @@ export async function mountSquashfs(file: string, mountPoint: string, options: S
   const opts = ['ro', `offset=${options.offset}`, 'default_permissions', ...(options.allowOther ? ['allow_other'] : [])];
   const result = await run('squashfuse', ['-o', opts.join(','), file, mountPoint], options.timeoutMs, options.signal);
   if (result.missing) throw new RolloutError('sandbox_error', 'squashfuse is not installed (apt-get install squashfuse fuse3): cannot mount .sif images');
-  if (!result.ok) throw new RolloutError('sandbox_error', `squashfuse could not mount ${file} at offset ${options.offset}: ${result.error}`);
+  if (!result.ok) throw new RolloutError('sandbox_error', `squashfuse could not mount ${file} at offset ${options.offset}: ${result.error}${mountHint(result.error ?? '')}`);
+}
+
+/**
+ * What a server that is not root lacks when squashfuse fails the two ways only such a server meets: squashfuse's own
+ * words ("fuse: failed to open /dev/fuse: Permission denied", "fusermount3: could not determine username") do not say
+ * it is the server's user, nor what to do. Containers often give /dev/fuse to root only and run arbitrary uids
+ * without a passwd entry, which the setuid fusermount3 refuses. An image directory needs neither.
+ */
+function mountHint(error: string): string {
+  const uid = process.getuid?.();
+  if (uid === undefined || uid === 0) return '';
+  if (/\/dev\/fuse: Permission denied/i.test(error)) {
+    return ` (the server's user, uid ${uid}, cannot open /dev/fuse: a server that is not root mounts .sif images only with /dev/fuse read-write for it — crw-rw-rw-, as distributions ship it; a container needs it passed in, e.g. --device /dev/fuse — or give an image directory instead of a .sif)`;
+  }
+  if (/could not determine username/i.test(error)) {
+    return ` (fusermount3 needs a passwd entry for the server's user, uid ${uid}, which has none: add one (/etc/passwd, or nss_wrapper) or give an image directory instead of a .sif)`;
+  }
+  return '';
 }
 
 /**
