@@ -33,6 +33,16 @@
 # copies, so a test cannot observe the solution mutating them; arguments that cannot be pickled fail their test.
 # Results are JSON lines "NONCE {...}" on stdout. Events: ready {total}; result {index, passed, error?};
 # test_error {error}; harness_error {error}; done. A test with no result line (the time limit) did not pass.
+#
+# The judge's own failures. The solution's processes run as the judge's uid, so they can signal it and lower its
+# resource limits (prlimit(2) needs only the uid, not ptrace access); what cannot be prevented must not pay. A judge
+# that dies (SIGKILL, SIGTERM, SIGSTOP until the time limit) leaves its remaining tests without a result: they fail.
+# SIGINT, which Python turns into an exception, is ignored. And whatever can fail on the task's side (its prompt, its
+# test code, its check) and whatever the judge opens or imports happens before the solution runs (asyncio, for an async
+# check only, aside: its import failing fails that check): a broken task is an evaluation failure whatever the solution
+# is, and a judge left without descriptors or memory after that fails only calls, inside tests. (Loading the test code
+# after the solution let a solution lower the judge's RLIMIT_NOFILE or RLIMIT_AS and turn its reward 0 into "the task's
+# test code did not load" or "the harness failed".)
 import __future__
 import ast
 import builtins
@@ -491,16 +501,13 @@ def _main():
             pass
         os._exit(0)
 
-    try:
-        stub.start()
-    except _SolutionError as error:
-        for i in range(total):
-            _emit(kind="result", index=i, passed=False, error=_describe(error))
-        finish()
-
     def candidate(*args, **kwargs):
         return stub.call(args, kwargs)
 
+    # Everything that may fail on the task's side (its prompt, its test code, its check) and everything the judge opens
+    # or imports happens before the solution runs: a broken task is an evaluation failure whatever the solution is (a
+    # solution that did not load made it reward 0), and a judge whose descriptors the solution took away (prlimit)
+    # needs none after it starts.
     _quiet()
     # The test code sees the prompt's names (imports, helpers), never the solution's.
     scope = {"__name__": "task", "__builtins__": builtins}
@@ -530,6 +537,13 @@ def _main():
     if _uncallable_check(scope.get("check"), candidate):
         _emit(kind="test_error", error="the test code defines no check(candidate) taking the function under test")
         os._exit(0)
+
+    try:
+        stub.start()
+    except _SolutionError as error:
+        for i in range(total):
+            _emit(kind="result", index=i, passed=False, error=_describe(error))
+        finish()
 
     if plan is None:
         try:
