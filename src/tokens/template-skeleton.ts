@@ -76,13 +76,14 @@ export function skeletonFor(template: ChatTemplate, messages: readonly ChatMessa
   }
   if (slots.some((i) => messages[i] === undefined)) return undefined;
   let cache = skeletons.get(template);
-  if (!cache) skeletons.set(template, (cache = { shapes: new Map(), nameBlind: new Map(), bytes: 0 }));
+  if (!cache) skeletons.set(template, (cache = { shapes: new Map(), nameBlind: new Map(), namedShapes: new Map(), bytes: 0 }));
   const tools = toolsKey(options.tools);
   // A tool message's name is part of the shape, and it may be one the policy made up (a call to a tool that does not
   // exist): each new name was a new shape, probed with ~80 renders on the event loop (3 ms a turn for Qwen3, whose
   // template does not even print names) and kept. A shape whose render does not depend on its names (probed once,
   // names in every form a template may test) is keyed, and its skeleton probed, with a stand-in name instead.
   let shape = messages;
+  let named: string | undefined;
   if (messages.some((m) => m.name !== undefined)) {
     const renamed = messages.map((m) => (m.name === undefined ? m : { ...m, name: NAME_STAND_IN }));
     const blindKey = `${tools}\u0000${shapeKey(renamed, options, slot)}`;
@@ -93,8 +94,27 @@ export function skeletonFor(template: ChatTemplate, messages: readonly ChatMessa
       cache.bytes += 2 * blindKey.length + 64;
     }
     if (blind === true) shape = renamed;
+    else if (blind === false) {
+      // The render depends on the names (Llama 3.1's and Gemma 3's adapted templates print them in the tool output's
+      // header). When the shape has no skeleton with the stand-in names — those templates trim contents, so none of
+      // their shapes has one — it is rendered for every name, without a probe and an entry per name: a policy
+      // inventing a name per turn paid three renders of probing each turn (0.3-0.7 ms) and filled the cache with one
+      // dead entry per name. Otherwise each name is a shape of its own, at most MAX_NAMES_PER_SHAPE of them.
+      if (lookup(cache, template, blindKey, renamed, options, slots) === undefined) return undefined;
+      named = blindKey;
+    }
   }
   const key = `${tools}\u0000${shapeKey(shape, options, slot)}`;
+  if (named !== undefined && !cache.shapes.has(key)) {
+    const count = cache.namedShapes.get(named) ?? 0;
+    if (count >= MAX_NAMES_PER_SHAPE) return undefined;
+    cache.namedShapes.set(named, count + 1);
+  }
+  return lookup(cache, template, key, shape, options, slots);
+}
+
+/** The cached skeleton of `key`, probed on first use while the cache is under its bound. */
+function lookup(cache: SkeletonCache, template: ChatTemplate, key: string, shape: readonly ChatMessage[], options: RenderOptions, slots: readonly number[]): Skeleton | undefined {
   const found = cache.shapes.get(key);
   if (found !== undefined) return found ?? undefined;
   // Shapes are few (roles, the tool names a template reads, tool lists). Past the bound a new shape is rendered, not
@@ -106,10 +126,32 @@ export function skeletonFor(template: ChatTemplate, messages: readonly ChatMessa
   return skeleton;
 }
 
+interface SkeletonCache {
+  shapes: Map<string, Skeleton | null>;
+  /** Whether a shape's render ignores its tool messages' names, by the shape's key with stand-in names. */
+  nameBlind: Map<string, boolean>;
+  /** How many shapes of real names were probed per shape with stand-in names (one whose render prints them). */
+  namedShapes: Map<string, number>;
+  bytes: number;
+}
+
+/** What {@link skeletonFor} keeps for a template: its shapes (with or without a skeleton), and the bytes counted. */
+export function skeletonCacheSize(template: ChatTemplate): { shapes: number; nameBlind: number; bytes: number } {
+  const cache = skeletons.get(template);
+  return { shapes: cache?.shapes.size ?? 0, nameBlind: cache?.nameBlind.size ?? 0, bytes: cache?.bytes ?? 0 };
+}
+
+/**
+ * Names probed as shapes of their own, per shape whose render depends on its tool messages' names and that has a
+ * skeleton (a template that both prints names and writes contents verbatim): the tools an environment really has, and
+ * a few the policy made up; past it a new name's shape is rendered.
+ */
+const MAX_NAMES_PER_SHAPE = 32;
+
 /** Most bytes of shape keys and skeletons kept per template (UTF-16 code units, two bytes each). */
 const MAX_CACHE_BYTES = 16 << 20;
 const MAX_FIXED_CHARS = 64;
-const skeletons = new WeakMap<ChatTemplate, { shapes: Map<string, Skeleton | null>; nameBlind: Map<string, boolean>; bytes: number }>();
+const skeletons = new WeakMap<ChatTemplate, SkeletonCache>();
 
 /** The tool name a shape whose render ignores names is keyed and probed with. */
 const NAME_STAND_IN = 'probe-name-7c1e';
