@@ -37,6 +37,11 @@ export interface BackendInfo {
   readonly stalled: boolean;
   /** Times its engine was found hung (each time its trajectories moved to other engines). */
   readonly stalls: number;
+  /**
+   * Back after it was down (or hung) while serving a policy version other than 0: it takes no trajectory until a
+   * ResumeGeneration confirms its weights (see BackendState.weightsUnknown). `healthy` may be true meanwhile (it answers).
+   */
+  readonly weightsUnknown: boolean;
   readonly policyVersion: number;
   /** The engine's context length (prompt + generated tokens); undefined while unknown. */
   readonly maxModelLen: number | undefined;
@@ -69,7 +74,7 @@ export function backendInfo(b: BackendState): BackendInfo {
   return Object.freeze({
     id: b.id, url: b.client.url, kind: b.client.kind, model: b.model, maxConcurrency: b.maxConcurrency, healthy: b.healthy,
     refusal: refusalText(b.refusal), draining: b.draining, paused: b.paused, inflightTrajectories: b.inflightTrajectories, inflightRequests: b.inflightRequests,
-    queuedRequests: b.slots.waiting, assignedTotal: b.assignedTotal, failovers: b.failoversOut, misdeliveredAnswers: b.misdeliveredAnswers, stalled: b.stalled, stalls: b.stalls, policyVersion: b.policyVersion,
+    queuedRequests: b.slots.waiting, assignedTotal: b.assignedTotal, failovers: b.failoversOut, misdeliveredAnswers: b.misdeliveredAnswers, stalled: b.stalled, stalls: b.stalls, weightsUnknown: b.weightsUnknown, policyVersion: b.policyVersion,
     maxModelLen: b.maxModelLen, capacitySource: b.capacitySource, logprobsMode: b.logprobsMode,
   });
 }

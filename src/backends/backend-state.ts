@@ -5,6 +5,9 @@ import type { EngineClient, EngineServerInfo, LogprobsMode } from './types.js';
 /** Why an engine that answers is refused for serving (see BackendState.refusal). */
 export type RefusalWhy = 'not serving its model' | 'returning logits';
 
+/** Why a backend back after it was down takes no trajectory (BackendState.weightsUnknown). */
+export const HELD = 'held until a ResumeGeneration confirms its weights';
+
 /** Where a backend's capacity came from (the contract's CapacitySource). */
 export type CapacitySource = 'configured' | 'engine' | 'default';
 
@@ -17,7 +20,7 @@ export type CapacitySource = 'configured' | 'engine' | 'default';
  * number of times.
  */
 export class BackendGone extends Error {
-  constructor(readonly backendId: string, readonly why: 'removed' | 'unhealthy' | 'stalled' | 'unreachable' | 'misdelivered' | RefusalWhy, options: { cause?: unknown } = {}) {
+  constructor(readonly backendId: string, readonly why: 'removed' | 'unhealthy' | 'stalled' | typeof HELD | 'unreachable' | 'misdelivered' | RefusalWhy, options: { cause?: unknown } = {}) {
     super(`backend ${backendId} ${why}`, options);
     this.name = 'BackendGone';
   }
@@ -211,6 +214,8 @@ export class BackendState {
   stalled = false;
   /** Times it was found hung. */
   stalls = 0;
+  /** The policy version it was labelled with when it was last found hung (see BackendPool's recovery of a hung engine). */
+  stalledAtVersion = 0;
   /**
    * No request is sent to the engine before this time (performance.now() ms): the end of the last Retry-After it
    * answered a busy request with, bounded by the pool's maxRetryAfterMs (see PoolLease). 0: none.
@@ -267,8 +272,12 @@ export class BackendState {
   /** A pool-wide resume found this backend down with its engine paused: resumed when it is healthy again. */
   resumePending = false;
   /**
-   * Back after it was down while serving a policy version other than 0: held at its gate until a resume reaches it
-   * (BackendPoolOptions.holdRecoveredBackends), since it may have restarted with other weights.
+   * Back after it was down (or hung) while serving a policy version other than 0: it may have restarted with other
+   * weights, or missed a weight sync, so it is held (BackendPoolOptions.holdRecoveredBackends) until a resume reaches
+   * it: its gate closed, neither eligible nor usable — new trajectories wait for another engine (bounded by the pool's
+   * acquireTimeoutMs, then backend_error), and trajectories pinned here move off it as from an engine gone — so that
+   * nothing waits for a ResumeGeneration the trainer may not send until its rollouts are done. Change it only through
+   * the pool's `LoadHeap.update` (it is part of `eligible`).
    */
   weightsUnknown = false;
   /**
@@ -313,7 +322,7 @@ export class BackendState {
 
   /** May take new trajectories. */
   get eligible(): boolean {
-    return this.healthy && !this.draining && !this.removed && this.refusal === undefined;
+    return this.healthy && !this.draining && !this.removed && !this.weightsUnknown && this.refusal === undefined;
   }
 
   /** Generation is paused: new requests are held in {@link gate}. */
@@ -323,11 +332,14 @@ export class BackendState {
 
   /** May keep serving the trajectories it already has (draining backends finish their work). */
   get usable(): boolean {
-    return this.healthy && !this.removed && this.refusal === undefined;
+    return this.healthy && !this.removed && !this.weightsUnknown && this.refusal === undefined;
   }
 
   /** Why it is not {@link usable} (what a request that finds it so is told). */
-  get unusableWhy(): 'removed' | 'unhealthy' | 'stalled' | RefusalWhy {
-    return this.removed ? 'removed' : this.stalled && !this.healthy ? 'stalled' : !this.healthy ? 'unhealthy' : this.modelRefusal !== undefined ? 'not serving its model' : 'returning logits';
+  get unusableWhy(): 'removed' | 'unhealthy' | 'stalled' | typeof HELD | RefusalWhy {
+    if (this.removed) return 'removed';
+    if (!this.healthy) return this.stalled ? 'stalled' : 'unhealthy';
+    if (this.weightsUnknown) return HELD;
+    return this.modelRefusal !== undefined ? 'not serving its model' : 'returning logits';
   }
 }

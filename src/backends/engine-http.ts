@@ -232,7 +232,12 @@ export class EngineHttp {
   readonly label: string;
   readonly #timeoutMs: number;
   readonly #bodyIdleMs: number;
-  readonly #pool: Pool;
+  /** The engine's origin and what its connection pools are made with (see {@link #renewConnections}). */
+  readonly #origin: string;
+  readonly #poolOptions: Pool.Options;
+  #pool: Pool;
+  /** Pools replaced by {@link #renewConnections}, closing once their requests in flight are done. */
+  readonly #retired = new Set<Pool>();
   /** Path of `url` without trailing slashes, prefixed to every request's path (a gateway's `/engines/7`). */
   readonly #basePath: string;
   /**
@@ -272,15 +277,17 @@ export class EngineHttp {
     this.label = options.label;
     this.#timeoutMs = options.requestTimeoutMs ?? 0;
     this.#bodyIdleMs = options.bodyIdleTimeoutMs ?? DEFAULT_BODY_IDLE_MS;
+    this.#origin = parsed.origin;
+    this.#poolOptions = {
+      connections: options.maxSockets ?? 1024,
+      pipelining: 1,
+      // The request's whole budget is ours (`requestTimeoutMs`); undici's own 300 s header/body timeouts would cut
+      // long generations short.
+      headersTimeout: 0,
+      bodyTimeout: 0,
+    };
     try {
-      this.#pool = new Pool(parsed.origin, {
-        connections: options.maxSockets ?? 1024,
-        pipelining: 1,
-        // The request's whole budget is ours (`requestTimeoutMs`); undici's own 300 s header/body timeouts would cut
-        // long generations short.
-        headersTimeout: 0,
-        bodyTimeout: 0,
-      });
+      this.#pool = new Pool(this.#origin, this.#poolOptions);
     } catch (err) {
       // undici refuses what it cannot connect to (its InvalidArgumentError): a mistake in the URL, never a stack trace.
       throw new RolloutError('invalid_argument', `url: ${options.label} engine URL "${this.url}" is not usable: ${err instanceof Error ? err.message : String(err)}`, { field: 'url', cause: err });
@@ -290,6 +297,25 @@ export class EngineHttp {
   /** Closes the engine's connections (when the backend is removed); requests in flight fail. */
   close(): void {
     this.#pool.destroy().catch(() => undefined);
+    for (const pool of this.#retired) pool.destroy().catch(() => undefined);
+    this.#retired.clear();
+  }
+
+  /**
+   * Sends every later request on new connections, and closes the present ones as their requests in flight end (none
+   * is cut): after an answer refused once undici had taken it as complete and kept its connection for reuse (a chunked
+   * answer, see {@link exchange}), where aborting the request no longer closes anything. undici's dispatch API does not
+   * say which connection an answer came on, so all of the engine's go; a refused answer is a rare fault (a proxy mixing
+   * answers up), and its connections are worth less than the next request's answer.
+   */
+  #renewConnections(): void {
+    const old = this.#pool;
+    this.#pool = new Pool(this.#origin, this.#poolOptions);
+    this.#retired.add(old);
+    void old
+      .close()
+      .catch(() => undefined)
+      .finally(() => this.#retired.delete(old));
   }
 
   /**
@@ -317,8 +343,9 @@ export class EngineHttp {
    * error — and, for a 2xx answer of declared length, it is read as soon as its last byte came, before undici hands the
    * connection back to its pool, so a refused answer (one meant for another request, from a proxy that mixed answers
    * up: the connection may hold the next request's answer-to-be of another) closes its connection instead of leaving
-   * it out of step for the next request sent there. (An answer without a content-length, chunked, is read once it
-   * ended: its connection is kept. vLLM and SGLang send a content-length with every non-streamed answer.)
+   * it out of step for the next request sent there. An answer without a content-length (chunked) is read once it
+   * ended, when undici has already kept its connection for the next request: refused, it has every connection to the
+   * engine renewed instead (see #renewConnections; vLLM and SGLang send a content-length with every non-streamed answer).
    */
   exchange<T>(
     method: 'GET' | 'POST',
@@ -346,7 +373,7 @@ export class EngineHttp {
       }
     }
     return new Promise<T>((resolve, reject) => {
-      const exchange = new Exchange<T>(this, method, path, cap, signal, this.#timeoutMs, options.pausedMs, options.budget, read, resolve, reject, this.#bodyIdleMs);
+      const exchange = new Exchange<T>(this, method, path, cap, signal, this.#timeoutMs, options.pausedMs, options.budget, read, resolve, reject, this.#bodyIdleMs, () => this.#renewConnections());
       // An array of buffers is an iterable body (undici's docs/api/Dispatcher.md: `body` may be an Iterable; its
       // DispatchOptions typing omits it): written in order, with the content-length set above.
       const dispatchBody = payload as Dispatcher.DispatchOptions['body'];
@@ -462,6 +489,8 @@ class Exchange<T> implements Dispatcher.DispatchHandler {
     readonly resolve: (value: T) => void,
     readonly reject: (err: unknown) => void,
     readonly bodyIdleMs = 0,
+    /** The answer was refused (`read` threw) after undici took it as complete: its connection cannot be closed alone. */
+    readonly onRefusedAfterEnd: () => void = () => undefined,
   ) {
     signal.addEventListener('abort', this.#onAbort, { once: true });
     // The engine shares the budget from now until this exchange settles (see ResponseBudget's fairness).
@@ -570,7 +599,7 @@ class Exchange<T> implements Dispatcher.DispatchHandler {
   }
 
   onResponseEnd(): void {
-    if (!this.#settled) this.#finish();
+    if (!this.#settled) this.#finish(true);
   }
 
   onResponseError(_controller: Dispatcher.DispatchController, err: Error): void {
@@ -581,7 +610,7 @@ class Exchange<T> implements Dispatcher.DispatchHandler {
    * Reads the answer and settles with what `read` makes of it, or fails with what it throws — which aborts the request:
    * before undici saw the answer end (a 2xx body of declared length, see onResponseData), that closes its connection.
    */
-  #finish(): void {
+  #finish(ended = false): void {
     const text = this.#chunks.length === 1 ? (this.#chunks[0] as Buffer).toString('utf8') : Buffer.concat(this.#chunks, this.#size).toString('utf8');
     let value: T;
     try {
@@ -590,6 +619,10 @@ class Exchange<T> implements Dispatcher.DispatchHandler {
       // The reader's own error, as thrown (never an unreachable engine: the answer came).
       this.#settle();
       this.#controller?.abort(err instanceof Error ? err : new Error(String(err)));
+      // undici took the answer as complete (a chunked body's end): the abort closed nothing, its connection is kept. As
+      // for a 2xx answer of declared length (closed by the abort), a refused 2xx one must not leave it; an error status
+      // the reader turns into an error (a 400, a busy 503) is no fault of the connection.
+      if (ended && this.#ok) this.onRefusedAfterEnd();
       return this.reject(err);
     }
     this.#settle();

@@ -55,7 +55,11 @@ export interface BackendPoolOptions {
    * restarted, from the base checkpoint or another one, and its tokens would be recorded with weights it no longer
    * serves — off-policy samples labelled on-policy. Nothing tells a restart from a network blip (engines report no
    * weight version), so the hold costs a blip at most one weight-sync step of that engine's capacity. At version 0
-   * (weights never updated) a restarted engine serves what it always did, and it is not held.
+   * (weights never updated) a restarted engine serves what it always did, and it is not held. A held engine takes no
+   * trajectory (BackendState.weightsUnknown): with no other engine, trajectories end backend_error after
+   * `acquireTimeoutMs` rather than wait for a resume a trainer sends only once its rollouts are done. Not held: one
+   * back while a pause is in effect on it (that pause's resume confirms it), and a hung engine whose work counters went
+   * on from where they stood with no version change meanwhile (the same process: see the StallWatchdog's onMoved).
    */
   holdRecoveredBackends?: boolean;
   /**

@@ -135,10 +135,14 @@ export class BackendPool {
             logger: this.#log,
             onStall: (backend, quietMs) => this.#stalled(backend, quietMs),
             holdOff: () => this.responseBudget.waiting > 0,
-            onMoved: (backend) => {
+            onMoved: (backend, restarted) => {
               if (this.#backends.get(backend.id) !== backend || !backend.stalled) return;
-              this.#log.warn({ backend: backend.id }, 'hung engine works again (its counters moved): it takes trajectories again');
-              this.setHealthy(backend.id, true);
+              // Same process (counters went on from where they stood) and no weight sync labelled it with another version
+              // meanwhile: it serves the weights it is labelled with, nothing to confirm. Otherwise as an engine back
+              // after it was down (held while the pool's version is not 0, see #setHealthy).
+              const weightsKept = !restarted && backend.policyVersion === backend.stalledAtVersion;
+              this.#log.warn({ backend: backend.id, restarted, policyVersion: backend.policyVersion, stalledAtVersion: backend.stalledAtVersion }, 'hung engine works again (its counters moved)');
+              this.#setHealthy(backend, true, weightsKept);
             },
           })
         : undefined;
@@ -282,10 +286,22 @@ export class BackendPool {
 
   /** Marks a backend (un)healthy: unhealthy ones take no trajectories and their trajectories move on next use. */
   setHealthy(id: string, healthy: boolean): void {
-    const backend = this.#get(id);
+    this.#setHealthy(this.#get(id), healthy, false);
+  }
+
+  /** {@link setHealthy}; `weightsKept`: a recovery known to keep the engine's weights (a hung engine that went on) is never held. */
+  #setHealthy(backend: BackendState, healthy: boolean, weightsKept: boolean): void {
+    const { id } = backend;
     if (healthy) backend.stalled = false;
     if (backend.healthy === healthy) return;
-    this.#heap.update(backend, eligible, (b) => (b.healthy = healthy));
+    // Perhaps restarted with other weights, or it missed a weight sync (see BackendPoolOptions.holdRecoveredBackends):
+    // held until a resume reaches it — unless a pause is in effect on it, whose resume confirms them anyway (it waits at
+    // its gate meanwhile like every paused engine). One held already (it went down again before the resume) stays held.
+    const hold = healthy && (backend.weightsUnknown || (!weightsKept && this.#holdRecovered && backend.policyVersion !== 0 && !backend.paused));
+    this.#heap.update(backend, eligible, (b) => {
+      b.healthy = healthy;
+      if (hold) b.weightsUnknown = true;
+    });
     this.#log.warn({ backend: id, healthy }, healthy ? 'backend healthy again' : 'backend unhealthy');
     if (healthy) {
       // Perhaps restarted, with another --max-model-len, capacity, logprobs mode or model: what the engine said about
@@ -293,11 +309,12 @@ export class BackendPool {
       // before stays in use.
       if (!backend.maxModelLenConfigured) backend.modelInfoStale = true;
       if (backend.serverInfo !== undefined) backend.serverInfoStale = true;
-      if (this.#holdRecovered && backend.policyVersion !== 0) {
-        // Perhaps restarted with other weights (see BackendPoolOptions.holdRecoveredBackends): held until a resume.
-        backend.weightsUnknown = true;
+      if (hold) {
         backend.gate.close();
-        this.#log.warn({ backend: id, policyVersion: backend.policyVersion }, 'backend back after it was down: held until the next ResumeGeneration confirms its weights (it may have restarted with others)');
+        this.#log.warn(
+          { backend: id, policyVersion: backend.policyVersion },
+          'backend back after it was down: it takes no trajectory until the next ResumeGeneration confirms its weights (it may have restarted with others or missed a weight sync); trajectories wait for another engine for backendAcquireTimeoutMs, then end BACKEND_ERROR',
+        );
       } else if (backend.resumePending) {
         this.#resumeRecovered(backend);
       }
@@ -322,11 +339,12 @@ export class BackendPool {
     if (this.#backends.get(backend.id) !== backend || backend.stalled || !backend.healthy) return;
     backend.stalled = true;
     backend.stalls++;
+    backend.stalledAtVersion = backend.policyVersion;
     this.#log.warn(
       { backend: backend.id, url: backend.client.url, quietMs, requests: backend.requests.size, trajectories: backend.inflightTrajectories },
       'engine hung: none of its requests answered and its work counters (GET /metrics) did not move for backendStallMs, though it may still answer /health; its requests move to other engines and it takes none until its counters move',
     );
-    this.setHealthy(backend.id, false);
+    this.#setHealthy(backend, false, false);
   }
 
   /**
@@ -395,6 +413,10 @@ export class BackendPool {
       this.#pausedAll = false;
       if (policyVersion !== undefined) this.#poolVersion = policyVersion;
     }
+    // The trainer's resume is what confirms the weights of an engine held since it came back (whether or not its engine
+    // call then succeeds: that is about its pause, named in the error): it is usable again, and resumed as any other.
+    for (const backend of targets) if (backend.weightsUnknown) this.#heap.update(backend, eligible, (b) => (b.weightsUnknown = false));
+    this.#wake();
     let resumed: readonly BackendState[];
     try {
       resumed = await resumeBackends(targets, {
@@ -407,7 +429,6 @@ export class BackendPool {
       if (options.id === undefined) await this.#recordPoolWeights().catch(() => undefined);
       throw err;
     }
-    for (const backend of resumed) backend.weightsUnknown = false;
     if (options.id === undefined) await this.#recordPoolWeights();
     return resumed.map(info);
   }

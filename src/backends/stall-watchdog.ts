@@ -16,8 +16,11 @@ export interface StallWatchdogOptions {
   logger: Logger;
   /** The engine is hung: `quietMs` since it last answered (or since its requests began, when it had none to answer). */
   onStall: (backend: BackendState, quietMs: number) => void;
-  /** A hung engine's counters moved: it works again. */
-  onMoved: (backend: BackendState) => void;
+  /**
+   * A hung engine's counters moved: it works again. `restarted`: they went back (an engine's counters only grow, so it
+   * is another process, started since, whose weights nothing here knows).
+   */
+  onMoved: (backend: BackendState, restarted: boolean) => void;
   /**
    * True while no engine can be judged: answers are waiting for room in the response budget (ResponseBudget.waiting),
    * so an engine that looks quiet may have answered already, its body not read yet.
@@ -139,7 +142,7 @@ export class StallWatchdog {
       if (watch === undefined) this.#watches.set(b, { value, since: at });
       else if (watch.value !== value) {
         this.#watches.delete(b);
-        this.options.onMoved(b);
+        this.options.onMoved(b, value < watch.value);
       }
       return;
     }

@@ -234,9 +234,10 @@ export function toBackend(b: BackendInfo): Backend {
     url: b.url,
     kind: kindToProto(b.kind),
     maxConcurrency: b.maxConcurrency,
-    // Healthy means usable: an engine that answers its probes but is refused (another model, logits) is not.
-    healthy: b.healthy && b.refusal === undefined,
-    unusableReason: b.refusal ?? (b.healthy ? '' : 'health checks failing'),
+    // Healthy means usable: an engine that answers its probes but is refused (another model, logits), or held until a
+    // resume confirms its weights, is not.
+    healthy: b.healthy && b.refusal === undefined && !b.weightsUnknown,
+    unusableReason: unusableReason(b),
     draining: b.draining,
     paused: b.paused,
     inflightTrajectories: b.inflightTrajectories,
@@ -247,5 +248,18 @@ export function toBackend(b: BackendInfo): Backend {
     maxModelLen: b.maxModelLen ?? 0,
     logprobsMode: logprobsModeToProto(b.logprobsMode),
     capacitySource: CAPACITY_SOURCE[b.capacitySource],
+    stalled: b.stalled,
+    // int64 as the stubs give it (ts-proto forceLong=number): a count never nears 2^53.
+    stalls: b.stalls,
+    weightsUnknown: b.weightsUnknown,
   };
+}
+
+/** Backend.unusable_reason: why the backend takes no trajectories, '' while it is usable. */
+function unusableReason(b: BackendInfo): string {
+  if (b.refusal !== undefined) return b.refusal;
+  if (b.stalled) return 'hung: its requests went unanswered and its work counters (GET /metrics) stood still for backendStallMs, though it may answer its health checks';
+  if (!b.healthy) return 'health checks failing';
+  if (b.weightsUnknown) return 'held until a ResumeGeneration confirms its weights: back after it was down while serving a policy version other than 0 (it may have restarted with other weights)';
+  return '';
 }

@@ -136,6 +136,7 @@ export class RolloutMetrics {
     backendGauge('rollout_backend_draining', '1 while an engine is drained', (b) => (b.draining ? 1 : 0));
     backendGauge('rollout_backend_policy_version', 'The policy version an engine serves', (b) => b.policyVersion);
     backendGauge('rollout_backend_stalls', 'Times an engine was found hung (requests unanswered, work counters still): its trajectories moved', (b) => b.stalls);
+    backendGauge('rollout_backend_weights_unknown', '1 while an engine back after it was down is held (no trajectories) until a ResumeGeneration confirms its weights', (b) => (b.weightsUnknown ? 1 : 0));
     backendGauge('rollout_backend_misdelivered_answers', "An engine's answers refused as meant for another request (each asked again)", (b) => b.misdeliveredAnswers);
     backendGauge('rollout_backend_assigned_trajectories', 'Trajectories ever leased to an engine', (b) => b.assignedTotal);
     if (tokenPool !== undefined) {

@@ -277,7 +277,7 @@ export class FakeSglangEngine {
     const seed = typeof sampling.sampling_seed === 'number' ? sampling.sampling_seed : hashInts(index, 0x5eed);
     const stops = Array.isArray(sampling.stop) ? (sampling.stop as string[]) : typeof sampling.stop === 'string' ? [sampling.stop] : [];
     const stopTokenIds = Array.isArray(sampling.stop_token_ids) ? (sampling.stop_token_ids as number[]) : [];
-    let sample = this.#sampler.sample(promptIds as number[], maxNewTokens, seed, stops, stopTokenIds);
+    let sample = lengthBeforeStop(this.#sampler.sample(promptIds as number[], maxNewTokens, seed, stops, stopTokenIds), maxNewTokens);
     let answered = false;
     res.on('close', () => {
       if (!answered) this.#inflight.cancel(rid);
@@ -322,6 +322,16 @@ export class FakeSglangEngine {
     const surrounding = Math.min(this.options.surroundingIds ?? 0, promptIds.length);
     return { text, output_ids: [...promptIds.slice(promptIds.length - surrounding), ...sample.ids], meta_info: meta };
   }
+}
+
+/**
+ * SGLang's Req.check_finished tests the length cap before stop tokens (`stop_token_ids`, EOS) and stop strings, so an
+ * answer whose stop comes on its max_new_tokens-th token ends `{type: 'length', length: max_new_tokens}`, the stop
+ * token kept as its last id and nothing trimmed from its text (schedule_batch.py, SGLang v0.4.x to v0.5.x and main).
+ */
+function lengthBeforeStop(sample: FakeSample, maxNewTokens: number): FakeSample {
+  if (sample.finish !== 'stop' || sample.ids.length < maxNewTokens) return sample;
+  return { ids: sample.ids, logprobs: sample.logprobs, finish: 'length', stopReason: null };
 }
 
 function sendJson(res: ServerResponse, status: number, body: unknown): void {

@@ -14,43 +14,43 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18rollout/v1/backend.proto\x12\nrollout.v1\"\xe6\x04\n\x07\x42\x61\x63kend\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n\x03url\x18\x02 \x01(\tR\x03url\x12+\n\x04kind\x18\x03 \x01(\x0e\x32\x17.rollout.v1.BackendKindR\x04kind\x12\'\n\x0fmax_concurrency\x18\x04 \x01(\x05R\x0emaxConcurrency\x12\x18\n\x07healthy\x18\x05 \x01(\x08R\x07healthy\x12\x1a\n\x08\x64raining\x18\x06 \x01(\x08R\x08\x64raining\x12\x33\n\x15inflight_trajectories\x18\x07 \x01(\x05R\x14inflightTrajectories\x12+\n\x11inflight_requests\x18\x08 \x01(\x05R\x10inflightRequests\x12%\n\x0e\x61ssigned_total\x18\t \x01(\x03R\rassignedTotal\x12%\n\x0epolicy_version\x18\n \x01(\x03R\rpolicyVersion\x12\x14\n\x05model\x18\x0b \x01(\tR\x05model\x12\"\n\rmax_model_len\x18\x0c \x01(\x05R\x0bmaxModelLen\x12=\n\rlogprobs_mode\x18\r \x01(\x0e\x32\x18.rollout.v1.LogprobsModeR\x0clogprobsMode\x12\x43\n\x0f\x63\x61pacity_source\x18\x0e \x01(\x0e\x32\x1a.rollout.v1.CapacitySourceR\x0e\x63\x61pacitySource\x12\x16\n\x06paused\x18\x0f \x01(\x08R\x06paused\x12\'\n\x0funusable_reason\x18\x10 \x01(\tR\x0eunusableReason\"\x88\x02\n\x11\x41\x64\x64\x42\x61\x63kendRequest\x12\x10\n\x03url\x18\x01 \x01(\tR\x03url\x12+\n\x04kind\x18\x02 \x01(\x0e\x32\x17.rollout.v1.BackendKindR\x04kind\x12\'\n\x0fmax_concurrency\x18\x03 \x01(\x05R\x0emaxConcurrency\x12\x0e\n\x02id\x18\x04 \x01(\tR\x02id\x12\x14\n\x05model\x18\x05 \x01(\tR\x05model\x12=\n\rlogprobs_mode\x18\x06 \x01(\x0e\x32\x18.rollout.v1.LogprobsModeR\x0clogprobsMode\x12&\n\x0f\x63heck_answer_id\x18\x07 \x01(\x08R\rcheckAnswerId\"C\n\x12\x41\x64\x64\x42\x61\x63kendResponse\x12-\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0b\x32\x13.rollout.v1.BackendR\x07\x62\x61\x63kend\"<\n\x14RemoveBackendRequest\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n\x05\x64rain\x18\x02 \x01(\x08R\x05\x64rain\"\x17\n\x15RemoveBackendResponse\"\x15\n\x13ListBackendsRequest\"G\n\x14ListBackendsResponse\x12/\n\x08\x62\x61\x63kends\x18\x01 \x03(\x0b\x32\x13.rollout.v1.BackendR\x08\x62\x61\x63kends\"b\n\x16PauseGenerationRequest\x12\x1d\n\nbackend_id\x18\x01 \x01(\tR\tbackendId\x12)\n\x04mode\x18\x02 \x01(\x0e\x32\x15.rollout.v1.PauseModeR\x04mode\"J\n\x17PauseGenerationResponse\x12/\n\x08\x62\x61\x63kends\x18\x01 \x03(\x0b\x32\x13.rollout.v1.BackendR\x08\x62\x61\x63kends\"w\n\x17ResumeGenerationRequest\x12\x1d\n\nbackend_id\x18\x01 \x01(\tR\tbackendId\x12*\n\x0epolicy_version\x18\x02 \x01(\x03H\x00R\rpolicyVersion\x88\x01\x01\x42\x11\n\x0f_policy_version\"K\n\x18ResumeGenerationResponse\x12/\n\x08\x62\x61\x63kends\x18\x01 \x03(\x0b\x32\x13.rollout.v1.BackendR\x08\x62\x61\x63kends*g\n\tPauseMode\x12\x1a\n\x16PAUSE_MODE_UNSPECIFIED\x10\x00\x12\x13\n\x0fPAUSE_MODE_WAIT\x10\x01\x12\x14\n\x10PAUSE_MODE_ABORT\x10\x02\x12\x13\n\x0fPAUSE_MODE_KEEP\x10\x03*v\n\x0b\x42\x61\x63kendKind\x12\x1c\n\x18\x42\x41\x43KEND_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11\x42\x41\x43KEND_KIND_VLLM\x10\x01\x12\x17\n\x13\x42\x41\x43KEND_KIND_SGLANG\x10\x02\x12\x19\n\x15\x42\x41\x43KEND_KIND_EMBEDDED\x10\x03*z\n\x0cLogprobsMode\x12\x1d\n\x19LOGPROBS_MODE_UNSPECIFIED\x10\x00\x12\x15\n\x11LOGPROBS_MODE_RAW\x10\x01\x12\x1b\n\x17LOGPROBS_MODE_PROCESSED\x10\x02\x12\x17\n\x13LOGPROBS_MODE_MIXED\x10\x03*\x8a\x01\n\x0e\x43\x61pacitySource\x12\x1f\n\x1b\x43\x41PACITY_SOURCE_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x43\x41PACITY_SOURCE_CONFIGURED\x10\x01\x12\x1a\n\x16\x43\x41PACITY_SOURCE_ENGINE\x10\x02\x12\x1b\n\x17\x43\x41PACITY_SOURCE_DEFAULT\x10\x03\x32\xc1\x03\n\x0e\x42\x61\x63kendService\x12K\n\nAddBackend\x12\x1d.rollout.v1.AddBackendRequest\x1a\x1e.rollout.v1.AddBackendResponse\x12T\n\rRemoveBackend\x12 .rollout.v1.RemoveBackendRequest\x1a!.rollout.v1.RemoveBackendResponse\x12Q\n\x0cListBackends\x12\x1f.rollout.v1.ListBackendsRequest\x1a .rollout.v1.ListBackendsResponse\x12Z\n\x0fPauseGeneration\x12\".rollout.v1.PauseGenerationRequest\x1a#.rollout.v1.PauseGenerationResponse\x12]\n\x10ResumeGeneration\x12#.rollout.v1.ResumeGenerationRequest\x1a$.rollout.v1.ResumeGenerationResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18rollout/v1/backend.proto\x12\nrollout.v1\"\xc1\x05\n\x07\x42\x61\x63kend\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n\x03url\x18\x02 \x01(\tR\x03url\x12+\n\x04kind\x18\x03 \x01(\x0e\x32\x17.rollout.v1.BackendKindR\x04kind\x12\'\n\x0fmax_concurrency\x18\x04 \x01(\x05R\x0emaxConcurrency\x12\x18\n\x07healthy\x18\x05 \x01(\x08R\x07healthy\x12\x1a\n\x08\x64raining\x18\x06 \x01(\x08R\x08\x64raining\x12\x33\n\x15inflight_trajectories\x18\x07 \x01(\x05R\x14inflightTrajectories\x12+\n\x11inflight_requests\x18\x08 \x01(\x05R\x10inflightRequests\x12%\n\x0e\x61ssigned_total\x18\t \x01(\x03R\rassignedTotal\x12%\n\x0epolicy_version\x18\n \x01(\x03R\rpolicyVersion\x12\x14\n\x05model\x18\x0b \x01(\tR\x05model\x12\"\n\rmax_model_len\x18\x0c \x01(\x05R\x0bmaxModelLen\x12=\n\rlogprobs_mode\x18\r \x01(\x0e\x32\x18.rollout.v1.LogprobsModeR\x0clogprobsMode\x12\x43\n\x0f\x63\x61pacity_source\x18\x0e \x01(\x0e\x32\x1a.rollout.v1.CapacitySourceR\x0e\x63\x61pacitySource\x12\x16\n\x06paused\x18\x0f \x01(\x08R\x06paused\x12\'\n\x0funusable_reason\x18\x10 \x01(\tR\x0eunusableReason\x12\x18\n\x07stalled\x18\x11 \x01(\x08R\x07stalled\x12\x16\n\x06stalls\x18\x12 \x01(\x03R\x06stalls\x12\'\n\x0fweights_unknown\x18\x13 \x01(\x08R\x0eweightsUnknown\"\x88\x02\n\x11\x41\x64\x64\x42\x61\x63kendRequest\x12\x10\n\x03url\x18\x01 \x01(\tR\x03url\x12+\n\x04kind\x18\x02 \x01(\x0e\x32\x17.rollout.v1.BackendKindR\x04kind\x12\'\n\x0fmax_concurrency\x18\x03 \x01(\x05R\x0emaxConcurrency\x12\x0e\n\x02id\x18\x04 \x01(\tR\x02id\x12\x14\n\x05model\x18\x05 \x01(\tR\x05model\x12=\n\rlogprobs_mode\x18\x06 \x01(\x0e\x32\x18.rollout.v1.LogprobsModeR\x0clogprobsMode\x12&\n\x0f\x63heck_answer_id\x18\x07 \x01(\x08R\rcheckAnswerId\"C\n\x12\x41\x64\x64\x42\x61\x63kendResponse\x12-\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0b\x32\x13.rollout.v1.BackendR\x07\x62\x61\x63kend\"<\n\x14RemoveBackendRequest\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n\x05\x64rain\x18\x02 \x01(\x08R\x05\x64rain\"\x17\n\x15RemoveBackendResponse\"\x15\n\x13ListBackendsRequest\"G\n\x14ListBackendsResponse\x12/\n\x08\x62\x61\x63kends\x18\x01 \x03(\x0b\x32\x13.rollout.v1.BackendR\x08\x62\x61\x63kends\"b\n\x16PauseGenerationRequest\x12\x1d\n\nbackend_id\x18\x01 \x01(\tR\tbackendId\x12)\n\x04mode\x18\x02 \x01(\x0e\x32\x15.rollout.v1.PauseModeR\x04mode\"J\n\x17PauseGenerationResponse\x12/\n\x08\x62\x61\x63kends\x18\x01 \x03(\x0b\x32\x13.rollout.v1.BackendR\x08\x62\x61\x63kends\"w\n\x17ResumeGenerationRequest\x12\x1d\n\nbackend_id\x18\x01 \x01(\tR\tbackendId\x12*\n\x0epolicy_version\x18\x02 \x01(\x03H\x00R\rpolicyVersion\x88\x01\x01\x42\x11\n\x0f_policy_version\"K\n\x18ResumeGenerationResponse\x12/\n\x08\x62\x61\x63kends\x18\x01 \x03(\x0b\x32\x13.rollout.v1.BackendR\x08\x62\x61\x63kends*g\n\tPauseMode\x12\x1a\n\x16PAUSE_MODE_UNSPECIFIED\x10\x00\x12\x13\n\x0fPAUSE_MODE_WAIT\x10\x01\x12\x14\n\x10PAUSE_MODE_ABORT\x10\x02\x12\x13\n\x0fPAUSE_MODE_KEEP\x10\x03*v\n\x0b\x42\x61\x63kendKind\x12\x1c\n\x18\x42\x41\x43KEND_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11\x42\x41\x43KEND_KIND_VLLM\x10\x01\x12\x17\n\x13\x42\x41\x43KEND_KIND_SGLANG\x10\x02\x12\x19\n\x15\x42\x41\x43KEND_KIND_EMBEDDED\x10\x03*z\n\x0cLogprobsMode\x12\x1d\n\x19LOGPROBS_MODE_UNSPECIFIED\x10\x00\x12\x15\n\x11LOGPROBS_MODE_RAW\x10\x01\x12\x1b\n\x17LOGPROBS_MODE_PROCESSED\x10\x02\x12\x17\n\x13LOGPROBS_MODE_MIXED\x10\x03*\x8a\x01\n\x0e\x43\x61pacitySource\x12\x1f\n\x1b\x43\x41PACITY_SOURCE_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x43\x41PACITY_SOURCE_CONFIGURED\x10\x01\x12\x1a\n\x16\x43\x41PACITY_SOURCE_ENGINE\x10\x02\x12\x1b\n\x17\x43\x41PACITY_SOURCE_DEFAULT\x10\x03\x32\xc1\x03\n\x0e\x42\x61\x63kendService\x12K\n\nAddBackend\x12\x1d.rollout.v1.AddBackendRequest\x1a\x1e.rollout.v1.AddBackendResponse\x12T\n\rRemoveBackend\x12 .rollout.v1.RemoveBackendRequest\x1a!.rollout.v1.RemoveBackendResponse\x12Q\n\x0cListBackends\x12\x1f.rollout.v1.ListBackendsRequest\x1a .rollout.v1.ListBackendsResponse\x12Z\n\x0fPauseGeneration\x12\".rollout.v1.PauseGenerationRequest\x1a#.rollout.v1.PauseGenerationResponse\x12]\n\x10ResumeGeneration\x12#.rollout.v1.ResumeGenerationRequest\x1a$.rollout.v1.ResumeGenerationResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rollout.v1.backend_pb2', _globals)
 if _descriptor._USE_C_DESCRIPTORS == False:
   DESCRIPTOR._options = None
-  _globals['_PAUSEMODE']._serialized_start=1550
-  _globals['_PAUSEMODE']._serialized_end=1653
-  _globals['_BACKENDKIND']._serialized_start=1655
-  _globals['_BACKENDKIND']._serialized_end=1773
-  _globals['_LOGPROBSMODE']._serialized_start=1775
-  _globals['_LOGPROBSMODE']._serialized_end=1897
-  _globals['_CAPACITYSOURCE']._serialized_start=1900
-  _globals['_CAPACITYSOURCE']._serialized_end=2038
+  _globals['_PAUSEMODE']._serialized_start=1641
+  _globals['_PAUSEMODE']._serialized_end=1744
+  _globals['_BACKENDKIND']._serialized_start=1746
+  _globals['_BACKENDKIND']._serialized_end=1864
+  _globals['_LOGPROBSMODE']._serialized_start=1866
+  _globals['_LOGPROBSMODE']._serialized_end=1988
+  _globals['_CAPACITYSOURCE']._serialized_start=1991
+  _globals['_CAPACITYSOURCE']._serialized_end=2129
   _globals['_BACKEND']._serialized_start=41
-  _globals['_BACKEND']._serialized_end=655
-  _globals['_ADDBACKENDREQUEST']._serialized_start=658
-  _globals['_ADDBACKENDREQUEST']._serialized_end=922
-  _globals['_ADDBACKENDRESPONSE']._serialized_start=924
-  _globals['_ADDBACKENDRESPONSE']._serialized_end=991
-  _globals['_REMOVEBACKENDREQUEST']._serialized_start=993
-  _globals['_REMOVEBACKENDREQUEST']._serialized_end=1053
-  _globals['_REMOVEBACKENDRESPONSE']._serialized_start=1055
-  _globals['_REMOVEBACKENDRESPONSE']._serialized_end=1078
-  _globals['_LISTBACKENDSREQUEST']._serialized_start=1080
-  _globals['_LISTBACKENDSREQUEST']._serialized_end=1101
-  _globals['_LISTBACKENDSRESPONSE']._serialized_start=1103
-  _globals['_LISTBACKENDSRESPONSE']._serialized_end=1174
-  _globals['_PAUSEGENERATIONREQUEST']._serialized_start=1176
-  _globals['_PAUSEGENERATIONREQUEST']._serialized_end=1274
-  _globals['_PAUSEGENERATIONRESPONSE']._serialized_start=1276
-  _globals['_PAUSEGENERATIONRESPONSE']._serialized_end=1350
-  _globals['_RESUMEGENERATIONREQUEST']._serialized_start=1352
-  _globals['_RESUMEGENERATIONREQUEST']._serialized_end=1471
-  _globals['_RESUMEGENERATIONRESPONSE']._serialized_start=1473
-  _globals['_RESUMEGENERATIONRESPONSE']._serialized_end=1548
-  _globals['_BACKENDSERVICE']._serialized_start=2041
-  _globals['_BACKENDSERVICE']._serialized_end=2490
+  _globals['_BACKEND']._serialized_end=746
+  _globals['_ADDBACKENDREQUEST']._serialized_start=749
+  _globals['_ADDBACKENDREQUEST']._serialized_end=1013
+  _globals['_ADDBACKENDRESPONSE']._serialized_start=1015
+  _globals['_ADDBACKENDRESPONSE']._serialized_end=1082
+  _globals['_REMOVEBACKENDREQUEST']._serialized_start=1084
+  _globals['_REMOVEBACKENDREQUEST']._serialized_end=1144
+  _globals['_REMOVEBACKENDRESPONSE']._serialized_start=1146
+  _globals['_REMOVEBACKENDRESPONSE']._serialized_end=1169
+  _globals['_LISTBACKENDSREQUEST']._serialized_start=1171
+  _globals['_LISTBACKENDSREQUEST']._serialized_end=1192
+  _globals['_LISTBACKENDSRESPONSE']._serialized_start=1194
+  _globals['_LISTBACKENDSRESPONSE']._serialized_end=1265
+  _globals['_PAUSEGENERATIONREQUEST']._serialized_start=1267
+  _globals['_PAUSEGENERATIONREQUEST']._serialized_end=1365
+  _globals['_PAUSEGENERATIONRESPONSE']._serialized_start=1367
+  _globals['_PAUSEGENERATIONRESPONSE']._serialized_end=1441
+  _globals['_RESUMEGENERATIONREQUEST']._serialized_start=1443
+  _globals['_RESUMEGENERATIONREQUEST']._serialized_end=1562
+  _globals['_RESUMEGENERATIONRESPONSE']._serialized_start=1564
+  _globals['_RESUMEGENERATIONRESPONSE']._serialized_end=1639
+  _globals['_BACKENDSERVICE']._serialized_start=2132
+  _globals['_BACKENDSERVICE']._serialized_end=2581
 # @@protoc_insertion_point(module_scope)

@@ -51,7 +51,7 @@ CAPACITY_SOURCE_ENGINE: CapacitySource
 CAPACITY_SOURCE_DEFAULT: CapacitySource
 
 class Backend(_message.Message):
-    __slots__ = ("id", "url", "kind", "max_concurrency", "healthy", "draining", "inflight_trajectories", "inflight_requests", "assigned_total", "policy_version", "model", "max_model_len", "logprobs_mode", "capacity_source", "paused", "unusable_reason")
+    __slots__ = ("id", "url", "kind", "max_concurrency", "healthy", "draining", "inflight_trajectories", "inflight_requests", "assigned_total", "policy_version", "model", "max_model_len", "logprobs_mode", "capacity_source", "paused", "unusable_reason", "stalled", "stalls", "weights_unknown")
     ID_FIELD_NUMBER: _ClassVar[int]
     URL_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +68,9 @@ class Backend(_message.Message):
     CAPACITY_SOURCE_FIELD_NUMBER: _ClassVar[int]
     PAUSED_FIELD_NUMBER: _ClassVar[int]
     UNUSABLE_REASON_FIELD_NUMBER: _ClassVar[int]
+    STALLED_FIELD_NUMBER: _ClassVar[int]
+    STALLS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_UNKNOWN_FIELD_NUMBER: _ClassVar[int]
     id: str
     url: str
     kind: BackendKind
@@ -84,7 +87,10 @@ class Backend(_message.Message):
     capacity_source: CapacitySource
     paused: bool
     unusable_reason: str
-    def __init__(self, id: _Optional[str] = ..., url: _Optional[str] = ..., kind: _Optional[_Union[BackendKind, str]] = ..., max_concurrency: _Optional[int] = ..., healthy: bool = ..., draining: bool = ..., inflight_trajectories: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., assigned_total: _Optional[int] = ..., policy_version: _Optional[int] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., logprobs_mode: _Optional[_Union[LogprobsMode, str]] = ..., capacity_source: _Optional[_Union[CapacitySource, str]] = ..., paused: bool = ..., unusable_reason: _Optional[str] = ...) -> None: ...
+    stalled: bool
+    stalls: int
+    weights_unknown: bool
+    def __init__(self, id: _Optional[str] = ..., url: _Optional[str] = ..., kind: _Optional[_Union[BackendKind, str]] = ..., max_concurrency: _Optional[int] = ..., healthy: bool = ..., draining: bool = ..., inflight_trajectories: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., assigned_total: _Optional[int] = ..., policy_version: _Optional[int] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., logprobs_mode: _Optional[_Union[LogprobsMode, str]] = ..., capacity_source: _Optional[_Union[CapacitySource, str]] = ..., paused: bool = ..., unusable_reason: _Optional[str] = ..., stalled: bool = ..., stalls: _Optional[int] = ..., weights_unknown: bool = ...) -> None: ...
 
 class AddBackendRequest(_message.Message):
     __slots__ = ("url", "kind", "max_concurrency", "id", "model", "logprobs_mode", "check_answer_id")

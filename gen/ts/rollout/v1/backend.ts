@@ -261,6 +261,26 @@ export interface Backend {
    * Empty while it is usable.
    */
   unusableReason: string;
+  /**
+   * The stall watchdog found the engine hung and it has not recovered: none of its requests answered and its work
+   * counters (Prometheus GET /metrics) stood still for backendStallMs, though its health endpoint may still answer.
+   * healthy is false while this is set (unusable_reason "hung: ..."); its trajectories moved to other engines. It
+   * clears when its counters move again or it fails its health checks (it went down; it then comes back as any engine
+   * that was down).
+   */
+  stalled: boolean;
+  /**
+   * Times the engine was found hung since it was added (each time its trajectories moved to other engines). int64 like
+   * assigned_total: a JSON mapping writes it as a string, the TypeScript and Python stubs as a number.
+   */
+  stalls: number;
+  /**
+   * The engine came back after it was down (or hung) while the pool served a policy version other than 0: it may have
+   * restarted with other weights, so it takes no trajectory (paused is true, healthy false, unusable_reason says why)
+   * until a ResumeGeneration that reaches it confirms its weights (config backendHoldRecovered; see the README,
+   * "An engine back after it was down").
+   */
+  weightsUnknown: boolean;
 }
 
 export interface AddBackendRequest {
@@ -351,6 +371,9 @@ function createBaseBackend(): Backend {
     capacitySource: 0,
     paused: false,
     unusableReason: "",
+    stalled: false,
+    stalls: 0,
+    weightsUnknown: false,
   };
 }
 
@@ -403,6 +426,15 @@ export const Backend: MessageFns<Backend> = {
     }
     if (message.unusableReason !== "") {
       writer.uint32(130).string(message.unusableReason);
+    }
+    if (message.stalled !== false) {
+      writer.uint32(136).bool(message.stalled);
+    }
+    if (message.stalls !== 0) {
+      writer.uint32(144).int64(message.stalls);
+    }
+    if (message.weightsUnknown !== false) {
+      writer.uint32(152).bool(message.weightsUnknown);
     }
     return writer;
   },
@@ -548,6 +580,30 @@ export const Backend: MessageFns<Backend> = {
             message.unusableReason = reader.string();
             continue;
           }
+          case 17: {
+            if (tag !== 136) {
+              break;
+            }
+
+            message.stalled = reader.bool();
+            continue;
+          }
+          case 18: {
+            if (tag !== 144) {
+              break;
+            }
+
+            message.stalls = longToNumber(reader.int64());
+            continue;
+          }
+          case 19: {
+            if (tag !== 152) {
+              break;
+            }
+
+            message.weightsUnknown = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -614,6 +670,13 @@ export const Backend: MessageFns<Backend> = {
         : isSet(object.unusable_reason)
         ? globalThis.String(object.unusable_reason)
         : "",
+      stalled: isSet(object.stalled) ? globalThis.Boolean(object.stalled) : false,
+      stalls: isSet(object.stalls) ? globalThis.Number(object.stalls) : 0,
+      weightsUnknown: isSet(object.weightsUnknown)
+        ? globalThis.Boolean(object.weightsUnknown)
+        : isSet(object.weights_unknown)
+        ? globalThis.Boolean(object.weights_unknown)
+        : false,
     };
   },
 
@@ -667,6 +730,15 @@ export const Backend: MessageFns<Backend> = {
     if (message.unusableReason !== "") {
       obj.unusableReason = message.unusableReason;
     }
+    if (message.stalled !== false) {
+      obj.stalled = message.stalled;
+    }
+    if (message.stalls !== 0) {
+      obj.stalls = Math.round(message.stalls);
+    }
+    if (message.weightsUnknown !== false) {
+      obj.weightsUnknown = message.weightsUnknown;
+    }
     return obj;
   },
 
@@ -691,6 +763,9 @@ export const Backend: MessageFns<Backend> = {
     message.capacitySource = object.capacitySource ?? 0;
     message.paused = object.paused ?? false;
     message.unusableReason = object.unusableReason ?? "";
+    message.stalled = object.stalled ?? false;
+    message.stalls = object.stalls ?? 0;
+    message.weightsUnknown = object.weightsUnknown ?? false;
     return message;
   },
 };
