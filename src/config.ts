@@ -137,7 +137,18 @@ export const serverConfigSchema = z.strictObject({
   /** The policy model: its name at the engines, its folder (tokenizer, template), template variables, tool-call parser. */
   model: modelSchema,
   init: stageSchema({ concurrency: 64, timeoutMs: 60_000 }),
-  run: stageSchema({ concurrency: 1024, timeoutMs: 600_000 }),
+  run: z
+    .strictObject({
+      ...stageSchema({ concurrency: 1024, timeoutMs: 600_000 }).unwrap().shape,
+      /**
+       * Share of a task's run timeout that the model's tool calls may take in total: the episode's tool-time budget. A
+       * policy that uses it up (a `sleep`, an endless loop) ends TRUNCATED (finish_reason `tool_time_budget`) and is
+       * evaluated. Whatever the share, a tool call still running near the run stage's deadline is cut before it, with the
+       * same outcome; only the engine's stalls stay TIMEOUT. README, Statuses.
+       */
+      toolTimeShare: z.number().gt(0).max(0.9).default(0.9),
+    })
+    .prefault({}),
   eval: stageSchema({ concurrency: 64, timeoutMs: 60_000 }),
   /** Samples admitted (queued + in flight) before the server stops reading request streams. */
   maxAdmitted: z.number().int().min(1).default(20_000),

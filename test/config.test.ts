@@ -60,12 +60,12 @@ describe('server configuration', () => {
     const defaults = parseConfig({});
     const config = parseConfig({ init: { concurrency: 8 }, run: { timeoutMs: 5 }, sandbox: { memoryMb: 512 }, defaults: { maxTurns: 3 } });
     expect(config.init).toEqual({ concurrency: 8, timeoutMs: defaults.init.timeoutMs });
-    expect(config.run).toEqual({ concurrency: defaults.run.concurrency, timeoutMs: 5 });
+    expect(config.run).toEqual({ concurrency: defaults.run.concurrency, timeoutMs: 5, toolTimeShare: defaults.run.toolTimeShare });
     expect(config.eval).toEqual(defaults.eval);
     expect(config.sandbox).toEqual({ ...defaults.sandbox, memoryMb: 512 });
     expect(config.defaults).toEqual({ ...defaults.defaults, maxTurns: 3 });
     expect(defaults.init).toEqual({ concurrency: 64, timeoutMs: 60_000 });
-    expect(defaults.run).toEqual({ concurrency: 1024, timeoutMs: 600_000 });
+    expect(defaults.run).toEqual({ concurrency: 1024, timeoutMs: 600_000, toolTimeShare: 0.9 });
   });
 
   it('takes the model as a name or as a section whose omitted fields keep their defaults', () => {

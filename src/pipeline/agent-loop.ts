@@ -9,6 +9,7 @@ import type { ChatTemplate, Tokenizer } from '../tokens/types.js';
 import { TokenLedger } from '../tokens/ledger.js';
 import type { Tool, ToolCallParser } from '../tools/types.js';
 import { executeToolCalls } from '../tools/execute.js';
+import { TOOL_TIME_FINISH_REASON, ToolTimeBudget, type ToolTimeBudgetOptions } from '../tools/tool-time-budget.js';
 import { disposeTools } from '../tools/dispose-tools.js';
 import type { Logger } from '../observability/logger.js';
 import { RateLimitedLog } from '../observability/rate-limited-log.js';
@@ -39,6 +40,12 @@ export interface AgentLoopDeps {
    * loop then stops as soon as it is (finish_reason "stale"), since nothing sampled later can be kept.
    */
   stopWhenStale?: boolean;
+  /**
+   * The episode's tool-time budget (see ToolTimeBudget; the run stage derives it from the task's run timeout and the
+   * sandbox's wall clock): its tool calls are cut where it ends, and the episode then ends TRUNCATED with finish_reason
+   * "tool_time_budget". None: tool calls are bounded by their own timeouts only.
+   */
+  toolTime?: ToolTimeBudgetOptions;
 }
 
 /**
@@ -46,7 +53,7 @@ export interface AgentLoopDeps {
  * trajectory's sticky backend, appends the sampled ids verbatim (token-out), parses tool calls, runs them in
  * the sample's sandbox and appends the observation as template tokens. Ends on the finish tool, a plain answer
  * (no tool call), or a budget (max_turns, max_total_tokens, a turn cut by max_tokens, the engine's context
- * length) — the latter TRUNCATED. Each turn asks for min(max_tokens_per_turn, max_total_tokens − context,
+ * length, the tool-time budget) — the latter TRUNCATED. Each turn asks for min(max_tokens_per_turn, max_total_tokens − context,
  * max_model_len − context) tokens, max_model_len being the leased engine's; should the engine still refuse the
  * context (its limit unknown or changed), that too ends the episode TRUNCATED with finish_reason "max_model_len".
  * A prompt that leaves no room to generate fails the sample with invalid_argument (INVALID_TASK) before any turn.
@@ -97,6 +104,7 @@ async function runWithTools(sample: Sample, deps: AgentLoopDeps, signal: AbortSi
   let finishAnswer: string | undefined;
   let numTurns = 0;
   const versions = new VersionTracker();
+  const toolTime = deps.toolTime && new ToolTimeBudget(sandbox, deps.toolTime);
   try {
     for (let turn = 0; turn < limits.maxTurns; turn++) {
       throwIfAborted(signal);
@@ -150,6 +158,7 @@ async function runWithTools(sample: Sample, deps: AgentLoopDeps, signal: AbortSi
       const toolStarted = performance.now();
       const observations = await executeToolCalls(parsed, tools, { sandbox, signal }, {
         ...(deps.maxToolCallsPerMessage !== undefined && { maxCallsPerMessage: deps.maxToolCallsPerMessage }),
+        ...(toolTime && { toolTime }),
       });
       sample.timing.toolMs += performance.now() - toolStarted;
       const finish = observations.find((o) => o.outcome === 'finish');
@@ -157,6 +166,12 @@ async function runWithTools(sample: Sample, deps: AgentLoopDeps, signal: AbortSi
         finishReason = 'finish_tool';
         finishAnswer = finish.answer ?? '';
         truncated = false;
+        break;
+      }
+      // The model's calls used up the episode's tool time (a call was cut where it ended): the policy's outcome, like a
+      // token budget — TRUNCATED and evaluated, never TIMEOUT.
+      if (toolTime?.exhausted === true) {
+        finishReason = TOOL_TIME_FINISH_REASON;
         break;
       }
       if (turn + 1 >= limits.maxTurns) break;

@@ -4,7 +4,7 @@ import { runAgentLoop } from './agent-loop.js';
 import { jsonProblem } from '../environments/json.js';
 import type { StageFns } from './pipeline.js';
 import type { Sample } from './sample.js';
-import { resolveSandboxSpec, type SandboxRequest } from '../sandboxes/spec.js';
+import { evalReserveMs, resolveSandboxSpec, type SandboxRequest } from '../sandboxes/spec.js';
 import type { Sandbox } from '../sandboxes/types.js';
 import type { OpenSandbox } from '../environments/types.js';
 import { exceedsStaleness, staleness } from './staleness.js';
@@ -18,6 +18,25 @@ export function createStages(deps: RuntimeDeps): StageFns {
   const { config } = deps;
   const log = deps.logger.child({ component: 'stages' });
   const classify = (err: unknown, code: 'sandbox_error' | 'environment_error', signal: AbortSignal): RolloutError => classifyThrown(err, code, signal);
+  /** When each sample's own sandbox reaches its wall clock (performance.now()), and that wall clock; set by init. */
+  const sandboxClocks = new WeakMap<Sample, { endsAt: number; wallClockMs: number }>();
+
+  /**
+   * The episode's tool-time budget: `run.toolTimeShare` of the task's run timeout, the calls ending by whichever comes
+   * first of the run stage's deadline less a margin (runMarginMs) and the sandbox's wall clock less the evaluation's
+   * reserve (evalReserveMs). Whoever holds the clock when the episode's time runs out is what it is reported as: a tool
+   * call of the model's (a `sleep`, an endless loop) is cut just before either deadline and the episode ends TRUNCATED
+   * and evaluated, the policy's outcome; the engine (no answer by the run deadline) stays TIMEOUT. Called as the run
+   * stage starts.
+   */
+  const toolTimeOf = (sample: Sample): { budgetMs: number; endBy: number } => {
+    const { limits } = sample.task;
+    const budgetMs = Math.max(1, Math.floor(limits.runTimeoutMs * config.run.toolTimeShare));
+    const runEnd = performance.now() + limits.runTimeoutMs - runMarginMs(limits.runTimeoutMs);
+    const clock = sandboxClocks.get(sample);
+    if (!clock) return { budgetMs, endBy: runEnd };
+    return { budgetMs, endBy: Math.min(runEnd, clock.endsAt - evalReserveMs(clock.wallClockMs, limits.evalTimeoutMs)) };
+  };
 
   /**
    * Environment.evaluate's `openSandbox` for one sample: resolved like the sample's own sandbox (the instance's
@@ -44,7 +63,12 @@ export function createStages(deps: RuntimeDeps): StageFns {
     async init(sample, signal) {
       try {
         const { environment, instance, limits } = sample.task;
-        const spec = resolveSandboxSpec(config.sandbox, environment.sandbox?.(instance), limits.totalTimeoutMs);
+        // The wall clock is bounded by what is left of the total timeout (the sample ends there anyway), so the
+        // tool-time budget's end (wall clock less the evaluation's reserve) also comes before the total deadline.
+        const left = Math.max(1, Math.floor(limits.totalTimeoutMs - (performance.now() - sample.createdAt)));
+        const spec = resolveSandboxSpec(config.sandbox, environment.sandbox?.(instance), left);
+        // Taken before the start: the sandbox's own clock starts later, so this deadline is never past the real one.
+        sandboxClocks.set(sample, { endsAt: performance.now() + spec.limits.wallClockMs, wallClockMs: spec.limits.wallClockMs });
         const sandbox = await deps.sandboxes.start(spec, signal);
         // The stage may have been abandoned (timeout, cancel) while the sandbox was starting: never leak it.
         if (sample.finished || signal.aborted) {
@@ -66,7 +90,11 @@ export function createStages(deps: RuntimeDeps): StageFns {
     async run(sample, signal) {
       const { limits } = sample.task;
       const restartable = limits.stalenessAction === 'restart' && sample.stalenessRestarts < config.maxStalenessRestarts;
-      const run = await runAgentLoop(sample, { ...deps, maxContinuationsPerTurn: config.maxContinuationsPerTurn, maxToolCallsPerMessage: config.maxToolCallsPerMessage, stopWhenStale: restartable }, signal);
+      const run = await runAgentLoop(
+        sample,
+        { ...deps, maxContinuationsPerTurn: config.maxContinuationsPerTurn, maxToolCallsPerMessage: config.maxToolCallsPerMessage, stopWhenStale: restartable, toolTime: toolTimeOf(sample) },
+        signal,
+      );
       if (restartable && exceedsStaleness(limits, run.tokens)) {
         // Too stale to train on and the task asked for a fresh sample: run it again from init (bounded).
         sample.stalenessRestarts++;
@@ -107,4 +135,13 @@ function detailsProblem(details: unknown): string | undefined {
     if (typeof value !== 'number' || !Number.isFinite(value)) return `details.${key}: ${String(value)} is not a finite number`;
   }
   return undefined;
+}
+
+/**
+ * How long before the run stage's deadline the model's tool calls are cut (see toolTimeOf): room for the cut command's
+ * interrupt and the episode's end to reach the stage before its deadline does. 5% of the run timeout, at least 2 s and
+ * at most 10 s, never more than half of it.
+ */
+export function runMarginMs(runTimeoutMs: number): number {
+  return Math.min(Math.floor(runTimeoutMs / 2), Math.max(2_000, Math.min(10_000, Math.floor(runTimeoutMs / 20))));
 }

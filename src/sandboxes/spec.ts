@@ -55,6 +55,17 @@ export function resolveSandboxSpec(config: ServerConfig['sandbox'], request: San
 }
 
 /**
+ * What of a sample's sandbox's wall clock the run stage leaves to the evaluation, ms: the eval stage's timeout, but at
+ * most a quarter of the wall clock (a task with a short sandbox life still gets most of it for its tools). The model's
+ * tool calls end by the sandbox's deadline less this (see ToolTimeBudget's `endBy`), so a policy that runs its commands
+ * into the wall clock ends TRUNCATED and is still evaluated in a live sandbox, instead of every later command and the
+ * evaluation failing deadline_exceeded (TIMEOUT).
+ */
+export function evalReserveMs(wallClockMs: number, evalTimeoutMs: number): number {
+  return Math.min(evalTimeoutMs, Math.floor(wallClockMs / 4));
+}
+
+/**
  * Where images environments ask for may lie: `sandbox.imageDirs`, by default where `rollout image build` and `rollout
  * swe build` put them and the directory of the configured image. Not all of `.cache`: it also holds engines' logs,
  * whose command lines may carry API keys. Never `/` by default (a configured image at the root would allow anything).

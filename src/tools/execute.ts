@@ -1,6 +1,7 @@
 import { classifyThrown, RolloutError, throwIfAborted, type ErrorCode } from '../errors.js';
 import { isSandboxLimitError } from '../sandboxes/limit-errors.js';
 import { isValidatedTool, type ArgsCheck, type ValidatedTool } from './define-tool.js';
+import type { ToolTimeBudget } from './tool-time-budget.js';
 import type { ParsedToolCalls, Tool, ToolCall, ToolContext, ToolResult } from './types.js';
 
 /** A tool result, or 'malformed' when the call itself was unusable (bad JSON, unknown tool, bad arguments). */
@@ -29,6 +30,10 @@ export interface ToolObservation {
  * MAX_CALLS_PER_MESSAGE) calls of a message are run; the rest are counted in one observation. A tool that breaks
  * its own contract (validate() throws or answers out of shape, run() answers out of shape) is the environment's
  * failure: environment_error, like a tool that throws.
+ *
+ * With `options.toolTime` (the episode's tool-time budget) each call runs on its budgeted sandbox and is charged what
+ * it took; once the budget is used up the remaining calls are not run (one 'error' observation each): the agent loop
+ * then ends the episode TRUNCATED.
  */
 export async function executeToolCalls(
   parsed: ParsedToolCalls,
@@ -39,14 +44,26 @@ export async function executeToolCalls(
   const maxCalls = options.maxCallsPerMessage ?? MAX_CALLS_PER_MESSAGE;
   const byName = new Map(tools.map((t) => [t.name, t]));
   const observations: ToolObservation[] = [];
+  const budget = options.toolTime;
+  const callContext: ToolContext = budget ? { ...context, sandbox: budget.sandbox } : context;
   let finished = false;
   for (const call of parsed.calls.slice(0, maxCalls)) {
     if (finished) {
       observations.push({ toolName: call.name, outcome: 'error', output: 'Not run: finish was already called in this message.' });
       continue;
     }
+    if (budget?.exhausted === true) {
+      observations.push({ toolName: call.name, outcome: 'error', output: `Not run: the episode's tool-time budget (${budget.budgetMs} ms) is used up.` });
+      continue;
+    }
     throwIfAborted(context.signal);
-    const observation = await executeOne(call, byName, context);
+    const started = performance.now();
+    let observation: ToolObservation;
+    try {
+      observation = await executeOne(call, byName, callContext);
+    } finally {
+      budget?.charge(performance.now() - started);
+    }
     finished = observation.outcome === 'finish';
     observations.push(observation);
   }
@@ -69,6 +86,8 @@ export async function executeToolCalls(
 export interface ExecuteOptions {
   /** Calls of one message that are run (default MAX_CALLS_PER_MESSAGE); the server passes `maxToolCallsPerMessage`. */
   maxCallsPerMessage?: number;
+  /** The episode's tool-time budget (see ToolTimeBudget); none: calls are bounded by their own timeouts only. */
+  toolTime?: ToolTimeBudget;
 }
 
 /**

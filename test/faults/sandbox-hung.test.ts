@@ -62,7 +62,9 @@ async function expectNothingLeft(token?: string): Promise<void> {
 }
 
 describe('a hung sandbox ends TIMEOUT within the stage deadline, and is gone afterwards', () => {
-  it('a tool command that ignores SIGTERM and sleeps (with a child doing the same): TIMEOUT at the run deadline', async () => {
+  // The model's own stall is the policy's outcome (review s40): cut where the episode's tool-time budget ends (or just
+  // before the run stage's deadline), TRUNCATED and evaluated — before, it ran into the run deadline and ended TIMEOUT.
+  it('a tool command that ignores SIGTERM and sleeps (with a child doing the same): TRUNCATED at the tool-time budget', async () => {
     const token = randomUUID();
     const command = `export ${TAG}=${token}; trap '' TERM; (sleep 3600 &); sleep 3600`;
     const h = await startServerHarness({
@@ -82,8 +84,12 @@ describe('a hung sandbox ends TIMEOUT within the stage deadline, and is gone aft
     const { trajectories, tookMs } = await running;
     expect(seen).toBe(4);
     expect(trajectories).toHaveLength(2);
-    for (const t of trajectories) expectTimeout(t, new RegExp(`run stage timed out after ${runTimeoutMs} ms`));
-    expect(tookMs).toBeGreaterThanOrEqual(runTimeoutMs);
+    for (const t of trajectories) {
+      expect(TrajectoryStatus[t.status], name(t)).toBe('TRAJECTORY_STATUS_TRUNCATED');
+      expect(t.finishReason).toBe('tool_time_budget');
+      expect(invariantViolations(t)).toEqual([]);
+    }
+    expect(tookMs).toBeGreaterThanOrEqual(runTimeoutMs / 2);
     await expectNothingLeft(token);
   });
 
