@@ -1,5 +1,5 @@
 import { RolloutError, throwIfAborted } from '../errors.js';
-import { frameCommand, MarkerScanner, newNonce, shellQuote, type Marker } from './shell-framing.js';
+import { frameCommand, MarkerScanner, newNonce, sentinelLine, shellQuote, type Marker } from './shell-framing.js';
 import { interruptShell, type SpawnFunction } from './shell-interrupt.js';
 import { CappedOutput } from './capped-output.js';
 import type { PersistentShell, Sandbox, SandboxProcess, ShellResult, ShellRunOptions } from './types.js';
@@ -23,10 +23,28 @@ export interface BashShellOptions {
 /** Why a shell was restarted after its frame broke (restartBroken); shown to the model. */
 const BROKEN_BEFORE =
   'an earlier command left it unable to run commands (it disabled or redefined a builtin the shell relies on, made one of its variables readonly, or used up its file descriptors); this command ran in the new shell';
-const BROKEN_FUNCTION = 'this command defined a function named printf or builtin, which the shell relies on; the command ran, its exit code is shown';
+const BROKEN_FUNCTION = 'this command defined a function named printf, builtin or shopt, which the shell relies on; the command ran, its exit code is shown';
 const BROKEN_UNUSABLE =
   'this command left the shell unable to run commands (e.g. it used up its file descriptors or disabled a builtin the shell relies on); the command ran, its exit code is shown';
 const BROKEN_TAMPERED = "this command changed the shell's own bookkeeping (e.g. made one of its __rollout_ variables readonly); its exit code is unknown";
+const STOPPED =
+  'this command made the shell stop running commands (set -n, or a DEBUG trap under shopt -s extdebug that skips them); its exit code is unknown';
+
+/**
+ * Pause after each chunk of a command's output past the output limit (and PAST_LIMIT_FREE_BYTES), ms. It is only
+ * counted, yet read as fast as it was written it cost the server ~0.3 of a core (a background `yes &` while the model
+ * runs `sleep`, looking for the end marker behind it). Paused, the writer blocks on its full pipe: the server reads
+ * at most about 64 KiB per pause (~5 MB/s: a command printing 100 MB more than the limit takes ~20 s), and the marker
+ * still arrives within a few pauses of the command's end.
+ */
+const PAST_LIMIT_PAUSE_MS = 10;
+/** Bytes past the output limit read at full speed first (a command that prints a few MB too many stays quick). */
+const PAST_LIMIT_FREE_BYTES = 8 * 1024 * 1024;
+
+/** Bytes of the shell's stderr read per command (the end of it kept) to see whether it parsed the frame's sentinel. */
+const STDERR_PER_COMMAND = 16 * 1024;
+/** How long to wait for the rest of an ended shell's stderr, ms. */
+const STDERR_SETTLE_MS = 1000;
 
 /** Bytes of shell stderr kept to explain a shell that would not start. */
 const STDERR_KEEP = 2048;
@@ -39,10 +57,17 @@ interface Live {
   /** Settles when the process exited and its stdout closed. */
   ended: Promise<void>;
   stderr: CappedOutput;
+  /** The last bytes of the shell's stderr (sentinelLine), and how many were read since the last command was sent. */
+  stderrTail: Buffer;
+  stderrSinceSend: number;
+  /** Settles when the shell's stderr ended. */
+  stderrEnded: Promise<void>;
   /** In-sandbox PID of the shell, from its first marker. */
   pid: number;
   /** Set once `ended` settled. */
   done: boolean;
+  /** Reading is paused for PAST_LIMIT_PAUSE_MS. */
+  throttled: boolean;
 }
 
 /**
@@ -68,10 +93,13 @@ interface Live {
  * Commands that merely change the shell under the frame (a function named `eval` or `printf`, `enable -n eval`,
  * `ulimit -n 3`) are another matter: the frame does not run on what they change, or reports itself broken, and
  * the shell is restarted with a `restartReason` (restartBroken) instead of answering every later command falsely.
- * What still ends in a timeout and a restart rather than a reason: `set -n`, `exec >file`, a DEBUG trap that
- * skips commands (extdebug); aliases of reserved words (`{`, `for`, `case` with expand_aliases) end the shell
- * (restart, its exit code reported); a DEBUG trap or `BASH_XTRACEFD=1` also shows the frame's own commands in
- * the output. Hence:
+ * So are commands that stop the shell from running commands at all (`set -n`, a DEBUG trap under `shopt -s extdebug`
+ * that skips them): the shell then parses the line after the frame (sentinelLine) and ends at once, and the result
+ * says why (parsedSentinel). Other states are undone by the frame itself: `exec >file` lasts until the end of its
+ * command, aliases (also of reserved words) are not expanded in the frame, and the frame's own commands write to
+ * /dev/null (a DEBUG trap or `BASH_XTRACEFD=1` does not show them). A DEBUG trap does see the frame's commands
+ * (BASH_COMMAND, with the nonce) and variables (the canary), so a deliberate one can forge a marker: it is a
+ * deliberate attack on the control channel, like the ones above. Hence:
  * nothing that grades a model (evaluation, tests deciding a reward) may trust a shell the model has used; run
  * such checks with `Sandbox.exec`, a fresh process.
  *
@@ -170,13 +198,24 @@ export class BashShell implements PersistentShell {
       return this.result(scanner, timedOut ? null : outcome.marker.status, timedOut, restarted, started);
     }
     // The shell ended (exit, kill, crash), garbled its marker, or would not give control back: start a new one.
-    const exitCode = event.kind === 'ended' && !timedOut ? ((await live.proc.exited).exitCode ?? null) : null;
+    let exitCode = event.kind === 'ended' && !timedOut ? ((await live.proc.exited).exitCode ?? null) : null;
+    // A shell that stopped running commands ends at the frame's sentinel line (a syntax error, exit status 2).
+    const stopped = exitCode === 2 && (await this.parsedSentinel(live, scanner.nonce));
+    if (stopped) exitCode = null;
     await this.kill();
     scanner.flush();
     this.scanner = undefined;
     this.lastStatus = exitCode ?? 137;
     await this.start();
-    return this.result(scanner, exitCode, timedOut, true, started);
+    const result = this.result(scanner, exitCode, timedOut, true, started);
+    return stopped ? { ...result, restartReason: STOPPED } : result;
+  }
+
+  /** Whether the ended shell `live` complained about the sentinel line of `nonce` on its stderr. */
+  private async parsedSentinel(live: Live, nonce: string): Promise<boolean> {
+    live.proc.stderr.resume();
+    await Promise.race([live.stderrEnded, new Promise((resolve) => setTimeout(resolve, STDERR_SETTLE_MS))]);
+    return live.stderrTail.toString('latin1').includes(sentinelLine(nonce));
   }
 
   /**
@@ -233,7 +272,8 @@ export class BashShell implements PersistentShell {
     this.everStarted = true;
     const stderr = new CappedOutput(STDERR_KEEP);
     const stdoutClosed = new Promise<void>((resolve) => proc.stdout.once('close', resolve).once('end', resolve));
-    const live: Live = { proc, stderr, pid: 0, done: false, ended: proc.exited.then(() => {
+    const stderrEnded = new Promise<void>((resolve) => proc.stderr.once('close', resolve).once('end', resolve));
+    const live: Live = { proc, stderr, stderrTail: Buffer.alloc(0), stderrSinceSend: 0, stderrEnded, pid: 0, done: false, throttled: false, ended: proc.exited.then(() => {
       proc.kill(); // leftovers of the shell (background jobs) would keep stdout open
       return stdoutClosed;
     }) };
@@ -241,8 +281,12 @@ export class BashShell implements PersistentShell {
     proc.stdout.on('data', (chunk: Buffer) => this.onData(live, chunk));
     proc.stderr.on('data', (chunk: Buffer) => {
       stderr.push(chunk);
-      // Past what explains a failed start, nothing here is read: only what the shell itself prints reaches this pipe.
-      if (stderr.truncated && this.live === live) proc.stderr.pause();
+      const tail = Buffer.concat([live.stderrTail, chunk]);
+      live.stderrTail = tail.length > STDERR_KEEP ? Buffer.from(tail.subarray(tail.length - STDERR_KEEP)) : tail;
+      live.stderrSinceSend += chunk.length;
+      // Only what the shell itself prints reaches this pipe: past a few kilobytes per command nothing more is read
+      // until the next command (a job the shell's traps started may flood it).
+      if (live.stderrSinceSend > STDERR_PER_COMMAND && this.live === live) proc.stderr.pause();
     });
     void live.ended.then(() => {
       live.done = true;
@@ -269,7 +313,10 @@ export class BashShell implements PersistentShell {
     this.idle = [];
     this.idleBytes = 0;
     this.scanner = scanner;
-    if (this.live) resume(this.live.proc);
+    if (this.live) {
+      this.live.stderrSinceSend = 0;
+      resume(this.live.proc);
+    }
     this.live?.proc.stdin.write(frameCommand(command, status, nonce, canary));
     return scanner;
   }
@@ -286,6 +333,18 @@ export class BashShell implements PersistentShell {
     if (!scanner) return this.keepIdle(chunk);
     scanner.push(chunk);
     if (scanner.outcome) this.wake?.();
+    else if (scanner.output.droppedBytes > PAST_LIMIT_FREE_BYTES && !live.throttled) this.throttle(live);
+  }
+
+  /** Stops reading the shell's stdout for PAST_LIMIT_PAUSE_MS (output past the limit: see there). */
+  private throttle(live: Live): void {
+    live.throttled = true;
+    live.proc.stdout.pause();
+    setTimeout(() => {
+      live.throttled = false;
+      // Between commands keepIdle decides whether the shell is read; kill() resumes a dead one's pipes itself.
+      if (this.live === live && (this.scanner !== undefined || this.idleBytes < this.options.outputLimitBytes)) live.proc.stdout.resume();
+    }, PAST_LIMIT_PAUSE_MS);
   }
 
   /**

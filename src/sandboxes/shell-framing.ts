@@ -4,12 +4,21 @@ import { CappedOutput } from './capped-output.js';
 /**
  * The wire protocol between {@link BashShell} and the bash it drives, in one place.
  *
- * The host writes two lines per command to the shell's stdin. The first runs the command with `eval` in the shell
+ * The host writes three lines per command to the shell's stdin. The first runs the command with `eval` in the shell
  * itself (so `cd`, `export` and `$?` carry over), with stdin from /dev/null and stderr into stdout, and keeps its
  * status; the second — sent right behind it, so bash reads it only after the command returned — carries a fresh
- * 128-bit nonce and prints the end marker `<nonce>:<status>:<canary>:<shell pid>:<cwd>:<nonce>\n`. The nonce is
- * never in argv, the environment, a file or a shell variable while the command runs, so output that merely
- * contains marker-like text cannot end a command early.
+ * 128-bit nonce, reads the third line, the sentinel, off stdin (see sentinelLine) and prints the end marker
+ * `<nonce>:<status>:<canary>:<shell pid>:<cwd>:<nonce>\n`. The nonce is never in argv, the environment, a file or a shell
+ * variable while the command runs, so output that merely contains marker-like text cannot end a command early.
+ *
+ * Outside the `eval`, the frame's commands write to /dev/null (a DEBUG trap or xtrace to fd 1 shows nothing of
+ * them): the groups around them keep the shell's stdout on fd 0 (`0>&1 >/dev/null 2>&1`; only 0-2, whose copies
+ * bash can always restore, even after `ulimit -n 3`), and the `eval` gets it back as its stdout. Bash undoes those
+ * redirections after every command, so `exec >file` or `exec <file` last until the end of their command. Aliases
+ * are not expanded in the frame's lines (expand_aliases is off while bash parses them), so an alias of a reserved
+ * word (`case`, `for`, `{`) does not break them. Commands start with alias expansion off, as in any non-interactive
+ * bash (the frame's POSIX-mode switch resets it, so `shopt -s expand_aliases` lasts one command), or on when the model
+ * switched POSIX mode on.
  *
  * The command may redefine any part of the shell, including what the frame runs on (`eval() { :; }`,
  * `enable -n eval`, `ulimit -n 3`, `readonly` frame variables, a function named `printf`). So the frame
@@ -22,8 +31,8 @@ import { CappedOutput } from './capped-output.js';
  *   marker reports it and the host compares. A disabled `eval`, a redirection the shell can no longer open, a
  *   readonly frame variable all leave the canary unset, and the host restarts the shell instead of reporting the
  *   status of a command that never ran (see BashShell);
- * - treats a function named `printf` or `builtin` (which it needs to print the marker, and which POSIX mode does
- *   not protect) as a broken frame too, found with the special builtin `export -f`.
+ * - treats a function named `printf`, `builtin` or `shopt` (which it needs, and which POSIX mode does not
+ *   protect) as a broken frame too, found with the special builtin `export -f`.
  * The remaining assumption is spelled out in bash-shell.ts.
  */
 
@@ -48,22 +57,39 @@ export function shellQuote(text: string): string {
  * neither trips `set -e` nor an ERR trap; no helper function that could be made readonly). The trap turns SIGUSR1
  * into `break 1000`, which leaves every loop up to and including the frame's own one-shot `for`, so the rest of
  * the command is skipped and the marker is printed. Builtins are written with a backslash so that aliases cannot
- * replace them (reserved words can be aliased: bash-shell.ts); functions cannot either: see the module comment. `canary` is a fresh token the host expects back
- * in the marker.
+ * replace them (reserved words can be aliased: expand_aliases is off while the frame is parsed); functions cannot either:
+ * see the module comment. `canary` is a fresh token the host expects back in the marker.
  */
 export function frameCommand(command: string, previousStatus: number, nonce: string, canary: string): string {
   const restore = previousStatus === 0 ? ':' : `(exit ${previousStatus}) && :`;
-  // Still in POSIX mode: trap and unset are the real builtins. Its stderr (xtrace) goes nowhere, not into the output.
+  // Still in POSIX mode: trap and unset are the real builtins. Its output (a DEBUG trap's, xtrace's) goes nowhere.
   const prologue =
-    `{ \\trap 'break 1000' ${INTERRUPT_SIGNAL} && { [[ -n $__rollout_px ]] || \\unset POSIXLY_CORRECT; } && __rollout_ok=${canary}; ${restore}; } 2>/dev/null\n`;
+    `{ \\trap 'break 1000' ${INTERRUPT_SIGNAL} && { [[ -n $__rollout_px ]] || \\unset POSIXLY_CORRECT; } && ` +
+    `{ [[ -z $__rollout_px ]] || \\shopt -s expand_aliases; } && __rollout_ok=${canary}; ${restore}; } >/dev/null 2>&1\n`;
   return (
-    `{ [[ -o posix ]] && __rollout_px=1 || __rollout_px=; \\declare POSIXLY_CORRECT=y; __rollout_ok=; ` +
-    `for __rollout_once in 1; do \\eval -- ${shellQuote(prologue + command)} </dev/null 2>&1; done; __rollout_ok=$?:$__rollout_ok; [[ -o posix ]] && __rollout_px=1 || __rollout_px=; } 2>/dev/null\n` +
-    `{ \\declare POSIXLY_CORRECT=y; { \\export -f printf || \\export -f builtin; }; case $? in 0) \\unset -f printf builtin; __rollout_ok=$__rollout_ok:function;; 1) ;; *) __rollout_ok=$__rollout_ok:unusable;; esac; ` +
-    `[[ -n $__rollout_px ]] || \\unset POSIXLY_CORRECT || __rollout_ok=$__rollout_ok:unusable; ` +
-    `\\builtin printf '%s:%s:%d:%s:%s\\n' ${nonce} "$__rollout_ok" "$$" "$PWD" ${nonce}; } 2>/dev/null || ` +
-    `{ \\unset -f echo; \\echo "${nonce}:$__rollout_ok:unusable:$$:$PWD:${nonce}"; }\n`
+    `{ [[ -o posix ]] && __rollout_px=1 || __rollout_px=; \\declare POSIXLY_CORRECT=y; \\shopt -u expand_aliases; __rollout_ok=; ` +
+    `for __rollout_once in 1; do \\eval -- ${shellQuote(prologue + command)} >&0 </dev/null 2>&1; done; ` +
+    `__rollout_ok=$?:$__rollout_ok; [[ -o posix ]] && __rollout_px=1 || __rollout_px=; ` +
+    `\\declare POSIXLY_CORRECT=y; ` +
+    `{ \\export -f printf || \\export -f builtin || \\export -f shopt; }; case $? in 0) \\unset -f printf builtin shopt; __rollout_ok=$__rollout_ok:function;; 1) ;; *) __rollout_ok=$__rollout_ok:unusable;; esac; ` +
+    `\\shopt -u expand_aliases; } 0>&1 >/dev/null 2>&1\n` +
+    `{ \\builtin read -r __rollout_line || __rollout_ok=$__rollout_ok:unusable; } >/dev/null 2>&1; ` +
+    `{ [[ -n $__rollout_px ]] || \\unset POSIXLY_CORRECT || __rollout_ok=$__rollout_ok:unusable; \\shopt -u expand_aliases; ` +
+    `\\builtin printf '%s:%s:%d:%s:%s\\n' ${nonce} "$__rollout_ok" "$$" "$PWD" ${nonce} >&0; } 0>&1 >/dev/null 2>&1 || ` +
+    `{ \\unset -f echo; \\echo "${nonce}:$__rollout_ok:unusable:$$:$PWD:${nonce}"; }\n` +
+    `${sentinelLine(nonce)}\n`
   );
+}
+
+/**
+ * The line sent after each frame. The frame reads it off the shell's stdin before it prints the marker (a `read`
+ * that fails, e.g. `enable -n read`, marks the frame unusable), so normally bash never parses it. A shell that
+ * stopped running commands (`set -n`, or a DEBUG trap under `shopt -s extdebug` that skips them, the frame's `read`
+ * included) parses it instead, and a syntax error ends a non-interactive bash at once (status 2), with the line in
+ * its message on the shell's stderr: how BashShell tells this from the command's own `exit 2`.
+ */
+export function sentinelLine(nonce: string): string {
+  return `) ${nonce}-stopped`;
 }
 
 /** What the end marker said. */
@@ -73,7 +99,7 @@ export interface Marker {
   cwd: string;
   /**
    * Set when the frame did not run as written (see the module comment): 'not-run' (the canary was never set: the
-   * command did not run at all), 'function' (the command defined a function named printf or builtin), 'unusable'
+   * command did not run at all), 'function' (the command defined a function named printf, builtin or shopt), 'unusable'
    * (the frame could not print its marker normally, e.g. out of file descriptors) — in both the status is the
    * command's — and 'tampered' (anything else: the status and cwd are not to be trusted).
    */
@@ -82,11 +108,13 @@ export interface Marker {
 
 /**
  * Splits the shell's stdout into the command's output (capped) and the end marker of one nonce. Bytes are
- * scanned as they come, also past the cap, so a command that prints gigabytes still ends cleanly; only the
- * last `nonce.length` bytes are held back while looking for the marker.
+ * scanned as they come, also past the cap, so a command that prints gigabytes still ends cleanly (BashShell reads
+ * past the cap only at a few MB/s: PAST_LIMIT_PAUSE_MS); only the last `nonce.length` bytes are held back while
+ * looking for the marker.
  */
 export class MarkerScanner {
   readonly output: CappedOutput;
+  readonly nonce: string;
   private readonly start: Buffer;
   private readonly end: Buffer;
   private held = Buffer.alloc(0);
@@ -100,6 +128,7 @@ export class MarkerScanner {
     private readonly canary?: string,
   ) {
     this.output = new CappedOutput(limitBytes);
+    this.nonce = nonce;
     this.start = Buffer.from(`${nonce}:`);
     this.end = Buffer.from(`:${nonce}\n`);
   }

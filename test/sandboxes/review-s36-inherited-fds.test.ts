@@ -68,14 +68,15 @@ describe('descriptors the server inherited never reach a sandboxed process', () 
     const seen = await listingsFromAServerWithInheritedFds('bwrap');
     expect([...seen.exec!.keys()].sort((a, b) => a - b)).toEqual([0, 1, 2]);
     expect([...seen.spawn!.keys()].sort((a, b) => a - b)).toEqual([0, 1, 2]);
-    // The shell lists itself inside its own frame (`{ ... eval ... </dev/null 2>&1 ...} 2>/dev/null`): meanwhile bash
-    // keeps copies of what those redirections replaced — its own stdin and stderr at 10 and 11, and the frame's
-    // /dev/null stderr at 12 (close-on-exec, so no command inherits them). Nothing else is open.
+    // The shell lists itself inside its own frame (`{ ... eval ... >&0 </dev/null 2>&1 ...} 0>&1 >/dev/null 2>&1`):
+    // meanwhile bash keeps copies of what those redirections replaced — its own stdin, stdout and stderr at 10, 11
+    // and 12, the frame's /dev/null stdout, its stdout carried on 0 and its /dev/null stderr at 13, 14 and 15
+    // (close-on-exec, so no command inherits them). Nothing else is open.
     const shell = seen.shell!;
-    expect([...shell.keys()].sort((a, b) => a - b)).toEqual([0, 1, 2, 10, 11, 12]);
-    expect(shell.get(10)).toMatch(/^(socket|pipe):/);
-    expect(shell.get(11)).toMatch(/^(socket|pipe):/);
-    expect(shell.get(12)).toBe('/dev/null');
+    expect([...shell.keys()].sort((a, b) => a - b)).toEqual([0, 1, 2, 10, 11, 12, 13, 14, 15]);
+    for (const fd of [10, 11, 12, 14]) expect(shell.get(fd)).toMatch(/^(socket|pipe):/);
+    expect(shell.get(13)).toBe('/dev/null');
+    expect(shell.get(15)).toBe('/dev/null');
     for (const fds of Object.values(seen)) expectNoHostDescriptor(fds);
   }, 120_000);
 
