@@ -5,7 +5,7 @@
 export { startRolloutServer, type RolloutServer, type RolloutServerOptions } from './app.js';
 export { parseConfig, serverConfigSchema, type ServerConfig, type ServerConfigInput } from './config.js';
 export { RolloutError, type ErrorCode } from './errors.js';
-export { RolloutClient, RolloutSession, SubmitTimeoutError, TaskLostError, TaskRejectedError, type ConnectionOptions, type SessionOptions, type TaskInput } from './client/rollout-client.js';
+export { RolloutClient, RolloutSession, OpenTimeoutError, SubmitTimeoutError, TaskLostError, TaskRejectedError, type ConnectionOptions, type SessionOptions, type TaskInput } from './client/rollout-client.js';
 export { ServerLifecycle, type LifecycleState } from './lifecycle.js';
 
 // Environments

@@ -87,10 +87,31 @@ class _Task:
         #: A temporary rejection (server busy, draining, delivery paused): retried until this loop time, with backoff.
         self.retry_until: Optional[float] = None
         self.retry_delay = _RETRY_FIRST
-        #: The server that last refused it because delivery to the session was paused, while it waits to be retried.
-        self.refused_by_pause: Optional[Connection] = None
+        self._refused_by_pause: Optional[Connection] = None
         #: Ends the wait for the answer to its spec (submit_timeout), while one is awaited (see _expect_answer).
         self.answer_timer: Optional[asyncio.TimerHandle] = None
+
+    @property
+    def refused_by_pause(self) -> Optional[Connection]:
+        """The server that last refused it because delivery to the session was paused, while it waits to be retried.
+        Each server counts the tasks naming it (Connection.refused_by_pause), so AsyncRolloutClient._submit_waits is
+        O(1): it runs for every trajectory that arrives while delivery is paused."""
+        return self._refused_by_pause
+
+    @refused_by_pause.setter
+    def refused_by_pause(self, conn: Optional[Connection]) -> None:
+        if conn is self._refused_by_pause:
+            return
+        if self._refused_by_pause is not None:
+            self._refused_by_pause.refused_by_pause -= 1
+        if conn is not None:
+            conn.refused_by_pause += 1
+        self._refused_by_pause = conn
+
+    @property
+    def waiting_group(self) -> bool:
+        """A run_group task whose group is not whole yet (counted by its server: Connection.run_groups_waiting)."""
+        return self.via_run_group and len(self.samples) < self.num_samples
 
     def group(self) -> Group:
         return Group(self.task_id, self.spec.group_id, [self.samples[i] for i in sorted(self.samples)])
@@ -184,8 +205,10 @@ class AsyncRolloutClient:
     again (a new session after its server lost ours) fails as a refused one does (see _reject). With several servers,
     one out of reach is failed over after failover_after first.
 
-    A server that sends a message the client cannot decode, or while handling whose messages the client fails, is lost
-    for good when other servers remain (never re-opened: it would send the same bytes on every resume): its unfinished
+    A server that sends a message the client cannot decode on _UNDECODABLE_RETRIES + 1 (3) streams in a row (each
+    re-opened with resume and backoff, as any broken stream: bytes garbled once cost a resume), or while handling whose
+    messages the client fails (at once), is lost for good when other servers remain (never re-opened again: it would
+    send the same bytes on every resume): its unfinished
     tasks are submitted again to the others as after a failover, and connection_stats() says why ("failed"). The last
     server left fails every call with that error.
 
@@ -251,6 +274,8 @@ class AsyncRolloutClient:
         self._readers_waiting = 0
         self._lent = 0  # samples yielded by samples()/groups() whose caller has not come back yet (still outstanding)
         self._partial: Dict[str, Dict[int, Sample]] = {}
+        #: Samples held in _partial (kept as a count: groups() looks at it for every sample it takes).
+        self._partial_samples = 0
         self._in_flight = 0
         self._released = 0  # samples whose room was freed so far (see _warn_no_room)
         self._room = asyncio.Condition()
@@ -424,6 +449,7 @@ class AsyncRolloutClient:
             # groups() would ever take them (this loop would wait for them for ever). They come first.
             self._give_back([s for partial in self._partial.values() for _, s in sorted(partial.items())])
             self._partial.clear()
+            self._partial_samples = 0
         while True:
             if until_idle and self._stream_outstanding - self._lent <= 0 and self._stream.empty():
                 # Yield to the loop first: a caller that iterates again in a loop (waiting for a submit that is
@@ -455,7 +481,7 @@ class AsyncRolloutClient:
         """Complete groups of submit()ted tasks, in the order they completed (see samples() for until_idle). A group some
         of whose samples an earlier samples() loop handed out comes with the others only."""
         while True:
-            if until_idle and self._stream_outstanding - self._lent <= sum(len(p) for p in self._partial.values()) and self._stream.empty():
+            if until_idle and self._stream_outstanding - self._lent <= self._partial_samples and self._stream.empty():
                 await asyncio.sleep(0)  # as in samples(): never a busy loop for a caller that iterates again
                 return
             sample = await self._next_stream_sample()
@@ -469,11 +495,14 @@ class AsyncRolloutClient:
                 self._ack_refs([(sample.task_id, sample.sample_index)])
                 continue
             partial = self._partial.setdefault(task.task_id, {})
+            held = len(partial)
             partial[sample.sample_index] = sample
+            self._partial_samples += len(partial) - held
             # Whole, or the rest of a group a samples() loop before this one had begun: kept here, that one would wait
             # for ever, never handed out (nor acked, nor its room freed).
             if len(partial) + len(task.handed) >= task.num_samples:
                 del self._partial[task.task_id]
+                self._partial_samples -= len(partial)
                 samples = [partial[i] for i in sorted(partial)]
                 # As in samples(): handed off once the caller comes back for the next group or leaves the loop.
                 self._lent += len(samples)
@@ -495,10 +524,11 @@ class AsyncRolloutClient:
         the caller should look again whether it is idle."""
         if self._stream.empty():
             # The caller is about to wait: if a server waits for acks meanwhile, groups() must not hold its partial
-            # groups unacked (see "Acks" in the class doc).
+            # groups unacked (see "Acks" in the class doc). A scan of every task: throttled (Connection.reader_scan),
+            # a reader keeping up with a paused server's trickle would run it for every sample.
             for conn in self._conns:
-                if conn.paused and not self._ack_waiting_groups(conn) + self._ack_orphans(conn):
-                    self._warn_waiting_on_acks(conn)
+                if conn.paused:
+                    conn.reader_scan()
         self._readers_waiting += 1
         try:
             sample = await self._stream.get()
@@ -597,16 +627,22 @@ class AsyncRolloutClient:
         self._ack_early(conn, refs)
         return len(refs)
 
+    def _reader_waits_on(self, conn: Connection) -> None:
+        """A samples()/groups() caller is about to wait (or still waits) while `conn`'s server holds delivery for acks:
+        what it holds of incomplete groups and the predecessor's samples are acked early, else the wait is said."""
+        if not self._ack_waiting_groups(conn) + self._ack_orphans(conn):
+            self._warn_waiting_on_acks(conn)
+
     def _warn_waiting_on_acks(self, conn: Connection) -> None:
         """A samples()/groups() caller waits while `conn`'s server holds delivery for acks and nothing here may be acked
         early: what keeps it paused is what the caller holds unacked ("manual": a batch kept until its step), so
         nothing more arrives until the caller acks (from another thread or task) — said, or the wait looks like a
         hang."""
-        held = sum(1 for conns in self._unacked.values() if conn in conns)
-        if held == 0:
-            return
         now = self._loop.time()
         if now - self._warned_waiting_at < _WARN_EARLY_EVERY:
+            return
+        held = sum(1 for conns in self._unacked.values() if conn in conns)
+        if held == 0:
             return
         self._warned_waiting_at = now
         log.warning(
@@ -648,14 +684,14 @@ class AsyncRolloutClient:
     def _run_group_waits(self, conn: Connection) -> bool:
         """Whether a run_group task on `conn` still waits for samples: while `conn`'s server holds delivery, they come
         only after acks of what keeps the pause, which its caller (inside run_group) cannot consume."""
-        return any(t.via_run_group and len(t.samples) < t.num_samples for t in conn.tasks.values())
+        return conn.run_groups_waiting > 0
 
     def _submit_waits(self, conn: Connection) -> bool:
         """Whether a task `conn`'s server refused because delivery was paused waits to be submitted again: the server
         releases what it holds one ack at a time, and each sample it then sends pauses delivery again; acked only at
         the next refusal, one per retry (the retries backing off to 2 s), many held samples would outlast the retry
         budget. While it waits, what `conn` sends is acked on arrival instead (see _on_trajectory)."""
-        return any(t.refused_by_pause is conn for t in self._tasks.values())
+        return conn.refused_by_pause > 0
 
     def _release(self, n: int, *, stream: bool) -> None:
         if n <= 0:
@@ -694,8 +730,9 @@ class AsyncRolloutClient:
     def _forget(self, task: _Task) -> None:
         self._stop_answer_timer(task)
         self._tasks.pop(task.task_id, None)
+        task.refused_by_pause = None
         if task.conn is not None:
-            task.conn.tasks.pop(task.task_id, None)
+            task.conn.drop_task(task.task_id)
         self._finished[task.task_id] = None
         while len(self._finished) > _FINISHED_MEMORY:
             self._finished.popitem(last=False)
@@ -832,6 +869,7 @@ class AsyncRolloutClient:
                 "will; groups() drops it (samples() hands out those that came)", task.task_id, error, len(task.samples), task.num_samples,
             )
         partial = self._partial.pop(task.task_id, None)
+        self._partial_samples -= len(partial or ())
         if partial:
             # Samples a groups() loop held for the group: never handed out now, acked (the server need not keep them). Kept,
             # they would count for ever as samples waiting for their group, and end later loops before their groups came.
@@ -965,13 +1003,16 @@ class AsyncRolloutClient:
     def _store(self, task: _Task, t: Any) -> None:
         """Stores a trajectory of `task` for its caller (in the task's record; samples() also queues it)."""
         sample = Sample.from_proto(t)
+        waiting = task.waiting_group
         task.samples[t.sample_index] = sample
+        if waiting and not task.waiting_group and task.conn is not None and task.conn.tasks.get(task.task_id) is task:
+            task.conn.run_groups_waiting -= 1  # whole now: its server no longer counts it as waiting
         if not task.via_run_group:
             self._stream.put_nowait(sample)
         if len(task.samples) >= task.num_samples:
             # Kept until answered: a resumed session re-sends a task's samples before it answers the spec sent again.
             if task.conn is not None and task.answered:
-                task.conn.tasks.pop(task.task_id, None)
+                task.conn.drop_task(task.task_id)
             if not task.complete.done():
                 task.complete.set_result(None)
             if task.abandoned:

@@ -14,7 +14,8 @@ the client, and so does ABORTED: another client resumed this session (SessionTak
 would have the two evict each other for ever. A stream that ended on a message over a size limit fails the task specs
 over it (TaskTooLargeError), since they would end every stream they were re-sent on, and the stream is re-opened for
 the others; a trajectory over this channel's receive limit (re-sent on every resume) fails the client. A message
-this client cannot decode, or a failure while handling one, ends this server's runner: with other servers left it
+this client cannot decode breaks the stream, re-opened at most _UNDECODABLE_RETRIES times in a row; the next such one,
+or at once a failure while handling a message, ends this server's runner: with other servers left it
 alone is lost for good (its tasks moved to them), else the client fails (see _run). A resume answered with another
 session id is the session gone (as NOT_FOUND); a fresh open answered so, a faulty server (as an undecodable message).
 Any other status is a broken stream, re-opened: RESOURCE_EXHAUSTED that names no size limit among them (the server
@@ -75,6 +76,14 @@ _STATUS_POLL = 0.005
 #: releases held samples) runs the client's pause scan (every task, every unacked sample) at most once per this many
 #: seconds per server: the first notice at once, the others of a burst by one scan at its end (see _pause_scan).
 _PAUSE_SCAN_EVERY = 0.1
+
+#: A stream that ends on a message the client cannot decode is re-opened (resumed, with the backoff of any broken
+#: stream) this many times in a row before the server is lost for good: bytes garbled once (a bug in a server's encoder
+#: that does not repeat, a proxy's fault) cost a resume, not the server; the same undecodable trajectory, which the
+#: server re-sends on every resume, fails it after _UNDECODABLE_RETRIES + 1 streams instead of re-opening for ever.
+#: "In a row": no other kind of break in between, and no stream that stayed open _UNDECODABLE_FRESH_AFTER seconds.
+_UNDECODABLE_RETRIES = 2
+_UNDECODABLE_FRESH_AFTER = 30.0
 
 #: Acks wait this long for others to go with them (a consumer acks one sample at a time): one Ack message per stream per
 #: interval at most, whatever the rate. Sent at once when the server has paused delivery (it waits for them).
@@ -177,6 +186,11 @@ class _StreamEnded(Exception):
     """The server ended the stream without an error (e.g. it is shutting down)."""
 
 
+class _Undecodable(RolloutClientError):
+    """A message of the stream could not be decoded (see Connection._read): a broken stream, re-opened a bounded number
+    of times (see _UNDECODABLE_RETRIES)."""
+
+
 class _SessionGone(Exception):
     """A resume answered with another session than the one asked for: the server no longer has ours (as NOT_FOUND)."""
 
@@ -227,8 +241,14 @@ class Connection:
         self.max_send_bytes = _limit(options.get("grpc.max_send_message_length"))
         self.max_receive_bytes = _limit(options.get("grpc.max_receive_message_length", 4 << 20))
         self._failover_after = failover_after
-        #: Unfinished tasks this server runs for us, by task id.
+        #: Unfinished tasks this server runs for us, by task id. Changed through add_task/drop_task only (they keep
+        #: run_groups_waiting).
         self.tasks: Dict[str, "_Task"] = {}
+        #: Tasks in `tasks` of run_group whose group is not whole yet, and tasks refused by this server because its
+        #: delivery was paused that wait to be submitted again (_Task.refused_by_pause): counts, not scans, because the
+        #: client asks for both on every trajectory that arrives while delivery is paused.
+        self.run_groups_waiting = 0
+        self.refused_by_pause = 0
         self._outbox: "asyncio.Queue[Any]" = asyncio.Queue()
         #: Acks waiting to go together (see _ACK_DELAY), and the timer that sends them.
         self._acks: List[Tuple[str, int]] = []
@@ -256,6 +276,9 @@ class Connection:
         #: When the pause scan last ran, and the one due at the end of a burst of notices (see _pause_scan).
         self._pause_scanned_at = float("-inf")
         self._pause_scan_timer: Optional[asyncio.TimerHandle] = None
+        #: The same for the scan a samples()/groups() reader runs before it waits while delivery is paused (reader_scan).
+        self._reader_scanned_at = float("-inf")
+        self._reader_scan_timer: Optional[asyncio.TimerHandle] = None
         self.stats = {"reconnects": 0, "redelivered": 0, "sessions_lost": 0, "delivery_paused": 0}
 
     # -- what the client calls ---------------------------------------------------------------------------------
@@ -269,8 +292,20 @@ class Connection:
         """Samples this server still owes us: the routing key (least loaded first)."""
         return sum(t.num_samples - len(t.samples) for t in self.tasks.values())
 
-    def assign(self, task: "_Task") -> None:
+    def add_task(self, task: "_Task") -> None:
+        self.drop_task(task.task_id)
         self.tasks[task.task_id] = task
+        if task.waiting_group:
+            self.run_groups_waiting += 1
+
+    def drop_task(self, task_id: str) -> Optional["_Task"]:
+        task = self.tasks.pop(task_id, None)
+        if task is not None and task.waiting_group:
+            self.run_groups_waiting -= 1
+        return task
+
+    def assign(self, task: "_Task") -> None:
+        self.add_task(task)
         task.conn = self
         task.answered = False
         self._outbox.put_nowait(rollout_pb2.RolloutRequest(task=task.spec))
@@ -295,7 +330,7 @@ class Connection:
         specs and cancels still queued here are dropped, so this server does not start them when it comes back."""
         ids: Set[str] = set(task_ids)
         for task_id in ids:
-            task = self.tasks.pop(task_id, None)
+            task = self.drop_task(task_id)
             if task is not None:
                 self._client._stop_answer_timer(task)
         kept: List[Any] = []
@@ -332,9 +367,10 @@ class Connection:
         self._flush_acks()
         self._closing = True
         self._cancel_failover_timer()
-        if self._pause_scan_timer is not None:
-            self._pause_scan_timer.cancel()
-            self._pause_scan_timer = None
+        for timer in (self._pause_scan_timer, self._reader_scan_timer):
+            if timer is not None:
+                timer.cancel()
+        self._pause_scan_timer = self._reader_scan_timer = None
         self._outbox.put_nowait(None)
         if self._runner is not None:
             try:
@@ -392,7 +428,8 @@ class Connection:
     async def _run(self) -> None:
         """The runner: never ends silently while the client is open. What ends it other than close() fails the client,
         so every waiting and later call raises instead of waiting for ever on a runner that is gone (no re-open, no
-        failover): a status a retry would get again (see _reconnect), a message this client cannot decode (_read), and
+        failover): a status a retry would get again (see _reconnect), a message this client cannot decode on
+        _UNDECODABLE_RETRIES + 1 streams in a row (_read; fewer are re-opened: nothing was handled, the state is whole), and
         any other exception (a bug in the client's own bookkeeping met while handling a message, a channel that cannot
         be made). The last two are this server's: with other servers left, it alone is lost for good and its unfinished
         tasks go to them (AsyncRolloutClient._on_server_failed); the others' work is not theirs to fail. Not retried: the state a failed handler left is unknown (a sample handed out twice, a slot
@@ -430,10 +467,12 @@ class Connection:
         failures = 0
         last_code: Optional[str] = None
         warned_at = float("-inf")
+        undecodable = 0  # streams in a row that ended on a message this client cannot decode (_UNDECODABLE_RETRIES)
         try:
             while not self._closing:
                 resume = (self._opened_once or self._resume_first) and not self._resend_all
                 code, detail = "", ""
+                garbled = False
                 try:
                     await self._attach(stub, resume)
                     if self._closing:
@@ -470,6 +509,14 @@ class Connection:
                     code, detail = "OK", str(gone)
                 except _StreamEnded:
                     code, detail = "OK", "the server ended the stream"
+                except _Undecodable as err:
+                    garbled = True
+                    if self._opened_at is not None and loop.time() - self._opened_at >= _UNDECODABLE_FRESH_AFTER:
+                        undecodable = 0  # after a long healthy stream: garbled once, not again
+                    undecodable += 1
+                    if undecodable > _UNDECODABLE_RETRIES:
+                        raise RolloutClientError(f"{err}: it came on {undecodable} streams in a row (each re-opened with resume)") from None
+                    code, detail = "UNDECODABLE", str(err)
                 finally:
                     self.connected.clear()
                     self._call = None
@@ -477,6 +524,8 @@ class Connection:
                         self._stream_down()
                 if self._closing:
                     return
+                if not garbled:
+                    undecodable = 0
                 self.last_break = f"{code}: {detail}"
                 now = loop.time()
                 if self._opened_at is not None:
@@ -605,15 +654,15 @@ class Connection:
 
     async def _read(self, call: Any) -> Any:
         """The next message of the stream. One grpc cannot decode (it logs "Exception deserializing message!" and
-        returns None: bytes a server of another protocol version, or a faulty one, sent) fails the client: which task it
-        was about is unknown, so nobody waiting for it could be told, and a trajectory would come again, the same
-        bytes, on every resume."""
+        returns None: bytes a server of another protocol version, or a faulty one, sent) breaks the stream before it is
+        handled (what it was about is unknown; nothing here changed): re-opened with resume like any broken stream, at
+        most _UNDECODABLE_RETRIES times in a row; after that the server is lost for good (see _run), since a trajectory
+        comes again, the same bytes, on every resume."""
         response = await call.read()
         if response is None:
-            raise RolloutClientError(
+            raise _Undecodable(
                 f"{self.target}: a message on the Rollout stream could not be decoded (grpc logged why: 'Exception "
-                "deserializing message!'): a server of another protocol version, or a faulty one; the server would send "
-                "it again on every resume"
+                "deserializing message!'): a server of another protocol version, or a faulty one"
             )
         return response
 
@@ -692,6 +741,29 @@ class Connection:
             return
         self._pause_scanned_at = loop.time()
         self._client._on_delivery_paused(self)
+
+    def reader_scan(self) -> None:
+        """A samples()/groups() reader is about to wait while this server holds delivery: runs the client's reader scan
+        (AsyncRolloutClient._reader_waits_on: every task, every unacked sample) at once when none ran in the last
+        _PAUSE_SCAN_EVERY seconds, else once at the end of that time if delivery is still paused and the reader still
+        waits with nothing queued. A reader that keeps up with a paused server's trickle (one sample per ack) came here
+        for every sample: a scan of every task each, max_in_flight² over a paused batch; now O(1) per sample."""
+        if self._reader_scan_timer is not None:
+            return
+        loop = asyncio.get_running_loop()
+        wait = self._reader_scanned_at + _PAUSE_SCAN_EVERY - loop.time()
+        if wait > 0:
+            self._reader_scan_timer = loop.call_later(wait, self._deferred_reader_scan)
+            return
+        self._reader_scanned_at = loop.time()
+        self._client._reader_waits_on(self)
+
+    def _deferred_reader_scan(self) -> None:
+        self._reader_scan_timer = None
+        client = self._client
+        if self.paused and not self._closing and self.failed is None and client._readers_waiting > 0 and client._stream.empty():
+            self._reader_scanned_at = asyncio.get_running_loop().time()
+            client._reader_waits_on(self)
 
     def _deferred_pause_scan(self) -> None:
         self._pause_scan_timer = None

@@ -73,8 +73,15 @@ def test_a_message_the_client_cannot_decode_fails_every_waiter_with_a_clear_erro
         await s.write(undecodable_trajectory("abc", 1))
         await s.drain()
 
+    async def resumed(s: Stream) -> None:
+        # As a real server: the unacked trajectory again on every resume (re-opened a few times since review s40).
+        opened = await s.read_until("open")
+        await s.write(out(opened=rollout_pb2.SessionOpened(session_id=opened.open.session_id)))
+        await s.write(undecodable_trajectory("abc", 1))
+        await s.drain()
+
     async def main() -> None:
-        double = ScriptedRolloutDouble([script])
+        double = ScriptedRolloutDouble([script, resumed])
         server, address = await serve_raw(double)
         try:
             async with AsyncRolloutClient(address, session_id="undecodable", failover_after=3600) as client:

@@ -44,15 +44,24 @@ async def good(s: Stream) -> None:
                 await s.write(out(trajectory=trajectory(spec.task_id, i)))
 
 
-async def undecodable(s: Stream) -> None:
-    """A server that accepts every spec and then sends a trajectory of it that no protobuf runtime decodes."""
-    await opened(s)
-    while True:
-        request = await s.read()
-        if request.WhichOneof("kind") == "task":
-            spec = request.task
-            await s.write(out(accepted=rollout_pb2.TaskAccepted(task_id=spec.task_id, num_samples=spec.num_samples)))
-            await s.write(undecodable_trajectory(spec.task_id, 0))
+def undecodable() -> ScriptedRolloutDouble:
+    """A server that accepts every spec and then sends a trajectory of it that no protobuf runtime decodes; as a real
+    server, it sends that unacked trajectory again on every resume (the client re-opens a few times: review s40)."""
+    owed: List[str] = []
+
+    async def script(s: Stream) -> None:
+        await opened(s)
+        for task_id in owed:
+            await s.write(undecodable_trajectory(task_id, 0))
+        while True:
+            request = await s.read()
+            if request.WhichOneof("kind") == "task":
+                spec = request.task
+                owed.append(spec.task_id)
+                await s.write(out(accepted=rollout_pb2.TaskAccepted(task_id=spec.task_id, num_samples=spec.num_samples)))
+                await s.write(undecodable_trajectory(spec.task_id, 0))
+
+    return ScriptedRolloutDouble([script])
 
 
 async def take(client: AsyncRolloutClient) -> list:
@@ -66,7 +75,7 @@ def test_one_server_of_two_sending_undecodable_bytes_is_declared_lost_and_its_ta
     submits go to B. connection_stats() says why A is lost."""
 
     async def main() -> None:
-        bad, good_double = ScriptedRolloutDouble([undecodable]), ScriptedRolloutDouble([good])
+        bad, good_double = undecodable(), ScriptedRolloutDouble([good])
         (bad_server, bad_address), (good_server, good_address) = await serve_raw(bad), await serve(good_double)
         try:
             async with AsyncRolloutClient([bad_address, good_address], failover_after=3600) as client:
@@ -79,7 +88,8 @@ def test_one_server_of_two_sending_undecodable_bytes_is_declared_lost_and_its_ta
                 assert stats[0]["dead"] and "could not be decoded" in stats[0]["failed"], stats
                 assert not stats[1]["dead"] and stats[1]["failed"] is None, stats
                 assert client.stats["resubmitted"] == 1
-                assert len(bad.streams) == 1, "the lost server is not re-opened (it would send the same bytes again)"
+                # Re-opened twice (review s40: garbled once costs a resume), then not again: it sends the same bytes.
+                assert len(bad.streams) == 3, "the lost server is not re-opened after its third undecodable stream"
                 await client.submit("math", {"p": 3}, 1, task_id="t03")
                 assert [g.task_id for g in await asyncio.wait_for(take(client), 30)] == ["t03"]
         finally:
@@ -126,7 +136,7 @@ def test_when_every_server_sent_undecodable_bytes_every_call_fails_naming_the_ca
     last, it fails the client as a single server does (no hang, the cause named)."""
 
     async def main() -> None:
-        a, b = ScriptedRolloutDouble([undecodable]), ScriptedRolloutDouble([undecodable])
+        a, b = undecodable(), undecodable()
         (a_server, a_address), (b_server, b_address) = await serve_raw(a), await serve_raw(b)
         try:
             async with AsyncRolloutClient([a_address, b_address], failover_after=3600) as client:

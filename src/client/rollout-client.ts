@@ -33,6 +33,18 @@ const MAX_SEEN = 65_536;
  */
 const HEALTHY_STREAM_MS = 30_000;
 
+/**
+ * With reconnect: streams in a row that may end on a message this client cannot parse (grpc-js: INTERNAL "Response
+ * message parsing error") before the session fails with it. Garbled once (a server's encoder bug that does not repeat, a
+ * proxy's fault) costs a re-open; the same bytes on every resume (an unacked trajectory is re-sent each time) would
+ * otherwise be re-opened for the whole reconnectForMs, for ever with Infinity. As the Python client's
+ * _UNDECODABLE_RETRIES + 1. "In a row": no other break, and no stream up {@link HEALTHY_STREAM_MS}, in between.
+ */
+const MAX_GARBLED_STREAMS = 3;
+
+/** Protocol violations of a server said as process warnings per session (all are counted: stats.protocolViolations). */
+const MAX_VIOLATION_WARNINGS = 10;
+
 /** Bounds of a session that tests lower (not options: the defaults are what a trainer wants). @internal */
 export interface SessionLimits {
   /** Keys of received trajectories remembered per stream (default {@link MAX_SEEN}). */
@@ -152,7 +164,9 @@ export interface SessionOptions {
    * the first break of the outage, is spent; the session then fails with the last error. The outage ends once a
    * re-opened stream delivers something new (a trajectory, an answer to a submit) or stays up 30 s: a server or proxy
    * that takes every stream and breaks it again without that (after a second or ten) spends one budget, not a fresh
-   * one per re-open. What a re-open would meet again is not retried:
+   * one per re-open. A stream that ends on a message this client cannot parse (INTERNAL "Response message parsing
+   * error": garbled bytes) is re-opened too, but the third in a row ends the session with it (the server re-sends an
+   * unacked trajectory, the same bytes, on every resume), as the Python client. What a re-open would meet again is not retried:
    * the caller's `abort()` (CANCELLED), UNAUTHENTICATED, INVALID_ARGUMENT, a session the server no longer knows
    * (NOT_FOUND: expired, or a restarted server without a journal; see `resubmitLostTasks` to go on afresh instead) or
    * that another stream took over (ABORTED) end the session with that error. On the re-opened stream: the specs whose
@@ -191,6 +205,40 @@ export interface SessionOptions {
    * task's (its CANCELLED samples are delivered), not as another submit's.
    */
   submitTimeoutMs?: number;
+  /**
+   * How long (ms) each stream of the session waits for the server's SessionOpened (default 60 000; Infinity: no bound).
+   * Past it, the call is cancelled and, without `reconnectForMs`, the session fails (`opened`, the waiting submits and
+   * iteration reject) with an {@link OpenTimeoutError} (DEADLINE_EXCEEDED) naming the server; with `reconnectForMs` it
+   * is a broken stream, re-opened within that budget. Unlike a submit's answer (see `submitTimeoutMs`), a default bound
+   * is safe here: a server sends SessionOpened first thing when it takes the stream (ahead of anything queued, with
+   * no admission wait), and a server that is down fails the call at once (UNAVAILABLE); what it catches is a server
+   * or proxy that takes the stream and never answers, which would otherwise leave `await session.opened` - and
+   * everything behind it - waiting for ever.
+   */
+  openTimeoutMs?: number;
+}
+
+/**
+ * The server took a session's stream but sent no SessionOpened within {@link SessionOptions.openTimeoutMs}: a server
+ * that hangs, or a proxy that accepts streams and forwards nothing. `code` as grpc-js reports a call past its deadline.
+ */
+export class OpenTimeoutError extends Error {
+  readonly code = status.DEADLINE_EXCEEDED;
+  /** As a grpc-js ServiceError carries it. */
+  readonly details: string;
+  readonly metadata = new Metadata();
+
+  constructor(
+    /** The server's address, as the channel names it. */
+    readonly target: string,
+    readonly sessionId: string,
+    readonly timeoutMs: number,
+  ) {
+    const session = sessionId === '' ? 'a new session' : `session ${sessionId}`;
+    super(`rollout server ${target} took the stream of ${session} but sent no SessionOpened within openTimeoutMs (${timeoutMs} ms): a server that hangs, or a proxy that forwards nothing`);
+    this.name = 'OpenTimeoutError';
+    this.details = this.message;
+  }
 }
 
 /** One submit until the server answers it, or until a retry after a temporary refusal is due. */
@@ -248,6 +296,12 @@ export class RolloutSession {
   private expected = 0;
   /** Trajectories a resumed session owes us from before this stream. */
   private inherited = 0;
+  /** Trajectories of this stream counted against `inherited` (of no task accepted on it). */
+  private fromBefore = 0;
+  /** Protocol violations said as process warnings so far (see {@link violation}). */
+  private violationsWarned = 0;
+  /** Streams in a row that ended on a message this client could not parse (see {@link MAX_GARBLED_STREAMS}). */
+  private garbledInRow = 0;
   /** This stream's SessionOpened has come (reset when a broken stream is re-opened). */
   private isOpen = false;
   /** Trajectories received on this stream that count towards what it owes (a sample of an open task counted once). */
@@ -271,6 +325,7 @@ export class RolloutSession {
   private readonly retrying = new Set<Submission>();
   private readonly retryRejectedForMs: number;
   private readonly submitTimeoutMs: number;
+  private readonly openTimeoutMs: number;
   /**
    * Per task id, submits of this stream that timed out (submitTimeoutMs) and whose answer may still come: answers of a
    * task come in the order its specs were written, and those submits were its first, so its next answers are theirs.
@@ -347,9 +402,10 @@ export class RolloutSession {
    * `redelivered`, `duplicatesDropped`: see {@link SessionOptions.reconnectForMs}; `sessionsLost`, `resubmitted`,
    * `tasksLost`: see {@link SessionOptions.resubmitLostTasks}; `duplicatesDropped` also counts a trajectory a server
    * sent twice on one stream (dropped, delivered once); `callbackErrors`: exceptions thrown by `onTaskLost`,
-   * `onDeliveryPaused` or `onStage` (reported as process warnings, the session going on).
+   * `onDeliveryPaused` or `onStage` (reported as process warnings, the session going on); `protocolViolations`:
+   * messages of a faulty server ignored (see {@link violation}).
    */
-  readonly stats = { rejectionsRetried: 0, ackedEarly: 0, reconnects: 0, redelivered: 0, duplicatesDropped: 0, sessionsLost: 0, resubmitted: 0, tasksLost: 0, callbackErrors: 0 };
+  readonly stats = { rejectionsRetried: 0, ackedEarly: 0, reconnects: 0, redelivered: 0, duplicatesDropped: 0, sessionsLost: 0, resubmitted: 0, tasksLost: 0, callbackErrors: 0, protocolViolations: 0 };
   /**
    * The server paused delivery (this session's unacked trajectories reached its byte bound; ack to resume) or
    * resumed it (`resumed`). Nothing is dropped meanwhile.
@@ -364,6 +420,8 @@ export class RolloutSession {
     // Checked before the call is opened: a session refused here leaves no stream behind.
     this.retryRejectedForMs = retryBudgetOf(options.retryRejectedForMs);
     this.submitTimeoutMs = budgetOf('submitTimeoutMs', options.submitTimeoutMs, Infinity);
+    this.openTimeoutMs = budgetOf('openTimeoutMs', options.openTimeoutMs, QUICK_CALL_MS);
+    if (this.openTimeoutMs === 0) throw new RangeError('openTimeoutMs: must be more than 0 milliseconds (Infinity: no bound)');
     this.reconnectForMs = budgetOf('reconnectForMs', options.reconnectForMs, 0);
     this.resubmitLost = options.resubmitLostTasks ?? false;
     if (this.resubmitLost && this.reconnectForMs === 0) throw new RangeError('resubmitLostTasks: needs reconnectForMs (a lost session is found by a re-open)');
@@ -423,7 +481,24 @@ export class RolloutSession {
       this.fail(new Error('rollout stream ended'), false);
     });
     call.write({ kind: { $case: 'open', value: { sessionId: this.sessionId, resume, stageEvents: this.stageEvents } } });
+    // A server that takes the stream and never answers the open (see openTimeoutMs). reopen() may bound it sooner.
+    clearTimeout(this.openTimer);
+    this.openTimer = this.openTimeoutMs < MAX_TIMER_MS ? setTimeout(() => this.openTimedOut(call), this.openTimeoutMs) : undefined;
     this.flow();
+  }
+
+  /**
+   * No SessionOpened on `call` within openTimeoutMs: without reconnect the session fails, naming the server; with it,
+   * a broken stream (re-opened within the outage's budget). The call is cancelled either way.
+   */
+  private openTimedOut(call: ClientDuplexStream<RolloutRequest | Uint8Array, RolloutResponse>): void {
+    this.openTimer = undefined;
+    if (this.isOpen || this.ended || call !== this.call || !this.connected) return;
+    const err = new OpenTimeoutError(this.target(), this.sessionId, this.openTimeoutMs);
+    // First: the CANCELLED the cancel brings is then the old call's, ignored.
+    if (this.reconnectForMs > 0) this.broke(err as ServiceError, true);
+    else this.fail(err, true);
+    cancelCall(call);
   }
 
   private onResponse(response: RolloutResponse): void {
@@ -451,6 +526,12 @@ export class RolloutSession {
         this.maybeHalfClose();
         break;
       case 'accepted':
+        // An answer nothing here waits for (a spec never written on this stream, or answered already): taken, it would
+        // add samples nobody owes (the session never ends) or reset a task's count. A faulty server's.
+        if (!this.pending.has(kind.value.taskId) && !this.unanswered.has(kind.value.taskId)) {
+          this.violation(`TaskAccepted for task ${kind.value.taskId}, which has no spec waiting for an answer on this stream (never submitted, or answered already)`);
+          break;
+        }
         // A task re-sent after a resume that the session had accepted before is counted in `inherited` already,
         // except the samples it had acked: those are sent again (resent_sample_indexes) and counted as they come.
         if (!this.openTasks.has(kind.value.taskId) && !kind.value.alreadyOwed) {
@@ -511,10 +592,23 @@ export class RolloutSession {
         // Owed: a sample of a task accepted on this stream that has not come yet (a task this stream had in full, sent
         // again whole after the server forgot it, is owed anew).
         const open = this.openTasks.get(ref.taskId);
+        if (open !== undefined && ref.sampleIndex >= open.numSamples) {
+          // Counted, it would complete the group in place of a real sample (the session ending without it).
+          this.violation(`trajectory of task ${ref.taskId} with sample_index ${ref.sampleIndex}, outside its ${open.numSamples} samples`);
+          break;
+        }
         const owed = open !== undefined && !open.got.has(ref.sampleIndex);
-        if (!owed && (this.seen.has(key) || this.heldHere.has(key) || this.unacked.has(key))) {
+        // A sample of an open task that came already is a duplicate even once `seen` has forgotten its key.
+        if (!owed && (open !== undefined || this.seen.has(key) || this.heldHere.has(key) || this.unacked.has(key))) {
           // Sent twice on this stream (a server or proxy that misbehaves): delivered once.
           this.sentTwice(ref, key);
+          break;
+        }
+        if (open === undefined && this.isOpen && this.fromBefore >= this.inherited && !this.pending.has(ref.taskId) && !this.unanswered.has(ref.taskId)) {
+          // Neither a task accepted on this stream, nor one of the trajectories SessionOpened (and resent samples) said
+          // were owed from before it, nor one whose answer is on its way: counted, it would end the session before what
+          // is owed came.
+          this.violation(`trajectory of task ${ref.taskId} (sample ${ref.sampleIndex}), a task this stream was neither accepted nor owed`);
           break;
         }
         this.seen.add(key);
@@ -620,6 +714,27 @@ export class RolloutSession {
     }
   }
 
+  /** The server's address as the caller gave it (the channel's target without grpc-js's default `dns:` scheme). */
+  private target(): string {
+    return this.client.getChannel().getTarget().replace(/^dns:(\/\/\/)?/, '');
+  }
+
+  /**
+   * A message no correct server sends (an answer to no spec, a sample outside its group, a trajectory of a task neither
+   * accepted nor owed): ignored (a trajectory is neither delivered, counted nor acked), so what the session is owed
+   * stays right; counted in `stats.protocolViolations` and said as a process warning (`RolloutProtocolWarning`), the
+   * first {@link MAX_VIOLATION_WARNINGS} of the session (a server sending thousands must not flood the log).
+   */
+  private violation(what: string): void {
+    this.stats.protocolViolations++;
+    if (this.violationsWarned >= MAX_VIOLATION_WARNINGS) return;
+    this.violationsWarned++;
+    const more = this.violationsWarned === MAX_VIOLATION_WARNINGS ? ` (the last warned of; stats.protocolViolations counts the others)` : '';
+    const warning = new Error(`rollout server ${this.target()} sent ${what}: ignored, a faulty server${more}`);
+    warning.name = 'RolloutProtocolWarning';
+    process.emitWarning(warning);
+  }
+
   /**
    * A trajectory this stream had delivered already, sent again (not a re-sent one after a re-open: see
    * redeliveredAgain): dropped and not counted (the server does not owe it twice); acked again when it had been acked.
@@ -637,6 +752,7 @@ export class RolloutSession {
   private redeliveredAgain(ref: { taskId: string; sampleIndex: number }, key: string): void {
     this.seen.add(key);
     this.received++;
+    this.fromBefore++;
     this.stats.duplicatesDropped++;
     if (!this.heldHere.has(key) && !this.unacked.has(key)) this.writeAcks([ref]);
   }
@@ -645,13 +761,20 @@ export class RolloutSession {
    * The stream failed. A transport break is re-opened with resume (see {@link SessionOptions.reconnectForMs}) while
    * the budget of this outage lasts; anything else ends the session with the error.
    */
-  private broke(err: ServiceError): void {
+  private broke(err: ServiceError, openTimedOut = false): void {
     const code = (err as { code?: unknown }).code;
     // RESOURCE_EXHAUSTED ends a stream whose client took nothing for the server's sessions.stalledMs (the status, or
     // the RST_STREAM ENHANCE_YOUR_CALM after it): the session stays resumable. Not a message over a size limit ("...
     // message larger than max"): the server would send it again on every resume.
     const stalled = code === status.RESOURCE_EXHAUSTED && !/larger than max/i.test(err.details ?? '');
-    const transient = code === status.UNAVAILABLE || code === status.INTERNAL || code === status.UNKNOWN || stalled;
+    const transient = code === status.UNAVAILABLE || code === status.INTERNAL || code === status.UNKNOWN || stalled || openTimedOut;
+    const garbled = code === status.INTERNAL && /^Response message parsing error/.test(err.details ?? '');
+    const healthy = this.openedAt !== undefined && performance.now() - this.openedAt >= HEALTHY_STREAM_MS;
+    if (!garbled || healthy) this.garbledInRow = 0;
+    if (garbled && ++this.garbledInRow >= MAX_GARBLED_STREAMS && this.reconnectForMs > 0 && !this.ended) {
+      const why = `${err.details}: on ${this.garbledInRow} streams in a row (each re-opened with resume), so the server sends it on every resume`;
+      return this.fail(Object.assign(new Error(`rollout stream failed: ${why}`, { cause: err }), { code: status.INTERNAL, details: why }), true);
+    }
     // Stopped by the caller (abort(), a loop left early): CANCELLED, whatever the transport said meanwhile.
     if (this.ended) return this.fail(code === status.CANCELLED ? err : cancelled(err), true);
     // Broken after this session had received, consumed and acked everything and half-closed: the server closes a
@@ -709,6 +832,7 @@ export class RolloutSession {
     this.expected = 0;
     this.received = 0;
     this.inherited = 0;
+    this.fromBefore = 0;
     // Resumed once it was opened (or the caller resumes a predecessor's): a first open that never got its answer is
     // sent as it was (resuming a session the server never opened would be NOT_FOUND).
     this.reopenedWithResume = !this.fresh && (this.openedOnce || this.resumeFirst);
@@ -716,8 +840,9 @@ export class RolloutSession {
     // A re-open that never answers (a black-holed address, a server that accepts and says nothing) is bounded by the
     // outage's budget too, not only the re-opens that fail.
     const left = this.outageUntil - performance.now();
-    clearTimeout(this.openTimer);
-    if (left < MAX_TIMER_MS) {
+    // Sooner than openTimeoutMs (attach's timer, which re-opens again): the budget ends first.
+    if (left < Math.min(MAX_TIMER_MS, this.openTimeoutMs)) {
+      clearTimeout(this.openTimer);
       const call = this.call;
       this.openTimer = setTimeout(() => {
         this.openTimer = undefined;
@@ -1104,6 +1229,7 @@ export class RolloutSession {
     if (!task) {
       // Owed from before this stream (a resumed session) or replayed for a task re-sent after it completed.
       this.received++;
+      this.fromBefore++;
       return;
     }
     if (task.got.has(t.sampleIndex)) return;
@@ -1183,7 +1309,9 @@ function snakeCase(name: string): string {
 }
 
 /**
- * Default deadline (ms) of the unary calls a server answers at once (cancel, listEnvironments, listBackends): a server that takes the call and never answers fails it (DEADLINE_EXCEEDED) instead of leaving
+ * Default deadline (ms) of the unary calls a server answers at once (cancel, listEnvironments, listBackends, addBackend,
+ * removeBackend without drain), and of a session's open (SessionOptions.openTimeoutMs): a server that takes the call and
+ * never answers fails it (DEADLINE_EXCEEDED) instead of leaving
  * the caller waiting for ever. Generous: a loaded server answers these in milliseconds.
  */
 const QUICK_CALL_MS = 60_000;
@@ -1323,9 +1451,16 @@ export class RolloutClient {
     return Object.assign(queue, { cancel: () => cancelCall(call) });
   }
 
-  addBackend(request: Partial<AddBackendRequest> & { url: string }): Promise<Backend | undefined> {
+  /**
+   * Adds an engine. `deadlineMs` (default {@link QUICK_CALL_MS}): a server that never answers fails the call
+   * (DEADLINE_EXCEEDED). The server answers once it learned what the engine says about itself, within its own
+   * modelInfoTimeoutMs and before this deadline; a call that ends without an answer adds nothing (a retry is not
+   * ALREADY_EXISTS).
+   */
+  addBackend(request: Partial<AddBackendRequest> & { url: string }, options: { deadlineMs?: number } = {}): Promise<Backend | undefined> {
+    const deadline = callDeadline(options.deadlineMs ?? QUICK_CALL_MS);
     return promisify<{ backend?: Backend | undefined }>((cb) =>
-      this.backends.addBackend({ kind: 0, maxConcurrency: 0, id: '', model: '', logprobsMode: 0, checkAnswerId: false, ...request }, new Metadata(), cb),
+      this.backends.addBackend({ kind: 0, maxConcurrency: 0, id: '', model: '', logprobsMode: 0, checkAnswerId: false, ...request }, new Metadata(), { deadline }, cb),
     ).then((r) => r.backend);
   }
 
@@ -1335,8 +1470,14 @@ export class RolloutClient {
     return promisify<{ backends: Backend[] }>((cb) => this.backends.listBackends({}, new Metadata(), { deadline }, cb)).then((r) => r.backends);
   }
 
-  removeBackend(id: string, drain = false): Promise<void> {
-    return promisify((cb) => this.backends.removeBackend({ id, drain }, new Metadata(), cb)).then(() => undefined);
+  /**
+   * Removes an engine; with `drain`, once its requests in flight have finished. `deadlineMs`: a server that never
+   * answers fails the call (DEADLINE_EXCEEDED); default {@link QUICK_CALL_MS}, or 10 min with `drain` (as
+   * pauseGeneration's, which waits for requests in flight too).
+   */
+  removeBackend(id: string, drain = false, options: { deadlineMs?: number } = {}): Promise<void> {
+    const deadline = callDeadline(options.deadlineMs ?? (drain ? 600_000 : QUICK_CALL_MS));
+    return promisify((cb) => this.backends.removeBackend({ id, drain }, new Metadata(), { deadline }, cb)).then(() => undefined);
   }
 
   /**
