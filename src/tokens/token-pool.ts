@@ -1,11 +1,11 @@
 import { availableParallelism } from 'node:os';
-import { Worker } from 'node:worker_threads';
 import { RolloutError, type ErrorCode } from '../errors.js';
 import { silentLogger, type Logger } from '../observability/logger.js';
 import { MAX_TIMER_MS } from '../timers.js';
+import { ThreadPool, type PoolThread, type ThreadPoolSpec, type ThreadReply, type ThreadRequest } from '../workers/thread-pool.js';
 
 /** What a worker script receives and answers (token-worker.ts speaks it). */
-export type WorkerRequest<Task> = { id: number; task: Task };
+export type WorkerRequest<Task> = ThreadRequest<Task>;
 export type WorkerReply<Result> =
   | { type: 'ready' }
   | { type: 'init-error'; message: string }
@@ -55,30 +55,6 @@ export function defaultTokenWorkers(): number {
   return Math.max(1, Math.min(4, availableParallelism() - 1));
 }
 
-interface Job<Task, Result> {
-  task: Task;
-  resolve: (result: Result) => void;
-  reject: (err: RolloutError) => void;
-  signal: AbortSignal | undefined;
-  onAbort: (() => void) | undefined;
-  /** The thread running it; undefined while it waits. */
-  thread: Thread<Task, Result> | undefined;
-  /** Its promise is settled (a caller that gave up is not answered again). */
-  settled: boolean;
-}
-
-interface Thread<Task, Result> {
-  worker: Worker;
-  ready: boolean;
-  job: Job<Task, Result> | undefined;
-  jobId: number;
-  /** When the job's deadline (taskTimeoutMs) passes, ms since the epoch; Infinity without one. */
-  deadlineAt: number;
-  /** Stops the thread when its job overruns (or, once given up, outlasts its grace). */
-  deadline: NodeJS.Timeout | undefined;
-}
-
-
 /**
  * A fixed-size pool of worker threads for CPU work that must not block the event loop (rendering and tokenizing
  * long conversations: ~2 µs per token, so 100 ms for a 64K-token prompt). Each thread does one task at a time;
@@ -96,7 +72,9 @@ interface Thread<Task, Result> {
  * shutdown awaits it: no thread outlives the server).
  *
  * Threads start with the first task (or `ready()`), so a server whose token work all fits inline never pays for
- * loading the tokenizer again; they are unref'ed, so a pool nobody closed does not keep the process alive.
+ * loading the tokenizer again; they are unref'ed, so a pool nobody closed does not keep the process alive. The
+ * mechanism is {@link ThreadPool} (src/workers/thread-pool.ts); this class gives it the token pool's errors, log lines
+ * and bounds.
  *
  * @example
  * const pool = new TokenPool<Task, Result>({ script: new URL('./token-worker-entry.mjs', import.meta.url), workerData });
@@ -110,52 +88,43 @@ export class TokenPool<Task, Result> {
   get deadlines(): { taskTimeoutMs: number; abandonedTaskGraceMs: number } {
     return { taskTimeoutMs: this.#taskTimeoutMs, abandonedTaskGraceMs: this.#abandonedGraceMs };
   }
-  readonly #options: TokenPoolOptions;
-  readonly #maxQueued: number;
   readonly #taskTimeoutMs: number;
   readonly #abandonedGraceMs: number;
   readonly #log: Logger;
-  readonly #threads = new Set<Thread<Task, Result>>();
-  /** Threads being terminated after a failed start or a stuck task: close() waits for them too. */
-  readonly #stopping = new Set<Promise<number>>();
-  readonly #queue: Job<Task, Result>[] = [];
-  #nextId = 0;
-  #closed = false;
-  #completed = 0;
-  #crashes = 0;
+  readonly #pool: ThreadPool<Task, Result, WorkerReply<Result>, undefined>;
   #reclaimed = 0;
-  #restartDelayMs = 0;
-  #readyWaiters: { resolve: () => void; reject: (err: RolloutError) => void }[] = [];
-  /** Tasks asked for and not settled yet: while there are any (or ready() waiters) the threads are ref'ed. */
-  #pending = 0;
-  #held = false;
-  #restartTimer: NodeJS.Timeout | undefined;
 
   constructor(options: TokenPoolOptions) {
-    this.#options = options;
     this.size = options.size ?? defaultTokenWorkers();
     if (!Number.isInteger(this.size) || this.size < 1) throw RolloutError.invalid('tokenWorkers.count', `must be a positive integer, got ${this.size}`);
-    this.#maxQueued = options.maxQueued ?? 4096;
     this.#taskTimeoutMs = timerOption('taskTimeoutMs', options.taskTimeoutMs ?? 60_000);
     this.#abandonedGraceMs = timerOption('abandonedTaskGraceMs', options.abandonedTaskGraceMs ?? 1_000);
     this.#log = (options.logger ?? silentLogger()).child({ component: 'token-pool' });
+    this.#pool = new ThreadPool<Task, Result, WorkerReply<Result>, undefined>({
+      script: options.script,
+      workerData: options.workerData,
+      size: this.size,
+      maxQueued: options.maxQueued ?? 4096,
+      log: this.#log,
+      threadName: 'token worker',
+      errors: TOKEN_POOL_ERRORS,
+      threadState: () => undefined,
+      result: (reply) => reply.result,
+      taskError: (reply) => new RolloutError(reply.code, reply.message, reply.field === undefined ? {} : { field: reply.field }),
+      timerMs: this.#taskTimeoutMs,
+      abandonedTaskGraceMs: this.#abandonedGraceMs,
+      overtime: (thread, abandoned) => this.#reclaim(thread, abandoned),
+    });
   }
 
   /** Starts every thread and resolves when each has loaded (e.g. its tokenizer); rejects if one could not. */
   ready(): Promise<void> {
-    if (this.#closed) return Promise.reject(new RolloutError('unavailable', 'token workers are shut down'));
-    this.#startThreads();
-    if ([...this.#threads].every((t) => t.ready) && this.#threads.size === this.size) return Promise.resolve();
-    return new Promise((resolve, reject) => {
-      this.#readyWaiters.push({ resolve, reject });
-      this.#holdProcess();
-    });
+    return this.#pool.ready();
   }
 
   stats(): TokenPoolStats {
-    let busy = 0;
-    for (const t of this.#threads) if (t.job) busy++;
-    return { workers: this.#threads.size, busy, queued: this.#queue.length, completed: this.#completed, crashes: this.#crashes, reclaimed: this.#reclaimed };
+    const pool = this.#pool;
+    return { ...pool.counts(), completed: pool.completed, crashes: pool.crashes, reclaimed: this.#reclaimed };
   }
 
   /**
@@ -164,218 +133,42 @@ export class TokenPool<Task, Result> {
    * replaced.
    */
   run(task: Task, signal?: AbortSignal): Promise<Result> {
-    if (this.#closed) return Promise.reject(new RolloutError('unavailable', 'token workers are shut down'));
-    if (signal?.aborted) return Promise.reject(RolloutError.from(signal.reason, 'cancelled'));
-    if (this.#queue.length >= this.#maxQueued) {
-      return Promise.reject(new RolloutError('resource_exhausted', `token work queue is full (${this.#maxQueued} tasks waiting)`));
-    }
-    return new Promise<Result>((resolve, reject) => {
-      const job: Job<Task, Result> = { task, resolve, reject, signal, onAbort: undefined, thread: undefined, settled: false };
-      this.#pending++;
-      this.#holdProcess();
-      if (signal) {
-        job.onAbort = () => {
-          const at = this.#queue.indexOf(job);
-          if (at >= 0) this.#queue.splice(at, 1);
-          this.#settle(job, () => reject(RolloutError.from(signal.reason, 'cancelled')));
-          if (job.thread) this.#abandon(job.thread);
-        };
-        signal.addEventListener('abort', job.onAbort, { once: true });
-      }
-      this.#queue.push(job);
-      this.#startThreads();
-      this.#dispatch();
-    });
+    return this.#pool.run(task, signal);
   }
 
   /** Fails waiting and running tasks with `unavailable` and terminates every thread. */
-  async close(): Promise<void> {
-    if (this.#closed) return;
-    this.#closed = true;
-    clearTimeout(this.#restartTimer);
-    const stopping = new RolloutError('unavailable', 'token workers are shutting down');
-    for (const job of this.#queue.splice(0)) this.#settle(job, () => job.reject(stopping));
-    const threads = [...this.#threads];
-    this.#threads.clear();
-    for (const t of threads) if (t.job) this.#finish(t, (job) => job.reject(stopping));
-    for (const w of this.#readyWaiters.splice(0)) w.reject(stopping);
-    this.#holdProcess();
-    await Promise.all([...threads.map((t) => t.worker.terminate()), ...this.#stopping]);
-  }
-
-  #startThreads(): void {
-    if (this.#restartTimer !== undefined) return; // after an init failure, the timer starts the next one
-    while (this.#threads.size < this.size) this.#spawn();
-  }
-
-  #spawn(): void {
-    const worker = new Worker(this.#options.script, { workerData: this.#options.workerData });
-    const thread: Thread<Task, Result> = { worker, ready: false, job: undefined, jobId: -1, deadlineAt: Infinity, deadline: undefined };
-    this.#threads.add(thread);
-    worker.on('message', (reply: WorkerReply<Result>) => this.#onReply(thread, reply));
-    // An uncaught exception in the thread: 'exit' follows, where the thread is replaced.
-    worker.on('error', (err) => this.#log.error({ err }, 'token worker failed'));
-    worker.on('exit', (code) => this.#onExit(thread, code));
-    // After the listeners: adding a 'message' listener refs the worker's port again (Node 20), which undid an unref
-    // made before it (a pool nobody closed kept its process alive).
-    if (!this.#held) worker.unref();
+  close(): Promise<void> {
+    return this.#pool.close();
   }
 
   /**
-   * Threads keep the process alive while a task or a ready() waits, and only then: a script awaiting one must not end
-   * before it (Node ends a process whose only work is an unref'ed thread's), and an idle pool nobody closed must not
-   * keep its process.
+   * The thread's task overran `taskTimeoutMs` or, given up, its grace: fails it (if its caller still waits), stops the
+   * thread (a thread in a loop never reads another message, so terminating it is the only way back) and starts another.
    */
-  #holdProcess(): void {
-    const hold = this.#pending > 0 || this.#readyWaiters.length > 0;
-    if (hold === this.#held) return;
-    this.#held = hold;
-    for (const t of this.#threads) {
-      if (hold) t.worker.ref();
-      else t.worker.unref();
-    }
-  }
-
-  #onReply(thread: Thread<Task, Result>, reply: WorkerReply<Result>): void {
-    // A thread the pool let go (stopped, or failed to start) may still have answered on its way out: not to be used.
-    if (!this.#threads.has(thread)) return;
-    switch (reply.type) {
-      case 'ready':
-        thread.ready = true;
-        this.#restartDelayMs = 0;
-        if ([...this.#threads].every((t) => t.ready)) for (const w of this.#readyWaiters.splice(0)) w.resolve();
-        this.#holdProcess();
-        this.#dispatch();
-        return;
-      case 'init-error':
-        this.#retire(thread);
-        this.#startFailed(new RolloutError('failed_precondition', `token worker could not start: ${reply.message}`));
-        return;
-      case 'result':
-      case 'error':
-        if (thread.job === undefined || reply.id !== thread.jobId) return;
-        this.#completed++;
-        this.#finish(thread, (job) =>
-          reply.type === 'result'
-            ? job.resolve(reply.result)
-            : job.reject(new RolloutError(reply.code, reply.message, reply.field === undefined ? {} : { field: reply.field })),
-        );
-        this.#dispatch();
-    }
-  }
-
-  #onExit(thread: Thread<Task, Result>, code: number): void {
-    if (!this.#threads.delete(thread)) return; // closed, or already let go (init error, stuck task)
-    this.#crashes++;
-    if (!thread.ready) {
-      // Died while loading (e.g. out of memory on the model folder): a replacement would most likely die the same
-      // way, so this is a failed start, with its back-off, not a crash to replace at once (that spun in a loop).
-      this.#startFailed(new RolloutError('failed_precondition', `token worker could not start: it exited with code ${code} while loading`));
-      return;
-    }
-    const err = new RolloutError('internal', `token worker exited with code ${code} while working on this sample; the pool replaced it`);
-    this.#log.error({ code, busy: thread.job !== undefined }, 'token worker exited; replacing it');
-    if (thread.job) this.#finish(thread, (job) => job.reject(err));
-    this.#spawn();
-  }
-
-  /** A thread could not start (already out of the pool): fails who waits on it and retries after a pause. */
-  #startFailed(err: RolloutError): void {
-    this.#log.error({ err }, 'token worker could not start');
-    for (const w of this.#readyWaiters.splice(0)) w.reject(err);
-    this.#holdProcess();
-    // Nothing can run until a thread starts: the waiting tasks fail now rather than at their deadlines.
-    if (![...this.#threads].some((t) => t.ready)) for (const job of this.#queue.splice(0)) this.#settle(job, () => job.reject(err));
-    this.#restartLater();
-  }
-
-  /** Takes a thread out of the pool and terminates it; its exit and any late answer are then ignored. */
-  #retire(thread: Thread<Task, Result>): void {
-    this.#threads.delete(thread);
-    const stopped = thread.worker.terminate();
-    this.#stopping.add(stopped);
-    void stopped.finally(() => this.#stopping.delete(stopped));
-  }
-
-  /** The caller of the thread's job gave it up: the thread gets a short grace (within the deadline) to end it. */
-  #abandon(thread: Thread<Task, Result>): void {
-    const grace = Math.min(this.#abandonedGraceMs, thread.deadlineAt - Date.now());
-    this.#arm(thread, Math.max(0, grace));
-  }
-
-  /** (Re)sets the timer that stops the thread if its job has not ended `ms` from now. */
-  #arm(thread: Thread<Task, Result>, ms: number): void {
-    clearTimeout(thread.deadline);
-    thread.deadline = setTimeout(() => this.#reclaim(thread), ms);
-    thread.deadline.unref();
-  }
-
-  /**
-   * The thread's job overran its deadline or its grace: fails the job (if its caller still waits), stops the thread
-   * (a thread in a loop never reads another message, so terminating it is the only way back) and starts another.
-   */
-  #reclaim(thread: Thread<Task, Result>): void {
-    if (!this.#threads.has(thread) || thread.job === undefined) return;
+  #reclaim(thread: PoolThread<undefined>, abandoned: boolean): void {
     this.#reclaimed++;
-    const abandoned = thread.job.settled;
     this.#log.warn({ abandoned, taskTimeoutMs: this.#taskTimeoutMs }, 'token worker stuck in a task; replacing it');
-    const err = new RolloutError(
+    const error = new RolloutError(
       'internal',
       `token work ran longer than ${this.#taskTimeoutMs} ms (the token pool's taskTimeoutMs); the pool stopped its thread and replaced it`,
     );
-    this.#finish(thread, (job) => job.reject(err));
-    this.#retire(thread);
-    this.#startThreads();
-  }
-
-  #restartLater(): void {
-    if (this.#closed || this.#restartTimer !== undefined) return; // one retry at a time
-    this.#restartDelayMs = Math.min(30_000, Math.max(500, this.#restartDelayMs * 2));
-    this.#restartTimer = setTimeout(() => {
-      this.#restartTimer = undefined;
-      if (!this.#closed && this.#threads.size < this.size) this.#spawn();
-    }, this.#restartDelayMs);
-    this.#restartTimer.unref();
-  }
-
-  #dispatch(): void {
-    for (const thread of this.#threads) {
-      if (this.#queue.length === 0) return;
-      if (!thread.ready || thread.job) continue;
-      const job = this.#queue.shift()!;
-      thread.job = job;
-      job.thread = thread;
-      thread.jobId = this.#nextId++;
-      if (this.#taskTimeoutMs > 0) {
-        thread.deadlineAt = Date.now() + this.#taskTimeoutMs;
-        this.#arm(thread, this.#taskTimeoutMs);
-      }
-      thread.worker.postMessage({ id: thread.jobId, task: job.task } satisfies WorkerRequest<Task>);
-    }
-  }
-
-  /** Takes the thread's job off it and settles the job (unless its caller already gave up). */
-  #finish(thread: Thread<Task, Result>, settle: (job: Job<Task, Result>) => void): void {
-    const job = thread.job!;
-    thread.job = undefined;
-    job.thread = undefined;
-    clearTimeout(thread.deadline);
-    thread.deadline = undefined;
-    thread.deadlineAt = Infinity;
-    this.#settle(job, () => settle(job));
-  }
-
-  /** Settles the job's promise once (later answers for a job its caller gave up are dropped). */
-  #settle(job: Job<Task, Result>, settle: () => void): void {
-    if (job.settled) return;
-    job.settled = true;
-    this.#pending--;
-    this.#holdProcess();
-    if (job.onAbort) job.signal?.removeEventListener('abort', job.onAbort);
-    job.onAbort = undefined;
-    settle();
+    this.#pool.replace(thread, { error });
   }
 }
+
+/** The token pool's errors: a pool that cannot serve is `unavailable`, a thread that cannot load `failed_precondition`. */
+const TOKEN_POOL_ERRORS: ThreadPoolSpec<unknown, ThreadReply, undefined>['errors'] = {
+  closed: () => new RolloutError('unavailable', 'token workers are shut down'),
+  shuttingDown: () => new RolloutError('unavailable', 'token workers are shutting down'),
+  queueFull: (max) => new RolloutError('resource_exhausted', `token work queue is full (${max} tasks waiting)`),
+  couldNotStart: (cause) =>
+    new RolloutError(
+      'failed_precondition',
+      'message' in cause ? `token worker could not start: ${cause.message}` : `token worker could not start: it exited with code ${cause.code} while loading`,
+    ),
+  exited: (code) => new RolloutError('internal', `token worker exited with code ${code} while working on this sample; the pool replaced it`),
+  unsendable: (err) => new RolloutError('internal', `token work could not be sent to its thread: ${err instanceof Error ? err.message : String(err)}`, { cause: err }),
+};
 
 /** A timer option: a whole number of ms, from 0 to the longest setTimeout can wait. */
 function timerOption(name: string, ms: number): number {

@@ -1,9 +1,9 @@
 import { availableParallelism } from 'node:os';
-import { Worker } from 'node:worker_threads';
 import { RolloutError } from '../../errors.js';
 import { silentLogger, type Logger } from '../../observability/logger.js';
 import { threadStat } from '../../thread-priority.js';
 import { MAX_TIMER_MS } from '../../timers.js';
+import { ThreadPool, type PoolThread, type ThreadPoolSpec, type ThreadReply } from '../../workers/thread-pool.js';
 import { inlineCheck, type CheckResult, type CheckTask } from './check-tasks.js';
 
 /** What a checker thread answers (check-worker.ts speaks it); `cpuTicks` is its CPU time so far (Linux), for the bound. */
@@ -35,26 +35,11 @@ export interface CheckPoolOptions {
 /** USER_HZ: the unit of utime and stime in /proc (100 on every Linux the server runs on). */
 const TICK_MS = 10;
 
-interface Job {
-  task: CheckTask;
-  resolve: (outcome: CheckOutcome<CheckTask>) => void;
-  reject: (err: RolloutError) => void;
-  settled: boolean;
-  signal: AbortSignal | undefined;
-  onAbort: (() => void) | undefined;
-}
-
-interface Thread {
-  worker: Worker;
-  ready: boolean;
-  /** Its Linux thread id, when it could tell (then the bound is its CPU time; else wall time). */
+/** A checker thread's own state: its Linux thread id, when it could tell (then the bound is its CPU time; else wall
+ * time), and its CPU time in ticks when it last reported (before its current check). */
+interface CheckThread {
   tid: number | undefined;
-  /** Its CPU time in ticks when it last reported (before its current job). */
   cpuTicks: number;
-  job: Job | undefined;
-  jobId: number;
-  startedAt: number;
-  timer: NodeJS.Timeout | undefined;
 }
 
 /** One thread per core left to the event loop, at least 1 and at most 2. */
@@ -84,21 +69,10 @@ export class CheckPool {
   readonly size: number;
   readonly checkCpuMs: number;
   readonly starvedAfterMs: number;
-  readonly #maxQueued: number;
-  readonly #script: URL;
   readonly #log: Logger;
-  readonly #threads = new Set<Thread>();
-  readonly #stopping = new Set<Promise<number>>();
-  readonly #queue: Job[] = [];
-  #nextId = 0;
-  #closed = false;
-  /** Checks asked for and not settled yet: while there are any the threads are ref'ed (see {@link #holdProcess}). */
-  #pending = 0;
-  #held = false;
-  #restartDelayMs = 0;
-  #restartTimer: NodeJS.Timeout | undefined;
-  /** Counters for tests and logs: threads replaced after a crash, after a check past its bound. */
-  readonly stats = { crashes: 0, limits: 0, inline: 0, threaded: 0 };
+  readonly #pool: ThreadPool<CheckTask, CheckOutcome<CheckTask>, CheckWorkerReply, CheckThread>;
+  #limits = 0;
+  #inline = 0;
 
   constructor(options: CheckPoolOptions = {}) {
     this.size = options.size ?? defaultCheckWorkers();
@@ -111,9 +85,31 @@ export class CheckPool {
     if (!Number.isInteger(this.starvedAfterMs) || this.starvedAfterMs < this.checkCpuMs) {
       throw RolloutError.invalid('starvedAfterMs', `must be a whole number of ms, at least checkCpuMs (${this.checkCpuMs}), got ${this.starvedAfterMs}`);
     }
-    this.#maxQueued = options.maxQueued ?? 4096;
-    this.#script = options.script ?? new URL('./check-worker-entry.mjs', import.meta.url);
     this.#log = (options.logger ?? silentLogger()).child({ component: 'check-pool' });
+    this.#pool = new ThreadPool<CheckTask, CheckOutcome<CheckTask>, CheckWorkerReply, CheckThread>({
+      script: options.script ?? new URL('./check-worker-entry.mjs', import.meta.url),
+      size: this.size,
+      maxQueued: options.maxQueued ?? 4096,
+      log: this.#log,
+      threadName: 'answer checker thread',
+      errors: CHECK_POOL_ERRORS,
+      threadState: () => ({ tid: undefined, cpuTicks: 0 }),
+      observe: (thread, reply) => {
+        if (reply.cpuTicks !== undefined) thread.state.cpuTicks = reply.cpuTicks;
+        if (reply.type === 'ready') thread.state.tid = reply.tid;
+      },
+      result: (reply) => ({ result: reply.result as CheckResult }),
+      taskError: (reply) => new RolloutError('environment_error', `the answer checker failed: ${reply.message}`),
+      // The bound is checked first after checkCpuMs of wall time: a check cannot have used more CPU than that.
+      timerMs: this.checkCpuMs,
+      // No abandonedTaskGraceMs: a check its caller gave up goes on under its bound (checks are short, a new thread is not free).
+      overtime: (thread) => this.#overtime(thread),
+    });
+  }
+
+  /** Counters for tests and logs: threads replaced after a crash, checks past their bound, checks inline and on threads. */
+  get stats(): { crashes: number; limits: number; inline: number; threaded: number } {
+    return { crashes: this.#pool.crashes, limits: this.#limits, inline: this.#inline, threaded: this.#pool.accepted };
   }
 
   /**
@@ -123,197 +119,55 @@ export class CheckPool {
   check<T extends CheckTask>(task: T, signal?: AbortSignal): Promise<CheckOutcome<T>> {
     const inline = inlineCheck(task);
     if (inline !== undefined) {
-      this.stats.inline++;
+      this.#inline++;
       return Promise.resolve({ result: inline });
     }
-    if (this.#closed) return Promise.reject(new RolloutError('environment_error', 'the answer checker threads are shut down'));
-    if (signal?.aborted) return Promise.reject(RolloutError.from(signal.reason, 'cancelled'));
-    if (this.#queue.length >= this.#maxQueued) {
-      return Promise.reject(new RolloutError('environment_error', `the answer checker's queue is full (${this.#maxQueued} checks waiting)`));
-    }
-    this.stats.threaded++;
-    return new Promise<CheckOutcome<T>>((resolve, reject) => {
-      const job: Job = { task, resolve: resolve as Job['resolve'], reject, settled: false, signal, onAbort: undefined };
-      this.#pending++;
-      this.#holdProcess();
-      if (signal) {
-        // The caller stops waiting; a running check goes on under its bound (checks are short, a new thread is not free).
-        job.onAbort = () => {
-          const at = this.#queue.indexOf(job);
-          if (at >= 0) this.#queue.splice(at, 1);
-          this.#settle(job, () => reject(RolloutError.from(signal.reason, 'cancelled')));
-        };
-        signal.addEventListener('abort', job.onAbort, { once: true });
-      }
-      this.#queue.push(job);
-      this.#startThreads();
-      this.#dispatch();
-    });
+    return this.#pool.run(task, signal) as Promise<CheckOutcome<T>>;
   }
 
   /** Fails waiting and running checks (environment_error) and terminates every thread. */
-  async close(): Promise<void> {
-    if (this.#closed) return;
-    this.#closed = true;
-    clearTimeout(this.#restartTimer);
-    const stopping = new RolloutError('environment_error', 'the answer checker threads are shutting down');
-    for (const job of this.#queue.splice(0)) this.#settle(job, () => job.reject(stopping));
-    const threads = [...this.#threads];
-    this.#threads.clear();
-    for (const t of threads) if (t.job) this.#finish(t, (job) => job.reject(stopping));
-    await Promise.all([...threads.map((t) => t.worker.terminate()), ...this.#stopping]);
+  close(): Promise<void> {
+    return this.#pool.close();
   }
 
   /** The threads' ids (worker threadId), for tests: which thread a check may run on. */
   threadIds(): number[] {
-    return [...this.#threads].map((t) => t.worker.threadId);
-  }
-
-  #startThreads(): void {
-    if (this.#closed || this.#restartTimer !== undefined) return; // after a failed start, the timer starts the next one
-    while (this.#threads.size < this.size) this.#spawn();
-  }
-
-  #spawn(): void {
-    const worker = new Worker(this.#script);
-    const thread: Thread = { worker, ready: false, tid: undefined, cpuTicks: 0, job: undefined, jobId: -1, startedAt: 0, timer: undefined };
-    this.#threads.add(thread);
-    worker.on('message', (reply: CheckWorkerReply) => this.#onReply(thread, reply));
-    worker.on('error', (err) => this.#log.error({ err }, 'answer checker thread failed'));
-    worker.on('exit', (code) => this.#onExit(thread, code));
-    // After the listeners: adding a 'message' listener refs the worker's port again (Node 20), which undid an unref
-    // made before it (a pool nobody closed kept its process alive: `serve --math-checker` did not exit on SIGTERM).
-    if (!this.#held) worker.unref();
-  }
-
-  /**
-   * Threads keep the process alive while a check waits or runs, and only then: a script awaiting a check must not end
-   * before it (Node ends a process whose only work is an unref'ed thread's, exit code 13 for a pending top-level
-   * await), and an idle pool nobody closed must not keep its process.
-   */
-  #holdProcess(): void {
-    const hold = this.#pending > 0;
-    if (hold === this.#held) return;
-    this.#held = hold;
-    for (const t of this.#threads) {
-      if (hold) t.worker.ref();
-      else t.worker.unref();
-    }
-  }
-
-  #onReply(thread: Thread, reply: CheckWorkerReply): void {
-    if (!this.#threads.has(thread)) return; // let go (replaced or closed): a late answer is not used
-    if (reply.cpuTicks !== undefined) thread.cpuTicks = reply.cpuTicks;
-    if (reply.type === 'ready') {
-      thread.ready = true;
-      thread.tid = reply.tid;
-      this.#restartDelayMs = 0;
-      this.#dispatch();
-      return;
-    }
-    if (thread.job === undefined || reply.id !== thread.jobId) return;
-    this.#finish(thread, (job) =>
-      reply.type === 'result'
-        ? job.resolve({ result: reply.result as CheckResult })
-        : job.reject(new RolloutError('environment_error', `the answer checker failed: ${reply.message}`)),
-    );
-    this.#dispatch();
-  }
-
-  #onExit(thread: Thread, code: number): void {
-    if (!this.#threads.delete(thread)) return; // closed, or already let go
-    this.stats.crashes++;
-    if (!thread.ready) {
-      // Died while loading: a replacement would most likely die the same way; retried after a pause, and what waits fails now.
-      const err = new RolloutError('environment_error', `the answer checker thread could not start (exit code ${code})`);
-      this.#log.error({ code }, 'answer checker thread could not start');
-      if (![...this.#threads].some((t) => t.ready)) for (const job of this.#queue.splice(0)) this.#settle(job, () => job.reject(err));
-      this.#restartLater();
-      return;
-    }
-    this.#log.error({ code, busy: thread.job !== undefined }, 'answer checker thread exited; replacing it');
-    if (thread.job) this.#finish(thread, (job) => job.reject(new RolloutError('environment_error', `the answer checker thread exited with code ${code} during this check; it was replaced`)));
-    this.#startThreads();
-    this.#dispatch();
-  }
-
-  #restartLater(): void {
-    if (this.#closed || this.#restartTimer !== undefined) return;
-    this.#restartDelayMs = Math.min(30_000, Math.max(500, this.#restartDelayMs * 2));
-    this.#restartTimer = setTimeout(() => {
-      this.#restartTimer = undefined;
-      if (!this.#closed && this.#threads.size < this.size) this.#spawn();
-    }, this.#restartDelayMs);
-    this.#restartTimer.unref();
-  }
-
-  #dispatch(): void {
-    for (const thread of this.#threads) {
-      if (this.#queue.length === 0) return;
-      if (!thread.ready || thread.job) continue;
-      const job = this.#queue.shift()!;
-      thread.job = job;
-      thread.jobId = this.#nextId++;
-      thread.startedAt = Date.now();
-      this.#arm(thread, this.checkCpuMs);
-      thread.worker.postMessage({ id: thread.jobId, task: job.task });
-    }
-  }
-
-  #arm(thread: Thread, ms: number): void {
-    clearTimeout(thread.timer);
-    thread.timer = setTimeout(() => this.#overtime(thread), ms);
-    thread.timer.unref();
+    return this.#pool.threadIds();
   }
 
   /** The check has run `checkCpuMs` of wall time (or more): past its CPU bound it ends as a limit; starved, it waits on. */
-  #overtime(thread: Thread): void {
-    if (!this.#threads.has(thread) || thread.job === undefined) return;
+  #overtime(thread: PoolThread<CheckThread>): void {
     const wallMs = Date.now() - thread.startedAt;
-    const stat = thread.tid === undefined ? undefined : threadStat(thread.tid);
-    const cpuMs = stat === undefined ? wallMs : (Number(stat[11]) + Number(stat[12]) - thread.cpuTicks) * TICK_MS;
+    const stat = thread.state.tid === undefined ? undefined : threadStat(thread.state.tid);
+    const cpuMs = stat === undefined ? wallMs : (Number(stat[11]) + Number(stat[12]) - thread.state.cpuTicks) * TICK_MS;
     if (cpuMs >= this.checkCpuMs) {
-      this.stats.limits++;
+      this.#limits++;
       this.#log.warn({ cpuMs, wallMs }, 'answer check past its CPU bound; replacing its thread');
-      this.#replace(thread, (job) => job.resolve({ limit: `no verdict within ${this.checkCpuMs} ms of CPU time` }));
+      this.#pool.replace(thread, { result: { limit: `no verdict within ${this.checkCpuMs} ms of CPU time` } });
     } else if (wallMs >= this.starvedAfterMs) {
       this.#log.error({ cpuMs, wallMs }, 'answer checker thread starved or blocked; replacing it');
-      const err = new RolloutError('environment_error', `the answer checker thread got ${cpuMs} ms of CPU in ${wallMs} ms (starved or blocked); it was replaced`);
-      this.#replace(thread, (job) => job.reject(err));
+      const error = new RolloutError('environment_error', `the answer checker thread got ${cpuMs} ms of CPU in ${wallMs} ms (starved or blocked); it was replaced`);
+      this.#pool.replace(thread, { error });
     } else {
-      this.#arm(thread, Math.max(100, Math.min(this.checkCpuMs - cpuMs, this.starvedAfterMs - wallMs)));
+      this.#pool.arm(thread, Math.max(100, Math.min(this.checkCpuMs - cpuMs, this.starvedAfterMs - wallMs)));
     }
   }
-
-  /** Settles the thread's job, terminates the thread (stuck in a loop, it reads no message) and starts another. */
-  #replace(thread: Thread, settle: (job: Job) => void): void {
-    this.#finish(thread, settle);
-    this.#threads.delete(thread);
-    const stopped = thread.worker.terminate();
-    this.#stopping.add(stopped);
-    void stopped.finally(() => this.#stopping.delete(stopped));
-    this.#startThreads();
-    this.#dispatch();
-  }
-
-  #finish(thread: Thread, settle: (job: Job) => void): void {
-    const job = thread.job!;
-    thread.job = undefined;
-    clearTimeout(thread.timer);
-    thread.timer = undefined;
-    this.#settle(job, () => settle(job));
-  }
-
-  #settle(job: Job, settle: () => void): void {
-    if (job.settled) return;
-    job.settled = true;
-    this.#pending--;
-    this.#holdProcess();
-    if (job.onAbort) job.signal?.removeEventListener('abort', job.onAbort);
-    job.onAbort = undefined;
-    settle();
-  }
 }
+
+/** The checkers' errors: whatever keeps a check from its verdict is the infrastructure's (environment_error), never reward 0. */
+const CHECK_POOL_ERRORS: ThreadPoolSpec<unknown, ThreadReply, unknown>['errors'] = {
+  closed: () => new RolloutError('environment_error', 'the answer checker threads are shut down'),
+  shuttingDown: () => new RolloutError('environment_error', 'the answer checker threads are shutting down'),
+  queueFull: (max) => new RolloutError('environment_error', `the answer checker's queue is full (${max} checks waiting)`),
+  couldNotStart: (cause) =>
+    new RolloutError(
+      'environment_error',
+      'message' in cause ? `the answer checker thread could not start: ${cause.message}` : `the answer checker thread could not start (exit code ${cause.code})`,
+    ),
+  exited: (code) => new RolloutError('environment_error', `the answer checker thread exited with code ${code} during this check; it was replaced`),
+  unsendable: (err) =>
+    new RolloutError('environment_error', `the check could not be sent to its thread: ${err instanceof Error ? err.message : String(err)}`, { cause: err }),
+};
 
 let shared: CheckPool | undefined;
 
