@@ -15,9 +15,10 @@ as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 # Debian packages, installed when their command is missing: bubblewrap runs sandboxes; debootstrap, squashfs-tools
 # and siftool build .sif images; squashfuse and fuse3 (fusermount3) mount them; busybox-static is the image without GNU
 # tools, bash or dash of test/sandboxes/review-s37-busybox-*.ts and review-s37-no-init-fds (skipped without it);
-# slirp4netns is the network of bubblewrap sandboxes that ask for one (sandbox.networkMode 'isolated', the default).
+# slirp4netns is the network of bubblewrap sandboxes that ask for one (sandbox.networkMode 'isolated', the default),
+# and iproute2's `ip` sets the rules that keep them off private addresses (src/sandboxes/slirp-network.ts).
 apt_missing=()
-for pair in bwrap:bubblewrap debootstrap:debootstrap mksquashfs:squashfs-tools siftool:siftool squashfuse:squashfuse fusermount3:fuse3 busybox:busybox-static slirp4netns:slirp4netns; do
+for pair in bwrap:bubblewrap debootstrap:debootstrap mksquashfs:squashfs-tools siftool:siftool squashfuse:squashfuse fusermount3:fuse3 busybox:busybox-static slirp4netns:slirp4netns ip:iproute2; do
   PATH="$PATH:/usr/sbin:/sbin" command -v "${pair%%:*}" >/dev/null 2>&1 || apt_missing+=("${pair#*:}")
 done
 if [ ${#apt_missing[@]} -gt 0 ]; then

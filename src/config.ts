@@ -6,6 +6,7 @@ import { DEFAULT_MAX_BUFFERED_RESPONSE_BYTES, MAX_BUFFERED_RESPONSE_BYTES, MIN_B
 import { tokenProblem } from './bearer-token.js';
 import { MAX_ACK_ENTRIES } from './contract/session.js';
 import { RolloutError } from './errors.js';
+import { isIpv4Cidr } from './sandboxes/slirp-network.js';
 import { MAX_TIMER_MS } from './timers.js';
 
 /**
@@ -186,6 +187,12 @@ export const serverConfigSchema = z.strictObject({
        * The Apptainer driver ignores it (network there is always the host's namespace).
        */
       networkMode: z.enum(['isolated', 'host']).default('isolated'),
+      /**
+       * IPv4 CIDRs an `isolated` sandbox may reach although they are private: by default the RFC 1918 ranges, link-local
+       * (cloud metadata 169.254.169.254), CGNAT, multicast and the host's own addresses are refused inside the sandbox
+       * (PRIVATE_DESTINATIONS, src/sandboxes/slirp-network.ts). E.g. `["10.1.0.0/16"]` for a package mirror on the LAN.
+       */
+      networkAllow: z.array(z.string().refine(isIpv4Cidr, { error: 'must be an IPv4 CIDR such as 10.1.0.0/16' })).default([]),
       /** Default root file system when an environment names none: a .sif, a directory, or unset for the host's /usr. */
       image: z.string().optional(),
       /**

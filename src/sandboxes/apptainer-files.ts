@@ -1,5 +1,5 @@
 import { RolloutError } from '../errors.js';
-import { killedFileOperation, readNonblock } from './sandbox-files.js';
+import { killedFileOperation, readNonblock, replaceFileScript } from './sandbox-files.js';
 
 /**
  * File operations of the Apptainer driver, done by small POSIX sh scripts run inside the instance (as the
@@ -8,7 +8,8 @@ import { killedFileOperation, readNonblock } from './sandbox-files.js';
  *
  * Each script reports a problem by a distinct exit code (below) before touching anything; paths are positional
  * parameters, never spliced into the script. Needs sh, cat, head, wc, mkdir, dirname and GNU find (-printf) in the
- * image: Debian's required packages.
+ * image: Debian's required packages; writes replace the file whole with mktemp, stat, readlink and mv where the image
+ * has them (else in place, as before).
  */
 export const FILE_EXIT = { missing: 3, notFile: 4, tooLarge: 5, notDir: 6, changed: 7 } as const;
 
@@ -29,16 +30,17 @@ export const READ_FILE_SCRIPT = [
   'exec head -c "$n" -- "$p"',
 ].join('\n');
 
-/** argv: path. Writes stdin to the file, creating its parents. */
+/**
+ * argv: path. Writes stdin to the file, creating its parents: to a new file beside it, renamed over it once all is
+ * written, so a write that fails part way leaves the old content (replaceFileScript, shared with bubblewrap; no init
+ * here: GNU dd's O_NONBLOCK, else cat).
+ */
 export const WRITE_FILE_SCRIPT = [
-  'p=$1',
+  'p=$1; i=',
   `[ -d "$p" ] && exit ${FILE_EXIT.notFile}`,
   `[ -e "$p" ] && [ ! -f "$p" ] && exit ${FILE_EXIT.notFile}`,
   'mkdir -p -- "$(dirname -- "$p")" || exit 1',
-  // O_NONBLOCK where GNU dd is there: a FIFO put at the path after the check fails the open (ENXIO) instead of
-  // blocking it until the command timeout, which would be reported as deadline_exceeded, an infrastructure failure.
-  'dd of=/dev/null oflag=nonblock count=0 status=none </dev/null 2>/dev/null && exec dd of="$p" oflag=nonblock bs=65536 status=none',
-  'exec cat > "$p"',
+  replaceFileScript({ notRegular: FILE_EXIT.notFile, isDir: FILE_EXIT.notFile }),
 ].join('\n');
 
 /** argv: path. Prints one NUL-terminated `<type> <size> <name>` record per entry (find's %y: f, d, l, ...). */

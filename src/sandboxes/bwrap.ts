@@ -15,7 +15,7 @@ import { resolveFdCloser, type FdCloser } from './fd-closer.js';
 import { resolveSandboxInit } from './init/sandbox-init.js';
 import type { ImageMounts, MountedImage } from './images/image-mounts.js';
 import { SifImageMounts } from './images/sif-mount.js';
-import { SLIRP_RESOLV_CONF, SlirpNetwork } from './slirp-network.js';
+import { defaultNetworkPolicy, isIpv4Cidr, SLIRP_RESOLV_CONF, SlirpNetwork } from './slirp-network.js';
 import type { SandboxDriver, SandboxLimits, SandboxSpec } from './types.js';
 
 export { BubblewrapSandbox } from './bwrap-sandbox.js';
@@ -50,7 +50,8 @@ export interface BubblewrapDriverOptions {
   init?: string | false;
   /**
    * What a spec's `network: true` gives (config `sandbox.networkMode`). `isolated` (default): the sandbox keeps its own
-   * network namespace and slirp4netns (slirp-network.ts) NATs it out with the host's 127.0.0.1 cut off; a missing
+   * network namespace and slirp4netns (slirp-network.ts) NATs it out with the host's 127.0.0.1 cut off and private
+   * destinations (cloud metadata, the LAN, the host's addresses) refused inside the namespace (networkAllow); a missing
    * slirp4netns fails such a sandbox's start (sandbox_error), never falls back to the host's namespace. `host`: the
    * host's own network namespace (no `--unshare-net`): its loopback services, abstract UNIX sockets and whatever it
    * reaches (README, Sandboxes).
@@ -58,6 +59,15 @@ export interface BubblewrapDriverOptions {
   network?: 'isolated' | 'host';
   /** The slirp4netns binary of isolated networking; default `slirp4netns` from PATH. */
   slirp4netnsPath?: string;
+  /**
+   * IPv4 CIDRs an isolated sandbox may reach although they are private (config `sandbox.networkAllow`): by default the
+   * RFC 1918 ranges, link-local (cloud metadata), CGNAT, multicast and the host's own addresses are refused inside the
+   * sandbox's namespace (PRIVATE_DESTINATIONS in slirp-network.ts). `0.0.0.0/0` allows everything, and sets no rule
+   * (nor needs `ip`).
+   */
+  networkAllow?: readonly string[];
+  /** The iproute2 `ip` binary that sets that policy; default `ip` from PATH. */
+  ipPath?: string;
 }
 
 /** What isolation this driver achieves on this machine. */
@@ -131,6 +141,7 @@ export class BubblewrapDriver implements SandboxDriver {
   private readonly cgroups: CgroupManager;
   private readonly networkMode: 'isolated' | 'host';
   private readonly slirpPath: string;
+  private readonly networkAllow: readonly string[];
   private probe: Promise<Probe> | undefined;
 
   constructor(private readonly options: BubblewrapDriverOptions = {}) {
@@ -138,6 +149,10 @@ export class BubblewrapDriver implements SandboxDriver {
     this.bwrapPath = options.bwrapPath ?? 'bwrap';
     this.networkMode = options.network ?? 'isolated';
     this.slirpPath = options.slirp4netnsPath ?? 'slirp4netns';
+    this.networkAllow = [...(options.networkAllow ?? [])];
+    for (const cidr of this.networkAllow) {
+      if (!isIpv4Cidr(cidr)) throw RolloutError.invalid('sandbox.networkAllow', `must hold IPv4 CIDRs such as 10.1.0.0/16, got ${JSON.stringify(cidr)}`);
+    }
     const mode = options.identity ?? 'auto';
     const root = isRoot();
     if (mode === 'setuid' && !root) throw new RolloutError('failed_precondition', "bwrap identity 'setuid' needs the server to run as root");
@@ -207,6 +222,8 @@ export class BubblewrapDriver implements SandboxDriver {
         const net = await SlirpNetwork.start({
           slirpPath: this.slirpPath, netnsFd: held('net'), usernsFd: holder.namespaces.owner ?? held('user'), enterUserns: !isRoot(), closer: probe.closer,
           timeoutMs: this.options.startTimeoutMs ?? 30_000, ...(signal !== undefined && { signal }),
+          // The host's addresses as they are now (they may change while the server runs).
+          policy: defaultNetworkPolicy(this.networkAllow), ...(this.options.ipPath !== undefined && { ipPath: this.options.ipPath }),
         });
         network = net;
         undo.push(async () => net.kill());

@@ -14,7 +14,7 @@ import type { SandboxDriver } from './types.js';
 export function createSandboxDriver(config: ServerConfig['sandbox'], logger: Logger): SandboxDriver {
   switch (config.driver) {
     case 'bwrap':
-      return new BubblewrapDriver({ logger, network: config.networkMode });
+      return new BubblewrapDriver({ logger, network: config.networkMode, networkAllow: config.networkAllow });
     case 'apptainer':
       return new ApptainerDriver({ logger, binary: config.apptainerPath, disk: config.apptainerDisk });
   }

@@ -60,6 +60,52 @@ export function readNonblock(notRegular: number, changed: number): string {
 }
 
 /**
+ * The write of writeFile once the path is checked (absent or a regular file, its directory made), shared by both
+ * drivers' scripts: `$p` the path, `$i` the sandbox init inside the sandbox (empty without one). The content goes to a
+ * new file beside the file the path names (mktemp: O_EXCL, so nothing the program planted is opened) and is renamed
+ * over it only once all of it is written: a write that fails part way — the file size limit (SIGXFSZ), a full tmpfs
+ * (ENOSPC), a killed writer — leaves the old content as it was, never a truncated file for the program's later commands
+ * and the evaluation to see (review s40). The partial copy is removed (a writer killed with the whole command leaves a
+ * hidden `.rollout-write.*` beside the file), and a writer killed by a signal kills the script with it, as an `exec`
+ * would: the driver tells a killed writer from the path's fault.
+ *
+ * What the path names is what is replaced: a symlink is resolved first (readlink -f, inside the sandbox's own root,
+ * so it can only lead to what the sandbox's user may write anyway) and stays a symlink; the new file gets the old
+ * one's permission bits (a new one 0666 less the umask, as a shell's `>`). Written in place as before, where
+ * replacing would change more than the content, or cannot be done: a file of another owner (the sandbox's user cannot
+ * give it back), one with other hard links (they would keep the old content), one the user may not write (refused as
+ * before, EACCES, not replaced behind its mode), a directory the user cannot create a file in, a file that cannot be
+ * renamed over (one bound into the sandbox: EBUSY), a symlink readlink cannot resolve (a dangling one fails there as it
+ * did), an image without mktemp. The writer opens with O_NONBLOCK (the init's `--write-file`, else GNU dd's), so a FIFO
+ * put at the path in between fails (ENXIO) instead of blocking; without either, `cat`.
+ */
+export function replaceFileScript(codes: { notRegular: number; isDir: number }): string {
+  return [
+    'w() {',
+    `  if [ -n "$i" ]; then "$i" --write-file ${codes.notRegular} "$1"`,
+    '  elif dd of=/dev/null oflag=nonblock count=0 status=none </dev/null 2>/dev/null; then dd of="$1" oflag=nonblock bs=65536 status=none',
+    '  else cat > "$1"; fi',
+    '}',
+    // The writer's status; one killed by a signal kills the script with it.
+    'fail() { [ -z "$tmp" ] || rm -f -- "$tmp"; [ "$1" -gt 128 ] && kill -s "$(kill -l "$1")" $$; exit "$1"; }',
+    'tmp=',
+    'inplace() { w "$1"; s=$?; [ "$s" = 0 ] || fail "$s"; exit 0; }',
+    't=$p',
+    'if [ -L "$p" ]; then t=$(readlink -f -- "$p" 2>/dev/null) && [ -n "$t" ] || inplace "$p"; fi',
+    'td=${t%/*}; [ -n "$td" ] || td=/',
+    'if [ -e "$t" ] && { [ ! -O "$t" ] || [ ! -w "$t" ] || [ "$(stat -c %h -- "$t" 2>/dev/null)" != 1 ]; }; then inplace "$t"; fi',
+    'tmp=$(mktemp "$td/.rollout-write.XXXXXX" 2>/dev/null) || { tmp=; inplace "$t"; }',
+    'w "$tmp"; s=$?; [ "$s" = 0 ] || fail "$s"',
+    'if [ -e "$t" ]; then m=$(stat -c %a -- "$t" 2>/dev/null); else m=$(printf %o $((0666 & ~0$(umask)))); fi',
+    '[ -z "$m" ] || chmod "$m" "$tmp" || fail 1',
+    'mv -fT -- "$tmp" "$t" 2>/dev/null && exit 0',
+    `[ -d "$t" ] && { rm -f -- "$tmp"; exit ${codes.isDir}; }`,
+    'w "$t" < "$tmp"; s=$?; [ "$s" = 0 ] || fail "$s"',
+    'rm -f -- "$tmp"',
+  ].join('\n');
+}
+
+/**
  * One open, one pass: up to the limit rounded up to whole pages past it (/proc/self/pagemap refuses reads of other
  * sizes), so the host sees more than the limit exactly when the file is over it. $3: the sandbox init binary inside the
  * sandbox (empty without one; $2 of WRITE likewise), whose `--read-file` opens with O_NONBLOCK and refuses what is not
@@ -74,14 +120,13 @@ n=$((($2 / 4096 + 1) * 4096))
 [ -n "$3" ] && exec "$3" --read-file ${NOT_REGULAR} "$n" "$p"
 ${readNonblock(NOT_REGULAR, CHANGED)}
 exec head -c "$n" -- "$p"`;
-const WRITE = `p=$1; d=\${p%/*}; [ -n "$d" ] || d=/
+/** $2: the sandbox init inside the sandbox (empty without one). See replaceFileScript. */
+const WRITE = `p=$1; i=$2; d=\${p%/*}; [ -n "$d" ] || d=/
 [ -d "$p" ] && exit ${IS_DIR}
 [ -e "$p" ] && [ ! -f "$p" ] && exit ${NOT_REGULAR}
 mkdir -p -- "$d" || exit 1
 [ -d "$d" ] || exit ${NOT_DIR}
-[ -n "$2" ] && exec "$2" --write-file ${NOT_REGULAR} "$p"
-dd of=/dev/null oflag=nonblock count=0 status=none </dev/null 2>/dev/null && exec dd of="$p" oflag=nonblock bs=65536 status=none
-exec cat > "$p"`;
+${replaceFileScript({ notRegular: NOT_REGULAR, isDir: IS_DIR })}`;
 /** $2: the sandbox init inside the sandbox (empty without one), whose `--list-dir` needs no GNU find (busybox's lacks -printf). */
 const LIST = `p=$1
 [ -e "$p" ] || exit ${NOT_FOUND}

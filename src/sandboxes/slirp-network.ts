@@ -1,4 +1,6 @@
 import { spawn, type ChildProcess } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { networkInterfaces } from 'node:os';
 import type { Readable, Writable } from 'node:stream';
 import { RolloutError } from '../errors.js';
 import { LAUNCH_ENV } from './bwrap-holder.js';
@@ -9,6 +11,87 @@ import type { FdCloser } from './fd-closer.js';
 export const SLIRP_DNS = '10.0.2.3';
 /** /etc/resolv.conf of an isolated sandbox: the host's may name a loopback resolver the sandbox cannot reach. */
 export const SLIRP_RESOLV_CONF = `nameserver ${SLIRP_DNS}\n`;
+
+/**
+ * IPv4 destinations an isolated sandbox must not reach, refused inside its own network namespace before it runs
+ * anything (NetworkPolicy): what a host typically reaches besides the internet — the LAN, the cloud provider's
+ * metadata and platform endpoints (credentials) — and what is no unicast destination at all. slirp4netns's own
+ * 10.0.2.0/24 is inside 10.0.0.0/8: only its DNS forwarder, port 53, is let through (ALLOWED_DNS).
+ */
+export const PRIVATE_DESTINATIONS: readonly string[] = [
+  '0.0.0.0/8', // "this network"
+  '10.0.0.0/8', // RFC 1918 (and slirp4netns's gateway 10.0.2.2: the host's loopback, refused by slirp too)
+  '100.64.0.0/10', // shared address space (CGNAT; Alibaba Cloud's metadata 100.100.100.200)
+  '169.254.0.0/16', // link-local: cloud metadata 169.254.169.254, ECS task credentials 169.254.170.2
+  '172.16.0.0/12', // RFC 1918
+  '192.0.0.0/24', // IETF protocol assignments (Oracle Cloud's legacy metadata 192.0.0.192)
+  '192.168.0.0/16', // RFC 1918
+  '168.63.129.16/32', // Azure's platform endpoint (WireServer: agent and extension configuration)
+  '224.0.0.0/4', // multicast (mDNS, SSDP of the LAN)
+  '240.0.0.0/4', // reserved, and the limited broadcast 255.255.255.255
+];
+
+/** What a sandbox must reach in slirp4netns's 10.0.2.0/24: the DNS forwarder, on port 53 only (UDP and TCP). */
+const ALLOWED_DNS = ['udp', 'tcp'].map((proto) => `to ${SLIRP_DNS}/32 ipproto ${proto} dport 53`);
+
+/** IPv4 CIDR (a.b.c.d/n): the form of sandbox.networkAllow's entries. */
+const IPV4_CIDR = /^(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(\.(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)){3}\/([12]?\d|3[0-2])$/;
+
+/** Whether `cidr` is an IPv4 CIDR such as 10.1.0.0/16 (what sandbox.networkAllow takes). */
+export function isIpv4Cidr(cidr: string): boolean {
+  return IPV4_CIDR.test(cidr);
+}
+
+/**
+ * Where an isolated sandbox may not go, and the exceptions an operator allowed. Applied by slirp-network.ts as policy
+ * routing rules (`ip rule`, iproute2) in the sandbox's network namespace, by the server while it holds the namespace
+ * and before the sandbox runs anything: the sandbox's processes (no capability in the user namespace that owns the
+ * namespace) cannot change them. A refused destination fails at once (EACCES) inside the sandbox; nothing reaches
+ * slirp4netns. Rule order: the DNS forwarder, then `allowed`, then `blocked`, then the main table (slirp's default
+ * route), so an allowed CIDR wins over a blocked one that contains it.
+ */
+export interface NetworkPolicy {
+  /** IPv4 CIDRs refused: PRIVATE_DESTINATIONS and the host's own addresses (hostAddresses()). */
+  blocked: readonly string[];
+  /** IPv4 CIDRs reachable although `blocked` holds them (config `sandbox.networkAllow`). */
+  allowed: readonly string[];
+}
+
+/**
+ * The host's own IPv4 addresses outside 127.0.0.0/8 (as /32), at the time of the call: services the host runs on them
+ * or on 0.0.0.0 (an engine, this server's port) must be out of a sandbox's reach. 127.0.0.0/8 is the sandbox's own
+ * loopback and never leaves it.
+ */
+export function hostAddresses(): string[] {
+  const out = new Set<string>();
+  for (const a of Object.values(networkInterfaces()).flat()) {
+    if (a !== undefined && a.family === 'IPv4' && !a.address.startsWith('127.')) out.add(`${a.address}/32`);
+  }
+  return [...out];
+}
+
+/** The default policy of a driver whose operator allowed `allowed`: private ranges and the host's addresses refused. */
+export function defaultNetworkPolicy(allowed: readonly string[] = []): NetworkPolicy {
+  return { blocked: [...PRIVATE_DESTINATIONS, ...hostAddresses()], allowed };
+}
+
+/** Preference of the first rule: before the main table's (32766), after the local table's (0). */
+const FIRST_RULE_PREF = 10_000;
+
+/**
+ * `ip -batch` input of a policy (IPv4 rules), and of the IPv6 rule: slirp4netns runs without --enable-ipv6, so no IPv6
+ * packet leaves through it; the rule refuses every IPv6 destination but the sandbox's own (the local table) all the
+ * same. Pure.
+ */
+export function policyBatches(policy: NetworkPolicy): { ipv4: string; ipv6: string } {
+  let pref = FIRST_RULE_PREF;
+  const lines = [
+    ...ALLOWED_DNS.map((sel) => `rule add pref ${pref++} ${sel} lookup main`),
+    ...policy.allowed.map((cidr) => `rule add pref ${pref++} to ${cidr} lookup main`),
+    ...policy.blocked.map((cidr) => `rule add pref ${pref++} to ${cidr} prohibit`),
+  ];
+  return { ipv4: `${lines.join('\n')}\n`, ipv6: `rule add pref ${pref} prohibit\n` };
+}
 
 /** Descriptors of the launched slirp4netns: 0 its exit fd, 3 its ready fd, 4 the netns, 5 the user namespace. */
 const EXIT_FD = 0;
@@ -35,6 +118,13 @@ export interface SlirpStartOptions {
   closer: FdCloser;
   timeoutMs: number;
   signal?: AbortSignal;
+  /**
+   * Destinations refused in the sandbox's namespace once slirp4netns has set it up and before start() returns (see
+   * NetworkPolicy); a policy that cannot be set fails the start.
+   */
+  policy: NetworkPolicy;
+  /** The iproute2 `ip` binary that sets the policy (a path, or a name looked up on PATH); default `ip`. */
+  ipPath?: string;
 }
 
 /**
@@ -60,8 +150,9 @@ export function slirpArgv(options: Pick<SlirpStartOptions, 'slirpPath' | 'enterU
  * The slirp4netns process that gives one bubblewrap sandbox its network: a tap device in the sandbox's own network
  * namespace (10.0.2.100/24, gateway 10.0.2.2, DNS {@link SLIRP_DNS}), NAT'ed through user-mode TCP/UDP sockets of the
  * host, with `--disable-host-loopback`: the host's 127.0.0.1 (engines' control endpoints, the server's own port) is
- * out of reach, and so, the namespace being the sandbox's own, are the host's abstract UNIX sockets. What the host can
- * reach on other addresses the sandbox can too (see the README).
+ * out of reach, and so, the namespace being the sandbox's own, are the host's abstract UNIX sockets. Once it is up,
+ * start() refuses the private destinations (cloud metadata, the LAN, the host's own addresses: NetworkPolicy) inside
+ * the namespace before returning; what remains is the internet and the DNS forwarder (see the README).
  *
  * Invariants: it enters the namespace through descriptors the server holds open since the sandbox started (a reused
  * pid cannot redirect it); it dies with the server (its exit fd is the server's end of a socket, which the kernel
@@ -147,6 +238,15 @@ export class SlirpNetwork {
     }
     child.on('error', () => undefined);
     ready.resume();
+    try {
+      await applyPolicy(options);
+    } catch (err) {
+      net.kill();
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([net.exited, new Promise((resolve) => (timer = setTimeout(resolve, KILL_WAIT_MS)))]);
+      clearTimeout(timer);
+      throw err;
+    }
     return net;
   }
 
@@ -162,4 +262,56 @@ export class SlirpNetwork {
       }
     }
   }
+}
+
+/** Descriptors of a launched policy step: 3 the netns, 4 the user namespace that owns it. */
+const POLICY_NETNS_FD = 3;
+const POLICY_USERNS_FD = 4;
+
+/**
+ * Sets `options.policy` in the sandbox's network namespace: `ip -batch` of the IPv4 rules, then `ip -6` of the IPv6 one
+ * (skipped where the kernel has no IPv6: then nothing of it exists to refuse). Entered like slirp4netns (the owning
+ * user namespace first when the server is not root). Throws sandbox_error with ip's own words when it cannot.
+ */
+async function applyPolicy(options: SlirpStartOptions): Promise<void> {
+  // An operator who allowed everything (0.0.0.0/0) asked for no rule: nothing is run (a host without policy routing).
+  if (options.policy.allowed.some((cidr) => cidr.endsWith('/0'))) return;
+  const batches = policyBatches(options.policy);
+  await runIp(options, [], batches.ipv4);
+  if (existsSync('/proc/net/if_inet6')) await runIp(options, ['-6'], batches.ipv6);
+}
+
+function runIp(options: SlirpStartOptions, family: string[], batch: string): Promise<void> {
+  const ip = options.ipPath ?? 'ip';
+  const argv = options.closer.wrap([POLICY_NETNS_FD, POLICY_USERNS_FD], [
+    'nsenter', ...(options.enterUserns ? ['--preserve-credentials', `--user=/proc/self/fd/${POLICY_USERNS_FD}`] : []),
+    `--net=/proc/self/fd/${POLICY_NETNS_FD}`, '--', ip, ...family, '-batch', '-',
+  ]);
+  const child = spawn(argv[0]!, argv.slice(1), { stdio: ['pipe', 'ignore', 'pipe', options.netnsFd, options.usernsFd], env: LAUNCH_ENV });
+  const stderr = new CappedOutput(8192);
+  child.stderr?.on('data', (c: Buffer) => stderr.push(c));
+  (child.stdin as Writable).on('error', () => undefined).end(batch);
+  const what = `cannot restrict the sandbox's network (${ip} ${[...family, 'rule'].join(' ')}, iproute2)`;
+  return new Promise<void>((resolve, reject) => {
+    let timer: NodeJS.Timeout | undefined = undefined;
+    const done = (err?: RolloutError): void => {
+      clearTimeout(timer);
+      options.signal?.removeEventListener('abort', onAbort);
+      child.off('close', onClose).off('error', onError);
+      if (err === undefined) {
+        resolve();
+        return;
+      }
+      child.kill('SIGKILL');
+      reject(err);
+    };
+    const onAbort = (): void => done(RolloutError.from(options.signal?.reason, 'cancelled'));
+    const onClose = (code: number | null, sig: string | null): void =>
+      code === 0 ? done() : done(new RolloutError('sandbox_error', `${what}: exit ${code ?? sig}: ${stderr.text().trim()}`));
+    const onError = (err: Error): void => done(new RolloutError('sandbox_error', `${what}: ${err.message}`, { cause: err }));
+    timer = setTimeout(() => done(new RolloutError('sandbox_error', `${what}: no answer within ${options.timeoutMs} ms`)), options.timeoutMs);
+    child.once('close', onClose).once('error', onError);
+    if (options.signal?.aborted) onAbort();
+    else options.signal?.addEventListener('abort', onAbort, { once: true });
+  });
 }

@@ -47,8 +47,9 @@ export interface SandboxSpec {
   /**
    * Network access; off unless the task asks (loopback only). On, with bubblewrap's default `sandbox.networkMode`
    * 'isolated': the sandbox's own network namespace NAT'ed out by slirp4netns, the host's 127.0.0.1 and abstract UNIX
-   * sockets out of reach, but whatever the host reaches on other addresses (its own non-loopback addresses, the LAN,
-   * a cloud metadata address) reachable. Under 'host', and always with Apptainer: the host's own network namespace,
+   * sockets out of reach, and so, refused inside the namespace, its other addresses, the LAN (RFC 1918, CGNAT) and
+   * link-local cloud metadata (unless `sandbox.networkAllow` opens a range; slirp-network.ts, NetworkPolicy): what
+   * stays is the internet and the DNS forwarder. Under 'host', and always with Apptainer: the host's own network namespace,
    * loopback services (engines' control endpoints, the server's port) included (README, Sandboxes).
    */
   network: boolean;
@@ -174,7 +175,11 @@ export interface Sandbox {
   shell(): PersistentShell;
   /** Reads a file as UTF-8; fails with invalid_argument past `maxBytes` (default 16 MiB) or when it is no file. */
   readFile(path: string, options?: FileOptions & { maxBytes?: number }): Promise<string>;
-  /** Writes a file (parents created), as the sandbox's user: never through a symlink out of the sandbox. */
+  /**
+   * Writes a file (parents created), as the sandbox's user: never through a symlink out of the sandbox. All or nothing
+   * where the file can be replaced (a new file renamed over it once complete; replaceFileScript in sandbox-files.ts): a
+   * write refused part way (file size limit, full disk, a killed writer) leaves the old content.
+   */
   writeFile(path: string, content: string, options?: FileOptions): Promise<void>;
   listDir(path: string, options?: FileOptions): Promise<DirEntry[]>;
   stop(): Promise<void>;
