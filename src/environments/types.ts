@@ -16,7 +16,7 @@ export interface EpisodeOutcome {
   messages: readonly ChatMessage[];
   /** Answer passed to the finish tool, if it was called. */
   finishAnswer?: string;
-  /** Why the run ended: 'finish_tool', 'answer', 'max_turns', 'max_total_tokens'. */
+  /** Why the run ended: 'finish_tool', 'answer', 'max_turns', 'max_total_tokens', 'tool_time_budget' (and others). */
   finishReason: string;
 }
 

@@ -135,7 +135,7 @@ export function stalenessActionToJSON(object: StalenessAction): string {
 export enum TrajectoryStatus {
   TRAJECTORY_STATUS_UNSPECIFIED = 0,
   TRAJECTORY_STATUS_COMPLETED = 1,
-  /** TRAJECTORY_STATUS_TRUNCATED - Turn or token budget reached; the reward is still computed. */
+  /** TRAJECTORY_STATUS_TRUNCATED - Turn, token or tool-time budget reached (the policy's own outcome); the reward is still computed. */
   TRAJECTORY_STATUS_TRUNCATED = 2,
   TRAJECTORY_STATUS_TIMEOUT = 3,
   TRAJECTORY_STATUS_CANCELLED = 4,
@@ -556,7 +556,10 @@ export interface Trajectory {
   groupId: string;
   environment: string;
   status: TrajectoryStatus;
-  /** Why the episode ended: "finish_tool", "answer", "max_turns", "max_total_tokens", "timeout", "cancelled", "error". */
+  /**
+   * Why the episode ended: "finish_tool", "answer", "max_turns", "max_total_tokens", "tool_time_budget", "timeout",
+   * "cancelled", "error" (and others the server documents, e.g. "max_model_len", "stale").
+   */
   finishReason: string;
   error: string;
   promptTokenIds: number[];
