@@ -7,12 +7,13 @@ import { createLogger } from '../observability/logger.js';
 import { TINY_QWEN3_URL } from '../backends/embedded/embedded-url.js';
 import { LogprobsMode } from '../../gen/ts/rollout/v1/backend.js';
 import { FakeVllmEngine } from '../testing/fake-vllm.js';
-import { createScriptedMathPolicy } from '../testing/scripted-policy.js';
+import { createScriptedMathPolicy, type FakePolicy } from '../testing/scripted-policy.js';
 import { defaultImagePath } from '../sandboxes/images/image-recipe.js';
 import { makeMathProblem } from '../testing/arithmetic.js';
 import { loadQwen3 } from '../tokens/tokenizer.js';
 import { TrajectoryStatus, type Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { statusName } from '../pipeline/outcome.js';
+import { forTerminal } from './terminal-text.js';
 
 export interface DemoOptions {
   groups: number;
@@ -37,15 +38,30 @@ function signalExitCode(signal: NodeJS.Signals): number {
 }
 
 /**
- * SIGINT and SIGTERM during the demo: the first stops it — the client's stream is dropped, and runDemo's cleanup
- * shuts the server down (its sandboxes, their cgroups and the image's squashfuse mount released) and closes the
- * engine before the process exits with 128 + the signal's number; a second signal exits at once, cleanup or not.
+ * A terminal that hung up (EIO: the window closed — SIGHUP is on its way) or a reader gone (EPIPE: `demo | head`)
+ * ends what the demo prints, not its cleanup: unhandled, the write's error killed the process with its sandboxes and
+ * image mount left behind.
+ */
+function ignoreGoneReader(err: NodeJS.ErrnoException): void {
+  if (err.code !== 'EIO' && err.code !== 'EPIPE') throw err;
+}
+
+const DEMO_SIGNALS: readonly NodeJS.Signals[] = ['SIGINT', 'SIGTERM', 'SIGHUP'];
+
+/**
+ * SIGINT, SIGTERM and SIGHUP (the terminal closed, the ssh session dropped) during the demo: the first stops it — the
+ * client's stream is dropped, and runDemo's cleanup shuts the server down (its sandboxes, their cgroups and the
+ * image's squashfuse mount released) and closes the engine before the process exits with 128 + the signal's number;
+ * a second signal (but a repeated SIGHUP) exits at once, cleanup or not.
  * Without it Ctrl-C killed node mid-run and left the image mounted and the sandboxes' cgroups behind.
  */
 class DemoInterrupt {
   readonly #controller = new AbortController();
   #signal: NodeJS.Signals | undefined;
   readonly #onSignal = (name: NodeJS.Signals): void => {
+    // A hang-up comes more than once (the shell passes its SIGHUP on, the kernel sends another as the shell exits):
+    // only the first signal's cleanup counts, and a repeated hang-up is nobody insisting on an exit without it.
+    if (name === 'SIGHUP' && this.#signal !== undefined) return;
     if (this.#signal !== undefined) {
       console.error(`demo: ${name} again: exiting without finishing the cleanup`);
       process.exit(signalExitCode(name));
@@ -56,8 +72,7 @@ class DemoInterrupt {
   };
 
   constructor() {
-    process.on('SIGINT', this.#onSignal);
-    process.on('SIGTERM', this.#onSignal);
+    for (const name of DEMO_SIGNALS) process.on(name, this.#onSignal);
   }
 
   /** Fires on the first signal. */
@@ -71,27 +86,36 @@ class DemoInterrupt {
   }
 
   dispose(): void {
-    process.off('SIGINT', this.#onSignal);
-    process.off('SIGTERM', this.#onSignal);
+    for (const name of DEMO_SIGNALS) process.off(name, this.#onSignal);
   }
 }
 
 /**
  * `rollout demo`: starts the fake vLLM engine (test double), a server with bubblewrap sandboxes on a free
  * port, and a client that submits GRPO groups of math problems and prints each trajectory as it streams in.
- * Returns the exit code: 0 when every trajectory arrived and none was an infrastructure failure; 130 (143) when
- * SIGINT (SIGTERM) stopped it, after everything it started was released (see {@link DemoInterrupt}).
+ * Returns the exit code: 0 when every trajectory arrived and none was an infrastructure failure; 130 (143, 129) when
+ * SIGINT (SIGTERM, SIGHUP) stopped it, after everything it started was released (see {@link DemoInterrupt}). What
+ * the model and the tools wrote is printed with control characters escaped (see forTerminal).
  */
-export async function runDemo(opts: DemoOptions): Promise<number> {
+export async function runDemo(opts: DemoOptions, inject: DemoInject = {}): Promise<number> {
+  // For the rest of the process's life, not the demo's: the error of the last line written arrives after it returned.
+  if (!process.stdout.listeners('error').includes(ignoreGoneReader)) process.stdout.on('error', ignoreGoneReader);
+  if (!process.stderr.listeners('error').includes(ignoreGoneReader)) process.stderr.on('error', ignoreGoneReader);
   const interrupt = new DemoInterrupt();
   try {
-    return await demo(opts, interrupt);
+    return await demo(opts, interrupt, inject);
   } finally {
     interrupt.dispose();
   }
 }
 
-async function demo(opts: DemoOptions, interrupt: DemoInterrupt): Promise<number> {
+/** The seam tests use to run this very command with a policy of their own (a test double; never set by the CLI). */
+export interface DemoInject {
+  /** The fake engine's policy instead of the scripted math agent. */
+  policy?: FakePolicy;
+}
+
+async function demo(opts: DemoOptions, interrupt: DemoInterrupt, inject: DemoInject): Promise<number> {
   const logger = createLogger({ level: process.env.ROLLOUT_LOG_LEVEL ?? 'warn' });
   const { tokenizer } = await loadQwen3();
   const image = opts.image ?? (existsSync(defaultImagePath()) ? defaultImagePath() : undefined);
@@ -101,7 +125,7 @@ async function demo(opts: DemoOptions, interrupt: DemoInterrupt): Promise<number
   const engine =
     opts.engine === 'embedded'
       ? undefined
-      : await FakeVllmEngine.start({ tokenizer, tokenLatencyMs: opts.latencyMs, policy: createScriptedMathPolicy({ bashRate: 0.5 }) });
+      : await FakeVllmEngine.start({ tokenizer, tokenLatencyMs: opts.latencyMs, policy: inject.policy ?? createScriptedMathPolicy({ bashRate: 0.5 }) });
   const backends = engine ? [{ url: engine.url }] : [{ kind: 'embedded' as const, url: `${TINY_QWEN3_URL}?sequences=2`, maxConcurrency: 2 }];
   let server: RolloutServer;
   try {
@@ -151,8 +175,9 @@ async function demo(opts: DemoOptions, interrupt: DemoInterrupt): Promise<number
         bar.update(received.length);
         process.stderr.write('\r\x1b[2K');
       }
-      console.log(line);
-      if (opts.messages && received.length === 1) for (const m of t.messages) console.log(`    ${m.role}: ${m.content.replace(/\n/g, '\n      ')}`);
+      // What the engine, the policy and the tools wrote is shown, never obeyed (an escape sequence in a tool's output).
+      console.log(forTerminal(line));
+      if (opts.messages && received.length === 1) for (const m of t.messages) console.log(`    ${forTerminal(m.role)}: ${forTerminal(m.content).replace(/\n/g, '\n      ')}`);
     }
     interrupt.aborted.removeEventListener('abort', onInterrupt);
   } catch (err) {

@@ -11,6 +11,8 @@ import { runServe } from './serve.js';
 import { runSweBuild } from './swe.js';
 import { DEFAULT_RETRIES, DEFAULT_RETRY_REFUSED_FOR_S, runSubmit } from './submit.js';
 import { RolloutError } from '../errors.js';
+import { forTerminal } from './terminal-text.js';
+import { exitCleanlyAfterHangup } from './hung-up-terminal.js';
 
 const int = (value: string): number => {
   const n = Number(value);
@@ -60,7 +62,7 @@ program
   .option('--tls-key <file>', "the TLS certificate's PEM private key")
   .option('--tls-client-ca <file>', 'verify client certificates against this PEM CA')
   .option('--tls-require-client-cert', 'refuse clients without a certificate signed by --tls-client-ca (mTLS)')
-  .option('--drain-grace-ms <ms>', 'on SIGTERM/SIGINT or a Drain call: how long work in flight may finish before it is cancelled (default 30000)', int)
+  .option('--drain-grace-ms <ms>', 'on SIGTERM/SIGINT/SIGHUP or a Drain call: how long work in flight may finish before it is cancelled (default 30000)', int)
   .addOption(new Option('--sandbox-driver <driver>', 'sandbox driver (default bwrap)').choices(['bwrap', 'apptainer']))
   .option('--apptainer-path <binary>', "the apptainer driver's binary: apptainer, singularity or a path")
   .addOption(new Option('--math-checker <checker>', "the math environment's default answer checker (an instance may name its own)").choices(['builtin', 'math-verify']))
@@ -115,7 +117,7 @@ withConnectionFlags(program
     const client = connect(opts.address, '--address', connectionOptions(opts));
     try {
       const { environments } = await withinConnectTimeout(client.rollout, opts.address, opts, client.listEnvironments());
-      for (const e of environments) console.log(`${e.name}\t${e.description}\ttools: ${e.tools.join(', ')}`);
+      for (const e of environments) console.log(forTerminal(`${e.name}\t${e.description}\ttools: ${e.tools.join(', ')}`));
     } finally {
       client.close();
     }
@@ -248,6 +250,7 @@ function readPipe(path: string, fd: number): Promise<string> {
   });
 }
 
+exitCleanlyAfterHangup();
 try {
   await program.parseAsync(process.argv);
 } catch (err) {
@@ -257,14 +260,15 @@ try {
   if (err instanceof CommanderError) {
     // --help and --version end here too (exit 0, their text already printed); so does a command given without its
     // subcommand (commander printed the help). Anything else is a usage mistake: one line, exit 2.
-    if (err.exitCode !== 0 && err.code !== 'commander.help') console.error(`rollout: ${usageLine(err.message)}`);
+    if (err.exitCode !== 0 && err.code !== 'commander.help') console.error(forTerminal(`rollout: ${usageLine(err.message)}`));
     process.exitCode = err.exitCode === 0 ? 0 : 2;
   } else if (isServiceError(err)) {
-    console.error(`rollout: the server answered ${status[err.code]}: ${err.details}`);
+    // What a server answers, and an error quoting what a tool, an engine or a file said, is shown, never obeyed.
+    console.error(forTerminal(`rollout: the server answered ${status[err.code]}: ${err.details}`));
     process.exitCode = 1;
   } else {
     if (!(err instanceof RolloutError) || err.code === 'internal') throw err;
-    console.error(`rollout: ${err.message}`);
+    console.error(forTerminal(`rollout: ${err.message}`));
     process.exitCode = err.code === 'invalid_argument' || err.code === 'failed_precondition' ? 2 : 1;
   }
 }

@@ -45,7 +45,7 @@ export interface ServeOptions {
 }
 
 /**
- * `rollout serve`: runs until SIGTERM/SIGINT or an AdminService.Drain call, then drains (admission stops, work in
+ * `rollout serve`: runs until SIGTERM/SIGINT/SIGHUP or an AdminService.Drain call, then drains (admission stops, work in
  * flight gets the grace period, then is cancelled; streams end UNAVAILABLE; sandboxes released) and exits 0.
  * A second signal during the drain cancels the work in flight at once; a third, or a process still there
  * HARD_EXIT_AFTER_MS after the second, exits at once with code 1, logging what was still pending. `inject` replaces
@@ -143,8 +143,9 @@ export async function runServe(opts: ServeOptions, inject: Pick<RolloutServerOpt
   }
   // Nobody reading our stdout any more (`serve | head -1`, a log shipper that died) is no reason to stop serving: like
   // pino for the logs, a broken pipe only ends what we write there (else the EPIPE is thrown, a stack trace, exit 1).
+  // The same for a terminal that hung up (its window closed, the ssh session dropped): writes to it fail EIO.
   process.stdout.on('error', (err: NodeJS.ErrnoException) => {
-    if (err.code !== 'EPIPE') throw err;
+    if (err.code !== 'EPIPE' && err.code !== 'EIO') throw err;
   });
   // A plain line scripts and tests can wait for, beside the JSON logs.
   console.log(`rollout server listening on ${server.address}`);
@@ -156,13 +157,17 @@ export async function runServe(opts: ServeOptions, inject: Pick<RolloutServerOpt
   // which tells nobody what was stuck. So: the first signal drains, the second cancels the work in flight, and a
   // third — or HARD_EXIT_AFTER_MS after the second — exits at once, exit 1, naming what was still pending. What
   // dies with the process needs nothing from us (the fake engine, token threads; bubblewrap sandboxes are killed by
-  // the kernel with their parent: bwrap --die-with-parent); the journal is crash-safe and the next start reaps the
-  // rest (empty cgroups, image mounts, and Apptainer instances, which are not our children and run until then).
+  // the kernel with their parent: bwrap --die-with-parent; Apptainer instances, not our children, are stopped by the
+  // driver's watchdog when we die); the journal is crash-safe and the next start reaps the rest (empty cgroups, image
+  // mounts, an Apptainer instance whose start was in flight).
   const hardExit = (why: string): void => {
     logger.fatal({ state: server.lifecycle.state, inFlight: server.runtime.pipeline.inFlight, pending: pendingOf(server, closingEngine) }, `exiting without finishing the drain: ${why}`);
     process.exit(1);
   };
   const onSignal = (name: NodeJS.Signals): void => {
+    // A hang-up only ever starts the drain: it comes more than once (an interactive shell passes its SIGHUP on to its
+    // jobs, then the kernel sends the foreground job another as the shell exits), and is nobody insisting.
+    if (name === 'SIGHUP' && signals > 0) return logger.info({ signal: name }, 'hang-up while draining: ignored (SIGTERM or SIGINT cancels the work in flight)');
     signals++;
     if (signals >= 3) return hardExit(`third signal (${name})`);
     logger.info({ signal: name }, signals === 1 ? 'draining on signal' : 'second signal: cancelling the work in flight now (a third exits at once)');
@@ -172,17 +177,25 @@ export async function runServe(opts: ServeOptions, inject: Pick<RolloutServerOpt
     }
     void server.drain(signals === 1 ? {} : { graceMs: 0 }).catch(() => undefined);
   };
-  process.on('SIGINT', onSignal);
-  process.on('SIGTERM', onSignal);
+  // SIGHUP drains like SIGTERM: it is what the server gets when the terminal it was started from goes away (the
+  // window closed, the ssh session dropped, no nohup), and dying of it lost the trajectories in flight. No
+  // nginx-style "HUP = reload": nothing of a running server is reloadable (flags and config file are read once, at
+  // start), and a HUP ignored would keep a server running that its operator believes gone.
+  for (const name of SERVE_SIGNALS) process.on(name, onSignal);
   // Stopped by a signal or by AdminService.Drain; either way the drain ran to its end (or failed, which is logged).
   await server.lifecycle.until('stopped');
   closingEngine = true;
   await engine?.close();
   await checkPool?.close();
-  process.off('SIGINT', onSignal);
-  process.off('SIGTERM', onSignal);
+  for (const name of SERVE_SIGNALS) process.off(name, onSignal);
   if (server.lifecycle.state === 'failed') process.exitCode = 1;
 }
+
+/**
+ * The signals that drain the server (the first), cancel the work in flight (the second), exit at once (the third);
+ * SIGHUP only as the first.
+ */
+const SERVE_SIGNALS: readonly NodeJS.Signals[] = ['SIGINT', 'SIGTERM', 'SIGHUP'];
 
 /**
  * After the second signal, how long the drain (and the process's end) may still take before the process exits. A

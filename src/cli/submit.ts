@@ -10,6 +10,7 @@ import { attemptTaskId, attemptsByRow, isRetryableStatus, parseAttempt, planRow,
 import { countRows, mapRow, readDataset, taskIdFor, type MappedRow } from './submit-dataset.js';
 import { HeldGroups } from './submit-held.js';
 import { isParquetOutput, openTrajectoryOutput, type TrajectoryOutput } from './submit-output.js';
+import { forTerminal } from './terminal-text.js';
 
 export interface SubmitOptions extends ConnectionFlags {
   dataset: string;
@@ -480,7 +481,7 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
       `${refusals > 0 ? ` (and ${refusals} submits refused for now, sent again)` : ''}, ` +
       `${infraRows} rows with infrastructure failures left; reward mean ${mean()}; ${statuses()}\n`,
   );
-  if (streamError !== undefined) out.write(`[submit] the stream to ${opts.server} failed: ${streamError}\n`);
+  if (streamError !== undefined) out.write(forTerminal(`[submit] the stream to ${opts.server} failed: ${streamError}`) + '\n');
   if (writeError !== undefined) out.write(`[submit] a write failed (${writeError}): free space and run the same command again to resume (${output.journal} keeps what was written)\n`);
   else if (stopping || streamError !== undefined) out.write(`[submit] run the same command again to resume (${output.journal} keeps what arrived)\n`);
   if (isParquetOutput(outputPath) && !(complete && writeError === undefined)) {
@@ -523,5 +524,5 @@ function sampling(opts: SubmitOptions): { temperature: number; maxTokensPerTurn:
 
 function logAbove(bar: cliProgress.SingleBar | undefined, out: NodeJS.WriteStream, line: string): void {
   if (bar) out.write('\r\x1b[2K');
-  out.write(`${line}\n`);
+  out.write(`${forTerminal(line)}\n`); // it quotes servers, engines, tools and datasets: shown, never obeyed
 }

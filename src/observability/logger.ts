@@ -19,7 +19,17 @@ export function createLogger(options: { level?: string; destination?: NodeJS.Wri
   const level = options.level ?? process.env.ROLLOUT_LOG_LEVEL ?? 'info';
   if (options.destination) return pino({ level }, options.destination);
   if (process.stdout.write !== Object.getPrototypeOf(process.stdout).write) return pino({ level });
-  return pino({ level }, pino.destination({ dest: process.stdout.fd ?? 1, sync: true }));
+  const destination = pino.destination({ dest: process.stdout.fd ?? 1, sync: true });
+  // A terminal that hung up (its window closed, the ssh session dropped: `rollout serve` gets SIGHUP and drains)
+  // fails every write EIO: logging stops there, as pino does for EPIPE, instead of the error being thrown from the
+  // log call (it killed the drain the hang-up had started). Other errors are thrown as before.
+  destination.on('error', (err: NodeJS.ErrnoException) => {
+    if (err.code === 'EPIPE') return; // pino's own handler stopped the stream
+    if (err.code !== 'EIO') throw err;
+    destination.write = () => true;
+    destination.flushSync = () => undefined;
+  });
+  return pino({ level }, destination);
 }
 
 /** A logger that drops everything, for tests and library use without logs. */

@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { RolloutError, throwIfAborted } from '../errors.js';
 import { silentLogger, type Logger } from '../observability/logger.js';
 import { APPTAINER_PREFIX, apptainerHostEnv, bindSpec, instanceListArgs, instanceStartArgs, instanceStopArgs, overlayCreateArgs, type InstanceStartSpec, type WrapperLimits } from './apptainer-command.js';
-import { newInstanceName, orphanedInstances, ownerOfHostDir, parseInstanceList } from './apptainer-instances.js';
+import { InstanceWatchdog, newInstanceName, orphanedInstances, ownerOfHostDir, parseInstanceList } from './apptainer-instances.js';
 import { isProcessAlive } from './images/process-identity.js';
 import { ApptainerSandbox } from './apptainer-sandbox.js';
 import { spawnContained, type ContainedRunResult } from './contained-process.js';
@@ -76,6 +76,8 @@ export class ApptainerDriver implements SandboxDriver {
   private probe: Promise<string> | undefined;
   /** Closes what the server inherited before `instance start` and every exec (apptainer passes it all on). */
   private readonly closer: FdCloser = resolveFdCloser();
+  /** Stops this server's instances when it dies hard (see InstanceWatchdog). */
+  private readonly watchdog: InstanceWatchdog;
 
   constructor(private readonly options: ApptainerDriverOptions = {}) {
     this.log = (options.logger ?? silentLogger()).child({ component: 'sandbox', driver: 'apptainer' });
@@ -84,6 +86,12 @@ export class ApptainerDriver implements SandboxDriver {
     this.tmpRoot = options.tmpRoot ?? tmpdir();
     this.cgroups = (options.limits ?? 'auto') !== 'rlimits';
     this.overlay = (options.disk ?? 'auto') !== 'none';
+    this.watchdog = new InstanceWatchdog({ binary: this.binary, env: this.hostEnv, hostDirPrefix: join(this.tmpRoot, `${APPTAINER_PREFIX}-${process.pid}-`), logger: this.log });
+  }
+
+  /** Every sandbox was stopped: the watchdog exits. */
+  async close(): Promise<void> {
+    this.watchdog.close();
   }
 
   async start(spec: SandboxSpec, signal?: AbortSignal): Promise<ApptainerSandbox> {
@@ -105,6 +113,7 @@ export class ApptainerDriver implements SandboxDriver {
 
     const hostDir = await realpath(await mkdtemp(join(this.tmpRoot, `${APPTAINER_PREFIX}-${process.pid}-`)));
     const name = newInstanceName();
+    this.watchdog.track(name);
     try {
       await chmod(hostDir, 0o700);
       await this.startInstance(hostDir, { image, name, network: spec.network, workdir: spec.workdir, mounts: spec.mounts, limits: spec.limits }, signal);
@@ -199,6 +208,7 @@ export class ApptainerDriver implements SandboxDriver {
       if (hard.exitCode !== 0 && !/no instance found/i.test(hard.stderr)) this.log.error({ instance: name, stderr: hard.stderr.trim() }, 'instance stop failed');
     }
     await removeTree(hostDir).catch((err: unknown) => this.log.error({ err, hostDir }, 'removing the host dir failed'));
+    this.watchdog.untrack(name);
   }
 
   /** `apptainer --version` once per driver, so a missing binary fails with a message that says what to do. */
