@@ -228,19 +228,12 @@ export class SlirpNetwork {
         if (options.signal?.aborted) onAbort();
         else options.signal?.addEventListener('abort', onAbort, { once: true });
       });
-    } catch (err) {
-      // Gone (reaped) before the failure is reported; bounded, so a process the kernel is slow to end cannot hang start.
-      net.kill();
-      let timer: NodeJS.Timeout | undefined;
-      await Promise.race([net.exited, new Promise((resolve) => (timer = setTimeout(resolve, KILL_WAIT_MS)))]);
-      clearTimeout(timer);
-      throw err;
-    }
-    child.on('error', () => undefined);
-    ready.resume();
-    try {
+      child.on('error', () => undefined);
+      ready.resume();
+      // Before the sandbox runs anything: a sandbox whose rules could not be set never gets its network.
       await applyPolicy(options);
     } catch (err) {
+      // Gone (reaped) before the failure is reported; bounded, so a process the kernel is slow to end cannot hang start.
       net.kill();
       let timer: NodeJS.Timeout | undefined;
       await Promise.race([net.exited, new Promise((resolve) => (timer = setTimeout(resolve, KILL_WAIT_MS)))]);
