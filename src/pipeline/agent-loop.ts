@@ -155,6 +155,10 @@ async function runWithTools(sample: Sample, deps: AgentLoopDeps, signal: AbortSi
         }
         break;
       }
+      // The calls' time ran out during the engine's turn (a tool call's own overrun ends the episode below, after it):
+      // the engine held the clock, not the policy's tools — TIMEOUT now, not "budget used up" (TRUNCATED).
+      const clockOut = toolTime?.clockOutsideTools();
+      if (clockOut) throw clockOut;
       const toolStarted = performance.now();
       const observations = await executeToolCalls(parsed, tools, { sandbox, signal }, {
         ...(deps.maxToolCallsPerMessage !== undefined && { maxCallsPerMessage: deps.maxToolCallsPerMessage }),

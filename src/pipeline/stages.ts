@@ -5,6 +5,7 @@ import { jsonProblem } from '../environments/json.js';
 import type { StageFns } from './pipeline.js';
 import type { Sample } from './sample.js';
 import { evalReserveMs, resolveSandboxSpec, type SandboxRequest } from '../sandboxes/spec.js';
+import type { ToolTimeBudgetOptions } from '../tools/tool-time-budget.js';
 import type { Sandbox } from '../sandboxes/types.js';
 import type { OpenSandbox } from '../environments/types.js';
 import { exceedsStaleness, staleness } from './staleness.js';
@@ -29,13 +30,17 @@ export function createStages(deps: RuntimeDeps): StageFns {
    * and evaluated, the policy's outcome; the engine (no answer by the run deadline) stays TIMEOUT. Called as the run
    * stage starts.
    */
-  const toolTimeOf = (sample: Sample): { budgetMs: number; endBy: number } => {
+  const toolTimeOf = (sample: Sample): ToolTimeBudgetOptions => {
     const { limits } = sample.task;
     const budgetMs = Math.max(1, Math.floor(limits.runTimeoutMs * config.run.toolTimeShare));
-    const runEnd = performance.now() + limits.runTimeoutMs - runMarginMs(limits.runTimeoutMs);
+    const margin = runMarginMs(limits.runTimeoutMs);
+    const runEnd = { budgetMs, endBy: performance.now() + limits.runTimeoutMs - margin, endByLabel: `the run stage's deadline (${limits.runTimeoutMs} ms) less its ${margin} ms margin` };
     const clock = sandboxClocks.get(sample);
-    if (!clock) return { budgetMs, endBy: runEnd };
-    return { budgetMs, endBy: Math.min(runEnd, clock.endsAt - evalReserveMs(clock.wallClockMs, limits.evalTimeoutMs)) };
+    if (!clock) return runEnd;
+    const reserve = evalReserveMs(clock.wallClockMs, limits.evalTimeoutMs);
+    const sandboxEnd = clock.endsAt - reserve;
+    if (sandboxEnd >= runEnd.endBy) return runEnd;
+    return { budgetMs, endBy: sandboxEnd, endByLabel: `the sandbox's wall clock (${clock.wallClockMs} ms) less the evaluation's ${reserve} ms` };
   };
 
   /**

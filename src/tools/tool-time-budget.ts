@@ -1,3 +1,4 @@
+import { RolloutError } from '../errors.js';
 import type { DirEntry, ExecOptions, ExecResult, FileOptions, PersistentShell, Sandbox, SandboxProcess, SandboxSpec, ShellResult, ShellRunOptions, SpawnOptions } from '../sandboxes/types.js';
 
 /** finish_reason of an episode ended by its tool-time budget (status TRUNCATED: the policy's own outcome). */
@@ -11,6 +12,8 @@ export interface ToolTimeBudgetOptions {
    * evaluation needs of it, so eval still has a live sandbox after the model used up the sandbox's time.
    */
   endBy?: number;
+  /** What `endBy` is, for the error of an episode whose time ran out outside its tool calls (default "its end"). */
+  endByLabel?: string;
 }
 
 /**
@@ -64,6 +67,22 @@ export class ToolTimeBudget {
 
   get exhausted(): boolean {
     return this.remainingMs() < MIN_COMMAND_MS;
+  }
+
+  /**
+   * The error of an episode whose tool calls' time ran out while none was running (the engine's turn, or the server's
+   * work between turns, ran past `endBy`): the time was not the policy's tools', so it is not a tool-time budget
+   * outcome but the run stage's deadline (deadline_exceeded: TIMEOUT), raised as soon as the turn ends instead of when
+   * the stage's own deadline fires. Undefined while time is left, or when the model's calls used it up (then the episode
+   * ends TRUNCATED after those calls, before another turn).
+   */
+  clockOutsideTools(): RolloutError | undefined {
+    if (!this.exhausted || this.options.budgetMs - this.usedMs < MIN_COMMAND_MS) return undefined;
+    return new RolloutError(
+      'deadline_exceeded',
+      `run stage timed out: the engine's turn ended with under ${MIN_COMMAND_MS} ms left for the model's tool calls, which must end by ` +
+        `${this.options.endByLabel ?? 'the episode\'s end'} (${Math.round(this.usedMs)} of ${this.options.budgetMs} ms of tool time used)`,
+    );
   }
 
   /** Charges the time one tool call took. */

@@ -120,7 +120,7 @@ describe('the tool-time budget of an episode (run.toolTimeShare of the run timeo
     const runTimeoutMs = 10_000;
     const { t, tookMs } = await run(h, task('stall', { limits: limits({ runTimeoutMs }) }));
     expectTruncatedByToolTime(t);
-    // Cut where the 5 s budget ended, before the run stage's deadline.
+    // Cut 8 s in (the run deadline less its margin, inside the 9 s budget), before the run stage's deadline.
     expect(tookMs).toBeGreaterThanOrEqual(5_000);
     expect(t.timing!.toolMs).toBeGreaterThanOrEqual(5_000);
     expect(t.timing!.toolMs).toBeLessThan(runTimeoutMs);
@@ -174,6 +174,27 @@ describe('the tool-time budget of an episode (run.toolTimeShare of the run timeo
     policy = (n) => (n === 0 ? hermesToolCall('kill_sandbox', {}) : 'done');
     const { t } = await run(h, task('died'));
     expect(TrajectoryStatus[t.status], name(t)).toBe('TRAJECTORY_STATUS_SANDBOX_ERROR');
+  });
+
+  it("an engine turn that ends past the tool calls' end (in the run deadline's margin) is TIMEOUT: the engine held the clock, the model's call never ran", async () => {
+    // CI run of stop 39: stage-failures' run-tool-hang (run timeout 300 ms, margin 150 ms) ended TRUNCATED
+    // tool_time_budget when the first engine turn took over 50 ms on a loaded box: its tool call was refused "budget
+    // used up" though no tool had run. Here the first engine turn takes 8.5 s of a 10 s run timeout (tool calls end at
+    // 8 s): the time ran out while the engine held it.
+    slowAt = h.engine.stats().received;
+    slowMs = 8_500;
+    policy = (n) => (n === 0 ? bash('echo 42 > answer.txt') : 'done');
+    try {
+      const runTimeoutMs = 10_000;
+      const { t } = await run(h, task('engine-used-the-time', { limits: limits({ runTimeoutMs }) }));
+      expect(TrajectoryStatus[t.status], name(t)).toBe('TRAJECTORY_STATUS_TIMEOUT');
+      expect(t.error).toMatch(/run stage timed out.*engine/);
+      expect(t.timing!.toolMs).toBe(0);
+      // Ended as the engine's turn ended, not 1.5 s later at the run stage's own deadline.
+      expect(t.timing!.runMs).toBeLessThan(runTimeoutMs);
+    } finally {
+      slowAt = -1;
+    }
   });
 
   it('an engine that stops answering after the model used tool time stays TIMEOUT at the run deadline', async () => {
