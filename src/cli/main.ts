@@ -3,13 +3,9 @@ import { status, type ServiceError } from '@grpc/grpc-js';
 import { Command, CommanderError, InvalidArgumentError, Option } from 'commander';
 import { closeSync, constants as fsConstants, fstatSync, openSync, readFileSync } from 'node:fs';
 import { Socket } from 'node:net';
-import { runBackendsAdd, runBackendsList } from './backends.js';
+import type { runBackendsAdd } from './backends.js';
 import { MAX_TIMER_MS } from '../timers.js';
-import { runDemo } from './demo.js';
-import { runImageBuild } from './image.js';
-import { runServe } from './serve.js';
-import { runSweBuild } from './swe.js';
-import { DEFAULT_RETRIES, DEFAULT_RETRY_REFUSED_FOR_S, runSubmit } from './submit.js';
+import { DEFAULT_RETRIES, DEFAULT_RETRY_REFUSED_FOR_S } from './submit-defaults.js';
 import { RolloutError } from '../errors.js';
 import { forTerminal } from './terminal-text.js';
 import { exitCleanlyAfterHangup } from './hung-up-terminal.js';
@@ -72,6 +68,7 @@ program
   .option('--fake-engine', 'also start the fake vLLM engine (a test double) and route to it')
   .option('--fake-latency-ms <ms>', 'fake engine per-token latency', intIn(0, MAX_TIMER_MS), 1)
   .action(async (opts) => {
+    const { runServe } = await import('./serve.js');
     await runServe({ ...opts, file: opts.config ? await readConfigFile(opts.config as string) : {} });
   });
 
@@ -87,6 +84,7 @@ program
   .option('--image <path>', 'sandbox image (.sif or directory); default the image scripts/setup.sh built')
   .addOption(new Option('--engine <engine>', 'fake vLLM engine, or llama.cpp in-process on a tiny random-weight Qwen3').choices(['fake', 'embedded']).default('fake'))
   .action(async (opts) => {
+    const { runDemo } = await import('./demo.js');
     process.exitCode = await runDemo(opts);
   });
 
@@ -106,6 +104,7 @@ withConnectionFlags(program
   .option('--max-tokens-per-turn <n>', 'sampling budget per turn', int)
   .option('--max-total-tokens <n>', 'sampling budget per trajectory', int))
   .action(async (opts) => {
+    const { runSubmit } = await import('./submit.js');
     process.exitCode = await runSubmit(opts);
   });
 
@@ -130,6 +129,7 @@ withConnectionFlags(backends
   .option('--address <host:port>', 'server address', '127.0.0.1:50051')
   .option('--admin-token <token>', 'BackendService bearer token (or ROLLOUT_ADMIN_TOKEN; prefer --admin-token-file)'), { admin: true })
   .action(async (opts: { address: string; adminToken?: string }) => {
+    const { runBackendsList } = await import('./backends.js');
     await runBackendsList(opts);
   });
 withConnectionFlags(backends
@@ -143,6 +143,7 @@ withConnectionFlags(backends
   .option('--max-concurrency <n>', "requests it runs at once (default: what the engine reports, else the server's default)", int)
   .addOption(new Option('--logprobs-mode <mode>', 'the logprobs the engine reports, when it does not say itself').choices(['raw', 'processed']))
   .action(async (url: string, opts: Parameters<typeof runBackendsAdd>[1]) => {
+    const { runBackendsAdd } = await import('./backends.js');
     await runBackendsAdd(url, opts);
   });
 
@@ -156,6 +157,7 @@ image
   .option('--mirror <url>', 'Debian mirror (default: http://deb.debian.org/debian)')
   .option('--out <path>', 'also copy the image to this path')
   .action(async (opts) => {
+    const { runImageBuild } = await import('./image.js');
     process.exitCode = await runImageBuild(opts);
   });
 
@@ -166,6 +168,7 @@ swe
   .option('--task <id>', 'a task to build (repeatable; default: all)', collect, [])
   .option('--cache-dir <dir>', 'sdists and task images (default: .cache/swe in the project)')
   .action(async (opts) => {
+    const { runSweBuild } = await import('./swe.js');
     process.exitCode = await runSweBuild(opts);
   });
 

@@ -1,3 +1,4 @@
+import { DEFAULT_RETRIES, DEFAULT_RETRY_REFUSED_FOR_S } from './submit-defaults.js';
 import { connect, connectionOptions, withinConnectTimeout, type ConnectionFlags } from './connection.js';
 import cliProgress from 'cli-progress';
 import { randomUUID } from 'node:crypto';
@@ -43,18 +44,6 @@ export interface SubmitOptions extends ConnectionFlags {
 /** Exit code of a run cut short by the server or the network rather than by the data (2 is a usage mistake). */
 const EXIT_INFRASTRUCTURE = 3;
 
-/**
- * Two retries: a transient fault (an engine restarting, a node's sandbox hiccup) rarely hits one row three times, while a
- * row that fails three times is most likely broken for a reason a retry will not mend (and each attempt costs a group).
- */
-export const DEFAULT_RETRIES = 2;
-
-/**
- * Ten minutes of refusals: a server restarting (journal replay), a rolling drain behind a proxy or a journal disk briefly
- * full outlasts the Python client's one minute, and a dataset run is unattended; a server still refusing after that is
- * down for a reason someone must look at.
- */
-export const DEFAULT_RETRY_REFUSED_FOR_S = 600;
 
 /** Backoff between the submits of a task refused for now: the first delay, doubling to the cap (ms). */
 const REFUSED_FIRST_MS = 50;
