@@ -38,7 +38,8 @@ describe('a journal that reached journal.maxBytes and was then compacted', () =>
     dirs.push(dir);
     const h = await startServerHarness({ config: { journal: { dir, maxBytes: 1 << 20 }, retainFinishedTasks: 0 } });
     harnesses.push(h);
-    const session = h.client.openSession({ sessionId: 'slow-acker', autoAck: false });
+    // retryRejectedForMs 0: the refusal this test waits for is answered at once (the client's default retries it for 60 s).
+    const session = h.client.openSession({ sessionId: 'slow-acker', autoAck: false, retryRejectedForMs: 0 });
     const got: Trajectory[] = [];
     const reading = (async () => {
       try {
