@@ -1,5 +1,6 @@
 import { connect as connectTo, connectionOptions, withinConnectTimeout, type ConnectionFlags } from './connection.js';
 import type { RolloutClient } from '../client/rollout-client.js';
+import { forTerminalLine } from './terminal-text.js';
 import { BackendKind, CapacitySource, LogprobsMode, type Backend } from '../../gen/ts/rollout/v1/backend.js';
 
 /** Where a server is and the admin token its BackendService needs (flag, else ROLLOUT_ADMIN_TOKEN). */
@@ -42,10 +43,11 @@ export function formatBackends(backends: readonly Backend[]): string {
       b.url,
     ]),
   ];
-  const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => r[i]!.length)));
-  const table = rows.map((r) => r.map((cell, i) => (i === r.length - 1 ? cell : cell.padEnd(widths[i]!))).join('  ')).join('\n');
+  const cells = rows.map((r) => r.map(forTerminalLine));
+  const widths = cells[0]!.map((_, i) => Math.max(...cells.map((r) => r[i]!.length)));
+  const table = cells.map((r) => r.map((cell, i) => (i === r.length - 1 ? cell : cell.padEnd(widths[i]!))).join('  ')).join('\n');
   // Why each unhealthy backend takes no trajectories (an engine can answer its health checks and still be refused).
-  const reasons = backends.filter((b) => !b.healthy && b.unusableReason !== '').map((b) => `${b.id}: not usable: ${b.unusableReason}`);
+  const reasons = backends.filter((b) => !b.healthy && b.unusableReason !== '').map((b) => forTerminalLine(`${b.id}: not usable: ${b.unusableReason}`));
   return reasons.length === 0 ? table : `${table}\n\n${reasons.join('\n')}`;
 }
 

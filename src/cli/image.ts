@@ -1,4 +1,5 @@
 import cliProgress from 'cli-progress';
+import { forTerminalLine } from './terminal-text.js';
 import { mkdirSync, statSync } from 'node:fs';
 import { copyFile, rename, rm } from 'node:fs/promises';
 import { resolve } from 'node:path';
@@ -68,7 +69,7 @@ function startBuildProgress(): { update: (p: BuildProgress) => void; stop: () =>
     let started = false;
     return {
       update: (p) => {
-        const payload = { stage: p.stage.padEnd(11), message: p.message.slice(0, 60) };
+        const payload = { stage: p.stage.padEnd(11), message: forTerminalLine(p.message).slice(0, 60) };
         if (!started) bar.start(100, 0, payload);
         started = true;
         bar.update(Math.round(p.fraction * 100), payload);
@@ -89,7 +90,7 @@ function startBuildProgress(): { update: (p: BuildProgress) => void; stop: () =>
       if (p.stage === stage && now - last < 5_000 && p.fraction < 1) return;
       stage = p.stage;
       last = now;
-      process.stderr.write(`[image ${((now - t0) / 1000).toFixed(0).padStart(3)} s ${String(Math.round(p.fraction * 100)).padStart(3)}%] ${p.stage}: ${p.message}\n`);
+      process.stderr.write(`[image ${((now - t0) / 1000).toFixed(0).padStart(3)} s ${String(Math.round(p.fraction * 100)).padStart(3)}%] ${p.stage}: ${forTerminalLine(p.message)}\n`);
     },
     stop: () => undefined,
   };

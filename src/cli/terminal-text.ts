@@ -13,6 +13,15 @@ export function forTerminal(text: string): string {
   return text.replace(CONTROL, escapeChar);
 }
 
+/**
+ * {@link forTerminal} for text that must stay on one line of a table or a progress line (a backend's id, url or
+ * reason, a build tool's progress message): line breaks and tabs are escaped too, so a value cannot start a row or a
+ * line of its own.
+ */
+export function forTerminalLine(text: string): string {
+  return forTerminal(text).replace(/[\n\t]/g, (c) => (c === '\n' ? '\\n' : '\\t'));
+}
+
 const CONTROL = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u202a-\u202e\u2066-\u2069]/g;
 
 function escapeChar(c: string): string {

@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
-import { forTerminal } from '../../src/cli/terminal-text.js';
+import { forTerminal, forTerminalLine } from '../../src/cli/terminal-text.js';
 import { spawnServe } from '../support/rollout-process.js';
 
 const root = fileURLToPath(new URL('../../', import.meta.url));
@@ -33,6 +33,10 @@ function personLines(out: Buffer): string {
 describe('text from the model and the tools is shown, never obeyed, by the terminal', () => {
   it('forTerminal escapes C0 (but newline and tab), DEL, C1 and bidi controls; leaves the rest as it is', () => {
     expect(forTerminal('a\u001b]52;c;eA==\u0007b\n\tc\rd\u007f\u009b\u202e\u2066 é 漢 \\n')).toBe(String.raw`a\x1b]52;c;eA==\x07b` + '\n\t' + String.raw`c\x0dd\x7f\x9b\u202e\u2066 é 漢 \n`);
+  });
+
+  it('forTerminalLine (a table cell, a progress line) escapes line breaks and tabs too', () => {
+    expect(forTerminalLine('a\u001b[2Jb\n\tc')).toBe(String.raw`a\x1b[2Jb\n\tc`);
   });
 
   // Regression: the transcript was printed raw: the tool's OSC 52 wrote the operator's clipboard, \x1b[2J cleared the
