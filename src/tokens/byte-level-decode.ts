@@ -68,12 +68,16 @@ export class ByteLevelDecoder {
     const all = unkToken === undefined ? tokens : [...tokens, unkToken];
     const n = all.length;
     const offsets = new Int32Array(n + 1);
-    const chunks: number[] = [];
+    // Sized by the tokens' total length (a character is one byte, or not representable); trimmed at the end.
+    let total = 0;
+    for (let id = 0; id < n; id++) total += all[id]?.length ?? 0;
+    const chunks = new Uint8Array(total);
+    let written = 0;
     const verbatim = new Map<number, string>();
     const special = new Uint8Array(n);
     const kind = new Uint8Array(n);
     for (let id = 0; id < n; id++) {
-      offsets[id] = chunks.length;
+      offsets[id] = written;
       const token = all[id];
       if (token === undefined) continue;
       if (specialContents.has(token)) special[id] = 1;
@@ -83,14 +87,16 @@ export class ByteLevelDecoder {
         continue;
       }
       kind[id] = BYTES;
-      for (const ch of token) {
-        const byte = UNICODE_TO_BYTE.get(ch);
-        if (byte === undefined) return undefined;
-        chunks.push(byte);
+      // Code units: a surrogate (a character outside the BMP) is outside the table, as it is outside the alphabet.
+      for (let i = 0; i < token.length; i++) {
+        const code = token.charCodeAt(i);
+        const byte = code < UNICODE_TO_BYTE.length ? UNICODE_TO_BYTE[code]! : -1;
+        if (byte < 0) return undefined;
+        chunks[written++] = byte;
       }
     }
-    offsets[n] = chunks.length;
-    return new ByteLevelDecoder(Uint8Array.from(chunks), offsets, verbatim, kind, special, unkId);
+    offsets[n] = written;
+    return new ByteLevelDecoder(chunks.slice(0, written), offsets, verbatim, kind, special, unkId);
   }
 
   /** The library's `decode(ids, { skip_special_tokens, clean_up_tokenization_spaces: false })`; [] is "". */
@@ -139,16 +145,17 @@ function isId(value: unknown): value is number {
 }
 
 /** GPT-2's byte alphabet reversed: the character each byte is written as in a ByteLevel vocabulary, back to the byte. */
-const UNICODE_TO_BYTE: ReadonlyMap<string, number> = (() => {
+const UNICODE_TO_BYTE: Int16Array = (() => {
   const printable: number[] = [];
   for (let b = 0x21; b <= 0x7e; b++) printable.push(b);
   for (let b = 0xa1; b <= 0xac; b++) printable.push(b);
   for (let b = 0xae; b <= 0xff; b++) printable.push(b);
-  const map = new Map<string, number>();
-  for (const b of printable) map.set(String.fromCharCode(b), b);
+  // Indexed by the character's code (all below 256 + 68): its byte, or -1 outside the alphabet.
+  const table = new Int16Array(512).fill(-1);
+  for (const b of printable) table[b] = b;
   let next = 0;
   for (let b = 0; b < 256; b++) {
-    if (!printable.includes(b)) map.set(String.fromCharCode(256 + next++), b);
+    if (!printable.includes(b)) table[256 + next++] = b;
   }
-  return map;
+  return table;
 })();
