@@ -2,7 +2,7 @@ import { availableParallelism } from 'node:os';
 import { RolloutError, type ErrorCode } from '../errors.js';
 import { silentLogger, type Logger } from '../observability/logger.js';
 import { MAX_TIMER_MS } from '../timers.js';
-import { ThreadPool, type PoolThread, type ThreadPoolSpec, type ThreadReply, type ThreadRequest } from '../workers/thread-pool.js';
+import { DEFAULT_START_TIMEOUT_MS, ThreadPool, type PoolThread, type ThreadPoolSpec, type ThreadReply, type ThreadRequest } from '../workers/thread-pool.js';
 
 /** What a worker script receives and answers (token-worker.ts speaks it). */
 export type WorkerRequest<Task> = ThreadRequest<Task>;
@@ -34,6 +34,11 @@ export interface TokenPoolOptions {
    * tasks end well within a second, so a cancelled sample does not cost a reload.
    */
   abandonedTaskGraceMs?: number;
+  /**
+   * Longest a thread may take to start (load its tokenizer and template) before it is terminated and the start fails
+   * (`failed_precondition`, retried after a pause), ms; 0 = none. Default 60 s: a start takes ~1.5 s here.
+   */
+  startTimeoutMs?: number;
   logger?: Logger;
 }
 
@@ -66,8 +71,9 @@ export function defaultTokenWorkers(): number {
  * to the replacement. A thread stuck in a task is stopped (`worker.terminate()`) and replaced the same way: when the
  * task overruns `taskTimeoutMs` (it fails with `internal`), or when its caller gave it up and it has not ended
  * within `abandonedTaskGraceMs`; without this, as many stuck tasks as threads would leave every later task waiting
- * until its caller's own deadline. A thread that cannot even start (its init failed, or it exited before it was
- * ready) fails the queued tasks and is retried after a pause, so a broken model folder cannot spin. `close()`
+ * until its caller's own deadline. A thread that cannot even start (its init failed, it exited before it was ready,
+ * or it was not ready within `startTimeoutMs`: then terminated) fails the queued tasks and is retried after a pause,
+ * so a broken model folder cannot spin and a hung load cannot hold every task until its deadline. `close()`
  * refuses new tasks, fails waiting and running ones with `unavailable` and terminates every thread (the server's
  * shutdown awaits it: no thread outlives the server).
  *
@@ -111,6 +117,7 @@ export class TokenPool<Task, Result> {
       threadState: () => undefined,
       result: (reply) => reply.result,
       taskError: (reply) => new RolloutError(reply.code, reply.message, reply.field === undefined ? {} : { field: reply.field }),
+      startTimeoutMs: timerOption('startTimeoutMs', options.startTimeoutMs ?? DEFAULT_START_TIMEOUT_MS),
       timerMs: this.#taskTimeoutMs,
       abandonedTaskGraceMs: this.#abandonedGraceMs,
       overtime: (thread, abandoned) => this.#reclaim(thread, abandoned),
@@ -164,7 +171,11 @@ const TOKEN_POOL_ERRORS: ThreadPoolSpec<unknown, ThreadReply, undefined>['errors
   couldNotStart: (cause) =>
     new RolloutError(
       'failed_precondition',
-      'message' in cause ? `token worker could not start: ${cause.message}` : `token worker could not start: it exited with code ${cause.code} while loading`,
+      'message' in cause
+        ? `token worker could not start: ${cause.message}`
+        : 'code' in cause
+          ? `token worker could not start: it exited with code ${cause.code} while loading`
+          : `token worker could not start: it did not become ready within ${cause.timeoutMs} ms (the token pool's startTimeoutMs; a hung model load or file system?); the pool terminated it`,
     ),
   exited: (code) => new RolloutError('internal', `token worker exited with code ${code} while working on this sample; the pool replaced it`),
   unsendable: (err) => new RolloutError('internal', `token work could not be sent to its thread: ${err instanceof Error ? err.message : String(err)}`, { cause: err }),

@@ -48,8 +48,11 @@ export interface ThreadPoolSpec<Result, Reply extends ThreadReply, State> {
     /** Tasks waiting or running when close() is called. */
     shuttingDown(): RolloutError;
     queueFull(maxQueued: number): RolloutError;
-    /** A thread answered init-error, or exited before it was ready (`code`). */
-    couldNotStart(cause: { message: string } | { code: number }): RolloutError;
+    /**
+     * A thread answered init-error (`message`), exited before it was ready (`code`), or was not ready within
+     * {@link ThreadPoolSpec.startTimeoutMs} (`timeoutMs`: it was terminated).
+     */
+    couldNotStart(cause: { message: string } | { code: number } | { timeoutMs: number }): RolloutError;
     /** A ready thread exited (crash, out of memory, process.exit) with a task on it. */
     exited(code: number): RolloutError;
     /** A task the thread could not be sent (postMessage threw: a value structured clone refuses). */
@@ -63,6 +66,13 @@ export interface ThreadPoolSpec<Result, Reply extends ThreadReply, State> {
   result(reply: Extract<Reply, { type: 'result' }>): Result;
   /** An `error` reply's error. */
   taskError(reply: Extract<Reply, { type: 'error' }>): RolloutError;
+  /**
+   * How long a thread may take from its start to its `ready`, ms (0: no bound; default
+   * {@link DEFAULT_START_TIMEOUT_MS}). A thread not ready by then (its module import hangs, a top-level await never
+   * settles, a read of a hung file system) is terminated and treated as a failed start ({@link errors}.couldNotStart
+   * with `timeoutMs`): without the bound every task and ready() waited on it until their callers' own deadlines.
+   */
+  startTimeoutMs?: number;
   /** Wall time after a task is sent at which {@link overtime} is called, ms (0: never). */
   timerMs: number;
   /**
@@ -76,6 +86,14 @@ export interface ThreadPoolSpec<Result, Reply extends ThreadReply, State> {
    */
   overtime(thread: PoolThread<State>, abandoned: boolean): void;
 }
+
+/**
+ * Default {@link ThreadPoolSpec.startTimeoutMs}: a minute. Measured on a 2-core box with load ~1.5, two token threads
+ * start (tsx loader, then the packaged Qwen3 tokenizer and template) in ~1.5 s, two answer checker threads (and a
+ * first check) in ~0.3 s; a minute leaves a wide margin for a loaded machine and a large vocabulary, and still names
+ * a stuck start long before a stage deadline would time out every trajectory with no cause.
+ */
+export const DEFAULT_START_TIMEOUT_MS = 60_000;
 
 interface Job<Task, Result, State> {
   task: Task;
@@ -96,6 +114,8 @@ interface Thread<Task, Result, State> extends PoolThread<State> {
   startedAt: number;
   /** Calls the spec's overtime when the job overruns its bound (or, once given up, its grace). */
   timer: NodeJS.Timeout | undefined;
+  /** Fails the start of a thread not ready within the spec's startTimeoutMs; cleared on ready, exit, retire and close. */
+  startTimer: NodeJS.Timeout | undefined;
 }
 
 /**
@@ -111,9 +131,10 @@ interface Thread<Task, Result, State> extends PoolThread<State> {
  * - Threads are ref'ed while a task or a ready() waits and unref'ed otherwise: a script awaiting one does not end
  *   before it, and an idle pool nobody closed does not keep its process. Listeners are added before the unref (in
  *   Node 20 adding a 'message' listener refs the port again).
- * - A thread that dies while ready fails only its task and is replaced at once; one that cannot start (init-error, or
- *   exit before ready) fails what waits when no thread is ready, and is retried after a doubling pause (0.5–30 s), so
- *   a broken script cannot spin.
+ * - A thread that dies while ready fails only its task and is replaced at once; one that cannot start (init-error,
+ *   exit before ready, or not ready within `startTimeoutMs`: then terminated) fails what waits when no thread is
+ *   ready, and is retried after a doubling pause (0.5–30 s), so a broken script cannot spin and a hung one cannot
+ *   hold every task until its caller's deadline.
  * - close() refuses new tasks, fails waiting and running ones, and resolves when every thread (also those being
  *   replaced) has ended.
  *
@@ -225,7 +246,10 @@ export class ThreadPool<Task, Result, Reply extends ThreadReply, State> {
     for (const job of this.#queue.splice(0)) if (this.#settle(job)) job.reject(stopping);
     const threads = [...this.#threads];
     this.#threads.clear();
-    for (const t of threads) if (t.job) this.#finish(t, { error: stopping });
+    for (const t of threads) {
+      clearTimeout(t.startTimer);
+      if (t.job) this.#finish(t, { error: stopping });
+    }
     for (const w of this.#readyWaiters.splice(0)) w.reject(stopping);
     this.#holdProcess();
     await Promise.all([...threads.map((t) => t.worker.terminate()), ...this.#stopping]);
@@ -259,8 +283,23 @@ export class ThreadPool<Task, Result, Reply extends ThreadReply, State> {
   #spawn(): void {
     const spec = this.#spec;
     const worker = new Worker(spec.script, { workerData: spec.workerData });
-    const thread: Thread<Task, Result, State> = { worker, ready: false, job: undefined, jobId: -1, startedAt: 0, timer: undefined, state: spec.threadState() };
+    const thread: Thread<Task, Result, State> = {
+      worker,
+      ready: false,
+      job: undefined,
+      jobId: -1,
+      startedAt: 0,
+      timer: undefined,
+      startTimer: undefined,
+      state: spec.threadState(),
+    };
     this.#threads.add(thread);
+    const startTimeoutMs = spec.startTimeoutMs ?? DEFAULT_START_TIMEOUT_MS;
+    if (startTimeoutMs > 0) {
+      // Unref'ed: while a task or ready() waits the thread itself keeps the process (ref'ed), so the timer fires.
+      thread.startTimer = setTimeout(() => this.#onStartTimeout(thread, startTimeoutMs), startTimeoutMs);
+      thread.startTimer.unref();
+    }
     worker.on('message', (reply: Reply) => this.#onReply(thread, reply));
     // An uncaught exception in the thread: 'exit' follows, where the thread is replaced.
     worker.on('error', (err) => spec.log.error({ err }, `${spec.threadName} failed`));
@@ -291,6 +330,8 @@ export class ThreadPool<Task, Result, Reply extends ThreadReply, State> {
     this.#spec.observe?.(thread, reply);
     switch (reply.type) {
       case 'ready':
+        clearTimeout(thread.startTimer);
+        thread.startTimer = undefined;
         thread.ready = true;
         this.#restartDelayMs = 0;
         if ([...this.#threads].every((t) => t.ready)) for (const w of this.#readyWaiters.splice(0)) w.resolve();
@@ -317,7 +358,8 @@ export class ThreadPool<Task, Result, Reply extends ThreadReply, State> {
   }
 
   #onExit(thread: Thread<Task, Result, State>, code: number): void {
-    if (!this.#threads.delete(thread)) return; // closed, or already let go (init error, bound)
+    if (!this.#threads.delete(thread)) return; // closed, or already let go (init error, start timeout, bound)
+    clearTimeout(thread.startTimer);
     this.#crashes++;
     if (!thread.ready) {
       // Died while loading (e.g. out of memory on the model folder): a replacement would most likely die the same
@@ -340,9 +382,23 @@ export class ThreadPool<Task, Result, Reply extends ThreadReply, State> {
     this.#restartLater();
   }
 
+  /**
+   * A thread was not ready within `ms` of its start: terminated (by its reference) like any thread let go — a `ready`
+   * it posts after this is ignored ({@link #onReply} uses only threads of the pool) — and a failed start, retried
+   * after the pause.
+   */
+  #onStartTimeout(thread: Thread<Task, Result, State>, ms: number): void {
+    thread.startTimer = undefined;
+    if (!this.#threads.has(thread) || thread.ready) return;
+    this.#retire(thread);
+    this.#startFailed(this.#spec.errors.couldNotStart({ timeoutMs: ms }), undefined);
+  }
+
   /** Takes a thread out of the pool and terminates it; its exit and any late answer are then ignored. */
   #retire(thread: Thread<Task, Result, State>): void {
     this.#threads.delete(thread);
+    clearTimeout(thread.startTimer);
+    thread.startTimer = undefined;
     const stopped = thread.worker.terminate();
     this.#stopping.add(stopped);
     void stopped.finally(() => this.#stopping.delete(stopped));

@@ -27,6 +27,11 @@ export interface CheckPoolOptions {
    * blocked) and its thread is replaced, ms. Default 10 × `checkCpuMs`.
    */
   starvedAfterMs?: number;
+  /**
+   * Longest a thread may take to start before it is terminated and the start fails (environment_error, retried after
+   * a pause), ms; 0 = none. Default 60 s: a start takes well under a second here.
+   */
+  startTimeoutMs?: number;
   /** Replaces the worker entry (tests: a thread that crashes or never starts). */
   script?: URL;
   logger?: Logger;
@@ -100,6 +105,7 @@ export class CheckPool {
       },
       result: (reply) => ({ result: reply.result as CheckResult }),
       taskError: (reply) => new RolloutError('environment_error', `the answer checker failed: ${reply.message}`),
+      ...(options.startTimeoutMs !== undefined && { startTimeoutMs: startTimeoutOption(options.startTimeoutMs) }),
       // The bound is checked first after checkCpuMs of wall time: a check cannot have used more CPU than that.
       timerMs: this.checkCpuMs,
       // No abandonedTaskGraceMs: a check its caller gave up goes on under its bound (checks are short, a new thread is not free).
@@ -162,12 +168,22 @@ const CHECK_POOL_ERRORS: ThreadPoolSpec<unknown, ThreadReply, unknown>['errors']
   couldNotStart: (cause) =>
     new RolloutError(
       'environment_error',
-      'message' in cause ? `the answer checker thread could not start: ${cause.message}` : `the answer checker thread could not start (exit code ${cause.code})`,
+      'message' in cause
+        ? `the answer checker thread could not start: ${cause.message}`
+        : 'code' in cause
+          ? `the answer checker thread could not start (exit code ${cause.code})`
+          : `the answer checker thread could not start: it did not become ready within ${cause.timeoutMs} ms; it was terminated`,
     ),
   exited: (code) => new RolloutError('environment_error', `the answer checker thread exited with code ${code} during this check; it was replaced`),
   unsendable: (err) =>
     new RolloutError('environment_error', `the check could not be sent to its thread: ${err instanceof Error ? err.message : String(err)}`, { cause: err }),
 };
+
+/** startTimeoutMs: a whole number of ms from 0 (none) to the longest setTimeout can wait. */
+function startTimeoutOption(ms: number): number {
+  if (!Number.isInteger(ms) || ms < 0 || ms > MAX_TIMER_MS) throw RolloutError.invalid('startTimeoutMs', `must be a whole number of ms from 0 to ${MAX_TIMER_MS}, got ${ms}`);
+  return ms;
+}
 
 let shared: CheckPool | undefined;
 
