@@ -66,6 +66,8 @@ interface Live {
   pid: number;
   /** Set once `ended` settled. */
   done: boolean;
+  /** How the shell process exited, set as soon as it did (before its pipes closed and `ended` settled). */
+  exit?: { exitCode: number | null; signal: string | null };
   /** Reading is paused for PAST_LIMIT_PAUSE_MS. */
   throttled: boolean;
 }
@@ -78,8 +80,13 @@ interface Live {
  * output is stdout and stderr interleaved as written, capped, decoded as UTF-8 with replacement. A timed-out
  * command is interrupted from inside the sandbox (shell-interrupt.ts) and the shell kept; when it does not give
  * the shell back within the grace period, or the command ended the shell (`exit 3`), the shell is restarted in
- * the last known cwd and the result says `restarted: true` (variables reset). An abort kills the shell and
- * throws `cancelled`; the next `run` starts a new one.
+ * the last known cwd and the result says `restarted: true` (variables reset). A shell that ended between commands
+ * (a background job killed it, a trap it set ran when the next command arrived) is never handed a command: the
+ * command runs once in a new shell, and its result says `restarted: true` with a `restartReason` naming how the old
+ * one ended (told once: the command after it runs in the new shell). Whether the shell began a command is known from
+ * the frame's ack line (frameCommand), so a shell found dead only after the command was written is no exception.
+ * A shell that cannot be restarted (closed with its sandbox, wall clock used up) fails the command as the
+ * sandbox's error. An abort kills the shell and throws `cancelled`; the next `run` starts a new one.
  *
  * Security argument of the framing. Accidental forgery is impossible: the end marker carries a fresh 128-bit
  * nonce per command that exists nowhere the command can see while it runs (not in argv, environment, files,
@@ -163,6 +170,18 @@ export class BashShell implements PersistentShell {
     if (remaining <= 0) throw new RolloutError('deadline_exceeded', "the sandbox's wall-clock budget is used up");
     const timeoutMs = Math.max(1, Math.min(options.timeoutMs ?? this.options.defaultTimeoutMs, remaining));
     const started = performance.now();
+    // The shell ended while no command ran (a background job killed it, `(sleep 1; kill -9 $$) &`): this command is not
+    // sent to it but run in a new shell (started below, as after any restart), and its result says once why.
+    const died = this.live?.exit === undefined ? undefined : await this.reapDead(this.live);
+    const result = await this.runStarted(command, options, retried, timeoutMs, started);
+    if (died === undefined) return result;
+    const restartReason = result.restartReason === undefined ? died : `${died}; then ${result.restartReason}`;
+    return { ...result, restarted: true, restartReason, durationMs: performance.now() - started };
+  }
+
+  /** Runs `command` in the live shell, started first when there is none (runNow). */
+  private async runStarted(command: string, options: ShellRunOptions, retried: boolean, timeoutMs: number, started: number): Promise<ShellResult> {
+    const { signal } = options;
     let restarted = false;
     if (!this.live) {
       restarted = this.everStarted;
@@ -197,6 +216,19 @@ export class BashShell implements PersistentShell {
       this.lastStatus = timedOut ? 137 : outcome.marker.status;
       return this.result(scanner, timedOut ? null : outcome.marker.status, timedOut, restarted, started);
     }
+    if (event.kind === 'ended' && !timedOut && !scanner.acked && !retried) {
+      // The shell ended before it began this command (a trap fired while it waited for input, or it died just before
+      // the command was written): what it printed until then is output between commands, and the command is run once
+      // in a new shell, as when the shell is found dead before sending (runNow).
+      scanner.flush();
+      const before = scanner.output.text();
+      this.scanner = undefined;
+      const died = await this.reapDead(live);
+      if (before !== '') this.keepIdle(Buffer.from(before));
+      const again = await this.runStarted(command, options, true, timeoutMs, started);
+      const restartReason = again.restartReason === undefined ? died : `${died}; then ${again.restartReason}`;
+      return { ...again, restarted: true, restartReason, durationMs: performance.now() - started };
+    }
     // The shell ended (exit, kill, crash), garbled its marker, or would not give control back: start a new one.
     let exitCode = event.kind === 'ended' && !timedOut ? ((await live.proc.exited).exitCode ?? null) : null;
     // A shell that stopped running commands ends at the frame's sentinel line (a syntax error, exit status 2).
@@ -209,6 +241,19 @@ export class BashShell implements PersistentShell {
     await this.start();
     const result = this.result(scanner, exitCode, timedOut, true, started);
     return stopped ? { ...result, restartReason: STOPPED } : result;
+  }
+
+  /**
+   * Clears away a shell that ended between commands, keeping what it printed before it ended (shown with the next
+   * command's output, like any output between commands), and says how it ended, for the model.
+   */
+  private async reapDead(live: Live): Promise<string> {
+    const { exitCode, signal } = live.exit!;
+    resume(live.proc); // a paused stdout never sees its end
+    await live.ended; // its last output, still read as this shell's (onData)
+    await this.kill();
+    const how = signal !== null ? `it was killed by ${signal}` : exitCode !== null && exitCode > 128 ? `it was killed by signal ${exitCode - 128}` : `exit code ${exitCode ?? 'unknown'}`;
+    return `the shell ended between the previous command and this one (${how}; e.g. a background job killed it, or a trap it had set ran), so this command ran in a new shell`;
   }
 
   /** Whether the ended shell `live` complained about the sentinel line of `nonce` on its stderr. */
@@ -273,7 +318,8 @@ export class BashShell implements PersistentShell {
     const stderr = new CappedOutput(STDERR_KEEP);
     const stdoutClosed = new Promise<void>((resolve) => proc.stdout.once('close', resolve).once('end', resolve));
     const stderrEnded = new Promise<void>((resolve) => proc.stderr.once('close', resolve).once('end', resolve));
-    const live: Live = { proc, stderr, stderrTail: Buffer.alloc(0), stderrSinceSend: 0, stderrEnded, pid: 0, done: false, throttled: false, ended: proc.exited.then(() => {
+    const live: Live = { proc, stderr, stderrTail: Buffer.alloc(0), stderrSinceSend: 0, stderrEnded, pid: 0, done: false, throttled: false, ended: proc.exited.then((exit) => {
+      live.exit = exit;
       proc.kill(); // leftovers of the shell (background jobs) would keep stdout open
       return stdoutClosed;
     }) };
@@ -294,8 +340,15 @@ export class BashShell implements PersistentShell {
     });
     this.live = live;
     const setup = this.cwd ? `cd -- ${shellQuote(this.cwd)} 2>/dev/null; :` : ':';
+    // Output kept from the shell before (reapDead) belongs to the next command, not to the setup.
+    const idle = this.idle;
+    const idleBytes = this.idleBytes;
+    this.idle = [];
+    this.idleBytes = 0;
     const scanner = this.send(setup, 0);
     const event = await this.next(scanner, live, 30_000, undefined);
+    this.idle = [...idle, ...this.idle];
+    this.idleBytes += idleBytes;
     const outcome = scanner.outcome;
     if (event.kind !== 'marker' || !outcome || !('marker' in outcome) || outcome.marker.broken !== undefined) {
       await this.kill();
@@ -308,7 +361,8 @@ export class BashShell implements PersistentShell {
   private send(command: string, status = this.lastStatus): MarkerScanner {
     const nonce = newNonce();
     const canary = newNonce();
-    const scanner = new MarkerScanner(nonce, this.options.outputLimitBytes, canary);
+    const ack = newNonce();
+    const scanner = new MarkerScanner(nonce, this.options.outputLimitBytes, canary, ack);
     for (const chunk of this.idle) scanner.push(chunk);
     this.idle = [];
     this.idleBytes = 0;
@@ -317,7 +371,7 @@ export class BashShell implements PersistentShell {
       this.live.stderrSinceSend = 0;
       resume(this.live.proc);
     }
-    this.live?.proc.stdin.write(frameCommand(command, status, nonce, canary));
+    this.live?.proc.stdin.write(frameCommand(command, status, nonce, canary, ack));
     return scanner;
   }
 

@@ -4,12 +4,13 @@ import { CappedOutput } from './capped-output.js';
 /**
  * The wire protocol between {@link BashShell} and the bash it drives, in one place.
  *
- * The host writes three lines per command to the shell's stdin. The first runs the command with `eval` in the shell
- * itself (so `cd`, `export` and `$?` carry over), with stdin from /dev/null and stderr into stdout, and keeps its
- * status; the second — sent right behind it, so bash reads it only after the command returned — carries a fresh
- * 128-bit nonce, reads the third line, the sentinel, off stdin (see sentinelLine) and prints the end marker
- * `<nonce>:<status>:<canary>:<shell pid>:<cwd>:<nonce>\n`. The nonce is never in argv, the environment, a file or a shell
- * variable while the command runs, so output that merely contains marker-like text cannot end a command early.
+ * The host writes three lines per command to the shell's stdin. The first prints a per-command ack line (the shell
+ * began the command), runs the command with `eval` in the shell itself (so `cd`, `export` and `$?` carry over), with
+ * stdin from /dev/null and stderr into stdout, and keeps its status; the second — sent right behind it, so bash
+ * reads it only after the command returned — carries a fresh 128-bit nonce, reads the third line, the sentinel,
+ * off stdin (see sentinelLine) and prints the end marker `<nonce>:<status>:<canary>:<shell pid>:<cwd>:<nonce>\n`.
+ * The nonce is never in argv, the environment, a file or a shell variable while the command runs, so output that
+ * merely contains marker-like text cannot end a command early.
  *
  * Outside the `eval`, the frame's commands write to /dev/null (a DEBUG trap or xtrace to fd 1 shows nothing of
  * them): the groups around them keep the shell's stdout on fd 0 (`0>&1 >/dev/null 2>&1`; only 0-2, whose copies
@@ -58,9 +59,12 @@ export function shellQuote(text: string): string {
  * into `break 1000`, which leaves every loop up to and including the frame's own one-shot `for`, so the rest of
  * the command is skipped and the marker is printed. Builtins are written with a backslash so that aliases cannot
  * replace them (reserved words can be aliased: expand_aliases is off while the frame is parsed); functions cannot either:
- * see the module comment. `canary` is a fresh token the host expects back in the marker.
+ * see the module comment. `canary` is a fresh token the host expects back in the marker. `ack`, a fresh token too,
+ * is printed on a line of its own right before the command runs: it tells a shell that ended before it began the
+ * command (a trap a job fired while the shell waited for input: `trap 'exit 5' USR2`) from a command that ended the
+ * shell (`exit 5`). The scanner of the command removes it from the output (MarkerScanner `acked`).
  */
-export function frameCommand(command: string, previousStatus: number, nonce: string, canary: string): string {
+export function frameCommand(command: string, previousStatus: number, nonce: string, canary: string, ack?: string): string {
   const restore = previousStatus === 0 ? ':' : `(exit ${previousStatus}) && :`;
   // Still in POSIX mode: trap and unset are the real builtins. Its output (a DEBUG trap's, xtrace's) goes nowhere.
   const prologue =
@@ -68,6 +72,7 @@ export function frameCommand(command: string, previousStatus: number, nonce: str
     `{ [[ -z $__rollout_px ]] || \\shopt -s expand_aliases; } && __rollout_ok=${canary}; ${restore}; } >/dev/null 2>&1\n`;
   return (
     `{ [[ -o posix ]] && __rollout_px=1 || __rollout_px=; \\declare POSIXLY_CORRECT=y; \\shopt -u expand_aliases; __rollout_ok=; ` +
+    (ack === undefined ? '' : `\\builtin printf '%s\\n' ${ack} >&0; `) +
     `for __rollout_once in 1; do \\eval -- ${shellQuote(prologue + command)} >&0 </dev/null 2>&1; done; ` +
     `__rollout_ok=$?:$__rollout_ok; [[ -o posix ]] && __rollout_px=1 || __rollout_px=; ` +
     `\\declare POSIXLY_CORRECT=y; ` +
@@ -120,13 +125,22 @@ export class MarkerScanner {
   private held = Buffer.alloc(0);
   private trailer: Buffer | undefined;
   private result: { marker: Marker; rest: Buffer } | { error: string } | undefined;
+  private readonly ack: Buffer | undefined;
+  /** Bytes that may be the start of the ack line, held back until the next chunk says. */
+  private ackHeld = Buffer.alloc(0);
+  private ackSeen = false;
 
-  /** `canary`: the token the frame must report (frameCommand); without it, markers carry no canary field. */
+  /**
+   * `canary`: the token the frame must report (frameCommand); without it, markers carry no canary field. `ack`: the
+   * token the frame prints when the command begins (frameCommand); its line is taken out of the output.
+   */
   constructor(
     nonce: string,
     limitBytes: number,
     private readonly canary?: string,
+    ack?: string,
   ) {
+    this.ack = ack === undefined ? undefined : Buffer.from(`${ack}\n`);
     this.output = new CappedOutput(limitBytes);
     this.nonce = nonce;
     this.start = Buffer.from(`${nonce}:`);
@@ -138,7 +152,28 @@ export class MarkerScanner {
     return this.result;
   }
 
+  /** Whether the shell began the command (its ack line arrived); always true without an ack. */
+  get acked(): boolean {
+    return this.ack === undefined || this.ackSeen;
+  }
+
   push(chunk: Buffer): void {
+    if (this.ack === undefined || this.ackSeen || this.result) return this.scan(chunk);
+    const data = this.ackHeld.length > 0 ? Buffer.concat([this.ackHeld, chunk]) : chunk;
+    const at = data.indexOf(this.ack);
+    if (at >= 0) {
+      this.ackSeen = true;
+      this.ackHeld = Buffer.alloc(0);
+      return this.scan(Buffer.concat([data.subarray(0, at), data.subarray(at + this.ack.length)]));
+    }
+    // Hold back only a tail that could begin the ack line (never a marker's closing newline: the ack starts with 'r').
+    let keep = Math.min(data.length, this.ack.length - 1);
+    while (keep > 0 && !this.ack.subarray(0, keep).equals(data.subarray(data.length - keep))) keep--;
+    this.ackHeld = Buffer.from(data.subarray(data.length - keep));
+    this.scan(data.subarray(0, data.length - keep));
+  }
+
+  private scan(chunk: Buffer): void {
     if (this.result) {
       // Bytes after the marker (background jobs) until the owner detaches: kept, within the cap.
       if ('rest' in this.result && this.result.rest.length < this.output.limitBytes) this.result.rest = Buffer.concat([this.result.rest, chunk]);
@@ -183,6 +218,11 @@ export class MarkerScanner {
 
   /** Moves what was held back into the output (the shell ended without a marker). */
   flush(): void {
+    if (this.ackHeld.length > 0) {
+      const held = this.ackHeld;
+      this.ackHeld = Buffer.alloc(0);
+      this.scan(held);
+    }
     if (this.trailer === undefined && this.held.length > 0) this.output.push(this.held);
     this.held = Buffer.alloc(0);
   }
