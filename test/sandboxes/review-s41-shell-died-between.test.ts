@@ -3,10 +3,10 @@ import fc from 'fast-check';
 import { ApptainerDriver } from '../../src/sandboxes/apptainer.js';
 import { BubblewrapDriver, type BubblewrapSandbox } from '../../src/sandboxes/bwrap.js';
 import { MarkerScanner, newNonce } from '../../src/sandboxes/shell-framing.js';
-import type { PersistentShell, Sandbox } from '../../src/sandboxes/types.js';
+import type { PersistentShell, Sandbox, ShellResult } from '../../src/sandboxes/types.js';
 import { formatShellObservation } from '../../src/tools/bash-tool.js';
 import { makeApptainerDouble } from './apptainer-double.js';
-import { closeAfterAll, sandboxesStoppedAfterEach, waitFor } from './helpers.js';
+import { closeAfterAll, sandboxesStoppedAfterEach, waitFor, waitForFileInSandbox } from './helpers.js';
 import { shellTestLimits } from './shell-conformance.js';
 
 // Review s41: a persistent shell that ended BETWEEN commands (a background job of the model's killed it after its
@@ -28,14 +28,31 @@ const startBwrap = sandboxesStoppedAfterEach<BubblewrapSandbox>();
 
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
 
+/**
+ * Waits until the shell whose pid (in the sandbox) a command saved in .shellpid (in the workdir) has ended: its /proc
+ * entry gone, a zombie, or no longer a bash, as an exec into the sandbox sees it. A fixed sleep after the job's
+ * `sleep 0.3` was a race on a loaded box (the next command could reach the shell before the job killed it). Where an
+ * exec does not see the shell's processes (the apptainer double runs execs in a PID namespace of their own) it falls
+ * back to that sleep.
+ */
+async function shellEnded(sandbox: Sandbox): Promise<void> {
+  const pid = (await sandbox.readFile(`${sandbox.workdir}/.shellpid`)).trim();
+  const alive = async (): Promise<boolean> => {
+    const stat = await sandbox.exec(['cat', `/proc/${pid}/stat`]);
+    return stat.exitCode === 0 && /^\d+ \(bash\) [^Z]/.test(stat.stdout);
+  };
+  if (!(await alive())) return sleep(1000);
+  await waitFor(async () => !(await alive()), 30_000, `the shell (pid ${pid} in the sandbox) to end`);
+}
+
 describe.each(drivers)('%s: a shell that ended between commands', (_name, driver, image) => {
   const start = (): Promise<Sandbox> => startSandbox({ start: (spec) => driver.start({ ...spec, ...image }) }, shellTestLimits);
 
   it('killed by a background job after its command returned: the next command runs in a new shell and says so once', async () => {
     const sandbox = await start();
     const shell = sandbox.shell();
-    expect(await shell.run('cd /tmp; export KEPT=1; f() { :; }; (sleep 0.3; echo "job output"; kill -9 $$) &')).toMatchObject({ exitCode: 0, restarted: false, cwd: '/tmp' });
-    await sleep(1000);
+    expect(await shell.run('echo $$ > .shellpid; cd /tmp; export KEPT=1; f() { :; }; (sleep 0.3; echo "job output"; kill -9 $$) &')).toMatchObject({ exitCode: 0, restarted: false, cwd: '/tmp' });
+    await shellEnded(sandbox);
     const next = await shell.run('pwd; echo "[$KEPT]"; type -t f || echo no f');
     expect(next).toMatchObject({ exitCode: 0, timedOut: false, restarted: true, cwd: '/tmp', output: 'job output\n/tmp\n[]\nno f\n' });
     expect(next.restartReason).toMatch(/the shell ended between the previous command and this one \(it was killed by (SIGKILL|signal 9)/);
@@ -50,8 +67,8 @@ describe.each(drivers)('%s: a shell that ended between commands', (_name, driver
   it('ended with an exit status between commands (a trap the job fired): the status is named', async () => {
     const sandbox = await start();
     const shell = sandbox.shell();
-    expect(await shell.run("trap 'exit 5' USR2; (sleep 0.3; kill -USR2 $$) &")).toMatchObject({ exitCode: 0, restarted: false });
-    await sleep(1000);
+    expect(await shell.run("trap 'exit 5' USR2; (sleep 0.3; kill -USR2 $$; touch .signalled) &")).toMatchObject({ exitCode: 0, restarted: false });
+    await waitForFileInSandbox(sandbox, `${sandbox.workdir}/.signalled`, 30_000);
     // Bash runs the trap only when the next command arrives, and ends before it began that command: the command runs
     // once, in the new shell (its side effect is there once), and the job's output before it is kept.
     const next = await shell.run('echo hi; echo x >> ran-once');
@@ -63,8 +80,8 @@ describe.each(drivers)('%s: a shell that ended between commands', (_name, driver
   it('ended by SIGTERM between commands: the signal is named', async () => {
     const sandbox = await start();
     const shell = sandbox.shell();
-    expect(await shell.run('(sleep 0.3; kill -TERM $$) &')).toMatchObject({ exitCode: 0, restarted: false });
-    await sleep(1000);
+    expect(await shell.run('echo $$ > .shellpid; (sleep 0.3; kill -TERM $$) &')).toMatchObject({ exitCode: 0, restarted: false });
+    await shellEnded(sandbox);
     const next = await shell.run('echo hi');
     expect(next).toMatchObject({ exitCode: 0, output: 'hi\n', restarted: true });
     expect(next.restartReason).toMatch(/\(it was killed by (SIGTERM|signal 15);/);
@@ -90,9 +107,11 @@ describe.each(drivers)('%s: a shell that ended between commands', (_name, driver
     const sandbox = await start();
     const shell = sandbox.shell();
     await shell.run('(sleep 0.2; kill -9 $$) &');
-    const results = [];
-    const until = performance.now() + 800;
-    while (performance.now() < until) results.push(await shell.run('echo ran'));
+    const results: ShellResult[] = [];
+    // Until the kill has come (bounded: a loaded box may take far longer than the job's 0.2 s), and a few commands after.
+    const until = performance.now() + 30_000;
+    while (performance.now() < until && !results.some((r) => r.restarted)) results.push(await shell.run('echo ran'));
+    for (let i = 0; i < 3; i++) results.push(await shell.run('echo ran'));
     for (const r of results) {
       // Either it ran (in the old shell or a new one), or the kill came while it ran: then it says it was killed.
       if (r.exitCode === 0) expect(r.output).toBe('ran\n');
