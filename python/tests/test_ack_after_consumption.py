@@ -38,6 +38,12 @@ CONSUMER = textwrap.dedent(
                 # Wait until everything has arrived (queued here, unacked), then report the group in hand and hang.
                 while client._stream.qsize() + sum(len(p) for p in client._partial.values()) < 2 * (len(instances) - 3):
                     await asyncio.sleep(0.01)
+                # And until the acks of the two groups it moved past have left (they go in batches, _ACK_DELAY apart,
+                # on this event loop, which time.sleep below stops): when everything had arrived already, the second
+                # group's ack was still waiting here at the kill, and the server rightly sent that group again (CI).
+                while any(c._acks or not c._outbox.empty() for c in client._conns):
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(0.3)
                 print(json.dumps({"holding": group.task_id}), flush=True)
                 time.sleep(600)
             print(json.dumps({"consumed": group.task_id}), flush=True)
