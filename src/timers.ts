@@ -1,3 +1,5 @@
+import { RolloutError } from './errors.js';
+
 /**
  * The longest a Node timer can wait, ms (2^31 - 1, about 24.8 days): Node fires a longer delay after 1 ms instead
  * (with a TimeoutOverflowWarning), so a timeout configured above it would end its work at once. Configured timeouts
@@ -5,6 +7,12 @@
  * through setLongTimeout.
  */
 export const MAX_TIMER_MS = 2 ** 31 - 1;
+
+/** A configured timer's length, checked: a whole number of ms from 0 to MAX_TIMER_MS, else invalid_argument naming `name`. */
+export function timerOption(name: string, ms: number): number {
+  if (!Number.isInteger(ms) || ms < 0 || ms > MAX_TIMER_MS) throw RolloutError.invalid(name, `must be a whole number of ms from 0 to ${MAX_TIMER_MS}, got ${ms}`);
+  return ms;
+}
 
 /** A timer of setLongTimeout. */
 export interface LongTimer {

@@ -73,6 +73,15 @@ interface Live {
 }
 
 /**
+ * The result of a command run in a new shell because the old one had ended (`died`: BashShell.reapDead's words): a
+ * restart, its reason first, then any restart of the new shell during the command.
+ */
+function ranAfterDeath(result: ShellResult, died: string, started: number): ShellResult {
+  const restartReason = result.restartReason === undefined ? died : `${died}; then ${result.restartReason}`;
+  return { ...result, restarted: true, restartReason, durationMs: performance.now() - started };
+}
+
+/**
  * The persistent shell of a sandbox, for every driver: built only on `spawn(['bash', '--noprofile', '--norc'])`
  * (drivers construct it as `new BashShell(this, { ... })` in `shell()`). The wire format is in shell-framing.ts.
  *
@@ -174,9 +183,7 @@ export class BashShell implements PersistentShell {
     // sent to it but run in a new shell (started below, as after any restart), and its result says once why.
     const died = this.live?.exit === undefined ? undefined : await this.reapDead(this.live);
     const result = await this.runStarted(command, options, retried, timeoutMs, started);
-    if (died === undefined) return result;
-    const restartReason = result.restartReason === undefined ? died : `${died}; then ${result.restartReason}`;
-    return { ...result, restarted: true, restartReason, durationMs: performance.now() - started };
+    return died === undefined ? result : ranAfterDeath(result, died, started);
   }
 
   /** Runs `command` in the live shell, started first when there is none (runNow). */
@@ -225,9 +232,7 @@ export class BashShell implements PersistentShell {
       this.scanner = undefined;
       const died = await this.reapDead(live);
       if (before !== '') this.keepIdle(Buffer.from(before));
-      const again = await this.runStarted(command, options, true, timeoutMs, started);
-      const restartReason = again.restartReason === undefined ? died : `${died}; then ${again.restartReason}`;
-      return { ...again, restarted: true, restartReason, durationMs: performance.now() - started };
+      return ranAfterDeath(await this.runStarted(command, options, true, timeoutMs, started), died, started);
     }
     // The shell ended (exit, kill, crash), garbled its marker, or would not give control back: start a new one.
     let exitCode = event.kind === 'ended' && !timedOut ? ((await live.proc.exited).exitCode ?? null) : null;

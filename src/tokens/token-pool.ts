@@ -1,7 +1,7 @@
 import { availableParallelism } from 'node:os';
 import { RolloutError, type ErrorCode } from '../errors.js';
 import { silentLogger, type Logger } from '../observability/logger.js';
-import { MAX_TIMER_MS } from '../timers.js';
+import { timerOption } from '../timers.js';
 import { DEFAULT_START_TIMEOUT_MS, ThreadPool, type PoolThread, type ThreadPoolSpec, type ThreadReply, type ThreadRequest } from '../workers/thread-pool.js';
 
 /** What a worker script receives and answers (token-worker.ts speaks it). */
@@ -181,8 +181,3 @@ const TOKEN_POOL_ERRORS: ThreadPoolSpec<unknown, ThreadReply, undefined>['errors
   unsendable: (err) => new RolloutError('internal', `token work could not be sent to its thread: ${err instanceof Error ? err.message : String(err)}`, { cause: err }),
 };
 
-/** A timer option: a whole number of ms, from 0 to the longest setTimeout can wait. */
-function timerOption(name: string, ms: number): number {
-  if (!Number.isInteger(ms) || ms < 0 || ms > MAX_TIMER_MS) throw RolloutError.invalid(name, `must be a whole number of ms from 0 to ${MAX_TIMER_MS}, got ${ms}`);
-  return ms;
-}

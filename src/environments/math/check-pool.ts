@@ -2,7 +2,7 @@ import { availableParallelism } from 'node:os';
 import { RolloutError } from '../../errors.js';
 import { silentLogger, type Logger } from '../../observability/logger.js';
 import { threadStat } from '../../thread-priority.js';
-import { MAX_TIMER_MS } from '../../timers.js';
+import { MAX_TIMER_MS, timerOption } from '../../timers.js';
 import { ThreadPool, type PoolThread, type ThreadPoolSpec, type ThreadReply } from '../../workers/thread-pool.js';
 import { inlineCheck, type CheckResult, type CheckTask } from './check-tasks.js';
 
@@ -105,7 +105,7 @@ export class CheckPool {
       },
       result: (reply) => ({ result: reply.result as CheckResult }),
       taskError: (reply) => new RolloutError('environment_error', `the answer checker failed: ${reply.message}`),
-      ...(options.startTimeoutMs !== undefined && { startTimeoutMs: startTimeoutOption(options.startTimeoutMs) }),
+      ...(options.startTimeoutMs !== undefined && { startTimeoutMs: timerOption('startTimeoutMs', options.startTimeoutMs) }),
       // The bound is checked first after checkCpuMs of wall time: a check cannot have used more CPU than that.
       timerMs: this.checkCpuMs,
       // No abandonedTaskGraceMs: a check its caller gave up goes on under its bound (checks are short, a new thread is not free).
@@ -179,11 +179,6 @@ const CHECK_POOL_ERRORS: ThreadPoolSpec<unknown, ThreadReply, unknown>['errors']
     new RolloutError('environment_error', `the check could not be sent to its thread: ${err instanceof Error ? err.message : String(err)}`, { cause: err }),
 };
 
-/** startTimeoutMs: a whole number of ms from 0 (none) to the longest setTimeout can wait. */
-function startTimeoutOption(ms: number): number {
-  if (!Number.isInteger(ms) || ms < 0 || ms > MAX_TIMER_MS) throw RolloutError.invalid('startTimeoutMs', `must be a whole number of ms from 0 to ${MAX_TIMER_MS}, got ${ms}`);
-  return ms;
-}
 
 let shared: CheckPool | undefined;
 
