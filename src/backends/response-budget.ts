@@ -80,8 +80,14 @@ export class ResponseBudget {
    */
   enter(key: object): void {
     const holder = this.#holders.get(key);
-    if (holder !== undefined) holder.active++;
-    else this.#holders.set(key, { held: 0, active: 1 });
+    if (holder !== undefined) {
+      holder.active++;
+      return;
+    }
+    this.#holders.set(key, { held: 0, active: 1 });
+    // One engine more: the others' shares shrank, so a waiter that was within its share and blocked those behind it
+    // (arrival order) may now be over it and passed over, letting them go.
+    this.#grant();
   }
 
   /** A request {@link enter}ed ended, after its reservation (if any) was released. */
