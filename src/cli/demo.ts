@@ -1,6 +1,5 @@
 import cliProgress from 'cli-progress';
 import { existsSync } from 'node:fs';
-import { constants as osConstants } from 'node:os';
 import { startRolloutServer, type RolloutServer } from '../app.js';
 import { RolloutClient } from '../client/rollout-client.js';
 import { createLogger } from '../observability/logger.js';
@@ -14,6 +13,7 @@ import { loadQwen3 } from '../tokens/tokenizer.js';
 import { TrajectoryStatus, type Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { statusName } from '../pipeline/outcome.js';
 import { forTerminal } from './terminal-text.js';
+import { ignoreGoneTerminal, signalExitCode, StopSignals } from './stop-signals.js';
 
 export interface DemoOptions {
   groups: number;
@@ -31,49 +31,25 @@ export interface DemoOptions {
   engine?: 'fake' | 'embedded';
 }
 
-
-/** The exit status of a process ended by `signal` (128 + its number: 130 for SIGINT, 143 for SIGTERM). */
-function signalExitCode(signal: NodeJS.Signals): number {
-  return 128 + (osConstants.signals[signal] ?? 0);
-}
-
-/**
- * A terminal that hung up (EIO: the window closed — SIGHUP is on its way) or a reader gone (EPIPE: `demo | head`)
- * ends what the demo prints, not its cleanup: unhandled, the write's error killed the process with its sandboxes and
- * image mount left behind.
- */
-function ignoreGoneReader(err: NodeJS.ErrnoException): void {
-  if (err.code !== 'EIO' && err.code !== 'EPIPE') throw err;
-}
-
-const DEMO_SIGNALS: readonly NodeJS.Signals[] = ['SIGINT', 'SIGTERM', 'SIGHUP'];
-
 /**
  * SIGINT, SIGTERM and SIGHUP (the terminal closed, the ssh session dropped) during the demo: the first stops it — the
  * client's stream is dropped, and runDemo's cleanup shuts the server down (its sandboxes, their cgroups and the
  * image's squashfuse mount released) and closes the engine before the process exits with 128 + the signal's number;
- * a second signal (but a repeated SIGHUP) exits at once, cleanup or not.
+ * a second signal (but a repeated SIGHUP) exits at once, cleanup or not (see {@link StopSignals}).
  * Without it Ctrl-C killed node mid-run and left the image mounted and the sandboxes' cgroups behind.
  */
 class DemoInterrupt {
   readonly #controller = new AbortController();
-  #signal: NodeJS.Signals | undefined;
-  readonly #onSignal = (name: NodeJS.Signals): void => {
-    // A hang-up comes more than once (the shell passes its SIGHUP on, the kernel sends another as the shell exits):
-    // only the first signal's cleanup counts, and a repeated hang-up is nobody insisting on an exit without it.
-    if (name === 'SIGHUP' && this.#signal !== undefined) return;
-    if (this.#signal !== undefined) {
+  readonly #signals = new StopSignals(
+    (name) => {
+      console.error(`\ndemo: ${name}: stopping — releasing the sandboxes and the engine (${name} again to exit at once)`);
+      this.#controller.abort();
+    },
+    (name) => {
       console.error(`demo: ${name} again: exiting without finishing the cleanup`);
       process.exit(signalExitCode(name));
-    }
-    this.#signal = name;
-    console.error(`\ndemo: ${name}: stopping — releasing the sandboxes and the engine (${name} again to exit at once)`);
-    this.#controller.abort();
-  };
-
-  constructor() {
-    for (const name of DEMO_SIGNALS) process.on(name, this.#onSignal);
-  }
+    },
+  );
 
   /** Fires on the first signal. */
   get aborted(): AbortSignal {
@@ -82,11 +58,11 @@ class DemoInterrupt {
 
   /** The exit code the signal asks for, once one came. */
   get exitCode(): number | undefined {
-    return this.#signal === undefined ? undefined : signalExitCode(this.#signal);
+    return this.#signals.exitCode;
   }
 
   dispose(): void {
-    for (const name of DEMO_SIGNALS) process.off(name, this.#onSignal);
+    this.#signals.dispose();
   }
 }
 
@@ -99,8 +75,7 @@ class DemoInterrupt {
  */
 export async function runDemo(opts: DemoOptions, inject: DemoInject = {}): Promise<number> {
   // For the rest of the process's life, not the demo's: the error of the last line written arrives after it returned.
-  if (!process.stdout.listeners('error').includes(ignoreGoneReader)) process.stdout.on('error', ignoreGoneReader);
-  if (!process.stderr.listeners('error').includes(ignoreGoneReader)) process.stderr.on('error', ignoreGoneReader);
+  ignoreGoneTerminal();
   const interrupt = new DemoInterrupt();
   try {
     return await demo(opts, interrupt, inject);

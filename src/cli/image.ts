@@ -1,5 +1,6 @@
 import cliProgress from 'cli-progress';
 import { forTerminalLine } from './terminal-text.js';
+import { ignoreGoneTerminal, StopSignals } from './stop-signals.js';
 import { mkdirSync, statSync } from 'node:fs';
 import { copyFile, rename, rm } from 'node:fs/promises';
 import { resolve } from 'node:path';
@@ -20,17 +21,16 @@ export interface ImageBuildOptions {
 /**
  * `rollout image build`: builds (or finds in the cache) a .sif from Debian packages, showing progress on stderr
  * (a bar on a terminal, one line per step otherwise) and printing the image's path on stdout, so scripts can
- * capture it. Ctrl-C stops the build and removes its work dir.
+ * capture it. Ctrl-C (SIGTERM, a hang-up) stops the build and removes its work dir: exit 130 (143, 129).
  */
 export async function runImageBuild(options: ImageBuildOptions): Promise<number> {
   const packages = options.packages ? options.packages.split(',') : [...DEFAULT_IMAGE_PACKAGES];
   // Not created here: a cached image is returned to anyone, and a build as non-root is refused for what it is (root).
   if (options.cacheDir !== undefined) refuseNonDirectory('--cache-dir', options.cacheDir);
   if (options.out !== undefined && isDirectory(options.out)) throw imageNotWritten(options.out, 'it is a directory');
+  ignoreGoneTerminal();
   const controller = new AbortController();
-  const onSignal = () => controller.abort(new Error('interrupted'));
-  process.once('SIGINT', onSignal);
-  process.once('SIGTERM', onSignal);
+  const signals = new StopSignals((name) => controller.abort(new Error(`interrupted (${name})`)));
   const progress = startBuildProgress();
   const started = performance.now();
   try {
@@ -52,10 +52,14 @@ export async function runImageBuild(options: ImageBuildOptions): Promise<number>
     }
     process.stdout.write(`${path}\n`);
     return 0;
+  } catch (err) {
+    if (signals.exitCode === undefined) throw err;
+    progress.stop();
+    process.stderr.write(`image build: ${signals.signal}: stopped, its work dir removed\n`);
+    return signals.exitCode;
   } finally {
     progress.stop();
-    process.off('SIGINT', onSignal);
-    process.off('SIGTERM', onSignal);
+    signals.dispose();
   }
 }
 

@@ -12,6 +12,7 @@ import { countRows, mapRow, readDataset, taskIdFor, type MappedRow } from './sub
 import { HeldGroups } from './submit-held.js';
 import { isParquetOutput, openTrajectoryOutput, type TrajectoryOutput } from './submit-output.js';
 import { forTerminal } from './terminal-text.js';
+import { ignoreGoneTerminal, StopSignals } from './stop-signals.js';
 
 export interface SubmitOptions extends ConnectionFlags {
   dataset: string;
@@ -84,13 +85,13 @@ class Slots {
  * Resuming: task ids are derived from the dataset path, row index and row content, so a re-run of the same command
  * skips every row whose samples are all in the output, and resubmits the rest; the server's submit is idempotent on
  * task id, so a task still running there (or finished but never received) is attached to, not run again, and
- * samples already written are not written twice. SIGINT/SIGTERM stop submitting, close the output between two
- * lines and exit 130; re-run to finish.
+ * samples already written are not written twice. SIGINT/SIGTERM/SIGHUP (the terminal hung up) stop submitting, close
+ * the output between two lines and exit 130 (143, 129); re-run to finish.
  *
  * Returns the exit code: 0 when every row's trajectories are in the output, 1 when some rows were rejected (bad
  * instance) or could not be read or mapped (the data: fix those rows), 3 when the server could not be reached or the
  * stream failed or the output could not be written (a full disk: infrastructure, nothing is wrong with the data, free
- * space and re-run to resume), 130 when interrupted.
+ * space and re-run to resume), 128 + the signal's number when interrupted.
  */
 export async function runSubmit(opts: SubmitOptions): Promise<number> {
   if (!existsSync(opts.dataset)) throw new RolloutError('invalid_argument', `dataset ${opts.dataset} does not exist`);
@@ -148,9 +149,8 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
   let retryCount = 0;
   /** Rows whose last allowed attempt still has an infrastructure failure (this run's, and earlier runs'). */
   let infraRows = 0;
-  /** Submitting stops: SIGINT/SIGTERM (`signalled`) or a write that failed (`writeError`, e.g. a full disk). */
+  /** Submitting stops: SIGINT/SIGTERM/SIGHUP (`signals.signal`) or a write that failed (`writeError`, e.g. a full disk). */
   let stopping = false;
-  let signalled = false;
   /** The first write of the output, its retried file or a held group that failed: the run stops, never reports done. */
   let writeError: string | undefined;
   let streamError: string | undefined;
@@ -188,10 +188,6 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
     slots.release();
     session.abort();
   };
-  const onSignal = (): void => {
-    signalled = true;
-    halt();
-  };
   const onLateSignal = (): void => {
     logAbove(bar, out, `[submit] finishing the output first (interrupt again to stop at once: ${outputPath}'s journal keeps what arrived)`);
   };
@@ -213,8 +209,10 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
     streamError ??= (err as Error).message;
     halt();
   };
-  process.once('SIGINT', onSignal);
-  process.once('SIGTERM', onSignal);
+  // The first signal stops submitting; a second (but a repeated hang-up) exits at once: the journal keeps what arrived.
+  ignoreGoneTerminal();
+  const signals = new StopSignals(halt);
+  let lateSignals: StopSignals | undefined;
 
   const submitAttempt = (row: RowContext, attempt: number): void => {
     const taskId = attemptTaskId(row.rowTaskId, attempt);
@@ -432,12 +430,10 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
     if (err instanceof RolloutError) throw err;
     streamError = (err as Error).message;
   } finally {
-    process.off('SIGINT', onSignal);
-    process.off('SIGTERM', onSignal);
+    signals.dispose();
     // From here on the output is finished (the Parquet file written from the journal): an interrupt waits for that
     // instead of killing the process half-way through a write; a second one stops at once (a re-run resumes).
-    process.once('SIGINT', onLateSignal);
-    process.once('SIGTERM', onLateSignal);
+    lateSignals = new StopSignals(onLateSignal);
     for (const r of refused.values()) clearTimeout(r.timer); // a stream that ended with resubmits still waiting
     await settling;
     held.close();
@@ -467,10 +463,9 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
   // signal went to whatever other listener was left (signal-exit's, which re-raises it: the finished run then died of
   // SIGINT after saying "done", 3 runs in 7 of review-s37-submit-interrupt under load). Poll comes before check.
   await new Promise((resolve) => setImmediate(resolve));
-  process.off('SIGINT', onLateSignal);
-  process.off('SIGTERM', onLateSignal);
+  lateSignals?.dispose();
   out.write(
-    `[submit] ${writeError !== undefined || streamError !== undefined ? 'stopped' : signalled ? 'interrupted' : 'done'}: ${received} trajectories written this run (${alreadyWritten} before), ` +
+    `[submit] ${writeError !== undefined || streamError !== undefined ? 'stopped' : signals.signal !== undefined ? 'interrupted' : 'done'}: ${received} trajectories written this run (${alreadyWritten} before), ` +
       `${submitted} rows submitted, ${skipped} already complete, ${failedRows} rejected or unmappable, ${retryCount} retries` +
       `${refusals > 0 ? ` (and ${refusals} submits refused for now, sent again)` : ''}, ` +
       `${infraRows} rows with infrastructure failures left; reward mean ${mean()}; ${statuses()}\n`,
@@ -486,7 +481,7 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
     out.write(`[submit] ${outputPath} not written (${why}): the trajectories are in ${output.journal}${earlier}\n`);
   }
   if (writeError !== undefined) return EXIT_INFRASTRUCTURE;
-  return signalled ? 130 : streamError !== undefined || infraRows > 0 ? EXIT_INFRASTRUCTURE : failedRows > 0 ? 1 : 0;
+  return signals.exitCode !== undefined ? signals.exitCode : streamError !== undefined || infraRows > 0 ? EXIT_INFRASTRUCTURE : failedRows > 0 ? 1 : 0;
 }
 
 /** A dataset row as submitted: every attempt of it sends the same instance and metadata. */

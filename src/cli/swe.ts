@@ -3,6 +3,7 @@ import { buildTaskImage } from '../environments/swe/pypi-tasks/build-task-image.
 import { loadSweTasks } from '../environments/swe/pypi-tasks/task-definition.js';
 import { RolloutError } from '../errors.js';
 import { usableDirectory } from './image.js';
+import { ignoreGoneTerminal, StopSignals } from './stop-signals.js';
 
 export interface SweBuildOptions {
   /** Task ids to build (default: every task under tasks/swe). */
@@ -14,14 +15,14 @@ export interface SweBuildOptions {
 /**
  * `rollout swe build`: builds (or finds cached) the image of each SWE task defined under tasks/swe — the base image
  * from Debian packages, the sdist from PyPI, the release with its fix reverted at /testbed — logging progress on
- * stderr and printing `<task id>\t<image path>` per task on stdout. Ctrl-C stops the build and removes its work dir.
+ * stderr and printing `<task id>\t<image path>` per task on stdout. Ctrl-C (SIGTERM, a hang-up) stops the build and
+ * removes its work dir: exit 130 (143, 129).
  */
 export async function runSweBuild(options: SweBuildOptions): Promise<number> {
   if (options.cacheDir !== undefined) usableDirectory('--cache-dir', options.cacheDir);
+  ignoreGoneTerminal();
   const controller = new AbortController();
-  const onSignal = () => controller.abort(new Error('interrupted'));
-  process.once('SIGINT', onSignal);
-  process.once('SIGTERM', onSignal);
+  const signals = new StopSignals((name) => controller.abort(new Error(`interrupted (${name})`)));
   const logger = createLogger({ level: 'info', destination: process.stderr });
   try {
     const all = await loadSweTasks();
@@ -35,8 +36,11 @@ export async function runSweBuild(options: SweBuildOptions): Promise<number> {
       process.stdout.write(`${id}\t${image.path}\n`);
     }
     return 0;
+  } catch (err) {
+    if (signals.exitCode === undefined) throw err;
+    logger.warn({ signal: signals.signal }, 'swe build: stopped, its work dir removed');
+    return signals.exitCode;
   } finally {
-    process.off('SIGINT', onSignal);
-    process.off('SIGTERM', onSignal);
+    signals.dispose();
   }
 }
