@@ -451,6 +451,12 @@ export const serverConfigSchema = z.strictObject({
        * naming this key. A call with a deadline keeps its own. 0 = none.
        */
       unaryDeadlineMs: z.number().int().min(0).max(MAX_TIMER_MS).default(3_600_000),
+      /**
+       * Health Watch and reflection streams open at once, server-wide (they are answered without a token); one more is
+       * ended RESOURCE_EXHAUSTED naming this key. A load balancer keeps one health Watch per server, grpcurl one
+       * reflection stream per command. 0: both are refused (the unary health Check still answers).
+       */
+      maxOpenInfrastructureStreams: z.number().int().min(0).default(256),
     })
     .prefault({}),
   /** Watch streams (dashboards). */

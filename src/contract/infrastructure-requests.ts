@@ -16,8 +16,15 @@ import { toServiceError } from './status.js';
  * ("Error deserializing request"). Through this, their requests are checked on the wire first, as tolerantService
  * checks ours, and a bad one is answered INVALID_ARGUMENT naming the field, the call's handler never seeing it.
  */
-export function strictRequestsServer(server: Pick<Server, 'addService'>, protoFiles: readonly string[], logger: Logger, lifetime?: AbortSignal): Pick<Server, 'addService'> {
+export function strictRequestsServer(
+  server: Pick<Server, 'addService'>,
+  protoFiles: readonly string[],
+  logger: Logger,
+  lifetime?: AbortSignal,
+  maxOpenStreams = Number.POSITIVE_INFINITY,
+): Pick<Server, 'addService'> {
   const log = logger.child({ component: 'infrastructure-requests' });
+  const open = { streams: 0 };
   const root = new protobuf.Root();
   root.loadSync([...protoFiles], { keepCase: true });
   root.resolveAll();
@@ -49,7 +56,8 @@ export function strictRequestsServer(server: Pick<Server, 'addService'>, protoFi
         if (handler === undefined) continue;
         const refusingBad = refusing(handler, method.requestStream, method.responseStream, log);
         const strict = method.requestStream && method.responseStream ? paced(refusingBad) : refusingBad;
-        strictImplementation[name] = method.responseStream && lifetime ? endingWith(strict, lifetime, log) : strict;
+        const ending = method.responseStream && lifetime ? endingWith(strict, lifetime, log) : strict;
+        strictImplementation[name] = method.responseStream || method.requestStream ? bounded(ending, open, maxOpenStreams, rpc!, log) : ending;
       }
       server.addService(strictService as ServiceDefinition, strictImplementation);
     },
@@ -139,6 +147,46 @@ function paced(handler: UntypedServiceImplementation[string]): UntypedServiceImp
     }) as Duplex['write'];
     return (handler as (...args: unknown[]) => void)(call, ...rest);
   }) as unknown as UntypedServiceImplementation[string];
+}
+
+/**
+ * `handler`'s streams counted against `max` open at once, across every streaming method of these services: one more is
+ * ended RESOURCE_EXHAUSTED naming the key before the handler sees it. They are answered without a token, and each
+ * open one holds an HTTP/2 stream and its handler's state (a health Watch's listener, a reflection stream's buffers):
+ * without a bound a client could open 1,024 on each of as many connections as it liked.
+ */
+function bounded(handler: UntypedServiceImplementation[string], open: { streams: number }, max: number, rpc: string, log: Logger): UntypedServiceImplementation[string] {
+  return ((call: NodeJS.EventEmitter, ...rest: unknown[]) => {
+    let ended = false;
+    const onEnd = (): void => {
+      ended = true;
+    };
+    for (const event of ['cancelled', 'close', 'error', 'finish']) call.once(event, onEnd);
+    const admit = (): void => {
+      open.streams++;
+      let counted = true;
+      const forget = (): void => {
+        if (!counted) return;
+        counted = false;
+        open.streams--;
+      };
+      for (const event of ['cancelled', 'close', 'error', 'finish']) call.once(event, forget);
+      (handler as (...args: unknown[]) => void)(call, ...rest);
+    };
+    if (open.streams < max) return admit();
+    // Decided once what the connection's data brought is handled: a client that cancels a watch and opens another at
+    // once sends both in one read, and grpc-js reports the cancel a tick after the new call starts (see call-bounds.ts).
+    setImmediate(() => {
+      if (ended) return;
+      if (open.streams < max) return admit();
+      const err = new RolloutError(
+        'resource_exhausted',
+        `${open.streams} health and reflection streams are open, the most the server allows (calls.maxOpenInfrastructureStreams): close some, or use the unary health Check`,
+      );
+      log.warn({ rpc, open: open.streams }, 'health/reflection stream refused: too many open');
+      call.emit('error', toServiceError(err, log));
+    });
+  }) as UntypedServiceImplementation[string];
 }
 
 /**

@@ -115,7 +115,7 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
   const health = new HealthImplementation(Object.fromEntries(HEALTH_SERVICES.map((name) => [name, 'SERVING'])));
   // Their requests are checked on the wire as ours are: garbage is INVALID_ARGUMENT, never INTERNAL or a guess.
   // Their streams (a load balancer's health Watch) end with ours once the server is drained.
-  const infrastructure = strictRequestsServer(server, INFRASTRUCTURE_PROTOS, logger, lifecycle.signal);
+  const infrastructure = strictRequestsServer(server, INFRASTRUCTURE_PROTOS, logger, lifecycle.signal, config.calls.maxOpenInfrastructureStreams);
   health.addToServer(infrastructure);
   new ReflectionService(reflectedDefinition(['rollout/v1/rollout.proto', 'rollout/v1/backend.proto', 'rollout/v1/admin.proto'], PROTO_DIR)).addToServer(infrastructure);
 
