@@ -171,8 +171,20 @@ export interface MetricsServer {
   close(): Promise<void>;
 }
 
-export async function startMetricsServer(metrics: RolloutMetrics, options: MetricsServerOptions): Promise<MetricsServer> {
+/** Connections the metrics endpoint holds at once; one more is closed at once (a scraper needs one). */
+export const METRICS_MAX_CONNECTIONS = 64;
+
+/**
+ * Serves GET /metrics from `metrics.registry`. Scrapes that arrive while a collection runs share it (one collection at a
+ * time, however many clients scrape in a loop), and at most {@link METRICS_MAX_CONNECTIONS} connections are held.
+ */
+export async function startMetricsServer(metrics: Pick<RolloutMetrics, 'registry'>, options: MetricsServerOptions): Promise<MetricsServer> {
   const log = options.logger.child({ component: 'metrics' });
+  let collecting: Promise<string> | undefined;
+  const collect = (): Promise<string> =>
+    (collecting ??= metrics.registry.metrics().finally(() => {
+      collecting = undefined;
+    }));
   const handle = (req: IncomingMessage, res: ServerResponse): void => {
     const path = (req.url ?? '/').split('?')[0];
     if (path !== '/metrics') {
@@ -187,7 +199,7 @@ export async function startMetricsServer(metrics: RolloutMetrics, options: Metri
       res.writeHead(401, { 'www-authenticate': 'Bearer', 'content-type': 'text/plain' }).end('a bearer token is required: authorization: Bearer <token>\n');
       return;
     }
-    metrics.registry.metrics().then(
+    collect().then(
       (text) => res.writeHead(200, { 'content-type': metrics.registry.contentType }).end(req.method === 'HEAD' ? undefined : text),
       (err: unknown) => {
         log.error({ err }, 'metrics collection failed');
@@ -200,6 +212,7 @@ export async function startMetricsServer(metrics: RolloutMetrics, options: Metri
   server.headersTimeout = 10_000;
   server.requestTimeout = 30_000;
   server.maxHeadersCount = 64;
+  server.maxConnections = METRICS_MAX_CONNECTIONS;
   await new Promise<void>((resolve, reject) => {
     server.once('error', (err: NodeJS.ErrnoException) =>
       reject(new RolloutError('failed_precondition', `metrics.port: cannot listen on ${options.host}:${options.port}: ${err.code ?? err.message}`, { field: 'metrics.port', cause: err })),
