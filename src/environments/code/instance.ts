@@ -26,7 +26,15 @@ export const DEFAULT_MEMORY_LIMIT_MB = 1024;
 
 const text = (max = MAX_CODE_TEXT) => z.string().max(max, { error: `must be at most ${max} characters` });
 const nonEmpty = (max = MAX_CODE_TEXT) => text(max).refine((s) => s.trim() !== '', { error: 'must not be empty' });
-const seconds = z.number().positive().max(120, { error: 'must be at most 120 seconds' });
+/**
+ * A time limit: at least 0.1 s (python3 alone takes tens of ms to start, more on a loaded node: a smaller limit, or
+ * milliseconds written where seconds are meant, would time out every solution, reward 0 for a broken task), at most 120 s.
+ */
+export const MIN_TIME_LIMIT_S = 0.1;
+const seconds = z
+  .number()
+  .min(MIN_TIME_LIMIT_S, { error: `must be at least ${MIN_TIME_LIMIT_S} seconds (python3 alone takes tens of ms to start)` })
+  .max(120, { error: 'must be at most 120 seconds' });
 const memoryMb = z.number().int().min(32, { error: 'must be at least 32 MiB' }).max(65_536);
 
 /**

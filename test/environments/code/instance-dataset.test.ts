@@ -23,6 +23,13 @@ describe('code instances', () => {
     expect(() => code.validate({ tests: [{ input: '1', output: '1' }] })).toThrow(expect.objectContaining({ field: 'instance.prompt', message: 'instance.prompt: required' }));
     expect(() => code.validate({ prompt: 'p', tests: [] })).toThrow(expect.objectContaining({ field: 'instance.tests' }));
     expect(() => code.validate({ ...stdio, time_limit_s: 0 })).toThrow(expect.objectContaining({ field: 'instance.time_limit_s' }));
+    // Regression: any positive limit was taken; 0.0001 s (0 ms once rounded) made the Apptainer sandbox fail the exec as
+    // its own wall-clock error, and a few ms timed every solution out (reward 0 for a broken task).
+    for (const tiny of [0.0001, 0.001, 0.05]) {
+      expect(() => code.validate({ ...stdio, time_limit_s: tiny })).toThrow(expect.objectContaining({ field: 'instance.time_limit_s', message: expect.stringContaining('at least 0.1 seconds') }));
+      expect(() => code.validate({ ...humanEval, timeout_s: tiny })).toThrow(expect.objectContaining({ field: 'instance.timeout_s' }));
+    }
+    expect(code.validate({ ...stdio, time_limit_s: 0.1 })).toMatchObject({ timeLimitS: 0.1 });
   });
 
   // A keyword (or __debug__) can name no function: every solution would fail, reward 0 for a broken task.
