@@ -122,6 +122,7 @@ export interface SessionOptions {
   /**
    * Trajectories buffered before the client stops reading (gRPC flow control reaches the server), unless a submit
    * waits for its answer (which comes on the same call): the server's sessions.maxUnackedBytes bounds the rest.
+   * A whole number of at least 1 (default 1024; Infinity: never stop reading); anything else is a RangeError.
    */
   highWater?: number;
   /**
@@ -245,6 +246,8 @@ export class OpenTimeoutError extends Error {
 interface Submission {
   readonly taskId: string;
   readonly bytes: Uint8Array;
+  /** The spec's num_samples: an `accepted` saying another number is a faulty server's (see onResponse). */
+  readonly numSamples: number;
   readonly resolve: (a: TaskAccepted) => void;
   readonly reject: (e: Error) => void;
   /** Made on its first temporary refusal. */
@@ -316,6 +319,9 @@ export class RolloutSession {
   /** The trajectory queue is at its high-water mark (see {@link flow}), and whether the call's reading is paused. */
   private full = false;
   private paused = false;
+  /** Trajectories this stream queued before its SessionOpened (see {@link flow}), and the queue's high-water mark. */
+  private queuedBeforeOpen = 0;
+  private readonly highWater: number;
   private ackSoon: NodeJS.Immediate | undefined;
   /** Why the stream ended, once it has: a submit after that fails at once with it. */
   private endedWith: Error | undefined;
@@ -387,7 +393,7 @@ export class RolloutSession {
    * With resubmitLostTasks: each submitted task until its last sample arrives: its encoded spec, its samples (0 until
    * the server says) and those that arrived here (on any stream); `unknown`: what reached a predecessor is not known.
    */
-  private readonly specs = new Map<string, { bytes: Uint8Array; numSamples: number; got: Set<number>; unknown: boolean }>();
+  private readonly specs = new Map<string, { bytes: Uint8Array; asked: number; numSamples: number; got: Set<number>; unknown: boolean }>();
   /** The session was lost (NOT_FOUND on a re-open): the next re-open opens it afresh. */
   private fresh = false;
   /** The current stream was a re-open with resume (its NOT_FOUND means the session is gone). */
@@ -402,7 +408,7 @@ export class RolloutSession {
    * `redelivered`, `duplicatesDropped`: see {@link SessionOptions.reconnectForMs}; `sessionsLost`, `resubmitted`,
    * `tasksLost`: see {@link SessionOptions.resubmitLostTasks}; `duplicatesDropped` also counts a trajectory a server
    * sent twice on one stream (dropped, delivered once); `callbackErrors`: exceptions thrown by `onTaskLost`,
-   * `onDeliveryPaused` or `onStage` (reported as process warnings, the session going on); `protocolViolations`:
+   * `onDeliveryPaused` or `onStage`, or rejections of theirs when async (reported as process warnings, the session going on); `protocolViolations`:
    * messages of a faulty server ignored (see {@link violation}).
    */
   readonly stats = { rejectionsRetried: 0, ackedEarly: 0, reconnects: 0, redelivered: 0, duplicatesDropped: 0, sessionsLost: 0, resubmitted: 0, tasksLost: 0, callbackErrors: 0, protocolViolations: 0 };
@@ -425,6 +431,11 @@ export class RolloutSession {
     this.reconnectForMs = budgetOf('reconnectForMs', options.reconnectForMs, 0);
     this.resubmitLost = options.resubmitLostTasks ?? false;
     if (this.resubmitLost && this.reconnectForMs === 0) throw new RangeError('resubmitLostTasks: needs reconnectForMs (a lost session is found by a re-open)');
+    const highWater = options.highWater ?? 1024;
+    // The queue stops the call when it holds exactly highWater: 0, a fraction or NaN would never stop it (no backpressure).
+    if (highWater !== Infinity && !(Number.isInteger(highWater) && highWater >= 1)) {
+      throw new RangeError(`highWater: must be a whole number of trajectories of at least 1 (Infinity: no bound), got ${String(options.highWater)}`);
+    }
     this.client = client;
     this.seen = new RecentKeys(limits.maxRememberedKeys ?? MAX_SEEN);
     this.cancels = new RecentKeys(limits.maxRememberedKeys ?? MAX_SEEN);
@@ -432,8 +443,9 @@ export class RolloutSession {
     this.stageEvents = options.stageEvents ?? false;
     this.maxSendBytes = maxSendMessageBytes !== undefined && maxSendMessageBytes >= 0 ? maxSendMessageBytes : undefined;
     this.autoAck = options.autoAck ?? true;
+    this.highWater = highWater;
     this.queue = new AsyncQueue<Trajectory>(
-      options.highWater ?? 1024,
+      highWater,
       () => this.flow(true),
       () => this.flow(false),
     );
@@ -455,6 +467,7 @@ export class RolloutSession {
     this.call = call;
     this.connected = true;
     this.paused = false;
+    this.queuedBeforeOpen = 0;
     this.progressed = false;
     // Sent before any answer, so known before the first trajectory arrives (and with it anything to ack).
     call.on('metadata', (headers: Metadata) => {
@@ -523,6 +536,7 @@ export class RolloutSession {
         // The id the server chose (none asked for): a re-open resumes that one.
         this.sessionId = kind.value.sessionId || this.sessionId;
         this.resolveOpened(kind.value);
+        this.flow(); // read until now whatever the queue held (see flow)
         this.maybeHalfClose();
         break;
       case 'accepted':
@@ -532,6 +546,7 @@ export class RolloutSession {
           this.violation(`TaskAccepted for task ${kind.value.taskId}, which has no spec waiting for an answer on this stream (never submitted, or answered already)`);
           break;
         }
+        if (this.acceptedOtherGroup(kind.value)) break;
         // A task re-sent after a resume that the session had accepted before is counted in `inherited` already,
         // except the samples it had acked: those are sent again (resent_sample_indexes) and counted as they come.
         if (!this.openTasks.has(kind.value.taskId) && !kind.value.alreadyOwed) {
@@ -623,9 +638,40 @@ export class RolloutSession {
         this.pushed++;
         if (this.resubmitLost) this.arrived(ref);
         this.queue.push(kind.value);
+        if (!this.isOpen) {
+          this.queuedBeforeOpen++;
+          this.flow();
+        }
         break;
       }
     }
+  }
+
+  /**
+   * An `accepted` whose num_samples is not its spec's (a faulty server's: no correct one accepts a task id with another
+   * spec): counted, a larger group would never come whole (the session waiting for ever), a smaller one would drop
+   * real samples as outside it. The submit rejects instead (TaskRejectedError, field `num_samples`), as the Python
+   * client's, and the task is cancelled on the server; its samples, should they come, are not delivered as a group.
+   */
+  private acceptedOtherGroup(accepted: TaskAccepted): boolean {
+    if (this.unanswered.has(accepted.taskId)) return false; // a late answer of a submit that timed out: not a waiting one's
+    const spec = this.pending.get(accepted.taskId)?.[0];
+    if (spec === undefined || spec.numSamples === accepted.numSamples) return false;
+    const refusal = new TaskRejectedError(
+      accepted.taskId,
+      'num_samples',
+      `the server at ${this.target()} accepted it with num_samples ${accepted.numSamples}, not the ${spec.numSamples} of its spec (a faulty server: the group would never come whole); cancelled there`,
+      status.FAILED_PRECONDITION,
+    );
+    this.violation(`TaskAccepted for task ${accepted.taskId} with num_samples ${accepted.numSamples}, not the ${spec.numSamples} of its spec`);
+    this.settle(accepted.taskId, (p) => {
+      if (p.tracked) this.specs.delete(p.taskId);
+      p.reject(refusal);
+    });
+    if (this.reconnectForMs > 0) this.cancels.add(accepted.taskId);
+    if (this.connected && !this.halfClosed) this.call.write({ kind: { $case: 'cancel', value: { taskId: accepted.taskId } } });
+    this.maybeHalfClose();
+    return true;
   }
 
   /** With resubmitLostTasks: a submit answered `accepted` (see `specs`). */
@@ -664,6 +710,7 @@ export class RolloutSession {
           {
             taskId,
             bytes: spec.bytes,
+            numSamples: spec.asked,
             resolve: () => undefined,
             // Refused (for good, or past retryRejectedForMs): lost; not when the whole session ended (its error says it).
             reject: (refusal) => {
@@ -704,14 +751,23 @@ export class RolloutSession {
   private notify<T>(name: string, handler: ((value: T) => void) | undefined, value: T): void {
     if (!handler) return;
     try {
-      handler(value);
+      // An async callback (a `() => void` type takes one) fails by rejecting: unhandled, that rejection would end the
+      // process (Node's default --unhandled-rejections=throw) as a throw here would.
+      const result: unknown = handler(value);
+      if (typeof (result as PromiseLike<unknown> | undefined)?.then === 'function') {
+        (result as PromiseLike<unknown>).then(undefined, (err: unknown) => this.callbackFailed(name, err));
+      }
     } catch (err) {
-      this.stats.callbackErrors++;
-      const why = err instanceof Error ? err.message : String(err);
-      const warning = new Error(`RolloutSession.${name} threw (ignored, the session goes on): ${why}`, { cause: err });
-      warning.name = 'RolloutCallbackError';
-      process.emitWarning(warning);
+      this.callbackFailed(name, err);
     }
+  }
+
+  private callbackFailed(name: string, err: unknown): void {
+    this.stats.callbackErrors++;
+    const why = err instanceof Error ? err.message : String(err);
+    const warning = new Error(`RolloutSession.${name} threw (ignored, the session goes on): ${why}`, { cause: err });
+    warning.name = 'RolloutCallbackError';
+    process.emitWarning(warning);
   }
 
   /** The server's address as the caller gave it (the channel's target without grpc-js's default `dns:` scheme). */
@@ -774,6 +830,11 @@ export class RolloutSession {
     if (garbled && ++this.garbledInRow >= MAX_GARBLED_STREAMS && this.reconnectForMs > 0 && !this.ended) {
       const why = `${err.details}: on ${this.garbledInRow} streams in a row (each re-opened with resume), so the server sends it on every resume`;
       return this.fail(Object.assign(new Error(`rollout stream failed: ${why}`, { cause: err }), { code: status.INTERNAL, details: why }), true);
+    }
+    if (code === status.RESOURCE_EXHAUSTED && /^Received message larger than max/.test(err.details ?? '') && !this.ended) {
+      // Never re-opened (the server would send it again on every resume): said with the option to raise, as Python's.
+      const why = `rollout server ${this.target()} sent a message over this client's maxReceiveMessageBytes (${err.details}): raise that RolloutClient option to at least the server's maxMessageBytes`;
+      return this.fail(Object.assign(new Error(`rollout stream failed: ${why}`, { cause: err }), { code: status.RESOURCE_EXHAUSTED, details: why }), true);
     }
     // Stopped by the caller (abort(), a loop left early): CANCELLED, whatever the transport said meanwhile.
     if (this.ended) return this.fail(code === status.CANCELLED ? err : cancelled(err), true);
@@ -920,7 +981,8 @@ export class RolloutSession {
       // trajectory with it): refused here, alone, naming what to shrink.
       return Promise.reject(tooLarge(request.kind!.value as TaskSpec, bytes.length, this.maxSendBytes));
     }
-    return new Promise((resolve, reject) => this.send({ taskId: task.taskId, bytes, resolve, reject, cancelled: false, refusedByPause: false }));
+    const numSamples = (request.kind!.value as TaskSpec).numSamples;
+    return new Promise((resolve, reject) => this.send({ taskId: task.taskId, bytes, numSamples, resolve, reject, cancelled: false, refusedByPause: false }));
   }
 
   /**
@@ -1103,7 +1165,7 @@ export class RolloutSession {
   /** Writes a submit's spec and waits for its answer (again, after a temporary refusal). */
   private send(s: Submission): void {
     if (this.resubmitLost && !this.specs.has(s.taskId)) {
-      this.specs.set(s.taskId, { bytes: s.bytes, numSamples: 0, got: new Set(), unknown: false });
+      this.specs.set(s.taskId, { bytes: s.bytes, asked: s.numSamples, numSamples: 0, got: new Set(), unknown: false });
       s.tracked = true;
     }
     const list = this.pending.get(s.taskId) ?? [];
@@ -1265,12 +1327,18 @@ export class RolloutSession {
    * Pauses reading the call while `highWater` trajectories wait unread - but never while a submit waits for its answer:
    * `accepted` travels on the same call behind the trajectories, and a trainer that submits its batch (awaiting each
    * submit) before it reads would wait for ever. Unread trajectories are unacked, so the server's own bound
-   * (sessions.maxUnackedBytes) still bounds what the queue can hold while reading goes on.
+   * (sessions.maxUnackedBytes) still bounds what the queue can hold while reading goes on. Nor before the stream's
+   * SessionOpened has come: a stream re-opened (reconnectForMs) while the consumer is busy with a full queue would
+   * otherwise never read it, time out (openTimeoutMs) and be re-opened until the outage's budget was spent - the
+   * session failing over a training step. What the server re-sends may come before it (Session.attach writes those
+   * first); had here already, they are dropped, not queued: what is queued before it is what the broken stream had
+   * in flight. A stream that queues highWater more trajectories before it is paused as usual, so a server that floods
+   * without opening cannot grow the queue past twice highWater.
    */
   private flow(full: boolean = this.full): void {
     this.full = full;
     // A submit waiting for its retry waits for an answer too (and acks early what arrives while delivery is paused).
-    const pause = full && this.pending.size === 0 && this.retrying.size === 0;
+    const pause = full && (this.isOpen || this.queuedBeforeOpen >= this.highWater) && this.pending.size === 0 && this.retrying.size === 0;
     if (pause === this.paused) return;
     this.paused = pause;
     if (pause) this.call.pause();
@@ -1441,14 +1509,32 @@ export class RolloutClient {
     return promisify((cb) => this.rollout.listEnvironments({}, new Metadata(), { deadline }, cb));
   }
 
-  /** Dashboard tail; iterate, and `return` (break) to stop. */
+  /**
+   * Dashboard tail; iterate, and leave the loop (`break`, `return`, a throw) or call `cancel()` to stop: either cancels
+   * the call, so the server frees its `watch.maxOpen` slot and the channel holds no call open.
+   */
   watch(request: Partial<WatchRequest> = {}): AsyncIterable<WatchResponse> & { cancel: () => void } {
     const call = this.rollout.watch({ environments: [], groupIds: [], fullTrajectories: false, stageEvents: false, statsIntervalMs: 0, ...request });
     const queue = new AsyncQueue<WatchResponse>(1024, () => call.pause(), () => call.resume());
     call.on('data', (m: WatchResponse) => queue.push(m));
     call.on('error', (err: ServiceError) => queue.end(err.code === 1 ? undefined : err));
     call.on('end', () => queue.end());
-    return Object.assign(queue, { cancel: () => cancelCall(call) });
+    const cancel = (): void => cancelCall(call);
+    return {
+      cancel,
+      [Symbol.asyncIterator]: (): AsyncIterator<WatchResponse> => {
+        const it = queue[Symbol.asyncIterator]();
+        return {
+          next: () => it.next(),
+          // A loop left early: the queue alone would stop taking messages while the call went on reading them, holding
+          // the server's slot until the connection closed (and keeping the process alive).
+          return: () => {
+            cancel();
+            return it.return!();
+          },
+        };
+      },
+    };
   }
 
   /**
