@@ -2,9 +2,9 @@ import { RolloutError } from '../../errors.js';
 import type { Sandbox } from '../../sandboxes/types.js';
 import type { JsonObject } from '../json.js';
 import type { Evaluation } from '../types.js';
-import { gradeTests, parsePytestReport, pytestPluginSource, PYTEST_PLUGIN_MODULE, type ListGrade, type PytestReport, type TestStatus } from './grading.js';
+import { gradeTests, parsePytestReport, PASSING_STATUSES, pytestPluginSource, PYTEST_PLUGIN_MODULE, type ListGrade, type PytestReport, type TestStatus } from './grading.js';
 import type { SweInstance } from './instance.js';
-import { applyPatch, applyTestPatch, prepareWorkingCopy, resetTestInfrastructure } from './repo-ops.js';
+import { applyPatch, applyTestPatch, listPatchedPaths, listProtectedPaths, prepareWorkingCopy, resetTestInfrastructure } from './repo-ops.js';
 import { runTests } from './test-run.js';
 import { touchedPaths } from './patch-paths.js';
 
@@ -34,7 +34,8 @@ export interface EvaluatePatchOptions {
  * details: { fail_to_pass, pass_to_pass (fractions), applied (0|1), tests_timed_out (0|1) }; report: { patch (its
  * first REPORT_PATCH_BYTES), patch_bytes, applied, apply_error?, resolved, FAIL_TO_PASS / PASS_TO_PASS: { test:
  * status }, test_exit_code, tests_timed_out, test_error?, test_output_tail, collect_errors, test_infrastructure_reset
- * (the paths put back before the tests ran, see resetTestInfrastructure) }.
+ * (the paths put back before the tests ran, see resetTestInfrastructure), tampered? (test sources changed while pytest
+ * ran: reward 0) }.
  */
 export async function evaluatePatch(sandbox: Sandbox, instance: SweInstance, patch: string, options: EvaluatePatchOptions): Promise<Evaluation> {
   const { signal } = options;
@@ -58,9 +59,13 @@ export async function evaluatePatch(sandbox: Sandbox, instance: SweInstance, pat
   // the files of the listed tests are put back as the image has them before the tests run: changed, they would let the
   // patch write the results (or the tests) instead of earning them. Restored rather than a reward 0, as SWE-bench
   // restores the test files: the patch is graded on the rest.
-  const reset = await resetTestInfrastructure(sandbox, instance.repoPath, dir, [...new Set([...listedTestFiles(instance), ...testPatchPaths])], { signal });
+  const testFiles = [...new Set([...listedTestFiles(instance), ...testPatchPaths])];
+  const reset = await resetTestInfrastructure(sandbox, instance.repoPath, dir, testFiles, { signal });
   const patchReport = { ...patchHead, test_infrastructure_reset: reset.paths, ...(reset.count > reset.paths.length && { test_infrastructure_reset_count: reset.count }) };
   if (reset.problem !== undefined) return testsNotRun(patchReport, { test_error: `the test infrastructure could not be put back as the image has it: ${reset.problem}` });
+  // What the patch changed, for the plugin: SWE-bench counts an xfail as passing, so an imperative xfail raised through
+  // the patch's code (the code under test declaring its own test an expected failure) is xfail_by_code, a failure.
+  const patchedList = await listPatchedPaths(sandbox, dir, { signal });
   if (instance.testPatch !== '') {
     const tests = await applyTestPatch(sandbox, dir, instance.testPatch, testPatchPaths, { signal });
     if (!tests.applied) {
@@ -68,7 +73,9 @@ export async function evaluatePatch(sandbox: Sandbox, instance: SweInstance, pat
       return testsNotRun(patchReport, { test_error: `the instance's test_patch does not apply on top of the patch (it applies to the base): ${tests.reason || 'git apply failed'}` });
     }
   }
-  const run = await runTests(sandbox, dir, instance.testCommand, { module: PYTEST_PLUGIN_MODULE, source: pytestPluginSource() }, { signal, timeoutMs: options.testTimeoutMs });
+  // The test sources as they are now: the plugin reports those the code under test changes while pytest runs.
+  const protectedList = await listProtectedPaths(sandbox, dir, testFiles, { signal });
+  const run = await runTests(sandbox, dir, instance.testCommand, { module: PYTEST_PLUGIN_MODULE, source: pytestPluginSource() }, { signal, timeoutMs: options.testTimeoutMs, patchedList, protectedList });
   const timedOut = run.result.timedOut;
   if (timedOut && run.result.durationMs + 100 < options.testTimeoutMs) {
     // Cut short by the sandbox's wall clock, i.e. the task's total time ran out: the budget's fault, not the patch's.
@@ -111,11 +118,15 @@ export async function evaluatePatch(sandbox: Sandbox, instance: SweInstance, pat
     }
   }
   const grade = gradeTests(report?.tests ?? {}, instance.failToPass, instance.passToPass);
+  // Test sources the code under test rewrote while pytest ran (before pytest imported them): the results are not the tests'.
+  const tampered = report?.tampered ?? [];
   // SWE-bench's rule: tests that run past the timeout with the patch applied leave the instance unresolved.
-  const resolved = grade.resolved && !timedOut;
+  const resolved = grade.resolved && !timedOut && tampered.length === 0;
   const testError = timedOut
     ? `the tests did not finish within ${options.testTimeoutMs} ms with the patch applied: unresolved (SWE-bench's rule for a timeout)`
-    : reportProblem !== undefined
+    : tampered.length > 0
+      ? `test sources were changed while pytest ran (by the code under test): ${tampered.slice(0, 10).join(', ')}`
+      : reportProblem !== undefined
       ? `the pytest report could not be used (${reportProblem}): no test results`
       : report === undefined
         ? 'pytest ended without finishing its session: no test results'
@@ -132,6 +143,7 @@ export async function evaluatePatch(sandbox: Sandbox, instance: SweInstance, pat
       test_exit_code: run.result.exitCode,
       tests_timed_out: timedOut,
       ...(testError !== undefined && { test_error: testError }),
+      ...(tampered.length > 0 && { tampered }),
       collect_errors: (report?.collect_errors ?? []).slice(0, 20).map((e) => ({ nodeid: e.nodeid, message: e.message.slice(-1000) })),
       test_output_tail: run.outputTail.slice(-4096),
     },
@@ -179,7 +191,7 @@ function reportPatch(patch: string): JsonObject {
 
 function listReport(grade: ListGrade): JsonObject {
   const entries = Object.entries(grade.statuses);
-  const shown: [string, TestStatus][] = entries.length <= REPORT_STATUSES ? entries : entries.filter(([, s]) => !['passed', 'xpass', 'xfail'].includes(s)).slice(0, REPORT_STATUSES);
+  const shown: [string, TestStatus][] = entries.length <= REPORT_STATUSES ? entries : entries.filter(([, s]) => !PASSING_STATUSES.includes(s)).slice(0, REPORT_STATUSES);
   return {
     fraction: grade.fraction,
     passed: grade.success.length,

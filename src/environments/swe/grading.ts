@@ -2,8 +2,15 @@ import { readFileSync } from 'node:fs';
 import { z } from 'zod';
 import { RolloutError } from '../../errors.js';
 
-/** A test's outcome as the pytest plugin reports it, or 'missing' when the run never reported the test. */
-export type TestStatus = 'passed' | 'failed' | 'error' | 'skipped' | 'xfail' | 'xpass' | 'missing';
+/**
+ * A test's outcome as the pytest plugin reports it, or 'missing' when the run never reported the test. `xfail_by_code`:
+ * an imperative xfail (`pytest.xfail()`) raised through code the agent's patch changed, or code without a file (exec),
+ * i.e. the code under test declaring its own test an expected failure: a failure (see gradeTests).
+ */
+export type TestStatus = 'passed' | 'failed' | 'error' | 'skipped' | 'xfail' | 'xpass' | 'xfail_by_code' | 'missing';
+
+/** The statuses that count as passing (SWE-bench's rule: passed, xpass, xfail). */
+export const PASSING_STATUSES: readonly TestStatus[] = ['passed', 'xpass', 'xfail'];
 
 /** Module name of the pytest plugin (rollout_swe_report.py beside this file), loaded with `-p`. */
 export const PYTEST_PLUGIN_MODULE = 'rollout_swe_report';
@@ -18,8 +25,10 @@ export function pytestPluginSource(): string {
 const reportSchema = z.object({
   version: z.literal(1),
   exitstatus: z.number().int(),
-  tests: z.record(z.string(), z.enum(['passed', 'failed', 'error', 'skipped', 'xfail', 'xpass'])),
+  tests: z.record(z.string(), z.enum(['passed', 'failed', 'error', 'skipped', 'xfail', 'xpass', 'xfail_by_code'])),
   collect_errors: z.array(z.object({ nodeid: z.string(), message: z.string() })).default([]),
+  /** Test sources changed while pytest ran (see rollout_swe_report.py): no result counts then. */
+  tampered: z.array(z.string()).max(50).default([]),
 });
 
 /** What one pytest session reported. */
@@ -46,7 +55,7 @@ export function parsePytestReport(json: string): PytestReport {
 export interface ListGrade {
   /** Tests that passed (passed, xpass, or xfail as SWE-bench counts it). */
   success: string[];
-  /** Tests that failed, errored, or were never reported. */
+  /** Tests that failed, errored, were declared expected failures by the patch's code (xfail_by_code), or were never reported. */
   failure: string[];
   /** Tests that were skipped (also in `failure`: a listed test must pass, see gradeTests). */
   skipped: string[];
@@ -73,7 +82,9 @@ export interface Grade {
  * code they call) would be resolved without fixing anything, and one that breaks a PASS_TO_PASS test could hide it
  * the same way: rewards forged, not earned. Every listed test passed with the reference fix in the instance's
  * environment (that is how the lists are made), so an honest patch never meets this; an instance whose image skips
- * a listed test scores 0 for every patch, the gold one included, and its report shows the skips.
+ * a listed test scores 0 for every patch, the gold one included, and its report shows the skips. The same for an xfail:
+ * an expected failure the tests declare (a marker, pytest.xfail() in the test or its helpers and fixtures) passes, one
+ * raised through the patch's code (`xfail_by_code`, pytest.xfail() in the package) fails.
  */
 export function gradeTests(tests: Readonly<Record<string, TestStatus>>, failToPass: readonly string[], passToPass: readonly string[]): Grade {
   const fail = gradeList(tests, failToPass);
@@ -86,7 +97,7 @@ function gradeList(tests: Readonly<Record<string, TestStatus>>, names: readonly 
   for (const name of names) {
     const status: TestStatus = Object.hasOwn(tests, name) ? tests[name]! : 'missing';
     grade.statuses[name] = status;
-    if (status === 'passed' || status === 'xpass' || status === 'xfail') grade.success.push(name);
+    if (PASSING_STATUSES.includes(status)) grade.success.push(name);
     else grade.failure.push(name);
     if (status === 'skipped') grade.skipped.push(name);
   }

@@ -49,6 +49,9 @@ fi
 git update-ref ${BASE_REF} HEAD
 `;
 
+/** Seconds each git command of the working copy's own git may take before the scratch git directory is used instead. */
+const OWN_GIT_SECONDS = 20;
+
 /**
  * The agent's changes as a binary-safe git diff written to $3: the working copy $2 (its files, with \`git add -A\`)
  * against its base ref (commits the agent made included). That git directory is the agent's, though: when it is gone
@@ -56,10 +59,19 @@ git update-ref ${BASE_REF} HEAD
  * directory — the working copy's against the image's repository $1, which the agent cannot touch — so the agent's
  * doing never stops the eval. Exit 5: the working copy itself could not be read (deleted, unreadable files), the
  * agent's doing too.
+ *
+ * The agent wrote HOME (its workspace) and the working copy's .git/config too: a ~/.gitconfig git cannot parse failed
+ * both ways, a clean filter or an fsmonitor hook that never returns hung them (an environment_error, or the eval's
+ * TIMEOUT: trainers drop both). So git runs with a HOME of its own (no global configuration: the image's system one
+ * only), the working copy's git is bounded in time (then the scratch git directory, whose configuration is fresh,
+ * takes the diff) and told to use no fsmonitor.
  */
 const DIFF = `set -eu
 src=$1 dst=$2 out=$3
-own_git() (cd "$dst" && base=$(git rev-parse -q --verify ${BASE_REF}) && git add -A && git diff --cached --binary --no-color --no-ext-diff --no-renames "$base" > "$out")
+export HOME="$scratch_dir"
+unset XDG_CONFIG_HOME GIT_CONFIG_GLOBAL
+bounded() { if command -v timeout >/dev/null 2>&1; then timeout -s KILL ${OWN_GIT_SECONDS} "$@"; else "$@"; fi; }
+own_git() (cd "$dst" && base=$(bounded git rev-parse -q --verify ${BASE_REF}) && bounded git -c core.fsmonitor=false add -A && bounded git -c core.fsmonitor=false diff --cached --binary --no-color --no-ext-diff --no-textconv --no-renames "$base" > "$out")
 scratch_git() (
   scratch=$(mktemp -d)
   trap 'rm -rf -- "$scratch"' EXIT
@@ -262,21 +274,23 @@ export async function prepareWorkingCopy(sandbox: Sandbox, repoPath: string, opt
   return dst;
 }
 
-/** Why the agent's working copy could not be read: what the agent did to it, not an infrastructure failure. */
+/** Why the agent's working copy could not be read (or diffed): what the agent did to it or its sandbox, not an infrastructure failure. */
 export class UnreadableWorkingCopy extends Error {}
 
 /**
  * The agent's diff of the working copy `dir` against the image's repository `repoPath`, read back from the sandbox;
  * `maxBytes` bounds what is read. Throws {@link UnreadableWorkingCopy} when the agent left the working copy unreadable
- * (deleted, files without read permission), environment_error when the diff fails otherwise.
+ * (deleted, files without read permission) or its sandbox without room to take the diff (a full /tmp or workspace),
+ * environment_error when the diff fails otherwise.
  */
 export async function diffWorkingCopy(sandbox: Sandbox, repoPath: string, dir: string, maxBytes: number, options: RunOptions = {}): Promise<{ patch: string; bytes: number }> {
   // This runs in the agent's own sandbox, whose files the agent wrote: a fixed scratch path could hold what it put
   // there (a FIFO that blocks the write until the timeout, a file where the directory goes, a symlink to /dev/full),
   // and the eval would fail as environment_error, which trainers drop. So the diff goes to a fresh directory (mktemp:
   // a name nothing could know beforehand), whose path the script prints before the diff's size.
-  const result = await bash(sandbox, `${DIFF_SCRATCH}\n${DIFF}\nprintf '%s\\n' "$3"\nwc -c < "$3"`, [repoPath, dir], options);
+  const result = await bash(sandbox, `(\n${DIFF_SCRATCH}\n${DIFF}\nprintf '%s\\n' "$3"\nwc -c < "$3"\n)\n${DIFF_ROOM}`, [repoPath, dir], options);
   if (result.exitCode === 5) throw new UnreadableWorkingCopy(`the working copy ${dir} could not be read: ${result.stderr.trim().slice(-1500)}`);
+  if (result.exitCode === 6) throw new UnreadableWorkingCopy(`the diff of ${dir} could not be taken: ${result.stderr.trim().slice(-1500)}`);
   if (result.exitCode !== 0) throw failure(`taking the diff of ${dir}`, result);
   const [file = '', size = ''] = result.stdout.trim().split('\n');
   const bytes = Number(size);
@@ -284,6 +298,19 @@ export async function diffWorkingCopy(sandbox: Sandbox, repoPath: string, dir: s
   if (bytes > maxBytes) return { patch: '', bytes };
   return { patch: bytes === 0 ? '' : await sandbox.readFile(file, { signal: options.signal, maxBytes }), bytes };
 }
+
+/**
+ * After the diff script (in a subshell before it) failed otherwise than exit 5: exit 6 when the agent's sandbox has no
+ * room left in $TMPDIR or the workspace holding the working copy $2 (64 KiB cannot be written there). Both are the
+ * agent's alone, and filling them (\`head -c 2G /dev/zero > /tmp/x\`) made the diff an environment_error, which
+ * trainers drop: the agent's doing, reward 0 with the reason.
+ */
+const DIFF_ROOM = `status=$?
+case $status in 0|5) exit $status ;; esac
+room() { probe="$1/.rollout-swe-room.$$"; head -c 65536 /dev/zero 2>/dev/null > "$probe"; r=$?; rm -f -- "$probe"; return $r; }
+room "\${TMPDIR:-/tmp}" && room "$(dirname -- "$2")" && exit $status
+echo "the agent's sandbox has no room left (its /tmp or workspace is full: 64 KiB cannot be written)" >&2
+exit 6`;
 
 /** Sets $3 to the diff's file in a directory of its own (see diffWorkingCopy), under $TMPDIR or /tmp. */
 const DIFF_SCRATCH = `scratch_dir=$(mktemp -d "\${TMPDIR:-/tmp}/rollout-swe-diff.XXXXXXXXXX") || exit 1
@@ -357,6 +384,55 @@ export async function resetTestInfrastructure(
     throw err;
   });
   return { paths: text.split('\0').filter((p) => p !== '').slice(0, REPORT_RESET_PATHS), count };
+}
+
+/**
+ * Lists, NUL-separated into $2, what differs in the copy $1 from its base (tracked and changed, or untracked, ignored
+ * ones included): after the reset of the test infrastructure and before the test patch, that is the agent's patch.
+ */
+const LIST_PATCHED = `set -u
+cd "$1" || exit 1
+{ git diff --name-only -z --no-renames ${BASE_REF} -- && git ls-files --others -z; } > "$2"
+`;
+
+/**
+ * Writes the list of the files the agent's patch left changed in the copy at `dir` (call it after
+ * {@link resetTestInfrastructure}, before the test patch) to a scratch file, for the report plugin; returns its path.
+ * git failing to list them is the environment's (as in the reset, which lists the same just before).
+ */
+export async function listPatchedPaths(sandbox: Sandbox, dir: string, options: RunOptions = {}): Promise<string> {
+  const file = `${SCRATCH_DIR}/patched-paths`;
+  const result = await bash(sandbox, `mkdir -p ${SCRATCH_DIR}\n${LIST_PATCHED}`, [dir, file], options);
+  if (result.exitCode !== 0) throw failure("listing the files the patch changed", result);
+  return file;
+}
+
+/**
+ * Lists, NUL-separated into $2, the test sources of the copy $1: the files named after it up to an argument `--trees`
+ * (the listed tests' files and the test patch's) that exist, every file under the test trees named after it, and every
+ * conftest.py.
+ */
+const LIST_PROTECTED = `set -u
+cd "$1" || exit 1
+out=$2
+shift 2
+{
+  while [ $# -gt 0 ] && [ "$1" != --trees ]; do [ -f "$1" ] && printf '%s\\0' "$1"; shift; done
+  [ $# -gt 0 ] && shift
+  for t in "$@"; do [ -d "$t" ] && ! [ -L "$t" ] && find "$t" -name .git -prune -o -type f -print0; done
+  find . -name .git -prune -o -type f -name conftest.py -printf '%P\\0'
+} > "$out"
+`;
+
+/**
+ * Writes the list of the test sources of the copy at `dir` (`testFiles`, the files under their {@link testTrees}, every
+ * conftest.py) to a scratch file, for the report plugin, which reports those changed while pytest ran; returns its path.
+ */
+export async function listProtectedPaths(sandbox: Sandbox, dir: string, testFiles: readonly string[], options: RunOptions = {}): Promise<string> {
+  const file = `${SCRATCH_DIR}/protected-paths`;
+  const result = await bash(sandbox, `mkdir -p ${SCRATCH_DIR}\n${LIST_PROTECTED}`, [dir, file, ...testFiles, '--trees', ...testTrees(testFiles)], options);
+  if (result.exitCode !== 0) throw failure('listing the test sources', result);
+  return file;
 }
 
 /** Restored paths the report names one by one. */

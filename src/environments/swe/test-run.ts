@@ -20,6 +20,7 @@ export ROLLOUT_SWE_CHANNEL=3,4
 export PYTHONPATH="$3\${PYTHONPATH:+:$PYTHONPATH}"
 export PYTEST_ADDOPTS="-p rollout_swe_report $6 \${PYTEST_ADDOPTS:-}"
 export PYTHONDONTWRITEBYTECODE=1
+export ROLLOUT_SWE_ROOT="$1" ROLLOUT_SWE_PATCHED="$7" ROLLOUT_SWE_PROTECTED="$8"
 command=$4 output=$5
 shift 5
 eval "$command" 3>&1 4<&0 </dev/null >"$output" 2>&1
@@ -54,7 +55,20 @@ export async function runTests(
   dir: string,
   command: string,
   plugin: { module: string; source: string },
-  options: RunOptions & { /** Only collect (`--collect-only`): whether pytest starts, quickly. */ collectOnly?: boolean } = {},
+  options: RunOptions & {
+    /** Only collect (`--collect-only`): whether pytest starts, quickly. */
+    collectOnly?: boolean;
+    /**
+     * A file in the sandbox listing (NUL-separated, relative to `dir`) what the agent's patch changed: an imperative
+     * xfail raised through that code is the plugin's `xfail_by_code`, not an xfail (see rollout_swe_report.py).
+     */
+    patchedList?: string;
+    /**
+     * A file in the sandbox listing (NUL-separated, relative to `dir`) the test sources: the plugin reports those changed
+     * while pytest ran (`tampered`, see rollout_swe_report.py).
+     */
+    protectedList?: string;
+  } = {},
 ): Promise<TestRun> {
   const pluginDir = `${SCRATCH_DIR}/plugin`;
   const report = `${SCRATCH_DIR}/report.json`;
@@ -62,7 +76,7 @@ export async function runTests(
   await sandbox.writeFile(`${pluginDir}/${plugin.module}.py`, plugin.source, { signal: options.signal });
   const nonce = randomBytes(16).toString('hex');
   // Whatever the tests left running is killed with the command: nothing of theirs outlives it to touch the report.
-  const result = await sandbox.exec(['bash', '-c', RUN_TESTS, 'rollout-swe', dir, report, pluginDir, command, output, options.collectOnly ? '--collect-only' : ''], {
+  const result = await sandbox.exec(['bash', '-c', RUN_TESTS, 'rollout-swe', dir, report, pluginDir, command, output, options.collectOnly ? '--collect-only' : '', options.patchedList ?? '', options.protectedList ?? ''], {
     signal: options.signal,
     timeoutMs: options.timeoutMs,
     cwd: sandbox.workdir,
