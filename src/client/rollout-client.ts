@@ -1445,6 +1445,9 @@ export class RolloutClient {
   readonly rollout: RolloutServiceClient;
   readonly backends: BackendServiceClient;
   private readonly maxSendMessageBytes: number | undefined;
+  /** Unary calls and watches in flight: close() cancels them (the channel alone would let them run to their deadlines). */
+  private readonly inFlight = new Set<{ cancel(): void }>();
+  private closed = false;
 
   constructor(address: string, options: ConnectionOptions = {}) {
     const keepaliveMs = options.keepalive?.timeMs ?? 30_000;
@@ -1487,12 +1490,12 @@ export class RolloutClient {
    */
   submit(task: TaskInput, options: { deadlineMs?: number } = {}): Promise<{ taskId: string; numSamples: number; duplicate: boolean }> {
     const deadline = callDeadline(options.deadlineMs ?? Infinity);
-    return promisify((cb) => this.rollout.submit({ task: TaskSpec.fromPartial({ numSamples: 1, ...task }) }, new Metadata(), { deadline }, cb));
+    return this.unary((cb) => this.rollout.submit({ task: TaskSpec.fromPartial({ numSamples: 1, ...task }) }, new Metadata(), { deadline }, cb));
   }
 
   getTrajectory(taskId: string, options: { sampleIndex?: number; wait?: boolean; deadlineMs?: number } = {}): Promise<GetTrajectoryResponse> {
     const deadline = callDeadline(options.deadlineMs ?? 600_000);
-    return promisify((cb) =>
+    return this.unary((cb) =>
       this.rollout.getTrajectory({ taskId, wait: options.wait ?? false, ...(options.sampleIndex !== undefined && { sampleIndex: options.sampleIndex }) }, new Metadata(), { deadline }, cb),
     );
   }
@@ -1500,13 +1503,13 @@ export class RolloutClient {
   /** Cancels a task. `deadlineMs` (default {@link QUICK_CALL_MS}): a server that never answers fails the call. */
   cancel(taskId: string, options: { deadlineMs?: number } = {}): Promise<{ cancelled: number }> {
     const deadline = callDeadline(options.deadlineMs ?? QUICK_CALL_MS);
-    return promisify((cb) => this.rollout.cancel({ taskId }, new Metadata(), { deadline }, cb));
+    return this.unary((cb) => this.rollout.cancel({ taskId }, new Metadata(), { deadline }, cb));
   }
 
   /** The server's environments. `deadlineMs` (default {@link QUICK_CALL_MS}): a server that never answers fails the call. */
   listEnvironments(options: { deadlineMs?: number } = {}): Promise<ListEnvironmentsResponse> {
     const deadline = callDeadline(options.deadlineMs ?? QUICK_CALL_MS);
-    return promisify((cb) => this.rollout.listEnvironments({}, new Metadata(), { deadline }, cb));
+    return this.unary((cb) => this.rollout.listEnvironments({}, new Metadata(), { deadline }, cb));
   }
 
   /**
@@ -1516,9 +1519,12 @@ export class RolloutClient {
   watch(request: Partial<WatchRequest> = {}): AsyncIterable<WatchResponse> & { cancel: () => void } {
     const call = this.rollout.watch({ environments: [], groupIds: [], fullTrajectories: false, stageEvents: false, statsIntervalMs: 0, ...request });
     const queue = new AsyncQueue<WatchResponse>(1024, () => call.pause(), () => call.resume());
+    this.inFlight.add(call);
     call.on('data', (m: WatchResponse) => queue.push(m));
     call.on('error', (err: ServiceError) => queue.end(err.code === 1 ? undefined : err));
     call.on('end', () => queue.end());
+    call.on('status', () => this.inFlight.delete(call));
+    if (this.closed) cancelCall(call);
     const cancel = (): void => cancelCall(call);
     return {
       cancel,
@@ -1545,7 +1551,7 @@ export class RolloutClient {
    */
   addBackend(request: Partial<AddBackendRequest> & { url: string }, options: { deadlineMs?: number } = {}): Promise<Backend | undefined> {
     const deadline = callDeadline(options.deadlineMs ?? QUICK_CALL_MS);
-    return promisify<{ backend?: Backend | undefined }>((cb) =>
+    return this.unary<{ backend?: Backend | undefined }>((cb) =>
       this.backends.addBackend({ kind: 0, maxConcurrency: 0, id: '', model: '', logprobsMode: 0, checkAnswerId: false, ...request }, new Metadata(), { deadline }, cb),
     ).then((r) => r.backend);
   }
@@ -1553,7 +1559,7 @@ export class RolloutClient {
   /** The server's backends. `deadlineMs` (default {@link QUICK_CALL_MS}): a server that never answers fails the call. */
   listBackends(options: { deadlineMs?: number } = {}): Promise<Backend[]> {
     const deadline = callDeadline(options.deadlineMs ?? QUICK_CALL_MS);
-    return promisify<{ backends: Backend[] }>((cb) => this.backends.listBackends({}, new Metadata(), { deadline }, cb)).then((r) => r.backends);
+    return this.unary<{ backends: Backend[] }>((cb) => this.backends.listBackends({}, new Metadata(), { deadline }, cb)).then((r) => r.backends);
   }
 
   /**
@@ -1563,7 +1569,7 @@ export class RolloutClient {
    */
   removeBackend(id: string, drain = false, options: { deadlineMs?: number } = {}): Promise<void> {
     const deadline = callDeadline(options.deadlineMs ?? (drain ? 600_000 : QUICK_CALL_MS));
-    return promisify((cb) => this.backends.removeBackend({ id, drain }, new Metadata(), { deadline }, cb)).then(() => undefined);
+    return this.unary((cb) => this.backends.removeBackend({ id, drain }, new Metadata(), { deadline }, cb)).then(() => undefined);
   }
 
   /**
@@ -1577,7 +1583,7 @@ export class RolloutClient {
    */
   pauseGeneration(mode: PauseMode, options: { backendId?: string; deadlineMs?: number } = {}): Promise<Backend[]> {
     const deadline = callDeadline(options.deadlineMs ?? 600_000);
-    return promisify<{ backends: Backend[] }>((cb) =>
+    return this.unary<{ backends: Backend[] }>((cb) =>
       this.backends.pauseGeneration({ backendId: options.backendId ?? '', mode }, new Metadata(), { deadline }, cb),
     ).then((r) => r.backends);
   }
@@ -1589,7 +1595,7 @@ export class RolloutClient {
    */
   resumeGeneration(options: { backendId?: string; policyVersion?: number; deadlineMs?: number } = {}): Promise<Backend[]> {
     const deadline = callDeadline(options.deadlineMs ?? 600_000);
-    return promisify<{ backends: Backend[] }>((cb) =>
+    return this.unary<{ backends: Backend[] }>((cb) =>
       this.backends.resumeGeneration(
         { backendId: options.backendId ?? '', ...(options.policyVersion !== undefined && { policyVersion: options.policyVersion }) },
         new Metadata(),
@@ -1599,14 +1605,40 @@ export class RolloutClient {
     ).then((r) => r.backends);
   }
 
+  /**
+   * Closes the channels. Unary calls still in flight (a `getTrajectory` with `wait`, a `submit` waiting for room) reject
+   * with CANCELLED saying the client was closed, and watches end, instead of running to their deadlines (10 min for
+   * `getTrajectory`, none for `submit`) and keeping the process alive meanwhile; a call made after it rejects at once.
+   * Sessions are not ended by it: close or abort them first.
+   */
   close(): void {
+    this.closed = true;
+    for (const call of [...this.inFlight]) cancelCall(call);
+    this.inFlight.clear();
     this.rollout.close();
     this.backends.close();
   }
+
+  /** A unary call through `start`, tracked until it ends (see {@link close}). */
+  private unary<T>(start: (cb: (err: ServiceError | null, value?: T) => void) => { cancel(): void }): Promise<T> {
+    if (this.closed) return Promise.reject(clientClosed());
+    return new Promise((resolve, reject) => {
+      let ended = false;
+      const call = start((err, value) => {
+        ended = true;
+        this.inFlight.delete(call);
+        if (err) reject(this.closed && err.code === status.CANCELLED ? clientClosed(err) : err);
+        else resolve(value as T);
+      });
+      if (!ended) this.inFlight.add(call);
+    });
+  }
 }
 
-function promisify<T>(start: (cb: (err: ServiceError | null, value?: T) => void) => void): Promise<T> {
-  return new Promise((resolve, reject) => start((err, value) => (err ? reject(err) : resolve(value as T))));
+/** The error of a unary call the client's close() cut short (or made after it). */
+function clientClosed(cause?: ServiceError): Error {
+  const details = 'the RolloutClient was closed while the call was in flight (or before it was made)';
+  return Object.assign(new Error(`${status.CANCELLED} CANCELLED: ${details}`, cause && { cause }), { code: status.CANCELLED, details, metadata: new Metadata() });
 }
 
 /** The Rollout stream's request serializer: a request's bytes pass as they are, a request object is encoded. */
