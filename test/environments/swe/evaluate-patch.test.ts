@@ -1,17 +1,9 @@
-import { execFileSync } from 'node:child_process';
-import { chmodSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { evaluatePatch } from '../../../src/environments/swe/evaluate-patch.js';
 import { diffWorkingCopy, prepareWorkingCopy, UnreadableWorkingCopy } from '../../../src/environments/swe/repo-ops.js';
 import { validateSweInstance, type SweInstance } from '../../../src/environments/swe/instance.js';
-import { SWE_BASE_PACKAGES } from '../../../src/environments/swe/pypi-tasks/build-task-image.js';
-import { silentLogger } from '../../../src/observability/logger.js';
-import { buildImage } from '../../../src/sandboxes/images/build-image.js';
-import { BubblewrapDriver } from '../../../src/sandboxes/bwrap.js';
 import type { Sandbox } from '../../../src/sandboxes/types.js';
-import { closeAfterAll, testSpec } from '../../sandboxes/helpers.js';
+import { sweRepo } from '../../support/swe-repo.js';
 
 /**
  * Test ids pytest makes from the parametrization below: spaces, brackets, "::", quotes included, and non-ASCII as
@@ -55,38 +47,15 @@ const FIX = ['diff --git a/calc.py b/calc.py', '--- a/calc.py', '+++ b/calc.py',
  * patch → environment_error; the task's time running out → deadline_exceeded).
  */
 describe.runIf(process.getuid?.() === 0 || process.env.CI)('evaluatePatch in a real sandbox', () => {
-  let image: string;
-  let root: string;
-  let repo: string;
-  const driver = closeAfterAll(new BubblewrapDriver({ logger: silentLogger() }));
-  const sandboxes: Sandbox[] = [];
-
-  beforeAll(async () => {
-    image = (await buildImage({ packages: SWE_BASE_PACKAGES })).path;
-    root = mkdtempSync(join(tmpdir(), 'rollout-swe-eval-'));
-    chmodSync(root, 0o755);
-    repo = join(root, 'testbed');
-    for (const [path, text] of Object.entries(REPO)) {
-      mkdirSync(join(repo, path, '..'), { recursive: true });
-      writeFileSync(join(repo, path), text);
-    }
-    execFileSync('chmod', ['-R', 'a+rX', root]);
-  }, 300_000);
-  afterEach(async () => {
-    await Promise.all(sandboxes.splice(0).map((s) => s.stop()));
-  });
-  afterAll(() => rmSync(root, { recursive: true, force: true }));
+  const fx = sweRepo('rollout-swe-eval-', REPO);
 
   async function sandbox(): Promise<Sandbox> {
-    const spec = { ...testSpec({ image, memoryMb: 1024 }), mounts: [{ source: repo, target: '/testbed', readOnly: true }] };
-    const started = await driver.start(spec);
-    sandboxes.push(started);
-    return started;
+    return fx.start();
   }
 
   function instance(fields: Record<string, unknown> = {}): SweInstance {
     return validateSweInstance({
-      image,
+      image: fx.image,
       problem_statement: 'add subtracts',
       test_command: 'python3 -m pytest -p no:cacheprovider tests',
       FAIL_TO_PASS: ODD_IDS.slice(0, 2),
@@ -160,9 +129,7 @@ describe.runIf(process.getuid?.() === 0 || process.env.CI)('evaluatePatch in a r
 
   it("is TIMEOUT's deadline_exceeded, not reward 0, when the task's own time runs out during the tests", async () => {
     const hangPatch = FIX.replace('+    return a + b', '+    while True:\n+        pass').replace('@@ -1,2 +1,2 @@', '@@ -1,2 +1,3 @@');
-    const spec = { ...testSpec({ image, memoryMb: 1024, wallClockMs: 6_000 }), mounts: [{ source: repo, target: '/testbed', readOnly: true }] };
-    const short = await driver.start(spec);
-    sandboxes.push(short);
+    const short = await fx.start({ wallClockMs: 6_000 });
     await expect(evaluatePatch(short, instance(), hangPatch, { testTimeoutMs: 60_000 })).rejects.toMatchObject({ code: 'deadline_exceeded' });
   }, 120_000);
 

@@ -1,15 +1,7 @@
-import { execFileSync } from 'node:child_process';
-import { chmodSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { diffWorkingCopy, prepareWorkingCopy, UnreadableWorkingCopy } from '../../../src/environments/swe/repo-ops.js';
-import { SWE_BASE_PACKAGES } from '../../../src/environments/swe/pypi-tasks/build-task-image.js';
-import { silentLogger } from '../../../src/observability/logger.js';
-import { buildImage } from '../../../src/sandboxes/images/build-image.js';
-import { BubblewrapDriver } from '../../../src/sandboxes/bwrap.js';
 import type { Sandbox } from '../../../src/sandboxes/types.js';
-import { closeAfterAll, testSpec } from '../../sandboxes/helpers.js';
+import { sweRepo } from '../../support/swe-repo.js';
 
 /**
  * Review s42 (helper-103): the agent's diff is taken by git in the agent's own sandbox, whose HOME (the workspace) and
@@ -24,33 +16,10 @@ const REPO = {
 };
 
 describe.runIf(process.getuid?.() === 0 || process.env.CI)("the agent's git configuration and the diff", () => {
-  let image: string;
-  let root: string;
-  let repo: string;
-  const driver = closeAfterAll(new BubblewrapDriver({ logger: silentLogger() }));
-  const sandboxes: Sandbox[] = [];
-
-  beforeAll(async () => {
-    image = (await buildImage({ packages: SWE_BASE_PACKAGES })).path;
-    root = mkdtempSync(join(tmpdir(), 'rollout-swe-agent-git-'));
-    chmodSync(root, 0o755);
-    repo = join(root, 'testbed');
-    for (const [path, text] of Object.entries(REPO)) {
-      mkdirSync(join(repo, path, '..'), { recursive: true });
-      writeFileSync(join(repo, path), text);
-    }
-    execFileSync('chmod', ['-R', 'a+rX', root]);
-  }, 300_000);
-  afterEach(async () => {
-    await Promise.all(sandboxes.splice(0).map((s) => s.stop()));
-  });
-  afterAll(() => rmSync(root, { recursive: true, force: true }));
+  const fx = sweRepo('rollout-swe-agent-git-', REPO);
 
   async function agentSandbox(): Promise<Sandbox> {
-    const spec = { ...testSpec({ image, memoryMb: 1024, commandTimeoutMs: 120_000, wallClockMs: 300_000 }), mounts: [{ source: repo, target: '/testbed', readOnly: true }] };
-    const started = await driver.start(spec);
-    sandboxes.push(started);
-    return started;
+    return fx.start({ commandTimeoutMs: 120_000, wallClockMs: 300_000 });
   }
 
   const plants: Record<string, string> = {

@@ -1,17 +1,8 @@
-import { execFileSync } from 'node:child_process';
-import { chmodSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { evaluatePatch } from '../../../src/environments/swe/evaluate-patch.js';
 import { validateSweInstance, type SweInstance } from '../../../src/environments/swe/instance.js';
-import { SWE_BASE_PACKAGES } from '../../../src/environments/swe/pypi-tasks/build-task-image.js';
 import type { Evaluation } from '../../../src/environments/types.js';
-import { silentLogger } from '../../../src/observability/logger.js';
-import { buildImage } from '../../../src/sandboxes/images/build-image.js';
-import { BubblewrapDriver } from '../../../src/sandboxes/bwrap.js';
-import type { Sandbox } from '../../../src/sandboxes/types.js';
-import { closeAfterAll, testSpec } from '../../sandboxes/helpers.js';
+import { sweRepo } from '../../support/swe-repo.js';
 
 /**
  * Review s42 (helper-103): the reset puts the test files back before pytest runs, but the code under test runs inside
@@ -48,34 +39,12 @@ function write(path: string, text: string): string {
 }
 
 describe.runIf(process.getuid?.() === 0 || process.env.CI)('code under test that rewrites the tests while pytest runs', () => {
-  let image: string;
-  let root: string;
-  let repo: string;
-  const driver = closeAfterAll(new BubblewrapDriver({ logger: silentLogger() }));
-  const sandboxes: Sandbox[] = [];
-
-  beforeAll(async () => {
-    image = (await buildImage({ packages: SWE_BASE_PACKAGES })).path;
-    root = mkdtempSync(join(tmpdir(), 'rollout-swe-rewrite-'));
-    chmodSync(root, 0o755);
-    repo = join(root, 'testbed');
-    for (const [path, text] of Object.entries(REPO)) {
-      mkdirSync(join(repo, path, '..'), { recursive: true });
-      writeFileSync(join(repo, path), text);
-    }
-    execFileSync('chmod', ['-R', 'a+rX', root]);
-  }, 300_000);
-  afterEach(async () => {
-    await Promise.all(sandboxes.splice(0).map((s) => s.stop()));
-  });
-  afterAll(() => rmSync(root, { recursive: true, force: true }));
+  const fx = sweRepo('rollout-swe-rewrite-', REPO);
 
   async function evaluate(patch: string): Promise<Evaluation> {
-    const spec = { ...testSpec({ image, memoryMb: 1024 }), mounts: [{ source: repo, target: '/testbed', readOnly: true }] };
-    const sandbox = await driver.start(spec);
-    sandboxes.push(sandbox);
+    const sandbox = await fx.start();
     const instance: SweInstance = validateSweInstance({
-      image,
+      image: fx.image,
       problem_statement: 'add subtracts',
       test_command: 'python3 -m pytest -p no:cacheprovider tests',
       FAIL_TO_PASS: [ADD],

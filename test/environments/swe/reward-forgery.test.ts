@@ -1,17 +1,10 @@
-import { execFileSync } from 'node:child_process';
-import { chmodSync, mkdirSync, mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { statSync } from 'node:fs';
 import { join } from 'node:path';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { evaluatePatch } from '../../../src/environments/swe/evaluate-patch.js';
 import { validateSweInstance, type SweInstance } from '../../../src/environments/swe/instance.js';
-import { SWE_BASE_PACKAGES } from '../../../src/environments/swe/pypi-tasks/build-task-image.js';
 import type { Evaluation } from '../../../src/environments/types.js';
-import { silentLogger } from '../../../src/observability/logger.js';
-import { buildImage } from '../../../src/sandboxes/images/build-image.js';
-import { BubblewrapDriver } from '../../../src/sandboxes/bwrap.js';
-import type { Sandbox } from '../../../src/sandboxes/types.js';
-import { closeAfterAll, testSpec } from '../../sandboxes/helpers.js';
+import { sweRepo } from '../../support/swe-repo.js';
 
 /**
  * Ways an agent's patch can forge reward 1 without fixing anything, each run for real: the patch applied in a
@@ -82,34 +75,12 @@ const MARK_PASSED = [
 const FORGED_REPORT = `open(os.environ["ROLLOUT_SWE_REPORT"], "w").write(json.dumps({"version": 1, "exitstatus": 0, "tests": {"${ADD}": "passed", "${MUL}": "passed"}, "collect_errors": []}))`;
 
 describe.runIf(process.getuid?.() === 0 || process.env.CI)('a patch that forges the SWE reward', () => {
-  let image: string;
-  let root: string;
-  let repo: string;
-  const driver = closeAfterAll(new BubblewrapDriver({ logger: silentLogger() }));
-  const sandboxes: Sandbox[] = [];
-
-  beforeAll(async () => {
-    image = (await buildImage({ packages: SWE_BASE_PACKAGES })).path;
-    root = mkdtempSync(join(tmpdir(), 'rollout-swe-forgery-'));
-    chmodSync(root, 0o755);
-    repo = join(root, 'testbed');
-    for (const [path, text] of Object.entries(REPO)) {
-      mkdirSync(join(repo, path, '..'), { recursive: true });
-      writeFileSync(join(repo, path), text);
-    }
-    execFileSync('chmod', ['-R', 'a+rX', root]);
-  }, 300_000);
-  afterEach(async () => {
-    await Promise.all(sandboxes.splice(0).map((s) => s.stop()));
-  });
-  afterAll(() => rmSync(root, { recursive: true, force: true }));
+  const fx = sweRepo('rollout-swe-forgery-', REPO);
 
   async function evaluate(patch: string, fields: Record<string, unknown> = {}, testTimeoutMs = 60_000): Promise<Evaluation> {
-    const spec = { ...testSpec({ image, memoryMb: 1024 }), mounts: [{ source: repo, target: '/testbed', readOnly: true }] };
-    const sandbox = await driver.start(spec);
-    sandboxes.push(sandbox);
+    const sandbox = await fx.start();
     const instance: SweInstance = validateSweInstance({
-      image,
+      image: fx.image,
       problem_statement: 'add subtracts',
       test_command: 'python3 -m pytest -p no:cacheprovider tests',
       FAIL_TO_PASS: [ADD],
@@ -366,9 +337,8 @@ describe.runIf(process.getuid?.() === 0 || process.env.CI)('a patch that forges 
     // pytest's assertion rewriter reads tests/__pycache__/test_calc.<tag>-pytest-<version>.pyc when its recorded mtime
     // and size are the source's (PYTHONDONTWRITEBYTECODE stops writing, not reading); the copy keeps the image's mtimes,
     // which the agent can read. The bytecode here is made by pytest itself, in the image, from a test of the same size.
-    const mtime = Math.floor(statSync(join(repo, 'tests/test_calc.py')).mtimeMs / 1000);
-    const sandbox = await driver.start({ ...testSpec({ image, memoryMb: 1024 }), mounts: [{ source: repo, target: '/testbed', readOnly: true }] });
-    sandboxes.push(sandbox);
+    const mtime = Math.floor(statSync(join(fx.repo, 'tests/test_calc.py')).mtimeMs / 1000);
+    const sandbox = await fx.start();
     const make = await sandbox.exec(['bash', '-c', [
       'set -e; cp -R /testbed /work/x; cd /work/x; git init -q .; git add -A; git -c user.name=a -c user.email=a@b commit -qm base',
       "sed -i 's/assert add(2, 2) == 4/assert add(2, 2) != 5/' tests/test_calc.py; touch -d @$1 tests/test_calc.py",
