@@ -149,6 +149,9 @@ function paced(handler: UntypedServiceImplementation[string]): UntypedServiceImp
   }) as unknown as UntypedServiceImplementation[string];
 }
 
+/** The events of a server call that end it, whichever way (cancelled by the client, closed, failed, finished). */
+const CALL_END_EVENTS = ['cancelled', 'close', 'error', 'finish'] as const;
+
 /**
  * `handler`'s streams counted against `max` open at once, across every streaming method of these services: one more is
  * ended RESOURCE_EXHAUSTED naming the key before the handler sees it. They are answered without a token, and each
@@ -158,19 +161,17 @@ function paced(handler: UntypedServiceImplementation[string]): UntypedServiceImp
 function bounded(handler: UntypedServiceImplementation[string], open: { streams: number }, max: number, rpc: string, log: Logger): UntypedServiceImplementation[string] {
   return ((call: NodeJS.EventEmitter, ...rest: unknown[]) => {
     let ended = false;
+    let counted = false;
+    // However the call ends, once: its place is given back if it had one.
     const onEnd = (): void => {
+      if (ended) return;
       ended = true;
+      if (counted) open.streams--;
     };
-    for (const event of ['cancelled', 'close', 'error', 'finish']) call.once(event, onEnd);
+    for (const event of CALL_END_EVENTS) call.once(event, onEnd);
     const admit = (): void => {
       open.streams++;
-      let counted = true;
-      const forget = (): void => {
-        if (!counted) return;
-        counted = false;
-        open.streams--;
-      };
-      for (const event of ['cancelled', 'close', 'error', 'finish']) call.once(event, forget);
+      counted = true;
       (handler as (...args: unknown[]) => void)(call, ...rest);
     };
     if (open.streams < max) return admit();
@@ -205,7 +206,7 @@ function endingWith(handler: UntypedServiceImplementation[string], lifetime: Abo
       done = true;
       lifetime.removeEventListener('abort', end);
     };
-    for (const event of ['cancelled', 'close', 'error', 'finish']) call.once(event, forget);
+    for (const event of CALL_END_EVENTS) call.once(event, forget);
     (handler as (...args: unknown[]) => void)(call, ...rest);
     if (done) return;
     if (lifetime.aborted) end();

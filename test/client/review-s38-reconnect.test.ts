@@ -1,4 +1,3 @@
-import { createServer, connect, type Server, type Socket } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
 import { Server as GrpcServer, ServerCredentials, status, type ServerDuplexStream } from '@grpc/grpc-js';
 import { RolloutClient, RolloutSession, type TaskLostError } from '../../src/client/rollout-client.js';
@@ -7,74 +6,12 @@ import { RolloutServiceService, SessionOpened, TrajectoryStatus, type RolloutReq
 import { mathTask } from '../support/harness.js';
 import { segmentSeed } from '../../src/pipeline/seeds.js';
 import { startServerHarness, TrajectoryReader, type ServerHarness, type ServerHarnessOptions } from '../support/server-harness.js';
+import { proxyTo, type Proxy } from '../support/tcp-proxy.js';
 import { eventually, within } from '../support/wait.js';
 
 // Review s38 of the TypeScript client's reconnect (reconnectForMs): a real server on 127.0.0.1:0 behind a TCP proxy
 // (a test double of the network between them) that can reset its connections, refuse new ones, log when a client
 // tries to connect, and drop what the client sends (an ack lost with the stream).
-
-interface Proxy {
-  address: string;
-  /** performance.now() of each connection attempt the proxy saw. */
-  attempts: number[];
-  reset(): void;
-  /** While down, new connections are closed at once (the server unreachable). */
-  setDown(down: boolean): void;
-  /** Drops the client's bytes from now on, on the connections open now (the server hears nothing more from it). */
-  muteClient(): void;
-  /** Where new connections go from now on (a server restarted on another port). */
-  setUpstream(address: string): void;
-  close(): Promise<void>;
-}
-
-async function proxyTo(first: string): Promise<Proxy> {
-  let upstream = first;
-  const sockets = new Set<Socket>();
-  const mutes = new Set<() => void>();
-  const attempts: number[] = [];
-  let down = false;
-  const server: Server = createServer((client) => {
-    attempts.push(performance.now());
-    client.on('error', () => undefined);
-    if (down) return void client.destroy();
-    const up = connect(Number(upstream.slice(upstream.lastIndexOf(':') + 1)), '127.0.0.1');
-    up.on('error', () => undefined);
-    sockets.add(client).add(up);
-    let mute = false;
-    mutes.add(() => void (mute = true));
-    client.on('data', (d: Buffer) => void (mute || up.write(d)));
-    up.pipe(client);
-    const drop = (): void => {
-      client.destroy();
-      up.destroy();
-      sockets.delete(client);
-      sockets.delete(up);
-    };
-    client.on('close', drop);
-    up.on('close', drop);
-  });
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const { port } = server.address() as { port: number };
-  const reset = (): void => {
-    for (const s of [...sockets]) s.destroy();
-    sockets.clear();
-    mutes.clear();
-  };
-  return {
-    address: `127.0.0.1:${port}`,
-    attempts,
-    reset,
-    setDown: (d) => void (down = d),
-    setUpstream: (address) => void (upstream = address),
-    muteClient: () => {
-      for (const m of mutes) m();
-    },
-    close: async () => {
-      reset();
-      await new Promise<void>((resolve) => server.close(() => resolve()));
-    },
-  };
-}
 
 const cleanups: (() => Promise<void> | void)[] = [];
 afterEach(async () => {

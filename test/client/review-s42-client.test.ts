@@ -1,10 +1,10 @@
-import { createServer, connect, type Socket } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
 import { Server as GrpcServer, ServerCredentials, status, type ServerDuplexStream } from '@grpc/grpc-js';
 import { RolloutClient, TaskRejectedError } from '../../src/client/rollout-client.js';
 import { RolloutServiceService, SessionOpened, Trajectory, type RolloutRequest, type RolloutResponse } from '../../gen/ts/rollout/v1/rollout.js';
 import { mathTask } from '../support/harness.js';
 import { startServerHarness, TrajectoryReader, type ServerHarness } from '../support/server-harness.js';
+import { proxyTo } from '../support/tcp-proxy.js';
 import { eventually, within } from '../support/wait.js';
 
 // Review s42 of the TypeScript client (helper-104), against a real server on 127.0.0.1:0.
@@ -100,42 +100,12 @@ describe('RolloutSession against a server accepting a task with another num_samp
   }, 60_000);
 });
 
-/** A TCP proxy to `upstream` whose connections can all be reset at once (a server restart, a proxy's reset). */
-async function resettableProxy(upstream: string): Promise<{ address: string; reset: () => void }> {
-  const sockets = new Set<Socket>();
-  const server = createServer((client) => {
-    client.on('error', () => undefined);
-    const up = connect(Number(upstream.slice(upstream.lastIndexOf(':') + 1)), upstream.slice(0, upstream.lastIndexOf(':')));
-    up.on('error', () => undefined);
-    sockets.add(client).add(up);
-    client.pipe(up);
-    up.pipe(client);
-    const drop = (): void => {
-      client.destroy();
-      up.destroy();
-      sockets.delete(client);
-      sockets.delete(up);
-    };
-    client.on('close', drop);
-    up.on('close', drop);
-  });
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const reset = (): void => {
-    for (const s of [...sockets]) s.destroy();
-    sockets.clear();
-  };
-  cleanups.push(() => {
-    reset();
-    return new Promise<void>((resolve) => server.close(() => resolve()));
-  });
-  return { address: `127.0.0.1:${(server.address() as { port: number }).port}`, reset };
-}
-
 describe('RolloutSession reconnect while the consumer is slow, review s42', () => {
   it('a stream re-opened while highWater trajectories wait unread reads its SessionOpened: a consumer busy past openTimeoutMs and reconnectForMs does not fail the session', async () => {
     const h = await startServerHarness({ config: { journal: { dir: null } } });
     harnesses.push(h);
-    const proxy = await resettableProxy(h.server.address);
+    const proxy = await proxyTo(h.server.address);
+    cleanups.push(() => proxy.close());
     const client = new RolloutClient(proxy.address);
     cleanups.push(() => client.close());
     const session = client.openSession({ sessionId: 's42-slow', highWater: 2, openTimeoutMs: 500, reconnectForMs: 3_000 });

@@ -179,7 +179,6 @@ const CHECK_POOL_ERRORS: ThreadPoolSpec<unknown, ThreadReply, unknown>['errors']
     new RolloutError('environment_error', `the check could not be sent to its thread: ${err instanceof Error ? err.message : String(err)}`, { cause: err }),
 };
 
-
 let shared: CheckPool | undefined;
 
 /**
