@@ -434,6 +434,25 @@ export const serverConfigSchema = z.strictObject({
        * task finishes); one more is RESOURCE_EXHAUSTED naming this key, at once, while other connections are served.
        */
       maxUnaryInFlight: z.number().int().min(1).default(256),
+      /**
+       * Connections open at once on each listening address (node's `net.Server.maxConnections` on grpc-js's HTTP/2
+       * server): one more is closed as it is accepted, before TLS or HTTP/2, and logged (rate-limited). Each connection
+       * is bounded in its calls; without this a client opening connections in a loop would run the server out of file
+       * descriptors (sandboxes, engine connections and the journal need them too). A trainer needs one per channel.
+       */
+      maxOpen: z.number().int().min(1).default(1024),
+      /**
+       * A connection with no call open this long is closed with an HTTP/2 GOAWAY (grpc-js `grpc.max_connection_idle_ms`);
+       * a client's channel reconnects on its next call. A trainer's session or a dashboard's Watch keeps its connection
+       * busy. 0 = never.
+       */
+      idleTimeoutMs: z.number().int().min(0).max(MAX_TIMER_MS).default(300_000),
+      /**
+       * A connection whose client has not finished its TLS handshake and sent its HTTP/2 settings this long after it
+       * was accepted is closed (the idle timeout starts only then): a TCP connection that never speaks would hold one
+       * of `maxOpen` places for ever. 0 = never.
+       */
+      handshakeTimeoutMs: z.number().int().min(0).max(MAX_TIMER_MS).default(20_000),
     })
     .prefault({}),
   /** Bounds of every call, whatever its service (src/contract/call-bounds.ts). */

@@ -108,7 +108,7 @@ describe('server configuration', () => {
 
   it('limits open watches (watch.maxOpen, default 64)', () => {
     expect(parseConfig({}).watch).toEqual({ maxOpen: 64, stalledMs: 60_000 });
-    expect(parseConfig({}).connections).toEqual({ maxConcurrentStreams: 1024, maxUnaryInFlight: 256 });
+    expect(parseConfig({}).connections).toEqual({ maxConcurrentStreams: 1024, maxUnaryInFlight: 256, maxOpen: 1024, idleTimeoutMs: 300_000, handshakeTimeoutMs: 20_000 });
     expect(parseConfig({}).calls).toEqual({ firstMessageTimeoutMs: 300_000, unaryDeadlineMs: 3_600_000, maxOpenInfrastructureStreams: 256 });
     expect(parseConfig({}).sessions).toMatchObject({ maxDetachedBytes: 1 << 30, stalledMs: 600_000, maxOpen: 4096 });
     expect(failure({ calls: { firstMessageTimeoutMs: -1 } }).field).toBe('calls.firstMessageTimeoutMs');

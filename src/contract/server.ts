@@ -15,6 +15,7 @@ import { AdminServiceService } from '../../gen/ts/rollout/v1/admin.js';
 import { adminService } from './admin-service.js';
 import { authInterceptor, routeGrpcLog } from './auth.js';
 import { callBoundsInterceptor, capLongTimeouts } from './call-bounds.js';
+import { limitConnections } from './connection-limit.js';
 import { backendService } from './backend-service.js';
 import { INFRASTRUCTURE_PROTOS, reflectedDefinition } from './reflection.js';
 import type { VocabularyOf } from '../backends/embedded/embedded-vocabulary.js';
@@ -82,6 +83,7 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
     'grpc.max_send_message_length': config.maxMessageBytes,
     ...keepaliveOptions(config.keepalive),
     'grpc.max_concurrent_streams': config.connections.maxConcurrentStreams,
+    ...(config.connections.idleTimeoutMs > 0 && { 'grpc.max_connection_idle_ms': config.connections.idleTimeoutMs }),
     // Bounds first: a call refused by auth is answered at once, one that never sends anything is not.
     interceptors: [callBoundsInterceptor(config.calls, config.connections), authInterceptor({ token: config.auth.token, adminToken: config.auth.adminToken ?? config.adminToken }, logger)],
   });
@@ -127,6 +129,9 @@ export async function startGrpcServer(options: GrpcServerOptions): Promise<Runni
         if (err) return reject(bindError(config.host, config.port, err));
         // Before any call can arrive (the first comes on a later turn of the event loop).
         if (!capLongTimeouts(server)) log.warn('grpc-js internals changed: grpc-timeout values over ~24.8 days end calls at once (see capLongTimeouts)');
+        if (!limitConnections(server, config.connections, logger.child({ component: 'connections' }))) {
+          log.warn('grpc-js internals changed: connections are not capped (connections.maxOpen; see limitConnections)');
+        }
         resolve(boundPort);
       }),
     );
