@@ -18,8 +18,9 @@ import { numbersEqual, rational, roundedEqual, type Num } from './rational.js';
  *    \times, functions, mixed numbers, \pi, e) → when either side is written with a decimal point, both are
  *    rounded to 6 places (math-verify's float_rounding: 0.333333 = 1/3, but 0.333 ≠ 1/3, 3.14 ≠ π), except
  *    against an integer, which a decimal must equal (2.0 = 2, 5.0000001 ≠ 5, as in math-verify); otherwise exactly
- *    (rationals) or to 1e-10 (irrationals). A trailing unit word ("5 cm") is ignored; "or"/"and" and what follows
- *    are no unit ("5 or x" ≠ 5: math-verify reads the set {5, x}).
+ *    (rationals) or to 1e-10 (irrationals). A trailing unit word ("5 cm") is ignored, but a one-letter word that is no
+ *    unit symbol is a variable ("5 x" ≠ 5); "or"/"and" join a list, never a unit ("5 or x" ≠ 5: math-verify reads the
+ *    set {5, x}, and so does rule 6).
  * 3. Percent. "50%" is 1/2 (so 50% = 0.5 = \frac12); an integer percent also equals the bare integer (9% = 9), as
  *    in math-verify, but 12.5% ≠ 12.5.
  * 4. Expressions with variables ("(x+1)^2" vs "x^2+2x+1", "\sin^2 x + \cos^2 x" vs "1"): the same variables, and
@@ -31,7 +32,7 @@ import { numbersEqual, rational, roundedEqual, type Num } from './rational.js';
  * 5. Text. The canonical texts match: whitespace removed, lower-cased, \left/\right, \!, \, removed, outer braces
  *    dropped: "\text{Yes}" = "yes", "(B)" = "B".
  * 6. Tuples, intervals, sets, matrices: same brackets and the same number of top-level parts → element-wise, in
- *    order; \{…\} sets and bare lists "1, 2" ignore order; unions (\cup) of finite sets are merged. As in
+ *    order; \{…\} sets and bare lists "1, 2" (or "x = 1 or x = 2") ignore order; unions (\cup) of finite sets are merged. As in
  *    math-verify, an open pair "(1, 2)" also equals the list "1, 2" and a tuple equals a set written in the same
  *    order. Intervals keep their ends: [1, 2) ≠ (1, 2).
  *
@@ -181,10 +182,19 @@ const UNIT_SUFFIX = /^(.*?\S)\s+[a-zA-Z]{1,20}(?: [a-zA-Z]{1,20}){0,3}$/;
 /** Words that join alternatives ("5 or x", "5 and more"): the number is one of several answers, not a measure. */
 const NOT_A_UNIT = /(?:^|\s)(?:or|and)(?:\s|$)/i;
 
+/**
+ * One-letter words that are units after a number (math-verify's one-letter units c d g h l m o s t, and the SI symbols
+ * J N W V K L A T): any other letter is a variable ("\frac34 x" is 3x/4, and against "\frac34 y" it is another answer,
+ * as math-verify reads them).
+ */
+const ONE_LETTER_UNITS = /^[cdghlmostJNWVKLAT]$/;
+
 /** "5 cm" → "5" when what is left is a number; anything else unchanged. */
 function stripUnit(s: string): string {
   const unit = UNIT_SUFFIX.exec(s.length <= 200 ? s : '');
-  if (!unit || NOT_A_UNIT.test(s.slice(unit[1]!.length))) return s;
+  if (!unit) return s;
+  const words = s.slice(unit[1]!.length);
+  if (NOT_A_UNIT.test(words) || words.trim().split(' ').some((w) => w.length === 1 && !ONE_LETTER_UNITS.test(w))) return s;
   return parseNumber(unit[1]!) ? unit[1]! : s;
 }
 
@@ -268,8 +278,10 @@ function compareExpressions(na: string, nb: string): EquivalenceResult {
   const rb = numericReading(nb);
   if (ra && rb) return numbersMatch(ra, rb);
   if (canonicalText(na) === canonicalText(nb)) return { equivalent: true, method: 'text' };
-  // A unit word is not a variable: "5 cm" against "5x" stays text.
-  const symbolic = symbolicEqual(ra ? stripUnit(na) : na, rb ? stripUnit(nb) : nb);
+  // Here one side at most is a number, and the other has variables: a trailing word read as a unit may be one of
+  // them ("\frac34 x" is 3x/4, not 3/4 of a unit x), so both are compared as written ("5 cm" against "5x" stays
+  // unequal: c·m is not x).
+  const symbolic = symbolicEqual(na, nb);
   if (symbolic !== undefined) return { equivalent: symbolic, method: 'symbolic' };
   return { equivalent: false, method: 'text' };
 }

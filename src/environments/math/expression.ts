@@ -159,7 +159,7 @@ class Parser {
     if (c === '(' || c === '{' || /[a-zA-Z]/.test(c)) return true;
     if (c !== '\\') return false;
     const rest = this.rest();
-    return /^\\(?:frac|sqrt|pi)(?![a-zA-Z])/.test(rest) || GREEK_RE.test(rest) || FUNCTION_RE.test(rest);
+    return /^\\(?:frac|sqrt|pi|binom)(?![a-zA-Z])/.test(rest) || GREEK_RE.test(rest) || FUNCTION_RE.test(rest);
   }
 
   private unary(): Num {
@@ -198,6 +198,7 @@ class Parser {
     if (c === '|') return this.absolute();
     if (/[0-9.]/.test(c)) return this.numberWithMixedFraction();
     if (this.eat('\\frac')) return this.fraction();
+    if (this.eat('\\binom')) return binomial(this.latexArgument(), this.latexArgument());
     if (this.eat('\\sqrt')) return this.sqrt();
     if (this.eat('\\pi')) return real(Math.PI);
     const fn = FUNCTION_RE.exec(this.rest());
@@ -335,6 +336,25 @@ class Parser {
 
 function divide(a: Num, b: Num): Num {
   return div(a, b) ?? undefinedHere();
+}
+
+/** Past this a binomial coefficient is out of the range of doubles (2^1100 > 1.8e308): no value to compare. */
+const MAX_BINOMIAL = 2n ** 1100n;
+
+/**
+ * C(n, k) for integers 0 ≤ k ≤ n (math-verify evaluates \binom). C(n, i) grows with i up to n/2, so the loop stops as
+ * soon as it passes {@link MAX_BINOMIAL} (PrecisionLost): a few products of numbers of ~1100 bits, whatever n and k.
+ */
+function binomial(n: Num, k: Num): Num {
+  if (!isInteger(n) || !isInteger(k) || k.n < 0n || n.n < 0n) return undefinedHere();
+  if (k.n > n.n) return rational(0n);
+  const m = k.n < n.n - k.n ? k.n : n.n - k.n;
+  let r = 1n;
+  for (let i = 0n; i < m; i++) {
+    r = (r * (n.n - i)) / (i + 1n);
+    if (r > MAX_BINOMIAL) throw new PrecisionLost();
+  }
+  return rational(r);
 }
 
 /** n! for integers 0..170 (exact up to 30, where it stays small); anything else is undefined. */

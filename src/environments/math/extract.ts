@@ -1,3 +1,4 @@
+import { afterReasoning } from '../../tools/call-json.js';
 import type { EpisodeOutcome } from '../types.js';
 
 /**
@@ -82,13 +83,26 @@ export function unwrapBoxed(s: string): string {
 export type AnswerSource = 'finish_tool' | 'boxed' | 'none';
 
 /**
+ * What an assistant message says after its reasoning: the answer is looked for there only. A reasoning model
+ * (Qwen3, DeepSeek-R1) drafts in `<think>…</think>`, boxed candidates and "the answer is A?" included; graded, a
+ * draft stood for the answer whenever the reply after it had none, and a message cut inside its reasoning (the token
+ * budget ran out) was rewarded for its last draft. The block is what the tool-call parsers skip
+ * (tools/call-json.ts `afterReasoning`): one the message opens with, ended by the first `</think>`, or, when the
+ * template opened it in the prompt, everything up to the first `</think>`; an unclosed one leaves nothing.
+ */
+export function finalReply(content: string): string {
+  return afterReasoning(content, () => -1);
+}
+
+/**
  * The model's final answer: the finish tool's answer when it was called with a non-blank one (an explicit
- * submission beats anything written before it), else the last \boxed{…} of the last assistant message.
+ * submission beats anything written before it), else the last \boxed{…} of the last assistant message's reply (after
+ * its reasoning: {@link finalReply}).
  */
 export function findFinalAnswer(outcome: Pick<EpisodeOutcome, 'messages' | 'finishAnswer'>): { answer: string; source: AnswerSource } | undefined {
   const submitted = outcome.finishAnswer?.trim();
   if (submitted) return { answer: submitted, source: 'finish_tool' };
   const last = outcome.messages.findLast((m) => m.role === 'assistant');
-  const boxed = last === undefined ? undefined : extractLastBoxed(last.content);
+  const boxed = last === undefined ? undefined : extractLastBoxed(finalReply(last.content));
   return boxed ? { answer: boxed, source: 'boxed' } : undefined;
 }

@@ -27,11 +27,20 @@ const UNICODE: ReadonlyArray<readonly [string, string]> = [
 const NOISE = /\\(?:left|right)\.|\\(?:left|right|bigg|Bigg|big|Big|displaystyle|qquad|quad)(?![a-zA-Z])|\\[!,;:> ]|~/g;
 
 /** Text-like wrappers: \text{cm} ending a numeric answer is a unit; \text{yes} alone is the answer. */
-const TEXT_GROUP = /\\(?:text|textbf|textit|textrm|mathrm|mbox|mathit|textnormal)\s*\{([^{}]*)\}/g;
+const TEXT_GROUP = /\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox|mathit|textnormal)\s*\{([^{}]*)\}/g;
 const TEXT_UNIT_SUFFIX = /\\(?:text|textrm|mathrm|mbox|textnormal)\s*\{[^{}]*\}(?:\s*\^\s*(?:\{\s*\d\s*\}|\d))?\s*$/;
 
 /** "x = 5", "x_1 = 5", "\theta = 5" → "5": the left side is a bare variable. */
 const ASSIGNMENT = /^\s*(?:[a-zA-Z]|\\[a-zA-Z]+)(?:_\{?[a-zA-Z0-9]{1,4}\}?)?\s*=([^=]*)$/;
+
+/** "x \in [1, 2]", "x \in \{1, 2\}" → the set: a variable's membership states its set, as math-verify reads it. */
+const MEMBERSHIP = /^\s*(?:[a-zA-Z]|\\[a-zA-Z]+)(?:_\{?[a-zA-Z0-9]{1,4}\}?)?\s*\\in(?![a-zA-Z])\s*(?=\S)/;
+
+/**
+ * "x = 2 or x = 3", "2 \text{ and } 3": a word joining answers is a list separator, as math-verify reads it (the set
+ * {2, 3}), so a list of solutions written so equals "2, 3", and never one of its members ("5 or x" ≠ 5).
+ */
+const JOINING_WORD = /\\(?:text|textrm|mathrm|mbox|textnormal)\s*\{\s*(?:or|and)\s*\}|\s+(?:or|and)\s+/gi;
 
 /** "= 5", "\approx 3.14": a relation left over from "x \approx 3.14" once the model boxed only its right side. */
 const LEADING_RELATION = /^(?:=|\\approx|\u2248)\s*/;
@@ -90,7 +99,7 @@ function handleText(s: string): string {
  * Normalises one answer: strips $…$, \(…\), \[…\], \boxed{…}; maps Unicode math symbols to LaTeX; removes
  * \left/\right, \!, \, and friends; \dfrac/\tfrac → \frac; \% → %; drops degree signs, \$ and units in \text{}
  * ending a numeric answer; drops a trailing period and a leading "=" or \approx; "x = 5" → "5" (unless `stripAssignment` is false);
- * "1,000" → "1000".
+ * "x \in S" → "S"; "or" / "and" between answers → ","; "1,000" → "1000".
  */
 export function normalizeAnswer(raw: string, options: { stripAssignment?: boolean } = {}): string {
   let s = raw;
@@ -98,11 +107,13 @@ export function normalizeAnswer(raw: string, options: { stripAssignment?: boolea
   s = stripDelimiters(s);
   s = matrixAsLists(s); // before NOISE, which would eat the "\\ " of a row break
   s = s.replace(NOISE, '');
-  s = s.replace(/\\[dtc]frac/g, '\\frac');
+  s = s.replace(/\\[dtc]frac/g, '\\frac').replace(/\\[dt]binom/g, '\\binom');
   s = s.replace(/\\%/g, '%').replace(/\\\$/g, '').replace(/\{,\}/g, ',');
   s = s.replace(/\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|\\degree/g, '');
   s = handleText(s);
+  s = s.replace(JOINING_WORD, ', ');
   s = stripDelimiters(s);
+  s = s.replace(MEMBERSHIP, '');
   const assignment = options.stripAssignment === false ? null : ASSIGNMENT.exec(s);
   if (assignment) s = assignment[1]!.trim();
   if (THOUSANDS.test(s)) s = s.replace(/[, ]/g, '');

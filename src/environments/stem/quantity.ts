@@ -1,5 +1,6 @@
+import { parseNumber } from '../math/expression.js';
 import { unwrapBoxed } from '../math/extract.js';
-import { MIN_NORMAL } from '../math/rational.js';
+import { MIN_NORMAL, toFloat } from '../math/rational.js';
 import type { Unit, UnitSystem } from './units.js';
 
 /**
@@ -26,7 +27,7 @@ const SUPERSCRIPT_DIGITS: Record<string, string> = { '⁻': '-', '⁺': '+', '�
  * then an exponent: e-notation (6.02e23), "× 10^-3" / "x10^{-3}" / "*10**-3" / "·10⁻³", or a power "^n".
  */
 const NUMBER =
-  /^([+-])?\s*((?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|\.\d+)(?:\s*\/\s*(\d+(?:\.\d+)?))?(?:\s*[eE]\s*([+-]?\d+)|\s*(?:[×x*·⋅]|\\times|\\cdot)\s*10\s*(?:\^|\*\*)\s*\(?\s*([+-]?\d+)\s*\)?|\s*(?:\^|\*\*)\s*\(?\s*([+-]?\d+)\s*\)?)?/;
+  /^([+-])?\s*((?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|\.\d+)(?:\s*\/\s*(\d+(?:\.\d+)?))?(?:\s*[eE]\s*([+-]?\d+)|\s*(?:[×x*·⋅]|\\times|\\cdot)\s*10\s*(?:\^|\*\*)\s*\(?\s*([+-]?\d+)\s*\)?|\s*(?:\^|\*\*)\s*\(?\s*([+-]?\d+(?:\.\d+)?)\s*\)?)?/;
 
 /** Text clean-up before reading a number: TeX delimiters and spacing, Unicode minus and superscripts, \frac. */
 function clean(text: string): string {
@@ -42,24 +43,56 @@ function clean(text: string): string {
     .replace(/(\d)(?:\\,|\\ |[\u2009\u202f\u00a0])(?=\d{3}(?!\d))/g, '$1')
     .replace(/\^\s*\{\s*([+-]?\d+)\s*\}/g, '^$1')
     .trim();
-  // "v = 3.0 m/s", "x \approx 2": the value is what follows the last relation sign.
+  // "v = 3.0 m/s", "x \approx 2": the value is what follows the last relation sign. "x = 3 or x = 4", "v = 3 m/s, t = 4
+  // s": two statements (the last was read and scored), so no value.
+  const statements = s.split(/=|≈|\\approx/);
+  if (statements.slice(1, -1).some((between) => /\b(?:or|and)\b|[,;](?!\d{3})/i.test(between))) return '';
   const relation = Math.max(s.lastIndexOf('='), s.lastIndexOf('≈'), s.lastIndexOf('\\approx'));
   if (relation >= 0) s = s.slice(relation).replace(/^(?:=|≈|\\approx)/, '');
   return s.replace(/[\s.,;:!]+$/, '').trim();
 }
 
+/** Math around a number that only the arithmetic reading understands: a root, fraction, function or power before it. */
+const MATH_COMMAND = String.raw`\\(?:sqrt|[dt]?frac|pi|ln|log|exp|sin|cos|tan|cot|sec|csc|arc[a-z]+|sinh|cosh|tanh)(?![a-zA-Z])`;
+const MATH_BEFORE = new RegExp(`${MATH_COMMAND}|\\^`);
+/**
+ * ... or a power, a factorial, such a command, or the rest of a decimal cut off (a power read as an integer: "2**0.5")
+ * right after it ("2^{x}", "3\pi r", "100\ln 2").
+ */
+const MATH_AFTER = new RegExp(`^(?:[\\^!]|\\*\\*|\\.\\d|${MATH_COMMAND})`);
+
+/**
+ * ... or another number after it, alone or joined to it ("3 4", "3 or 4", "3, 4", "3 to 4", "between 3 and 4"):
+ * candidates, not an answer (the first of them was read and scored). A measurement's uncertainty ("5 ± 0.1 m") is one
+ * value.
+ */
+const ANOTHER_NUMBER = /^(?:(?:[,;]|\(?\s*(?:\\(?:text|textrm|mathrm|mbox)\s*\{\s*)?(?:or|and|to)\b\s*\}?)\s*)?[+-]?\s*(?:\d|\.\d)/i;
+
 /**
  * The first number in `text` and the unit after it: "9.8 m/s^2", "-1.2e-3 kg", "3.0 × 10^{8}\,\mathrm{m\,s^{-1}}",
- * "1,200 J", "45%", "x = 3/4". Words before the number are skipped ("approximately 5 km"). Undefined when there
- * is no number.
+ * "1,200 J", "45%", "x = 3/4". Words before the number are skipped ("approximately 5 km"). An answer that is arithmetic
+ * as a whole ("\sqrt{2}", "3\pi", "2^{1/2}", "\frac{\pi}{4}") is its value, without a unit. Undefined when there is no
+ * number, the number stands inside math that is not read ("\sqrt{2x}": not 2), or another follows it ("3 or 4").
  */
 export function parseQuantity(text: string): Quantity | undefined {
   if (text.length > MAX_QUANTITY_TEXT) return undefined;
   const s = clean(text);
-  const start = s.search(/[+-]?\s*(?:\d|\.\d)/);
+  // A digit in a word ("H2O: 18 g/mol", "CO2 is 44 g/mol") is part of a name, not the number.
+  const start = s.search(/(?<![A-Za-z0-9_.])[+-]?\s*(?:\d|\.\d)/);
   if (start < 0) return undefined;
   const m = NUMBER.exec(s.slice(start));
   if (!m) return undefined;
+  // "\sqrt{2}", "3\pi", "2^{1/2}", "e^{2}": the first literal is not the number. The whole is read as arithmetic by the
+  // math environment's evaluator (no unit then); when it is not, a literal inside math it cannot read is no number.
+  const after = s.slice(start + m[0].length).trim();
+  if ((after !== '' || start > 0) && !s.includes('%')) {
+    const arithmetic = parseNumber(s);
+    if (arithmetic) {
+      const value = toFloat(arithmetic.value);
+      return Number.isFinite(value) && (value === 0 || Math.abs(value) >= MIN_NORMAL) ? { value, percent: false, unitText: '' } : undefined;
+    }
+  }
+  if (MATH_BEFORE.test(s.slice(0, start)) || MATH_AFTER.test(after) || ANOTHER_NUMBER.test(after)) return undefined;
   const [whole, sign, mantissa = '', denominator, eExponent, tenExponent, power] = m;
   let value = Number(mantissa.replace(/,/g, ''));
   if (denominator !== undefined) value /= Number(denominator);
