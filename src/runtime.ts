@@ -228,7 +228,7 @@ export class RolloutRuntime {
     const known = this.store.existing(task) ?? this.revive(spec, task);
     if (known) return this.duplicate(known, sink, onDuplicate);
     const work = this.deps.tokenWork ?? TokenWork.inline(tokenizer, template);
-    await checkPromptFits(task, { work, maxModelLen: () => pool.minMaxModelLen() }, signal);
+    await checkPromptFits(task, { work, maxModelLen: () => pool.minMaxModelLen(), logger: this.log }, signal);
     await this.admission.admit(task.numSamples, signal);
     // While we waited, the server may have begun stopping or the same task_id may have arrived (as a retry, or
     // with another spec): give the capacity back on every such path.

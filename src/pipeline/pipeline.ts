@@ -100,10 +100,24 @@ export class Pipeline {
     }
   }
 
-  /** Queues samples; the caller has already passed admission. */
+  /**
+   * Queues samples (the caller has already passed admission) and starts their total timeouts. One already cancelled
+   * (a sample recovered from the journal and cancelled while it waited for admission) is finished here, at once: it
+   * would otherwise wait for a stage permit only to be failed by its init.
+   */
   submit(samples: readonly Sample[]): void {
+    const queued: Sample[] = [];
     for (const sample of samples) {
+      // Already delivered (nothing to run): in `live` it would never leave, and a drain would wait for it for good.
+      if (sample.finished) continue;
       this.live.add(sample);
+      sample.startClock();
+      if (sample.signal.aborted) {
+        this.events$.next({ type: 'stage', sample, stage: 'queued' });
+        void this.finish(sample, buildFailedTrajectory(sample, RolloutError.from(sample.signal.reason)));
+        continue;
+      }
+      queued.push(sample);
       // A sample waiting for a slot (queued, or between stages) has no stage to reject: its cancel or total
       // deadline finishes it here, at once. A running one is finished by its stage's rejection.
       sample.signal.addEventListener(
@@ -116,7 +130,7 @@ export class Pipeline {
       );
       this.events$.next({ type: 'stage', sample, stage: 'queued' });
     }
-    for (const sample of samples) this.input$.next(sample);
+    for (const sample of queued) this.input$.next(sample);
   }
 
   /** Cancels a sample: aborts its running stage, or finishes it at once if it is waiting for a slot. */
@@ -221,7 +235,7 @@ export class Pipeline {
   }
 
   private enter(sample: Sample, stage: StageName): void {
-    if (sample.stage === 'queued') sample.timing.queueMs = performance.now() - sample.createdAt;
+    if (sample.stage === 'queued') sample.timing.queueMs = performance.now() - sample.submittedAt;
     sample.stage = stage;
     this.events$.next({ type: 'stage', sample, stage });
   }
@@ -241,7 +255,7 @@ export class Pipeline {
     if (sample.holdsPermit) {
       sample.holdsPermit = false;
       this.permits.give();
-    }
+    } else this.permits.leave(sample);
     if (sample.queuedIn) {
       // Finished while waiting for a slot: it no longer counts as queued (it leaves the mergeMap buffer later).
       this.stats[sample.queuedIn].queued--;
@@ -254,7 +268,7 @@ export class Pipeline {
       this.log.error({ err, sample: sample.key }, 'releasing sandbox failed');
     }
     for (let turn = yieldIfBusy(); turn; turn = yieldIfBusy()) await turn;
-    sample.timing.totalMs = performance.now() - sample.createdAt;
+    sample.timing.totalMs = performance.now() - sample.submittedAt;
     // Encoded and size-checked once, before anything queues it: a trajectory that cannot go on the wire would end
     // every stream it is written to (see wireSafe).
     // Assigned, not spread: `built` is this sample's own fresh object, and a spread would make a lazily kept
@@ -273,9 +287,15 @@ export class Pipeline {
   }
 }
 
-/** A FIFO counting semaphore of stage permits (see Pipeline.permits). */
+/**
+ * A FIFO counting semaphore of stage permits (see Pipeline.permits). A sample that finishes while it waits leaves the
+ * queue at once ({@link leave}): a cancel of samples that have not started (a trainer dropping the rest of a batch)
+ * while every permit is held — a long pause, slow episodes — must not keep each of them, task and instance with it,
+ * until the permits move on again.
+ */
 class Permits {
-  private readonly waiting: { sample: Sample; resolve: (s: Sample | undefined) => void }[] = [];
+  /** Waiting samples in arrival order (a Map keeps insertion order), each with its take()'s resolve. */
+  private readonly waiting = new Map<Sample, (s: Sample | undefined) => void>();
 
   constructor(private free: number) {}
 
@@ -287,18 +307,27 @@ class Permits {
       sample.holdsPermit = true;
       return Promise.resolve(sample);
     }
-    return new Promise((resolve) => this.waiting.push({ sample, resolve }));
+    return new Promise((resolve) => this.waiting.set(sample, resolve));
+  }
+
+  /** A sample that finished: out of the queue, if it waited there (its take() resolves undefined). */
+  leave(sample: Sample): void {
+    const resolve = this.waiting.get(sample);
+    if (resolve === undefined) return;
+    this.waiting.delete(sample);
+    resolve(undefined);
   }
 
   give(): void {
-    for (let next = this.waiting.shift(); next; next = this.waiting.shift()) {
+    for (const [sample, resolve] of this.waiting) {
+      this.waiting.delete(sample);
       // One that finished while it waited (cancelled, its total deadline) takes nothing.
-      if (next.sample.finished) {
-        next.resolve(undefined);
+      if (sample.finished) {
+        resolve(undefined);
         continue;
       }
-      next.sample.holdsPermit = true;
-      next.resolve(next.sample);
+      sample.holdsPermit = true;
+      resolve(sample);
       return;
     }
     this.free++;

@@ -15,7 +15,8 @@ export interface RunResult {
 
 /**
  * One sample (one trajectory) of a task moving through init → run → eval. Owns an AbortController that fires on
- * cancel, total deadline and completion; `release` frees the sandbox exactly once, whatever path ends the sample.
+ * cancel, total deadline (counted from its entry into the pipeline: {@link Sample.startClock}) and completion;
+ * `release` frees the sandbox exactly once, whatever path ends the sample.
  */
 export class Sample {
   readonly controller = new AbortController();
@@ -30,7 +31,11 @@ export class Sample {
   /** Cancelled by the server stopping (not by a client, a deadline or an error): see {@link abortForStop}. */
   cancelledByStop = false;
   readonly timing: SampleTiming = { queueMs: 0, initMs: 0, runMs: 0, llmMs: 0, toolMs: 0, evalMs: 0, totalMs: 0 };
-  readonly createdAt = performance.now();
+  /**
+   * When the sample entered the pipeline ({@link startClock}; its construction until then): its total timeout, queue
+   * and total times count from here.
+   */
+  submittedAt = performance.now();
   sandbox: Sandbox | undefined;
   initialMessages: ChatMessage[] = [];
   run: RunResult | undefined;
@@ -44,15 +49,27 @@ export class Sample {
   /** Set by a stage that wants the sample to go through init again (see {@link restart}); read by the pipeline. */
   restartRequested = false;
   private totalTimer: NodeJS.Timeout | undefined;
+  private clockStarted = false;
 
   constructor(
     readonly task: ResolvedTask,
     readonly index: number,
     readonly sink: TrajectorySink,
-  ) {
+  ) {}
+
+  /**
+   * Starts the sample's total timeout; the pipeline calls it as the sample enters (Pipeline.submit), once. Not at
+   * construction: samples recovered from the journal are made at start-up and then wait for admission behind each
+   * other, and a clock running during that wait failed them TIMEOUT for the server's own backlog, work they never got
+   * to do — where a new task's samples are made once admitted. Idempotent; nothing once the sample is released.
+   */
+  startClock(): void {
+    if (this.clockStarted) return;
+    this.clockStarted = true;
+    this.submittedAt = performance.now();
     this.totalTimer = setTimeout(() => {
-      this.abort('deadline_exceeded', `total timeout of ${task.limits.totalTimeoutMs} ms exceeded`);
-    }, task.limits.totalTimeoutMs);
+      this.abort('deadline_exceeded', `total timeout of ${this.task.limits.totalTimeoutMs} ms exceeded`);
+    }, this.task.limits.totalTimeoutMs);
     this.totalTimer.unref();
   }
 
@@ -122,6 +139,7 @@ export class Sample {
 
   /** Stops the sandboxes (the sample's own and any adopted) and the total timer; idempotent. Throws the first stop failure after trying all. */
   async release(): Promise<void> {
+    this.clockStarted = true;
     if (this.totalTimer) clearTimeout(this.totalTimer);
     this.totalTimer = undefined;
     const sandbox = this.sandbox;

@@ -9,6 +9,7 @@ import type { ToolTimeBudgetOptions } from '../tools/tool-time-budget.js';
 import type { Sandbox } from '../sandboxes/types.js';
 import type { OpenSandbox } from '../environments/types.js';
 import { exceedsStaleness, staleness } from './staleness.js';
+import type { ChatMessage } from '../tokens/types.js';
 
 /**
  * The three stage functions. Failures are classified here by where they happen: the sandbox driver's are
@@ -51,7 +52,7 @@ export function createStages(deps: RuntimeDeps): StageFns {
   const evalSandboxOpener = (sample: Sample, signal: AbortSignal): OpenSandbox => {
     return async (request?: SandboxRequest): Promise<Sandbox> => {
       const { environment, instance, limits } = sample.task;
-      const left = Math.max(1, Math.floor(limits.totalTimeoutMs - (performance.now() - sample.createdAt)));
+      const left = Math.max(1, Math.floor(limits.totalTimeoutMs - (performance.now() - sample.submittedAt)));
       const spec = resolveSandboxSpec(config.sandbox, request ?? environment.sandbox?.(instance), left);
       let sandbox: Sandbox;
       try {
@@ -70,7 +71,7 @@ export function createStages(deps: RuntimeDeps): StageFns {
         const { environment, instance, limits } = sample.task;
         // The wall clock is bounded by what is left of the total timeout (the sample ends there anyway), so the
         // tool-time budget's end (wall clock less the evaluation's reserve) also comes before the total deadline.
-        const left = Math.max(1, Math.floor(limits.totalTimeoutMs - (performance.now() - sample.createdAt)));
+        const left = Math.max(1, Math.floor(limits.totalTimeoutMs - (performance.now() - sample.submittedAt)));
         const spec = resolveSandboxSpec(config.sandbox, environment.sandbox?.(instance), left);
         // Taken before the start: the sandbox's own clock starts later, so this deadline is never past the real one.
         sandboxClocks.set(sample, { endsAt: performance.now() + spec.limits.wallClockMs, wallClockMs: spec.limits.wallClockMs });
@@ -84,12 +85,17 @@ export function createStages(deps: RuntimeDeps): StageFns {
       } catch (err) {
         throw classify(err, 'sandbox_error', signal);
       }
+      let messages: unknown;
       try {
-        const { messages } = await sample.task.environment.init({ instance: sample.task.instance, sandbox: sample.sandbox, signal });
-        sample.initialMessages = messages;
+        ({ messages } = await sample.task.environment.init({ instance: sample.task.instance, sandbox: sample.sandbox, signal }));
       } catch (err) {
         throw classify(err, 'environment_error', signal);
       }
+      // The environment's own answer, checked where it leaves the plugin: the token ledger refuses an empty conversation
+      // as invalid_argument, which would fail the sample INVALID_TASK (the trainer's spec) for the environment's fault.
+      const problem = messagesProblem(messages);
+      if (problem !== undefined) throw new RolloutError('environment_error', `init returned ${problem}`);
+      sample.initialMessages = messages as ChatMessage[];
     },
 
     async run(sample, signal) {
@@ -132,6 +138,22 @@ export function createStages(deps: RuntimeDeps): StageFns {
       }
     },
   };
+}
+
+const ROLES = new Set<unknown>(['system', 'user', 'assistant', 'tool']);
+
+/** What is wrong with the first messages an environment's init returned (they must start a conversation), or undefined. */
+function messagesProblem(messages: unknown): string | undefined {
+  if (!Array.isArray(messages)) return `messages that are ${messages === null ? 'null' : typeof messages}, not an array`;
+  if (messages.length === 0) return 'no first message (an empty messages array)';
+  for (const [i, m] of messages.entries()) {
+    const message = m as Partial<Record<keyof ChatMessage, unknown>> | null;
+    if (typeof message !== 'object' || message === null || Array.isArray(message)) return `messages[${i}]: not a message object`;
+    if (!ROLES.has(message.role)) return `messages[${i}].role: ${JSON.stringify(String(message.role)).slice(0, 40)} is not system, user, assistant or tool`;
+    if (typeof message.content !== 'string') return `messages[${i}].content: not a string`;
+    if (message.name !== undefined && typeof message.name !== 'string') return `messages[${i}].name: not a string`;
+  }
+  return undefined;
 }
 
 function detailsProblem(details: unknown): string | undefined {

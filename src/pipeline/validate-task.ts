@@ -10,6 +10,9 @@ import type { ResolvedTask, StalenessAction as Action } from './task.js';
 import { canonicalJson } from './canonical-json.js';
 import type { TokenWork } from '../tokens/token-work.js';
 import { toolSchemas } from '../tools/registry.js';
+import { disposeTools } from '../tools/dispose-tools.js';
+import type { ToolSchema } from '../tokens/types.js';
+import type { Logger } from '../observability/logger.js';
 
 /** What admission needs to measure a prompt against the token budget. */
 export interface PromptBudget {
@@ -17,6 +20,8 @@ export interface PromptBudget {
   work: TokenWork;
   /** The smallest max_model_len among the backends that stated one (undefined when none did). */
   maxModelLen(): number | undefined;
+  /** Where failures to dispose the tools made for the check are logged. */
+  logger?: Logger;
 }
 
 /** Longest id (task, group, session) or environment name, in UTF-16 units. */
@@ -177,8 +182,17 @@ export async function checkPromptFits(task: ResolvedTask, budget: PromptBudget, 
   if (!environment.prompt) return;
   const maxTotalTokens = task.sampling.maxTotalTokens;
   const messages = environment.prompt(instance);
+  // Tool instances are per sample (Tool.dispose): the set made here for its schemas is disposed like a sample's —
+  // not awaited, so a slow dispose never holds the task's acceptance (disposeTools bounds and logs it, never throws).
+  const tools = environment.tools(instance);
+  let schemas: readonly ToolSchema[];
+  try {
+    schemas = toolSchemas(tools);
+  } finally {
+    void disposeTools(tools, budget.logger);
+  }
   // Kept for the task's samples: their ledgers take it from the cache instead of rendering and encoding it again.
-  const promptTokens = (await budget.work.promptIds(messages, toolSchemas(environment.tools(instance)), signal, task.numSamples, task)).length;
+  const promptTokens = (await budget.work.promptIds(messages, schemas, signal, task.numSamples, task)).length;
   const maxModelLen = budget.maxModelLen();
   const limit = Math.min(maxTotalTokens, maxModelLen ?? Infinity);
   if (promptTokens >= limit) {
