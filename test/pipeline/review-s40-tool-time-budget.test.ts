@@ -215,8 +215,11 @@ describe('the tool-time budget of an episode (run.toolTimeShare of the run timeo
     // 10 s of sandbox life: the evaluation keeps min(eval timeout, a quarter of it) = 2.5 s; the budget (300 s) is far.
     const { t, tookMs } = await run(h, task('wall-clock', {}, { wallClockMs: 10_000 }));
     expectTruncatedByToolTime(t);
-    // Cut before the sandbox's 10 s were over (less the evaluation's 2.5 s), graded within them.
-    expect(t.timing!.toolMs).toBeLessThan(10_000 - 2_500);
+    // Cut at the sandbox's 10 s less the evaluation's 2.5 s, graded within them. The cut is scheduled for that moment
+    // (counted from before the sandbox started); toolMs also holds the kill and its report after it, which under load
+    // took 28 ms past it (7,528 ms: a flake of the bound without room), so the bound allows 1 s for them — far from a
+    // tool left to run into the wall clock (10 s).
+    expect(t.timing!.toolMs).toBeLessThan(10_000 - 2_500 + 1_000);
     expect(t.timing!.initMs + t.timing!.runMs + t.timing!.evalMs).toBeLessThan(10_000);
     expect(tookMs).toBeLessThan(20_000);
   });
