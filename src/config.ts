@@ -205,6 +205,12 @@ export const serverConfigSchema = z.strictObject({
       imageDirs: z.array(z.string().startsWith('/', { error: 'must be an absolute path' })).optional(),
       /** Memory of a whole sandbox (processes + tmpfs workspace and /tmp), MiB. */
       memoryMb: z.number().int().min(16).default(1024),
+      /**
+       * The most memory one sandbox may be given when an instance needs more than `memoryMb` (e.g. a code task whose
+       * `memory_limit_mb` is 2048), MiB; a task needing more is refused at submit. Default 4096 (src/sandboxes/spec.ts),
+       * never less than `memoryMb`.
+       */
+      maxMemoryMb: z.number().int().min(16).optional(),
       /** Processes and threads of a whole sandbox. */
       maxProcesses: z.number().int().min(1).default(64),
       /** Size quota of the workspace and of /tmp, MiB (bubblewrap: each; Apptainer's overlay: the whole sandbox's writes). */

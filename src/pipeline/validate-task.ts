@@ -4,7 +4,7 @@ import { MAX_TIMER_MS } from '../timers.js';
 import type { ServerConfig } from '../config.js';
 import type { EnvironmentRegistry } from '../environments/registry.js';
 import type { Environment, StageTimeouts } from '../environments/types.js';
-import { checkRequestedImage } from '../sandboxes/spec.js';
+import { checkRequestedImage, sandboxMemoryMb, type SandboxRequest } from '../sandboxes/spec.js';
 import { StalenessAction, type TaskSpec } from '../../gen/ts/rollout/v1/rollout.js';
 import type { ResolvedTask, StalenessAction as Action } from './task.js';
 import { canonicalJson } from './canonical-json.js';
@@ -101,7 +101,7 @@ export function validateTask(spec: TaskSpec, registry: EnvironmentRegistry, conf
     throw RolloutError.invalid('instance', `too large: ${Buffer.byteLength(instanceJson)} bytes > ${config.maxInstanceBytes}`);
   }
   const instance = environment.validate(spec.instance);
-  checkSandboxImage(environment, instance, spec.instance, config);
+  checkSandboxRequest(environment, instance, spec.instance, config);
 
   const s = spec.sampling;
   if (s?.temperature !== undefined && !(Number.isFinite(s.temperature) && s.temperature >= 0 && s.temperature <= 100)) {
@@ -202,20 +202,28 @@ export async function checkPromptFits(task: ResolvedTask, budget: PromptBudget, 
 }
 
 /**
- * Refuses a task whose sandbox image lies outside sandbox.imageDirs here, at submit (INVALID_ARGUMENT naming
- * `instance.image` when the instance names the image there, `instance` otherwise), by the same check the init stage
- * makes; and one whose image, inside the dirs, does not exist (a typo in a dataset is bad input, not an infrastructure
- * failure each sample would be retried for; inside the dirs the answer tells nothing the operator did not list). An
- * image that goes missing between submit and init is the sandbox's failure there. An `Environment.sandbox` that throws
- * is left to the init stage, which reports it.
+ * Refuses here, at submit, a task whose sandbox the init stage would refuse: one whose image lies outside
+ * sandbox.imageDirs (INVALID_ARGUMENT naming `instance.image` when the instance names the image there, `instance`
+ * otherwise), by the same check the init stage makes; one whose image, inside the dirs, does not exist (a typo in a
+ * dataset is bad input, not an infrastructure failure each sample would be retried for; inside the dirs the answer
+ * tells nothing the operator did not list); one that needs more memory than one sandbox may have (sandbox.maxMemoryMb,
+ * field `instance`). An image that goes missing between submit and init is the sandbox's failure there. An
+ * `Environment.sandbox` that throws, or asks for something malformed, is left to the init stage, which reports it.
  */
-function checkSandboxImage(environment: Environment, instance: unknown, given: TaskSpec['instance'], config: ServerConfig): void {
-  let image: string | undefined;
+function checkSandboxRequest(environment: Environment, instance: unknown, given: TaskSpec['instance'], config: ServerConfig): void {
+  let request: SandboxRequest | undefined;
   try {
-    image = environment.sandbox?.(instance).image;
+    request = environment.sandbox?.(instance);
   } catch {
     return;
   }
+  if (request === undefined) return;
+  try {
+    sandboxMemoryMb(config.sandbox, request);
+  } catch (err) {
+    if (err instanceof RolloutError && err.code === 'invalid_argument') throw err;
+  }
+  const image = request.image;
   if (image === undefined) return;
   const field = given?.image === image ? 'instance.image' : 'instance';
   const checked = checkRequestedImage(config.sandbox, image, field);

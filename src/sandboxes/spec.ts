@@ -18,6 +18,24 @@ export interface SandboxRequest {
   env?: Readonly<Record<string, string>>;
   /** Tighter or looser limits for this instance (e.g. more memory for a test suite). */
   limits?: Partial<SandboxLimits>;
+  /**
+   * Memory the instance needs at least, MiB (e.g. a code task's stated memory limit plus its judge): the sandbox gets
+   * this or the server's `memoryMb` (or `limits.memoryMb`), whichever is more. Above the server's
+   * {@link maxSandboxMemoryMb} the task is refused (invalid_argument, field `instance`).
+   */
+  minMemoryMb?: number;
+}
+
+/** The default of `sandbox.maxMemoryMb`: what one sandbox may be given when an instance asks for more than `memoryMb`. */
+export const DEFAULT_MAX_SANDBOX_MEMORY_MB = 4096;
+
+/**
+ * The most memory one sandbox may have, MiB: `sandbox.maxMemoryMb` (default {@link DEFAULT_MAX_SANDBOX_MEMORY_MB}),
+ * never less than the server's own `memoryMb`. A bound on what a task can make the server commit per sample: an
+ * instance cannot ask for a 64 GiB cgroup on a 24 GiB host.
+ */
+export function maxSandboxMemoryMb(config: ServerConfig['sandbox']): number {
+  return Math.max(config.memoryMb, config.maxMemoryMb ?? DEFAULT_MAX_SANDBOX_MEMORY_MB);
 }
 
 const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
@@ -43,6 +61,7 @@ export function resolveSandboxSpec(config: ServerConfig['sandbox'], request: San
   for (const [key, value] of Object.entries(limits)) {
     if (!Number.isInteger(value) || value <= 0) throw bad(`limits.${key} must be a positive integer, got ${String(value)}`);
   }
+  limits.memoryMb = sandboxMemoryMb(config, request);
   if (limits.commandTimeoutMs > MAX_TIMER_MS) throw bad(`limits.commandTimeoutMs must be at most ${MAX_TIMER_MS} (what a timer holds), got ${limits.commandTimeoutMs}`);
   const mounts = (request?.mounts ?? []).map((m) => {
     if (!posix.isAbsolute(m.source) || !posix.isAbsolute(m.target)) throw bad(`mount ${m.source} → ${m.target}: both paths must be absolute`);
@@ -52,6 +71,24 @@ export function resolveSandboxSpec(config: ServerConfig['sandbox'], request: San
   for (const key of Object.keys(env)) if (!ENV_NAME.test(key)) throw bad(`env: bad variable name ${JSON.stringify(key)}`);
   const image = request?.image === undefined ? config.image : checkRequestedImage(config, request.image, 'instance');
   return { image, limits, network: request?.network ?? false, mounts, env, workdir: config.workdir };
+}
+
+/**
+ * The memory of an instance's sandbox, MiB: the request's `limits.memoryMb` (else the server's `memoryMb`), raised to
+ * its `minMemoryMb`. Throws environment_error for a `minMemoryMb` that is not a positive integer (the plugin's mistake)
+ * and invalid_argument, field `instance` (INVALID_TASK), above {@link maxSandboxMemoryMb}: called at submit too
+ * ({@link checkSandboxRequest}), so such a task is refused before any of its samples starts.
+ */
+export function sandboxMemoryMb(config: ServerConfig['sandbox'], request: SandboxRequest | undefined): number {
+  const asked = request?.limits?.memoryMb ?? config.memoryMb;
+  const least = request?.minMemoryMb;
+  if (least !== undefined && (!Number.isInteger(least) || least <= 0)) throw bad(`minMemoryMb must be a positive integer, got ${String(least)}`);
+  const memoryMb = Math.max(asked, least ?? 0);
+  const max = maxSandboxMemoryMb(config);
+  if (memoryMb > max) {
+    throw RolloutError.invalid('instance', `needs a sandbox with ${memoryMb} MiB of memory; this server gives one sandbox at most ${max} MiB (sandbox.maxMemoryMb)`);
+  }
+  return memoryMb;
 }
 
 /**

@@ -1,13 +1,11 @@
 import { existsSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { TrajectoryStatus, type Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
-import type { TaskInput } from '../../src/client/rollout-client.js';
+import { TrajectoryStatus } from '../../gen/ts/rollout/v1/rollout.js';
 import { findHumanEvalData, loadHumanEval, type CodeTaskRow } from '../../src/environments/code/dataset.js';
 import { RolloutError } from '../../src/errors.js';
 import { defaultImagePath } from '../../src/sandboxes/images/image-recipe.js';
 import type { FakePolicy } from '../../src/testing/scripted-policy.js';
-import { collect, invariantViolations } from '../support/harness.js';
-import { liveSandboxes, startServerHarness, type ServerHarness } from '../support/server-harness.js';
+import { liveSandboxes, runTasks, startServerHarness, type ServerHarness } from '../support/server-harness.js';
 
 /**
  * The code environment end to end: a real server, real bubblewrap sandboxes on the project's .sif image (its
@@ -39,15 +37,6 @@ const stdioInstance = {
   time_limit_s: 1,
 };
 
-async function run(h: ServerHarness, tasks: TaskInput[]): Promise<Map<string, Trajectory>> {
-  const session = h.client.openSession();
-  await Promise.all(tasks.map((t) => session.submit({ includeMessages: true, ...t })));
-  session.close();
-  const trajectories = await collect(session.trajectories());
-  expect(trajectories).toHaveLength(tasks.length);
-  for (const t of trajectories) expect(invariantViolations(t)).toEqual([]);
-  return new Map(trajectories.map((t) => [t.taskId, t]));
-}
 
 describe.runIf(existsSync(image) || process.env.CI)('the code environment through a real server and sandboxes', () => {
   let problems: CodeTaskRow[] = [];
@@ -84,7 +73,7 @@ describe.runIf(existsSync(image) || process.env.CI)('the code environment throug
     // 0: the first; 10: its prompt holds a helper function; 38: a helper and a long test; 32: a test with a loop.
     const chosen = [0, 10, 32, 38].map((i) => problems[i]!);
     const tasks = chosen.flatMap((p, i) => [0, 1, 2].map((script) => ({ taskId: `he-${i}-${script}`, environment: 'code', numSamples: 1, instance: p.instance, sampling: sampling(script) })));
-    const results = await run(h, tasks);
+    const results = await runTasks(h, tasks);
     for (const [id, t] of results) {
       expect(t.status, `${id}: ${t.error}`).toBe(COMPLETED);
       const wrong = id.endsWith('-2');
@@ -100,7 +89,7 @@ describe.runIf(existsSync(image) || process.env.CI)('the code environment throug
 
   it('scores stdin/stdout programs truthfully: correct 1; wrong, crashing, hanging and flooding 0, all COMPLETED', async () => {
     const tasks = STDIO_PROGRAMS.map((_, script) => ({ taskId: `io-${script}`, environment: 'code', numSamples: 1, instance: stdioInstance, sampling: sampling(script) }));
-    const results = await run(h, tasks);
+    const results = await runTasks(h, tasks);
     const outcome = (id: string) => {
       const t = results.get(id)!;
       expect(t.status, `${id}: ${t.error}`).toBe(COMPLETED);
@@ -114,7 +103,7 @@ describe.runIf(existsSync(image) || process.env.CI)('the code environment throug
   });
 
   it('gives reward 0 with has_code 0 when no program was submitted, and rejects a bad instance by field', async () => {
-    const results = await run(h, [{ taskId: 'nocode', environment: 'code', numSamples: 1, instance: { ...stdioInstance, statement: 'Read two integers.' }, sampling: sampling(0) }]);
+    const results = await runTasks(h, [{ taskId: 'nocode', environment: 'code', numSamples: 1, instance: { ...stdioInstance, statement: 'Read two integers.' }, sampling: sampling(0) }]);
     expect(results.get('nocode')).toMatchObject({ status: COMPLETED, reward: 0, rewardDetails: { has_code: 0 } });
     const session = h.client.openSession();
     const bad = await session.submit({ taskId: 'bad', environment: 'code', numSamples: 1, instance: { statement: 's', tests: [{ input: '1' }] } }).catch((e: unknown) => e);
@@ -124,7 +113,7 @@ describe.runIf(existsSync(image) || process.env.CI)('the code environment throug
 
   it("reports a task whose own test code is broken as ENVIRONMENT_ERROR, never reward 0", async () => {
     const instance = { prompt: 'def f(x):\n    """Identity."""\n', test: 'import no_such_module\n\ndef check(candidate):\n    assert candidate(1) == 1\n', entry_point: 'f' };
-    const results = await run(h, [{ taskId: 'broken-test', environment: 'code', numSamples: 1, instance, sampling: sampling(0) }]);
+    const results = await runTasks(h, [{ taskId: 'broken-test', environment: 'code', numSamples: 1, instance, sampling: sampling(0) }]);
     expect(results.get('broken-test')).toMatchObject({ status: TrajectoryStatus.TRAJECTORY_STATUS_ENVIRONMENT_ERROR, error: expect.stringContaining("task's test code did not load") });
   });
 });
@@ -138,7 +127,7 @@ describe('the code environment when no sandbox can start', () => {
   afterAll(async () => h?.close());
 
   it('is SANDBOX_ERROR, not reward 0', async () => {
-    const results = await run(h, [{ taskId: 'no-sandbox', environment: 'code', numSamples: 1, instance: stdioInstance, sampling: sampling(0) }]);
+    const results = await runTasks(h, [{ taskId: 'no-sandbox', environment: 'code', numSamples: 1, instance: stdioInstance, sampling: sampling(0) }]);
     expect(results.get('no-sandbox')).toMatchObject({ status: TrajectoryStatus.TRAJECTORY_STATUS_SANDBOX_ERROR, error: expect.stringContaining('bubblewrap is not installed') });
   });
 });

@@ -13,6 +13,8 @@ import type { EnvironmentRegistry } from '../../src/environments/registry.js';
 import { FakeVllmEngine, type FakeVllmOptions } from '../../src/testing/fake-vllm.js';
 import { loadQwen3 } from '../../src/tokens/tokenizer.js';
 import type { TaskLimits, Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
+import type { TaskInput } from '../../src/client/rollout-client.js';
+import { collect, invariantViolations } from './harness.js';
 
 export interface ServerHarnessOptions {
   /** Server config; `backends` defaults to the fake engine. */
@@ -97,6 +99,20 @@ export async function startServerHarness(options: ServerHarnessOptions = {}): Pr
  * The bubblewrap sandboxes of this process that still exist on the host: their cgroups (a sandbox keeps no host
  * directory; its cgroups are removed only after every one of its processes is gone).
  */
+/**
+ * Runs `tasks` (messages included) through one session of the harness's server and returns their trajectories by
+ * task id, one per task, each checked against the trajectory invariants.
+ */
+export async function runTasks(h: ServerHarness, tasks: TaskInput[]): Promise<Map<string, Trajectory>> {
+  const session = h.client.openSession();
+  await Promise.all(tasks.map((t) => session.submit({ includeMessages: true, ...t })));
+  session.close();
+  const trajectories = await collect(session.trajectories());
+  expect(trajectories).toHaveLength(tasks.length);
+  for (const t of trajectories) expect(invariantViolations(t)).toEqual([]);
+  return new Map(trajectories.map((t) => [t.taskId, t]));
+}
+
 export async function liveSandboxes(): Promise<string[]> {
   const root = '/sys/fs/cgroup/pids/rollout-sandboxes';
   const owners = (await readdir(root).catch(() => [] as string[])).filter((o) => o.startsWith(`${process.pid}-`));

@@ -74,12 +74,26 @@ function toleranceNote(tolerance: FloatTolerance | undefined): string {
 }
 
 /**
+ * Memory a code sandbox holds beyond the task's `memory_limit_mb`, MiB: the judge's Python, the shell, the solution's
+ * files in the tmpfs. The stated limit is the test process's address space (RLIMIT_AS), most of which it can make
+ * resident; the sandbox's whole memory (its cgroup, or RLIMIT_AS of every process when the server runs without cgroups)
+ * must hold that and the rest, or a correct solution using memory within its stated limit is killed by the sandbox's.
+ */
+export const CODE_SANDBOX_MEMORY_HEADROOM_MB = 256;
+
+/**
  * What the tests' sandbox needs beyond the server's defaults: a per-command output cap that fits the largest
- * expected output twice over (a correct program must never be cut), at least 64 KiB; no network (the default).
+ * expected output twice over (a correct program must never be cut), at least 64 KiB; memory for a test process of the
+ * task's `memory_limit_mb` and its judge ({@link CODE_SANDBOX_MEMORY_HEADROOM_MB}; a task needing more than the server's
+ * `sandbox.maxMemoryMb` is refused at submit); no network (the default). The episode's sandbox gets the same memory, so
+ * the model's own runs of its solution see the limit the prompt states.
  */
 export function codeSandbox(instance: CodeInstance): SandboxRequest {
   const largest = instance.format === 'stdio' ? Math.max(...instance.tests.map((t) => Buffer.byteLength(t.output))) : 0;
-  return { limits: { outputLimitBytes: Math.max(64 * 1024, 2 * largest + 4096) } };
+  return {
+    limits: { outputLimitBytes: Math.max(64 * 1024, 2 * largest + 4096) },
+    minMemoryMb: instance.memoryLimitMb + CODE_SANDBOX_MEMORY_HEADROOM_MB,
+  };
 }
 
 /**

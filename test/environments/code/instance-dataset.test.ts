@@ -67,9 +67,10 @@ describe('code instances', () => {
   });
 
   it('sizes the output cap of the sandbox to the largest expected output', () => {
-    expect(code.sandbox!(code.validate(humanEval))).toEqual({ limits: { outputLimitBytes: 65536 } });
+    // minMemoryMb: the default memory_limit_mb (1024) and the judge's headroom (256).
+    expect(code.sandbox!(code.validate(humanEval))).toEqual({ limits: { outputLimitBytes: 65536 }, minMemoryMb: 1280 });
     const big = code.validate({ prompt: 'p', tests: [{ input: '', output: 'x'.repeat(100_000) }] });
-    expect(code.sandbox!(big)).toEqual({ limits: { outputLimitBytes: 204_096 } });
+    expect(code.sandbox!(big)).toEqual({ limits: { outputLimitBytes: 204_096 }, minMemoryMb: 1280 });
   });
 });
 
