@@ -29,6 +29,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollout.v1 import backend_pb2
+
 from .. import AsyncRolloutClient, Group, Sample, TlsOptions
 
 logger = logging.getLogger("rollout_client.adapters")
@@ -143,6 +145,10 @@ class GroupCoalescer:
         self._running: set[asyncio.Future[None]] = set()  # the loop holds tasks weakly: keep them alive here
 
     async def sample(self, key: str, request: TaskRequest) -> tuple[Group, int]:
+        # The key is the trainer's group id, the request what is asked: callers under one key that ask different
+        # things (a trainer's fallback id shared by two prompts, e.g. verl's per-source row index without a uid) are
+        # different groups, never one whose samples go to rows of another prompt.
+        key = f"{key}\x00{request.fingerprint()}"
         loop = asyncio.get_running_loop()
         future: asyncio.Future[tuple[Group, int]] = loop.create_future()
         pending = self._pending.setdefault(key, _Pending(request))
@@ -255,6 +261,29 @@ def truncate(sample: Sample, max_prompt: int | None, max_response: int | None) -
     )
 
 
+def end_on_sampled_token(cut: Truncated) -> Truncated:
+    """Drops the environment/template tokens (mask 0) that a right cut left at the end of a response, so that its last
+    token is a sampled one; counted in ``response_cut``. Only after a cut (a whole trajectory ends on its last sampled
+    turn) and only while a sampled token remains.
+
+    The trainers put a sample's reward on its last response token (verl's ``rm_scores``, SkyRL's float rewards), and
+    the estimators that walk the tokens skip mask-0 positions: verl's GAE and REINFORCE++ carry nothing from them, so
+    a reward on a trailing tool token is lost and the sample trains as if it had reward 0. GRPO, which sums the
+    rewards, does not care. The tokens dropped carry no gradient and no kept token follows them. SkyRL's own generator
+    ends its responses the same way (it drops the last observation)."""
+    if cut.response_cut == 0 or not any(cut.loss_mask):
+        return cut
+    keep = len(cut.loss_mask)
+    while cut.loss_mask[keep - 1] == 0:
+        keep -= 1
+    dropped = len(cut.loss_mask) - keep
+    if dropped:
+        cut.response_ids, cut.loss_mask = cut.response_ids[:keep], cut.loss_mask[:keep]
+        cut.logprobs, cut.policy_versions = cut.logprobs[:keep], cut.policy_versions[:keep]
+        cut.response_cut += dropped
+    return cut
+
+
 @dataclass(frozen=True)
 class Span:
     """A run of the response: ``assistant`` spans were sampled (mask 1), the others are environment/template."""
@@ -291,6 +320,42 @@ def spans(sample: Sample) -> list[Span]:
         out.append(Span(bool(mask[i]), i, j, int(version)))
         i = j
     return out
+
+
+def sampled_versions(sample: Sample, keep: int | None = None) -> list[int]:
+    """Every policy version that sampled a token of the response's first ``keep`` tokens (all when None), one entry per
+    engine call in order: a span's ``policy_version_start`` before its ``policy_version`` when the weights changed
+    while its request was in flight (PauseGeneration KEEP), and each piece of an aborted-and-continued turn on its own
+    (its pieces can be sampled by different versions). ``Sample.policy_versions`` holds one version per token (the
+    span's last), so it alone would hide the older one: staleness read from it would look smaller than it was.
+
+    A ``policy_version_start`` of 0 under a later ``policy_version`` is read as unset (servers older than the field)."""
+    end_at = len(sample.response_ids) if keep is None else min(keep, len(sample.response_ids))
+    turns = list(getattr(getattr(sample, "raw", None), "turns", []) or [])
+    out: list[int] = []
+    if turns:
+        for t in turns:
+            start, end = int(t.start), min(int(t.end), end_at)
+            if int(t.role) != ROLE_ASSISTANT or end <= start or not any(sample.loss_mask[start:end]):
+                continue
+            version, first = int(t.policy_version), int(getattr(t, "policy_version_start", 0) or 0)
+            if first and first != version:
+                out.append(first)
+            out.append(version)
+        return out
+    return [s.policy_version for s in spans(sample) if s.assistant and s.start < end_at]
+
+
+def logprobs_mode(sample: Sample) -> str:
+    """Which logprobs the sample holds: 'processed' (of the distribution sampled from, what an importance ratio needs),
+    'raw' (before temperature/top-p/top-k: equal to processed only at temperature 1 without top-p/top-k), 'mixed'
+    (turns from engines of both modes) or 'unspecified' (an engine did not say); see README.md, "Logprobs"."""
+    raw = getattr(sample, "raw", None)
+    value = int(getattr(raw, "logprobs_mode", 0) or 0) if raw is not None else 0
+    try:
+        return backend_pb2.LogprobsMode.Name(value)[len("LOGPROBS_MODE_"):].lower()
+    except ValueError:  # a mode from a newer server
+        return f"mode_{value}"
 
 
 def timing_seconds(sample: Sample, name: str) -> float:

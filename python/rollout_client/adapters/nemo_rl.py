@@ -34,6 +34,7 @@ from ._common import (
     as_plain,
     failure_info,
     last_user_text,
+    logprobs_mode,
     neutral_reward,
     shared_client,
     spans,
@@ -118,7 +119,7 @@ class RolloutServiceGym:
                     timing = None
                     if done == len(nemo_gym_examples):
                         timing = {f"{timer_prefix}/run_rollouts_total": time.monotonic() - started}
-                    yield row["_rowidx"], to_result(group, i, row), timing
+                    yield row["_rowidx"], to_result(group, i, row, tokenizer), timing
         finally:
             for p in pending:
                 p.cancel()
@@ -140,12 +141,17 @@ def message_log(sample: Any) -> list[dict[str, Any]]:
     return log
 
 
-def to_result(group: Any, i: int, row: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``run_rollouts`` result of sample ``i`` of ``group`` for ``row``."""
+def to_result(group: Any, i: int, row: Mapping[str, Any], tokenizer: Any = None) -> dict[str, Any]:
+    """The ``run_rollouts`` result of sample ``i`` of ``group`` for ``row``.
+
+    A failed sample that never had its prompt rendered (it failed before: sandbox error, timeout in the queue) has no
+    token at all; its message log still gets one ``user`` entry with a token (NeMo-RL's batching and forward expect
+    no empty sequence): the tokenizer's pad (else eos) token, else 0. Nothing of it is trained either way."""
     sample = group.samples[i]
     ok = usable(sample)
     info = {"task_id": sample.task_id, "sample_index": sample.sample_index, "status": sample.status,
             "finish_reason": sample.finish_reason, "error": sample.error or "", "stale": bool(sample.stale),
+            "logprobs_mode": logprobs_mode(sample),
             "llm_seconds": timing_seconds(sample, "llm"), "total_seconds": timing_seconds(sample, "total")}
     full: dict[str, Any] = {"reward": float(sample.reward) if ok else neutral_reward(group),
                             "responses_create_params": as_plain(row.get("responses_create_params") or {}),
@@ -154,8 +160,16 @@ def to_result(group: Any, i: int, row: Mapping[str, Any]) -> dict[str, Any]:
         log = message_log(sample)
     else:
         logger.warning("rollout sample failed, masked: %s", failure_info(sample))
-        log = [{"role": "user", "content": "", "token_ids": _ids(sample.prompt_ids)}]
+        log = [{"role": "user", "content": "", "token_ids": _ids(sample.prompt_ids or [_pad_id(tokenizer)])}]
         if sample.response_ids:
             log.append({"role": "user", "content": "", "token_ids": _ids(sample.response_ids)})
         full["instance_config"] = {"mask_sample": True}
     return {"message_log": log, "input_message_log": log[:1], "full_result": full}
+
+
+def _pad_id(tokenizer: Any) -> int:
+    for name in ("pad_token_id", "eos_token_id"):
+        value = getattr(tokenizer, name, None) if tokenizer is not None else None
+        if value is not None:
+            return int(value)
+    return 0

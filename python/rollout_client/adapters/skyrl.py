@@ -14,8 +14,10 @@ nothing since a group of all-masked samples has no gradient), stop reason ``roll
 line. ``rollout_metrics`` counts them.
 
 Widths: SkyRL does not cut what a generator returns; give ``max_prompt_length``/``max_response_length`` to cut
-(prompt from the left, response from the right; ids, masks and logprobs together). A sample whose prompt had to be
-cut is masked (stop reason ``rollout_service:prompt_cut``): its response was sampled after the whole prompt.
+(prompt from the left, response from the right; ids, masks and logprobs together; environment tokens the cut leaves at
+the end go too, so the reward SkyRL puts on the last token sits on a sampled one, as SkyRL's own generator ends). A
+sample whose prompt had to be cut is masked (stop reason ``rollout_service:prompt_cut``): its response was sampled
+after the whole prompt.
 """
 from __future__ import annotations
 
@@ -29,7 +31,9 @@ from ._common import (
     ServiceSettings,
     TaskRequest,
     as_plain,
+    end_on_sampled_token,
     last_user_text,
+    logprobs_mode,
     neutral_reward,
     shared_coalescer,
     timing_seconds,
@@ -126,6 +130,8 @@ class RolloutServiceGenerator(_Base):  # type: ignore[misc,valid-type]
         sample = group.samples[j]
         cut = truncate(sample, self.max_prompt_length, self.max_response_length)
         ok, cut_error = trainable(sample, cut, logger)
+        if ok:
+            end_on_sampled_token(cut)  # the reward goes on the last token: a sampled one, as SkyRL's generator ends
         mask = cut.loss_mask if ok else [0] * len(cut.response_ids)
         logprobs = cut.logprobs if ok else [0.0] * len(cut.response_ids)
         response = cut.response_ids
@@ -137,7 +143,7 @@ class RolloutServiceGenerator(_Base):  # type: ignore[misc,valid-type]
             "mask": mask,
             "logprobs": logprobs,
             "reward": float(sample.reward) if ok else neutral_reward(group),
-            "stop": engine_stop_reason(sample) if ok else f"rollout_service:{'prompt_cut' if usable(sample) else sample.status}",
+            "stop": engine_stop_reason(sample, cut.response_cut) if ok else f"rollout_service:{'prompt_cut' if usable(sample) else sample.status}",
             "failed": not ok,
             "cut": cut.response_cut,
             "seconds": timing_seconds(sample, "total"),
@@ -145,7 +151,8 @@ class RolloutServiceGenerator(_Base):  # type: ignore[misc,valid-type]
             "env": timing_seconds(sample, "tool") + timing_seconds(sample, "eval") + timing_seconds(sample, "init"),
             "env_metrics": {"rollout_task_id": sample.task_id, "rollout_sample_index": sample.sample_index,
                             "rollout_status": sample.status, "rollout_finish_reason": sample.finish_reason or "",
-                            "rollout_error": sample.error or cut_error or "", "rollout_stale": bool(sample.stale)},
+                            "rollout_error": sample.error or cut_error or "", "rollout_stale": bool(sample.stale),
+                            "rollout_logprobs_mode": logprobs_mode(sample)},
         }
 
     def _placeholder(self, prompt: Any, stop: str) -> dict[str, Any]:
@@ -160,7 +167,8 @@ class RolloutServiceGenerator(_Base):  # type: ignore[misc,valid-type]
         return {"prompt": ids, "response": [self._pad_id()], "mask": [0], "logprobs": [0.0], "reward": 0.0, "stop": stop,
                 "failed": True, "cut": 0, "seconds": 0.0, "llm": 0.0, "env": 0.0,
                 "env_metrics": {"rollout_task_id": "", "rollout_sample_index": -1, "rollout_status": "unreachable",
-                                "rollout_finish_reason": "", "rollout_error": stop, "rollout_stale": False}}
+                                "rollout_finish_reason": "", "rollout_error": stop, "rollout_stale": False,
+                                "rollout_logprobs_mode": "unspecified"}}
 
     def _pad_id(self) -> int:
         tok = self.tokenizer
@@ -171,9 +179,21 @@ class RolloutServiceGenerator(_Base):  # type: ignore[misc,valid-type]
         return 0
 
 
-def engine_stop_reason(sample: Any) -> str:
-    """SkyRL's stop reason is the engine's ("stop", "length", ...) for the last generation, which its overlong
-    filtering reads; the trajectory's own finish reason (e.g. "answer") stays in ``env_metrics``."""
+#: Trajectory finish reasons that mean "ran out of tokens": SkyRL's own generator says "length" when the context
+#: outgrows its budget, whatever the last engine call said.
+LENGTH_FINISH_REASONS = frozenset({"max_total_tokens", "max_model_len", "max_tokens_per_turn"})
+
+
+def engine_stop_reason(sample: Any, cut_tokens: int = 0) -> str:
+    """SkyRL's stop reason: the engine's ("stop", "length", ...) for the last generation, as SkyRL's own generator
+    reports it, except "length" whenever the trajectory was cut for length — by this adapter (``cut_tokens`` > 0:
+    ``max_response_length``) or by the service's token budget (finish reason ``max_total_tokens``/``max_model_len``,
+    whose last engine call may have said "stop" before the budget ran out) — as SkyRL's generator says "length" when
+    the context outgrows its budget. SkyRL's overlong filtering masks every row whose stop reason is not "stop": a cut
+    row must not pass it as a finished one. The trajectory's own finish reason (e.g. "answer") stays in
+    ``env_metrics``."""
+    if cut_tokens > 0 or getattr(sample, "finish_reason", "") in LENGTH_FINISH_REASONS:
+        return "length"
     turns = [t for t in getattr(getattr(sample, "raw", None), "turns", []) or [] if int(t.role) == ROLE_ASSISTANT]
     if turns and turns[-1].finish_reason:
         return str(turns[-1].finish_reason)

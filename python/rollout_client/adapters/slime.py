@@ -14,7 +14,10 @@ Two extension points, pick one:
 Each slime ``Sample`` is filled in place: ``tokens`` = prompt ids + response ids, ``response_length``, ``loss_mask``
 (1 = sampled), ``rollout_log_probs`` (the engine's; 0 where masked), ``reward`` (the environment's, so slime's
 reward model is not called), ``status`` (COMPLETED or TRUNCATED), ``weight_versions`` (the policy version of each
-assistant turn, as strings, like slime's one entry per engine call), and ``metadata["rollout_service"]``.
+engine call that sampled tokens, as strings, like slime's one entry per engine call — each piece of a turn continued
+after an abort its own entry, and a call whose weights changed in flight two: the version it started and the one
+that finished it), and ``metadata["rollout_service"]`` (with ``logprobs_mode``). A sample without
+a response token, or without a prompt token, gets a masked placeholder token where one is missing (see ``fill``).
 
 Failures: slime can drop a sample, so it is dropped: ``remove_sample = True`` (slime zeroes its loss mask),
 ``status = FAILED``, its loss mask and logprobs 0, and the group-neutral reward (the mean of the group's usable
@@ -35,10 +38,11 @@ from ._common import (
     as_plain,
     failure_info,
     last_user_text,
+    logprobs_mode,
     neutral_reward,
+    sampled_versions,
     shared_client,
     shared_coalescer,
-    spans,
     usable,
 )
 
@@ -75,15 +79,31 @@ def fill(sample: Any, group: Any, i: int) -> Any:
     """Writes sample ``i`` of ``group`` into slime's ``sample`` (see the module doc) and returns it."""
     got = group.samples[i]
     status = type(sample).Status
-    sample.tokens = list(got.prompt_ids) + list(got.response_ids)
-    sample.response_length = len(got.response_ids)
-    sample.loss_mask = list(got.loss_mask)
-    sample.rollout_log_probs = [float(x) for x in got.logprobs]
-    sample.weight_versions = [str(s.policy_version) for s in spans(got) if s.assistant]
+    prompt, response = list(got.prompt_ids), list(got.response_ids)
+    mask, logprobs = list(got.loss_mask), [float(x) for x in got.logprobs]
+    # slime slices a sample's response as tokens[-response_length:] against the logits of the positions before it
+    # (megatron_utils/loss.py get_responses): a response of 0 tokens selects the whole sequence against no logits,
+    # and a sequence without a prompt token has no position before its response. Both would fail the training step
+    # of the whole batch, and both are common: a sample that fails before its prompt was rendered (sandbox error,
+    # timeout in the queue) has neither, a TRUNCATED one whose first turn found the engine's context full has no
+    # response. Such a sample gets a masked placeholder token where one is missing (trained on never, as verl and
+    # SkyRL get a masked pad token); ``metadata["rollout_service"]["placeholder_tokens"]`` counts them.
+    placeholder = prompt[-1] if prompt else 0
+    added = 0
+    if not prompt:
+        prompt, added = [placeholder], added + 1
+    if not response:
+        response, mask, logprobs, added = [placeholder], [0], [0.0], added + 1
+    sample.tokens = prompt + response
+    sample.response_length = len(response)
+    sample.loss_mask = mask
+    sample.rollout_log_probs = logprobs
+    sample.weight_versions = [str(v) for v in sampled_versions(got)]
     sample.metadata = dict(sample.metadata or {})
     sample.metadata["rollout_service"] = {"task_id": got.task_id, "sample_index": got.sample_index, "status": got.status,
                                           "finish_reason": got.finish_reason, "error": got.error or "",
-                                          "stale": bool(got.stale)}
+                                          "stale": bool(got.stale), "logprobs_mode": logprobs_mode(got),
+                                          "placeholder_tokens": added}
     if usable(got):
         sample.reward = float(got.reward)
         sample.status = status.TRUNCATED if got.status == "truncated" else status.COMPLETED

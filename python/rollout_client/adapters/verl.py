@@ -16,12 +16,16 @@ Register it by importing this module (``@register("rollout_service")``) or with 
 Output (``AgentLoopOutput``): prompt_ids and response_ids exactly as the service tokenised and the engine sampled
 them, response_mask (1 = sampled), response_logprobs (the engine's, 0 where masked), reward_score (the
 environment's reward), num_turns (the prompt message plus every response turn, as verl counts), metrics (LLM, tool
-and eval time) and extra_fields (status, ids and ``rollout_stale``, the mark of a task's max_staleness; same keys
-on every sample so verl can stack them).
+and eval time) and extra_fields (status, ids, ``rollout_stale``, the mark of a task's max_staleness,
+``rollout_policy_version_min/max`` over every version that sampled a kept token — a span's start version included
+when the weights changed while it was sampled — and ``rollout_logprobs_mode``; same keys on every sample so verl can
+stack them).
 
 Lengths: verl pads every sample to ``rollout.prompt_length`` / ``rollout.response_length`` and does not truncate,
-so a longer sample fails the whole batch when it is stacked. The response is cut from the right;
-``extra_fields["rollout_cut_tokens"]`` says how many response tokens were cut. A prompt longer than ``prompt_length``
+so a longer sample fails the whole batch when it is stacked. The response is cut from the right, and with it the
+environment tokens the cut leaves at its end (verl puts the reward on the last response token, and its GAE and
+REINFORCE++ skip mask-0 tokens: a reward there would be lost); ``extra_fields["rollout_cut_tokens"]`` says how many
+response tokens were cut. A prompt longer than ``prompt_length``
 is cut from the left to fit (as verl's own ``_cap_text_prompt_length`` does), but unlike verl's the response was
 sampled after the whole prompt, so that sample is masked like a failed one (``rollout_failed``, the reason in
 ``rollout_error``, ``extra_fields["rollout_prompt_cut_tokens"]`` > 0): raise ``prompt_length`` or filter long prompts. The service is also asked for at most ``response_length`` tokens per turn; set
@@ -45,8 +49,11 @@ from ._common import (
     ServiceSettings,
     TaskRequest,
     as_plain,
+    end_on_sampled_token,
     last_user_text,
+    logprobs_mode,
     neutral_reward,
+    sampled_versions,
     shared_coalescer,
     spans,
     timing_seconds,
@@ -105,6 +112,8 @@ class RolloutServiceAgentLoop(AgentLoopBase):
         sample = group.samples[i]
         cut = truncate(sample, int(self.rollout_config.prompt_length), int(self.rollout_config.response_length))
         ok, cut_error = trainable(sample, cut, logger)
+        if ok:
+            end_on_sampled_token(cut)  # verl puts the reward on the last token: a sampled one (see _common)
         mask, logprobs, response = cut.loss_mask, cut.logprobs, cut.response_ids
         if not ok:
             mask = [0] * len(response)
@@ -112,7 +121,7 @@ class RolloutServiceAgentLoop(AgentLoopBase):
         if not response:
             pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
             response, mask, logprobs = [int(pad or 0)], [0], [0.0]
-        versions = [v for v, m in zip(cut.policy_versions, mask) if m]
+        versions = sampled_versions(sample, len(cut.response_ids)) if ok else []
         return AgentLoopOutput(
             prompt_ids=cut.prompt_ids,
             response_ids=response,
@@ -137,6 +146,7 @@ class RolloutServiceAgentLoop(AgentLoopBase):
                 "rollout_policy_version_min": min(versions) if versions else None,
                 "rollout_policy_version_max": max(versions) if versions else None,
                 "rollout_stale": bool(sample.stale),
+                "rollout_logprobs_mode": logprobs_mode(sample),
             },
         )
 

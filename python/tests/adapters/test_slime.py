@@ -78,7 +78,14 @@ def check_sample(s: SlimeSample, t: Any) -> None:
     assert s.reward == pytest.approx(t.reward)
     assert s.status in (SlimeSample.Status.COMPLETED, SlimeSample.Status.TRUNCATED)
     assert s.remove_sample is False
-    assert s.weight_versions == [str(turn.policy_version) for turn in t.turns if turn.role == 3 and not turn.continues_turn]
+    # One entry per engine call that sampled tokens (each piece of a continued turn its own), its start version first
+    # when the weights changed while it was in flight (review s44).
+    want = []
+    for turn in t.turns:
+        if turn.role == 3 and turn.end > turn.start:
+            want += [str(turn.policy_version_start)] if turn.policy_version_start not in (0, turn.policy_version) else []
+            want.append(str(turn.policy_version))
+    assert s.weight_versions == want
 
 
 def args_for(target: str, **more: Any) -> Namespace:
