@@ -1,5 +1,5 @@
 import { randomInt } from 'node:crypto';
-import type { LlamaContext, LlamaContextSequence, LlamaModel, Token } from 'node-llama-cpp';
+import type { CustomBatchingPrioritizationStrategy, LlamaContext, LlamaContextSequence, LlamaModel, Token } from 'node-llama-cpp';
 import { RolloutError } from '../../errors.js';
 import { ContextOverflowError } from '../context-overflow.js';
 import type { EngineClient, EngineModelInfo, EngineServerInfo, GenerateRequest, GenerateResult, PauseMode } from '../types.js';
@@ -40,7 +40,9 @@ interface Loaded {
  * An engine inside the server process: llama.cpp (node-llama-cpp, prebuilt, CPU) running a GGUF, for local runs
  * and tests without a GPU server. One model and one context with N sequences; requests beyond N wait in FIFO order.
  * Token in, token out, like the vLLM client: the prompt is evaluated as the given ids (never re-tokenized) on a
- * cleared sequence, so the same seed and prompt give the same ids whatever ran before.
+ * cleared sequence, and each llama.cpp batch holds one sequence's tokens only (see {@link oneSequencePerBatch}), so
+ * the same seed and prompt give the same ids and logprobs whatever ran before and whatever runs in the other
+ * sequences meanwhile.
  *
  * Sampling is llama.cpp's chain top-k → top-p → temperature → seeded draw (note: top-k/top-p cut on the
  * untempered logits, vLLM cuts after temperature; identical when either is off). Defaults follow vLLM: temperature
@@ -135,7 +137,13 @@ export class EmbeddedEngineClient implements EngineClient {
       const model = await llama.loadModel({ modelPath: path, gpuLayers: 0 });
       try {
         const contextSize = Math.min(spec.contextSize ?? DEFAULT_CONTEXT_SIZE, model.trainContextSize);
-        const context = await model.createContext({ contextSize, sequences, threads: spec.threads, batchSize: Math.min(512, contextSize) });
+        const context = await model.createContext({
+          contextSize,
+          sequences,
+          threads: spec.threads,
+          batchSize: Math.min(512, contextSize),
+          batching: { itemPrioritizationStrategy: oneSequencePerBatch() },
+        });
         const slots = new SequenceSlots(Array.from({ length: sequences }, () => context.getSequence()));
         const vocabSize = model.fileInfo.metadata.tokenizer?.ggml?.tokens?.length ?? Number.MAX_SAFE_INTEGER;
         if (this.#closed) {
@@ -174,6 +182,8 @@ export class EmbeddedEngineClient implements EngineClient {
       try {
         const { model, vocabSize } = loaded;
         return await this.#sample(model, sequence, request, Math.min(vocabSize, request.vocabSize ?? vocabSize), generation);
+      } catch (err) {
+        throw this.#failure(err, signal);
       } finally {
         loaded.slots.release(sequence);
       }
@@ -199,6 +209,19 @@ export class EmbeddedEngineClient implements EngineClient {
         `embedded engine ${this.url}: ${promptIds.length} context + ${maxTokens} max_tokens exceed the context size ${context.contextSize}`,
       );
     }
+  }
+
+  /**
+   * What a generation that failed under way answers: its own RolloutError (an abort's reason, a refused id, the
+   * engine closing between two tokens) as it is, and anything node-llama-cpp threw — its DisposedError when close()
+   * disposed the context under a token queued for evaluation, a native failure — as backend_error naming the engine,
+   * the error as its cause.
+   */
+  #failure(err: unknown, signal: AbortSignal): RolloutError {
+    if (err instanceof RolloutError) return err;
+    if (signal.aborted) return RolloutError.from(signal.reason, 'cancelled');
+    const message = err instanceof Error ? err.message : String(err);
+    return new RolloutError('backend_error', `embedded engine ${this.url}${this.#closed ? ' closed while generating' : ''}: ${message}`, { cause: err });
   }
 
   /** A sequence, once the engine is not paused: waits before taking one, and again if a pause began meanwhile. */
@@ -354,6 +377,26 @@ export class EmbeddedEngineClient implements EngineClient {
     );
     return this.#disposal;
   }
+}
+
+/**
+ * Which queued evaluation goes into the next llama.cpp batch: one sequence's only, as much of it as fits. llama.cpp's
+ * CPU kernels round differently for a batch of several rows than for one, so a request decoded in one batch with
+ * other sequences' tokens got other logits (and, a few dozen tokens on, other ids) than the same seed and prompt alone.
+ * One sequence per batch keeps each request's every batch exactly what it would be alone (its prompt in the same
+ * chunks of at most `size`, then one token per batch): a seeded request gives the same ids and logprobs whatever runs
+ * in the other sequences. The queued sequences take turns batch by batch, so a long prompt being evaluated does not
+ * hold back the tokens of the others (it gets every n-th batch). The cost is the batching of decoding several
+ * sequences at once (weights read once per token of all of them; their sampling in parallel): the throughput of
+ * several sequences on a CPU.
+ */
+function oneSequencePerBatch(): CustomBatchingPrioritizationStrategy {
+  let turn = 0;
+  return ({ items, size }) => {
+    if (items.length === 0) return [];
+    const item = items[turn++ % items.length]!;
+    return [{ item, processAmount: Math.min(item.tokens.length, size) }];
+  };
 }
 
 /** The prompt as node-llama-cpp's token type (a branded number): the very ids given, copied. */

@@ -17,6 +17,9 @@ export interface EmbeddedModelSpec {
   sequences?: number;
 }
 
+/** The query parameters an embedded URL may carry (see parseEmbeddedUrl); any other is refused. */
+const PARAMETERS = ['contextSize', 'threads', 'sequences'] as const;
+
 const positive = (url: URL, name: string): number | undefined => {
   const raw = url.searchParams.get(name);
   if (raw === null) return undefined;
@@ -36,7 +39,7 @@ const positive = (url: URL, name: string): number | undefined => {
  * Threads default to 1: llama.cpp's threads spin at their barriers, and a rollout server shares its cores with
  * sandboxes — measured on a busy 2-core machine, the tiny model ran at 2 ms/token on 1 thread and 44 ms/token on 2.
  * Raise it (`?threads=8`) for a real model on a machine of its own. Throws invalid_argument (field `url`) for
- * anything else.
+ * anything else, a parameter other than these three or one given twice included.
  *
  * @example
  * parseEmbeddedUrl('file:///models/qwen3-0.6b-q8_0.gguf?contextSize=8192&threads=4')
@@ -52,6 +55,15 @@ export function parseEmbeddedUrl(text: string): EmbeddedModelSpec {
   if (url.protocol === 'file:') model = { kind: 'file', path: fileURLToPath(new URL(url.pathname, 'file://')) };
   else if (url.protocol === 'embedded:' && url.hostname === 'tiny-qwen3') model = { kind: 'tiny-qwen3' };
   else throw RolloutError.invalid('url', `embedded backends take file:///path/model.gguf or ${TINY_QWEN3_URL}, not "${text}"`);
+  // A parameter the engine does not read (a misspelt `contextsize`, `thread`) would run it on the default unnoticed.
+  const seen = new Set<string>();
+  for (const name of url.searchParams.keys()) {
+    if (!(PARAMETERS as readonly string[]).includes(name)) {
+      throw RolloutError.invalid('url', `unknown parameter "${name}" in "${text}" (embedded URLs take ${PARAMETERS.join(', ')})`);
+    }
+    if (seen.has(name)) throw RolloutError.invalid('url', `parameter "${name}" given twice in "${text}"`);
+    seen.add(name);
+  }
   const contextSize = positive(url, 'contextSize');
   const sequences = positive(url, 'sequences');
   return {
