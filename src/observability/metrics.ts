@@ -131,7 +131,10 @@ export class RolloutMetrics {
     backendGauge('rollout_backend_inflight_requests', 'Requests an engine is serving', (b) => b.inflightRequests);
     backendGauge('rollout_backend_inflight_trajectories', 'Trajectories leased to an engine (sticky routing)', (b) => b.inflightTrajectories);
     backendGauge('rollout_backend_max_concurrency', "An engine's capacity (its max concurrent sequences)", (b) => b.maxConcurrency);
-    backendGauge('rollout_backend_healthy', '1 when an engine is usable (answers its probes and is not refused)', (b) => (b.healthy && b.refusal === undefined ? 1 : 0));
+    // As ListBackends' and Watch stats' `healthy` (toBackend): an engine held until a resume confirms its weights is not.
+    backendGauge('rollout_backend_healthy', '1 when an engine is usable (answers its probes, is not refused, and is not held with its weights unknown)', (b) =>
+      b.healthy && b.refusal === undefined && !b.weightsUnknown ? 1 : 0,
+    );
     backendGauge('rollout_backend_paused', '1 while an engine is paused (weight sync)', (b) => (b.paused ? 1 : 0));
     backendGauge('rollout_backend_draining', '1 while an engine is drained', (b) => (b.draining ? 1 : 0));
     backendGauge('rollout_backend_policy_version', 'The policy version an engine serves', (b) => b.policyVersion);

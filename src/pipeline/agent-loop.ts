@@ -118,8 +118,13 @@ async function runWithTools(sample: Sample, deps: AgentLoopDeps, signal: AbortSi
       }
       const maxTokens = Math.min(sampling.maxTokensPerTurn, totalLeft, modelLeft);
       const started = performance.now();
-      const sampled = await sampleTurn({ sample, deps, lease, ledger, vocab, turn, maxTokens, signal });
-      sample.timing.llmMs += performance.now() - started;
+      let sampled: SampledTurnResult;
+      try {
+        sampled = await sampleTurn({ sample, deps, lease, ledger, vocab, turn, maxTokens, signal });
+      } finally {
+        // Also a turn that failed or was cut (a deadline, a cancel, an engine error): its time was the engine's.
+        sample.timing.llmMs += performance.now() - started;
+      }
       if (sampled.tokens > 0) numTurns++;
       if (sampled.overflow) {
         // The engine's context is full: the policy ran out of room (truncation), unless the prompt alone is too long.

@@ -249,6 +249,9 @@ export class Pipeline {
   }
 
   private async deliver(sample: Sample, built: Trajectory): Promise<void> {
+    // One that never entered a stage (cancelled or out of time while it waited) spent its whole life queued: else its
+    // queue time read 0, and the longest waits (those that time out in the queue) vanished from the queue figures.
+    if (sample.stage === 'queued') sample.timing.queueMs = performance.now() - sample.submittedAt;
     sample.finished = true;
     sample.stage = 'done';
     this.live.delete(sample);
