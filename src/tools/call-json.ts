@@ -202,12 +202,13 @@ export function parseTaggedCalls(
  * inside `<think>…</think>` (Qwen3, DeepSeek-R1) may mention or draft a call there; as vLLM's reasoning parsers do,
  * reasoning is a block the message opens with, ended by the first `</think>` after it, and only the text after it
  * holds calls (a message that opens `<think>` and never closes it was cut inside its reasoning: it holds none). A
- * template may open the block in the prompt (DeepSeek-R1's): a message with no `<think>` of its own whose first
- * `</think>` comes before its first call (`firstCall`: where the format's first call opens, -1 for none) reasoned up
- * to there. Anywhere else the tags are content — a call whose arguments hold "<think>" or "</think>" (code that
- * handles reasoning tags) is read as the call it is, not hidden or cut in half.
+ * template may open the block in the prompt (DeepSeek-R1's, Qwen3-Thinking's): a message with no `<think>` of its own
+ * reasoned up to its first `</think>` — calls drafted before it included, as the answer extraction (math/extract.ts
+ * finalReply) reads it — unless that `</think>` lies inside a call (`openCallAround(text, at)`: where the format's call
+ * holding position `at` opens, -1 when `at` is in none): a call whose arguments hold "<think>" or "</think>" (code
+ * that handles reasoning tags) is read as the call it is, not hidden or cut in half.
  */
-export function afterReasoning(text: string, firstCall: (text: string) => number): string {
+export function afterReasoning(text: string, openCallAround: (text: string, at: number) => number): string {
   const lead = text.length - text.trimStart().length;
   if (text.startsWith(THINK, lead)) {
     const end = text.indexOf(END_THINK, lead + THINK.length);
@@ -215,9 +216,35 @@ export function afterReasoning(text: string, firstCall: (text: string) => number
   }
   const end = text.indexOf(END_THINK);
   if (end < 0) return text;
-  const call = firstCall(text);
-  return call === -1 || end < call ? text.slice(end + END_THINK.length) : text;
+  return openCallAround(text, end) === -1 ? text.slice(end + END_THINK.length) : text;
 }
+
+/**
+ * {@link afterReasoning}'s `openCallAround` for a format whose calls are `open …` tags followed by a JSON value: where
+ * the call whose JSON holds position `at` opens, -1 when `at` is in none. Walks the opening tags before `at` in order,
+ * each call's JSON value from where `jsonStart` (default: the first non-space character, when it is `{`) says it opens
+ * to where it closes, so tags inside a call's strings are not taken for calls, and a tag with no JSON after it (one
+ * mentioned in prose) holds nothing. An unclosed JSON value holds everything after it. Linear in the text.
+ */
+export function taggedCallAround(text: string, at: number, open: string, jsonStart: (text: string, bodyStart: number) => number = objectStart): number {
+  for (let start = text.indexOf(open); start !== -1 && start + open.length <= at; ) {
+    const json = jsonStart(text, start + open.length);
+    if (json < 0 || json >= at) {
+      start = text.indexOf(open, start + open.length);
+      continue;
+    }
+    const end = jsonValueEnd(text, json);
+    if (end === -1 || end > at) return start;
+    start = text.indexOf(open, end);
+  }
+  return -1;
+}
+
+function objectStart(text: string, from: number): number {
+  const at = skipSpace(text, from);
+  return text[at] === '{' ? at : -1;
+}
+
 /** The first index at or after `from` that is not JSON whitespace (space, newline, tab, carriage return). */
 export function skipSpace(text: string, from: number): number {
   let i = from;

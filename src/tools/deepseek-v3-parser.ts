@@ -1,4 +1,4 @@
-import { afterReasoning, isPlainObject, parseArguments, parseModelJson, parseTaggedCalls, pythonJson, skipSpace } from './call-json.js';
+import { afterReasoning, isPlainObject, parseArguments, parseModelJson, parseTaggedCalls, pythonJson, skipSpace, taggedCallAround } from './call-json.js';
 import type { ParsedToolCalls, ToolCall, ToolCallParser } from './types.js';
 
 const CALLS_BEGIN = '<｜tool▁calls▁begin｜>';
@@ -33,7 +33,7 @@ export class DeepSeekV3ToolCallParser implements ToolCallParser {
   readonly name = 'deepseek_v3';
 
   parse(message: string): ParsedToolCalls {
-    const text = afterReasoning(message, (t) => t.indexOf(CALLS_BEGIN));
+    const text = afterReasoning(message, (t, at) => taggedCallAround(t, at, CALL_BEGIN, argumentsStart));
     const begin = text.indexOf(CALLS_BEGIN);
     if (begin < 0) return { calls: [], errors: [] };
     // The block ends at the first calls-end outside a call: one inside a call's JSON strings is argument text.

@@ -1,4 +1,4 @@
-import { afterReasoning, isPlainObject, parseArguments, parseModelJson, parseTaggedCalls, pythonJson, describeJson as describe } from './call-json.js';
+import { afterReasoning, isPlainObject, parseArguments, parseModelJson, parseTaggedCalls, pythonJson, taggedCallAround, describeJson as describe } from './call-json.js';
 import type { ParsedToolCalls, ToolCall, ToolCallParser } from './types.js';
 
 const OPEN = '<tool_call>';
@@ -22,7 +22,7 @@ export class HermesToolCallParser implements ToolCallParser {
   readonly name = 'hermes';
 
   parse(message: string): ParsedToolCalls {
-    return parseTaggedCalls(afterReasoning(message, (t) => t.indexOf(OPEN)), OPEN, CLOSE, EXPECTED, parseCallBody);
+    return parseTaggedCalls(afterReasoning(message, (t, at) => taggedCallAround(t, at, OPEN)), OPEN, CLOSE, EXPECTED, parseCallBody);
   }
 
   format(calls: readonly ToolCall[]): string {

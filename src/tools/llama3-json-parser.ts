@@ -18,7 +18,7 @@ export class Llama3JsonToolCallParser implements ToolCallParser {
   readonly name = 'llama3_json';
 
   parse(message: string): ParsedToolCalls {
-    const text = afterReasoning(message, callAtStart);
+    const text = afterReasoning(message, callAround);
     let body = text.trimStart();
     const tagged = body.startsWith(PYTHON_TAG);
     if (tagged) body = body.slice(PYTHON_TAG.length);
@@ -69,8 +69,19 @@ function parseCall(raw: string): ToolCall | string {
   return { name: name.trim(), arguments: args };
 }
 
-/** Llama 3.1's calls are the whole message: one opens at its start (a JSON object or the python tag), or none does. */
-function callAtStart(text: string): number {
+/**
+ * Where the message's calls open when position `at` lies inside one of them (-1 otherwise): Llama 3.1's calls are the
+ * whole message, objects from its start (after the python tag, if any) joined by `;`.
+ */
+function callAround(text: string, at: number): number {
   const body = text.trimStart();
-  return body.startsWith('{') || body.startsWith(PYTHON_TAG) ? text.length - body.length : -1;
+  const start = text.length - body.length;
+  if (!body.startsWith('{') && !body.startsWith(PYTHON_TAG)) return -1;
+  let pos = skipSeparators(text, body.startsWith(PYTHON_TAG) ? start + PYTHON_TAG.length : start);
+  while (pos < at && text[pos] === '{') {
+    const end = jsonValueEnd(text, pos);
+    if (end === -1 || end > at) return start;
+    pos = skipSeparators(text, end);
+  }
+  return -1;
 }
