@@ -25,6 +25,8 @@ import { RolloutError } from '../errors.js';
 export interface DatasetRow {
   index: number;
   row: Record<string, unknown>;
+  /** The JSONL line it is on (from 1), for reports; none for a Parquet row (its index is its place). */
+  line?: number;
 }
 
 /**
@@ -92,7 +94,7 @@ export async function* readDataset(path: string): AsyncGenerator<DatasetRow | Ba
       continue;
     }
     if (typeof row !== 'object' || row === null || Array.isArray(row)) yield { index: index++, problem: `${path}:${lineNumber}: a row must be a JSON object` };
-    else yield { index: index++, row: row as Record<string, unknown> };
+    else yield { index: index++, row: row as Record<string, unknown>, line: lineNumber };
   }
 }
 
@@ -173,7 +175,12 @@ export function mapRow({ index, row }: DatasetRow, environment: string, instance
     const user = row.prompt.findLast((m) => m.role === 'user');
     if (typeof user?.content !== 'string') throw new RolloutError('invalid_argument', `row ${index}: prompt has no user message`);
     const truth = row.reward_model.ground_truth;
-    const answer = typeof truth === 'number' ? truth : Array.isArray(truth) ? String(truth[0]) : String(truth);
+    const first: unknown = Array.isArray(truth) ? truth[0] : truth;
+    // Anything else (null, an empty list, an object) would be the answer "null", "undefined" or "[object Object]": every
+    // sample scored 0 against it, read as the policy's failure.
+    const usable = (typeof first === 'string' && first.trim() !== '') || (typeof first === 'number' && Number.isFinite(first));
+    if (!usable) throw new RolloutError('invalid_argument', `row ${index}: reward_model.ground_truth is ${shortened(JSON.stringify(truth) ?? 'missing')}: not an answer (a string, a number, or a list whose first element is one)`);
+    const answer = typeof truth === 'number' ? truth : String(first);
     return { instance: { problem: user.content, answer }, metadata };
   }
   return { instance: row, metadata };
@@ -181,13 +188,19 @@ export function mapRow({ index, row }: DatasetRow, environment: string, instance
 
 /**
  * The task id of a row: `<dataset>-<row>-<content>`, from the dataset's real path, the row's index and a hash of
- * what is submitted (environment, instance, samples), so a re-run finds the same ids (resume, and the server's
- * idempotent submit) while an edited row or another dataset gets new ones.
+ * what is submitted (environment, instance, samples, and the sampling flags when given), so a re-run finds the same
+ * ids (resume, and the server's idempotent submit) while an edited row, other options or another dataset get new ones
+ * (and the runner refuses an output whose rows have other ids: submit.ts).
  */
-export function taskIdFor(datasetPath: string, index: number, environment: string, instance: Record<string, unknown>, numSamples: number): string {
-  const dataset = hash(realpathSync(datasetPath)).slice(0, 10);
-  const content = hash(canonicalJson({ environment, instance, numSamples })).slice(0, 12);
-  return `ds-${dataset}-${index}-${content}`;
+export function taskIdFor(datasetPath: string, index: number, environment: string, instance: Record<string, unknown>, numSamples: number, sampling?: object): string {
+  // The sampling flags only when given: the ids of a run without them are those of every earlier version.
+  const content = hash(canonicalJson({ environment, instance, numSamples, ...(sampling !== undefined && { sampling }) })).slice(0, 12);
+  return `${datasetTag(datasetPath)}-${index}-${content}`;
+}
+
+/** `ds-<hash of the dataset's real path>`: what every task id of the dataset's rows starts with. */
+export function datasetTag(datasetPath: string): string {
+  return `ds-${hash(realpathSync(datasetPath)).slice(0, 10)}`;
 }
 
 function hash(text: string): string {

@@ -2,7 +2,8 @@ import { closeSync, existsSync, fstatSync, fsyncSync, openSync, readdirSync, rea
 import { basename, dirname, join } from 'node:path';
 import { fileWriter, ParquetWriter } from 'hyparquet-writer';
 import { asyncBufferFromFile, parquetMetadataAsync, parquetReadObjects } from 'hyparquet';
-import { Trajectory, trajectoryStatusToJSON, Turn } from '../../gen/ts/rollout/v1/rollout.js';
+import { logprobsModeToJSON } from '../../gen/ts/rollout/v1/backend.js';
+import { Trajectory, TrajectoryStatus, trajectoryStatusToJSON, Turn } from '../../gen/ts/rollout/v1/rollout.js';
 import { RolloutError } from '../errors.js';
 import { isProcessAlive } from '../sandboxes/images/process-identity.js';
 import { isRetryableStatus, isRetryableStatusName } from './submit-attempts.js';
@@ -20,7 +21,8 @@ import { isRetryableStatus, isRetryableStatusName } from './submit-attempts.js';
  * instance is in, then the journal is removed. An interrupted run leaves the journal; the next run resumes from it.
  * Columns: task_id, sample_index, group_id, environment, status, finish_reason, error, reward, num_turns,
  * prompt_token_ids, response_token_ids, response_mask (lists of int32), response_logprobs (list of double),
- * policy_version_min/max, and as JSON strings reward_details, eval_report, turns, messages, timing, metadata.
+ * policy_version_min/max, and as JSON strings reward_details, eval_report, turns, messages, timing, metadata; then
+ * logprobs_mode (by name), stale, staleness_restarts. `reward` is null for a status that has no reward ({@link hasReward}).
  */
 export interface TrajectoryOutput {
   /** Where lines go (the output itself, or the Parquet journal). */
@@ -38,6 +40,28 @@ export interface TrajectoryOutput {
   remove(ids: ReadonlySet<string>, into: (trajectory: Trajectory) => void): void;
   /** Closes the file; with `complete`, a Parquet output is written from the journal. */
   close(complete: boolean): Promise<void>;
+  /** Bytes cut off the end at open: a torn last line a run killed mid-write left (0 when none). */
+  readonly tornBytes: number;
+}
+
+/**
+ * Whether the trajectory's reward means anything: a policy outcome (COMPLETED, TRUNCATED). Any other status (an
+ * infrastructure failure, INVALID_TASK) has no reward: it is written as none (JSONL: no `reward`; Parquet: null), never
+ * as 0, which would read as a wrong answer in a pass rate.
+ */
+export function hasReward(status: TrajectoryStatus): boolean {
+  return status === TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED || status === TrajectoryStatus.TRAJECTORY_STATUS_TRUNCATED;
+}
+
+/**
+ * A journal line: `Trajectory.toJSON`, but the reward is always there for a policy outcome (toJSON leaves a 0 out, so a
+ * wrong answer would read as "no reward" and drop out of a mean that skips missing values) and never for anything else.
+ */
+function trajectoryJson(trajectory: Trajectory): unknown {
+  const json = Trajectory.toJSON(trajectory) as Record<string, unknown>;
+  if (hasReward(trajectory.status)) json.reward = trajectory.reward;
+  else delete json.reward;
+  return json;
 }
 
 export function isParquetOutput(path: string): boolean {
@@ -61,11 +85,13 @@ export async function openTrajectoryOutput(path: string): Promise<TrajectoryOutp
     throw new RolloutError('invalid_argument', `--output ${journal}: cannot open: ${(err as Error).message}`, { cause: err });
   }
   let end: number;
+  let tornBytes = 0;
   let unlock: () => void = () => undefined;
   try {
     unlock = takeLock(journal);
     removeDeadTemps(parquet ? [journal, path] : [journal]);
     end = scanJournal(fd, written, failed, journal);
+    tornBytes = fstatSync(fd).size - end;
     ftruncateSync(fd, end);
   } catch (err) {
     closeSync(fd);
@@ -76,11 +102,12 @@ export async function openTrajectoryOutput(path: string): Promise<TrajectoryOutp
   return {
     journal,
     written,
+    tornBytes,
     failed,
     write(trajectory: Trajectory): boolean {
       const samples = written.get(trajectory.taskId) ?? new Set<number>();
       if (samples.has(trajectory.sampleIndex)) return false;
-      const line = Buffer.from(JSON.stringify(Trajectory.toJSON(trajectory)) + '\n');
+      const line = Buffer.from(JSON.stringify(trajectoryJson(trajectory)) + '\n');
       let done = 0;
       try {
         while (done < line.length) done += writeSync(fd, line, done, line.length - done, end + done);
@@ -261,6 +288,9 @@ async function seedJournalFromParquet(path: string, journal: string): Promise<vo
       responseLogprobs: r.response_logprobs,
       policyVersionMin: Number(r.policy_version_min),
       policyVersionMax: Number(r.policy_version_max),
+      logprobsMode: r.logprobs_mode ?? undefined,
+      stale: r.stale ?? undefined,
+      stalenessRestarts: r.staleness_restarts ?? undefined,
       rewardDetails: json(r.reward_details),
       evalReport: json(r.eval_report),
       turns: json(r.turns),
@@ -305,7 +335,7 @@ const ROW_GROUP_ROWS = 4096;
 const ROW_GROUP_JSON_BYTES = 4 << 20;
 
 const PARQUET_SCHEMA = [
-  { name: 'root', num_children: 21 },
+  { name: 'root', num_children: 24 },
   { name: 'task_id', ...STRING },
   { name: 'sample_index', type: 'INT32', repetition_type: 'OPTIONAL' },
   ...['group_id', 'environment', 'status', 'finish_reason', 'error'].map((name) => ({ name, ...STRING })),
@@ -317,7 +347,9 @@ const PARQUET_SCHEMA = [
   ...listOf('response_logprobs', 'DOUBLE'),
   { name: 'policy_version_min', type: 'INT64', repetition_type: 'OPTIONAL' },
   { name: 'policy_version_max', type: 'INT64', repetition_type: 'OPTIONAL' },
-  ...['reward_details', 'eval_report', 'turns', 'messages', 'timing', 'metadata'].map((name) => ({ name, ...STRING })),
+  ...['reward_details', 'eval_report', 'turns', 'messages', 'timing', 'metadata', 'logprobs_mode'].map((name) => ({ name, ...STRING })),
+  { name: 'stale', type: 'BOOLEAN', repetition_type: 'OPTIONAL' },
+  { name: 'staleness_restarts', type: 'INT32', repetition_type: 'OPTIONAL' },
 ];
 
 /** The columns of one row group. */
@@ -333,7 +365,7 @@ function columnData(trajectories: Trajectory[]): Array<{ name: string; data: unk
     { name: 'status', data: col((t) => trajectoryStatusToJSON(t.status)) },
     { name: 'finish_reason', data: col((t) => t.finishReason) },
     { name: 'error', data: col((t) => t.error) },
-    { name: 'reward', data: col((t) => t.reward) },
+    { name: 'reward', data: col((t) => (hasReward(t.status) ? t.reward : null)) },
     { name: 'num_turns', data: col((t) => t.numTurns) },
     { name: 'prompt_token_ids', data: col((t) => t.promptTokenIds) },
     { name: 'response_token_ids', data: col((t) => t.responseTokenIds) },
@@ -347,6 +379,9 @@ function columnData(trajectories: Trajectory[]): Array<{ name: string; data: unk
     { name: 'messages', data: col((t) => json(t.messages)) },
     { name: 'timing', data: col((t) => json(t.timing)) },
     { name: 'metadata', data: col((t) => json(t.metadata)) },
+    { name: 'logprobs_mode', data: col((t) => logprobsModeToJSON(t.logprobsMode)) },
+    { name: 'stale', data: col((t) => t.stale) },
+    { name: 'staleness_restarts', data: col((t) => t.stalenessRestarts) },
   ];
 }
 

@@ -8,7 +8,7 @@ import { RolloutError } from '../errors.js';
 import { TrajectoryStatus, type Trajectory } from '../../gen/ts/rollout/v1/rollout.js';
 import { statusName } from '../pipeline/outcome.js';
 import { attemptTaskId, attemptsByRow, isRetryableStatus, parseAttempt, planRow, supersededTasks } from './submit-attempts.js';
-import { countRows, mapRow, readDataset, taskIdFor, type MappedRow } from './submit-dataset.js';
+import { countRows, datasetTag, mapRow, readDataset, taskIdFor, type MappedRow } from './submit-dataset.js';
 import { HeldGroups } from './submit-held.js';
 import { isParquetOutput, openTrajectoryOutput, type TrajectoryOutput } from './submit-output.js';
 import { forTerminal } from './terminal-text.js';
@@ -123,6 +123,14 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
   }
   const retried = async (): Promise<TrajectoryOutput> => (retriedOutput ??= await openTrajectoryOutput(retriedPath));
   const found = attemptsByRow(output.written, output.failed, retriedOutput?.written ?? new Map<string, ReadonlySet<number>>());
+  try {
+    await refuseChangedRows(opts, outputPath, [...output.written.keys()].map((id) => parseAttempt(id).rowTaskId));
+  } catch (err) {
+    client.close();
+    await output.close(false);
+    await retriedOutput?.close(false);
+    throw err;
+  }
   /** The samples of each attempt in flight, held on disk until its group is whole (submit-held.ts). */
   let held: HeldGroups;
   try {
@@ -161,6 +169,10 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
   let refusals = 0;
   let lastRefusalLine = 0;
   const alreadyWritten = [...output.written.values()].reduce((n, s) => n + s.size, 0);
+  if (output.tornBytes > 0) {
+    // Said, not done silently: the line's sample is not in the output, and is fetched (or its group run) again.
+    out.write(`[submit] ${output.journal}: cut off a torn last line (${output.tornBytes} bytes: a run killed mid-write); its sample is fetched again\n`);
+  }
 
   const bar = out.isTTY
     ? new cliProgress.SingleBar(
@@ -249,7 +261,7 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
             return;
           }
           failedRows++;
-          logAbove(bar, out, `[submit] row ${row.index} (${taskId}) rejected: ${rejection(err)}`);
+          logAbove(bar, out, `[submit] ${at(opts, row.line)}row ${row.index} (${taskId}) rejected: ${rejection(err)}`);
         },
       );
   };
@@ -388,10 +400,10 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
       let context: RowContext;
       try {
         const mapped = mapRow(row, opts.environment, opts.instanceField);
-        context = { index: row.index, rowTaskId: taskIdFor(opts.dataset, row.index, opts.environment, mapped.instance, opts.numSamples), ...mapped };
+        context = { index: row.index, line: row.line, rowTaskId: rowTaskIdFor(opts, row.index, mapped), ...mapped };
       } catch (err) {
         failedRows++;
-        logAbove(bar, out, `[submit] row ${row.index} skipped: ${(err as Error).message}`);
+        logAbove(bar, out, `[submit] ${at(opts, row.line)}row ${row.index} skipped: ${(err as Error).message}`);
         continue;
       }
       const plan = planRow(found.get(context.rowTaskId), opts.numSamples, maxAttempts);
@@ -468,7 +480,8 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
     `[submit] ${writeError !== undefined || streamError !== undefined ? 'stopped' : signals.signal !== undefined ? 'interrupted' : 'done'}: ${received} trajectories written this run (${alreadyWritten} before), ` +
       `${submitted} rows submitted, ${skipped} already complete, ${failedRows} rejected or unmappable, ${retryCount} retries` +
       `${refusals > 0 ? ` (and ${refusals} submits refused for now, sent again)` : ''}, ` +
-      `${infraRows} rows with infrastructure failures left; reward mean ${mean()}; ${statuses()}\n`,
+      `${infraRows} rows with infrastructure failures left; reward mean ${mean()} over the ${scored} COMPLETED or TRUNCATED trajectories of this run ` +
+      `(other statuses have no reward and are not averaged in); ${statuses()}\n`,
   );
   if (streamError !== undefined) out.write(forTerminal(`[submit] the stream to ${opts.server} failed: ${streamError}`) + '\n');
   if (writeError !== undefined) out.write(`[submit] a write failed (${writeError}): free space and run the same command again to resume (${output.journal} keeps what was written)\n`);
@@ -487,12 +500,68 @@ export async function runSubmit(opts: SubmitOptions): Promise<number> {
 /** A dataset row as submitted: every attempt of it sends the same instance and metadata. */
 interface RowContext extends MappedRow {
   index: number;
+  /** Its JSONL line (DatasetRow.line). */
+  line?: number;
   rowTaskId: string;
+}
+
+/** `FILE:LINE: ` of a JSONL row, for a report on it: its index counts rows, not lines (blank lines are not rows). */
+function at(opts: SubmitOptions, line: number | undefined): string {
+  return line === undefined ? '' : `${opts.dataset}:${line}: `;
 }
 
 interface Attempt {
   row: RowContext;
   attempt: number;
+}
+
+function rowTaskIdFor(opts: SubmitOptions, index: number, mapped: MappedRow): string {
+  return taskIdFor(opts.dataset, index, opts.environment, mapped.instance, opts.numSamples, sampling(opts));
+}
+
+/**
+ * Refuses (failed_precondition: exit 2, before anything is submitted) an output that holds rows of this dataset under
+ * other task ids than this run gives them: the dataset was edited (a row changed, rows inserted, removed or reordered)
+ * or the run's options (--environment, --num-samples, --instance-field, the sampling flags) differ from the run that
+ * started the output. Resumed, such a run would leave the old groups beside the new ones: two groups of one row (read
+ * as twice the samples in a pass@k), or groups sampled with other settings in one file, without a word. Reads the
+ * dataset once more, only when the output holds rows of it (a resume).
+ */
+async function refuseChangedRows(opts: SubmitOptions, outputPath: string, rowTaskIds: Iterable<string>): Promise<void> {
+  const tag = `${datasetTag(opts.dataset)}-`;
+  /** Row index → the row task ids the output holds for it. */
+  const held = new Map<number, Set<string>>();
+  for (const id of rowTaskIds) {
+    const m = id.startsWith(tag) ? /^(\d+)-/.exec(id.slice(tag.length)) : null;
+    if (m === null) continue; // another dataset's rows: not this run's to judge
+    const index = Number(m[1]);
+    held.set(index, (held.get(index) ?? new Set<string>()).add(id));
+  }
+  if (held.size === 0) return;
+  const changed: string[] = [];
+  let rows = 0;
+  for await (const row of readDataset(opts.dataset)) {
+    rows = row.index + 1;
+    const ids = held.get(row.index);
+    if (ids === undefined || 'problem' in row) continue; // a bad row is reported by the run itself
+    let id: string;
+    try {
+      id = rowTaskIdFor(opts, row.index, mapRow(row, opts.environment, opts.instanceField));
+    } catch {
+      continue; // an unmappable row likewise
+    }
+    const other = [...ids].find((i) => i !== id);
+    if (other !== undefined) changed.push(`row ${row.index} (the output has ${other}, this run makes it ${id})`);
+  }
+  for (const [index, ids] of held) if (index >= rows) changed.push(`row ${index} (the output has ${[...ids][0]}; the dataset has ${rows} rows)`);
+  if (changed.length === 0) return;
+  const shown = changed.length <= 3 ? changed.join('; ') : `${changed.slice(0, 3).join('; ')}; and ${changed.length - 3} more rows`;
+  throw new RolloutError(
+    'failed_precondition',
+    `--output ${outputPath}: holds rows of ${opts.dataset} that this run would submit differently: ${shown}. The dataset or the options ` +
+      '(--environment, --num-samples, --instance-field, --temperature, --max-tokens-per-turn, --max-total-tokens) changed since the output was started; ' +
+      'resuming would mix the two in one file. Run with the options of the first run, or write to a new --output',
+  );
 }
 
 /** The trajectory with `metadata.attempt` (1 for the row's first): which attempt of its row it came from. */
