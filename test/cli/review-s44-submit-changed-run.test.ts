@@ -1,11 +1,10 @@
-import { spawn } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { taskIdFor } from '../../src/cli/submit-dataset.js';
+import { runRollout } from '../support/rollout-process.js';
 
 /**
  * A re-run on an output must not mix two runs that submit a row differently: an edited dataset (the old group of an
@@ -14,16 +13,8 @@ import { taskIdFor } from '../../src/cli/submit-dataset.js';
  * before anything is submitted, and leaves the output as it was; a resume with the same dataset and options is not
  * refused.
  */
-const root = fileURLToPath(new URL('../../', import.meta.url));
 
-async function rollout(args: string[]): Promise<{ code: number | null; output: string }> {
-  const child = spawn(process.execPath, ['bin/rollout.js', ...args], { cwd: root, stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ROLLOUT_LOG_LEVEL: 'warn' } });
-  let output = '';
-  child.stdout.on('data', (d: Buffer) => (output += d.toString()));
-  child.stderr.on('data', (d: Buffer) => (output += d.toString()));
-  const code = await new Promise<number | null>((resolve) => child.on('close', resolve));
-  return { code, output };
-}
+const rollout = runRollout;
 
 describe('rollout submit on an output of a run with another dataset or options (review s44)', () => {
   let dir: string;

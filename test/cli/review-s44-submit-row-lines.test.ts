@@ -1,28 +1,19 @@
-import { spawn } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { makeMathProblem } from '../../src/testing/arithmetic.js';
 import { createScriptedMathPolicy } from '../../src/testing/scripted-policy.js';
 import { startServerHarness, type ServerHarness } from '../support/server-harness.js';
+import { runRollout } from '../support/rollout-process.js';
 
 /**
  * A JSONL row that cannot be mapped or that the server rejects is reported with its file and line, as a line that is
  * not JSON is: the row index alone counts rows, not lines (blank lines are not rows), so "row 1" of a file with a blank
  * line is on line 3, and the user must count to find it.
  */
-const root = fileURLToPath(new URL('../../', import.meta.url));
 
-async function rollout(args: string[]): Promise<{ code: number | null; output: string }> {
-  const child = spawn(process.execPath, ['bin/rollout.js', ...args], { cwd: root, stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ROLLOUT_LOG_LEVEL: 'warn' } });
-  let output = '';
-  child.stdout.on('data', (d: Buffer) => (output += d.toString()));
-  child.stderr.on('data', (d: Buffer) => (output += d.toString()));
-  const code = await new Promise<number | null>((resolve) => child.on('close', resolve));
-  return { code, output };
-}
+const rollout = runRollout;
 
 describe('rollout submit names the file and line of a bad JSONL row (review s44)', () => {
   let h: ServerHarness;

@@ -9,18 +9,11 @@ import { makeMathProblem } from '../../src/testing/arithmetic.js';
 import { createScriptedMathPolicy } from '../../src/testing/scripted-policy.js';
 import { loadQwen3 } from '../../src/tokens/tokenizer.js';
 import { startServerHarness, type ServerHarness } from '../support/server-harness.js';
+import { runRollout } from '../support/rollout-process.js';
 
 const root = fileURLToPath(new URL('../../', import.meta.url));
 
-/** Runs `bin/rollout.js` to its end; stdout and stderr together. */
-async function rollout(args: string[]): Promise<{ code: number | null; output: string }> {
-  const child = spawn(process.execPath, ['bin/rollout.js', ...args], { cwd: root, stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ROLLOUT_LOG_LEVEL: 'warn' } });
-  let output = '';
-  child.stdout.on('data', (d: Buffer) => (output += d.toString()));
-  child.stderr.on('data', (d: Buffer) => (output += d.toString()));
-  const code = await new Promise<number | null>((resolve) => child.on('close', resolve));
-  return { code, output };
-}
+const rollout = runRollout;
 
 interface Line {
   taskId: string;

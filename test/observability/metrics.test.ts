@@ -7,45 +7,24 @@ import { collect, mathTask } from '../support/harness.js';
 import { startServerHarness, type ServerHarness } from '../support/server-harness.js';
 import { spawnServe } from '../support/rollout-process.js';
 import { eventually, within } from '../support/wait.js';
+import { parseExposition, sumOf, type MetricSample } from '../support/metrics-exposition.js';
 
 // The Prometheus endpoint (config `metrics`), against a real server, a real client and the fake vLLM engine (a test
 // double speaking vLLM's HTTP API). Figures are read from the exposition text as a scraper would.
 
-interface Sample {
-  name: string;
-  labels: Record<string, string>;
-  value: number;
-}
-
-function parse(text: string): Sample[] {
-  const samples: Sample[] = [];
-  for (const line of text.split('\n')) {
-    if (line === '' || line.startsWith('#')) continue;
-    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$/.exec(line);
-    if (!m) throw new Error(`not an exposition line: ${line}`);
-    const labels: Record<string, string> = {};
-    for (const l of (m[2] ?? '').matchAll(/([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"/g)) labels[l[1]!] = l[2]!;
-    samples.push({ name: m[1]!, labels, value: Number(m[3]) });
-  }
-  return samples;
-}
-
 /** The value of the one series of `name` whose labels include `labels`; undefined when there is none. */
-function valueOf(samples: Sample[], name: string, labels: Record<string, string> = {}): number | undefined {
+function valueOf(samples: MetricSample[], name: string, labels: Record<string, string> = {}): number | undefined {
   const found = samples.filter((s) => s.name === name && Object.entries(labels).every(([k, v]) => s.labels[k] === v));
   if (found.length > 1) throw new Error(`${name} ${JSON.stringify(labels)}: ${found.length} series`);
   return found[0]?.value;
 }
 
-function sumOf(samples: Sample[], name: string, labels: Record<string, string> = {}): number {
-  return samples.filter((s) => s.name === name && Object.entries(labels).every(([k, v]) => s.labels[k] === v)).reduce((a, s) => a + s.value, 0);
-}
 
-async function scrape(h: ServerHarness, headers: Record<string, string> = {}): Promise<Sample[]> {
+async function scrape(h: ServerHarness, headers: Record<string, string> = {}): Promise<MetricSample[]> {
   const res = await fetch(`http://${h.server.metrics!.address}/metrics`, { headers });
   expect(res.status).toBe(200);
   expect(res.headers.get('content-type')).toMatch(/^text\/plain; version=0\.0\.4/);
-  return parse(await res.text());
+  return parseExposition(await res.text());
 }
 
 async function runTasks(h: ServerHarness, tasks: ReturnType<typeof mathTask>[]): Promise<Trajectory[]> {
@@ -174,7 +153,7 @@ describe('rollout serve --metrics-port', () => {
       const url = /metrics on (http:\S+)/.exec(serve.output())![1]!;
       const res = await fetch(url);
       expect(res.status).toBe(200);
-      const s = parse(await res.text());
+      const s = parseExposition(await res.text());
       expect(valueOf(s, 'rollout_sessions')).toBe(0);
       expect(s.some((x) => x.name === 'rollout_backend_max_concurrency')).toBe(true);
       serve.child.kill('SIGTERM');

@@ -5,38 +5,16 @@ import { limits, startServerHarness, type ServerHarness } from '../support/serve
 import { eventually, within } from '../support/wait.js';
 import { WatchRecorder } from '../support/watch-recorder.js';
 import { Stage } from '../../gen/ts/rollout/v1/rollout.js';
+import { parseExposition, sumOf, type MetricSample } from '../support/metrics-exposition.js';
 
 // What a dashboard reads when samples end without running (their total deadline passes while they wait for a stage),
 // against a real server, real bubblewrap sandboxes and the fake vLLM engine (a test double speaking vLLM's HTTP API),
 // read from GET /metrics as a scraper would.
 
-interface Series {
-  name: string;
-  labels: Record<string, string>;
-  value: number;
-}
-
-function parse(text: string): Series[] {
-  const out: Series[] = [];
-  for (const line of text.split('\n')) {
-    if (line === '' || line.startsWith('#')) continue;
-    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$/.exec(line);
-    if (!m) throw new Error(`not an exposition line: ${line}`);
-    const labels: Record<string, string> = {};
-    for (const l of (m[2] ?? '').matchAll(/([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"/g)) labels[l[1]!] = l[2]!;
-    out.push({ name: m[1]!, labels, value: Number(m[3]) });
-  }
-  return out;
-}
-
-function sumOf(series: Series[], name: string, labels: Record<string, string> = {}): number {
-  return series.filter((s) => s.name === name && Object.entries(labels).every(([k, v]) => s.labels[k] === v)).reduce((a, s) => a + s.value, 0);
-}
-
-async function scrape(h: ServerHarness): Promise<Series[]> {
+async function scrape(h: ServerHarness): Promise<MetricSample[]> {
   const res = await fetch(`http://${h.server.metrics!.address}/metrics`);
   expect(res.status).toBe(200);
-  return parse(await res.text());
+  return parseExposition(await res.text());
 }
 
 /** Waits until nothing is counted busy, queued, admitted or in flight (stages, admission, engines), else fails naming what is not. */

@@ -90,3 +90,13 @@ export async function pidAlive(pid: number): Promise<boolean> {
   if (stat === undefined) return false;
   return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[0] !== 'Z';
 }
+
+/** Runs `node bin/rollout.js ...args` (warnings logged) to its end: its exit code and its stdout and stderr together. */
+export async function runRollout(args: string[]): Promise<{ code: number | null; output: string }> {
+  const child = spawn(process.execPath, ['bin/rollout.js', ...args], { cwd: root, stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ROLLOUT_LOG_LEVEL: 'warn' } });
+  let output = '';
+  child.stdout.on('data', (d: Buffer) => (output += d.toString()));
+  child.stderr.on('data', (d: Buffer) => (output += d.toString()));
+  const code = await new Promise<number | null>((resolve) => child.on('close', resolve));
+  return { code, output };
+}
