@@ -235,7 +235,7 @@ export class Pipeline {
   }
 
   private enter(sample: Sample, stage: StageName): void {
-    if (sample.stage === 'queued') sample.timing.queueMs = performance.now() - sample.submittedAt;
+    endQueueTime(sample);
     sample.stage = stage;
     this.events$.next({ type: 'stage', sample, stage });
   }
@@ -251,7 +251,7 @@ export class Pipeline {
   private async deliver(sample: Sample, built: Trajectory): Promise<void> {
     // One that never entered a stage (cancelled or out of time while it waited) spent its whole life queued: else its
     // queue time read 0, and the longest waits (those that time out in the queue) vanished from the queue figures.
-    if (sample.stage === 'queued') sample.timing.queueMs = performance.now() - sample.submittedAt;
+    endQueueTime(sample);
     sample.finished = true;
     sample.stage = 'done';
     this.live.delete(sample);
@@ -335,4 +335,9 @@ class Permits {
     }
     this.free++;
   }
+}
+
+/** A sample leaving the queue (for its first stage, or finished without one): its queue time is its life until now. */
+function endQueueTime(sample: Sample): void {
+  if (sample.stage === 'queued') sample.timing.queueMs = performance.now() - sample.submittedAt;
 }

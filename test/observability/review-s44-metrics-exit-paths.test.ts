@@ -30,14 +30,19 @@ async function gaugesBackToZero(h: ServerHarness): Promise<void> {
   });
 }
 
+/** A server with one worker per stage (3 stage permits) and an engine taking 200 ms per token (seconds per turn). */
+function startOneWorkerPerStage(): Promise<ServerHarness> {
+  return startServerHarness({
+    config: { metrics: { port: 0 }, init: { concurrency: 1 }, run: { concurrency: 1 }, eval: { concurrency: 1 } },
+    engine: { tokenLatencyMs: 200 },
+  });
+}
+
 describe('metrics of samples that end while they wait', () => {
   it('report the time a sample waited as its queue time (a timeout in the queue is not 0 s queued), and every gauge returns to 0', async () => {
     // One worker per stage: 3 stage permits. The engine takes 200 ms per token (seconds per turn), so no sample ends
     // before its 1.5 s total deadline, and at least the 5 without a permit wait it out queued.
-    const h = await startServerHarness({
-      config: { metrics: { port: 0 }, init: { concurrency: 1 }, run: { concurrency: 1 }, eval: { concurrency: 1 } },
-      engine: { tokenLatencyMs: 200 },
-    });
+    const h = await startOneWorkerPerStage();
     const watch = new WatchRecorder(h.client, { stageEvents: true, statsIntervalMs: 100 });
     try {
       await watch.ready();
@@ -112,10 +117,7 @@ describe('metrics of samples that end while they wait', () => {
   }, 90_000);
 
   it("count a client's cancel once per sample as cancelled, with the time each spent queued or in the engine; every gauge returns to 0", async () => {
-    const h = await startServerHarness({
-      config: { metrics: { port: 0 }, init: { concurrency: 1 }, run: { concurrency: 1 }, eval: { concurrency: 1 } },
-      engine: { tokenLatencyMs: 200 },
-    });
+    const h = await startOneWorkerPerStage();
     const watch = new WatchRecorder(h.client, { stageEvents: true, statsIntervalMs: 100 });
     try {
       await watch.ready();

@@ -358,6 +358,15 @@ def logprobs_mode(sample: Sample) -> str:
         return f"mode_{value}"
 
 
+def pad_token_id(tokenizer: Any) -> int:
+    """The token a placeholder or padding position gets: the tokenizer's pad token, else its eos, else 0 (no tokenizer)."""
+    for name in ("pad_token_id", "eos_token_id"):
+        value = getattr(tokenizer, name, None) if tokenizer is not None else None
+        if value is not None:
+            return int(value)
+    return 0
+
+
 def timing_seconds(sample: Sample, name: str) -> float:
     """A timing figure of the sample in seconds (the service reports milliseconds)."""
     timing = sample.timing or {}

@@ -36,6 +36,7 @@ from ._common import (
     last_user_text,
     logprobs_mode,
     neutral_reward,
+    pad_token_id,
     shared_client,
     spans,
     timing_seconds,
@@ -160,16 +161,9 @@ def to_result(group: Any, i: int, row: Mapping[str, Any], tokenizer: Any = None)
         log = message_log(sample)
     else:
         logger.warning("rollout sample failed, masked: %s", failure_info(sample))
-        log = [{"role": "user", "content": "", "token_ids": _ids(sample.prompt_ids or [_pad_id(tokenizer)])}]
+        log = [{"role": "user", "content": "", "token_ids": _ids(sample.prompt_ids or [pad_token_id(tokenizer)])}]
         if sample.response_ids:
             log.append({"role": "user", "content": "", "token_ids": _ids(sample.response_ids)})
         full["instance_config"] = {"mask_sample": True}
     return {"message_log": log, "input_message_log": log[:1], "full_result": full}
 
-
-def _pad_id(tokenizer: Any) -> int:
-    for name in ("pad_token_id", "eos_token_id"):
-        value = getattr(tokenizer, name, None) if tokenizer is not None else None
-        if value is not None:
-            return int(value)
-    return 0

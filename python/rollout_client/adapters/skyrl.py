@@ -35,6 +35,7 @@ from ._common import (
     last_user_text,
     logprobs_mode,
     neutral_reward,
+    pad_token_id,
     shared_coalescer,
     timing_seconds,
     trainable,
@@ -171,12 +172,7 @@ class RolloutServiceGenerator(_Base):  # type: ignore[misc,valid-type]
                                 "rollout_logprobs_mode": "unspecified"}}
 
     def _pad_id(self) -> int:
-        tok = self.tokenizer
-        for name in ("pad_token_id", "eos_token_id"):
-            value = getattr(tok, name, None) if tok is not None else None
-            if value is not None:
-                return int(value)
-        return 0
+        return pad_token_id(self.tokenizer)
 
 
 #: Trajectory finish reasons that mean "ran out of tokens": SkyRL's own generator says "length" when the context

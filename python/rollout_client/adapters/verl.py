@@ -53,6 +53,7 @@ from ._common import (
     last_user_text,
     logprobs_mode,
     neutral_reward,
+    pad_token_id,
     sampled_versions,
     shared_coalescer,
     spans,
@@ -119,8 +120,7 @@ class RolloutServiceAgentLoop(AgentLoopBase):
             mask = [0] * len(response)
             logprobs = [0.0] * len(response)
         if not response:
-            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-            response, mask, logprobs = [int(pad or 0)], [0], [0.0]
+            response, mask, logprobs = [pad_token_id(self.tokenizer)], [0], [0.0]
         versions = sampled_versions(sample, len(cut.response_ids)) if ok else []
         return AgentLoopOutput(
             prompt_ids=cut.prompt_ids,
